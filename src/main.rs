@@ -1,0 +1,20 @@
+//! `ipsan`: one command-line tool for the target, the initiator, the WAN lab and the TCP tooling.
+//!
+//! Each subcommand's flags and glue live in `src/cli/<name>.rs`; the work itself lives in the
+//! workspace crates.
+
+mod cli;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cli::Cli::parse();
+    cli::init_tracing(args.verbose);
+    match cli::run(args.command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ipsan: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
