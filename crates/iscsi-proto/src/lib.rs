@@ -1,1 +1,3 @@
 //! iscsi-proto
+
+pub mod chap;
