@@ -1,1 +1,28 @@
-//! ipsan-tcp
+//! ipsan-tcp: storage-friendly TCP for ipsan's WAN leg.
+//!
+//! The iFCP paper (Muknahallipatna et al., *Storage Friendly TCP Performance in Distributed SAN*,
+//! papers/002) shows that on a long, lossy link the TCP stack sets the ceiling: throughput is
+//! capped at window/RTT (its Table 1) and Reno's halving on every loss costs most of the link
+//! (its Fig. 10). This crate gives ipsan's runtimes the kernel knobs to act on that, per socket.
+//!
+//! # Layout
+//! - [`settings`]: [`TcpSettings`] (congestion control, send/receive buffers, `TCP_NODELAY`),
+//!   applied to any socket with [`TcpSettings::apply`] and read back as [`InForce`].
+//! - [`info`]: [`tcp_info`] takes a serde-serializable [`TcpInfoSnapshot`] from `TCP_INFO`
+//!   (cwnd, ssthresh, RTT, retransmits, delivery rate) for bench and lab results.
+//! - [`bpf`]: registers and removes the storage-friendly congestion controls `ipsan_sf` and
+//!   `ipsan_sf_ss` (BPF `struct_ops` `tcp_congestion_ops`, source in `bpf/ipsan_sf.bpf.c`,
+//!   built by `build.rs`), and lists what the kernel offers.
+//! - [`error`]: [`TcpError`].
+//!
+//! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
+//! sockets alike (anything that is `AsFd`).
+
+pub mod bpf;
+pub mod error;
+pub mod info;
+pub mod settings;
+
+pub use error::TcpError;
+pub use info::{tcp_info, TcpInfoSnapshot};
+pub use settings::{available_congestion_controls, BufSize, InForce, Link, TcpSettings};
