@@ -156,7 +156,8 @@ pub fn load(pin_dir: &Path) -> Result<LoadReport, TcpError> {
         "register".as_ref(),
         obj_path.as_os_str(),
     ])?;
-    let ids = parse_registered(&out.stdout);
+    // bpftool 7.x reports registrations on stderr (p_info); accept either stream.
+    let ids = parse_registered(&format!("{}\n{}", out.stdout, out.stderr));
     let after = available_congestion_controls()?;
     let missing: Vec<&str> = OURS
         .iter()

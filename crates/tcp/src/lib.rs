@@ -13,7 +13,7 @@
 //! - [`bpf`]: registers and removes the storage-friendly congestion controls `ipsan_sf` and
 //!   `ipsan_sf_ss` (BPF `struct_ops` `tcp_congestion_ops`, source in `bpf/ipsan_sf.bpf.c`,
 //!   built by `build.rs`), and lists what the kernel offers.
-//! - [`error`]: [`TcpError`].
+//! - [`error`]: the crate's one error type, [`TcpError`].
 //!
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
 //! sockets alike (anything that is `AsFd`).
@@ -26,3 +26,22 @@ pub mod settings;
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
 pub use settings::{available_congestion_controls, BufSize, InForce, Link, TcpSettings};
+
+/// What a socket has after [`TcpSettings::apply`], and its `TCP_INFO` at that moment: the
+/// record bench and lab results carry per connection.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Probe {
+    /// Settings read back from the socket.
+    pub in_force: InForce,
+    /// `TCP_INFO` snapshot.
+    pub tcp_info: TcpInfoSnapshot,
+}
+
+/// Pretty JSON for any of this crate's reports (so callers need no JSON dependency).
+pub fn to_json_pretty<T: serde::Serialize>(value: &T) -> Result<String, TcpError> {
+    serde_json::to_string_pretty(value).map_err(|e| TcpError::InvalidSetting {
+        what: "JSON output",
+        value: String::new(),
+        reason: e.to_string(),
+    })
+}
