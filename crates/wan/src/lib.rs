@@ -12,12 +12,30 @@
 //! - [`pipeline`]: [`Packet`], the [`Stage`] trait and the [`Pipeline`] that chains stages.
 //! - [`model`]: [`Impairment`], the pure, clock-injected Dummynet-style stage (loss, queue, rate,
 //!   delay, jitter, reorder, corrupt, duplicate), unit-tested on a virtual clock.
+//! - [`forwarder`]: the thin TUN driver: one thread per direction, deadline heap, precise wait.
+//! - [`link`]: [`Link`], the library API (`Link::up`, `set`, `stats`, `exec_in`, Drop = down).
+//! - [`netns`]: namespaces through iproute2 and running code inside one.
+//! - [`netem`]: the `tc netem` engine for kernels that have it.
+//! - [`control`]: the daemon behind `ipsan wan up` and its control socket protocol.
+//! - [`proxy`]: the unprivileged TCP-level delay relay (less faithful: it splits TCP).
+//! - `sys`: the handful of syscalls (TUN, setns, ppoll, timer slack), each `unsafe` commented.
 
 pub mod config;
+pub mod control;
+pub mod error;
+pub mod forwarder;
+pub mod link;
 pub mod model;
+pub mod netem;
+pub mod netns;
 pub mod pipeline;
+pub mod proxy;
 pub mod rng;
+mod sys;
 
 pub use config::{ConfigError, DirConfig, Engine, JitterDist, LinkConfig, LossModel, QueueLimit};
 pub use model::Impairment;
 pub use pipeline::{DropReason, Nanos, Packet, Pipeline, Stage, Verdict};
+pub use error::LinkError;
+pub use forwarder::DirStats;
+pub use link::{ExtraStages, Link, LinkStats, Side};

@@ -1,0 +1,428 @@
+//! The TUN forwarder: a thin driver that moves packets from one TUN device through a
+//! [`Pipeline`] and a deadline heap to the other.
+//!
+//! One thread per direction. Each loop iteration releases every packet whose deadline has
+//! passed, then reads a batch of arrivals (the TUN fd is non-blocking), then waits. tokio's
+//! timer ticks in milliseconds, too coarse for sub-millisecond delays, so the wait is a
+//! `ppoll` with a nanosecond timeout and 1 ns timer slack that ends [`SPIN_NS`] before the
+//! next deadline, followed by a short spin. Packet buffers come from a per-direction pool
+//! and are reused, so the steady state allocates nothing.
+
+use crate::config::DirConfig;
+use crate::pipeline::{DropReason, Nanos, Packet, Pipeline, Verdict};
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Stop sleeping this long before a deadline and spin the rest: covers the wake-up latency
+/// of `ppoll` so releases land within a few microseconds.
+pub const SPIN_NS: Nanos = 40_000;
+/// Packets read per loop iteration before checking deadlines again.
+const BATCH: usize = 32;
+/// Memory the packet pool of one direction may grow to.
+const POOL_BYTES: usize = 128 << 20;
+
+/// Counters of one direction, updated by its forwarder thread.
+#[derive(Debug, Default)]
+pub struct DirCounters {
+    packets_in: AtomicU64,
+    bytes_in: AtomicU64,
+    packets_out: AtomicU64,
+    bytes_out: AtomicU64,
+    dropped_loss: AtomicU64,
+    dropped_queue: AtomicU64,
+    dropped_other: AtomicU64,
+    reordered: AtomicU64,
+    corrupted: AtomicU64,
+    duplicated: AtomicU64,
+    queue_depth: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// A snapshot of one direction's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirStats {
+    /// Packets read from the sending side.
+    pub packets_in: u64,
+    /// Bytes read from the sending side.
+    pub bytes_in: u64,
+    /// Packets delivered to the receiving side (duplicates included).
+    pub packets_out: u64,
+    /// Bytes delivered.
+    pub bytes_out: u64,
+    /// Dropped by the loss model.
+    pub dropped_loss: u64,
+    /// Tail-dropped by the bottleneck queue.
+    pub dropped_queue: u64,
+    /// Dropped for any other reason (pool exhausted, write error, a stage's rejection).
+    pub dropped_other: u64,
+    /// Held back behind later packets.
+    pub reordered: u64,
+    /// Had a bit flipped.
+    pub corrupted: u64,
+    /// Delivered twice.
+    pub duplicated: u64,
+    /// Packets in the bottleneck queue now.
+    pub queue_depth: u64,
+    /// Packets inside the emulator now (queued or on the delay line).
+    pub in_flight: u64,
+}
+
+impl DirCounters {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> DirStats {
+        DirStats {
+            packets_in: self.packets_in.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            packets_out: self.packets_out.load(Relaxed),
+            bytes_out: self.bytes_out.load(Relaxed),
+            dropped_loss: self.dropped_loss.load(Relaxed),
+            dropped_queue: self.dropped_queue.load(Relaxed),
+            dropped_other: self.dropped_other.load(Relaxed),
+            reordered: self.reordered.load(Relaxed),
+            corrupted: self.corrupted.load(Relaxed),
+            duplicated: self.duplicated.load(Relaxed),
+            queue_depth: self.queue_depth.load(Relaxed),
+            in_flight: self.in_flight.load(Relaxed),
+        }
+    }
+
+    fn reset(&self) {
+        for c in [
+            &self.packets_in,
+            &self.bytes_in,
+            &self.packets_out,
+            &self.bytes_out,
+            &self.dropped_loss,
+            &self.dropped_queue,
+            &self.dropped_other,
+            &self.reordered,
+            &self.corrupted,
+            &self.duplicated,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+/// What the link's owner shares with one forwarder thread.
+#[derive(Debug)]
+pub struct Control {
+    stop: AtomicBool,
+    reset: AtomicBool,
+    pending: Mutex<Option<DirConfig>>,
+    has_pending: AtomicBool,
+    /// The counters.
+    pub counters: DirCounters,
+    wake_tx: UnixStream,
+}
+
+impl Control {
+    /// Asks the thread to stop.
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+        self.wake();
+    }
+
+    /// Hands new settings to the thread's pipeline.
+    pub fn reconfigure(&self, cfg: DirConfig) {
+        if let Ok(mut p) = self.pending.lock() {
+            *p = Some(cfg);
+        }
+        self.has_pending.store(true, Relaxed);
+        self.wake();
+    }
+
+    /// Zeroes the counters (the thread does it, so no update is lost half-way).
+    pub fn reset_counters(&self) {
+        self.reset.store(true, Relaxed);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        // A full socket buffer already means "wake up"; nothing to do on error.
+        let _ = (&self.wake_tx).write(&[1]);
+    }
+}
+
+/// The monotonic clock the forwarders share, as [`Nanos`] since the link came up.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock(Instant);
+
+impl Clock {
+    /// A clock starting now.
+    pub fn new() -> Self {
+        Clock(Instant::now())
+    }
+
+    /// Nanoseconds since the clock started.
+    pub fn now(&self) -> Nanos {
+        self.0.elapsed().as_nanos() as Nanos
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A running direction: its control block and thread.
+#[derive(Debug)]
+pub struct Direction {
+    /// Shared with the thread.
+    pub control: Arc<Control>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Direction {
+    /// Starts a forwarder thread reading `input`, running `pipeline`, writing `output`.
+    /// `buf_cap` must hold the largest packet the input interface can carry.
+    pub fn start(
+        name: &str,
+        input: Arc<File>,
+        output: Arc<File>,
+        pipeline: Pipeline,
+        buf_cap: usize,
+        clock: Clock,
+    ) -> std::io::Result<Self> {
+        let (wake_tx, wake_rx) = UnixStream::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        let control = Arc::new(Control {
+            stop: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
+            pending: Mutex::new(None),
+            has_pending: AtomicBool::new(false),
+            counters: DirCounters::default(),
+            wake_tx,
+        });
+        let c = control.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("wan-{name}"))
+            .spawn(move || {
+                let mut fw = Forwarder {
+                    input,
+                    output,
+                    pipeline,
+                    control: c,
+                    wake_rx,
+                    clock,
+                    buf_cap,
+                    max_slots: (POOL_BYTES / buf_cap).max(1024),
+                    slots: Vec::new(),
+                    free: Vec::new(),
+                    heap: BinaryHeap::new(),
+                    seq: 0,
+                    scratch: Packet::with_capacity(buf_cap),
+                };
+                if let Err(e) = fw.run() {
+                    tracing::error!("forwarder {} stopped: {e}", std::thread::current().name().unwrap_or("?"));
+                }
+            })?;
+        Ok(Self {
+            control,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(&mut self) {
+        self.control.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Direction {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Forwarder {
+    input: Arc<File>,
+    output: Arc<File>,
+    pipeline: Pipeline,
+    control: Arc<Control>,
+    wake_rx: UnixStream,
+    clock: Clock,
+    buf_cap: usize,
+    max_slots: usize,
+    slots: Vec<Packet>,
+    free: Vec<u32>,
+    /// `(release time, arrival sequence, slot)`: ties leave in arrival order.
+    heap: BinaryHeap<Reverse<(Nanos, u64, u32)>>,
+    seq: u64,
+    scratch: Packet,
+}
+
+impl Forwarder {
+    fn run(&mut self) -> std::io::Result<()> {
+        crate::sys::set_timer_slack_ns(1);
+        let fds = [self.input.as_raw_fd(), self.wake_rx.as_raw_fd()];
+        let c = self.control.clone();
+        loop {
+            if c.stop.load(Relaxed) {
+                return Ok(());
+            }
+            if c.has_pending.swap(false, Relaxed) {
+                let cfg = c.pending.lock().ok().and_then(|mut p| p.take());
+                if let Some(cfg) = cfg {
+                    self.pipeline.reconfigure(&cfg);
+                }
+            }
+            if c.reset.swap(false, Relaxed) {
+                c.counters.reset();
+            }
+            let now = self.release_due();
+            let got = self.read_batch()?;
+            let now = if got > 0 { self.clock.now() } else { now };
+            c.counters
+                .queue_depth
+                .store(self.pipeline.queue_len(now) as u64, Relaxed);
+            c.counters.in_flight.store(self.heap.len() as u64, Relaxed);
+            if got > 0 {
+                continue;
+            }
+            match self.heap.peek() {
+                Some(Reverse((t, _, _))) if *t <= now + SPIN_NS => std::hint::spin_loop(),
+                Some(Reverse((t, _, _))) => {
+                    self.sleep(&fds, Some(*t - now - SPIN_NS))?;
+                }
+                None => self.sleep(&fds, None)?,
+            }
+        }
+    }
+
+    fn sleep(&mut self, fds: &[i32], timeout: Option<Nanos>) -> std::io::Result<()> {
+        if crate::sys::poll_readable(fds, timeout)? {
+            let mut sink = [0u8; 64];
+            while matches!((&self.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
+        }
+        Ok(())
+    }
+
+    /// Writes every packet whose time has come; returns the time it last looked at.
+    fn release_due(&mut self) -> Nanos {
+        let mut now = self.clock.now();
+        let counters = &self.control.counters;
+        while let Some(&Reverse((t, _, slot))) = self.heap.peek() {
+            if t > now {
+                now = self.clock.now();
+                if t > now {
+                    break;
+                }
+            }
+            self.heap.pop();
+            let pkt = &self.slots[slot as usize];
+            match (&*self.output).write(pkt.data()) {
+                Ok(_) => {
+                    counters.packets_out.fetch_add(1, Relaxed);
+                    counters.bytes_out.fetch_add(pkt.len() as u64, Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!("tun write failed: {e}");
+                    counters.dropped_other.fetch_add(1, Relaxed);
+                }
+            }
+            self.free.push(slot);
+        }
+        now
+    }
+
+    fn take_slot(&mut self) -> Option<u32> {
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        if self.slots.len() < self.max_slots {
+            self.slots.push(Packet::with_capacity(self.buf_cap));
+            return Some((self.slots.len() - 1) as u32);
+        }
+        None
+    }
+
+    /// Reads up to [`BATCH`] packets and runs each through the pipeline.
+    fn read_batch(&mut self) -> std::io::Result<usize> {
+        let mut got = 0;
+        while got < BATCH {
+            let slot = self.take_slot();
+            let pkt = match slot {
+                Some(s) => &mut self.slots[s as usize],
+                None => &mut self.scratch,
+            };
+            let n = match (&*self.input).read(pkt.buffer_mut()) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if let Some(s) = slot {
+                        self.free.push(s);
+                    }
+                    return Ok(got);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            got += 1;
+            pkt.set_len(n);
+            let control = self.control.clone();
+            let counters = &control.counters;
+            counters.packets_in.fetch_add(1, Relaxed);
+            counters.bytes_in.fetch_add(n as u64, Relaxed);
+            let Some(slot) = slot else {
+                // Pool exhausted: the delay line is longer than POOL_BYTES allows.
+                counters.dropped_other.fetch_add(1, Relaxed);
+                continue;
+            };
+            let now = self.clock.now();
+            let pkt = &mut self.slots[slot as usize];
+            match self.pipeline.process(now, pkt) {
+                Verdict::Drop(reason) => {
+                    let c = match reason {
+                        DropReason::Loss => &counters.dropped_loss,
+                        DropReason::Queue => &counters.dropped_queue,
+                        DropReason::Stage => &counters.dropped_other,
+                    };
+                    c.fetch_add(1, Relaxed);
+                    self.free.push(slot);
+                }
+                Verdict::Pass => {
+                    let (at, dup, reordered, corrupted) =
+                        (pkt.release_at, pkt.duplicate, pkt.reordered, pkt.corrupted);
+                    counters.reordered.fetch_add(u64::from(reordered), Relaxed);
+                    counters.corrupted.fetch_add(u64::from(corrupted), Relaxed);
+                    self.heap.push(Reverse((at, self.seq, slot)));
+                    self.seq += 1;
+                    if dup {
+                        if let Some(d) = self.take_slot() {
+                            let (a, b) = two_mut(&mut self.slots, slot as usize, d as usize);
+                            b.copy_from(a);
+                            self.heap.push(Reverse((at, self.seq, d)));
+                            self.seq += 1;
+                            counters.duplicated.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(got)
+    }
+}
+
+fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
+    debug_assert_ne!(a, b);
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        (&mut lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        (&mut hi[0], &mut lo[b])
+    }
+}

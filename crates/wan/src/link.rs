@@ -1,0 +1,352 @@
+//! A link: two namespaces joined only through the emulator. The library face of
+//! `ipsan wan up/set/stats/exec/down`; dropping a [`Link`] tears it down.
+
+use crate::config::{DirConfig, Engine, LinkConfig};
+use crate::error::LinkError;
+use crate::forwarder::{Clock, DirStats, Direction};
+use crate::model::Impairment;
+use crate::netns;
+use crate::pipeline::{Pipeline, Stage};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::net::{Ipv4Addr, UdpSocket};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The interface name inside each namespace.
+pub const IFNAME: &str = "wan0";
+
+/// One end of the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// The initiator's namespace (`<name>-ini`, address `.1`).
+    Ini,
+    /// The target's namespace (`<name>-tgt`, address `.2`).
+    Tgt,
+}
+
+impl std::str::FromStr for Side {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ini" | "initiator" => Ok(Side::Ini),
+            "tgt" | "target" => Ok(Side::Tgt),
+            _ => Err(format!("side must be ini or tgt, not {s:?}")),
+        }
+    }
+}
+
+/// Both directions' counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStats {
+    /// Initiator → target.
+    pub up: DirStats,
+    /// Target → initiator.
+    pub down: DirStats,
+}
+
+/// Extra stages for a link, appended after the impairment stage of each direction
+/// (the lab's per-packet ESP emulation goes here).
+#[derive(Debug, Default)]
+pub struct ExtraStages {
+    /// Appended to the initiator → target pipeline.
+    pub up: Vec<Box<dyn Stage>>,
+    /// Appended to the target → initiator pipeline.
+    pub down: Vec<Box<dyn Stage>>,
+}
+
+/// The namespace names of link `name`.
+pub fn ns_names(name: &str) -> (String, String) {
+    (format!("{name}-ini"), format!("{name}-tgt"))
+}
+
+/// Whether this process runs as root (namespaces and TUN need it).
+pub fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Removes whatever link `name` left behind: processes inside its namespaces and the
+/// namespaces themselves (TUN devices vanish with their forwarder's file descriptors).
+/// Idempotent.
+pub fn cleanup(name: &str) -> Result<(), LinkError> {
+    let (ini, tgt) = ns_names(name);
+    let a = netns::delete(&ini);
+    let b = netns::delete(&tgt);
+    a.and(b)
+}
+
+/// A running link. Dropping it stops the forwarders and deletes both namespaces.
+#[derive(Debug)]
+pub struct Link {
+    cfg: LinkConfig,
+    engine: Engine,
+    dirs: Vec<Direction>,
+    torn_down: bool,
+}
+
+impl Link {
+    /// Brings a link up with the impairment stage only. Returns once a probe datagram has
+    /// crossed in both directions.
+    pub fn up(cfg: LinkConfig) -> Result<Link, LinkError> {
+        Self::up_with(cfg, ExtraStages::default())
+    }
+
+    /// Brings a link up with extra pipeline stages after the impairments.
+    pub fn up_with(cfg: LinkConfig, extra: ExtraStages) -> Result<Link, LinkError> {
+        cfg.validate()?;
+        if !is_root() {
+            return Err(LinkError::NotRoot);
+        }
+        let engine = match cfg.engine {
+            Engine::Builtin => Engine::Builtin,
+            Engine::Auto if crate::netem::available().is_ok() => Engine::Netem,
+            Engine::Auto => Engine::Builtin,
+            Engine::Netem => {
+                crate::netem::available().map_err(LinkError::NetemUnavailable)?;
+                Engine::Netem
+            }
+        };
+        let (ini, tgt) = ns_names(&cfg.name);
+        if netns::exists(&ini) || netns::exists(&tgt) {
+            return Err(LinkError::Exists(cfg.name.clone()));
+        }
+        // From here on, Drop cleans up whatever was created.
+        let mut link = Link {
+            cfg: cfg.clone(),
+            engine,
+            dirs: Vec::new(),
+            torn_down: false,
+        };
+        netns::add(&ini)?;
+        netns::add(&tgt)?;
+        match engine {
+            Engine::Netem => crate::netem::setup(&cfg)?,
+            _ => link.setup_builtin(extra)?,
+        }
+        link.probe()?;
+        if engine != Engine::Netem {
+            link.set(cfg.up.clone(), cfg.down.clone())?;
+            for d in &link.dirs {
+                d.control.reset_counters();
+            }
+        }
+        Ok(link)
+    }
+
+    fn setup_builtin(&mut self, extra: ExtraStages) -> Result<(), LinkError> {
+        let (ini, tgt) = ns_names(&self.cfg.name);
+        let mut tuns = Vec::new();
+        for ns in [&ini, &tgt] {
+            let tun = netns::run_in(ns, || -> std::io::Result<File> {
+                // No IPv6: router solicitations and MLD reports would cross the emulator and
+                // pollute the counters of a pure-IPv4 lab.
+                netns::write_net_sysctl("ipv6.conf.all.disable_ipv6", "1")?;
+                netns::write_net_sysctl("ipv6.conf.default.disable_ipv6", "1")?;
+                crate::sys::open_tun(IFNAME)
+            })?
+            .map_err(|e| LinkError::io(format!("creating TUN {IFNAME} in {ns}"), e))?;
+            tuns.push(Arc::new(tun));
+        }
+        let mtu = self.cfg.mtu.to_string();
+        for (ns, addr) in [(&ini, self.cfg.ini_addr()), (&tgt, self.cfg.tgt_addr())] {
+            netns::run("ip", &["-n", ns, "link", "set", "lo", "up"])?;
+            netns::run(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", IFNAME],
+            )?;
+            netns::run(
+                "ip",
+                &[
+                    "-n", ns, "link", "set", IFNAME, "mtu", &mtu, "txqueuelen", "1000", "up",
+                ],
+            )?;
+        }
+        // Room for the largest packet plus headroom for stages that encapsulate.
+        let buf_cap = self.cfg.mtu as usize + 256;
+        let clock = Clock::new();
+        let mut stages = [extra.up, extra.down].into_iter();
+        let seeds = [self.cfg.seed, self.cfg.seed ^ 0x5EED_D0D0_5EED_D0D0];
+        let (ini_tun, tgt_tun) = (tuns[0].clone(), tuns[1].clone());
+        for (i, (name, input, output)) in [
+            ("up", ini_tun.clone(), tgt_tun.clone()),
+            ("down", tgt_tun, ini_tun),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // Start with no impairment so the probe is not lost; `up_with` applies the real
+            // settings once the probe has crossed.
+            let mut p = Pipeline::new().with(Box::new(Impairment::new(
+                DirConfig::default(),
+                seeds[i],
+            )));
+            for s in stages.next().unwrap_or_default() {
+                p.push(s);
+            }
+            let d = Direction::start(name, input, output, p, buf_cap, clock)
+                .map_err(|e| LinkError::io("starting a forwarder thread", e))?;
+            self.dirs.push(d);
+        }
+        Ok(())
+    }
+
+    /// Sends a datagram each way until one arrives (up to 5 s).
+    fn probe(&self) -> Result<(), LinkError> {
+        let (ini, tgt) = ns_names(&self.cfg.name);
+        let (ia, ta) = (self.cfg.ini_addr(), self.cfg.tgt_addr());
+        let a = netns::run_in(&ini, move || UdpSocket::bind((ia, 0)))?
+            .map_err(|e| LinkError::io("probe socket in ini", e))?;
+        let b = netns::run_in(&tgt, move || UdpSocket::bind((ta, 0)))?
+            .map_err(|e| LinkError::io("probe socket in tgt", e))?;
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            to.set_read_timeout(Some(Duration::from_millis(100)))
+                .map_err(|e| LinkError::io("probe timeout", e))?;
+            let dst = to
+                .local_addr()
+                .map_err(|e| LinkError::io("probe address", e))?;
+            let mut ok = false;
+            for _ in 0..50 {
+                let _ = from.send_to(b"ipsan-wan-probe", dst);
+                let mut buf = [0u8; 64];
+                if matches!(to.recv(&mut buf), Ok(15)) {
+                    ok = true;
+                    break;
+                }
+            }
+            if !ok {
+                return Err(LinkError::Probe(format!(
+                    "no probe datagram reached {dst} within 5 s"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Changes both directions' impairments on the running link.
+    pub fn set(&mut self, up: DirConfig, down: DirConfig) -> Result<(), LinkError> {
+        up.validate()?;
+        down.validate()?;
+        if self.engine == Engine::Netem {
+            crate::netem::change(&self.cfg.name, &up, &down, self.cfg.seed)?;
+        } else {
+            for (d, c) in self.dirs.iter().zip([up.clone(), down.clone()]) {
+                d.control.reconfigure(c);
+            }
+        }
+        self.cfg.up = up;
+        self.cfg.down = down;
+        Ok(())
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &LinkConfig {
+        &self.cfg
+    }
+
+    /// The engine carrying the link.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// Both directions' counters.
+    pub fn stats(&self) -> LinkStats {
+        if self.engine == Engine::Netem {
+            return crate::netem::stats(&self.cfg.name);
+        }
+        let snap = |i: usize| {
+            self.dirs
+                .get(i)
+                .map(|d| d.control.counters.snapshot())
+                .unwrap_or_default()
+        };
+        LinkStats {
+            up: snap(0),
+            down: snap(1),
+        }
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_stats(&self) {
+        for d in &self.dirs {
+            d.control.reset_counters();
+        }
+    }
+
+    /// The namespace of `side`.
+    pub fn netns(&self, side: Side) -> String {
+        let (ini, tgt) = ns_names(&self.cfg.name);
+        match side {
+            Side::Ini => ini,
+            Side::Tgt => tgt,
+        }
+    }
+
+    /// The address of `side`.
+    pub fn addr(&self, side: Side) -> Ipv4Addr {
+        match side {
+            Side::Ini => self.cfg.ini_addr(),
+            Side::Tgt => self.cfg.tgt_addr(),
+        }
+    }
+
+    /// A command that runs `program` inside `side`'s namespace (`ip netns exec`); add
+    /// arguments and spawn it as usual.
+    pub fn command(&self, side: Side, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns(side), program]);
+        c
+    }
+
+    /// Runs `argv` inside `side`'s namespace and waits for it.
+    pub fn exec_in(&self, side: Side, argv: &[&str]) -> Result<std::process::Output, LinkError> {
+        let Some((prog, rest)) = argv.split_first() else {
+            return Err(LinkError::Probe("exec_in: empty command".into()));
+        };
+        self.command(side, prog)
+            .args(rest)
+            .output()
+            .map_err(|e| LinkError::io(format!("running {prog} in {}", self.netns(side)), e))
+    }
+
+    /// Runs `f` on a thread inside `side`'s namespace (sockets made there stay there).
+    pub fn run_in<T, F>(&self, side: Side, f: F) -> Result<T, LinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        netns::run_in(&self.netns(side), f)
+    }
+
+    /// Tears the link down now, reporting errors (Drop does the same silently).
+    pub fn down(mut self) -> Result<(), LinkError> {
+        self.teardown()
+    }
+
+    /// Tears the link down in place; later calls do nothing.
+    pub fn shutdown(&mut self) -> Result<(), LinkError> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<(), LinkError> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        for d in &mut self.dirs {
+            d.stop();
+        }
+        self.dirs.clear();
+        cleanup(&self.cfg.name)
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            tracing::warn!("tearing down link {}: {e}", self.cfg.name);
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! End-to-end tests of the built-in engine: two namespaces, kernel TCP on both sides, the
+//! emulator in between. They need root and /dev/net/tun; without them each prints
+//! `SKIPPED: <reason>` and returns. Each test uses its own link name (test name + pid), so
+//! tests run in parallel, and `Link`'s Drop (plus a guard here) removes the namespaces even
+//! when an assertion fails. Runs are kept to a few seconds; longer runs are in
+//! `scripts/bench-wan`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use ipsan_wan::{link, DirConfig, Engine, Link, LinkConfig, LinkError, LossModel, Side};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+fn can_run(test: &str) -> bool {
+    if !link::is_root() {
+        println!("SKIPPED: {test}: needs root (namespaces, TUN)");
+        return false;
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        println!("SKIPPED: {test}: no /dev/net/tun");
+        return false;
+    }
+    true
+}
+
+/// Removes the link's namespaces whatever happens to the test.
+struct Guard(String);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = link::cleanup(&self.0);
+    }
+}
+
+fn name(test: &str) -> (String, Guard) {
+    let n = format!("t{}-{}", std::process::id(), test);
+    let n: String = n.chars().take(40).collect();
+    (n.clone(), Guard(n))
+}
+
+fn up(name: &str, dir: DirConfig) -> Link {
+    let mut cfg = LinkConfig::new(name).symmetric(dir);
+    cfg.engine = Engine::Builtin;
+    Link::up(cfg).unwrap()
+}
+
+/// A TCP connection from ini to a listener in tgt; returns (client, server) streams.
+fn tcp_pair(link: &Link) -> (TcpStream, TcpStream) {
+    let tgt = link.addr(Side::Tgt);
+    let l = link
+        .run_in(Side::Tgt, move || TcpListener::bind((tgt, 0)))
+        .unwrap()
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = link
+        .run_in(Side::Ini, move || {
+            TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        })
+        .unwrap()
+        .unwrap();
+    let (s, _) = l.accept().unwrap();
+    for x in [&c, &s] {
+        x.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        x.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    }
+    (c, s)
+}
+
+/// Median and p99 of `n` TCP request/response round trips (64-byte messages).
+fn rtts(link: &Link, n: usize) -> (Duration, Duration) {
+    let (mut c, mut s) = tcp_pair(link);
+    c.set_nodelay(true).unwrap();
+    s.set_nodelay(true).unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while s.read_exact(&mut b).is_ok() {
+            if s.write_all(&b).is_err() {
+                return;
+            }
+        }
+    });
+    let mut v = Vec::with_capacity(n);
+    let mut b = [7u8; 64];
+    for i in 0..n + 5 {
+        let t = Instant::now();
+        c.write_all(&b).unwrap();
+        c.read_exact(&mut b).unwrap();
+        if i >= 5 {
+            v.push(t.elapsed());
+        }
+    }
+    drop(c);
+    echo.join().unwrap();
+    v.sort();
+    (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+}
+
+fn check_rtt(test: &str, delay_ms: u64, n: usize) {
+    if !can_run(test) {
+        return;
+    }
+    let (nm, _g) = name(test);
+    let link = up(
+        &nm,
+        DirConfig {
+            delay: Duration::from_millis(delay_ms),
+            ..Default::default()
+        },
+    );
+    let (median, p99) = rtts(&link, n);
+    let want = Duration::from_millis(2 * delay_ms);
+    let tol = Duration::from_micros(200).max(want / 50);
+    let err = median.abs_diff(want);
+    println!(
+        "RTT one-way {delay_ms} ms: median {median:?} (error {err:?}, tolerance {tol:?}), p99 {p99:?}, n={n}"
+    );
+    assert!(err <= tol, "median {median:?} vs {want:?} ± {tol:?}");
+}
+
+#[test]
+fn rtt_is_twice_the_delay_at_0ms() {
+    check_rtt("rtt0", 0, 1000);
+}
+
+#[test]
+fn rtt_is_twice_the_delay_at_1ms() {
+    check_rtt("rtt1", 1, 500);
+}
+
+#[test]
+fn rtt_is_twice_the_delay_at_8ms() {
+    check_rtt("rtt8", 8, 150);
+}
+
+#[test]
+fn rtt_is_twice_the_delay_at_64ms() {
+    check_rtt("rtt64", 64, 25);
+}
+
+#[test]
+fn rate_100mbit_goodput_within_5_percent() {
+    if !can_run("rate") {
+        return;
+    }
+    let (nm, _g) = name("rate");
+    let link = up(
+        &nm,
+        DirConfig {
+            rate_bps: 100_000_000,
+            delay: Duration::from_millis(1),
+            ..Default::default()
+        },
+    );
+    let (mut c, mut s) = tcp_pair(&link);
+    let run = Duration::from_millis(3500);
+    let sender = std::thread::spawn(move || {
+        let buf = vec![0x5Au8; 64 * 1024];
+        let t = Instant::now();
+        while t.elapsed() < run {
+            if c.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    // Measure on the receiver from 1 s (past slow start) to the end.
+    let t0 = Instant::now();
+    let mut buf = vec![0u8; 256 * 1024];
+    let (mut total, mut mark) = (0u64, None);
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        let el = t0.elapsed();
+        if mark.is_none() && el >= Duration::from_secs(1) {
+            mark = Some((el, total));
+        }
+        if el >= run {
+            break;
+        }
+    }
+    let end = t0.elapsed();
+    drop(s);
+    sender.join().unwrap();
+    let (t1, b1) = mark.unwrap();
+    let goodput = (total - b1) as f64 * 8.0 / (end - t1).as_secs_f64();
+    // Every 1500-byte IP packet carries 1448 bytes of TCP payload (20 IP + 20 TCP + 12
+    // timestamp option), and the rate applies to IP bytes.
+    let expected = 100e6 * 1448.0 / 1500.0;
+    let err = (goodput - expected) / expected;
+    println!(
+        "rate 100mbit: goodput {:.2} Mbit/s, expected {:.2}, error {:+.2} %; stats {:?}",
+        goodput / 1e6,
+        expected / 1e6,
+        err * 100.0,
+        link.stats().up
+    );
+    assert!(err.abs() < 0.05, "goodput {goodput} vs {expected}");
+}
+
+#[test]
+fn loss_counter_is_within_the_99_percent_binomial_interval() {
+    if !can_run("loss") {
+        return;
+    }
+    let (nm, _g) = name("loss");
+    let p = 0.01;
+    let link = up(
+        &nm,
+        DirConfig {
+            loss: LossModel::Bernoulli { p },
+            ..Default::default()
+        },
+    );
+    let (ia, ta) = (link.addr(Side::Ini), link.addr(Side::Tgt));
+    let tx = link
+        .run_in(Side::Ini, move || UdpSocket::bind((ia, 0)))
+        .unwrap()
+        .unwrap();
+    let rx = link
+        .run_in(Side::Tgt, move || UdpSocket::bind((ta, 0)))
+        .unwrap()
+        .unwrap();
+    let dst: SocketAddr = rx.local_addr().unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let n = 20_000u64;
+    let counter = std::thread::spawn(move || {
+        let mut got = 0u64;
+        let mut b = [0u8; 256];
+        while rx.recv(&mut b).is_ok() {
+            got += 1;
+        }
+        got
+    });
+    for i in 0..n {
+        tx.send_to(&[0u8; 100], dst).unwrap();
+        if i % 50 == 49 {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+    let received = counter.join().unwrap();
+    let st = link.stats().up;
+    let sd = (n as f64 * p * (1.0 - p)).sqrt();
+    let (lo, hi) = (n as f64 * p - 2.576 * sd, n as f64 * p + 2.576 * sd);
+    println!(
+        "loss 1 %: sent {n}, emulator saw {}, dropped {}, delivered {}, received {received}; 99 % interval [{lo:.0}, {hi:.0}]",
+        st.packets_in, st.dropped_loss, st.packets_out
+    );
+    assert_eq!(st.packets_in, n, "every datagram reached the emulator");
+    assert!((lo..=hi).contains(&(st.dropped_loss as f64)));
+    assert_eq!(st.packets_out, n - st.dropped_loss);
+    assert_eq!(received, st.packets_out);
+}
+
+/// A deterministic byte stream both ends can generate.
+fn pattern(i: u64) -> u8 {
+    let x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 56) as u8 ^ (i as u8)
+}
+
+fn bulk_intact(test: &str, dir: DirConfig, bytes: u64) -> ipsan_wan::LinkStats {
+    let (nm, _g) = name(test);
+    let link = up(&nm, dir);
+    let (mut c, mut s) = tcp_pair(&link);
+    let sender = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut off = 0u64;
+        while off < bytes {
+            let n = (bytes - off).min(buf.len() as u64) as usize;
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = pattern(off + k as u64);
+            }
+            c.write_all(&buf[..n]).unwrap();
+            off += n as u64;
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut off = 0u64;
+    let mut bad = 0u64;
+    while off < bytes {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended at {off} of {bytes}");
+        for (k, b) in buf[..n].iter().enumerate() {
+            bad += u64::from(*b != pattern(off + k as u64));
+        }
+        off += n as u64;
+    }
+    sender.join().unwrap();
+    let st = link.stats();
+    println!("{test}: {bytes} bytes, {bad} wrong; up {:?}; down {:?}", st.up, st.down);
+    assert_eq!(bad, 0);
+    st
+}
+
+#[test]
+fn tcp_delivers_every_byte_through_loss_reorder_and_corruption() {
+    if !can_run("intact") {
+        return;
+    }
+    let dir = DirConfig {
+        delay: Duration::from_millis(1),
+        loss: LossModel::Bernoulli { p: 0.01 },
+        reorder: 0.02,
+        corrupt: 0.0002,
+        ..Default::default()
+    };
+    let st = bulk_intact("intact", dir, 24 << 20);
+    assert!(st.up.dropped_loss > 0 && st.up.reordered > 0);
+}
+
+#[test]
+fn tcp_checksums_catch_heavy_corruption() {
+    if !can_run("corrupt") {
+        return;
+    }
+    let dir = DirConfig {
+        delay: Duration::from_micros(200),
+        corrupt: 0.01,
+        duplicate: 0.01,
+        ..Default::default()
+    };
+    let st = bulk_intact("corrupt", dir, 8 << 20);
+    assert!(st.up.corrupted > 10, "{:?}", st.up);
+    assert!(st.up.duplicated > 10, "{:?}", st.up);
+}
+
+#[test]
+fn set_changes_the_delay_of_a_running_link() {
+    if !can_run("set") {
+        return;
+    }
+    let (nm, _g) = name("set");
+    let mut link = up(
+        &nm,
+        DirConfig {
+            delay: Duration::from_millis(1),
+            ..Default::default()
+        },
+    );
+    let (before, _) = rtts(&link, 50);
+    let d = DirConfig {
+        delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    link.set(d.clone(), d).unwrap();
+    let (after, _) = rtts(&link, 30);
+    println!("set: RTT {before:?} -> {after:?}");
+    assert!(before.abs_diff(Duration::from_millis(2)) < Duration::from_micros(300));
+    assert!(after.abs_diff(Duration::from_millis(20)) < Duration::from_micros(500));
+}
+
+#[test]
+fn rejects_a_second_link_with_the_same_name() {
+    if !can_run("dup") {
+        return;
+    }
+    let (nm, _g) = name("dup");
+    let _link = up(&nm, DirConfig::default());
+    let mut cfg = LinkConfig::new(&nm);
+    cfg.engine = Engine::Builtin;
+    assert!(matches!(Link::up(cfg), Err(LinkError::Exists(_))));
+}
+
+#[test]
+fn nothing_is_left_behind_after_a_panicking_test() {
+    if !can_run("panic") {
+        return;
+    }
+    let (nm, _g) = name("panic");
+    let n2 = nm.clone();
+    let r = std::panic::catch_unwind(move || {
+        let link = up(&n2, DirConfig::default());
+        // A process started inside the namespace must go too.
+        let _child = link.command(Side::Tgt, "sleep").arg("30").spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        panic!("deliberate");
+    });
+    assert!(r.is_err());
+    let (ini, tgt) = link::ns_names(&nm);
+    assert!(!std::path::Path::new(&format!("/run/netns/{ini}")).exists());
+    assert!(!std::path::Path::new(&format!("/run/netns/{tgt}")).exists());
+}
+
+#[test]
+fn netem_engine_says_clearly_when_the_kernel_lacks_netem() {
+    if !can_run("netem") {
+        return;
+    }
+    if ipsan_wan::netem::available().is_ok() {
+        println!("SKIPPED: netem_engine_says_clearly_when_the_kernel_lacks_netem: this kernel has netem");
+        return;
+    }
+    let (nm, _g) = name("netem");
+    let mut cfg = LinkConfig::new(&nm);
+    cfg.engine = Engine::Netem;
+    let e = Link::up(cfg).unwrap_err();
+    assert!(matches!(e, LinkError::NetemUnavailable(_)));
+    assert!(e.to_string().contains("netem is not available"), "{e}");
+    // auto falls back to the built-in engine.
+    let mut cfg = LinkConfig::new(&nm);
+    cfg.engine = Engine::Auto;
+    let link = Link::up(cfg).unwrap();
+    assert_eq!(link.engine(), Engine::Builtin);
+}
