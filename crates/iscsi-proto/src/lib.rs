@@ -1,3 +1,13 @@
-//! iscsi-proto
+//! iSCSI protocol logic without I/O (RFC 7143).
+//!
+//! # Layout
+//! - [`params`]: the key table, negotiation result functions and the session's values in force.
+//! - [`chap`]: CHAP for both sides (RFC 1994, RFC 7143 §12.1.3).
+//! - [`login`]: the target's login state machine (RFC 7143 §6, §11.12–§11.13), from the first
+//!   Login Request to full feature phase.
+//! - [`seq`]: serial number arithmetic and the command window (RFC 7143 §4.2.2, §4.2.2.1).
 
 pub mod chap;
+pub mod login;
+pub mod params;
+pub mod seq;

@@ -1,0 +1,807 @@
+//! The target side of login (RFC 7143 §6.3, §11.12–§11.13), as a state machine without I/O.
+//!
+//! ```text
+//!   first Login Request
+//!          │ version, InitiatorName, SessionType, TargetName checked; target looked up
+//!          ▼
+//!   SecurityNegotiation ── AuthMethod=None allowed ─┐
+//!          │ AuthMethod=CHAP                          │
+//!          ▼                                          │
+//!   ChapExpectAlgorithm → ChapExpectResponse ─────────┤  (proof: `Authenticated`)
+//!                                                     ▼
+//!                                  LoginOperationalNegotiation
+//!                                                     │ T=1, NSG=FullFeature
+//!                                                     ▼
+//!                                              FullFeature(LoginResult)
+//! ```
+//! Reaching operational negotiation or full feature phase needs an [`Authenticated`] value,
+//! which only a verified CHAP response or a target configured without authentication can
+//! produce, so no path skips authentication.
+
+use std::collections::BTreeSet;
+
+use crate::chap::{self, ChallengeRecord, ChapAlgorithm, ChapSecret};
+use crate::params::{self, SessionParams, SessionType, Side, IRRELEVANT, NOT_UNDERSTOOD, REJECT};
+use iscsi_wire::header::{LoginRequest, LoginResponse, Stage};
+
+/// Login response status (RFC 7143 §11.13.5): class in the high byte, detail in the low.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginStatus(pub u16);
+
+impl LoginStatus {
+    pub const SUCCESS: Self = Self(0x0000);
+    pub const INITIATOR_ERROR: Self = Self(0x0200);
+    pub const AUTHENTICATION_FAILURE: Self = Self(0x0201);
+    pub const AUTHORIZATION_FAILURE: Self = Self(0x0202);
+    pub const NOT_FOUND: Self = Self(0x0203);
+    pub const UNSUPPORTED_VERSION: Self = Self(0x0205);
+    pub const TOO_MANY_CONNECTIONS: Self = Self(0x0206);
+    pub const MISSING_PARAMETER: Self = Self(0x0207);
+    pub const SESSION_TYPE_NOT_SUPPORTED: Self = Self(0x0209);
+    pub const SESSION_DOES_NOT_EXIST: Self = Self(0x020a);
+    pub const INVALID_DURING_LOGIN: Self = Self(0x020b);
+    pub const TARGET_ERROR: Self = Self(0x0300);
+    pub const SERVICE_UNAVAILABLE: Self = Self(0x0301);
+    pub const OUT_OF_RESOURCES: Self = Self(0x0302);
+
+    #[must_use]
+    pub fn class(self) -> u8 {
+        (self.0 >> 8) as u8
+    }
+    #[must_use]
+    pub fn detail(self) -> u8 {
+        self.0 as u8
+    }
+}
+
+/// Why a login failed: the status for the initiator and a reason for the target's log. The
+/// reason never contains a secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("login failed ({:#06x}): {reason}", status.0)]
+pub struct LoginFailure {
+    pub status: LoginStatus,
+    pub reason: String,
+}
+
+impl LoginFailure {
+    pub fn new(status: LoginStatus, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// How initiators must authenticate to a target (or to discovery).
+#[derive(Clone, Debug, Default)]
+pub enum Auth {
+    /// No authentication (AuthMethod=None).
+    #[default]
+    None,
+    /// CHAP (RFC 7143 §12.1.3), one-way or mutual.
+    Chap(ChapPolicy),
+}
+
+/// CHAP credentials a target checks, and optionally the ones it answers with (mutual CHAP).
+#[derive(Clone, Debug)]
+pub struct ChapPolicy {
+    /// The name the initiator must send in CHAP_N.
+    pub user: String,
+    pub secret: ChapSecret,
+    /// For mutual CHAP: the name and secret the target answers the initiator's challenge with.
+    pub mutual: Option<(String, ChapSecret)>,
+    /// Algorithms accepted, strongest first.
+    pub algorithms: Vec<ChapAlgorithm>,
+}
+
+/// What the runtime knows about the target an initiator asked for.
+#[derive(Clone, Debug)]
+pub struct TargetPolicy {
+    pub auth: Auth,
+    pub portal_group_tag: u16,
+    pub alias: Option<String>,
+}
+
+/// The target's limits and preferences for operational keys (RFC 7143 §13), tuned for long
+/// links: ImmediateData and InitialR2T=No when the initiator agrees, large bursts, several R2Ts.
+#[derive(Clone, Debug)]
+pub struct TargetOffer {
+    pub header_digest: &'static str,
+    pub data_digest: &'static str,
+    pub max_recv_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub max_outstanding_r2t: u32,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    /// Commands the session may have in flight: MaxCmdSN in the final response is
+    /// CmdSN + depth - 1 (RFC 7143 §4.2.2.1).
+    pub cmd_window: u32,
+}
+
+impl Default for TargetOffer {
+    fn default() -> Self {
+        Self {
+            header_digest: "None,CRC32C",
+            data_digest: "None,CRC32C",
+            max_recv_data_segment_length: 262_144,
+            max_burst_length: 16_776_192,
+            first_burst_length: 16_776_192,
+            max_outstanding_r2t: 32,
+            initial_r2t: false,
+            immediate_data: true,
+            cmd_window: 128,
+        }
+    }
+}
+
+impl TargetOffer {
+    fn ours(&self, key: &str) -> Option<String> {
+        let yn = |b: bool| if b { "Yes" } else { "No" }.to_owned();
+        Some(match key {
+            "HeaderDigest" => self.header_digest.to_owned(),
+            "DataDigest" => self.data_digest.to_owned(),
+            "MaxConnections" => "1".into(),
+            "InitialR2T" => yn(self.initial_r2t),
+            "ImmediateData" => yn(self.immediate_data),
+            "MaxBurstLength" => self.max_burst_length.to_string(),
+            "FirstBurstLength" => self.first_burst_length.to_string(),
+            "DefaultTime2Wait" => "2".into(),
+            "DefaultTime2Retain" => "20".into(),
+            "MaxOutstandingR2T" => self.max_outstanding_r2t.to_string(),
+            "DataPDUInOrder" | "DataSequenceInOrder" => "Yes".into(),
+            "ErrorRecoveryLevel" => "0".into(),
+            "iSCSIProtocolLevel" => "1".into(),
+            "IFMarker" | "OFMarker" => "No".into(),
+            _ => return None,
+        })
+    }
+}
+
+/// Values a login extension (such as seal's vendor keys) needs to bind its answer to.
+#[derive(Clone, Debug)]
+pub struct ExtensionContext<'a> {
+    pub initiator_name: &'a str,
+    pub target_name: Option<&'a str>,
+    pub isid: [u8; 6],
+    /// Zero until the final response assigns it.
+    pub tsih: u16,
+}
+
+/// A negotiation extension for vendor keys (RFC 7143 §13.5 allows `X-` keys).
+pub trait Extension: Send + std::fmt::Debug {
+    /// Whether this extension answers `key`.
+    fn handles(&self, key: &str) -> bool;
+    /// Answers the keys it handles from one request (operational stage).
+    fn respond(
+        &mut self,
+        keys: &[(String, String)],
+        ctx: &ExtensionContext<'_>,
+    ) -> Result<Vec<(String, String)>, LoginFailure>;
+    /// Called before the final response; may refuse the login (e.g. a required extension the
+    /// initiator never negotiated) or add keys to the final response.
+    fn finish(&mut self, ctx: &ExtensionContext<'_>)
+        -> Result<Vec<(String, String)>, LoginFailure>;
+}
+
+/// The runtime's side of a login: target lookup, access control, TSIH assignment.
+pub trait Directory {
+    /// Finds the target a Normal session names and checks the initiator may use it.
+    fn target(&self, target_name: &str, initiator_name: &str)
+        -> Result<TargetPolicy, LoginFailure>;
+    /// Authentication required for discovery sessions from this initiator.
+    fn discovery(&self, initiator_name: &str) -> Result<TargetPolicy, LoginFailure>;
+    /// Assigns the TSIH for a new session (`requested` = 0), or validates a requested one.
+    fn assign_tsih(
+        &mut self,
+        isid: [u8; 6],
+        initiator_name: &str,
+        requested: u16,
+    ) -> Result<u16, LoginFailure>;
+}
+
+/// Proof that the initiator authenticated (or that the target needs no authentication).
+/// Only this module can create it.
+#[derive(Clone, Copy, Debug)]
+pub struct Authenticated(());
+
+#[derive(Debug)]
+enum State {
+    /// Waiting for the first Login Request.
+    Start,
+    Security(SecurityState),
+    Operational(Authenticated),
+    Done,
+}
+
+#[derive(Debug)]
+enum SecurityState {
+    /// AuthMethod not yet agreed.
+    Negotiating,
+    /// AuthMethod=None agreed.
+    NoAuth(Authenticated),
+    /// AuthMethod=CHAP agreed, waiting for CHAP_A.
+    ChapExpectAlgorithm,
+    /// Challenge sent, waiting for CHAP_N/CHAP_R.
+    ChapExpectResponse {
+        alg: ChapAlgorithm,
+        id: u8,
+        challenge: Vec<u8>,
+    },
+    Verified(Authenticated),
+}
+
+/// The result of a completed login.
+#[derive(Debug)]
+pub struct LoginResult {
+    pub params: SessionParams,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub cid: u16,
+    /// CmdSN of the login: the first CmdSN the command window expects.
+    pub cmd_sn: u32,
+    /// The StatSN for the first full-feature response.
+    pub next_stat_sn: u32,
+}
+
+/// One step of the login: the response to send, and where the login stands.
+#[derive(Debug)]
+pub struct Reply {
+    pub header: LoginResponse,
+    pub data: Vec<u8>,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug)]
+pub enum Outcome {
+    /// Expect another Login Request.
+    Continue,
+    /// The login failed; close the connection after sending the reply.
+    Failed(LoginFailure),
+    /// Full feature phase begins after this reply.
+    FullFeature(Box<LoginResult>),
+}
+
+/// Target-side login for one connection.
+#[derive(Debug)]
+pub struct TargetLogin {
+    state: State,
+    offer: TargetOffer,
+    params: SessionParams,
+    policy: Option<TargetPolicy>,
+    challenges: ChallengeRecord,
+    extension: Option<Box<dyn Extension>>,
+    /// Text from PDUs with the C bit, awaiting the rest (RFC 7143 §6.3: continuation).
+    partial: Vec<u8>,
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    cmd_sn: u32,
+    stat_sn: u32,
+    negotiated: BTreeSet<String>,
+    declared_mrdsl: bool,
+    sent_tpgt: bool,
+}
+
+/// The longest login text we accept across continuations (RFC 7143 allows long values; this
+/// bounds memory against an initiator that never clears the C bit).
+const MAX_LOGIN_TEXT: usize = 64 * 1024;
+
+impl TargetLogin {
+    #[must_use]
+    pub fn new(offer: TargetOffer, extension: Option<Box<dyn Extension>>) -> Self {
+        Self {
+            state: State::Start,
+            offer,
+            params: SessionParams::default(),
+            policy: None,
+            challenges: ChallengeRecord::new(),
+            extension,
+            partial: Vec::new(),
+            isid: [0; 6],
+            tsih: 0,
+            cid: 0,
+            cmd_sn: 0,
+            stat_sn: 0,
+            negotiated: BTreeSet::new(),
+            declared_mrdsl: false,
+            sent_tpgt: false,
+        }
+    }
+
+    /// Handles one Login Request and its data segment.
+    pub fn handle(&mut self, req: &LoginRequest, data: &[u8], dir: &mut dyn Directory) -> Reply {
+        match self.step(req, data, dir) {
+            Ok(reply) => reply,
+            Err(failure) => {
+                self.state = State::Done;
+                let mut header = self.response_header(req, false, req.csg, req.csg);
+                header.status_class = failure.status.class();
+                header.status_detail = failure.status.detail();
+                Reply {
+                    header,
+                    data: Vec::new(),
+                    outcome: Outcome::Failed(failure),
+                }
+            }
+        }
+    }
+
+    fn response_header(
+        &mut self,
+        req: &LoginRequest,
+        transit: bool,
+        csg: Stage,
+        nsg: Stage,
+    ) -> LoginResponse {
+        let stat_sn = self.stat_sn;
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        LoginResponse {
+            transit,
+            continue_: false,
+            csg,
+            nsg: if transit { nsg } else { Stage(0) },
+            version_max: 0,
+            version_active: 0,
+            isid: req.isid,
+            tsih: self.tsih,
+            itt: req.itt,
+            stat_sn,
+            exp_cmd_sn: self.cmd_sn,
+            max_cmd_sn: self.cmd_sn,
+            status_class: 0,
+            status_detail: 0,
+        }
+    }
+
+    fn step(
+        &mut self,
+        req: &LoginRequest,
+        data: &[u8],
+        dir: &mut dyn Directory,
+    ) -> Result<Reply, LoginFailure> {
+        let initiator_error = |why: &str| LoginFailure::new(LoginStatus::INITIATOR_ERROR, why);
+        if matches!(self.state, State::Done) {
+            return Err(initiator_error("login already finished"));
+        }
+        let first = matches!(self.state, State::Start);
+        if first {
+            // RFC 7143 §11.12.4: version 0 is the only one defined.
+            if req.version_min > 0 {
+                return Err(LoginFailure::new(
+                    LoginStatus::UNSUPPORTED_VERSION,
+                    format!("VersionMin {} unsupported", req.version_min),
+                ));
+            }
+            self.isid = req.isid;
+            self.tsih = req.tsih;
+            self.cid = req.cid;
+            self.cmd_sn = req.cmd_sn;
+            self.stat_sn = req.exp_stat_sn;
+        } else if req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid {
+            // §11.12: these stay fixed for the whole login.
+            return Err(initiator_error("ISID, TSIH or CID changed during login"));
+        }
+        if req.csg == Stage(2) || (req.transit && (req.nsg == Stage(2) || req.nsg <= req.csg)) {
+            return Err(initiator_error("invalid CSG/NSG"));
+        }
+        let stage_ok = match &self.state {
+            State::Start => true,
+            State::Security(_) => {
+                req.csg == Stage::SECURITY_NEGOTIATION
+                    || req.csg == Stage::LOGIN_OPERATIONAL_NEGOTIATION
+            }
+            State::Operational(_) => req.csg == Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            State::Done => false,
+        };
+        if !stage_ok || req.csg == Stage::FULL_FEATURE_PHASE {
+            return Err(initiator_error("Login Request for a stage already left"));
+        }
+
+        // Reassemble continued text (C bit): answer with an empty response and wait.
+        if self.partial.len() + data.len() > MAX_LOGIN_TEXT {
+            return Err(initiator_error("login text too long"));
+        }
+        self.partial.extend_from_slice(data);
+        if req.continue_ {
+            if first {
+                self.state = State::Security(SecurityState::Negotiating);
+            }
+            let header = self.response_header(req, false, req.csg, req.csg);
+            return Ok(Reply {
+                header,
+                data: Vec::new(),
+                outcome: Outcome::Continue,
+            });
+        }
+        let text = std::mem::take(&mut self.partial);
+        let keys = iscsi_wire::text::parse(&text)
+            .map_err(|e| initiator_error(&format!("malformed login text: {e}")))?;
+
+        let mut out: Vec<(String, String)> = Vec::new();
+        if first {
+            self.first_request(&keys, dir, &mut out)?;
+        }
+
+        // Leaving the security stage directly for operational or full feature phase.
+        if req.csg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
+            if let State::Security(sec) = &self.state {
+                let proof = match sec {
+                    SecurityState::NoAuth(p) | SecurityState::Verified(p) => *p,
+                    SecurityState::Negotiating if self.requires_no_auth() => Authenticated(()),
+                    _ => {
+                        return Err(LoginFailure::new(
+                            LoginStatus::AUTHENTICATION_FAILURE,
+                            "operational stage requested before authentication",
+                        ))
+                    }
+                };
+                self.state = State::Operational(proof);
+            }
+        }
+
+        match req.csg {
+            Stage::SECURITY_NEGOTIATION => self.security_keys(&keys, &mut out)?,
+            _ => self.operational_keys(&keys, &mut out)?,
+        }
+
+        // Decide whether to transit.
+        let mut transit = false;
+        if req.transit {
+            match &self.state {
+                State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p)) => {
+                    let p = *p;
+                    transit = true;
+                    if req.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
+                        self.state = State::Operational(p);
+                    }
+                }
+                State::Security(SecurityState::Negotiating) if self.requires_no_auth() => {
+                    // The initiator sent no AuthMethod; None is the only possible outcome.
+                    transit = true;
+                    if req.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
+                        self.state = State::Operational(Authenticated(()));
+                    }
+                }
+                State::Operational(_) => transit = true,
+                _ => {}
+            }
+        }
+        if transit && req.nsg == Stage::FULL_FEATURE_PHASE {
+            return self.finish(req, out, dir);
+        }
+        if !self.declared_mrdsl && req.csg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
+            self.declared_mrdsl = true;
+            out.push((
+                "MaxRecvDataSegmentLength".into(),
+                self.offer.max_recv_data_segment_length.to_string(),
+            ));
+        }
+        let header = self.response_header(req, transit, req.csg, req.nsg);
+        Ok(Reply {
+            header,
+            data: encode(&out),
+            outcome: Outcome::Continue,
+        })
+    }
+
+    fn requires_no_auth(&self) -> bool {
+        matches!(self.policy.as_ref().map(|p| &p.auth), Some(Auth::None))
+    }
+
+    /// First PDU: InitiatorName, SessionType and TargetName decide the policy (RFC 7143 §6.3).
+    fn first_request(
+        &mut self,
+        keys: &[(String, String)],
+        dir: &mut dyn Directory,
+        out: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginFailure> {
+        let get = |k: &str| {
+            keys.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        let initiator = get("InitiatorName").ok_or_else(|| {
+            LoginFailure::new(LoginStatus::MISSING_PARAMETER, "InitiatorName missing")
+        })?;
+        if initiator.is_empty() {
+            return Err(LoginFailure::new(
+                LoginStatus::MISSING_PARAMETER,
+                "InitiatorName empty",
+            ));
+        }
+        self.params.initiator_name = initiator.to_owned();
+        let session_type = match get("SessionType") {
+            None | Some("Normal") => SessionType::Normal,
+            Some("Discovery") => SessionType::Discovery,
+            Some(other) => {
+                return Err(LoginFailure::new(
+                    LoginStatus::SESSION_TYPE_NOT_SUPPORTED,
+                    format!("SessionType={other}"),
+                ))
+            }
+        };
+        self.params.session_type = session_type;
+        let policy = match session_type {
+            SessionType::Discovery => dir.discovery(initiator)?,
+            SessionType::Normal => {
+                let target = get("TargetName").ok_or_else(|| {
+                    LoginFailure::new(LoginStatus::MISSING_PARAMETER, "TargetName missing")
+                })?;
+                self.params.target_name = Some(target.to_owned());
+                dir.target(target, initiator)?
+            }
+        };
+        if session_type == SessionType::Normal && !self.sent_tpgt {
+            // RFC 7143 §13.9: returned in the first Login Response of a Normal session.
+            self.sent_tpgt = true;
+            out.push((
+                "TargetPortalGroupTag".into(),
+                policy.portal_group_tag.to_string(),
+            ));
+            if let Some(alias) = &policy.alias {
+                out.push(("TargetAlias".into(), alias.clone()));
+            }
+        }
+        self.policy = Some(policy);
+        self.state = State::Security(SecurityState::Negotiating);
+        Ok(())
+    }
+
+    fn security_keys(
+        &mut self,
+        keys: &[(String, String)],
+        out: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginFailure> {
+        let auth_fail = |why: &str| LoginFailure::new(LoginStatus::AUTHENTICATION_FAILURE, why);
+        let auth = self
+            .policy
+            .as_ref()
+            .map(|p| p.auth.clone())
+            .unwrap_or_default();
+        let mut chap_n = None;
+        let mut chap_r = None;
+        let mut chap_i = None;
+        let mut chap_c = None;
+        let mut operational = Vec::new();
+        for (k, v) in keys {
+            match k.as_str() {
+                "InitiatorName" | "TargetName" | "SessionType" | "InitiatorAlias" => {
+                    self.params.apply(k, v, Side::Initiator);
+                }
+                "AuthMethod" => {
+                    let mine = match auth {
+                        Auth::None => "None",
+                        Auth::Chap(_) => "CHAP",
+                    };
+                    let spec = params::spec("AuthMethod").ok_or_else(|| auth_fail("table"))?;
+                    let answer = params::resolve(spec, v, mine).map_err(|e| {
+                        LoginFailure::new(LoginStatus::INITIATOR_ERROR, e.to_string())
+                    })?;
+                    if answer == REJECT {
+                        return Err(auth_fail("no acceptable AuthMethod offered"));
+                    }
+                    self.state = State::Security(if answer == "CHAP" {
+                        SecurityState::ChapExpectAlgorithm
+                    } else {
+                        SecurityState::NoAuth(Authenticated(()))
+                    });
+                    out.push((k.clone(), answer));
+                }
+                "CHAP_A" => {
+                    let Auth::Chap(policy) = &auth else {
+                        return Err(auth_fail("CHAP_A without AuthMethod=CHAP"));
+                    };
+                    if !matches!(
+                        self.state,
+                        State::Security(SecurityState::ChapExpectAlgorithm)
+                    ) {
+                        return Err(auth_fail("CHAP_A out of sequence"));
+                    }
+                    let offered = ChapAlgorithm::parse_list(v).unwrap_or_default();
+                    let alg = ChapAlgorithm::choose(&offered, &policy.algorithms)
+                        .map_err(|_| auth_fail("no acceptable CHAP algorithm"))?;
+                    let len = alg.digest_len().unwrap_or(16).max(16);
+                    let ch = self
+                        .challenges
+                        .issue(alg, len)
+                        .map_err(|e| auth_fail(&e.to_string()))?;
+                    out.push(("CHAP_A".into(), alg.0.to_string()));
+                    out.push(("CHAP_I".into(), ch.id.to_string()));
+                    out.push(("CHAP_C".into(), chap::encode_binary(&ch.challenge)));
+                    self.state = State::Security(SecurityState::ChapExpectResponse {
+                        alg,
+                        id: ch.id,
+                        challenge: ch.challenge,
+                    });
+                }
+                "CHAP_N" => chap_n = Some(v.as_str()),
+                "CHAP_R" => chap_r = Some(v.as_str()),
+                "CHAP_I" => chap_i = Some(v.as_str()),
+                "CHAP_C" => chap_c = Some(v.as_str()),
+                _ => operational.push((k.clone(), v.clone())),
+            }
+        }
+        if chap_n.is_some() || chap_r.is_some() {
+            let Auth::Chap(policy) = &auth else {
+                return Err(auth_fail("CHAP response without AuthMethod=CHAP"));
+            };
+            let State::Security(SecurityState::ChapExpectResponse { alg, id, challenge }) =
+                &self.state
+            else {
+                return Err(auth_fail("CHAP response out of sequence"));
+            };
+            let (name, resp) = chap_n
+                .zip(chap_r)
+                .ok_or_else(|| auth_fail("CHAP_N or CHAP_R missing"))?;
+            let resp = chap::decode_binary(resp).map_err(|_| auth_fail("malformed CHAP_R"))?;
+            // Compare the name and the response; both must match (names are not secret).
+            let name_ok = name == policy.user;
+            let resp_ok = chap::verify(*alg, *id, &policy.secret, challenge, &resp);
+            if !(name_ok && resp_ok) {
+                return Err(auth_fail("CHAP response did not verify"));
+            }
+            // Mutual CHAP: the initiator's challenge to us (RFC 7143 §12.1.3).
+            match (chap_i, chap_c, &policy.mutual) {
+                (Some(i), Some(c), Some((user, secret))) => {
+                    let id =
+                        chap::parse_identifier(i).map_err(|_| auth_fail("malformed CHAP_I"))?;
+                    let c = chap::decode_binary(c).map_err(|_| auth_fail("malformed CHAP_C"))?;
+                    self.challenges
+                        .accept_incoming(&c)
+                        .map_err(|e| auth_fail(&format!("initiator challenge refused: {e}")))?;
+                    let r = chap::response(*alg, id, secret, &c)
+                        .map_err(|e| auth_fail(&e.to_string()))?;
+                    out.push(("CHAP_N".into(), user.clone()));
+                    out.push(("CHAP_R".into(), chap::encode_binary(&r)));
+                }
+                (Some(_), Some(_), None) => {
+                    return Err(auth_fail("mutual CHAP requested but not configured"));
+                }
+                (None, None, _) => {}
+                _ => return Err(auth_fail("CHAP_I and CHAP_C must come together")),
+            }
+            self.state = State::Security(SecurityState::Verified(Authenticated(())));
+        }
+        if !operational.is_empty() {
+            self.operational_keys(&operational, out)?;
+        }
+        Ok(())
+    }
+
+    fn operational_keys(
+        &mut self,
+        keys: &[(String, String)],
+        out: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginFailure> {
+        let mut ext_keys = Vec::new();
+        for (k, v) in keys {
+            if let Some(ext) = &self.extension {
+                if ext.handles(k) {
+                    ext_keys.push((k.clone(), v.clone()));
+                    continue;
+                }
+            }
+            if k.starts_with("CHAP_") || k == "AuthMethod" {
+                return Err(LoginFailure::new(
+                    LoginStatus::INITIATOR_ERROR,
+                    format!("{k} outside the security stage"),
+                ));
+            }
+            let Some(spec) = params::spec(k) else {
+                out.push((k.clone(), NOT_UNDERSTOOD.into()));
+                continue;
+            };
+            self.negotiated.insert(k.clone());
+            match spec.kind {
+                params::Kind::Declarative => {
+                    self.params.apply(k, v, Side::Initiator);
+                    continue;
+                }
+                _ if spec.normal_only && self.params.session_type == SessionType::Discovery => {
+                    out.push((k.clone(), IRRELEVANT.into()));
+                    continue;
+                }
+                _ => {}
+            }
+            let Some(ours) = self.offer.ours(k) else {
+                out.push((k.clone(), NOT_UNDERSTOOD.into()));
+                continue;
+            };
+            match params::resolve(spec, v, &ours) {
+                Ok(answer) => {
+                    if answer != REJECT {
+                        self.params.apply(k, &answer, Side::Target);
+                    }
+                    out.push((k.clone(), answer));
+                }
+                Err(_) => out.push((k.clone(), REJECT.into())),
+            }
+        }
+        if !ext_keys.is_empty() {
+            let ctx = ExtensionContext {
+                initiator_name: &self.params.initiator_name,
+                target_name: self.params.target_name.as_deref(),
+                isid: self.isid,
+                tsih: self.tsih,
+            };
+            if let Some(ext) = self.extension.as_mut() {
+                out.extend(ext.respond(&ext_keys, &ctx)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        req: &LoginRequest,
+        mut out: Vec<(String, String)>,
+        dir: &mut dyn Directory,
+    ) -> Result<Reply, LoginFailure> {
+        let authenticated = match &self.state {
+            State::Operational(p)
+            | State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p)) => Some(*p),
+            State::Security(SecurityState::Negotiating) if self.requires_no_auth() => {
+                Some(Authenticated(()))
+            }
+            _ => None,
+        };
+        let Some(_proof) = authenticated else {
+            return Err(LoginFailure::new(
+                LoginStatus::AUTHENTICATION_FAILURE,
+                "full feature phase requested before authentication",
+            ));
+        };
+        let tsih = dir.assign_tsih(self.isid, &self.params.initiator_name, self.tsih)?;
+        self.tsih = tsih;
+        let ctx = ExtensionContext {
+            initiator_name: &self.params.initiator_name,
+            target_name: self.params.target_name.as_deref(),
+            isid: self.isid,
+            tsih,
+        };
+        if let Some(ext) = self.extension.as_mut() {
+            out.extend(ext.finish(&ctx)?);
+        }
+        // FirstBurstLength is irrelevant when neither unsolicited nor immediate data is allowed
+        // (RFC 7143 §13.14); nothing to send, but the value in force is clamped.
+        if !self.declared_mrdsl {
+            self.declared_mrdsl = true;
+            out.push((
+                "MaxRecvDataSegmentLength".into(),
+                self.offer.max_recv_data_segment_length.to_string(),
+            ));
+        }
+        self.params.target_max_recv_data_segment_length = self.offer.max_recv_data_segment_length;
+        self.params.finish();
+        let mut header = self.response_header(req, true, req.csg, Stage::FULL_FEATURE_PHASE);
+        header.max_cmd_sn = self.cmd_sn.wrapping_add(self.offer.cmd_window.max(1) - 1);
+        let result = LoginResult {
+            params: std::mem::take(&mut self.params),
+            isid: self.isid,
+            tsih,
+            cid: self.cid,
+            cmd_sn: self.cmd_sn,
+            next_stat_sn: self.stat_sn,
+        };
+        self.state = State::Done;
+        Ok(Reply {
+            header,
+            data: encode(&out),
+            outcome: Outcome::FullFeature(Box::new(result)),
+        })
+    }
+
+    /// Keys the initiator has negotiated so far (for logging).
+    #[must_use]
+    pub fn negotiated_keys(&self) -> Vec<&str> {
+        self.negotiated.iter().map(String::as_str).collect()
+    }
+}
+
+fn encode(pairs: &[(String, String)]) -> Vec<u8> {
+    iscsi_wire::text::encode(pairs).to_vec()
+}
+
+#[cfg(test)]
+mod tests;
