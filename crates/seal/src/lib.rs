@@ -1,1 +1,68 @@
-//! ipsan-seal
+//! # ipsan-seal: authenticated encryption above the SCSI layer
+//!
+//! Seal encrypts and authenticates the *data* of SCSI commands in the layer above SCSI, as the
+//! papers propose (000 Kamisaka et al., "Implementation and Evaluation of Secure and Optimized
+//! IP-SAN Mechanism"; 001 "Performance Analysis of iSCSI Middleware Optimized for Encryption
+//! Processing in a Long-Latency Environment"), so that sealing the next commands overlaps the
+//! round trip of earlier ones. Unlike the papers (3DES, no integrity) it uses AEADs, binds every
+//! chunk to its LUN, blocks and command, and rejects replays. The protocol is specified in
+//! `docs/seal.md`.
+//!
+//! Everything here is sans-IO: no sockets, no runtime. The runtimes (`ipsan-target`,
+//! `ipsan-initiator`) carry the login keys and the sealed bytes.
+//!
+//! # Layout
+//! - [`cipher`]: the four ciphers and per-direction chunk keys (ring AEADs, legacy 3DES).
+//! - `tdes`: 3DES-CBC + HMAC-SHA1-96 (legacy, for reproducing the papers).
+//! - [`schedule`]: pre-shared secrets ([`Psk`]) and the HKDF-SHA256 key schedule.
+//! - [`negotiate`]: the login keys, [`SealOffer`] (initiator) and [`SealAnswer`] /
+//!   [`SealPending`] (target).
+//! - [`frame`]: [`Binding`], the chunk layout and associated data, `sealed_len`/`plain_len`.
+//! - `replay`: the anti-replay window.
+//! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
+//! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
+//! - [`sense`]: the SCSI sense data for a command whose data failed to open.
+
+pub mod cipher;
+pub mod error;
+pub mod frame;
+pub mod negotiate;
+pub mod pool;
+mod replay;
+pub mod schedule;
+pub mod session;
+mod tdes;
+
+#[cfg(test)]
+mod kat;
+
+pub use cipher::{Cipher, UnknownCipher};
+pub use error::{NegotiationError, OpenError, SealError, SecretError};
+pub use frame::{Binding, Direction, Framing};
+pub use negotiate::{
+    AnswerOutcome, SealAnswer, SealOffer, SealPending, SealPolicy, TargetSealConfig, TextPairs,
+    DEFAULT_CHUNK,
+};
+pub use pool::CryptoPool;
+pub use replay::WINDOW as REPLAY_WINDOW;
+pub use schedule::{Psk, SessionIds};
+pub use session::{Role, SealSession, SealStats};
+
+/// Sense data for a command whose sealed data failed to open (bad tag, replay, bad length).
+///
+/// The target ends such a WRITE with status CHECK CONDITION (0x02) and
+/// sense key ABORTED COMMAND (0x0B), additional sense code 0x74 "SECURITY ERROR" with qualifier
+/// 0x04 "CRYPTOGRAPHIC INTEGRITY VALIDATION FAILED" (SPC-4 Table D.2 / T10 ASC list). Nothing was
+/// written. ABORTED COMMAND tells the initiator a retry may succeed (the corruption may have been
+/// on the wire). An initiator that fails to open READ data reports the same code to its caller
+/// and returns no data.
+pub mod sense {
+    /// SCSI status CHECK CONDITION.
+    pub const STATUS: u8 = 0x02;
+    /// Sense key ABORTED COMMAND.
+    pub const SENSE_KEY: u8 = 0x0B;
+    /// Additional sense code: SECURITY ERROR.
+    pub const ASC: u8 = 0x74;
+    /// Additional sense code qualifier: CRYPTOGRAPHIC INTEGRITY VALIDATION FAILED.
+    pub const ASCQ: u8 = 0x04;
+}

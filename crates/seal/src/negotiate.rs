@@ -1,0 +1,422 @@
+//! Sans-IO Seal negotiation in the operational stage of login (RFC 7143 §6 text negotiation,
+//! §13 operational keys), carried in vendor-specific `X-` keys (RFC 7143 §6.1). The key
+//! schedule is in [`crate::schedule`]; the whole protocol is specified in `docs/seal.md`.
+//!
+//! ```text
+//! initiator                                            target
+//!   X-org.ipsan.Seal=aes-256-gcm,chacha20-poly1305  ->  (list: target picks the first it accepts,
+//!   X-org.ipsan.SealChunk=65536                     ->   RFC 7143 §6.2.1)
+//!   X-org.ipsan.SealNonce=0x<32 random bytes>       ->
+//!                                                   <-  X-org.ipsan.Seal=aes-256-gcm
+//!                                                   <-  X-org.ipsan.SealChunk=65536 (minimum)
+//!                                                   <-  X-org.ipsan.SealNonce=0x<32 random bytes>
+//!                                                   <-  X-org.ipsan.SealConfirm=0x<HMAC> (T=0)
+//!   X-org.ipsan.SealConfirm=0x<HMAC>                ->  verified before the target sets T=1
+//! ```
+//! The initiator verifies the target's confirmation (the target knows the secret and saw the offer
+//! unaltered); the target verifies the initiator's before it lets the login reach full feature
+//! phase, so a wrong pre-shared secret fails the LOGIN with "Authorization failure" (0x0202), not
+//! the first write. Keys and values are plain `(String, String)` pairs; the login engine carries
+//! them without interpreting them.
+
+use ring::rand::{SecureRandom, SystemRandom};
+
+use crate::cipher::Cipher;
+use crate::error::NegotiationError;
+use crate::frame::Framing;
+use crate::schedule::{self, Psk, SessionIds, Transcript, NONCE_LEN};
+use crate::session::{Role, SealSession};
+
+/// Offer: the initiator's cipher preference list; answer: the chosen cipher or `Reject`.
+pub const KEY_SEAL: &str = "X-org.ipsan.Seal";
+/// Chunk size in bytes (numeric, minimum-function negotiation like MaxBurstLength).
+pub const KEY_CHUNK: &str = "X-org.ipsan.SealChunk";
+/// Each side's fresh 32-byte random value, as an RFC 7143 §6.1 hex-constant.
+pub const KEY_NONCE: &str = "X-org.ipsan.SealNonce";
+/// Key confirmation: HMAC-SHA256 under the derived confirmation key, hex-constant.
+pub const KEY_CONFIRM: &str = "X-org.ipsan.SealConfirm";
+
+/// Default chunk size (64 KiB).
+pub const DEFAULT_CHUNK: u32 = 65536;
+/// Smallest negotiable chunk size.
+pub const MIN_CHUNK: u32 = 512;
+/// Largest negotiable chunk size (16 MiB).
+pub const MAX_CHUNK: u32 = 16 << 20;
+
+/// Key/value pairs as carried in a login text segment.
+pub type TextPairs = Vec<(String, String)>;
+
+/// The target's Seal policy (`--seal off|allowed|required`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SealPolicy {
+    /// Never seal; an offer is answered `Reject` (plaintext session).
+    Off,
+    /// Seal when the initiator offers it and a secret is configured; otherwise plaintext.
+    #[default]
+    Allowed,
+    /// Every login must negotiate a protecting cipher (not `none`) or fail with
+    /// Authorization failure.
+    Required,
+}
+
+impl std::str::FromStr for SealPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(SealPolicy::Off),
+            "allowed" => Ok(SealPolicy::Allowed),
+            "required" => Ok(SealPolicy::Required),
+            other => Err(format!(
+                "unknown seal policy {other:?} (expected off, allowed or required)"
+            )),
+        }
+    }
+}
+
+fn get<'a>(keys: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    keys.iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+fn valid_chunk(c: u32) -> bool {
+    (MIN_CHUNK..=MAX_CHUNK).contains(&c) && c % 512 == 0
+}
+
+fn parse_chunk(v: Option<&str>) -> Result<u32, NegotiationError> {
+    let v = v.ok_or(NegotiationError::MissingKey(KEY_CHUNK))?;
+    let c: u32 = v.parse().map_err(|_| NegotiationError::Malformed {
+        key: KEY_CHUNK,
+        why: "not a decimal number",
+    })?;
+    if !valid_chunk(c) {
+        return Err(NegotiationError::Malformed {
+            key: KEY_CHUNK,
+            why: "must be a multiple of 512 between 512 and 16777216",
+        });
+    }
+    Ok(c)
+}
+
+fn parse_nonce(v: Option<&str>) -> Result<[u8; NONCE_LEN], NegotiationError> {
+    let v = v.ok_or(NegotiationError::MissingKey(KEY_NONCE))?;
+    let bytes = schedule::from_hex_constant(v).ok_or(NegotiationError::Malformed {
+        key: KEY_NONCE,
+        why: "not a 0x hex-constant",
+    })?;
+    bytes.try_into().map_err(|_| NegotiationError::Malformed {
+        key: KEY_NONCE,
+        why: "must be 32 bytes",
+    })
+}
+
+fn fresh_nonce() -> Result<[u8; NONCE_LEN], NegotiationError> {
+    let mut n = [0u8; NONCE_LEN];
+    SystemRandom::new()
+        .fill(&mut n)
+        .map_err(|_| NegotiationError::Crypto)?;
+    Ok(n)
+}
+
+/// Initiator side: build with [`SealOffer::new`], send [`SealOffer::keys`] in the first
+/// operational-stage Login Request, feed the target's answer to [`SealOffer::handle_answer`].
+#[derive(Debug)]
+pub struct SealOffer {
+    ciphers: Vec<Cipher>,
+    offer: String,
+    chunk: u32,
+    nonce: [u8; NONCE_LEN],
+    psk: Psk,
+    ids: SessionIds,
+}
+
+impl SealOffer {
+    /// `ciphers` in preference order (must not be empty), `chunk` bytes per chunk.
+    pub fn new(
+        ciphers: Vec<Cipher>,
+        chunk: u32,
+        psk: Psk,
+        ids: SessionIds,
+    ) -> Result<SealOffer, NegotiationError> {
+        Self::with_nonce(ciphers, chunk, psk, ids, fresh_nonce()?)
+    }
+
+    /// As [`SealOffer::new`] with a caller-chosen nonce (tests only: nonces must be fresh).
+    #[doc(hidden)]
+    pub fn with_nonce(
+        ciphers: Vec<Cipher>,
+        chunk: u32,
+        psk: Psk,
+        ids: SessionIds,
+        nonce: [u8; NONCE_LEN],
+    ) -> Result<SealOffer, NegotiationError> {
+        if ciphers.is_empty() {
+            return Err(NegotiationError::Malformed {
+                key: KEY_SEAL,
+                why: "empty cipher list",
+            });
+        }
+        if !valid_chunk(chunk) {
+            return Err(NegotiationError::Malformed {
+                key: KEY_CHUNK,
+                why: "must be a multiple of 512 between 512 and 16777216",
+            });
+        }
+        let offer = ciphers
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(SealOffer {
+            ciphers,
+            offer,
+            chunk,
+            nonce,
+            psk,
+            ids,
+        })
+    }
+
+    /// The keys to send.
+    pub fn keys(&self) -> TextPairs {
+        vec![
+            (KEY_SEAL.to_owned(), self.offer.clone()),
+            (KEY_CHUNK.to_owned(), self.chunk.to_string()),
+            (KEY_NONCE.to_owned(), schedule::to_hex_constant(&self.nonce)),
+        ]
+    }
+
+    /// Consumes the target's answer. On success returns the session and the keys to send in the
+    /// next Login Request (the initiator's confirmation). [`NegotiationError::NotAgreed`] means
+    /// the target answered without Seal: the caller decides whether a plaintext session is
+    /// acceptable (the bench with `--seal` treats it as fatal).
+    pub fn handle_answer(
+        self,
+        answer: &[(String, String)],
+    ) -> Result<(SealSession, TextPairs), NegotiationError> {
+        let chosen = get(answer, KEY_SEAL).unwrap_or("");
+        let Some(cipher) = Cipher::from_name(chosen).filter(|c| self.ciphers.contains(c)) else {
+            return Err(NegotiationError::NotAgreed(chosen.to_owned()));
+        };
+        let chunk = parse_chunk(get(answer, KEY_CHUNK))?;
+        if chunk > self.chunk {
+            return Err(NegotiationError::Malformed {
+                key: KEY_CHUNK,
+                why: "answer exceeds the offered chunk size",
+            });
+        }
+        let nonce_t = parse_nonce(get(answer, KEY_NONCE))?;
+        let confirm_t = get(answer, KEY_CONFIRM)
+            .ok_or(NegotiationError::MissingKey(KEY_CONFIRM))
+            .and_then(|v| {
+                schedule::from_hex_constant(v).ok_or(NegotiationError::Malformed {
+                    key: KEY_CONFIRM,
+                    why: "not a 0x hex-constant",
+                })
+            })?;
+        let d = schedule::derive(
+            &self.psk,
+            &Transcript {
+                cipher,
+                chunk_size: chunk,
+                ids: &self.ids,
+                offer: &self.offer,
+                nonce_i: &self.nonce,
+                nonce_t: &nonce_t,
+            },
+        )?;
+        if !schedule::confirm_matches(&d.confirm_t, &confirm_t) {
+            return Err(NegotiationError::ConfirmationFailed);
+        }
+        let keys = vec![(
+            KEY_CONFIRM.to_owned(),
+            schedule::to_hex_constant(&*d.confirm_i),
+        )];
+        let framing = Framing {
+            cipher,
+            chunk_size: chunk,
+        };
+        Ok((
+            SealSession::new(framing, Role::Initiator, d.i2t, d.t2i),
+            keys,
+        ))
+    }
+}
+
+/// What the target does after reading the initiator's first operational keys.
+#[derive(Debug)]
+pub enum AnswerOutcome {
+    /// Plaintext session. Send these keys (a `Reject` answer if Seal was offered, nothing if
+    /// it was not) and continue the login normally.
+    Plain {
+        /// Keys to send.
+        keys: TextPairs,
+        /// Why Seal was not agreed (for a debug/info log line), if it was offered.
+        reason: Option<String>,
+    },
+    /// Seal agreed: send [`SealPending::keys`] with T=0, then feed the initiator's next keys
+    /// to [`SealPending::handle_confirm`] before allowing the transition to full feature phase.
+    Pending(Box<SealPending>),
+}
+
+/// Target-side configuration for answering offers.
+#[derive(Debug, Clone)]
+pub struct TargetSealConfig {
+    /// `--seal off|allowed|required`.
+    pub policy: SealPolicy,
+    /// Ciphers this target accepts (default: all four; `none` is never accepted under
+    /// `Required`).
+    pub accept: Vec<Cipher>,
+    /// Largest chunk this target accepts.
+    pub max_chunk: u32,
+}
+
+impl Default for TargetSealConfig {
+    fn default() -> Self {
+        Self {
+            policy: SealPolicy::Allowed,
+            accept: Cipher::ALL.to_vec(),
+            max_chunk: MAX_CHUNK,
+        }
+    }
+}
+
+/// Target side of the negotiation.
+#[derive(Debug)]
+pub struct SealAnswer;
+
+impl SealAnswer {
+    /// Answers the initiator's operational keys. `psk_for` looks up the secret configured for
+    /// this initiator (by InitiatorName) on this target.
+    ///
+    /// Errors are login failures: send a Login Response with
+    /// [`NegotiationError::login_status`] and log the error (its text says why, no secrets).
+    pub fn handle_offer(
+        config: &TargetSealConfig,
+        offer: &[(String, String)],
+        ids: &SessionIds,
+        psk_for: impl FnOnce(&str) -> Option<Psk>,
+    ) -> Result<AnswerOutcome, NegotiationError> {
+        let required = config.policy == SealPolicy::Required;
+        let reject = |reason: String| AnswerOutcome::Plain {
+            keys: vec![(KEY_SEAL.to_owned(), "Reject".to_owned())],
+            reason: Some(reason),
+        };
+        let Some(offered) = get(offer, KEY_SEAL) else {
+            if required {
+                return Err(NegotiationError::RequiredNotOffered {
+                    initiator: ids.initiator_name.clone(),
+                });
+            }
+            return Ok(AnswerOutcome::Plain {
+                keys: Vec::new(),
+                reason: None,
+            });
+        };
+        if config.policy == SealPolicy::Off {
+            return Ok(reject("target policy is seal=off".to_owned()));
+        }
+        // RFC 7143 §6.2.1: the responder picks the first value of the list it supports.
+        let choice = offered
+            .split(',')
+            .filter_map(Cipher::from_name)
+            .find(|c| config.accept.contains(c) && (!required || c.protects()));
+        let Some(cipher) = choice else {
+            if required {
+                return Err(NegotiationError::NoCommonCipher {
+                    initiator: ids.initiator_name.clone(),
+                    offered: offered.to_owned(),
+                });
+            }
+            return Ok(reject(format!("no acceptable cipher in offer {offered:?}")));
+        };
+        let Some(psk) = psk_for(&ids.initiator_name) else {
+            if required {
+                return Err(NegotiationError::NoSecret {
+                    initiator: ids.initiator_name.clone(),
+                });
+            }
+            return Ok(reject(format!(
+                "no pre-shared secret configured for initiator {:?}",
+                ids.initiator_name
+            )));
+        };
+        let chunk = parse_chunk(get(offer, KEY_CHUNK))?.min(config.max_chunk);
+        let nonce_i = parse_nonce(get(offer, KEY_NONCE))?;
+        let nonce_t = fresh_nonce()?;
+        let d = schedule::derive(
+            &psk,
+            &Transcript {
+                cipher,
+                chunk_size: chunk,
+                ids,
+                offer: offered,
+                nonce_i: &nonce_i,
+                nonce_t: &nonce_t,
+            },
+        )?;
+        let keys = vec![
+            (KEY_SEAL.to_owned(), cipher.name().to_owned()),
+            (KEY_CHUNK.to_owned(), chunk.to_string()),
+            (KEY_NONCE.to_owned(), schedule::to_hex_constant(&nonce_t)),
+            (
+                KEY_CONFIRM.to_owned(),
+                schedule::to_hex_constant(&*d.confirm_t),
+            ),
+        ];
+        let framing = Framing {
+            cipher,
+            chunk_size: chunk,
+        };
+        Ok(AnswerOutcome::Pending(Box::new(SealPending {
+            keys,
+            confirm_i: d.confirm_i,
+            session: SealSession::new(framing, Role::Target, d.i2t, d.t2i),
+        })))
+    }
+}
+
+/// Seal agreed, waiting for the initiator's key confirmation.
+pub struct SealPending {
+    keys: TextPairs,
+    confirm_i: zeroize::Zeroizing<[u8; 32]>,
+    session: SealSession,
+}
+
+impl std::fmt::Debug for SealPending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealPending")
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealPending {
+    /// Keys to send in the Login Response (with T=0, so the initiator answers once more).
+    pub fn keys(&self) -> &[(String, String)] {
+        &self.keys
+    }
+
+    /// The negotiated framing (cipher, chunk size).
+    pub fn framing(&self) -> Framing {
+        self.session.framing()
+    }
+
+    /// Verifies the initiator's confirmation (constant time). On error, fail the login with
+    /// Authorization failure and log the error.
+    pub fn handle_confirm(
+        self,
+        keys: &[(String, String)],
+    ) -> Result<SealSession, NegotiationError> {
+        let v = get(keys, KEY_CONFIRM).ok_or(NegotiationError::MissingKey(KEY_CONFIRM))?;
+        let got = schedule::from_hex_constant(v).ok_or(NegotiationError::Malformed {
+            key: KEY_CONFIRM,
+            why: "not a 0x hex-constant",
+        })?;
+        if !schedule::confirm_matches(&self.confirm_i, &got) {
+            return Err(NegotiationError::ConfirmationFailed);
+        }
+        Ok(self.session)
+    }
+}

@@ -1,0 +1,226 @@
+//! Pre-shared secrets and the key schedule (documented in `docs/seal.md`).
+//!
+//! ```text
+//! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = PSK)                        RFC 5869 §2.2
+//! context  = lp("ipsan-seal v1") || lp(cipher) || u32(chunk) || lp(InitiatorName)
+//!            || lp(TargetName) || ISID(6) || lp(offer as sent by the initiator)
+//! K_label  = HKDF-Expand(PRK, lp(label) || context, L)                       RFC 5869 §2.3
+//! labels   : "i2t key", "i2t iv", "t2i key", "t2i iv", "confirm"
+//! confirm_t = HMAC-SHA256(K_confirm, "target"),  confirm_i = HMAC-SHA256(K_confirm, "initiator")
+//! ```
+//! `lp(x)` is a 2-byte big-endian length followed by `x`. `Ni`/`Nt` are the 32-byte random values
+//! of `X-org.ipsan.SealNonce`. Binding the offer as sent makes a stripped offer (a downgrade to a
+//! weaker cipher) fail key confirmation.
+
+use std::fmt;
+use std::path::Path;
+
+use ring::{hkdf, hmac};
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+use crate::cipher::{ChunkKey, Cipher, IV_LEN};
+use crate::error::{NegotiationError, SecretError};
+
+/// A pre-shared secret for one target/initiator pair. `Debug` prints `<redacted>`; the bytes are
+/// zeroized on drop.
+#[derive(Clone)]
+pub struct Psk(Zeroizing<Vec<u8>>);
+
+impl Psk {
+    /// Minimum secret length in bytes (128 bits).
+    pub const MIN_LEN: usize = 16;
+
+    /// Wraps secret bytes; rejects secrets shorter than [`Psk::MIN_LEN`].
+    pub fn new(bytes: Vec<u8>) -> Result<Psk, SecretError> {
+        let bytes = Zeroizing::new(bytes);
+        if bytes.len() < Self::MIN_LEN {
+            return Err(SecretError::TooShort {
+                len: bytes.len(),
+                min: Self::MIN_LEN,
+            });
+        }
+        Ok(Psk(bytes))
+    }
+
+    /// Reads a secret file: its bytes, without trailing whitespace/newlines.
+    pub fn from_file(path: &Path) -> Result<Psk, SecretError> {
+        let mut raw = Zeroizing::new(std::fs::read(path).map_err(|source| SecretError::Io {
+            path: path.to_owned(),
+            source,
+        })?);
+        while raw.last().is_some_and(|b| b.is_ascii_whitespace()) {
+            raw.pop();
+        }
+        Psk::new(std::mem::take(&mut *raw))
+    }
+
+    pub(crate) fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Psk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Psk(<redacted>)")
+    }
+}
+
+/// The login's identities that the keys are bound to (RFC 7143 §13.11, §13.12, §11.12.5).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct SessionIds {
+    /// InitiatorName (an iqn./eui./naa. name).
+    pub initiator_name: String,
+    /// TargetName.
+    pub target_name: String,
+    /// The 6-byte ISID of the Login PDU.
+    pub isid: [u8; 6],
+}
+
+pub(crate) const NONCE_LEN: usize = 32;
+const CONFIRM_LEN: usize = 32;
+
+struct Len(usize);
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+fn lp(out: &mut Vec<u8>, x: &[u8]) {
+    // Names and offers are bounded by the 8192-byte text limit, so the length fits 16 bits;
+    // clamp anyway so a longer value cannot alias a shorter one.
+    let n = u16::try_from(x.len()).unwrap_or(u16::MAX);
+    out.extend_from_slice(&n.to_be_bytes());
+    out.extend_from_slice(&x[..usize::from(n)]);
+}
+
+/// Everything both sides agree on, from which the keys are derived.
+pub(crate) struct Transcript<'a> {
+    pub cipher: Cipher,
+    pub chunk_size: u32,
+    pub ids: &'a SessionIds,
+    pub offer: &'a str,
+    pub nonce_i: &'a [u8; NONCE_LEN],
+    pub nonce_t: &'a [u8; NONCE_LEN],
+}
+
+/// Keys for both directions and the confirmation values.
+pub(crate) struct Derived {
+    pub i2t: ChunkKey,
+    pub t2i: ChunkKey,
+    pub confirm_i: Zeroizing<[u8; CONFIRM_LEN]>,
+    pub confirm_t: Zeroizing<[u8; CONFIRM_LEN]>,
+}
+
+/// HKDF-SHA256 (RFC 5869): extract with `salt` over `ikm`, then expand `info` into `out`.
+pub(crate) fn hkdf_sha256(
+    salt: &[u8],
+    ikm: &[u8],
+    info: &[&[u8]],
+    out: &mut [u8],
+) -> Result<(), NegotiationError> {
+    hkdf::Salt::new(hkdf::HKDF_SHA256, salt)
+        .extract(ikm)
+        .expand(info, Len(out.len()))
+        .and_then(|okm| okm.fill(out))
+        .map_err(|_| NegotiationError::Crypto)
+}
+
+pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, NegotiationError> {
+    let mut salt = [0u8; 2 * NONCE_LEN];
+    salt[..NONCE_LEN].copy_from_slice(t.nonce_i);
+    salt[NONCE_LEN..].copy_from_slice(t.nonce_t);
+
+    let mut ctx = Vec::with_capacity(256);
+    lp(&mut ctx, b"ipsan-seal v1");
+    lp(&mut ctx, t.cipher.name().as_bytes());
+    ctx.extend_from_slice(&t.chunk_size.to_be_bytes());
+    lp(&mut ctx, t.ids.initiator_name.as_bytes());
+    lp(&mut ctx, t.ids.target_name.as_bytes());
+    ctx.extend_from_slice(&t.ids.isid);
+    lp(&mut ctx, t.offer.as_bytes());
+
+    let expand = |label: &str, out: &mut [u8]| -> Result<(), NegotiationError> {
+        let mut l = Vec::with_capacity(2 + label.len());
+        lp(&mut l, label.as_bytes());
+        hkdf_sha256(&salt, psk.expose(), &[l.as_slice(), ctx.as_slice()], out)
+    };
+
+    let key_len = t.cipher.key_len();
+    let mut key = Zeroizing::new(vec![0u8; key_len]);
+    let mut iv = Zeroizing::new([0u8; IV_LEN]);
+    expand("i2t key", &mut key)?;
+    expand("i2t iv", &mut *iv)?;
+    let i2t = ChunkKey::new(t.cipher, &key, *iv).map_err(|_| NegotiationError::Crypto)?;
+    expand("t2i key", &mut key)?;
+    expand("t2i iv", &mut *iv)?;
+    let t2i = ChunkKey::new(t.cipher, &key, *iv).map_err(|_| NegotiationError::Crypto)?;
+
+    let mut kc = Zeroizing::new([0u8; 32]);
+    expand("confirm", &mut *kc)?;
+    let kc = hmac::Key::new(hmac::HMAC_SHA256, &*kc);
+    let tag = |who: &[u8]| {
+        let mut out = Zeroizing::new([0u8; CONFIRM_LEN]);
+        out.copy_from_slice(hmac::sign(&kc, who).as_ref());
+        out
+    };
+    Ok(Derived {
+        i2t,
+        t2i,
+        confirm_i: tag(b"initiator"),
+        confirm_t: tag(b"target"),
+    })
+}
+
+/// Constant-time comparison of a received confirmation value.
+pub(crate) fn confirm_matches(expected: &[u8; CONFIRM_LEN], received: &[u8]) -> bool {
+    received.len() == CONFIRM_LEN && bool::from(expected.as_slice().ct_eq(received))
+}
+
+/// RFC 7143 §6.1 hex-constant: `0x` followed by hex digits.
+pub(crate) fn to_hex_constant(bytes: &[u8]) -> String {
+    format!("0x{}", hex::encode(bytes))
+}
+
+pub(crate) fn from_hex_constant(s: &str) -> Option<Vec<u8>> {
+    let digits = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X"))?;
+    hex::decode(digits).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psk_debug_is_redacted() {
+        let p = Psk::new(b"correct horse battery staple".to_vec()).unwrap();
+        let d = format!("{p:?}");
+        assert_eq!(d, "Psk(<redacted>)");
+    }
+
+    #[test]
+    fn rejects_short_secrets() {
+        assert!(matches!(
+            Psk::new(b"short".to_vec()),
+            Err(SecretError::TooShort { len: 5, min: 16 })
+        ));
+    }
+
+    #[test]
+    fn psk_file_strips_trailing_newline() {
+        let dir = std::env::temp_dir().join(format!("seal-psk-{}", std::process::id()));
+        std::fs::write(&dir, b"0123456789abcdef\n").unwrap();
+        let p = Psk::from_file(&dir).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(p.expose(), b"0123456789abcdef");
+    }
+
+    #[test]
+    fn hex_constants_round_trip_and_reject_missing_prefix() {
+        assert_eq!(to_hex_constant(&[0xab, 0x01]), "0xab01");
+        assert_eq!(from_hex_constant("0XAB01"), Some(vec![0xab, 0x01]));
+        assert_eq!(from_hex_constant("ab01"), None);
+        assert_eq!(from_hex_constant("0xzz"), None);
+    }
+}

@@ -1,0 +1,355 @@
+//! A negotiated Seal session: seals what this side sends and opens what it receives, in place.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::cipher::{ChunkKey, Cipher};
+use crate::error::{OpenError, SealError};
+use crate::frame::{aad, Binding, Direction, Framing, COUNTER_LEN};
+use crate::replay::ReplayWindow;
+
+/// Which end of the iSCSI session this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Seals WRITE data (initiator→target), opens READ data.
+    Initiator,
+    /// Seals READ data (target→initiator), opens WRITE data.
+    Target,
+}
+
+/// Counters, for logs and the lab. All events, no secrets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SealStats {
+    /// Chunks sealed.
+    pub sealed_chunks: u64,
+    /// Chunks opened successfully.
+    pub opened_chunks: u64,
+    /// Commands rejected because a tag did not verify.
+    pub auth_failures: u64,
+    /// Commands rejected by the anti-replay window.
+    pub replays: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    sealed: AtomicU64,
+    opened: AtomicU64,
+    auth_failures: AtomicU64,
+    replays: AtomicU64,
+}
+
+/// One side of a negotiated Seal session (built by [`crate::SealOffer`] or
+/// [`crate::SealPending`]). `Sync`: share it in an `Arc` between the network task and the
+/// [`crate::CryptoPool`]. `Debug` shows the cipher and counters, never key material.
+pub struct SealSession {
+    framing: Framing,
+    role: Role,
+    send_key: ChunkKey,
+    recv_key: ChunkKey,
+    /// Next unused send counter. Never decreases; a chunk's counter is used once.
+    next_counter: AtomicU64,
+    /// Counters at or beyond this are refused (u64::MAX normally; lower in tests).
+    counter_limit: u64,
+    window: Mutex<ReplayWindow>,
+    stats: Counters,
+}
+
+impl fmt::Debug for SealSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SealSession")
+            .field("cipher", &self.framing.cipher)
+            .field("chunk_size", &self.framing.chunk_size)
+            .field("role", &self.role)
+            .field("keys", &"<redacted>")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// A sealing plan for one command: counters are reserved, chunks can be sealed independently
+/// (in parallel) with [`SealSession::seal_chunk`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    pub base: u64,
+    pub count: u32,
+    pub plain_len: u32,
+}
+
+impl SealSession {
+    pub(crate) fn new(framing: Framing, role: Role, i2t: ChunkKey, t2i: ChunkKey) -> Self {
+        let (send_key, recv_key) = match role {
+            Role::Initiator => (i2t, t2i),
+            Role::Target => (t2i, i2t),
+        };
+        Self {
+            framing,
+            role,
+            send_key,
+            recv_key,
+            next_counter: AtomicU64::new(0),
+            counter_limit: u64::MAX,
+            window: Mutex::new(ReplayWindow::new()),
+            stats: Counters::default(),
+        }
+    }
+
+    /// Test hook: start the send counter at `next` and refuse counters at or beyond `limit`.
+    #[doc(hidden)]
+    pub fn with_counter_range_for_test(mut self, next: u64, limit: u64) -> Self {
+        self.next_counter = AtomicU64::new(next);
+        self.counter_limit = limit;
+        self
+    }
+
+    /// The negotiated cipher.
+    pub fn cipher(&self) -> Cipher {
+        self.framing.cipher
+    }
+
+    /// The negotiated chunk size in bytes.
+    pub fn chunk_size(&self) -> u32 {
+        self.framing.chunk_size
+    }
+
+    /// Cipher and chunk size.
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
+    /// This side's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The direction this side seals.
+    pub fn send_direction(&self) -> Direction {
+        match self.role {
+            Role::Initiator => Direction::InitiatorToTarget,
+            Role::Target => Direction::TargetToInitiator,
+        }
+    }
+
+    /// The direction this side opens.
+    pub fn recv_direction(&self) -> Direction {
+        match self.role {
+            Role::Initiator => Direction::TargetToInitiator,
+            Role::Target => Direction::InitiatorToTarget,
+        }
+    }
+
+    /// Bytes on the wire for `plain` bytes of command data: use it as ExpectedDataTransferLength.
+    /// `None` if too large for iSCSI's 32-bit lengths.
+    pub fn sealed_len(&self, plain: usize) -> Option<usize> {
+        self.framing
+            .sealed_len(plain)
+            .filter(|&s| u32::try_from(s).is_ok())
+    }
+
+    /// Plaintext bytes carried by a sealed transfer of `sealed` bytes, if that length is valid.
+    pub fn plain_len(&self, sealed: usize) -> Option<usize> {
+        self.framing.plain_len(sealed)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> SealStats {
+        SealStats {
+            sealed_chunks: self.stats.sealed.load(Ordering::Relaxed),
+            opened_chunks: self.stats.opened.load(Ordering::Relaxed),
+            auth_failures: self.stats.auth_failures.load(Ordering::Relaxed),
+            replays: self.stats.replays.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Reserves `count` fresh counters, or refuses if that would pass the limit.
+    fn reserve(&self, count: u64) -> Result<u64, SealError> {
+        let limit = self.counter_limit;
+        self.next_counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                next.checked_add(count).filter(|&end| end <= limit)
+            })
+            .map_err(|_| SealError::CounterExhausted)
+    }
+
+    pub(crate) fn plan(&self, plain: usize) -> Result<Option<Plan>, SealError> {
+        if plain == 0 {
+            return Ok(None);
+        }
+        self.sealed_len(plain).ok_or(SealError::TooLarge(plain))?;
+        let plain_len = u32::try_from(plain).map_err(|_| SealError::TooLarge(plain))?;
+        let count = self.framing.chunks(plain);
+        let count32 = u32::try_from(count).map_err(|_| SealError::TooLarge(plain))?;
+        let base = self.reserve(count as u64)?;
+        Ok(Some(Plan {
+            base,
+            count: count32,
+            plain_len,
+        }))
+    }
+
+    /// Seals chunk `index` of a planned command in place; `tag` gets its tag.
+    pub(crate) fn seal_chunk(
+        &self,
+        b: &Binding,
+        plan: Plan,
+        index: u32,
+        data: &mut [u8],
+        tag: &mut [u8],
+    ) {
+        let counter = plan.base + u64::from(index);
+        let a = aad(
+            self.framing.cipher,
+            self.send_direction(),
+            b,
+            plan.plain_len,
+            index,
+            plan.count,
+            counter,
+        );
+        self.send_key.seal(counter, &a, data, tag);
+        self.stats.sealed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Seals `plaintext` (a whole command's data) in place and returns the sealed transfer of
+    /// `sealed_len(plaintext.len())` bytes. The trailer is appended to the same buffer: allocate
+    /// it with that capacity to avoid a reallocation.
+    pub fn seal(&self, b: &Binding, mut buf: BytesMut) -> Result<Bytes, SealError> {
+        let n = buf.len();
+        let Some(plan) = self.plan(n)? else {
+            return Ok(buf.freeze());
+        };
+        let t = self.framing.cipher.tag_len();
+        let chunk = self.framing.chunk_size as usize;
+        buf.resize(n + COUNTER_LEN + plan.count as usize * t, 0);
+        let (data, trailer) = buf.split_at_mut(n);
+        trailer[..COUNTER_LEN].copy_from_slice(&plan.base.to_be_bytes());
+        let tags = &mut trailer[COUNTER_LEN..];
+        for (i, (d, tg)) in data
+            .chunks_mut(chunk)
+            .zip(tags.chunks_exact_mut(t))
+            .enumerate()
+        {
+            self.seal_chunk(b, plan, i as u32, d, tg);
+        }
+        Ok(buf.freeze())
+    }
+
+    /// Reads the trailer of a sealed transfer and checks the anti-replay window.
+    pub(crate) fn open_plan(&self, b: &Binding, sealed: &[u8]) -> Result<Option<Plan>, OpenError> {
+        let s = sealed.len();
+        if s == 0 {
+            return Ok(None);
+        }
+        let n = self.plain_len(s).ok_or(OpenError::BadLength(s))?;
+        let plain_len = u32::try_from(n).map_err(|_| OpenError::BadLength(s))?;
+        let count = u32::try_from(self.framing.chunks(n)).map_err(|_| OpenError::BadLength(s))?;
+        let mut c = [0u8; COUNTER_LEN];
+        c.copy_from_slice(&sealed[n..n + COUNTER_LEN]);
+        let base = u64::from_be_bytes(c);
+        let plan = Plan {
+            base,
+            count,
+            plain_len,
+        };
+        let checked = self
+            .lock_window()
+            .check_range(base, u64::from(count))
+            .map_err(|r| OpenError::Replay { counter: r.0 });
+        if let Err(e) = checked {
+            self.report(b, &e);
+            return Err(e);
+        }
+        Ok(Some(plan))
+    }
+
+    fn lock_window(&self) -> std::sync::MutexGuard<'_, ReplayWindow> {
+        // The window has no invariant a panicking holder could break half-way (mark is
+        // infallible), so a poisoned lock is still usable.
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Verifies and decrypts chunk `index` in place.
+    pub(crate) fn open_chunk(
+        &self,
+        b: &Binding,
+        plan: Plan,
+        index: u32,
+        data: &mut [u8],
+        tag: &[u8],
+    ) -> Result<(), OpenError> {
+        let counter = plan.base.wrapping_add(u64::from(index));
+        let a = aad(
+            self.framing.cipher,
+            self.recv_direction(),
+            b,
+            plan.plain_len,
+            index,
+            plan.count,
+            counter,
+        );
+        self.recv_key
+            .open(counter, &a, data, tag)
+            .map_err(|_| OpenError::Authentication { chunk: index })?;
+        self.stats.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// After every chunk verified: marks the counters, rejecting a concurrent replay.
+    pub(crate) fn finish_open(&self, b: &Binding, plan: Plan) -> Result<(), OpenError> {
+        let r = self
+            .lock_window()
+            .accept_range(plan.base, u64::from(plan.count))
+            .map_err(|r| OpenError::Replay { counter: r.0 });
+        if let Err(e) = &r {
+            self.report(b, e);
+        }
+        r
+    }
+
+    /// Counts and logs a rejected command (no secrets: binding and counters are public).
+    pub(crate) fn report(&self, b: &Binding, e: &OpenError) {
+        match e {
+            OpenError::Authentication { .. } => {
+                self.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            OpenError::Replay { .. } => {
+                self.stats.replays.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        tracing::warn!(
+            lun = b.lun,
+            lba = b.lba,
+            blocks = b.blocks,
+            opcode = b.opcode,
+            task_tag = b.task_tag,
+            direction = ?self.recv_direction(),
+            "seal: rejected command data: {e}"
+        );
+    }
+
+    /// Authenticates and decrypts a sealed transfer in place and returns the plaintext (the same
+    /// buffer, trailer truncated). On any error no plaintext is returned; the event is counted
+    /// in [`SealStats`] and logged.
+    pub fn open(&self, b: &Binding, mut buf: BytesMut) -> Result<Bytes, OpenError> {
+        let Some(plan) = self.open_plan(b, &buf)? else {
+            return Ok(buf.freeze());
+        };
+        let n = plan.plain_len as usize;
+        let t = self.framing.cipher.tag_len();
+        let chunk = self.framing.chunk_size as usize;
+        let (data, trailer) = buf.split_at_mut(n);
+        let tags = &trailer[COUNTER_LEN..];
+        for (i, (d, tg)) in data.chunks_mut(chunk).zip(tags.chunks_exact(t)).enumerate() {
+            if let Err(e) = self.open_chunk(b, plan, i as u32, d, tg) {
+                self.report(b, &e);
+                return Err(e);
+            }
+        }
+        self.finish_open(b, plan)?;
+        buf.truncate(n);
+        Ok(buf.freeze())
+    }
+}
