@@ -17,6 +17,11 @@ use std::time::{Duration, Instant};
 
 use ipsan_tcp::{bpf, tcp_info, TcpSettings};
 
+/// Says why a test did not run, past the test harness's output capture so CI logs show it.
+fn skip(why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIP: {why}");
+}
+
 /// Tests in this binary load and unload kernel state: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -57,7 +62,7 @@ fn accepts_ipsan_sf_per_socket_after_load_and_forgets_it_after_unload() {
     let loaded = match Loaded::new() {
         Ok(l) => l,
         Err(why) => {
-            eprintln!("SKIP: BPF congestion controls unavailable here: {why}");
+            skip(&format!("BPF congestion controls unavailable here: {why}"));
             return;
         }
     };
@@ -308,14 +313,14 @@ fn ipsan_sf_cuts_the_window_by_an_eighth_where_reno_halves_it() {
     let _loaded = match Loaded::new() {
         Ok(l) => l,
         Err(why) => {
-            eprintln!("SKIP: BPF congestion controls unavailable here: {why}");
+            skip(&format!("BPF congestion controls unavailable here: {why}"));
             return;
         }
     };
     let path = match Path3::new("100mbit", "60kb") {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIP: cannot build the namespace path: {why}");
+            skip(&format!("cannot build the namespace path: {why}"));
             return;
         }
     };
