@@ -1,0 +1,217 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Login-time negotiation: policy, key confirmation, downgrade protection, redaction.
+
+mod support;
+use support::keys::{ids, pair, psk, SECRET};
+
+use ipsan_seal::negotiate::{KEY_CHUNK, KEY_CONFIRM, KEY_NONCE, KEY_SEAL};
+use ipsan_seal::{
+    AnswerOutcome, Binding, Cipher, NegotiationError, SealAnswer, SealOffer, SealPolicy,
+    TargetSealConfig,
+};
+
+fn cfg(policy: SealPolicy) -> TargetSealConfig {
+    TargetSealConfig {
+        policy,
+        ..TargetSealConfig::default()
+    }
+}
+
+fn offer(ciphers: Vec<Cipher>) -> SealOffer {
+    SealOffer::new(ciphers, 65536, psk(SECRET), ids()).unwrap()
+}
+
+#[test]
+fn accepts_the_first_offered_cipher_the_target_supports() {
+    let o = offer(vec![Cipher::ChaCha20Poly1305, Cipher::Aes256Gcm]);
+    let config = TargetSealConfig {
+        accept: vec![Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305],
+        ..cfg(SealPolicy::Allowed)
+    };
+    let AnswerOutcome::Pending(p) =
+        SealAnswer::handle_offer(&config, &o.keys(), &ids(), |_| Some(psk(SECRET))).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(p.framing().cipher, Cipher::ChaCha20Poly1305);
+    let (i, confirm) = o.handle_answer(p.keys()).unwrap();
+    let t = p.handle_confirm(&confirm).unwrap();
+    assert_eq!(i.cipher(), Cipher::ChaCha20Poly1305);
+    assert_eq!(t.cipher(), Cipher::ChaCha20Poly1305);
+}
+
+#[test]
+fn target_answers_minimum_chunk_size() {
+    let o = SealOffer::new(vec![Cipher::Aes256Gcm], 1 << 20, psk(SECRET), ids()).unwrap();
+    let config = TargetSealConfig {
+        max_chunk: 65536,
+        ..cfg(SealPolicy::Allowed)
+    };
+    let AnswerOutcome::Pending(p) =
+        SealAnswer::handle_offer(&config, &o.keys(), &ids(), |_| Some(psk(SECRET))).unwrap()
+    else {
+        panic!()
+    };
+    let (i, _) = o.handle_answer(p.keys()).unwrap();
+    assert_eq!(i.chunk_size(), 65536);
+}
+
+#[test]
+fn plain_initiator_gets_plain_session_when_allowed() {
+    let out = SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &[], &ids(), |_| None).unwrap();
+    assert!(matches!(out, AnswerOutcome::Plain { keys, reason: None } if keys.is_empty()));
+}
+
+#[test]
+fn rejects_plain_initiator_with_authorization_failure_when_required() {
+    let e =
+        SealAnswer::handle_offer(&cfg(SealPolicy::Required), &[], &ids(), |_| None).unwrap_err();
+    assert!(matches!(e, NegotiationError::RequiredNotOffered { .. }));
+    assert_eq!(e.login_status(), (0x02, 0x02));
+    let msg = e.to_string();
+    assert!(msg.contains("seal=required"), "{msg}");
+    assert!(msg.contains(&ids().initiator_name), "{msg}");
+}
+
+#[test]
+fn rejects_none_cipher_when_required() {
+    let o = offer(vec![Cipher::None]);
+    let e = SealAnswer::handle_offer(&cfg(SealPolicy::Required), &o.keys(), &ids(), |_| {
+        Some(psk(SECRET))
+    })
+    .unwrap_err();
+    assert!(matches!(e, NegotiationError::NoCommonCipher { .. }));
+    assert_eq!(e.login_status(), (0x02, 0x02));
+}
+
+#[test]
+fn policy_off_answers_reject_and_initiator_sees_not_agreed() {
+    let o = offer(vec![Cipher::Aes256Gcm]);
+    let out = SealAnswer::handle_offer(&cfg(SealPolicy::Off), &o.keys(), &ids(), |_| {
+        Some(psk(SECRET))
+    })
+    .unwrap();
+    let AnswerOutcome::Plain { keys, .. } = out else {
+        panic!()
+    };
+    assert_eq!(keys, vec![(KEY_SEAL.to_owned(), "Reject".to_owned())]);
+    assert_eq!(
+        o.handle_answer(&keys).unwrap_err(),
+        NegotiationError::NotAgreed("Reject".into())
+    );
+}
+
+#[test]
+fn rejects_wrong_secret_at_login_on_both_sides() {
+    // Initiator holds the wrong secret: the target's confirmation fails at the initiator...
+    let o = SealOffer::new(
+        vec![Cipher::Aes256Gcm],
+        65536,
+        psk("not the shared secret at all!!!!"),
+        ids(),
+    )
+    .unwrap();
+    let AnswerOutcome::Pending(p) =
+        SealAnswer::handle_offer(&cfg(SealPolicy::Required), &o.keys(), &ids(), |_| {
+            Some(psk(SECRET))
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let target_keys = p.keys().to_vec();
+    assert_eq!(
+        o.handle_answer(&target_keys).unwrap_err(),
+        NegotiationError::ConfirmationFailed
+    );
+    // ...and a forged initiator confirmation fails at the target with Authorization failure.
+    let forged = vec![(KEY_CONFIRM.to_owned(), format!("0x{}", "00".repeat(32)))];
+    let e = p.handle_confirm(&forged).unwrap_err();
+    assert_eq!(e, NegotiationError::ConfirmationFailed);
+    assert_eq!(e.login_status(), (0x02, 0x02));
+}
+
+#[test]
+fn rejects_a_stripped_offer_downgrade() {
+    // An attacker removes aes-256-gcm from the offer so the target picks the legacy cipher.
+    let o = offer(vec![Cipher::Aes256Gcm, Cipher::TripleDesCbcHmacSha1]);
+    let mut keys = o.keys();
+    for (k, v) in &mut keys {
+        if k == KEY_SEAL {
+            *v = "3des-cbc-hmac-sha1".into();
+        }
+    }
+    let AnswerOutcome::Pending(p) =
+        SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &keys, &ids(), |_| {
+            Some(psk(SECRET))
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        o.handle_answer(p.keys()).unwrap_err(),
+        NegotiationError::ConfirmationFailed
+    );
+}
+
+#[test]
+fn rejects_malformed_nonce_and_chunk() {
+    let o = offer(vec![Cipher::Aes256Gcm]);
+    for (key, bad) in [
+        (KEY_NONCE, "0x1234"),
+        (KEY_NONCE, "not-hex"),
+        (KEY_CHUNK, "100"),
+        (KEY_CHUNK, "lots"),
+    ] {
+        let mut keys = o.keys();
+        for (k, v) in &mut keys {
+            if k == key {
+                *v = bad.into();
+            }
+        }
+        let e = SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &keys, &ids(), |_| {
+            Some(psk(SECRET))
+        })
+        .unwrap_err();
+        assert!(
+            matches!(e, NegotiationError::Malformed { .. }),
+            "{key}={bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn different_logins_derive_different_keys() {
+    // Fresh nonces per login: the same plaintext seals differently in two sessions.
+    let (a, _) = pair(Cipher::Aes256Gcm, 65536);
+    let (b, _) = pair(Cipher::Aes256Gcm, 65536);
+    let bind = Binding::default();
+    let sa = a.seal(&bind, vec![7u8; 4096].as_slice().into()).unwrap();
+    let sb = b.seal(&bind, vec![7u8; 4096].as_slice().into()).unwrap();
+    assert_ne!(sa[..4096], sb[..4096]);
+}
+
+#[test]
+fn debug_output_never_contains_secrets_or_keys() {
+    let o = offer(vec![Cipher::Aes256Gcm]);
+    let d = format!("{o:?}");
+    assert!(!d.contains(SECRET), "{d}");
+    assert!(d.contains("redacted"), "{d}");
+    let AnswerOutcome::Pending(p) =
+        SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &o.keys(), &ids(), |_| {
+            Some(psk(SECRET))
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let pd = format!("{p:?}");
+    assert!(!pd.contains("0x"), "{pd}");
+    let (s, _) = o.handle_answer(p.keys()).unwrap();
+    let sd = format!("{s:?}");
+    assert!(
+        sd.contains("<redacted>") && sd.contains("Aes256Gcm"),
+        "{sd}"
+    );
+}
