@@ -1,1 +1,33 @@
-//! ipsan-scsi
+//! ipsan-scsi: the SCSI layer of the ipsan target — everything between a CDB and the bytes
+//! on a backend. Sans-IO with respect to the network: the iSCSI layer hands in a CDB plus
+//! Data-Out and gets back status, sense and Data-In.
+//!
+//! # Layout
+//! - [`sense`]: sense keys, sense data (fixed/descriptor format), status codes (SPC-4 §4.5).
+//! - [`cdb`]: CDB decoding into a typed [`cdb::Command`]; bad fields become [`Sense`].
+//! - [`backend`]: the [`Backend`] trait and the `mem`, `file` and `null` stores, plus the
+//!   `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` spec parser.
+//! - [`lu`]: [`LogicalUnit`] — command execution (SBC-4), unit attentions, resets.
+//! - [`inquiry`]: standard INQUIRY data and VPD pages 00h/80h/83h/B0h/B1h/B2h.
+//! - [`mode`]: MODE SENSE / MODE SELECT with the caching, control and IEC pages.
+//! - [`opcodes`]: REPORT SUPPORTED OPERATION CODES table.
+//! - [`pr`]: RESERVE(6)/RELEASE(6) and PERSISTENT RESERVE IN/OUT.
+//! - [`lun`]: target-level helpers: REPORT LUNS, unknown-LUN answers, LUN encoding.
+
+pub mod backend;
+pub mod cdb;
+pub mod inquiry;
+pub mod lu;
+pub mod lun;
+pub mod mode;
+pub mod opcodes;
+pub mod pr;
+pub mod sense;
+
+pub use backend::{open, Backend, BackendError, BackendKind, BackendSpec, Extent};
+pub use cdb::{CommandInfo, DataDirection};
+pub use lu::{
+    Limits, LogicalUnit, LuConfig, LuError, NexusId, ResetKind, ScsiRequest, ScsiResponse,
+};
+pub use lun::{decode_lun, encode_lun, no_such_lun, report_luns};
+pub use sense::{ScsiStatus, Sense, SenseKey};

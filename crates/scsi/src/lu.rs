@@ -1,0 +1,954 @@
+//! One logical unit: SBC-4 block commands over a [`Backend`], SPC-4 device management,
+//! unit attentions (SAM-5 §5.14) and reservations.
+//!
+//! `execute` is blocking and thread-safe: the target calls it from a blocking pool, several
+//! commands of one LU at once. Ordinary writes share `io_lock`; COMPARE AND WRITE takes it
+//! exclusively, so its compare and write are atomic against every other write (SBC-4 §5.3).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::backend::Backend;
+use crate::cdb::{self, op, BlockIo, Command, CommandInfo, DataDirection};
+use crate::sense::{ScsiStatus, Sense};
+use crate::{inquiry, lun, mode, opcodes, pr};
+
+/// Identifies an I_T nexus (SAM-5 §4.6): `"iqn.initiator,i,0x<isid>"` — the key for unit
+/// attentions and reservations.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct NexusId(pub String);
+
+/// Which reset happened (SAM-5 §6.3 task management functions, §6.3.x power on).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ResetKind {
+    /// LOGICAL UNIT RESET: UA 29h/03h BUS DEVICE RESET FUNCTION OCCURRED.
+    LogicalUnit,
+    /// TARGET WARM RESET: UA 29h/02h SCSI BUS RESET OCCURRED.
+    TargetWarm,
+    /// TARGET COLD RESET: UA 29h/01h POWER ON OCCURRED.
+    TargetCold,
+}
+
+/// One SCSI command as the iSCSI layer hands it over.
+#[derive(Clone, Copy, Debug)]
+pub struct ScsiRequest<'a> {
+    /// The CDB (may carry padding past the command's length).
+    pub cdb: &'a [u8],
+    /// All Data-Out bytes received for the command.
+    pub data_out: &'a [u8],
+    /// Who sent it.
+    pub nexus: &'a NexusId,
+    /// The LUN it addressed.
+    pub lun: u64,
+}
+
+/// The outcome of one command.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ScsiResponse {
+    /// SCSI status.
+    pub status: ScsiStatus,
+    /// Sense data when `status` is CHECK CONDITION.
+    pub sense: Option<Sense>,
+    /// Data-In, already truncated to the CDB's allocation length.
+    pub data_in: Bytes,
+}
+
+impl ScsiResponse {
+    /// GOOD with Data-In.
+    pub fn good(data_in: Bytes) -> Self {
+        Self {
+            status: ScsiStatus::GOOD,
+            sense: None,
+            data_in,
+        }
+    }
+    /// CHECK CONDITION with sense.
+    pub fn check(sense: Sense) -> Self {
+        Self {
+            status: ScsiStatus::CHECK_CONDITION,
+            sense: Some(sense),
+            data_in: Bytes::new(),
+        }
+    }
+    /// A bare status (RESERVATION CONFLICT, BUSY...).
+    pub fn status(status: ScsiStatus) -> Self {
+        Self {
+            status,
+            sense: None,
+            data_in: Bytes::new(),
+        }
+    }
+}
+
+/// Static description of a logical unit.
+#[derive(Clone, Debug)]
+pub struct LuConfig {
+    /// Logical block size: 512 or 4096.
+    pub block_size: u32,
+    /// T10 vendor identification (8 ASCII chars used), e.g. `IPSAN`.
+    pub vendor: String,
+    /// Product identification (16 chars used).
+    pub product: String,
+    /// Product revision level (4 chars used).
+    pub revision: String,
+    /// Unit serial number (VPD 80h), printable ASCII.
+    pub serial: String,
+    /// 16-byte NAA IEEE Registered Extended designator (VPD 83h); the top nibble is forced
+    /// to 6h.
+    pub device_id: [u8; 16],
+    /// Advertise thin provisioning (LBPME, UNMAP, WRITE SAME with UNMAP) when the backend
+    /// can deallocate.
+    pub thin_provisioning: bool,
+    /// Volatile write cache enabled (caching mode page WCE). With `false` every write is
+    /// flushed before GOOD.
+    pub write_cache: bool,
+    /// Reject writes with DATA PROTECT / WRITE PROTECTED.
+    pub read_only: bool,
+    /// Extra designation descriptors for VPD 83h (complete descriptors, e.g. from
+    /// [`inquiry::target_port_designator`]) — the target adds port identifiers here.
+    pub extra_designators: Vec<Vec<u8>>,
+    /// Report POWER ON OCCURRED (29h/01h) to each I_T nexus on its first command (SAM-5).
+    pub power_on_ua: bool,
+}
+
+impl LuConfig {
+    /// Defaults for an LU with the given serial number: 512-byte blocks, vendor `IPSAN`,
+    /// thin provisioning and write cache on, device id derived from the serial.
+    pub fn with_serial(serial: &str) -> Self {
+        Self {
+            block_size: 512,
+            vendor: "IPSAN".into(),
+            product: "ipsan disk".into(),
+            revision: "0001".into(),
+            serial: serial.into(),
+            device_id: inquiry::device_id_from(serial.as_bytes()),
+            thin_provisioning: true,
+            write_cache: true,
+            read_only: false,
+            extra_designators: Vec::new(),
+            power_on_ua: false,
+        }
+    }
+}
+
+/// Why a logical unit could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LuError {
+    /// Block size other than 512 or 4096.
+    #[error("block size {0} unsupported (512 or 4096)")]
+    BlockSize(u32),
+    /// Backend smaller than one block or not a multiple of the block size.
+    #[error("backend size {size} is not a positive multiple of the block size {block_size}")]
+    Size {
+        /// Backend size in bytes.
+        size: u64,
+        /// Requested block size.
+        block_size: u32,
+    },
+    /// A text field holds characters INQUIRY may not carry (SPC-4 §4.3.1).
+    #[error("{0} must be printable ASCII")]
+    NotAscii(&'static str),
+}
+
+/// Limits advertised in the Block Limits VPD page (SBC-4 §6.6.4) and enforced here.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// MAXIMUM TRANSFER LENGTH in blocks.
+    pub max_transfer: u32,
+    /// MAXIMUM COMPARE AND WRITE LENGTH in blocks.
+    pub max_compare_and_write: u8,
+    /// MAXIMUM UNMAP LBA COUNT.
+    pub max_unmap_lba: u32,
+    /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
+    pub max_unmap_descriptors: u32,
+    /// OPTIMAL UNMAP GRANULARITY in blocks.
+    pub unmap_granularity: u32,
+    /// MAXIMUM WRITE SAME LENGTH in blocks.
+    pub max_write_same: u64,
+    /// OPTIMAL TRANSFER LENGTH GRANULARITY in blocks.
+    pub opt_granularity: u16,
+}
+
+/// Mutable per-LU state shared by all nexuses.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// Nexuses that have sent at least one command.
+    pub known: HashSet<NexusId>,
+    /// Pending unit attentions per nexus, oldest first.
+    pub ua: HashMap<NexusId, VecDeque<(u8, u8)>>,
+    /// RESERVE(6) holder.
+    pub reserved_by: Option<NexusId>,
+    /// PREVENT ALLOW MEDIUM REMOVAL holders.
+    pub prevent: HashSet<NexusId>,
+    /// Persistent reservations.
+    pub pr: pr::PrState,
+}
+
+/// A SCSI logical unit backed by one [`Backend`].
+#[derive(Debug)]
+pub struct LogicalUnit {
+    backend: Arc<dyn Backend>,
+    cfg: LuConfig,
+    num_blocks: u64,
+    thin: bool,
+    limits: Limits,
+    write_cache: AtomicBool,
+    io_lock: RwLock<()>,
+    state: Mutex<State>,
+}
+
+/// Truncates Data-In to the allocation length (SPC-4 §4.2.5.6).
+pub(crate) fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
+    v.truncate(alloc as usize);
+    Bytes::from(v)
+}
+
+impl LogicalUnit {
+    /// Creates an LU over `backend`; the capacity is the backend size in whole blocks.
+    pub fn new(backend: Arc<dyn Backend>, cfg: LuConfig) -> Result<Self, LuError> {
+        if cfg.block_size != 512 && cfg.block_size != 4096 {
+            return Err(LuError::BlockSize(cfg.block_size));
+        }
+        let bs = u64::from(cfg.block_size);
+        let size = backend.size();
+        if size < bs || size % bs != 0 {
+            return Err(LuError::Size {
+                size,
+                block_size: cfg.block_size,
+            });
+        }
+        let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7E).contains(&b));
+        for (name, v) in [
+            ("vendor", &cfg.vendor),
+            ("product", &cfg.product),
+            ("revision", &cfg.revision),
+            ("serial", &cfg.serial),
+        ] {
+            if !printable(v) {
+                return Err(LuError::NotAscii(name));
+            }
+        }
+        let thin = cfg.thin_provisioning && backend.supports_unmap();
+        let gran = (backend_unmap_granularity(backend.kind()) / bs).max(1) as u32;
+        let limits = Limits {
+            max_transfer: ((16u64 << 20) / bs) as u32,
+            max_compare_and_write: 255,
+            max_unmap_lba: if thin { 1 << 20 } else { 0 },
+            max_unmap_descriptors: if thin { 4095 } else { 0 },
+            unmap_granularity: if thin { gran } else { 0 },
+            max_write_same: (128u64 << 20) / bs,
+            opt_granularity: (4096 / bs).max(1) as u16,
+        };
+        Ok(Self {
+            num_blocks: size / bs,
+            write_cache: AtomicBool::new(cfg.write_cache),
+            backend,
+            thin,
+            limits,
+            cfg,
+            io_lock: RwLock::new(()),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.cfg.block_size
+    }
+    /// Capacity in logical blocks.
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks
+    }
+    /// The configuration.
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+    /// Whether thin provisioning is in effect.
+    pub fn thin(&self) -> bool {
+        self.thin
+    }
+    /// The advertised block limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+    /// Whether the volatile write cache is currently enabled (MODE SELECT can change it).
+    pub fn write_cache(&self) -> bool {
+        self.write_cache.load(Ordering::Relaxed)
+    }
+    pub(crate) fn set_write_cache(&self, on: bool) {
+        self.write_cache.store(on, Ordering::Relaxed);
+    }
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Direction and Data-Out length of a CDB, before any data arrives. Errors are the
+    /// CHECK CONDITION the command will get anyway, so the iSCSI layer may answer at once.
+    pub fn command_info(&self, cdb: &[u8]) -> Result<CommandInfo, Sense> {
+        let cmd = cdb::parse(cdb)?;
+        let bs = u64::from(self.cfg.block_size);
+        let write = |n: u64| CommandInfo {
+            direction: if n == 0 {
+                DataDirection::None
+            } else {
+                DataDirection::Write
+            },
+            data_out_len: n,
+        };
+        let read = CommandInfo {
+            direction: DataDirection::Read,
+            data_out_len: 0,
+        };
+        let none = CommandInfo {
+            direction: DataDirection::None,
+            data_out_len: 0,
+        };
+        Ok(match cmd {
+            Command::Write(io) => write(u64::from(io.blocks) * bs),
+            Command::WriteAndVerify { io, .. } => write(u64::from(io.blocks) * bs),
+            Command::Verify { io, bytchk } => match bytchk {
+                1 => write(u64::from(io.blocks) * bs),
+                3 if io.blocks > 0 => write(bs),
+                _ => none,
+            },
+            Command::WriteSame { ndob, .. } => write(if ndob { 0 } else { bs }),
+            Command::CompareAndWrite(io) => write(2 * u64::from(io.blocks) * bs),
+            Command::Unmap { param_len, .. } | Command::ModeSelect { param_len, .. } => {
+                write(u64::from(param_len))
+            }
+            Command::PersistentReserveOut(p) => write(u64::from(p.param_len)),
+            Command::TestUnitReady
+            | Command::SynchronizeCache { .. }
+            | Command::PreFetch { .. }
+            | Command::StartStopUnit { .. }
+            | Command::PreventAllow { .. }
+            | Command::Reserve6
+            | Command::Release6 => none,
+            _ => read,
+        })
+    }
+
+    /// Executes one command to completion (blocking).
+    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let opcode = req.cdb.first().copied().unwrap_or(0xFF);
+        // Unit attention (SAM-5 §5.14): reported once, before anything else, except to
+        // INQUIRY, REPORT LUNS and REQUEST SENSE.
+        {
+            let mut st = self.state();
+            if st.known.insert(req.nexus.clone()) && self.cfg.power_on_ua {
+                st.ua
+                    .entry(req.nexus.clone())
+                    .or_default()
+                    .push_back((0x29, 0x01));
+            }
+            if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+                if let Some(q) = st.ua.get_mut(req.nexus) {
+                    if let Some((asc, ascq)) = q.pop_front() {
+                        return ScsiResponse::check(Sense::unit_attention(asc, ascq));
+                    }
+                }
+            }
+        }
+        let cmd = match cdb::parse(req.cdb) {
+            Ok(c) => c,
+            Err(s) => return ScsiResponse::check(s),
+        };
+        if !self.access_allowed(req.nexus, &cmd) {
+            return ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT);
+        }
+        match self.dispatch(req, cmd) {
+            Ok(r) => r,
+            Err(s) => ScsiResponse::check(s),
+        }
+    }
+
+    /// Task management effects (SAM-5 §6.3): RESERVE(6) reservations and PREVENT holds are
+    /// cleared, and every I_T nexus except `from` gets a unit attention. Persistent
+    /// reservations survive resets (SPC-4 §5.13.1).
+    pub fn reset(&self, kind: ResetKind, from: &NexusId) {
+        let ua = match kind {
+            ResetKind::LogicalUnit => (0x29, 0x03),
+            ResetKind::TargetWarm => (0x29, 0x02),
+            ResetKind::TargetCold => (0x29, 0x01),
+        };
+        let mut st = self.state();
+        st.reserved_by = None;
+        st.prevent.clear();
+        let others: Vec<NexusId> = st.known.iter().filter(|n| *n != from).cloned().collect();
+        for n in others {
+            st.ua.entry(n).or_default().push_back(ua);
+        }
+    }
+
+    /// The I_T nexus is gone (session closed or dropped): its RESERVE(6) reservation and
+    /// PREVENT hold end, pending unit attentions are dropped (SPC-2 §5.5.1). Persistent
+    /// registrations stay.
+    pub fn nexus_lost(&self, nexus: &NexusId) {
+        let mut st = self.state();
+        if st.reserved_by.as_ref() == Some(nexus) {
+            st.reserved_by = None;
+        }
+        st.prevent.remove(nexus);
+        st.ua.remove(nexus);
+        st.known.remove(nexus);
+    }
+
+    /// Queues a unit attention for every known nexus except `except`.
+    pub(crate) fn ua_others(st: &mut State, except: Option<&NexusId>, asc: u8, ascq: u8) {
+        let others: Vec<NexusId> = st
+            .known
+            .iter()
+            .filter(|n| Some(*n) != except)
+            .cloned()
+            .collect();
+        for n in others {
+            let q = st.ua.entry(n).or_default();
+            if !q.contains(&(asc, ascq)) {
+                q.push_back((asc, ascq));
+            }
+        }
+    }
+
+    fn access_allowed(&self, nexus: &NexusId, cmd: &Command) -> bool {
+        let st = self.state();
+        if let Some(holder) = &st.reserved_by {
+            if holder != nexus && !pr::allowed_under_reserve6(cmd) {
+                return false;
+            }
+        }
+        st.pr.allows(nexus, cmd)
+    }
+
+    fn dispatch(&self, req: &ScsiRequest<'_>, cmd: Command) -> Result<ScsiResponse, Sense> {
+        let ok = |b: Bytes| Ok(ScsiResponse::good(b));
+        match cmd {
+            Command::TestUnitReady => ok(Bytes::new()),
+            Command::RequestSense { desc, alloc } => {
+                let pending = self
+                    .state()
+                    .ua
+                    .get_mut(req.nexus)
+                    .and_then(|q| q.pop_front());
+                let s = match pending {
+                    Some((asc, ascq)) => Sense::unit_attention(asc, ascq),
+                    None => Sense::no_sense(),
+                };
+                let b = if desc {
+                    s.to_descriptor()
+                } else {
+                    s.to_fixed()
+                };
+                ok(truncate(b, alloc))
+            }
+            Command::Inquiry { evpd, page, alloc } => {
+                let v = if evpd {
+                    inquiry::vpd(self, page)?
+                } else {
+                    inquiry::standard(&self.cfg)
+                };
+                ok(truncate(v, alloc))
+            }
+            Command::ModeSense {
+                ten,
+                dbd,
+                llbaa,
+                pc,
+                page,
+                subpage,
+                alloc,
+            } => ok(truncate(
+                mode::sense(self, ten, dbd, llbaa, pc, page, subpage)?,
+                alloc,
+            )),
+            Command::ModeSelect {
+                ten,
+                pf,
+                sp,
+                param_len,
+            } => {
+                let data = data_out(req, u64::from(param_len))?;
+                mode::select(self, req.nexus, ten, pf, sp, data)?;
+                ok(Bytes::new())
+            }
+            Command::ReadCapacity10 => {
+                let last = (self.num_blocks - 1).min(u64::from(u32::MAX)) as u32;
+                let mut v = last.to_be_bytes().to_vec();
+                v.extend_from_slice(&self.cfg.block_size.to_be_bytes());
+                ok(Bytes::from(v))
+            }
+            Command::ReadCapacity16 { alloc } => {
+                let mut v = vec![0u8; 32];
+                v[0..8].copy_from_slice(&(self.num_blocks - 1).to_be_bytes());
+                v[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+                if self.thin {
+                    v[14] = 0x80 | 0x40; // LBPME, LBPRZ (SBC-4 §5.16.2)
+                }
+                ok(truncate(v, alloc))
+            }
+            Command::Read(io) => self.read(io).map(ScsiResponse::good),
+            Command::Write(io) => {
+                self.check_writable()?;
+                self.check_range(io.lba, u64::from(io.blocks))?;
+                let data = data_out(req, self.bytes(io.blocks))?;
+                self.write(io, data)?;
+                ok(Bytes::new())
+            }
+            Command::WriteAndVerify { io, .. } => {
+                self.check_writable()?;
+                self.check_range(io.lba, u64::from(io.blocks))?;
+                let data = data_out(req, self.bytes(io.blocks))?;
+                // Verification after our own write would compare the same bytes; the
+                // write path already reports medium errors.
+                self.write(io, data)?;
+                ok(Bytes::new())
+            }
+            Command::Verify { io, bytchk } => {
+                self.verify(req, io, bytchk)?;
+                ok(Bytes::new())
+            }
+            Command::WriteSame {
+                io,
+                unmap,
+                anchor,
+                ndob,
+            } => {
+                self.write_same(req, io, unmap, anchor, ndob)?;
+                ok(Bytes::new())
+            }
+            Command::Unmap { anchor, param_len } => {
+                self.unmap(req, anchor, param_len)?;
+                ok(Bytes::new())
+            }
+            Command::CompareAndWrite(io) => {
+                self.compare_and_write(req, io)?;
+                ok(Bytes::new())
+            }
+            Command::SynchronizeCache { lba, blocks, immed } => {
+                self.check_range(lba, u64::from(blocks))?;
+                if immed {
+                    let b = Arc::clone(&self.backend);
+                    // IMMED (SBC-4 §5.26): GOOD once the command is validated; the flush
+                    // runs on. A failure there has nobody to report to but the log.
+                    std::thread::spawn(move || {
+                        if let Err(e) = b.flush() {
+                            tracing::warn!(error = %e, "background SYNCHRONIZE CACHE failed");
+                        }
+                    });
+                } else {
+                    self.backend
+                        .flush()
+                        .map_err(|e| Sense::from_write_error(&e))?;
+                }
+                ok(Bytes::new())
+            }
+            Command::PreFetch { lba, blocks, .. } => {
+                self.check_range(lba, u64::from(blocks))?;
+                // Nothing to stage: GOOD means "not all of it was cached" (SBC-4 §5.10).
+                ok(Bytes::new())
+            }
+            Command::GetLbaStatus { lba, alloc } => ok(truncate(self.lba_status(lba)?, alloc)),
+            Command::StartStopUnit {
+                power_condition,
+                start,
+                no_flush,
+                ..
+            } => {
+                // Not removable, no power states: stopping only flushes the cache.
+                if power_condition == 0 && !start && !no_flush {
+                    self.backend
+                        .flush()
+                        .map_err(|e| Sense::from_write_error(&e))?;
+                }
+                ok(Bytes::new())
+            }
+            Command::PreventAllow { prevent } => {
+                let mut st = self.state();
+                match prevent {
+                    0 => {
+                        st.prevent.remove(req.nexus);
+                    }
+                    1 => {
+                        st.prevent.insert(req.nexus.clone());
+                    }
+                    _ => return Err(Sense::invalid_field_in_cdb_at(4, Some(1))),
+                }
+                ok(Bytes::new())
+            }
+            Command::ReadDefectData {
+                twelve,
+                plist,
+                glist,
+                format,
+                alloc,
+            } => {
+                // No defect lists: answer with empty lists in the requested format.
+                let flags = (u8::from(plist) << 4) | (u8::from(glist) << 3) | format;
+                let v = if twelve {
+                    vec![0, flags, 0, 0, 0, 0, 0, 0]
+                } else {
+                    vec![0, flags, 0, 0]
+                };
+                ok(truncate(v, alloc))
+            }
+            Command::ReportLuns { .. } => Ok(lun::report_luns(&[req.lun], req.cdb)),
+            Command::ReportSupportedOpcodes {
+                rctd,
+                options,
+                opcode,
+                sa,
+                alloc,
+            } => ok(truncate(
+                opcodes::report(self, rctd, options, opcode, sa)?,
+                alloc,
+            )),
+            Command::Reserve6 => {
+                let mut st = self.state();
+                if st.pr.active() {
+                    return Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
+                }
+                match &st.reserved_by {
+                    Some(h) if h != req.nexus => {
+                        Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT))
+                    }
+                    _ => {
+                        st.reserved_by = Some(req.nexus.clone());
+                        ok(Bytes::new())
+                    }
+                }
+            }
+            Command::Release6 => {
+                let mut st = self.state();
+                if st.reserved_by.as_ref() == Some(req.nexus) {
+                    st.reserved_by = None;
+                }
+                ok(Bytes::new())
+            }
+            Command::PersistentReserveIn { sa, alloc } => {
+                let st = self.state();
+                Ok(ScsiResponse::good(truncate(st.pr.read(sa)?, alloc)))
+            }
+            Command::PersistentReserveOut(p) => {
+                let data = data_out(req, u64::from(p.param_len))?;
+                let mut st = self.state();
+                if st.reserved_by.as_ref().is_some_and(|h| h != req.nexus) {
+                    return Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
+                }
+                pr::out(&mut st, req.nexus, p, data)
+            }
+        }
+    }
+
+    fn bytes(&self, blocks: u32) -> u64 {
+        u64::from(blocks) * u64::from(self.cfg.block_size)
+    }
+
+    fn offset(&self, lba: u64) -> u64 {
+        lba * u64::from(self.cfg.block_size)
+    }
+
+    /// LBA range check (SBC-4 §4.5): LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub(crate) fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.num_blocks && lba < self.num_blocks.max(1) => Ok(()),
+            Some(_) if blocks == 0 && lba < self.num_blocks => Ok(()),
+            _ => Err(Sense::lba_out_of_range()),
+        }
+    }
+
+    fn check_transfer(&self, blocks: u32) -> Result<(), Sense> {
+        if blocks > self.limits.max_transfer {
+            // SBC-4 §4.5: more than MAXIMUM TRANSFER LENGTH is an invalid CDB field.
+            return Err(Sense::invalid_field_in_cdb());
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<(), Sense> {
+        if self.cfg.read_only {
+            return Err(Sense::write_protected());
+        }
+        Ok(())
+    }
+
+    fn read(&self, io: BlockIo) -> Result<Bytes, Sense> {
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        self.check_transfer(io.blocks)?;
+        let mut buf = BytesMut::zeroed(self.bytes(io.blocks) as usize);
+        self.backend
+            .read_at(&mut buf, self.offset(io.lba))
+            .map_err(|e| Sense::from_read_error(&e))?;
+        Ok(buf.freeze())
+    }
+
+    /// Writes validated data; flushes for FUA or when the write cache is off.
+    fn write(&self, io: BlockIo, data: &[u8]) -> Result<(), Sense> {
+        self.check_transfer(io.blocks)?;
+        if io.blocks == 0 {
+            return Ok(());
+        }
+        {
+            let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
+            self.backend
+                .write_at(data, self.offset(io.lba))
+                .map_err(|e| Sense::from_write_error(&e))?;
+        }
+        self.flush_if_needed(io.fua)
+    }
+
+    fn flush_if_needed(&self, fua: bool) -> Result<(), Sense> {
+        if fua || !self.write_cache() {
+            self.backend
+                .flush()
+                .map_err(|e| Sense::from_write_error(&e))?;
+        }
+        Ok(())
+    }
+
+    fn verify(&self, req: &ScsiRequest<'_>, io: BlockIo, bytchk: u8) -> Result<(), Sense> {
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        self.check_transfer(io.blocks)?;
+        if io.blocks == 0 {
+            return Ok(());
+        }
+        let bs = self.cfg.block_size as usize;
+        let expect = match bytchk {
+            1 => Some(data_out(req, self.bytes(io.blocks))?),
+            3 => Some(data_out(req, bs as u64)?),
+            _ => None,
+        };
+        let mut buf = vec![0u8; self.bytes(io.blocks) as usize];
+        self.backend
+            .read_at(&mut buf, self.offset(io.lba))
+            .map_err(|e| Sense::from_read_error(&e))?;
+        let Some(expect) = expect else {
+            return Ok(());
+        };
+        let mismatch = if bytchk == 1 {
+            first_difference(&buf, expect).map(|o| o as u64)
+        } else {
+            buf.chunks(bs)
+                .enumerate()
+                .find_map(|(i, blk)| first_difference(blk, expect).map(|o| (i * bs + o) as u64))
+        };
+        match mismatch {
+            Some(off) => Err(Sense::miscompare(off)),
+            None => Ok(()),
+        }
+    }
+
+    fn write_same(
+        &self,
+        req: &ScsiRequest<'_>,
+        io: BlockIo,
+        unmap: bool,
+        anchor: bool,
+        ndob: bool,
+    ) -> Result<(), Sense> {
+        if anchor {
+            return Err(Sense::invalid_field_in_cdb_at(1, Some(4)));
+        }
+        if req.cdb[1] & 0x06 != 0 {
+            // PBDATA / LBDATA (SBC-3 §5.42): not supported.
+            return Err(Sense::invalid_field_in_cdb_at(1, Some(2)));
+        }
+        self.check_writable()?;
+        if io.lba >= self.num_blocks {
+            return Err(Sense::lba_out_of_range());
+        }
+        // NUMBER OF LOGICAL BLOCKS 0: through the last LBA (SBC-4 §5.43, WSNZ=0).
+        let blocks = if io.blocks == 0 {
+            self.num_blocks - io.lba
+        } else {
+            u64::from(io.blocks)
+        };
+        self.check_range(io.lba, blocks)?;
+        if blocks > self.limits.max_write_same {
+            return Err(Sense::invalid_field_in_cdb_at(10, None));
+        }
+        let bs = self.cfg.block_size as usize;
+        let block: Vec<u8> = if ndob {
+            vec![0u8; bs]
+        } else {
+            data_out(req, bs as u64)?.to_vec()
+        };
+        let zero = block.iter().all(|&b| b == 0);
+        let off = self.offset(io.lba);
+        let len = blocks * bs as u64;
+        {
+            let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
+            if unmap && zero && self.thin {
+                self.backend
+                    .unmap(off, len)
+                    .map_err(|e| Sense::from_write_error(&e))?;
+            } else if zero {
+                self.backend
+                    .write_zeroes(off, len)
+                    .map_err(|e| Sense::from_write_error(&e))?;
+            } else {
+                let per = ((1usize << 20) / bs).max(1);
+                let pattern: Vec<u8> = block.iter().copied().cycle().take(per * bs).collect();
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(pattern.len() as u64) as usize;
+                    self.backend
+                        .write_at(&pattern[..n], off + done)
+                        .map_err(|e| Sense::from_write_error(&e))?;
+                    done += n as u64;
+                }
+            }
+        }
+        self.flush_if_needed(false)
+    }
+
+    fn unmap(&self, req: &ScsiRequest<'_>, anchor: bool, param_len: u32) -> Result<(), Sense> {
+        if !self.thin {
+            return Err(Sense::invalid_opcode());
+        }
+        if anchor {
+            return Err(Sense::invalid_field_in_cdb_at(1, Some(0)));
+        }
+        self.check_writable()?;
+        if param_len == 0 {
+            return Ok(());
+        }
+        if param_len < 8 {
+            return Err(Sense::parameter_list_length_error());
+        }
+        let data = data_out(req, u64::from(param_len))?;
+        let list = parse_unmap_list(data)?;
+        if list.len() as u64 > u64::from(self.limits.max_unmap_descriptors) {
+            return Err(Sense::invalid_field_in_parameter_list_at(2, None));
+        }
+        let mut total = 0u64;
+        for (i, &(lba, n)) in list.iter().enumerate() {
+            if lba
+                .checked_add(u64::from(n))
+                .is_none_or(|e| e > self.num_blocks)
+            {
+                return Err(Sense::lba_out_of_range());
+            }
+            if n > self.limits.max_unmap_lba {
+                return Err(Sense::invalid_field_in_parameter_list_at(
+                    (8 + 16 * i + 8) as u16,
+                    None,
+                ));
+            }
+            total += u64::from(n);
+        }
+        if total > u64::from(self.limits.max_unmap_lba) {
+            return Err(Sense::invalid_field_in_parameter_list());
+        }
+        let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
+        for (lba, n) in list {
+            if n > 0 {
+                self.backend
+                    .unmap(self.offset(lba), self.bytes(n))
+                    .map_err(|e| Sense::from_write_error(&e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn compare_and_write(&self, req: &ScsiRequest<'_>, io: BlockIo) -> Result<(), Sense> {
+        self.check_writable()?;
+        if io.blocks > u32::from(self.limits.max_compare_and_write) {
+            return Err(Sense::invalid_field_in_cdb_at(13, None));
+        }
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        if io.blocks == 0 {
+            return Ok(());
+        }
+        let n = self.bytes(io.blocks) as usize;
+        let data = data_out(req, 2 * n as u64)?;
+        let (verify, write) = data.split_at(n);
+        {
+            let _excl = self.io_lock.write().unwrap_or_else(|p| p.into_inner());
+            let mut cur = vec![0u8; n];
+            self.backend
+                .read_at(&mut cur, self.offset(io.lba))
+                .map_err(|e| Sense::from_read_error(&e))?;
+            if let Some(off) = first_difference(&cur, verify) {
+                return Err(Sense::miscompare(off as u64));
+            }
+            self.backend
+                .write_at(write, self.offset(io.lba))
+                .map_err(|e| Sense::from_write_error(&e))?;
+        }
+        self.flush_if_needed(io.fua)
+    }
+
+    fn lba_status(&self, lba: u64) -> Result<Vec<u8>, Sense> {
+        if lba >= self.num_blocks {
+            return Err(Sense::lba_out_of_range());
+        }
+        let bs = u64::from(self.cfg.block_size);
+        let (mapped, len) = if self.thin {
+            let e = self
+                .backend
+                .extent(self.offset(lba))
+                .map_err(|e| Sense::from_read_error(&e))?;
+            (e.mapped, e.len)
+        } else {
+            (true, (self.num_blocks - lba) * bs)
+        };
+        let blocks = (len / bs).clamp(1, u64::from(u32::MAX)) as u32;
+        let mut v = vec![0u8; 24];
+        v[0..4].copy_from_slice(&20u32.to_be_bytes()); // PARAMETER DATA LENGTH = n - 3
+        v[8..16].copy_from_slice(&lba.to_be_bytes());
+        v[16..20].copy_from_slice(&blocks.to_be_bytes());
+        v[20] = if mapped { 0 } else { 1 }; // PROVISIONING STATUS (SBC-4 table 48)
+        Ok(v)
+    }
+}
+
+fn backend_unmap_granularity(kind: &str) -> u64 {
+    match kind {
+        "mem" => 1 << 20,
+        _ => 4096,
+    }
+}
+
+/// Offset of the first byte where `a` and `b` differ.
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+/// The first `need` Data-Out bytes, or CHECK CONDITION when the initiator sent fewer.
+fn data_out<'a>(req: &ScsiRequest<'a>, need: u64) -> Result<&'a [u8], Sense> {
+    let need = usize::try_from(need).map_err(|_| Sense::invalid_field_in_cdb())?;
+    req.data_out.get(..need).ok_or_else(|| {
+        // The iSCSI layer normally catches this first (RFC 7143 §11.4.5.2 residuals);
+        // here the data are simply missing, so nothing is written.
+        Sense::parameter_list_length_error()
+    })
+}
+
+/// UNMAP parameter list (SBC-4 §5.28.2): (lba, blocks) per descriptor.
+fn parse_unmap_list(data: &[u8]) -> Result<Vec<(u64, u32)>, Sense> {
+    let unmap_len = u16::from_be_bytes([data[0], data[1]]) as usize;
+    let bd_len = u16::from_be_bytes([data[2], data[3]]) as usize;
+    if unmap_len + 2 < 8 && unmap_len != 0 {
+        return Err(Sense::parameter_list_length_error());
+    }
+    // Descriptors beyond the parameter list are missing; a trailing partial descriptor is
+    // ignored (SBC-4 §5.28.2).
+    let avail = data.len() - 8;
+    let usable = bd_len.min(avail) / 16;
+    let mut out = Vec::with_capacity(usable);
+    for i in 0..usable {
+        let d = &data[8 + 16 * i..8 + 16 * (i + 1)];
+        let lba = u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
+        let n = u32::from_be_bytes([d[8], d[9], d[10], d[11]]);
+        out.push((lba, n));
+    }
+    Ok(out)
+}

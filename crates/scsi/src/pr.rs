@@ -1,0 +1,382 @@
+//! Reservations: RESERVE(6)/RELEASE(6) (SPC-2 §5.5.1) and persistent reservations
+//! (SPC-4 §5.13, PERSISTENT RESERVE IN §6.15, OUT §6.16). State lives in RAM: APTPL is not
+//! supported (PTPL_C = 0), so reservations do not survive a target restart.
+
+use bytes::Bytes;
+
+use crate::cdb::{Command, PrOut};
+use crate::lu::{NexusId, ScsiResponse, State};
+use crate::sense::{ScsiStatus, Sense};
+
+/// Reservation types (SPC-4 table 185).
+pub mod kind {
+    /// Write Exclusive.
+    pub const WE: u8 = 1;
+    /// Exclusive Access.
+    pub const EA: u8 = 3;
+    /// Write Exclusive – Registrants Only.
+    pub const WE_RO: u8 = 5;
+    /// Exclusive Access – Registrants Only.
+    pub const EA_RO: u8 = 6;
+    /// Write Exclusive – All Registrants.
+    pub const WE_AR: u8 = 7;
+    /// Exclusive Access – All Registrants.
+    pub const EA_AR: u8 = 8;
+}
+
+fn valid_kind(k: u8) -> bool {
+    matches!(k, 1 | 3 | 5 | 6 | 7 | 8)
+}
+fn all_registrants(k: u8) -> bool {
+    matches!(k, kind::WE_AR | kind::EA_AR)
+}
+
+/// The persistent reservation held on the LU.
+#[derive(Clone, Debug)]
+struct Reservation {
+    holder: NexusId,
+    kind: u8,
+}
+
+/// Registrations and the reservation.
+#[derive(Debug, Default)]
+pub struct PrState {
+    generation: u32,
+    registrations: Vec<(NexusId, u64)>,
+    reservation: Option<Reservation>,
+}
+
+/// What a command does to the medium, for the access tables (SPC-4 table 68).
+enum Access {
+    /// Allowed whatever the reservation.
+    Always,
+    Read,
+    Write,
+}
+
+fn access(cmd: &Command) -> Access {
+    match cmd {
+        Command::Inquiry { .. }
+        | Command::ReportLuns { .. }
+        | Command::RequestSense { .. }
+        | Command::ReportSupportedOpcodes { .. }
+        | Command::PersistentReserveIn { .. }
+        | Command::PersistentReserveOut(_)
+        | Command::TestUnitReady
+        | Command::ReadCapacity10
+        | Command::ReadCapacity16 { .. }
+        | Command::Release6 => Access::Always,
+        Command::PreventAllow { prevent } if *prevent == 0 => Access::Always,
+        Command::Read(_)
+        | Command::Verify { .. }
+        | Command::PreFetch { .. }
+        | Command::GetLbaStatus { .. }
+        | Command::ModeSense { .. }
+        | Command::ReadDefectData { .. } => Access::Read,
+        _ => Access::Write,
+    }
+}
+
+/// Commands another nexus may still send while a RESERVE(6) is held (SPC-2 table 13).
+pub fn allowed_under_reserve6(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Inquiry { .. }
+            | Command::ReportLuns { .. }
+            | Command::RequestSense { .. }
+            | Command::ReportSupportedOpcodes { .. }
+            | Command::Release6
+            | Command::PersistentReserveIn { .. }
+    ) || matches!(cmd, Command::PreventAllow { prevent: 0 })
+}
+
+impl PrState {
+    /// Whether a persistent reservation exists.
+    pub fn active(&self) -> bool {
+        self.reservation.is_some()
+    }
+
+    fn key_of(&self, n: &NexusId) -> Option<u64> {
+        self.registrations
+            .iter()
+            .find(|(m, _)| m == n)
+            .map(|&(_, k)| k)
+    }
+
+    fn is_holder(&self, n: &NexusId) -> bool {
+        match &self.reservation {
+            Some(r) if all_registrants(r.kind) => self.key_of(n).is_some(),
+            Some(r) => &r.holder == n,
+            None => false,
+        }
+    }
+
+    /// Access check for `cmd` from `n` under the current reservation (SPC-4 §5.13.1).
+    pub fn allows(&self, n: &NexusId, cmd: &Command) -> bool {
+        let Some(r) = &self.reservation else {
+            return true;
+        };
+        if self.is_holder(n) {
+            return true;
+        }
+        let registered = self.key_of(n).is_some();
+        match (access(cmd), r.kind) {
+            (Access::Always, _) => true,
+            (Access::Read, kind::WE | kind::WE_RO | kind::WE_AR) => true,
+            (_, kind::WE_RO | kind::EA_RO | kind::WE_AR | kind::EA_AR) => registered,
+            _ => false,
+        }
+    }
+
+    /// PERSISTENT RESERVE IN parameter data for a service action.
+    pub fn read(&self, sa: u8) -> Result<Vec<u8>, Sense> {
+        let mut v = self.generation.to_be_bytes().to_vec();
+        match sa {
+            0x00 => {
+                v.extend_from_slice(&((self.registrations.len() * 8) as u32).to_be_bytes());
+                for (_, k) in &self.registrations {
+                    v.extend_from_slice(&k.to_be_bytes());
+                }
+            }
+            0x01 => match &self.reservation {
+                None => v.extend_from_slice(&0u32.to_be_bytes()),
+                Some(r) => {
+                    v.extend_from_slice(&16u32.to_be_bytes());
+                    let key = if all_registrants(r.kind) {
+                        0
+                    } else {
+                        self.key_of(&r.holder).unwrap_or(0)
+                    };
+                    v.extend_from_slice(&key.to_be_bytes());
+                    v.extend_from_slice(&[0, 0, 0, 0, 0, r.kind & 0x0F, 0, 0]);
+                }
+            },
+            0x02 => {
+                // REPORT CAPABILITIES: CRH 1 (RESERVE(6) conflicts with PR), TMV 1, all
+                // six types; ALL_TG_PT, SPEC_I_PT and PTPL not supported.
+                return Ok(vec![0x00, 0x08, 0x10, 0x80, 0xEA, 0x01, 0x00, 0x00]);
+            }
+            0x03 => {
+                let mut body = Vec::new();
+                for (n, k) in &self.registrations {
+                    body.extend_from_slice(&k.to_be_bytes());
+                    body.extend_from_slice(&[0; 4]);
+                    let holder = self.is_holder(n);
+                    body.push(u8::from(holder));
+                    body.push(match (&self.reservation, holder) {
+                        (Some(r), true) => r.kind & 0x0F,
+                        _ => 0,
+                    });
+                    body.extend_from_slice(&[0; 4]);
+                    body.extend_from_slice(&1u16.to_be_bytes()); // relative target port
+                    let tid = transport_id(n);
+                    body.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    body.extend_from_slice(&tid);
+                }
+                v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                v.extend(body);
+            }
+            _ => return Err(Sense::invalid_field_in_cdb_at(1, Some(4))),
+        }
+        Ok(v)
+    }
+}
+
+/// iSCSI TransportID (SPC-4 §7.6.4.6): initiator port format when the nexus carries
+/// `",i,0x<isid>"`, else the device name format.
+fn transport_id(n: &NexusId) -> Vec<u8> {
+    let port = n.0.contains(",i,0x");
+    let mut name = n.0.as_bytes().to_vec();
+    name.push(0);
+    while name.len() % 4 != 0 {
+        name.push(0);
+    }
+    let mut t = vec![if port { 0x45 } else { 0x05 }, 0];
+    t.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    t.extend(name);
+    t
+}
+
+fn conflict() -> Result<ScsiResponse, Sense> {
+    Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT))
+}
+
+fn good() -> Result<ScsiResponse, Sense> {
+    Ok(ScsiResponse::good(Bytes::new()))
+}
+
+fn ua(st: &mut State, who: &[NexusId], asc: u8, ascq: u8) {
+    for n in who {
+        st.ua.entry(n.clone()).or_default().push_back((asc, ascq));
+    }
+}
+
+/// PERSISTENT RESERVE OUT.
+pub(crate) fn out(
+    st: &mut State,
+    n: &NexusId,
+    p: PrOut,
+    data: &[u8],
+) -> Result<ScsiResponse, Sense> {
+    if !matches!(p.sa, 0..=4 | 6) {
+        return Err(Sense::invalid_field_in_cdb_at(1, Some(4)));
+    }
+    if p.param_len != 24 {
+        return Err(Sense::parameter_list_length_error());
+    }
+    let key = u64::from_be_bytes([
+        data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7],
+    ]);
+    let sa_key = u64::from_be_bytes([
+        data[8], data[9], data[10], data[11], data[12], data[13], data[14], data[15],
+    ]);
+    let flags = data[20];
+    if flags & 0x0D != 0 {
+        // SPEC_I_PT, ALL_TG_PT (bit 2) and APTPL are not supported (REPORT CAPABILITIES).
+        return Err(Sense::invalid_field_in_parameter_list_at(20, None));
+    }
+    if matches!(p.sa, 1 | 2 | 4) && (p.scope != 0 || !valid_kind(p.kind)) {
+        return Err(Sense::invalid_field_in_cdb_at(2, None));
+    }
+    let pr = &mut st.pr;
+    let mine = pr.key_of(n);
+    match p.sa {
+        // REGISTER / REGISTER AND IGNORE EXISTING KEY
+        0x00 | 0x06 => {
+            if p.sa == 0x00 && mine.unwrap_or(0) != key {
+                return conflict();
+            }
+            match (mine, sa_key) {
+                (None, 0) => {}
+                (None, k) => pr.registrations.push((n.clone(), k)),
+                (Some(_), 0) => {
+                    pr.registrations.retain(|(m, _)| m != n);
+                    let release = match &pr.reservation {
+                        Some(r) if all_registrants(r.kind) => pr.registrations.is_empty(),
+                        Some(r) => &r.holder == n,
+                        None => false,
+                    };
+                    if release {
+                        let k = pr.reservation.take().map(|r| r.kind).unwrap_or(0);
+                        if matches!(k, kind::WE_RO | kind::EA_RO) {
+                            let others: Vec<NexusId> =
+                                pr.registrations.iter().map(|(m, _)| m.clone()).collect();
+                            ua(st, &others, 0x2A, 0x04);
+                        }
+                    }
+                }
+                (Some(_), k) => {
+                    for r in pr.registrations.iter_mut().filter(|(m, _)| m == n) {
+                        r.1 = k;
+                    }
+                }
+            }
+            st.pr.generation = st.pr.generation.wrapping_add(1);
+            good()
+        }
+        // RESERVE
+        0x01 => {
+            if mine != Some(key) {
+                return conflict();
+            }
+            match &pr.reservation {
+                Some(r) if pr.is_holder(n) && r.kind == p.kind => good(),
+                Some(_) => conflict(),
+                None => {
+                    pr.reservation = Some(Reservation {
+                        holder: n.clone(),
+                        kind: p.kind,
+                    });
+                    good()
+                }
+            }
+        }
+        // RELEASE
+        0x02 => {
+            if mine != Some(key) {
+                return conflict();
+            }
+            let Some(r) = pr.reservation.clone() else {
+                return good();
+            };
+            if !pr.is_holder(n) {
+                return good();
+            }
+            if r.kind != p.kind {
+                // INVALID RELEASE OF PERSISTENT RESERVATION (SPC-4 §5.13.11.2.2).
+                return Err(Sense::new(
+                    crate::sense::SenseKey::ILLEGAL_REQUEST,
+                    0x26,
+                    0x04,
+                ));
+            }
+            pr.reservation = None;
+            if r.kind != kind::WE && r.kind != kind::EA {
+                let others: Vec<NexusId> = pr
+                    .registrations
+                    .iter()
+                    .filter(|(m, _)| m != n)
+                    .map(|(m, _)| m.clone())
+                    .collect();
+                ua(st, &others, 0x2A, 0x04);
+            }
+            good()
+        }
+        // CLEAR
+        0x03 => {
+            if mine != Some(key) {
+                return conflict();
+            }
+            let others: Vec<NexusId> = pr
+                .registrations
+                .iter()
+                .filter(|(m, _)| m != n)
+                .map(|(m, _)| m.clone())
+                .collect();
+            pr.registrations.clear();
+            pr.reservation = None;
+            pr.generation = pr.generation.wrapping_add(1);
+            ua(st, &others, 0x2A, 0x03);
+            good()
+        }
+        // PREEMPT
+        _ => {
+            if mine != Some(key) {
+                return conflict();
+            }
+            let ar = pr
+                .reservation
+                .as_ref()
+                .is_some_and(|r| all_registrants(r.kind));
+            if sa_key == 0 && !ar {
+                return Err(Sense::invalid_field_in_parameter_list_at(8, None));
+            }
+            let holder_key = pr
+                .reservation
+                .as_ref()
+                .filter(|r| !all_registrants(r.kind))
+                .and_then(|r| pr.key_of(&r.holder));
+            let takes_reservation =
+                pr.reservation.is_some() && (ar && sa_key == 0 || holder_key == Some(sa_key));
+            let victims: Vec<NexusId> = pr
+                .registrations
+                .iter()
+                .filter(|(m, k)| m != n && (*k == sa_key || (ar && sa_key == 0)))
+                .map(|(m, _)| m.clone())
+                .collect();
+            if victims.is_empty() && !takes_reservation {
+                return conflict();
+            }
+            pr.registrations.retain(|(m, _)| !victims.contains(m));
+            if takes_reservation {
+                pr.reservation = Some(Reservation {
+                    holder: n.clone(),
+                    kind: p.kind,
+                });
+            }
+            pr.generation = pr.generation.wrapping_add(1);
+            ua(st, &victims, 0x2A, 0x05);
+            good()
+        }
+    }
+}
