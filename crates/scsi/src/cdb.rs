@@ -632,7 +632,7 @@ mod tests {
             c,
             Command::Read(BlockIo {
                 lba: 1,
-                blocks: 0x10000,
+                blocks: 0x100,
                 ..
             })
         ));
