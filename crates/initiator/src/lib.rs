@@ -1,1 +1,29 @@
-//! ipsan-initiator
+//! ipsan-initiator: a tokio iSCSI initiator (RFC 7143) that keeps many commands in flight on
+//! one session, and the engine of `ipsan bench`.
+//!
+//! # Layout
+//! - [`url`]: `iscsi://[user[%password]@]host[:port]/target-iqn/lun` URLs (libiscsi syntax).
+//! - [`login`]: the originator's login state machine, sans-IO (RFC 7143 §6.3, §13), with CHAP
+//!   and mutual CHAP from `iscsi_proto::chap`.
+//! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
+//!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout.
+//! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
+//! - [`transform`]: the payload hook where Seal encrypts writes and decrypts reads.
+//! - [`bench`]: workload generator, latency histogram, CPU accounting, `--verify` pattern and
+//!   the JSON result schema of `ipsan bench` (documented in `docs/bench.md`).
+//! - [`error`]: typed errors by scope.
+
+mod conn;
+
+pub mod bench;
+pub mod error;
+pub mod login;
+pub mod scsi;
+pub mod session;
+pub mod transform;
+pub mod url;
+
+pub use error::{Error, Result};
+pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated};
+pub use session::{discover, DataDir, DiscoveredTarget, Session, SessionConfig};
+pub use url::IscsiUrl;

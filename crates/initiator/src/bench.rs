@@ -1,0 +1,897 @@
+//! The engine of `ipsan bench`: a workload generator, a latency histogram, CPU accounting and a
+//! verifiable data pattern, measured the way the papers measure (Aiken et al.: throughput at a
+//! fixed queue depth and block size; Kamisaka et al.: CPU utilisation as user+sys over wall).
+//!
+//! `depth` workers share one [`Session`]; each takes the next operation from a shared counter,
+//! so `depth` commands are in flight at all times (bounded by the target's CmdSN window).
+//! The JSON result schema is documented in `docs/bench.md` (`"schema": "ipsan-bench/1"`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::login::Negotiated;
+use crate::session::Session;
+
+/// The access pattern (fio's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RwMode {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+    /// Sequential, mixed reads and writes (`--mix` percent reads).
+    Rw,
+    /// Random, mixed reads and writes.
+    RandRw,
+}
+
+impl RwMode {
+    pub fn is_random(self) -> bool {
+        matches!(self, Self::RandRead | Self::RandWrite | Self::RandRw)
+    }
+    pub fn writes(self) -> bool {
+        !matches!(self, Self::Read | Self::RandRead)
+    }
+    pub fn reads(self) -> bool {
+        !matches!(self, Self::Write | Self::RandWrite)
+    }
+}
+
+impl std::str::FromStr for RwMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "read" => Self::Read,
+            "write" => Self::Write,
+            "randread" => Self::RandRead,
+            "randwrite" => Self::RandWrite,
+            "rw" | "readwrite" => Self::Rw,
+            "randrw" => Self::RandRw,
+            _ => {
+                return Err(format!(
+                    "--rw must be read|write|randread|randwrite|rw|randrw, not {s:?}"
+                ))
+            }
+        })
+    }
+}
+
+/// When the run stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Transfer this many bytes (rounded up to whole blocks).
+    Bytes(u64),
+    /// Run this long.
+    Time(Duration),
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub mode: RwMode,
+    /// Percent of operations that are reads, for `rw`/`randrw`.
+    pub mix_read_percent: u8,
+    /// Bytes per command; a multiple of the LUN's block length.
+    pub block_size: u64,
+    /// Commands in flight.
+    pub depth: usize,
+    /// Byte offset where the addressed region starts (block-aligned).
+    pub offset: u64,
+    pub limit: Limit,
+    /// Write the LBA-stamped pattern and check it on read.
+    pub verify: bool,
+    /// Seed for random offsets, the read/write mix and the verify pattern.
+    pub seed: u64,
+}
+
+/// A live sample for progress display.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub elapsed: Duration,
+    pub bytes: u64,
+    pub ops: u64,
+    /// Expected total bytes (size mode) or total duration (time mode).
+    pub total_bytes: Option<u64>,
+    pub total_time: Option<Duration>,
+}
+
+/// A failure of the benchmark itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    #[error("bad workload: {0}")]
+    Workload(String),
+    #[error("{op} at LBA {lba} ({blocks} blocks) failed: {source}")]
+    Io {
+        op: &'static str,
+        lba: u64,
+        blocks: u32,
+        #[source]
+        source: Error,
+    },
+    #[error(
+        "verify failed: first bad LBA {lba} (expected LBA stamp {lba}, seed {seed:#x}; found stamp {found_lba}, seed {found_seed:#x})"
+    )]
+    Verify {
+        lba: u64,
+        seed: u64,
+        found_lba: u64,
+        found_seed: u64,
+    },
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Latency {
+    pub samples: u64,
+    pub min: f64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p99_9: f64,
+    pub max: f64,
+}
+
+impl Latency {
+    /// Percentiles of a nanosecond histogram, in microseconds.
+    pub fn from_histogram(h: &Histogram<u64>) -> Self {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Self {
+            samples: h.len(),
+            min: us(h.min()),
+            mean: h.mean() / 1000.0,
+            p50: us(h.value_at_quantile(0.50)),
+            p90: us(h.value_at_quantile(0.90)),
+            p99: us(h.value_at_quantile(0.99)),
+            p99_9: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        }
+    }
+}
+
+/// CPU time of this process over a wall-clock interval (getrusage: user+sys, µs resolution).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CpuUsage {
+    pub user_s: f64,
+    pub sys_s: f64,
+    pub wall_s: f64,
+    /// (user+sys)/wall × 100: 100 means one core busy the whole time.
+    pub percent_of_one_core: f64,
+    /// The same divided by the number of CPUs: what iostat's %user+%system shows.
+    pub percent_of_all_cores: f64,
+    pub cpus: usize,
+}
+
+/// A point-in-time reading of this process's CPU time, in seconds (user, sys).
+pub fn cpu_times() -> (f64, f64) {
+    #[allow(unsafe_code)]
+    // SAFETY: getrusage only writes into the rusage struct we pass, which is a valid, owned,
+    // zero-initialised value; RUSAGE_SELF is a valid `who`.
+    let (r, ok) = unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        let ok = libc::getrusage(libc::RUSAGE_SELF, &mut r) == 0;
+        (r, ok)
+    };
+    if !ok {
+        return (0.0, 0.0);
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    (t(r.ru_utime), t(r.ru_stime))
+}
+
+impl CpuUsage {
+    fn between(start: (f64, f64), end: (f64, f64), wall: Duration) -> Self {
+        let user_s = end.0 - start.0;
+        let sys_s = end.1 - start.1;
+        let wall_s = wall.as_secs_f64().max(1e-9);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let one = (user_s + sys_s) / wall_s * 100.0;
+        Self {
+            user_s,
+            sys_s,
+            wall_s,
+            percent_of_one_core: one,
+            percent_of_all_cores: one / cpus as f64,
+            cpus,
+        }
+    }
+}
+
+/// Verification counters.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
+pub struct VerifyResult {
+    pub enabled: bool,
+    /// Blocks whose content was checked against the pattern.
+    pub checked_blocks: u64,
+}
+
+/// The measured part of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    pub duration_s: f64,
+    pub ops: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub bytes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Decimal megabytes per second (10^6 bytes/s).
+    pub throughput_mb_s: f64,
+    /// Binary mebibytes per second (2^20 bytes/s).
+    pub throughput_mib_s: f64,
+    pub iops: f64,
+    pub latency_us: Latency,
+    pub read_latency_us: Option<Latency>,
+    pub write_latency_us: Option<Latency>,
+    pub cpu: CpuUsage,
+    pub verify: VerifyResult,
+}
+
+/// Everything `--json` writes (schema `ipsan-bench/1`, see docs/bench.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    pub tool: &'static str,
+    pub version: &'static str,
+    pub git_rev: String,
+    pub started_unix_s: u64,
+    pub host: Host,
+    pub target: TargetInfo,
+    pub workload: WorkloadInfo,
+    pub negotiated: Negotiated,
+    pub result: Measured,
+}
+
+/// Where it ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Host {
+    pub hostname: String,
+    pub kernel: String,
+    pub cpus: usize,
+}
+
+impl Host {
+    pub fn detect() -> Self {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default()
+        };
+        Self {
+            hostname: read("/proc/sys/kernel/hostname"),
+            kernel: read("/proc/sys/kernel/osrelease"),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// What was measured against.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetInfo {
+    /// The URL with any password redacted.
+    pub url: String,
+    pub vendor: String,
+    pub product: String,
+    pub revision: String,
+    pub capacity_bytes: u64,
+    pub block_len: u32,
+}
+
+/// The workload as run.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadInfo {
+    pub rw: RwMode,
+    pub mix_read_percent: u8,
+    pub block_size: u64,
+    pub depth: usize,
+    pub offset: u64,
+    pub size_bytes: Option<u64>,
+    pub time_s: Option<f64>,
+    pub verify: bool,
+    pub seed: u64,
+}
+
+impl From<&Workload> for WorkloadInfo {
+    fn from(w: &Workload) -> Self {
+        Self {
+            rw: w.mode,
+            mix_read_percent: w.mix_read_percent,
+            block_size: w.block_size,
+            depth: w.depth,
+            offset: w.offset,
+            size_bytes: match w.limit {
+                Limit::Bytes(b) => Some(b),
+                Limit::Time(_) => None,
+            },
+            time_s: match w.limit {
+                Limit::Time(t) => Some(t.as_secs_f64()),
+                Limit::Bytes(_) => None,
+            },
+            verify: w.verify,
+            seed: w.seed,
+        }
+    }
+}
+
+/// The git revision this binary was built from (captured by build.rs), or "unknown".
+pub fn git_rev() -> &'static str {
+    option_env!("IPSAN_GIT_REV").unwrap_or("unknown")
+}
+
+/// SplitMix64 (Steele et al.): a tiny, well-mixed hash for offsets, mix and pattern seeds.
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Fill `buf` (a whole number of `block_len` blocks starting at `lba`) with the verify
+/// pattern: each block starts with its LBA and the seed (little-endian u64s), and the rest is a
+/// xorshift stream seeded from both, so a block written to the wrong place, a stale block and a
+/// flipped bit are all caught, and the first bad LBA can be named.
+pub fn fill_pattern(buf: &mut [u8], lba: u64, block_len: usize, seed: u64) {
+    for (i, block) in buf.chunks_mut(block_len).enumerate() {
+        let l = lba + i as u64;
+        block[..8].copy_from_slice(&l.to_le_bytes());
+        block[8..16].copy_from_slice(&seed.to_le_bytes());
+        let mut x = splitmix64(seed ^ splitmix64(l)) | 1;
+        for w in block[16..].chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = x.to_le_bytes();
+            w.copy_from_slice(&b[..w.len()]);
+        }
+    }
+}
+
+/// Check `buf` against the pattern; returns the first bad LBA with what its stamp said.
+pub fn check_pattern(
+    buf: &[u8],
+    lba: u64,
+    block_len: usize,
+    seed: u64,
+    scratch: &mut Vec<u8>,
+) -> Result<(), BenchError> {
+    scratch.resize(block_len, 0);
+    for (i, block) in buf.chunks(block_len).enumerate() {
+        let l = lba + i as u64;
+        fill_pattern(scratch, l, block_len, seed);
+        if block != scratch.as_slice() {
+            let word = |r: std::ops::Range<usize>| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&block[r]);
+                u64::from_le_bytes(b)
+            };
+            return Err(BenchError::Verify {
+                lba: l,
+                seed,
+                found_lba: word(0..8),
+                found_seed: word(8..16),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One operation the generator hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op {
+    pub read: bool,
+    /// Index of the block-size unit within the region.
+    pub unit: u64,
+}
+
+/// Deterministic operation stream: op `i` depends only on `(workload, i)`.
+#[derive(Debug, Clone)]
+pub struct Generator {
+    mode: RwMode,
+    mix: u8,
+    seed: u64,
+    units: u64,
+}
+
+impl Generator {
+    pub fn new(w: &Workload, units: u64) -> Self {
+        Self {
+            mode: w.mode,
+            mix: w.mix_read_percent.min(100),
+            seed: w.seed,
+            units: units.max(1),
+        }
+    }
+
+    pub fn op(&self, i: u64) -> Op {
+        let read = match self.mode {
+            RwMode::Read | RwMode::RandRead => true,
+            RwMode::Write | RwMode::RandWrite => false,
+            RwMode::Rw | RwMode::RandRw => {
+                splitmix64(self.seed ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d)) % 100
+                    < u64::from(self.mix)
+            }
+        };
+        let unit = if self.mode.is_random() {
+            splitmix64(self.seed.wrapping_add(i)) % self.units
+        } else {
+            i % self.units
+        };
+        Op { read, unit }
+    }
+}
+
+#[derive(Debug)]
+struct WorkerStats {
+    all: Histogram<u64>,
+    read: Histogram<u64>,
+    write: Histogram<u64>,
+    read_bytes: u64,
+    write_bytes: u64,
+    checked_blocks: u64,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 ns .. 1 hour at 3 significant digits: constant, valid bounds.
+    #[allow(clippy::expect_used)]
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Bitmap of units written in this run (for `--verify` with mixed workloads).
+#[derive(Debug)]
+struct Written(Vec<AtomicU64>);
+
+impl Written {
+    fn new(units: u64) -> Self {
+        Self((0..units.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+    fn set(&self, u: u64) {
+        if let Some(w) = self.0.get((u / 64) as usize) {
+            w.fetch_or(1 << (u % 64), Ordering::Relaxed);
+        }
+    }
+    fn get(&self, u: u64) -> bool {
+        self.0
+            .get((u / 64) as usize)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (u % 64)) != 0)
+    }
+}
+
+/// Run the workload on `session` (which must have read its capacity). `tick` is called about
+/// twice a second with live totals.
+pub async fn run(
+    session: Arc<Session>,
+    w: Workload,
+    mut tick: Option<Box<dyn FnMut(Progress) + Send>>,
+) -> Result<Measured, BenchError> {
+    let cap = session
+        .capacity()
+        .ok_or_else(|| BenchError::Workload("LUN capacity unknown".into()))?;
+    let bl = u64::from(cap.block_len);
+    if w.block_size == 0 || w.block_size % bl != 0 {
+        return Err(BenchError::Workload(format!(
+            "block size {} is not a multiple of the LUN's {bl}-byte blocks",
+            w.block_size
+        )));
+    }
+    if w.offset % bl != 0 {
+        return Err(BenchError::Workload(format!(
+            "offset {} is not a multiple of {bl}",
+            w.offset
+        )));
+    }
+    if w.depth == 0 {
+        return Err(BenchError::Workload("depth must be at least 1".into()));
+    }
+    let lun_bytes = cap.bytes();
+    if w.offset >= lun_bytes {
+        return Err(BenchError::Workload(format!(
+            "offset {} is past the end of the {lun_bytes}-byte LUN",
+            w.offset
+        )));
+    }
+    let avail = lun_bytes - w.offset;
+    let region = match w.limit {
+        Limit::Bytes(b) => b.min(avail),
+        Limit::Time(_) => avail,
+    };
+    let units = region / w.block_size;
+    if units == 0 {
+        return Err(BenchError::Workload(format!(
+            "region of {region} bytes holds no {}-byte block",
+            w.block_size
+        )));
+    }
+    let total_ops = match w.limit {
+        Limit::Bytes(b) => Some(b.div_ceil(w.block_size)),
+        Limit::Time(_) => None,
+    };
+    let deadline_after = match w.limit {
+        Limit::Time(t) => Some(t),
+        Limit::Bytes(_) => None,
+    };
+    let blocks = u32::try_from(w.block_size / bl)
+        .map_err(|_| BenchError::Workload("block size too large".into()))?;
+    let gen = Arc::new(Generator::new(&w, units));
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes_done = Arc::new(AtomicU64::new(0));
+    let ops_done = Arc::new(AtomicU64::new(0));
+    let written = Arc::new(Written::new(if w.verify && w.mode.writes() {
+        units
+    } else {
+        0
+    }));
+    let first_error: Arc<Mutex<Option<BenchError>>> = Arc::new(Mutex::new(None));
+    // Without --verify every write sends the same buffer: no per-op pattern cost.
+    let plain = Bytes::from(vec![0xa5u8; w.block_size as usize]);
+
+    let start_cpu = cpu_times();
+    let start = Instant::now();
+    let deadline = deadline_after.map(|d| start + d);
+    let mut handles = Vec::with_capacity(w.depth);
+    for _ in 0..w.depth {
+        let session = session.clone();
+        let gen = gen.clone();
+        let next = next.clone();
+        let stop = stop.clone();
+        let bytes_done = bytes_done.clone();
+        let ops_done = ops_done.clone();
+        let written = written.clone();
+        let first_error = first_error.clone();
+        let plain = plain.clone();
+        let w = w.clone();
+        handles.push(tokio::spawn(async move {
+            let mut st = WorkerStats {
+                all: histogram(),
+                read: histogram(),
+                write: histogram(),
+                read_bytes: 0,
+                write_bytes: 0,
+                checked_blocks: 0,
+            };
+            let mut rbuf = BytesMut::with_capacity(w.block_size as usize);
+            let mut scratch = Vec::new();
+            let verify_all_reads = !w.mode.writes();
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if total_ops.is_some_and(|t| i >= t) {
+                    break;
+                }
+                let op = gen.op(i);
+                let lba = (w.offset + op.unit * w.block_size) / bl;
+                let t0 = Instant::now();
+                let res = if op.read {
+                    match session
+                        .read_into(lba, blocks, std::mem::take(&mut rbuf))
+                        .await
+                    {
+                        Ok(buf) => {
+                            let ns = t0.elapsed().as_nanos() as u64;
+                            let _ = st.read.record(ns.max(1));
+                            let _ = st.all.record(ns.max(1));
+                            st.read_bytes += w.block_size;
+                            let mut r = Ok(());
+                            if w.verify && (verify_all_reads || written.get(op.unit)) {
+                                r = check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch);
+                                st.checked_blocks += u64::from(blocks);
+                            }
+                            rbuf = buf;
+                            r
+                        }
+                        Err(e) => Err(BenchError::Io {
+                            op: "read",
+                            lba,
+                            blocks,
+                            source: e,
+                        }),
+                    }
+                } else {
+                    let data = if w.verify {
+                        let mut b = vec![0u8; w.block_size as usize];
+                        fill_pattern(&mut b, lba, bl as usize, w.seed);
+                        Bytes::from(b)
+                    } else {
+                        plain.clone()
+                    };
+                    let t0 = Instant::now();
+                    match session.write(lba, data).await {
+                        Ok(()) => {
+                            let ns = t0.elapsed().as_nanos() as u64;
+                            let _ = st.write.record(ns.max(1));
+                            let _ = st.all.record(ns.max(1));
+                            st.write_bytes += w.block_size;
+                            if w.verify {
+                                written.set(op.unit);
+                            }
+                            Ok(())
+                        }
+                        Err(e) => Err(BenchError::Io {
+                            op: "write",
+                            lba,
+                            blocks,
+                            source: e,
+                        }),
+                    }
+                };
+                if let Err(e) = res {
+                    stop.store(true, Ordering::Relaxed);
+                    if let Ok(mut f) = first_error.lock() {
+                        f.get_or_insert(e);
+                    }
+                    break;
+                }
+                bytes_done.fetch_add(w.block_size, Ordering::Relaxed);
+                ops_done.fetch_add(1, Ordering::Relaxed);
+            }
+            st
+        }));
+    }
+
+    // Progress ticks until every worker is done.
+    let total_bytes = total_ops.map(|o| o * w.block_size);
+    let mut all = Box::pin(async move {
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            out.push(h.await);
+        }
+        out
+    });
+    let mut interval = tokio::time::interval(Duration::from_millis(500));
+    interval.tick().await;
+    let stats = loop {
+        tokio::select! {
+            r = &mut all => break r,
+            _ = interval.tick() => {
+                if let Some(t) = tick.as_mut() {
+                    t(Progress {
+                        elapsed: start.elapsed(),
+                        bytes: bytes_done.load(Ordering::Relaxed),
+                        ops: ops_done.load(Ordering::Relaxed),
+                        total_bytes,
+                        total_time: deadline_after,
+                    });
+                }
+            }
+        }
+    };
+    let wall = start.elapsed();
+    let cpu = CpuUsage::between(start_cpu, cpu_times(), wall);
+    if let Some(e) = first_error.lock().ok().and_then(|mut f| f.take()) {
+        return Err(e);
+    }
+    let mut agg = WorkerStats {
+        all: histogram(),
+        read: histogram(),
+        write: histogram(),
+        read_bytes: 0,
+        write_bytes: 0,
+        checked_blocks: 0,
+    };
+    for s in stats {
+        let s = s.map_err(|e| BenchError::Workload(format!("worker panicked: {e}")))?;
+        let _ = agg.all.add(&s.all);
+        let _ = agg.read.add(&s.read);
+        let _ = agg.write.add(&s.write);
+        agg.read_bytes += s.read_bytes;
+        agg.write_bytes += s.write_bytes;
+        agg.checked_blocks += s.checked_blocks;
+    }
+
+    // --verify with writes: read back everything written in this run (not timed).
+    if w.verify && w.mode.writes() {
+        let mut scratch = Vec::new();
+        let mut buf = BytesMut::new();
+        for u in 0..units {
+            if !written.get(u) {
+                continue;
+            }
+            let lba = (w.offset + u * w.block_size) / bl;
+            buf = session
+                .read_into(lba, blocks, buf)
+                .await
+                .map_err(|e| BenchError::Io {
+                    op: "verify read",
+                    lba,
+                    blocks,
+                    source: e,
+                })?;
+            check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch)?;
+            agg.checked_blocks += u64::from(blocks);
+        }
+    }
+
+    let secs = wall.as_secs_f64().max(1e-9);
+    let bytes = agg.read_bytes + agg.write_bytes;
+    let ops = agg.all.len();
+    let lat = |h: &Histogram<u64>| (!h.is_empty()).then(|| Latency::from_histogram(h));
+    Ok(Measured {
+        duration_s: secs,
+        ops,
+        read_ops: agg.read.len(),
+        write_ops: agg.write.len(),
+        bytes,
+        read_bytes: agg.read_bytes,
+        write_bytes: agg.write_bytes,
+        throughput_mb_s: bytes as f64 / secs / 1e6,
+        throughput_mib_s: bytes as f64 / secs / (1024.0 * 1024.0),
+        iops: ops as f64 / secs,
+        latency_us: Latency::from_histogram(&agg.all),
+        read_latency_us: lat(&agg.read),
+        write_latency_us: lat(&agg.write),
+        cpu,
+        verify: VerifyResult {
+            enabled: w.verify,
+            checked_blocks: agg.checked_blocks,
+        },
+    })
+}
+
+/// Parse sizes like `64KiB`, `1MiB`, `1GiB`, `4k`, `512`, `1MB` (decimal with SI suffixes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "bad size unit in {s:?} (use KiB, MiB, GiB, or KB, MB, GB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+/// Parse durations like `30s`, `2m`, `500ms`, `1h`, `10` (seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m, h)")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_round_trips_and_names_first_bad_lba() {
+        let mut buf = vec![0u8; 8 * 512];
+        fill_pattern(&mut buf, 100, 512, 42);
+        let mut scratch = Vec::new();
+        check_pattern(&buf, 100, 512, 42, &mut scratch).unwrap();
+        buf[3 * 512 + 200] ^= 0x10;
+        match check_pattern(&buf, 100, 512, 42, &mut scratch) {
+            Err(BenchError::Verify { lba, found_lba, .. }) => {
+                assert_eq!(lba, 103);
+                assert_eq!(found_lba, 103);
+            }
+            other => panic!("expected a verify error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pattern_catches_misplaced_block_and_wrong_seed() {
+        let mut a = vec![0u8; 512];
+        fill_pattern(&mut a, 7, 512, 1);
+        let mut scratch = Vec::new();
+        let e = check_pattern(&a, 8, 512, 1, &mut scratch).unwrap_err();
+        assert!(matches!(
+            e,
+            BenchError::Verify {
+                lba: 8,
+                found_lba: 7,
+                ..
+            }
+        ));
+        assert!(check_pattern(&a, 7, 512, 2, &mut scratch).is_err());
+    }
+
+    #[test]
+    fn generator_is_deterministic_and_respects_mix() {
+        let w = Workload {
+            mode: RwMode::RandRw,
+            mix_read_percent: 70,
+            block_size: 4096,
+            depth: 1,
+            offset: 0,
+            limit: Limit::Bytes(1 << 30),
+            verify: false,
+            seed: 9,
+        };
+        let g = Generator::new(&w, 1000);
+        let ops: Vec<Op> = (0..10_000).map(|i| g.op(i)).collect();
+        assert_eq!(ops, (0..10_000).map(|i| g.op(i)).collect::<Vec<_>>());
+        let reads = ops.iter().filter(|o| o.read).count();
+        assert!((6_500..7_500).contains(&reads), "{reads}");
+        assert!(ops.iter().all(|o| o.unit < 1000));
+        let seq = Generator::new(
+            &Workload {
+                mode: RwMode::Write,
+                ..w
+            },
+            4,
+        );
+        let units: Vec<u64> = (0..6).map(|i| seq.op(i).unit).collect();
+        assert_eq!(units, vec![0, 1, 2, 3, 0, 1]);
+        assert!(!seq.op(0).read);
+    }
+
+    #[test]
+    fn histogram_percentiles_are_in_microseconds() {
+        let mut h = histogram();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).unwrap();
+        }
+        let l = Latency::from_histogram(&h);
+        assert!((l.p50 - 500.0).abs() < 1.0, "{l:?}");
+        assert!((l.p99 - 990.0).abs() < 2.0, "{l:?}");
+        assert!((l.max - 1000.0).abs() < 1.0, "{l:?}");
+    }
+
+    #[test]
+    fn parses_sizes_and_durations() {
+        assert_eq!(parse_size("64KiB").unwrap(), 65536);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("1MB").unwrap(), 1_000_000);
+        assert!(parse_size("1XB").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn cpu_usage_counts_busy_time() {
+        let s = cpu_times();
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(200) {
+            x = splitmix64(x);
+        }
+        std::hint::black_box(x);
+        let c = CpuUsage::between(s, cpu_times(), t.elapsed());
+        assert!(c.percent_of_one_core > 50.0, "{c:?}");
+    }
+}

@@ -1,0 +1,97 @@
+//! Initiator errors, by scope (DEVELOPERS.md): a task error carries SCSI status and sense; a
+//! connection error fails every command in flight; login errors say which step refused.
+
+use crate::scsi::Sense;
+
+/// Everything the initiator can fail with. Never carries secret material.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// TCP connect or socket I/O failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A bad URL or secret source.
+    #[error(transparent)]
+    Url(#[from] crate::url::UrlError),
+    /// The peer sent bytes that are not valid iSCSI.
+    #[error("protocol error: {0}")]
+    Wire(#[from] iscsi_wire::WireError),
+    /// A PDU we tried to send could not be encoded (caller asked for something too large).
+    #[error("cannot encode PDU: {0}")]
+    Encode(#[from] iscsi_wire::codec::EncodeError),
+    /// The target broke a protocol rule (RFC 7143) in a way we cannot continue from.
+    #[error("protocol violation by target: {0}")]
+    Protocol(String),
+    /// Login was refused by the target (RFC 7143 §11.13.5 status class/detail).
+    #[error("login refused by target: {message} (status class {class:#04x} detail {detail:#04x})")]
+    LoginRefused {
+        class: u8,
+        detail: u8,
+        message: &'static str,
+    },
+    /// Login negotiation failed on our side (bad key answer, CHAP failure, ...).
+    #[error("login failed: {0}")]
+    Login(String),
+    /// CHAP computation or check failed.
+    #[error("CHAP: {0}")]
+    Chap(#[from] iscsi_proto::chap::ChapError),
+    /// The command completed with a non-GOOD SCSI status.
+    #[error("SCSI status {status:#04x}{}", sense.map(|s| format!(": {s}")).unwrap_or_default())]
+    Scsi { status: u8, sense: Option<Sense> },
+    /// The target answered with an iSCSI response code other than "command completed".
+    #[error("iSCSI response {0:#04x} (target failure)")]
+    IscsiResponse(u8),
+    /// The target rejected a PDU of this command (RFC 7143 §11.17).
+    #[error("target rejected the PDU (reason {0:#04x})")]
+    Rejected(u8),
+    /// The connection is gone; every command in flight fails with this.
+    #[error("connection lost: {0}")]
+    ConnectionLost(String),
+    /// An operation did not finish in time.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+    /// The caller asked for something impossible (zero blocks, unaligned buffer, ...).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The payload transform (e.g. seal) refused the data.
+    #[error("payload transform: {0}")]
+    Transform(String),
+}
+
+impl Error {
+    /// The sense data, for a SCSI error.
+    pub fn sense(&self) -> Option<&Sense> {
+        match self {
+            Error::Scsi { sense, .. } => sense.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// Convenience alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Human text for a login status class/detail (RFC 7143 §11.13.5).
+pub fn login_status_message(class: u8, detail: u8) -> &'static str {
+    match (class, detail) {
+        (1, _) => "target moved (redirect, not supported by this initiator)",
+        (2, 0) => "initiator error",
+        (2, 1) => "authentication failure",
+        (2, 2) => "authorization failure",
+        (2, 3) => "target not found",
+        (2, 4) => "target removed",
+        (2, 5) => "unsupported version",
+        (2, 6) => "too many connections",
+        (2, 7) => "missing parameter",
+        (2, 8) => "cannot include in session",
+        (2, 9) => "session type not supported",
+        (2, 10) => "session does not exist",
+        (2, 11) => "invalid during login",
+        (2, _) => "initiator error (other)",
+        (3, 0) => "target error",
+        (3, 1) => "service unavailable",
+        (3, 2) => "out of resources",
+        (3, _) => "target error (other)",
+        _ => "unknown status",
+    }
+}

@@ -1,0 +1,1241 @@
+//! The tokio session runtime: login, then any number of commands in flight up to the CmdSN
+//! window (RFC 7143 §4.2.2.1), with immediate and unsolicited data, R2T answering with several
+//! R2Ts outstanding (§11.8), Data-In reassembly (§11.7), NOP-Out keepalive (§11.18) and clean
+//! failure of every command in flight when the connection goes away.
+//!
+//! # Shape
+//! ```text
+//!  callers ──submit──► [Sn lock: ITT, CmdSN, window] ──Pdu──► writer task ──► socket
+//!                          │ register task (before the PDU is queued)
+//!                          ▼
+//!  socket ──► reader task: Data-In → copy into the task's buffer, R2T → Data-Out PDUs,
+//!             SCSI Response → complete the task, NOP-In → answer / complete the ping,
+//!             window updates (ExpCmdSN/MaxCmdSN) → wake blocked submitters
+//! ```
+//! Kamisaka et al. overlap round trips with forked processes each doing one synchronous
+//! command; here any number of tasks share one session, each command tagged by its ITT, and
+//! the target's MaxCmdSN is the only limit.
+//!
+//! Connection loss: whoever notices first (reader EOF, writer error, keepalive timeout) records
+//! the reason once and aborts the I/O tasks; dropping the reader's task table drops every
+//! completion sender, so every waiter gets [`Error::ConnectionLost`] with that reason.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use iscsi_wire::header::{
+    DataOut, LoginRequest, LogoutReason, LogoutRequest, NopOut, ScsiCommand, TaskAttr, TextRequest,
+};
+use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::task::AbortHandle;
+
+use crate::conn::Conn;
+use crate::error::{Error, Result};
+use crate::login::{LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, SessionKind};
+use crate::scsi::{self, status, Capacity, Inquiry, Sense};
+use crate::transform::PayloadTransform;
+use crate::url::IscsiUrl;
+
+/// Session settings beyond the negotiated keys.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub login: LoginOptions,
+    pub connect_timeout: Duration,
+    pub login_timeout: Duration,
+    /// Send a NOP-Out when this long has passed since the last ping; `None` disables.
+    pub nop_interval: Option<Duration>,
+    /// A NOP-Out unanswered for this long fails the connection.
+    pub nop_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            login: LoginOptions::default(),
+            connect_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_secs(15),
+            nop_interval: Some(Duration::from_secs(5)),
+            nop_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serial number arithmetic (RFC 1982) as RFC 7143 §4.2.2.1 asks for CmdSN/StatSN.
+fn sn_lt(a: u32, b: u32) -> bool {
+    a != b && (b.wrapping_sub(a) as i32) > 0
+}
+fn sn_le(a: u32, b: u32) -> bool {
+    a == b || sn_lt(a, b)
+}
+
+#[derive(Debug)]
+struct Sn {
+    next_itt: u32,
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    exp_stat_sn: u32,
+}
+
+impl Sn {
+    fn itt(&mut self) -> u32 {
+        let itt = self.next_itt;
+        self.next_itt = self.next_itt.wrapping_add(1);
+        if self.next_itt == RESERVED_TAG {
+            self.next_itt = 1;
+        }
+        itt
+    }
+
+    /// Window update from a response (RFC 7143 §4.2.2.1: ignore a MaxCmdSN below
+    /// ExpCmdSN - 1, and never move either backwards).
+    fn update(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) -> bool {
+        if sn_lt(max_cmd_sn, exp_cmd_sn.wrapping_sub(1)) {
+            return false;
+        }
+        let mut changed = false;
+        if sn_lt(self.exp_cmd_sn, exp_cmd_sn) {
+            self.exp_cmd_sn = exp_cmd_sn;
+        }
+        if sn_lt(self.max_cmd_sn, max_cmd_sn) {
+            self.max_cmd_sn = max_cmd_sn;
+            changed = true;
+        }
+        changed
+    }
+
+    fn stat(&mut self, stat_sn: u32) {
+        let next = stat_sn.wrapping_add(1);
+        if sn_lt(self.exp_stat_sn, next) {
+            self.exp_stat_sn = next;
+        }
+    }
+}
+
+/// The result of a SCSI command that reached the target.
+#[derive(Debug)]
+pub struct Completion {
+    pub status: u8,
+    pub sense: Option<Sense>,
+    /// Data-In, truncated by the residual count for an underflow.
+    pub data: BytesMut,
+    /// Residual count (positive: underflow, negative: overflow).
+    pub residual: i64,
+}
+
+/// Direction and buffer of a command's data.
+#[derive(Debug)]
+pub enum DataDir {
+    None,
+    /// Expect this many bytes; the buffer is reused (resized, not reallocated when large enough).
+    Read(BytesMut, usize),
+    Write(Bytes),
+}
+
+struct TaskReg {
+    lun: u64,
+    write: Bytes,
+    read: Option<BytesMut>,
+    read_len: usize,
+    received: usize,
+    done: oneshot::Sender<Result<Completion>>,
+}
+
+enum Reg {
+    Task(u32, TaskReg),
+    Ping(u32, oneshot::Sender<()>),
+    Logout(u32, oneshot::Sender<u8>),
+}
+
+struct Shared {
+    sn: Mutex<Sn>,
+    window: Notify,
+    dead: OnceLock<String>,
+    out: mpsc::UnboundedSender<Pdu>,
+    reg: mpsc::UnboundedSender<Reg>,
+    params: Negotiated,
+    io_tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Shared {
+    /// Record why the connection died (first reason wins) and stop the I/O tasks.
+    fn kill(&self, reason: String) {
+        let _ = self.dead.set(reason);
+        self.window.notify_waiters();
+        if let Ok(tasks) = self.io_tasks.lock() {
+            for t in tasks.iter() {
+                t.abort();
+            }
+        }
+    }
+
+    fn lost(&self) -> Error {
+        Error::ConnectionLost(
+            self.dead
+                .get()
+                .cloned()
+                .unwrap_or_else(|| "connection closed".to_owned()),
+        )
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Sn>> {
+        self.sn
+            .lock()
+            .map_err(|_| Error::Protocol("session state poisoned".into()))
+    }
+}
+
+/// A logged-in iSCSI session (one connection) in full feature phase.
+pub struct Session {
+    shared: Arc<Shared>,
+    lun: u64,
+    capacity: OnceLock<Capacity>,
+    transform: Option<Arc<dyn PayloadTransform>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("lun", &self.lun)
+            .field("params", &self.shared.params)
+            .field("dead", &self.shared.dead.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.shared.kill("session dropped".to_owned());
+    }
+}
+
+fn random_isid() -> [u8; 6] {
+    use rand::RngCore;
+    let mut isid = [0u8; 6];
+    rand::rngs::OsRng.fill_bytes(&mut isid);
+    // RFC 7143 §11.12.5: T=01b (EN format would need an enterprise number); we use the
+    // "random" qualifier format T=10b.
+    isid[0] = 0x80 | (isid[0] & 0x3f);
+    isid
+}
+
+async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
+    let addr = url.socket_addr_string();
+    let stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(&addr))
+        .await
+        .map_err(|_| Error::Timeout("TCP connect"))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Sequence state after login.
+struct LoggedIn {
+    params: Negotiated,
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    exp_stat_sn: u32,
+}
+
+/// Run the login exchange on `conn` (RFC 7143 §6.3).
+async fn login(conn: &mut Conn, opts: LoginOptions, kind: SessionKind) -> Result<LoggedIn> {
+    let isid = random_isid();
+    let itt = 0u32;
+    let cmd_sn = 1u32;
+    let mut exp_stat_sn = 0u32;
+    let (mut machine, mut step) = LoginMachine::start(opts, kind);
+    let mut first = true;
+    loop {
+        let data = iscsi_wire::text::encode(&step.keys).freeze();
+        let req = LoginRequest {
+            transit: step.transit,
+            continue_: false,
+            csg: step.csg,
+            nsg: if step.transit {
+                step.nsg
+            } else {
+                iscsi_wire::header::Stage(0)
+            },
+            version_max: 0,
+            version_min: 0,
+            isid,
+            tsih: 0,
+            itt,
+            cid: 0,
+            cmd_sn,
+            exp_stat_sn: if first { 0 } else { exp_stat_sn },
+        };
+        first = false;
+        conn.send(req, data).await?;
+        // A response may be split over several PDUs with C=1 (RFC 7143 §6.3, §11.13.3).
+        let mut text = BytesMut::new();
+        let resp = loop {
+            let pdu = conn.recv().await?;
+            let Header::LoginResponse(r) = pdu.header else {
+                return Err(Error::Protocol(format!(
+                    "expected a Login Response, got {:?}",
+                    pdu.header.opcode()
+                )));
+            };
+            exp_stat_sn = r.stat_sn.wrapping_add(1);
+            text.extend_from_slice(&pdu.data);
+            if text.len() > 64 * 1024 {
+                return Err(Error::Protocol("login text over 64 KiB".into()));
+            }
+            if !r.continue_ || r.status_class != 0 {
+                break r;
+            }
+            let more = LoginRequest {
+                transit: false,
+                continue_: false,
+                csg: step.csg,
+                nsg: iscsi_wire::header::Stage(0),
+                version_max: 0,
+                version_min: 0,
+                isid,
+                tsih: 0,
+                itt,
+                cid: 0,
+                cmd_sn,
+                exp_stat_sn,
+            };
+            conn.send(more, Bytes::new()).await?;
+        };
+        let keys = iscsi_wire::text::parse(&text)?;
+        let reply = LoginReply {
+            transit: resp.transit,
+            csg: resp.csg,
+            nsg: resp.nsg,
+            status_class: resp.status_class,
+            status_detail: resp.status_detail,
+            tsih: resp.tsih,
+            keys,
+        };
+        match machine.handle(reply)? {
+            LoginNext::Send(s) => step = s,
+            LoginNext::Done(params) => {
+                return Ok(LoggedIn {
+                    params: *params,
+                    cmd_sn: resp.exp_cmd_sn,
+                    exp_cmd_sn: resp.exp_cmd_sn,
+                    max_cmd_sn: resp.max_cmd_sn,
+                    exp_stat_sn,
+                })
+            }
+        }
+    }
+}
+
+/// A target found by SendTargets discovery (RFC 7143 Appendix C).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DiscoveredTarget {
+    pub name: String,
+    /// `TargetAddress` values: `host:port,portal-group-tag`.
+    pub addresses: Vec<String>,
+}
+
+/// Log into a discovery session, ask `SendTargets=All`, log out.
+pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>> {
+    let stream = connect_tcp(url, cfg).await?;
+    let mut conn = Conn::new(stream);
+    let fut = async {
+        let li = login(&mut conn, cfg.login.clone(), SessionKind::Discovery).await?;
+        conn.codec.header_digest = li.params.header_digest;
+        conn.codec.data_digest = li.params.data_digest;
+        conn.codec.max_recv_data_segment_length = li.params.max_recv_data_segment_length;
+        let mut exp_stat_sn = li.exp_stat_sn;
+        let mut cmd_sn = li.cmd_sn;
+        let itt = 1u32;
+        let mut ttt = RESERVED_TAG;
+        let mut data = iscsi_wire::text::encode(&[("SendTargets", "All")]).freeze();
+        let mut text = BytesMut::new();
+        loop {
+            let req = TextRequest {
+                immediate: false,
+                final_: true,
+                continue_: false,
+                lun: 0,
+                itt,
+                ttt,
+                cmd_sn,
+                exp_stat_sn,
+            };
+            conn.send(req, std::mem::take(&mut data)).await?;
+            let pdu = conn.recv().await?;
+            let Header::TextResponse(r) = pdu.header else {
+                return Err(Error::Protocol(format!(
+                    "expected a Text Response, got {:?}",
+                    pdu.header.opcode()
+                )));
+            };
+            exp_stat_sn = r.stat_sn.wrapping_add(1);
+            text.extend_from_slice(&pdu.data);
+            if text.len() > 1024 * 1024 {
+                return Err(Error::Protocol("SendTargets answer over 1 MiB".into()));
+            }
+            if r.final_ && !r.continue_ {
+                break;
+            }
+            // Continue: empty Text Request echoing the target's TTT (RFC 7143 §11.10.4).
+            ttt = r.ttt;
+            cmd_sn = cmd_sn.wrapping_add(1);
+        }
+        cmd_sn = cmd_sn.wrapping_add(1);
+        let mut out: Vec<DiscoveredTarget> = Vec::new();
+        for (k, v) in iscsi_wire::text::parse(&text)? {
+            match k.as_str() {
+                "TargetName" => out.push(DiscoveredTarget {
+                    name: v,
+                    addresses: Vec::new(),
+                }),
+                "TargetAddress" => {
+                    if let Some(t) = out.last_mut() {
+                        t.addresses.push(v);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let req = LogoutRequest {
+            immediate: true,
+            reason: LogoutReason::CLOSE_SESSION,
+            itt: 2,
+            cid: 0,
+            cmd_sn,
+            exp_stat_sn,
+        };
+        conn.send(req, Bytes::new()).await?;
+        // Best effort: the answer to a discovery logout changes nothing for the caller.
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn.recv()).await;
+        Ok(out)
+    };
+    tokio::time::timeout(cfg.login_timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout("discovery"))?
+}
+
+impl Session {
+    /// Connect, log in to the URL's target and LUN, and read its capacity (retrying the
+    /// UNIT ATTENTION many targets report on a fresh nexus).
+    pub async fn open(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
+        let s = Self::connect(url, cfg).await?;
+        let mut last = None;
+        for _ in 0..4 {
+            match s.read_capacity().await {
+                Ok(_) => return Ok(s),
+                Err(e) if e.sense().is_some_and(|s| s.key == 0x06) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or(Error::Timeout("read capacity")))
+    }
+
+    /// Connect and log in, without touching the LUN.
+    pub async fn connect(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
+        let target = url.require_target()?.to_owned();
+        let lun = scsi::encode_lun(url.lun.unwrap_or(0));
+        let stream = connect_tcp(url, cfg).await?;
+        let mut conn = Conn::new(stream);
+        let li = tokio::time::timeout(
+            cfg.login_timeout,
+            login(
+                &mut conn,
+                cfg.login.clone(),
+                SessionKind::Normal {
+                    target_name: target,
+                },
+            ),
+        )
+        .await
+        .map_err(|_| Error::Timeout("login"))??;
+        let params = li.params.clone();
+        let codec = Codec {
+            header_digest: params.header_digest,
+            data_digest: params.data_digest,
+            max_recv_data_segment_length: params.max_recv_data_segment_length,
+        };
+        let Conn { stream, rbuf, .. } = conn;
+        let (rd, wr) = stream.into_split();
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (reg_tx, reg_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            sn: Mutex::new(Sn {
+                next_itt: 1,
+                cmd_sn: li.cmd_sn,
+                exp_cmd_sn: li.exp_cmd_sn,
+                max_cmd_sn: li.max_cmd_sn,
+                exp_stat_sn: li.exp_stat_sn,
+            }),
+            window: Notify::new(),
+            dead: OnceLock::new(),
+            out: out_tx,
+            reg: reg_tx,
+            params,
+            io_tasks: Mutex::new(Vec::new()),
+        });
+        let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
+        let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
+        let mut handles = vec![w.abort_handle(), r.abort_handle()];
+        if let Some(interval) = cfg.nop_interval {
+            let k = tokio::spawn(keepalive(shared.clone(), interval, cfg.nop_timeout));
+            handles.push(k.abort_handle());
+        }
+        if let Ok(mut t) = shared.io_tasks.lock() {
+            *t = handles;
+        }
+        Ok(Self {
+            shared,
+            lun,
+            capacity: OnceLock::new(),
+            transform: None,
+        })
+    }
+
+    /// The parameters negotiated at login.
+    pub fn params(&self) -> &Negotiated {
+        &self.shared.params
+    }
+
+    /// Install a payload transform (seal) applied to `read`/`write` payloads.
+    pub fn set_transform(&mut self, t: Arc<dyn PayloadTransform>) {
+        self.transform = Some(t);
+    }
+
+    /// The capacity from the last READ CAPACITY.
+    pub fn capacity(&self) -> Option<Capacity> {
+        self.capacity.get().copied()
+    }
+
+    /// Why the connection died, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.dead.get().map(String::as_str)
+    }
+
+    /// Send one SCSI command and wait for its completion. Blocks (asynchronously) while the
+    /// CmdSN window is closed. A non-GOOD status becomes [`Error::Scsi`].
+    pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
+        let (tx, rx) = oneshot::channel();
+        let (write, read, read_len) = match dir {
+            DataDir::None => (Bytes::new(), None, 0),
+            DataDir::Write(b) => (b, None, 0),
+            DataDir::Read(mut buf, len) => {
+                buf.clear();
+                buf.resize(len, 0);
+                (Bytes::new(), Some(buf), len)
+            }
+        };
+        if write.len() > u32::MAX as usize || read_len > u32::MAX as usize {
+            return Err(Error::InvalidRequest("transfer over 4 GiB".into()));
+        }
+        let mut reg = Some(TaskReg {
+            lun: self.lun,
+            write: write.clone(),
+            read,
+            read_len,
+            received: 0,
+            done: tx,
+        });
+        loop {
+            let notified = self.shared.window.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut sn = self.shared.lock()?;
+                if self.shared.dead.get().is_some() {
+                    return Err(self.shared.lost());
+                }
+                if sn_le(sn.cmd_sn, sn.max_cmd_sn) {
+                    let itt = sn.itt();
+                    let cmd_sn = sn.cmd_sn;
+                    sn.cmd_sn = sn.cmd_sn.wrapping_add(1);
+                    let exp_stat_sn = sn.exp_stat_sn;
+                    if let Some(r) = reg.take() {
+                        self.shared
+                            .reg
+                            .send(Reg::Task(itt, r))
+                            .map_err(|_| self.shared.lost())?;
+                    }
+                    self.queue_command(itt, cmd_sn, exp_stat_sn, cdb, &write, read_len)?;
+                    break;
+                }
+            }
+            notified.await;
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(self.shared.lost()),
+        }
+    }
+
+    /// Queue the command PDU plus its immediate and unsolicited data (RFC 7143 §4.2.5?).
+    fn queue_command(
+        &self,
+        itt: u32,
+        cmd_sn: u32,
+        exp_stat_sn: u32,
+        cdb: [u8; 16],
+        write: &Bytes,
+        read_len: usize,
+    ) -> Result<()> {
+        let p = &self.shared.params;
+        let seg = p.target_max_recv_data_segment_length as usize;
+        let first_burst = p.first_burst_length as usize;
+        let total = write.len();
+        // Immediate data rides in the command PDU (ImmediateData=Yes, §13.11).
+        let imm = if p.immediate_data {
+            total.min(first_burst).min(seg)
+        } else {
+            0
+        };
+        // Unsolicited Data-Out up to FirstBurstLength when InitialR2T=No (§13.10, §13.14).
+        let unsolicited_end = if p.initial_r2t {
+            imm
+        } else {
+            total.min(first_burst)
+        };
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: unsolicited_end == imm,
+            read: read_len > 0,
+            write: total > 0,
+            attr: TaskAttr::SIMPLE,
+            lun: self.lun,
+            itt,
+            expected_data_transfer_length: (total.max(read_len)) as u32,
+            cmd_sn,
+            exp_stat_sn,
+            cdb,
+        };
+        let send = |pdu: Pdu| self.shared.out.send(pdu).map_err(|_| self.shared.lost());
+        send(Pdu::new(cmd, write.slice(..imm)))?;
+        let mut off = imm;
+        let mut data_sn = 0u32;
+        while off < unsolicited_end {
+            let end = (off + seg).min(unsolicited_end);
+            let h = DataOut {
+                final_: end == unsolicited_end,
+                lun: self.lun,
+                itt,
+                ttt: RESERVED_TAG,
+                exp_stat_sn,
+                data_sn,
+                buffer_offset: off as u32,
+            };
+            send(Pdu::new(h, write.slice(off..end)))?;
+            data_sn += 1;
+            off = end;
+        }
+        Ok(())
+    }
+
+    fn block_len(&self) -> Result<u32> {
+        self.capacity
+            .get()
+            .map(|c| c.block_len)
+            .ok_or_else(|| Error::InvalidRequest("capacity unknown: call read_capacity".into()))
+    }
+
+    /// READ(16) of `blocks` blocks at `lba`, into a fresh buffer.
+    pub async fn read(&self, lba: u64, blocks: u32) -> Result<BytesMut> {
+        self.read_into(lba, blocks, BytesMut::new()).await
+    }
+
+    /// READ(16) reusing `buf` (resized to the transfer length).
+    pub async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut> {
+        if blocks == 0 {
+            return Err(Error::InvalidRequest("read of zero blocks".into()));
+        }
+        let len = blocks as usize * self.block_len()? as usize;
+        let c = self
+            .command(scsi::read16(lba, blocks), DataDir::Read(buf, len))
+            .await?;
+        if c.data.len() != len {
+            return Err(Error::Protocol(format!(
+                "READ returned {} of {len} bytes",
+                c.data.len()
+            )));
+        }
+        match &self.transform {
+            Some(t) => t.inbound(lba, c.data),
+            None => Ok(c.data),
+        }
+    }
+
+    async fn write_inner(&self, lba: u64, data: Bytes, fua: bool) -> Result<()> {
+        let bl = self.block_len()? as usize;
+        if data.is_empty() || data.len() % bl != 0 {
+            return Err(Error::InvalidRequest(format!(
+                "write of {} bytes is not a positive multiple of the {bl}-byte block",
+                data.len()
+            )));
+        }
+        let data = match &self.transform {
+            Some(t) => t.outbound(lba, data)?,
+            None => data,
+        };
+        let blocks = u32::try_from(data.len() / bl)
+            .map_err(|_| Error::InvalidRequest("write too large".into()))?;
+        self.command(scsi::write16(lba, blocks, fua), DataDir::Write(data))
+            .await?;
+        Ok(())
+    }
+
+    /// WRITE(16) of `data` (a whole number of blocks) at `lba`.
+    pub async fn write(&self, lba: u64, data: Bytes) -> Result<()> {
+        self.write_inner(lba, data, false).await
+    }
+
+    /// WRITE(16) with FUA: the target must make it durable before answering.
+    pub async fn write_fua(&self, lba: u64, data: Bytes) -> Result<()> {
+        self.write_inner(lba, data, true).await
+    }
+
+    /// SYNCHRONIZE CACHE(10) over the whole LUN.
+    pub async fn sync_cache(&self) -> Result<()> {
+        self.command(scsi::sync_cache10(), DataDir::None).await?;
+        Ok(())
+    }
+
+    /// Standard INQUIRY.
+    pub async fn inquiry(&self) -> Result<Inquiry> {
+        let c = self
+            .command(scsi::inquiry(96), DataDir::Read(BytesMut::new(), 96))
+            .await?;
+        Inquiry::parse(&c.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))
+    }
+
+    /// READ CAPACITY(16), falling back to (10); remembers the block length for read/write.
+    pub async fn read_capacity(&self) -> Result<Capacity> {
+        let cap = match self
+            .command(scsi::read_capacity16(), DataDir::Read(BytesMut::new(), 32))
+            .await
+        {
+            Ok(c) => Capacity::parse16(&c.data),
+            Err(Error::Scsi { sense: Some(s), .. }) if s.key == Sense::KEY_ILLEGAL_REQUEST => {
+                let c = self
+                    .command(scsi::read_capacity10(), DataDir::Read(BytesMut::new(), 8))
+                    .await?;
+                Capacity::parse10(&c.data)
+            }
+            Err(e) => return Err(e),
+        }
+        .ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))?;
+        if cap.block_len == 0 || cap.block_len % 512 != 0 {
+            return Err(Error::Protocol(format!(
+                "unsupported block length {}",
+                cap.block_len
+            )));
+        }
+        let _ = self.capacity.set(cap);
+        Ok(cap)
+    }
+
+    /// REPORT LUNS.
+    pub async fn report_luns(&self) -> Result<Vec<u64>> {
+        let c = self
+            .command(
+                scsi::report_luns(4096),
+                DataDir::Read(BytesMut::new(), 4096),
+            )
+            .await?;
+        Ok(scsi::parse_report_luns(&c.data))
+    }
+
+    /// Log out (RFC 7143 §11.14) and close. Commands still in flight fail.
+    pub async fn logout(self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut sn = self.shared.lock()?;
+            if self.shared.dead.get().is_some() {
+                return Err(self.shared.lost());
+            }
+            let itt = sn.itt();
+            let req = LogoutRequest {
+                immediate: true,
+                reason: LogoutReason::CLOSE_SESSION,
+                itt,
+                cid: 0,
+                cmd_sn: sn.cmd_sn,
+                exp_stat_sn: sn.exp_stat_sn,
+            };
+            self.shared
+                .reg
+                .send(Reg::Logout(itt, tx))
+                .map_err(|_| self.shared.lost())?;
+            self.shared
+                .out
+                .send(Pdu::new(req, Bytes::new()))
+                .map_err(|_| self.shared.lost())?;
+        }
+        let r = tokio::time::timeout(Duration::from_secs(5), rx).await;
+        match r {
+            Ok(Ok(0)) => Ok(()),
+            Ok(Ok(code)) => Err(Error::Protocol(format!("logout response {code}"))),
+            Ok(Err(_)) => Err(self.shared.lost()),
+            Err(_) => Err(Error::Timeout("logout")),
+        }
+    }
+}
+
+async fn keepalive(shared: Arc<Shared>, interval: Duration, timeout: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let (tx, rx) = oneshot::channel();
+        {
+            let Ok(mut sn) = shared.sn.lock() else { return };
+            let itt = sn.itt();
+            let ping = NopOut {
+                immediate: true,
+                lun: 0,
+                itt,
+                ttt: RESERVED_TAG,
+                cmd_sn: sn.cmd_sn,
+                exp_stat_sn: sn.exp_stat_sn,
+            };
+            if shared.reg.send(Reg::Ping(itt, tx)).is_err()
+                || shared.out.send(Pdu::new(ping, Bytes::new())).is_err()
+            {
+                return;
+            }
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                shared.kill(format!(
+                    "no NOP-In answer to keepalive within {:.1}s",
+                    timeout.as_secs_f64()
+                ));
+                return;
+            }
+        }
+    }
+}
+
+async fn writer(
+    wr: OwnedWriteHalf,
+    codec: Codec,
+    rx: mpsc::UnboundedReceiver<Pdu>,
+    shared: Arc<Shared>,
+) {
+    if let Err(e) = writer_inner(wr, codec, rx).await {
+        shared.kill(format!("send failed: {e}"));
+    }
+}
+
+async fn writer_inner(
+    mut wr: OwnedWriteHalf,
+    codec: Codec,
+    mut rx: mpsc::UnboundedReceiver<Pdu>,
+) -> Result<()> {
+    let mut head = BytesMut::with_capacity(64 * 1024);
+    let mut segs: VecDeque<Bytes> = VecDeque::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        let mut batched = 0usize;
+        // Batch what is already queued so many small PDUs go out in one syscall.
+        while let Some(pdu) = next.take() {
+            let trailer = codec.encode_head(&pdu, &mut head)?;
+            if !pdu.data.is_empty() {
+                segs.push_back(head.split().freeze());
+                batched += pdu.data.len();
+                segs.push_back(pdu.data);
+                head.extend_from_slice(trailer.as_bytes());
+            }
+            if batched < 4 * 1024 * 1024 && segs.len() < 512 {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !head.is_empty() {
+            segs.push_back(head.split().freeze());
+        }
+        while !segs.is_empty() {
+            let slices: Vec<IoSlice<'_>> = segs.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            let mut n = wr.write_vectored(&slices).await?;
+            drop(slices);
+            if n == 0 {
+                return Err(Error::ConnectionLost("socket closed while sending".into()));
+            }
+            while n > 0 {
+                let Some(front) = segs.front_mut() else { break };
+                if n >= front.len() {
+                    n -= front.len();
+                    segs.pop_front();
+                } else {
+                    front.advance(n);
+                    n = 0;
+                }
+            }
+        }
+        if head.capacity() < 4096 {
+            head.reserve(64 * 1024);
+        }
+    }
+    let _ = wr.shutdown().await;
+    Ok(())
+}
+
+struct ReaderState {
+    tasks: HashMap<u32, TaskReg>,
+    pings: HashMap<u32, oneshot::Sender<()>>,
+    logouts: HashMap<u32, oneshot::Sender<u8>>,
+    reg_rx: mpsc::UnboundedReceiver<Reg>,
+}
+
+impl ReaderState {
+    fn drain(&mut self) {
+        while let Ok(r) = self.reg_rx.try_recv() {
+            match r {
+                Reg::Task(itt, t) => {
+                    self.tasks.insert(itt, t);
+                }
+                Reg::Ping(itt, t) => {
+                    self.pings.insert(itt, t);
+                }
+                Reg::Logout(itt, t) => {
+                    self.logouts.insert(itt, t);
+                }
+            }
+        }
+    }
+
+    fn task(&mut self, itt: u32) -> Option<&mut TaskReg> {
+        if !self.tasks.contains_key(&itt) {
+            self.drain();
+        }
+        self.tasks.get_mut(&itt)
+    }
+}
+
+async fn reader(
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+    codec: Codec,
+    reg_rx: mpsc::UnboundedReceiver<Reg>,
+    shared: Arc<Shared>,
+) {
+    let mut st = ReaderState {
+        tasks: HashMap::new(),
+        pings: HashMap::new(),
+        logouts: HashMap::new(),
+        reg_rx,
+    };
+    let e = reader_inner(rd, buf, codec, &mut st, &shared).await;
+    let reason = match e {
+        Ok(()) => "connection closed by target".to_owned(),
+        Err(Error::ConnectionLost(r)) => r,
+        Err(e) => e.to_string(),
+    };
+    let _ = shared.dead.set(reason);
+    shared.kill(String::new());
+    // Dropping `st` drops every completion sender: all waiters see the connection loss.
+}
+
+async fn reader_inner(
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    codec: Codec,
+    st: &mut ReaderState,
+    shared: &Shared,
+) -> Result<()> {
+    loop {
+        while let Some(pdu) = codec.decode(&mut buf)? {
+            handle_pdu(pdu, st, shared)?;
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        let n = rd.read_buf(&mut buf).await?;
+        if n == 0 {
+            return Err(Error::ConnectionLost(
+                "connection closed by target".to_owned(),
+            ));
+        }
+    }
+}
+
+fn complete(st: &mut ReaderState, itt: u32, r: Result<Completion>) {
+    if let Some(t) = st.tasks.remove(&itt) {
+        let _ = t.done.send(r);
+    }
+}
+
+fn status_result(
+    status: u8,
+    sense: Option<Sense>,
+    data: BytesMut,
+    residual: i64,
+) -> Result<Completion> {
+    if status == status::GOOD || status == status::CONDITION_MET {
+        Ok(Completion {
+            status,
+            sense,
+            data,
+            residual,
+        })
+    } else {
+        Err(Error::Scsi { status, sense })
+    }
+}
+
+fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
+    // Window and StatSN bookkeeping first, so submitters wake as early as possible.
+    let (win, stat) = match &pdu.header {
+        Header::ScsiResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+        Header::DataIn(h) => (
+            Some((h.exp_cmd_sn, h.max_cmd_sn)),
+            h.status_present.then_some(h.stat_sn),
+        ),
+        Header::R2t(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), None),
+        Header::NopIn(h) => (
+            Some((h.exp_cmd_sn, h.max_cmd_sn)),
+            (h.itt != RESERVED_TAG).then_some(h.stat_sn),
+        ),
+        Header::AsyncMessage(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+        Header::Reject(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+        Header::LogoutResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+        Header::TextResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+        Header::TaskMgmtResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+        _ => (None, None),
+    };
+    if win.is_some() || stat.is_some() {
+        let mut sn = shared.lock()?;
+        if let Some(s) = stat {
+            sn.stat(s);
+        }
+        if let Some((e, m)) = win {
+            if sn.update(e, m) {
+                shared.window.notify_waiters();
+            }
+        }
+    }
+    match pdu.header {
+        Header::DataIn(h) => {
+            let Some(t) = st.task(h.itt) else {
+                return Err(Error::Protocol(format!(
+                    "Data-In for unknown ITT {:#x}",
+                    h.itt
+                )));
+            };
+            let off = h.buffer_offset as usize;
+            let end = off + pdu.data.len();
+            let Some(buf) = t.read.as_mut() else {
+                return Err(Error::Protocol(
+                    "Data-In for a command without read data".into(),
+                ));
+            };
+            if end > t.read_len {
+                return Err(Error::Protocol(format!(
+                    "Data-In at {off}+{} past the {} bytes expected",
+                    pdu.data.len(),
+                    t.read_len
+                )));
+            }
+            buf[off..end].copy_from_slice(&pdu.data);
+            t.received += pdu.data.len();
+            if h.status_present {
+                let mut data = t.read.take().unwrap_or_default();
+                let residual = if h.underflow {
+                    i64::from(h.residual_count)
+                } else if h.overflow {
+                    -i64::from(h.residual_count)
+                } else {
+                    0
+                };
+                if residual > 0 {
+                    data.truncate(t.read_len.saturating_sub(residual as usize));
+                }
+                complete(st, h.itt, status_result(h.status, None, data, residual));
+            }
+        }
+        Header::ScsiResponse(h) => {
+            if st.task(h.itt).is_none() {
+                return Err(Error::Protocol(format!(
+                    "SCSI Response for unknown ITT {:#x}",
+                    h.itt
+                )));
+            }
+            if h.response != 0 {
+                complete(st, h.itt, Err(Error::IscsiResponse(h.response)));
+                return Ok(());
+            }
+            // Sense data: 2-byte SenseLength, then the sense bytes (RFC 7143 §11.4.7.2).
+            let sense = if pdu.data.len() >= 2 {
+                let sl = usize::from(u16::from_be_bytes([pdu.data[0], pdu.data[1]]));
+                pdu.data
+                    .get(2..2 + sl)
+                    .or_else(|| pdu.data.get(2..))
+                    .and_then(Sense::parse)
+            } else {
+                None
+            };
+            let residual = if h.underflow {
+                i64::from(h.residual_count)
+            } else if h.overflow {
+                -i64::from(h.residual_count)
+            } else {
+                0
+            };
+            let data = match st.tasks.get_mut(&h.itt) {
+                Some(t) => {
+                    let mut d = t.read.take().unwrap_or_default();
+                    if residual > 0 {
+                        d.truncate(t.read_len.saturating_sub(residual as usize));
+                    }
+                    d
+                }
+                None => BytesMut::new(),
+            };
+            complete(st, h.itt, status_result(h.status, sense, data, residual));
+        }
+        Header::R2t(h) => {
+            let p = &shared.params;
+            let Some(t) = st.task(h.itt) else {
+                return Err(Error::Protocol(format!("R2T for unknown ITT {:#x}", h.itt)));
+            };
+            let off = h.buffer_offset as usize;
+            let len = h.desired_data_transfer_length as usize;
+            if len == 0 || off + len > t.write.len() || len > p.max_burst_length as usize {
+                return Err(Error::Protocol(format!(
+                    "R2T for {off}+{len} outside the {}-byte write or over MaxBurstLength",
+                    t.write.len()
+                )));
+            }
+            let seg = p.target_max_recv_data_segment_length as usize;
+            let exp_stat_sn = shared.lock()?.exp_stat_sn;
+            let mut pos = off;
+            let mut data_sn = 0u32;
+            while pos < off + len {
+                let end = (pos + seg).min(off + len);
+                let d = DataOut {
+                    final_: end == off + len,
+                    lun: t.lun,
+                    itt: h.itt,
+                    ttt: h.ttt,
+                    exp_stat_sn,
+                    data_sn,
+                    buffer_offset: pos as u32,
+                };
+                shared
+                    .out
+                    .send(Pdu::new(d, t.write.slice(pos..end)))
+                    .map_err(|_| shared.lost())?;
+                data_sn += 1;
+                pos = end;
+            }
+        }
+        Header::NopIn(h) => {
+            if h.itt != RESERVED_TAG {
+                if !st.pings.contains_key(&h.itt) {
+                    st.drain();
+                }
+                if let Some(p) = st.pings.remove(&h.itt) {
+                    let _ = p.send(());
+                }
+            }
+            if h.ttt != RESERVED_TAG {
+                // The target pings us: answer with its TTT and data (RFC 7143 §11.18).
+                let sn = shared.lock()?;
+                let pong = NopOut {
+                    immediate: true,
+                    lun: h.lun,
+                    itt: RESERVED_TAG,
+                    ttt: h.ttt,
+                    cmd_sn: sn.cmd_sn,
+                    exp_stat_sn: sn.exp_stat_sn,
+                };
+                shared
+                    .out
+                    .send(Pdu::new(pong, pdu.data.clone()))
+                    .map_err(|_| shared.lost())?;
+            }
+        }
+        Header::Reject(h) => {
+            // The data segment holds the rejected header; its ITT names the task.
+            let itt = pdu
+                .data
+                .get(16..20)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            tracing::warn!(reason = h.reason.0, ?itt, "target rejected a PDU");
+            if let Some(itt) = itt {
+                if st.task(itt).is_some() {
+                    complete(st, itt, Err(Error::Rejected(h.reason.0)));
+                }
+            }
+        }
+        Header::LogoutResponse(h) => {
+            st.drain();
+            if let Some(tx) = st.logouts.remove(&h.itt) {
+                let _ = tx.send(h.response);
+            }
+            return Err(Error::ConnectionLost("logged out".into()));
+        }
+        Header::AsyncMessage(h) => match h.async_event {
+            2 | 3 => {
+                return Err(Error::ConnectionLost(format!(
+                    "target announced it drops the connection (async event {})",
+                    h.async_event
+                )))
+            }
+            e => tracing::warn!(event = e, "asynchronous message from target"),
+        },
+        other => {
+            return Err(Error::Protocol(format!(
+                "unexpected {:?} PDU in full feature phase",
+                other.opcode()
+            )))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serial_arithmetic_wraps() {
+        assert!(sn_lt(u32::MAX, 0));
+        assert!(sn_lt(5, 6));
+        assert!(!sn_lt(6, 5));
+        assert!(sn_le(7, 7));
+    }
+
+    #[test]
+    fn window_ignores_stale_and_invalid_updates() {
+        let mut sn = Sn {
+            next_itt: 1,
+            cmd_sn: 10,
+            exp_cmd_sn: 10,
+            max_cmd_sn: 20,
+            exp_stat_sn: 0,
+        };
+        assert!(!sn.update(10, 15), "MaxCmdSN never moves back");
+        assert_eq!(sn.max_cmd_sn, 20);
+        assert!(sn.update(12, 40));
+        assert_eq!(sn.max_cmd_sn, 40);
+        // MaxCmdSN < ExpCmdSN - 1: ignored (RFC 7143 §4.2.2.1).
+        assert!(!sn.update(50, 45));
+        assert_eq!((sn.exp_cmd_sn, sn.max_cmd_sn), (12, 40));
+    }
+
+    #[test]
+    fn itt_skips_reserved_tag() {
+        let mut sn = Sn {
+            next_itt: RESERVED_TAG - 1,
+            cmd_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            exp_stat_sn: 0,
+        };
+        assert_eq!(sn.itt(), RESERVED_TAG - 1);
+        assert_eq!(sn.itt(), 1);
+    }
+}
