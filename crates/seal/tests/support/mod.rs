@@ -1,2 +1,3 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+pub mod blockproto;
 pub mod keys;
