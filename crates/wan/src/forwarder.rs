@@ -4,8 +4,9 @@
 //! One thread per direction. Each loop iteration releases every packet whose deadline has
 //! passed, then reads a batch of arrivals (the TUN fd is non-blocking), then waits. tokio's
 //! timer ticks in milliseconds, too coarse for sub-millisecond delays, so the wait is a
-//! `ppoll` with a nanosecond timeout and 1 ns timer slack that ends [`SPIN_NS`] before the
-//! next deadline, followed by a short spin. Packet buffers come from a per-direction pool
+//! `ppoll` with a nanosecond timeout and 1 ns timer slack that ends a little before the next
+//! deadline (twice the measured wake-up latency, at least [`SPIN_NS`]), followed by a short
+//! spin. Packet buffers come from a per-direction pool
 //! and are reused, so the steady state allocates nothing.
 
 use crate::config::DirConfig;
@@ -21,9 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Stop sleeping this long before a deadline and spin the rest: covers the wake-up latency
-/// of `ppoll` so releases land within a few microseconds.
-pub const SPIN_NS: Nanos = 40_000;
+/// The least time before a deadline at which the forwarder stops sleeping and spins.
+pub const SPIN_NS: Nanos = 20_000;
+/// The most: beyond this the CPU cost of spinning outweighs the precision gained.
+const MAX_SPIN_NS: Nanos = 1_000_000;
 /// Packets read per loop iteration before checking deadlines again.
 const BATCH: usize = 32;
 /// Memory the packet pool of one direction may grow to.
@@ -44,7 +46,13 @@ pub struct DirCounters {
     duplicated: AtomicU64,
     queue_depth: AtomicU64,
     in_flight: AtomicU64,
+    late_ns_sum: AtomicU64,
+    late_ns_max: AtomicU64,
+    late_hist: [AtomicU64; LATE_BUCKETS_US.len() + 1],
 }
+
+/// Upper bounds (µs) of the release-lateness histogram buckets; one more bucket holds the rest.
+pub const LATE_BUCKETS_US: [u64; 9] = [10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
 
 /// A snapshot of one direction's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +81,32 @@ pub struct DirStats {
     pub queue_depth: u64,
     /// Packets inside the emulator now (queued or on the delay line).
     pub in_flight: u64,
+    /// Sum over released packets of (actual write time − scheduled release time), in ns:
+    /// divided by `packets_out` it is the emulator's mean timing error.
+    pub late_ns_sum: u64,
+    /// The largest such lateness seen, in ns.
+    pub late_ns_max: u64,
+    /// Released packets per lateness bucket ([`LATE_BUCKETS_US`], then everything later).
+    pub late_hist: [u64; LATE_BUCKETS_US.len() + 1],
+}
+
+impl DirStats {
+    /// The bucket bound (µs) below which at least fraction `q` of releases happened
+    /// (`None` if nothing was released or it lies in the open last bucket).
+    pub fn late_quantile_us(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.late_hist.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut acc = 0;
+        for (i, n) in self.late_hist.iter().enumerate() {
+            acc += n;
+            if acc as f64 >= q * total as f64 {
+                return LATE_BUCKETS_US.get(i).copied();
+            }
+        }
+        None
+    }
 }
 
 impl DirCounters {
@@ -91,6 +125,9 @@ impl DirCounters {
             duplicated: self.duplicated.load(Relaxed),
             queue_depth: self.queue_depth.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),
+            late_ns_sum: self.late_ns_sum.load(Relaxed),
+            late_ns_max: self.late_ns_max.load(Relaxed),
+            late_hist: std::array::from_fn(|i| self.late_hist[i].load(Relaxed)),
         }
     }
 
@@ -106,7 +143,12 @@ impl DirCounters {
             &self.reordered,
             &self.corrupted,
             &self.duplicated,
+            &self.late_ns_sum,
+            &self.late_ns_max,
         ] {
+            c.store(0, Relaxed);
+        }
+        for c in &self.late_hist {
             c.store(0, Relaxed);
         }
     }
@@ -184,7 +226,8 @@ pub struct Direction {
 
 impl Direction {
     /// Starts a forwarder thread reading `input`, running `pipeline`, writing `output`.
-    /// `buf_cap` must hold the largest packet the input interface can carry.
+    /// `buf_cap` must hold the largest packet the input interface can carry. With `realtime`
+    /// the thread asks for `SCHED_FIFO` so ordinary load on the host does not delay releases.
     pub fn start(
         name: &str,
         input: Arc<File>,
@@ -192,6 +235,7 @@ impl Direction {
         pipeline: Pipeline,
         buf_cap: usize,
         clock: Clock,
+        realtime: bool,
     ) -> std::io::Result<Self> {
         let (wake_tx, wake_rx) = UnixStream::pair()?;
         wake_tx.set_nonblocking(true)?;
@@ -222,9 +266,14 @@ impl Direction {
                     heap: BinaryHeap::new(),
                     seq: 0,
                     scratch: Packet::with_capacity(buf_cap),
+                    oversleep_ewma: 50_000,
+                    realtime,
                 };
                 if let Err(e) = fw.run() {
-                    tracing::error!("forwarder {} stopped: {e}", std::thread::current().name().unwrap_or("?"));
+                    tracing::error!(
+                        "forwarder {} stopped: {e}",
+                        std::thread::current().name().unwrap_or("?")
+                    );
                 }
             })?;
         Ok(Self {
@@ -263,11 +312,21 @@ struct Forwarder {
     heap: BinaryHeap<Reverse<(Nanos, u64, u32)>>,
     seq: u64,
     scratch: Packet,
+    /// Moving average of how late `ppoll` wakes after a timed sleep, in ns. The host's
+    /// wake-up latency (tens of µs here, more after a long idle in a VM) decides how early
+    /// we must stop sleeping and spin.
+    oversleep_ewma: Nanos,
+    realtime: bool,
 }
 
 impl Forwarder {
     fn run(&mut self) -> std::io::Result<()> {
         crate::sys::set_timer_slack_ns(1);
+        if self.realtime {
+            if let Err(e) = crate::sys::set_realtime(10) {
+                tracing::warn!("forwarder: cannot use SCHED_FIFO: {e}");
+            }
+        }
         let fds = [self.input.as_raw_fd(), self.wake_rx.as_raw_fd()];
         let c = self.control.clone();
         loop {
@@ -293,22 +352,31 @@ impl Forwarder {
             if got > 0 {
                 continue;
             }
+            let margin = (2 * self.oversleep_ewma + SPIN_NS).min(MAX_SPIN_NS);
             match self.heap.peek() {
-                Some(Reverse((t, _, _))) if *t <= now + SPIN_NS => std::hint::spin_loop(),
-                Some(Reverse((t, _, _))) => {
-                    self.sleep(&fds, Some(*t - now - SPIN_NS))?;
+                Some(&Reverse((t, _, _))) if t <= now + margin => std::hint::spin_loop(),
+                Some(&Reverse((t, _, _))) => {
+                    let timeout = t - now - margin;
+                    if !self.sleep(&fds, Some(timeout))? {
+                        let over = self.clock.now().saturating_sub(now + timeout);
+                        self.oversleep_ewma = (7 * self.oversleep_ewma + over) / 8;
+                    }
                 }
-                None => self.sleep(&fds, None)?,
+                None => {
+                    self.sleep(&fds, None)?;
+                }
             }
         }
     }
 
-    fn sleep(&mut self, fds: &[i32], timeout: Option<Nanos>) -> std::io::Result<()> {
-        if crate::sys::poll_readable(fds, timeout)? {
+    /// Waits for input or the timeout; returns whether input woke it.
+    fn sleep(&mut self, fds: &[i32], timeout: Option<Nanos>) -> std::io::Result<bool> {
+        let woke = crate::sys::poll_readable(fds, timeout)?;
+        if woke {
             let mut sink = [0u8; 64];
             while matches!((&self.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
         }
-        Ok(())
+        Ok(woke)
     }
 
     /// Writes every packet whose time has come; returns the time it last looked at.
@@ -323,6 +391,14 @@ impl Forwarder {
                 }
             }
             self.heap.pop();
+            let late = now - t;
+            counters.late_ns_sum.fetch_add(late, Relaxed);
+            counters.late_ns_max.fetch_max(late, Relaxed);
+            let b = LATE_BUCKETS_US
+                .iter()
+                .position(|&us| late < us * 1000)
+                .unwrap_or(LATE_BUCKETS_US.len());
+            counters.late_hist[b].fetch_add(1, Relaxed);
             let pkt = &self.slots[slot as usize];
             match (&*self.output).write(pkt.data()) {
                 Ok(_) => {

@@ -34,8 +34,16 @@ pub mod rng;
 mod sys;
 
 pub use config::{ConfigError, DirConfig, Engine, JitterDist, LinkConfig, LossModel, QueueLimit};
-pub use model::Impairment;
-pub use pipeline::{DropReason, Nanos, Packet, Pipeline, Stage, Verdict};
 pub use error::LinkError;
 pub use forwarder::DirStats;
 pub use link::{ExtraStages, Link, LinkStats, Side};
+pub use model::Impairment;
+pub use pipeline::{DropReason, Nanos, Packet, Pipeline, Stage, Verdict};
+
+/// Puts the calling thread in the `SCHED_FIFO` real-time class at `priority` (1-99). The
+/// forwarder does this for itself; measurement threads (RTT probes in tests and the lab) can
+/// do the same so that other load on the host does not add scheduling delay to what they
+/// measure.
+pub fn set_thread_realtime(priority: i32) -> std::io::Result<()> {
+    sys::set_realtime(priority)
+}

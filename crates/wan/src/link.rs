@@ -155,12 +155,29 @@ impl Link {
             netns::run("ip", &["-n", ns, "link", "set", "lo", "up"])?;
             netns::run(
                 "ip",
-                &["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", IFNAME],
+                &[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{addr}/24"),
+                    "dev",
+                    IFNAME,
+                ],
             )?;
             netns::run(
                 "ip",
                 &[
-                    "-n", ns, "link", "set", IFNAME, "mtu", &mtu, "txqueuelen", "1000", "up",
+                    "-n",
+                    ns,
+                    "link",
+                    "set",
+                    IFNAME,
+                    "mtu",
+                    &mtu,
+                    "txqueuelen",
+                    "1000",
+                    "up",
                 ],
             )?;
         }
@@ -179,14 +196,12 @@ impl Link {
         {
             // Start with no impairment so the probe is not lost; `up_with` applies the real
             // settings once the probe has crossed.
-            let mut p = Pipeline::new().with(Box::new(Impairment::new(
-                DirConfig::default(),
-                seeds[i],
-            )));
+            let mut p =
+                Pipeline::new().with(Box::new(Impairment::new(DirConfig::default(), seeds[i])));
             for s in stages.next().unwrap_or_default() {
                 p.push(s);
             }
-            let d = Direction::start(name, input, output, p, buf_cap, clock)
+            let d = Direction::start(name, input, output, p, buf_cap, clock, self.cfg.realtime)
                 .map_err(|e| LinkError::io("starting a forwarder thread", e))?;
             self.dirs.push(d);
         }

@@ -284,7 +284,10 @@ mod tests {
                 .filter(|(v, _)| *v == Verdict::Drop(DropReason::Loss))
                 .count() as f64;
             let (lo, hi) = binomial_99(n, p);
-            assert!(lo <= lost && lost <= hi, "p={p}: {lost} not in [{lo}, {hi}]");
+            assert!(
+                lo <= lost && lost <= hi,
+                "p={p}: {lost} not in [{lo}, {hi}]"
+            );
         }
     }
 
@@ -311,7 +314,10 @@ mod tests {
         let mean = total / n as f64;
         let burst_len = total / bursts;
         assert!((mean - p / (p + r)).abs() < 0.004, "mean loss {mean}");
-        assert!((burst_len - 1.0 / r).abs() < 0.2, "burst length {burst_len}");
+        assert!(
+            (burst_len - 1.0 / r).abs() < 0.2,
+            "burst length {burst_len}"
+        );
     }
 
     #[test]

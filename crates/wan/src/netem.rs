@@ -115,7 +115,15 @@ pub fn setup(cfg: &LinkConfig) -> Result<(), LinkError> {
         netns::run("ip", &["-n", ns, "link", "set", "lo", "up"])?;
         netns::run(
             "ip",
-            &["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", IFNAME],
+            &[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                IFNAME,
+            ],
         )?;
         netns::run("ip", &["-n", ns, "link", "set", IFNAME, "mtu", &mtu, "up"])?;
     }

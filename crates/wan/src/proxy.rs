@@ -102,7 +102,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Res
                         return;
                     }
                     Ok(n) => {
-                        if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                        if tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                        {
                             return;
                         }
                     }

@@ -43,7 +43,13 @@ pub fn open_tun(name: &str) -> io::Result<File> {
     req.name[..name.len()].copy_from_slice(name.as_bytes());
     // SAFETY: TUNSETIFF reads and writes a `struct ifreq` (40 bytes: name then flags); `req`
     // has that layout and lives across the call; the fd is a valid open /dev/net/tun.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req as *mut IfReqFlags) };
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            TUNSETIFF as _,
+            &mut req as *mut IfReqFlags,
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -118,4 +124,20 @@ pub fn poll_readable(fds: &[RawFd], timeout_ns: Option<u64>) -> io::Result<bool>
         };
     }
     Ok(rc > 0)
+}
+
+/// Puts the calling thread in the `SCHED_FIFO` real-time class at `priority` (1-99), so the
+/// forwarder is not delayed behind ordinary processes on a busy machine. Returns the OS error
+/// if not permitted.
+#[allow(unsafe_code)]
+pub fn set_realtime(priority: i32) -> io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 means the calling thread; `p` is a valid sched_param for the call.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
