@@ -69,13 +69,13 @@ pub fn designator(code_set: u8, piv_assoc: u8, kind: u8, id: &[u8]) -> Vec<u8> {
 /// Relative target port designator (type 4h, association target port, PIV set for iSCSI).
 pub fn relative_port_designator(port: u16) -> Vec<u8> {
     let [hi, lo] = port.to_be_bytes();
-    designator(0x5, 0x80 | 0x10, 0x4, &[0, 0, hi, lo])
+    designator(0x51, 0x80 | 0x10, 0x4, &[0, 0, hi, lo])
 }
 
 /// Target port group designator (type 5h).
 pub fn target_port_group_designator(group: u16) -> Vec<u8> {
     let [hi, lo] = group.to_be_bytes();
-    designator(0x5, 0x80 | 0x10, 0x5, &[0, 0, hi, lo])
+    designator(0x51, 0x80 | 0x10, 0x5, &[0, 0, hi, lo])
 }
 
 /// SCSI name string designator for an iSCSI target port, `"<iqn>,t,0x<tpgt>"`
@@ -86,7 +86,7 @@ pub fn target_port_designator(target_name: &str, tpgt: u16) -> Vec<u8> {
     while s.len() % 4 != 0 {
         s.push(0);
     }
-    designator(0x3, 0x80 | 0x10, 0x8, &s)
+    designator(0x53, 0x80 | 0x10, 0x8, &s)
 }
 
 /// SCSI name string designator for the target device (association 2h).
@@ -96,7 +96,7 @@ pub fn target_device_designator(target_name: &str) -> Vec<u8> {
     while s.len() % 4 != 0 {
         s.push(0);
     }
-    designator(0x3, 0x80 | 0x20, 0x8, &s)
+    designator(0x53, 0x80 | 0x20, 0x8, &s)
 }
 
 fn page(code: u8, body: Vec<u8>) -> Vec<u8> {

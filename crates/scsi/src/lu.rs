@@ -238,7 +238,7 @@ impl LogicalUnit {
             max_transfer: ((16u64 << 20) / bs) as u32,
             max_compare_and_write: 255,
             max_unmap_lba: if thin { 1 << 20 } else { 0 },
-            max_unmap_descriptors: if thin { 4095 } else { 0 },
+            max_unmap_descriptors: if thin { 2048 } else { 0 },
             unmap_granularity: if thin { gran } else { 0 },
             max_write_same: (128u64 << 20) / bs,
             opt_granularity: (4096 / bs).max(1) as u16,
