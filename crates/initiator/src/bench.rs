@@ -250,6 +250,13 @@ pub struct Report {
     pub result: Measured,
 }
 
+impl Report {
+    /// Pretty JSON in the `ipsan-bench/1` schema.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(self)
+    }
+}
+
 /// Where it ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct Host {

@@ -11,6 +11,7 @@
 //! - [`transform`]: the payload hook where Seal encrypts writes and decrypts reads.
 //! - [`bench`]: workload generator, latency histogram, CPU accounting, `--verify` pattern and
 //!   the JSON result schema of `ipsan bench` (documented in `docs/bench.md`).
+//! - [`progress`]: the live progress display of `ipsan bench` (bar on a TTY, lines otherwise).
 //! - [`error`]: typed errors by scope.
 
 mod conn;
@@ -18,12 +19,14 @@ mod conn;
 pub mod bench;
 pub mod error;
 pub mod login;
+pub mod progress;
 pub mod scsi;
 pub mod session;
 pub mod transform;
 pub mod url;
 
 pub use error::{Error, Result};
+pub use iscsi_proto::chap::ChapSecret;
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated};
 pub use session::{discover, DataDir, DiscoveredTarget, Session, SessionConfig};
 pub use url::IscsiUrl;

@@ -341,6 +341,11 @@ pub struct DiscoveredTarget {
     pub addresses: Vec<String>,
 }
 
+/// Discovery results as pretty JSON (`[{"name": ..., "addresses": [...]}]`).
+pub fn targets_json(t: &[DiscoveredTarget]) -> std::result::Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(t)
+}
+
 /// Log into a discovery session, ask `SendTargets=All`, log out.
 pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>> {
     let stream = connect_tcp(url, cfg).await?;

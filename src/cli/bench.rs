@@ -1,0 +1,341 @@
+//! `ipsan bench`: throughput, IOPS, latency percentiles and CPU of an iSCSI LUN, with several
+//! commands in flight (issue 3). The JSON schema is documented in docs/bench.md.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use ipsan_initiator::bench::{self, Limit, RwMode, Workload};
+use ipsan_initiator::ChapSecret;
+use ipsan_initiator::{
+    ChapCredentials, DigestChoice, IscsiUrl, LoginOptions, Session, SessionConfig,
+};
+
+/// Connection and login flags shared by `bench`, `inquiry` and `discover`.
+#[derive(Debug, clap::Args)]
+pub struct ConnArgs {
+    /// Our iSCSI name (InitiatorName).
+    #[arg(long, default_value = "iqn.2026-11.org.ipsan:initiator")]
+    pub initiator_name: String,
+    /// Read the CHAP password from this file instead of the URL (one trailing newline dropped).
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+    /// Read the CHAP password from this environment variable instead of the URL.
+    #[arg(long, value_name = "VAR")]
+    pub password_env: Option<String>,
+    /// Mutual CHAP: the name the target must answer with.
+    #[arg(long)]
+    pub target_user: Option<String>,
+    /// Mutual CHAP: file holding the target's secret.
+    #[arg(long, value_name = "FILE")]
+    pub target_password_file: Option<PathBuf>,
+    /// Mutual CHAP: environment variable holding the target's secret.
+    #[arg(long, value_name = "VAR")]
+    pub target_password_env: Option<String>,
+    /// Start from RFC 7143's conservative defaults (InitialR2T=Yes, 8 KiB segments, 256 KiB
+    /// bursts, one R2T) instead of the fast ones; flags below still override.
+    #[arg(long)]
+    pub rfc_defaults: bool,
+    /// InitialR2T: wait for an R2T before any data beyond immediate data (yes|no).
+    #[arg(long, value_parser = parse_yes_no)]
+    pub initial_r2t: Option<bool>,
+    /// ImmediateData: send the first data in the command PDU (yes|no).
+    #[arg(long, value_parser = parse_yes_no)]
+    pub immediate_data: Option<bool>,
+    /// FirstBurstLength (unsolicited data per command), e.g. 256KiB.
+    #[arg(long, value_parser = parse_u32_size)]
+    pub first_burst: Option<u32>,
+    /// MaxBurstLength (data per R2T or Data-In sequence), e.g. 16MiB.
+    #[arg(long, value_parser = parse_u32_size)]
+    pub max_burst: Option<u32>,
+    /// MaxRecvDataSegmentLength we declare, e.g. 256KiB.
+    #[arg(long, value_parser = parse_u32_size)]
+    pub max_recv_seg: Option<u32>,
+    /// MaxOutstandingR2T.
+    #[arg(long)]
+    pub max_outstanding_r2t: Option<u32>,
+    /// CRC32C digests: none|header|data|both.
+    #[arg(long, default_value = "none")]
+    pub digest: DigestChoice,
+    /// NOP-Out keepalive interval in seconds (0 disables).
+    #[arg(long, default_value_t = 5)]
+    pub nop_interval: u64,
+}
+
+fn parse_yes_no(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" | "y" | "true" | "1" => Ok(true),
+        "no" | "n" | "false" | "0" => Ok(false),
+        _ => Err(format!("expected yes or no, not {s:?}")),
+    }
+}
+
+fn parse_u32_size(s: &str) -> Result<u32, String> {
+    let v = bench::parse_size(s)?;
+    u32::try_from(v).map_err(|_| format!("{s} is over 4 GiB"))
+}
+
+impl ConnArgs {
+    /// Parse the URL and turn the flags into a session configuration.
+    pub fn config(&self, url: &str) -> anyhow::Result<(IscsiUrl, SessionConfig)> {
+        let url = IscsiUrl::parse(url)?
+            .with_secret_from(self.password_file.as_deref(), self.password_env.as_deref())?;
+        let mut login = if self.rfc_defaults {
+            LoginOptions::rfc_defaults()
+        } else {
+            LoginOptions::default()
+        };
+        login.initiator_name = self.initiator_name.clone();
+        login.digest = self.digest;
+        if let Some(v) = self.initial_r2t {
+            login.initial_r2t = v;
+        }
+        if let Some(v) = self.immediate_data {
+            login.immediate_data = v;
+        }
+        if let Some(v) = self.first_burst {
+            login.first_burst_length = v;
+        }
+        if let Some(v) = self.max_burst {
+            login.max_burst_length = v;
+        }
+        if let Some(v) = self.max_recv_seg {
+            login.max_recv_data_segment_length = v;
+        }
+        if let Some(v) = self.max_outstanding_r2t {
+            login.max_outstanding_r2t = v;
+        }
+        if let Some(user) = &url.user {
+            let secret = url.password().cloned().context(
+                "the URL names a CHAP user but no password was given \
+                 (URL user%password, --password-file or --password-env)",
+            )?;
+            login.chap = Some(ChapCredentials {
+                name: user.clone(),
+                secret,
+            });
+        }
+        if let Some(tu) = &self.target_user {
+            let secret = if let Some(f) = &self.target_password_file {
+                ChapSecret::from_file(f)?
+            } else if let Some(v) = &self.target_password_env {
+                ChapSecret::from_env(v)?
+            } else {
+                anyhow::bail!(
+                    "--target-user needs --target-password-file or --target-password-env"
+                );
+            };
+            anyhow::ensure!(
+                login.chap.is_some(),
+                "mutual CHAP needs a CHAP user in the URL"
+            );
+            login.mutual_chap = Some(ChapCredentials {
+                name: tu.clone(),
+                secret,
+            });
+        }
+        let cfg = SessionConfig {
+            login,
+            nop_interval: (self.nop_interval > 0)
+                .then(|| std::time::Duration::from_secs(self.nop_interval)),
+            ..SessionConfig::default()
+        };
+        Ok((url, cfg))
+    }
+}
+
+/// Measure an iSCSI LUN: `ipsan bench iscsi://host[:port]/iqn/lun --rw write --bs 64KiB
+/// --depth 16 --size 1GiB`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// iscsi://[user[%password]@]host[:port]/target-iqn/lun
+    pub url: String,
+    /// Access pattern: read|write|randread|randwrite|rw|randrw.
+    #[arg(long, default_value = "read")]
+    pub rw: RwMode,
+    /// Percent of reads for rw/randrw.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub mix: u8,
+    /// Bytes per command (KiB/MiB/GiB binary, KB/MB/GB decimal).
+    #[arg(long, default_value = "64KiB", value_parser = bench::parse_size)]
+    pub bs: u64,
+    /// Commands in flight.
+    #[arg(long, default_value_t = 16)]
+    pub depth: usize,
+    /// Bytes to transfer (default: 1 GiB or the LUN, whichever is smaller).
+    #[arg(long, value_parser = bench::parse_size, conflicts_with = "time")]
+    pub size: Option<u64>,
+    /// Run for this long instead (e.g. 30s).
+    #[arg(long, value_parser = bench::parse_duration)]
+    pub time: Option<std::time::Duration>,
+    /// Byte offset into the LUN where the region starts.
+    #[arg(long, default_value = "0", value_parser = bench::parse_size)]
+    pub offset: u64,
+    /// Write an LBA-stamped pattern and check it on read; reports the first bad LBA.
+    #[arg(long)]
+    pub verify: bool,
+    /// Seed for random offsets, the mix and the verify pattern.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub seed: u64,
+    /// Write the full result as JSON (schema ipsan-bench/1, docs/bench.md). `-` for stdout.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// No progress display.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run_async(args))
+}
+
+async fn run_async(args: Args) -> anyhow::Result<()> {
+    let (url, cfg) = args.conn.config(&args.url)?;
+    url.require_lun()?;
+    let started_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let session = Session::open(&url, &cfg)
+        .await
+        .with_context(|| format!("cannot open {url}"))?;
+    let inq = session.inquiry().await.context("INQUIRY")?;
+    let cap = session
+        .capacity()
+        .context("the LUN's capacity is unknown")?;
+    let limit = match (args.time, args.size) {
+        (Some(t), _) => Limit::Time(t),
+        (None, Some(s)) => Limit::Bytes(s),
+        (None, None) => Limit::Bytes((1u64 << 30).min(cap.bytes().saturating_sub(args.offset))),
+    };
+    let w = Workload {
+        mode: args.rw,
+        mix_read_percent: args.mix,
+        block_size: args.bs,
+        depth: args.depth,
+        offset: args.offset,
+        limit,
+        verify: args.verify,
+        seed: args.seed,
+    };
+    let session = Arc::new(session);
+    let tick = ipsan_initiator::progress::reporter(!args.quiet);
+    let measured = bench::run(session.clone(), w.clone(), tick).await?;
+    let report = bench::Report {
+        schema: "ipsan-bench/1",
+        tool: "ipsan bench",
+        version: env!("CARGO_PKG_VERSION"),
+        git_rev: bench::git_rev().to_owned(),
+        started_unix_s,
+        host: bench::Host::detect(),
+        target: bench::TargetInfo {
+            url: url.to_string(),
+            vendor: inq.vendor,
+            product: inq.product,
+            revision: inq.revision,
+            capacity_bytes: cap.bytes(),
+            block_len: cap.block_len,
+        },
+        workload: bench::WorkloadInfo::from(&w),
+        negotiated: session.params().clone(),
+        result: measured,
+    };
+    if let Ok(s) = Arc::try_unwrap(session) {
+        if let Err(e) = s.logout().await {
+            tracing::debug!("logout: {e}");
+        }
+    }
+    print_report(&report);
+    if let Some(path) = &args.json {
+        let json = report.to_json()?;
+        if path.as_os_str() == "-" {
+            println!("{json}");
+        } else {
+            std::fs::write(path, json + "\n")
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn print_report(r: &bench::Report) {
+    let m = &r.result;
+    let w = &r.workload;
+    let n = &r.negotiated;
+    println!(
+        "ipsan bench {} ({}) → {} [{} {} rev {}], {} MiB LUN, {}-byte blocks",
+        r.version,
+        &r.git_rev[..r.git_rev.len().min(12)],
+        r.target.url,
+        r.target.vendor,
+        r.target.product,
+        r.target.revision,
+        r.target.capacity_bytes >> 20,
+        r.target.block_len
+    );
+    println!(
+        "workload: {:?} bs={} depth={} offset={} {}{}",
+        w.rw,
+        w.block_size,
+        w.depth,
+        w.offset,
+        match (w.size_bytes, w.time_s) {
+            (Some(s), _) => format!("size={s}"),
+            (None, Some(t)) => format!("time={t}s"),
+            _ => String::new(),
+        },
+        if w.verify { " verify" } else { "" }
+    );
+    println!(
+        "negotiated: InitialR2T={} ImmediateData={} FirstBurst={} MaxBurst={} MaxRecvDSL(ours/target)={}/{} MaxOutstandingR2T={} digests(h/d)={}/{}",
+        yn(n.initial_r2t),
+        yn(n.immediate_data),
+        n.first_burst_length,
+        n.max_burst_length,
+        n.max_recv_data_segment_length,
+        n.target_max_recv_data_segment_length,
+        n.max_outstanding_r2t,
+        yn(n.header_digest),
+        yn(n.data_digest)
+    );
+    println!(
+        "result: {:.1} MB/s ({:.1} MiB/s), {:.0} IOPS, {} ops in {:.2}s (read {} B, write {} B)",
+        m.throughput_mb_s,
+        m.throughput_mib_s,
+        m.iops,
+        m.ops,
+        m.duration_s,
+        m.read_bytes,
+        m.write_bytes
+    );
+    let l = &m.latency_us;
+    println!(
+        "latency µs: min {:.0} p50 {:.0} p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0} (mean {:.0})",
+        l.min, l.p50, l.p90, l.p99, l.p99_9, l.max, l.mean
+    );
+    println!(
+        "initiator CPU: {:.1}% of one core ({:.1}% of {} CPUs; user {:.2}s sys {:.2}s)",
+        m.cpu.percent_of_one_core,
+        m.cpu.percent_of_all_cores,
+        m.cpu.cpus,
+        m.cpu.user_s,
+        m.cpu.sys_s
+    );
+    if m.verify.enabled {
+        println!("verify: OK, {} blocks checked", m.verify.checked_blocks);
+    }
+}
+
+fn yn(b: bool) -> &'static str {
+    if b {
+        "Yes"
+    } else {
+        "No"
+    }
+}
