@@ -294,6 +294,21 @@ impl LinkConfig {
         std::net::Ipv4Addr::new(10, 231, self.subnet, 2)
     }
 
+    /// The configuration as one line of JSON (the daemon's command line carries it).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses [`LinkConfig::to_json`]'s output and validates it.
+    pub fn from_json(s: &str) -> Result<Self, ConfigError> {
+        let c: LinkConfig = serde_json::from_str(s).map_err(|e| ConfigError::Range {
+            what: "config-json",
+            why: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
     /// Checks the name, MTU and both directions.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_name(&self.name)?;

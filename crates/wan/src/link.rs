@@ -47,6 +47,13 @@ pub struct LinkStats {
     pub down: DirStats,
 }
 
+impl LinkStats {
+    /// Pretty JSON, for `ipsan wan stats --json`.
+    pub fn to_json_pretty(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
 /// Extra stages for a link, appended after the impairment stage of each direction
 /// (the lab's per-packet ESP emulation goes here).
 #[derive(Debug, Default)]
