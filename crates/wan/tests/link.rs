@@ -403,13 +403,21 @@ fn nothing_is_left_behind_after_a_panicking_test() {
     }
     let (nm, _g) = name("panic");
     let n2 = nm.clone();
+    let child = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let c2 = child.clone();
     let r = std::panic::catch_unwind(move || {
         let link = up(&n2, DirConfig::default());
         // A process started inside the namespace must go too.
-        let _child = link.command(Side::Tgt, "sleep").arg("30").spawn().unwrap();
+        let ch = link.command(Side::Tgt, "sleep").arg("30").spawn().unwrap();
+        *c2.lock().unwrap() = Some(ch);
         std::thread::sleep(Duration::from_millis(100));
         panic!("deliberate");
     });
+    let mut ch = child.lock().unwrap().take().unwrap();
+    let t = Instant::now();
+    let status = ch.wait().unwrap();
+    assert!(!status.success(), "the process in the namespace was killed");
+    assert!(t.elapsed() < Duration::from_secs(5));
     assert!(r.is_err());
     let (ini, tgt) = link::ns_names(&nm);
     assert!(!std::path::Path::new(&format!("/run/netns/{ini}")).exists());
@@ -438,4 +446,60 @@ fn netem_engine_says_clearly_when_the_kernel_lacks_netem() {
     cfg.engine = Engine::Auto;
     let link = Link::up(cfg).unwrap();
     assert_eq!(link.engine(), Engine::Builtin);
+}
+
+#[test]
+fn control_socket_sets_reports_and_tears_down() {
+    use ipsan_wan::control::{self, Request, Response};
+    if !can_run("ctl") {
+        return;
+    }
+    let (nm, _g) = name("ctl");
+    let mut cfg = LinkConfig::new(&nm);
+    cfg.engine = Engine::Builtin;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let daemon = std::thread::spawn(move || control::serve(cfg, |_| tx.send(()).unwrap()));
+    rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let d = DirConfig {
+        delay: Duration::from_millis(3),
+        ..Default::default()
+    };
+    let r = control::request(
+        &nm,
+        &Request::Set {
+            up: Box::new(d.clone()),
+            down: Box::new(d.clone()),
+        },
+    )
+    .unwrap();
+    assert!(matches!(r, Response::Ok));
+    match control::request(&nm, &Request::Config).unwrap() {
+        Response::Config(c) => assert_eq!(c.up, d),
+        other => panic!("{other:?}"),
+    }
+    // A bad setting is refused with a clear error and the link keeps its settings.
+    let bad = DirConfig {
+        reorder: 2.0,
+        ..Default::default()
+    };
+    let e = control::request(
+        &nm,
+        &Request::Set {
+            up: Box::new(bad.clone()),
+            down: Box::new(bad),
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("reorder"), "{e}");
+    assert!(matches!(
+        control::request(&nm, &Request::Stats).unwrap(),
+        Response::Stats(_)
+    ));
+    assert!(control::down(&nm).unwrap());
+    daemon.join().unwrap().unwrap();
+    let (ini, _) = link::ns_names(&nm);
+    assert!(!ipsan_wan::netns::exists(&ini));
+    assert!(!control::socket_path(&nm).exists());
+    // Idempotent.
+    assert!(!control::down(&nm).unwrap());
 }
