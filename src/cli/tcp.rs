@@ -39,6 +39,83 @@ pub enum TcpCommand {
         #[arg(long, default_value = "kernel")]
         rcvbuf: ipsan_tcp::BufSize,
     },
+    /// Bulk sender: one connection, prints a JSON result with throughput, the settings in
+    /// force and TCP_INFO (papers/002 experiments).
+    Send {
+        /// Where the sink listens (ip:port).
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+        #[command(flatten)]
+        sock: SockArgs,
+        /// Measured seconds.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Warm-up seconds left out of the measurement.
+        #[arg(long, default_value_t = 2.0)]
+        omit: f64,
+        /// Offered load (SO_MAX_PACING_RATE), e.g. 900mbit.
+        #[arg(long)]
+        rate: Option<String>,
+    },
+    /// Bulk sink: accepts connections and discards their data.
+    Sink {
+        /// Address to listen on (ip:port).
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[command(flatten)]
+        sock: SockArgs,
+        /// Exit after this many connections have finished (default: serve forever).
+        #[arg(long)]
+        count: Option<usize>,
+    },
+}
+
+/// Socket settings shared by `send` and `sink` (the `[tcp]` config keys as flags).
+#[derive(Debug, clap::Args)]
+pub struct SockArgs {
+    /// Congestion control (cubic, bbr, reno, ipsan_sf, ipsan_sf_ss, ...).
+    #[arg(long)]
+    pub congestion: Option<String>,
+    /// SO_SNDBUF request: bytes, 8MiB, auto or kernel.
+    #[arg(long, default_value = "kernel")]
+    pub sndbuf: ipsan_tcp::BufSize,
+    /// SO_RCVBUF request: bytes, 8MiB, auto or kernel.
+    #[arg(long, default_value = "kernel")]
+    pub rcvbuf: ipsan_tcp::BufSize,
+    /// TCP_WINDOW_CLAMP: pin the advertised receive window (bytes).
+    #[arg(long)]
+    pub window_clamp: Option<u32>,
+    /// Link rate for `auto` buffers (e.g. 1gbit), with --link-rtt-ms.
+    #[arg(long, requires = "link_rtt_ms")]
+    pub link_rate: Option<String>,
+    /// Link round-trip time in ms for `auto` buffers.
+    #[arg(long, requires = "link_rate")]
+    pub link_rtt_ms: Option<f64>,
+}
+
+impl SockArgs {
+    fn settings(&self) -> anyhow::Result<ipsan_tcp::TcpSettings> {
+        let link = match (&self.link_rate, self.link_rtt_ms) {
+            (Some(rate), Some(ms)) if ms.is_finite() && ms > 0.0 => Some(ipsan_tcp::Link {
+                bandwidth_bps: ipsan_tcp::bulk::parse_rate_bps(rate)?,
+                rtt: std::time::Duration::from_secs_f64(ms / 1000.0),
+            }),
+            (Some(_), Some(ms)) => {
+                anyhow::bail!("--link-rtt-ms must be a positive number, got {ms}")
+            }
+            _ => None,
+        };
+        let s = ipsan_tcp::TcpSettings {
+            congestion: self.congestion.clone(),
+            sndbuf: self.sndbuf,
+            rcvbuf: self.rcvbuf,
+            nodelay: None,
+            window_clamp: self.window_clamp,
+            link,
+        };
+        s.validate()?;
+        Ok(s)
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -113,6 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 sndbuf,
                 rcvbuf,
                 nodelay: Some(true),
+                window_clamp: None,
                 link: None,
             };
             let listener = TcpListener::bind("127.0.0.1:0").context("binding loopback")?;
@@ -123,7 +201,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("{}", ipsan_tcp::to_json_pretty(&probe)?);
             Ok(())
         }
+        TcpCommand::Send {
+            connect,
+            sock,
+            seconds,
+            omit,
+            rate,
+        } => {
+            let opts = ipsan_tcp::bulk::SendOptions {
+                settings: sock.settings()?,
+                duration: secs("seconds", seconds)?,
+                omit: secs("omit", omit)?,
+                rate_bps: rate
+                    .as_deref()
+                    .map(ipsan_tcp::bulk::parse_rate_bps)
+                    .transpose()?,
+                connect_timeout: std::time::Duration::from_secs(5),
+            };
+            let result = ipsan_tcp::bulk::send(connect, &opts)?;
+            println!("{}", ipsan_tcp::to_json_compact(&result)?);
+            Ok(())
+        }
+        TcpCommand::Sink {
+            listen,
+            sock,
+            count,
+        } => {
+            let settings = sock.settings()?;
+            let (listener, in_force) = ipsan_tcp::bulk::listen(listen, &settings)?;
+            tracing::info!(%listen, ?in_force, "sink listening");
+            ipsan_tcp::bulk::sink(&listener, &settings, count)?;
+            Ok(())
+        }
     }
+}
+
+fn secs(what: &str, v: f64) -> anyhow::Result<std::time::Duration> {
+    if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
+        anyhow::bail!("--{what} must be between 0 and 86400 seconds, got {v}");
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
 }
 
 fn with_fallback_hint(e: ipsan_tcp::TcpError) -> anyhow::Error {

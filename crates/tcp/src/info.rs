@@ -89,9 +89,11 @@ impl TcpInfoSnapshot {
 /// Reads `TCP_INFO` from a connected TCP socket (std, tokio or socket2).
 pub fn tcp_info<S: AsFd>(socket: &S) -> Result<TcpInfoSnapshot, TcpError> {
     let (raw, len) =
-        getsockopt_tcp_info(socket.as_fd().as_raw_fd()).map_err(|source| TcpError::Socket {
-            op: "getsockopt(TCP_INFO)",
-            source,
+        crate::sys::getsockopt_tcp_info(socket.as_fd().as_raw_fd()).map_err(|source| {
+            TcpError::Socket {
+                op: "getsockopt(TCP_INFO)",
+                source,
+            }
         })?;
     Ok(TcpInfoSnapshot {
         state: raw.tcpi_state,
@@ -125,29 +127,6 @@ pub fn tcp_info<S: AsFd>(socket: &S) -> Result<TcpInfoSnapshot, TcpError> {
         reordering: raw.tcpi_reordering,
         info_len: len,
     })
-}
-
-/// The one syscall this crate makes by hand: socket2 has no `TCP_INFO` accessor.
-#[allow(unsafe_code)]
-fn getsockopt_tcp_info(fd: std::os::fd::RawFd) -> std::io::Result<(libc::tcp_info, u32)> {
-    // SAFETY: `tcp_info` is a plain C struct of integers, for which all-zero bytes are valid.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `fd` is borrowed from a live socket for the duration of the call; `info` is a
-    // writable buffer of `len` bytes and the kernel writes at most `len` bytes and updates `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((info, len))
 }
 
 #[cfg(test)]

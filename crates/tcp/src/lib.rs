@@ -13,15 +13,19 @@
 //! - [`bpf`]: registers and removes the storage-friendly congestion controls `ipsan_sf` and
 //!   `ipsan_sf_ss` (BPF `struct_ops` `tcp_congestion_ops`, source in `bpf/ipsan_sf.bpf.c`,
 //!   built by `build.rs`), and lists what the kernel offers.
+//! - [`bulk`]: a bulk sender and sink that report throughput with the settings and `TCP_INFO`
+//!   behind it (the papers/002 experiments), and Jain's fairness index.
 //! - [`error`]: the crate's one error type, [`TcpError`].
 //!
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
 //! sockets alike (anything that is `AsFd`).
 
 pub mod bpf;
+pub mod bulk;
 pub mod error;
 pub mod info;
 pub mod settings;
+mod sys;
 
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
@@ -40,6 +44,15 @@ pub struct Probe {
 /// Pretty JSON for any of this crate's reports (so callers need no JSON dependency).
 pub fn to_json_pretty<T: serde::Serialize>(value: &T) -> Result<String, TcpError> {
     serde_json::to_string_pretty(value).map_err(|e| TcpError::InvalidSetting {
+        what: "JSON output",
+        value: String::new(),
+        reason: e.to_string(),
+    })
+}
+
+/// One-line JSON for any of this crate's reports (JSON-lines result files).
+pub fn to_json_compact<T: serde::Serialize>(value: &T) -> Result<String, TcpError> {
+    serde_json::to_string(value).map_err(|e| TcpError::InvalidSetting {
         what: "JSON output",
         value: String::new(),
         reason: e.to_string(),
