@@ -309,6 +309,19 @@ async fn login(conn: &mut Conn, opts: LoginOptions, kind: SessionKind) -> Result
             conn.send(more, Bytes::new()).await?;
         };
         let keys = iscsi_wire::text::parse(&text)?;
+        for (k, v) in &keys {
+            // CHAP_R/CHAP_C are not secrets, but there is no reason to put them in logs.
+            let shown = if k.starts_with("CHAP_R") || k.starts_with("CHAP_C") {
+                "…"
+            } else {
+                v
+            };
+            tracing::debug!(
+                stage = resp.csg.0,
+                transit = resp.transit,
+                "login key {k}={shown}"
+            );
+        }
         let reply = LoginReply {
             transit: resp.transit,
             csg: resp.csg,
@@ -333,6 +346,56 @@ async fn login(conn: &mut Conn, opts: LoginOptions, kind: SessionKind) -> Result
     }
 }
 
+/// Connect and log in, bounded by the login timeout.
+///
+/// CHAP fallback: tgtd 1.0.85 picks CHAP_A=7 (SHA-256) from our offer but then cannot decode a
+/// 32-byte CHAP_R and fails the login with "initiator error". When a login that offered the
+/// 32-byte algorithms fails that way, we retry once offering only SHA-1 and MD5. (CHAP in the
+/// clear is open to an active attacker whatever the hash; this is no real downgrade.)
+async fn connect_and_login(
+    url: &IscsiUrl,
+    cfg: &SessionConfig,
+    kind: SessionKind,
+) -> Result<(Conn, LoggedIn)> {
+    let attempt = |opts: LoginOptions| {
+        let kind = kind.clone();
+        async move {
+            let stream = connect_tcp(url, cfg).await?;
+            let mut conn = Conn::new(stream);
+            let li = tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind))
+                .await
+                .map_err(|_| Error::Timeout("login"))??;
+            Ok::<_, Error>((conn, li))
+        }
+    };
+    let opts = cfg.login.clone();
+    let wide = opts
+        .chap_algorithms
+        .iter()
+        .any(|a| a.digest_len().is_some_and(|l| l > 20));
+    match attempt(opts.clone()).await {
+        Err(Error::LoginRefused {
+            class: 2,
+            detail: 0,
+            ..
+        }) if opts.chap.is_some() && wide => {
+            let mut narrow = opts;
+            narrow
+                .chap_algorithms
+                .retain(|a| a.digest_len().is_some_and(|l| l <= 20));
+            if narrow.chap_algorithms.is_empty() {
+                narrow.chap_algorithms = vec![
+                    iscsi_proto::chap::ChapAlgorithm::SHA1,
+                    iscsi_proto::chap::ChapAlgorithm::MD5,
+                ];
+            }
+            tracing::warn!("login with SHA-256-class CHAP refused; retrying with SHA-1/MD5");
+            attempt(narrow).await
+        }
+        r => r,
+    }
+}
+
 /// A target found by SendTargets discovery (RFC 7143 Appendix C).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DiscoveredTarget {
@@ -348,10 +411,8 @@ pub fn targets_json(t: &[DiscoveredTarget]) -> std::result::Result<String, serde
 
 /// Log into a discovery session, ask `SendTargets=All`, log out.
 pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>> {
-    let stream = connect_tcp(url, cfg).await?;
-    let mut conn = Conn::new(stream);
     let fut = async {
-        let li = login(&mut conn, cfg.login.clone(), SessionKind::Discovery).await?;
+        let (mut conn, li) = connect_and_login(url, cfg, SessionKind::Discovery).await?;
         conn.codec.header_digest = li.params.header_digest;
         conn.codec.data_digest = li.params.data_digest;
         conn.codec.max_recv_data_segment_length = li.params.max_recv_data_segment_length;
@@ -446,20 +507,14 @@ impl Session {
     pub async fn connect(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
         let target = url.require_target()?.to_owned();
         let lun = scsi::encode_lun(url.lun.unwrap_or(0));
-        let stream = connect_tcp(url, cfg).await?;
-        let mut conn = Conn::new(stream);
-        let li = tokio::time::timeout(
-            cfg.login_timeout,
-            login(
-                &mut conn,
-                cfg.login.clone(),
-                SessionKind::Normal {
-                    target_name: target,
-                },
-            ),
+        let (conn, li) = connect_and_login(
+            url,
+            cfg,
+            SessionKind::Normal {
+                target_name: target,
+            },
         )
-        .await
-        .map_err(|_| Error::Timeout("login"))??;
+        .await?;
         let params = li.params.clone();
         let codec = Codec {
             header_digest: params.header_digest,
@@ -936,6 +991,7 @@ async fn reader(
     let reason = match e {
         Ok(()) => "connection closed by target".to_owned(),
         Err(Error::ConnectionLost(r)) => r,
+        Err(Error::Io(e)) => format!("connection broken: {e}"),
         Err(e) => e.to_string(),
     };
     let _ = shared.dead.set(reason);

@@ -1,0 +1,252 @@
+//! Test helpers: a tgtd instance on a private loopback port with a RAM-backed LUN, and a
+//! scripted fake target for failure cases. Everything started here is killed on drop.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ipsan_initiator::{IscsiUrl, LoginOptions, SessionConfig};
+
+pub const TGT_IQN: &str = "iqn.2026-11.org.ipsan:test-tgtd";
+
+/// A free loopback TCP port (bound then released; tgtd binds it right after).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Options for the tgtd fixture.
+#[derive(Default, Clone)]
+pub struct TgtdOpts {
+    pub size_mib: u64,
+    /// (user, password) the initiator must use.
+    pub chap: Option<(&'static str, &'static str)>,
+    /// (user, password) the target answers mutual CHAP with.
+    pub mutual: Option<(&'static str, &'static str)>,
+    /// iSCSI target parameters set with `tgtadm --op update` (key, value).
+    pub params: Vec<(&'static str, &'static str)>,
+}
+
+/// A running tgtd with one target and LUN 1 backed by a file in /dev/shm.
+pub struct Tgtd {
+    child: Child,
+    pub port: u16,
+    ctl: u16,
+    image: std::path::PathBuf,
+}
+
+fn tgtadm(ctl: u16, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("tgtadm")
+        .arg("-C")
+        .arg(ctl.to_string())
+        .args(["--lld", "iscsi"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("tgtadm: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "tgtadm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+impl Tgtd {
+    pub fn start(opts: TgtdOpts) -> Self {
+        let port = free_port();
+        // tgtd's control socket is /var/run/tgtd/socket.<ctl>; derive it from the port so
+        // parallel tests never share one.
+        let ctl = 10_000 + port % 20_000;
+        let image = std::path::PathBuf::from(format!("/dev/shm/ipsan-initiator-test-{port}.img"));
+        let f = std::fs::File::create(&image).unwrap();
+        f.set_len(opts.size_mib.max(16) << 20).unwrap();
+        drop(f);
+        let child = Command::new("tgtd")
+            .args(["-f", "-C", &ctl.to_string(), "--iscsi"])
+            .arg(format!("portal=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tgtd must be installed (Debian package `tgt`)");
+        let mut t = Tgtd {
+            child,
+            port,
+            ctl,
+            image,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match tgtadm(
+                ctl,
+                &[
+                    "--mode",
+                    "target",
+                    "--op",
+                    "new",
+                    "--tid",
+                    "1",
+                    "--targetname",
+                    TGT_IQN,
+                ],
+            ) {
+                Ok(()) => break,
+                Err(e) if Instant::now() > deadline => panic!("tgtd did not come up: {e}"),
+                Err(_) if t.child.try_wait().ok().flatten().is_some() => {
+                    // Lost a race for the port or control socket: try another.
+                    return Self::start(opts);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        let img = t.image.display().to_string();
+        tgtadm(
+            ctl,
+            &[
+                "--mode",
+                "logicalunit",
+                "--op",
+                "new",
+                "--tid",
+                "1",
+                "--lun",
+                "1",
+                "--backing-store",
+                &img,
+            ],
+        )
+        .unwrap();
+        tgtadm(
+            ctl,
+            &[
+                "--mode",
+                "target",
+                "--op",
+                "bind",
+                "--tid",
+                "1",
+                "--initiator-address",
+                "ALL",
+            ],
+        )
+        .unwrap();
+        if let Some((u, p)) = opts.chap {
+            tgtadm(
+                ctl,
+                &[
+                    "--mode",
+                    "account",
+                    "--op",
+                    "new",
+                    "--user",
+                    u,
+                    "--password",
+                    p,
+                ],
+            )
+            .unwrap();
+            tgtadm(
+                ctl,
+                &[
+                    "--mode", "account", "--op", "bind", "--tid", "1", "--user", u,
+                ],
+            )
+            .unwrap();
+        }
+        if let Some((u, p)) = opts.mutual {
+            tgtadm(
+                ctl,
+                &[
+                    "--mode",
+                    "account",
+                    "--op",
+                    "new",
+                    "--user",
+                    u,
+                    "--password",
+                    p,
+                ],
+            )
+            .unwrap();
+            tgtadm(
+                ctl,
+                &[
+                    "--mode",
+                    "account",
+                    "--op",
+                    "bind",
+                    "--tid",
+                    "1",
+                    "--user",
+                    u,
+                    "--outgoing",
+                ],
+            )
+            .unwrap();
+        }
+        for (k, v) in &opts.params {
+            tgtadm(
+                ctl,
+                &[
+                    "--mode", "target", "--op", "update", "--tid", "1", "-n", k, "-v", v,
+                ],
+            )
+            .unwrap();
+        }
+        // Wait for the portal to accept connections.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tgtd portal never opened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        t.port = port;
+        t
+    }
+
+    pub fn url(&self) -> IscsiUrl {
+        IscsiUrl::parse(&format!("iscsi://127.0.0.1:{}/{TGT_IQN}/1", self.port)).unwrap()
+    }
+
+    pub fn url_with_user(&self, user: &str, password: &str) -> IscsiUrl {
+        IscsiUrl::parse(&format!(
+            "iscsi://{user}%{password}@127.0.0.1:{}/{TGT_IQN}/1",
+            self.port
+        ))
+        .unwrap()
+    }
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{}", self.ctl));
+        let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{}.lock", self.ctl));
+    }
+}
+
+pub fn config(login: LoginOptions) -> SessionConfig {
+    SessionConfig {
+        login,
+        connect_timeout: Duration::from_secs(5),
+        login_timeout: Duration::from_secs(10),
+        nop_interval: Some(Duration::from_secs(2)),
+        nop_timeout: Duration::from_secs(5),
+    }
+}
+
+/// Run an async test body with a hard time bound.
+pub fn bounded<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(secs), f)
+            .await
+            .expect("test exceeded its time bound");
+    });
+}

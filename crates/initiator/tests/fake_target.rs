@@ -1,0 +1,176 @@
+//! Failure cases against a scripted fake target on 127.0.0.1:0: a connection closed with
+//! commands in flight, and a target that stops answering (keepalive).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use common::bounded;
+use ipsan_initiator::{scsi, DataDir, Error, IscsiUrl, LoginOptions, Session, SessionConfig};
+use iscsi_wire::header::{LoginResponse, Stage};
+use iscsi_wire::{Codec, Header, Pdu};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Close the connection once this many SCSI commands have arrived.
+    CloseAfterCommands(usize),
+    /// Log in, then never send another byte.
+    Silent,
+}
+
+async fn read_pdu(s: &mut TcpStream, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
+    loop {
+        if let Some(p) = codec.decode(buf).unwrap() {
+            return Some(p);
+        }
+        if s.read_buf(buf).await.ok()? == 0 {
+            return None;
+        }
+    }
+}
+
+async fn fake_target(l: TcpListener, behaviour: Behaviour) {
+    let (mut s, _) = l.accept().await.unwrap();
+    let codec = Codec::default();
+    let mut buf = BytesMut::new();
+    let mut stat_sn = 0u32;
+    let mut commands = 0usize;
+    while let Some(pdu) = read_pdu(&mut s, &mut buf, &codec).await {
+        match pdu.header {
+            Header::LoginRequest(r) => {
+                let keys: &[(&str, &str)] = if r.csg == Stage::SECURITY_NEGOTIATION {
+                    &[("AuthMethod", "None")]
+                } else {
+                    &[("MaxRecvDataSegmentLength", "65536")]
+                };
+                let resp = LoginResponse {
+                    transit: r.transit,
+                    continue_: false,
+                    csg: r.csg,
+                    nsg: r.nsg,
+                    version_max: 0,
+                    version_active: 0,
+                    isid: r.isid,
+                    tsih: 1,
+                    itt: r.itt,
+                    stat_sn,
+                    exp_cmd_sn: r.cmd_sn,
+                    max_cmd_sn: r.cmd_sn.wrapping_add(63),
+                    status_class: 0,
+                    status_detail: 0,
+                };
+                stat_sn += 1;
+                let mut out = BytesMut::new();
+                let data = iscsi_wire::text::encode(keys).freeze();
+                codec.encode(&Pdu::new(resp, data), &mut out).unwrap();
+                s.write_all(&out).await.unwrap();
+            }
+            Header::ScsiCommand(_) => {
+                commands += 1;
+                if let Behaviour::CloseAfterCommands(n) = behaviour {
+                    if commands >= n {
+                        return; // drops the socket with commands in flight
+                    }
+                }
+            }
+            _ => {} // NOP-Outs and everything else: never answered
+        }
+    }
+}
+
+async fn start(behaviour: Behaviour) -> IscsiUrl {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(fake_target(l, behaviour));
+    IscsiUrl::parse(&format!(
+        "iscsi://127.0.0.1:{port}/iqn.2026-11.org.ipsan:fake/0"
+    ))
+    .unwrap()
+}
+
+#[test]
+fn fails_every_in_flight_command_when_target_closes_mid_command() {
+    bounded(20, async {
+        let url = start(Behaviour::CloseAfterCommands(4)).await;
+        let cfg = SessionConfig {
+            login: LoginOptions::default(),
+            nop_interval: None,
+            ..SessionConfig::default()
+        };
+        let s = Arc::new(Session::connect(&url, &cfg).await.unwrap());
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..8u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.command(scsi::read16(i * 8, 8), DataDir::Read(BytesMut::new(), 4096))
+                    .await
+            }));
+        }
+        for t in tasks {
+            let r = t.await.unwrap();
+            match r {
+                Err(Error::ConnectionLost(reason)) => {
+                    assert!(
+                        reason.contains("closed") || reason.contains("reset"),
+                        "{reason}"
+                    )
+                }
+                other => panic!("expected ConnectionLost, got {other:?}"),
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // New commands fail at once with the same clear error.
+        let e = s
+            .command(scsi::sync_cache10(), DataDir::None)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::ConnectionLost(_)), "{e}");
+        assert!(s.failure().is_some());
+    });
+}
+
+#[test]
+fn fails_commands_when_keepalive_goes_unanswered() {
+    bounded(20, async {
+        let url = start(Behaviour::Silent).await;
+        let cfg = SessionConfig {
+            login: LoginOptions::default(),
+            nop_interval: Some(Duration::from_millis(200)),
+            nop_timeout: Duration::from_millis(500),
+            ..SessionConfig::default()
+        };
+        let s = Session::connect(&url, &cfg).await.unwrap();
+        let t0 = Instant::now();
+        let e = s
+            .command(scsi::read16(0, 1), DataDir::Read(BytesMut::new(), 512))
+            .await
+            .unwrap_err();
+        match e {
+            Error::ConnectionLost(reason) => assert!(reason.contains("NOP-In"), "{reason}"),
+            other => panic!("expected ConnectionLost, got {other:?}"),
+        }
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+    });
+}
+
+#[test]
+fn rejects_connection_refused_with_clear_error() {
+    bounded(10, async {
+        let port = common::free_port();
+        let url = IscsiUrl::parse(&format!("iscsi://127.0.0.1:{port}/iqn.x/0")).unwrap();
+        let e = Session::connect(&url, &SessionConfig::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Io(_)), "{e}");
+    });
+}
