@@ -1,6 +1,11 @@
 //! The `ipsan` command line: one subcommand per module.
 
+mod bench;
+mod discover;
+mod inquiry;
 mod target;
+mod tcp;
+mod wan;
 
 use clap::{Parser, Subcommand};
 
@@ -17,13 +22,28 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Measure a LUN: throughput, IOPS, latency percentiles, CPU (issue 3).
+    Bench(Box<bench::Args>),
+    /// List the targets a portal offers (SendTargets).
+    Discover(Box<discover::Args>),
+    /// Print a LUN's INQUIRY data and capacity.
+    Inquiry(Box<inquiry::Args>),
     /// Serve LUNs over iSCSI (RFC 7143).
-    Target(target::Args),
+    Target(Box<target::Args>),
+    /// Storage-friendly TCP: load/unload/list the BPF congestion controls (papers/002).
+    Tcp(Box<tcp::Args>),
+    /// Packet-level WAN emulator between two network namespaces (issue 4).
+    Wan(Box<wan::Args>),
 }
 
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Target(args) => target::run(args),
+        Command::Bench(args) => bench::run(*args),
+        Command::Discover(args) => discover::run(*args),
+        Command::Inquiry(args) => inquiry::run(*args),
+        Command::Target(args) => target::run(*args),
+        Command::Tcp(args) => tcp::run(*args),
+        Command::Wan(args) => wan::run(*args),
     }
 }
 

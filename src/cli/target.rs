@@ -1,8 +1,132 @@
-//! `ipsan target` (placeholder until the target runtime lands in this session).
+//! `ipsan target`: serve LUNs over iSCSI.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
+use ipsan_target::config::{self, Config, TargetConfig};
+
+/// Serve LUNs over iSCSI (RFC 7143).
+///
+/// With no flags: one target, iqn.2026-11.org.ipsan:disk0, with a 256 MiB RAM LUN on
+/// 127.0.0.1:3260. Prints the iscsi:// URL of every LUN once listening.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Address to listen on (repeatable). Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR:PORT")]
+    portal: Vec<String>,
+    /// Target name (IQN) of the single target defined on the command line.
+    #[arg(long, default_value = config::DEFAULT_IQN)]
+    iqn: String,
+    /// A LUN, numbered from 0 in order: mem:256MiB | file:/path.img,size=10GiB[,direct][,bs=4096] | null:1TiB.
+    #[arg(long, value_name = "SPEC")]
+    lun: Vec<String>,
+    /// TOML configuration with several targets, LUNs, ACLs and CHAP (see docs/target.md).
+    #[arg(long, short = 'c', value_name = "FILE", conflicts_with_all = ["lun", "iqn", "chap_user"])]
+    config: Option<PathBuf>,
+    /// Require CHAP with this user name (the secret comes from --chap-secret-file).
+    #[arg(long, requires = "chap_secret_file")]
+    chap_user: Option<String>,
+    /// File holding the CHAP secret for --chap-user.
+    #[arg(long, value_name = "FILE")]
+    chap_secret_file: Option<PathBuf>,
+    /// Mutual CHAP: the name the target answers with.
+    #[arg(long, requires_all = ["chap_user", "mutual_secret_file"])]
+    mutual_user: Option<String>,
+    /// File holding the target's mutual CHAP secret.
+    #[arg(long, value_name = "FILE")]
+    mutual_secret_file: Option<PathBuf>,
+    /// Initiator names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
+    #[arg(long, value_name = "IQN")]
+    allow: Vec<String>,
+    /// Commands in flight per session (the CmdSN window).
+    #[arg(long)]
+    queue_depth: Option<u32>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("the target runtime is not wired in yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let config = build_config(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(async move {
+        let server = ipsan_target::Server::bind(&config).await?;
+        for addr in server.local_addrs() {
+            println!("ipsan target: listening on {addr}");
+        }
+        for url in server.urls() {
+            println!("ipsan target: serving {url}");
+        }
+        server.run(shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+fn build_config(args: Args) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => {
+            config::check_iqn("--iqn", &args.iqn)?;
+            let specs = if args.lun.is_empty() {
+                vec!["mem:256MiB".to_owned()]
+            } else {
+                args.lun.clone()
+            };
+            let chap = match (&args.chap_user, &args.chap_secret_file) {
+                (Some(u), Some(f)) => Some(config::chap_from_flags(
+                    u,
+                    f,
+                    args.mutual_user
+                        .as_deref()
+                        .zip(args.mutual_secret_file.as_deref()),
+                )?),
+                _ => None,
+            };
+            Config {
+                targets: vec![TargetConfig {
+                    iqn: args.iqn.clone(),
+                    alias: None,
+                    allow: args.allow.clone(),
+                    chap,
+                    luns: config::luns_from_specs(&specs)?,
+                }],
+                ..Config::default()
+            }
+        }
+    };
+    if !args.portal.is_empty() {
+        config.portals = args
+            .portal
+            .iter()
+            .map(|p| {
+                p.parse()
+                    .with_context(|| format!("--portal {p}: expected ADDR:PORT"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(d) = args.queue_depth {
+        anyhow::ensure!(
+            (1..=4096).contains(&d),
+            "--queue-depth: must be in 1..=4096"
+        );
+        config.queue_depth = d;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }

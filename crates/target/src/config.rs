@@ -1,0 +1,523 @@
+//! Target configuration: the TOML file format and the flags of `ipsan target`, validated into
+//! a [`Config`] before anything starts. A bad config is refused with a message that names the
+//! field and why.
+//!
+//! ```toml
+//! [server]
+//! portals = ["127.0.0.1:3260"]    # default
+//! max_connections = 1024
+//! login_timeout_secs = 15
+//! nop_interval_secs = 30          # NOP-In keepalive when idle; 0 = off
+//! queue_depth = 128               # commands in flight per session (CmdSN window)
+//!
+//! [discovery.chap]                # optional: CHAP for SendTargets discovery
+//! user = "discover"
+//! secret_file = "/etc/ipsan/discovery.secret"
+//!
+//! [[target]]
+//! iqn = "iqn.2026-11.org.ipsan:disk0"
+//! alias = "disk0"
+//! allow = ["iqn.1994-05.com.redhat:*"]  # initiator allow-list (`*` suffix wildcard); empty = all
+//!
+//! [target.chap]
+//! user = "alice"
+//! secret_file = "/etc/ipsan/alice.secret"          # or: secret = "..."
+//! mutual_user = "disk0"                            # optional mutual CHAP
+//! mutual_secret_file = "/etc/ipsan/disk0.secret"
+//!
+//! [[target.lun]]
+//! id = 0
+//! backend = "file:/var/lib/ipsan/disk0.img,size=10GiB"
+//! block_size = 4096               # optional, default 512 (or bs= in the backend spec)
+//! read_only = false
+//! write_cache = true
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use ipsan_scsi::BackendSpec;
+use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
+use iscsi_proto::login::ChapPolicy;
+use serde::Deserialize;
+
+/// The default target IQN when none is given.
+pub const DEFAULT_IQN: &str = "iqn.2026-11.org.ipsan:disk0";
+/// The default portal: loopback only, so a bare `ipsan target` exposes nothing.
+pub const DEFAULT_PORTAL: &str = "127.0.0.1:3260";
+
+/// A configuration error naming the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {why}")]
+pub struct ConfigError {
+    pub field: String,
+    pub why: String,
+}
+
+fn err(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    server: FileServer,
+    #[serde(default)]
+    discovery: FileDiscovery,
+    #[serde(default)]
+    target: Vec<FileTarget>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileServer {
+    portals: Option<Vec<String>>,
+    max_connections: Option<usize>,
+    login_timeout_secs: Option<u64>,
+    nop_interval_secs: Option<u64>,
+    queue_depth: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileDiscovery {
+    chap: Option<FileChap>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTarget {
+    iqn: String,
+    alias: Option<String>,
+    #[serde(default)]
+    allow: Vec<String>,
+    chap: Option<FileChap>,
+    #[serde(default)]
+    lun: Vec<FileLun>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileChap {
+    user: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    mutual_user: Option<String>,
+    mutual_secret: Option<String>,
+    mutual_secret_file: Option<PathBuf>,
+    /// CHAP_A algorithms accepted, strongest first (default: SHA3-256, SHA-256, SHA-1, MD5).
+    algorithms: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLun {
+    id: u64,
+    backend: String,
+    block_size: Option<u32>,
+    #[serde(default)]
+    read_only: bool,
+    write_cache: Option<bool>,
+    serial: Option<String>,
+}
+
+/// One LUN to serve.
+#[derive(Debug, Clone)]
+pub struct LunConfig {
+    pub id: u64,
+    pub backend: BackendSpec,
+    pub block_size: u32,
+    pub read_only: bool,
+    pub write_cache: bool,
+    pub serial: Option<String>,
+}
+
+/// One target to serve.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    pub iqn: String,
+    pub alias: Option<String>,
+    /// Initiator names allowed; `*` at the end matches any suffix. Empty allows all.
+    pub allow: Vec<String>,
+    pub chap: Option<ChapPolicy>,
+    pub luns: Vec<LunConfig>,
+}
+
+/// Everything `ipsan target` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub portals: Vec<SocketAddr>,
+    pub max_connections: usize,
+    pub login_timeout: std::time::Duration,
+    pub nop_interval: Option<std::time::Duration>,
+    pub queue_depth: u32,
+    pub discovery_chap: Option<ChapPolicy>,
+    pub targets: Vec<TargetConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            portals: Vec::new(),
+            max_connections: 1024,
+            login_timeout: std::time::Duration::from_secs(15),
+            nop_interval: Some(std::time::Duration::from_secs(30)),
+            queue_depth: 128,
+            discovery_chap: None,
+            targets: Vec::new(),
+        }
+    }
+}
+
+fn parse_portal(field: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse().map_err(|_| {
+        err(
+            field,
+            format!("{s:?} is not an address:port (e.g. 127.0.0.1:3260)"),
+        )
+    })
+}
+
+/// Checks an iSCSI name (RFC 7143 §4.2.7): `iqn.`, `eui.` or `naa.` form, at most 223 bytes.
+pub fn check_iqn(field: &str, iqn: &str) -> Result<(), ConfigError> {
+    let ok_prefix = iqn.starts_with("iqn.") || iqn.starts_with("eui.") || iqn.starts_with("naa.");
+    if !ok_prefix || iqn.len() > 223 || iqn.len() < 5 {
+        return Err(err(
+            field,
+            format!("{iqn:?} is not an iSCSI name (iqn.YYYY-MM.reverse.domain:name)"),
+        ));
+    }
+    if !iqn
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || b".-:".contains(&c))
+        || iqn.bytes().any(|c| c.is_ascii_uppercase())
+    {
+        return Err(err(
+            field,
+            format!("{iqn:?} has characters an iSCSI name may not contain"),
+        ));
+    }
+    Ok(())
+}
+
+fn load_secret(
+    field: &str,
+    inline: Option<&str>,
+    file: Option<&Path>,
+) -> Result<ChapSecret, ConfigError> {
+    match (inline, file) {
+        (Some(s), None) => {
+            ChapSecret::new(s.as_bytes().to_vec()).map_err(|e| err(field, e.to_string()))
+        }
+        (None, Some(p)) => ChapSecret::from_file(p).map_err(|e| err(field, e.to_string())),
+        (Some(_), Some(_)) => Err(err(field, "give either secret or secret_file, not both")),
+        (None, None) => Err(err(field, "a secret or secret_file is required")),
+    }
+}
+
+fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
+    let secret = load_secret(
+        &format!("{field}.secret"),
+        c.secret.as_deref(),
+        c.secret_file.as_deref(),
+    )?;
+    let mutual = match (
+        &c.mutual_user,
+        c.mutual_secret.is_some() || c.mutual_secret_file.is_some(),
+    ) {
+        (Some(u), true) => Some((
+            u.clone(),
+            load_secret(
+                &format!("{field}.mutual_secret"),
+                c.mutual_secret.as_deref(),
+                c.mutual_secret_file.as_deref(),
+            )?,
+        )),
+        (None, false) => None,
+        _ => {
+            return Err(err(
+                format!("{field}.mutual_user"),
+                "mutual CHAP needs both mutual_user and a mutual secret",
+            ))
+        }
+    };
+    if let Some((_, m)) = &mutual {
+        if m.ct_eq(&secret) {
+            // RFC 7143 §12.1.3: the two directions must use different secrets.
+            return Err(err(
+                format!("{field}.mutual_secret"),
+                "must differ from the initiator's secret",
+            ));
+        }
+    }
+    let algorithms = match &c.algorithms {
+        None => ChapAlgorithm::ALL.to_vec(),
+        Some(names) => names
+            .iter()
+            .map(|n| match n.to_ascii_lowercase().as_str() {
+                "md5" | "5" => Ok(ChapAlgorithm::MD5),
+                "sha1" | "sha-1" | "6" => Ok(ChapAlgorithm::SHA1),
+                "sha256" | "sha-256" | "7" => Ok(ChapAlgorithm::SHA256),
+                "sha3-256" | "sha3_256" | "8" => Ok(ChapAlgorithm::SHA3_256),
+                other => Err(err(
+                    format!("{field}.algorithms"),
+                    format!("unknown CHAP algorithm {other:?}"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok(ChapPolicy {
+        user: c.user.clone(),
+        secret,
+        mutual,
+        algorithms,
+    })
+}
+
+fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
+    let backend: BackendSpec = l
+        .backend
+        .parse()
+        .map_err(|e| err(format!("{field}.backend"), format!("{e}")))?;
+    let block_size = l.block_size.or(backend.block_size).unwrap_or(512);
+    if block_size != 512 && block_size != 4096 {
+        return Err(err(format!("{field}.block_size"), "must be 512 or 4096"));
+    }
+    Ok(LunConfig {
+        id: l.id,
+        backend,
+        block_size,
+        read_only: l.read_only,
+        write_cache: l.write_cache.unwrap_or(true),
+        serial: l.serial.clone(),
+    })
+}
+
+impl Config {
+    /// Parses and validates a TOML config.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let f: FileConfig = toml::from_str(text).map_err(|e| {
+            let msg = e.message().to_owned();
+            let at = e
+                .span()
+                .map(|s| format!("at byte {}", s.start))
+                .unwrap_or_default();
+            err(format!("config {at}").trim().to_owned(), msg)
+        })?;
+        let mut c = Config::default();
+        if let Some(p) = &f.server.portals {
+            c.portals = p
+                .iter()
+                .map(|s| parse_portal("server.portals", s))
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(n) = f.server.max_connections {
+            if n == 0 {
+                return Err(err("server.max_connections", "must be at least 1"));
+            }
+            c.max_connections = n;
+        }
+        if let Some(s) = f.server.login_timeout_secs {
+            if s == 0 {
+                return Err(err("server.login_timeout_secs", "must be at least 1"));
+            }
+            c.login_timeout = std::time::Duration::from_secs(s);
+        }
+        if let Some(s) = f.server.nop_interval_secs {
+            c.nop_interval = (s > 0).then(|| std::time::Duration::from_secs(s));
+        }
+        if let Some(d) = f.server.queue_depth {
+            if !(1..=4096).contains(&d) {
+                return Err(err("server.queue_depth", "must be in 1..=4096"));
+            }
+            c.queue_depth = d;
+        }
+        if let Some(ch) = &f.discovery.chap {
+            c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);
+        }
+        for (i, t) in f.target.iter().enumerate() {
+            let field = format!("target[{i}]");
+            check_iqn(&format!("{field}.iqn"), &t.iqn)?;
+            let chap = t
+                .chap
+                .as_ref()
+                .map(|ch| chap_policy(&format!("{field}.chap"), ch))
+                .transpose()?;
+            let luns = t
+                .lun
+                .iter()
+                .enumerate()
+                .map(|(j, l)| lun_from(&format!("{field}.lun[{j}]"), l))
+                .collect::<Result<Vec<_>, _>>()?;
+            c.targets.push(TargetConfig {
+                iqn: t.iqn.clone(),
+                alias: t.alias.clone(),
+                allow: t.allow.clone(),
+                chap,
+                luns,
+            });
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Cross-field checks shared by the file and the command line.
+    pub fn validate(&mut self) -> Result<(), ConfigError> {
+        if self.portals.is_empty() {
+            self.portals.push(parse_portal("portal", DEFAULT_PORTAL)?);
+        }
+        if self.targets.is_empty() {
+            return Err(err(
+                "target",
+                "no target configured (give --lun or a [[target]] table)",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if !names.insert(t.iqn.as_str()) {
+                return Err(err(
+                    format!("target[{i}].iqn"),
+                    format!("{} is configured twice", t.iqn),
+                ));
+            }
+            if t.luns.is_empty() {
+                return Err(err(
+                    format!("target[{i}].lun"),
+                    "a target needs at least one LUN",
+                ));
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (j, l) in t.luns.iter().enumerate() {
+                if l.id > 16383 {
+                    return Err(err(
+                        format!("target[{i}].lun[{j}].id"),
+                        "LUN ids go up to 16383 (flat space addressing)",
+                    ));
+                }
+                if !ids.insert(l.id) {
+                    return Err(err(
+                        format!("target[{i}].lun[{j}].id"),
+                        format!("LUN {} is configured twice", l.id),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err(path.display().to_string(), e.to_string()))?;
+        Self::from_toml(&text)
+    }
+}
+
+/// Builds the LUN list of the command line's single target from `--lun` specs (ids 0, 1, …).
+pub fn luns_from_specs(specs: &[String]) -> Result<Vec<LunConfig>, ConfigError> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            lun_from(
+                &format!("--lun {s}"),
+                &FileLun {
+                    id: i as u64,
+                    backend: s.clone(),
+                    block_size: None,
+                    read_only: false,
+                    write_cache: None,
+                    serial: None,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Builds a CHAP policy from command-line values.
+pub fn chap_from_flags(
+    user: &str,
+    secret_file: &Path,
+    mutual: Option<(&str, &Path)>,
+) -> Result<ChapPolicy, ConfigError> {
+    chap_policy(
+        "--chap",
+        &FileChap {
+            user: user.to_owned(),
+            secret: None,
+            secret_file: Some(secret_file.to_owned()),
+            mutual_user: mutual.map(|(u, _)| u.to_owned()),
+            mutual_secret: None,
+            mutual_secret_file: mutual.map(|(_, p)| p.to_owned()),
+            algorithms: None,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_full_example() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = dir.path().join("s");
+        std::fs::write(&s, "a-secret-of-16-bytes").unwrap();
+        let text = format!(
+            r#"
+[server]
+portals = ["127.0.0.1:3261"]
+queue_depth = 64
+[[target]]
+iqn = "iqn.2026-11.org.ipsan:a"
+allow = ["iqn.1994-05.com.redhat:*"]
+[target.chap]
+user = "alice"
+secret_file = "{}"
+[[target.lun]]
+id = 0
+backend = "mem:64MiB"
+[[target.lun]]
+id = 3
+backend = "null:1TiB"
+block_size = 4096
+"#,
+            s.display()
+        );
+        let c = Config::from_toml(&text).unwrap();
+        assert_eq!(c.portals[0].port(), 3261);
+        assert_eq!(c.queue_depth, 64);
+        assert_eq!(c.targets[0].luns[1].block_size, 4096);
+        assert_eq!(c.targets[0].chap.as_ref().unwrap().user, "alice");
+        assert!(
+            !format!("{c:?}").contains("a-secret-of-16"),
+            "secret leaked into Debug"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_fields_naming_them() {
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"bad name\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target[0].iqn");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid=0\nbackend=\"mem:lots\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target[0].lun[0].backend");
+        let e = Config::from_toml("[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n").unwrap_err();
+        assert_eq!(e.field, "target[0].lun[1].id");
+        let e = Config::from_toml("[server]\nportals=[\"nowhere\"]\n").unwrap_err();
+        assert_eq!(e.field, "server.portals");
+        let e = Config::from_toml("[server]\nbogus = 1\n").unwrap_err();
+        assert!(e.why.contains("bogus"), "{e}");
+        let e = Config::from_toml("[[target]]\niqn = \"iqn.2026-11.x:y\"\n[target.chap]\nuser=\"u\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n").unwrap_err();
+        assert_eq!(e.field, "target[0].chap.secret");
+    }
+}

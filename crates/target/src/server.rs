@@ -1,0 +1,198 @@
+//! Listening portals, the accept loop and graceful shutdown.
+//!
+//! Like mini-redis, a server takes bound listeners and a shutdown future, so tests bind port 0
+//! and run the real target in-process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use iscsi_proto::login::TargetOffer;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::conn::{self, Shared};
+use crate::registry::{BuildError, Registry};
+
+/// Errors starting or running the target.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Build(#[from] BuildError),
+}
+
+/// A target with its portals bound, ready to run.
+#[derive(Debug)]
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<TcpListener>,
+    max_connections: usize,
+}
+
+impl Server {
+    /// Opens every LUN backend and binds every portal.
+    pub async fn bind(config: &Config) -> Result<Self, ServerError> {
+        let registry = Registry::build(config)?;
+        let mut listeners = Vec::new();
+        for &addr in &config.portals {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?;
+            listeners.push(l);
+        }
+        let offer = TargetOffer {
+            cmd_window: config.queue_depth,
+            ..TargetOffer::default()
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                registry,
+                offer,
+                login_timeout: config.login_timeout,
+                nop_interval: config.nop_interval,
+            }),
+            listeners,
+            max_connections: config.max_connections,
+        })
+    }
+
+    /// The addresses actually bound (port 0 resolved).
+    #[must_use]
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// The `iscsi://` URLs of every LUN, as libiscsi and `ipsan bench` take them.
+    #[must_use]
+    pub fn urls(&self) -> Vec<String> {
+        let mut urls = Vec::new();
+        for addr in self.local_addrs() {
+            let host = match addr {
+                SocketAddr::V4(a) => a.to_string(),
+                SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+            };
+            for t in &self.shared.registry.targets {
+                for lun in t.luns.keys() {
+                    urls.push(format!("iscsi://{host}/{}/{lun}", t.iqn));
+                }
+            }
+        }
+        urls
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, lets running commands finish,
+    /// flushes every backend and returns.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ServerError> {
+        let cancel = CancellationToken::new();
+        let limit = Arc::new(Semaphore::new(self.max_connections));
+        let mut accepts = JoinSet::new();
+        let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
+        for listener in self.listeners {
+            let shared = self.shared.clone();
+            let cancel = cancel.clone();
+            let limit = limit.clone();
+            let conns = conns.clone();
+            accepts.spawn(async move {
+                loop {
+                    let accepted = tokio::select! {
+                        a = listener.accept() => a,
+                        () = cancel.cancelled() => return,
+                    };
+                    let (stream, peer) = match accepted {
+                        Ok(x) => x,
+                        Err(e) => {
+                            warn!("accept failed: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let Ok(permit) = limit.clone().try_acquire_owned() else {
+                        warn!(%peer, "connection limit reached; refusing");
+                        drop(stream);
+                        continue;
+                    };
+                    let shared = shared.clone();
+                    let cancel = cancel.clone();
+                    let mut set = conns.lock().await;
+                    // Reap finished connections so the set does not grow without bound.
+                    while set.try_join_next().is_some() {}
+                    set.spawn(async move {
+                        conn::serve(stream, peer, shared, cancel).await;
+                        drop(permit);
+                    });
+                }
+            });
+        }
+        shutdown.await;
+        info!("shutting down: no new connections, finishing commands in flight");
+        cancel.cancel();
+        self.shared.registry.cancel_all();
+        while accepts.join_next().await.is_some() {}
+        let mut set = std::mem::take(&mut *conns.lock().await);
+        while set.join_next().await.is_some() {}
+        let shared = self.shared.clone();
+        let flushed = tokio::task::spawn_blocking(move || {
+            for t in &shared.registry.targets {
+                for (id, backend) in &t.backends {
+                    if let Err(e) = backend.flush() {
+                        warn!(target = %t.iqn, lun = id, "flush at shutdown failed: {e}");
+                    }
+                }
+            }
+        })
+        .await;
+        if flushed.is_err() {
+            warn!("flush task panicked");
+        }
+        info!("target stopped");
+        Ok(())
+    }
+}
+
+/// A target running in the background (for tests and embedding): stop it with
+/// [`ServerHandle::shutdown`].
+#[derive(Debug)]
+pub struct ServerHandle {
+    pub addrs: Vec<SocketAddr>,
+    pub urls: Vec<String>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), ServerError>>,
+}
+
+impl ServerHandle {
+    /// Binds and starts `config` on the current tokio runtime.
+    pub async fn start(config: &Config) -> Result<Self, ServerError> {
+        let server = Server::bind(config).await?;
+        let addrs = server.local_addrs();
+        let urls = server.urls();
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let task = tokio::spawn(async move { server.run(s.cancelled_owned()).await });
+        Ok(Self {
+            addrs,
+            urls,
+            stop,
+            task,
+        })
+    }
+
+    /// Graceful shutdown; waits for it to finish.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        self.stop.cancel();
+        self.task.await.unwrap_or(Ok(()))
+    }
+}
