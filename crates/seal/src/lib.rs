@@ -40,8 +40,8 @@ pub use cipher::{Cipher, UnknownCipher};
 pub use error::{NegotiationError, OpenError, SealError, SecretError};
 pub use frame::{Binding, Direction, Framing};
 pub use negotiate::{
-    AnswerOutcome, SealAnswer, SealOffer, SealPending, SealPolicy, TargetSealConfig, TextPairs,
-    DEFAULT_CHUNK,
+    is_seal_key, AnswerOutcome, PskLookup, SealAnswer, SealOffer, SealPending, SealPolicy,
+    TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
 };
 pub use pool::CryptoPool;
 pub use replay::WINDOW as REPLAY_WINDOW;

@@ -420,3 +420,142 @@ impl SealPending {
         Ok(self.session)
     }
 }
+
+/// Whether `key` is one of Seal's login keys (for the login engine's extension dispatch).
+pub fn is_seal_key(key: &str) -> bool {
+    matches!(key, KEY_SEAL | KEY_CHUNK | KEY_NONCE | KEY_CONFIRM)
+}
+
+/// Looks up the pre-shared secret for an InitiatorName on this target.
+pub type PskLookup = Box<dyn Fn(&str) -> Option<Psk> + Send + Sync>;
+
+enum TargetState {
+    /// Nothing offered yet.
+    Idle,
+    /// Offer answered, waiting for the initiator's confirmation.
+    Pending(Box<SealPending>),
+    /// Plaintext session agreed (offer rejected or never made).
+    Plain,
+    /// Confirmed.
+    Sealed(Box<SealSession>),
+    /// Session handed out with [`TargetNegotiation::take_session`].
+    Taken,
+}
+
+/// The target's whole Seal negotiation across the Login Requests of one login, shaped for the
+/// login engine's extension hook (`respond` per request that carries Seal keys, `finish` before
+/// the final response):
+///
+/// 1. the initiator's first operational request carries the offer **with T=0**; `respond`
+///    answers it (cipher, chunk, nonce, target confirmation);
+/// 2. the initiator's next request carries `X-org.ipsan.SealConfirm` (and T=1); `respond`
+///    verifies it;
+/// 3. `finish` refuses the transition to full feature phase if policy requires Seal and it was
+///    not offered, or if an agreed Seal was never confirmed (an initiator that asked to transit
+///    together with its offer, or one without the secret).
+///
+/// Every error maps to a Login Response with [`NegotiationError::login_status`] and its text is
+/// the log line that says why.
+pub struct TargetNegotiation {
+    config: TargetSealConfig,
+    psk_for: PskLookup,
+    state: TargetState,
+}
+
+impl std::fmt::Debug for TargetNegotiation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            TargetState::Idle => "idle",
+            TargetState::Pending(_) => "awaiting confirmation",
+            TargetState::Plain => "plain",
+            TargetState::Sealed(_) => "sealed",
+            TargetState::Taken => "taken",
+        };
+        f.debug_struct("TargetNegotiation")
+            .field("policy", &self.config.policy)
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TargetNegotiation {
+    /// A fresh negotiation for one login.
+    pub fn new(config: TargetSealConfig, psk_for: PskLookup) -> Self {
+        Self {
+            config,
+            psk_for,
+            state: TargetState::Idle,
+        }
+    }
+
+    /// Answers the Seal keys of one Login Request (only those for which [`is_seal_key`] holds).
+    pub fn respond(
+        &mut self,
+        keys: &[(String, String)],
+        ids: &SessionIds,
+    ) -> Result<TextPairs, NegotiationError> {
+        match std::mem::replace(&mut self.state, TargetState::Taken) {
+            TargetState::Idle | TargetState::Plain if get(keys, KEY_SEAL).is_some() => {
+                match SealAnswer::handle_offer(&self.config, keys, ids, |n| (self.psk_for)(n))? {
+                    AnswerOutcome::Plain { keys, reason } => {
+                        if let Some(r) = reason {
+                            tracing::info!(initiator = %ids.initiator_name, "seal: plaintext session: {r}");
+                        }
+                        self.state = TargetState::Plain;
+                        Ok(keys)
+                    }
+                    AnswerOutcome::Pending(p) => {
+                        let out = p.keys().to_vec();
+                        self.state = TargetState::Pending(p);
+                        Ok(out)
+                    }
+                }
+            }
+            TargetState::Pending(p) if get(keys, KEY_CONFIRM).is_some() => {
+                let s = p.handle_confirm(keys)?;
+                tracing::info!(
+                    initiator = %ids.initiator_name,
+                    cipher = %s.cipher(),
+                    chunk = s.chunk_size(),
+                    "seal: session keys confirmed"
+                );
+                self.state = TargetState::Sealed(Box::new(s));
+                Ok(Vec::new())
+            }
+            TargetState::Pending(_) => Err(NegotiationError::MissingKey(KEY_CONFIRM)),
+            _ => Err(NegotiationError::Malformed {
+                key: KEY_SEAL,
+                why: "Seal keys out of order",
+            }),
+        }
+    }
+
+    /// Called before the final Login Response: refuses the login if Seal is required but was
+    /// never offered, or was agreed but not confirmed.
+    pub fn finish(&mut self, ids: &SessionIds) -> Result<(), NegotiationError> {
+        match &self.state {
+            TargetState::Idle if self.config.policy == SealPolicy::Required => {
+                Err(NegotiationError::RequiredNotOffered {
+                    initiator: ids.initiator_name.clone(),
+                })
+            }
+            TargetState::Pending(_) => Err(NegotiationError::MissingKey(KEY_CONFIRM)),
+            TargetState::Taken => Err(NegotiationError::Malformed {
+                key: KEY_SEAL,
+                why: "Seal negotiation failed earlier in this login",
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The confirmed session after a successful login (`None`: plaintext session).
+    pub fn take_session(&mut self) -> Option<SealSession> {
+        match std::mem::replace(&mut self.state, TargetState::Taken) {
+            TargetState::Sealed(s) => Some(*s),
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+}

@@ -215,3 +215,63 @@ fn debug_output_never_contains_secrets_or_keys() {
         "{sd}"
     );
 }
+
+mod target_negotiation {
+    use super::*;
+    use ipsan_seal::{is_seal_key, TargetNegotiation};
+
+    fn neg(policy: SealPolicy) -> TargetNegotiation {
+        TargetNegotiation::new(cfg(policy), Box::new(|_| Some(psk(SECRET))))
+    }
+
+    #[test]
+    fn accepts_offer_then_confirm_across_two_requests() {
+        let mut t = neg(SealPolicy::Required);
+        let o = offer(vec![Cipher::Aes256Gcm]);
+        assert!(o.keys().iter().all(|(k, _)| is_seal_key(k)));
+        let answer = t.respond(&o.keys(), &ids()).unwrap();
+        let (init, confirm) = o.handle_answer(&answer).unwrap();
+        assert!(t.respond(&confirm, &ids()).unwrap().is_empty());
+        t.finish(&ids()).unwrap();
+        let target = t.take_session().unwrap();
+        let b = Binding::default();
+        let sealed = init.seal(&b, vec![1u8; 700].as_slice().into()).unwrap();
+        assert_eq!(
+            &target.open(&b, sealed.as_ref().into()).unwrap()[..],
+            &[1u8; 700][..]
+        );
+    }
+
+    #[test]
+    fn rejects_transit_before_confirmation() {
+        let mut t = neg(SealPolicy::Allowed);
+        let o = offer(vec![Cipher::Aes256Gcm]);
+        t.respond(&o.keys(), &ids()).unwrap();
+        let e = t.finish(&ids()).unwrap_err();
+        assert_eq!(e, NegotiationError::MissingKey(KEY_CONFIRM));
+        assert!(t.take_session().is_none());
+    }
+
+    #[test]
+    fn rejects_login_without_offer_when_required_at_finish() {
+        let mut t = neg(SealPolicy::Required);
+        let e = t.finish(&ids()).unwrap_err();
+        assert_eq!(e.login_status(), (0x02, 0x02));
+        let mut t = neg(SealPolicy::Allowed);
+        t.finish(&ids()).unwrap();
+        assert!(t.take_session().is_none());
+    }
+
+    #[test]
+    fn rejects_wrong_initiator_confirmation() {
+        let mut t = neg(SealPolicy::Required);
+        let o = offer(vec![Cipher::Aes256Gcm]);
+        t.respond(&o.keys(), &ids()).unwrap();
+        let forged = vec![(KEY_CONFIRM.to_owned(), format!("0x{}", "ab".repeat(32)))];
+        assert_eq!(
+            t.respond(&forged, &ids()).unwrap_err(),
+            NegotiationError::ConfirmationFailed
+        );
+        assert!(t.finish(&ids()).is_err());
+    }
+}

@@ -6,6 +6,8 @@
 //! request  = op(1: 1 write, 2 read) | task_tag(4) | lba(8) | blocks(4) | len(4) | payload
 //! response = task_tag(4) | status(1) | sense key(1) | asc(1) | ascq(1) | len(4) | payload
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+// `start_write` deliberately yields the reply receiver: sending and awaiting the reply are separate steps.
+#![allow(clippy::async_yields_async)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -378,7 +380,8 @@ pub async fn sequential_write(
     let mut next = 0;
     while next < count || !ahead.is_empty() {
         while next < count && ahead.len() < depth {
-            let data = BytesMut::from(&vec![fill; io][..]);
+            let mut data = BytesMut::with_capacity(io + 4096);
+            data.resize(io, fill);
             ahead.push_back(client.start_write((next * io / BLOCK) as u64, data));
             next += 1;
         }

@@ -1,0 +1,165 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Loopback throughput of Seal's framing and pipeline, end to end over TCP (no added delay):
+//! sequential writes then sequential reads, each cipher against the `none` baseline and a plain
+//! session. Both ends run in this process, so CPU per GB is initiator + target together.
+//!
+//! ```text
+//! cargo run --release -p ipsan-seal --example loopback -- \
+//!     [--io BYTES] [--depth N] [--total BYTES] [--crypto-workers N] [--pipeline on|off] [--reps N]
+//! ```
+//! Uses the toy block protocol of `tests/support/blockproto.rs` (not iSCSI); the iSCSI numbers
+//! come from `ipsan bench` once the target and initiator integrate Seal.
+
+#[path = "../tests/support/blockproto.rs"]
+mod blockproto;
+#[path = "../tests/support/keys.rs"]
+mod keys;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use blockproto::{Client, Sealing};
+use ipsan_seal::{Cipher, CryptoPool};
+
+struct Opts {
+    io: usize,
+    depth: usize,
+    total: usize,
+    workers: usize,
+    pipeline: bool,
+    reps: usize,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        io: 1 << 20,
+        depth: 16,
+        total: 1 << 30,
+        workers: 2,
+        pipeline: true,
+        reps: 3,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--io" => o.io = v.parse().unwrap(),
+            "--depth" => o.depth = v.parse().unwrap(),
+            "--total" => o.total = v.parse().unwrap(),
+            "--crypto-workers" => o.workers = v.parse().unwrap(),
+            "--pipeline" => o.pipeline = v == "on",
+            "--reps" => o.reps = v.parse().unwrap(),
+            _ => panic!("unknown flag {a}"),
+        }
+    }
+    o
+}
+
+/// utime + stime of this process in seconds (/proc/self/stat fields 14 and 15, USER_HZ = 100).
+fn cpu_seconds() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+struct Run {
+    write_mbs: f64,
+    read_mbs: f64,
+    cpu_s_per_gb: f64,
+}
+
+async fn run(cipher: Option<Cipher>, o: &Opts, total: usize) -> Run {
+    let (ci, ct) = match cipher {
+        None => (None, None),
+        Some(c) => {
+            let (i, t) = keys::pair(c, 65536);
+            let pool = Arc::new(CryptoPool::new(o.workers).unwrap());
+            let mk = |s| Sealing {
+                session: Arc::new(s),
+                pool: Arc::clone(&pool),
+                pipeline: o.pipeline,
+            };
+            (Some(mk(i)), Some(mk(t)))
+        }
+    };
+    let depth = if o.pipeline { o.depth } else { 1 };
+    let (addr, _lun) = blockproto::serve(ct, total).await;
+    let client = Client::connect(addr, ci).await;
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    blockproto::sequential_write(&client, total, o.io, depth, 0x42).await;
+    let tw = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    blockproto::sequential_read(&client, total, o.io, depth, 0x42).await;
+    let tr = t1.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let mb = total as f64 / 1e6;
+    Run {
+        write_mbs: mb / tw,
+        read_mbs: mb / tr,
+        cpu_s_per_gb: cpu / (2.0 * total as f64 / 1e9),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let o = parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "# loopback, io={} depth={} workers={} pipeline={} reps={} (median)",
+        o.io,
+        if o.pipeline { o.depth } else { 1 },
+        o.workers,
+        if o.pipeline { "on" } else { "off" },
+        o.reps
+    );
+    println!("| seal | MB moved | write MB/s | read MB/s | CPU s/GB (both ends) | write vs none | read vs none |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut base: Option<(f64, f64)> = None;
+    let cases: Vec<Option<Cipher>> = vec![
+        Some(Cipher::None),
+        None,
+        Some(Cipher::Aes256Gcm),
+        Some(Cipher::ChaCha20Poly1305),
+        Some(Cipher::TripleDesCbcHmacSha1),
+    ];
+    for c in cases {
+        // 3DES runs at tens of MB/s: move less data so the run stays short.
+        let total = if c == Some(Cipher::TripleDesCbcHmacSha1) {
+            (64 << 20).min(o.total)
+        } else {
+            o.total
+        };
+        let runs: Vec<Run> = (0..o.reps)
+            .map(|_| rt.block_on(run(c, &o, total)))
+            .collect();
+        let w = median(runs.iter().map(|r| r.write_mbs).collect());
+        let r = median(runs.iter().map(|r| r.read_mbs).collect());
+        let cpu = median(runs.iter().map(|r| r.cpu_s_per_gb).collect());
+        if c == Some(Cipher::None) {
+            base = Some((w, r));
+        }
+        let (bw, br) = base.unwrap_or((w, r));
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            c.map_or("plain (no seal)".to_owned(), |c| c.to_string()),
+            total / 1_000_000,
+            w,
+            r,
+            cpu,
+            w / bw,
+            r / br
+        );
+    }
+}
