@@ -32,11 +32,14 @@ pub(crate) const MAC_KEY_LEN: usize = 20;
 /// HMAC-SHA1-96: the first 96 bits of the HMAC (RFC 2404 §2).
 pub(crate) const TAG_LEN: usize = 12;
 const BLOCK: usize = 8;
+const SHA1_BLOCK: usize = 64;
 
 pub(crate) struct TdesHmacSha1 {
     /// Zeroized on drop by `des`'s `zeroize` feature.
     cipher: TdesEde3,
-    mac_key: Zeroizing<[u8; MAC_KEY_LEN]>,
+    /// The 20-byte HMAC key zero-padded to SHA-1's 64-byte block, which is exactly how HMAC
+    /// treats a short key (RFC 2104 §2), so building the MAC cannot fail.
+    mac_key: Zeroizing<[u8; SHA1_BLOCK]>,
     iv_mask: Zeroizing<[u8; BLOCK]>,
 }
 
@@ -48,8 +51,8 @@ impl TdesHmacSha1 {
         }
         let (k, m) = material.split_at(KEY_LEN);
         let cipher = TdesEde3::new_from_slice(k).map_err(|_| BadKeyLength)?;
-        let mut mac_key = Zeroizing::new([0u8; MAC_KEY_LEN]);
-        mac_key.copy_from_slice(m);
+        let mut mac_key = Zeroizing::new([0u8; SHA1_BLOCK]);
+        mac_key[..MAC_KEY_LEN].copy_from_slice(m);
         let mut iv_mask = Zeroizing::new([0u8; BLOCK]);
         iv_mask.copy_from_slice(&iv[..BLOCK]);
         Ok(Self {
@@ -74,11 +77,7 @@ impl TdesHmacSha1 {
     }
 
     fn mac(&self, aad: &[u8], ciphertext: &[u8]) -> Hmac<Sha1> {
-        // HMAC accepts keys of any length; 20 bytes cannot fail.
-        let mut mac = match <Hmac<Sha1> as Mac>::new_from_slice(self.mac_key.as_slice()) {
-            Ok(m) => m,
-            Err(_) => unreachable_hmac(),
-        };
+        let mut mac = <Hmac<Sha1> as KeyInit>::new(GenericArray::from_slice(&*self.mac_key));
         mac.update(aad);
         mac.update(ciphertext);
         mac
@@ -107,12 +106,6 @@ impl TdesHmacSha1 {
         cbc_rbt_decrypt(self, self.iv(counter), data);
         Ok(())
     }
-}
-
-#[cold]
-fn unreachable_hmac() -> ! {
-    // `Hmac::new_from_slice` is infallible for HMAC (any key length is valid).
-    panic!("HMAC rejected a 20-byte key")
 }
 
 /// CBC over whole blocks, residual block termination for the tail.
