@@ -31,7 +31,11 @@ use ipsan_wan::{DirConfig, Engine, LinkConfig, LossModel, QueueLimit};
 
 const PORT: u16 = 5201;
 const LINK_BPS: u64 = 1_000_000_000;
-const WINDOW: u32 = 8 << 20;
+/// The pinned receive window: 8 MiB - 128 B. On this kernel TCP_WINDOW_CLAMP chooses the
+/// window scale but did not stop the advertised window growing to 65535 << wscale (with an
+/// 8 MiB clamp, wscale 8, the window reached 16 MiB). 8 MiB - 128 B gives wscale 7, whose
+/// largest window is exactly this, so the window is pinned by the header field itself.
+const WINDOW: u32 = 65535 << 7;
 
 struct Opts {
     quick: bool,
@@ -168,7 +172,14 @@ fn send(link: &Link, cc: &str, secs: f64, omit: f64, rate: Option<u64>) -> BulkR
         .unwrap()
 }
 
-fn append(out: &Path, file: &str, line: serde_json::Value) {
+/// Appends one result line, stamped with the host's load average: the emulator forwards in
+/// user space, so a busy machine shows up as queueing and drops in the emulator counters.
+fn append(out: &Path, file: &str, mut line: serde_json::Value) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    line["host"] = serde_json::json!({
+        "loadavg": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+    });
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -194,11 +205,14 @@ fn window(o: &Opts) {
     };
     let (secs, omit) = if o.quick { (4.0, 4.0) } else { (8.0, 6.0) };
     for &rtt in rtts {
+        // The sender's TUN interface has no rate of its own, so a whole window can leave at
+        // memory speed; a queue larger than the window stands in for the paper's 1 Gbit/s NIC
+        // that would have spread it out. Any drop here is the emulator's, not the window's.
         let l = link(
             &format!("w{rtt}"),
             ms(f64::from(rtt) / 2.0),
             0.0,
-            QueueLimit::Bytes(4 << 20),
+            QueueLimit::Bytes(16 << 20),
         );
         let sink = start_sink(&l, 1);
         let r = send(&l, "cubic", secs, omit, None);
@@ -231,11 +245,12 @@ fn loss(o: &Opts) {
     let (secs, omit) = if o.quick { (4.0, 2.0) } else { (10.0, 3.0) };
     for &p in losses {
         for cc in ccs {
+            // Paced at 900 Mbit/s into 1 Gbit/s with a deep queue: only the random loss drops.
             let l = link(
                 &format!("l{}", cc.len()),
                 ms(12.5),
                 p,
-                QueueLimit::Bytes(4 << 20),
+                QueueLimit::Bytes(16 << 20),
             );
             let sink = start_sink(&l, 1);
             let r = send(&l, cc, secs, omit, Some(900_000_000));

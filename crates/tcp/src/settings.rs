@@ -289,14 +289,6 @@ impl TcpSettings {
                     source,
                 })?;
         }
-        if let Some(clamp) = self.window_clamp {
-            crate::sys::set_window_clamp(socket.as_fd().as_raw_fd(), clamp).map_err(|source| {
-                TcpError::Socket {
-                    op: "setsockopt(TCP_WINDOW_CLAMP)",
-                    source,
-                }
-            })?;
-        }
         let mut in_force = read_back(socket)?;
         // Past net.core.{w,r}mem_max the kernel silently caps the request. With CAP_NET_ADMIN
         // (the lab runs as root) the *FORCE options grant it anyway; otherwise say so.
@@ -315,8 +307,19 @@ impl TcpSettings {
                 }
             }
         }
-        in_force.sndbuf = read_back(socket)?.sndbuf;
-        in_force.rcvbuf = read_back(socket)?.rcvbuf;
+        // Last: changing the buffers can move the clamp.
+        if let Some(clamp) = self.window_clamp {
+            crate::sys::set_window_clamp(socket.as_fd().as_raw_fd(), clamp).map_err(|source| {
+                TcpError::Socket {
+                    op: "setsockopt(TCP_WINDOW_CLAMP)",
+                    source,
+                }
+            })?;
+        }
+        let now = read_back(socket)?;
+        in_force.sndbuf = now.sndbuf;
+        in_force.rcvbuf = now.rcvbuf;
+        in_force.window_clamp = now.window_clamp;
         for (what, asked, got, sysctl) in [
             ("sndbuf", snd, in_force.sndbuf, "net.core.wmem_max"),
             ("rcvbuf", rcv, in_force.rcvbuf, "net.core.rmem_max"),
