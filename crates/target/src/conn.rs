@@ -141,6 +141,12 @@ pub async fn serve(
         .await;
     debug!(%peer, "session ending: {end}");
     session.drain().await;
+    if let Some(t) = &session.target {
+        // The I_T nexus is gone: release what it held (RESERVE, PREVENT; SAM-5 §5.9).
+        for lu in t.luns.values() {
+            lu.nexus_lost(&session.nexus);
+        }
+    }
     let _ = session.out.send(Out::Close).await;
     drop(session.out);
     let _ = writer.await;
@@ -558,6 +564,14 @@ impl Session {
                 return;
             }
             let write_overflow = (need > 0).then_some(need);
+            let mut cdb = cdb;
+            if pre.is_none() && write_overflow.is_some() {
+                // A data-out command sent without the W bit: EDTL 0, all of it overflows.
+                pre = Some(match overflow_write(&exec, &mut cdb, 0) {
+                    Some(_) => ScsiResponse::good(Bytes::new()),
+                    None => ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03)),
+                });
+            }
             self.start(
                 cmd.itt,
                 lun,
@@ -627,17 +641,27 @@ impl Session {
         let edtl = p.write.edtl();
         let data = p.write.into_data();
         let mut pre = p.pre;
+        let mut cdb = p.cdb;
+        let mut data = data;
         if pre.is_none() && u64::from(edtl) < p.need {
-            // iSCSI overflow on a write: EDTL shorter than the CDB's transfer. Nothing is
-            // written (SAM-5 / FCP-4 option b): INVALID FIELD IN COMMAND INFORMATION UNIT.
-            pre = Some(ScsiResponse::check(Sense::new(
-                SenseKey::ILLEGAL_REQUEST,
-                0x0e,
-                0x03,
-            )));
+            // iSCSI overflow on a write: EDTL shorter than the CDB's transfer.
+            match overflow_write(&p.exec, &mut cdb, edtl) {
+                // FCP-4 option (a): transfer and write only the whole blocks EDTL covers.
+                Some(Some(bytes)) => data.truncate(bytes),
+                Some(None) => pre = Some(ScsiResponse::good(Bytes::new())),
+                // Not a block write: nothing is written (option b), INVALID FIELD IN COMMAND
+                // INFORMATION UNIT.
+                None => {
+                    pre = Some(ScsiResponse::check(Sense::new(
+                        SenseKey::ILLEGAL_REQUEST,
+                        0x0e,
+                        0x03,
+                    )))
+                }
+            }
         }
         self.start(
-            itt, lun, counted, p.exec, p.cdb, data, edtl, p.raw_lun, p.need, pre, None,
+            itt, lun, counted, p.exec, cdb, data, edtl, p.raw_lun, p.need, pre, None,
         );
     }
 
@@ -678,32 +702,25 @@ impl Session {
         let burst = self.params.max_burst_length.max(512);
         let target = self.target.clone();
         tokio::spawn(async move {
-            let mut pre = pre;
-            if pre.is_none() && write_without_w.is_some() {
-                // A data-out command sent without the W bit and no data: EDTL 0 < needed.
-                pre = Some(ScsiResponse::check(Sense::new(
-                    SenseKey::ILLEGAL_REQUEST,
-                    0x0e,
-                    0x03,
-                )));
-            }
             let resp = match pre {
                 Some(r) => r,
                 None => {
                     let cdb2 = cdb.clone();
                     tokio::task::spawn_blocking(move || match exec {
+                        // REPORT LUNS answers for the whole target, whichever LUN it addressed
+                        // (SPC-4 §6.33).
+                        _ if cdb2.first() == Some(&0xa0) => {
+                            let luns: Vec<u64> = target
+                                .map(|t| t.luns.keys().copied().collect())
+                                .unwrap_or_default();
+                            report_luns(&luns, &cdb2)
+                        }
                         Exec::Lu(lu) => lu.execute(&ScsiRequest {
                             cdb: &cdb2,
                             data_out: &data_out,
                             nexus: &nexus,
                             lun,
                         }),
-                        Exec::NoLun if cdb2.first() == Some(&0xa0) => {
-                            let luns: Vec<u64> = target
-                                .map(|t| t.luns.keys().copied().collect())
-                                .unwrap_or_default();
-                            report_luns(&luns, &cdb2)
-                        }
                         Exec::NoLun => no_such_lun(&cdb2),
                     })
                     .await
@@ -1158,6 +1175,34 @@ impl Session {
 enum Flow {
     Continue,
     Close(String),
+}
+
+/// For a block write (WRITE, WRITE AND VERIFY) whose EDTL covers less than its transfer
+/// length, rewrites the CDB to the whole blocks EDTL covers: `Some(Some(bytes))` to write,
+/// `Some(None)` when not one whole block is covered. `None` for other commands.
+fn overflow_write(exec: &Exec, cdb: &mut [u8], edtl: u32) -> Option<Option<usize>> {
+    let Exec::Lu(lu) = exec else { return None };
+    let bs = lu.block_size().max(1);
+    let blocks = edtl / bs;
+    let field = match cdb.first()? {
+        0x2a | 0x2e => 7..9,
+        0xaa | 0xae => 6..10,
+        0x8a | 0x8e => 10..14,
+        // WRITE(6) counts 1..=255 blocks (0 means 256).
+        0x0a if (1..=255).contains(&blocks) => 4..5,
+        0x0a if blocks == 0 => return Some(None),
+        _ => return None,
+    };
+    if cdb.len() < field.end {
+        return None;
+    }
+    if blocks == 0 {
+        return Some(None);
+    }
+    let bytes = blocks.to_be_bytes();
+    let width = field.len();
+    cdb[field].copy_from_slice(&bytes[4 - width..]);
+    Some(Some((blocks * bs) as usize))
 }
 
 /// The CDB: 16 bytes in the BHS, continued in an Extended CDB AHS (RFC 7143 §11.2.2.3).
