@@ -286,3 +286,21 @@ fn pool_open_rejects_tampering_and_counts_it() {
         Err(OpenError::Replay { .. })
     ));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn garbage_never_opens_and_never_panics(
+        cipher in cipher_strategy(),
+        junk in prop::collection::vec(any::<u8>(), 0..3000),
+    ) {
+        let (_, target) = pair(cipher, 512);
+        let r = target.open(&write_binding(), buf(&junk));
+        if junk.is_empty() {
+            prop_assert!(r.unwrap().is_empty());
+        } else if cipher.protects() {
+            prop_assert!(r.is_err());
+        }
+    }
+}

@@ -275,3 +275,24 @@ mod target_negotiation {
         assert!(t.finish(&ids()).is_err());
     }
 }
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_login_values_never_panic(
+        seal in "\\PC{0,40}",
+        chunk in "\\PC{0,12}",
+        nonce in "(0x)?[0-9a-fA-F]{0,70}",
+        confirm in "(0x)?[0-9a-f]{0,70}",
+    ) {
+        let keys = vec![
+            (KEY_SEAL.to_owned(), seal),
+            (KEY_CHUNK.to_owned(), chunk),
+            (KEY_NONCE.to_owned(), nonce),
+            (KEY_CONFIRM.to_owned(), confirm),
+        ];
+        let _ = SealAnswer::handle_offer(&cfg(SealPolicy::Required), &keys, &ids(), |_| {
+            Some(psk(SECRET))
+        });
+        let _ = offer(vec![Cipher::Aes256Gcm]).handle_answer(&keys);
+    }
+}
