@@ -555,6 +555,14 @@ impl LoginMachine {
             }
             return Ok(());
         }
+        // The result functions of RFC 7143 §6.2 (AND/OR/min/list membership) are checked by
+        // the shared key table in iscsi-proto; an answer that breaks them fails the login.
+        let v = match iscsi_proto::params::spec(key) {
+            Some(spec) => iscsi_proto::params::check_answer(spec, ours, v)
+                .map_err(|e| Error::Login(format!("target answered {e} to our {key}={ours}")))?,
+            None => v.to_owned(),
+        };
+        let v = v.as_str();
         let bad = || Error::Login(format!("target answered {key}={v} to our {key}={ours}"));
         let num = |s: &str| s.parse::<u32>().map_err(|_| bad());
         let boolean = |s: &str| match s {

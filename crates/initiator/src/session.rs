@@ -67,13 +67,7 @@ impl Default for SessionConfig {
     }
 }
 
-/// Serial number arithmetic (RFC 1982) as RFC 7143 §4.2.2.1 asks for CmdSN/StatSN.
-fn sn_lt(a: u32, b: u32) -> bool {
-    a != b && (b.wrapping_sub(a) as i32) > 0
-}
-fn sn_le(a: u32, b: u32) -> bool {
-    a == b || sn_lt(a, b)
-}
+use iscsi_proto::seq::{sn_le, sn_lt};
 
 #[derive(Debug)]
 struct Sn {
