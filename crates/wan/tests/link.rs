@@ -19,6 +19,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `IPSAN_WAN_LONG=1` (scripts/bench-wan) multiplies sample counts and run times for the
+/// evidence runs; CI uses the short defaults.
+fn scale() -> usize {
+    if std::env::var_os("IPSAN_WAN_LONG").is_some() {
+        4
+    } else {
+        1
+    }
+}
+
 fn can_run(test: &str) -> bool {
     if !link::is_root() {
         println!("SKIPPED: {test}: needs root (namespaces, TUN)");
@@ -123,6 +133,7 @@ fn check_rtt(test: &str, delay_ms: u64, n: usize) {
             ..Default::default()
         },
     );
+    let n = n * scale();
     let (median, p99) = rtts(&link, n);
     let st = link.stats();
     let late = |d: ipsan_wan::DirStats| {
@@ -182,7 +193,7 @@ fn rate_100mbit_goodput_within_5_percent() {
         },
     );
     let (mut c, mut s) = tcp_pair(&link);
-    let run = Duration::from_millis(3500);
+    let run = Duration::from_millis(3500) * scale() as u32;
     let sender = std::thread::spawn(move || {
         let buf = vec![0x5Au8; 64 * 1024];
         let t = Instant::now();
@@ -255,7 +266,7 @@ fn loss_counter_is_within_the_99_percent_binomial_interval() {
     let dst: SocketAddr = rx.local_addr().unwrap();
     rx.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
-    let n = 20_000u64;
+    let n = 20_000 * scale() as u64;
     let counter = std::thread::spawn(move || {
         let mut got = 0u64;
         let mut b = [0u8; 256];
