@@ -4,11 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use common::{bounded, config, Tgtd, TgtdOpts, TGT_IQN};
-use ipsan_initiator::bench::{self, Limit, RwMode, Workload};
 use ipsan_initiator::{
     discover, ChapCredentials, ChapSecret, DigestChoice, Error, LoginOptions, Session,
 };
@@ -162,56 +159,7 @@ fn round_trip(
         params: target_params,
         ..Default::default()
     });
-    bounded(120, async {
-        let s = Arc::new(Session::open(&t.url(), &config(login)).await.unwrap());
-        check(s.params());
-        let mut seed = 1;
-        for (bs, depth) in [
-            (512u64, 1usize),
-            (4096, 4),
-            (65536, 16),
-            (1 << 20, 8),
-            (3 << 19, 3),
-        ] {
-            seed += 1;
-            for mode in [RwMode::Write, RwMode::Read, RwMode::RandRw] {
-                let w = Workload {
-                    mode,
-                    mix_read_percent: 50,
-                    block_size: bs,
-                    depth,
-                    offset: 4096,
-                    limit: Limit::Bytes((bs * 64).min(8 << 20)),
-                    verify: true,
-                    seed,
-                };
-                let m = bench::run(s.clone(), w, None)
-                    .await
-                    .unwrap_or_else(|e| panic!("bs={bs} depth={depth} {mode:?}: {e}"));
-                assert!(
-                    m.verify.checked_blocks > 0,
-                    "bs={bs} {mode:?} verified nothing"
-                );
-            }
-        }
-        // Corruption is caught: overwrite one block inside the verified region, read back.
-        let lba = 4096 / 512 + 3;
-        s.write(lba, Bytes::from(vec![0xeeu8; 512])).await.unwrap();
-        let w = Workload {
-            mode: RwMode::Read,
-            mix_read_percent: 100,
-            block_size: 3 << 19,
-            depth: 2,
-            offset: 4096,
-            limit: Limit::Bytes(3 << 19),
-            verify: true,
-            seed,
-        };
-        match bench::run(s.clone(), w, None).await {
-            Err(bench::BenchError::Verify { lba: bad, .. }) => assert_eq!(bad, lba),
-            other => panic!("corruption not caught: {other:?}"),
-        }
-    });
+    bounded(120, common::round_trip(t.url(), login, check));
 }
 
 #[test]
