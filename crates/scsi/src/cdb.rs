@@ -477,6 +477,13 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
         },
         COMPARE_AND_WRITE => {
             no_protect(cdb)?;
+            // Deliberate deviation: SBC-4 §5.3 lets NUMBER OF LOGICAL BLOCKS 0 be a no-op,
+            // but a 0 in this 8-bit field is far more often a truncated 256 (libiscsi's
+            // conformance suite sends exactly that and expects INVALID FIELD IN CDB);
+            // answering GOOD would report a compare-and-write that never happened.
+            if cdb[13] == 0 {
+                return Err(Sense::invalid_field_in_cdb_at(13, Some(7)));
+            }
             Command::CompareAndWrite(BlockIo {
                 lba: be64(&cdb[2..10]),
                 blocks: u32::from(cdb[13]),

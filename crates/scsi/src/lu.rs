@@ -235,7 +235,7 @@ impl LogicalUnit {
         let thin = cfg.thin_provisioning && backend.supports_unmap();
         let gran = (backend_unmap_granularity(backend.kind()) / bs).max(1) as u32;
         let limits = Limits {
-            max_transfer: ((16u64 << 20) / bs) as u32,
+            max_transfer: ((64u64 << 20) / bs) as u32,
             max_compare_and_write: 255,
             max_unmap_lba: if thin { 1 << 20 } else { 0 },
             max_unmap_descriptors: if thin { 2048 } else { 0 },
@@ -785,7 +785,9 @@ impl LogicalUnit {
         let len = blocks * bs as u64;
         {
             let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
-            if unmap && zero && self.thin {
+            // UNMAP set on a thin LU deallocates whatever the data block holds: reads then
+            // return zeros (LBPRZ), which libiscsi's unmap tests check (SBC-3 §5.43).
+            if unmap && self.thin {
                 self.backend
                     .unmap(off, len)
                     .map_err(|e| Sense::from_write_error(&e))?;
@@ -864,9 +866,6 @@ impl LogicalUnit {
             return Err(Sense::invalid_field_in_cdb_at(13, None));
         }
         self.check_range(io.lba, u64::from(io.blocks))?;
-        if io.blocks == 0 {
-            return Ok(());
-        }
         let n = self.bytes(io.blocks) as usize;
         let data = data_out(req, 2 * n as u64)?;
         let (verify, write) = data.split_at(n);

@@ -279,6 +279,7 @@ fn command_info_reports_direction_and_data_out_length() {
     assert_eq!(w(&[0x00]).direction, DataDirection::None);
     let mut caw = rw16(0x89, 0, 0, 0);
     caw[13] = 2;
+    caw[14] = 0;
     assert_eq!(w(&caw).data_out_len, 4 * 512);
     assert_eq!(w(&unmap_cdb(24)).data_out_len, 24);
     assert_eq!(
@@ -530,9 +531,13 @@ fn write_same_unmap_deallocates_and_reads_zero() {
     write(&lu, 0, &vec![0xFF; 2048 * BS]);
     good(&run(&lu, &rw16(0x93, 0x09, 0, 2048), &[]));
     assert_eq!(p.inner.allocated_chunks(), 0);
-    // Non-zero data with UNMAP is written, not deallocated.
+    // UNMAP deallocates whatever the data block holds; reads return zeros (LBPRZ).
+    write(&lu, 0, &[3; BS]);
     good(&run(&lu, &rw10(0x41, 0x08, 0, 1), &[3; BS]));
-    assert_eq!(read(&lu, 0, 1), vec![3; BS]);
+    assert_eq!(read(&lu, 0, 1), vec![0; BS]);
+    // Without UNMAP, zeros are written (allocating).
+    good(&run(&lu, &rw10(0x41, 0x00, 0, 2048), &[0; BS]));
+    assert_eq!(p.inner.allocated_chunks(), 1);
 }
 
 #[test]
@@ -708,7 +713,9 @@ fn compare_and_write_writes_on_match_and_reports_offset_on_miscompare() {
         0x21,
         0,
     );
-    good(&run(&lu, &caw(0, 0), &[]));
+    // NLB 0: rejected (a truncated 256 is likelier than a deliberate no-op).
+    check(&run(&lu, &caw(0, 0), &[]), IR, 0x24, 0);
+    check(&run(&lu, &caw(0, 0), &[0; 2 * BS]), IR, 0x24, 0);
 }
 
 #[test]
