@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release -p ipsan-seal --example loopback -- \
 //!     [--io BYTES] [--depth N] [--total BYTES] [--crypto-workers N] [--pipeline on|off] [--reps N]
+//!     [--cases none,plain,aes-256-gcm,chacha20-poly1305,3des-cbc-hmac-sha1]
 //! ```
 //! Uses the toy block protocol of `tests/support/blockproto.rs` (not iSCSI); the iSCSI numbers
 //! come from `ipsan bench` once the target and initiator integrate Seal.
@@ -28,6 +29,7 @@ struct Opts {
     workers: usize,
     pipeline: bool,
     reps: usize,
+    cases: Vec<Option<Cipher>>,
 }
 
 fn parse() -> Opts {
@@ -38,6 +40,13 @@ fn parse() -> Opts {
         workers: 2,
         pipeline: true,
         reps: 3,
+        cases: vec![
+            Some(Cipher::None),
+            None,
+            Some(Cipher::Aes256Gcm),
+            Some(Cipher::ChaCha20Poly1305),
+            Some(Cipher::TripleDesCbcHmacSha1),
+        ],
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -50,6 +59,14 @@ fn parse() -> Opts {
             "--crypto-workers" => o.workers = v.parse().unwrap(),
             "--pipeline" => o.pipeline = v == "on",
             "--reps" => o.reps = v.parse().unwrap(),
+            // Comma-separated cipher names; `plain` = no Seal at all. Put `none` first: it is
+            // the baseline the ratios divide by.
+            "--cases" => {
+                o.cases = v
+                    .split(',')
+                    .map(|c| (c != "plain").then(|| c.parse().unwrap()))
+                    .collect()
+            }
             _ => panic!("unknown flag {a}"),
         }
     }
@@ -65,7 +82,26 @@ fn cpu_seconds() -> f64 {
     ticks as f64 / 100.0
 }
 
+/// utime + stime of this process's `seal-crypto-*` pool threads, in seconds.
+fn crypto_cpu_seconds() -> f64 {
+    let mut ticks = 0u64;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("seal-crypto") {
+            continue;
+        }
+        let Ok(s) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        let rest = &s[s.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    }
+    ticks as f64 / 100.0
+}
+
 struct Run {
+    crypto_s_per_gb: f64,
     write_mbs: f64,
     read_mbs: f64,
     cpu_s_per_gb: f64,
@@ -89,6 +125,7 @@ async fn run(cipher: Option<Cipher>, o: &Opts, total: usize) -> Run {
     let (addr, _lun) = blockproto::serve(ct, total).await;
     let client = Client::connect(addr, ci).await;
     let cpu0 = cpu_seconds();
+    let crypto0 = crypto_cpu_seconds();
     let t0 = Instant::now();
     blockproto::sequential_write(&client, total, o.io, depth, 0x42).await;
     let tw = t0.elapsed().as_secs_f64();
@@ -96,11 +133,13 @@ async fn run(cipher: Option<Cipher>, o: &Opts, total: usize) -> Run {
     blockproto::sequential_read(&client, total, o.io, depth, 0x42).await;
     let tr = t1.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    let crypto = crypto_cpu_seconds() - crypto0;
     let mb = total as f64 / 1e6;
     Run {
         write_mbs: mb / tw,
         read_mbs: mb / tr,
         cpu_s_per_gb: cpu / (2.0 * total as f64 / 1e9),
+        crypto_s_per_gb: crypto / (2.0 * total as f64 / 1e9),
     }
 }
 
@@ -124,15 +163,9 @@ fn main() {
         if o.pipeline { "on" } else { "off" },
         o.reps
     );
-    println!("| seal | MB moved | write MB/s | read MB/s | CPU s/GB (both ends) | write vs none | read vs none |");
-    println!("|---|---|---|---|---|---|---|");
-    let cases: Vec<Option<Cipher>> = vec![
-        Some(Cipher::None),
-        None,
-        Some(Cipher::Aes256Gcm),
-        Some(Cipher::ChaCha20Poly1305),
-        Some(Cipher::TripleDesCbcHmacSha1),
-    ];
+    println!("| seal | MB each way | write MB/s | read MB/s | CPU s/GB (both ends) | of which crypto pool | write vs none | read vs none |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let cases = o.cases.clone();
     // 3DES runs at a few MB/s: move less data, once.
     let plan = |c: Option<Cipher>| {
         if c == Some(Cipher::TripleDesCbcHmacSha1) {
@@ -156,17 +189,19 @@ fn main() {
         let w = median(runs.iter().map(|r| r.write_mbs).collect());
         let r = median(runs.iter().map(|r| r.read_mbs).collect());
         let cpu = median(runs.iter().map(|r| r.cpu_s_per_gb).collect());
+        let crypto = median(runs.iter().map(|r| r.crypto_s_per_gb).collect());
         if *c == Some(Cipher::None) {
             base = Some((w, r));
         }
         let (bw, br) = base.unwrap_or((w, r));
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
             c.map_or("plain (no seal)".to_owned(), |c| c.to_string()),
             plan(*c).0 / 1_000_000,
             w,
             r,
             cpu,
+            crypto,
             w / bw,
             r / br
         );

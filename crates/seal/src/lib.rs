@@ -23,6 +23,7 @@
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 
+pub mod cdb;
 pub mod cipher;
 pub mod error;
 pub mod frame;
