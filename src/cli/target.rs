@@ -41,6 +41,15 @@ pub struct Args {
     /// Commands in flight per session (the CmdSN window).
     #[arg(long)]
     queue_depth: Option<u32>,
+    /// Seal (encryption above SCSI, docs/seal.md): off | allowed | required.
+    #[arg(long, default_value = "allowed")]
+    seal: ipsan_seal::SealPolicy,
+    /// Seal pre-shared secret for the command line's target (per-initiator secrets: --config).
+    #[arg(long, value_name = "FILE")]
+    seal_secret_file: Option<PathBuf>,
+    /// Threads that seal and open data (default: one per CPU).
+    #[arg(long)]
+    crypto_workers: Option<usize>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -88,6 +97,15 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                     alias: None,
                     allow: args.allow.clone(),
                     chap,
+                    seal: config::SealSettings {
+                        policy: args.seal,
+                        secret: args
+                            .seal_secret_file
+                            .as_deref()
+                            .map(|p| config::seal_secret_from_file("--seal-secret-file", p))
+                            .transpose()?,
+                        initiators: Vec::new(),
+                    },
                     luns: config::luns_from_specs(&specs)?,
                 }],
                 ..Config::default()
@@ -110,6 +128,13 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             "--queue-depth: must be in 1..=4096"
         );
         config.queue_depth = d;
+    }
+    if let Some(n) = args.crypto_workers {
+        anyhow::ensure!(
+            (1..=256).contains(&n),
+            "--crypto-workers: must be in 1..=256"
+        );
+        config.crypto_workers = n;
     }
     config.validate()?;
     Ok(config)

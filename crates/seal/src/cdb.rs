@@ -10,7 +10,9 @@ use crate::frame::Binding;
 #[must_use]
 pub fn extent(cdb: &[u8]) -> (u64, u32) {
     let be = |r: std::ops::Range<usize>| -> u64 {
-        cdb.get(r).map_or(0, |b| b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+        cdb.get(r).map_or(0, |b| {
+            b.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x))
+        })
     };
     match cdb.first() {
         // READ(6)/WRITE(6): 21-bit LBA, 0 blocks means 256.
@@ -38,7 +40,13 @@ pub fn extent(cdb: &[u8]) -> (u64, u32) {
 #[must_use]
 pub fn binding(lun: u64, task_tag: u32, cdb: &[u8]) -> Binding {
     let (lba, blocks) = extent(cdb);
-    Binding { lun, lba, blocks, opcode: cdb.first().copied().unwrap_or(0), task_tag }
+    Binding {
+        lun,
+        lba,
+        blocks,
+        opcode: cdb.first().copied().unwrap_or(0),
+        task_tag,
+    }
 }
 
 #[cfg(test)]
@@ -47,7 +55,10 @@ mod tests {
 
     #[test]
     fn extents_of_read_write_forms() {
-        assert_eq!(extent(&[0x28, 0, 0, 0, 0x12, 0x34, 0, 0, 8, 0]), (0x1234, 8));
+        assert_eq!(
+            extent(&[0x28, 0, 0, 0, 0x12, 0x34, 0, 0, 8, 0]),
+            (0x1234, 8)
+        );
         assert_eq!(extent(&[0x0a, 0x01, 0x02, 0x03, 0, 0]), (0x010203, 256));
         let mut w16 = [0u8; 16];
         w16[0] = 0x8a;
@@ -59,7 +70,11 @@ mod tests {
         caw[9] = 1;
         caw[13] = 2;
         assert_eq!(extent(&caw), (1, 2));
-        assert_eq!(extent(&[0x12, 0, 0, 0, 36, 0]), (0, 0), "INQUIRY addresses no blocks");
+        assert_eq!(
+            extent(&[0x12, 0, 0, 0, 36, 0]),
+            (0, 0),
+            "INQUIRY addresses no blocks"
+        );
         assert_eq!(extent(&[0x28, 0, 0]), (0, 0), "short CDB");
     }
 }

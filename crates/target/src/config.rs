@@ -25,6 +25,13 @@
 //! mutual_user = "disk0"                            # optional mutual CHAP
 //! mutual_secret_file = "/etc/ipsan/disk0.secret"
 //!
+//! [target.seal]                  # Seal: encryption above SCSI (docs/seal.md)
+//! policy = "allowed"              # off | allowed (default) | required
+//! secret_file = "/etc/ipsan/seal.secret"          # default pre-shared secret for this target
+//! [[target.seal.initiator]]       # per-initiator secrets override the default
+//! name = "iqn.1994-05.com.redhat:host1"
+//! secret_file = "/etc/ipsan/host1.seal"
+//!
 //! [[target.lun]]
 //! id = 0
 //! backend = "file:/var/lib/ipsan/disk0.img,size=10GiB"
@@ -37,6 +44,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use ipsan_scsi::BackendSpec;
+use ipsan_seal::{Psk, SealPolicy};
 use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
 use iscsi_proto::login::ChapPolicy;
 use serde::Deserialize;
@@ -80,6 +88,7 @@ struct FileServer {
     login_timeout_secs: Option<u64>,
     nop_interval_secs: Option<u64>,
     queue_depth: Option<u32>,
+    crypto_workers: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -96,8 +105,27 @@ struct FileTarget {
     #[serde(default)]
     allow: Vec<String>,
     chap: Option<FileChap>,
+    seal: Option<FileSeal>,
     #[serde(default)]
     lun: Vec<FileLun>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSeal {
+    policy: Option<String>,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    #[serde(default)]
+    initiator: Vec<FileSealInitiator>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSealInitiator {
+    name: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +164,98 @@ pub struct LunConfig {
     pub serial: Option<String>,
 }
 
+/// Seal settings of one target (docs/seal.md §2).
+#[derive(Debug, Clone)]
+pub struct SealSettings {
+    pub policy: SealPolicy,
+    /// Pre-shared secret for initiators without their own.
+    pub secret: Option<Psk>,
+    /// Per-initiator pre-shared secrets.
+    pub initiators: Vec<(String, Psk)>,
+}
+
+impl Default for SealSettings {
+    fn default() -> Self {
+        Self {
+            policy: SealPolicy::Allowed,
+            secret: None,
+            initiators: Vec::new(),
+        }
+    }
+}
+
+impl SealSettings {
+    /// The secret for `initiator`, if any.
+    #[must_use]
+    pub fn psk_for(&self, initiator: &str) -> Option<Psk> {
+        self.initiators
+            .iter()
+            .find(|(n, _)| n == initiator)
+            .map(|(_, p)| p.clone())
+            .or_else(|| self.secret.clone())
+    }
+}
+
+/// Reads a Seal pre-shared secret from a file.
+pub fn seal_secret_from_file(field: &str, path: &Path) -> Result<Psk, ConfigError> {
+    Psk::from_file(path).map_err(|e| err(field, e.to_string()))
+}
+
+fn seal_psk(field: &str, inline: Option<&str>, file: Option<&Path>) -> Result<Psk, ConfigError> {
+    match (inline, file) {
+        (Some(s), None) => Psk::new(s.as_bytes().to_vec()).map_err(|e| err(field, e.to_string())),
+        (None, Some(p)) => seal_secret_from_file(field, p),
+        (Some(_), Some(_)) => Err(err(field, "give either secret or secret_file, not both")),
+        (None, None) => Err(err(field, "a secret or secret_file is required")),
+    }
+}
+
+fn seal_settings(field: &str, f: &FileSeal) -> Result<SealSettings, ConfigError> {
+    let policy = match &f.policy {
+        None => SealPolicy::Allowed,
+        Some(p) => p.parse().map_err(|_| {
+            err(
+                format!("{field}.policy"),
+                format!("{p:?}: expected off, allowed or required"),
+            )
+        })?,
+    };
+    let secret = match (&f.secret, &f.secret_file) {
+        (None, None) => None,
+        (s, p) => Some(seal_psk(
+            &format!("{field}.secret"),
+            s.as_deref(),
+            p.as_deref(),
+        )?),
+    };
+    let initiators = f
+        .initiator
+        .iter()
+        .enumerate()
+        .map(|(i, ini)| {
+            Ok((
+                ini.name.clone(),
+                seal_psk(
+                    &format!("{field}.initiator[{i}].secret"),
+                    ini.secret.as_deref(),
+                    ini.secret_file.as_deref(),
+                )?,
+            ))
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    if policy == SealPolicy::Required && secret.is_none() && initiators.is_empty() {
+        return Err(err(
+            format!("{field}.policy"),
+            "required, but no secret or initiator secrets are configured",
+        ));
+    }
+    Ok(SealSettings {
+        policy,
+        secret,
+        initiators,
+    })
+}
+
 /// One target to serve.
 #[derive(Debug, Clone)]
 pub struct TargetConfig {
@@ -144,6 +264,7 @@ pub struct TargetConfig {
     /// Initiator names allowed; `*` at the end matches any suffix. Empty allows all.
     pub allow: Vec<String>,
     pub chap: Option<ChapPolicy>,
+    pub seal: SealSettings,
     pub luns: Vec<LunConfig>,
 }
 
@@ -155,6 +276,8 @@ pub struct Config {
     pub login_timeout: std::time::Duration,
     pub nop_interval: Option<std::time::Duration>,
     pub queue_depth: u32,
+    /// Threads that seal and open Seal data (docs/seal.md §6).
+    pub crypto_workers: usize,
     pub discovery_chap: Option<ChapPolicy>,
     pub targets: Vec<TargetConfig>,
 }
@@ -167,6 +290,8 @@ impl Default for Config {
             login_timeout: std::time::Duration::from_secs(15),
             nop_interval: Some(std::time::Duration::from_secs(30)),
             queue_depth: 128,
+            crypto_workers: std::thread::available_parallelism()
+                .map_or(2, std::num::NonZeroUsize::get),
             discovery_chap: None,
             targets: Vec::new(),
         }
@@ -336,6 +461,12 @@ impl Config {
             }
             c.queue_depth = d;
         }
+        if let Some(n) = f.server.crypto_workers {
+            if !(1..=256).contains(&n) {
+                return Err(err("server.crypto_workers", "must be in 1..=256"));
+            }
+            c.crypto_workers = n;
+        }
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);
         }
@@ -353,11 +484,18 @@ impl Config {
                 .enumerate()
                 .map(|(j, l)| lun_from(&format!("{field}.lun[{j}]"), l))
                 .collect::<Result<Vec<_>, _>>()?;
+            let seal = t
+                .seal
+                .as_ref()
+                .map(|s| seal_settings(&format!("{field}.seal"), s))
+                .transpose()?
+                .unwrap_or_default();
             c.targets.push(TargetConfig {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
                 allow: t.allow.clone(),
                 chap,
+                seal,
                 luns,
             });
         }

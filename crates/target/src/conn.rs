@@ -30,12 +30,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
+use crate::seal_ext::{SealExtension, SealSlot};
 use crate::task::WriteState;
+use ipsan_seal::{CryptoPool, SealSession};
 
 /// Settings every connection shares.
 #[derive(Debug)]
 pub struct Shared {
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
+    /// Seal's crypto workers, shared by every session (docs/seal.md §6).
+    pub pool: Arc<CryptoPool>,
     pub offer: TargetOffer,
     pub login_timeout: Duration,
     pub nop_interval: Option<Duration>,
@@ -67,9 +71,10 @@ pub async fn serve(
         codec: Codec::default(),
     };
     let mut wr = wr;
+    let slot = SealSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared),
+        login_phase(&mut conn, &mut wr, &shared, &slot),
     );
     let result = tokio::select! {
         r = login => match r {
@@ -91,8 +96,13 @@ pub async fn serve(
         params.initiator_name,
         hex::encode(result.isid)
     ));
+    let sealed = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .map(|s| s.cipher().to_string());
     info!(
-        %peer, initiator = %params.initiator_name, target = params.target_name.as_deref().unwrap_or("(discovery)"),
+        %peer, seal = sealed.as_deref().unwrap_or("off"), initiator = %params.initiator_name, target = params.target_name.as_deref().unwrap_or("(discovery)"),
         tsih = result.tsih, header_digest = params.header_digest, data_digest = params.data_digest,
         immediate_data = params.immediate_data, initial_r2t = params.initial_r2t,
         max_burst = params.max_burst_length, first_burst = params.first_burst_length,
@@ -135,6 +145,11 @@ pub async fn serve(
         aborted: VecDeque::new(),
         text_partial: Vec::new(),
         ping: None,
+        seal: slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .map(Arc::new),
     };
     let end = session
         .run(&mut conn, &shared, &shutdown, &session_cancel)
@@ -189,8 +204,10 @@ async fn login_phase(
     conn: &mut Reader,
     wr: &mut OwnedWriteHalf,
     shared: &Shared,
+    slot: &SealSlot,
 ) -> std::io::Result<Option<iscsi_proto::login::LoginResult>> {
-    let mut login = TargetLogin::new(shared.offer.clone(), None);
+    let ext = SealExtension::new(shared.registry.clone(), slot.clone());
+    let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
     loop {
         let pdu = match conn.next().await? {
@@ -380,6 +397,8 @@ struct Session {
     text_partial: Vec<u8>,
     /// TTT and deadline of an unanswered NOP-In ping.
     ping: Option<(u32, tokio::time::Instant)>,
+    /// The Seal session, when one was negotiated: every command's data is sealed.
+    seal: Option<Arc<SealSession>>,
 }
 
 impl Session {
@@ -548,6 +567,29 @@ impl Session {
             },
             Exec::NoLun => 0,
         };
+        // In a Seal session data travels sealed: EDTL and every offset count sealed bytes, and
+        // a length that is not exactly the sealed size of what the CDB needs is refused
+        // (sealed data cannot be truncated).
+        let need = match (&self.seal, need) {
+            (Some(seal), n) if n > 0 && pre.is_none() => {
+                match seal.sealed_len(usize::try_from(n).unwrap_or(usize::MAX)) {
+                    Some(sealed)
+                        if sealed as u64 == u64::from(cmd.expected_data_transfer_length) =>
+                    {
+                        sealed as u64
+                    }
+                    _ => {
+                        pre = Some(ScsiResponse::check(Sense::new(
+                            SenseKey::ILLEGAL_REQUEST,
+                            0x0e,
+                            0x03,
+                        )));
+                        u64::from(cmd.expected_data_transfer_length)
+                    }
+                }
+            }
+            (_, n) => n,
+        };
         let need = if need > MAX_COMMAND_BYTES {
             pre = Some(ScsiResponse::check(Sense::invalid_field_in_cdb()));
             0
@@ -701,7 +743,42 @@ impl Session {
         let seg = self.params.initiator_max_recv_data_segment_length.max(512);
         let burst = self.params.max_burst_length.max(512);
         let target = self.target.clone();
+        let seal = self.seal.clone().map(|s| {
+            (
+                s,
+                self.shared.pool.clone(),
+                ipsan_seal::cdb::binding(raw_lun, itt, &cdb),
+            )
+        });
         tokio::spawn(async move {
+            let mut pre = pre;
+            let mut data_out = data_out;
+            if let (Some((session, pool, binding)), None, false) =
+                (&seal, &pre, data_out.is_empty())
+            {
+                // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
+                match pool
+                    .open(session, *binding, BytesMut::from(&data_out[..]))
+                    .await
+                {
+                    Ok(plain) => data_out = plain,
+                    Err(e) => {
+                        warn!(
+                            itt,
+                            lun,
+                            lba = binding.lba,
+                            blocks = binding.blocks,
+                            opcode = binding.opcode,
+                            "seal: data-out refused: {e}"
+                        );
+                        pre = Some(ScsiResponse::check(Sense::new(
+                            SenseKey(ipsan_seal::sense::SENSE_KEY),
+                            ipsan_seal::sense::ASC,
+                            ipsan_seal::sense::ASCQ,
+                        )));
+                    }
+                }
+            }
             let resp = match pre {
                 Some(r) => r,
                 None => {
@@ -729,6 +806,21 @@ impl Session {
                     })
                 }
             };
+            let mut resp = resp;
+            if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
+                let plain = std::mem::take(&mut resp.data_in);
+                let mut buf =
+                    BytesMut::with_capacity(session.sealed_len(plain.len()).unwrap_or(plain.len()));
+                buf.extend_from_slice(&plain);
+                match pool.seal(session, *binding, buf).await {
+                    Ok(sealed) => resp.data_in = sealed,
+                    Err(e) => {
+                        warn!(itt, "seal: cannot seal data-in: {e}");
+                        resp =
+                            ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00));
+                    }
+                }
+            }
             // Residuals (RFC 7143 §11.4.5): data-out commands compare EDTL with what the CDB
             // needed; data-in commands compare it with what the device server produced.
             let mut res = Residual::default();

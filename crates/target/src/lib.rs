@@ -11,6 +11,7 @@
 pub mod config;
 mod conn;
 pub mod registry;
+mod seal_ext;
 pub mod server;
 pub mod task;
 

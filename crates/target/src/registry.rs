@@ -20,6 +20,7 @@ pub struct Target {
     pub alias: Option<String>,
     pub allow: Vec<String>,
     pub auth: Auth,
+    pub seal: crate::config::SealSettings,
     pub luns: BTreeMap<u64, Arc<LogicalUnit>>,
     /// The stores behind the LUNs, flushed at shutdown.
     pub backends: Vec<(u64, Arc<dyn Backend>)>,
@@ -228,6 +229,7 @@ fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
         alias: t.alias.clone(),
         allow: t.allow.clone(),
         auth: t.chap.clone().map_or(Auth::None, Auth::Chap),
+        seal: t.seal.clone(),
         luns,
         backends,
     })

@@ -27,6 +27,8 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Build(#[from] BuildError),
+    #[error("cannot start the crypto workers: {source}")]
+    Pool { source: std::io::Error },
 }
 
 /// A target with its portals bound, ready to run.
@@ -54,7 +56,11 @@ impl Server {
         };
         Ok(Self {
             shared: Arc::new(Shared {
-                registry,
+                registry: Arc::new(registry),
+                pool: Arc::new(
+                    ipsan_seal::CryptoPool::new(config.crypto_workers)
+                        .map_err(|source| ServerError::Pool { source })?,
+                ),
                 offer,
                 login_timeout: config.login_timeout,
                 nop_interval: config.nop_interval,

@@ -1,0 +1,111 @@
+//! Seal's login keys as an [`Extension`] of the login state machine (docs/seal.md §2).
+//!
+//! The target named in the login decides the policy and the pre-shared secret, so the
+//! negotiation is created on first use; discovery sessions never seal.
+
+use std::sync::{Arc, Mutex};
+
+use ipsan_seal::{
+    is_seal_key, SealPolicy, SealSession, SessionIds, TargetNegotiation, TargetSealConfig,
+};
+use iscsi_proto::login::{Extension, ExtensionContext, LoginFailure, LoginStatus};
+use tracing::warn;
+
+use crate::registry::Registry;
+
+/// The confirmed Seal session of a login, handed to the connection once it reaches full
+/// feature phase.
+pub type SealSlot = Arc<Mutex<Option<SealSession>>>;
+
+pub struct SealExtension {
+    registry: Arc<Registry>,
+    neg: Option<TargetNegotiation>,
+    slot: SealSlot,
+}
+
+impl std::fmt::Debug for SealExtension {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealExtension")
+            .field("negotiation", &self.neg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealExtension {
+    pub fn new(registry: Arc<Registry>, slot: SealSlot) -> Self {
+        Self {
+            registry,
+            neg: None,
+            slot,
+        }
+    }
+
+    fn negotiation(&mut self, ctx: &ExtensionContext<'_>) -> &mut TargetNegotiation {
+        let registry = self.registry.clone();
+        let target = ctx.target_name.and_then(|n| registry.target(n)).cloned();
+        self.neg.get_or_insert_with(|| {
+            let (policy, settings) = match &target {
+                Some(t) => (t.seal.policy, Some(t.seal.clone())),
+                None => (SealPolicy::Off, None),
+            };
+            let config = TargetSealConfig {
+                policy,
+                ..TargetSealConfig::default()
+            };
+            TargetNegotiation::new(
+                config,
+                Box::new(move |ini| settings.as_ref().and_then(|s| s.psk_for(ini))),
+            )
+        })
+    }
+}
+
+fn ids(ctx: &ExtensionContext<'_>) -> SessionIds {
+    SessionIds {
+        initiator_name: ctx.initiator_name.to_owned(),
+        target_name: ctx.target_name.unwrap_or_default().to_owned(),
+        isid: ctx.isid,
+    }
+}
+
+fn failure(e: &ipsan_seal::NegotiationError) -> LoginFailure {
+    let (class, detail) = e.login_status();
+    warn!("{e}");
+    LoginFailure::new(
+        LoginStatus(u16::from(class) << 8 | u16::from(detail)),
+        e.to_string(),
+    )
+}
+
+impl Extension for SealExtension {
+    fn handles(&self, key: &str) -> bool {
+        is_seal_key(key)
+    }
+
+    fn respond(
+        &mut self,
+        keys: &[(String, String)],
+        ctx: &ExtensionContext<'_>,
+    ) -> Result<Vec<(String, String)>, LoginFailure> {
+        let ids = ids(ctx);
+        self.negotiation(ctx)
+            .respond(keys, &ids)
+            .map_err(|e| failure(&e))
+    }
+
+    fn finish(
+        &mut self,
+        ctx: &ExtensionContext<'_>,
+    ) -> Result<Vec<(String, String)>, LoginFailure> {
+        let ids = ids(ctx);
+        let neg = self.negotiation(ctx);
+        neg.finish(&ids).map_err(|e| failure(&e))?;
+        if let Some(s) = neg.take_session() {
+            *self
+                .slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(s);
+        }
+        Ok(Vec::new())
+    }
+}

@@ -1,0 +1,389 @@
+//! Seal on the target, driven by a raw client that uses the seal crate's initiator half:
+//! negotiation at login, sealed WRITE/READ, what the wire shows, tampering, and policy.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ipsan_seal::{Cipher, Psk, SealOffer, SealPolicy, SealSession, SessionIds};
+use ipsan_target::config::{self, Config, SealSettings, TargetConfig};
+use ipsan_target::ServerHandle;
+use iscsi_wire::header::*;
+use iscsi_wire::{Codec, Header, Pdu};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const IQN: &str = "iqn.2026-11.org.ipsan:sealed";
+const INI: &str = "iqn.2026-11.org.example:sealer";
+const SECRET: &[u8] = b"a-pre-shared-secret-of-32-bytes!";
+const MARKER: &[u8] = b"THE-PLAINTEXT-MARKER-1234567890";
+
+async fn start(policy: SealPolicy) -> ServerHandle {
+    let mut c = Config {
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        crypto_workers: 2,
+        targets: vec![TargetConfig {
+            iqn: IQN.into(),
+            alias: None,
+            allow: Vec::new(),
+            chap: None,
+            seal: SealSettings {
+                policy,
+                secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
+                initiators: Vec::new(),
+            },
+            luns: config::luns_from_specs(&["mem:16MiB".into()]).unwrap(),
+        }],
+        ..Config::default()
+    };
+    c.validate().unwrap();
+    ServerHandle::start(&c).await.unwrap()
+}
+
+struct Client {
+    s: TcpStream,
+    buf: BytesMut,
+    codec: Codec,
+    cmd_sn: u32,
+    itt: u32,
+    /// Every byte the target sent, to check what the wire shows.
+    seen: Vec<u8>,
+}
+
+fn login_req(transit: bool, nsg: Stage, isid: [u8; 6], cmd_sn: u32, itt: u32) -> LoginRequest {
+    LoginRequest {
+        transit,
+        continue_: false,
+        csg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        nsg: if transit { nsg } else { Stage(0) },
+        version_max: 0,
+        version_min: 0,
+        isid,
+        tsih: 0,
+        itt,
+        cid: 0,
+        cmd_sn,
+        exp_stat_sn: 0,
+    }
+}
+
+impl Client {
+    async fn connect(addr: std::net::SocketAddr) -> Self {
+        Self {
+            s: TcpStream::connect(addr).await.unwrap(),
+            buf: BytesMut::new(),
+            codec: Codec::default(),
+            cmd_sn: 1,
+            itt: 1,
+            seen: Vec::new(),
+        }
+    }
+    async fn send(&mut self, pdu: &Pdu) {
+        let mut out = BytesMut::new();
+        self.codec.encode(pdu, &mut out).unwrap();
+        self.s.write_all(&out).await.unwrap();
+    }
+    async fn recv(&mut self) -> Option<Pdu> {
+        let fut = async {
+            loop {
+                if let Some(p) = self.codec.decode(&mut self.buf).unwrap() {
+                    return Some(p);
+                }
+                let before = self.buf.len();
+                if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
+                    return None;
+                }
+                self.seen.extend_from_slice(&self.buf[before..]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), fut)
+            .await
+            .expect("answer in time")
+    }
+
+    /// Logs in offering `seal`; returns the Seal session, or the login status on failure.
+    async fn login(&mut self, seal: Option<Cipher>) -> Result<Option<Arc<SealSession>>, (u8, u8)> {
+        let isid = [0x80, 1, 2, 3, 4, 5];
+        let mut text = format!("InitiatorName={INI}\0TargetName={IQN}\0SessionType=Normal\0MaxRecvDataSegmentLength=262144\0ImmediateData=Yes\0InitialR2T=No\0FirstBurstLength=262144\0MaxBurstLength=1048576\0");
+        let offer = seal.map(|c| {
+            SealOffer::new(
+                vec![c],
+                65536,
+                Psk::new(SECRET.to_vec()).unwrap(),
+                SessionIds {
+                    initiator_name: INI.into(),
+                    target_name: IQN.into(),
+                    isid,
+                },
+            )
+            .unwrap()
+        });
+        if let Some(o) = &offer {
+            for (k, v) in o.keys() {
+                text.push_str(&format!("{k}={v}\0"));
+            }
+        }
+        // With Seal the offer goes with T=0 so a second request can carry the confirmation.
+        let transit = offer.is_none();
+        self.send(&Pdu::new(
+            login_req(transit, Stage::FULL_FEATURE_PHASE, isid, self.cmd_sn, 1),
+            Bytes::from(text),
+        ))
+        .await;
+        let Some(Pdu {
+            header: Header::LoginResponse(r),
+            data,
+            ..
+        }) = self.recv().await
+        else {
+            panic!("no login response")
+        };
+        if r.status_class != 0 {
+            return Err((r.status_class, r.status_detail));
+        }
+        // We declared MaxRecvDataSegmentLength=262144.
+        self.codec.max_recv_data_segment_length = 262_144;
+        let Some(offer) = offer else { return Ok(None) };
+        let answer = iscsi_wire::text::parse(&data).unwrap();
+        let (session, confirm) = offer
+            .handle_answer(&answer)
+            .expect("target's answer verifies");
+        let text: String = confirm.iter().map(|(k, v)| format!("{k}={v}\0")).collect();
+        self.send(&Pdu::new(
+            login_req(true, Stage::FULL_FEATURE_PHASE, isid, self.cmd_sn, 2),
+            Bytes::from(text),
+        ))
+        .await;
+        let Some(Pdu {
+            header: Header::LoginResponse(r),
+            ..
+        }) = self.recv().await
+        else {
+            panic!("no final login response")
+        };
+        if r.status_class != 0 {
+            return Err((r.status_class, r.status_detail));
+        }
+        assert!(r.transit && r.nsg == Stage::FULL_FEATURE_PHASE);
+        Ok(Some(Arc::new(session)))
+    }
+
+    fn cdb10(op: u8, lba: u32, blocks: u16) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[0] = op;
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c[7..9].copy_from_slice(&blocks.to_be_bytes());
+        c
+    }
+
+    /// WRITE(10) with all data immediate; returns (status, sense key, asc, ascq).
+    async fn write(&mut self, lba: u32, data: Bytes) -> (u8, u8, u8, u8) {
+        let blocks = u16::try_from(data.len() / 512).unwrap();
+        let itt = self.next_itt();
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: false,
+            write: true,
+            attr: TaskAttr::SIMPLE,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: data.len() as u32,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: Self::cdb10(0x2a, lba, blocks),
+        };
+        self.cmd_sn += 1;
+        self.send(&Pdu::new(cmd, data)).await;
+        match self.recv().await {
+            Some(Pdu {
+                header: Header::ScsiResponse(r),
+                data,
+                ..
+            }) => {
+                let s = if data.len() >= 16 {
+                    (data[4] & 0x0f, data[14], data[15])
+                } else {
+                    (0, 0, 0)
+                };
+                (r.status, s.0, s.1, s.2)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// READ(10) expecting `edtl` bytes; returns the concatenated Data-In.
+    async fn read(&mut self, lba: u32, blocks: u16, edtl: u32) -> Bytes {
+        let itt = self.next_itt();
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::SIMPLE,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: edtl,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: Self::cdb10(0x28, lba, blocks),
+        };
+        self.cmd_sn += 1;
+        self.send(&Pdu::new(cmd, Bytes::new())).await;
+        let mut out = BytesMut::new();
+        loop {
+            match self.recv().await {
+                Some(Pdu {
+                    header: Header::DataIn(d),
+                    data,
+                    ..
+                }) => {
+                    out.extend_from_slice(&data);
+                    if d.status_present {
+                        assert_eq!(d.status, 0);
+                        return out.freeze();
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn next_itt(&mut self) -> u32 {
+        self.itt += 1;
+        self.itt
+    }
+}
+
+fn payload() -> Vec<u8> {
+    let mut p = vec![0u8; 8192];
+    for (i, b) in p.iter_mut().enumerate() {
+        *b = (i * 31 % 251) as u8;
+    }
+    p[100..100 + MARKER.len()].copy_from_slice(MARKER);
+    p
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_write_and_read_round_trip_without_plaintext_on_the_wire() {
+    let t = start(SealPolicy::Allowed).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c
+        .login(Some(Cipher::Aes256Gcm))
+        .await
+        .unwrap()
+        .expect("a Seal session");
+    let plain = payload();
+    let itt = c.itt + 1;
+    let mut buf = BytesMut::with_capacity(session.sealed_len(plain.len()).unwrap());
+    buf.extend_from_slice(&plain);
+    let cdb = Client::cdb10(0x2a, 64, 16);
+    let sealed = session
+        .seal(&ipsan_seal::cdb::binding(0, itt, &cdb), buf)
+        .unwrap();
+    assert!(!contains(&sealed, MARKER), "the client sends no plaintext");
+    assert_eq!(
+        c.write(64, sealed).await,
+        (0, 0, 0, 0),
+        "sealed write accepted"
+    );
+
+    let edtl = session.sealed_len(plain.len()).unwrap() as u32;
+    let itt = c.itt + 1;
+    let got = c.read(64, 16, edtl).await;
+    assert!(
+        !contains(&c.seen, MARKER),
+        "the target sent the marker in clear"
+    );
+    let cdb = Client::cdb10(0x28, 64, 16);
+    let opened = session
+        .open(
+            &ipsan_seal::cdb::binding(0, itt, &cdb),
+            BytesMut::from(&got[..]),
+        )
+        .unwrap();
+    assert_eq!(&opened[..], &plain[..], "read back what was written");
+    t.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_sealed_write_is_refused_and_leaves_the_lun_unchanged() {
+    let t = start(SealPolicy::Allowed).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c
+        .login(Some(Cipher::ChaCha20Poly1305))
+        .await
+        .unwrap()
+        .expect("a Seal session");
+    let seal_write = |itt: u32, lba: u32, data: &[u8]| {
+        let mut buf = BytesMut::with_capacity(session.sealed_len(data.len()).unwrap());
+        buf.extend_from_slice(data);
+        session
+            .seal(
+                &ipsan_seal::cdb::binding(
+                    0,
+                    itt,
+                    &Client::cdb10(0x2a, lba, (data.len() / 512) as u16),
+                ),
+                buf,
+            )
+            .unwrap()
+    };
+    let old = vec![0x11u8; 4096];
+    let s = seal_write(c.itt + 1, 8, &old);
+    assert_eq!(c.write(8, s).await.0, 0);
+
+    // Flip one byte of a new sealed write: CHECK CONDITION, ABORTED COMMAND, 74h/04h.
+    let new = vec![0x22u8; 4096];
+    let mut s = seal_write(c.itt + 1, 8, &new).to_vec();
+    s[10] ^= 0x01;
+    assert_eq!(c.write(8, Bytes::from(s)).await, (2, 0x0b, 0x74, 0x04));
+
+    // A genuine write sealed for LBA 8, replayed at LBA 16 (relocation): refused.
+    let moved = seal_write(c.itt + 1, 8, &new);
+    assert_eq!(
+        c.write(16, moved).await,
+        (2, 0x0b, 0x74, 0x04),
+        "relocated chunk refused"
+    );
+
+    // The session goes on, and the LUN still holds the old data.
+    let edtl = session.sealed_len(4096).unwrap() as u32;
+    let itt = c.itt + 1;
+    let got = c.read(8, 8, edtl).await;
+    let plain = session
+        .open(
+            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x28, 8, 8)),
+            BytesMut::from(&got[..]),
+        )
+        .unwrap();
+    assert_eq!(&plain[..], &old[..]);
+    t.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_required_refuses_a_plain_login_and_allowed_admits_it() {
+    let t = start(SealPolicy::Required).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    assert_eq!(
+        c.login(None).await.unwrap_err(),
+        (2, 2),
+        "authorization failure"
+    );
+    let mut c = Client::connect(t.addrs[0]).await;
+    assert!(c.login(Some(Cipher::Aes256Gcm)).await.unwrap().is_some());
+    t.shutdown().await.unwrap();
+
+    let t = start(SealPolicy::Allowed).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    assert!(
+        c.login(None).await.unwrap().is_none(),
+        "a plaintext session"
+    );
+    t.shutdown().await.unwrap();
+}
