@@ -183,15 +183,27 @@ pub struct Args {
     /// No progress display.
     #[arg(long)]
     pub quiet: bool,
+    /// Runtime threads for the initiator (1: everything on one core).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     #[command(flatten)]
     pub conn: ConnArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    // One thread by default: every PDU hop (submitter → writer → socket → reader → submitter)
+    // stays on one core with no cross-thread wake-ups, which is what keeps depth-1 latency low;
+    // --threads adds workers for CPU-heavy payload transforms (seal).
+    let rt = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()?
+    };
     rt.block_on(run_async(args))
 }
 
