@@ -34,6 +34,7 @@ pub mod op {
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
+    pub const ORWRITE_16: u8 = 0x8B;
     pub const WRITE_16: u8 = 0x8A;
     pub const WRITE_AND_VERIFY_16: u8 = 0x8E;
     pub const VERIFY_16: u8 = 0x8F;
@@ -190,6 +191,8 @@ pub enum Command {
     },
     /// COMPARE AND WRITE (SBC-4 §5.3).
     CompareAndWrite(BlockIo),
+    /// ORWRITE(16) (SBC-4 §5.9): new block = old block OR data.
+    OrWrite(BlockIo),
     /// SYNCHRONIZE CACHE(10/16) (SBC-4 §5.26, §5.27).
     SynchronizeCache {
         /// First block (0 with `blocks` 0: everything).
@@ -490,6 +493,10 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 fua: cdb[1] & 0x08 != 0,
                 dpo: cdb[1] & 0x10 != 0,
             })
+        }
+        ORWRITE_16 => {
+            no_protect(cdb)?;
+            Command::OrWrite(rw16(cdb))
         }
         SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 | PRE_FETCH_10 | PRE_FETCH_16 => {
             let (lba, blocks) = if matches!(opcode, SYNCHRONIZE_CACHE_10 | PRE_FETCH_10) {

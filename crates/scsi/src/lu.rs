@@ -313,7 +313,7 @@ impl LogicalUnit {
             data_out_len: 0,
         };
         Ok(match cmd {
-            Command::Write(io) => write(u64::from(io.blocks) * bs),
+            Command::Write(io) | Command::OrWrite(io) => write(u64::from(io.blocks) * bs),
             Command::WriteAndVerify { io, .. } => write(u64::from(io.blocks) * bs),
             Command::Verify { io, bytchk } => match bytchk {
                 1 => write(u64::from(io.blocks) * bs),
@@ -372,7 +372,9 @@ impl LogicalUnit {
     }
 
     /// Task management effects (SAM-5 §6.3): RESERVE(6) reservations and PREVENT holds are
-    /// cleared, and every I_T nexus except `from` gets a unit attention. Persistent
+    /// cleared, and every known I_T nexus — the requester included, as SAM-5 §6.3.3 says
+    /// and libiscsi's MultipathIO.Reset checks — gets a unit attention. `from` is also
+    /// recorded as known so it sees the UA even if it never sent a command. Persistent
     /// reservations survive resets (SPC-4 §5.13.1).
     pub fn reset(&self, kind: ResetKind, from: &NexusId) {
         let ua = match kind {
@@ -383,10 +385,8 @@ impl LogicalUnit {
         let mut st = self.state();
         st.reserved_by = None;
         st.prevent.clear();
-        let others: Vec<NexusId> = st.known.iter().filter(|n| *n != from).cloned().collect();
-        for n in others {
-            st.ua.entry(n).or_default().push_back(ua);
-        }
+        st.known.insert(from.clone());
+        LogicalUnit::ua_others(&mut st, None, ua.0, ua.1);
     }
 
     /// The I_T nexus is gone (session closed or dropped): its RESERVE(6) reservation and
@@ -489,6 +489,10 @@ impl LogicalUnit {
                 let mut v = vec![0u8; 32];
                 v[0..8].copy_from_slice(&(self.num_blocks - 1).to_be_bytes());
                 v[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+                // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT stays 0: with 3 (512 on 4 KiB)
+                // libiscsi's GetLbaStatus.UnmapSingle expects the first descriptor to start
+                // at a rounded-up LBA, which SBC-4 §5.7.2 forbids (it must be the
+                // requested STARTING LOGICAL BLOCK ADDRESS).
                 if self.thin {
                     v[14] = 0x80 | 0x40; // LBPME, LBPRZ (SBC-4 §5.16.2)
                 }
@@ -530,6 +534,10 @@ impl LogicalUnit {
             }
             Command::CompareAndWrite(io) => {
                 self.compare_and_write(req, io)?;
+                ok(Bytes::new())
+            }
+            Command::OrWrite(io) => {
+                self.or_write(req, io)?;
                 ok(Bytes::new())
             }
             Command::SynchronizeCache { lba, blocks, immed } => {
@@ -880,6 +888,32 @@ impl LogicalUnit {
             }
             self.backend
                 .write_at(write, self.offset(io.lba))
+                .map_err(|e| Sense::from_write_error(&e))?;
+        }
+        self.flush_if_needed(io.fua)
+    }
+
+    /// ORWRITE(16): read-OR-write under the exclusive I/O lock, so no other write lands
+    /// between the read and the write (SBC-4 §5.9).
+    fn or_write(&self, req: &ScsiRequest<'_>, io: BlockIo) -> Result<(), Sense> {
+        self.check_writable()?;
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        self.check_transfer(io.blocks)?;
+        if io.blocks == 0 {
+            return Ok(());
+        }
+        let data = data_out(req, self.bytes(io.blocks))?;
+        {
+            let _excl = self.io_lock.write().unwrap_or_else(|p| p.into_inner());
+            let mut cur = vec![0u8; data.len()];
+            self.backend
+                .read_at(&mut cur, self.offset(io.lba))
+                .map_err(|e| Sense::from_read_error(&e))?;
+            for (c, d) in cur.iter_mut().zip(data) {
+                *c |= d;
+            }
+            self.backend
+                .write_at(&cur, self.offset(io.lba))
                 .map_err(|e| Sense::from_write_error(&e))?;
         }
         self.flush_if_needed(io.fua)

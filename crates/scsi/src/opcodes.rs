@@ -71,6 +71,7 @@ const TABLE: &[Entry] = &[
     e(0x88, &[0x88, 0x1E, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0]),
     e(0x89, &[0x89, 0x18, F, F, F, F, F, F, F, F, 0, 0, 0, F, 0x1F, 0]),
     e(0x8A, &[0x8A, 0x1A, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0]),
+    e(0x8B, &[0x8B, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0]),
     e(0x8E, &[0x8E, 0x12, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0]),
     e(0x8F, &[0x8F, 0x16, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0]),
     e(0x90, &[0x90, 0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0]),
