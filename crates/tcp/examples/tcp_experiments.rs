@@ -13,7 +13,8 @@
 //! - `iscsi`: the loss sweep again with an iSCSI write stream through ipsan (`ipsan target`
 //!   with a null LUN in the target namespace, `ipsan bench --rw write` in the initiator's).
 //!   Neither selects an algorithm per socket yet, so the initiator namespace's default
-//!   (`net.ipv4.tcp_congestion_control`, per namespace) is set to the one under test; the
+//!   (`net.ipv4.tcp_congestion_control`, per namespace) is set to the one under test, which
+//!   needs it in the host's `tcp_allowed_congestion_control` for the run (restored after); the
 //!   binary is `$IPSAN_BIN` (default `target/release/ipsan`).
 //! - `fairness`: two flows share the 1 Gbit/s bottleneck (25 ms RTT, BDP-sized queue):
 //!   cubic+cubic, ipsan_sf+cubic, ipsan_sf_ss+cubic, reno+cubic; Jain's index.
@@ -372,8 +373,36 @@ impl Drop for Reaped {
     }
 }
 
+/// Adds algorithms to `net.ipv4.tcp_allowed_congestion_control` (host-wide) and restores the
+/// old list on drop. A namespace may only make an *allowed* algorithm its default, and the
+/// iSCSI runs pick the algorithm through the initiator namespace's default.
+struct AllowedCc(String);
+
+const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+impl AllowedCc {
+    fn widen(extra: &[&str]) -> AllowedCc {
+        let old = std::fs::read_to_string(ALLOWED).unwrap().trim().to_string();
+        let mut list: Vec<&str> = old.split_whitespace().collect();
+        for e in extra {
+            if !list.contains(e) {
+                list.push(e);
+            }
+        }
+        std::fs::write(ALLOWED, list.join(" ")).unwrap();
+        AllowedCc(old)
+    }
+}
+
+impl Drop for AllowedCc {
+    fn drop(&mut self) {
+        let _ = std::fs::write(ALLOWED, &self.0);
+    }
+}
+
 fn iscsi(o: &Opts) {
     fresh(&o.out, "iscsi.jsonl");
+    let _allowed = AllowedCc::widen(&["reno", "ipsan_sf", "ipsan_sf_ss", "cubic", "bbr"]);
     let bin = std::env::var("IPSAN_BIN").unwrap_or_else(|_| "target/release/ipsan".into());
     if !Path::new(&bin).exists() {
         eprintln!("iscsi: {bin} not found (set IPSAN_BIN); skipped");
@@ -439,22 +468,29 @@ fn iscsi(o: &Opts) {
             });
             assert!(up, "target did not come up");
             let url = format!("iscsi://{portal}/iqn.2026-11.org.ipsan:disk0/0");
+            let json_path =
+                std::env::temp_dir().join(format!("ipsan-tcpx-{}.json", std::process::id()));
+            let _ = std::fs::remove_file(&json_path);
             let out = l
                 .command(Side::Ini, &bin)
                 .args([
                     "bench", &url, "--rw", "write", "--bs", "1MiB", "--depth", "32",
                 ])
-                .args(["--time", secs, "--quiet", "--json", "-"])
+                .args(["--time", secs, "--quiet", "--json"])
+                .arg(&json_path)
                 .output()
                 .unwrap();
-            if !out.status.success() {
+            let text = std::fs::read_to_string(&json_path).unwrap_or_default();
+            let _ = std::fs::remove_file(&json_path);
+            if !out.status.success() || text.is_empty() {
                 eprintln!(
-                    "iscsi: bench failed: {}",
+                    "iscsi: bench failed ({}): {}",
+                    out.status,
                     String::from_utf8_lossy(&out.stderr)
                 );
                 continue;
             }
-            let bench: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let bench: serde_json::Value = serde_json::from_str(&text).unwrap();
             let mb = bench["result"]["throughput_mb_s"]
                 .as_f64()
                 .unwrap_or(f64::NAN);

@@ -12,7 +12,7 @@
 //! sndbuf = "auto"             # "auto" (bandwidth × RTT × 1.5 when the link is known), bytes, "8MiB", or "kernel"
 //! rcvbuf = 8388608
 //! nodelay = true
-//! window_clamp = 8388608      # optional: pin the advertised receive window
+//! window_clamp = 8388480      # optional: pin the advertised receive window (65535 << 7)
 //! ```
 //! and applied with [`TcpSettings::apply`], which returns what is actually in force read back
 //! from the socket (Linux doubles `SO_SNDBUF`/`SO_RCVBUF` for bookkeeping and caps them at
@@ -197,8 +197,10 @@ pub struct TcpSettings {
     /// `TCP_NODELAY` (disable Nagle). iSCSI PDUs are latency-sensitive; the target sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodelay: Option<bool>,
-    /// `TCP_WINDOW_CLAMP`: the most this socket advertises as receive window, bytes. Pins the
-    /// window exactly, as papers/002 Table 1 assumes (8 MB); the buffer must still be larger.
+    /// `TCP_WINDOW_CLAMP`: the most this socket advertises as receive window, bytes, as
+    /// papers/002 Table 1 assumes (8 MB); the buffer must still be larger. On Linux 6.18 the
+    /// clamp fixes the window scale at the SYN but the window still grew to 65535 << wscale,
+    /// so to pin it exactly use a value of that form (8388480 = 65535 << 7, docs/tcp.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_clamp: Option<u32>,
     /// The link, if known, for `auto` buffers. Not part of a config file.
