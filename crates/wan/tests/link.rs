@@ -93,7 +93,7 @@ fn rtts(link: &Link, n: usize) -> (Duration, Duration) {
     c.set_nodelay(true).unwrap();
     s.set_nodelay(true).unwrap();
     let echo = std::thread::spawn(move || {
-        let _ = ipsan_wan::set_thread_realtime(5);
+        let _ = ipsan_wan::set_thread_realtime(20);
         let mut b = [0u8; 64];
         while s.read_exact(&mut b).is_ok() {
             if s.write_all(&b).is_err() {
@@ -102,7 +102,7 @@ fn rtts(link: &Link, n: usize) -> (Duration, Duration) {
         }
     });
     let client = std::thread::spawn(move || {
-        let _ = ipsan_wan::set_thread_realtime(5);
+        let _ = ipsan_wan::set_thread_realtime(20);
         let mut v = Vec::with_capacity(n);
         let mut b = [7u8; 64];
         for i in 0..n + 5 {
