@@ -1022,6 +1022,14 @@ fn complete(st: &mut ReaderState, itt: u32, r: Result<Completion>) {
     }
 }
 
+/// GOOD status but fewer Data-In bytes than the transfer length minus the residual: the
+/// buffer would hold zeros the target never sent, so this is a protocol error, not data.
+fn short_read(received: usize, expected: usize) -> Error {
+    Error::Protocol(format!(
+        "target reported GOOD after sending {received} of {expected} bytes of Data-In"
+    ))
+}
+
 fn status_result(
     status: u8,
     sense: Option<Sense>,
@@ -1107,7 +1115,12 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 if residual > 0 {
                     data.truncate(t.read_len.saturating_sub(residual as usize));
                 }
-                complete(st, h.itt, status_result(h.status, None, data, residual));
+                let r = if t.received < data.len() && h.status == status::GOOD {
+                    Err(short_read(t.received, data.len()))
+                } else {
+                    status_result(h.status, None, data, residual)
+                };
+                complete(st, h.itt, r);
             }
         }
         Header::ScsiResponse(h) => {
@@ -1138,17 +1151,22 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
             } else {
                 0
             };
-            let data = match st.tasks.get_mut(&h.itt) {
+            let (data, received) = match st.tasks.get_mut(&h.itt) {
                 Some(t) => {
                     let mut d = t.read.take().unwrap_or_default();
                     if residual > 0 {
                         d.truncate(t.read_len.saturating_sub(residual as usize));
                     }
-                    d
+                    (d, t.received)
                 }
-                None => BytesMut::new(),
+                None => (BytesMut::new(), 0),
             };
-            complete(st, h.itt, status_result(h.status, sense, data, residual));
+            let r = if received < data.len() && h.status == status::GOOD {
+                Err(short_read(received, data.len()))
+            } else {
+                status_result(h.status, sense, data, residual)
+            };
+            complete(st, h.itt, r);
         }
         Header::R2t(h) => {
             let p = &shared.params;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use common::bounded;
 use ipsan_initiator::{scsi, DataDir, Error, IscsiUrl, LoginOptions, Session, SessionConfig};
-use iscsi_wire::header::{LoginResponse, Stage};
+use iscsi_wire::header::{DataIn, LoginResponse, Stage};
 use iscsi_wire::{Codec, Header, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -21,6 +21,8 @@ enum Behaviour {
     CloseAfterCommands(usize),
     /// Log in, then never send another byte.
     Silent,
+    /// Answer every read with half the data and GOOD status, no underflow flag.
+    ShortRead,
 }
 
 async fn read_pdu(s: &mut TcpStream, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
@@ -70,8 +72,28 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
                 codec.encode(&Pdu::new(resp, data), &mut out).unwrap();
                 s.write_all(&out).await.unwrap();
             }
-            Header::ScsiCommand(_) => {
+            Header::ScsiCommand(c) => {
                 commands += 1;
+                if let Behaviour::ShortRead = behaviour {
+                    let half = c.expected_data_transfer_length as usize / 2;
+                    let h = DataIn {
+                        final_: true,
+                        status_present: true,
+                        status: 0,
+                        itt: c.itt,
+                        ttt: u32::MAX,
+                        stat_sn,
+                        exp_cmd_sn: c.cmd_sn.wrapping_add(1),
+                        max_cmd_sn: c.cmd_sn.wrapping_add(64),
+                        ..DataIn::default()
+                    };
+                    stat_sn += 1;
+                    let mut out = BytesMut::new();
+                    codec
+                        .encode(&Pdu::new(h, vec![7u8; half].into()), &mut out)
+                        .unwrap();
+                    s.write_all(&out).await.unwrap();
+                }
                 if let Behaviour::CloseAfterCommands(n) = behaviour {
                     if commands >= n {
                         return; // drops the socket with commands in flight
@@ -172,5 +194,25 @@ fn rejects_connection_refused_with_clear_error() {
             .await
             .unwrap_err();
         assert!(matches!(e, Error::Io(_)), "{e}");
+    });
+}
+
+#[test]
+fn rejects_good_status_with_missing_data_in() {
+    bounded(20, async {
+        let url = start(Behaviour::ShortRead).await;
+        let cfg = SessionConfig {
+            nop_interval: None,
+            ..SessionConfig::default()
+        };
+        let s = Session::connect(&url, &cfg).await.unwrap();
+        let e = s
+            .command(scsi::read16(0, 8), DataDir::Read(BytesMut::new(), 4096))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("2048 of 4096"),
+            "a short Data-In must not come back as zero-filled data: {e}"
+        );
     });
 }
