@@ -80,9 +80,11 @@ fn accepts_chap_and_mutual_chap_and_refuses_wrong_secret() {
         let sf = secret_file(&dir, "s", "initiator-secret-1");
         let mf = secret_file(&dir, "m", "target-secret-22222");
         let (h, url) = start(Some(("alice", &sf, Some(("tgt", &mf))))).await;
-        let mut o = LoginOptions::default();
-        o.chap = Some(chap("alice", "initiator-secret-1"));
-        o.mutual_chap = Some(chap("tgt", "target-secret-22222"));
+        let o = LoginOptions {
+            chap: Some(chap("alice", "initiator-secret-1")),
+            mutual_chap: Some(chap("tgt", "target-secret-22222")),
+            ..LoginOptions::default()
+        };
         let s = Session::open(&url, &config(o.clone())).await.unwrap();
         assert!(s.params().target_authenticated);
         s.logout().await.unwrap();
@@ -160,10 +162,12 @@ fn round_trips_with_rfc_defaults_and_digests() {
 fn round_trips_with_r2t_only_writes() {
     bounded(120, async {
         let (h, url) = start(None).await;
-        let mut o = LoginOptions::default();
-        o.immediate_data = false;
-        o.initial_r2t = true;
-        o.max_burst_length = 65536;
+        let o = LoginOptions {
+            immediate_data: false,
+            initial_r2t: true,
+            max_burst_length: 65536,
+            ..LoginOptions::default()
+        };
         common::round_trip(url, o, |n| {
             assert!(n.initial_r2t && !n.immediate_data, "{n:?}");
         })
