@@ -263,6 +263,8 @@ pub struct Host {
     pub hostname: String,
     pub kernel: String,
     pub cpus: usize,
+    /// /proc/loadavg (1, 5, 15 minutes) when the report was made: how busy the machine was.
+    pub load_average: [f64; 3],
 }
 
 impl Host {
@@ -276,6 +278,15 @@ impl Host {
             hostname: read("/proc/sys/kernel/hostname"),
             kernel: read("/proc/sys/kernel/osrelease"),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            load_average: {
+                let l = read("/proc/loadavg");
+                let mut it = l.split_whitespace().map(|x| x.parse().unwrap_or(0.0));
+                [
+                    it.next().unwrap_or(0.0),
+                    it.next().unwrap_or(0.0),
+                    it.next().unwrap_or(0.0),
+                ]
+            },
         }
     }
 }
