@@ -268,6 +268,21 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
 }
 
+impl TargetConfig {
+    /// A target with default policies (no CHAP, all initiators, Seal allowed without secret).
+    #[must_use]
+    pub fn new(iqn: impl Into<String>, luns: Vec<LunConfig>) -> Self {
+        Self {
+            iqn: iqn.into(),
+            alias: None,
+            allow: Vec::new(),
+            chap: None,
+            seal: SealSettings::default(),
+            luns,
+        }
+    }
+}
+
 /// Everything `ipsan target` needs, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
