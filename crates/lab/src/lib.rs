@@ -3,4 +3,18 @@
 //! # Layout
 //! - [`model`]: the papers' throughput equations (2008 Eq. 1–6, 2006 Eq. 1–3) and their
 //!   generalisation to depth k with link, window and crypto-worker limits. Pure.
+//! - [`plan`]: the TOML plan format (a matrix over direction, delay, impairments, block,
+//!   depth, cipher, pipeline, scheme, backend, iSCSI parameters, congestion control) and the
+//!   built-in plans in `plans/`.
+//! - [`calibrate`]: RTT ping-pong, bulk-TCP SOCKET and cipher ENC/DEC microbenchmarks.
+//! - [`esp`]: `esp-emu`, the emulator stage doing ESP's per-packet 3DES + HMAC-SHA1-96.
+//! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
+//! - [`results`]: one record per run, `results.json` and `results.csv`.
+//! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
+pub mod calibrate;
+pub mod esp;
 pub mod model;
+pub mod plan;
+pub mod report;
+pub mod results;
+pub mod runner;

@@ -272,6 +272,69 @@ pub fn auto_depth(i: &Inputs, p: &Pipeline, max: u32) -> Result<u32, ModelError>
     })
 }
 
+/// Everything `ipsan model` prints, for one set of inputs.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    /// The inputs.
+    pub inputs: Inputs,
+    /// 2008 Eq. (3).
+    pub eq3_write_sequential: f64,
+    /// 2008 Eq. (4).
+    pub eq4_write_preprocessed: f64,
+    /// 2006 Eq. (2).
+    pub eq2_read_sequential: f64,
+    /// 2006 Eq. (3).
+    pub eq3_read_preprocessed: f64,
+    /// 2008 Eq. (6).
+    pub eq6_workers: f64,
+    /// Generalised write at the given depth with the papers' two round trips.
+    pub general_write_2rtt: Prediction,
+    /// Generalised write at the given depth with one round trip (ipsan's defaults).
+    pub general_write_1rtt: Prediction,
+    /// Lower-layer (per-packet) crypto at depth 1 with two round trips: the papers' IPsec.
+    pub lower_layer_depth1_2rtt: Prediction,
+}
+
+impl Summary {
+    /// Computes every row.
+    pub fn compute(
+        i: &Inputs,
+        depth: u32,
+        workers: u32,
+        window: Option<f64>,
+    ) -> Result<Summary, ModelError> {
+        i.validate()?;
+        let gen = |round_trips: u32, crypto: CryptoPlace, depth: u32| {
+            predict(
+                i,
+                &Pipeline {
+                    depth,
+                    round_trips,
+                    crypto_workers: workers,
+                    window,
+                    crypto,
+                },
+            )
+        };
+        Ok(Summary {
+            inputs: *i,
+            eq3_write_sequential: write_sequential(i),
+            eq4_write_preprocessed: write_preprocessed(i),
+            eq2_read_sequential: read_sequential(i),
+            eq3_read_preprocessed: read_preprocessed(i),
+            eq6_workers: eq6_workers(i),
+            general_write_2rtt: gen(2, CryptoPlace::Command, depth)?,
+            general_write_1rtt: gen(1, CryptoPlace::Command, depth)?,
+            lower_layer_depth1_2rtt: gen(2, CryptoPlace::Packet, 1)?,
+        })
+    }
+
+    /// Pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
 /// Parses `16ms`, `1.5s`, `250us`, `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();

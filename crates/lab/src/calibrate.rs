@@ -1,0 +1,247 @@
+//! Calibration of the model's inputs for each link (issue 6 "Calibrate the inputs
+//! automatically"): RTT from a TCP ping-pong, SOCKET from a bulk TCP transfer under the same
+//! emulation, ENC/DEC from a microbenchmark of the cipher at the block size.
+//!
+//! The sockets are created inside the link's namespaces (through [`ipsan_wan::Link::run_in`]) and
+//! then driven from ordinary threads: a socket stays in the namespace it was made in.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use ipsan_seal::{
+    AnswerOutcome, Binding, Cipher, Psk, SealAnswer, SealOffer, SealSession, SessionIds,
+    TargetSealConfig,
+};
+
+/// Where calibration sockets are made.
+pub trait Sockets {
+    /// A listener bound on the target side.
+    fn listen(&self) -> std::io::Result<TcpListener>;
+    /// A connection from the initiator side to `addr`.
+    fn connect(&self, addr: SocketAddr) -> std::io::Result<TcpStream>;
+}
+
+/// The result of a TCP ping-pong.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Rtt {
+    /// Median round trip, seconds.
+    pub median_s: f64,
+    /// Smallest.
+    pub min_s: f64,
+    /// Largest.
+    pub max_s: f64,
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("{what}: {e}"))
+}
+
+/// Median of 1-byte TCP round trips (`rounds` after two warm-ups), with Nagle off.
+pub fn rtt(s: &dyn Sockets, rounds: usize) -> std::io::Result<Rtt> {
+    let l = s.listen()?;
+    let addr = l.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut c, _) = l.accept()?;
+        c.set_nodelay(true)?;
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut b = [0u8; 1];
+        loop {
+            match c.read(&mut b)? {
+                0 => return Ok(()),
+                _ => c.write_all(&b)?,
+            }
+        }
+    });
+    let mut c = s.connect(addr)?;
+    c.set_nodelay(true)?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut samples = Vec::with_capacity(rounds);
+    let mut b = [0u8; 1];
+    for i in 0..rounds + 2 {
+        let t = Instant::now();
+        c.write_all(&[i as u8])?;
+        c.read_exact(&mut b)?;
+        if i >= 2 {
+            samples.push(t.elapsed().as_secs_f64());
+        }
+    }
+    drop(c);
+    server
+        .join()
+        .map_err(|_| io_err("ping-pong server", "panicked"))??;
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    if n == 0 {
+        return Err(io_err("ping-pong", "no samples"));
+    }
+    Ok(Rtt {
+        median_s: samples[n / 2],
+        min_s: samples[0],
+        max_s: samples[n - 1],
+    })
+}
+
+/// One bulk TCP stream for `duration`; returns the receiver's bytes/s over the second half
+/// (after slow start), the way the papers measured SOCKET "in a simple socket communication
+/// without iSCSI".
+pub fn socket_throughput(s: &dyn Sockets, duration: Duration) -> std::io::Result<f64> {
+    let l = s.listen()?;
+    let addr = l.local_addr()?;
+    let half = duration / 2;
+    let server = std::thread::spawn(move || -> std::io::Result<f64> {
+        let (mut c, _) = l.accept()?;
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut buf = vec![0u8; 1 << 20];
+        let start = Instant::now();
+        let mut counted = 0u64;
+        let mut t_half: Option<Instant> = None;
+        loop {
+            let n = c.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            if t_half.is_none() && start.elapsed() >= half {
+                t_half = Some(Instant::now());
+            }
+            if t_half.is_some() {
+                counted += n as u64;
+            }
+        }
+        let secs = t_half.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        if secs <= 0.0 {
+            return Err(io_err("bulk transfer", "ended before its second half"));
+        }
+        Ok(counted as f64 / secs)
+    });
+    let mut c = s.connect(addr)?;
+    c.set_write_timeout(Some(Duration::from_secs(10)))?;
+    let buf = vec![0x5au8; 1 << 20];
+    let t = Instant::now();
+    while t.elapsed() < duration {
+        c.write_all(&buf)?;
+    }
+    c.shutdown(std::net::Shutdown::Write)?;
+    let mut sink = [0u8; 16];
+    let _ = c.read(&mut sink);
+    server
+        .join()
+        .map_err(|_| io_err("bulk receiver", "panicked"))?
+}
+
+/// Seal/open throughput of `cipher` at `block` bytes per command on one core: (ENC, DEC)
+/// in bytes/s, each timed for about `budget`. `none` gives infinities.
+pub fn cipher_throughput(
+    cipher: Cipher,
+    block: usize,
+    budget: Duration,
+) -> Result<(f64, f64), String> {
+    if cipher == Cipher::None {
+        return Ok((f64::INFINITY, f64::INFINITY));
+    }
+    let (ini, tgt) = seal_pair(cipher)?;
+    let b = Binding {
+        lun: 0,
+        lba: 0,
+        blocks: u32::try_from(block / 512).map_err(|_| "block too large".to_string())?,
+        opcode: 0x8a,
+        task_tag: 1,
+    };
+    let plain = vec![0xa5u8; block];
+    let mut sealed = Vec::new();
+    let t = Instant::now();
+    let mut seal_time = Duration::ZERO;
+    while t.elapsed() < budget || sealed.len() < 4 {
+        let mut buf = BytesMut::with_capacity(ini.sealed_len(block).unwrap_or(block * 2));
+        buf.extend_from_slice(&plain);
+        let s = Instant::now();
+        let out = ini.seal(&b, buf).map_err(|e| e.to_string())?;
+        seal_time += s.elapsed();
+        sealed.push(out);
+        if sealed.len() >= 4096 {
+            break;
+        }
+    }
+    let n = sealed.len();
+    let mut open_time = Duration::ZERO;
+    for s in sealed {
+        let buf = BytesMut::from(&s[..]);
+        let t = Instant::now();
+        tgt.open(&b, buf).map_err(|e| e.to_string())?;
+        open_time += t.elapsed();
+    }
+    let bytes = (n * block) as f64;
+    Ok((
+        bytes / seal_time.as_secs_f64().max(1e-9),
+        bytes / open_time.as_secs_f64().max(1e-9),
+    ))
+}
+
+fn seal_pair(cipher: Cipher) -> Result<(Arc<SealSession>, Arc<SealSession>), String> {
+    // A throwaway calibration key: nothing sealed with it leaves this function's caller.
+    let psk = || Psk::new(b"ipsan lab calibration, not a key".to_vec()).map_err(|e| e.to_string());
+    let ids = SessionIds {
+        initiator_name: "iqn.2026-11.org.ipsan:lab".into(),
+        target_name: "iqn.2026-11.org.ipsan:lab-target".into(),
+        isid: [0; 6],
+    };
+    let offer = SealOffer::new(vec![cipher], 65536, psk()?, ids.clone()).map_err(|e| e.to_string())?;
+    let pending = match SealAnswer::handle_offer(
+        &TargetSealConfig::default(),
+        &offer.keys(),
+        &ids,
+        |_| psk().ok(),
+    )
+    .map_err(|e| e.to_string())?
+    {
+        AnswerOutcome::Pending(p) => p,
+        _ => return Err("calibration seal negotiation did not agree".into()),
+    };
+    let (i, c) = offer
+        .handle_answer(pending.keys())
+        .map_err(|e| e.to_string())?;
+    let t = pending.handle_confirm(&c).map_err(|e| e.to_string())?;
+    Ok((Arc::new(i), Arc::new(t)))
+}
+
+/// Loopback sockets (no namespaces).
+#[derive(Debug)]
+pub struct Loopback;
+
+impl Sockets for Loopback {
+    fn listen(&self) -> std::io::Result<TcpListener> {
+        TcpListener::bind("127.0.0.1:0")
+    }
+    fn connect(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_rtt_and_socket_are_plausible() {
+        let r = rtt(&Loopback, 20).unwrap();
+        assert!(r.median_s > 0.0 && r.median_s < 0.05, "{r:?}");
+        assert!(r.min_s <= r.median_s && r.median_s <= r.max_s);
+        let s = socket_throughput(&Loopback, Duration::from_millis(400)).unwrap();
+        assert!(s > 10e6, "loopback moves more than 10 MB/s: {s}");
+    }
+
+    #[test]
+    fn cipher_bench_orders_ciphers() {
+        let (e_aes, d_aes) =
+            cipher_throughput(Cipher::Aes256Gcm, 65536, Duration::from_millis(100)).unwrap();
+        let (e_3des, _) =
+            cipher_throughput(Cipher::TripleDesCbcHmacSha1, 65536, Duration::from_millis(100))
+                .unwrap();
+        assert!(e_aes > 0.0 && d_aes > 0.0);
+        assert!(e_aes > e_3des, "AES-GCM {e_aes} should beat 3DES {e_3des}");
+        let (n, _) = cipher_throughput(Cipher::None, 4096, Duration::ZERO).unwrap();
+        assert!(n.is_infinite());
+    }
+}

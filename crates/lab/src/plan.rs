@@ -1,0 +1,627 @@
+//! Plans: a TOML matrix of experiment points (issue 6), and the built-in plans.
+//!
+//! ```toml
+//! name = "mine"
+//! repetitions = 3          # per point; the results keep median, min and max
+//! run_time = "5s"          # how long each bench run lasts
+//! lun = "mem:512MiB"       # target LUN when backend = "mem" (null:… and file:… likewise)
+//!
+//! [[matrix]]               # each [[matrix]] table is a cartesian product; tables add up
+//! direction = ["write"]    # write | read
+//! delay = ["0ms", "8ms"]   # one-way delay, both directions
+//! loss = [0.0]             # per-direction probability
+//! reorder = [0.0]
+//! corrupt = [0.0]
+//! block = ["64KiB", "1MiB"]
+//! depth = ["1", "auto"]    # the papers' OP-n; "auto" lets the model pick
+//! cipher = ["aes-256-gcm"] # aes-256-gcm | chacha20-poly1305 | 3des-cbc-hmac-sha1
+//! pipeline = [true]        # seal's pipeline (seal-seq forces it off)
+//! scheme = ["plain", "seal"] # plain | seal-seq | seal | wireguard | tls | ipsec | esp-emu
+//! backend = ["mem"]        # mem | null | file
+//! iscsi = ["ipsan"]        # ipsan (one round trip) | paper (InitialR2T=Yes, ImmediateData=No)
+//! cc = ["reno"]            # TCP congestion control inside the lab's namespaces
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model;
+
+/// A plan that cannot be used, with the reason.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("plan {plan}: {why}")]
+pub struct PlanError {
+    /// The plan's name or file.
+    pub plan: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+/// Security schemes (issue 6 "Security schemes compared").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    /// No encryption: the ceiling.
+    Plain,
+    /// Seal with its pipeline off (the papers' "without optimization").
+    SealSeq,
+    /// Seal with its pipeline on.
+    Seal,
+    /// wireguard-go between the namespaces (ChaCha20-Poly1305 per IP packet).
+    Wireguard,
+    /// stunnel between the namespaces (TLS 1.3).
+    Tls,
+    /// Kernel ESP transport mode via `ip xfrm`.
+    Ipsec,
+    /// The emulator doing ESP's per-packet 3DES-CBC + HMAC-SHA1-96 (see [`crate::esp`]).
+    EspEmu,
+}
+
+impl Scheme {
+    /// Every scheme, in report order.
+    pub const ALL: [Scheme; 7] = [
+        Scheme::Plain,
+        Scheme::SealSeq,
+        Scheme::Seal,
+        Scheme::Wireguard,
+        Scheme::Tls,
+        Scheme::Ipsec,
+        Scheme::EspEmu,
+    ];
+
+    /// The name used in plans and results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Plain => "plain",
+            Scheme::SealSeq => "seal-seq",
+            Scheme::Seal => "seal",
+            Scheme::Wireguard => "wireguard",
+            Scheme::Tls => "tls",
+            Scheme::Ipsec => "ipsec",
+            Scheme::EspEmu => "esp-emu",
+        }
+    }
+
+    /// Encryption below TCP (one serial stream per direction).
+    pub fn lower_layer(self) -> bool {
+        matches!(
+            self,
+            Scheme::Wireguard | Scheme::Tls | Scheme::Ipsec | Scheme::EspEmu
+        )
+    }
+
+    /// Seal above SCSI.
+    pub fn is_seal(self) -> bool {
+        matches!(self, Scheme::Seal | Scheme::SealSeq)
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Read or write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Sequential write (2008 paper).
+    Write,
+    /// Sequential read (2006 papers).
+    Read,
+}
+
+impl Direction {
+    /// `write` or `read`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Write => "write",
+            Direction::Read => "read",
+        }
+    }
+}
+
+/// iSCSI login parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IscsiMode {
+    /// ipsan's defaults: immediate/unsolicited data, one round trip per write.
+    Ipsan,
+    /// The papers' write cycle: InitialR2T=Yes, ImmediateData=No (two round trips).
+    Paper,
+}
+
+/// A fixed depth or the model's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Depth {
+    /// Exactly this many commands in flight.
+    Fixed(u32),
+    /// Picked from the calibrated model ([`model::auto_depth`]).
+    Auto,
+}
+
+impl fmt::Display for Depth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Depth::Fixed(n) => write!(f, "{n}"),
+            Depth::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// Target backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// RAM LUN.
+    Mem,
+    /// Discards writes, reads zeros (Aiken et al.'s diskless target).
+    Null,
+    /// A sparse file in the run's scratch directory.
+    File,
+}
+
+/// One `[[matrix]]` table as written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixSpec {
+    #[serde(default = "d_direction")]
+    direction: Vec<Direction>,
+    #[serde(default = "d_delay")]
+    delay: Vec<String>,
+    #[serde(default = "d_zero")]
+    loss: Vec<f64>,
+    #[serde(default = "d_zero")]
+    reorder: Vec<f64>,
+    #[serde(default = "d_zero")]
+    corrupt: Vec<f64>,
+    #[serde(default = "d_block")]
+    block: Vec<String>,
+    #[serde(default = "d_depth")]
+    depth: Vec<String>,
+    #[serde(default = "d_cipher")]
+    cipher: Vec<String>,
+    #[serde(default = "d_pipeline")]
+    pipeline: Vec<bool>,
+    #[serde(default = "d_scheme")]
+    scheme: Vec<Scheme>,
+    #[serde(default = "d_backend")]
+    backend: Vec<Backend>,
+    #[serde(default = "d_iscsi")]
+    iscsi: Vec<IscsiMode>,
+    #[serde(default = "d_cc")]
+    cc: Vec<String>,
+}
+
+fn d_direction() -> Vec<Direction> {
+    vec![Direction::Write]
+}
+fn d_delay() -> Vec<String> {
+    vec!["0ms".into()]
+}
+fn d_zero() -> Vec<f64> {
+    vec![0.0]
+}
+fn d_block() -> Vec<String> {
+    vec!["64KiB".into()]
+}
+fn d_depth() -> Vec<String> {
+    vec!["auto".into()]
+}
+fn d_cipher() -> Vec<String> {
+    vec!["aes-256-gcm".into()]
+}
+fn d_pipeline() -> Vec<bool> {
+    vec![true]
+}
+fn d_scheme() -> Vec<Scheme> {
+    vec![Scheme::Plain]
+}
+fn d_backend() -> Vec<Backend> {
+    vec![Backend::Mem]
+}
+fn d_iscsi() -> Vec<IscsiMode> {
+    vec![IscsiMode::Ipsan]
+}
+fn d_cc() -> Vec<String> {
+    vec!["reno".into()]
+}
+fn d_reps() -> u32 {
+    1
+}
+fn d_run_time() -> String {
+    "3s".into()
+}
+fn d_lun() -> String {
+    "mem:256MiB".into()
+}
+
+/// A plan as written in TOML.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSpec {
+    /// Name shown in the report.
+    pub name: String,
+    /// One paragraph on what the plan reproduces.
+    #[serde(default)]
+    pub description: String,
+    /// Repetitions per point.
+    #[serde(default = "d_reps")]
+    pub repetitions: u32,
+    /// Duration of each bench run.
+    #[serde(default = "d_run_time")]
+    pub run_time: String,
+    /// LUN size spec for `mem`/`null`/`file` (`mem:256MiB`; the kind is replaced by backend).
+    #[serde(default = "d_lun")]
+    pub lun: String,
+    /// Largest depth `auto` may pick.
+    #[serde(default)]
+    pub max_depth: Option<u32>,
+    /// The matrices.
+    pub matrix: Vec<MatrixSpec>,
+}
+
+/// One point of the matrix, fully resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    /// write or read.
+    pub direction: Direction,
+    /// One-way delay, milliseconds.
+    pub delay_ms: f64,
+    /// Loss probability per direction.
+    pub loss: f64,
+    /// Reorder probability.
+    pub reorder: f64,
+    /// Corruption probability.
+    pub corrupt: f64,
+    /// Bytes per command.
+    pub block: u64,
+    /// Commands in flight.
+    pub depth: Depth,
+    /// Seal cipher (or the lower-layer cipher the scheme uses, for the record).
+    pub cipher: String,
+    /// Seal pipeline on/off.
+    pub pipeline: bool,
+    /// Security scheme.
+    pub scheme: Scheme,
+    /// Target backend.
+    pub backend: Backend,
+    /// iSCSI login parameters.
+    pub iscsi: IscsiMode,
+    /// TCP congestion control.
+    pub cc: String,
+}
+
+impl Point {
+    /// A short human label.
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} {}ms bs={} depth={} {} {}{}",
+            self.scheme,
+            self.direction.name(),
+            self.delay_ms,
+            fmt_size(self.block),
+            self.depth,
+            self.cipher,
+            match self.iscsi {
+                IscsiMode::Ipsan => "1rtt",
+                IscsiMode::Paper => "2rtt",
+            },
+            if self.loss + self.reorder + self.corrupt > 0.0 {
+                format!(
+                    " loss={} reorder={} corrupt={}",
+                    self.loss, self.reorder, self.corrupt
+                )
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    /// The link settings this point needs (points sharing them share a calibration).
+    pub fn link_key(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}",
+            self.delay_ms, self.loss, self.reorder, self.corrupt, self.cc
+        )
+    }
+}
+
+/// `65536` → `64KiB`.
+pub fn fmt_size(b: u64) -> String {
+    if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{}MiB", b >> 20)
+    } else if b >= 1024 && b % 1024 == 0 {
+        format!("{}KiB", b >> 10)
+    } else {
+        format!("{b}B")
+    }
+}
+
+/// A parsed, validated plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Repetitions per point.
+    pub repetitions: u32,
+    /// Each bench run's duration.
+    pub run_time: Duration,
+    /// LUN size in bytes.
+    pub lun_bytes: u64,
+    /// Largest depth `auto` may pick.
+    pub max_depth: u32,
+    /// Every point, in run order (grouped by link so calibrations are reused).
+    pub points: Vec<Point>,
+}
+
+/// The built-in plans' names.
+pub const BUILTIN: [&str; 5] = ["quick", "smoke", "paper-write", "paper-read", "pathologies"];
+
+/// The TOML of a built-in plan.
+pub fn builtin_toml(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "quick" => include_str!("../plans/quick.toml"),
+        "smoke" => include_str!("../plans/smoke.toml"),
+        "paper-write" => include_str!("../plans/paper-write.toml"),
+        "paper-read" => include_str!("../plans/paper-read.toml"),
+        "pathologies" => include_str!("../plans/pathologies.toml"),
+        "demo" => include_str!("../plans/demo.toml"),
+        _ => return None,
+    })
+}
+
+impl Plan {
+    /// A built-in plan by name, or a TOML file by path.
+    pub fn load(name_or_path: &str) -> Result<Plan, PlanError> {
+        if let Some(t) = builtin_toml(name_or_path) {
+            return Plan::parse(name_or_path, t);
+        }
+        let text = std::fs::read_to_string(name_or_path).map_err(|e| PlanError {
+            plan: name_or_path.into(),
+            why: format!(
+                "not a built-in plan ({}) and cannot read it as a file: {e}",
+                BUILTIN.join(", ")
+            ),
+        })?;
+        Plan::parse(name_or_path, &text)
+    }
+
+    /// Parses and validates plan TOML.
+    pub fn parse(origin: &str, text: &str) -> Result<Plan, PlanError> {
+        let err = |why: String| PlanError {
+            plan: origin.into(),
+            why,
+        };
+        let spec: PlanSpec = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        if spec.repetitions == 0 || spec.repetitions > 100 {
+            return Err(err("repetitions must be 1..=100".into()));
+        }
+        let run_time = model::parse_duration(&spec.run_time).map_err(&err)?;
+        if run_time < Duration::from_millis(200) || run_time > Duration::from_secs(3600) {
+            return Err(err("run_time must be between 200ms and 1h".into()));
+        }
+        let lun_size = spec
+            .lun
+            .split_once(':')
+            .map_or(spec.lun.as_str(), |(_, s)| s);
+        let lun_bytes = model::parse_size(lun_size).map_err(&err)?;
+        let max_depth = spec.max_depth.unwrap_or(128);
+        if !(1..=4096).contains(&max_depth) {
+            return Err(err("max_depth must be 1..=4096".into()));
+        }
+        if spec.matrix.is_empty() {
+            return Err(err("no [[matrix]] table".into()));
+        }
+        let mut points = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (mi, m) in spec.matrix.iter().enumerate() {
+            let ctx = |why: String| err(format!("matrix #{}: {why}", mi + 1));
+            let delays = m
+                .delay
+                .iter()
+                .map(|d| model::parse_duration(d).map(|d| d.as_secs_f64() * 1e3))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ctx)?;
+            let blocks = m
+                .block
+                .iter()
+                .map(|b| model::parse_size(b))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ctx)?;
+            for b in &blocks {
+                if *b % 512 != 0 || *b > 16 << 20 {
+                    return Err(ctx(format!(
+                        "block {b} must be a multiple of 512 and at most 16 MiB"
+                    )));
+                }
+            }
+            let depths = m
+                .depth
+                .iter()
+                .map(|d| parse_depth(d))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ctx)?;
+            for p in m.loss.iter().chain(&m.reorder).chain(&m.corrupt) {
+                if !(0.0..=1.0).contains(p) {
+                    return Err(ctx(format!("probability {p} is outside [0, 1]")));
+                }
+            }
+            for c in &m.cipher {
+                if ipsan_seal::Cipher::from_name(c).is_none() {
+                    return Err(ctx(format!(
+                        "unknown cipher {c:?} (aes-256-gcm, chacha20-poly1305, 3des-cbc-hmac-sha1, none)"
+                    )));
+                }
+            }
+            for cc in &m.cc {
+                if cc.is_empty() || cc.len() > 15 || !cc.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(ctx(format!("congestion control {cc:?} is not a name")));
+                }
+            }
+            for &direction in &m.direction {
+                for &delay_ms in &delays {
+                    for &loss in &m.loss {
+                        for &reorder in &m.reorder {
+                            for &corrupt in &m.corrupt {
+                                for cc in &m.cc {
+                                    for &scheme in &m.scheme {
+                                        for &block in &blocks {
+                                            for &depth in &depths {
+                                                for cipher in &m.cipher {
+                                                    for &pipeline in &m.pipeline {
+                                                        for &backend in &m.backend {
+                                                            for &iscsi in &m.iscsi {
+                                                                let p = Point {
+                                                                    direction,
+                                                                    delay_ms,
+                                                                    loss,
+                                                                    reorder,
+                                                                    corrupt,
+                                                                    block,
+                                                                    depth,
+                                                                    cipher: cipher.clone(),
+                                                                    pipeline: pipeline && scheme != Scheme::SealSeq,
+                                                                    scheme,
+                                                                    backend,
+                                                                    iscsi,
+                                                                    cc: cc.clone(),
+                                                                };
+                                                                let key = serde_json::to_string(&p).unwrap_or_default();
+                                                                if seen.insert(key) {
+                                                                    points.push(p);
+                                                                }
+                                                            }
+                                                        }
+                                                    }
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Group by link (stable), so each link comes up and is calibrated once.
+        let mut order: Vec<String> = Vec::new();
+        for p in &points {
+            let k = p.link_key();
+            if !order.contains(&k) {
+                order.push(k);
+            }
+        }
+        points.sort_by_key(|p| order.iter().position(|k| *k == p.link_key()));
+        if points.len() > 5000 {
+            return Err(err(format!("{} points is more than 5000", points.len())));
+        }
+        Ok(Plan {
+            name: spec.name,
+            description: spec.description,
+            repetitions: spec.repetitions,
+            run_time,
+            lun_bytes,
+            max_depth,
+            points,
+        })
+    }
+
+    /// Runs the plan would make, counting repetitions.
+    pub fn run_count(&self) -> usize {
+        self.points.len() * self.repetitions as usize
+    }
+}
+
+fn parse_depth(s: &str) -> Result<Depth, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(Depth::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(Depth::Fixed(n)),
+        _ => Err(format!("depth {s:?} must be 1..=4096 or auto")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_plans_parse() {
+        for name in BUILTIN.iter().chain(&["demo"]) {
+            let p = Plan::load(name).unwrap();
+            assert!(!p.points.is_empty(), "{name}");
+        }
+    }
+
+    /// The quick plan is what issue 6 lists: writes at 0/8/64 ms, 64 KiB and 1 MiB, five
+    /// schemes with AES-256-GCM, plus 3DES at 64 ms for seal-seq, seal and esp-emu.
+    #[test]
+    fn quick_plan_covers_the_issue_matrix() {
+        let p = Plan::load("quick").unwrap();
+        for delay in [0.0, 8.0, 64.0] {
+            for block in [65536, 1 << 20] {
+                for s in [
+                    Scheme::Plain,
+                    Scheme::SealSeq,
+                    Scheme::Seal,
+                    Scheme::Wireguard,
+                    Scheme::Tls,
+                ] {
+                    assert!(
+                        p.points.iter().any(|x| x.delay_ms == delay
+                            && x.block == block
+                            && x.scheme == s
+                            && x.cipher == "aes-256-gcm"),
+                        "{s} {delay} {block}"
+                    );
+                }
+            }
+        }
+        for s in [Scheme::SealSeq, Scheme::Seal, Scheme::EspEmu] {
+            assert!(p
+                .points
+                .iter()
+                .any(|x| x.delay_ms == 64.0 && x.scheme == s && x.cipher == "3des-cbc-hmac-sha1"));
+        }
+        assert!(p.points.iter().all(|x| x.scheme != Scheme::SealSeq || !x.pipeline));
+    }
+
+    #[test]
+    fn rejects_bad_plans() {
+        let bad = [
+            "name='x'\n",
+            "name='x'\n[[matrix]]\nscheme=['nope']\n",
+            "name='x'\n[[matrix]]\ndelay=['8']\n",
+            "name='x'\n[[matrix]]\nblock=['1000']\n",
+            "name='x'\n[[matrix]]\nloss=[2.0]\n",
+            "name='x'\n[[matrix]]\ncipher=['rot13']\n",
+            "name='x'\n[[matrix]]\ndepth=['0']\n",
+            "name='x'\n[[matrix]]\ncc=['a b']\n",
+            "name='x'\nrepetitions=0\n[[matrix]]\n",
+            "name='x'\nbogus=1\n[[matrix]]\n",
+        ];
+        for t in bad {
+            assert!(Plan::parse("t", t).is_err(), "{t}");
+        }
+        assert!(Plan::load("/nonexistent/plan.toml").is_err());
+    }
+
+    #[test]
+    fn groups_points_by_link_and_dedups() {
+        let t = "name='x'\n[[matrix]]\ndelay=['0ms','8ms']\nscheme=['plain','seal']\n[[matrix]]\ndelay=['0ms']\nscheme=['plain']\n";
+        let p = Plan::parse("t", t).unwrap();
+        assert_eq!(p.points.len(), 4);
+        assert_eq!(p.points[0].delay_ms, p.points[1].delay_ms);
+        assert_eq!(p.points[2].delay_ms, p.points[3].delay_ms);
+    }
+}

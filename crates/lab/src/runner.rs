@@ -1,0 +1,926 @@
+//! The runner: brings up each link once, calibrates it, and runs every point of the plan
+//! through the real `ipsan target` and `ipsan bench` processes (and the real tunnel
+//! processes for the lower-layer baselines), recording each run as ok, failed (with its
+//! error) or skipped (with the reason). A failed run never stops the matrix.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipsan_seal::Cipher;
+use ipsan_wan::{DirConfig, ExtraStages, Link, LinkConfig, LossModel, Side};
+
+use crate::calibrate::{self, Loopback, Sockets};
+use crate::esp::{self, EspCounters};
+use crate::model::{self, CryptoPlace, Inputs, Pipeline};
+use crate::plan::{Backend, Depth, Direction, IscsiMode, Plan, Point, Scheme};
+use crate::results::{Calibration, Environment, Record, Status};
+
+/// How to run a plan.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The `ipsan` binary to run as target and initiator.
+    pub exe: PathBuf,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Show the progress line.
+    pub progress: bool,
+    /// Name prefix of the lab's namespaces (`<prefix>-ini`/`-tgt`).
+    pub link_name: String,
+    /// Third octet of the link's /24 in 10.231.0.0/16 (the WireGuard tunnel uses the next).
+    pub subnet: u8,
+}
+
+impl RunConfig {
+    /// Defaults for `exe` writing to `out`; the link name and subnet derive from the pid so
+    /// two labs on one host do not collide.
+    pub fn new(exe: PathBuf, out: PathBuf) -> RunConfig {
+        let pid = std::process::id();
+        RunConfig {
+            exe,
+            out,
+            progress: true,
+            link_name: format!("ipsanlab{}", pid % 100_000),
+            subnet: 200 + ((pid % 25) * 2) as u8,
+        }
+    }
+}
+
+const IQN: &str = "iqn.2026-11.org.ipsan:lab";
+const PORT: u16 = 3260;
+const TLS_PORT: u16 = 3261;
+const WG_PORT: u16 = 51820;
+
+/// Runs `plan`, writing results as it goes; returns every record.
+pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
+    std::fs::create_dir_all(&cfg.out)?;
+    let scratch = cfg.out.join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let env = Environment::detect(&cfg.exe);
+    let root = ipsan_wan::link::is_root();
+    let bench_has_seal = help_mentions(&cfg.exe, "bench", "--seal");
+    let mut records: Vec<Record> = Vec::new();
+    let total = plan.run_count();
+    let started = Instant::now();
+    let mut done = 0usize;
+    let mut groups: Vec<(String, Vec<&Point>)> = Vec::new();
+    for p in &plan.points {
+        let key = format!("{}|{}", p.link_key(), p.scheme == Scheme::EspEmu);
+        match groups.last_mut() {
+            Some((k, v)) if *k == key => v.push(p),
+            _ => groups.push((key, vec![p])),
+        }
+    }
+    let mut enc_cache: BTreeMap<(String, u64), (f64, f64)> = BTreeMap::new();
+    for (_, points) in groups {
+        let first = points[0];
+        let impaired =
+            first.delay_ms > 0.0 || first.loss > 0.0 || first.reorder > 0.0 || first.corrupt > 0.0;
+        let needs_ns = impaired || first.scheme == Scheme::EspEmu || first.scheme.lower_layer();
+        let mut env_ctx = if root {
+            match LabLink::up(first, cfg) {
+                Ok(l) => Ok(Some(l)),
+                Err(e) => Err(format!("bringing the link up: {e}")),
+            }
+        } else if needs_ns {
+            Err("needs root: namespaces, the WAN emulator and tunnels (ran without root, loopback only)".into())
+        } else {
+            Ok(None)
+        };
+        let calib = match &env_ctx {
+            Ok(l) => calibrate_link(l.as_ref(), first),
+            Err(e) => Err(e.clone()),
+        };
+        for p in points {
+            for rep in 0..plan.repetitions {
+                let t0 = Instant::now();
+                let label = p.label();
+                if cfg.progress {
+                    progress(done, total, started, &label);
+                }
+                let mut rec = Record::new(&plan.name, records.len(), rep, p, &env, root);
+                match (&mut env_ctx, &calib) {
+                    (Err(e), _) => {
+                        rec.status = if root { Status::Failed } else { Status::Skipped };
+                        rec.error = e.clone();
+                    }
+                    (Ok(_), Err(e)) => {
+                        rec.status = Status::Failed;
+                        rec.error = format!("calibration: {e}");
+                    }
+                    (Ok(link), Ok(c)) => {
+                        rec.calibration = Some(c.clone());
+                        let enc = enc_dec(&mut enc_cache, p);
+                        let ctx = RunCtx {
+                            cfg,
+                            plan,
+                            link: link.as_ref(),
+                            calib: c,
+                            enc,
+                            scratch: &scratch,
+                            bench_has_seal,
+                        };
+                        run_one(&ctx, p, &mut rec);
+                    }
+                }
+                rec.wall_s = t0.elapsed().as_secs_f64();
+                records.push(rec);
+                done += 1;
+                crate::results::write_all(&cfg.out, &records)?;
+            }
+        }
+        if let Ok(Some(l)) = env_ctx {
+            l.down();
+        }
+    }
+    if cfg.progress {
+        eprintln!(
+            "\r\x1b[2Klab: {} runs in {:.0}s → {}",
+            total,
+            started.elapsed().as_secs_f64(),
+            cfg.out.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(records)
+}
+
+fn progress(done: usize, total: usize, started: Instant, label: &str) {
+    let width = 24;
+    let filled = if total == 0 { width } else { done * width / total };
+    let eta = if done == 0 {
+        "?".to_string()
+    } else {
+        let per = started.elapsed().as_secs_f64() / done as f64;
+        fmt_secs(per * (total - done) as f64)
+    };
+    eprint!(
+        "\r\x1b[2K[{}{}] {}/{} ETA {} {}",
+        "#".repeat(filled),
+        "-".repeat(width - filled),
+        done,
+        total,
+        eta,
+        label
+    );
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// A lab link: the emulator plus what the lab set inside its namespaces.
+struct LabLink {
+    link: Link,
+    esp: Option<Arc<EspCounters>>,
+    sysctls: Vec<(String, String)>,
+}
+
+impl LabLink {
+    fn up(p: &Point, cfg: &RunConfig) -> Result<LabLink, String> {
+        let _ = ipsan_wan::link::cleanup(&cfg.link_name);
+        let dir = DirConfig {
+            delay: Duration::from_secs_f64(p.delay_ms / 1e3),
+            loss: if p.loss > 0.0 {
+                LossModel::Bernoulli { p: p.loss }
+            } else {
+                LossModel::None
+            },
+            reorder: p.reorder,
+            corrupt: p.corrupt,
+            ..DirConfig::default()
+        };
+        let mut lc = LinkConfig::new(cfg.link_name.clone()).symmetric(dir);
+        lc.subnet = cfg.subnet;
+        let (extra, esp) = if p.scheme == Scheme::EspEmu {
+            let (up, down, c) = esp::stages().map_err(|e| format!("esp-emu keys: {e}"))?;
+            (
+                ExtraStages {
+                    up: vec![Box::new(up)],
+                    down: vec![Box::new(down)],
+                },
+                Some(c),
+            )
+        } else {
+            (ExtraStages::default(), None)
+        };
+        let link = Link::up_with(lc, extra).map_err(|e| e.to_string())?;
+        let mut l = LabLink {
+            link,
+            esp,
+            sysctls: Vec::new(),
+        };
+        // The papers' stacks were Reno-like; this kernel defaults to BBR. And the root
+        // namespace caps socket buffers at 4 MiB, too small for 64 ms at these rates.
+        let settings = [
+            ("ipv4.tcp_congestion_control", p.cc.clone()),
+            ("core.rmem_max", "67108864".to_string()),
+            ("core.wmem_max", "67108864".to_string()),
+            ("ipv4.tcp_rmem", "4096 131072 67108864".to_string()),
+            ("ipv4.tcp_wmem", "4096 16384 67108864".to_string()),
+        ];
+        for side in [Side::Ini, Side::Tgt] {
+            let ns = l.link.netns(side);
+            let _ = run_quiet(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"]));
+            for (k, v) in &settings {
+                let (k2, v2) = (k.to_string(), v.clone());
+                let r = l
+                    .link
+                    .run_in(side, move || ipsan_wan::netns::write_net_sysctl(&k2, &v2))
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()));
+                if let Err(e) = r {
+                    if k.contains("congestion") {
+                        return Err(format!("setting net.{k}={v} in {ns}: {e}"));
+                    }
+                }
+            }
+        }
+        for (k, _) in &settings {
+            let k2 = k.to_string();
+            let got = l
+                .link
+                .run_in(Side::Ini, move || {
+                    std::fs::read_to_string(
+                        PathBuf::from("/proc/sys/net").join(k2.replace('.', "/")),
+                    )
+                    .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .unwrap_or_else(|e| format!("unreadable: {e}"))
+                })
+                .unwrap_or_default();
+            l.sysctls.push((format!("net.{k}"), got));
+        }
+        Ok(l)
+    }
+
+    fn down(self) {
+        let LabLink { link, .. } = self;
+        if let Err(e) = link.down() {
+            tracing::warn!("lab link down: {e}");
+        }
+    }
+
+    fn tgt(&self) -> Ipv4Addr {
+        self.link.addr(Side::Tgt)
+    }
+}
+
+impl Sockets for LabLink {
+    fn listen(&self) -> std::io::Result<TcpListener> {
+        let a = SocketAddr::from((self.tgt(), 0));
+        self.link
+            .run_in(Side::Tgt, move || TcpListener::bind(a))
+            .map_err(std::io::Error::other)?
+    }
+    fn connect(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        self.link
+            .run_in(Side::Ini, move || {
+                TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            })
+            .map_err(std::io::Error::other)?
+    }
+}
+
+fn calibrate_link(link: Option<&LabLink>, p: &Point) -> Result<Calibration, String> {
+    let s: &dyn Sockets = match link {
+        Some(l) => l,
+        None => &Loopback,
+    };
+    let rtt = calibrate::rtt(s, 10).map_err(|e| format!("RTT ping-pong: {e}"))?;
+    // Long enough for slow start to finish at the link's RTT, short enough for CI.
+    let secs = (rtt.median_s * 30.0).clamp(1.0, 4.0);
+    let socket = if p.loss > 0.0 || p.corrupt > 0.0 || p.reorder > 0.0 {
+        calibrate::socket_throughput(s, Duration::from_secs_f64(secs.max(2.0)))
+    } else {
+        calibrate::socket_throughput(s, Duration::from_secs_f64(secs))
+    }
+    .map_err(|e| format!("bulk TCP: {e}"))?;
+    Ok(Calibration {
+        rtt_ms: rtt.median_s * 1e3,
+        rtt_min_ms: rtt.min_s * 1e3,
+        rtt_max_ms: rtt.max_s * 1e3,
+        socket_mb_s: socket / 1e6,
+        sysctls: link.map(|l| l.sysctls.clone()).unwrap_or_default(),
+        loopback: link.is_none(),
+    })
+}
+
+/// ENC/DEC for the scheme: seal's cipher at the block size; per-packet ciphers at a
+/// 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own stage.
+fn enc_dec(cache: &mut BTreeMap<(String, u64), (f64, f64)>, p: &Point) -> (f64, f64) {
+    let (cipher, size) = match p.scheme {
+        Scheme::Plain => return (f64::INFINITY, f64::INFINITY),
+        Scheme::Seal | Scheme::SealSeq => (p.cipher.clone(), p.block),
+        Scheme::Wireguard => ("chacha20-poly1305".to_string(), 1536),
+        Scheme::Tls => (tls_cipher(&p.cipher).0.to_string(), 16384),
+        Scheme::Ipsec => (p.cipher.clone(), 1536),
+        Scheme::EspEmu => ("esp-emu".to_string(), 1400),
+    };
+    *cache.entry((cipher.clone(), size)).or_insert_with(|| {
+        if cipher == "esp-emu" {
+            let r = esp::bench(size as usize, Duration::from_millis(300));
+            return (r, r);
+        }
+        let c = Cipher::from_name(&cipher).unwrap_or(Cipher::Aes256Gcm);
+        // Seal frames in 512-byte blocks; round the packet size up to that.
+        let sz = (size as usize).div_ceil(512) * 512;
+        calibrate::cipher_throughput(c, sz, Duration::from_millis(300))
+            .unwrap_or((f64::NAN, f64::NAN))
+    })
+}
+
+fn tls_cipher(seal_cipher: &str) -> (&'static str, &'static str) {
+    if seal_cipher == "chacha20-poly1305" {
+        ("chacha20-poly1305", "TLS_CHACHA20_POLY1305_SHA256")
+    } else {
+        ("aes-256-gcm", "TLS_AES_256_GCM_SHA384")
+    }
+}
+
+struct RunCtx<'a> {
+    cfg: &'a RunConfig,
+    plan: &'a Plan,
+    link: Option<&'a LabLink>,
+    calib: &'a Calibration,
+    enc: (f64, f64),
+    scratch: &'a Path,
+    bench_has_seal: bool,
+}
+
+impl RunCtx<'_> {
+    fn command(&self, side: Side, program: &str) -> Command {
+        match self.link {
+            Some(l) => l.link.command(side, program),
+            None => Command::new(program),
+        }
+    }
+    fn ns(&self, side: Side) -> Option<String> {
+        self.link.map(|l| l.link.netns(side))
+    }
+    fn tgt_addr(&self) -> Ipv4Addr {
+        self.link.map_or(Ipv4Addr::LOCALHOST, |l| l.tgt())
+    }
+    fn subnet(&self) -> u8 {
+        self.cfg.subnet
+    }
+}
+
+/// Children killed on drop, so a failing run cleans up.
+struct Procs(Vec<(String, Child)>);
+
+impl Procs {
+    fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(|(_, c)| c.id()).collect()
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn model_pipeline(p: &Point, depth: u32, first_burst: Option<u64>, cpus: u32) -> Pipeline {
+    let two = match p.direction {
+        Direction::Read => false,
+        Direction::Write => match p.iscsi {
+            IscsiMode::Paper => true,
+            IscsiMode::Ipsan => p.block > first_burst.unwrap_or(256 * 1024),
+        },
+    };
+    Pipeline {
+        depth,
+        round_trips: if two { 2 } else { 1 },
+        crypto_workers: if p.scheme == Scheme::SealSeq { 1 } else { cpus.max(1) },
+        window: None,
+        crypto: match p.scheme {
+            Scheme::Plain => CryptoPlace::None,
+            Scheme::Seal | Scheme::SealSeq => CryptoPlace::Command,
+            _ => CryptoPlace::Packet,
+        },
+    }
+}
+
+fn run_one(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) {
+    match try_run(ctx, p, rec) {
+        Ok(()) => rec.status = Status::Ok,
+        Err(RunError::Skip(why)) => {
+            rec.status = Status::Skipped;
+            rec.error = why;
+        }
+        Err(RunError::Fail(why)) => {
+            rec.status = Status::Failed;
+            rec.error = why;
+        }
+    }
+}
+
+enum RunError {
+    Skip(String),
+    Fail(String),
+}
+
+fn fail(s: impl Into<String>) -> RunError {
+    RunError::Fail(s.into())
+}
+
+fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let inputs = Inputs {
+        rtt_s: ctx.calib.rtt_ms / 1e3,
+        block: p.block as f64,
+        socket: ctx.calib.socket_mb_s * 1e6,
+        enc: ctx.enc.0,
+        dec: ctx.enc.1,
+    };
+    rec.enc_mb_s = ctx.enc.0 / 1e6;
+    rec.dec_mb_s = ctx.enc.1 / 1e6;
+    let depth = match p.depth {
+        Depth::Fixed(n) => n,
+        Depth::Auto => model::auto_depth(&inputs, &model_pipeline(p, 1, None, cpus), ctx.plan.max_depth)
+            .map_err(|e| fail(format!("auto depth: {e}")))?,
+    };
+    rec.depth_used = depth;
+    match p.scheme {
+        Scheme::Ipsec => return Err(RunError::Skip(ipsec_unavailable(ctx))),
+        Scheme::Seal | Scheme::SealSeq if !ctx.bench_has_seal => {
+            return Err(fail(
+                "ipsan bench has no --seal flag yet (seal is being integrated into the initiator); not faked",
+            ))
+        }
+        _ => {}
+    }
+    let mut procs = Procs(Vec::new());
+    // --- target ---
+    let secret = ctx.scratch.join("seal.secret");
+    if p.scheme.is_seal() {
+        std::fs::write(&secret, b"ipsan lab run secret: 32+ bytes long, never reused\n")
+            .map_err(|e| fail(format!("writing the seal secret: {e}")))?;
+    }
+    let lun = match p.backend {
+        Backend::Mem => format!("mem:{}", ctx.plan.lun_bytes),
+        Backend::Null => format!("null:{}", ctx.plan.lun_bytes),
+        Backend::File => format!(
+            "file:{},size={}",
+            ctx.scratch.join("lun.img").display(),
+            ctx.plan.lun_bytes
+        ),
+    };
+    let bind = if ctx.link.is_some() { "0.0.0.0" } else { "127.0.0.1" };
+    let port = if ctx.link.is_some() { PORT } else { free_port().map_err(|e| fail(format!("no free port: {e}")))? };
+    let mut tcmd = ctx.command(Side::Tgt, &ctx.cfg.exe.to_string_lossy());
+    tcmd.args([
+        "target",
+        "--portal",
+        &format!("{bind}:{port}"),
+        "--iqn",
+        IQN,
+        "--lun",
+        &lun,
+        "--queue-depth",
+        &depth.max(32).to_string(),
+    ]);
+    if p.scheme.is_seal() {
+        tcmd.args(["--seal", "required", "--seal-secret-file"]);
+        tcmd.arg(&secret);
+    }
+    let (target, lines) = spawn_watch(tcmd).map_err(|e| fail(format!("starting the target: {e}")))?;
+    procs.0.push(("target".into(), target));
+    wait_line(&lines, "listening on", Duration::from_secs(15))
+        .map_err(|e| fail(format!("target did not start: {e}")))?;
+    // --- tunnel ---
+    let connect = match p.scheme {
+        Scheme::Wireguard => wireguard(ctx, &mut procs)?,
+        Scheme::Tls => tls(ctx, p, &mut procs)?,
+        _ => SocketAddr::from((ctx.tgt_addr(), port)),
+    };
+    // --- bench ---
+    let json = ctx.scratch.join("bench.json");
+    let _ = std::fs::remove_file(&json);
+    let url = format!("iscsi://{connect}/{IQN}/0");
+    let mut b = ctx.command(Side::Ini, &ctx.cfg.exe.to_string_lossy());
+    b.args([
+        "bench",
+        &url,
+        "--rw",
+        p.direction.name(),
+        "--bs",
+        &p.block.to_string(),
+        "--depth",
+        &depth.to_string(),
+        "--time",
+        &format!("{}ms", ctx.plan.run_time.as_millis()),
+        "--quiet",
+        "--json",
+    ]);
+    b.arg(&json);
+    if p.iscsi == IscsiMode::Paper {
+        b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
+    }
+    if p.scheme.is_seal() {
+        b.args(["--seal", &p.cipher, "--secret-file"]);
+        b.arg(&secret);
+        b.args(["--pipeline", if p.pipeline { "on" } else { "off" }]);
+    }
+    let watched: Vec<u32> = procs.pids();
+    let before: Vec<f64> = watched.iter().map(|pid| proc_cpu_s(*pid)).collect();
+    let self_before = proc_cpu_s(std::process::id());
+    if let Some(l) = ctx.link {
+        l.link.reset_stats();
+    }
+    let esp_before = ctx
+        .link
+        .and_then(|l| l.esp.as_ref())
+        .map(|c| c.packets.load(std::sync::atomic::Ordering::Relaxed));
+    let t = Instant::now();
+    let out = run_bounded(b, ctx.plan.run_time + Duration::from_secs(60))
+        .map_err(|e| fail(format!("bench: {e}")))?;
+    let wall = t.elapsed().as_secs_f64();
+    for (i, pid) in watched.iter().enumerate() {
+        let pct = (proc_cpu_s(*pid) - before[i]) / wall * 100.0;
+        if i == 0 {
+            rec.cpu_target_pct = pct;
+        } else {
+            rec.cpu_tunnel_pct += pct;
+        }
+    }
+    rec.cpu_emulator_pct = (proc_cpu_s(std::process::id()) - self_before) / wall * 100.0;
+    if let Some(l) = ctx.link {
+        let s = l.link.stats();
+        rec.wan_dropped = s.up.dropped_loss + s.down.dropped_loss + s.up.dropped_queue
+            + s.down.dropped_queue + s.up.dropped_other + s.down.dropped_other;
+        rec.wan_reordered = s.up.reordered + s.down.reordered;
+        rec.wan_corrupted = s.up.corrupted + s.down.corrupted;
+        rec.wan_packets = s.up.packets_in + s.down.packets_in;
+        if let (Some(c), Some(b0)) = (&l.esp, esp_before) {
+            rec.esp_packets = c.packets.load(std::sync::atomic::Ordering::Relaxed) - b0;
+        }
+    }
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        return Err(fail(format!("bench exited with {}: {}", out.status, last.trim())));
+    }
+    let text = std::fs::read_to_string(&json).map_err(|e| fail(format!("bench JSON: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| fail(format!("bench JSON: {e}")))?;
+    let r = &v["result"];
+    let f = |path: &[&str]| -> f64 {
+        let mut x = r;
+        for k in path {
+            x = &x[*k];
+        }
+        x.as_f64().unwrap_or(f64::NAN)
+    };
+    rec.throughput_mb_s = f(&["throughput_mb_s"]);
+    rec.iops = f(&["iops"]);
+    rec.lat_p50_us = f(&["latency_us", "p50"]);
+    rec.lat_p90_us = f(&["latency_us", "p90"]);
+    rec.lat_p99_us = f(&["latency_us", "p99"]);
+    rec.lat_max_us = f(&["latency_us", "max"]);
+    rec.cpu_initiator_pct = f(&["cpu", "percent_of_one_core"]);
+    rec.bytes = r["bytes"].as_u64().unwrap_or(0);
+    let n = &v["negotiated"];
+    rec.initial_r2t = n["initial_r2t"].as_bool();
+    rec.immediate_data = n["immediate_data"].as_bool();
+    rec.first_burst = n["first_burst_length"].as_u64();
+    // Model prediction with the negotiated parameters.
+    if let Ok(pred) = model::predict(&inputs, &model_pipeline(p, depth, rec.first_burst, cpus)) {
+        rec.model_mb_s = pred.throughput / 1e6;
+        rec.model_limit = pred.limit.to_string();
+        rec.model_err_pct = (rec.throughput_mb_s / rec.model_mb_s - 1.0) * 100.0;
+    }
+    let _ = ctx.ns(Side::Ini);
+    Ok(())
+}
+
+fn ipsec_unavailable(ctx: &RunCtx<'_>) -> String {
+    // Ask the kernel for an ESP state; this kernel has no ESP, so it refuses.
+    let mut c = match ctx.ns(Side::Ini) {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["-n", &ns]);
+            c
+        }
+        None => Command::new("ip"),
+    };
+    c.args([
+        "xfrm", "state", "add", "src", "10.231.254.1", "dst", "10.231.254.2", "proto", "esp",
+        "spi", "0x4c4142", "mode", "transport", "enc", "cbc(des3_ede)",
+        "0x0102030405060708090a0b0c0d0e0f101112131415161718", "auth-trunc", "hmac(sha1)",
+        "0x0102030405060708090a0b0c0d0e0f1011121314", "96",
+    ]);
+    match c.output() {
+        Ok(o) if o.status.success() => {
+            let _ = Command::new("ip").args(["xfrm", "state", "flush"]).output();
+            "this kernel accepts ESP states, but the lab's ipsec scheme is not implemented yet; \
+             use esp-emu"
+                .into()
+        }
+        Ok(o) => format!(
+            "kernel ESP unavailable (ip xfrm state add: {}); esp-emu is the 3DES baseline here",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("cannot run ip xfrm: {e}"),
+    }
+}
+
+/// wireguard-go in both namespaces, peers over the emulated link; returns the target's
+/// address inside the tunnel.
+fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError> {
+    let Some(link) = ctx.link else {
+        return Err(RunError::Skip("wireguard needs namespaces (root)".into()));
+    };
+    let tun = ctx.subnet().wrapping_add(1);
+    let wg_ip = |side: Side| Ipv4Addr::new(10, 231, tun, if side == Side::Ini { 1 } else { 2 });
+    let mut keys = Vec::new();
+    for side in [Side::Ini, Side::Tgt] {
+        let key = run_quiet(Command::new("wg").arg("genkey")).map_err(|e| fail(format!("wg genkey: {e}")))?;
+        let path = ctx.scratch.join(format!("wg-{side:?}.key"));
+        std::fs::write(&path, &key).map_err(|e| fail(format!("writing a wg key: {e}")))?;
+        let mut pc = Command::new("wg");
+        pc.arg("pubkey").stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = pc.spawn().map_err(|e| fail(format!("wg pubkey: {e}")))?;
+        if let Some(mut si) = child.stdin.take() {
+            use std::io::Write;
+            let _ = si.write_all(key.as_bytes());
+        }
+        let o = child.wait_with_output().map_err(|e| fail(format!("wg pubkey: {e}")))?;
+        keys.push((path, String::from_utf8_lossy(&o.stdout).trim().to_string()));
+    }
+    for (i, side) in [Side::Ini, Side::Tgt].into_iter().enumerate() {
+        let mut c = link.link.command(side, "wireguard-go");
+        c.args(["-f", "wg0"])
+            .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = c.spawn().map_err(|e| fail(format!("wireguard-go: {e}")))?;
+        procs.0.push(("wireguard-go".into(), child));
+        let ns = link.link.netns(side);
+        let t = Instant::now();
+        while run_quiet(Command::new("ip").args(["-n", &ns, "link", "show", "wg0"])).is_err() {
+            if t.elapsed() > Duration::from_secs(5) {
+                return Err(fail("wireguard-go did not create wg0 within 5 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let peer = if side == Side::Ini { Side::Tgt } else { Side::Ini };
+        let (key_path, _) = &keys[i];
+        let (_, peer_pub) = &keys[1 - i];
+        let endpoint = format!("{}:{WG_PORT}", link.link.addr(peer));
+        let mut set = link.link.command(side, "wg");
+        set.args(["set", "wg0", "listen-port", &WG_PORT.to_string(), "private-key"])
+            .arg(key_path)
+            .args([
+                "peer",
+                peer_pub,
+                "allowed-ips",
+                &format!("{}/32", wg_ip(peer)),
+                "endpoint",
+                &endpoint,
+            ]);
+        run_quiet(&mut set).map_err(|e| fail(format!("wg set: {e}")))?;
+        run_quiet(Command::new("ip").args([
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/24", wg_ip(side)),
+            "dev",
+            "wg0",
+        ]))
+        .map_err(|e| fail(format!("wg address: {e}")))?;
+        run_quiet(Command::new("ip").args(["-n", &ns, "link", "set", "wg0", "mtu", "1420", "up"]))
+            .map_err(|e| fail(format!("wg up: {e}")))?;
+    }
+    let addr = SocketAddr::from((wg_ip(Side::Tgt), PORT));
+    wait_connect(link, addr).map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
+    Ok(addr)
+}
+
+/// stunnel (TLS 1.3) in both namespaces: the initiator talks to its local stunnel, which
+/// carries the session over TLS to the target side's stunnel.
+fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, RunError> {
+    let Some(link) = ctx.link else {
+        return Err(RunError::Skip("tls needs namespaces (root)".into()));
+    };
+    let (_, suite) = tls_cipher(&p.cipher);
+    let key = ctx.scratch.join("tls.key");
+    let cert = ctx.scratch.join("tls.crt");
+    if !cert.exists() {
+        run_quiet(
+            Command::new("openssl")
+                .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=ipsan-lab", "-keyout"])
+                .arg(&key)
+                .arg("-out")
+                .arg(&cert),
+        )
+        .map_err(|e| fail(format!("openssl req: {e}")))?;
+    }
+    let tgt = link.tgt();
+    let server = format!(
+        "foreground = yes\npid =\nsyslog = no\n[iscsi]\naccept = {tgt}:{TLS_PORT}\nconnect = 127.0.0.1:{PORT}\ncert = {}\nkey = {}\nsslVersion = TLSv1.3\nciphersuites = {suite}\n",
+        cert.display(),
+        key.display()
+    );
+    let client = format!(
+        "foreground = yes\npid =\nsyslog = no\n[iscsi]\nclient = yes\naccept = 127.0.0.1:{PORT}\nconnect = {tgt}:{TLS_PORT}\nsslVersion = TLSv1.3\nciphersuites = {suite}\n"
+    );
+    for (side, conf, name) in [(Side::Tgt, server, "stunnel-tgt.conf"), (Side::Ini, client, "stunnel-ini.conf")] {
+        let path = ctx.scratch.join(name);
+        std::fs::write(&path, conf).map_err(|e| fail(format!("stunnel config: {e}")))?;
+        let mut c = link.link.command(side, "stunnel");
+        c.arg(&path).stdout(Stdio::null()).stderr(Stdio::null());
+        let child = c.spawn().map_err(|e| fail(format!("stunnel: {e}")))?;
+        procs.0.push(("stunnel".into(), child));
+    }
+    let local = SocketAddr::from((Ipv4Addr::LOCALHOST, PORT));
+    // The initiator-side stunnel listens in the initiator's namespace.
+    let t = Instant::now();
+    loop {
+        let ok = link
+            .link
+            .run_in(Side::Ini, move || TcpStream::connect_timeout(&local, Duration::from_millis(300)).is_ok())
+            .unwrap_or(false);
+        if ok {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            return Err(fail("stunnel did not listen within 5 s"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(local)
+}
+
+fn wait_connect(link: &LabLink, addr: SocketAddr) -> Result<(), String> {
+    let t = Instant::now();
+    loop {
+        let r = link
+            .link
+            .run_in(Side::Ini, move || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map(|_| ()))
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e) if t.elapsed() > Duration::from_secs(8) => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn run_quiet(c: &mut Command) -> Result<String, String> {
+    let o = c.output().map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+fn spawn_watch(mut c: Command) -> std::io::Result<(Child, mpsc::Receiver<String>)> {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+    let mut child = c.spawn()?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+    }
+    if let Some(err) = child.stderr.take() {
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+    }
+    Ok((child, rx))
+}
+
+fn wait_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> Result<(), String> {
+    let t = Instant::now();
+    let mut last = String::new();
+    while t.elapsed() < limit {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) if l.contains(needle) => return Ok(()),
+            Ok(l) => last = l,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(format!("exited; last output: {last}"))
+            }
+        }
+    }
+    Err(format!("no {needle:?} within {limit:?}; last output: {last}"))
+}
+
+/// Runs `c` to completion, killing it after `limit`.
+fn run_bounded(mut c: Command, limit: Duration) -> Result<std::process::Output, String> {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+    let mut child = c.spawn().map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().map_err(|e| e.to_string()),
+            Ok(None) if t.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("killed after {limit:?}"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// User + system CPU seconds of a process (all its threads), from /proc/PID/stat.
+pub fn proc_cpu_s(pid: u32) -> f64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // The command name may hold spaces; fields resume after the last ')'.
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': state is field 3, utime field 14, stime field 15 → indices 11 and 12.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    (ticks(11) + ticks(12)) / clk_tck()
+}
+
+fn clk_tck() -> f64 {
+    static TCK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TCK.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// Whether `exe <sub> --help` mentions `flag`.
+pub fn help_mentions(exe: &Path, sub: &str, flag: &str) -> bool {
+    Command::new(exe)
+        .args([sub, "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_cpu_time() {
+        // Spin until the kernel has charged us 50 ms (the host may be busy: bounded by 20 s).
+        let a = proc_cpu_s(std::process::id());
+        assert!(a.is_finite());
+        let t = Instant::now();
+        let mut x = 0u64;
+        let mut b = a;
+        while b - a < 0.05 && t.elapsed() < Duration::from_secs(20) {
+            for _ in 0..1_000_000 {
+                x = x.wrapping_mul(31).wrapping_add(7);
+            }
+            b = proc_cpu_s(std::process::id());
+        }
+        std::hint::black_box(x);
+        assert!(b - a >= 0.05, "{a} → {b}");
+        assert!(proc_cpu_s(u32::MAX).is_nan());
+    }
+
+    #[test]
+    fn bounded_run_kills_a_hang() {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        let t = Instant::now();
+        assert!(run_bounded(c, Duration::from_millis(200)).is_err());
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}

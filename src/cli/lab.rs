@@ -1,0 +1,93 @@
+//! `ipsan lab`: run an experiment plan end to end, or rebuild a report from saved results
+//! (issue 6; crates/lab).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use ipsan_lab::plan::Plan;
+use ipsan_lab::runner::{self, RunConfig};
+
+/// The papers' experiments end to end: baselines, CPU, model, plots, report.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Cmd {
+    /// Run a plan (quick, smoke, paper-write, paper-read, pathologies, or a TOML file).
+    Run {
+        /// Built-in plan name or path to a plan TOML.
+        #[arg(long, default_value = "quick")]
+        plan: String,
+        /// Output directory (results.csv/json, plots, report.md/html).
+        #[arg(long, default_value = "results/quick")]
+        out: PathBuf,
+        /// No progress line.
+        #[arg(long)]
+        quiet: bool,
+        /// Print the plan's points and exit.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Rebuild plots and the report from a results directory.
+    Report {
+        /// The directory holding results.json.
+        dir: PathBuf,
+    },
+    /// List the built-in plans.
+    Plans,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.cmd {
+        Cmd::Run {
+            plan,
+            out,
+            quiet,
+            dry_run,
+        } => {
+            let plan = Plan::load(&plan)?;
+            if dry_run {
+                for (i, p) in plan.points.iter().enumerate() {
+                    println!("{i:4} {}", p.label());
+                }
+                println!(
+                    "{} points × {} repetitions, {:?} each",
+                    plan.points.len(),
+                    plan.repetitions,
+                    plan.run_time
+                );
+                return Ok(());
+            }
+            let exe = std::env::current_exe().context("locating the ipsan binary")?;
+            let mut cfg = RunConfig::new(exe, out.clone());
+            cfg.progress = !quiet;
+            let records = runner::run_plan(&plan, &cfg)
+                .with_context(|| format!("writing results under {}", out.display()))?;
+            let rep = ipsan_lab::report::build(&out, &records)?;
+            print!("{}", rep.headline);
+            println!("report: {}", rep.html.display());
+            Ok(())
+        }
+        Cmd::Report { dir } => {
+            let records = ipsan_lab::results::read_all(&dir).map_err(anyhow::Error::msg)?;
+            let rep = ipsan_lab::report::build(&dir, &records)?;
+            print!("{}", rep.headline);
+            println!("report: {}", rep.html.display());
+            Ok(())
+        }
+        Cmd::Plans => {
+            for name in ipsan_lab::plan::BUILTIN {
+                let p = Plan::load(name)?;
+                println!(
+                    "{name:<12} {:>4} runs  {}",
+                    p.run_count(),
+                    p.description
+                );
+            }
+            Ok(())
+        }
+    }
+}
