@@ -308,7 +308,7 @@ async fn writer_task(
                         (w.exp_cmd_sn(), w.max_cmd_sn())
                     };
                     stamp(&mut pdu.header, &mut stat_sn, exp, max);
-                    trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
+                    debug!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
                     head.clear();
                     let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
                         warn!("cannot encode {:?}", pdu.header.opcode());
@@ -483,7 +483,7 @@ impl Session {
                     continue;
                 }
             };
-            trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
+            debug!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
             match self.dispatch(pdu).await {
                 Flow::Continue => {}
                 Flow::Close(why) => return why,
