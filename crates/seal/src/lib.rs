@@ -21,14 +21,12 @@
 //! - `replay`: the anti-replay window.
 //! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
-//! - [`login_ext`]: [`SealExtension`], the adapter to the target login engine's vendor-key hook.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 
 pub mod cdb;
 pub mod cipher;
 pub mod error;
 pub mod frame;
-pub mod login_ext;
 pub mod negotiate;
 pub mod pool;
 mod replay;
@@ -42,7 +40,6 @@ mod kat;
 pub use cipher::{Cipher, UnknownCipher};
 pub use error::{NegotiationError, OpenError, SealError, SecretError};
 pub use frame::{Binding, Direction, Framing};
-pub use login_ext::{SealExtension, SessionSlot};
 pub use negotiate::{
     is_seal_key, AnswerOutcome, PskLookup, SealAnswer, SealOffer, SealPending, SealPolicy,
     TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
