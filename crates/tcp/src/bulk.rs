@@ -117,10 +117,9 @@ pub fn send(addr: SocketAddr, opts: &SendOptions) -> Result<BulkResult, TcpError
     let seconds = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let _ = stream.shutdown(std::net::Shutdown::Both);
-    let write_result = writer.join().map_err(|_| TcpError::Bpf {
-        step: "bulk writer".into(),
-        detail: "panicked".into(),
-    })?;
+    let write_result = writer
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the bulk writer thread panicked")));
     if let Err(source) = write_result {
         // A reset after our own shutdown is expected; anything before it is an error.
         if end.bytes_acked == 0 {
