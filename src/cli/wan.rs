@@ -301,6 +301,12 @@ fn parse_subnet(s: &str) -> anyhow::Result<u8> {
 
 fn up(a: UpArgs) -> anyhow::Result<()> {
     validate_name(&a.name)?;
+    if !ipsan_wan::link::is_root() {
+        bail!(
+            "{}; without root, `ipsan wan proxy` offers a TCP-level delay relay (less faithful)",
+            ipsan_wan::LinkError::NotRoot
+        );
+    }
     let mut cfg = LinkConfig::new(&a.name);
     cfg.subnet = parse_subnet(&a.subnet)?;
     cfg.mtu = a.mtu;

@@ -2,7 +2,7 @@
 //! not depend on the kernel): how many packets per second one core can decide.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ipsan_wan::{DirConfig, Impairment, LossModel, Packet, Pipeline};
 use std::time::Duration;
 
@@ -39,14 +39,10 @@ fn bench(c: &mut Criterion) {
         let mut pkt = Packet::from_slice(&[0x45; 1500], 1600);
         let mut now = 0u64;
         g.bench_function(name, |b| {
-            b.iter_batched_ref(
-                || (),
-                |_| {
-                    now += 12_000; // one 1500-byte packet per 12 µs = 1 Gbit/s
-                    std::hint::black_box(p.process(now, &mut pkt))
-                },
-                BatchSize::SmallInput,
-            )
+            b.iter(|| {
+                now += 12_000; // one 1500-byte packet per 12 µs = 1 Gbit/s
+                std::hint::black_box(p.process(now, &mut pkt))
+            })
         });
     }
     g.finish();

@@ -14,9 +14,14 @@ use crate::link::{ns_names, LinkStats, IFNAME};
 use crate::netns;
 use std::process::Command;
 
-/// `Ok` when a netem qdisc can be created; otherwise the reason (from `tc`). Checks in a
-/// throw-away namespace so nothing on the host changes.
+/// `Ok` when a netem qdisc can be created; otherwise the reason (from `tc`). Checks once per
+/// process, in a throw-away namespace, so nothing on the host changes.
 pub fn available() -> Result<(), String> {
+    static RESULT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    RESULT.get_or_init(probe).clone()
+}
+
+fn probe() -> Result<(), String> {
     let ns = format!("ipsan-netem-probe-{}", std::process::id());
     netns::add(&ns).map_err(|e| e.to_string())?;
     let r = netns::run("ip", &["-n", &ns, "link", "set", "lo", "up"]).and_then(|()| {
