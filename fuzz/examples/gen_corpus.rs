@@ -1,0 +1,347 @@
+//! Writes the seed corpus (`fuzz/corpus/<target>/`) from real PDUs, CDBs and sealed data built
+//! with the project's own encoders, so the seeds stay valid as the codecs evolve.
+//!
+//! Run from `fuzz/`: `cargo run --example gen_corpus`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::header::*;
+use iscsi_wire::{Codec, Pdu};
+
+fn write(target: &str, name: &str, bytes: &[u8]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn enc(codec: &Codec, pdus: &[Pdu]) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    for p in pdus {
+        codec.encode(p, &mut out).unwrap();
+    }
+    out.to_vec()
+}
+
+fn login(csg: Stage, nsg: Stage, transit: bool, text: &str, cmd_sn: u32) -> Pdu {
+    Pdu::new(
+        LoginRequest {
+            transit,
+            continue_: false,
+            csg,
+            nsg,
+            version_max: 0,
+            version_min: 0,
+            isid: [0x80, 0, 0, 0, 0, 1],
+            tsih: 0,
+            itt: 1,
+            cid: 0,
+            cmd_sn,
+            exp_stat_sn: 0,
+        },
+        Bytes::from(text.replace(';', "\0")),
+    )
+}
+
+fn scsi(cdb: [u8; 16], write: bool, edtl: u32, data: &[u8]) -> Pdu {
+    Pdu::new(
+        ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: !write && edtl > 0,
+            write,
+            attr: TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 5,
+            expected_data_transfer_length: edtl,
+            cmd_sn: 2,
+            exp_stat_sn: 1,
+            cdb,
+        },
+        Bytes::copy_from_slice(data),
+    )
+}
+
+fn main() {
+    let plain = Codec::default();
+    let ini = "InitiatorName=iqn.2026-11.org.ipsan:fuzz-ini";
+    let open_t = ipsan_fuzz::OPEN_TARGET;
+    let chap_t = ipsan_fuzz::CHAP_TARGET;
+
+    // ---- login_sm: whole login conversations, one file each.
+    let direct = login(
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        Stage::FULL_FEATURE_PHASE,
+        true,
+        &format!("{ini};TargetName={open_t};SessionType=Normal;MaxRecvDataSegmentLength=65536;HeaderDigest=CRC32C,None;DataDigest=None;ImmediateData=Yes;InitialR2T=No;MaxBurstLength=1048576;FirstBurstLength=262144;"),
+        1,
+    );
+    write("login_sm", "open-direct", &enc(&plain, &[direct.clone()]));
+    let sec = login(
+        Stage::SECURITY_NEGOTIATION,
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        true,
+        &format!("{ini};TargetName={open_t};SessionType=Normal;AuthMethod=None;"),
+        1,
+    );
+    let op = login(
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        Stage::FULL_FEATURE_PHASE,
+        true,
+        "MaxRecvDataSegmentLength=8192;ErrorRecoveryLevel=0;",
+        1,
+    );
+    write(
+        "login_sm",
+        "open-two-stage",
+        &enc(&plain, &[sec, op.clone()]),
+    );
+    let chap1 = login(
+        Stage::SECURITY_NEGOTIATION,
+        Stage::SECURITY_NEGOTIATION,
+        false,
+        &format!("{ini};TargetName={chap_t};SessionType=Normal;AuthMethod=CHAP,None;"),
+        1,
+    );
+    let chap2 = login(
+        Stage::SECURITY_NEGOTIATION,
+        Stage::SECURITY_NEGOTIATION,
+        false,
+        "CHAP_A=7,6,5;",
+        1,
+    );
+    let chap3 = login(
+        Stage::SECURITY_NEGOTIATION,
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        true,
+        "CHAP_N=fuzz;CHAP_R=0x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff;",
+        1,
+    );
+    write(
+        "login_sm",
+        "chap-wrong-response",
+        &enc(
+            &plain,
+            &[chap1.clone(), chap2.clone(), chap3.clone(), op.clone()],
+        ),
+    );
+    let disc = login(
+        Stage::SECURITY_NEGOTIATION,
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        true,
+        &format!("{ini};SessionType=Discovery;AuthMethod=None;"),
+        1,
+    );
+    write(
+        "login_sm",
+        "discovery-noauth",
+        &enc(&plain, &[disc, op.clone()]),
+    );
+    write(
+        "login_sm",
+        "out-of-order",
+        &enc(&plain, &[op.clone(), chap2, chap1]),
+    );
+
+    // ---- pdu_decode: first byte selects digests/limit; then a PDU stream.
+    let mut ahs = vec![0u8, 17, 1, 0];
+    ahs.extend_from_slice(&[0x7f; 16]);
+    let ahs = Bytes::from(ahs);
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x8a;
+    cdb[13] = 1;
+    let w16 = scsi(cdb, true, 512, &[0xa5; 512]);
+    let mut r10 = [0u8; 16];
+    r10[0] = 0x28;
+    r10[8] = 8;
+    let rd = scsi(r10, false, 4096, &[]);
+    let data_out = Pdu::new(
+        DataOut {
+            final_: true,
+            lun: 0,
+            itt: 5,
+            ttt: 1,
+            exp_stat_sn: 1,
+            data_sn: 0,
+            buffer_offset: 512,
+        },
+        Bytes::from_static(&[0x5a; 100]),
+    );
+    let nop = Pdu::new(
+        NopOut {
+            immediate: true,
+            lun: 0,
+            itt: 9,
+            ttt: iscsi_wire::RESERVED_TAG,
+            cmd_sn: 3,
+            exp_stat_sn: 1,
+        },
+        Bytes::from_static(b"ping"),
+    );
+    let text = Pdu::new(
+        TextRequest {
+            immediate: false,
+            final_: true,
+            continue_: false,
+            lun: 0,
+            itt: 10,
+            ttt: iscsi_wire::RESERVED_TAG,
+            cmd_sn: 3,
+            exp_stat_sn: 1,
+        },
+        Bytes::from_static(b"SendTargets=All\0"),
+    );
+    let with_ahs = Pdu::with_ahs(
+        ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 6,
+            expected_data_transfer_length: 36,
+            cmd_sn: 4,
+            exp_stat_sn: 1,
+            cdb: [0x12, 0, 0, 0, 36, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        },
+        ahs,
+        Bytes::new(),
+    );
+    let logout = Pdu::new(
+        LogoutRequest {
+            immediate: true,
+            reason: LogoutReason::CLOSE_SESSION,
+            itt: 11,
+            cid: 0,
+            cmd_sn: 5,
+            exp_stat_sn: 1,
+        },
+        Bytes::new(),
+    );
+    let stream = [direct, w16, rd, data_out, nop, text, with_ahs, logout];
+    for (sel, name) in [(1u8 << 2, "plain"), (3 | 2 << 2, "digests")] {
+        let codec = Codec {
+            header_digest: sel & 1 != 0,
+            data_digest: sel & 2 != 0,
+            max_recv_data_segment_length: 262_144,
+        };
+        let mut v = vec![sel];
+        v.extend(enc(&codec, &stream));
+        write("pdu_decode", &format!("stream-{name}"), &v);
+    }
+
+    // ---- text_negotiate: operational keys as initiators send them.
+    write("text_negotiate", "operational", b"HeaderDigest=CRC32C,None\0DataDigest=None\0MaxRecvDataSegmentLength=262144\0MaxBurstLength=16776192\0FirstBurstLength=262144\0ImmediateData=Yes\0InitialR2T=No\0MaxOutstandingR2T=8\0ErrorRecoveryLevel=0\0DefaultTime2Wait=2\0DefaultTime2Retain=0\0IFMarker=No\0OFMarker=No\0DataPDUInOrder=Yes\0DataSequenceInOrder=Yes\0");
+    write("text_negotiate", "security", b"InitiatorName=iqn.2026-11.org.ipsan:x\0TargetName=iqn.2026-11.org.ipsan:y\0SessionType=Normal\0AuthMethod=CHAP,None\0CHAP_A=8,7,5\0X-org.ipsan.seal=aes256gcm\0");
+    write("text_negotiate", "hex-and-odd", b"MaxBurstLength=0x1000\0FirstBurstLength=0x10000000\0MaxRecvDataSegmentLength=511\0HeaderDigest=\0");
+
+    // ---- cdb_dispatch: selector byte (len index | block size | cache), CDB, payload.
+    let cdbs: &[(&str, u8, &[u8], &[u8])] = &[
+        ("inquiry", 0, &[0x12, 0, 0, 0, 0xff, 0], &[]),
+        ("inquiry-vpd83", 0, &[0x12, 1, 0x83, 0, 0xff, 0], &[]),
+        ("read10", 1, &[0x28, 0, 0, 0, 0, 8, 0, 0, 4, 0], &[]),
+        (
+            "write16-fua",
+            3,
+            &[0x8a, 8, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 2, 0, 0],
+            &[0xde, 0xad],
+        ),
+        ("sync-cache10", 1, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]),
+        (
+            "report-luns",
+            2,
+            &[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            &[],
+        ),
+        (
+            "mode-sense10",
+            1,
+            &[0x5a, 0, 0x3f, 0, 0, 0, 0, 0x10, 0, 0],
+            &[],
+        ),
+        (
+            "unmap",
+            1,
+            &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0],
+            &[
+                0, 22, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0,
+            ],
+        ),
+        (
+            "write-same16",
+            3,
+            &[0x93, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0],
+            &[0x11],
+        ),
+        (
+            "read-capacity16",
+            3,
+            &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+            &[],
+        ),
+        (
+            "caw",
+            3,
+            &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0],
+            &[0],
+        ),
+        ("pr-in", 1, &[0x5e, 0, 0, 0, 0, 0, 0, 0, 64, 0], &[]),
+    ];
+    for (name, sel, cdb, payload) in cdbs {
+        let mut v = vec![*sel];
+        v.extend_from_slice(cdb);
+        v.extend_from_slice(payload);
+        write("cdb_dispatch", name, &v);
+    }
+
+    // ---- seal_open: selector, binding (lun, lba, blocks, itt), mode, offset, body.
+    let (init, _t) = ipsan_fuzz::seal_pair(ipsan_seal::Cipher::Aes256Gcm, 512).unwrap();
+    let b = ipsan_seal::Binding {
+        lun: 0,
+        lba: 8,
+        blocks: 2,
+        opcode: 0x8a,
+        task_tag: 77,
+    };
+    let sealed = init.seal(&b, BytesMut::from(&[0x42u8; 1024][..])).unwrap();
+    for mode in 0u8..4 {
+        let mut v = vec![0u8, 0, 0, 0, 0, 8, 2, 0, 0, 0, 77, mode, 0, 100];
+        v.extend_from_slice(&sealed);
+        write("seal_open", &format!("sealed-mode{mode}"), &v);
+    }
+
+    // ---- wan_model: Aiken et al.'s pathologies (2.7 % loss, 2 % reorder, 0.02 % corruption)
+    // with a rate limit and a queue, then a packet train.
+    let mut v = vec![
+        1u8, // Bernoulli
+        7,   // p ≈ 2.7 %
+        100, // queue 101 packets
+        0x03, 0xe8, // 10 ms delay
+        0x00, 0x64, // 100 us jitter
+        10,   // reorder ≈ 2 %
+        0x03, 0xe8, // 1 ms gap
+        0,    // corrupt (rare via fuzzing)
+        1,    // duplicate
+        0, 0x98, 0x96, 0x80, // 10 Mbyte/s
+        0, 0, 0, 42, // seed
+    ];
+    for i in 0..200u16 {
+        v.push((i % 7) as u8);
+        v.extend_from_slice(&(1400 + i % 100).to_be_bytes());
+        v.push(i as u8);
+    }
+    write("wan_model", "aiken-train", &v);
+    write(
+        "wan_model",
+        "gilbert",
+        &[
+            2, 5, 60, 255, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 40, 3, 0,
+            40, 4,
+        ],
+    );
+    println!("corpus written under {}/corpus", env!("CARGO_MANIFEST_DIR"));
+}

@@ -1,0 +1,567 @@
+//! Fuzz harnesses for ipsan (issue 8), one function per target.
+//!
+//! Each harness takes arbitrary bytes, drives one sans-IO component with them and checks
+//! properties that must hold for *every* input (not only "does not panic"):
+//!
+//! | harness | component | properties |
+//! |---|---|---|
+//! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
+//! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
+//! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
+//! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `LogicalUnit::execute` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows or the LU's size |
+//! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
+//! | [`wan_model`] | `ipsan_wan::Impairment` (Dummynet pipe + netem pathologies) | release never precedes arrival; in-order packets leave in order; the queue never exceeds its limit; corruption flips exactly one bit |
+//!
+//! The same functions run as plain `cargo test` over the seed corpus and seeded random inputs
+//! (`tests/corpus.rs`), so the properties are checked on stable Rust too.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+/// Reads bytes off the front of the input; missing bytes read as zero.
+struct Input<'a>(&'a [u8]);
+
+impl<'a> Input<'a> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes([self.u8(), self.u8()])
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+    fn bytes(&mut self, n: usize) -> &'a [u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        self.bytes(self.0.len())
+    }
+    /// A probability in [0, 1] from one byte, scaled down so rare events stay rare.
+    fn prob(&mut self, max: f64) -> f64 {
+        f64::from(self.u8()) / 255.0 * max
+    }
+}
+
+// ------------------------------------------------------------------------------- PDU decode
+
+/// Frames PDUs out of arbitrary bytes with each digest setting and a limit chosen by the first
+/// byte; see the module table for the properties.
+pub fn pdu_decode(data: &[u8]) {
+    use iscsi_wire::Codec;
+    let Some((&sel, stream)) = data.split_first() else {
+        return;
+    };
+    let codec = Codec {
+        header_digest: sel & 1 != 0,
+        data_digest: sel & 2 != 0,
+        max_recv_data_segment_length: match sel >> 2 & 3 {
+            0 => 512,
+            1 => 8192,
+            2 => 262_144,
+            _ => 16_777_215,
+        },
+    };
+    let mut buf = BytesMut::from(stream);
+    // Each round consumes at least one PDU or stops, so this is bounded by the input length.
+    loop {
+        let before = buf.len();
+        match codec.decode(&mut buf) {
+            Ok(None) => {
+                assert_eq!(buf.len(), before, "an incomplete PDU consumed bytes");
+                break;
+            }
+            Ok(Some(pdu)) => {
+                let used = before - buf.len();
+                assert!(used >= iscsi_wire::BHS_LEN && used <= before);
+                assert!(pdu.data.len() <= codec.max_recv_data_segment_length as usize);
+                assert_eq!(pdu.ahs.len() % 4, 0);
+                // Round trip: what we decoded encodes back to something that decodes the same.
+                let mut out = BytesMut::new();
+                let again = Codec {
+                    max_recv_data_segment_length: 16_777_215,
+                    ..codec.clone()
+                };
+                if again.encode(&pdu, &mut out).is_ok() {
+                    let back = again
+                        .decode(&mut out)
+                        .expect("re-encoded PDU decodes")
+                        .expect("re-encoded PDU is whole");
+                    assert_eq!(back.header, pdu.header, "header round trip");
+                    assert_eq!(back.ahs, pdu.ahs);
+                    assert_eq!(back.data, pdu.data);
+                    assert!(out.is_empty(), "re-encoded PDU fully consumed");
+                }
+            }
+            Err(e) => {
+                if e.stream_intact() {
+                    assert!(
+                        buf.len() < before,
+                        "an intact-stream error consumed the PDU"
+                    );
+                } else {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------- text and negotiation
+
+/// Parses a text segment, round-trips it, and resolves every known key against the target's
+/// own offer; see the module table.
+pub fn text_negotiate(data: &[u8]) {
+    use iscsi_proto::params::{check_answer, resolve, spec, SessionParams, Side, REJECT};
+    let Ok(pairs) = iscsi_wire::text::parse(data) else {
+        return;
+    };
+    let enc = iscsi_wire::text::encode(&pairs);
+    let back = iscsi_wire::text::parse(&enc).expect("encoded text parses");
+    assert_eq!(back, pairs, "text round trip");
+    let offer = iscsi_proto::login::TargetOffer::default();
+    let mut params = SessionParams::default();
+    for (k, v) in &pairs {
+        let Some(s) = spec(k) else { continue };
+        let ours = target_value(&offer, k);
+        if let Ok(answer) = resolve(s, v, &ours) {
+            if answer != REJECT {
+                check_answer(s, v, &answer).unwrap_or_else(|e| {
+                    panic!(
+                        "responder answer {k}={answer} to {v:?} fails the originator's check: {e}"
+                    )
+                });
+                params.apply(k, &answer, Side::Target);
+            }
+        }
+        params.apply(k, v, Side::Initiator);
+    }
+    params.finish();
+    assert!(params.first_burst_length <= params.max_burst_length);
+    let _ = format!("{params:?}");
+}
+
+/// The target's own value for a key (as `TargetOffer` would answer).
+fn target_value(o: &iscsi_proto::login::TargetOffer, key: &str) -> String {
+    let yn = |b: bool| if b { "Yes" } else { "No" }.to_owned();
+    match key {
+        "HeaderDigest" => o.header_digest.into(),
+        "DataDigest" => o.data_digest.into(),
+        "InitialR2T" => yn(o.initial_r2t),
+        "ImmediateData" => yn(o.immediate_data),
+        "MaxBurstLength" => o.max_burst_length.to_string(),
+        "FirstBurstLength" => o.first_burst_length.to_string(),
+        "MaxOutstandingR2T" => o.max_outstanding_r2t.to_string(),
+        "MaxRecvDataSegmentLength" => o.max_recv_data_segment_length.to_string(),
+        "DataPDUInOrder" | "DataSequenceInOrder" => "Yes".into(),
+        "IFMarker" | "OFMarker" => "No".into(),
+        "DefaultTime2Wait" => "2".into(),
+        "DefaultTime2Retain" => "20".into(),
+        "iSCSIProtocolLevel" => "1".into(),
+        _ => "1".into(),
+    }
+}
+
+// --------------------------------------------------------------------------- login machine
+
+/// A directory with one CHAP target, one open target and CHAP-protected discovery.
+struct Dir;
+
+/// The CHAP-protected target's name.
+pub const CHAP_TARGET: &str = "iqn.2026-11.org.ipsan:fuzz-chap";
+/// The open target's name.
+pub const OPEN_TARGET: &str = "iqn.2026-11.org.ipsan:fuzz-open";
+
+fn chap_policy() -> iscsi_proto::login::ChapPolicy {
+    use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
+    iscsi_proto::login::ChapPolicy {
+        user: "fuzz".into(),
+        secret: ChapSecret::new(b"fuzz-secret-16bytes".to_vec()).expect("valid secret"),
+        mutual: None,
+        algorithms: vec![
+            ChapAlgorithm::SHA256,
+            ChapAlgorithm::SHA1,
+            ChapAlgorithm::MD5,
+        ],
+    }
+}
+
+impl iscsi_proto::login::Directory for Dir {
+    fn target(
+        &self,
+        target_name: &str,
+        _initiator_name: &str,
+    ) -> Result<iscsi_proto::login::TargetPolicy, iscsi_proto::login::LoginFailure> {
+        use iscsi_proto::login::{Auth, LoginFailure, LoginStatus, TargetPolicy};
+        let auth = match target_name {
+            CHAP_TARGET => Auth::Chap(chap_policy()),
+            OPEN_TARGET => Auth::None,
+            _ => return Err(LoginFailure::new(LoginStatus::NOT_FOUND, "no such target")),
+        };
+        Ok(TargetPolicy {
+            auth,
+            portal_group_tag: 1,
+            alias: None,
+        })
+    }
+    fn discovery(
+        &self,
+        _initiator_name: &str,
+    ) -> Result<iscsi_proto::login::TargetPolicy, iscsi_proto::login::LoginFailure> {
+        Ok(iscsi_proto::login::TargetPolicy {
+            auth: iscsi_proto::login::Auth::Chap(chap_policy()),
+            portal_group_tag: 1,
+            alias: None,
+        })
+    }
+    fn assign_tsih(
+        &mut self,
+        _isid: [u8; 6],
+        _initiator_name: &str,
+        requested: u16,
+    ) -> Result<u16, iscsi_proto::login::LoginFailure> {
+        Ok(if requested == 0 { 7 } else { requested })
+    }
+}
+
+/// Decodes a stream of PDUs and feeds every Login Request to one `TargetLogin`, as the
+/// target's login phase does; see the module table for the properties.
+pub fn login_sm(data: &[u8]) {
+    use iscsi_proto::login::{Outcome, TargetLogin, TargetOffer};
+    use iscsi_wire::{Codec, Header};
+    let mut login = TargetLogin::new(TargetOffer::default(), None);
+    let codec = Codec::default();
+    let mut buf = BytesMut::from(data);
+    let mut failed = false;
+    let mut dir = Dir;
+    while let Ok(Some(pdu)) = codec.decode(&mut buf) {
+        let Header::LoginRequest(req) = &pdu.header else {
+            continue;
+        };
+        let reply = login.handle(req, &pdu.data, &mut dir);
+        // The response must be encodable and carry a parsable text segment.
+        let mut out = BytesMut::new();
+        let resp = iscsi_wire::Pdu::new(reply.header.clone(), Bytes::from(reply.data.clone()));
+        codec
+            .encode(&resp, &mut out)
+            .expect("login response encodes");
+        if !reply.data.is_empty() {
+            iscsi_wire::text::parse(&reply.data).expect("login response text parses");
+        }
+        match reply.outcome {
+            Outcome::Continue => {
+                assert_eq!(reply.header.status_class, 0);
+            }
+            Outcome::Failed(_) => {
+                assert_ne!(
+                    reply.header.status_class, 0,
+                    "a failure has a failure status"
+                );
+                failed = true;
+            }
+            Outcome::FullFeature(result) => {
+                assert!(!failed, "full feature phase after a failed login");
+                let p = &result.params;
+                assert_ne!(
+                    p.target_name.as_deref(),
+                    Some(CHAP_TARGET),
+                    "CHAP target reached without knowing the challenge"
+                );
+                assert_ne!(
+                    p.session_type,
+                    iscsi_proto::params::SessionType::Discovery,
+                    "CHAP-protected discovery reached without knowing the challenge"
+                );
+                assert!(p.first_burst_length <= p.max_burst_length);
+                assert!(!p.initiator_name.is_empty(), "InitiatorName is required");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- SCSI dispatch
+
+/// Builds a fresh 1 MiB RAM LU and runs one CDB on it with as much Data-Out as the CDB asks
+/// for (the target's contract); see the module table.
+pub fn cdb_dispatch(data: &[u8]) {
+    use ipsan_scsi::lu::{LuConfig, ScsiRequest};
+    use ipsan_scsi::{DataDirection, LogicalUnit, NexusId, ScsiStatus};
+    let mut inp = Input(data);
+    let sel = inp.u8();
+    let cdb_len = [6usize, 10, 12, 16, 32][usize::from(sel % 5)];
+    let cdb = inp.bytes(cdb_len).to_vec();
+    let payload = inp.rest();
+    // Parse on its own must not panic.
+    let _ = ipsan_scsi::cdb::parse(&cdb);
+    let mut cfg = LuConfig::with_serial("fuzz0001");
+    cfg.block_size = if sel & 0x80 != 0 { 4096 } else { 512 };
+    cfg.write_cache = sel & 0x40 != 0;
+    cfg.power_on_ua = false;
+    let backend: Arc<dyn ipsan_scsi::Backend> =
+        Arc::new(ipsan_scsi::backend::MemBackend::new(1 << 20));
+    let Ok(lu) = LogicalUnit::new(backend, cfg) else {
+        return;
+    };
+    let need = match lu.command_info(&cdb) {
+        Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
+        Ok(_) => 0,
+        Err(_) => 0,
+    };
+    // The target refuses commands over 64 MiB before collecting data; a 1 MiB LU needs less.
+    if need > 4 << 20 {
+        return;
+    }
+    let mut data_out = vec![0u8; need as usize];
+    if !payload.is_empty() {
+        for (i, b) in data_out.iter_mut().enumerate() {
+            *b = payload[i % payload.len()];
+        }
+    }
+    let nexus = NexusId("iqn.2026-11.org.ipsan:fuzz,i,0x800000000001".into());
+    let resp = lu.execute(&ScsiRequest {
+        cdb: &cdb,
+        data_out: &data_out,
+        nexus: &nexus,
+        lun: 0,
+    });
+    assert_eq!(
+        resp.status == ScsiStatus::CHECK_CONDITION,
+        resp.sense.is_some(),
+        "CHECK CONDITION iff sense"
+    );
+    if let Some(s) = &resp.sense {
+        let fixed = s.to_fixed();
+        assert!(fixed.len() >= 18 && fixed.len() <= 252);
+    }
+    // Data-In is bounded by the LU and by the CDB's transfer/allocation length field.
+    assert!(resp.data_in.len() <= (1 << 20) + 64 * 1024);
+    if resp.status != ScsiStatus::GOOD {
+        return;
+    }
+    if let Some(alloc) = allocation_length(&cdb) {
+        assert!(
+            resp.data_in.len() as u64 <= alloc,
+            "opcode {:#04x}: {} bytes of Data-In over the {} the CDB allows",
+            cdb[0],
+            resp.data_in.len(),
+            alloc
+        );
+    }
+}
+
+/// The allocation length of the data-in commands whose field sits at a fixed place (SPC-4).
+fn allocation_length(cdb: &[u8]) -> Option<u64> {
+    let be = |r: std::ops::Range<usize>| {
+        cdb.get(r)
+            .map(|b| b.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)))
+    };
+    match *cdb.first()? {
+        // INQUIRY, MODE SENSE(10), LOG SENSE, PERSISTENT RESERVE IN: 2 bytes at 3 / 7.
+        0x12 => be(3..5),
+        0x5a | 0x4d | 0x5e => be(7..9),
+        // MODE SENSE(6), REQUEST SENSE: 1 byte at 4.
+        0x1a | 0x03 => be(4..5),
+        // REPORT LUNS: 4 bytes at 6.
+        0xa0 => be(6..10),
+        _ => None,
+    }
+}
+
+// -------------------------------------------------------------------------------- seal open
+
+/// Opens arbitrary bytes, and a genuine sealed command after one mutation, under a fresh
+/// session pair; see the module table.
+pub fn seal_open(data: &[u8]) {
+    use ipsan_seal::{Binding, Cipher};
+    let mut inp = Input(data);
+    let sel = inp.u8();
+    let cipher = match sel & 3 {
+        0 => Cipher::Aes256Gcm,
+        1 => Cipher::ChaCha20Poly1305,
+        2 => Cipher::TripleDesCbcHmacSha1,
+        _ => Cipher::Aes256Gcm,
+    };
+    let chunk = [512u32, 4096, 65536][usize::from(sel >> 2) % 3];
+    let Some((init, target)) = seal_pair(cipher, chunk) else {
+        return;
+    };
+    let binding = Binding {
+        lun: u64::from(inp.u8()),
+        lba: u64::from(inp.u32()),
+        blocks: u32::from(inp.u8()),
+        opcode: 0x8a,
+        task_tag: inp.u32(),
+    };
+    let mode = inp.u8();
+    let at = usize::from(inp.u16());
+    let body = inp.rest();
+    // 1. Arbitrary bytes never open (empty input is zero chunks: nothing to forge; the
+    // runtimes check the transfer length against the CDB before opening).
+    if !body.is_empty() {
+        assert!(
+            target.open(&binding, BytesMut::from(body)).is_err(),
+            "forged sealed data opened"
+        );
+    }
+    // 2. A genuine command opens once; mutated, re-bound or replayed it does not.
+    let plain = &body[..body.len().min(3 * chunk as usize)];
+    let Ok(sealed) = init.seal(&binding, BytesMut::from(plain)) else {
+        return;
+    };
+    if sealed.is_empty() {
+        return;
+    }
+    match mode % 4 {
+        0 => {
+            let mut bad = BytesMut::from(&sealed[..]);
+            let i = at % bad.len();
+            bad[i] ^= 1 << (mode >> 5);
+            assert!(target.open(&binding, bad).is_err(), "bit flip accepted");
+        }
+        1 => {
+            let other = Binding {
+                lba: binding.lba.wrapping_add(1),
+                ..binding
+            };
+            assert!(
+                target.open(&other, BytesMut::from(&sealed[..])).is_err(),
+                "relocated data accepted"
+            );
+        }
+        2 => {
+            let cut = 1 + at % sealed.len().saturating_sub(1).max(1);
+            assert!(
+                cut >= sealed.len()
+                    || target
+                        .open(&binding, BytesMut::from(&sealed[..cut]))
+                        .is_err(),
+                "truncated data accepted"
+            );
+        }
+        _ => {}
+    }
+    let opened = target
+        .open(&binding, BytesMut::from(&sealed[..]))
+        .expect("genuine data opens");
+    assert_eq!(&opened[..], plain);
+    assert!(
+        target.open(&binding, BytesMut::from(&sealed[..])).is_err(),
+        "replay accepted"
+    );
+}
+
+/// A negotiated (initiator, target) pair, through the real login key exchange.
+pub fn seal_pair(
+    cipher: ipsan_seal::Cipher,
+    chunk: u32,
+) -> Option<(ipsan_seal::SealSession, ipsan_seal::SealSession)> {
+    use ipsan_seal::{AnswerOutcome, Psk, SealAnswer, SealOffer, SessionIds, TargetSealConfig};
+    let ids = SessionIds {
+        initiator_name: "iqn.2026-11.org.ipsan:fuzz-ini".into(),
+        target_name: "iqn.2026-11.org.ipsan:fuzz-tgt".into(),
+        isid: [0x80, 0, 0, 0, 0, 1],
+    };
+    let psk = || Psk::new(b"fuzzing pre-shared key, 32 bytes".to_vec()).ok();
+    let offer = SealOffer::new(vec![cipher], chunk, psk()?, ids.clone()).ok()?;
+    let cfg = TargetSealConfig {
+        accept: vec![cipher],
+        ..TargetSealConfig::default()
+    };
+    let AnswerOutcome::Pending(pending) =
+        SealAnswer::handle_offer(&cfg, &offer.keys(), &ids, |_| psk()).ok()?
+    else {
+        return None;
+    };
+    let (init, confirm) = offer.handle_answer(pending.keys()).ok()?;
+    let target = pending.handle_confirm(&confirm).ok()?;
+    Some((init, target))
+}
+
+// ------------------------------------------------------------------------------- WAN model
+
+/// Runs a packet sequence through one direction's impairment model with settings taken from
+/// the input; see the module table.
+pub fn wan_model(data: &[u8]) {
+    use ipsan_wan::{DirConfig, Impairment, LossModel, Packet, QueueLimit, Stage, Verdict};
+    use std::time::Duration;
+    let mut inp = Input(data);
+    let kind = inp.u8();
+    let loss = match kind % 3 {
+        0 => LossModel::None,
+        1 => LossModel::Bernoulli { p: inp.prob(1.0) },
+        _ => LossModel::Gilbert {
+            p: inp.prob(1.0),
+            r: inp.prob(1.0),
+            loss_bad: inp.prob(1.0),
+            loss_good: inp.prob(0.1),
+        },
+    };
+    let queue_limit = u32::from(inp.u8()) + 1;
+    let cfg = DirConfig {
+        delay: Duration::from_micros(u64::from(inp.u16()) * 10),
+        jitter: Duration::from_micros(u64::from(inp.u16())),
+        jitter_dist: if kind & 0x80 != 0 {
+            ipsan_wan::JitterDist::Normal
+        } else {
+            ipsan_wan::JitterDist::Uniform
+        },
+        loss,
+        reorder: inp.prob(0.5),
+        reorder_gap: Duration::from_micros(u64::from(inp.u16())),
+        corrupt: inp.prob(0.5),
+        duplicate: inp.prob(0.5),
+        rate_bps: u64::from(inp.u32()) * 8,
+        queue: QueueLimit::Packets(queue_limit),
+    };
+    if cfg.validate().is_err() {
+        return;
+    }
+    let seed = u64::from(inp.u32());
+    let mut m = Impairment::new(cfg.clone(), seed);
+    let mut now: u64 = 0;
+    let mut last_in_order = 0u64;
+    let mut p = Packet::with_capacity(1600);
+    for _ in 0..2048 {
+        if inp.0.len() < 3 {
+            break;
+        }
+        now += u64::from(inp.u8()) * 1000;
+        let len = usize::from(inp.u16() % 1500) + 1;
+        let fill = inp.u8();
+        let orig = vec![fill; len];
+        p.buffer_mut()[..len].copy_from_slice(&orig);
+        p.set_len(len);
+        p.reset(now);
+        let v = m.process(now, &mut p);
+        assert!(
+            m.queue_len(now) <= queue_limit as usize || cfg.rate_bps == 0,
+            "queue over its limit"
+        );
+        if v != Verdict::Pass {
+            continue;
+        }
+        assert!(p.release_at >= now, "released before it arrived");
+        if !p.reordered {
+            assert!(p.release_at >= last_in_order, "in-order packets overtook");
+            last_in_order = p.release_at;
+        }
+        let flipped: u32 = p
+            .data()
+            .iter()
+            .zip(&orig)
+            .map(|(a, b)| (a ^ b).count_ones())
+            .sum();
+        assert_eq!(flipped, u32::from(p.corrupted), "corruption flips one bit");
+        assert_eq!(p.len(), len);
+    }
+}
