@@ -27,6 +27,6 @@ pub mod url;
 
 pub use error::{Error, Result};
 pub use iscsi_proto::chap::ChapSecret;
-pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated};
-pub use session::{discover, DataDir, DiscoveredTarget, Session, SessionConfig};
+pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
+pub use session::{discover, DataDir, DiscoveredTarget, ExtensionFactory, Session, SessionConfig};
 pub use url::IscsiUrl;

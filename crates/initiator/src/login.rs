@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 
 use iscsi_proto::chap::{self, ChallengeRecord, ChapAlgorithm, ChapSecret};
+use iscsi_proto::login::ExtensionContext;
 use iscsi_wire::header::Stage;
 use serde::Serialize;
 
@@ -232,6 +233,29 @@ pub struct LoginMachine {
     offered: HashMap<String, String>,
     result: Negotiated,
     sent_operational: bool,
+    ext: Option<Box<dyn OriginatorExtension>>,
+    isid: [u8; 6],
+}
+
+/// An originator-side login extension for vendor `X-` keys (RFC 7143 §13.5), the mirror of
+/// `iscsi_proto::login::Extension` on the target: how Seal (docs/seal.md §2) negotiates its
+/// cipher and keys during the operational stage without this crate knowing about it.
+pub trait OriginatorExtension: Send + std::fmt::Debug {
+    /// Whether `key` in a Login Response belongs to this extension.
+    fn handles(&self, key: &str) -> bool;
+    /// Keys to add to the first operational-stage Login Request.
+    fn offer(
+        &mut self,
+        ctx: &ExtensionContext<'_>,
+    ) -> std::result::Result<Vec<(String, String)>, String>;
+    /// The keys it handles from one Login Response; returns keys for the next request.
+    fn on_answer(
+        &mut self,
+        keys: &[(String, String)],
+        ctx: &ExtensionContext<'_>,
+    ) -> std::result::Result<Vec<(String, String)>, String>;
+    /// The target is ready for full feature phase: refuse the login if not satisfied.
+    fn finish(&mut self, ctx: &ExtensionContext<'_>) -> std::result::Result<(), String>;
 }
 
 const KEY_AUTH: &str = "AuthMethod";
@@ -269,6 +293,8 @@ impl LoginMachine {
             offered: HashMap::new(),
             result: Negotiated::rfc_defaults(),
             sent_operational: false,
+            ext: None,
+            isid: [0; 6],
         };
         let step = LoginStep {
             csg: Stage::SECURITY_NEGOTIATION,
@@ -277,6 +303,25 @@ impl LoginMachine {
             keys,
         };
         (m, step)
+    }
+
+    /// Attach an extension; `isid` is the session's ISID (it binds extension keys to the
+    /// session, e.g. Seal's key schedule).
+    pub fn set_extension(&mut self, ext: Box<dyn OriginatorExtension>, isid: [u8; 6]) {
+        self.ext = Some(ext);
+        self.isid = isid;
+    }
+
+    fn ctx(&self) -> ExtensionContext<'_> {
+        ExtensionContext {
+            initiator_name: &self.opts.initiator_name,
+            target_name: match &self.kind {
+                SessionKind::Normal { target_name } => Some(target_name),
+                SessionKind::Discovery => None,
+            },
+            isid: self.isid,
+            tsih: self.result.tsih,
+        }
     }
 
     /// Process one Login Response.
@@ -396,7 +441,7 @@ impl LoginMachine {
         if reply.transit {
             if reply.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
                 self.stage = Stage::LOGIN_OPERATIONAL_NEGOTIATION;
-                return Ok(LoginNext::Send(self.operational_step()));
+                return Ok(LoginNext::Send(self.operational_step()?));
             }
             if reply.nsg == Stage::FULL_FEATURE_PHASE {
                 return Err(Error::Protocol(
@@ -474,7 +519,7 @@ impl LoginMachine {
         }))
     }
 
-    fn operational_step(&mut self) -> LoginStep {
+    fn operational_step(&mut self) -> Result<LoginStep> {
         let o = &self.opts;
         let yn = |b: bool| if b { "Yes" } else { "No" }.to_owned();
         let dg = |b: bool| if b { "CRC32C" } else { "None" }.to_owned();
@@ -511,17 +556,43 @@ impl LoginMachine {
             }
         }
         self.sent_operational = true;
-        LoginStep {
+        if let Some(mut ext) = self.ext.take() {
+            let r = ext.offer(&self.ctx());
+            self.ext = Some(ext);
+            keys.extend(r.map_err(Error::Login)?);
+        }
+        Ok(LoginStep {
             csg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
             nsg: Stage::FULL_FEATURE_PHASE,
             transit: true,
             keys,
-        }
+        })
     }
 
     fn handle_operational(&mut self, reply: LoginReply) -> Result<LoginNext> {
         let mut answers = Vec::new();
-        for (k, v) in &reply.keys {
+        let (ext_keys, keys): (Vec<_>, Vec<_>) = reply
+            .keys
+            .iter()
+            .cloned()
+            .partition(|(k, _)| self.ext.as_ref().is_some_and(|e| e.handles(k)));
+        if let Some(mut ext) = self.ext.take() {
+            let r = if ext_keys.is_empty() {
+                Ok(Vec::new())
+            } else {
+                ext.on_answer(&ext_keys, &self.ctx())
+            };
+            let r = r.and_then(|more| {
+                if reply.transit && reply.nsg == Stage::FULL_FEATURE_PHASE {
+                    ext.finish(&self.ctx()).map(|()| more)
+                } else {
+                    Ok(more)
+                }
+            });
+            self.ext = Some(ext);
+            answers.extend(r.map_err(Error::Login)?);
+        }
+        for (k, v) in &keys {
             if let Some(ours) = self.offered.remove(k) {
                 self.apply_answer(k, &ours, v)?;
             } else if let Some(answer) = self.apply_declaration_or_offer(k, v)? {
@@ -885,5 +956,76 @@ mod tests {
         r.status_detail = 1;
         let e = m.handle(r).unwrap_err();
         assert!(e.to_string().contains("authentication failure"));
+    }
+
+    #[derive(Debug, Default)]
+    struct Echo {
+        answered: bool,
+        confirmed: bool,
+    }
+
+    impl OriginatorExtension for Echo {
+        fn handles(&self, key: &str) -> bool {
+            key.starts_with("X-test.")
+        }
+        fn offer(
+            &mut self,
+            ctx: &ExtensionContext<'_>,
+        ) -> std::result::Result<Vec<(String, String)>, String> {
+            assert_eq!(ctx.isid, [0x80, 1, 2, 3, 4, 5]);
+            Ok(vec![("X-test.Offer".into(), "1".into())])
+        }
+        fn on_answer(
+            &mut self,
+            keys: &[(String, String)],
+            _: &ExtensionContext<'_>,
+        ) -> std::result::Result<Vec<(String, String)>, String> {
+            assert_eq!(keys, &[("X-test.Answer".to_owned(), "2".to_owned())]);
+            self.answered = true;
+            Ok(vec![("X-test.Confirm".into(), "3".into())])
+        }
+        fn finish(&mut self, _: &ExtensionContext<'_>) -> std::result::Result<(), String> {
+            self.confirmed = true;
+            if self.answered {
+                Ok(())
+            } else {
+                Err("extension never answered".into())
+            }
+        }
+    }
+
+    #[test]
+    fn extension_keys_are_offered_answered_and_confirmed() {
+        let kind = SessionKind::Normal {
+            target_name: "iqn.t".into(),
+        };
+        let (mut m, _) = LoginMachine::start(LoginOptions::default(), kind.clone());
+        m.set_extension(Box::<Echo>::default(), [0x80, 1, 2, 3, 4, 5]);
+        let LoginNext::Send(op) = m.handle(reply(SEC, OP, true, &[])).unwrap() else {
+            panic!()
+        };
+        assert_eq!(get(&op, "X-test.Offer"), Some("1"));
+        // The target answers with T=0 and its extension keys (never NotUnderstood'ed by us).
+        let LoginNext::Send(next) = m
+            .handle(reply(OP, FF, false, &[("X-test.Answer", "2")]))
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            next.keys,
+            vec![("X-test.Confirm".to_owned(), "3".to_owned())]
+        );
+        assert!(matches!(
+            m.handle(reply(OP, FF, true, &[])).unwrap(),
+            LoginNext::Done(_)
+        ));
+
+        // An extension that is not satisfied fails the login.
+        let (mut m, _) = LoginMachine::start(LoginOptions::default(), kind);
+        m.set_extension(Box::<Echo>::default(), [0x80, 1, 2, 3, 4, 5]);
+        m.handle(reply(SEC, OP, true, &[])).unwrap();
+        let e = m.handle(reply(OP, FF, true, &[])).unwrap_err();
+        assert!(e.to_string().contains("never answered"), "{e}");
     }
 }

@@ -38,7 +38,9 @@ use tokio::task::AbortHandle;
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
-use crate::login::{LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, SessionKind};
+use crate::login::{
+    LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
+};
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
 use crate::transform::PayloadTransform;
 use crate::url::IscsiUrl;
@@ -53,6 +55,18 @@ pub struct SessionConfig {
     pub nop_interval: Option<Duration>,
     /// A NOP-Out unanswered for this long fails the connection.
     pub nop_timeout: Duration,
+    /// Makes a fresh login extension (e.g. Seal's key negotiation) for each login attempt.
+    pub extension: Option<ExtensionFactory>,
+}
+
+/// Builds an [`OriginatorExtension`] per login attempt (a retried login needs fresh state).
+#[derive(Clone)]
+pub struct ExtensionFactory(pub Arc<dyn Fn() -> Box<dyn OriginatorExtension> + Send + Sync>);
+
+impl std::fmt::Debug for ExtensionFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExtensionFactory")
+    }
 }
 
 impl Default for SessionConfig {
@@ -63,6 +77,7 @@ impl Default for SessionConfig {
             login_timeout: Duration::from_secs(15),
             nop_interval: Some(Duration::from_secs(5)),
             nop_timeout: Duration::from_secs(10),
+            extension: None,
         }
     }
 }
@@ -239,12 +254,20 @@ struct LoggedIn {
 }
 
 /// Run the login exchange on `conn` (RFC 7143 §6.3).
-async fn login(conn: &mut Conn, opts: LoginOptions, kind: SessionKind) -> Result<LoggedIn> {
+async fn login(
+    conn: &mut Conn,
+    opts: LoginOptions,
+    kind: SessionKind,
+    ext: Option<Box<dyn OriginatorExtension>>,
+) -> Result<LoggedIn> {
     let isid = random_isid();
     let itt = 0u32;
     let cmd_sn = 1u32;
     let mut exp_stat_sn = 0u32;
     let (mut machine, mut step) = LoginMachine::start(opts, kind);
+    if let Some(ext) = ext {
+        machine.set_extension(ext, isid);
+    }
     let mut first = true;
     loop {
         let data = iscsi_wire::text::encode(&step.keys).freeze();
@@ -356,7 +379,8 @@ async fn connect_and_login(
         async move {
             let stream = connect_tcp(url, cfg).await?;
             let mut conn = Conn::new(stream);
-            let li = tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind))
+            let ext = cfg.extension.as_ref().map(|f| (f.0)());
+            let li = tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind, ext))
                 .await
                 .map_err(|_| Error::Timeout("login"))??;
             Ok::<_, Error>((conn, li))

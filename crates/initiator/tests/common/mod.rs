@@ -238,6 +238,7 @@ pub fn config(login: LoginOptions) -> SessionConfig {
         login_timeout: Duration::from_secs(10),
         nop_interval: Some(Duration::from_secs(2)),
         nop_timeout: Duration::from_secs(5),
+        ..SessionConfig::default()
     }
 }
 
