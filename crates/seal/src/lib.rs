@@ -41,8 +41,8 @@ pub use cipher::{Cipher, UnknownCipher};
 pub use error::{NegotiationError, OpenError, SealError, SecretError};
 pub use frame::{Binding, Direction, Framing};
 pub use negotiate::{
-    is_seal_key, AnswerOutcome, PskLookup, SealAnswer, SealOffer, SealPending, SealPolicy,
-    TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
+    is_seal_key, AnswerOutcome, InitiatorNegotiation, PskLookup, SealAnswer, SealOffer,
+    SealPending, SealPolicy, TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
 };
 pub use pool::CryptoPool;
 pub use replay::WINDOW as REPLAY_WINDOW;

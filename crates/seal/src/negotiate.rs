@@ -559,3 +559,114 @@ impl TargetNegotiation {
         }
     }
 }
+
+enum InitiatorState {
+    /// Nothing sent yet.
+    Idle,
+    /// Offer sent, waiting for the target's answer.
+    Offered(Box<SealOffer>),
+    /// Answer verified, confirmation sent.
+    Confirmed(Box<SealSession>),
+    /// Failed, or session handed out.
+    Done,
+}
+
+/// The initiator's whole Seal negotiation across one login, shaped for an originator-side
+/// extension hook (`offer` for the first operational request, `on_answer` per response,
+/// `finish` before full feature phase):
+///
+/// 1. `offer` returns the keys for the first operational Login Request, which **must be sent
+///    with T=0** (the target needs a second request to receive the confirmation);
+/// 2. `on_answer` verifies the target's answer and confirmation and returns
+///    `X-org.ipsan.SealConfirm` for the next request (which may set T=1);
+/// 3. `finish` refuses full feature phase if Seal was offered but not agreed (the caller asked
+///    for Seal: a plaintext session would be a silent downgrade).
+pub struct InitiatorNegotiation {
+    ciphers: Vec<Cipher>,
+    chunk: u32,
+    psk: Option<Psk>,
+    state: InitiatorState,
+}
+
+impl std::fmt::Debug for InitiatorNegotiation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            InitiatorState::Idle => "idle",
+            InitiatorState::Offered(_) => "offered",
+            InitiatorState::Confirmed(_) => "confirmed",
+            InitiatorState::Done => "done",
+        };
+        f.debug_struct("InitiatorNegotiation")
+            .field("ciphers", &self.ciphers)
+            .field("chunk", &self.chunk)
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InitiatorNegotiation {
+    /// One per login attempt (nonces are fresh per offer).
+    pub fn new(ciphers: Vec<Cipher>, chunk: u32, psk: Psk) -> Self {
+        Self {
+            ciphers,
+            chunk,
+            psk: Some(psk),
+            state: InitiatorState::Idle,
+        }
+    }
+
+    /// Keys for the first operational Login Request (send it with T=0).
+    pub fn offer(&mut self, ids: &SessionIds) -> Result<TextPairs, NegotiationError> {
+        let psk = self.psk.take().ok_or(NegotiationError::Malformed {
+            key: KEY_SEAL,
+            why: "Seal offered twice in one login",
+        })?;
+        let offer = SealOffer::new(self.ciphers.clone(), self.chunk, psk, ids.clone())?;
+        let keys = offer.keys();
+        self.state = InitiatorState::Offered(Box::new(offer));
+        Ok(keys)
+    }
+
+    /// Handles the Seal keys of a Login Response; returns keys for the next request.
+    pub fn on_answer(&mut self, keys: &[(String, String)]) -> Result<TextPairs, NegotiationError> {
+        match std::mem::replace(&mut self.state, InitiatorState::Done) {
+            InitiatorState::Offered(offer) => {
+                let (session, confirm) = offer.handle_answer(keys)?;
+                tracing::info!(
+                    cipher = %session.cipher(),
+                    chunk = session.chunk_size(),
+                    "seal: target confirmed; session keys agreed"
+                );
+                self.state = InitiatorState::Confirmed(Box::new(session));
+                Ok(confirm)
+            }
+            _ => Err(NegotiationError::Malformed {
+                key: KEY_SEAL,
+                why: "Seal answer without an offer",
+            }),
+        }
+    }
+
+    /// Before full feature phase: Seal must have been agreed if it was offered.
+    pub fn finish(&self) -> Result<(), NegotiationError> {
+        match &self.state {
+            InitiatorState::Confirmed(_) | InitiatorState::Idle => Ok(()),
+            InitiatorState::Offered(_) => Err(NegotiationError::NotAgreed(String::new())),
+            InitiatorState::Done => Err(NegotiationError::Malformed {
+                key: KEY_SEAL,
+                why: "Seal negotiation failed earlier in this login",
+            }),
+        }
+    }
+
+    /// The agreed session after the login (`None` if none was agreed).
+    pub fn take_session(&mut self) -> Option<SealSession> {
+        match std::mem::replace(&mut self.state, InitiatorState::Done) {
+            InitiatorState::Confirmed(s) => Some(*s),
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+}

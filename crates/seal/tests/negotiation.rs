@@ -296,3 +296,52 @@ proptest::proptest! {
         let _ = offer(vec![Cipher::Aes256Gcm]).handle_answer(&keys);
     }
 }
+
+mod initiator_negotiation {
+    use super::*;
+    use ipsan_seal::{InitiatorNegotiation, TargetNegotiation};
+
+    #[test]
+    fn accepts_a_full_login_between_both_state_machines() {
+        let mut i = InitiatorNegotiation::new(vec![Cipher::Aes256Gcm], 65536, psk(SECRET));
+        let mut t =
+            TargetNegotiation::new(cfg(SealPolicy::Required), Box::new(|_| Some(psk(SECRET))));
+        let offer = i.offer(&ids()).unwrap();
+        let answer = t.respond(&offer, &ids()).unwrap();
+        let confirm = i.on_answer(&answer).unwrap();
+        t.respond(&confirm, &ids()).unwrap();
+        i.finish().unwrap();
+        t.finish(&ids()).unwrap();
+        let (is, ts) = (i.take_session().unwrap(), t.take_session().unwrap());
+        let b = Binding::default();
+        let sealed = is.seal(&b, vec![2u8; 9000].as_slice().into()).unwrap();
+        assert_eq!(
+            &ts.open(&b, sealed.as_ref().into()).unwrap()[..],
+            &[2u8; 9000][..]
+        );
+        let sealed = ts.seal(&b, vec![3u8; 10].as_slice().into()).unwrap();
+        assert_eq!(
+            &is.open(&b, sealed.as_ref().into()).unwrap()[..],
+            &[3u8; 10][..]
+        );
+    }
+
+    #[test]
+    fn rejects_full_feature_when_the_target_ignored_the_offer() {
+        let mut i = InitiatorNegotiation::new(vec![Cipher::Aes256Gcm], 65536, psk(SECRET));
+        i.offer(&ids()).unwrap();
+        assert!(matches!(i.finish(), Err(NegotiationError::NotAgreed(_))));
+        assert!(i.take_session().is_none());
+    }
+
+    #[test]
+    fn rejects_a_reject_answer() {
+        let mut i = InitiatorNegotiation::new(vec![Cipher::Aes256Gcm], 65536, psk(SECRET));
+        i.offer(&ids()).unwrap();
+        let e = i
+            .on_answer(&[(KEY_SEAL.to_owned(), "Reject".to_owned())])
+            .unwrap_err();
+        assert_eq!(e, NegotiationError::NotAgreed("Reject".into()));
+        assert!(i.finish().is_err());
+    }
+}
