@@ -47,7 +47,11 @@ impl CryptoPool {
                         guard.recv()
                     };
                     match job {
-                        Ok(job) => job(),
+                        // A panicking job drops its result sender (its caller sees
+                        // `PoolClosed`); the worker itself stays available.
+                        Ok(job) => {
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        }
                         Err(_) => return, // pool dropped
                     }
                 })?;

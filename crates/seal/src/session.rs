@@ -96,11 +96,13 @@ impl SealSession {
         }
     }
 
-    /// Test hook: start the send counter at `next` and refuse counters at or beyond `limit`.
+    /// Test hook: move the send counter *forward* to `next` (never backward, so no counter can
+    /// be used twice) and refuse counters at or beyond `limit` (only ever lowered).
     #[doc(hidden)]
     pub fn with_counter_range_for_test(mut self, next: u64, limit: u64) -> Self {
-        self.next_counter = AtomicU64::new(next);
-        self.counter_limit = limit;
+        let current = *self.next_counter.get_mut();
+        self.next_counter = AtomicU64::new(next.max(current));
+        self.counter_limit = limit.min(self.counter_limit);
         self
     }
 

@@ -304,3 +304,13 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn counter_test_hook_cannot_rewind_the_counter() {
+    let (init, _) = pair(Cipher::Aes256Gcm, 4096);
+    let b = write_binding();
+    let first = init.seal(&b, buf(&[0u8; 4096])).unwrap();
+    let init = init.with_counter_range_for_test(0, u64::MAX);
+    let second = init.seal(&b, buf(&[0u8; 4096])).unwrap();
+    assert_ne!(first[4096..4104], second[4096..4104], "counter reused");
+}
