@@ -920,4 +920,91 @@ mod tests {
         assert!(c.user_s + c.sys_s >= 0.1, "{c:?}");
         assert!(c.percent_of_one_core > 0.0 && c.percent_of_all_cores <= c.percent_of_one_core);
     }
+
+    #[test]
+    fn json_report_has_the_documented_schema() {
+        let h = histogram();
+        let lat = Latency::from_histogram(&h);
+        let report = Report {
+            schema: "ipsan-bench/1",
+            tool: "ipsan bench",
+            version: "0",
+            git_rev: git_rev().to_owned(),
+            started_unix_s: 1,
+            host: Host::detect(),
+            target: TargetInfo {
+                url: "iscsi://h:3260/iqn.x/0".into(),
+                vendor: "v".into(),
+                product: "p".into(),
+                revision: "r".into(),
+                capacity_bytes: 1 << 20,
+                block_len: 512,
+            },
+            workload: WorkloadInfo::from(&Workload {
+                mode: RwMode::RandRw,
+                mix_read_percent: 70,
+                block_size: 4096,
+                depth: 4,
+                offset: 0,
+                limit: Limit::Time(Duration::from_secs(3)),
+                verify: true,
+                seed: 5,
+            }),
+            negotiated: crate::login::LoginMachine::start(
+                crate::LoginOptions::default(),
+                crate::login::SessionKind::Discovery,
+            )
+            .0
+            .negotiated_so_far(),
+            result: Measured {
+                duration_s: 1.0,
+                ops: 0,
+                read_ops: 0,
+                write_ops: 0,
+                bytes: 0,
+                read_bytes: 0,
+                write_bytes: 0,
+                throughput_mb_s: 0.0,
+                throughput_mib_s: 0.0,
+                iops: 0.0,
+                latency_us: lat.clone(),
+                read_latency_us: Some(lat),
+                write_latency_us: None,
+                cpu: CpuUsage::between((0.0, 0.0), (0.5, 0.25), Duration::from_secs(1)),
+                verify: VerifyResult {
+                    enabled: true,
+                    checked_blocks: 0,
+                },
+            },
+        };
+        let v: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
+        // The fields docs/bench.md promises to the lab.
+        for path in [
+            "/schema",
+            "/git_rev",
+            "/host/cpus",
+            "/host/load_average/2",
+            "/target/capacity_bytes",
+            "/workload/rw",
+            "/workload/time_s",
+            "/workload/size_bytes",
+            "/negotiated/initial_r2t",
+            "/negotiated/target_max_recv_data_segment_length",
+            "/result/throughput_mb_s",
+            "/result/throughput_mib_s",
+            "/result/iops",
+            "/result/latency_us/p99_9",
+            "/result/read_latency_us/p50",
+            "/result/write_latency_us",
+            "/result/cpu/percent_of_one_core",
+            "/result/verify/checked_blocks",
+        ] {
+            assert!(v.pointer(path).is_some(), "missing {path}");
+        }
+        assert_eq!(v["schema"], "ipsan-bench/1");
+        assert_eq!(v["workload"]["rw"], "randrw");
+        assert_eq!(v["workload"]["time_s"], 3.0);
+        assert!(v["workload"]["size_bytes"].is_null());
+        assert_eq!(v["result"]["cpu"]["percent_of_one_core"], 75.0);
+    }
 }

@@ -768,6 +768,11 @@ impl LoginMachine {
         Ok(())
     }
 
+    /// The parameters as negotiated so far (RFC 7143 defaults for keys not yet answered).
+    pub fn negotiated_so_far(&self) -> Negotiated {
+        self.result.clone()
+    }
+
     /// Whether this is a discovery session.
     pub fn is_discovery(&self) -> bool {
         self.kind == SessionKind::Discovery
