@@ -396,3 +396,22 @@ impl Drop for Link {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_can_move_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Link>();
+        assert_send_sync::<LinkStats>();
+    }
+
+    #[test]
+    fn sides_parse_from_their_cli_names() {
+        assert_eq!("ini".parse::<Side>(), Ok(Side::Ini));
+        assert_eq!("target".parse::<Side>(), Ok(Side::Tgt));
+        assert!("both".parse::<Side>().is_err());
+    }
+}
