@@ -29,4 +29,5 @@ pub use error::{Error, Result};
 pub use iscsi_proto::chap::ChapSecret;
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
 pub use session::{discover, DataDir, DiscoveredTarget, ExtensionFactory, Session, SessionConfig};
+pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

@@ -42,7 +42,7 @@ use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
-use crate::transform::PayloadTransform;
+use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
 
 /// Session settings beyond the negotiated keys.
@@ -581,7 +581,8 @@ impl Session {
         &self.shared.params
     }
 
-    /// Install a payload transform (seal) applied to `read`/`write` payloads.
+    /// Install a payload transform (Seal): from now on the data of every command goes through
+    /// it (see [`crate::transform`]).
     pub fn set_transform(&mut self, t: Arc<dyn PayloadTransform>) {
         self.transform = Some(t);
     }
@@ -597,8 +598,48 @@ impl Session {
     }
 
     /// Send one SCSI command and wait for its completion. Blocks (asynchronously) while the
-    /// CmdSN window is closed. A non-GOOD status becomes [`Error::Scsi`].
+    /// CmdSN window is closed. A non-GOOD status becomes [`Error::Scsi`]. With a payload
+    /// transform installed, data-out is transformed before sending and Data-In after
+    /// reassembly; a read's `len` is the plaintext length.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
+        let Some(t) = self.transform.clone() else {
+            return self.command_raw(cdb, dir, None).await;
+        };
+        // The ITT is fixed before the transform runs because the transform binds to it.
+        let itt = self.shared.lock()?.itt();
+        let (lba, blocks) = scsi::lba_and_blocks(&cdb);
+        let info = CommandInfo {
+            lun: self.lun,
+            lba,
+            blocks,
+            opcode: cdb[0],
+            itt,
+        };
+        match dir {
+            DataDir::None => self.command_raw(cdb, DataDir::None, Some(itt)).await,
+            DataDir::Write(plain) => {
+                let wire = t.outbound(info, plain).await?;
+                self.command_raw(cdb, DataDir::Write(wire), Some(itt)).await
+            }
+            DataDir::Read(buf, len) => {
+                let wire_len = t.wire_len(len).ok_or_else(|| {
+                    Error::InvalidRequest(format!("{len} bytes cannot be carried by the transform"))
+                })?;
+                let mut c = self
+                    .command_raw(cdb, DataDir::Read(buf, wire_len), Some(itt))
+                    .await?;
+                c.data = t.inbound(info, c.data).await?;
+                Ok(c)
+            }
+        }
+    }
+
+    async fn command_raw(
+        &self,
+        cdb: [u8; 16],
+        dir: DataDir,
+        fixed_itt: Option<u32>,
+    ) -> Result<Completion> {
         let (tx, rx) = oneshot::channel();
         let (write, read, read_len) = match dir {
             DataDir::None => (Bytes::new(), None, 0),
@@ -630,7 +671,10 @@ impl Session {
                     return Err(self.shared.lost());
                 }
                 if sn_le(sn.cmd_sn, sn.max_cmd_sn) {
-                    let itt = sn.itt();
+                    let itt = match fixed_itt {
+                        Some(i) => i,
+                        None => sn.itt(),
+                    };
                     let cmd_sn = sn.cmd_sn;
                     sn.cmd_sn = sn.cmd_sn.wrapping_add(1);
                     let exp_stat_sn = sn.exp_stat_sn;
@@ -740,10 +784,7 @@ impl Session {
                 c.data.len()
             )));
         }
-        match &self.transform {
-            Some(t) => t.inbound(lba, c.data),
-            None => Ok(c.data),
-        }
+        Ok(c.data)
     }
 
     async fn write_inner(&self, lba: u64, data: Bytes, fua: bool) -> Result<()> {
@@ -754,10 +795,6 @@ impl Session {
                 data.len()
             )));
         }
-        let data = match &self.transform {
-            Some(t) => t.outbound(lba, data)?,
-            None => data,
-        };
         let blocks = u32::try_from(data.len() / bl)
             .map_err(|_| Error::InvalidRequest("write too large".into()))?;
         self.command(scsi::write16(lba, blocks, fua), DataDir::Write(data))

@@ -1,22 +1,50 @@
 //! The place where payloads are transformed on their way out and back in: the hook the Seal
 //! layer (issue 5; Kamisaka et al.'s encryption middleware "above the SCSI layer") plugs into.
 //!
-//! A transform sees whole command payloads together with their starting LBA, so a cipher can
-//! derive per-block nonces/tweaks from the address. It must keep the length unchanged (the
-//! LBA range a command covers is fixed by the CDB); a transform that needs room for tags keeps
-//! them elsewhere (e.g. a metadata region), which is the Seal crate's business.
+//! With a transform installed ([`crate::Session::set_transform`]), the data of *every* SCSI
+//! command goes through it — READ/WRITE payloads and also INQUIRY or READ CAPACITY data — as
+//! docs/seal.md §4 requires. The transform may change the length (Seal appends tags): the
+//! ExpectedDataTransferLength on the wire (RFC 7143 §11.3.4) is the transformed length, and the
+//! CDB keeps describing plaintext blocks. Transforms are asynchronous, so a crypto worker pool
+//! can seal the next commands while earlier ones wait on the network (the papers'
+//! "pre-processing").
+
+use std::future::Future;
+use std::pin::Pin;
 
 use bytes::{Bytes, BytesMut};
 
 use crate::error::Result;
 
+/// What a payload is bound to: the command it belongs to. Seal authenticates it alongside the
+/// data so a chunk cannot be replayed into another command, LUN or block range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandInfo {
+    /// The 8-byte LUN field as sent in the BHS (SAM-5 §4.7 encoding).
+    pub lun: u64,
+    /// Starting LBA for READ/WRITE(10/16); 0 for other commands.
+    pub lba: u64,
+    /// Transfer length in blocks for READ/WRITE(10/16); 0 for other commands.
+    pub blocks: u32,
+    /// CDB operation code.
+    pub opcode: u8,
+    /// The Initiator Task Tag the command is sent with (assigned before the transform runs).
+    pub itt: u32,
+}
+
+/// A boxed future returned by a transform.
+pub type TransformFuture<T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'static>>;
+
 /// Transforms write payloads before they are sent and read payloads after they arrive.
 pub trait PayloadTransform: Send + Sync + std::fmt::Debug {
-    /// Called by `Session::write`/`write_fua` with the caller's data; returns what goes on the
-    /// wire. Must return exactly `data.len()` bytes.
-    fn outbound(&self, lba: u64, data: Bytes) -> Result<Bytes>;
-    /// Called by `Session::read` with the reassembled Data-In; returns what the caller sees.
-    fn inbound(&self, lba: u64, data: BytesMut) -> Result<BytesMut>;
+    /// The length on the wire of `plain_len` bytes of payload (the read's EDTL); `None` if that
+    /// length cannot be carried.
+    fn wire_len(&self, plain_len: usize) -> Option<usize>;
+    /// Outbound data (WRITE payloads and any other data-out): returns what goes on the wire.
+    fn outbound(&self, cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes>;
+    /// Inbound data as reassembled from Data-In (possibly shorter than the EDTL when the
+    /// target sent less): returns what the caller sees.
+    fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut>;
 }
 
 /// The identity transform: what `seal=none` means, and a reference for implementors.
@@ -24,10 +52,13 @@ pub trait PayloadTransform: Send + Sync + std::fmt::Debug {
 pub struct Identity;
 
 impl PayloadTransform for Identity {
-    fn outbound(&self, _lba: u64, data: Bytes) -> Result<Bytes> {
-        Ok(data)
+    fn wire_len(&self, plain_len: usize) -> Option<usize> {
+        Some(plain_len)
     }
-    fn inbound(&self, _lba: u64, data: BytesMut) -> Result<BytesMut> {
-        Ok(data)
+    fn outbound(&self, _cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes> {
+        Box::pin(async move { Ok(data) })
+    }
+    fn inbound(&self, _cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
+        Box::pin(async move { Ok(data) })
     }
 }

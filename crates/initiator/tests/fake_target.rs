@@ -23,6 +23,8 @@ enum Behaviour {
     Silent,
     /// Answer every read with half the data and GOOD status, no underflow flag.
     ShortRead,
+    /// Answer every read with exactly ExpectedDataTransferLength bytes and GOOD status.
+    FullRead,
 }
 
 async fn read_pdu(s: &mut TcpStream, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
@@ -74,8 +76,13 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
             }
             Header::ScsiCommand(c) => {
                 commands += 1;
-                if let Behaviour::ShortRead = behaviour {
-                    let half = c.expected_data_transfer_length as usize / 2;
+                if let Behaviour::ShortRead | Behaviour::FullRead = behaviour {
+                    let edtl = c.expected_data_transfer_length as usize;
+                    let half = if let Behaviour::FullRead = behaviour {
+                        edtl
+                    } else {
+                        edtl / 2
+                    };
                     let h = DataIn {
                         final_: true,
                         status_present: true,
@@ -139,7 +146,9 @@ fn fails_every_in_flight_command_when_target_closes_mid_command() {
             match r {
                 Err(Error::ConnectionLost(reason)) => {
                     assert!(
-                        reason.contains("closed") || reason.contains("reset"),
+                        ["closed", "reset", "Broken pipe"]
+                            .iter()
+                            .any(|w| reason.contains(w)),
                         "{reason}"
                     )
                 }
@@ -214,5 +223,56 @@ fn rejects_good_status_with_missing_data_in() {
             e.to_string().contains("2048 of 4096"),
             "a short Data-In must not come back as zero-filled data: {e}"
         );
+    });
+}
+
+/// A length-changing transform, like Seal's tags: 16 extra bytes on the wire.
+#[derive(Debug)]
+struct Tagged;
+
+impl ipsan_initiator::PayloadTransform for Tagged {
+    fn wire_len(&self, plain_len: usize) -> Option<usize> {
+        Some(plain_len + 16)
+    }
+    fn outbound(
+        &self,
+        _: ipsan_initiator::CommandInfo,
+        data: bytes::Bytes,
+    ) -> ipsan_initiator::TransformFuture<bytes::Bytes> {
+        Box::pin(async move { Ok(data) })
+    }
+    fn inbound(
+        &self,
+        _: ipsan_initiator::CommandInfo,
+        mut data: BytesMut,
+    ) -> ipsan_initiator::TransformFuture<BytesMut> {
+        Box::pin(async move {
+            assert_eq!(
+                data.len(),
+                4096 + 16,
+                "Data-In must be reassembled at wire length"
+            );
+            data.truncate(data.len() - 16);
+            Ok(data)
+        })
+    }
+}
+
+#[test]
+fn length_changing_transform_sets_the_wire_transfer_length() {
+    bounded(20, async {
+        let url = start(Behaviour::FullRead).await;
+        let cfg = SessionConfig {
+            nop_interval: None,
+            ..SessionConfig::default()
+        };
+        let mut s = Session::connect(&url, &cfg).await.unwrap();
+        s.set_transform(std::sync::Arc::new(Tagged));
+        let c = s
+            .command(scsi::read16(0, 8), DataDir::Read(BytesMut::new(), 4096))
+            .await
+            .unwrap();
+        assert_eq!(c.data.len(), 4096);
+        assert!(c.data.iter().all(|&b| b == 7));
     });
 }

@@ -175,3 +175,77 @@ fn round_trips_with_r2t_only_writes() {
         h.shutdown().await.unwrap();
     });
 }
+
+/// A toy, length-preserving transform: XOR READ/WRITE payloads with a byte derived from the
+/// LBA, and record every command it saw.
+#[derive(Debug, Default)]
+struct Xor {
+    seen: std::sync::Mutex<Vec<ipsan_initiator::CommandInfo>>,
+}
+
+fn xor(cmd: &ipsan_initiator::CommandInfo, data: &mut [u8]) {
+    if matches!(cmd.opcode, 0x88 | 0x8a) {
+        for (i, b) in data.iter_mut().enumerate() {
+            *b ^= (cmd.lba as u8).wrapping_add((i / 512) as u8) | 0x80;
+        }
+    }
+}
+
+impl ipsan_initiator::PayloadTransform for Xor {
+    fn wire_len(&self, plain_len: usize) -> Option<usize> {
+        Some(plain_len)
+    }
+    fn outbound(
+        &self,
+        cmd: ipsan_initiator::CommandInfo,
+        data: Bytes,
+    ) -> ipsan_initiator::TransformFuture<Bytes> {
+        self.seen.lock().unwrap().push(cmd);
+        Box::pin(async move {
+            let mut d = data.to_vec();
+            xor(&cmd, &mut d);
+            Ok(Bytes::from(d))
+        })
+    }
+    fn inbound(
+        &self,
+        cmd: ipsan_initiator::CommandInfo,
+        mut data: bytes::BytesMut,
+    ) -> ipsan_initiator::TransformFuture<bytes::BytesMut> {
+        self.seen.lock().unwrap().push(cmd);
+        Box::pin(async move {
+            xor(&cmd, &mut data);
+            Ok(data)
+        })
+    }
+}
+
+#[test]
+fn payload_transform_sees_every_command_and_changes_the_wire_bytes() {
+    bounded(30, async {
+        let (h, url) = start(None).await;
+        let cfg = config(LoginOptions::default());
+        let plain = Session::open(&url, &cfg).await.unwrap();
+        let mut sealed = Session::open(&url, &cfg).await.unwrap();
+        let t = std::sync::Arc::new(Xor::default());
+        sealed.set_transform(t.clone());
+        let data = Bytes::from(vec![0x11u8; 4 * 512]);
+        sealed.write(40, data.clone()).await.unwrap();
+        assert_eq!(&sealed.read(40, 4).await.unwrap()[..], &data[..]);
+        let raw = plain.read(40, 4).await.unwrap();
+        assert_ne!(
+            &raw[..],
+            &data[..],
+            "the target must hold transformed bytes"
+        );
+        sealed.inquiry().await.unwrap();
+        let seen = t.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert_eq!((seen[0].opcode, seen[0].lba, seen[0].blocks), (0x8a, 40, 4));
+        assert_eq!((seen[1].opcode, seen[1].lba), (0x88, 40));
+        assert_eq!((seen[2].opcode, seen[2].lba, seen[2].blocks), (0x12, 0, 0));
+        assert_ne!(seen[0].itt, seen[1].itt);
+        drop((plain, sealed));
+        h.shutdown().await.unwrap();
+    });
+}
