@@ -645,7 +645,9 @@ impl Session {
             DataDir::None => (Bytes::new(), None, 0),
             DataDir::Write(b) => (b, None, 0),
             DataDir::Read(mut buf, len) => {
-                buf.clear();
+                // A reused buffer keeps its old bytes: Data-In must arrive in order and cover
+                // every byte (checked in the reader), so nothing stale can leak through, and a
+                // 1 MiB read does not pay for a 1 MiB memset.
                 buf.resize(len, 0);
                 (Bytes::new(), Some(buf), len)
             }
@@ -1155,6 +1157,14 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                     "Data-In for a command without read data".into(),
                 ));
             };
+            // DataPDUInOrder=Yes and DataSequenceInOrder=Yes (we insist on both at login):
+            // Data-In offsets are contiguous (RFC 7143 §13.18, §13.19).
+            if off != t.received {
+                return Err(Error::Protocol(format!(
+                    "Data-In at offset {off}, expected {} (out of order or overlapping)",
+                    t.received
+                )));
+            }
             if end > t.read_len {
                 return Err(Error::Protocol(format!(
                     "Data-In at {off}+{} past the {} bytes expected",
