@@ -211,3 +211,43 @@ fn round_trips_with_r2t_only_writes() {
         assert_eq!(n.target_max_recv_data_segment_length, 16384);
     });
 }
+
+#[test]
+fn fails_in_flight_commands_when_tgtd_dies_mid_run() {
+    let mut t = Tgtd::start(TgtdOpts {
+        size_mib: 64,
+        ..Default::default()
+    });
+    let url = t.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = std::sync::Arc::new(Session::open(&url, &config(fast())).await.unwrap());
+        let w = ipsan_initiator::bench::Workload {
+            mode: ipsan_initiator::bench::RwMode::RandRw,
+            mix_read_percent: 50,
+            block_size: 65536,
+            depth: 8,
+            offset: 0,
+            limit: ipsan_initiator::bench::Limit::Time(std::time::Duration::from_secs(30)),
+            verify: false,
+            seed: 3,
+        };
+        let run = tokio::spawn(ipsan_initiator::bench::run(s.clone(), w, None));
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        t.kill();
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), run)
+            .await
+            .expect("a dead target must fail the run, not hang it")
+            .unwrap();
+        match r {
+            Err(ipsan_initiator::bench::BenchError::Io { source, .. }) => {
+                assert!(matches!(source, Error::ConnectionLost(_)), "{source}")
+            }
+            other => panic!("expected a connection error, got {other:?}"),
+        }
+    });
+}

@@ -221,6 +221,14 @@ impl Tgtd {
     }
 }
 
+impl Tgtd {
+    /// Kill tgtd now (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Tgtd {
     fn drop(&mut self) {
         let _ = self.child.kill();
