@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release -p ipsan-seal --example loopback -- \
 //!     [--io BYTES] [--depth N] [--total BYTES] [--crypto-workers N] [--pipeline on|off] [--reps N]
-//!     [--cases none,plain,aes-256-gcm,chacha20-poly1305,3des-cbc-hmac-sha1]
+//!     [--cases none,plain,aes-256-gcm,chacha20-poly1305,3des-cbc-hmac-sha1] [--delay-ms D]
 //! ```
 //! Uses the toy block protocol of `tests/support/blockproto.rs` (not iSCSI); the iSCSI numbers
 //! come from `ipsan bench` once the target and initiator integrate Seal.
@@ -30,6 +30,7 @@ struct Opts {
     pipeline: bool,
     reps: usize,
     cases: Vec<Option<Cipher>>,
+    delay_ms: u64,
 }
 
 fn parse() -> Opts {
@@ -40,6 +41,7 @@ fn parse() -> Opts {
         workers: 2,
         pipeline: true,
         reps: 3,
+        delay_ms: 0,
         cases: vec![
             Some(Cipher::None),
             None,
@@ -59,6 +61,8 @@ fn parse() -> Opts {
             "--crypto-workers" => o.workers = v.parse().unwrap(),
             "--pipeline" => o.pipeline = v == "on",
             "--reps" => o.reps = v.parse().unwrap(),
+            // Hold every response this long at the server (a stand-in for a long link).
+            "--delay-ms" => o.delay_ms = v.parse().unwrap(),
             // Comma-separated cipher names; `plain` = no Seal at all. Put `none` first: it is
             // the baseline the ratios divide by.
             "--cases" => {
@@ -122,7 +126,8 @@ async fn run(cipher: Option<Cipher>, o: &Opts, total: usize) -> Run {
         }
     };
     let depth = if o.pipeline { o.depth } else { 1 };
-    let (addr, _lun) = blockproto::serve(ct, total).await;
+    let delay = std::time::Duration::from_millis(o.delay_ms);
+    let (addr, _lun) = blockproto::serve_delayed(ct, total, delay).await;
     let client = Client::connect(addr, ci).await;
     let cpu0 = cpu_seconds();
     let crypto0 = crypto_cpu_seconds();
@@ -156,12 +161,13 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "# loopback, io={} depth={} workers={} pipeline={} reps={} (median)",
+        "# loopback, io={} depth={} workers={} pipeline={} reps={} delay={}ms (median)",
         o.io,
         if o.pipeline { o.depth } else { 1 },
         o.workers,
         if o.pipeline { "on" } else { "off" },
-        o.reps
+        o.reps,
+        o.delay_ms
     );
     println!("| seal | MB each way | write MB/s | read MB/s | CPU s/GB (both ends) | of which crypto pool | write vs none | read vs none |");
     println!("|---|---|---|---|---|---|---|---|");

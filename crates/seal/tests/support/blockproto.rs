@@ -70,6 +70,16 @@ pub async fn serve(
     sealing: Option<Sealing>,
     lun_bytes: usize,
 ) -> (std::net::SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    serve_delayed(sealing, lun_bytes, std::time::Duration::ZERO).await
+}
+
+/// As [`serve`], but every response waits `delay` before it is sent (a crude stand-in for a
+/// long link's round trip, to show what pipelining hides).
+pub async fn serve_delayed(
+    sealing: Option<Sealing>,
+    lun_bytes: usize,
+    delay: std::time::Duration,
+) -> (std::net::SocketAddr, Arc<Mutex<Vec<u8>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let lun = Arc::new(Mutex::new(vec![0u8; lun_bytes]));
@@ -77,13 +87,18 @@ pub async fn serve(
     tokio::spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
             sock.set_nodelay(true).unwrap();
-            tokio::spawn(serve_conn(sock, sealing.clone(), Arc::clone(&l2)));
+            tokio::spawn(serve_conn(sock, sealing.clone(), Arc::clone(&l2), delay));
         }
     });
     (addr, lun)
 }
 
-async fn serve_conn(sock: TcpStream, sealing: Option<Sealing>, lun: Arc<Mutex<Vec<u8>>>) {
+async fn serve_conn(
+    sock: TcpStream,
+    sealing: Option<Sealing>,
+    lun: Arc<Mutex<Vec<u8>>>,
+    delay: std::time::Duration,
+) {
     let (mut rd, wr) = sock.into_split();
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(writer(wr, rx));
@@ -127,6 +142,9 @@ async fn serve_conn(sock: TcpStream, sealing: Option<Sealing>, lun: Arc<Mutex<Ve
                 let sealed = seal(&sealing, b, data).await;
                 response(tag, None, sealed)
             };
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             let _ = tx.send(resp).await;
         };
         if inline {
