@@ -1150,3 +1150,14 @@ fn orwrite_ors_data_into_the_blocks() {
     );
     good(&run(&lu, &rw16(0x8B, 0, 0, 0), &[]));
 }
+
+#[test]
+fn write_exclusive_blocks_other_writers_at_4k_blocks() {
+    let lu = lu_with(Probe::new(SIZE), |c| c.block_size = 4096);
+    good(&prout(&lu, &a(), 6, 0, 0, 1));
+    good(&prout(&lu, &b(), 6, 0, 0, 2));
+    good(&prout(&lu, &a(), 1, 0x01, 1, 0));
+    good(&run_as(&lu, &b(), &rw10(0x28, 0, 1, 1), &[]));
+    let r = run_as(&lu, &b(), &rw10(0x2A, 0, 1, 1), &[0; 4096]);
+    assert_eq!(r.status, ScsiStatus::RESERVATION_CONFLICT);
+}
