@@ -3,7 +3,7 @@
 //! and no fq, so there is no in-kernel delay).
 //!
 //! ```text
-//! cargo run --release -p ipsan-tcp --example tcp_experiments -- [window|loss|fairness|all] [--quick] [--out DIR]
+//! cargo run --release -p ipsan-tcp --example tcp_experiments -- [window|loss|fairness|iscsi|all] [--quick] [--seed N] [--out DIR]
 //! ```
 //! - `window`: 1 Gbit/s, receive window pinned to 8 MiB (`TCP_WINDOW_CLAMP`), RTT 80..200 ms;
 //!   throughput should follow window/RTT (papers/002 Table 1).
@@ -48,6 +48,9 @@ struct Opts {
     out: PathBuf,
 }
 
+/// Seed of the emulator's loss sequence (`--seed`): the same seed replays the same losses.
+static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(7);
+
 fn main() {
     let mut what = "all".to_string();
     let mut opts = Opts {
@@ -58,6 +61,10 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => opts.quick = true,
+            "--seed" => {
+                let seed = args.next().and_then(|v| v.parse().ok()).expect("--seed N");
+                SEED.store(seed, std::sync::atomic::Ordering::Relaxed);
+            }
             "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
             w @ ("window" | "loss" | "fairness" | "iscsi" | "all") => what = w.to_string(),
             other => {
@@ -113,7 +120,7 @@ fn link(tag: &str, one_way: Duration, loss: f64, queue: QueueLimit) -> Link {
     let mut cfg = LinkConfig::new(name);
     cfg.subnet = 200;
     cfg.engine = Engine::Builtin;
-    cfg.seed = 7;
+    cfg.seed = SEED.load(std::sync::atomic::Ordering::Relaxed);
     cfg.up = dir(one_way, loss, queue);
     cfg.down = dir(one_way, 0.0, queue);
     let link = Link::up(cfg).expect("link up");
@@ -200,6 +207,7 @@ fn append(out: &Path, file: &str, mut line: serde_json::Value) {
         "loadavg": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
     });
+    line["seed"] = serde_json::json!(SEED.load(std::sync::atomic::Ordering::Relaxed));
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
