@@ -75,9 +75,12 @@ impl WriteState {
             return Err(DataError("immediate data beyond FirstBurstLength or EDTL"));
         }
         let keep = edtl.min(need);
-        let mut buf = BytesMut::zeroed(keep as usize);
+        // The buffer grows as data arrives (see `store`), never ahead of it: a CDB and EDTL
+        // alone cannot make the target reserve memory (issue 8: 32 data-less 64 MiB writes
+        // used to map 2 GiB).
         let n = imm.min(keep) as usize;
-        buf[..n].copy_from_slice(&immediate[..n]);
+        let mut buf = BytesMut::with_capacity(n);
+        buf.extend_from_slice(&immediate[..n]);
         // §11.3.1: with F=0 and InitialR2T=No, unsolicited Data-Out follows up to
         // min(FirstBurstLength, EDTL) in total.
         let (unsolicited_end, unsolicited_open) = if !cmd.final_ && !params.initial_r2t {
@@ -177,6 +180,9 @@ impl WriteState {
         let start = offset.min(self.keep) as usize;
         let end = (offset as usize + data.len()).min(self.keep as usize);
         if end > start {
+            if self.buf.len() < end {
+                self.buf.resize(end, 0);
+            }
             self.buf[start..end].copy_from_slice(&data[..end - start]);
         }
     }
@@ -221,7 +227,9 @@ impl WriteState {
     /// The data for the SCSI layer.
     #[must_use]
     pub fn into_data(self) -> Bytes {
-        self.buf.freeze()
+        let mut buf = self.buf;
+        buf.resize(self.keep as usize, 0);
+        buf.freeze()
     }
 }
 
