@@ -295,6 +295,20 @@ impl LogicalUnit {
     /// CHECK CONDITION the command will get anyway, so the iSCSI layer may answer at once.
     pub fn command_info(&self, cdb: &[u8]) -> Result<CommandInfo, Sense> {
         let cmd = cdb::parse(cdb)?;
+        if self.cfg.read_only
+            && matches!(
+                cmd,
+                Command::Write(_)
+                    | Command::WriteAndVerify { .. }
+                    | Command::WriteSame { .. }
+                    | Command::Unmap { .. }
+                    | Command::CompareAndWrite(_)
+                    | Command::OrWrite(_)
+            )
+        {
+            // Known before any data moves: no point soliciting Data-Out (SBC-4 §4.11).
+            return Err(Sense::write_protected());
+        }
         let bs = u64::from(self.cfg.block_size);
         let write = |n: u64| CommandInfo {
             direction: if n == 0 {

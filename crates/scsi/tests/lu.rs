@@ -240,6 +240,23 @@ fn rejects_writes_to_read_only_lu() {
     );
     let ms = run(&lu, &[0x1A, 0, 0x3F, 0, 255, 0], &[]);
     assert_eq!(ms.data_in[2] & 0x80, 0x80, "WP bit");
+    check(
+        &run(&lu, &rw16(0x93, 0x08, 0, 1), &[0; BS]),
+        SenseKey::DATA_PROTECT,
+        0x27,
+        0,
+    );
+    let mut ws = rw16(0x93, 0x08, 0, 1);
+    ws.resize(16, 0);
+    let e = lu.command_info(&ws).unwrap_err();
+    assert_eq!(
+        (e.key, e.asc),
+        (SenseKey::DATA_PROTECT, 0x27),
+        "before any data moves"
+    );
+    let mut rd = rw10(0x28, 0, 0, 1);
+    rd.resize(16, 0);
+    assert!(lu.command_info(&rd).is_ok());
 }
 
 #[test]
