@@ -25,6 +25,26 @@ fn skip(why: &str) {
 /// Tests in this binary load and unload kernel state: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The same across processes: two `cargo test` runs on one machine (several engineers, or CI
+/// next to a developer) would otherwise unload each other's algorithms mid-test.
+struct MachineLock(#[allow(dead_code)] std::fs::File);
+
+#[allow(unsafe_code)]
+fn machine_lock() -> MachineLock {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(std::env::temp_dir().join("ipsan-tcp-bpf-tests.lock"))
+        .unwrap();
+    // SAFETY: flock(2) on a file descriptor owned by `f`, which the returned guard keeps open;
+    // the lock is released when the descriptor closes.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    MachineLock(f)
+}
+
 fn pin_dir() -> PathBuf {
     PathBuf::from(format!("/sys/fs/bpf/ipsan-test-{}", std::process::id()))
 }
@@ -59,6 +79,7 @@ impl Drop for Loaded {
 #[test]
 fn accepts_ipsan_sf_per_socket_after_load_and_forgets_it_after_unload() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _m = machine_lock();
     let loaded = match Loaded::new() {
         Ok(l) => l,
         Err(why) => {
@@ -310,6 +331,7 @@ fn median_ratio(events: &[(u32, u32)]) -> f64 {
 #[test]
 fn ipsan_sf_cuts_the_window_by_an_eighth_where_reno_halves_it() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _m = machine_lock();
     let _loaded = match Loaded::new() {
         Ok(l) => l,
         Err(why) => {
