@@ -81,11 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Plans => {
             for name in ipsan_lab::plan::BUILTIN {
                 let p = Plan::load(name)?;
-                println!(
-                    "{name:<12} {:>4} runs  {}",
-                    p.run_count(),
-                    p.description
-                );
+                println!("{name:<12} {:>4} runs  {}", p.run_count(), p.description);
             }
             Ok(())
         }

@@ -58,18 +58,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         mb(i.dec)
     );
     for (name, v) in [
-        ("write, no pre-processing (2008 Eq. 3)", s.eq3_write_sequential),
-        ("write, pre-processing OP-2 (2008 Eq. 4)", s.eq4_write_preprocessed),
+        (
+            "write, no pre-processing (2008 Eq. 3)",
+            s.eq3_write_sequential,
+        ),
+        (
+            "write, pre-processing OP-2 (2008 Eq. 4)",
+            s.eq4_write_preprocessed,
+        ),
         ("read, one process (2006 Eq. 2)", s.eq2_read_sequential),
         ("read, two processes (2006 Eq. 3)", s.eq3_read_preprocessed),
     ] {
         println!("  {name:<44} {:>10.3} MB/s", mb(v));
     }
-    println!("  {:<44} {:>10.2}", "useful workers n (2008 Eq. 6)", s.eq6_workers);
+    println!(
+        "  {:<44} {:>10.2}",
+        "useful workers n (2008 Eq. 6)", s.eq6_workers
+    );
     for (name, p) in [
-        (format!("write depth {} 2·RTT (generalised)", a.depth), s.general_write_2rtt),
-        (format!("write depth {} 1·RTT (generalised)", a.depth), s.general_write_1rtt),
-        ("lower-layer crypto, depth 1, 2·RTT".to_string(), s.lower_layer_depth1_2rtt),
+        (
+            format!("write depth {} 2·RTT (generalised)", a.depth),
+            s.general_write_2rtt,
+        ),
+        (
+            format!("write depth {} 1·RTT (generalised)", a.depth),
+            s.general_write_1rtt,
+        ),
+        (
+            "lower-layer crypto, depth 1, 2·RTT".to_string(),
+            s.lower_layer_depth1_2rtt,
+        ),
     ] {
         println!(
             "  {name:<44} {:>10.3} MB/s  (limit: {}, useful depth {:.1})",

@@ -187,18 +187,17 @@ fn seal_pair(cipher: Cipher) -> Result<(Arc<SealSession>, Arc<SealSession>), Str
         target_name: "iqn.2026-11.org.ipsan:lab-target".into(),
         isid: [0; 6],
     };
-    let offer = SealOffer::new(vec![cipher], 65536, psk()?, ids.clone()).map_err(|e| e.to_string())?;
-    let pending = match SealAnswer::handle_offer(
-        &TargetSealConfig::default(),
-        &offer.keys(),
-        &ids,
-        |_| psk().ok(),
-    )
-    .map_err(|e| e.to_string())?
-    {
-        AnswerOutcome::Pending(p) => p,
-        _ => return Err("calibration seal negotiation did not agree".into()),
-    };
+    let offer =
+        SealOffer::new(vec![cipher], 65536, psk()?, ids.clone()).map_err(|e| e.to_string())?;
+    let pending =
+        match SealAnswer::handle_offer(&TargetSealConfig::default(), &offer.keys(), &ids, |_| {
+            psk().ok()
+        })
+        .map_err(|e| e.to_string())?
+        {
+            AnswerOutcome::Pending(p) => p,
+            _ => return Err("calibration seal negotiation did not agree".into()),
+        };
     let (i, c) = offer
         .handle_answer(pending.keys())
         .map_err(|e| e.to_string())?;
@@ -236,9 +235,12 @@ mod tests {
     fn cipher_bench_orders_ciphers() {
         let (e_aes, d_aes) =
             cipher_throughput(Cipher::Aes256Gcm, 65536, Duration::from_millis(100)).unwrap();
-        let (e_3des, _) =
-            cipher_throughput(Cipher::TripleDesCbcHmacSha1, 65536, Duration::from_millis(100))
-                .unwrap();
+        let (e_3des, _) = cipher_throughput(
+            Cipher::TripleDesCbcHmacSha1,
+            65536,
+            Duration::from_millis(100),
+        )
+        .unwrap();
         assert!(e_aes > 0.0 && d_aes > 0.0);
         assert!(e_aes > e_3des, "AES-GCM {e_aes} should beat 3DES {e_3des}");
         let (n, _) = cipher_throughput(Cipher::None, 4096, Duration::ZERO).unwrap();

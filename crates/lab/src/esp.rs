@@ -169,7 +169,10 @@ impl EspEmu {
         iv.copy_from_slice(&blk);
         let (ct, _icv) = rest.split_at_mut(ct_len);
         ct[..payload.len()].copy_from_slice(payload);
-        for (i, b) in ct[payload.len()..payload.len() + pad].iter_mut().enumerate() {
+        for (i, b) in ct[payload.len()..payload.len() + pad]
+            .iter_mut()
+            .enumerate()
+        {
             *b = (i + 1) as u8; // RFC 4303 §2.4 default padding 1, 2, 3, ...
         }
         ct[ct_len - 2] = pad as u8;
@@ -177,8 +180,8 @@ impl EspEmu {
         Enc::new((&self.keys.enc).into(), (&*iv).into())
             .encrypt_padded_mut::<NoPadding>(ct, ct_len)
             .map_err(|_| EspFailure::BadPadding)?;
-        let mut mac = <Hmac<Sha1> as Mac>::new_from_slice(&self.keys.auth)
-            .map_err(|_| EspFailure::BadIcv)?;
+        let mut mac =
+            <Hmac<Sha1> as Mac>::new_from_slice(&self.keys.auth).map_err(|_| EspFailure::BadIcv)?;
         mac.update(&self.scratch[..ESP_HDR + IV_LEN + ct_len]);
         let tag = mac.finalize().into_bytes();
         let icv_at = ESP_HDR + IV_LEN + ct_len;
@@ -188,8 +191,8 @@ impl EspEmu {
             self.last_wire = self.scratch.clone();
         }
         // --- receiver ---
-        let mut mac = <Hmac<Sha1> as Mac>::new_from_slice(&self.keys.auth)
-            .map_err(|_| EspFailure::BadIcv)?;
+        let mut mac =
+            <Hmac<Sha1> as Mac>::new_from_slice(&self.keys.auth).map_err(|_| EspFailure::BadIcv)?;
         mac.update(&self.scratch[..icv_at]);
         mac.verify_truncated_left(&self.scratch[icv_at..])
             .map_err(|_| EspFailure::BadIcv)?;
@@ -289,7 +292,9 @@ mod tests {
     use super::*;
 
     fn ipv4(payload: &[u8]) -> Vec<u8> {
-        let mut p = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, 6, 0, 0, 10, 231, 0, 1, 10, 231, 0, 2];
+        let mut p = vec![
+            0x45, 0, 0, 0, 0, 0, 0, 0, 64, 6, 0, 0, 10, 231, 0, 1, 10, 231, 0, 2,
+        ];
         p.extend_from_slice(payload);
         p
     }
@@ -315,7 +320,10 @@ mod tests {
         let first = e.last_wire.clone();
         e.roundtrip(&mut a, 6).unwrap();
         assert_eq!(a, vec![0u8; 1400]);
-        assert_ne!(first, e.last_wire, "same plaintext, fresh IV, different wire bytes");
+        assert_ne!(
+            first, e.last_wire,
+            "same plaintext, fresh IV, different wire bytes"
+        );
         assert!(!first[ESP_HDR + IV_LEN..ESP_HDR + IV_LEN + 64]
             .iter()
             .all(|b| *b == 0));

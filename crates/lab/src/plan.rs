@@ -462,7 +462,10 @@ impl Plan {
                 }
             }
             for cc in &m.cc {
-                if cc.is_empty() || cc.len() > 15 || !cc.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                if cc.is_empty()
+                    || cc.len() > 15
+                    || !cc.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                {
                     return Err(ctx(format!("congestion control {cc:?} is not a name")));
                 }
             }
@@ -488,13 +491,16 @@ impl Plan {
                                                                     block,
                                                                     depth,
                                                                     cipher: cipher.clone(),
-                                                                    pipeline: pipeline && scheme != Scheme::SealSeq,
+                                                                    pipeline: pipeline
+                                                                        && scheme
+                                                                            != Scheme::SealSeq,
                                                                     scheme,
                                                                     backend,
                                                                     iscsi,
                                                                     cc: cc.clone(),
                                                                 };
-                                                                let key = serde_json::to_string(&p).unwrap_or_default();
+                                                                let key = serde_json::to_string(&p)
+                                                                    .unwrap_or_default();
                                                                 if seen.insert(key) {
                                                                     points.push(p);
                                                                 }
@@ -593,7 +599,10 @@ mod tests {
                 .iter()
                 .any(|x| x.delay_ms == 64.0 && x.scheme == s && x.cipher == "3des-cbc-hmac-sha1"));
         }
-        assert!(p.points.iter().all(|x| x.scheme != Scheme::SealSeq || !x.pipeline));
+        assert!(p
+            .points
+            .iter()
+            .all(|x| x.scheme != Scheme::SealSeq || !x.pipeline));
     }
 
     #[test]

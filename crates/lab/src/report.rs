@@ -117,14 +117,22 @@ fn series_name(r: &Record) -> String {
         Scheme::EspEmu => " 3des".into(),
         _ => format!(
             " {}",
-            if p.cipher.starts_with("3des") { "3des" } else { &p.cipher }
+            if p.cipher.starts_with("3des") {
+                "3des"
+            } else {
+                &p.cipher
+            }
         ),
     };
     let depth = match p.depth {
         Depth::Auto => "auto".to_string(),
         Depth::Fixed(n) => format!("OP-{n}"),
     };
-    let iscsi = if p.iscsi == IscsiMode::Paper { " 2rtt" } else { "" };
+    let iscsi = if p.iscsi == IscsiMode::Paper {
+        " 2rtt"
+    } else {
+        ""
+    };
     format!("{}{} {}{}", p.scheme, cipher, depth, iscsi)
 }
 
@@ -167,15 +175,25 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
             e.hostname, e.cpus, e.cpu, e.kernel, e.git_rev, r.root
         );
         if let Some(c) = records.iter().find_map(|r| r.calibration.as_ref()) {
-            let s: Vec<String> = c.sysctls.iter().map(|(k, v)| format!("`{k}={v}`")).collect();
+            let s: Vec<String> = c
+                .sysctls
+                .iter()
+                .map(|(k, v)| format!("`{k}={v}`"))
+                .collect();
             if !s.is_empty() {
                 let _ = writeln!(md, "Inside the lab namespaces: {}.\n", s.join(", "));
             }
         }
     }
     let ok = records.iter().filter(|r| r.status == Status::Ok).count();
-    let failed: Vec<&Record> = records.iter().filter(|r| r.status == Status::Failed).collect();
-    let skipped: Vec<&Record> = records.iter().filter(|r| r.status == Status::Skipped).collect();
+    let failed: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.status == Status::Failed)
+        .collect();
+    let skipped: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.status == Status::Skipped)
+        .collect();
     let _ = writeln!(
         md,
         "{} runs: {} ok, {} failed, {} skipped. Throughput is the median of repetitions \
@@ -191,7 +209,10 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
     // Per-point table.
     let _ = writeln!(md, "## Every point\n");
     let _ = writeln!(md, "| scheme | dir | delay ms | block | depth | cipher | iSCSI | MB/s (min–max) | IOPS | p99 µs | CPU ini/tgt/tunnel/emu % | model MB/s (limit) | model err % | RTT ms | SOCKET MB/s |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for a in &aggs {
         let r = &a.rec;
         let p = &r.point;
@@ -228,7 +249,11 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
         let mut seen = BTreeMap::new();
         for r in failed.iter().chain(&skipped) {
             *seen
-                .entry((format!("{:?}", r.status).to_lowercase(), r.point.scheme.to_string(), r.error.clone()))
+                .entry((
+                    format!("{:?}", r.status).to_lowercase(),
+                    r.point.scheme.to_string(),
+                    r.error.clone(),
+                ))
                 .or_insert(0usize) += 1;
         }
         for ((st, s, e), n) in seen {
@@ -272,9 +297,11 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
     let _ = writeln!(md, "## The papers' numbers\n\n{PAPERS}");
     let _ = writeln!(md, "\n## How to read the differences\n\n{}", DISCUSSION);
     let markdown = dir.join("report.md");
-    std::fs::write(&markdown, &md).map_err(|e| ReportError(format!("{}: {e}", markdown.display())))?;
+    std::fs::write(&markdown, &md)
+        .map_err(|e| ReportError(format!("{}: {e}", markdown.display())))?;
     let html = dir.join("report.html");
-    std::fs::write(&html, to_html(&md, dir)).map_err(|e| ReportError(format!("{}: {e}", html.display())))?;
+    std::fs::write(&html, to_html(&md, dir))
+        .map_err(|e| ReportError(format!("{}: {e}", html.display())))?;
     Ok(Built {
         headline,
         markdown,
@@ -303,7 +330,15 @@ fn headline(aggs: &[Agg]) -> String {
     let mut delays: Vec<f64> = aggs.iter().map(|a| a.rec.point.delay_ms).collect();
     delays.sort_by(f64::total_cmp);
     delays.dedup();
-    let _ = writeln!(s, "{:<34} {}", "scheme (depth)", delays.iter().map(|d| format!("{:>10}", format!("{d} ms"))).collect::<String>());
+    let _ = writeln!(
+        s,
+        "{:<34} {}",
+        "scheme (depth)",
+        delays
+            .iter()
+            .map(|d| format!("{:>10}", format!("{d} ms")))
+            .collect::<String>()
+    );
     let mut rows: BTreeMap<(Scheme, String, String), BTreeMap<String, f64>> = BTreeMap::new();
     for a in aggs {
         let p = &a.rec.point;
@@ -320,7 +355,11 @@ fn headline(aggs: &[Agg]) -> String {
     for ((_, name, dir), vals) in rows {
         let _ = write!(s, "{:<34}", format!("{name} {dir}"));
         for d in &delays {
-            let _ = write!(s, " {:>9}", vals.get(&format!("{d}")).map_or("–".into(), |v| fmt_mb(*v)));
+            let _ = write!(
+                s,
+                " {:>9}",
+                vals.get(&format!("{d}")).map_or("–".into(), |v| fmt_mb(*v))
+            );
         }
         s.push('\n');
     }
@@ -334,13 +373,21 @@ fn ratios(aggs: &[Agg]) -> String {
     let mut keys: Vec<(u64, u64, String)> = aggs
         .iter()
         .filter(|a| a.rec.point.scheme == Scheme::Seal)
-        .map(|a| ((a.rec.point.delay_ms * 1000.0) as u64, a.rec.point.block, a.rec.point.cipher.clone()))
+        .map(|a| {
+            (
+                (a.rec.point.delay_ms * 1000.0) as u64,
+                a.rec.point.block,
+                a.rec.point.cipher.clone(),
+            )
+        })
         .collect();
     keys.sort();
     keys.dedup();
     for (d, b, c) in keys {
         let same = |a: &&Agg| {
-            (a.rec.point.delay_ms * 1000.0) as u64 == d && a.rec.point.block == b && a.rec.point.direction == Direction::Write
+            (a.rec.point.delay_ms * 1000.0) as u64 == d
+                && a.rec.point.block == b
+                && a.rec.point.direction == Direction::Write
         };
         let seal = aggs
             .iter()
@@ -406,7 +453,10 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 fn read_tables(aggs: &[Agg]) -> String {
-    let reads: Vec<&Agg> = aggs.iter().filter(|a| a.rec.point.direction == Direction::Read).collect();
+    let reads: Vec<&Agg> = aggs
+        .iter()
+        .filter(|a| a.rec.point.direction == Direction::Read)
+        .collect();
     if reads.is_empty() {
         return String::new();
     }
@@ -414,23 +464,34 @@ fn read_tables(aggs: &[Agg]) -> String {
     let mut keys: Vec<(u64, u64, String)> = reads
         .iter()
         .filter(|a| a.rec.point.scheme == Scheme::Seal)
-        .map(|a| ((a.rec.point.delay_ms * 1000.0) as u64, a.rec.point.block, a.rec.point.cipher.clone()))
+        .map(|a| {
+            (
+                (a.rec.point.delay_ms * 1000.0) as u64,
+                a.rec.point.block,
+                a.rec.point.cipher.clone(),
+            )
+        })
         .collect();
     keys.sort();
     keys.dedup();
     for (d, b, c) in keys {
-        let same = |a: &&&Agg| (a.rec.point.delay_ms * 1000.0) as u64 == d && a.rec.point.block == b;
+        let same =
+            |a: &&&Agg| (a.rec.point.delay_ms * 1000.0) as u64 == d && a.rec.point.block == b;
         let base = reads
             .iter()
             .filter(same)
-            .filter(|a| a.rec.point.scheme == Scheme::EspEmu || (a.rec.point.scheme.lower_layer() && !c.starts_with("3des")))
+            .filter(|a| {
+                a.rec.point.scheme == Scheme::EspEmu
+                    || (a.rec.point.scheme.lower_layer() && !c.starts_with("3des"))
+            })
             .filter(|a| a.rec.depth_used == 1)
             .max_by(|x, y| x.median.total_cmp(&y.median));
         let op = |n: u32| {
-            reads
-                .iter()
-                .filter(same)
-                .find(|a| a.rec.point.scheme == Scheme::Seal && a.rec.point.cipher == c && a.rec.depth_used == n)
+            reads.iter().filter(same).find(|a| {
+                a.rec.point.scheme == Scheme::Seal
+                    && a.rec.point.cipher == c
+                    && a.rec.depth_used == n
+            })
         };
         let bm = base.map_or(f64::NAN, |a| a.median);
         let cell = |n: u32| op(n).map_or("–".into(), |a| ratio(a.median, bm));
@@ -449,7 +510,9 @@ fn read_tables(aggs: &[Agg]) -> String {
             op(4).map_or(f64::NAN, |a| a.rec.cpu_target_pct)
         );
     }
-    s.push_str("\nPapers (2006, 001 Table 2, 4 processes vs IPsec): 1.164 at 0 ms, 2.865 at 8 ms.\n");
+    s.push_str(
+        "\nPapers (2006, 001 Table 2, 4 processes vs IPsec): 1.164 at 0 ms, 2.865 at 8 ms.\n",
+    );
     s
 }
 
@@ -463,7 +526,10 @@ fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>
     // Fig. 9–10: throughput vs block size per delay.
     for d in &delays {
         let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for a in aggs.iter().filter(|a| a.rec.point.delay_ms == *d && a.rec.point.direction == Direction::Write) {
+        for a in aggs
+            .iter()
+            .filter(|a| a.rec.point.delay_ms == *d && a.rec.point.direction == Direction::Write)
+        {
             series
                 .entry(series_name(&a.rec))
                 .or_default()
@@ -474,7 +540,14 @@ fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>
         }
         let stem = format!("throughput_vs_block_{d}ms");
         let title = format!("Write throughput vs block size, {d} ms one-way (2008 Fig. 9-10)");
-        let r = chart(dir, &stem, &title, "block size, log2(KiB)", "MB/s", series.into_iter().collect());
+        let r = chart(
+            dir,
+            &stem,
+            &title,
+            "block size, log2(KiB)",
+            "MB/s",
+            series.into_iter().collect(),
+        );
         out.push((stem, title, r));
     }
     // Fig. 11: improvement ratio vs delay (seal / best lower layer at depth 1), per block.
@@ -490,7 +563,12 @@ fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>
         for (b, c) in blocks {
             let pick = |f: &dyn Fn(&Agg) -> bool| {
                 aggs.iter()
-                    .filter(|a| a.rec.point.delay_ms == *d && a.rec.point.block == b && a.rec.point.direction == Direction::Write && f(a))
+                    .filter(|a| {
+                        a.rec.point.delay_ms == *d
+                            && a.rec.point.block == b
+                            && a.rec.point.direction == Direction::Write
+                            && f(a)
+                    })
                     .map(|a| a.median)
                     .fold(f64::NAN, f64::max)
             };
@@ -505,8 +583,16 @@ fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>
     }
     if !imp.is_empty() {
         let stem = "improvement_vs_delay".to_string();
-        let title = "Seal / best lower-layer baseline at one command, vs delay (2008 Fig. 11)".to_string();
-        let r = chart(dir, &stem, &title, "one-way delay, ms", "ratio", imp.into_iter().collect());
+        let title =
+            "Seal / best lower-layer baseline at one command, vs delay (2008 Fig. 11)".to_string();
+        let r = chart(
+            dir,
+            &stem,
+            &title,
+            "one-way delay, ms",
+            "ratio",
+            imp.into_iter().collect(),
+        );
         out.push((stem, title, r));
     }
     // Fig. 12–14: CPU vs delay per scheme (initiator and target).
@@ -514,19 +600,32 @@ fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>
     for a in aggs {
         let n = series_name(&a.rec);
         if a.rec.cpu_initiator_pct.is_finite() {
-            cpu.entry(format!("{n} ini")).or_default().push((a.rec.point.delay_ms, a.rec.cpu_initiator_pct));
+            cpu.entry(format!("{n} ini"))
+                .or_default()
+                .push((a.rec.point.delay_ms, a.rec.cpu_initiator_pct));
         }
         if a.rec.cpu_target_pct.is_finite() {
-            cpu.entry(format!("{n} tgt")).or_default().push((a.rec.point.delay_ms, a.rec.cpu_target_pct));
+            cpu.entry(format!("{n} tgt"))
+                .or_default()
+                .push((a.rec.point.delay_ms, a.rec.cpu_target_pct));
         }
     }
     if !cpu.is_empty() {
         let stem = "cpu_vs_delay".to_string();
         let title = "CPU (% of one core) vs delay (2008 Fig. 12-14)".to_string();
-        let r = chart(dir, &stem, &title, "one-way delay, ms", "% of one core", cpu.into_iter().map(|(k, mut v)| {
-            v.sort_by(|x, y| x.0.total_cmp(&y.0));
-            (k, v)
-        }).collect());
+        let r = chart(
+            dir,
+            &stem,
+            &title,
+            "one-way delay, ms",
+            "% of one core",
+            cpu.into_iter()
+                .map(|(k, mut v)| {
+                    v.sort_by(|x, y| x.0.total_cmp(&y.0));
+                    (k, v)
+                })
+                .collect(),
+        );
         out.push((stem, title, r));
     }
     // Fig. 15: model vs measurement.
@@ -539,30 +638,63 @@ fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>
         let m = pts.iter().map(|p| p.0.max(p.1)).fold(0.0, f64::max);
         let stem = "model_vs_measured".to_string();
         let title = "Model vs measurement (2008 Fig. 15, 2006 Tables 4-5)".to_string();
-        let r = chart(dir, &stem, &title, "predicted MB/s", "measured MB/s", vec![("points".into(), pts), ("y = x".into(), vec![(0.0, 0.0), (m, m)])]);
+        let r = chart(
+            dir,
+            &stem,
+            &title,
+            "predicted MB/s",
+            "measured MB/s",
+            vec![
+                ("points".into(), pts),
+                ("y = x".into(), vec![(0.0, 0.0), (m, m)]),
+            ],
+        );
         out.push((stem, title, r));
     }
     // Fig. 16: throughput ratio vs depth (relative to depth 1) per block and delay.
     let mut dep: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for a in aggs.iter().filter(|a| a.rec.point.scheme == Scheme::Seal && matches!(a.rec.point.depth, Depth::Fixed(_))) {
+    for a in aggs.iter().filter(|a| {
+        a.rec.point.scheme == Scheme::Seal && matches!(a.rec.point.depth, Depth::Fixed(_))
+    }) {
         let p = &a.rec.point;
         let one = aggs
             .iter()
-            .find(|b| b.rec.point.scheme == Scheme::Seal && b.rec.depth_used == 1 && b.rec.point.block == p.block && b.rec.point.delay_ms == p.delay_ms && b.rec.point.cipher == p.cipher && b.rec.point.direction == p.direction)
+            .find(|b| {
+                b.rec.point.scheme == Scheme::Seal
+                    && b.rec.depth_used == 1
+                    && b.rec.point.block == p.block
+                    && b.rec.point.delay_ms == p.delay_ms
+                    && b.rec.point.cipher == p.cipher
+                    && b.rec.point.direction == p.direction
+            })
             .map(|b| b.median);
         if let Some(one) = one {
-            dep.entry(format!("{} {}ms bs={}", short_cipher(&p.cipher), p.delay_ms, fmt_size(p.block)))
-                .or_default()
-                .push((f64::from(a.rec.depth_used), a.median / one));
+            dep.entry(format!(
+                "{} {}ms bs={}",
+                short_cipher(&p.cipher),
+                p.delay_ms,
+                fmt_size(p.block)
+            ))
+            .or_default()
+            .push((f64::from(a.rec.depth_used), a.median / one));
         }
     }
     if dep.values().any(|v| v.len() > 1) {
         let stem = "ratio_vs_depth".to_string();
         let title = "Throughput ratio vs depth, relative to depth 1 (2008 Fig. 16; Eq. 6 limit in the table)".to_string();
-        let r = chart(dir, &stem, &title, "commands in flight", "ratio to depth 1", dep.into_iter().map(|(k, mut v)| {
-            v.sort_by(|x, y| x.0.total_cmp(&y.0));
-            (k, v)
-        }).collect());
+        let r = chart(
+            dir,
+            &stem,
+            &title,
+            "commands in flight",
+            "ratio to depth 1",
+            dep.into_iter()
+                .map(|(k, mut v)| {
+                    v.sort_by(|x, y| x.0.total_cmp(&y.0));
+                    (k, v)
+                })
+                .collect(),
+        );
         out.push((stem, title, r));
     }
     out
@@ -580,7 +712,14 @@ fn short_cipher(c: &str) -> &str {
     }
 }
 
-fn chart(dir: &Path, stem: &str, title: &str, xl: &str, yl: &str, series: Series) -> Result<(), String> {
+fn chart(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    xl: &str,
+    yl: &str,
+    series: Series,
+) -> Result<(), String> {
     let svg = dir.join(format!("{stem}.svg"));
     let png = dir.join(format!("{stem}.png"));
     {
@@ -605,7 +744,10 @@ fn draw<DB: DrawingBackend>(
 ) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let pts = series.iter().flat_map(|(_, v)| v.iter()).filter(|p| p.0.is_finite() && p.1.is_finite());
+    let pts = series
+        .iter()
+        .flat_map(|(_, v)| v.iter())
+        .filter(|p| p.0.is_finite() && p.1.is_finite());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for p in pts {
         x0 = x0.min(p.0);
@@ -636,14 +778,20 @@ fn draw<DB: DrawingBackend>(
         .map_err(e)?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let mut pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
+        let mut pts: Vec<(f64, f64)> = pts
+            .iter()
+            .copied()
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .collect();
         if name != "points" {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(e)?
                 .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
         }
         chart
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
@@ -661,7 +809,9 @@ fn draw<DB: DrawingBackend>(
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A small Markdown-to-HTML for what [`build`] writes (headings, tables, lists, code, images
@@ -717,7 +867,10 @@ fn to_html(md: &str, dir: &Path) -> String {
             }
             let _ = writeln!(h, "<li>{}", esc(t));
         } else if let Some(rest) = line.strip_prefix("![") {
-            let file = rest.split_once("](").map(|(_, f)| f.trim_end_matches(')')).unwrap_or("");
+            let file = rest
+                .split_once("](")
+                .map(|(_, f)| f.trim_end_matches(')'))
+                .unwrap_or("");
             let svg = dir.join(file.replace(".png", ".svg"));
             match std::fs::read_to_string(&svg) {
                 Ok(s) => {
@@ -777,18 +930,31 @@ mod tests {
             rec(Scheme::EspEmu, 64.0, 1, 3.0, 0),
         ];
         let a = aggregate(&rs);
-        let s8 = a.iter().find(|a| a.rec.point.scheme == Scheme::Seal && a.rec.depth_used == 8 && a.rec.point.delay_ms == 8.0).unwrap();
+        let s8 = a
+            .iter()
+            .find(|a| {
+                a.rec.point.scheme == Scheme::Seal
+                    && a.rec.depth_used == 8
+                    && a.rec.point.delay_ms == 8.0
+            })
+            .unwrap();
         assert_eq!(s8.median, 110.0);
         assert_eq!((s8.min, s8.max, s8.n), (100.0, 120.0, 3));
         let dir = tempfile::tempdir().unwrap();
         let b = build(dir.path(), &rs).unwrap();
         let md = std::fs::read_to_string(&b.markdown).unwrap();
-        assert!(md.contains("11.00×"), "seal 110 vs esp-emu 10 at 8 ms:\n{md}");
+        assert!(
+            md.contains("11.00×"),
+            "seal 110 vs esp-emu 10 at 8 ms:\n{md}"
+        );
         assert!(md.contains("0.55×"), "seal/plain");
         let html = std::fs::read_to_string(&b.html).unwrap();
         assert!(html.starts_with("<!doctype html>"));
         if register_font().is_ok() {
-            assert!(b.plots.iter().any(|p| p.extension().is_some_and(|e| e == "png")));
+            assert!(b
+                .plots
+                .iter()
+                .any(|p| p.extension().is_some_and(|e| e == "png")));
             for p in &b.plots {
                 assert!(std::fs::metadata(p).unwrap().len() > 500, "{}", p.display());
             }

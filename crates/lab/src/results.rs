@@ -60,7 +60,12 @@ pub struct Environment {
 impl Environment {
     /// Reads the environment from the system.
     pub fn detect(exe: &Path) -> Environment {
-        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
         let git_rev = std::process::Command::new("git")
             .args(["rev-parse", "HEAD"])
             .output()

@@ -106,7 +106,11 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
                 let mut rec = Record::new(&plan.name, records.len(), rep, p, &env, root);
                 match (&mut env_ctx, &calib) {
                     (Err(e), _) => {
-                        rec.status = if root { Status::Failed } else { Status::Skipped };
+                        rec.status = if root {
+                            Status::Failed
+                        } else {
+                            Status::Skipped
+                        };
                         rec.error = e.clone();
                     }
                     (Ok(_), Err(e)) => {
@@ -152,7 +156,11 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
 
 fn progress(done: usize, total: usize, started: Instant, label: &str) {
     let width = 24;
-    let filled = if total == 0 { width } else { done * width / total };
+    let filled = if total == 0 {
+        width
+    } else {
+        done * width / total
+    };
     let eta = if done == 0 {
         "?".to_string()
     } else {
@@ -404,7 +412,11 @@ fn model_pipeline(p: &Point, depth: u32, first_burst: Option<u64>, cpus: u32) ->
     Pipeline {
         depth,
         round_trips: if two { 2 } else { 1 },
-        crypto_workers: if p.scheme == Scheme::SealSeq { 1 } else { cpus.max(1) },
+        crypto_workers: if p.scheme == Scheme::SealSeq {
+            1
+        } else {
+            cpus.max(1)
+        },
         window: None,
         crypto: match p.scheme {
             Scheme::Plain => CryptoPlace::None,
@@ -450,8 +462,12 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     rec.dec_mb_s = ctx.enc.1 / 1e6;
     let depth = match p.depth {
         Depth::Fixed(n) => n,
-        Depth::Auto => model::auto_depth(&inputs, &model_pipeline(p, 1, None, cpus), ctx.plan.max_depth)
-            .map_err(|e| fail(format!("auto depth: {e}")))?,
+        Depth::Auto => model::auto_depth(
+            &inputs,
+            &model_pipeline(p, 1, None, cpus),
+            ctx.plan.max_depth,
+        )
+        .map_err(|e| fail(format!("auto depth: {e}")))?,
     };
     rec.depth_used = depth;
     match p.scheme {
@@ -467,8 +483,11 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     // --- target ---
     let secret = ctx.scratch.join("seal.secret");
     if p.scheme.is_seal() {
-        std::fs::write(&secret, b"ipsan lab run secret: 32+ bytes long, never reused\n")
-            .map_err(|e| fail(format!("writing the seal secret: {e}")))?;
+        std::fs::write(
+            &secret,
+            b"ipsan lab run secret: 32+ bytes long, never reused\n",
+        )
+        .map_err(|e| fail(format!("writing the seal secret: {e}")))?;
     }
     let lun = match p.backend {
         Backend::Mem => format!("mem:{}", ctx.plan.lun_bytes),
@@ -479,8 +498,16 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
             ctx.plan.lun_bytes
         ),
     };
-    let bind = if ctx.link.is_some() { "0.0.0.0" } else { "127.0.0.1" };
-    let port = if ctx.link.is_some() { PORT } else { free_port().map_err(|e| fail(format!("no free port: {e}")))? };
+    let bind = if ctx.link.is_some() {
+        "0.0.0.0"
+    } else {
+        "127.0.0.1"
+    };
+    let port = if ctx.link.is_some() {
+        PORT
+    } else {
+        free_port().map_err(|e| fail(format!("no free port: {e}")))?
+    };
     let mut tcmd = ctx.command(Side::Tgt, &ctx.cfg.exe.to_string_lossy());
     tcmd.args([
         "target",
@@ -497,7 +524,8 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         tcmd.args(["--seal", "required", "--seal-secret-file"]);
         tcmd.arg(&secret);
     }
-    let (target, lines) = spawn_watch(tcmd).map_err(|e| fail(format!("starting the target: {e}")))?;
+    let (target, lines) =
+        spawn_watch(tcmd).map_err(|e| fail(format!("starting the target: {e}")))?;
     procs.0.push(("target".into(), target));
     wait_line(&lines, "listening on", Duration::from_secs(15))
         .map_err(|e| fail(format!("target did not start: {e}")))?;
@@ -560,8 +588,12 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     rec.cpu_emulator_pct = (proc_cpu_s(std::process::id()) - self_before) / wall * 100.0;
     if let Some(l) = ctx.link {
         let s = l.link.stats();
-        rec.wan_dropped = s.up.dropped_loss + s.down.dropped_loss + s.up.dropped_queue
-            + s.down.dropped_queue + s.up.dropped_other + s.down.dropped_other;
+        rec.wan_dropped = s.up.dropped_loss
+            + s.down.dropped_loss
+            + s.up.dropped_queue
+            + s.down.dropped_queue
+            + s.up.dropped_other
+            + s.down.dropped_other;
         rec.wan_reordered = s.up.reordered + s.down.reordered;
         rec.wan_corrupted = s.up.corrupted + s.down.corrupted;
         rec.wan_packets = s.up.packets_in + s.down.packets_in;
@@ -571,8 +603,16 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     }
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
-        return Err(fail(format!("bench exited with {}: {}", out.status, last.trim())));
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(fail(format!(
+            "bench exited with {}: {}",
+            out.status,
+            last.trim()
+        )));
     }
     let text = std::fs::read_to_string(&json).map_err(|e| fail(format!("bench JSON: {e}")))?;
     let v: serde_json::Value =
@@ -618,10 +658,26 @@ fn ipsec_unavailable(ctx: &RunCtx<'_>) -> String {
         None => Command::new("ip"),
     };
     c.args([
-        "xfrm", "state", "add", "src", "10.231.254.1", "dst", "10.231.254.2", "proto", "esp",
-        "spi", "0x4c4142", "mode", "transport", "enc", "cbc(des3_ede)",
-        "0x0102030405060708090a0b0c0d0e0f101112131415161718", "auth-trunc", "hmac(sha1)",
-        "0x0102030405060708090a0b0c0d0e0f1011121314", "96",
+        "xfrm",
+        "state",
+        "add",
+        "src",
+        "10.231.254.1",
+        "dst",
+        "10.231.254.2",
+        "proto",
+        "esp",
+        "spi",
+        "0x4c4142",
+        "mode",
+        "transport",
+        "enc",
+        "cbc(des3_ede)",
+        "0x0102030405060708090a0b0c0d0e0f101112131415161718",
+        "auth-trunc",
+        "hmac(sha1)",
+        "0x0102030405060708090a0b0c0d0e0f1011121314",
+        "96",
     ]);
     match c.output() {
         Ok(o) if o.status.success() => {
@@ -648,17 +704,22 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
     let wg_ip = |side: Side| Ipv4Addr::new(10, 231, tun, if side == Side::Ini { 1 } else { 2 });
     let mut keys = Vec::new();
     for side in [Side::Ini, Side::Tgt] {
-        let key = run_quiet(Command::new("wg").arg("genkey")).map_err(|e| fail(format!("wg genkey: {e}")))?;
+        let key = run_quiet(Command::new("wg").arg("genkey"))
+            .map_err(|e| fail(format!("wg genkey: {e}")))?;
         let path = ctx.scratch.join(format!("wg-{side:?}.key"));
         std::fs::write(&path, &key).map_err(|e| fail(format!("writing a wg key: {e}")))?;
         let mut pc = Command::new("wg");
-        pc.arg("pubkey").stdin(Stdio::piped()).stdout(Stdio::piped());
+        pc.arg("pubkey")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         let mut child = pc.spawn().map_err(|e| fail(format!("wg pubkey: {e}")))?;
         if let Some(mut si) = child.stdin.take() {
             use std::io::Write;
             let _ = si.write_all(key.as_bytes());
         }
-        let o = child.wait_with_output().map_err(|e| fail(format!("wg pubkey: {e}")))?;
+        let o = child
+            .wait_with_output()
+            .map_err(|e| fail(format!("wg pubkey: {e}")))?;
         keys.push((path, String::from_utf8_lossy(&o.stdout).trim().to_string()));
     }
     for (i, side) in [Side::Ini, Side::Tgt].into_iter().enumerate() {
@@ -677,21 +738,31 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let peer = if side == Side::Ini { Side::Tgt } else { Side::Ini };
+        let peer = if side == Side::Ini {
+            Side::Tgt
+        } else {
+            Side::Ini
+        };
         let (key_path, _) = &keys[i];
         let (_, peer_pub) = &keys[1 - i];
         let endpoint = format!("{}:{WG_PORT}", link.link.addr(peer));
         let mut set = link.link.command(side, "wg");
-        set.args(["set", "wg0", "listen-port", &WG_PORT.to_string(), "private-key"])
-            .arg(key_path)
-            .args([
-                "peer",
-                peer_pub,
-                "allowed-ips",
-                &format!("{}/32", wg_ip(peer)),
-                "endpoint",
-                &endpoint,
-            ]);
+        set.args([
+            "set",
+            "wg0",
+            "listen-port",
+            &WG_PORT.to_string(),
+            "private-key",
+        ])
+        .arg(key_path)
+        .args([
+            "peer",
+            peer_pub,
+            "allowed-ips",
+            &format!("{}/32", wg_ip(peer)),
+            "endpoint",
+            &endpoint,
+        ]);
         run_quiet(&mut set).map_err(|e| fail(format!("wg set: {e}")))?;
         run_quiet(Command::new("ip").args([
             "-n",
@@ -707,7 +778,8 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             .map_err(|e| fail(format!("wg up: {e}")))?;
     }
     let addr = SocketAddr::from((wg_ip(Side::Tgt), PORT));
-    wait_connect(link, addr).map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
+    wait_connect(link, addr)
+        .map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
     Ok(addr)
 }
 
@@ -723,7 +795,20 @@ fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, Run
     if !cert.exists() {
         run_quiet(
             Command::new("openssl")
-                .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=ipsan-lab", "-keyout"])
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=ipsan-lab",
+                    "-keyout",
+                ])
                 .arg(&key)
                 .arg("-out")
                 .arg(&cert),
@@ -739,7 +824,10 @@ fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, Run
     let client = format!(
         "foreground = yes\npid =\nsyslog = no\n[iscsi]\nclient = yes\naccept = 127.0.0.1:{PORT}\nconnect = {tgt}:{TLS_PORT}\nsslVersion = TLSv1.3\nciphersuites = {suite}\n"
     );
-    for (side, conf, name) in [(Side::Tgt, server, "stunnel-tgt.conf"), (Side::Ini, client, "stunnel-ini.conf")] {
+    for (side, conf, name) in [
+        (Side::Tgt, server, "stunnel-tgt.conf"),
+        (Side::Ini, client, "stunnel-ini.conf"),
+    ] {
         let path = ctx.scratch.join(name);
         std::fs::write(&path, conf).map_err(|e| fail(format!("stunnel config: {e}")))?;
         let mut c = link.link.command(side, "stunnel");
@@ -753,7 +841,9 @@ fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, Run
     loop {
         let ok = link
             .link
-            .run_in(Side::Ini, move || TcpStream::connect_timeout(&local, Duration::from_millis(300)).is_ok())
+            .run_in(Side::Ini, move || {
+                TcpStream::connect_timeout(&local, Duration::from_millis(300)).is_ok()
+            })
             .unwrap_or(false);
         if ok {
             break;
@@ -771,7 +861,9 @@ fn wait_connect(link: &LabLink, addr: SocketAddr) -> Result<(), String> {
     loop {
         let r = link
             .link
-            .run_in(Side::Ini, move || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map(|_| ()))
+            .run_in(Side::Ini, move || {
+                TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map(|_| ())
+            })
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string()));
         match r {
@@ -800,7 +892,9 @@ fn run_quiet(c: &mut Command) -> Result<String, String> {
 }
 
 fn spawn_watch(mut c: Command) -> std::io::Result<(Child, mpsc::Receiver<String>)> {
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null());
     let mut child = c.spawn()?;
     let (tx, rx) = mpsc::channel();
     if let Some(out) = child.stdout.take() {
@@ -834,12 +928,16 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> Resu
             }
         }
     }
-    Err(format!("no {needle:?} within {limit:?}; last output: {last}"))
+    Err(format!(
+        "no {needle:?} within {limit:?}; last output: {last}"
+    ))
 }
 
 /// Runs `c` to completion, killing it after `limit`.
 fn run_bounded(mut c: Command, limit: Duration) -> Result<std::process::Output, String> {
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null());
     let mut child = c.spawn().map_err(|e| e.to_string())?;
     let t = Instant::now();
     loop {
@@ -867,7 +965,11 @@ pub fn proc_cpu_s(pid: u32) -> f64 {
     };
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After ')': state is field 3, utime field 14, stime field 15 → indices 11 and 12.
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
     (ticks(11) + ticks(12)) / clk_tck()
 }
 
