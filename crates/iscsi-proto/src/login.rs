@@ -419,7 +419,9 @@ impl TargetLogin {
             .map_err(|e| initiator_error(&format!("malformed login text: {e}")))?;
 
         let mut out: Vec<(String, String)> = Vec::new();
-        if first {
+        // The first *complete* request decides the policy: a first PDU sent in pieces (C bit)
+        // must not skip the directory lookup (issue 8: that let AuthMethod=None through).
+        if self.policy.is_none() {
             self.first_request(&keys, dir, &mut out)?;
         }
 
@@ -483,6 +485,30 @@ impl TargetLogin {
             data: encode(&out),
             outcome: Outcome::Continue,
         })
+    }
+
+    /// InitiatorName, TargetName and SessionType are fixed by the first request, which the
+    /// directory checked; a later PDU may repeat them but not change them (RFC 7143 §6.2: a
+    /// redeclaration gets a login reject, initiator error). Issue 8: changing TargetName after
+    /// the check bound the session to a target whose policy was never applied.
+    fn check_identity(&self, key: &str, value: &str) -> Result<(), LoginFailure> {
+        let same = match key {
+            "InitiatorName" => self.params.initiator_name == value,
+            "TargetName" => self.params.target_name.as_deref() == Some(value),
+            "SessionType" => match self.params.session_type {
+                SessionType::Normal => value == "Normal",
+                SessionType::Discovery => value == "Discovery",
+            },
+            _ => true,
+        };
+        if same {
+            Ok(())
+        } else {
+            Err(LoginFailure::new(
+                LoginStatus::INITIATOR_ERROR,
+                format!("{key} redeclared during login"),
+            ))
+        }
     }
 
     fn requires_no_auth(&self) -> bool {
@@ -566,9 +592,8 @@ impl TargetLogin {
         let mut operational = Vec::new();
         for (k, v) in keys {
             match k.as_str() {
-                "InitiatorName" | "TargetName" | "SessionType" | "InitiatorAlias" => {
-                    self.params.apply(k, v, Side::Initiator);
-                }
+                "InitiatorName" | "TargetName" | "SessionType" => self.check_identity(k, v)?,
+                "InitiatorAlias" => self.params.apply(k, v, Side::Initiator),
                 "AuthMethod" => {
                     let mine = match auth {
                         Auth::None => "None",
@@ -681,6 +706,10 @@ impl TargetLogin {
                     ext_keys.push((k.clone(), v.clone()));
                     continue;
                 }
+            }
+            if matches!(k.as_str(), "InitiatorName" | "TargetName" | "SessionType") {
+                self.check_identity(k, v)?;
+                continue;
             }
             if k.starts_with("CHAP_") || k == "AuthMethod" {
                 return Err(LoginFailure::new(

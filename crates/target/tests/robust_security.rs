@@ -395,3 +395,107 @@ fn allow_list_holds_for_login_and_discovery() {
         t.shutdown().await.unwrap();
     });
 }
+
+/// Regression (found by the `login_sm` fuzz target): a first Login Request sent in pieces
+/// (C bit) skipped the directory lookup, so no policy applied — AuthMethod=None then reached
+/// full feature phase on a CHAP-protected target.
+#[test]
+fn rejects_continued_first_login_that_skips_chap() {
+    bounded(30, async {
+        let t = start(&chap_target("\"sha256\"", false)).await;
+        let mut c = Raw::connect(t.addrs[0]).await;
+        let isid = [0x80, 0, 0, 0, 8, 1];
+        let req = |continue_: bool, transit: bool, nsg: Stage| LoginRequest {
+            transit,
+            continue_,
+            csg: Stage::SECURITY_NEGOTIATION,
+            nsg,
+            version_max: 0,
+            version_min: 0,
+            isid,
+            tsih: 0,
+            itt: 1,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        };
+        let first = format!("InitiatorName={INITIATOR}\0TargetName={IQN}\0");
+        c.send(&Pdu::new(
+            req(true, false, Stage::SECURITY_NEGOTIATION),
+            Bytes::from(first),
+        ))
+        .await;
+        let p = c.recv().await.expect("an answer to the first piece");
+        assert!(matches!(p.header, Header::LoginResponse(ref r) if r.status_class == 0));
+        c.send(&Pdu::new(
+            req(false, true, Stage::FULL_FEATURE_PHASE),
+            Bytes::from_static(b"SessionType=Normal\0AuthMethod=None\0"),
+        ))
+        .await;
+        let p = c.recv().await;
+        let refused = match &p {
+            None => true,
+            Some(Pdu {
+                header: Header::LoginResponse(r),
+                ..
+            }) => r.status_class != 0,
+            Some(_) => false,
+        };
+        assert!(refused, "CHAP target reached without CHAP: {p:?}");
+        t.shutdown().await.unwrap();
+    });
+}
+
+/// Regression (found by the `login_sm` fuzz target): TargetName, InitiatorName and
+/// SessionType redeclared after the first Login Request replaced the values the directory had
+/// checked, so a login authorised for an open target ended up on another one. RFC 7143 §6.2: a
+/// redeclaration gets a login reject (initiator error).
+#[test]
+fn rejects_identity_keys_redeclared_during_login() {
+    bounded(30, async {
+        let mut cfg = chap_target("\"sha256\"", false);
+        let mut open = config(&["mem:4MiB"], "").targets.remove(0);
+        open.iqn = "iqn.2026-11.org.ipsan:open".into();
+        cfg.targets.push(open);
+        let t = start(&cfg).await;
+        for (n, (k, v)) in [
+            ("TargetName", IQN),
+            ("InitiatorName", "iqn.2026-11.org.example:someone-else"),
+            ("SessionType", "Discovery"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let isid = [0x80, 0, 0, 0, 9, n as u8];
+            let mut c = Raw::connect(t.addrs[0]).await;
+            let a = c
+                .login_step(
+                    isid,
+                    Stage::SECURITY_NEGOTIATION,
+                    Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+                    true,
+                    &[
+                        ("InitiatorName", INITIATOR),
+                        ("TargetName", "iqn.2026-11.org.ipsan:open"),
+                        ("SessionType", "Normal"),
+                        ("AuthMethod", "None"),
+                    ],
+                )
+                .await
+                .unwrap();
+            assert!(a.ok(), "{a:?}");
+            let b = c
+                .login_step(
+                    isid,
+                    Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+                    Stage::FULL_FEATURE_PHASE,
+                    true,
+                    &[(k, v)],
+                )
+                .await;
+            let refused = b.as_ref().is_none_or(|b| b.header.status_class == 2);
+            assert!(refused, "{k} redeclared as {v} was accepted: {b:?}");
+        }
+        t.shutdown().await.unwrap();
+    });
+}
