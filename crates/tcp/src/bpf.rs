@@ -184,7 +184,7 @@ pub fn load(pin_dir: &Path) -> Result<LoadReport, TcpError> {
         }
         match pin(pin_dir, &name, id) {
             Ok(path) => report.pinned.push(path),
-            Err(e) => tracing::warn!(%name, id, "registered but not pinned: {e}"),
+            Err(e) => tracing::warn!(%name, id, error = ?e, "registered but not pinned"),
         }
         report.registered.push(name);
     }

@@ -191,7 +191,7 @@ pub fn sink(
         let settings = settings.clone();
         handles.push(std::thread::spawn(move || {
             if let Err(e) = settings.apply(&s) {
-                tracing::warn!(%peer, "sink: {e}");
+                tracing::warn!(%peer, error = ?e, "sink: applying the socket settings failed");
             }
             let mut buf = vec![0u8; 1 << 20];
             loop {

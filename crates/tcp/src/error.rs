@@ -21,7 +21,7 @@ pub enum TcpError {
         hint: &'static str,
     },
     /// A socket option call failed.
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Socket {
         op: &'static str,
         #[source]
@@ -35,7 +35,7 @@ pub enum TcpError {
     #[error("{step} failed: {detail}")]
     Bpf { step: String, detail: String },
     /// Reading a /proc or /sys file failed.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Proc {
         path: &'static str,
         #[source]
