@@ -25,7 +25,10 @@ use std::time::Instant;
 /// The least time before a deadline at which the forwarder stops sleeping and spins.
 pub const SPIN_NS: Nanos = 20_000;
 /// The most: beyond this the CPU cost of spinning outweighs the precision gained.
-const MAX_SPIN_NS: Nanos = 1_000_000;
+const MAX_SPIN_NS: Nanos = 250_000;
+/// Oversleeps longer than this (a preempted or throttled thread, not a wake-up latency) are
+/// clipped before they enter the moving average, so one stall does not make us spin for long.
+const MAX_OVERSLEEP_SAMPLE_NS: Nanos = 500_000;
 /// Packets read per loop iteration before checking deadlines again.
 const BATCH: usize = 32;
 /// Memory the packet pool of one direction may grow to.
@@ -322,11 +325,7 @@ struct Forwarder {
 impl Forwarder {
     fn run(&mut self) -> std::io::Result<()> {
         crate::sys::set_timer_slack_ns(1);
-        if self.realtime {
-            if let Err(e) = crate::sys::set_realtime(10) {
-                tracing::warn!("forwarder: cannot use SCHED_FIFO: {e}");
-            }
-        }
+        let mut rt = RtGovernor::new(self.realtime, self.clock.now());
         let fds = [self.input.as_raw_fd(), self.wake_rx.as_raw_fd()];
         let c = self.control.clone();
         loop {
@@ -343,6 +342,7 @@ impl Forwarder {
                 c.counters.reset();
             }
             let now = self.release_due();
+            rt.tick(now);
             let got = self.read_batch()?;
             let now = if got > 0 { self.clock.now() } else { now };
             c.counters
@@ -352,13 +352,21 @@ impl Forwarder {
             if got > 0 {
                 continue;
             }
-            let margin = (2 * self.oversleep_ewma + SPIN_NS).min(MAX_SPIN_NS);
+            let margin = if rt.frugal {
+                SPIN_NS
+            } else {
+                (2 * self.oversleep_ewma + SPIN_NS).min(MAX_SPIN_NS)
+            };
             match self.heap.peek() {
                 Some(&Reverse((t, _, _))) if t <= now + margin => std::hint::spin_loop(),
                 Some(&Reverse((t, _, _))) => {
                     let timeout = t - now - margin;
                     if !self.sleep(&fds, Some(timeout))? {
-                        let over = self.clock.now().saturating_sub(now + timeout);
+                        let over = self
+                            .clock
+                            .now()
+                            .saturating_sub(now + timeout)
+                            .min(MAX_OVERSLEEP_SAMPLE_NS);
                         self.oversleep_ewma = (7 * self.oversleep_ewma + over) / 8;
                     }
                 }
@@ -489,6 +497,85 @@ impl Forwarder {
             }
         }
         Ok(got)
+    }
+}
+
+/// Keeps a forwarder's CPU use in check.
+///
+/// `SCHED_FIFO` makes releases punctual when the host is loaded, but a real-time thread that
+/// is busy most of the time (spinning before dense deadlines, or bulk traffic at its ceiling)
+/// runs into the kernel's RT throttling (`sched_rt_runtime_us`: at most 95 % of each second),
+/// which stalls *every* RT thread on that CPU for tens of milliseconds. So every
+/// [`RT_WINDOW_NS`] the forwarder measures its own CPU use: above [`FRUGAL_BUSY`] it stops
+/// spinning early (only [`SPIN_NS`] before a deadline), above [`RT_MAX_BUSY`] it also leaves
+/// the RT class; it returns when use falls below half those levels. A forwarder that busy is
+/// awake anyway, so little precision is lost.
+struct RtGovernor {
+    wanted: bool,
+    on: bool,
+    /// Spin as little as possible.
+    frugal: bool,
+    window_start: Nanos,
+    cpu_start: u64,
+}
+
+/// How often the governor looks at the forwarder's CPU use.
+const RT_WINDOW_NS: Nanos = 50_000_000;
+/// Above this fraction of one CPU the forwarder stops spinning early.
+const FRUGAL_BUSY: f64 = 0.5;
+/// Above this it leaves the RT class.
+const RT_MAX_BUSY: f64 = 0.8;
+
+impl RtGovernor {
+    fn new(wanted: bool, now: Nanos) -> Self {
+        let mut g = Self {
+            wanted,
+            on: false,
+            frugal: false,
+            window_start: now,
+            cpu_start: crate::sys::thread_cpu_ns(),
+        };
+        if wanted {
+            g.set(true);
+        }
+        g
+    }
+
+    fn set(&mut self, on: bool) {
+        let r = if on {
+            crate::sys::set_realtime(10)
+        } else {
+            crate::sys::set_normal_sched()
+        };
+        match r {
+            Ok(()) => self.on = on,
+            Err(e) => {
+                tracing::warn!("forwarder: cannot change scheduling class: {e}");
+                self.wanted = false;
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Nanos) {
+        if now < self.window_start + RT_WINDOW_NS {
+            return;
+        }
+        let cpu = crate::sys::thread_cpu_ns();
+        let busy = cpu.saturating_sub(self.cpu_start) as f64 / (now - self.window_start) as f64;
+        if busy > FRUGAL_BUSY {
+            self.frugal = true;
+        } else if busy < FRUGAL_BUSY / 2.0 {
+            self.frugal = false;
+        }
+        if self.wanted {
+            if self.on && busy > RT_MAX_BUSY {
+                self.set(false);
+            } else if !self.on && busy < RT_MAX_BUSY / 2.0 {
+                self.set(true);
+            }
+        }
+        self.window_start = now;
+        self.cpu_start = cpu;
     }
 }
 

@@ -141,3 +141,30 @@ pub fn set_realtime(priority: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Returns the calling thread to the normal time-sharing class (`SCHED_OTHER`).
+#[allow(unsafe_code)]
+pub fn set_normal_sched() -> io::Result<()> {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 means the calling thread; `p` is a valid sched_param for the call.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// CPU time the calling thread has used, in nanoseconds.
+#[allow(unsafe_code)]
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc < 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -274,6 +274,8 @@ fn loss_counter_is_within_the_99_percent_binomial_interval() {
         .unwrap();
     let n = 20_000 * scale() as u64;
     let counter = std::thread::spawn(move || {
+        // A starved receiver would overflow its socket buffer on a loaded host.
+        let _ = ipsan_wan::set_thread_realtime(20);
         let mut got = 0u64;
         let mut b = [0u8; 256];
         while rx.recv(&mut b).is_ok() {
@@ -283,7 +285,7 @@ fn loss_counter_is_within_the_99_percent_binomial_interval() {
     });
     for i in 0..n {
         tx.send_to(&[0u8; 100], dst).unwrap();
-        if i % 10 == 9 {
+        if i % 5 == 4 {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
@@ -296,9 +298,15 @@ fn loss_counter_is_within_the_99_percent_binomial_interval() {
         st.packets_in, st.dropped_loss, st.packets_out
     );
     assert_eq!(st.packets_in, n, "every datagram reached the emulator");
-    assert!((lo..=hi).contains(&(st.dropped_loss as f64)));
-    assert_eq!(st.packets_out, n - st.dropped_loss);
-    assert_eq!(received, st.packets_out);
+    assert!(
+        (lo..=hi).contains(&(st.dropped_loss as f64)),
+        "drop counter outside the 99 % interval"
+    );
+    assert_eq!(st.packets_out, n - st.dropped_loss, "emulator accounting");
+    assert_eq!(
+        received, st.packets_out,
+        "receiver got what the emulator delivered"
+    );
 }
 
 /// A deterministic byte stream both ends can generate.
