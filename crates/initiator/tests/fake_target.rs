@@ -7,13 +7,14 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use common::bounded;
 use ipsan_initiator::{scsi, DataDir, Error, IscsiUrl, LoginOptions, Session, SessionConfig};
-use iscsi_wire::header::{DataIn, LoginResponse, Stage};
+use iscsi_wire::header::{DataIn, LoginResponse, ScsiResponse, Stage};
 use iscsi_wire::{Codec, Header, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpListener;
 
 #[derive(Clone, Copy)]
 enum Behaviour {
@@ -25,9 +26,11 @@ enum Behaviour {
     ShortRead,
     /// Answer every read with exactly ExpectedDataTransferLength bytes and GOOD status.
     FullRead,
+    /// Answer every command with GOOD status after this many milliseconds, concurrently.
+    DelayedGood(u64),
 }
 
-async fn read_pdu(s: &mut TcpStream, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
+async fn read_pdu(s: &mut OwnedReadHalf, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
     loop {
         if let Some(p) = codec.decode(buf).unwrap() {
             return Some(p);
@@ -39,12 +42,14 @@ async fn read_pdu(s: &mut TcpStream, buf: &mut BytesMut, codec: &Codec) -> Optio
 }
 
 async fn fake_target(l: TcpListener, behaviour: Behaviour) {
-    let (mut s, _) = l.accept().await.unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    let (mut rd, wr) = s.into_split();
+    let wr = Arc::new(tokio::sync::Mutex::new(wr));
     let codec = Codec::default();
     let mut buf = BytesMut::new();
     let mut stat_sn = 0u32;
     let mut commands = 0usize;
-    while let Some(pdu) = read_pdu(&mut s, &mut buf, &codec).await {
+    while let Some(pdu) = read_pdu(&mut rd, &mut buf, &codec).await {
         match pdu.header {
             Header::LoginRequest(r) => {
                 let keys: &[(&str, &str)] = if r.csg == Stage::SECURITY_NEGOTIATION {
@@ -72,10 +77,29 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
                 let mut out = BytesMut::new();
                 let data = iscsi_wire::text::encode(keys).freeze();
                 codec.encode(&Pdu::new(resp, data), &mut out).unwrap();
-                s.write_all(&out).await.unwrap();
+                wr.lock().await.write_all(&out).await.unwrap();
             }
             Header::ScsiCommand(c) => {
                 commands += 1;
+                if let Behaviour::DelayedGood(ms) = behaviour {
+                    let resp = ScsiResponse {
+                        itt: c.itt,
+                        stat_sn,
+                        exp_cmd_sn: c.cmd_sn.wrapping_add(1),
+                        max_cmd_sn: c.cmd_sn.wrapping_add(64),
+                        ..ScsiResponse::default()
+                    };
+                    stat_sn += 1;
+                    let mut out = BytesMut::new();
+                    codec
+                        .encode(&Pdu::new(resp, Bytes::new()), &mut out)
+                        .unwrap();
+                    let wr = wr.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        let _ = wr.lock().await.write_all(&out).await;
+                    });
+                }
                 if let Behaviour::ShortRead | Behaviour::FullRead = behaviour {
                     let edtl = c.expected_data_transfer_length as usize;
                     let half = if let Behaviour::FullRead = behaviour {
@@ -99,7 +123,7 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
                     codec
                         .encode(&Pdu::new(h, vec![7u8; half].into()), &mut out)
                         .unwrap();
-                    s.write_all(&out).await.unwrap();
+                    wr.lock().await.write_all(&out).await.unwrap();
                 }
                 if let Behaviour::CloseAfterCommands(n) = behaviour {
                     if commands >= n {
@@ -274,5 +298,44 @@ fn length_changing_transform_sets_the_wire_transfer_length() {
             .unwrap();
         assert_eq!(c.data.len(), 4096);
         assert!(c.data.iter().all(|&b| b == 7));
+    });
+}
+
+#[test]
+fn overlaps_round_trips_with_many_commands_in_flight() {
+    // The papers' lever: with a 100 ms service time, 16 commands in flight finish in about one
+    // service time, not sixteen.
+    bounded(30, async {
+        let url = start(Behaviour::DelayedGood(100)).await;
+        let cfg = SessionConfig {
+            nop_interval: None,
+            ..SessionConfig::default()
+        };
+        let s = Arc::new(Session::connect(&url, &cfg).await.unwrap());
+        // Depth 1: four commands one after another take four service times.
+        let t0 = Instant::now();
+        for _ in 0..4 {
+            s.command(scsi::sync_cache10(), DataDir::None)
+                .await
+                .unwrap();
+        }
+        let serial = t0.elapsed();
+        assert!(serial >= Duration::from_millis(400), "{serial:?}");
+        // Depth 16: sixteen commands at once overlap.
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move { s.command(scsi::sync_cache10(), DataDir::None).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let parallel = t0.elapsed();
+        assert!(
+            parallel < Duration::from_millis(600),
+            "16 commands in flight took {parallel:?}: they did not overlap"
+        );
     });
 }
