@@ -14,7 +14,8 @@ pub fn reporter(enabled: bool) -> Option<Box<dyn FnMut(Progress) + Send>> {
         return None;
     }
     if std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(0);
+        // Length 1 until the first sample sets the real one (0 would draw a full bar).
+        let bar = ProgressBar::new(1);
         let style = ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
         )
