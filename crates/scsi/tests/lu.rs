@@ -552,6 +552,8 @@ fn write_same_unmap_deallocates_and_reads_zero() {
     write(&lu, 0, &[3; BS]);
     good(&run(&lu, &rw10(0x41, 0x08, 0, 1), &[3; BS]));
     assert_eq!(read(&lu, 0, 1), vec![0; BS]);
+    good(&run(&lu, &rw10(0x41, 0x08, 0, 2048), &[3; BS]));
+    assert_eq!(p.inner.allocated_chunks(), 0);
     // Without UNMAP, zeros are written (allocating).
     good(&run(&lu, &rw10(0x41, 0x00, 0, 2048), &[0; BS]));
     assert_eq!(p.inner.allocated_chunks(), 1);
