@@ -353,36 +353,53 @@ impl LogicalUnit {
 
     /// Executes one command to completion (blocking).
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        let opcode = req.cdb.first().copied().unwrap_or(0xFF);
-        // Unit attention (SAM-5 §5.14): reported once, before anything else, except to
-        // INQUIRY, REPORT LUNS and REQUEST SENSE.
-        {
-            let mut st = self.state();
-            if st.known.insert(req.nexus.clone()) && self.cfg.power_on_ua {
-                st.ua
-                    .entry(req.nexus.clone())
-                    .or_default()
-                    .push_back((0x29, 0x01));
-            }
-            if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
-                if let Some(q) = st.ua.get_mut(req.nexus) {
-                    if let Some((asc, ascq)) = q.pop_front() {
-                        return ScsiResponse::check(Sense::unit_attention(asc, ascq));
-                    }
-                }
-            }
+        if let Some(r) = self.precheck(req.nexus, req.cdb) {
+            return r;
         }
         let cmd = match cdb::parse(req.cdb) {
             Ok(c) => c,
             Err(s) => return ScsiResponse::check(s),
         };
-        if !self.access_allowed(req.nexus, &cmd) {
-            return ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT);
-        }
         match self.dispatch(req, cmd) {
             Ok(r) => r,
             Err(s) => ScsiResponse::check(s),
         }
+    }
+
+    /// The checks that come before a command may touch the medium: a pending unit attention
+    /// (reported and consumed, SAM-5 §5.14), CDB validity and reservation conflicts
+    /// (SPC-4 §5.13). `None` means the command may proceed. [`LogicalUnit::execute`] runs
+    /// this itself; a transport that answers a command without executing it (e.g. an iSCSI
+    /// write whose EDTL covers no whole block) must call it first, or it would report GOOD
+    /// to an initiator that holds no access.
+    pub fn precheck(&self, nexus: &NexusId, cdb: &[u8]) -> Option<ScsiResponse> {
+        let opcode = cdb.first().copied().unwrap_or(0xFF);
+        // Unit attention (SAM-5 §5.14): reported once, before anything else, except to
+        // INQUIRY, REPORT LUNS and REQUEST SENSE.
+        {
+            let mut st = self.state();
+            if st.known.insert(nexus.clone()) && self.cfg.power_on_ua {
+                st.ua
+                    .entry(nexus.clone())
+                    .or_default()
+                    .push_back((0x29, 0x01));
+            }
+            if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+                if let Some(q) = st.ua.get_mut(nexus) {
+                    if let Some((asc, ascq)) = q.pop_front() {
+                        return Some(ScsiResponse::check(Sense::unit_attention(asc, ascq)));
+                    }
+                }
+            }
+        }
+        let cmd = match cdb::parse(cdb) {
+            Ok(c) => c,
+            Err(s) => return Some(ScsiResponse::check(s)),
+        };
+        if !self.access_allowed(nexus, &cmd) {
+            return Some(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
+        }
+        None
     }
 
     /// Task management effects (SAM-5 §6.3): RESERVE(6) reservations and PREVENT holds are

@@ -1180,3 +1180,22 @@ fn write_exclusive_blocks_other_writers_at_4k_blocks() {
     let r = run_as(&lu, &b(), &rw10(0x2A, 0, 1, 1), &[0; 4096]);
     assert_eq!(r.status, ScsiStatus::RESERVATION_CONFLICT);
 }
+
+#[test]
+fn precheck_reports_conflicts_and_unit_attentions_without_executing() {
+    let (lu, _) = lu();
+    let mut w = rw10(0x2A, 0, 1, 1);
+    w.resize(16, 0);
+    assert!(lu.precheck(&b(), &w).is_none());
+    good(&prout(&lu, &a(), 6, 0, 0, 1));
+    good(&prout(&lu, &a(), 1, 0x01, 1, 0));
+    let r = lu.precheck(&b(), &w).unwrap();
+    assert_eq!(r.status, ScsiStatus::RESERVATION_CONFLICT);
+    assert!(lu.precheck(&a(), &w).is_none());
+    lu.reset(ResetKind::LogicalUnit, &a());
+    let r = lu.precheck(&a(), &w).unwrap();
+    assert_eq!(r.sense.unwrap().key, SenseKey::UNIT_ATTENTION);
+    assert!(lu.precheck(&a(), &w).is_none(), "UA consumed");
+    let r = lu.precheck(&a(), &[0x04, 0, 0, 0, 0, 0]).unwrap();
+    assert_eq!(r.sense.unwrap().asc, 0x20);
+}
