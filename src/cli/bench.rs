@@ -60,6 +60,30 @@ pub struct ConnArgs {
     /// NOP-Out keepalive interval in seconds (0 disables).
     #[arg(long, default_value_t = 5)]
     pub nop_interval: u64,
+    /// Seal every command's data (docs/seal.md): aes-256-gcm | chacha20-poly1305 |
+    /// 3des-cbc-hmac-sha1 (legacy, the papers' cipher) | none (same framing, no protection).
+    /// Without --seal the session is plain. The login fails if the target does not agree.
+    #[arg(long, value_name = "CIPHER", requires = "secret_file")]
+    pub seal: Option<String>,
+    /// Seal's pre-shared secret (at least 16 bytes; trailing whitespace ignored).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Threads that seal and open data (default: one per CPU).
+    #[arg(long)]
+    pub crypto_workers: Option<usize>,
+    /// Seal's pipeline: `on` seals the next commands on the crypto workers while earlier ones
+    /// wait for the network; `off` seals inline with one command in flight — the papers'
+    /// "without optimization" cycle.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub pipeline: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
 }
 
 fn parse_yes_no(s: &str) -> Result<bool, String> {
@@ -134,10 +158,42 @@ impl ConnArgs {
                 secret,
             });
         }
+        let extension = match (&self.seal, &self.secret_file) {
+            (Some(name), Some(path)) => {
+                let cipher = ipsan_seal::Cipher::from_name(name).with_context(|| {
+                    format!("--seal {name}: expected aes-256-gcm, chacha20-poly1305, 3des-cbc-hmac-sha1 or none")
+                })?;
+                let psk = ipsan_seal::Psk::from_file(path)
+                    .with_context(|| format!("--secret-file {}", path.display()))?;
+                let workers = self.crypto_workers.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+                });
+                anyhow::ensure!(
+                    (1..=256).contains(&workers),
+                    "--crypto-workers: must be in 1..=256"
+                );
+                let pool = if self.pipeline {
+                    Some(Arc::new(
+                        ipsan_seal::CryptoPool::new(workers).context("crypto workers")?,
+                    ))
+                } else {
+                    None
+                };
+                let req = ipsan_initiator::seal::SealRequest {
+                    ciphers: vec![cipher],
+                    chunk: ipsan_seal::DEFAULT_CHUNK,
+                    psk,
+                    pool,
+                };
+                Some(req.factory())
+            }
+            _ => None,
+        };
         let cfg = SessionConfig {
             login,
             nop_interval: (self.nop_interval > 0)
                 .then(|| std::time::Duration::from_secs(self.nop_interval)),
+            extension,
             ..SessionConfig::default()
         };
         Ok((url, cfg))
@@ -226,11 +282,19 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         (None, Some(s)) => Limit::Bytes(s),
         (None, None) => Limit::Bytes((1u64 << 30).min(cap.bytes().saturating_sub(args.offset))),
     };
+    if args.conn.seal.is_some() && !args.conn.pipeline && args.depth != 1 {
+        eprintln!("ipsan bench: --pipeline off runs one command at a time (depth 1)");
+    }
+    let depth = if args.conn.seal.is_some() && !args.conn.pipeline {
+        1
+    } else {
+        args.depth
+    };
     let w = Workload {
         mode: args.rw,
         mix_read_percent: args.mix,
         block_size: args.bs,
-        depth: args.depth,
+        depth,
         offset: args.offset,
         limit,
         verify: args.verify,

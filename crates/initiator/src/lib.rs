@@ -21,6 +21,7 @@ pub mod error;
 pub mod login;
 pub mod progress;
 pub mod scsi;
+pub mod seal;
 pub mod session;
 pub mod transform;
 pub mod url;

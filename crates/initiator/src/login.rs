@@ -256,6 +256,16 @@ pub trait OriginatorExtension: Send + std::fmt::Debug {
     ) -> std::result::Result<Vec<(String, String)>, String>;
     /// The target is ready for full feature phase: refuse the login if not satisfied.
     fn finish(&mut self, ctx: &ExtensionContext<'_>) -> std::result::Result<(), String>;
+    /// After a successful login: the payload transform the session must apply to every
+    /// command's data from its first command on (Seal's sealing), if any.
+    fn transform(&mut self) -> Option<std::sync::Arc<dyn crate::transform::PayloadTransform>> {
+        None
+    }
+    /// Whether the first operational request must leave T=0 so a later request can carry a
+    /// reply to the target's answer (Seal's key confirmation, docs/seal.md §2).
+    fn needs_second_request(&self) -> bool {
+        false
+    }
 }
 
 const KEY_AUTH: &str = "AuthMethod";
@@ -310,6 +320,13 @@ impl LoginMachine {
     pub fn set_extension(&mut self, ext: Box<dyn OriginatorExtension>, isid: [u8; 6]) {
         self.ext = Some(ext);
         self.isid = isid;
+    }
+
+    /// The transform the extension wants installed after a successful login.
+    pub fn extension_transform(
+        &mut self,
+    ) -> Option<std::sync::Arc<dyn crate::transform::PayloadTransform>> {
+        self.ext.as_mut().and_then(|e| e.transform())
     }
 
     fn ctx(&self) -> ExtensionContext<'_> {
@@ -556,15 +573,17 @@ impl LoginMachine {
             }
         }
         self.sent_operational = true;
+        let mut transit = true;
         if let Some(mut ext) = self.ext.take() {
             let r = ext.offer(&self.ctx());
+            transit = !ext.needs_second_request();
             self.ext = Some(ext);
             keys.extend(r.map_err(Error::Login)?);
         }
         Ok(LoginStep {
             csg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
             nsg: Stage::FULL_FEATURE_PHASE,
-            transit: true,
+            transit,
             keys,
         })
     }

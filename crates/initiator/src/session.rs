@@ -247,6 +247,8 @@ async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
 /// Sequence state after login.
 struct LoggedIn {
     params: Negotiated,
+    /// Installed before the first command (Seal: every command's data is sealed).
+    transform: Option<Arc<dyn PayloadTransform>>,
     cmd_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
@@ -353,6 +355,7 @@ async fn login(
             LoginNext::Done(params) => {
                 return Ok(LoggedIn {
                     params: *params,
+                    transform: machine.extension_transform(),
                     cmd_sn: resp.exp_cmd_sn,
                     exp_cmd_sn: resp.exp_cmd_sn,
                     max_cmd_sn: resp.max_cmd_sn,
@@ -572,7 +575,7 @@ impl Session {
             shared,
             lun,
             capacity: OnceLock::new(),
-            transform: None,
+            transform: li.transform,
         })
     }
 

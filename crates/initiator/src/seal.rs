@@ -1,0 +1,191 @@
+//! Seal on the initiator (docs/seal.md): the login extension that negotiates and confirms the
+//! keys, and the payload transform that seals every command's data-out and opens its data-in.
+//!
+//! With a [`CryptoPool`] the transform runs on worker threads, so the next commands are sealed
+//! while earlier ones wait for their round trip — the papers' "pre-processing". Without one
+//! (`--pipeline off`) it seals inline, the papers' "without optimization" cycle.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use ipsan_seal::{
+    is_seal_key, Binding, Cipher, CryptoPool, InitiatorNegotiation, Psk, SealSession, SessionIds,
+};
+use iscsi_proto::login::ExtensionContext;
+
+use crate::error::Error;
+use crate::login::OriginatorExtension;
+use crate::scsi::Sense;
+use crate::session::ExtensionFactory;
+use crate::transform::{CommandInfo, PayloadTransform, TransformFuture};
+
+/// What `ipsan bench --seal` asks for.
+#[derive(Clone)]
+pub struct SealRequest {
+    pub ciphers: Vec<Cipher>,
+    pub chunk: u32,
+    pub psk: Psk,
+    /// `None`: seal inline (pipeline off).
+    pub pool: Option<Arc<CryptoPool>>,
+}
+
+impl std::fmt::Debug for SealRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealRequest")
+            .field("ciphers", &self.ciphers)
+            .field("chunk", &self.chunk)
+            .field("pipeline", &self.pool.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealRequest {
+    /// A factory that makes a fresh negotiation (fresh nonces) for each login attempt.
+    #[must_use]
+    pub fn factory(self) -> ExtensionFactory {
+        ExtensionFactory(Arc::new(move || {
+            Box::new(SealOriginator {
+                neg: InitiatorNegotiation::new(self.ciphers.clone(), self.chunk, self.psk.clone()),
+                pool: self.pool.clone(),
+                session: None,
+            })
+        }))
+    }
+}
+
+/// The originator side of Seal's login keys.
+#[derive(Debug)]
+struct SealOriginator {
+    neg: InitiatorNegotiation,
+    pool: Option<Arc<CryptoPool>>,
+    session: Option<Arc<SealSession>>,
+}
+
+fn ids(ctx: &ExtensionContext<'_>) -> SessionIds {
+    SessionIds {
+        initiator_name: ctx.initiator_name.to_owned(),
+        target_name: ctx.target_name.unwrap_or_default().to_owned(),
+        isid: ctx.isid,
+    }
+}
+
+impl OriginatorExtension for SealOriginator {
+    fn handles(&self, key: &str) -> bool {
+        is_seal_key(key)
+    }
+
+    fn offer(
+        &mut self,
+        ctx: &ExtensionContext<'_>,
+    ) -> std::result::Result<Vec<(String, String)>, String> {
+        self.neg.offer(&ids(ctx)).map_err(|e| e.to_string())
+    }
+
+    fn on_answer(
+        &mut self,
+        keys: &[(String, String)],
+        _ctx: &ExtensionContext<'_>,
+    ) -> std::result::Result<Vec<(String, String)>, String> {
+        self.neg.on_answer(keys).map_err(|e| e.to_string())
+    }
+
+    fn finish(&mut self, _ctx: &ExtensionContext<'_>) -> std::result::Result<(), String> {
+        self.neg.finish().map_err(|e| e.to_string())?;
+        // Asked for Seal and the target did not agree: never fall back to plaintext.
+        let s = self
+            .neg
+            .take_session()
+            .ok_or("the target did not agree to Seal")?;
+        self.session = Some(Arc::new(s));
+        Ok(())
+    }
+
+    fn transform(&mut self) -> Option<Arc<dyn PayloadTransform>> {
+        let session = self.session.clone()?;
+        Some(Arc::new(SealTransform {
+            session,
+            pool: self.pool.clone(),
+        }))
+    }
+
+    fn needs_second_request(&self) -> bool {
+        true
+    }
+}
+
+/// Seals data-out and opens data-in of every command.
+#[derive(Debug)]
+pub struct SealTransform {
+    session: Arc<SealSession>,
+    pool: Option<Arc<CryptoPool>>,
+}
+
+impl SealTransform {
+    /// The negotiated session (cipher, counters, statistics).
+    #[must_use]
+    pub fn session(&self) -> &Arc<SealSession> {
+        &self.session
+    }
+}
+
+fn binding(cmd: CommandInfo) -> Binding {
+    Binding {
+        lun: cmd.lun,
+        lba: cmd.lba,
+        blocks: cmd.blocks,
+        opcode: cmd.opcode,
+        task_tag: cmd.itt,
+    }
+}
+
+/// The error a caller sees for data that failed to open: the same sense triple the target
+/// uses (docs/seal.md §5), so callers handle both alike. No data is returned.
+fn refused(e: &ipsan_seal::OpenError) -> Error {
+    tracing::warn!("seal: data-in refused: {e}");
+    Error::Scsi {
+        status: ipsan_seal::sense::STATUS,
+        sense: Some(Sense {
+            key: ipsan_seal::sense::SENSE_KEY,
+            asc: ipsan_seal::sense::ASC,
+            ascq: ipsan_seal::sense::ASCQ,
+            information: None,
+        }),
+    }
+}
+
+impl PayloadTransform for SealTransform {
+    fn wire_len(&self, plain_len: usize) -> Option<usize> {
+        self.session.sealed_len(plain_len)
+    }
+
+    fn outbound(&self, cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes> {
+        let session = self.session.clone();
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            // The caller keeps its plaintext (a retry is sealed afresh), so seal a copy sized
+            // for the trailer.
+            let mut buf =
+                BytesMut::with_capacity(session.sealed_len(data.len()).unwrap_or(data.len()));
+            buf.extend_from_slice(&data);
+            let b = binding(cmd);
+            let sealed = match &pool {
+                Some(pool) => pool.seal(&session, b, buf).await,
+                None => session.seal(&b, buf),
+            };
+            sealed.map_err(|e| Error::Transform(format!("seal: {e}")))
+        })
+    }
+
+    fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
+        let session = self.session.clone();
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let b = binding(cmd);
+            let plain = match &pool {
+                Some(pool) => pool.open(&session, b, data).await,
+                None => session.open(&b, data),
+            };
+            plain.map(BytesMut::from).map_err(|e| refused(&e))
+        })
+    }
+}

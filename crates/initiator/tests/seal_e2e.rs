@@ -1,0 +1,216 @@
+//! Seal end to end through iSCSI: ipsan's initiator and target, in-process, with a loopback
+//! relay between them that records every byte on the wire (issue 5's evidence).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use common::{bounded, config};
+use ipsan_initiator::seal::SealRequest;
+use ipsan_initiator::{Error, IscsiUrl, LoginOptions, Session, SessionConfig};
+use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
+use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
+use ipsan_target::ServerHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const IQN: &str = "iqn.2026-11.org.ipsan:seal-e2e";
+const SECRET: &[u8] = b"seal-e2e-pre-shared-secret-0123456789";
+const MARKER: &[u8] = b"<<ipsan-plaintext-marker-must-never-cross-the-wire>>";
+
+async fn start(policy: SealPolicy) -> ServerHandle {
+    let mut t = TargetConfig::new(
+        IQN,
+        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
+    );
+    t.seal = SealSettings {
+        policy,
+        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
+        initiators: Vec::new(),
+    };
+    let mut c = Config {
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        crypto_workers: 2,
+        targets: vec![t],
+        ..Config::default()
+    };
+    c.validate().unwrap();
+    ServerHandle::start(&c).await.unwrap()
+}
+
+/// What crossed the relay, in both directions; `flip_at` flips one byte of the
+/// initiator→target stream at that offset.
+#[derive(Default)]
+struct Wire {
+    bytes: Vec<u8>,
+    flip_at: Option<usize>,
+}
+
+async fn relay(to: std::net::SocketAddr, wire: Arc<Mutex<Wire>>) -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = l.accept().await {
+            let b = TcpStream::connect(to).await.unwrap();
+            let (mut ar, mut aw) = a.into_split();
+            let (mut br, mut bw) = b.into_split();
+            let w1 = wire.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut sent = 0usize;
+                while let Ok(n) = ar.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    {
+                        let mut w = w1.lock().unwrap();
+                        if let Some(at) = w.flip_at {
+                            if (sent..sent + n).contains(&at) {
+                                buf[at - sent] ^= 0x01;
+                                w.flip_at = None;
+                            }
+                        }
+                        w.bytes.extend_from_slice(&buf[..n]);
+                    }
+                    sent += n;
+                    if bw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let w2 = wire.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                while let Ok(n) = br.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    w2.lock().unwrap().bytes.extend_from_slice(&buf[..n]);
+                    if aw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn sealed_config(cipher: Cipher, secret: &[u8], pipeline: bool) -> SessionConfig {
+    let req = SealRequest {
+        ciphers: vec![cipher],
+        chunk: ipsan_seal::DEFAULT_CHUNK,
+        psk: Psk::new(secret.to_vec()).unwrap(),
+        pool: pipeline.then(|| Arc::new(CryptoPool::new(2).unwrap())),
+    };
+    SessionConfig {
+        extension: Some(req.factory()),
+        ..config(LoginOptions::default())
+    }
+}
+
+fn data_with_marker(len: usize) -> Bytes {
+    let mut d: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    for at in (0..len.saturating_sub(MARKER.len())).step_by(4096) {
+        d[at..at + MARKER.len()].copy_from_slice(MARKER);
+    }
+    Bytes::from(d)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn sealed_session_hides_data_on_the_wire_and_reads_it_back() {
+    bounded(60, async {
+        let h = start(SealPolicy::Required).await;
+        let wire = Arc::new(Mutex::new(Wire::default()));
+        let via = relay(h.addrs[0], wire.clone()).await;
+        let url = IscsiUrl::parse(&format!("iscsi://{via}/{IQN}/0")).unwrap();
+        for (cipher, pipeline) in [(Cipher::Aes256Gcm, true), (Cipher::ChaCha20Poly1305, false)] {
+            let s = Session::open(&url, &sealed_config(cipher, SECRET, pipeline))
+                .await
+                .unwrap();
+            let data = data_with_marker(256 * 1024);
+            s.write(100, data.clone()).await.unwrap();
+            let back = s.read(100, 512).await.unwrap();
+            assert_eq!(
+                &back[..],
+                &data[..],
+                "{cipher:?}: read back what was written"
+            );
+            s.logout().await.unwrap();
+        }
+        let seen = std::mem::take(&mut wire.lock().unwrap().bytes);
+        assert!(seen.len() > 2 * 256 * 1024, "the relay saw the traffic");
+        assert!(!contains(&seen, MARKER), "plaintext crossed the wire");
+        h.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn flipped_byte_fails_the_write_and_keeps_old_data() {
+    bounded(60, async {
+        let h = start(SealPolicy::Allowed).await;
+        let wire = Arc::new(Mutex::new(Wire::default()));
+        let via = relay(h.addrs[0], wire.clone()).await;
+        let url = IscsiUrl::parse(&format!("iscsi://{via}/{IQN}/0")).unwrap();
+        let s = Session::open(&url, &sealed_config(Cipher::Aes256Gcm, SECRET, true))
+            .await
+            .unwrap();
+        let old = Bytes::from(vec![0x5au8; 65536]);
+        s.write(0, old.clone()).await.unwrap();
+        // Flip a byte well inside the next write's data segment (past its 48-byte header).
+        let at = wire.lock().unwrap().bytes.len() + 48 + 1000;
+        wire.lock().unwrap().flip_at = Some(at);
+        let err = s
+            .write(0, Bytes::from(vec![0xa5u8; 65536]))
+            .await
+            .unwrap_err();
+        match &err {
+            Error::Scsi {
+                status: 2,
+                sense: Some(sense),
+            } => {
+                assert_eq!(
+                    (sense.key, sense.asc, sense.ascq),
+                    (0x0b, 0x74, 0x04),
+                    "{err}"
+                )
+            }
+            other => panic!("expected CHECK CONDITION, got {other}"),
+        }
+        // The session goes on and the LUN holds the old data.
+        let back = s.read(0, 128).await.unwrap();
+        assert_eq!(&back[..], &old[..]);
+        s.logout().await.unwrap();
+        h.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn wrong_secret_and_plain_login_are_refused_where_required() {
+    bounded(60, async {
+        let h = start(SealPolicy::Required).await;
+        let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
+        let wrong = Session::open(
+            &url,
+            &sealed_config(
+                Cipher::Aes256Gcm,
+                b"a-different-secret-of-enough-length",
+                true,
+            ),
+        )
+        .await;
+        assert!(wrong.is_err(), "wrong pre-shared secret admitted");
+        let plain = Session::open(&url, &config(LoginOptions::default())).await;
+        assert!(
+            plain.is_err(),
+            "plaintext login admitted under seal=required"
+        );
+        h.shutdown().await.unwrap();
+    });
+}
