@@ -1199,3 +1199,33 @@ fn precheck_reports_conflicts_and_unit_attentions_without_executing() {
     let r = lu.precheck(&a(), &[0x04, 0, 0, 0, 0, 0]).unwrap();
     assert_eq!(r.sense.unwrap().asc, 0x20);
 }
+
+#[test]
+fn write_same_unmap_on_file_and_null_backends() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("ws.img");
+    let spec = format!("file:{},size=16MiB", path.display())
+        .parse()
+        .unwrap();
+    let lu = lu_with(ipsan_scsi::open(&spec).unwrap(), |_| {});
+    write(&lu, 0, &vec![0x22; 4096 * BS]); // 2 MiB
+    good(&run(&lu, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+    let before = std::fs::metadata(&path).unwrap().blocks();
+    good(&run(&lu, &rw16(0x93, 0x09, 0, 4096), &[]));
+    let after = std::fs::metadata(&path).unwrap().blocks();
+    assert!(after + 4000 <= before, "{before} -> {after}");
+    assert_eq!(read(&lu, 0, 16), vec![0; 16 * BS]);
+
+    let null = lu_with(
+        ipsan_scsi::open(&"null:1TiB".parse().unwrap()).unwrap(),
+        |_| {},
+    );
+    assert_eq!(null.num_blocks(), (1u64 << 40) / 512);
+    good(&run(&null, &rw16(0x8A, 0, (1 << 30) + 5, 1), &[7; BS]));
+    let r = run(&null, &rw16(0x88, 0, (1 << 30) + 5, 1), &[]);
+    assert_eq!(r.data_in.to_vec(), vec![0; BS], "null discards writes");
+    good(&run(&null, &rw16(0x93, 0x08, 0, 1000), &[0; BS]));
+    let list = unmap_list(&[(0, 8)]);
+    good(&run(&null, &unmap_cdb(list.len() as u16), &list));
+}
