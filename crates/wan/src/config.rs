@@ -252,10 +252,10 @@ pub struct LinkConfig {
     /// Packet engine.
     pub engine: Engine,
     /// Low-latency mode of the built-in engine: forwarder threads in the `SCHED_FIFO`
-    /// real-time class (they sleep between deadlines and spin at most 1 ms before one; the
-    /// kernel's RT throttling still applies), and a PM QoS request for zero CPU wake-up
-    /// latency while the link is up. Both keep the host's scheduling and idle wake-ups out
-    /// of the emulated delay.
+    /// real-time class (they sleep between deadlines, spin at most 250 µs before one, and
+    /// leave the RT class when busy, so the kernel's RT throttling never stalls them), and a
+    /// PM QoS request for zero CPU wake-up latency while the link is up. Both keep the host's
+    /// scheduling and idle wake-ups out of the emulated delay.
     #[serde(default = "yes")]
     pub realtime: bool,
     /// Initiator → target.
