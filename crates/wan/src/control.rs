@@ -201,5 +201,10 @@ pub fn down(name: &str) -> Result<bool, LinkError> {
     for f in files {
         let _ = std::fs::remove_file(f);
     }
+    // A daemon that stopped on request leaves nothing to read; a crashed one's log says why,
+    // so it stays (in /run, gone at reboot) until the next `up` of that name overwrites it.
+    if asked {
+        let _ = std::fs::remove_file(log_path(name));
+    }
     Ok(asked || leftovers || had_files)
 }
