@@ -108,6 +108,13 @@ impl Raw {
         self.s.write_all(&out).await.unwrap();
     }
 
+    /// Sends, ignoring a dead connection (the target may have been killed).
+    pub async fn send_maybe(&mut self, pdu: &Pdu) {
+        let mut out = BytesMut::new();
+        self.codec.encode(pdu, &mut out).unwrap();
+        let _ = self.s.write_all(&out).await;
+    }
+
     /// Encodes `pdu` and lets `tamper` change the wire bytes before sending.
     pub async fn send_tampered(&mut self, pdu: &Pdu, tamper: impl FnOnce(&mut BytesMut)) {
         let mut out = BytesMut::new();
