@@ -610,7 +610,7 @@ impl Session {
             if pre.is_none() && write_overflow.is_some() {
                 // A data-out command sent without the W bit: EDTL 0, all of it overflows.
                 pre = Some(match overflow_write(&exec, &mut cdb, 0) {
-                    Some(_) => ScsiResponse::good(Bytes::new()),
+                    Some(_) => self.without_blocks(&exec, &cdb),
                     None => ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03)),
                 });
             }
@@ -690,7 +690,7 @@ impl Session {
             match overflow_write(&p.exec, &mut cdb, edtl) {
                 // FCP-4 option (a): transfer and write only the whole blocks EDTL covers.
                 Some(Some(bytes)) => data.truncate(bytes),
-                Some(None) => pre = Some(ScsiResponse::good(Bytes::new())),
+                Some(None) => pre = Some(self.without_blocks(&p.exec, &cdb)),
                 // Not a block write: nothing is written (option b), INVALID FIELD IN COMMAND
                 // INFORMATION UNIT.
                 None => {
@@ -705,6 +705,18 @@ impl Session {
         self.start(
             itt, lun, counted, p.exec, cdb, data, edtl, p.raw_lun, p.need, pre, None,
         );
+    }
+
+    /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
+    /// unit attentions, CDB checks and reservations still apply (SPC-4 §5.13), so an
+    /// initiator without access gets its RESERVATION CONFLICT rather than GOOD.
+    fn without_blocks(&self, exec: &Exec, cdb: &[u8]) -> ScsiResponse {
+        match exec {
+            Exec::Lu(lu) => lu
+                .precheck(&self.nexus, cdb)
+                .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
+            Exec::NoLun => no_such_lun(cdb),
+        }
     }
 
     /// Runs a command on the blocking pool and sends its response.
