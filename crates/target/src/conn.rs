@@ -769,10 +769,11 @@ impl Session {
                 (&seal, &pre, data_out.is_empty())
             {
                 // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
-                match pool
-                    .open(session, *binding, BytesMut::from(&data_out[..]))
-                    .await
-                {
+                // The write buffer is uniquely owned: open it in place, no copy.
+                let buf = std::mem::take(&mut data_out)
+                    .try_into_mut()
+                    .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+                match pool.open(session, *binding, buf).await {
                     Ok(plain) => data_out = plain,
                     Err(e) => {
                         warn!(
