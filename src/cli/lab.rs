@@ -30,6 +30,9 @@ pub enum Cmd {
         /// Print the plan's points and exit.
         #[arg(long)]
         dry_run: bool,
+        /// Override the plan's repetitions per point.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+        repetitions: Option<u32>,
     },
     /// Rebuild plots and the report from a results directory.
     Report {
@@ -47,8 +50,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out,
             quiet,
             dry_run,
+            repetitions,
         } => {
-            let plan = Plan::load(&plan)?;
+            let mut plan = Plan::load(&plan)?;
+            if let Some(n) = repetitions {
+                plan.repetitions = n;
+            }
             if dry_run {
                 for (i, p) in plan.points.iter().enumerate() {
                     println!("{i:4} {}", p.label());

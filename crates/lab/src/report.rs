@@ -171,8 +171,9 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
         let e = &r.env;
         let _ = writeln!(
             md,
-            "Machine: {} ({} CPUs, {}), kernel {}, git {}. Root: {}.\n",
-            e.hostname, e.cpus, e.cpu, e.kernel, e.git_rev, r.root
+            "Machine: {} ({} CPUs, {}), kernel {}, git {}. Root: {}. Load average at start: {} \
+             (the host is shared: other work on it slows every scheme, most of all the emulator).\n",
+            e.hostname, e.cpus, e.cpu, e.kernel, e.git_rev, r.root, e.loadavg
         );
         if let Some(c) = records.iter().find_map(|r| r.calibration.as_ref()) {
             let s: Vec<String> = c

@@ -55,6 +55,9 @@ pub struct Environment {
     pub cpus: usize,
     /// The `ipsan` binary used.
     pub exe: String,
+    /// `/proc/loadavg` when the plan started: other work on the host skews results.
+    #[serde(default)]
+    pub loadavg: String,
 }
 
 impl Environment {
@@ -66,8 +69,10 @@ impl Environment {
                 .trim()
                 .to_string()
         };
+        // The source tree this lab was built from, else the current directory's.
+        let tree = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
         let git_rev = std::process::Command::new("git")
-            .args(["rev-parse", "HEAD"])
+            .args(["-C", tree, "rev-parse", "HEAD"])
             .output()
             .ok()
             .filter(|o| o.status.success())
@@ -86,6 +91,7 @@ impl Environment {
             cpu,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             exe: exe.display().to_string(),
+            loadavg: read("/proc/loadavg"),
         }
     }
 }

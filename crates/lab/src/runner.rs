@@ -156,11 +156,10 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
 
 fn progress(done: usize, total: usize, started: Instant, label: &str) {
     let width = 24;
-    let filled = if total == 0 {
-        width
-    } else {
-        done * width / total
-    };
+    let filled = (done * width)
+        .checked_div(total)
+        .unwrap_or(width)
+        .min(width);
     let eta = if done == 0 {
         "?".to_string()
     } else {
@@ -307,12 +306,19 @@ fn calibrate_link(link: Option<&LabLink>, p: &Point) -> Result<Calibration, Stri
     let rtt = calibrate::rtt(s, 10).map_err(|e| format!("RTT ping-pong: {e}"))?;
     // Long enough for slow start to finish at the link's RTT, short enough for CI.
     let secs = (rtt.median_s * 30.0).clamp(1.0, 4.0);
-    let socket = if p.loss > 0.0 || p.corrupt > 0.0 || p.reorder > 0.0 {
-        calibrate::socket_throughput(s, Duration::from_secs_f64(secs.max(2.0)))
+    let secs = if p.loss > 0.0 || p.corrupt > 0.0 || p.reorder > 0.0 {
+        secs.max(2.0)
     } else {
-        calibrate::socket_throughput(s, Duration::from_secs_f64(secs))
+        secs
+    };
+    // Two transfers, the better one kept: on a shared host one transfer now and then stalls
+    // (seen: 4.5 MB/s where the next gave 150 MB/s), and SOCKET is what the link can carry.
+    let mut socket = 0.0f64;
+    for _ in 0..2 {
+        let s = calibrate::socket_throughput(s, Duration::from_secs_f64(secs))
+            .map_err(|e| format!("bulk TCP: {e}"))?;
+        socket = socket.max(s);
     }
-    .map_err(|e| format!("bulk TCP: {e}"))?;
     Ok(Calibration {
         rtt_ms: rtt.median_s * 1e3,
         rtt_min_ms: rtt.min_s * 1e3,
@@ -383,8 +389,8 @@ impl RunCtx<'_> {
     }
 }
 
-/// Children killed on drop, so a failing run cleans up.
-struct Procs(Vec<(String, Child)>);
+/// Children killed on drop (and files they leave behind removed), so a failing run cleans up.
+struct Procs(Vec<(String, Child)>, Vec<PathBuf>);
 
 impl Procs {
     fn pids(&self) -> Vec<u32> {
@@ -397,6 +403,9 @@ impl Drop for Procs {
         for (_, c) in &mut self.0 {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        for f in &self.1 {
+            let _ = std::fs::remove_file(f);
         }
     }
 }
@@ -479,7 +488,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         }
         _ => {}
     }
-    let mut procs = Procs(Vec::new());
+    let mut procs = Procs(Vec::new(), Vec::new());
     // --- target ---
     let secret = ctx.scratch.join("seal.secret");
     if p.scheme.is_seal() {
@@ -723,8 +732,18 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         keys.push((path, String::from_utf8_lossy(&o.stdout).trim().to_string()));
     }
     for (i, side) in [Side::Ini, Side::Tgt].into_iter().enumerate() {
+        // wireguard-go's control socket lives in the host-wide /var/run/wireguard/<if>.sock,
+        // not per namespace: each side (and each lab on the host) needs its own name.
+        let ifname = format!(
+            "wl{}{}",
+            ctx.subnet(),
+            if side == Side::Ini { 'i' } else { 't' }
+        );
+        let sock = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
+        let _ = std::fs::remove_file(&sock);
+        procs.1.push(sock);
         let mut c = link.link.command(side, "wireguard-go");
-        c.args(["-f", "wg0"])
+        c.args(["-f", &ifname])
             .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -732,9 +751,12 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         procs.0.push(("wireguard-go".into(), child));
         let ns = link.link.netns(side);
         let t = Instant::now();
-        while run_quiet(Command::new("ip").args(["-n", &ns, "link", "show", "wg0"])).is_err() {
-            if t.elapsed() > Duration::from_secs(5) {
-                return Err(fail("wireguard-go did not create wg0 within 5 s"));
+        while run_quiet(Command::new("ip").args(["-n", &ns, "link", "show", &ifname])).is_err() {
+            // wireguard-go's start-up takes seconds on a loaded 2-core host.
+            if t.elapsed() > Duration::from_secs(20) {
+                return Err(fail(format!(
+                    "wireguard-go did not create {ifname} within 20 s"
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -749,7 +771,7 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         let mut set = link.link.command(side, "wg");
         set.args([
             "set",
-            "wg0",
+            &ifname,
             "listen-port",
             &WG_PORT.to_string(),
             "private-key",
@@ -771,11 +793,13 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             "add",
             &format!("{}/24", wg_ip(side)),
             "dev",
-            "wg0",
+            &ifname,
         ]))
         .map_err(|e| fail(format!("wg address: {e}")))?;
-        run_quiet(Command::new("ip").args(["-n", &ns, "link", "set", "wg0", "mtu", "1420", "up"]))
-            .map_err(|e| fail(format!("wg up: {e}")))?;
+        run_quiet(
+            Command::new("ip").args(["-n", &ns, "link", "set", &ifname, "mtu", "1420", "up"]),
+        )
+        .map_err(|e| fail(format!("wg up: {e}")))?;
     }
     let addr = SocketAddr::from((wg_ip(Side::Tgt), PORT));
     wait_connect(link, addr)
