@@ -76,6 +76,20 @@ pub struct ConnArgs {
     /// "without optimization" cycle.
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pipeline: bool,
+    /// TCP congestion control for the connection: cubic | bbr | reno | ipsan_sf | ipsan_sf_ss
+    /// (the last two after `ipsan tcp load`). Default: the kernel's.
+    #[arg(long, value_name = "NAME")]
+    pub tcp_congestion: Option<String>,
+    /// SO_SNDBUF: bytes (e.g. 8MiB), `kernel` (autotuning, default).
+    #[arg(long, value_name = "SIZE")]
+    pub tcp_sndbuf: Option<ipsan_tcp::BufSize>,
+    /// SO_RCVBUF: bytes (e.g. 8MiB), `kernel` (autotuning, default). Set before connecting, so
+    /// the window scale fits.
+    #[arg(long, value_name = "SIZE")]
+    pub tcp_rcvbuf: Option<ipsan_tcp::BufSize>,
+    /// TCP_NODELAY (default yes: iSCSI PDUs are latency-sensitive).
+    #[arg(long, value_parser = parse_yes_no)]
+    pub tcp_nodelay: Option<bool>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -100,6 +114,21 @@ fn parse_u32_size(s: &str) -> Result<u32, String> {
 }
 
 impl ConnArgs {
+    /// The `--tcp-*` flags, if any was given.
+    pub fn tcp_settings(&self) -> Option<ipsan_tcp::TcpSettings> {
+        let any = self.tcp_congestion.is_some()
+            || self.tcp_sndbuf.is_some()
+            || self.tcp_rcvbuf.is_some()
+            || self.tcp_nodelay.is_some();
+        any.then(|| ipsan_tcp::TcpSettings {
+            congestion: self.tcp_congestion.clone(),
+            sndbuf: self.tcp_sndbuf.unwrap_or_default(),
+            rcvbuf: self.tcp_rcvbuf.unwrap_or_default(),
+            nodelay: Some(self.tcp_nodelay.unwrap_or(true)),
+            ..ipsan_tcp::TcpSettings::default()
+        })
+    }
+
     /// Parse the URL and turn the flags into a session configuration.
     pub fn config(&self, url: &str) -> anyhow::Result<(IscsiUrl, SessionConfig)> {
         let url = IscsiUrl::parse(url)?
@@ -194,6 +223,7 @@ impl ConnArgs {
             nop_interval: (self.nop_interval > 0)
                 .then(|| std::time::Duration::from_secs(self.nop_interval)),
             extension,
+            tcp: self.tcp_settings(),
             ..SessionConfig::default()
         };
         Ok((url, cfg))
@@ -321,6 +351,11 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         workload: bench::WorkloadInfo::from(&w),
         negotiated: session.params().clone(),
         result: measured,
+        tcp: Some(bench::TcpReport {
+            requested: args.conn.tcp_settings(),
+            in_force: session.tcp_in_force(),
+            info_end: session.tcp_info(),
+        }),
     };
     if let Ok(s) = Arc::try_unwrap(session) {
         if let Err(e) = s.logout().await {
@@ -380,6 +415,24 @@ fn print_report(r: &bench::Report) {
         yn(n.header_digest),
         yn(n.data_digest)
     );
+    if let Some(t) = r.tcp.as_ref().and_then(|t| t.in_force.as_ref()) {
+        let info = r.tcp.as_ref().and_then(|t| t.info_end.as_ref());
+        println!(
+            "tcp: congestion={} sndbuf={} rcvbuf={} nodelay={}{}",
+            t.congestion,
+            t.sndbuf,
+            t.rcvbuf,
+            yn(t.nodelay),
+            info.map(|i| format!(
+                " | at end: cwnd={} ssthresh={} rtt={}us retrans={}",
+                i.cwnd,
+                i.ssthresh.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                i.rtt_us,
+                i.total_retrans
+            ))
+            .unwrap_or_default()
+        );
+    }
     println!(
         "result: {:.1} MB/s ({:.1} MiB/s), {:.0} IOPS, {} ops in {:.2}s (read {} B, write {} B)",
         m.throughput_mb_s,

@@ -50,6 +50,16 @@ pub struct Args {
     /// Threads that seal and open data (default: one per CPU).
     #[arg(long)]
     crypto_workers: Option<usize>,
+    /// TCP congestion control for every connection: cubic | bbr | reno | ipsan_sf |
+    /// ipsan_sf_ss (after `ipsan tcp load`). Default: the kernel's.
+    #[arg(long, value_name = "NAME")]
+    tcp_congestion: Option<String>,
+    /// SO_SNDBUF for every connection: bytes (e.g. 8MiB) or `kernel`.
+    #[arg(long, value_name = "SIZE")]
+    tcp_sndbuf: Option<ipsan_tcp::BufSize>,
+    /// SO_RCVBUF for every connection: bytes (e.g. 8MiB) or `kernel`.
+    #[arg(long, value_name = "SIZE")]
+    tcp_rcvbuf: Option<ipsan_tcp::BufSize>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -128,6 +138,20 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             "--queue-depth: must be in 1..=4096"
         );
         config.queue_depth = d;
+    }
+    if args.tcp_congestion.is_some() || args.tcp_sndbuf.is_some() || args.tcp_rcvbuf.is_some() {
+        let mut t = config.tcp.clone().unwrap_or_default();
+        if let Some(c) = &args.tcp_congestion {
+            t.congestion = Some(c.clone());
+        }
+        if let Some(b) = args.tcp_sndbuf {
+            t.sndbuf = b;
+        }
+        if let Some(b) = args.tcp_rcvbuf {
+            t.rcvbuf = b;
+        }
+        t.validate().map_err(|e| anyhow::anyhow!("--tcp-*: {e}"))?;
+        config.tcp = Some(t);
     }
     if let Some(n) = args.crypto_workers {
         anyhow::ensure!(

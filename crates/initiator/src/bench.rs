@@ -248,6 +248,19 @@ pub struct Report {
     pub workload: WorkloadInfo,
     pub negotiated: Negotiated,
     pub result: Measured,
+    /// The connection's TCP settings in force and TCP_INFO at the end of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<TcpReport>,
+}
+
+/// TCP as the kernel ran it for this measurement (papers/002: the WAN leg's window and
+/// congestion control set the ceiling, so every result says what they were).
+#[derive(Debug, Clone, Serialize)]
+pub struct TcpReport {
+    /// What was asked for (`--tcp-*` flags); absent fields: kernel defaults.
+    pub requested: Option<ipsan_tcp::TcpSettings>,
+    pub in_force: Option<ipsan_tcp::InForce>,
+    pub info_end: Option<ipsan_tcp::TcpInfoSnapshot>,
 }
 
 impl Report {
@@ -976,6 +989,7 @@ mod tests {
                     checked_blocks: 0,
                 },
             },
+            tcp: None,
         };
         let v: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
         // The fields docs/bench.md promises to the lab.

@@ -57,6 +57,10 @@ pub struct SessionConfig {
     pub nop_timeout: Duration,
     /// Makes a fresh login extension (e.g. Seal's key negotiation) for each login attempt.
     pub extension: Option<ExtensionFactory>,
+    /// Socket settings for the connection (congestion control, buffers, Nagle), applied before
+    /// connecting so the receive window scale fits (RFC 7323 §2.2). `None`: kernel defaults
+    /// with TCP_NODELAY.
+    pub tcp: Option<ipsan_tcp::TcpSettings>,
 }
 
 /// Builds an [`OriginatorExtension`] per login attempt (a retried login needs fresh state).
@@ -78,6 +82,7 @@ impl Default for SessionConfig {
             nop_interval: Some(Duration::from_secs(5)),
             nop_timeout: Duration::from_secs(10),
             extension: None,
+            tcp: None,
         }
     }
 }
@@ -207,6 +212,8 @@ pub struct Session {
     lun: u64,
     capacity: OnceLock<Capacity>,
     transform: Option<Arc<dyn PayloadTransform>>,
+    /// A duplicate of the connection's socket, for reading TCP settings and TCP_INFO.
+    socket: Option<std::os::fd::OwnedFd>,
 }
 
 impl std::fmt::Debug for Session {
@@ -237,10 +244,33 @@ fn random_isid() -> [u8; 6] {
 
 async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
     let addr = url.socket_addr_string();
-    let stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(&addr))
+    let connect = async {
+        let Some(tcp) = &cfg.tcp else {
+            return TcpStream::connect(&addr).await;
+        };
+        let mut last = None;
+        for sa in tokio::net::lookup_host(&addr).await? {
+            let sock = if sa.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            // Buffers and the congestion control go on before the SYN.
+            tcp.apply(&sock)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            match sock.connect(sa).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr}: no address"))))
+    };
+    let stream = tokio::time::timeout(cfg.connect_timeout, connect)
         .await
         .map_err(|_| Error::Timeout("TCP connect"))??;
-    stream.set_nodelay(true)?;
+    if cfg.tcp.as_ref().and_then(|t| t.nodelay).is_none() {
+        stream.set_nodelay(true)?;
+    }
     Ok(stream)
 }
 
@@ -543,6 +573,10 @@ impl Session {
             max_recv_data_segment_length: params.max_recv_data_segment_length,
         };
         let Conn { stream, rbuf, .. } = conn;
+        let socket = {
+            use std::os::fd::AsFd;
+            stream.as_fd().try_clone_to_owned().ok()
+        };
         let (rd, wr) = stream.into_split();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
@@ -576,6 +610,7 @@ impl Session {
             lun,
             capacity: OnceLock::new(),
             transform: li.transform,
+            socket,
         })
     }
 
@@ -588,6 +623,20 @@ impl Session {
     /// it (see [`crate::transform`]).
     pub fn set_transform(&mut self, t: Arc<dyn PayloadTransform>) {
         self.transform = Some(t);
+    }
+
+    /// The connection's TCP settings as the kernel reports them.
+    pub fn tcp_in_force(&self) -> Option<ipsan_tcp::InForce> {
+        self.socket
+            .as_ref()
+            .and_then(|s| ipsan_tcp::settings::read_back(s).ok())
+    }
+
+    /// A TCP_INFO snapshot of the connection (cwnd, ssthresh, RTT, retransmits, ...).
+    pub fn tcp_info(&self) -> Option<ipsan_tcp::TcpInfoSnapshot> {
+        self.socket
+            .as_ref()
+            .and_then(|s| ipsan_tcp::info::tcp_info(s).ok())
     }
 
     /// The capacity from the last READ CAPACITY.

@@ -10,6 +10,11 @@
 //! nop_interval_secs = 30          # NOP-In keepalive when idle; 0 = off
 //! queue_depth = 128               # commands in flight per session (CmdSN window)
 //!
+//! [server.tcp]                    # optional socket settings (docs/tcp.md)
+//! congestion = "ipsan_sf"         # after `ipsan tcp load`; or cubic, bbr, reno
+//! rcvbuf = 8388608                # bytes, or "kernel"
+//! sndbuf = 8388608
+//!
 //! [discovery.chap]                # optional: CHAP for SendTargets discovery
 //! user = "discover"
 //! secret_file = "/etc/ipsan/discovery.secret"
@@ -89,6 +94,7 @@ struct FileServer {
     nop_interval_secs: Option<u64>,
     queue_depth: Option<u32>,
     crypto_workers: Option<usize>,
+    tcp: Option<ipsan_tcp::TcpSettings>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -293,6 +299,9 @@ pub struct Config {
     pub queue_depth: u32,
     /// Threads that seal and open Seal data (docs/seal.md §6).
     pub crypto_workers: usize,
+    /// Socket settings for every connection (`[server.tcp]`: congestion, sndbuf, rcvbuf,
+    /// nodelay, window_clamp; docs/tcp.md). `None`: kernel defaults with TCP_NODELAY.
+    pub tcp: Option<ipsan_tcp::TcpSettings>,
     pub discovery_chap: Option<ChapPolicy>,
     pub targets: Vec<TargetConfig>,
 }
@@ -307,6 +316,7 @@ impl Default for Config {
             queue_depth: 128,
             crypto_workers: std::thread::available_parallelism()
                 .map_or(2, std::num::NonZeroUsize::get),
+            tcp: None,
             discovery_chap: None,
             targets: Vec::new(),
         }
@@ -481,6 +491,10 @@ impl Config {
                 return Err(err("server.crypto_workers", "must be in 1..=256"));
             }
             c.crypto_workers = n;
+        }
+        if let Some(t) = &f.server.tcp {
+            t.validate().map_err(|e| err("server.tcp", e.to_string()))?;
+            c.tcp = Some(t.clone());
         }
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);

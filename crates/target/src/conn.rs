@@ -43,6 +43,7 @@ pub struct Shared {
     pub offer: TargetOffer,
     pub login_timeout: Duration,
     pub nop_interval: Option<Duration>,
+    pub tcp: Option<ipsan_tcp::TcpSettings>,
 }
 
 /// The largest data-out buffer one command may ask for: bounds memory per command no matter
@@ -62,7 +63,17 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
-    let _ = stream.set_nodelay(true);
+    let _ = stream.set_nodelay(shared.tcp.as_ref().and_then(|t| t.nodelay).unwrap_or(true));
+    if let Some(t) = &shared.tcp {
+        // Congestion control and buffers are per socket (inherited from the listener on
+        // Linux; applied again so a kernel that does not inherit still gets them).
+        match t.apply(&stream) {
+            Ok(f) => {
+                debug!(%peer, congestion = %f.congestion, sndbuf = f.sndbuf, rcvbuf = f.rcvbuf, "connection TCP settings")
+            }
+            Err(e) => warn!(%peer, "TCP settings: {e}"),
+        }
+    }
     let local = stream.local_addr().ok();
     let (rd, wr) = stream.into_split();
     let mut conn = Reader {

@@ -31,6 +31,26 @@ pub enum ServerError {
     Pool { source: std::io::Error },
 }
 
+/// Binds a portal. TCP settings go on the listening socket before `listen`, so accepted
+/// connections inherit the buffers (and the window scale they allow) and the congestion
+/// control from the SYN on.
+fn listen(addr: SocketAddr, tcp: Option<&ipsan_tcp::TcpSettings>) -> std::io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    if let Some(t) = tcp {
+        let in_force = t
+            .apply(&sock)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        info!(%addr, congestion = %in_force.congestion, sndbuf = in_force.sndbuf, rcvbuf = in_force.rcvbuf, notes = ?in_force.notes, "portal TCP settings");
+    }
+    sock.bind(addr)?;
+    sock.listen(1024)
+}
+
 /// A target with its portals bound, ready to run.
 #[derive(Debug)]
 pub struct Server {
@@ -45,8 +65,7 @@ impl Server {
         let registry = Registry::build(config)?;
         let mut listeners = Vec::new();
         for &addr in &config.portals {
-            let l = TcpListener::bind(addr)
-                .await
+            let l = listen(addr, config.tcp.as_ref())
                 .map_err(|source| ServerError::Bind { addr, source })?;
             listeners.push(l);
         }
@@ -64,6 +83,7 @@ impl Server {
                 offer,
                 login_timeout: config.login_timeout,
                 nop_interval: config.nop_interval,
+                tcp: config.tcp.clone(),
             }),
             listeners,
             max_connections: config.max_connections,
