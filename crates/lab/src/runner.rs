@@ -59,6 +59,9 @@ const WG_PORT: u16 = 51820;
 /// Runs `plan`, writing results as it goes; returns every record.
 pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     std::fs::create_dir_all(&cfg.out)?;
+    // The resolved plan, so the results say exactly what was run.
+    let plan_json = serde_json::to_string_pretty(plan).map_err(std::io::Error::other)?;
+    std::fs::write(cfg.out.join("plan.json"), plan_json + "\n")?;
     let scratch = cfg.out.join("scratch");
     std::fs::create_dir_all(&scratch)?;
     let env = Environment::detect(&cfg.exe);
