@@ -351,8 +351,27 @@ async fn writer_task(
 /// Who runs a command.
 #[derive(Clone, Debug)]
 enum Exec {
-    Lu(Arc<LogicalUnit>),
+    /// The LU, and whether its backend works at memory speed (`mem`, `null`): small reads
+    /// and writes then run inline instead of hopping to the blocking pool, which is most of a
+    /// depth-1 command's latency on loopback.
+    Lu(Arc<LogicalUnit>, bool),
     NoLun,
+}
+
+/// The largest READ/WRITE run inline on a memory-speed backend.
+const INLINE_MAX_BYTES: u64 = 1 << 20;
+
+/// Whether `cdb` is a READ/WRITE small enough to run on the network task for `exec`.
+fn runs_inline(exec: &Exec, cdb: &[u8]) -> bool {
+    let Exec::Lu(lu, true) = exec else {
+        return false;
+    };
+    let rw = matches!(
+        cdb.first(),
+        Some(0x08 | 0x0a | 0x28 | 0x2a | 0x88 | 0x8a | 0xa8 | 0xaa)
+    );
+    let (_, blocks) = ipsan_seal::cdb::extent(cdb);
+    rw && u64::from(blocks) * u64::from(lu.block_size()) <= INLINE_MAX_BYTES
 }
 
 #[derive(Debug)]
@@ -563,12 +582,12 @@ impl Session {
         };
         let lun = decode_lun(cmd.lun.to_be_bytes());
         let exec = match self.target.as_ref().and_then(|t| t.luns.get(&lun)) {
-            Some(lu) => Exec::Lu(lu.clone()),
+            Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
             None => Exec::NoLun,
         };
         let mut pre = None;
         let need = match &exec {
-            Exec::Lu(lu) => match lu.command_info(&cdb) {
+            Exec::Lu(lu, _) => match lu.command_info(&cdb) {
                 Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
                 Ok(_) => 0,
                 Err(sense) => {
@@ -718,12 +737,21 @@ impl Session {
         );
     }
 
+    /// Whether LUN `lun`'s backend works at memory speed.
+    fn fast_backend(&self, lun: u64) -> bool {
+        self.target.as_ref().is_some_and(|t| {
+            t.backends
+                .iter()
+                .any(|(id, b)| *id == lun && matches!(b.kind(), "mem" | "null"))
+        })
+    }
+
     /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
     /// unit attentions, CDB checks and reservations still apply (SPC-4 §5.13), so an
     /// initiator without access gets its RESERVATION CONFLICT rather than GOOD.
     fn without_blocks(&self, exec: &Exec, cdb: &[u8]) -> ScsiResponse {
         match exec {
-            Exec::Lu(lu) => lu
+            Exec::Lu(lu, _) => lu
                 .precheck(&self.nexus, cdb)
                 .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
             Exec::NoLun => no_such_lun(cdb),
@@ -807,7 +835,8 @@ impl Session {
                 Some(r) => r,
                 None => {
                     let cdb2 = cdb.clone();
-                    tokio::task::spawn_blocking(move || match exec {
+                    let inline = runs_inline(&exec, &cdb2);
+                    let run = move || match exec {
                         // REPORT LUNS answers for the whole target, whichever LUN it addressed
                         // (SPC-4 §6.33).
                         _ if cdb2.first() == Some(&0xa0) => {
@@ -816,18 +845,21 @@ impl Session {
                                 .unwrap_or_default();
                             report_luns(&luns, &cdb2)
                         }
-                        Exec::Lu(lu) => lu.execute(&ScsiRequest {
+                        Exec::Lu(lu, _) => lu.execute(&ScsiRequest {
                             cdb: &cdb2,
                             data_out: &data_out,
                             nexus: &nexus,
                             lun,
                         }),
                         Exec::NoLun => no_such_lun(&cdb2),
-                    })
-                    .await
-                    .unwrap_or_else(|_| {
-                        ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
-                    })
+                    };
+                    if inline {
+                        run()
+                    } else {
+                        tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
+                            ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
+                        })
+                    }
                 }
             };
             let mut resp = resp;
@@ -1297,7 +1329,7 @@ enum Flow {
 /// length, rewrites the CDB to the whole blocks EDTL covers: `Some(Some(bytes))` to write,
 /// `Some(None)` when not one whole block is covered. `None` for other commands.
 fn overflow_write(exec: &Exec, cdb: &mut [u8], edtl: u32) -> Option<Option<usize>> {
-    let Exec::Lu(lu) = exec else { return None };
+    let Exec::Lu(lu, _) = exec else { return None };
     let bs = lu.block_size().max(1);
     let blocks = edtl / bs;
     let field = match cdb.first()? {
