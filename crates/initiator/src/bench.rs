@@ -605,6 +605,10 @@ pub async fn run(
                 let op = gen.op(i);
                 let lba = (w.offset + op.unit * w.block_size) / bl;
                 let t0 = Instant::now();
+                // Whether this unit was written *before* the read was issued: a write still in
+                // flight may land after the read saw the old data (issue 8 soak: false
+                // "found stamp 0" reports under randrw).
+                let check_read = w.verify && (verify_all_reads || written.get(op.unit));
                 let res = if op.read {
                     match session
                         .read_into(lba, blocks, std::mem::take(&mut rbuf))
@@ -616,7 +620,7 @@ pub async fn run(
                             let _ = st.all.record(ns.max(1));
                             st.read_bytes += w.block_size;
                             let mut r = Ok(());
-                            if w.verify && (verify_all_reads || written.get(op.unit)) {
+                            if check_read {
                                 r = check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch);
                                 st.checked_blocks += u64::from(blocks);
                             }
