@@ -79,7 +79,11 @@ fn main() {
         &format!("{ini};TargetName={open_t};SessionType=Normal;MaxRecvDataSegmentLength=65536;HeaderDigest=CRC32C,None;DataDigest=None;ImmediateData=Yes;InitialR2T=No;MaxBurstLength=1048576;FirstBurstLength=262144;"),
         1,
     );
-    write("login_sm", "open-direct", &enc(&plain, std::slice::from_ref(&direct)));
+    write(
+        "login_sm",
+        "open-direct",
+        &enc(&plain, std::slice::from_ref(&direct)),
+    );
     let sec = login(
         Stage::SECURITY_NEGOTIATION,
         Stage::LOGIN_OPERATIONAL_NEGOTIATION,
