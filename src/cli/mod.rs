@@ -1,8 +1,11 @@
 //! The `ipsan` command line: one subcommand per module.
 
 mod bench;
+mod demo;
 mod discover;
 mod inquiry;
+mod lab;
+mod model;
 mod target;
 mod tcp;
 mod wan;
@@ -24,10 +27,16 @@ pub struct Cli {
 pub enum Command {
     /// Measure a LUN: throughput, IOPS, latency percentiles, CPU (issue 3).
     Bench(Box<bench::Args>),
+    /// One-minute tour: plain vs seal vs WireGuard/TLS/esp-emu over emulated 8 and 64 ms links.
+    Demo(Box<demo::Args>),
     /// List the targets a portal offers (SendTargets).
     Discover(Box<discover::Args>),
     /// Print a LUN's INQUIRY data and capacity.
     Inquiry(Box<inquiry::Args>),
+    /// The papers' experiments end to end: plans, baselines, CPU, model, plots, report (issue 6).
+    Lab(Box<lab::Args>),
+    /// The papers' throughput model (2008 Eq. 3-6, 2006 Eq. 2-3) generalised to depth k.
+    Model(Box<model::Args>),
     /// Serve LUNs over iSCSI (RFC 7143).
     Target(Box<target::Args>),
     /// Storage-friendly TCP: load/unload/list the BPF congestion controls (papers/002).
@@ -39,8 +48,11 @@ pub enum Command {
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Bench(args) => bench::run(*args),
+        Command::Demo(args) => demo::run(*args),
         Command::Discover(args) => discover::run(*args),
         Command::Inquiry(args) => inquiry::run(*args),
+        Command::Lab(args) => lab::run(*args),
+        Command::Model(args) => model::run(*args),
         Command::Target(args) => target::run(*args),
         Command::Tcp(args) => tcp::run(*args),
         Command::Wan(args) => wan::run(*args),
