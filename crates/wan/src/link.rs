@@ -85,6 +85,9 @@ pub fn cleanup(name: &str) -> Result<(), LinkError> {
     a.and(b)
 }
 
+/// Packets the TUN device may hold before the forwarder reads them (see `Link::up`).
+const TUN_TXQUEUELEN: &str = "20000";
+
 /// A running link. Dropping it stops the forwarders and deletes both namespaces.
 #[derive(Debug)]
 pub struct Link {
@@ -205,8 +208,12 @@ impl Link {
                     IFNAME,
                     "mtu",
                     &mtu,
+                    // The device ring in front of the forwarder must never be where packets
+                    // die: drops there are invisible to the model and its counters (a 1000-packet
+                    // ring lost slow-start bursts on a busy host: 320 retransmissions with zero
+                    // emulator drops at 64 ms). Only the model's own queue decides tail drop.
                     "txqueuelen",
-                    "1000",
+                    TUN_TXQUEUELEN,
                     "up",
                 ],
             )?;
