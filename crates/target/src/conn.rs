@@ -9,7 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 
+use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
 use crate::seal_ext::{SealExtension, SealSlot};
 use crate::task::WriteState;
@@ -51,10 +52,6 @@ pub struct Shared {
 const MAX_COMMAND_BYTES: u64 = 64 << 20;
 /// How long shutdown waits for running commands before closing anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// Serves one accepted TCP connection to its end. Errors are logged here; nothing propagates.
 pub async fn serve(
@@ -107,11 +104,7 @@ pub async fn serve(
         params.initiator_name,
         hex::encode(result.isid)
     ));
-    let sealed = slot
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .as_ref()
-        .map(|s| s.cipher().to_string());
+    let sealed = lock(&slot).as_ref().map(|s| s.cipher().to_string());
     info!(
         %peer, seal = sealed.as_deref().unwrap_or("off"), initiator = %params.initiator_name, target = params.target_name.as_deref().unwrap_or("(discovery)"),
         tsih = result.tsih, header_digest = params.header_digest, data_digest = params.data_digest,
@@ -156,11 +149,7 @@ pub async fn serve(
         aborted: VecDeque::new(),
         text_partial: Vec::new(),
         ping: None,
-        seal: slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .map(Arc::new),
+        seal: lock(&slot).take().map(Arc::new),
     };
     let end = session
         .run(&mut conn, &shared, &shutdown, &session_cancel)

@@ -16,4 +16,11 @@ pub mod server;
 pub mod task;
 
 pub use config::Config;
+
+/// Locks a mutex, carrying on past poisoning: the state these mutexes guard stays consistent
+/// across a panicking holder (tables and counters updated in one step), and one failed task
+/// must not take the whole target down.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 pub use server::{Server, ServerHandle};

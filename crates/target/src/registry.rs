@@ -109,10 +109,7 @@ impl Registry {
             target: target.map(str::to_owned),
         };
         let cancel = CancellationToken::new();
-        let mut s = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut s = crate::lock(&self.sessions);
         if let Some(old) = s.by_key.insert(
             key,
             SessionEntry {
@@ -138,10 +135,7 @@ impl Registry {
             isid,
             target: target.map(str::to_owned),
         };
-        let mut s = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut s = crate::lock(&self.sessions);
         if s.by_key.get(&key).is_some_and(|e| e.tsih == tsih) {
             s.by_key.remove(&key);
         }
@@ -149,10 +143,7 @@ impl Registry {
 
     /// Ends every session (shutdown).
     pub fn cancel_all(&self) {
-        let s = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let s = crate::lock(&self.sessions);
         for e in s.by_key.values() {
             e.cancel.cancel();
         }
@@ -161,18 +152,11 @@ impl Registry {
     /// Number of sessions logged in.
     #[must_use]
     pub fn session_count(&self) -> usize {
-        self.sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .by_key
-            .len()
+        crate::lock(&self.sessions).by_key.len()
     }
 
     fn allocate_tsih(&self) -> u16 {
-        let mut s = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut s = crate::lock(&self.sessions);
         loop {
             s.next_tsih = s.next_tsih.wrapping_add(1);
             let candidate = s.next_tsih;
@@ -184,10 +168,7 @@ impl Registry {
     }
 
     fn tsih_exists(&self, tsih: u16) -> bool {
-        let s = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let s = crate::lock(&self.sessions);
         s.by_key.values().any(|e| e.tsih == tsih)
     }
 }

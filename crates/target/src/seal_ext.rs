@@ -101,10 +101,7 @@ impl Extension for SealExtension {
         let neg = self.negotiation(ctx);
         neg.finish(&ids).map_err(|e| failure(&e))?;
         if let Some(s) = neg.take_session() {
-            *self
-                .slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(s);
+            *crate::lock(&self.slot) = Some(s);
         }
         Ok(Vec::new())
     }
