@@ -79,7 +79,14 @@ impl WriteState {
         // alone cannot make the target reserve memory (issue 8: 32 data-less 64 MiB writes
         // used to map 2 GiB).
         let n = imm.min(keep) as usize;
-        let mut buf = BytesMut::with_capacity(n);
+        // Immediate data is data already here: like the first bytes of a burst (see `store`),
+        // it reserves one burst more, so the next burst does not reallocate and copy it.
+        let cap = if n > 0 {
+            keep.min(imm.saturating_add(params.max_burst_length)) as usize
+        } else {
+            0
+        };
+        let mut buf = BytesMut::with_capacity(cap.max(n));
         buf.extend_from_slice(&immediate[..n]);
         // §11.3.1: with F=0 and InitialR2T=No, unsolicited Data-Out follows up to
         // min(FirstBurstLength, EDTL) in total.
@@ -132,7 +139,7 @@ impl WriteState {
             if end > self.unsolicited_end {
                 return Err(DataError("unsolicited data beyond FirstBurstLength"));
             }
-            self.store(offset, data);
+            self.store(offset, data, self.unsolicited_end);
             self.unsolicited_data_sn = self.unsolicited_data_sn.wrapping_add(1);
             self.unsolicited_received = end;
             if h.final_ || end == self.unsolicited_end {
@@ -164,6 +171,7 @@ impl WriteState {
         o.received += len;
         o.next_data_sn = o.next_data_sn.wrapping_add(1);
         let done = o.received == o.plan.len;
+        let burst_end = o.plan.offset + o.plan.len;
         if h.final_ != done {
             return Err(DataError(
                 "F bit does not match the end of the R2T sequence",
@@ -172,18 +180,37 @@ impl WriteState {
         if done {
             self.outstanding.swap_remove(idx);
         }
-        self.store(offset, data);
+        self.store(offset, data, burst_end);
         Ok(())
     }
 
-    fn store(&mut self, offset: u32, data: &[u8]) {
+    /// Stores one Data-Out's bytes at `offset`; `burst_end` is where the burst they belong to
+    /// ends (the R2T's offset + desired length, or the end of the unsolicited data).
+    ///
+    /// Memory is reserved when data arrives, never on a CDB's or R2T's say-so: the first bytes
+    /// of a burst reserve the rest of that burst (at most MaxBurstLength, or FirstBurstLength
+    /// for unsolicited data, RFC 7143 §13.13–14), so a 1 MiB write is one allocation, not a
+    /// chain of doublings, and in-order data is appended with one copy (no zero-fill first).
+    fn store(&mut self, offset: u32, data: &[u8], burst_end: u32) {
         let start = offset.min(self.keep) as usize;
         let end = (offset as usize + data.len()).min(self.keep as usize);
-        if end > start {
+        if end <= start {
+            return;
+        }
+        let want = (burst_end.min(self.keep) as usize).max(end);
+        if want > self.buf.capacity() {
+            self.buf.reserve(want - self.buf.len());
+        }
+        let data = &data[..end - start];
+        if start == self.buf.len() {
+            self.buf.extend_from_slice(data);
+        } else {
+            // Bursts of several outstanding R2Ts may complete out of order (§11.8): fill the
+            // gap with zeros; the bytes arrive later and overwrite them.
             if self.buf.len() < end {
                 self.buf.resize(end, 0);
             }
-            self.buf[start..end].copy_from_slice(&data[..end - start]);
+            self.buf[start..end].copy_from_slice(data);
         }
     }
 
