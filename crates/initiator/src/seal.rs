@@ -161,16 +161,16 @@ impl PayloadTransform for SealTransform {
     fn outbound(&self, cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes> {
         let session = self.session.clone();
         let pool = self.pool.clone();
+        // The caller keeps its plaintext (a retry is sealed afresh), so seal a copy; with a
+        // pool the copy runs on the crypto worker, chunk by chunk with the encryption.
+        let b = binding(cmd);
+        let sealed = pool
+            .as_ref()
+            .map(|pool| pool.seal_copy(&session, b, data.clone()));
         Box::pin(async move {
-            // The caller keeps its plaintext (a retry is sealed afresh), so seal a copy sized
-            // for the trailer.
-            let mut buf =
-                BytesMut::with_capacity(session.sealed_len(data.len()).unwrap_or(data.len()));
-            buf.extend_from_slice(&data);
-            let b = binding(cmd);
-            let sealed = match &pool {
-                Some(pool) => pool.seal(&session, b, buf).await,
-                None => session.seal(&b, buf),
+            let sealed = match sealed {
+                Some(f) => f.await,
+                None => session.seal_copy(&b, &data),
             };
             sealed.map_err(|e| Error::Transform(format!("seal: {e}")))
         })

@@ -1,14 +1,20 @@
 //! The crypto worker pool ("pre-processing" in the papers, 000 §3 and 001 §3): N OS threads seal
 //! and open chunks while the runtime's network task keeps moving bytes.
 //!
-//! `seal`/`open` dispatch one job per chunk *immediately* (so an initiator that calls `seal` for
-//! the next commands while earlier ones are on the wire gets them sealed ahead of time) and
-//! return a future that completes when every chunk is done. The futures use
-//! `tokio::sync::oneshot`, which needs no runtime: any executor can await them. The chunks of one
-//! large command run in parallel across the workers; jobs are served first in, first out, so
-//! earlier commands finish first.
+//! `seal`/`open` dispatch their jobs *immediately* (so an initiator that calls `seal` for the
+//! next commands while earlier ones are on the wire gets them sealed ahead of time) and return a
+//! future that completes when every chunk is done. The futures use `tokio::sync::oneshot`, which
+//! needs no runtime: any executor can await them. Jobs are served first in, first out, so earlier
+//! commands finish first.
+//!
+//! How a command is cut into jobs adapts to load: a command is split across as many workers as
+//! are idle when it arrives (the chunks of one large command run in parallel, so a lone command
+//! does not wait for one core), and becomes a single job when every worker is busy (the
+//! parallelism then comes from the other commands in flight, and each hand-off between threads
+//! that is saved is CPU left for the data).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -18,7 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{OpenError, SealError};
 use crate::frame::{Binding, COUNTER_LEN};
-use crate::session::SealSession;
+use crate::session::{Plan, SealSession};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -28,6 +34,15 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 pub struct CryptoPool {
     tx: Option<mpsc::Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+    /// Jobs queued or running.
+    busy: Arc<AtomicUsize>,
+}
+
+/// Chunk `first..last` of a command, one job's share.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    first: u32,
+    last: u32,
 }
 
 impl CryptoPool {
@@ -35,9 +50,11 @@ impl CryptoPool {
     pub fn new(workers: usize) -> std::io::Result<CryptoPool> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
+        let busy = Arc::new(AtomicUsize::new(0));
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
             let rx = Arc::clone(&rx);
+            let busy = Arc::clone(&busy);
             let h = std::thread::Builder::new()
                 .name(format!("seal-crypto-{i}"))
                 .spawn(move || loop {
@@ -51,6 +68,7 @@ impl CryptoPool {
                         // `PoolClosed`); the worker itself stays available.
                         Ok(job) => {
                             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                            busy.fetch_sub(1, Ordering::Relaxed);
                         }
                         Err(_) => return, // pool dropped
                     }
@@ -60,6 +78,7 @@ impl CryptoPool {
         Ok(CryptoPool {
             tx: Some(tx),
             workers: handles,
+            busy,
         })
     }
 
@@ -69,46 +88,45 @@ impl CryptoPool {
     }
 
     fn submit(&self, job: Job) -> bool {
-        self.tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+        let Some(tx) = self.tx.as_ref() else {
+            return false;
+        };
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        if tx.send(job).is_ok() {
+            true
+        } else {
+            self.busy.fetch_sub(1, Ordering::Relaxed);
+            false
+        }
     }
 
-    /// Seals a command's data on the pool. Counters are reserved now, in call order; the chunks
-    /// are queued now; the returned future yields the sealed transfer (see
-    /// [`SealSession::seal`]).
+    /// Cuts `count` chunks into one part per idle worker (at least one part).
+    fn parts(&self, count: u32) -> impl Iterator<Item = Part> {
+        let idle = self
+            .workers()
+            .saturating_sub(self.busy.load(Ordering::Relaxed))
+            .max(1);
+        let n = u32::try_from(idle).unwrap_or(u32::MAX).min(count).max(1);
+        let per = count.div_ceil(n).max(1);
+        (0..n)
+            .map(move |p| Part {
+                first: p * per,
+                last: ((p + 1) * per).min(count),
+            })
+            .filter(|p| p.first < p.last)
+    }
+
+    /// Seals a command's data on the pool, in place. Counters are reserved now, in call order;
+    /// the jobs are queued now; the returned future yields the sealed transfer (see
+    /// [`SealSession::seal`]). Give `buf` capacity for the trailer
+    /// ([`SealSession::sealed_len`]) to avoid a reallocation.
     pub fn seal(
         &self,
         session: &Arc<SealSession>,
         binding: Binding,
-        mut buf: BytesMut,
+        buf: BytesMut,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
-        let prepared = (|| {
-            let n = buf.len();
-            let Some(plan) = session.plan(n)? else {
-                return Ok(None);
-            };
-            let t = session.cipher().tag_len();
-            let chunk = session.chunk_size() as usize;
-            buf.resize(n + COUNTER_LEN + plan.count as usize * t, 0);
-            let mut trailer = buf.split_off(n);
-            trailer[..COUNTER_LEN].copy_from_slice(&plan.base.to_be_bytes());
-            let mut tags = trailer.split_off(COUNTER_LEN);
-            let mut pending = Vec::with_capacity(plan.count as usize);
-            for i in 0..plan.count {
-                let mut data = buf.split_to(chunk.min(buf.len()));
-                let mut tag = tags.split_to(t);
-                let (tx, rx) = oneshot::channel();
-                let s = Arc::clone(session);
-                let sent = self.submit(Box::new(move || {
-                    s.seal_chunk(&binding, plan, i, &mut data, &mut tag);
-                    let _ = tx.send((data, tag));
-                }));
-                if !sent {
-                    return Err(SealError::PoolClosed);
-                }
-                pending.push(rx);
-            }
-            Ok(Some((pending, trailer)))
-        })();
+        let prepared = self.seal_in_place(session, binding, buf);
         async move {
             let Some((pending, trailer)) = prepared? else {
                 return Ok(Bytes::new());
@@ -126,7 +144,96 @@ impl CryptoPool {
         }
     }
 
-    /// Opens a sealed transfer on the pool; the future yields the plaintext (see
+    #[allow(clippy::type_complexity)]
+    fn seal_in_place(
+        &self,
+        session: &Arc<SealSession>,
+        binding: Binding,
+        mut buf: BytesMut,
+    ) -> Result<Option<(Vec<oneshot::Receiver<(BytesMut, BytesMut)>>, BytesMut)>, SealError> {
+        let n = buf.len();
+        let Some(plan) = session.plan(n)? else {
+            return Ok(None);
+        };
+        let t = session.cipher().tag_len();
+        let chunk = session.chunk_size() as usize;
+        buf.resize(n + COUNTER_LEN + plan.count as usize * t, 0);
+        let mut trailer = buf.split_off(n);
+        trailer[..COUNTER_LEN].copy_from_slice(&plan.base.to_be_bytes());
+        let mut tags = trailer.split_off(COUNTER_LEN);
+        let mut pending = Vec::new();
+        for part in self.parts(plan.count) {
+            let end = (part.last as usize * chunk).min(n);
+            let mut data = buf.split_to(end - part.first as usize * chunk);
+            let mut tag = tags.split_to((part.last - part.first) as usize * t);
+            let (tx, rx) = oneshot::channel();
+            let s = Arc::clone(session);
+            let sent = self.submit(Box::new(move || {
+                for (k, (d, tg)) in data
+                    .chunks_mut(chunk)
+                    .zip(tag.chunks_exact_mut(t))
+                    .enumerate()
+                {
+                    s.seal_chunk(&binding, plan, part.first + k as u32, d, tg);
+                }
+                let _ = tx.send((data, tag));
+            }));
+            if !sent {
+                return Err(SealError::PoolClosed);
+            }
+            pending.push(rx);
+        }
+        Ok(Some((pending, trailer)))
+    }
+
+    /// Seals a copy of `plaintext` on the pool (see [`SealSession::seal_copy`]): the caller
+    /// keeps its data and its thread does no copying when the workers are busy — the copy then
+    /// runs in the one job that seals the command, chunk by chunk while each is in cache.
+    /// Counters are reserved now, in call order.
+    pub fn seal_copy(
+        &self,
+        session: &Arc<SealSession>,
+        binding: Binding,
+        plaintext: Bytes,
+    ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
+        enum Way {
+            Whole(oneshot::Receiver<Bytes>),
+            Split(Box<dyn Future<Output = Result<Bytes, SealError>> + Send>),
+        }
+        let prepared = (|| {
+            let n = plaintext.len();
+            let count = session.framing().chunks(n);
+            let count = u32::try_from(count).map_err(|_| SealError::TooLarge(n))?;
+            if count > 1 && self.parts(count).count() > 1 {
+                // Idle workers: split the command across them, copying here first (the copy
+                // is cheap next to the crypto it lets run in parallel).
+                let mut buf = BytesMut::with_capacity(session.sealed_len(n).unwrap_or(n));
+                buf.extend_from_slice(&plaintext);
+                return Ok(Some(Way::Split(Box::new(self.seal(session, binding, buf)))));
+            }
+            let Some(plan) = session.plan(n)? else {
+                return Ok(None);
+            };
+            let (tx, rx) = oneshot::channel();
+            let s = Arc::clone(session);
+            let sent = self.submit(Box::new(move || {
+                let _ = tx.send(s.seal_copy_planned(&binding, plan, &plaintext));
+            }));
+            if !sent {
+                return Err(SealError::PoolClosed);
+            }
+            Ok(Some(Way::Whole(rx)))
+        })();
+        async move {
+            match prepared? {
+                None => Ok(Bytes::new()),
+                Some(Way::Whole(rx)) => rx.await.map_err(|_| SealError::PoolClosed),
+                Some(Way::Split(f)) => Box::into_pin(f).await,
+            }
+        }
+    }
+
+    /// Opens a sealed transfer on the pool, in place; the future yields the plaintext (see
     /// [`SealSession::open`]). The anti-replay window is checked now and updated once every
     /// chunk has verified.
     pub fn open(
@@ -144,14 +251,15 @@ impl CryptoPool {
             let chunk = session.chunk_size() as usize;
             let mut trailer = buf.split_off(n);
             let mut tags = trailer.split_off(COUNTER_LEN).freeze();
-            let mut pending = Vec::with_capacity(plan.count as usize);
-            for i in 0..plan.count {
-                let mut data = buf.split_to(chunk.min(buf.len()));
-                let tag = tags.split_to(t);
+            let mut pending = Vec::new();
+            for part in self.parts(plan.count) {
+                let end = (part.last as usize * chunk).min(n);
+                let mut data = buf.split_to(end - part.first as usize * chunk);
+                let tag = tags.split_to((part.last - part.first) as usize * t);
                 let (tx, rx) = oneshot::channel();
                 let s = Arc::clone(session);
                 let sent = self.submit(Box::new(move || {
-                    let r = s.open_chunk(&binding, plan, i, &mut data, &tag);
+                    let r = open_part(&s, &binding, plan, part, chunk, t, &mut data, &tag);
                     let _ = tx.send(r.map(|()| data));
                 }));
                 if !sent {
@@ -188,6 +296,24 @@ impl CryptoPool {
             Ok(data.freeze())
         }
     }
+}
+
+/// Opens the chunks of one part; stops at the first that fails.
+#[allow(clippy::too_many_arguments)]
+fn open_part(
+    s: &SealSession,
+    binding: &Binding,
+    plan: Plan,
+    part: Part,
+    chunk: usize,
+    t: usize,
+    data: &mut [u8],
+    tags: &[u8],
+) -> Result<(), OpenError> {
+    for (k, (d, tg)) in data.chunks_mut(chunk).zip(tags.chunks_exact(t)).enumerate() {
+        s.open_chunk(binding, plan, part.first + k as u32, d, tg)?;
+    }
+    Ok(())
 }
 
 impl Drop for CryptoPool {

@@ -238,6 +238,41 @@ impl SealSession {
         Ok(buf.freeze())
     }
 
+    /// Seals a copy of `plaintext` and returns the sealed transfer; `plaintext` is left as it
+    /// was (a caller that must keep its data, like an initiator that may retry a write).
+    ///
+    /// The copy and the encryption run chunk by chunk, so each chunk is encrypted while it is
+    /// still in cache: one pass over memory instead of a whole-buffer copy and then another.
+    pub fn seal_copy(&self, b: &Binding, plaintext: &[u8]) -> Result<Bytes, SealError> {
+        let n = plaintext.len();
+        let Some(plan) = self.plan(n)? else {
+            return Ok(Bytes::new());
+        };
+        Ok(self.seal_copy_planned(b, plan, plaintext))
+    }
+
+    /// [`Self::seal_copy`] with counters already reserved by [`Self::plan`].
+    pub(crate) fn seal_copy_planned(&self, b: &Binding, plan: Plan, plaintext: &[u8]) -> Bytes {
+        let n = plaintext.len();
+        let t = self.framing.cipher.tag_len();
+        let chunk = self.framing.chunk_size as usize;
+        let total = n + COUNTER_LEN + plan.count as usize * t;
+        let mut out = BytesMut::with_capacity(total);
+        let mut tags = vec![0u8; plan.count as usize * t];
+        for (i, (src, tag)) in plaintext
+            .chunks(chunk)
+            .zip(tags.chunks_exact_mut(t))
+            .enumerate()
+        {
+            let at = out.len();
+            out.extend_from_slice(src);
+            self.seal_chunk(b, plan, i as u32, &mut out[at..], tag);
+        }
+        out.extend_from_slice(&plan.base.to_be_bytes());
+        out.extend_from_slice(&tags);
+        out.freeze()
+    }
+
     /// Reads the trailer of a sealed transfer and checks the anti-replay window.
     pub(crate) fn open_plan(&self, b: &Binding, sealed: &[u8]) -> Result<Option<Plan>, OpenError> {
         let s = sealed.len();

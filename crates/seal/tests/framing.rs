@@ -268,6 +268,54 @@ fn pool_seal_and_open_match_the_session_and_run_chunks_in_parallel() {
 }
 
 #[test]
+fn seal_copy_leaves_the_plaintext_and_opens_for_every_size_and_pool_width() {
+    // Sizes around chunk boundaries; pools of 1-4 workers, idle (the command is split across
+    // workers) and saturated (one job per command); every way of sealing opens every way.
+    let chunk = 1024usize;
+    for cipher in Cipher::ALL {
+        let (init, target) = pair(cipher, chunk as u32);
+        let (init, target) = (Arc::new(init), Arc::new(target));
+        for workers in 1..=4 {
+            let pool = CryptoPool::new(workers).unwrap();
+            for (i, n) in [1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3, 16 * chunk]
+                .into_iter()
+                .enumerate()
+            {
+                let data: Vec<u8> = (0..n).map(|j| (j * 31 + i) as u8).collect();
+                let plain = bytes::Bytes::from(data.clone());
+                let b = Binding {
+                    task_tag: (workers * 100 + i) as u32,
+                    ..write_binding()
+                };
+                let inline = init.seal_copy(&b, &plain).unwrap();
+                assert_eq!(inline.len(), init.sealed_len(n).unwrap());
+                assert_eq!(&plain[..], &data[..], "seal_copy must not touch its input");
+                // Saturate the pool with queued commands so the next one is a single job.
+                let queued: Vec<_> = (0..2 * workers)
+                    .map(|k| {
+                        let bk = Binding {
+                            task_tag: 1_000_000 + k as u32,
+                            ..b
+                        };
+                        pool.seal_copy(&init, bk, plain.clone())
+                    })
+                    .collect();
+                let busy = block_on(pool.seal_copy(&init, b, plain.clone())).unwrap();
+                for f in queued {
+                    block_on(f).unwrap();
+                }
+                // An idle pool splits the command across its workers.
+                let idle = block_on(pool.seal_copy(&init, b, plain.clone())).unwrap();
+                for sealed in [inline, busy, idle] {
+                    let opened = block_on(pool.open(&target, b, buf(&sealed))).unwrap();
+                    assert_eq!(&opened[..], &data[..], "{cipher} workers={workers} n={n}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn pool_open_rejects_tampering_and_counts_it() {
     let (init, target) = pair(Cipher::Aes256Gcm, 4096);
     let (init, target) = (Arc::new(init), Arc::new(target));

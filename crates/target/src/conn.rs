@@ -853,11 +853,10 @@ impl Session {
             };
             let mut resp = resp;
             if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
+                // The device server's buffer has no room for the trailer: seal a copy, made
+                // on the crypto worker chunk by chunk with the encryption.
                 let plain = std::mem::take(&mut resp.data_in);
-                let mut buf =
-                    BytesMut::with_capacity(session.sealed_len(plain.len()).unwrap_or(plain.len()));
-                buf.extend_from_slice(&plain);
-                match pool.seal(session, *binding, buf).await {
+                match pool.seal_copy(session, *binding, plain).await {
                     Ok(sealed) => resp.data_in = sealed,
                     Err(e) => {
                         warn!(itt, "seal: cannot seal data-in: {e}");
