@@ -7,6 +7,11 @@ mod cli;
 
 use clap::Parser;
 
+/// mimalloc instead of glibc malloc: the hot path allocates and frees data buffers of up to
+/// MaxBurstLength per command, which glibc hands back to the kernel and faults in again.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(args.verbose);
