@@ -620,7 +620,14 @@ impl LoginMachine {
         }
         if reply.transit && reply.nsg == Stage::FULL_FEATURE_PHASE {
             // Keys the target never answered keep their RFC 7143 defaults, except the ones
-            // whose defaults we override on purpose; an unanswered offer means "default".
+            // whose defaults we override on purpose; an unanswered offer means "default" —
+            // but a digest we insisted on must not fall back to None that way either (found
+            // by the `initiator_login` fuzz target: a misspelt DataDigest answer).
+            for key in ["HeaderDigest", "DataDigest"] {
+                if let Some(ours) = self.offered.get(key).filter(|v| v.as_str() != "None") {
+                    return Err(Error::Login(format!("target never answered {key}={ours}")));
+                }
+            }
             self.offered.clear();
             self.validate()?;
             return Ok(LoginNext::Done(Box::new(self.result.clone())));
@@ -895,6 +902,34 @@ mod tests {
         assert!(m
             .handle(reply(OP, FF, true, &[("HeaderDigest", "None")]))
             .is_err());
+    }
+
+    #[test]
+    fn rejects_unanswered_digest_instead_of_falling_back() {
+        // Regression (fuzz target initiator_login): the target answered `DataDigesf=CRC32C`
+        // and went to full feature phase; the session came up without the data digest.
+        let opts = LoginOptions {
+            digest: DigestChoice::Both,
+            ..LoginOptions::default()
+        };
+        let (mut m, _) = LoginMachine::start(opts, SessionKind::Discovery);
+        m.handle(reply(SEC, OP, true, &[])).unwrap();
+        let err = m
+            .handle(reply(
+                OP,
+                FF,
+                true,
+                &[("HeaderDigest", "CRC32C"), ("DataDigesf", "CRC32C")],
+            ))
+            .unwrap_err();
+        assert!(err.to_string().contains("DataDigest=CRC32C"), "{err}");
+        // Not insisting on a digest: an unanswered offer of None still means None.
+        let (mut m, _) = LoginMachine::start(LoginOptions::default(), SessionKind::Discovery);
+        m.handle(reply(SEC, OP, true, &[])).unwrap();
+        assert!(matches!(
+            m.handle(reply(OP, FF, true, &[])).unwrap(),
+            LoginNext::Done(n) if !n.data_digest && !n.header_digest
+        ));
     }
 
     #[test]

@@ -22,6 +22,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use iscsi_wire::header::{
     DataOut, LoginRequest, LogoutReason, LogoutRequest, NopOut, ScsiCommand, TaskAttr, TextRequest,
 };
-use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
+use iscsi_wire::{Codec, Header, Pdu, BHS_LEN, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -176,7 +177,17 @@ struct Shared {
     reg: mpsc::UnboundedSender<Reg>,
     params: Negotiated,
     io_tasks: Mutex<Vec<AbortHandle>>,
+    /// Bytes of answers to the target's NOP-In pings queued but not yet handed to the socket
+    /// (see [`MAX_QUEUED_PONG_BYTES`]).
+    pong_bytes: AtomicUsize,
 }
+
+/// A target that pings (NOP-In with a TTT, RFC 7143 §11.19) faster than it reads the answers
+/// would grow the send queue without bound (a 128 MiB flood grew RSS by 132 MiB before this
+/// cap, `robust_hostile_target::nop_in_flood_from_a_target_that_never_reads_stays_bounded`).
+/// Past this many queued bytes the connection fails instead. A polite target has one ping
+/// outstanding at a time.
+const MAX_QUEUED_PONG_BYTES: usize = 1024 * 1024;
 
 impl Shared {
     /// Record why the connection died (first reason wins) and stop the I/O tasks.
@@ -594,6 +605,7 @@ impl Session {
             reg: reg_tx,
             params,
             io_tasks: Mutex::new(Vec::new()),
+            pong_bytes: AtomicUsize::new(0),
         });
         let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
         let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
@@ -994,7 +1006,7 @@ async fn writer(
     rx: mpsc::UnboundedReceiver<Pdu>,
     shared: Arc<Shared>,
 ) {
-    if let Err(e) = writer_inner(wr, codec, rx).await {
+    if let Err(e) = writer_inner(wr, codec, rx, &shared).await {
         shared.kill(format!("send failed: {e}"));
     }
 }
@@ -1003,6 +1015,7 @@ async fn writer_inner(
     mut wr: OwnedWriteHalf,
     codec: Codec,
     mut rx: mpsc::UnboundedReceiver<Pdu>,
+    shared: &Shared,
 ) -> Result<()> {
     let mut head = BytesMut::with_capacity(64 * 1024);
     let mut segs: VecDeque<Bytes> = VecDeque::new();
@@ -1012,6 +1025,13 @@ async fn writer_inner(
         // Batch what is already queued so many small PDUs go out in one syscall.
         while let Some(pdu) = next.take() {
             let trailer = codec.encode_head(&pdu, &mut head)?;
+            if let Header::NopOut(n) = &pdu.header {
+                if n.itt == RESERVED_TAG {
+                    shared
+                        .pong_bytes
+                        .fetch_sub(BHS_LEN + pdu.data.len(), Ordering::Relaxed);
+                }
+            }
             if !pdu.data.is_empty() {
                 segs.push_back(head.split().freeze());
                 batched += pdu.data.len();
@@ -1337,7 +1357,16 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 }
             }
             if h.ttt != RESERVED_TAG {
-                // The target pings us: answer with its TTT and data (RFC 7143 §11.18).
+                let cost = BHS_LEN + pdu.data.len();
+                let queued = shared.pong_bytes.fetch_add(cost, Ordering::Relaxed) + cost;
+                if queued > MAX_QUEUED_PONG_BYTES {
+                    return Err(Error::Protocol(format!(
+                        "target sent NOP-In pings faster than it reads the answers \
+                         ({queued} bytes of NOP-Out queued)"
+                    )));
+                }
+                // The target pings us: answer with its TTT and data (RFC 7143 §11.18). The
+                // data is copied so a queued answer does not pin the receive buffer.
                 let sn = shared.lock()?;
                 let pong = NopOut {
                     immediate: true,
@@ -1349,7 +1378,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 };
                 shared
                     .out
-                    .send(Pdu::new(pong, pdu.data.clone()))
+                    .send(Pdu::new(pong, Bytes::copy_from_slice(&pdu.data)))
                     .map_err(|_| shared.lost())?;
             }
         }
