@@ -103,6 +103,16 @@ impl CutState {
                 .any(|&(s, e)| hit(s, e.unwrap_or(Nanos::MAX)))
     }
 
+    /// The next scheduled start or end of a cut after `now`, so that an idle forwarder can
+    /// wake up to report the change (`cut` in the stats).
+    pub fn next_change(&self, now: Nanos) -> Option<Nanos> {
+        self.scheduled
+            .iter()
+            .flat_map(|&(s, e)| [s, e])
+            .filter(|&t| t > now)
+            .min()
+    }
+
     /// Whether anything could ever cut this direction (lets the forwarder skip the checks).
     pub fn is_idle(&self) -> bool {
         self.scheduled.is_empty() && self.manual.is_empty()
@@ -222,6 +232,9 @@ mod tests {
         assert!(c.set_schedule(&[win(1, 1)], 10 * S));
         assert!(!c.is_cut(5 * S));
         assert!(c.is_cut(11 * S));
+        assert_eq!(c.next_change(10 * S), Some(11 * S));
+        assert_eq!(c.next_change(11 * S), Some(12 * S));
+        assert_eq!(c.next_change(12 * S), None);
         assert!(c.set_schedule(&[], 20 * S));
         assert!(!c.is_cut(11 * S));
     }

@@ -383,9 +383,9 @@ impl Forwarder {
                 .queue_depth
                 .store(self.pipeline.queue_len(now) as u64, Relaxed);
             c.counters.in_flight.store(self.heap.len() as u64, Relaxed);
-            if !self.cuts.is_idle() {
-                c.counters.cut.store(self.cuts.is_cut(now), Relaxed);
-            }
+            c.counters
+                .cut
+                .store(!self.cuts.is_idle() && self.cuts.is_cut(now), Relaxed);
             if got > 0 {
                 continue;
             }
@@ -394,9 +394,13 @@ impl Forwarder {
             } else {
                 (2 * self.oversleep_ewma + SPIN_NS).min(MAX_SPIN_NS)
             };
-            match self.heap.peek() {
-                Some(&Reverse((t, _, _))) if t <= now + margin => std::hint::spin_loop(),
-                Some(&Reverse((t, _, _))) => {
+            // An idle forwarder still wakes when a scheduled cut starts or ends, to update
+            // the `cut` gauge.
+            let cut_change = self.cuts.next_change(now).map(|t| t + margin);
+            match self.heap.peek().map(|r| r.0 .0).or(cut_change) {
+                Some(t) if t <= now + margin => std::hint::spin_loop(),
+                Some(t) => {
+                    let t = cut_change.map_or(t, |c| c.min(t));
                     let timeout = t - now - margin;
                     if !self.sleep(&fds, Some(timeout))? {
                         let over = self
