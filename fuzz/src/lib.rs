@@ -530,6 +530,7 @@ pub fn wan_model(data: &[u8]) {
         duplicate: inp.prob(0.5),
         rate_bps: u64::from(inp.u32()) * 8,
         queue: QueueLimit::Packets(queue_limit),
+        cuts: Vec::new(),
     };
     if cfg.validate().is_err() {
         return;

@@ -60,6 +60,11 @@ pub struct ConnArgs {
     /// NOP-Out keepalive interval in seconds (0 disables).
     #[arg(long, default_value_t = 5)]
     pub nop_interval: u64,
+    /// Seconds a keepalive NOP-Out may stay unanswered before the connection is declared
+    /// failed and every command in flight fails (a silently dead link is found within
+    /// --nop-interval + --nop-timeout).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub nop_timeout: u64,
     /// Seal every command's data (docs/seal.md): aes-256-gcm | chacha20-poly1305 |
     /// 3des-cbc-hmac-sha1 (legacy, the papers' cipher) | none (same framing, no protection).
     /// Without --seal the session is plain. The login fails if the target does not agree.
@@ -222,6 +227,7 @@ impl ConnArgs {
             login,
             nop_interval: (self.nop_interval > 0)
                 .then(|| std::time::Duration::from_secs(self.nop_interval)),
+            nop_timeout: std::time::Duration::from_secs(self.nop_timeout),
             extension,
             tcp: self.tcp_settings(),
             ..SessionConfig::default()
@@ -332,7 +338,9 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     };
     let session = Arc::new(session);
     let tick = ipsan_initiator::progress::reporter(!args.quiet);
-    let measured = bench::run(session.clone(), w.clone(), tick).await?;
+    let measured = bench::run(session.clone(), w.clone(), tick)
+        .await
+        .map_err(bench_failure)?;
     let report = bench::Report {
         schema: "ipsan-bench/1",
         tool: "ipsan bench",
@@ -373,6 +381,20 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One clear line for a failed run: a lost connection says so first (issue 8: a dead link must
+/// end in "connection to the target failed", not a hang or a bare I/O error). The message
+/// already holds its cause, so the chain is not repeated.
+fn bench_failure(e: bench::BenchError) -> anyhow::Error {
+    use ipsan_initiator::Error;
+    match &e {
+        bench::BenchError::Io {
+            source: Error::ConnectionLost(_) | Error::Io(_) | Error::Timeout(_),
+            ..
+        } => anyhow::anyhow!("connection to the target failed: {e}"),
+        _ => anyhow::anyhow!("{e}"),
+    }
 }
 
 fn print_report(r: &bench::Report) {

@@ -25,10 +25,15 @@ enum Cmd {
     Up(UpArgs),
     /// Change the impairments of a running link (flags not given keep their value).
     Set(SetArgs),
-    /// Per-direction counters: packets, bytes, drops (loss / queue), reordered, corrupted.
+    /// Per-direction counters: packets, bytes, drops (loss / queue / cut), reordered,
+    /// corrupted, and the TUN devices' own kernel drops.
     Stats(StatsArgs),
     /// Run a command inside one side's namespace: `ipsan wan exec ini -- iperf3 -c 10.231.0.2`.
     Exec(ExecArgs),
+    /// Cut the link now: nothing crosses (and packets on the wire are lost) until `restore`.
+    Cut(CutArgs),
+    /// End a cut made with `ipsan wan cut` (a scheduled --cut follows its schedule).
+    Restore(NameArg),
     /// Tear a link down (idempotent; also cleans up after a crashed daemon).
     Down(NameArg),
     /// Unprivileged TCP-level delay relay. LESS FAITHFUL: it terminates TCP on both sides,
@@ -37,6 +42,16 @@ enum Cmd {
     /// (internal) The daemon `up` starts.
     #[command(hide = true)]
     Daemon(DaemonArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CutArgs {
+    /// Link name.
+    #[arg(long, default_value = "lab")]
+    name: String,
+    /// Which direction: both, up (ini->tgt) or down (tgt->ini).
+    #[arg(long, default_value = "both", value_parser = ["both", "up", "down"])]
+    dir: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,6 +134,14 @@ struct Impair {
     queue_up: Option<String>,
     #[arg(long)]
     queue_down: Option<String>,
+    /// Scheduled link cuts, START+LENGTH[,...] counted from when the setting takes effect,
+    /// e.g. 5s+3s (cut 5 s from now for 3 s); `none` clears. Nothing crosses while cut.
+    #[arg(long)]
+    cut: Option<String>,
+    #[arg(long)]
+    cut_up: Option<String>,
+    #[arg(long)]
+    cut_down: Option<String>,
 }
 
 fn pick<'a>(both: &'a Option<String>, one: &'a Option<String>) -> Option<&'a str> {
@@ -191,6 +214,9 @@ impl Impair {
         }
         if let Some(s) = pick(&self.queue, &side(&self.queue_up, &self.queue_down)) {
             d.queue = parse_queue("queue", s)?;
+        }
+        if let Some(s) = pick(&self.cut, &side(&self.cut_up, &self.cut_down)) {
+            d.cuts = ipsan_wan::cut::parse_cuts("cut", s)?;
         }
         d.validate()?;
         Ok(())
@@ -281,6 +307,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Set(a) => set(a),
         Cmd::Stats(a) => stats(a),
         Cmd::Exec(a) => exec(a),
+        Cmd::Cut(a) => cut(a),
+        Cmd::Restore(a) => restore(a),
         Cmd::Down(a) => down(a),
         Cmd::Proxy(a) => proxy(a),
         Cmd::Daemon(a) => daemon(a),
@@ -420,6 +448,9 @@ fn summary(cfg: &LinkConfig, engine: Engine) -> String {
         if d.rate_bps > 0 {
             s += &format!(" rate {} bit/s queue {:?}", d.rate_bps, d.queue);
         }
+        for w in &d.cuts {
+            s += &format!(" cut {:?}+{:?}", w.start, w.len);
+        }
         s
     };
     let (ini, tgt) = ipsan_wan::link::ns_names(&cfg.name);
@@ -487,13 +518,14 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<16} {:>12} {:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10}",
+        "{:<16} {:>12} {:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10}",
         "direction",
         "packets",
         "bytes",
         "drop-loss",
         "drop-queue",
         "drop-other",
+        "drop-cut",
         "reordered",
         "corrupted",
         "duplicated",
@@ -502,6 +534,31 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
     );
     for (name, d) in [("up (ini->tgt)", st.up), ("down (tgt->ini)", st.down)] {
         print_dir(name, &d);
+    }
+    if st.up.cut || st.down.cut {
+        println!(
+            "link is CUT now: up {}, down {}",
+            if st.up.cut { "cut" } else { "open" },
+            if st.down.cut { "cut" } else { "open" }
+        );
+    }
+    if let Some(dev) = st.devices {
+        // A direction enters the emulator as the sending TUN's tx and leaves it as the
+        // receiving TUN's rx: tx drops are packets the kernel could not queue for the
+        // forwarder (ring full), rx drops packets the kernel refused after the forwarder.
+        println!(
+            "TUN devices (kernel):  {:<16} {:>12} {:>12}",
+            "", "ring-drops", "rx-drops"
+        );
+        for (name, from, to) in [
+            ("up (ini->tgt)", dev.ini, dev.tgt),
+            ("down (tgt->ini)", dev.tgt, dev.ini),
+        ] {
+            println!(
+                "                       {:<16} {:>12} {:>12}",
+                name, from.tx_dropped, to.rx_dropped
+            );
+        }
     }
     Ok(())
 }
@@ -513,19 +570,37 @@ fn print_dir(name: &str, d: &DirStats) {
         None => ">5ms".into(),
     };
     println!(
-        "{:<16} {:>12} {:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10}",
+        "{:<16} {:>12} {:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10}",
         name,
         d.packets_in,
         d.bytes_in,
         d.dropped_loss,
         d.dropped_queue,
         d.dropped_other,
+        d.dropped_cut,
         d.reordered,
         d.corrupted,
         d.duplicated,
         d.queue_depth,
         late
     );
+}
+
+fn cut(a: CutArgs) -> anyhow::Result<()> {
+    let (up, down) = match a.dir.as_str() {
+        "up" => (true, false),
+        "down" => (false, true),
+        _ => (true, true),
+    };
+    control::request(&a.name, &Request::Cut { up, down })?;
+    println!("link {} cut ({})", a.name, a.dir);
+    Ok(())
+}
+
+fn restore(a: NameArg) -> anyhow::Result<()> {
+    control::request(&a.name, &Request::Restore)?;
+    println!("link {} restored", a.name);
+    Ok(())
 }
 
 fn exec(a: ExecArgs) -> anyhow::Result<()> {

@@ -726,27 +726,11 @@ pub async fn run(
         agg.checked_blocks += s.checked_blocks;
     }
 
-    // --verify with writes: read back everything written in this run (not timed).
+    // --verify with writes: read back everything written in this run (not timed), with the
+    // workload's depth in flight: one read at a time made a 1 GiB read-back over a lossy WAN
+    // take ten times the write (issue 8), since every tail loss waits for a retransmit timeout.
     if w.verify && w.mode.writes() {
-        let mut scratch = Vec::new();
-        let mut buf = BytesMut::new();
-        for u in 0..units {
-            if !written.get(u) {
-                continue;
-            }
-            let lba = (w.offset + u * w.block_size) / bl;
-            buf = session
-                .read_into(lba, blocks, buf)
-                .await
-                .map_err(|e| BenchError::Io {
-                    op: "verify read",
-                    lba,
-                    blocks,
-                    source: e,
-                })?;
-            check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch)?;
-            agg.checked_blocks += u64::from(blocks);
-        }
+        agg.checked_blocks += read_back(&session, &written, units, &w, bl, blocks, w.depth).await?;
     }
 
     let secs = wall.as_secs_f64().max(1e-9);
@@ -773,6 +757,80 @@ pub async fn run(
             checked_blocks: agg.checked_blocks,
         },
     })
+}
+
+/// Reads back and checks every unit in `written`, `depth` reads in flight; returns the blocks
+/// checked. The first failure (I/O or a wrong pattern) stops the other readers.
+async fn read_back(
+    session: &Arc<Session>,
+    written: &Arc<Written>,
+    units: u64,
+    w: &Workload,
+    bl: u64,
+    blocks: u32,
+    depth: usize,
+) -> Result<u64, BenchError> {
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut readers = Vec::with_capacity(depth);
+    for _ in 0..depth.max(1) {
+        let (session, written, next, stop) =
+            (session.clone(), written.clone(), next.clone(), stop.clone());
+        let (offset, block_size, seed) = (w.offset, w.block_size, w.seed);
+        readers.push(tokio::spawn(async move {
+            let mut scratch = Vec::new();
+            let mut buf = BytesMut::new();
+            let mut checked = 0u64;
+            loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                if u >= units || stop.load(Ordering::Relaxed) {
+                    return Ok(checked);
+                }
+                if !written.get(u) {
+                    continue;
+                }
+                let lba = (offset + u * block_size) / bl;
+                let r = match session.read_into(lba, blocks, buf).await {
+                    Ok(b) => {
+                        buf = b;
+                        check_pattern(&buf, lba, bl as usize, seed, &mut scratch)
+                    }
+                    Err(e) => {
+                        buf = BytesMut::new();
+                        Err(BenchError::Io {
+                            op: "verify read",
+                            lba,
+                            blocks,
+                            source: e,
+                        })
+                    }
+                };
+                if let Err(e) = r {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                checked += u64::from(blocks);
+            }
+        }));
+    }
+    let mut total = 0;
+    let mut first_err = None;
+    for r in readers {
+        match r.await {
+            Ok(Ok(n)) => total += n,
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err
+                    .get_or_insert(BenchError::Workload(format!("verify reader panicked: {e}")));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
 }
 
 /// Parse sizes like `64KiB`, `1MiB`, `1GiB`, `4k`, `512`, `1MB` (decimal with SI suffixes).

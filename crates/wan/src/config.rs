@@ -142,6 +142,60 @@ pub struct DirConfig {
     pub rate_bps: u64,
     /// Bottleneck queue limit (only meaningful with a rate).
     pub queue: QueueLimit,
+    /// Scheduled link cuts (issue 8): windows during which this direction carries nothing,
+    /// counted from the moment the schedule took effect (`crate::cut`).
+    pub cuts: Vec<CutWindow>,
+}
+
+/// One scheduled cut: `len` of outage starting `start` after the schedule took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CutWindow {
+    /// Offset of the cut from the moment the schedule took effect.
+    pub start: Duration,
+    /// How long the link stays cut.
+    pub len: Duration,
+}
+
+/// Most windows a cut schedule may hold.
+pub const MAX_CUTS: usize = 64;
+
+/// Checks a cut schedule: at most [`MAX_CUTS`] windows, each longer than zero and within a
+/// day, in order and not overlapping.
+pub fn validate_cuts(what: &'static str, cuts: &[CutWindow]) -> Result<(), ConfigError> {
+    if cuts.len() > MAX_CUTS {
+        return Err(ConfigError::Range {
+            what,
+            why: format!("{} cut windows; at most {MAX_CUTS}", cuts.len()),
+        });
+    }
+    let day = Duration::from_secs(86_400);
+    let mut prev_end = None;
+    for w in cuts {
+        if w.len.is_zero() {
+            return Err(ConfigError::Range {
+                what,
+                why: "a cut must last longer than zero".into(),
+            });
+        }
+        if w.start > day || w.len > day {
+            return Err(ConfigError::Range {
+                what,
+                why: "cut offsets and lengths must be within a day".into(),
+            });
+        }
+        if prev_end.is_some_and(|e| w.start < e) {
+            return Err(ConfigError::Range {
+                what,
+                why: format!(
+                    "cut at {:?} starts before the previous one ends; give windows in order, \
+                     not overlapping",
+                    w.start
+                ),
+            });
+        }
+        prev_end = Some(w.start + w.len);
+    }
+    Ok(())
 }
 
 impl Default for DirConfig {
@@ -157,6 +211,7 @@ impl Default for DirConfig {
             duplicate: 0.0,
             rate_bps: 0,
             queue: QueueLimit::default(),
+            cuts: Vec::new(),
         }
     }
 }
@@ -200,6 +255,7 @@ impl DirConfig {
                 });
             }
         }
+        validate_cuts("cut", &self.cuts)?;
         match self.queue {
             QueueLimit::Packets(0) | QueueLimit::Bytes(0) => Err(ConfigError::Range {
                 what: "queue",

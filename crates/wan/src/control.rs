@@ -2,7 +2,7 @@
 //!
 //! `ipsan wan up` starts the daemon, which brings the [`Link`] up, binds
 //! `/run/ipsan-wan/<name>.sock` and answers one JSON request per line (`stats`, `config`,
-//! `set`, `reset`, `down`). `ipsan wan down` asks it to stop and, if it crashed, cleans up
+//! `set`, `reset`, `cut`, `restore`, `down`). `ipsan wan down` asks it to stop and, if it crashed, cleans up
 //! what it left (namespaces, socket, pid file) by itself.
 
 use crate::config::{validate_name, DirConfig, LinkConfig};
@@ -54,8 +54,23 @@ pub enum Request {
     },
     /// Zero the counters.
     Reset,
+    /// Cut the link until `restore` (issue 8).
+    Cut {
+        /// Cut initiator → target.
+        #[serde(default = "yes")]
+        up: bool,
+        /// Cut target → initiator.
+        #[serde(default = "yes")]
+        down: bool,
+    },
+    /// End a manual cut.
+    Restore,
     /// Tear the link down and exit.
     Down,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A control response.
@@ -95,9 +110,24 @@ pub fn serve(cfg: LinkConfig, ready: impl FnOnce(&Link)) -> Result<(), LinkError
         let Ok(mut conn) = conn else { continue };
         let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
         let (resp, stop) = match read_request(&conn) {
-            Ok(Request::Stats) => (Response::Stats(link.stats()), false),
+            Ok(Request::Stats) => {
+                let mut st = link.stats();
+                st.devices = link
+                    .device_stats()
+                    .map_err(|e| tracing::debug!("device stats: {e}"))
+                    .ok();
+                (Response::Stats(st), false)
+            }
             Ok(Request::Config) => (Response::Config(link.config().clone()), false),
             Ok(Request::Set { up, down }) => match link.set(*up, *down) {
+                Ok(()) => (Response::Ok, false),
+                Err(e) => (Response::Error(e.to_string()), false),
+            },
+            Ok(Request::Cut { up, down }) => match link.cut(up, down) {
+                Ok(()) => (Response::Ok, false),
+                Err(e) => (Response::Error(e.to_string()), false),
+            },
+            Ok(Request::Restore) => match link.restore() {
                 Ok(()) => (Response::Ok, false),
                 Err(e) => (Response::Error(e.to_string()), false),
             },

@@ -10,6 +10,7 @@
 //! and are reused, so the steady state allocates nothing.
 
 use crate::config::DirConfig;
+use crate::cut::CutState;
 use crate::pipeline::{DropReason, Nanos, Packet, Pipeline, Verdict};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
@@ -44,6 +45,8 @@ pub struct DirCounters {
     dropped_loss: AtomicU64,
     dropped_queue: AtomicU64,
     dropped_other: AtomicU64,
+    dropped_cut: AtomicU64,
+    cut: AtomicBool,
     reordered: AtomicU64,
     corrupted: AtomicU64,
     duplicated: AtomicU64,
@@ -74,6 +77,12 @@ pub struct DirStats {
     pub dropped_queue: u64,
     /// Dropped for any other reason (pool exhausted, write error, a stage's rejection).
     pub dropped_other: u64,
+    /// Lost to a link cut: arrived while cut, or still on the wire when a cut began.
+    #[serde(default)]
+    pub dropped_cut: u64,
+    /// Whether the direction is cut right now (by its schedule or by `ipsan wan cut`).
+    #[serde(default)]
+    pub cut: bool,
     /// Held back behind later packets.
     pub reordered: u64,
     /// Had a bit flipped.
@@ -123,6 +132,8 @@ impl DirCounters {
             dropped_loss: self.dropped_loss.load(Relaxed),
             dropped_queue: self.dropped_queue.load(Relaxed),
             dropped_other: self.dropped_other.load(Relaxed),
+            dropped_cut: self.dropped_cut.load(Relaxed),
+            cut: self.cut.load(Relaxed),
             reordered: self.reordered.load(Relaxed),
             corrupted: self.corrupted.load(Relaxed),
             duplicated: self.duplicated.load(Relaxed),
@@ -143,6 +154,7 @@ impl DirCounters {
             &self.dropped_loss,
             &self.dropped_queue,
             &self.dropped_other,
+            &self.dropped_cut,
             &self.reordered,
             &self.corrupted,
             &self.duplicated,
@@ -164,6 +176,8 @@ pub struct Control {
     reset: AtomicBool,
     pending: Mutex<Option<DirConfig>>,
     has_pending: AtomicBool,
+    /// The manual cut the owner wants (`ipsan wan cut` / `restore`).
+    want_cut: AtomicBool,
     /// The counters.
     pub counters: DirCounters,
     wake_tx: UnixStream,
@@ -182,6 +196,12 @@ impl Control {
             *p = Some(cfg);
         }
         self.has_pending.store(true, Relaxed);
+        self.wake();
+    }
+
+    /// Cuts the direction (`true`) until restored (`false`); see [`crate::cut`].
+    pub fn set_cut(&self, cut: bool) {
+        self.want_cut.store(cut, Relaxed);
         self.wake();
     }
 
@@ -248,6 +268,7 @@ impl Direction {
             reset: AtomicBool::new(false),
             pending: Mutex::new(None),
             has_pending: AtomicBool::new(false),
+            want_cut: AtomicBool::new(false),
             counters: DirCounters::default(),
             wake_tx,
         });
@@ -271,6 +292,7 @@ impl Direction {
                     scratch: Packet::with_capacity(buf_cap),
                     oversleep_ewma: 50_000,
                     realtime,
+                    cuts: CutState::new(),
                 };
                 if let Err(e) = fw.run() {
                     tracing::error!(
@@ -320,6 +342,8 @@ struct Forwarder {
     /// we must stop sleeping and spin.
     oversleep_ewma: Nanos,
     realtime: bool,
+    /// Scheduled and manual link cuts.
+    cuts: CutState,
 }
 
 impl Forwarder {
@@ -336,6 +360,16 @@ impl Forwarder {
                 let cfg = c.pending.lock().ok().and_then(|mut p| p.take());
                 if let Some(cfg) = cfg {
                     self.pipeline.reconfigure(&cfg);
+                    self.cuts.set_schedule(&cfg.cuts, self.clock.now());
+                }
+            }
+            let want_cut = c.want_cut.load(Relaxed);
+            if want_cut != self.cuts.manual_cut() {
+                let now = self.clock.now();
+                if want_cut {
+                    self.cuts.cut(now);
+                } else {
+                    self.cuts.restore(now);
                 }
             }
             if c.reset.swap(false, Relaxed) {
@@ -349,6 +383,9 @@ impl Forwarder {
                 .queue_depth
                 .store(self.pipeline.queue_len(now) as u64, Relaxed);
             c.counters.in_flight.store(self.heap.len() as u64, Relaxed);
+            c.counters
+                .cut
+                .store(!self.cuts.is_idle() && self.cuts.is_cut(now), Relaxed);
             if got > 0 {
                 continue;
             }
@@ -357,9 +394,13 @@ impl Forwarder {
             } else {
                 (2 * self.oversleep_ewma + SPIN_NS).min(MAX_SPIN_NS)
             };
-            match self.heap.peek() {
-                Some(&Reverse((t, _, _))) if t <= now + margin => std::hint::spin_loop(),
-                Some(&Reverse((t, _, _))) => {
+            // An idle forwarder still wakes when a scheduled cut starts or ends, to update
+            // the `cut` gauge.
+            let cut_change = self.cuts.next_change(now).map(|t| t + margin);
+            match self.heap.peek().map(|r| r.0 .0).or(cut_change) {
+                Some(t) if t <= now + margin => std::hint::spin_loop(),
+                Some(t) => {
+                    let t = cut_change.map_or(t, |c| c.min(t));
                     let timeout = t - now - margin;
                     if !self.sleep(&fds, Some(timeout))? {
                         let over = self
@@ -399,6 +440,12 @@ impl Forwarder {
                 }
             }
             self.heap.pop();
+            if !self.cuts.is_idle() && self.cuts.lost(self.slots[slot as usize].arrived_at, t) {
+                // On the wire when the link was cut.
+                counters.dropped_cut.fetch_add(1, Relaxed);
+                self.free.push(slot);
+                continue;
+            }
             let late = now - t;
             counters.late_ns_sum.fetch_add(late, Relaxed);
             counters.late_ns_max.fetch_max(late, Relaxed);
@@ -466,6 +513,12 @@ impl Forwarder {
                 continue;
             };
             let now = self.clock.now();
+            if !self.cuts.is_idle() && self.cuts.is_cut(now) {
+                // The link is cut: nothing enters, and the model draws nothing for it.
+                counters.dropped_cut.fetch_add(1, Relaxed);
+                self.free.push(slot);
+                continue;
+            }
             let pkt = &mut self.slots[slot as usize];
             match self.pipeline.process(now, pkt) {
                 Verdict::Drop(reason) => {

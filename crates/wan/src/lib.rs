@@ -12,6 +12,7 @@
 //! - [`pipeline`]: [`Packet`], the [`Stage`] trait and the [`Pipeline`] that chains stages.
 //! - [`model`]: [`Impairment`], the pure, clock-injected Dummynet-style stage (loss, queue, rate,
 //!   delay, jitter, reorder, corrupt, duplicate), unit-tested on a virtual clock.
+//! - [`cut`]: link cuts (scheduled `5s+3s` or `ipsan wan cut`/`restore`), pure like the model.
 //! - [`forwarder`]: the thin TUN driver: one thread per direction, deadline heap, precise wait.
 //! - [`link`]: [`Link`], the library API (`Link::up`, `set`, `stats`, `exec_in`, Drop = down).
 //! - [`netns`]: namespaces through iproute2 and running code inside one.
@@ -22,6 +23,7 @@
 
 pub mod config;
 pub mod control;
+pub mod cut;
 pub mod error;
 pub mod forwarder;
 pub mod link;
@@ -33,10 +35,12 @@ pub mod proxy;
 pub mod rng;
 mod sys;
 
-pub use config::{ConfigError, DirConfig, Engine, JitterDist, LinkConfig, LossModel, QueueLimit};
+pub use config::{
+    ConfigError, CutWindow, DirConfig, Engine, JitterDist, LinkConfig, LossModel, QueueLimit,
+};
 pub use error::LinkError;
 pub use forwarder::DirStats;
-pub use link::{ExtraStages, Link, LinkStats, Side};
+pub use link::{DevStats, ExtraStages, IfStats, Link, LinkStats, Side};
 pub use model::Impairment;
 pub use pipeline::{DropReason, Nanos, Packet, Pipeline, Stage, Verdict};
 

@@ -45,6 +45,64 @@ pub struct LinkStats {
     pub up: DirStats,
     /// Target → initiator.
     pub down: DirStats,
+    /// The kernel's own counters of the two TUN devices (`ipsan wan stats`; `None` from
+    /// [`Link::stats`], which only reads the emulator's counters and spawns nothing).
+    #[serde(default)]
+    pub devices: Option<DevStats>,
+}
+
+/// One interface's kernel statistics (`/proc/net/dev` inside its namespace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IfStats {
+    /// Packets the kernel received on the device (for a TUN: written by the forwarder).
+    pub rx_packets: u64,
+    /// Received packets the kernel dropped.
+    pub rx_dropped: u64,
+    /// Packets the kernel sent on the device (for a TUN: queued for the forwarder to read).
+    pub tx_packets: u64,
+    /// Packets the kernel could not hand to the device: for a TUN, the ring in front of the
+    /// forwarder was full (`txqueuelen`), drops the emulator's model never saw.
+    pub tx_dropped: u64,
+}
+
+/// The TUN devices of both namespaces. The up direction (ini → tgt) enters the emulator
+/// through `ini.tx` and leaves it through `tgt.rx`; down is the reverse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevStats {
+    /// `wan0` in `<name>-ini`.
+    pub ini: IfStats,
+    /// `wan0` in `<name>-tgt`.
+    pub tgt: IfStats,
+}
+
+/// Parses the line of `iface` in `/proc/net/dev` (receive: bytes packets errs drop ...,
+/// transmit: bytes packets errs drop ...).
+pub fn parse_proc_net_dev(text: &str, iface: &str) -> Option<IfStats> {
+    text.lines().find_map(|l| {
+        let (name, rest) = l.split_once(':')?;
+        if name.trim() != iface {
+            return None;
+        }
+        let v: Vec<u64> = rest
+            .split_whitespace()
+            .map(|w| w.parse().ok())
+            .collect::<Option<_>>()?;
+        (v.len() >= 16).then(|| IfStats {
+            rx_packets: v[1],
+            rx_dropped: v[3],
+            tx_packets: v[9],
+            tx_dropped: v[11],
+        })
+    })
+}
+
+/// Reads `iface`'s statistics inside namespace `ns` (`/proc/thread-self/net/dev` on a thread
+/// that entered it: no process spawned).
+pub fn if_stats(ns: &str, iface: &str) -> Result<IfStats, LinkError> {
+    let text = netns::run_in(ns, || std::fs::read_to_string("/proc/thread-self/net/dev"))?
+        .map_err(|e| LinkError::io(format!("reading /proc/net/dev in {ns}"), e))?;
+    parse_proc_net_dev(&text, iface)
+        .ok_or_else(|| LinkError::Probe(format!("no {iface} in /proc/net/dev of {ns}")))
 }
 
 impl LinkStats {
@@ -281,6 +339,9 @@ impl Link {
     pub fn set(&mut self, up: DirConfig, down: DirConfig) -> Result<(), LinkError> {
         up.validate()?;
         down.validate()?;
+        if !(up.cuts.is_empty() && down.cuts.is_empty()) {
+            self.builtin_only("cut")?;
+        }
         if self.engine == Engine::Netem {
             crate::netem::change(&self.cfg.name, &up, &down, self.cfg.seed)?;
         } else {
@@ -317,7 +378,48 @@ impl Link {
         LinkStats {
             up: snap(0),
             down: snap(1),
+            devices: None,
         }
+    }
+
+    /// The TUN devices' own counters (kernel drops in front of and behind the emulator).
+    pub fn device_stats(&self) -> Result<DevStats, LinkError> {
+        let (ini, tgt) = ns_names(&self.cfg.name);
+        Ok(DevStats {
+            ini: if_stats(&ini, IFNAME)?,
+            tgt: if_stats(&tgt, IFNAME)?,
+        })
+    }
+
+    /// Cuts the link (both directions unless told otherwise) until [`Link::restore`]: every
+    /// packet arriving meanwhile, and every packet on the wire, is lost (see [`crate::cut`]).
+    pub fn cut(&self, up: bool, down: bool) -> Result<(), LinkError> {
+        self.builtin_only("cut")?;
+        for (d, on) in self.dirs.iter().zip([up, down]) {
+            if on {
+                d.control.set_cut(true);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a manual cut in both directions (a scheduled cut follows its schedule).
+    pub fn restore(&self) -> Result<(), LinkError> {
+        self.builtin_only("restore")?;
+        for d in &self.dirs {
+            d.control.set_cut(false);
+        }
+        Ok(())
+    }
+
+    fn builtin_only(&self, what: &'static str) -> Result<(), LinkError> {
+        if self.engine == Engine::Netem {
+            return Err(LinkError::Config(crate::ConfigError::Range {
+                what,
+                why: "link cuts need the built-in engine (--engine builtin)".into(),
+            }));
+        }
+        Ok(())
     }
 
     /// Zeroes the counters.
@@ -413,6 +515,27 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Link>();
         assert_send_sync::<LinkStats>();
+    }
+
+    #[test]
+    fn parses_tun_drops_from_proc_net_dev() {
+        let text = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+  wan0: 1234567    8901    0    7    0     0          0         0  7654321    5678    0   42    0     0       0          0
+";
+        let s = parse_proc_net_dev(text, "wan0").unwrap();
+        assert_eq!(
+            s,
+            IfStats {
+                rx_packets: 8901,
+                rx_dropped: 7,
+                tx_packets: 5678,
+                tx_dropped: 42
+            }
+        );
+        assert_eq!(parse_proc_net_dev(text, "eth0"), None);
+        assert_eq!(parse_proc_net_dev("wan0: 1 2 3", "wan0"), None);
     }
 
     #[test]

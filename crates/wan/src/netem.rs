@@ -184,6 +184,7 @@ pub fn stats(name: &str) -> LinkStats {
     LinkStats {
         up: read(&ini),
         down: read(&tgt),
+        devices: None,
     }
 }
 

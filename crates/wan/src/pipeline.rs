@@ -17,6 +17,8 @@ pub type Nanos = u64;
 pub struct Packet {
     buf: Vec<u8>,
     len: usize,
+    /// When the packet entered the emulator.
+    pub arrived_at: Nanos,
     /// When the packet leaves the emulator (stages only move this later).
     pub release_at: Nanos,
     /// Set by a stage that held the packet back behind later ones.
@@ -33,6 +35,7 @@ impl Packet {
         Self {
             buf: vec![0; capacity],
             len: 0,
+            arrived_at: 0,
             release_at: 0,
             reordered: false,
             corrupted: false,
@@ -50,6 +53,7 @@ impl Packet {
 
     /// Clears the marks and sets the arrival time before reuse.
     pub fn reset(&mut self, now: Nanos) {
+        self.arrived_at = now;
         self.release_at = now;
         self.reordered = false;
         self.corrupted = false;
@@ -97,6 +101,7 @@ impl Packet {
         let n = other.len.min(self.buf.len());
         self.buf[..n].copy_from_slice(&other.buf[..n]);
         self.len = n;
+        self.arrived_at = other.arrived_at;
         self.release_at = other.release_at;
         self.reordered = other.reordered;
         self.corrupted = other.corrupted;

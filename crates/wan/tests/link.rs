@@ -528,3 +528,133 @@ fn control_socket_sets_reports_and_tears_down() {
     // Idempotent.
     assert!(!control::down(&nm).unwrap());
 }
+
+/// Sends `n` numbered datagrams ini → tgt `gap` apart and returns the numbers that arrived.
+fn udp_numbers(link: &Link, n: u32, gap: Duration) -> Vec<u32> {
+    udp_numbers_timed(link, n, gap).0
+}
+
+/// Like [`udp_numbers`], also returning when each datagram was sent.
+fn udp_numbers_timed(link: &Link, n: u32, gap: Duration) -> (Vec<u32>, Vec<Instant>) {
+    let (ia, ta) = (link.addr(Side::Ini), link.addr(Side::Tgt));
+    let a = link
+        .run_in(Side::Ini, move || UdpSocket::bind((ia, 0)))
+        .unwrap()
+        .unwrap();
+    let b = link
+        .run_in(Side::Tgt, move || UdpSocket::bind((ta, 0)))
+        .unwrap()
+        .unwrap();
+    let dst = b.local_addr().unwrap();
+    let mut sent = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        sent.push(Instant::now());
+        a.send_to(&i.to_be_bytes(), dst).unwrap();
+        std::thread::sleep(gap);
+    }
+    b.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16];
+    while let Ok(4) = b.recv(&mut buf) {
+        got.push(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]));
+    }
+    (got, sent)
+}
+
+/// Link name and subnet of this engineer's range (issue 8 tests: `ipsanhw*`, 10.231.64.0/20).
+fn hw_link(test: &str, dir: DirConfig) -> (Link, (Guard, std::sync::MutexGuard<'static, ()>)) {
+    let n = format!("ipsanhw{}-{test}", std::process::id());
+    let n: String = n.chars().take(40).collect();
+    let g = (Guard(n.clone()), serial());
+    let mut cfg = LinkConfig::new(&n).symmetric(dir);
+    cfg.engine = Engine::Builtin;
+    cfg.subnet = 64;
+    (Link::up(cfg).unwrap(), g)
+}
+
+#[test]
+fn manual_cut_drops_everything_until_restored() {
+    if !can_run("cut") {
+        return;
+    }
+    let d = DirConfig {
+        delay: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let (link, _g) = hw_link("cut", d);
+    assert_eq!(udp_numbers(&link, 20, Duration::ZERO).len(), 20);
+    link.reset_stats();
+    link.cut(true, true).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(link.stats().up.cut && link.stats().down.cut);
+    assert_eq!(udp_numbers(&link, 50, Duration::ZERO), Vec::<u32>::new());
+    let st = link.stats();
+    assert_eq!(st.up.dropped_cut, 50, "{:?}", st.up);
+    assert_eq!(st.up.packets_out, 0);
+    // A TCP connection opened before the cut survives it: its bytes cross after the restore.
+    let (mut c, mut s) = tcp_pair_after_restore(&link);
+    link.cut(true, true).unwrap();
+    let w = std::thread::spawn(move || c.write_all(&[42u8; 100_000]).map(|_| c));
+    std::thread::sleep(Duration::from_millis(1500));
+    link.restore().unwrap();
+    let mut buf = vec![0u8; 100_000];
+    s.read_exact(&mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 42));
+    w.join().unwrap().unwrap();
+    let st = link.stats();
+    assert!(!st.up.cut && !st.down.cut);
+    assert!(st.up.dropped_cut > 50, "{:?}", st.up);
+    assert_eq!(udp_numbers(&link, 20, Duration::ZERO).len(), 20);
+    // The TUN devices' own counters are readable inside the namespaces.
+    let dev = link.device_stats().unwrap();
+    assert!(
+        dev.ini.tx_packets > 100 && dev.tgt.rx_packets > 100,
+        "{dev:?}"
+    );
+    assert_eq!(dev.ini.tx_dropped, 0, "{dev:?}");
+}
+
+/// Restores the link (it may be cut) and opens a TCP pair.
+fn tcp_pair_after_restore(link: &Link) -> (TcpStream, TcpStream) {
+    link.restore().unwrap();
+    tcp_pair(link)
+}
+
+#[test]
+fn scheduled_cut_drops_the_packets_sent_inside_its_window() {
+    if !can_run("sched") {
+        return;
+    }
+    let (mut link, _g) = hw_link("sched", DirConfig::default());
+    link.reset_stats();
+    // Datagrams 5 ms apart for about 1.5 s; cut from 0.5 s for 0.5 s after the schedule
+    // takes effect (the forwarder applies it a moment after `set` returns).
+    let d = DirConfig {
+        cuts: ipsan_wan::cut::parse_cuts("cut", "500ms+500ms").unwrap(),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    link.set(d.clone(), d).unwrap();
+    let (got, sent) = udp_numbers_timed(&link, 300, Duration::from_millis(5));
+    let st = link.stats();
+    println!("sched: {} of 300 arrived; up {:?}", got.len(), st.up);
+    let missing: Vec<u32> = (0..300).filter(|i| !got.contains(i)).collect();
+    // Every datagram sent well inside the window is lost, every one well outside it arrives
+    // (20 ms of slack at the edges for the time `set` takes to reach the forwarder).
+    let slack = Duration::from_millis(20);
+    let (from, to) = (Duration::from_millis(500), Duration::from_millis(1000));
+    for (i, t) in sent.iter().enumerate() {
+        let at = t.duration_since(t0);
+        let lost = missing.contains(&(i as u32));
+        if at > from + slack && at + slack < to {
+            assert!(lost, "datagram {i} sent {at:?} after set crossed the cut");
+        }
+        if at + slack < from || at > to + slack {
+            assert!(!lost, "datagram {i} sent {at:?} after set was lost");
+        }
+    }
+    assert!(!missing.is_empty());
+    assert_eq!(st.up.dropped_cut, missing.len() as u64);
+    assert!(!st.up.cut);
+}
