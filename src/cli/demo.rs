@@ -33,6 +33,8 @@ cipher = ["aes-256-gcm"]
 "#;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Ctrl-C / SIGTERM remove the demo's namespaces; children die with us regardless.
+    ipsan_lab::guard::install_signal_cleanup();
     let root = ipsan_wan::link::is_root();
     let plan = if root {
         Plan::load("demo")?

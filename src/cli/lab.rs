@@ -68,6 +68,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
+            // Ctrl-C / SIGTERM remove the lab's namespaces; children die with us regardless.
+            ipsan_lab::guard::install_signal_cleanup();
             let exe = std::env::current_exe().context("locating the ipsan binary")?;
             let mut cfg = RunConfig::new(exe, out.clone());
             cfg.progress = !quiet;

@@ -8,13 +8,17 @@
 //!   built-in plans in `plans/`.
 //! - [`calibrate`]: RTT ping-pong, bulk-TCP SOCKET and cipher ENC/DEC microbenchmarks.
 //! - [`esp`]: `esp-emu`, the emulator stage doing ESP's per-packet 3DES + HMAC-SHA1-96.
+//! - [`guard`]: children die with the lab (PR_SET_PDEATHSIG); Ctrl-C removes its namespaces.
 //! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
+//! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
 //! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
 pub mod calibrate;
 pub mod esp;
+pub mod guard;
 pub mod model;
 pub mod plan;
 pub mod report;
 pub mod results;
 pub mod runner;
+pub mod sockbuf;

@@ -3,7 +3,8 @@
 //! ```toml
 //! name = "mine"
 //! repetitions = 3          # per point; the results keep median, min and max
-//! run_time = "5s"          # how long each bench run lasts
+//! run_time = "5s"          # how long each bench run lasts, at least…
+//! min_rtts = 60            # …this many calibrated round trips (64 ms each way: 7.7 s)
 //! lun = "mem:512MiB"       # target LUN when backend = "mem" (null:… and file:… likewise)
 //!
 //! [[matrix]]               # each [[matrix]] table is a cartesian product; tables add up
@@ -262,6 +263,10 @@ pub struct PlanSpec {
     /// Largest depth `auto` may pick.
     #[serde(default)]
     pub max_depth: Option<u32>,
+    /// Each run lasts at least this many calibrated round trips, so long-delay runs cover
+    /// slow start and enough command cycles to mean something (default 60).
+    #[serde(default)]
+    pub min_rtts: Option<u32>,
     /// The matrices.
     pub matrix: Vec<MatrixSpec>,
 }
@@ -358,6 +363,8 @@ pub struct Plan {
     pub lun_bytes: u64,
     /// Largest depth `auto` may pick.
     pub max_depth: u32,
+    /// Each run lasts at least this many calibrated round trips ([`Plan::run_time_for`]).
+    pub min_rtts: u32,
     /// Every point, in run order (grouped by link so calibrations are reused).
     pub points: Vec<Point>,
 }
@@ -416,6 +423,10 @@ impl Plan {
         let max_depth = spec.max_depth.unwrap_or(128);
         if !(1..=4096).contains(&max_depth) {
             return Err(err("max_depth must be 1..=4096".into()));
+        }
+        let min_rtts = spec.min_rtts.unwrap_or(60);
+        if min_rtts > 10_000 {
+            return Err(err("min_rtts must be 0..=10000".into()));
         }
         if spec.matrix.is_empty() {
             return Err(err("no [[matrix]] table".into()));
@@ -537,8 +548,18 @@ impl Plan {
             run_time,
             lun_bytes,
             max_depth,
+            min_rtts,
             points,
         })
+    }
+
+    /// How long one run lasts on a link with round-trip time `rtt`: `run_time`, stretched to
+    /// `min_rtts` round trips (capped at 10 × `run_time`). At 64 ms one way the papers'
+    /// two-round-trip write completes one command per 256 ms, and Reno needs about six RTTs to
+    /// open a megabyte window: 3 s would be a dozen commands, mostly slow start.
+    pub fn run_time_for(&self, rtt: Duration) -> Duration {
+        let want = rtt.saturating_mul(self.min_rtts);
+        want.clamp(self.run_time, self.run_time.saturating_mul(10))
     }
 
     /// Runs the plan would make, counting repetitions.

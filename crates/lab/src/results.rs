@@ -97,6 +97,10 @@ impl Environment {
 }
 
 /// JSON has no NaN: serde_json writes it as `null`; read `null` back as NaN.
+fn nan() -> f64 {
+    f64::NAN
+}
+
 fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
@@ -184,6 +188,10 @@ pub struct Record {
     pub first_burst: Option<u64>,
     /// Ran as root (namespaces) or on loopback.
     pub root: bool,
+    /// The bench run's duration (`--time`), s: the plan's run_time stretched to its
+    /// `min_rtts` round trips.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub run_time_s: f64,
     /// Wall time of the whole run, s.
     #[serde(deserialize_with = "f64_or_nan")]
     pub wall_s: f64,
@@ -230,6 +238,7 @@ impl Record {
             immediate_data: None,
             first_burst: None,
             root,
+            run_time_s: f64::NAN,
             wall_s: 0.0,
             started_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -240,7 +249,7 @@ impl Record {
 }
 
 /// CSV header, matching [`csv_row`].
-pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,root,loopback,git_rev,kernel,error";
+pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,error";
 
 fn q(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
@@ -310,6 +319,7 @@ pub fn csv_row(r: &Record) -> String {
         ob(r.initial_r2t),
         ob(r.immediate_data),
         ob(r.first_burst),
+        num(r.run_time_s),
         r.root.to_string(),
         c.loopback.to_string(),
         r.env.git_rev.clone(),

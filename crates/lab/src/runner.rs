@@ -37,15 +37,18 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    /// Defaults for `exe` writing to `out`; the link name and subnet derive from the pid so
-    /// two labs on one host do not collide.
+    /// Defaults for `exe` writing to `out`. The link name is `ipsanlab<pid>`, unique among
+    /// live processes, and everything host-wide the lab creates (namespaces, wireguard-go's
+    /// control sockets) is named from it, so two labs on one host cannot collide. The subnet
+    /// only lives inside the link's own two namespaces, so equal subnets of two labs do not
+    /// meet; it still varies with the pid to keep packet captures apart.
     pub fn new(exe: PathBuf, out: PathBuf) -> RunConfig {
         let pid = std::process::id();
         RunConfig {
             exe,
             out,
             progress: true,
-            link_name: format!("ipsanlab{}", pid % 100_000),
+            link_name: crate::guard::link_name_for_pid(pid),
             subnet: 200 + ((pid % 25) * 2) as u8,
         }
     }
@@ -66,6 +69,11 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     std::fs::create_dir_all(&scratch)?;
     let env = Environment::detect(&cfg.exe);
     let root = ipsan_wan::link::is_root();
+    if root {
+        for ns in crate::guard::sweep_stale() {
+            tracing::info!("removed {ns}, left behind by a lab that was killed");
+        }
+    }
     let bench_has_seal = help_mentions(&cfg.exe, "bench", "--seal");
     let mut records: Vec<Record> = Vec::new();
     let total = plan.run_count();
@@ -199,6 +207,7 @@ struct LabLink {
 impl LabLink {
     fn up(p: &Point, cfg: &RunConfig) -> Result<LabLink, String> {
         let _ = ipsan_wan::link::cleanup(&cfg.link_name);
+        crate::guard::register_link(&cfg.link_name);
         let dir = DirConfig {
             delay: Duration::from_secs_f64(p.delay_ms / 1e3),
             loss: if p.loss > 0.0 {
@@ -275,8 +284,12 @@ impl LabLink {
 
     fn down(self) {
         let LabLink { link, .. } = self;
+        let name = link.netns(Side::Ini);
         if let Err(e) = link.down() {
             tracing::warn!("lab link down: {e}");
+        }
+        if let Some(n) = name.strip_suffix("-ini") {
+            crate::guard::unregister_link(n);
         }
     }
 
@@ -409,6 +422,7 @@ impl Drop for Procs {
         }
         for f in &self.1 {
             let _ = std::fs::remove_file(f);
+            crate::guard::unregister_file(f);
         }
     }
 }
@@ -491,6 +505,10 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         }
         _ => {}
     }
+    let run_time = ctx
+        .plan
+        .run_time_for(Duration::from_secs_f64(ctx.calib.rtt_ms.max(0.0) / 1e3));
+    rec.run_time_s = run_time.as_secs_f64();
     let mut procs = Procs(Vec::new(), Vec::new());
     // --- target ---
     let secret = ctx.scratch.join("seal.secret");
@@ -562,7 +580,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         "--depth",
         &depth.to_string(),
         "--time",
-        &format!("{}ms", ctx.plan.run_time.as_millis()),
+        &format!("{}ms", run_time.as_millis()),
         "--quiet",
         "--json",
     ]);
@@ -586,7 +604,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         .and_then(|l| l.esp.as_ref())
         .map(|c| c.packets.load(std::sync::atomic::Ordering::Relaxed));
     let t = Instant::now();
-    let out = run_bounded(b, ctx.plan.run_time + Duration::from_secs(60))
+    let out = run_bounded(b, run_time + Duration::from_secs(60))
         .map_err(|e| fail(format!("bench: {e}")))?;
     let wall = t.elapsed().as_secs_f64();
     for (i, pid) in watched.iter().enumerate() {
@@ -737,20 +755,24 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
     for (i, side) in [Side::Ini, Side::Tgt].into_iter().enumerate() {
         // wireguard-go's control socket lives in the host-wide /var/run/wireguard/<if>.sock,
         // not per namespace: each side (and each lab on the host) needs its own name.
+        // Named from the lab's pid (at most 10 of IFNAMSIZ's 15 characters).
         let ifname = format!(
             "wl{}{}",
-            ctx.subnet(),
+            std::process::id(),
             if side == Side::Ini { 'i' } else { 't' }
         );
         let sock = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
         let _ = std::fs::remove_file(&sock);
+        crate::guard::register_file(sock.clone());
         procs.1.push(sock);
         let mut c = link.link.command(side, "wireguard-go");
+        crate::guard::guard_child(&mut c);
         c.args(["-f", &ifname])
             .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = c.spawn().map_err(|e| fail(format!("wireguard-go: {e}")))?;
+        let wg_pid = child.id();
         procs.0.push(("wireguard-go".into(), child));
         let ns = link.link.netns(side);
         let t = Instant::now();
@@ -789,6 +811,10 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             &endpoint,
         ]);
         run_quiet(&mut set).map_err(|e| fail(format!("wg set: {e}")))?;
+        // Debian's wireguard-go keeps 208 KiB UDP buffers and drops the tunnel's packets
+        // there (see crate::sockbuf); give it upstream's 7 MiB.
+        crate::sockbuf::force_udp_buffers(wg_pid, WG_PORT, crate::sockbuf::WIREGUARD_SOCKET_BUFFER)
+            .map_err(|e| fail(format!("raising wireguard-go's UDP buffers: {e}")))?;
         run_quiet(Command::new("ip").args([
             "-n",
             &ns,
@@ -858,6 +884,7 @@ fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, Run
         let path = ctx.scratch.join(name);
         std::fs::write(&path, conf).map_err(|e| fail(format!("stunnel config: {e}")))?;
         let mut c = link.link.command(side, "stunnel");
+        crate::guard::guard_child(&mut c);
         c.arg(&path).stdout(Stdio::null()).stderr(Stdio::null());
         let child = c.spawn().map_err(|e| fail(format!("stunnel: {e}")))?;
         procs.0.push(("stunnel".into(), child));
@@ -919,6 +946,7 @@ fn run_quiet(c: &mut Command) -> Result<String, String> {
 }
 
 fn spawn_watch(mut c: Command) -> std::io::Result<(Child, mpsc::Receiver<String>)> {
+    crate::guard::guard_child(&mut c);
     c.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::null());
@@ -962,6 +990,7 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> Resu
 
 /// Runs `c` to completion, killing it after `limit`.
 fn run_bounded(mut c: Command, limit: Duration) -> Result<std::process::Output, String> {
+    crate::guard::guard_child(&mut c);
     c.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::null());
