@@ -11,6 +11,7 @@
 //! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
 //! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
+//! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files.
 pub mod calibrate;
 pub mod esp;
 pub mod model;
@@ -18,3 +19,4 @@ pub mod plan;
 pub mod report;
 pub mod results;
 pub mod runner;
+pub mod timeline;
