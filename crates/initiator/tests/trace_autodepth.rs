@@ -66,9 +66,11 @@ fn traces_sealed_two_round_trip_writes_and_reads_whole() {
     bounded(60, async {
         let h = start().await;
         let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
-        let mut login = LoginOptions::default();
-        login.initial_r2t = true;
-        login.immediate_data = false;
+        let login = LoginOptions {
+            initial_r2t: true,
+            immediate_data: false,
+            ..LoginOptions::default()
+        };
         let req = SealRequest {
             ciphers: vec![Cipher::Aes256Gcm],
             chunk: ipsan_seal::DEFAULT_CHUNK,
