@@ -26,6 +26,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// A window with fewer completed commands is not a measurement.
+const MIN_OPS: u64 = 3;
+
 /// Settings of the controller.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AutoConfig {
@@ -106,7 +109,8 @@ pub struct Step {
     pub latency_us: f64,
     /// Commands completed.
     pub ops: u64,
-    /// The controller's phase after this window: grow, refine or hold.
+    /// The controller's phase after this window: grow, refine, hold, probe, or wait (too few
+    /// commands completed to judge: the same depth is measured again, twice as long).
     pub phase: &'static str,
 }
 
@@ -223,6 +227,23 @@ impl DepthController {
 
     /// Feed the window that just ended (at `now` since the run started); returns what to do.
     pub fn observe(&mut self, s: Sample, now: Duration) -> Decision {
+        if s.ops < MIN_OPS {
+            // Too few completions to measure anything (TCP's slow start at a long RTT, or a
+            // stall): keep the depth and measure again over a window twice as long.
+            self.trajectory.push(Step {
+                t_s: now.as_secs_f64(),
+                depth: self.depth,
+                throughput_mb_s: s.throughput() / 1e6,
+                latency_us: s.mean_latency().map_or(f64::NAN, |l| l.as_secs_f64() * 1e6),
+                ops: s.ops,
+                phase: "wait",
+            });
+            return Decision {
+                depth: self.depth,
+                settle: Duration::ZERO,
+                window: (s.duration * 2).min(Duration::from_secs(8)),
+            };
+        }
         let x = s.throughput();
         let lat = s.mean_latency();
         if let Some(l) = lat {
@@ -504,14 +525,36 @@ mod tests {
         let mut c = DepthController::new(AutoConfig::new(1, 16));
         let s = Sample {
             duration: Duration::from_millis(300),
-            bytes: 65536 * 2,
-            ops: 2,
-            latency_sum: Duration::from_millis(300),
+            bytes: 65536 * 4,
+            ops: 4,
+            latency_sum: Duration::from_millis(600),
         };
         let d = c.observe(s, Duration::from_millis(300));
         assert!(d.depth > 1);
         assert_eq!(d.settle, Duration::from_millis(150));
         assert_eq!(d.window, Duration::from_millis(450));
+    }
+
+    #[test]
+    fn waits_out_windows_where_nothing_completes() {
+        let mut c = DepthController::new(AutoConfig::new(4, 64));
+        let quiet = Sample {
+            duration: Duration::from_millis(250),
+            bytes: 0,
+            ops: 0,
+            latency_sum: Duration::ZERO,
+        };
+        let d = c.observe(quiet, Duration::from_millis(250));
+        assert_eq!(d.depth, 4, "no decision from an empty window");
+        assert_eq!(d.window, Duration::from_millis(500));
+        assert_eq!(c.trajectory()[0].phase, "wait");
+        let busy = Sample {
+            duration: Duration::from_millis(500),
+            bytes: 65536 * 40,
+            ops: 40,
+            latency_sum: Duration::from_millis(40 * 20),
+        };
+        assert!(c.observe(busy, Duration::from_secs(1)).depth > 4);
     }
 
     #[test]

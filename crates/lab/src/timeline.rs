@@ -88,11 +88,24 @@ pub fn load(dir: &Path) -> Result<Vec<Panel>, String> {
         }
     };
     files.sort_by_key(|p| (order(p), p.clone()));
+    // The runs' records say the link (one-way delay) the traces ran over.
+    let delays: Vec<(String, f64)> = std::fs::read_to_string(tdir.join("runs.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Vec<crate::results::Record>>(&t).ok())
+        .unwrap_or_default()
+        .iter()
+        .map(|r| (r.point.scheme.to_string(), r.point.delay_ms))
+        .collect();
     let mut panels = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
         let t = trace::parse(&text).map_err(|e| format!("{}: {e}", f.display()))?;
-        panels.push(panel(&f, &t)?);
+        let mut p = panel(&f, &t)?;
+        let stem = f.file_stem().map(|s| s.to_string_lossy().into_owned());
+        if let Some((_, d)) = delays.iter().find(|(s, _)| Some(s) == stem.as_ref()) {
+            p.title = p.title.replacen(": ", &format!(" at {d} ms one-way: "), 1);
+        }
+        panels.push(p);
     }
     if panels.is_empty() {
         return Err(format!("no traces in {}", tdir.display()));
