@@ -97,6 +97,23 @@ pub struct ConnArgs {
     pub tcp_nodelay: Option<bool>,
 }
 
+/// `--depth`: a fixed number of commands in flight or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DepthArg {
+    Fixed(usize),
+    Auto,
+}
+
+fn parse_depth(s: &str) -> Result<DepthArg, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(DepthArg::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(DepthArg::Fixed(n)),
+        _ => Err(format!("expected 1..=4096 or auto, not {s:?}")),
+    }
+}
+
 fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" => Ok(true),
@@ -251,9 +268,22 @@ pub struct Args {
     /// Bytes per command (KiB/MiB/GiB binary, KB/MB/GB decimal).
     #[arg(long, default_value = "64KiB", value_parser = bench::parse_size)]
     pub bs: u64,
-    /// Commands in flight.
-    #[arg(long, default_value_t = 16)]
-    pub depth: usize,
+    /// Commands in flight: a number, or `auto` to adapt it from measured throughput and
+    /// latency (see --max-depth, --depth-start).
+    #[arg(long, default_value = "16", value_parser = parse_depth)]
+    pub depth: DepthArg,
+    /// With --depth auto: the largest depth it may pick.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_depth: u64,
+    /// With --depth auto: the first depth tried (e.g. a model's estimate; default 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub depth_start: Option<u64>,
+    /// Write a per-command event trace (JSON lines, schema ipsan-trace/1, docs/bench.md).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// With --trace: record at most this many commands (the first ones).
+    #[arg(long, default_value_t = 100_000)]
+    pub trace_commands: usize,
     /// Bytes to transfer (default: 1 GiB or the LUN, whichever is smaller).
     #[arg(long, value_parser = bench::parse_size, conflicts_with = "time")]
     pub size: Option<u64>,
@@ -318,13 +348,23 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         (None, Some(s)) => Limit::Bytes(s),
         (None, None) => Limit::Bytes((1u64 << 30).min(cap.bytes().saturating_sub(args.offset))),
     };
-    if args.conn.seal.is_some() && !args.conn.pipeline && args.depth != 1 {
+    let sequential = args.conn.seal.is_some() && !args.conn.pipeline;
+    if sequential && args.depth != DepthArg::Fixed(1) {
         eprintln!("ipsan bench: --pipeline off runs one command at a time (depth 1)");
     }
-    let depth = if args.conn.seal.is_some() && !args.conn.pipeline {
-        1
-    } else {
-        args.depth
+    let max_depth = usize::try_from(args.max_depth).unwrap_or(4096);
+    let auto = match args.depth {
+        DepthArg::Auto if !sequential => Some(ipsan_initiator::autodepth::AutoConfig::new(
+            args.depth_start
+                .map_or(1, |d| usize::try_from(d).unwrap_or(1)),
+            max_depth,
+        )),
+        _ => None,
+    };
+    let depth = match args.depth {
+        _ if sequential => 1,
+        DepthArg::Fixed(n) => n,
+        DepthArg::Auto => auto.map_or(1, |a| a.start),
     };
     let w = Workload {
         mode: args.rw,
@@ -337,10 +377,30 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         seed: args.seed,
     };
     let session = Arc::new(session);
+    let trace = args.trace.as_ref().map(|_| {
+        let t = ipsan_initiator::trace::Trace::new(args.trace_commands);
+        session.set_trace(t.clone());
+        t
+    });
     let tick = ipsan_initiator::progress::reporter(!args.quiet);
-    let measured = bench::run(session.clone(), w.clone(), tick)
-        .await
-        .map_err(bench_failure)?;
+    let (measured, depth_auto) = match auto {
+        Some(a) => {
+            let (m, r) = bench::run_auto(session.clone(), w.clone(), a, tick)
+                .await
+                .map_err(bench_failure)?;
+            (m, Some(r))
+        }
+        None => (
+            bench::run(session.clone(), w.clone(), tick)
+                .await
+                .map_err(bench_failure)?,
+            None,
+        ),
+    };
+    let mut w = w;
+    if let Some(r) = &depth_auto {
+        w.depth = r.chosen;
+    }
     let report = bench::Report {
         schema: "ipsan-bench/1",
         tool: "ipsan bench",
@@ -364,7 +424,11 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             in_force: session.tcp_in_force(),
             info_end: session.tcp_info(),
         }),
+        depth_auto,
     };
+    if let (Some(t), Some(path)) = (&trace, &args.trace) {
+        write_trace(t, path, &report, &args.conn)?;
+    }
     if let Ok(s) = Arc::try_unwrap(session) {
         if let Err(e) = s.logout().await {
             tracing::debug!("logout: {e}");
@@ -395,6 +459,21 @@ fn bench_failure(e: bench::BenchError) -> anyhow::Error {
         } => anyhow::anyhow!("connection to the target failed: {e}"),
         _ => anyhow::anyhow!("{e}"),
     }
+}
+
+/// The trace file: a header naming the run, then the events (docs/bench.md, `ipsan-trace/1`).
+fn write_trace(
+    t: &ipsan_initiator::trace::Trace,
+    path: &std::path::Path,
+    r: &bench::Report,
+    conn: &ConnArgs,
+) -> anyhow::Result<()> {
+    let h = bench::trace_header(r, conn.seal.as_deref(), conn.pipeline);
+    let f =
+        std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+    t.write_jsonl(std::io::BufWriter::new(f), h)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
 }
 
 fn print_report(r: &bench::Report) {
@@ -478,6 +557,20 @@ fn print_report(r: &bench::Report) {
         m.cpu.user_s,
         m.cpu.sys_s
     );
+    if let Some(a) = &r.depth_auto {
+        let path: Vec<String> = a
+            .trajectory
+            .iter()
+            .map(|s| format!("{}:{:.0}", s.depth, s.throughput_mb_s))
+            .collect();
+        println!(
+            "depth auto: chose {} (start {}, max {}); windows depth:MB/s {}",
+            a.chosen,
+            a.start,
+            a.max,
+            path.join(" ")
+        );
+    }
     if m.verify.enabled {
         println!("verify: OK, {} blocks checked", m.verify.checked_blocks);
     }

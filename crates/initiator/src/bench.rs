@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::autodepth::{AutoConfig, AutoReport, DepthController};
 use crate::error::Error;
 use crate::login::Negotiated;
 use crate::session::Session;
@@ -251,6 +252,9 @@ pub struct Report {
     /// The connection's TCP settings in force and TCP_INFO at the end of the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tcp: Option<TcpReport>,
+    /// `--depth auto`: the start, the depth chosen and every measurement window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth_auto: Option<AutoReport>,
 }
 
 /// TCP as the kernel ran it for this measurement (papers/002: the WAN leg's window and
@@ -268,6 +272,35 @@ impl Report {
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string_pretty(self)
     }
+}
+
+/// The header line of an `ipsan-trace/1` file for this run (docs/bench.md).
+pub fn trace_header(
+    r: &Report,
+    seal: Option<&str>,
+    pipeline: bool,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut h = serde_json::Map::new();
+    h.insert("tool".into(), r.tool.into());
+    h.insert("git_rev".into(), r.git_rev.clone().into());
+    h.insert("started_unix_s".into(), r.started_unix_s.into());
+    h.insert("target".into(), r.target.url.clone().into());
+    h.insert(
+        "rw".into(),
+        serde_json::to_value(r.workload.rw).unwrap_or_default(),
+    );
+    h.insert("block_size".into(), r.workload.block_size.into());
+    h.insert("depth".into(), r.workload.depth.into());
+    h.insert("depth_auto".into(), r.depth_auto.is_some().into());
+    h.insert(
+        "seal".into(),
+        seal.map_or(serde_json::Value::Null, Into::into),
+    );
+    h.insert("pipeline".into(), pipeline.into());
+    h.insert("initial_r2t".into(), r.negotiated.initial_r2t.into());
+    h.insert("immediate_data".into(), r.negotiated.immediate_data.into());
+    h.insert("throughput_mb_s".into(), r.result.throughput_mb_s.into());
+    h
 }
 
 /// Where it ran.
@@ -500,8 +533,46 @@ impl Written {
 pub async fn run(
     session: Arc<Session>,
     w: Workload,
-    mut tick: Option<Box<dyn FnMut(Progress) + Send>>,
+    tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<Measured, BenchError> {
+    Ok(run_inner(session, w, None, tick).await?.0)
+}
+
+/// Like [`run`], but the depth adapts from live measurements ([`crate::autodepth`]):
+/// `w.depth` is ignored; up to `auto.max` workers exist and a semaphore lets the controller's
+/// depth of them have a command in flight. Returns the measurement and the controller's report.
+pub async fn run_auto(
+    session: Arc<Session>,
+    w: Workload,
+    auto: AutoConfig,
+    tick: Option<Box<dyn FnMut(Progress) + Send>>,
+) -> Result<(Measured, AutoReport), BenchError> {
+    let (m, r) = run_inner(session, w, Some(auto), tick).await?;
+    let r = r.ok_or_else(|| BenchError::Workload("depth controller did not report".into()))?;
+    Ok((m, r))
+}
+
+/// Sleep `d`, waking every 50 ms to see whether `done` says the run is over; false if it is.
+async fn sleep_unless_done(d: Duration, done: &(dyn Fn() -> bool + Send + Sync)) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if done() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return true;
+        }
+        tokio::time::sleep((end - now).min(Duration::from_millis(50))).await;
+    }
+}
+
+async fn run_inner(
+    session: Arc<Session>,
+    w: Workload,
+    auto: Option<AutoConfig>,
+    mut tick: Option<Box<dyn FnMut(Progress) + Send>>,
+) -> Result<(Measured, Option<AutoReport>), BenchError> {
     let cap = session
         .capacity()
         .ok_or_else(|| BenchError::Workload("LUN capacity unknown".into()))?;
@@ -518,7 +589,8 @@ pub async fn run(
             w.offset
         )));
     }
-    if w.depth == 0 {
+    let workers = auto.map_or(w.depth, |a| a.max);
+    if workers == 0 {
         return Err(BenchError::Workload("depth must be at least 1".into()));
     }
     let lun_bytes = cap.bytes();
@@ -555,6 +627,9 @@ pub async fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let bytes_done = Arc::new(AtomicU64::new(0));
     let ops_done = Arc::new(AtomicU64::new(0));
+    let lat_sum_ns = Arc::new(AtomicU64::new(0));
+    // --depth auto: `workers` tasks exist, the controller's depth of them hold a permit.
+    let gate = auto.map(|a| Arc::new(tokio::sync::Semaphore::new(a.start)));
     let written = Arc::new(Written::new(if w.verify && w.mode.writes() {
         units
     } else {
@@ -567,9 +642,11 @@ pub async fn run(
     let start_cpu = cpu_times();
     let start = Instant::now();
     let deadline = deadline_after.map(|d| start + d);
-    let mut handles = Vec::with_capacity(w.depth);
-    for _ in 0..w.depth {
+    let mut handles = Vec::with_capacity(workers);
+    for _ in 0..workers {
         let session = session.clone();
+        let gate = gate.clone();
+        let lat_sum_ns = lat_sum_ns.clone();
         let gen = gen.clone();
         let next = next.clone();
         let stop = stop.clone();
@@ -592,6 +669,14 @@ pub async fn run(
             let mut scratch = Vec::new();
             let verify_all_reads = !w.mode.writes();
             loop {
+                // Closed when the run ends: a worker parked by a lower depth stops too.
+                let _permit = match &gate {
+                    Some(g) => match g.acquire().await {
+                        Ok(p) => Some(p),
+                        Err(_) => break,
+                    },
+                    None => None,
+                };
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
@@ -669,12 +754,78 @@ pub async fn run(
                     }
                     break;
                 }
+                lat_sum_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 bytes_done.fetch_add(w.block_size, Ordering::Relaxed);
                 ops_done.fetch_add(1, Ordering::Relaxed);
             }
             st
         }));
     }
+
+    // The depth controller: measure a window, decide, apply; close the gate when the run ends.
+    let controller = match (auto, gate.clone()) {
+        (Some(cfg), Some(gate)) => {
+            let next = next.clone();
+            let stop = stop.clone();
+            let bytes_done = bytes_done.clone();
+            let ops_done = ops_done.clone();
+            let lat_sum_ns = lat_sum_ns.clone();
+            Some(tokio::spawn(async move {
+                let done = move || {
+                    stop.load(Ordering::Relaxed)
+                        || deadline.is_some_and(|d| Instant::now() >= d)
+                        || total_ops.is_some_and(|t| next.load(Ordering::Relaxed) >= t)
+                };
+                let snap = || {
+                    (
+                        Instant::now(),
+                        bytes_done.load(Ordering::Relaxed),
+                        ops_done.load(Ordering::Relaxed),
+                        lat_sum_ns.load(Ordering::Relaxed),
+                    )
+                };
+                let mut ctl = DepthController::new(cfg);
+                let mut d = ctl.first();
+                let mut cur = d.depth;
+                loop {
+                    if !sleep_unless_done(d.settle, &done).await {
+                        break;
+                    }
+                    let a = snap();
+                    if !sleep_unless_done(d.window, &done).await {
+                        break;
+                    }
+                    let b = snap();
+                    let sample = crate::autodepth::Sample {
+                        duration: b.0 - a.0,
+                        bytes: b.1 - a.1,
+                        ops: b.2 - a.2,
+                        latency_sum: Duration::from_nanos(b.3 - a.3),
+                    };
+                    d = ctl.observe(sample, start.elapsed());
+                    if d.depth > cur {
+                        gate.add_permits(d.depth - cur);
+                    } else if d.depth < cur {
+                        // Take the permits back as commands complete.
+                        let n = u32::try_from(cur - d.depth).unwrap_or(u32::MAX);
+                        match gate.clone().acquire_many_owned(n).await {
+                            Ok(p) => p.forget(),
+                            Err(_) => break,
+                        }
+                    }
+                    cur = d.depth;
+                }
+                gate.close();
+                AutoReport {
+                    start: cfg.start,
+                    max: cfg.max,
+                    chosen: ctl.chosen(),
+                    trajectory: ctl.trajectory().to_vec(),
+                }
+            }))
+        }
+        _ => None,
+    };
 
     // Progress ticks until every worker is done.
     let total_bytes = total_ops.map(|o| o * w.block_size);
@@ -705,6 +856,17 @@ pub async fn run(
     };
     let wall = start.elapsed();
     let cpu = CpuUsage::between(start_cpu, cpu_times(), wall);
+    let auto_report = match controller {
+        Some(c) => Some(
+            c.await
+                .map_err(|e| BenchError::Workload(format!("depth controller panicked: {e}")))?,
+        ),
+        None => None,
+    };
+    // The trace covers the timed run, not the verify read-back.
+    if let Some(t) = session.trace() {
+        t.stop();
+    }
     if let Some(e) = first_error.lock().ok().and_then(|mut f| f.take()) {
         return Err(e);
     }
@@ -737,7 +899,7 @@ pub async fn run(
     let bytes = agg.read_bytes + agg.write_bytes;
     let ops = agg.all.len();
     let lat = |h: &Histogram<u64>| (!h.is_empty()).then(|| Latency::from_histogram(h));
-    Ok(Measured {
+    let m = Measured {
         duration_s: secs,
         ops,
         read_ops: agg.read.len(),
@@ -756,7 +918,8 @@ pub async fn run(
             enabled: w.verify,
             checked_blocks: agg.checked_blocks,
         },
-    })
+    };
+    Ok((m, auto_report))
 }
 
 /// Reads back and checks every unit in `written`, `depth` reads in flight; returns the blocks
@@ -1052,6 +1215,7 @@ mod tests {
                 },
             },
             tcp: None,
+            depth_auto: None,
         };
         let v: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
         // The fields docs/bench.md promises to the lab.

@@ -8,7 +8,11 @@
 //! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
 //!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout.
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
+//! - [`trace`]: the opt-in per-command event trace behind `ipsan bench --trace` and the lab's
+//!   command timeline.
 //! - [`transform`]: the payload hook where Seal encrypts writes and decrypts reads.
+//! - [`autodepth`]: `--depth auto`, a sans-IO controller that adapts the depth from live
+//!   throughput and latency.
 //! - [`bench`]: workload generator, latency histogram, CPU accounting, `--verify` pattern and
 //!   the JSON result schema of `ipsan bench` (documented in `docs/bench.md`).
 //! - [`progress`]: the live progress display of `ipsan bench` (bar on a TTY, lines otherwise).
@@ -16,6 +20,7 @@
 
 mod conn;
 
+pub mod autodepth;
 pub mod bench;
 pub mod error;
 pub mod login;
@@ -23,6 +28,7 @@ pub mod progress;
 pub mod scsi;
 pub mod seal;
 pub mod session;
+pub mod trace;
 pub mod transform;
 pub mod url;
 

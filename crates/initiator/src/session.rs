@@ -43,6 +43,7 @@ use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
+use crate::trace::{self, Kind, Trace};
 use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
 
@@ -180,6 +181,8 @@ struct Shared {
     /// Bytes of answers to the target's NOP-In pings queued but not yet handed to the socket
     /// (see [`MAX_QUEUED_PONG_BYTES`]).
     pong_bytes: AtomicUsize,
+    /// Per-command event trace, when asked for ([`Session::set_trace`]).
+    trace: OnceLock<Arc<Trace>>,
 }
 
 /// A target that pings (NOP-In with a TTT, RFC 7143 §11.19) faster than it reads the answers
@@ -606,6 +609,7 @@ impl Session {
             params,
             io_tasks: Mutex::new(Vec::new()),
             pong_bytes: AtomicUsize::new(0),
+            trace: OnceLock::new(),
         });
         let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
         let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
@@ -637,6 +641,17 @@ impl Session {
         self.transform = Some(t);
     }
 
+    /// Record every command's events from now on into `t` (see [`crate::trace`]). A session
+    /// has at most one trace; returns false if one was set already.
+    pub fn set_trace(&self, t: Arc<Trace>) -> bool {
+        self.shared.trace.set(t).is_ok()
+    }
+
+    /// The trace set with [`Session::set_trace`].
+    pub fn trace(&self) -> Option<&Arc<Trace>> {
+        self.shared.trace.get()
+    }
+
     /// The connection's TCP settings as the kernel reports them.
     pub fn tcp_in_force(&self) -> Option<ipsan_tcp::InForce> {
         self.socket
@@ -666,11 +681,18 @@ impl Session {
     /// transform installed, data-out is transformed before sending and Data-In after
     /// reassembly; a read's `len` is the plaintext length.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
+        let tr = self.shared.trace.get();
         let Some(t) = self.transform.clone() else {
-            return self.command_raw(cdb, dir, None).await;
+            let Some(tr) = tr else {
+                return self.command_raw(cdb, dir, None).await;
+            };
+            let itt = self.shared.lock()?.itt();
+            let g = trace::Pending::issued(Some(tr), itt);
+            return g.finish(self.command_raw(cdb, dir, Some(itt)).await);
         };
         // The ITT is fixed before the transform runs because the transform binds to it.
         let itt = self.shared.lock()?.itt();
+        let g = trace::Pending::issued(tr, itt);
         let (lba, blocks) = scsi::lba_and_blocks(&cdb);
         let info = CommandInfo {
             lun: self.lun,
@@ -680,10 +702,12 @@ impl Session {
             itt,
         };
         match dir {
-            DataDir::None => self.command_raw(cdb, DataDir::None, Some(itt)).await,
+            DataDir::None => g.finish(self.command_raw(cdb, DataDir::None, Some(itt)).await),
             DataDir::Write(plain) => {
+                trace::note(tr, itt, Kind::SealStart, 0, plain.len() as u64);
                 let wire = t.outbound(info, plain).await?;
-                self.command_raw(cdb, DataDir::Write(wire), Some(itt)).await
+                trace::note(tr, itt, Kind::SealEnd, 0, wire.len() as u64);
+                g.finish(self.command_raw(cdb, DataDir::Write(wire), Some(itt)).await)
             }
             DataDir::Read(buf, len) => {
                 let wire_len = t.wire_len(len).ok_or_else(|| {
@@ -692,8 +716,10 @@ impl Session {
                 let mut c = self
                     .command_raw(cdb, DataDir::Read(buf, wire_len), Some(itt))
                     .await?;
+                trace::note(tr, itt, Kind::OpenStart, 0, c.data.len() as u64);
                 c.data = t.inbound(info, c.data).await?;
-                Ok(c)
+                trace::note(tr, itt, Kind::OpenEnd, 0, c.data.len() as u64);
+                g.finish(Ok(c))
             }
         }
     }
@@ -803,6 +829,8 @@ impl Session {
         };
         let send = |pdu: Pdu| self.shared.out.send(pdu).map_err(|_| self.shared.lost());
         send(Pdu::new(cmd, write.slice(..imm)))?;
+        let tr = self.shared.trace.get();
+        trace::note(tr, itt, Kind::CmdSent, 0, imm as u64);
         let mut off = imm;
         let mut data_sn = 0u32;
         while off < unsolicited_end {
@@ -819,6 +847,10 @@ impl Session {
             send(Pdu::new(h, write.slice(off..end)))?;
             data_sn += 1;
             off = end;
+        }
+        if unsolicited_end > imm {
+            let len = (unsolicited_end - imm) as u64;
+            trace::note(tr, itt, Kind::DataOut, imm as u64, len);
         }
         Ok(())
     }
@@ -1246,6 +1278,17 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
             }
             buf[off..end].copy_from_slice(&pdu.data);
             t.received += pdu.data.len();
+            if let Some(tr) = shared.trace.get() {
+                if off == 0 {
+                    tr.record(h.itt, Kind::DataInFirst, 0, pdu.data.len() as u64);
+                }
+                if end == t.read_len || h.status_present {
+                    tr.record(h.itt, Kind::DataInLast, off as u64, pdu.data.len() as u64);
+                }
+                if h.status_present {
+                    tr.record(h.itt, Kind::Status, 0, 0);
+                }
+            }
             if h.status_present {
                 let mut data = t.read.take().unwrap_or_default();
                 let residual = if h.underflow {
@@ -1273,6 +1316,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                     h.itt
                 )));
             }
+            trace::note(shared.trace.get(), h.itt, Kind::Status, 0, 0);
             if h.response != 0 {
                 complete(st, h.itt, Err(Error::IscsiResponse(h.response)));
                 return Ok(());
@@ -1324,6 +1368,8 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                     t.write.len()
                 )));
             }
+            let tr = shared.trace.get();
+            trace::note(tr, h.itt, Kind::R2t, off as u64, len as u64);
             let seg = p.target_max_recv_data_segment_length as usize;
             let exp_stat_sn = shared.lock()?.exp_stat_sn;
             let mut pos = off;
@@ -1346,6 +1392,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 data_sn += 1;
                 pos = end;
             }
+            trace::note(tr, h.itt, Kind::DataOut, off as u64, len as u64);
         }
         Header::NopIn(h) => {
             if h.itt != RESERVED_TAG {

@@ -13,6 +13,7 @@
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
 //! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
+//! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files.
 pub mod calibrate;
 pub mod esp;
 pub mod guard;
@@ -22,3 +23,4 @@ pub mod report;
 pub mod results;
 pub mod runner;
 pub mod sockbuf;
+pub mod timeline;

@@ -21,6 +21,15 @@
 //! backend = ["mem"]        # mem | null | file
 //! iscsi = ["ipsan"]        # ipsan (one round trip) | paper (InitialR2T=Yes, ImmediateData=No)
 //! cc = ["reno"]            # TCP congestion control inside the lab's namespaces
+//!
+//! [timeline]               # optional: trace a short run per scheme and draw the
+//! delay = "8ms"            # per-command timeline (defaults shown)
+//! block = "64KiB"
+//! cipher = "3des-cbc-hmac-sha1"
+//! scheme = ["seal-seq", "seal"]
+//! depth = 8
+//! iscsi = "paper"          # InitialR2T=Yes + ImmediateData=No, so R2Ts show
+//! run_time = "1s"
 //! ```
 
 use std::collections::BTreeSet;
@@ -269,6 +278,61 @@ pub struct PlanSpec {
     pub min_rtts: Option<u32>,
     /// The matrices.
     pub matrix: Vec<MatrixSpec>,
+    /// A short traced run per scheme for the command timeline.
+    #[serde(default)]
+    pub timeline: Option<TimelineSpec>,
+}
+
+/// `[timeline]`: short traced runs drawn as the per-command timeline (the papers' packet
+/// visualisations: Kamisaka et al. 2006 (004), Fig. 5–6).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineSpec {
+    #[serde(default = "tl_delay")]
+    delay: String,
+    #[serde(default = "tl_block")]
+    block: String,
+    #[serde(default = "tl_cipher")]
+    cipher: String,
+    #[serde(default = "tl_scheme")]
+    scheme: Vec<Scheme>,
+    #[serde(default = "tl_depth")]
+    depth: u32,
+    #[serde(default = "tl_iscsi")]
+    iscsi: IscsiMode,
+    #[serde(default = "tl_run_time")]
+    run_time: String,
+}
+
+fn tl_delay() -> String {
+    "8ms".into()
+}
+fn tl_block() -> String {
+    "64KiB".into()
+}
+fn tl_cipher() -> String {
+    "3des-cbc-hmac-sha1".into()
+}
+fn tl_scheme() -> Vec<Scheme> {
+    vec![Scheme::SealSeq, Scheme::Seal]
+}
+fn tl_depth() -> u32 {
+    8
+}
+fn tl_iscsi() -> IscsiMode {
+    IscsiMode::Paper
+}
+fn tl_run_time() -> String {
+    "1s".into()
+}
+
+/// The timeline runs, resolved.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timeline {
+    /// One point per scheme (same link).
+    pub points: Vec<Point>,
+    /// How long each traced run lasts.
+    pub run_time: Duration,
 }
 
 /// One point of the matrix, fully resolved.
@@ -367,6 +431,8 @@ pub struct Plan {
     pub min_rtts: u32,
     /// Every point, in run order (grouped by link so calibrations are reused).
     pub points: Vec<Point>,
+    /// Traced runs for the command timeline, if the plan asks for them.
+    pub timeline: Option<Timeline>,
 }
 
 /// The built-in plans' names.
@@ -541,7 +607,12 @@ impl Plan {
         if points.len() > 5000 {
             return Err(err(format!("{} points is more than 5000", points.len())));
         }
+        let timeline = match &spec.timeline {
+            None => None,
+            Some(t) => Some(resolve_timeline(t).map_err(|why| err(format!("[timeline]: {why}")))?),
+        };
         Ok(Plan {
+            timeline,
             name: spec.name,
             description: spec.description,
             repetitions: spec.repetitions,
@@ -566,6 +637,53 @@ impl Plan {
     pub fn run_count(&self) -> usize {
         self.points.len() * self.repetitions as usize
     }
+}
+
+fn resolve_timeline(t: &TimelineSpec) -> Result<Timeline, String> {
+    let delay_ms = model::parse_duration(&t.delay)?.as_secs_f64() * 1e3;
+    let block = model::parse_size(&t.block)?;
+    if block % 512 != 0 || block > 16 << 20 {
+        return Err(format!(
+            "block {block} must be a multiple of 512 and at most 16 MiB"
+        ));
+    }
+    if ipsan_seal::Cipher::from_name(&t.cipher).is_none() {
+        return Err(format!("unknown cipher {:?}", t.cipher));
+    }
+    if !(1..=256).contains(&t.depth) {
+        return Err("depth must be 1..=256".into());
+    }
+    let run_time = model::parse_duration(&t.run_time)?;
+    if run_time < Duration::from_millis(200) || run_time > Duration::from_secs(60) {
+        return Err("run_time must be between 200ms and 60s".into());
+    }
+    if t.scheme.is_empty() || t.scheme.iter().any(|s| !s.is_seal() && *s != Scheme::Plain) {
+        return Err("scheme must list plain, seal-seq or seal (the bench traces them)".into());
+    }
+    let points = t
+        .scheme
+        .iter()
+        .map(|&scheme| Point {
+            direction: Direction::Write,
+            delay_ms,
+            loss: 0.0,
+            reorder: 0.0,
+            corrupt: 0.0,
+            block,
+            depth: Depth::Fixed(if scheme == Scheme::SealSeq {
+                1
+            } else {
+                t.depth
+            }),
+            cipher: t.cipher.clone(),
+            pipeline: scheme != Scheme::SealSeq,
+            scheme,
+            backend: Backend::Mem,
+            iscsi: t.iscsi,
+            cc: "reno".into(),
+        })
+        .collect();
+    Ok(Timeline { points, run_time })
 }
 
 fn parse_depth(s: &str) -> Result<Depth, String> {

@@ -56,6 +56,12 @@ fn register_font() -> Result<(), String> {
     .clone()
 }
 
+/// Whether plot text can be drawn (the font is there).
+#[cfg(test)]
+pub(crate) fn font_ready() -> Result<(), String> {
+    register_font()
+}
+
 /// One point's repetitions, aggregated.
 #[derive(Debug, Clone)]
 pub struct Agg {
@@ -291,12 +297,11 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
         }
     }
     let _ = writeln!(md, "\n## Figures\n\n{plot_md}");
-    let _ = writeln!(
-        md,
-        "The command timeline (per command: sealed, sent, R2T, transferred, opened, completed) \
-         needs a per-command event trace from `ipsan bench`, which it does not emit yet; it is \
-         not drawn rather than drawn from guesses.\n"
-    );
+    let _ = writeln!(md, "{}", timeline_section(dir, &mut plots));
+    let auto = depth_auto_table(&aggs);
+    if !auto.is_empty() {
+        let _ = writeln!(md, "{auto}");
+    }
     let _ = writeln!(md, "## The papers' numbers\n\n{PAPERS}");
     let _ = writeln!(md, "\n## How to read the differences\n\n{}", DISCUSSION);
     let markdown = dir.join("report.md");
@@ -311,6 +316,88 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
         html,
         plots,
     })
+}
+
+/// The command timeline from `timeline/*.jsonl`, when the plan traced runs.
+fn timeline_section(dir: &Path, plots: &mut Vec<PathBuf>) -> String {
+    if !dir.join("timeline").is_dir() {
+        return String::new();
+    }
+    let title = "Command timeline (per command: queued, sealed, sent, R2T, data, status)";
+    let mut s = format!("### {title}\n\n");
+    let panels = match crate::timeline::load(dir) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = writeln!(s, "not drawn: {e}\n");
+            return s;
+        }
+    };
+    if let Err(e) = register_font() {
+        let _ = writeln!(s, "not drawn: {e}\n");
+        return s;
+    }
+    match crate::timeline::draw(dir, "timeline", &panels) {
+        Ok(files) => {
+            plots.extend(files);
+            let _ = writeln!(
+                s,
+                "From `ipsan bench --trace` (traces in `timeline/`, schema `ipsan-trace/1`). \
+                 Each row is one write command, from a few commands into the run; like the \
+                 papers' packet visualisations (2006 (004) Fig. 5–6), the sequential run seals, \
+                 waits for the R2T and the status one command at a time, while the pipelined \
+                 run seals the next commands on the crypto workers during the round trips.\n\n\
+                 ![{title}](timeline.png)\n"
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(s, "not drawn: {e}\n");
+        }
+    }
+    s
+}
+
+/// `depth = auto` next to the best fixed depth of the same point (issue 6: auto must reach
+/// 95 % of the best fixed depth).
+fn depth_auto_table(aggs: &[Agg]) -> String {
+    let key = |a: &Agg| {
+        let p = &a.rec.point;
+        (
+            p.scheme,
+            p.direction,
+            (p.delay_ms * 1000.0) as u64,
+            p.block,
+            p.cipher.clone(),
+            p.iscsi,
+        )
+    };
+    let mut s = String::new();
+    for a in aggs.iter().filter(|a| a.rec.point.depth == Depth::Auto) {
+        let best = aggs
+            .iter()
+            .filter(|b| matches!(b.rec.point.depth, Depth::Fixed(_)) && key(b) == key(a))
+            .max_by(|x, y| x.median.total_cmp(&y.median));
+        let Some(best) = best else { continue };
+        if s.is_empty() {
+            s.push_str("## Depth auto vs the best fixed depth\n\n| scheme | dir | delay ms | block | cipher | auto MB/s | start → chosen | best fixed MB/s (depth) | auto / best |\n|---|---|---|---|---|---|---|---|---|\n");
+        }
+        let p = &a.rec.point;
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} → {} | {} ({}) | {} |",
+            p.scheme,
+            p.direction.name(),
+            p.delay_ms,
+            fmt_size(p.block),
+            short_cipher(&p.cipher),
+            fmt_mb(a.median),
+            a.rec.depth_start,
+            a.rec.depth_used,
+            fmt_mb(best.median),
+            best.rec.depth_used,
+            ratio(a.median, best.median)
+        );
+    }
+    s
 }
 
 const DISCUSSION: &str = "\

@@ -180,6 +180,12 @@ pub struct Record {
     /// (measured / predicted − 1) · 100.
     #[serde(deserialize_with = "f64_or_nan")]
     pub model_err_pct: f64,
+    /// `depth = auto`: the depth of bench's first window (the model's estimate).
+    #[serde(default)]
+    pub depth_start: u32,
+    /// `depth = auto`: every measurement window of bench's controller, `depth:MB/s` each.
+    #[serde(default)]
+    pub depth_trajectory: String,
     /// Negotiated InitialR2T.
     pub initial_r2t: Option<bool>,
     /// Negotiated ImmediateData.
@@ -234,6 +240,8 @@ impl Record {
             model_mb_s: f64::NAN,
             model_limit: String::new(),
             model_err_pct: f64::NAN,
+            depth_start: 0,
+            depth_trajectory: String::new(),
             initial_r2t: None,
             immediate_data: None,
             first_burst: None,

@@ -75,6 +75,7 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
         }
     }
     let bench_has_seal = help_mentions(&cfg.exe, "bench", "--seal");
+    let bench_has_auto = help_mentions(&cfg.exe, "bench", "--depth-start");
     let mut records: Vec<Record> = Vec::new();
     let total = plan.run_count();
     let started = Instant::now();
@@ -139,6 +140,8 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
                             enc,
                             scratch: &scratch,
                             bench_has_seal,
+                            bench_has_auto,
+                            trace: None,
                         };
                         run_one(&ctx, p, &mut rec);
                     }
@@ -153,6 +156,12 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
             l.down();
         }
     }
+    if let Some(tl) = &plan.timeline {
+        if cfg.progress {
+            eprint!("\r\x1b[2Klab: timeline runs (traced)");
+        }
+        run_timeline(plan, tl, cfg, &env, root, &scratch, bench_has_seal)?;
+    }
     if cfg.progress {
         eprintln!(
             "\r\x1b[2Klab: {} runs in {:.0}s → {}",
@@ -163,6 +172,74 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(records)
+}
+
+/// The traced runs behind the command timeline: each scheme once on one link, its trace in
+/// `timeline/<scheme>.jsonl` and its record in `timeline/runs.json` (not in results.json: a
+/// short traced run is not a measurement point).
+fn run_timeline(
+    plan: &Plan,
+    tl: &crate::plan::Timeline,
+    cfg: &RunConfig,
+    env: &Environment,
+    root: bool,
+    scratch: &Path,
+    bench_has_seal: bool,
+) -> std::io::Result<()> {
+    let dir = cfg.out.join("timeline");
+    std::fs::create_dir_all(&dir)?;
+    let Some(first) = tl.points.first() else {
+        return Ok(());
+    };
+    let short = Plan {
+        run_time: tl.run_time,
+        repetitions: 1,
+        timeline: None,
+        ..plan.clone()
+    };
+    let link = if root {
+        LabLink::up(first, cfg).map(Some)
+    } else if first.delay_ms > 0.0 {
+        Err("needs root: namespaces and the WAN emulator".to_string())
+    } else {
+        Ok(None)
+    };
+    let mut records = Vec::new();
+    for (i, p) in tl.points.iter().enumerate() {
+        let mut rec = Record::new(&plan.name, i, 0, p, env, root);
+        match &link {
+            Err(e) => {
+                rec.status = Status::Skipped;
+                rec.error = e.clone();
+            }
+            Ok(l) => {
+                let calib = Calibration {
+                    loopback: l.is_none(),
+                    ..Calibration::default()
+                };
+                let path = dir.join(format!("{}.jsonl", p.scheme));
+                let _ = std::fs::remove_file(&path);
+                let ctx = RunCtx {
+                    cfg,
+                    plan: &short,
+                    link: l.as_ref(),
+                    calib: &calib,
+                    enc: (f64::NAN, f64::NAN),
+                    scratch,
+                    bench_has_seal,
+                    bench_has_auto: false,
+                    trace: Some(path),
+                };
+                run_one(&ctx, p, &mut rec);
+            }
+        }
+        records.push(rec);
+    }
+    if let Ok(Some(l)) = link {
+        l.down();
+    }
+    let json = serde_json::to_string_pretty(&records).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join("runs.json"), json + "\n")
 }
 
 fn progress(done: usize, total: usize, started: Instant, label: &str) {
@@ -385,6 +462,10 @@ struct RunCtx<'a> {
     enc: (f64, f64),
     scratch: &'a Path,
     bench_has_seal: bool,
+    /// `ipsan bench --depth auto` exists: `depth = auto` adapts live from the model's start.
+    bench_has_auto: bool,
+    /// Write bench's per-command trace here.
+    trace: Option<PathBuf>,
 }
 
 impl RunCtx<'_> {
@@ -486,6 +567,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     };
     rec.enc_mb_s = ctx.enc.0 / 1e6;
     rec.dec_mb_s = ctx.enc.1 / 1e6;
+    // `auto`: the model's estimate; bench starts there and adapts (when it can).
     let depth = match p.depth {
         Depth::Fixed(n) => n,
         Depth::Auto => model::auto_depth(
@@ -548,7 +630,14 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         "--lun",
         &lun,
         "--queue-depth",
-        &depth.max(32).to_string(),
+        // `auto` may go up to the plan's max_depth: the CmdSN window must not be the limit.
+        &if p.depth == Depth::Auto {
+            depth.max(ctx.plan.max_depth)
+        } else {
+            depth
+        }
+        .max(32)
+        .to_string(),
     ]);
     if p.scheme.is_seal() {
         tcmd.args(["--seal", "required", "--seal-secret-file"]);
@@ -569,6 +658,12 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     let json = ctx.scratch.join("bench.json");
     let _ = std::fs::remove_file(&json);
     let url = format!("iscsi://{connect}/{IQN}/0");
+    let live_auto = p.depth == Depth::Auto && ctx.bench_has_auto && p.scheme != Scheme::SealSeq;
+    let depth_arg = if live_auto {
+        "auto".to_string()
+    } else {
+        depth.to_string()
+    };
     let mut b = ctx.command(Side::Ini, &ctx.cfg.exe.to_string_lossy());
     b.args([
         "bench",
@@ -578,13 +673,25 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         "--bs",
         &p.block.to_string(),
         "--depth",
-        &depth.to_string(),
+        &depth_arg,
         "--time",
         &format!("{}ms", run_time.as_millis()),
         "--quiet",
         "--json",
     ]);
     b.arg(&json);
+    if live_auto {
+        // bench's controller starts at the model's estimate and adapts from there.
+        b.args([
+            "--depth-start",
+            &depth.to_string(),
+            "--max-depth",
+            &ctx.plan.max_depth.to_string(),
+        ]);
+    }
+    if let Some(t) = &ctx.trace {
+        b.arg("--trace").arg(t);
+    }
     if p.iscsi == IscsiMode::Paper {
         b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
     }
@@ -663,6 +770,29 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     rec.lat_max_us = f(&["latency_us", "max"]);
     rec.cpu_initiator_pct = f(&["cpu", "percent_of_one_core"]);
     rec.bytes = r["bytes"].as_u64().unwrap_or(0);
+    if let Some(a) = v.get("depth_auto").filter(|a| !a.is_null()) {
+        rec.depth_start = depth;
+        rec.depth_used = a["chosen"]
+            .as_u64()
+            .and_then(|d| u32::try_from(d).ok())
+            .unwrap_or(depth);
+        rec.depth_trajectory = a["trajectory"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .map(|s| {
+                        format!(
+                            "{}:{:.1}",
+                            s["depth"].as_u64().unwrap_or(0),
+                            s["throughput_mb_s"].as_f64().unwrap_or(f64::NAN)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+    }
+    let depth = rec.depth_used;
     let n = &v["negotiated"];
     rec.initial_r2t = n["initial_r2t"].as_bool();
     rec.immediate_data = n["immediate_data"].as_bool();
