@@ -82,9 +82,9 @@ pub async fn serve(
     let slot = SealSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared, &slot),
+        login_phase(&mut conn, &mut wr, &shared, &slot, peer),
     );
-    let result = tokio::select! {
+    let (result, session_slot) = tokio::select! {
         r = login => match r {
             Ok(Ok(Some(result))) => result,
             Ok(Ok(None)) => return,
@@ -118,6 +118,8 @@ pub async fn serve(
         params.target_name.as_deref(),
         result.tsih,
     );
+    // Registered: the session counts itself now.
+    drop(session_slot);
 
     conn.codec = Codec {
         header_digest: params.header_digest,
@@ -199,18 +201,43 @@ impl Reader {
     }
 }
 
+/// A completed login and the session slot it holds until the session registers.
+type LoggedIn = (
+    iscsi_proto::login::LoginResult,
+    Option<crate::registry::SessionSlot>,
+);
+
 /// Runs the login; `Ok(None)` when it failed or the peer went away (already answered).
 async fn login_phase(
     conn: &mut Reader,
     wr: &mut OwnedWriteHalf,
     shared: &Shared,
     slot: &SealSlot,
-) -> std::io::Result<Option<iscsi_proto::login::LoginResult>> {
+    peer: SocketAddr,
+) -> std::io::Result<Option<LoggedIn>> {
     let ext = SealExtension::new(shared.registry.clone(), slot.clone());
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
+    let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
+    let mut first = true;
     loop {
-        let pdu = match conn.next().await? {
+        let next = if first {
+            // A connection that does not even send its first Login Request soon is closed
+            // long before login_timeout, so idle connections cannot hold every slot.
+            let limit = shared.registry.limits.first_pdu_timeout;
+            match tokio::time::timeout(limit, conn.next()).await {
+                Ok(n) => n?,
+                Err(_) => {
+                    crate::limits::LimitStats::bump(&shared.registry.stats.first_pdu_timeouts);
+                    debug!(%peer, "no Login Request within {limit:?}; closing");
+                    return Ok(None);
+                }
+            }
+        } else {
+            conn.next().await?
+        };
+        first = false;
+        let pdu = match next {
             None => return Ok(None),
             Some(Ok(pdu)) => pdu,
             Some(Err(e)) => {
@@ -223,10 +250,10 @@ async fn login_phase(
             debug!("{:?} during login; closing", pdu.header.opcode());
             return Ok(None);
         };
-        let mut dir = LoginDirectory {
-            registry: &shared.registry,
-        };
         let reply = login.handle(req, &pdu.data, &mut dir);
+        if let Outcome::Failed(f) = &reply.outcome {
+            auth_failure_backoff(shared, &dir, peer, f).await;
+        }
         let mut out = BytesMut::new();
         let resp = Pdu::new(reply.header, Bytes::from(reply.data));
         if codec.encode(&resp, &mut out).is_err() {
@@ -236,13 +263,49 @@ async fn login_phase(
         match reply.outcome {
             Outcome::Continue => {}
             Outcome::Failed(f) => {
-                warn!(initiator_isid = %hex::encode(req.isid), status = format!("{:#06x}", f.status.0), "login refused: {}", f.reason);
+                warn!(%peer, initiator = dir.initiator().as_deref().unwrap_or("(not declared)"), initiator_isid = %hex::encode(req.isid), status = format!("{:#06x}", f.status.0), "login refused: {}", f.reason);
                 let _ = wr.shutdown().await;
                 return Ok(None);
             }
-            Outcome::FullFeature(result) => return Ok(Some(*result)),
+            Outcome::FullFeature(result) => {
+                shared
+                    .registry
+                    .auth_success(&result.params.initiator_name, peer.ip());
+                return Ok(Some((*result, dir.take_slot())));
+            }
         }
     }
+}
+
+/// Counts an authentication failure (0x0201) against the initiator and its address, logs it
+/// (who, from where, how many, the lockout; never the secret or the response) and holds the
+/// failing response back by the backoff's delay (crates/target/src/limits.rs).
+async fn auth_failure_backoff(
+    shared: &Shared,
+    dir: &LoginDirectory,
+    peer: SocketAddr,
+    f: &iscsi_proto::login::LoginFailure,
+) {
+    if f.status != iscsi_proto::login::LoginStatus::AUTHENTICATION_FAILURE {
+        return;
+    }
+    let Some(initiator) = dir.initiator() else {
+        return;
+    };
+    let v = shared.registry.auth_failure(&initiator, peer.ip());
+    warn!(
+        %peer,
+        initiator = %initiator,
+        failures_name_here = v.failures_name_here,
+        failures_address = v.failures_address,
+        failures_name = v.failures_name,
+        lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
+        delay_ms = v.delay.as_millis(),
+        "authentication failed{}",
+        if v.lockout.is_some() { "; locked out" } else { "" }
+    );
+    // Never hold the answer past the login timeout (it would be dropped unanswered).
+    tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
 }
 
 /// A message for the writer task.
