@@ -152,6 +152,7 @@ pub async fn serve(
         text_partial: Vec::new(),
         ping: None,
         seal: lock(&slot).take().map(Arc::new),
+        rekey_asked: Arc::new(AtomicBool::new(false)),
     };
     let end = session
         .run(&mut conn, &shared, &shutdown, &session_cancel)
@@ -307,6 +308,55 @@ async fn auth_failure_backoff(
     // Never hold the answer past the login timeout (it would be dropped unanswered).
     tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
 }
+
+/// The answer to data-out whose Seal counters run past the session's limit: CHECK
+/// CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h, as for data-in that cannot be
+/// sealed); `None` for other open failures.
+fn seal_limit_response(e: &ipsan_seal::OpenError) -> Option<ScsiResponse> {
+    matches!(e, ipsan_seal::OpenError::CounterLimit { .. })
+        .then(|| ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00)))
+}
+
+/// After a sealed command: at the hard counter limit close the connection (the command has
+/// its CHECK CONDITION); past the high-water mark ask once for a logout with an Asynchronous
+/// Message, AsyncEvent 1 "target requests logout" (RFC 7143 §11.9.1), so the initiator logs
+/// in again and both sides derive fresh keys (docs/seal.md). Parameter3 is the time the
+/// initiator has to log out, in seconds.
+async fn seal_counter_watch(
+    out: &mpsc::Sender<Out>,
+    session: &SealSession,
+    asked: &AtomicBool,
+    exhausted: bool,
+) {
+    let (sent, received) = session.counters_used();
+    if exhausted {
+        warn!(
+            sent,
+            received,
+            limit = session.counter_limit(),
+            "seal: counter limit reached; closing the connection"
+        );
+        let _ = out.send(Out::Close).await;
+        return;
+    }
+    if session.rekey_due() && !asked.swap(true, Ordering::AcqRel) {
+        info!(
+            sent,
+            received,
+            mark = session.rekey_mark(),
+            "seal: counters past the re-key mark; asking the initiator to log out (AsyncEvent 1)"
+        );
+        let msg = iscsi_wire::header::AsyncMessage {
+            async_event: 1,
+            parameter3: LOGOUT_WAIT_SECS,
+            ..Default::default()
+        };
+        let _ = out.send(Out::Pdu(Pdu::new(msg, Bytes::new()))).await;
+    }
+}
+
+/// Seconds an initiator has to log out after AsyncEvent 1 (RFC 7143 §11.9.1 Parameter3).
+const LOGOUT_WAIT_SECS: u16 = 10;
 
 /// A message for the writer task.
 #[derive(Debug)]
@@ -481,6 +531,8 @@ struct Session {
     ping: Option<(u32, tokio::time::Instant)>,
     /// The Seal session, when one was negotiated: every command's data is sealed.
     seal: Option<Arc<SealSession>>,
+    /// Set once the target has asked this session to log out for fresh Seal keys.
+    rekey_asked: Arc<AtomicBool>,
 }
 
 impl Session {
@@ -853,7 +905,10 @@ impl Session {
                 ipsan_seal::cdb::binding(raw_lun, itt, &cdb),
             )
         });
+        let rekey_asked = self.rekey_asked.clone();
         tokio::spawn(async move {
+            // A Seal counter at its hard limit: this command fails, then the connection closes.
+            let mut seal_exhausted = false;
             let mut pre = pre;
             let mut data_out = data_out;
             if let (Some((session, pool, binding)), None, false) =
@@ -880,6 +935,10 @@ impl Session {
                             ipsan_seal::sense::ASC,
                             ipsan_seal::sense::ASCQ,
                         )));
+                        if let Some(r) = seal_limit_response(&e) {
+                            pre = Some(r);
+                            seal_exhausted = true;
+                        }
                     }
                 }
             }
@@ -926,6 +985,7 @@ impl Session {
                         warn!(itt, "seal: cannot seal data-in: {e}");
                         resp =
                             ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00));
+                        seal_exhausted = e == ipsan_seal::SealError::CounterExhausted;
                     }
                 }
             }
@@ -954,6 +1014,9 @@ impl Session {
             }
             if !abort.load(Ordering::Acquire) {
                 send_status(&out, itt, raw_lun, resp, edtl, res, seg, burst).await;
+            }
+            if let Some((session, _, _)) = &seal {
+                seal_counter_watch(&out, session, &rekey_asked, seal_exhausted).await;
             }
             let _ = done_tx.send(true);
         });

@@ -87,6 +87,10 @@ pub struct Limits {
     /// A connection that has not sent a complete first Login Request within this is closed.
     pub first_pdu_timeout: Duration,
     pub auth: AuthBackoff,
+    /// Test-only: lowers every Seal session's counter limit (both directions) so a test
+    /// reaches the re-key mark and the hard limit in a few commands. Not in the TOML file.
+    #[doc(hidden)]
+    pub seal_counter_limit: Option<u64>,
 }
 
 impl Default for Limits {
@@ -96,6 +100,7 @@ impl Default for Limits {
             max_connections_per_address: 64,
             first_pdu_timeout: Duration::from_secs(5),
             auth: AuthBackoff::default(),
+            seal_counter_limit: None,
         }
     }
 }
