@@ -18,8 +18,9 @@
 //! another address — the name is not secret, it travels in clear in every login. So names are
 //! locked out only per address, and an attacker spread over many addresses is slowed per
 //! address: every address gets the free failures and then doubling lockouts, so guesses cost
-//! time per address. With CHAP secrets of at least 12 bytes (RFC 7143 §12.1.3 asks for 96 bits
-//! of randomness) that is far more than online guessing can use. The per-name count across
+//! time per address. Against a random CHAP secret (RFC 7143 asks implementations to support
+//! random secrets of up to 128 bits) that leaves online guessing no chance; ipsan accepts any
+//! non-empty secret, so a guessable one remains the operator's risk. The per-name count across
 //! addresses shows such a spread in the warn log (`failures_for_name`) and delays each failing
 //! response (up to `delay_max`), so a sequential guesser gains nothing from new addresses.
 //!
