@@ -269,9 +269,11 @@ async fn login_phase(
                 return Ok(None);
             }
             Outcome::FullFeature(result) => {
-                shared
-                    .registry
-                    .auth_success(&result.params.initiator_name, peer.ip());
+                if dir.chap_required() {
+                    shared
+                        .registry
+                        .auth_success(&result.params.initiator_name, peer.ip());
+                }
                 return Ok(Some((*result, dir.take_slot())));
             }
         }

@@ -135,8 +135,9 @@ impl LimitStats {
         }
     }
 
-    pub(crate) fn bump(a: &AtomicU64) {
-        a.fetch_add(1, Ordering::Relaxed);
+    /// Adds one; returns the new count.
+    pub(crate) fn bump(a: &AtomicU64) -> u64 {
+        a.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 

@@ -143,7 +143,13 @@ impl Registry {
     pub fn open_connection(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
         let max = self.limits.max_connections_per_address;
         if !crate::lock(&self.conns).try_open(ip, max) {
-            LimitStats::bump(&self.stats.address_limit_refusals);
+            let n = LimitStats::bump(&self.stats.address_limit_refusals);
+            // Warn on the 1st, 2nd, 4th, 8th … refusal: a flood must not flood the log.
+            if n.is_power_of_two() {
+                tracing::warn!(%ip, refused_so_far = n, max, "connections from this address at max_connections_per_address; refusing");
+            } else {
+                tracing::debug!(%ip, "connection refused: max_connections_per_address");
+            }
             return None;
         }
         Some(AddressSlot {
@@ -372,6 +378,8 @@ pub struct LoginDirectory {
     pub peer: IpAddr,
     /// (initiator name, target name) as declared in the first request, once consulted.
     declared: Mutex<Option<(String, Option<String>)>>,
+    /// Whether the target (or discovery) this login asked for requires CHAP.
+    chap: std::sync::atomic::AtomicBool,
     /// Held from TSIH assignment until the session registers.
     slot: Option<SessionSlot>,
 }
@@ -383,6 +391,7 @@ impl LoginDirectory {
             registry,
             peer,
             declared: Mutex::new(None),
+            chap: std::sync::atomic::AtomicBool::new(false),
             slot: None,
         }
     }
@@ -391,6 +400,12 @@ impl LoginDirectory {
     #[must_use]
     pub fn initiator(&self) -> Option<String> {
         crate::lock(&self.declared).as_ref().map(|(i, _)| i.clone())
+    }
+
+    /// Whether this login had to pass CHAP (only then does its success clear failures).
+    #[must_use]
+    pub fn chap_required(&self) -> bool {
+        self.chap.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The session slot taken for a new session (keep it until the session registers).
@@ -420,6 +435,7 @@ impl Directory for LoginDirectory {
             ));
         }
         if matches!(t.auth, Auth::Chap(_)) {
+            self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
         Ok(TargetPolicy {
@@ -432,6 +448,7 @@ impl Directory for LoginDirectory {
     fn discovery(&self, initiator_name: &str) -> Result<TargetPolicy, LoginFailure> {
         self.declare(initiator_name, None);
         if matches!(self.registry.discovery_auth, Auth::Chap(_)) {
+            self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
         Ok(TargetPolicy {

@@ -152,7 +152,6 @@ impl Server {
                         continue;
                     };
                     let Some(per_address) = shared.registry.open_connection(peer.ip()) else {
-                        warn!(%peer, "connections from this address at max_connections_per_address; refusing");
                         drop(stream);
                         continue;
                     };
