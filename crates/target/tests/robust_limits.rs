@@ -177,7 +177,8 @@ fn chap_failures_lock_out_and_a_correct_login_after_the_lockout_works() {
     let text = log.lock().unwrap().clone();
     let line = text
         .lines()
-        .find(|l| l.contains("authentication failed; locked out"))
+        // Other tests of this binary log too: pick this test's initiator.
+        .find(|l| l.contains("authentication failed; locked out") && l.contains("limits-victim"))
         .unwrap_or_else(|| panic!("no lockout warning in:\n{text}"));
     assert!(line.starts_with("WARN:"), "{line}");
     for want in [
@@ -196,6 +197,44 @@ fn chap_failures_lock_out_and_a_correct_login_after_the_lockout_works() {
         );
     }
     assert!(!text.contains("CHAP_R"), "the response reached the log");
+}
+
+#[test]
+fn a_login_to_an_open_target_does_not_wash_away_chap_failures() {
+    bounded(30, async {
+        // One CHAP target (IQN) and one open target on the same portal.
+        let toml = format!(
+            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\n[server.auth_backoff]\nname_free_failures = 2\naddress_free_failures = 100\nlockout_base_ms = 5000\ndelay_base_ms = 0\n\n[[target]]\niqn = \"{IQN}\"\n[target.chap]\nuser = \"alice\"\nsecret = \"{SECRET}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n\n[[target]]\niqn = \"{IQN}-open\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n"
+        );
+        let t = start(&ipsan_target::Config::from_toml(&toml).unwrap()).await;
+        let name = "iqn.2026-11.org.example:limits-wash";
+        for _ in 0..2 {
+            let mut c = Raw::connect(t.addrs[0]).await;
+            assert_eq!(status(&chap_login(&mut c, name, WRONG).await.0), (2, 1));
+        }
+        // The same name logs in to the open target: no CHAP was passed, nothing is cleared.
+        let mut o = Raw::connect(t.addrs[0]).await;
+        let a = o
+            .login_step(
+                [0x80, 0, 0, 0, 9, 9],
+                Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+                Stage::FULL_FEATURE_PHASE,
+                true,
+                &[
+                    ("InitiatorName", name),
+                    ("TargetName", &format!("{IQN}-open")),
+                ],
+            )
+            .await
+            .unwrap();
+        assert!(a.ok(), "{a:?}");
+        // So the third failure still starts the lockout.
+        let mut c = Raw::connect(t.addrs[0]).await;
+        assert_eq!(status(&chap_login(&mut c, name, WRONG).await.0), (2, 1));
+        let mut c = Raw::connect(t.addrs[0]).await;
+        assert_eq!(status(&chap_login(&mut c, name, SECRET).await.0), (3, 1));
+        t.shutdown().await.unwrap();
+    });
 }
 
 #[test]
