@@ -138,7 +138,7 @@ fn chap_failures_lock_out_and_a_correct_login_after_the_lockout_works() {
     let log = log();
     bounded(60, async {
         let cfg = chap_target(
-            "[server.auth_backoff]\nname_free_failures = 2\naddress_free_failures = 100\nlockout_base_ms = 800\ndelay_base_ms = 100\ndelay_max_ms = 200\n",
+            "[server.auth_backoff]\nname_free_failures = 2\naddress_free_failures = 100\nlockout_base_ms = 1500\ndelay_base_ms = 100\ndelay_max_ms = 200\n",
         );
         let t = start(&cfg).await;
         let victim = "iqn.2026-11.org.example:limits-victim";
@@ -168,7 +168,7 @@ fn chap_failures_lock_out_and_a_correct_login_after_the_lockout_works() {
         let s = t.limit_stats();
         assert_eq!((s.auth_failures, s.lockout_rejects), (3, 1), "{s:?}");
         // After the lockout the right secret works; the refused attempt did not extend it.
-        tokio::time::sleep(Duration::from_millis(900)).await;
+        tokio::time::sleep(Duration::from_millis(1600)).await;
         let mut c = Raw::connect(t.addrs[0]).await;
         let (a, _) = chap_login(&mut c, victim, SECRET).await;
         assert!(a.ok(), "after the lockout: {a:?}");
@@ -185,7 +185,7 @@ fn chap_failures_lock_out_and_a_correct_login_after_the_lockout_works() {
         "limits-victim",
         "127.0.0.1",
         "failures_name_here=3",
-        "lockout_ms=800",
+        "lockout_ms=1500",
     ] {
         assert!(line.contains(want), "{want:?} missing from {line}");
     }
