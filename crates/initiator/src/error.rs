@@ -56,6 +56,11 @@ pub enum Error {
     /// The payload transform (e.g. seal) refused the data.
     #[error("payload transform: {0}")]
     Transform(String),
+    /// The target asked this session to log out (RFC 7143 §11.9.1, AsyncEvent 1; ipsan's
+    /// target does so when Seal's counters pass the re-key mark). Commands already in flight
+    /// complete; new ones fail with this and are not sent. Open a new session (fresh keys).
+    #[error("the target requested a logout (re-login needed, e.g. for fresh Seal keys)")]
+    LogoutRequested,
 }
 
 impl Error {

@@ -85,6 +85,9 @@ pub struct LoginOptions {
     pub mutual_chap: Option<ChapCredentials>,
     /// CHAP algorithms offered, in preference order.
     pub chap_algorithms: Vec<ChapAlgorithm>,
+    /// The ISID to log in with (RFC 7143 §11.12.5); `None`: a random one per login. Logging in
+    /// with the ISID of a live session reinstates it (RFC 7143 §6.3.5).
+    pub isid: Option<[u8; 6]>,
 }
 
 impl Default for LoginOptions {
@@ -101,6 +104,7 @@ impl Default for LoginOptions {
             chap: None,
             mutual_chap: None,
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
+            isid: None,
         }
     }
 }

@@ -183,6 +183,19 @@ struct Shared {
     pong_bytes: AtomicUsize,
     /// Per-command event trace, when asked for ([`Session::set_trace`]).
     trace: OnceLock<Arc<Trace>>,
+    /// AsyncEvent 1 received, and whether our Logout for it went out.
+    logout: TargetLogout,
+}
+
+/// The target's request to log out (RFC 7143 §11.9.1 AsyncEvent 1): new commands are refused
+/// from then on, and once the commands in flight have completed the reader sends a Logout
+/// (close the session). The caller opens a new session: a transparent reconnect would have to
+/// replay commands whose data was sealed under the old keys, so it is left to the caller,
+/// who sees [`Error::LogoutRequested`] for every command it issues after the request.
+#[derive(Debug, Default)]
+struct TargetLogout {
+    asked: std::sync::atomic::AtomicBool,
+    sent: std::sync::atomic::AtomicBool,
 }
 
 /// A target that pings (NOP-In with a TTT, RFC 7143 §11.19) faster than it reads the answers
@@ -306,7 +319,7 @@ async fn login(
     kind: SessionKind,
     ext: Option<Box<dyn OriginatorExtension>>,
 ) -> Result<LoggedIn> {
-    let isid = random_isid();
+    let isid = opts.isid.unwrap_or_else(random_isid);
     let itt = 0u32;
     let cmd_sn = 1u32;
     let mut exp_stat_sn = 0u32;
@@ -610,6 +623,7 @@ impl Session {
             io_tasks: Mutex::new(Vec::new()),
             pong_bytes: AtomicUsize::new(0),
             trace: OnceLock::new(),
+            logout: TargetLogout::default(),
         });
         let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
         let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
@@ -671,6 +685,22 @@ impl Session {
         self.capacity.get().copied()
     }
 
+    /// Whether the target asked this session to log out (AsyncEvent 1): new commands fail
+    /// with [`Error::LogoutRequested`]; open a new session.
+    pub fn logout_requested(&self) -> bool {
+        self.shared
+            .logout
+            .asked
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn refuse_after_logout_request(&self) -> Result<()> {
+        if self.logout_requested() {
+            return Err(Error::LogoutRequested);
+        }
+        Ok(())
+    }
+
     /// Why the connection died, if it did.
     pub fn failure(&self) -> Option<&str> {
         self.shared.dead.get().map(String::as_str)
@@ -682,6 +712,7 @@ impl Session {
     /// reassembly; a read's `len` is the plaintext length.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
         let tr = self.shared.trace.get();
+        self.refuse_after_logout_request()?;
         let Some(t) = self.transform.clone() else {
             let Some(tr) = tr else {
                 return self.command_raw(cdb, dir, None).await;
@@ -730,6 +761,7 @@ impl Session {
         dir: DataDir,
         fixed_itt: Option<u32>,
     ) -> Result<Completion> {
+        self.refuse_after_logout_request()?;
         let (tx, rx) = oneshot::channel();
         let (write, read, read_len) = match dir {
             DataDir::None => (Bytes::new(), None, 0),
@@ -1170,6 +1202,7 @@ async fn reader_inner(
     loop {
         while let Some(pdu) = codec.decode(&mut buf)? {
             handle_pdu(pdu, st, shared)?;
+            honor_logout_request(st, shared)?;
         }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
@@ -1181,6 +1214,34 @@ async fn reader_inner(
             ));
         }
     }
+}
+
+/// Sends the Logout the target asked for (AsyncEvent 1) once no command is in flight.
+fn honor_logout_request(st: &mut ReaderState, shared: &Shared) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    if !shared.logout.asked.load(Ordering::Acquire) || shared.logout.sent.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    st.drain();
+    if !st.tasks.is_empty() {
+        return Ok(());
+    }
+    let mut sn = shared.lock()?;
+    let req = LogoutRequest {
+        immediate: true,
+        reason: LogoutReason::CLOSE_SESSION,
+        itt: sn.itt(),
+        cid: 0,
+        cmd_sn: sn.cmd_sn,
+        exp_stat_sn: sn.exp_stat_sn,
+    };
+    drop(sn);
+    shared.logout.sent.store(true, Ordering::Release);
+    tracing::info!("logging out at the target's request (AsyncEvent 1)");
+    shared
+        .out
+        .send(Pdu::new(req, Bytes::new()))
+        .map_err(|_| shared.lost())
 }
 
 fn complete(st: &mut ReaderState, itt: u32, r: Result<Completion>) {
@@ -1447,9 +1508,28 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
             if let Some(tx) = st.logouts.remove(&h.itt) {
                 let _ = tx.send(h.response);
             }
+            if shared
+                .logout
+                .sent
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                return Err(Error::ConnectionLost(
+                    "logged out at the target's request (AsyncEvent 1)".into(),
+                ));
+            }
             return Err(Error::ConnectionLost("logged out".into()));
         }
         Header::AsyncMessage(h) => match h.async_event {
+            1 => {
+                tracing::info!(
+                    within_secs = h.parameter3,
+                    "target requests logout (AsyncEvent 1); refusing new commands"
+                );
+                shared
+                    .logout
+                    .asked
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
             2 | 3 => {
                 return Err(Error::ConnectionLost(format!(
                     "target announced it drops the connection (async event {})",

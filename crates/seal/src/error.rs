@@ -47,6 +47,15 @@ pub enum OpenError {
     /// The crypto pool has shut down.
     #[error("seal: crypto pool is shut down")]
     PoolClosed,
+    /// The chunk counters run past this session's counter limit (or would wrap): the peer
+    /// must log in again for fresh keys. Refused before any chunk is opened.
+    #[error(
+        "seal: chunk counter {counter} is past the session's counter limit; re-login required"
+    )]
+    CounterLimit {
+        /// The first counter of the refused range (public: it travels in clear).
+        counter: u64,
+    },
 }
 
 /// Seal negotiation during the operational stage of login failed (RFC 7143 §6, §13).

@@ -53,6 +53,8 @@ pub struct SealSession {
     next_counter: AtomicU64,
     /// Counters at or beyond this are refused (u64::MAX normally; lower in tests).
     counter_limit: u64,
+    /// One past the highest counter opened so far: the peer's send counter as seen here.
+    recv_high: AtomicU64,
     window: Mutex<ReplayWindow>,
     stats: Counters,
 }
@@ -91,6 +93,7 @@ impl SealSession {
             recv_key,
             next_counter: AtomicU64::new(0),
             counter_limit: u64::MAX,
+            recv_high: AtomicU64::new(0),
             window: Mutex::new(ReplayWindow::new()),
             stats: Counters::default(),
         }
@@ -273,6 +276,44 @@ impl SealSession {
         out.freeze()
     }
 
+    /// The counter limit of both directions (`u64::MAX` unless lowered for a test).
+    pub fn counter_limit(&self) -> u64 {
+        self.counter_limit
+    }
+
+    /// Counters used so far: (next counter this side will seal with, one past the highest
+    /// counter it has opened). Public values: counters travel in clear.
+    pub fn counters_used(&self) -> (u64, u64) {
+        (
+            self.next_counter.load(Ordering::Relaxed),
+            self.recv_high.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The high-water mark: 7/8 of the counter space. Past it the session should log out and
+    /// in again for fresh keys before sealing or opening hits the hard limit (docs/seal.md).
+    /// With 64-bit counters it is never reached in practice; a lowered limit (tests) or a
+    /// future per-cipher volume limit makes it fire.
+    pub fn rekey_mark(&self) -> u64 {
+        self.counter_limit - self.counter_limit / 8
+    }
+
+    /// Whether either direction's counter has passed [`SealSession::rekey_mark`].
+    pub fn rekey_due(&self) -> bool {
+        let (sent, received) = self.counters_used();
+        let mark = self.rekey_mark();
+        sent >= mark || received >= mark
+    }
+
+    /// A received range `base .. base + count` must end within the limit and not wrap: the
+    /// receiving side enforces the limit too, so a peer that ignores it gets refused.
+    fn within_limit(&self, base: u64, count: u32) -> Result<(), OpenError> {
+        match base.checked_add(u64::from(count)) {
+            Some(end) if end <= self.counter_limit => Ok(()),
+            _ => Err(OpenError::CounterLimit { counter: base }),
+        }
+    }
+
     /// Reads the trailer of a sealed transfer and checks the anti-replay window.
     pub(crate) fn open_plan(&self, b: &Binding, sealed: &[u8]) -> Result<Option<Plan>, OpenError> {
         let s = sealed.len();
@@ -285,6 +326,10 @@ impl SealSession {
         let mut c = [0u8; COUNTER_LEN];
         c.copy_from_slice(&sealed[n..n + COUNTER_LEN]);
         let base = u64::from_be_bytes(c);
+        if let Err(e) = self.within_limit(base, count) {
+            self.report(b, &e);
+            return Err(e);
+        }
         let plan = Plan {
             base,
             count,
@@ -339,8 +384,12 @@ impl SealSession {
             .lock_window()
             .accept_range(plan.base, u64::from(plan.count))
             .map_err(|r| OpenError::Replay { counter: r.0 });
-        if let Err(e) = &r {
-            self.report(b, e);
+        match &r {
+            Err(e) => self.report(b, e),
+            Ok(()) => {
+                let end = plan.base.saturating_add(u64::from(plan.count));
+                self.recv_high.fetch_max(end, Ordering::Relaxed);
+            }
         }
         r
     }

@@ -9,6 +9,19 @@
 //! login_timeout_secs = 15
 //! nop_interval_secs = 30          # NOP-In keepalive when idle; 0 = off
 //! queue_depth = 128               # commands in flight per session (CmdSN window)
+//! max_sessions_per_initiator = 64 # per initiator name; more get login reject 0x0302
+//! max_connections_per_address = 64  # open connections per source address (IPv6: per /64)
+//! first_pdu_timeout_secs = 5      # close a connection with no complete Login Request by then
+//!
+//! [server.auth_backoff]           # CHAP failure backoff (crates/target/src/limits.rs)
+//! name_free_failures = 3          # failures of one name from one address before a lockout
+//! address_free_failures = 10      # failures from one address (any name) before a lockout
+//! lockout_base_ms = 1000          # first lockout, doubling per further failure
+//! lockout_max_secs = 300
+//! delay_base_ms = 100             # failing responses are held back, doubling per failure
+//! delay_max_ms = 2000
+//! forget_after_secs = 900         # a key with no failure this long is forgotten
+//! max_tracked = 4096              # keys per table
 //!
 //! [server.tcp]                    # optional socket settings (docs/tcp.md)
 //! congestion = "ipsan_sf"         # after `ipsan tcp load`; or cubic, bbr, reno
@@ -95,6 +108,23 @@ struct FileServer {
     queue_depth: Option<u32>,
     crypto_workers: Option<usize>,
     tcp: Option<ipsan_tcp::TcpSettings>,
+    max_sessions_per_initiator: Option<usize>,
+    max_connections_per_address: Option<usize>,
+    first_pdu_timeout_secs: Option<u64>,
+    auth_backoff: Option<FileAuthBackoff>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileAuthBackoff {
+    name_free_failures: Option<u32>,
+    address_free_failures: Option<u32>,
+    lockout_base_ms: Option<u64>,
+    lockout_max_secs: Option<u64>,
+    delay_base_ms: Option<u64>,
+    delay_max_ms: Option<u64>,
+    forget_after_secs: Option<u64>,
+    max_tracked: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -304,6 +334,8 @@ pub struct Config {
     pub tcp: Option<ipsan_tcp::TcpSettings>,
     pub discovery_chap: Option<ChapPolicy>,
     pub targets: Vec<TargetConfig>,
+    /// Sessions per initiator, connections per address, CHAP failure backoff.
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for Config {
@@ -319,6 +351,7 @@ impl Default for Config {
             tcp: None,
             discovery_chap: None,
             targets: Vec::new(),
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -496,6 +529,7 @@ impl Config {
             t.validate().map_err(|e| err("server.tcp", e.to_string()))?;
             c.tcp = Some(t.clone());
         }
+        limits_from(&f.server, &mut c.limits)?;
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);
         }
@@ -584,6 +618,71 @@ impl Config {
     }
 }
 
+fn limits_from(f: &FileServer, l: &mut crate::limits::Limits) -> Result<(), ConfigError> {
+    use std::time::Duration;
+    let at_least_1 = |field: &str, v: u64| {
+        if v == 0 {
+            Err(err(field, "must be at least 1"))
+        } else {
+            Ok(v)
+        }
+    };
+    if let Some(n) = f.max_sessions_per_initiator {
+        l.max_sessions_per_initiator =
+            at_least_1("server.max_sessions_per_initiator", n as u64)? as usize;
+    }
+    if let Some(n) = f.max_connections_per_address {
+        l.max_connections_per_address =
+            at_least_1("server.max_connections_per_address", n as u64)? as usize;
+    }
+    if let Some(s) = f.first_pdu_timeout_secs {
+        l.first_pdu_timeout = Duration::from_secs(at_least_1("server.first_pdu_timeout_secs", s)?);
+    }
+    let Some(b) = &f.auth_backoff else {
+        return Ok(());
+    };
+    let a = &mut l.auth;
+    if let Some(n) = b.name_free_failures {
+        a.name_free_failures = n;
+    }
+    if let Some(n) = b.address_free_failures {
+        a.address_free_failures = n;
+    }
+    if let Some(ms) = b.lockout_base_ms {
+        a.lockout_base =
+            Duration::from_millis(at_least_1("server.auth_backoff.lockout_base_ms", ms)?);
+    }
+    if let Some(s) = b.lockout_max_secs {
+        a.lockout_max = Duration::from_secs(s);
+    }
+    if let Some(ms) = b.delay_base_ms {
+        a.delay_base = Duration::from_millis(ms);
+    }
+    if let Some(ms) = b.delay_max_ms {
+        a.delay_max = Duration::from_millis(ms);
+    }
+    if let Some(s) = b.forget_after_secs {
+        a.forget_after =
+            Duration::from_secs(at_least_1("server.auth_backoff.forget_after_secs", s)?);
+    }
+    if let Some(n) = b.max_tracked {
+        a.max_tracked = at_least_1("server.auth_backoff.max_tracked", n as u64)? as usize;
+    }
+    if a.lockout_max < a.lockout_base {
+        return Err(err(
+            "server.auth_backoff.lockout_max_secs",
+            "must not be shorter than lockout_base_ms",
+        ));
+    }
+    if a.delay_max > Duration::from_secs(10) {
+        return Err(err(
+            "server.auth_backoff.delay_max_ms",
+            "at most 10000 (a held-back response keeps a connection open)",
+        ));
+    }
+    Ok(())
+}
+
 /// Builds the LUN list of the command line's single target from `--lun` specs (ids 0, 1, …).
 pub fn luns_from_specs(specs: &[String]) -> Result<Vec<LunConfig>, ConfigError> {
     specs
@@ -664,6 +763,53 @@ block_size = 4096
             !format!("{c:?}").contains("a-secret-of-16"),
             "secret leaked into Debug"
         );
+    }
+
+    #[test]
+    fn accepts_limits_and_refuses_unsafe_values() {
+        let base =
+            "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.limits, crate::limits::Limits::default());
+        let c = Config::from_toml(&format!(
+            "[server]\nmax_sessions_per_initiator = 8\nmax_connections_per_address = 16\nfirst_pdu_timeout_secs = 2\n[server.auth_backoff]\nname_free_failures = 1\nlockout_base_ms = 250\nlockout_max_secs = 60\n{base}"
+        ))
+        .unwrap();
+        assert_eq!(c.limits.max_sessions_per_initiator, 8);
+        assert_eq!(c.limits.max_connections_per_address, 16);
+        assert_eq!(c.limits.first_pdu_timeout.as_secs(), 2);
+        assert_eq!(c.limits.auth.name_free_failures, 1);
+        assert_eq!(c.limits.auth.lockout_base.as_millis(), 250);
+        assert_eq!(c.limits.auth.lockout_max.as_secs(), 60);
+        for (bad, field) in [
+            (
+                "[server]\nmax_sessions_per_initiator = 0\n",
+                "server.max_sessions_per_initiator",
+            ),
+            (
+                "[server]\nmax_connections_per_address = 0\n",
+                "server.max_connections_per_address",
+            ),
+            (
+                "[server]\nfirst_pdu_timeout_secs = 0\n",
+                "server.first_pdu_timeout_secs",
+            ),
+            (
+                "[server.auth_backoff]\nlockout_base_ms = 0\n",
+                "server.auth_backoff.lockout_base_ms",
+            ),
+            (
+                "[server.auth_backoff]\nlockout_base_ms = 5000\nlockout_max_secs = 1\n",
+                "server.auth_backoff.lockout_max_secs",
+            ),
+            (
+                "[server.auth_backoff]\ndelay_max_ms = 60000\n",
+                "server.auth_backoff.delay_max_ms",
+            ),
+        ] {
+            let e = Config::from_toml(&format!("{bad}{base}")).unwrap_err();
+            assert_eq!(e.field, field, "{bad}");
+        }
     }
 
     #[test]

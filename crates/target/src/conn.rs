@@ -82,9 +82,9 @@ pub async fn serve(
     let slot = SealSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared, &slot),
+        login_phase(&mut conn, &mut wr, &shared, &slot, peer),
     );
-    let result = tokio::select! {
+    let (result, session_slot) = tokio::select! {
         r = login => match r {
             Ok(Ok(Some(result))) => result,
             Ok(Ok(None)) => return,
@@ -118,6 +118,8 @@ pub async fn serve(
         params.target_name.as_deref(),
         result.tsih,
     );
+    // Registered: the session counts itself now.
+    drop(session_slot);
 
     conn.codec = Codec {
         header_digest: params.header_digest,
@@ -150,6 +152,7 @@ pub async fn serve(
         text_partial: Vec::new(),
         ping: None,
         seal: lock(&slot).take().map(Arc::new),
+        rekey_asked: Arc::new(AtomicBool::new(false)),
     };
     let end = session
         .run(&mut conn, &shared, &shutdown, &session_cancel)
@@ -199,18 +202,43 @@ impl Reader {
     }
 }
 
+/// A completed login and the session slot it holds until the session registers.
+type LoggedIn = (
+    iscsi_proto::login::LoginResult,
+    Option<crate::registry::SessionSlot>,
+);
+
 /// Runs the login; `Ok(None)` when it failed or the peer went away (already answered).
 async fn login_phase(
     conn: &mut Reader,
     wr: &mut OwnedWriteHalf,
     shared: &Shared,
     slot: &SealSlot,
-) -> std::io::Result<Option<iscsi_proto::login::LoginResult>> {
+    peer: SocketAddr,
+) -> std::io::Result<Option<LoggedIn>> {
     let ext = SealExtension::new(shared.registry.clone(), slot.clone());
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
+    let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
+    let mut first = true;
     loop {
-        let pdu = match conn.next().await? {
+        let next = if first {
+            // A connection that does not even send its first Login Request soon is closed
+            // long before login_timeout, so idle connections cannot hold every slot.
+            let limit = shared.registry.limits.first_pdu_timeout;
+            match tokio::time::timeout(limit, conn.next()).await {
+                Ok(n) => n?,
+                Err(_) => {
+                    crate::limits::LimitStats::bump(&shared.registry.stats.first_pdu_timeouts);
+                    debug!(%peer, "no Login Request within {limit:?}; closing");
+                    return Ok(None);
+                }
+            }
+        } else {
+            conn.next().await?
+        };
+        first = false;
+        let pdu = match next {
             None => return Ok(None),
             Some(Ok(pdu)) => pdu,
             Some(Err(e)) => {
@@ -223,10 +251,10 @@ async fn login_phase(
             debug!("{:?} during login; closing", pdu.header.opcode());
             return Ok(None);
         };
-        let mut dir = LoginDirectory {
-            registry: &shared.registry,
-        };
         let reply = login.handle(req, &pdu.data, &mut dir);
+        if let Outcome::Failed(f) = &reply.outcome {
+            auth_failure_backoff(shared, &dir, peer, f).await;
+        }
         let mut out = BytesMut::new();
         let resp = Pdu::new(reply.header, Bytes::from(reply.data));
         if codec.encode(&resp, &mut out).is_err() {
@@ -236,14 +264,101 @@ async fn login_phase(
         match reply.outcome {
             Outcome::Continue => {}
             Outcome::Failed(f) => {
-                warn!(initiator_isid = %hex::encode(req.isid), status = format!("{:#06x}", f.status.0), "login refused: {}", f.reason);
+                warn!(%peer, initiator = dir.initiator().as_deref().unwrap_or("(not declared)"), initiator_isid = %hex::encode(req.isid), status = format!("{:#06x}", f.status.0), "login refused: {}", f.reason);
                 let _ = wr.shutdown().await;
                 return Ok(None);
             }
-            Outcome::FullFeature(result) => return Ok(Some(*result)),
+            Outcome::FullFeature(result) => {
+                if dir.chap_required() {
+                    shared
+                        .registry
+                        .auth_success(&result.params.initiator_name, peer.ip());
+                }
+                return Ok(Some((*result, dir.take_slot())));
+            }
         }
     }
 }
+
+/// Counts an authentication failure (0x0201) against the initiator and its address, logs it
+/// (who, from where, how many, the lockout; never the secret or the response) and holds the
+/// failing response back by the backoff's delay (crates/target/src/limits.rs).
+async fn auth_failure_backoff(
+    shared: &Shared,
+    dir: &LoginDirectory,
+    peer: SocketAddr,
+    f: &iscsi_proto::login::LoginFailure,
+) {
+    if f.status != iscsi_proto::login::LoginStatus::AUTHENTICATION_FAILURE {
+        return;
+    }
+    let Some(initiator) = dir.initiator() else {
+        return;
+    };
+    let v = shared.registry.auth_failure(&initiator, peer.ip());
+    warn!(
+        %peer,
+        initiator = %initiator,
+        failures_name_here = v.failures_name_here,
+        failures_address = v.failures_address,
+        failures_name = v.failures_name,
+        lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
+        delay_ms = v.delay.as_millis(),
+        "authentication failed{}",
+        if v.lockout.is_some() { "; locked out" } else { "" }
+    );
+    // Never hold the answer past the login timeout (it would be dropped unanswered).
+    tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
+}
+
+/// The answer to data-out whose Seal counters run past the session's limit: CHECK
+/// CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h, as for data-in that cannot be
+/// sealed); `None` for other open failures.
+fn seal_limit_response(e: &ipsan_seal::OpenError) -> Option<ScsiResponse> {
+    matches!(e, ipsan_seal::OpenError::CounterLimit { .. })
+        .then(|| ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00)))
+}
+
+/// After a sealed command: at the hard counter limit close the connection (the command has
+/// its CHECK CONDITION); past the high-water mark ask once for a logout with an Asynchronous
+/// Message, AsyncEvent 1 "target requests logout" (RFC 7143 §11.9.1), so the initiator logs
+/// in again and both sides derive fresh keys (docs/seal.md). Parameter3 is the time the
+/// initiator has to log out, in seconds.
+async fn seal_counter_watch(
+    out: &mpsc::Sender<Out>,
+    session: &SealSession,
+    asked: &AtomicBool,
+    exhausted: bool,
+) {
+    let (sent, received) = session.counters_used();
+    if exhausted {
+        warn!(
+            sent,
+            received,
+            limit = session.counter_limit(),
+            "seal: counter limit reached; closing the connection"
+        );
+        let _ = out.send(Out::Close).await;
+        return;
+    }
+    if session.rekey_due() && !asked.swap(true, Ordering::AcqRel) {
+        info!(
+            sent,
+            received,
+            mark = session.rekey_mark(),
+            "seal: counters past the re-key mark; asking the initiator to log out (AsyncEvent 1)"
+        );
+        let msg = iscsi_wire::header::AsyncMessage {
+            async_event: 1,
+            parameter3: LOGOUT_WAIT_SECS,
+            ..Default::default()
+        };
+        let _ = out.send(Out::Pdu(Pdu::new(msg, Bytes::new()))).await;
+    }
+}
+
+/// Seconds an initiator has to log out after AsyncEvent 1 (RFC 7143 §11.9.1 Parameter3).
+const LOGOUT_WAIT_SECS: u16 = 10;
 
 /// A message for the writer task.
 #[derive(Debug)]
@@ -418,6 +533,8 @@ struct Session {
     ping: Option<(u32, tokio::time::Instant)>,
     /// The Seal session, when one was negotiated: every command's data is sealed.
     seal: Option<Arc<SealSession>>,
+    /// Set once the target has asked this session to log out for fresh Seal keys.
+    rekey_asked: Arc<AtomicBool>,
 }
 
 impl Session {
@@ -790,7 +907,10 @@ impl Session {
                 ipsan_seal::cdb::binding(raw_lun, itt, &cdb),
             )
         });
+        let rekey_asked = self.rekey_asked.clone();
         tokio::spawn(async move {
+            // A Seal counter at its hard limit: this command fails, then the connection closes.
+            let mut seal_exhausted = false;
             let mut pre = pre;
             let mut data_out = data_out;
             if let (Some((session, pool, binding)), None, false) =
@@ -817,6 +937,10 @@ impl Session {
                             ipsan_seal::sense::ASC,
                             ipsan_seal::sense::ASCQ,
                         )));
+                        if let Some(r) = seal_limit_response(&e) {
+                            pre = Some(r);
+                            seal_exhausted = true;
+                        }
                     }
                 }
             }
@@ -862,6 +986,7 @@ impl Session {
                         warn!(itt, "seal: cannot seal data-in: {e}");
                         resp =
                             ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00));
+                        seal_exhausted = e == ipsan_seal::SealError::CounterExhausted;
                     }
                 }
             }
@@ -890,6 +1015,9 @@ impl Session {
             }
             if !abort.load(Ordering::Acquire) {
                 send_status(&out, itt, raw_lun, resp, edtl, res, seg, burst).await;
+            }
+            if let Some((session, _, _)) = &seal {
+                seal_counter_watch(&out, session, &rekey_asked, seal_exhausted).await;
             }
             let _ = done_tx.send(true);
         });

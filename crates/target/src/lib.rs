@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML file and command-line settings, validated up front.
+//! - [`limits`]: CHAP failure backoff, sessions per initiator, connections per address (pure).
 //! - [`registry`]: targets, LUNs, ACLs, and the logged-in sessions (TSIH, reinstatement).
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
 //! - `conn`: one connection — login, then full feature phase (commands, R2T, Data-In, task
@@ -10,6 +11,7 @@
 
 pub mod config;
 mod conn;
+pub mod limits;
 pub mod registry;
 mod seal_ext;
 pub mod server;

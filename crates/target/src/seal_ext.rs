@@ -100,7 +100,10 @@ impl Extension for SealExtension {
         let ids = ids(ctx);
         let neg = self.negotiation(ctx);
         neg.finish(&ids).map_err(|e| failure(&e))?;
-        if let Some(s) = neg.take_session() {
+        if let Some(mut s) = neg.take_session() {
+            if let Some(limit) = self.registry.limits.seal_counter_limit {
+                s = s.with_counter_range_for_test(0, limit);
+            }
             *crate::lock(&self.slot) = Some(s);
         }
         Ok(Vec::new())

@@ -151,6 +151,10 @@ impl Server {
                         drop(stream);
                         continue;
                     };
+                    let Some(per_address) = shared.registry.open_connection(peer.ip()) else {
+                        drop(stream);
+                        continue;
+                    };
                     let shared = shared.clone();
                     let cancel = cancel.clone();
                     let mut set = conns.lock().await;
@@ -158,6 +162,7 @@ impl Server {
                     while set.try_join_next().is_some() {}
                     set.spawn(async move {
                         conn::serve(stream, peer, shared, cancel).await;
+                        drop(per_address);
                         drop(permit);
                     });
                 }
@@ -195,6 +200,7 @@ impl Server {
 pub struct ServerHandle {
     pub addrs: Vec<SocketAddr>,
     pub urls: Vec<String>,
+    registry: Arc<Registry>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ServerError>>,
 }
@@ -205,15 +211,23 @@ impl ServerHandle {
         let server = Server::bind(config).await?;
         let addrs = server.local_addrs();
         let urls = server.urls();
+        let registry = server.shared.registry.clone();
         let stop = CancellationToken::new();
         let s = stop.clone();
         let task = tokio::spawn(async move { server.run(s.cancelled_owned()).await });
         Ok(Self {
             addrs,
             urls,
+            registry,
             stop,
             task,
         })
+    }
+
+    /// What the login limits have refused so far (limits.rs).
+    #[must_use]
+    pub fn limit_stats(&self) -> crate::limits::LimitCounts {
+        self.registry.stats.snapshot()
     }
 
     /// Graceful shutdown; waits for it to finish.

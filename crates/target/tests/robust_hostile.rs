@@ -443,6 +443,10 @@ fn a_thousand_idle_connections_do_not_stop_a_working_session() {
     bounded(120, async {
         let mut cfg = mem();
         cfg.login_timeout = Duration::from_secs(60);
+        // All from 127.0.0.1 and mostly silent: lift the per-address cap and the first-PDU
+        // timeout, which would otherwise close them (robust_limits.rs tests those).
+        cfg.limits.max_connections_per_address = 2048;
+        cfg.limits.first_pdu_timeout = Duration::from_secs(60);
         let t = start(&cfg).await;
         // Measure one session's write throughput alone, then with 1000 idle connections open
         // (each holds two fds in this process: the soft limit here is checked first).
