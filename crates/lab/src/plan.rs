@@ -765,6 +765,36 @@ mod tests {
     }
 
     #[test]
+    fn quick_plan_traces_seal_seq_and_seal_for_the_timeline() {
+        let p = Plan::load("quick").unwrap();
+        let tl = p.timeline.unwrap();
+        let schemes: Vec<Scheme> = tl.points.iter().map(|x| x.scheme).collect();
+        assert_eq!(schemes, vec![Scheme::SealSeq, Scheme::Seal]);
+        assert!(tl.points.iter().all(|x| x.delay_ms == 8.0
+            && x.block == 65536
+            && x.cipher == "3des-cbc-hmac-sha1"
+            && x.iscsi == IscsiMode::Paper));
+        assert_eq!(tl.points[0].depth, Depth::Fixed(1));
+        assert!(!tl.points[0].pipeline && tl.points[1].pipeline);
+        assert!(Plan::load("smoke").unwrap().timeline.is_none());
+        let base = "name='x'\n[[matrix]]\n[timeline]\n";
+        assert!(Plan::parse("t", base).is_ok(), "defaults suffice");
+        for bad in [
+            "scheme=['wireguard']",
+            "depth=0",
+            "block='1000'",
+            "cipher='rot13'",
+            "run_time='5m'",
+            "bogus=1",
+        ] {
+            assert!(
+                Plan::parse("t", &format!("{base}{bad}\n")).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn groups_points_by_link_and_dedups() {
         let t = "name='x'\n[[matrix]]\ndelay=['0ms','8ms']\nscheme=['plain','seal']\n[[matrix]]\ndelay=['0ms']\nscheme=['plain']\n";
         let p = Plan::parse("t", t).unwrap();

@@ -1071,6 +1071,24 @@ mod tests {
     }
 
     #[test]
+    fn compares_depth_auto_with_the_best_fixed_depth() {
+        let mut auto = rec(Scheme::Seal, 8.0, 16, 95.0, 0);
+        auto.point.depth = Depth::Auto;
+        auto.depth_start = 4;
+        let rs = vec![
+            rec(Scheme::Seal, 8.0, 1, 10.0, 0),
+            rec(Scheme::Seal, 8.0, 16, 100.0, 0),
+            rec(Scheme::Seal, 8.0, 64, 90.0, 0),
+            rec(Scheme::Seal, 64.0, 64, 500.0, 0),
+            auto,
+        ];
+        let t = depth_auto_table(&aggregate(&rs));
+        assert!(t.contains("| 4 → 16 | 100.00 (16) | 0.95× |"), "{t}");
+        assert_eq!(t.lines().filter(|l| l.starts_with("| seal")).count(), 1);
+        assert!(depth_auto_table(&aggregate(&rs[..4])).is_empty());
+    }
+
+    #[test]
     fn failed_runs_are_listed_with_their_error() {
         let mut r = rec(Scheme::Seal, 0.0, 1, f64::NAN, 0);
         r.status = Status::Failed;
