@@ -4,7 +4,8 @@
 //!
 //! - a short cut is ridden out by TCP: every command completes and the read-back is clean;
 //! - a long cut ends `ipsan bench` with "connection to the target failed" within the NOP-Out
-//!   keepalive's bound (interval + timeout), exit status nonzero — never a hang;
+//!   keepalive's bound (interval + timeout), exit status nonzero — never a hang; a new run
+//!   on the still-cut link fails within the connect timeout;
 //! - an idle session notices a dead link by itself, and its next command fails at once.
 //!
 //! Needs root and /dev/net/tun (prints `SKIP:` and passes otherwise). Namespaces are
@@ -227,6 +228,14 @@ fn long_cut_fails_the_bench_with_a_connection_error_within_the_keepalive_bound()
     assert!(err.contains("keepalive"), "{err}");
     assert!(after < Duration::from_secs(8), "took {after:?} to notice");
     assert!(lab.link.stats().up.dropped_cut > 0);
+    // A new run while the link is still down fails to connect within the 10 s connect
+    // timeout instead of waiting for TCP's own SYN retries.
+    let again = lab.bench(&["--rw", "write", "--time", "5s"]);
+    let (ok, _out, err, took) = finish(again, Duration::from_secs(30));
+    println!("bench on a cut link ended after {took:?}: {err}");
+    assert!(!ok);
+    assert!(err.contains("cannot open") && err.contains("TCP connect"), "{err}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
 }
 
 #[test]
