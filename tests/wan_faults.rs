@@ -234,7 +234,10 @@ fn long_cut_fails_the_bench_with_a_connection_error_within_the_keepalive_bound()
     let (ok, _out, err, took) = finish(again, Duration::from_secs(30));
     println!("bench on a cut link ended after {took:?}: {err}");
     assert!(!ok);
-    assert!(err.contains("cannot open") && err.contains("TCP connect"), "{err}");
+    assert!(
+        err.contains("cannot open") && err.contains("TCP connect"),
+        "{err}"
+    );
     assert!(took < Duration::from_secs(15), "{took:?}");
 }
 
