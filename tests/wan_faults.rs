@@ -172,9 +172,11 @@ fn short_cut_over_the_pathologies_is_ridden_out_and_verifies_clean() {
     ]);
     lab.wait_for_traffic(2000, Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(2));
-    // A 2 s cut: TCP's retransmissions back off to ~3 s, well inside the 10 s NOP timeout.
+    // A 1 s cut: TCP retransmits at ~0.2, 0.6, 1.4, 3.0, 6.2 s after it began, so even two
+    // of those lost to the 2.7 % loss stay inside the 10 s NOP timeout (the 25-minute runs of
+    // scripts/wan-faults use 2 s cuts; docs/robustness.md has the cut-length sweep).
     lab.link.cut(true, true).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(1));
     lab.link.restore().unwrap();
     let (ok, out, err, _) = finish(bench, Duration::from_secs(120));
     let st = lab.link.stats();
