@@ -8,7 +8,7 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use iscsi_wire::header::*;
-use iscsi_wire::{Codec, Pdu};
+use iscsi_wire::{Codec, Header, Pdu};
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,6 +41,28 @@ fn login(csg: Stage, nsg: Stage, transit: bool, text: &str, cmd_sn: u32) -> Pdu 
             cid: 0,
             cmd_sn,
             exp_stat_sn: 0,
+        },
+        Bytes::from(text.replace(';', "\0")),
+    )
+}
+
+fn login_resp(csg: Stage, nsg: Stage, transit: bool, continue_: bool, text: &str) -> Pdu {
+    Pdu::new(
+        LoginResponse {
+            transit,
+            continue_,
+            csg,
+            nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: [0x80, 0, 0, 0, 0, 1],
+            tsih: 1,
+            itt: 0,
+            stat_sn: 1,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 64,
+            status_class: 0,
+            status_detail: 0,
         },
         Bytes::from(text.replace(';', "\0")),
     )
@@ -148,6 +170,105 @@ fn main() {
         "login_sm",
         "out-of-order",
         &enc(&plain, &[op.clone(), chap2, chap1]),
+    );
+
+    // ---- initiator_login: selector byte (CHAP | digests | discovery), then the target's
+    // Login Responses for a whole login.
+    let ok_op = "MaxRecvDataSegmentLength=65536;HeaderDigest=None;DataDigest=None;MaxBurstLength=1048576;FirstBurstLength=262144;InitialR2T=Yes;ImmediateData=Yes;";
+    let conv = |sel: u8, resps: &[Pdu]| {
+        let mut v = vec![sel];
+        v.extend(enc(&plain, resps));
+        v
+    };
+    let sec_none = login_resp(
+        Stage::SECURITY_NEGOTIATION,
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        true,
+        false,
+        "AuthMethod=None;",
+    );
+    let op_done = login_resp(
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        Stage::FULL_FEATURE_PHASE,
+        true,
+        false,
+        ok_op,
+    );
+    write(
+        "initiator_login",
+        "plain",
+        &conv(0, &[sec_none.clone(), op_done.clone()]),
+    );
+    write(
+        "initiator_login",
+        "discovery",
+        &conv(0x10, &[sec_none.clone(), op_done.clone()]),
+    );
+    let op_digests = login_resp(
+        Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+        Stage::FULL_FEATURE_PHASE,
+        true,
+        false,
+        "MaxRecvDataSegmentLength=65536;HeaderDigest=CRC32C;DataDigest=CRC32C;",
+    );
+    write(
+        "initiator_login",
+        "digests",
+        &conv(0x0c, &[sec_none.clone(), op_digests]),
+    );
+    let chap = [
+        login_resp(Stage::SECURITY_NEGOTIATION, Stage::SECURITY_NEGOTIATION, false, false, "AuthMethod=CHAP;"),
+        login_resp(
+            Stage::SECURITY_NEGOTIATION,
+            Stage::SECURITY_NEGOTIATION,
+            false,
+            false,
+            "CHAP_A=7;CHAP_I=17;CHAP_C=0x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff;",
+        ),
+        login_resp(Stage::SECURITY_NEGOTIATION, Stage::LOGIN_OPERATIONAL_NEGOTIATION, true, false, ""),
+        op_done.clone(),
+    ];
+    write("initiator_login", "chap", &conv(1, &chap));
+    write("initiator_login", "chap-mutual", &conv(2, &chap));
+    let (a, b) = ok_op.split_at(40);
+    let cont = [
+        sec_none,
+        login_resp(
+            Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            Stage::FULL_FEATURE_PHASE,
+            false,
+            true,
+            a,
+        ),
+        login_resp(
+            Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            Stage::FULL_FEATURE_PHASE,
+            true,
+            false,
+            b,
+        ),
+    ];
+    write("initiator_login", "continued", &conv(0, &cont));
+    write(
+        "initiator_login",
+        "refused",
+        &conv(
+            0,
+            &[{
+                let mut p = login_resp(
+                    Stage::SECURITY_NEGOTIATION,
+                    Stage::SECURITY_NEGOTIATION,
+                    false,
+                    false,
+                    "",
+                );
+                if let Header::LoginResponse(h) = &mut p.header {
+                    h.status_class = 2;
+                    h.status_detail = 1;
+                }
+                p
+            }],
+        ),
     );
 
     // ---- pdu_decode: first byte selects digests/limit; then a PDU stream.

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
+//! | [`initiator_login`] | `ipsan_initiator::login::LoginMachine` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
 //! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `LogicalUnit::execute` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows or the LU's size |
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
@@ -295,6 +296,138 @@ pub fn login_sm(data: &[u8]) {
             }
         }
     }
+}
+
+// ------------------------------------------------------------------ initiator login machine
+
+/// The secret our initiator answers CHAP with, and the one it expects mutual CHAP to prove.
+const INI_SECRET: &[u8] = b"fuzz-initiator-secret";
+const INI_MUTUAL_SECRET: &[u8] = b"fuzz-mutual-target-secret";
+
+/// The initiator's side of login: [`ipsan_initiator::login::LoginMachine`] (RFC 7143 §6.3,
+/// §12.1.3) fed arbitrary Login Responses, reassembled over the C bit the way
+/// `session::login` does. The first byte picks the options: bits 0–1 CHAP (none, one-way,
+/// mutual, mutual), bits 2–3 the digests we insist on, bit 4 a discovery session.
+///
+/// Properties: with mutual CHAP the login never completes (the target would have to answer
+/// our random challenge); a completed login has every digest we insisted on (no silent
+/// fallback), ErrorRecoveryLevel 0, in-order data, bursts in 512..2^24 with FirstBurstLength ≤
+/// MaxBurstLength, a target MaxRecvDataSegmentLength in 512..2^24 and our own declared one;
+/// no step we would send carries either secret, as text or hex.
+pub fn initiator_login(data: &[u8]) {
+    use ipsan_initiator::login::{LoginMachine, LoginNext, LoginReply, SessionKind};
+    use ipsan_initiator::{ChapCredentials, ChapSecret, DigestChoice, LoginOptions};
+    use iscsi_wire::{Codec, Header};
+    let Some((&sel, stream)) = data.split_first() else {
+        return;
+    };
+    let cred = |name: &str, secret: &[u8]| ChapCredentials {
+        name: name.into(),
+        secret: ChapSecret::new(secret.to_vec()).expect("valid secret"),
+    };
+    let mut opts = LoginOptions::default();
+    let mutual = sel & 3 >= 2;
+    if sel & 3 != 0 {
+        opts.chap = Some(cred("fuzz-ini", INI_SECRET));
+    }
+    if mutual {
+        opts.mutual_chap = Some(cred("fuzz-tgt", INI_MUTUAL_SECRET));
+    }
+    opts.digest = match sel >> 2 & 3 {
+        0 => DigestChoice::None,
+        1 => DigestChoice::Header,
+        2 => DigestChoice::Data,
+        _ => DigestChoice::Both,
+    };
+    let kind = if sel & 0x10 != 0 {
+        SessionKind::Discovery
+    } else {
+        SessionKind::Normal {
+            target_name: OPEN_TARGET.into(),
+        }
+    };
+    let declared = opts.max_recv_data_segment_length;
+    let secrets: Vec<String> = [INI_SECRET, INI_MUTUAL_SECRET]
+        .iter()
+        .flat_map(|s| [String::from_utf8_lossy(s).into_owned(), hex_lower(s)])
+        .collect();
+    let no_secret = |keys: &[(String, String)]| {
+        for (k, v) in keys {
+            let v = v.to_ascii_lowercase();
+            for s in &secrets {
+                assert!(!v.contains(s.as_str()), "{k} carries a CHAP secret");
+            }
+        }
+    };
+    let (mut machine, first) = LoginMachine::start(opts.clone(), kind);
+    no_secret(&first.keys);
+    // Login PDUs are limited to 8192 bytes until the operational values apply (§13.12).
+    let codec = Codec::default();
+    let mut buf = BytesMut::from(stream);
+    let mut text = BytesMut::new();
+    for _ in 0..64 {
+        let Ok(Some(pdu)) = codec.decode(&mut buf) else {
+            return;
+        };
+        let Header::LoginResponse(r) = pdu.header else {
+            return; // session::login fails the login here
+        };
+        text.extend_from_slice(&pdu.data);
+        if text.len() > 64 * 1024 {
+            return;
+        }
+        if r.continue_ && r.status_class == 0 {
+            continue;
+        }
+        let Ok(keys) = iscsi_wire::text::parse(&text) else {
+            return;
+        };
+        text.clear();
+        let reply = LoginReply {
+            transit: r.transit,
+            csg: r.csg,
+            nsg: r.nsg,
+            status_class: r.status_class,
+            status_detail: r.status_detail,
+            tsih: r.tsih,
+            keys,
+        };
+        match machine.handle(reply) {
+            Err(e) => {
+                let _ = e.to_string();
+                return;
+            }
+            Ok(LoginNext::Send(step)) => no_secret(&step.keys),
+            Ok(LoginNext::Done(n)) => {
+                assert!(
+                    !mutual,
+                    "mutual CHAP login completed without the target's proof"
+                );
+                assert!(
+                    !opts.digest.header() || n.header_digest,
+                    "HeaderDigest fell back"
+                );
+                assert!(!opts.digest.data() || n.data_digest, "DataDigest fell back");
+                assert_eq!(n.error_recovery_level, 0);
+                assert!(n.data_pdu_in_order && n.data_sequence_in_order);
+                let range = 512..=16_777_215;
+                assert!(range.contains(&n.max_burst_length), "{n:?}");
+                assert!(range.contains(&n.first_burst_length), "{n:?}");
+                assert!(n.first_burst_length <= n.max_burst_length, "{n:?}");
+                assert!(
+                    range.contains(&n.target_max_recv_data_segment_length),
+                    "{n:?}"
+                );
+                assert_eq!(n.max_recv_data_segment_length, declared);
+                assert!(n.max_outstanding_r2t >= 1);
+                return;
+            }
+        }
+    }
+}
+
+fn hex_lower(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 // ---------------------------------------------------------------------------- SCSI dispatch

@@ -113,6 +113,11 @@ fn login_sm_never_admits_without_auth() {
 }
 
 #[test]
+fn initiator_login_holds_on_corpus_and_random_inputs() {
+    run("initiator_login", ipsan_fuzz::initiator_login);
+}
+
+#[test]
 fn cdb_dispatch_holds_on_corpus_and_random_inputs() {
     run("cdb_dispatch", ipsan_fuzz::cdb_dispatch);
 }
