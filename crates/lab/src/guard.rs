@@ -19,6 +19,17 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Parks the calling thread for good once a signal has arrived: the signal thread is
+/// killing the runs and exits the process, so what they return now (a bench killed under
+/// it) must not be recorded or acted on. Call it after each run returns.
+pub fn stop_point() {
+    while STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Link-name prefix of every lab link; the rest of the name is the lab's pid.
 pub const LINK_PREFIX: &str = "ipsanlab";
 
@@ -157,6 +168,7 @@ pub fn install_signal_cleanup() {
                 if rc != 0 {
                     continue;
                 }
+                STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
                 eprintln!("\nipsan lab: signal {sig}: removing the lab's namespaces and exiting");
                 cleanup_registered();
                 std::process::exit(128 + sig);

@@ -215,10 +215,10 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
     let _ = writeln!(md, "{}", ratios(&aggs));
     // Per-point table.
     let _ = writeln!(md, "## Every point\n");
-    let _ = writeln!(md, "| scheme | dir | delay ms | block | depth | cipher | iSCSI | MB/s (min–max) | IOPS | p99 µs | CPU ini/tgt/tunnel/emu % | model MB/s (limit) | model err % | RTT ms | SOCKET MB/s |");
+    let _ = writeln!(md, "| scheme | dir | delay ms | block | depth | cipher | iSCSI | MB/s (min–max) | IOPS | p99 µs | CPU ini/tgt/tunnel/emu % | WAN packets/drops | model MB/s (limit) | model err % | RTT ms | SOCKET MB/s | run s |");
     let _ = writeln!(
         md,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for a in &aggs {
         let r = &a.rec;
@@ -226,7 +226,7 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
         let c = r.calibration.clone().unwrap_or_default();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {}{} | {} | {} | {} ({}–{}) | {:.0} | {:.0} | {:.0}/{:.0}/{:.0}/{:.0} | {}/{} | {} ({}) | {:+.0} | {:.2} | {:.1} |",
+            "| {} | {} | {} | {} | {}{} | {} | {} | {} ({}–{}) | {:.0} | {:.0} | {:.0}/{:.0}/{:.0}/{:.0} | {}/{} | {} ({}) | {:+.0} | {:.2} | {:.1} | {:.1} |",
             p.scheme,
             p.direction.name(),
             p.delay_ms,
@@ -250,7 +250,8 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
             r.model_limit,
             r.model_err_pct,
             c.rtt_ms,
-            c.socket_mb_s
+            c.socket_mb_s,
+            r.run_time_s
         );
     }
     if !failed.is_empty() || !skipped.is_empty() {

@@ -146,6 +146,8 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
                         run_one(&ctx, p, &mut rec);
                     }
                 }
+                // After Ctrl-C the run above was killed under us: record nothing more.
+                crate::guard::stop_point();
                 rec.wall_s = t0.elapsed().as_secs_f64();
                 records.push(rec);
                 done += 1;
@@ -1019,6 +1021,11 @@ fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, Run
         let child = c.spawn().map_err(|e| fail(format!("stunnel: {e}")))?;
         procs.0.push(("stunnel".into(), child));
     }
+    // The target-side stunnel first: the client side accepts at once and only then connects
+    // upstream, so a bench arriving before the server listens got "connection reset" (seen
+    // once in the quick plan at 0 ms).
+    wait_connect(link, SocketAddr::from((tgt, TLS_PORT)))
+        .map_err(|e| fail(format!("the target-side stunnel did not listen: {e}")))?;
     let local = SocketAddr::from((Ipv4Addr::LOCALHOST, PORT));
     // The initiator-side stunnel listens in the initiator's namespace.
     let t = Instant::now();

@@ -165,38 +165,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn raises_the_receive_buffer_of_a_childs_udp_socket() {
+    fn raises_the_receive_buffer_of_a_processs_udp_socket() {
         if !ipsan_wan::link::is_root() {
             eprintln!("SKIP: SO_RCVBUFFORCE and pidfd_getfd need root");
             return;
         }
-        // A child holding a UDP socket on a known port: python3 is in the base image.
+        // Our own process stands in for wireguard-go: pidfd_getfd works on oneself too.
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = sock.local_addr().unwrap().port();
-        drop(sock);
-        let mut child = std::process::Command::new("python3")
-            .args([
-                "-c",
-                &format!(
-                    "import socket,time; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); \
-                     s.bind(('127.0.0.1',{port})); print('ok',flush=True); time.sleep(20)"
-                ),
-            ])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let r = force_udp_buffers(child.id(), port, 4 << 20);
-        let _ = child.kill();
-        let _ = child.wait();
-        let sizes = r.unwrap();
+        let sizes = force_udp_buffers(std::process::id(), port, 4 << 20).unwrap();
         assert_eq!(sizes.len(), 1);
-        // The kernel doubles the request for bookkeeping.
+        // The kernel doubles the request for bookkeeping; and it is the same socket.
         assert!(sizes[0] >= 4 << 20, "{sizes:?}");
+        let fd = std::os::fd::AsFd::as_fd(&sock)
+            .try_clone_to_owned()
+            .unwrap();
+        assert_eq!(get_rcvbuf(&fd).unwrap(), sizes[0]);
+        drop((fd, sock));
         assert!(force_udp_buffers(std::process::id(), port, 1 << 20).is_err());
     }
 }

@@ -96,8 +96,13 @@ fn start_lab(exe: &Path, dir: &Path) -> (Child, Vec<u32>) {
     let t = Instant::now();
     loop {
         let kids = children_of(pid);
-        // Target and bench both up: the run is in its measured part.
-        if kids.len() >= 2 && !namespaces_of(pid).is_empty() {
+        // The bench is up (so is the target): the run is in its measured part. Short-lived
+        // `ip` helpers are children too, so look for the bench by its command line.
+        let bench = kids.iter().any(|k| {
+            std::fs::read(format!("/proc/{k}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"bench"))
+        });
+        if bench && kids.len() >= 2 && !namespaces_of(pid).is_empty() {
             return (child, kids);
         }
         if let Some(st) = child.try_wait().unwrap() {
