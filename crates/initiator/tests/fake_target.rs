@@ -28,6 +28,10 @@ enum Behaviour {
     FullRead,
     /// Answer every command with GOOD status after this many milliseconds, concurrently.
     DelayedGood(u64),
+    /// Never answer a NOP-Out or finish a command, but after the first command send an
+    /// unsolicited NOP-In (no answer wanted) every 100 ms for this many milliseconds: a
+    /// session whose ping is stuck behind data on a slow link, still talking.
+    Chatter(u64),
 }
 
 async fn read_pdu(s: &mut OwnedReadHalf, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
@@ -81,6 +85,29 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
             }
             Header::ScsiCommand(c) => {
                 commands += 1;
+                if let (Behaviour::Chatter(ms), 1) = (behaviour, commands) {
+                    let wr = wr.clone();
+                    let codec = codec.clone();
+                    tokio::spawn(async move {
+                        let t0 = Instant::now();
+                        while t0.elapsed() < Duration::from_millis(ms) {
+                            let h = iscsi_wire::header::NopIn {
+                                lun: 0,
+                                itt: u32::MAX,
+                                ttt: u32::MAX,
+                                stat_sn,
+                                exp_cmd_sn: c.cmd_sn.wrapping_add(1),
+                                max_cmd_sn: c.cmd_sn.wrapping_add(64),
+                            };
+                            let mut out = BytesMut::new();
+                            codec.encode(&Pdu::new(h, Bytes::new()), &mut out).unwrap();
+                            if wr.lock().await.write_all(&out).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    });
+                }
                 if let Behaviour::DelayedGood(ms) = behaviour {
                     let resp = ScsiResponse {
                         itt: c.itt,
@@ -214,6 +241,37 @@ fn fails_commands_when_keepalive_goes_unanswered() {
         assert!(
             waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
             "{waited:?}"
+        );
+    });
+}
+
+#[test]
+fn a_late_ping_answer_is_not_a_dead_link_while_the_target_keeps_talking() {
+    // On a slow lossy link the NOP-Out waits behind MiBs of Data-Out while R2Ts and status
+    // keep arriving (the lab's pathologies plan at 2.7 % loss): the session is alive until
+    // nothing at all has come from the target for the NOP timeout.
+    bounded(20, async {
+        let url = start(Behaviour::Chatter(1500)).await;
+        let cfg = SessionConfig {
+            login: LoginOptions::default(),
+            nop_interval: Some(Duration::from_millis(200)),
+            nop_timeout: Duration::from_millis(500),
+            ..SessionConfig::default()
+        };
+        let s = Session::connect(&url, &cfg).await.unwrap();
+        let t0 = Instant::now();
+        let e = s
+            .command(scsi::read16(0, 1), DataDir::Read(BytesMut::new(), 512))
+            .await
+            .unwrap_err();
+        match e {
+            Error::ConnectionLost(reason) => assert!(reason.contains("NOP-In"), "{reason}"),
+            other => panic!("expected ConnectionLost, got {other:?}"),
+        }
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(1500) && waited < Duration::from_secs(4),
+            "declared dead after {waited:?}: before the chatter stopped, or long after"
         );
     });
 }
