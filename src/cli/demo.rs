@@ -54,7 +54,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plan.run_time,
         args.out.display()
     );
-    let records = runner::run_plan(&plan, &cfg)?;
+    let records = runner::run_plan(&plan, &cfg);
+    // A Ctrl-C whose cleanup is under way ends the process from here on (128 + signal).
+    ipsan_lab::guard::close_exit_gate();
+    let records = records?;
     let rep = ipsan_lab::report::build(&args.out, &records)?;
     print!("{}", rep.headline);
     println!("report: {}", rep.html.display());

@@ -74,7 +74,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut cfg = RunConfig::new(exe, out.clone());
             cfg.progress = !quiet;
             let records = runner::run_plan(&plan, &cfg)
-                .with_context(|| format!("writing results under {}", out.display()))?;
+                .with_context(|| format!("writing results under {}", out.display()));
+            // A Ctrl-C whose cleanup is under way ends the process from here on (128 + signal).
+            ipsan_lab::guard::close_exit_gate();
+            let records = records?;
             let rep = ipsan_lab::report::build(&out, &records)?;
             print!("{}", rep.headline);
             println!("report: {}", rep.html.display());

@@ -30,6 +30,21 @@ pub fn stop_point() {
     }
 }
 
+/// Held by whoever ends the process: the signal thread while it cleans up and exits with
+/// 128 + signal, or the main thread once the lab's work is done ([`close_exit_gate`]). So a
+/// signal's cleanup can never be cut short by a normal exit (which would exit 0 with
+/// namespaces left), and a signal after the work is done changes nothing.
+static EXIT_GATE: Mutex<()> = Mutex::new(());
+
+/// Call when the lab's work is done, just before the process exits normally: waits for a
+/// signal cleanup already under way (which then ends the process with 128 + signal), and stops
+/// any later signal from starting one.
+pub fn close_exit_gate() {
+    let g = EXIT_GATE.lock().unwrap_or_else(|p| p.into_inner());
+    // Held until the process exits.
+    std::mem::forget(g);
+}
+
 /// Link-name prefix of every lab link; the rest of the name is the lab's pid.
 pub const LINK_PREFIX: &str = "ipsanlab";
 
@@ -168,9 +183,11 @@ pub fn install_signal_cleanup() {
                 if rc != 0 {
                     continue;
                 }
+                let gate = EXIT_GATE.lock().unwrap_or_else(|p| p.into_inner());
                 STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
                 eprintln!("\nipsan lab: signal {sig}: removing the lab's namespaces and exiting");
                 cleanup_registered();
+                std::mem::forget(gate);
                 std::process::exit(128 + sig);
             });
         if let Err(e) = spawned {
