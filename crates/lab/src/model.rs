@@ -619,11 +619,13 @@ mod tests {
             window: None,
             crypto: CryptoPlace::None,
         };
-        // 1 MiB at 128 ms RTT, 110 MB/s: the round trip dominates; estimate → next power of 2.
-        let far = inputs(0.128, 1_048_576.0, 110e6, 400e6);
+        // 1 MiB at 128 ms RTT, 330 MB/s (this host's calibrated loopback link in issue 6's
+        // runs): the round trip dominates; the estimate (45) → the next power of 2 (64).
+        let far = inputs(0.128, 1_048_576.0, 330e6, 400e6);
         let est = auto_depth(&far, &p, 128).unwrap();
         let start = auto_start(&far, &p, 128).unwrap();
-        assert!(start.is_power_of_two() && start >= est, "{est} → {start}");
+        assert!(est > 32 && est < 64, "{est}");
+        assert_eq!(start, 64, "{est} → {start}");
         assert!(start < 2 * est, "{est} → {start}");
         // Capped at max.
         assert_eq!(auto_start(&far, &p, 40).unwrap(), 40);
