@@ -16,9 +16,19 @@
 //!    `d·X_target/X`, so the controller may jump up to 4× in one step.
 //! 2. **Refine**: when a step gains less, the knee lies between the last two depths; the best
 //!    of them is kept, and if the deeper one did not help, one midpoint is tried.
-//! 3. **Hold**: run at the best depth; every few windows probe one step deeper (+25 %), and
-//!    move there if it is better by more than `gain`. If throughput at the held depth falls by
-//!    more than a third (the link changed), grow again from there.
+//! 3. **Hold**: run at the best depth; every few windows probe one step deeper (+25 %) or
+//!    shallower, and move there if it is better by more than `gain` than the median of the
+//!    recent windows at the held depth. If that median falls by more than a third (the link
+//!    changed), grow again from there.
+//!
+//! Two guards keep it from paying for its own measurements (issue 6's 64 ms runs):
+//!
+//! - **No downward probe while latency is at the unloaded round trip.** If the held depth's
+//!   mean latency is within 25 % of the smallest latency seen, no queue has formed (Little's
+//!   law: `X = d/L` with `L` at its floor), so fewer commands can only lower throughput.
+//! - **Noise widens the window.** When the recent windows at the held depth spread by more
+//!   than `4·gain` around their median, single windows cannot resolve a `gain` difference;
+//!   the window doubles (up to 8×) so that each decision averages over more commands.
 //!
 //! Every window's measurement is kept in the trajectory reported in the bench JSON.
 
@@ -28,6 +38,23 @@ use serde::Serialize;
 
 /// A window with fewer completed commands is not a measurement.
 const MIN_OPS: u64 = 3;
+/// Hold windows kept for the median and the spread.
+const HOLD_HISTORY: usize = 5;
+/// Largest window multiplier noise may ask for.
+const MAX_WINDOW_SCALE: u32 = 8;
+/// Latency within this factor of the smallest seen counts as unloaded (no queue).
+const UNLOADED: f64 = 1.25;
+
+/// Median of a slice (0 when empty).
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
 
 /// Settings of the controller.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,6 +176,10 @@ pub struct DepthController {
     probe_interval: u32,
     /// Direction of the next probe.
     probe_up: bool,
+    /// Throughputs of the latest windows at the held depth (newest last).
+    hold_xs: Vec<f64>,
+    /// Window multiplier (1, 2, 4, 8): grows while the hold windows are noisy.
+    window_scale: u32,
     trajectory: Vec<Step>,
 }
 
@@ -166,6 +197,8 @@ impl DepthController {
             hold_x: 0.0,
             probe_interval: cfg.probe_every.max(1),
             probe_up: true,
+            hold_xs: Vec::new(),
+            window_scale: 1,
             trajectory: Vec::new(),
         }
     }
@@ -184,6 +217,11 @@ impl DepthController {
         }
     }
 
+    /// The current window multiplier (1 unless the measurements were noisy).
+    pub fn window_scale(&self) -> u32 {
+        self.window_scale
+    }
+
     /// Every window so far.
     pub fn trajectory(&self) -> &[Step] {
         &self.trajectory
@@ -199,7 +237,8 @@ impl DepthController {
         let window = self
             .cfg
             .min_window
-            .max(lat.mul_f64(self.cfg.window_latencies));
+            .max(lat.mul_f64(self.cfg.window_latencies))
+            * self.window_scale;
         Decision {
             depth: self.depth,
             // After a change, one mean latency lets the old commands drain and new ones fill.
@@ -223,6 +262,40 @@ impl DepthController {
             }
         }
         next.clamp(d + 1, self.cfg.max.max(d + 1)).min(self.cfg.max)
+    }
+
+    /// A probe from `held` (typical throughput `held_x`) to `self.depth`, unless there is
+    /// nowhere to go.
+    fn probe_phase(&mut self, held: usize, held_x: f64, up: bool) -> Phase {
+        if self.depth == 0 || self.depth == held {
+            self.depth = held;
+            Phase::Hold { since_probe: 0 }
+        } else {
+            Phase::Probe { held, held_x, up }
+        }
+    }
+
+    /// Doubles the window while the hold windows spread by more than `4·gain` around their
+    /// median (up to [`MAX_WINDOW_SCALE`]); halves it again when they are tight.
+    fn adapt_window(&mut self) {
+        if self.hold_xs.len() < 3 {
+            return;
+        }
+        let m = median(&self.hold_xs);
+        let lo = self.hold_xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self.hold_xs.iter().copied().fold(0.0, f64::max);
+        if m <= 0.0 {
+            return;
+        }
+        let spread = (hi - lo) / m;
+        if spread > 4.0 * self.cfg.gain && self.window_scale < MAX_WINDOW_SCALE {
+            self.window_scale *= 2;
+            // The old windows were measured at the shorter length: judge the new ones afresh.
+            let keep = self.hold_xs.len() - 1;
+            self.hold_xs.drain(..keep);
+        } else if spread < self.cfg.gain && self.window_scale > 1 {
+            self.window_scale /= 2;
+        }
     }
 
     /// Feed the window that just ended (at `now` since the run started); returns what to do.
@@ -296,32 +369,45 @@ impl DepthController {
                 if self.hold_x <= 0.0 {
                     self.hold_x = x;
                 }
-                if x < self.hold_x * (2.0 / 3.0) {
-                    // Conditions changed: search again from here.
+                self.hold_xs.push(x);
+                if self.hold_xs.len() > HOLD_HISTORY {
+                    self.hold_xs.remove(0);
+                }
+                let recent = &self.hold_xs[self.hold_xs.len().saturating_sub(3)..];
+                let fell = recent.len() >= 2 && median(recent) < self.hold_x * (2.0 / 3.0);
+                let typical = median(&self.hold_xs);
+                self.adapt_window();
+                // Unloaded: latency still at the floor, so no queue to shorten.
+                let unloaded = matches!(
+                    (lat, self.base_latency),
+                    (Some(l), Some(b)) if l.as_secs_f64() <= UNLOADED * b.as_secs_f64()
+                );
+                if fell {
+                    // Conditions changed (on the median, not one noisy window): search again.
                     self.best = Some((self.depth, x));
                     self.hold_x = 0.0;
+                    self.hold_xs.clear();
                     if self.depth < self.cfg.max {
                         self.depth = self.grow_target(x, lat);
                     }
                     Phase::Grow
                 } else if since_probe + 1 >= self.probe_interval {
                     let held = self.depth;
-                    let up = (self.probe_up || held == 1) && held < self.cfg.max;
+                    let mut up = (self.probe_up || held == 1) && held < self.cfg.max;
                     self.probe_up = !self.probe_up;
-                    if up {
+                    if !up && unloaded {
+                        // More depth cannot hurt yet; probe up if possible, else not at all.
+                        up = held < self.cfg.max;
+                        self.probe_up = true;
+                    }
+                    if !up && unloaded {
+                        Phase::Hold { since_probe: 0 }
+                    } else if up {
                         self.depth = (held + held.div_ceil(4)).min(self.cfg.max);
+                        self.probe_phase(held, typical, up)
                     } else {
                         self.depth = (held - held / 4).max(1).min(held.saturating_sub(1));
-                    }
-                    if self.depth == 0 || self.depth == held {
-                        self.depth = held;
-                        Phase::Hold { since_probe: 0 }
-                    } else {
-                        Phase::Probe {
-                            held,
-                            held_x: x,
-                            up,
-                        }
+                        self.probe_phase(held, typical, up)
                     }
                 } else {
                     Phase::Hold {
@@ -334,6 +420,7 @@ impl DepthController {
                     self.probe_interval = self.cfg.probe_every.max(1);
                     self.best = Some((self.depth, x));
                     self.hold_x = 0.0;
+                    self.hold_xs.clear();
                     if up {
                         // Deeper is better after all: keep growing from here.
                         if self.depth < self.cfg.max {
@@ -356,6 +443,7 @@ impl DepthController {
         };
         if matches!(self.phase, Phase::Hold { since_probe: 0 }) && self.depth != before {
             self.hold_x = 0.0;
+            self.hold_xs.clear();
         }
         self.trajectory.push(Step {
             t_s: now.as_secs_f64(),
@@ -555,6 +643,105 @@ mod tests {
             latency_sum: Duration::from_millis(40 * 20),
         };
         assert!(c.observe(busy, Duration::from_secs(1)).depth > 4);
+    }
+
+    #[test]
+    fn slow_start_then_flat_never_probes_below_a_generous_start() {
+        // 1 MiB at 128 ms RTT after a TCP slow start that completes nothing for 3 s, started
+        // at 64 (the model's estimate rounded up). First a link that caps at 160 MB/s (knee
+        // ~20: every depth from the start on is on the plateau), then one that stays
+        // round-trip-bound up to the cap of 64: the controller must not lose throughput to
+        // its search, and in the second case never run a window below the start.
+        let sim = Sim {
+            block: 1_048_576.0,
+            rtt: 0.128,
+            cap: 160e6,
+            bad_after: usize::MAX,
+            overload: 0.0,
+        };
+        let flat_far = Sim {
+            cap: 2e9,
+            ..Sim { ..sim }
+        };
+        for (sim, max) in [(&sim, 128), (&flat_far, 64)] {
+            let mut c = DepthController::new(AutoConfig::new(64, max));
+            let mut d = c.first();
+            let mut t = Duration::ZERO;
+            let mut moved = 0.0;
+            let mut elapsed = 0.0;
+            while t < Duration::from_secs(20) {
+                t += d.settle + d.window;
+                let s = if t < Duration::from_secs(3) {
+                    Sample {
+                        duration: d.window,
+                        bytes: 0,
+                        ops: 0,
+                        latency_sum: Duration::ZERO,
+                    }
+                } else {
+                    // The pipe keeps flowing while the depth settles.
+                    moved += sim.throughput(d.depth) * (d.settle + d.window).as_secs_f64();
+                    elapsed += (d.settle + d.window).as_secs_f64();
+                    sim.sample(d.depth, d.window, 0.0)
+                };
+                d = c.observe(s, t);
+            }
+            let tr = c.trajectory();
+            assert!(tr[0].phase == "wait", "{tr:?}");
+            if sim.cap > 1e9 {
+                // Round-trip-bound all the way: latency never leaves the floor, so no window
+                // may run below the start.
+                assert!(tr.iter().all(|s| s.depth >= 64), "{tr:?}");
+                assert_eq!(c.chosen(), 64);
+            }
+            let x = moved / elapsed;
+            assert!(x >= 0.95 * sim.best_fixed(max), "{x} {tr:?}");
+        }
+    }
+
+    #[test]
+    fn noisy_plateau_widens_the_window_and_keeps_throughput() {
+        // 0 ms-like: the knee is at 2 and everything deeper is CPU-bound and flat, with ±30 %
+        // window-to-window noise that shrinks with the square root of the window length.
+        let sim = Sim {
+            block: 65_536.0,
+            rtt: 0.0006,
+            cap: 200e6,
+            bad_after: usize::MAX,
+            overload: 0.0,
+        };
+        let mut c = DepthController::new(AutoConfig::new(3, 64));
+        let mut d = c.first();
+        let mut t = Duration::ZERO;
+        let pattern = [0.0, 1.0, -1.0, 0.5, -0.5, 0.8, -0.8];
+        let mut late = Vec::new();
+        let mut fell_back = 0;
+        for i in 0..80 {
+            t += d.settle + d.window;
+            let shrink = (d.window.as_secs_f64() / 0.25).sqrt();
+            let noise = 0.3 * pattern[i % pattern.len()] / shrink;
+            let before = c.depth();
+            d = c.observe(sim.sample(d.depth, d.window, noise), t);
+            if c.trajectory().last().map(|s| s.phase) == Some("grow") && d.depth > before && i > 10
+            {
+                fell_back += 1;
+            }
+            if i >= 40 {
+                late.push(sim.throughput(d.depth));
+            }
+        }
+        assert!(c.window_scale() > 1, "{:?}", c.trajectory());
+        let x = late.iter().sum::<f64>() / late.len() as f64;
+        assert!(x >= 0.95 * sim.best_fixed(64), "{x} {:?}", c.trajectory());
+        // The median guards the "link changed" test: noise alone rarely restarts the search.
+        assert!(fell_back <= 2, "{fell_back} {:?}", c.trajectory());
+    }
+
+    #[test]
+    fn median_of_windows() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 
     #[test]

@@ -272,6 +272,27 @@ pub fn auto_depth(i: &Inputs, p: &Pipeline, max: u32) -> Result<u32, ModelError>
     })
 }
 
+/// Where `--depth auto`'s live controller starts (issue 6): [`auto_depth`], rounded up to
+/// the next power of two (capped at `max`) when the model says the link is round-trip-bound
+/// (at depth 1 the round trips are at least half of a command's cycle). Starting above the
+/// knee costs nothing there — latency stays at the round trip until the pipe is full, and
+/// the controller does not probe down while it does — whereas starting below it costs the
+/// whole of TCP's slow start at that depth (seconds at 128 ms RTT), before any window can be
+/// measured. Elsewhere (short links, CPU-bound) the estimate is used as it is.
+pub fn auto_start(i: &Inputs, p: &Pipeline, max: u32) -> Result<u32, ModelError> {
+    let est = auto_depth(i, p, max)?;
+    let pred = predict(i, &Pipeline { depth: 1, ..*p })?;
+    let rtts = f64::from(p.round_trips) * i.rtt_s;
+    let rtt_bound = pred.limit == Limit::Depth && rtts >= 0.5 * pred.cycle_s;
+    Ok(if rtt_bound {
+        est.checked_next_power_of_two()
+            .unwrap_or(u32::MAX)
+            .min(max.max(1))
+    } else {
+        est
+    })
+}
+
 /// Everything `ipsan model` prints, for one set of inputs.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Summary {
@@ -587,6 +608,33 @@ mod tests {
         assert_ne!(at.limit, Limit::Depth, "depth {d} still latency bound");
         assert!(d < 512);
         assert_eq!(auto_depth(&i, &p, 8).unwrap(), 8);
+    }
+
+    #[test]
+    fn auto_start_rounds_up_only_when_round_trip_bound() {
+        let p = Pipeline {
+            depth: 1,
+            round_trips: 1,
+            crypto_workers: 2,
+            window: None,
+            crypto: CryptoPlace::None,
+        };
+        // 1 MiB at 128 ms RTT, 330 MB/s (this host's calibrated loopback link in issue 6's
+        // runs): the round trip dominates; the estimate (45) → the next power of 2 (64).
+        let far = inputs(0.128, 1_048_576.0, 330e6, 400e6);
+        let est = auto_depth(&far, &p, 128).unwrap();
+        let start = auto_start(&far, &p, 128).unwrap();
+        assert!(est > 32 && est < 64, "{est}");
+        assert_eq!(start, 64, "{est} → {start}");
+        assert!(start < 2 * est, "{est} → {start}");
+        // Capped at max.
+        assert_eq!(auto_start(&far, &p, 40).unwrap(), 40);
+        // 1 MiB on a 0.1 ms RTT: the transfer dominates; the estimate stands.
+        let near = inputs(0.0001, 1_048_576.0, 110e6, 400e6);
+        assert_eq!(
+            auto_start(&near, &p, 128).unwrap(),
+            auto_depth(&near, &p, 128).unwrap()
+        );
     }
 
     #[test]

@@ -569,10 +569,11 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     };
     rec.enc_mb_s = ctx.enc.0 / 1e6;
     rec.dec_mb_s = ctx.enc.1 / 1e6;
-    // `auto`: the model's estimate; bench starts there and adapts (when it can).
+    // `auto`: the model's estimate (rounded up when round-trip-bound); bench starts there and
+    // adapts (when it can).
     let depth = match p.depth {
         Depth::Fixed(n) => n,
-        Depth::Auto => model::auto_depth(
+        Depth::Auto => model::auto_start(
             &inputs,
             &model_pipeline(p, 1, None, cpus),
             ctx.plan.max_depth,
