@@ -217,31 +217,38 @@ fn fails_every_in_flight_command_when_target_closes_mid_command() {
     });
 }
 
+/// Against `behaviour`, with a NOP-Out every 200 ms and a 500 ms timeout: a read must fail with
+/// the keepalive's ConnectionLost, after `min` and before `max`.
+async fn keepalive_kills_the_read_between(behaviour: Behaviour, min: Duration, max: Duration) {
+    let url = start(behaviour).await;
+    let cfg = SessionConfig {
+        login: LoginOptions::default(),
+        nop_interval: Some(Duration::from_millis(200)),
+        nop_timeout: Duration::from_millis(500),
+        ..SessionConfig::default()
+    };
+    let s = Session::connect(&url, &cfg).await.unwrap();
+    let t0 = Instant::now();
+    let e = s
+        .command(scsi::read16(0, 1), DataDir::Read(BytesMut::new(), 512))
+        .await
+        .unwrap_err();
+    match e {
+        Error::ConnectionLost(reason) => assert!(reason.contains("NOP-In"), "{reason}"),
+        other => panic!("expected ConnectionLost, got {other:?}"),
+    }
+    let waited = t0.elapsed();
+    assert!(
+        waited >= min && waited < max,
+        "declared dead after {waited:?}, expected between {min:?} and {max:?}"
+    );
+}
+
 #[test]
 fn fails_commands_when_keepalive_goes_unanswered() {
     bounded(20, async {
-        let url = start(Behaviour::Silent).await;
-        let cfg = SessionConfig {
-            login: LoginOptions::default(),
-            nop_interval: Some(Duration::from_millis(200)),
-            nop_timeout: Duration::from_millis(500),
-            ..SessionConfig::default()
-        };
-        let s = Session::connect(&url, &cfg).await.unwrap();
-        let t0 = Instant::now();
-        let e = s
-            .command(scsi::read16(0, 1), DataDir::Read(BytesMut::new(), 512))
-            .await
-            .unwrap_err();
-        match e {
-            Error::ConnectionLost(reason) => assert!(reason.contains("NOP-In"), "{reason}"),
-            other => panic!("expected ConnectionLost, got {other:?}"),
-        }
-        let waited = t0.elapsed();
-        assert!(
-            waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
-            "{waited:?}"
-        );
+        let (min, max) = (Duration::from_millis(500), Duration::from_secs(3));
+        keepalive_kills_the_read_between(Behaviour::Silent, min, max).await;
     });
 }
 
@@ -249,30 +256,11 @@ fn fails_commands_when_keepalive_goes_unanswered() {
 fn a_late_ping_answer_is_not_a_dead_link_while_the_target_keeps_talking() {
     // On a slow lossy link the NOP-Out waits behind MiBs of Data-Out while R2Ts and status
     // keep arriving (the lab's pathologies plan at 2.7 % loss): the session is alive until
-    // nothing at all has come from the target for the NOP timeout.
+    // nothing at all has come from the target for the NOP timeout, so not before the chatter
+    // stops at 1.5 s.
     bounded(20, async {
-        let url = start(Behaviour::Chatter(1500)).await;
-        let cfg = SessionConfig {
-            login: LoginOptions::default(),
-            nop_interval: Some(Duration::from_millis(200)),
-            nop_timeout: Duration::from_millis(500),
-            ..SessionConfig::default()
-        };
-        let s = Session::connect(&url, &cfg).await.unwrap();
-        let t0 = Instant::now();
-        let e = s
-            .command(scsi::read16(0, 1), DataDir::Read(BytesMut::new(), 512))
-            .await
-            .unwrap_err();
-        match e {
-            Error::ConnectionLost(reason) => assert!(reason.contains("NOP-In"), "{reason}"),
-            other => panic!("expected ConnectionLost, got {other:?}"),
-        }
-        let waited = t0.elapsed();
-        assert!(
-            waited >= Duration::from_millis(1500) && waited < Duration::from_secs(4),
-            "declared dead after {waited:?}: before the chatter stopped, or long after"
-        );
+        let (min, max) = (Duration::from_millis(1500), Duration::from_secs(4));
+        keepalive_kills_the_read_between(Behaviour::Chatter(1500), min, max).await;
     });
 }
 
