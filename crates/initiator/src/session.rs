@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -198,8 +198,8 @@ struct Shared {
 /// who sees [`Error::LogoutRequested`] for every command it issues after the request.
 #[derive(Debug, Default)]
 struct TargetLogout {
-    asked: std::sync::atomic::AtomicBool,
-    sent: std::sync::atomic::AtomicBool,
+    asked: AtomicBool,
+    sent: AtomicBool,
 }
 
 /// A target that pings (NOP-In with a TTT, RFC 7143 §11.19) faster than it reads the answers
@@ -708,10 +708,7 @@ impl Session {
     /// Whether the target asked this session to log out (AsyncEvent 1): new commands fail
     /// with [`Error::LogoutRequested`]; open a new session.
     pub fn logout_requested(&self) -> bool {
-        self.shared
-            .logout
-            .asked
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.shared.logout.asked.load(Ordering::Acquire)
     }
 
     fn refuse_after_logout_request(&self) -> Result<()> {
@@ -1253,7 +1250,6 @@ async fn reader_inner(
 
 /// Sends the Logout the target asked for (AsyncEvent 1) once no command is in flight.
 fn honor_logout_request(st: &mut ReaderState, shared: &Shared) -> Result<()> {
-    use std::sync::atomic::Ordering;
     if !shared.logout.asked.load(Ordering::Acquire) || shared.logout.sent.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -1543,11 +1539,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
             if let Some(tx) = st.logouts.remove(&h.itt) {
                 let _ = tx.send(h.response);
             }
-            if shared
-                .logout
-                .sent
-                .load(std::sync::atomic::Ordering::Acquire)
-            {
+            if shared.logout.sent.load(Ordering::Acquire) {
                 return Err(Error::ConnectionLost(
                     "logged out at the target's request (AsyncEvent 1)".into(),
                 ));
@@ -1560,10 +1552,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                     within_secs = h.parameter3,
                     "target requests logout (AsyncEvent 1); refusing new commands"
                 );
-                shared
-                    .logout
-                    .asked
-                    .store(true, std::sync::atomic::Ordering::Release);
+                shared.logout.asked.store(true, Ordering::Release);
             }
             2 | 3 => {
                 return Err(Error::ConnectionLost(format!(
