@@ -311,12 +311,16 @@ async fn auth_failure_backoff(
     tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
 }
 
-/// The answer to data-out whose Seal counters run past the session's limit: CHECK
-/// CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h, as for data-in that cannot be
-/// sealed); `None` for other open failures.
+/// CHECK CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h): the answer when this
+/// side cannot seal data-in, or when data-out's Seal counters run past the session's limit.
+fn seal_security_error() -> ScsiResponse {
+    ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00))
+}
+
+/// The answer to data-out whose Seal counters run past the session's limit
+/// ([`seal_security_error`]); `None` for other open failures.
 fn seal_limit_response(e: &ipsan_seal::OpenError) -> Option<ScsiResponse> {
-    matches!(e, ipsan_seal::OpenError::CounterLimit { .. })
-        .then(|| ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00)))
+    matches!(e, ipsan_seal::OpenError::CounterLimit { .. }).then(seal_security_error)
 }
 
 /// After a sealed command: at the hard counter limit close the connection (the command has
@@ -984,8 +988,7 @@ impl Session {
                     Ok(sealed) => resp.data_in = sealed,
                     Err(e) => {
                         warn!(itt, "seal: cannot seal data-in: {e}");
-                        resp =
-                            ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00));
+                        resp = seal_security_error();
                         seal_exhausted = e == ipsan_seal::SealError::CounterExhausted;
                     }
                 }
