@@ -9,7 +9,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use ring::aead;
+use aws_lc_rs::aead;
 use zeroize::Zeroizing;
 
 use crate::tdes::TdesHmacSha1;
@@ -17,7 +17,8 @@ use crate::tdes::TdesHmacSha1;
 /// A Seal cipher, as named in the `X-org.ipsan.Seal` login key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Cipher {
-    /// AES-256-GCM (NIST SP 800-38D), the default; AES-NI + CLMUL accelerated through `ring`.
+    /// AES-256-GCM (NIST SP 800-38D), the default; VAES/AVX-512 (or AES-NI + CLMUL)
+    /// accelerated through `aws-lc-rs`.
     Aes256Gcm,
     /// ChaCha20-Poly1305 (RFC 8439), fast without AES hardware.
     ChaCha20Poly1305,
@@ -179,7 +180,7 @@ impl ChunkKey {
         match self {
             ChunkKey::Aead { key, iv } => {
                 let nonce = Self::nonce(iv, counter);
-                // ring only fails for inputs longer than the AEAD's per-nonce limit (64 GiB for
+                // AWS-LC only fails for inputs longer than the AEAD's per-nonce limit (64 GiB for
                 // GCM); a chunk is at most 16 MiB.
                 if let Ok(t) = key.seal_in_place_separate_tag(nonce, aead::Aad::from(aad), data) {
                     tag.copy_from_slice(t.as_ref());
@@ -191,6 +192,46 @@ impl ChunkKey {
             }
             ChunkKey::Tdes(k) => k.seal(counter, aad, data, tag),
             ChunkKey::None => tag.fill(0),
+        }
+    }
+
+    /// Whether this is an AEAD key (which can encrypt out of place, see [`Self::seal_from`]).
+    pub(crate) fn is_aead(&self) -> bool {
+        matches!(self, ChunkKey::Aead { .. })
+    }
+
+    /// Encrypts `src` into `dst` (same length) and writes its tag into `tag`: the AEADs read
+    /// the plaintext where it lies, so sealing a copy costs one pass over memory, not a copy
+    /// and then a pass. `counter` must be fresh for this key: the session guarantees it.
+    pub(crate) fn seal_from(
+        &self,
+        counter: u64,
+        aad: &[u8],
+        src: &[u8],
+        dst: &mut [u8],
+        tag: &mut [u8],
+    ) {
+        match self {
+            ChunkKey::Aead { key, iv } => {
+                let nonce = Self::nonce(iv, counter);
+                // Fails only on mismatched lengths (callers pass equal ones) or inputs past
+                // the AEAD's per-nonce limit; a chunk is at most 16 MiB.
+                let sealed =
+                    key.seal_out_of_place_scatter(nonce, aead::Aad::from(aad), src, dst, &[], tag);
+                if sealed.is_err() {
+                    // Never leave anything under a tag that could verify.
+                    dst.fill(0);
+                    tag.fill(0);
+                }
+            }
+            ChunkKey::Tdes(k) => {
+                dst.copy_from_slice(src);
+                k.seal(counter, aad, dst, tag);
+            }
+            ChunkKey::None => {
+                dst.copy_from_slice(src);
+                tag.fill(0);
+            }
         }
     }
 
@@ -206,8 +247,7 @@ impl ChunkKey {
         match self {
             ChunkKey::Aead { key, iv } => {
                 let nonce = Self::nonce(iv, counter);
-                let tag = aead::Tag::try_from(tag).map_err(|_| BadTag)?;
-                key.open_in_place_separate_tag(nonce, aead::Aad::from(aad), tag, data, 0..)
+                key.open_in_place_separate_tag(nonce, aead::Aad::from(aad), tag, data)
                     .map(|_| ())
                     .map_err(|_| BadTag)
             }

@@ -12,7 +12,7 @@
 //! `ipsan-initiator`) carry the login keys and the sealed bytes.
 //!
 //! # Layout
-//! - [`cipher`]: the four ciphers and per-direction chunk keys (ring AEADs, legacy 3DES).
+//! - [`cipher`]: the four ciphers and per-direction chunk keys (AWS-LC AEADs, legacy 3DES).
 //! - `tdes`: 3DES-CBC + HMAC-SHA1-96 (legacy, for reproducing the papers).
 //! - [`schedule`]: pre-shared secrets ([`Psk`]) and the HKDF-SHA256 key schedule.
 //! - [`negotiate`]: the login keys, [`SealOffer`] (initiator) and [`SealAnswer`] /

@@ -19,7 +19,7 @@
 //! the first write. Keys and values are plain `(String, String)` pairs; the login engine carries
 //! them without interpreting them.
 
-use ring::rand::{SecureRandom, SystemRandom};
+use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 
 use crate::cipher::Cipher;
 use crate::error::NegotiationError;

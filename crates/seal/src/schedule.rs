@@ -15,7 +15,7 @@
 use std::fmt;
 use std::path::Path;
 
-use ring::{hkdf, hmac};
+use aws_lc_rs::{hkdf, hmac};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 

@@ -217,6 +217,30 @@ impl SealSession {
         self.stats.sealed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Seals chunk `index` of a planned command from `src` into `dst` (same length).
+    fn seal_chunk_from(
+        &self,
+        b: &Binding,
+        plan: Plan,
+        index: u32,
+        src: &[u8],
+        dst: &mut [u8],
+        tag: &mut [u8],
+    ) {
+        let counter = plan.base + u64::from(index);
+        let a = aad(
+            self.framing.cipher,
+            self.send_direction(),
+            b,
+            plan.plain_len,
+            index,
+            plan.count,
+            counter,
+        );
+        self.send_key.seal_from(counter, &a, src, dst, tag);
+        self.stats.sealed.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Seals `plaintext` (a whole command's data) in place and returns the sealed transfer of
     /// `sealed_len(plaintext.len())` bytes. The trailer is appended to the same buffer: allocate
     /// it with that capacity to avoid a reallocation.
@@ -244,8 +268,9 @@ impl SealSession {
     /// Seals a copy of `plaintext` and returns the sealed transfer; `plaintext` is left as it
     /// was (a caller that must keep its data, like an initiator that may retry a write).
     ///
-    /// The copy and the encryption run chunk by chunk, so each chunk is encrypted while it is
-    /// still in cache: one pass over memory instead of a whole-buffer copy and then another.
+    /// The AEADs encrypt straight from `plaintext` into the sealed buffer (out of place), chunk
+    /// by chunk: one pass over memory instead of a whole-buffer copy and then another; `none`
+    /// and 3DES copy a chunk and seal it while it is still in cache.
     pub fn seal_copy(&self, b: &Binding, plaintext: &[u8]) -> Result<Bytes, SealError> {
         let n = plaintext.len();
         let Some(plan) = self.plan(n)? else {
@@ -268,8 +293,15 @@ impl SealSession {
             .enumerate()
         {
             let at = out.len();
-            out.extend_from_slice(src);
-            self.seal_chunk(b, plan, i as u32, &mut out[at..], tag);
+            if self.send_key.is_aead() {
+                // Zero-filling a chunk that is about to be overwritten stays in cache; safe
+                // Rust cannot hand the cipher uninitialised memory.
+                out.resize(at + src.len(), 0);
+                self.seal_chunk_from(b, plan, i as u32, src, &mut out[at..], tag);
+            } else {
+                out.extend_from_slice(src);
+                self.seal_chunk(b, plan, i as u32, &mut out[at..], tag);
+            }
         }
         out.extend_from_slice(&plan.base.to_be_bytes());
         out.extend_from_slice(&tags);
