@@ -65,6 +65,11 @@ pub struct ConnArgs {
     /// --nop-interval + --nop-timeout).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub nop_timeout: u64,
+    /// Seconds a SCSI command may go without status before the initiator aborts it with ABORT
+    /// TASK and fails it (0 waits forever). An abort the target does not confirm within 10 s
+    /// drops the connection.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub command_timeout: u64,
     /// Seal every command's data (docs/seal.md): aes-256-gcm | chacha20-poly1305 |
     /// 3des-cbc-hmac-sha1 (legacy, the papers' cipher) | none (same framing, no protection).
     /// Without --seal the session is plain. The login fails if the target does not agree.
@@ -245,6 +250,8 @@ impl ConnArgs {
             nop_interval: (self.nop_interval > 0)
                 .then(|| std::time::Duration::from_secs(self.nop_interval)),
             nop_timeout: std::time::Duration::from_secs(self.nop_timeout),
+            command_timeout: (self.command_timeout > 0)
+                .then(|| std::time::Duration::from_secs(self.command_timeout)),
             extension,
             tcp: self.tcp_settings(),
             ..SessionConfig::default()

@@ -50,6 +50,12 @@ pub enum Error {
     /// An operation did not finish in time.
     #[error("timed out: {0}")]
     Timeout(&'static str),
+    /// A SCSI command got no status within [`crate::SessionConfig::command_timeout`]; the
+    /// initiator aborted it with ABORT TASK (RFC 7143 §11.5.1) and the target confirmed, so
+    /// the task is gone and the session goes on. A write may or may not have reached the
+    /// medium (SAM-5 §5.6): the caller retries or reports, as after any aborted command.
+    #[error("command timed out after {0:?} and was aborted (ABORT TASK)")]
+    CommandTimedOut(std::time::Duration),
     /// The caller asked for something impossible (zero blocks, unaligned buffer, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),

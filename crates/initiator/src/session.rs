@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use iscsi_wire::header::{
-    DataOut, LoginRequest, LogoutReason, LogoutRequest, NopOut, ScsiCommand, TaskAttr, TextRequest,
+    DataOut, LoginRequest, LogoutReason, LogoutRequest, NopOut, ScsiCommand, TaskAttr,
+    TaskMgmtRequest, TextRequest, TmfFunction, TmfResponse,
 };
 use iscsi_wire::{Codec, Header, Pdu, BHS_LEN, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -63,7 +64,16 @@ pub struct SessionConfig {
     /// connecting so the receive window scale fits (RFC 7323 §2.2). `None`: kernel defaults
     /// with TCP_NODELAY.
     pub tcp: Option<ipsan_tcp::TcpSettings>,
+    /// A SCSI command without status after this long is aborted with ABORT TASK
+    /// (RFC 7143 §11.5.1) and fails with [`Error::CommandTimedOut`]; if the target does not
+    /// confirm the abort within [`TMF_TIMEOUT`] the connection is dropped (its tasks cannot be
+    /// trusted any more). `None` waits forever (the keepalive still catches a dead
+    /// connection). Default 30 s, the Linux SCSI disk default.
+    pub command_timeout: Option<Duration>,
 }
+
+/// How long a task management request may go unanswered before the connection is dropped.
+pub const TMF_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Builds an [`OriginatorExtension`] per login attempt (a retried login needs fresh state).
 #[derive(Clone)]
@@ -85,6 +95,7 @@ impl Default for SessionConfig {
             nop_timeout: Duration::from_secs(10),
             extension: None,
             tcp: None,
+            command_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -168,6 +179,8 @@ enum Reg {
     Task(u32, TaskReg),
     Ping(u32, oneshot::Sender<()>),
     Logout(u32, oneshot::Sender<u8>),
+    /// A task management request (ITT) and the task it aborts, if any.
+    Tmf(u32, Option<u32>, oneshot::Sender<TmfResponse>),
 }
 
 struct Shared {
@@ -189,6 +202,8 @@ struct Shared {
     trace: OnceLock<Arc<Trace>>,
     /// AsyncEvent 1 received, and whether our Logout for it went out.
     logout: TargetLogout,
+    /// See [`SessionConfig::command_timeout`].
+    command_timeout: Option<Duration>,
 }
 
 /// The target's request to log out (RFC 7143 §11.9.1 AsyncEvent 1): new commands are refused
@@ -644,6 +659,7 @@ impl Session {
             epoch: Instant::now(),
             trace: OnceLock::new(),
             logout: TargetLogout::default(),
+            command_timeout: cfg.command_timeout,
         });
         let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
         let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
@@ -794,6 +810,7 @@ impl Session {
         if write.len() > u32::MAX as usize || read_len > u32::MAX as usize {
             return Err(Error::InvalidRequest("transfer over 4 GiB".into()));
         }
+        let (sent_itt, sent_cmd_sn);
         let mut reg = Some(TaskReg {
             lun: self.lun,
             write: write.clone(),
@@ -817,6 +834,7 @@ impl Session {
                         None => sn.itt(),
                     };
                     let cmd_sn = sn.cmd_sn;
+                    (sent_itt, sent_cmd_sn) = (itt, cmd_sn);
                     sn.cmd_sn = sn.cmd_sn.wrapping_add(1);
                     let exp_stat_sn = sn.exp_stat_sn;
                     if let Some(r) = reg.take() {
@@ -831,9 +849,96 @@ impl Session {
             }
             notified.await;
         }
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(self.shared.lost()),
+        self.wait(rx, sent_itt, sent_cmd_sn).await
+    }
+
+    /// Waits for a command's completion; past the command timeout, aborts it.
+    async fn wait(
+        &self,
+        mut rx: oneshot::Receiver<Result<Completion>>,
+        itt: u32,
+        cmd_sn: u32,
+    ) -> Result<Completion> {
+        let lost = |_| Err(self.shared.lost());
+        let Some(limit) = self.shared.command_timeout else {
+            return rx.await.unwrap_or_else(lost);
+        };
+        match tokio::time::timeout(limit, &mut rx).await {
+            Ok(r) => r.unwrap_or_else(lost),
+            Err(_) => self.abort_task(itt, cmd_sn, limit, rx).await,
+        }
+    }
+
+    /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
+    /// the task stays registered, so its Data-In, R2Ts or status are still handled in order;
+    /// the response removes it (the target sends nothing for it afterwards). A command that
+    /// completes in the meantime returns its own result.
+    async fn abort_task(
+        &self,
+        itt: u32,
+        cmd_sn: u32,
+        limit: Duration,
+        mut rx: oneshot::Receiver<Result<Completion>>,
+    ) -> Result<Completion> {
+        let (tx, tmf_rx) = oneshot::channel();
+        {
+            let mut sn = self.shared.lock()?;
+            let tmf_itt = sn.itt();
+            let req = TaskMgmtRequest {
+                immediate: true,
+                function: TmfFunction::ABORT_TASK,
+                lun: self.lun,
+                itt: tmf_itt,
+                referenced_task_tag: itt,
+                cmd_sn: sn.cmd_sn,
+                exp_stat_sn: sn.exp_stat_sn,
+                ref_cmd_sn: cmd_sn,
+                exp_data_sn: 0,
+            };
+            drop(sn);
+            tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
+            self.shared
+                .reg
+                .send(Reg::Tmf(tmf_itt, Some(itt), tx))
+                .map_err(|_| self.shared.lost())?;
+            self.shared
+                .out
+                .send(Pdu::new(req, Bytes::new()))
+                .map_err(|_| self.shared.lost())?;
+        }
+        let mut tmf_rx = tmf_rx;
+        let answered = tokio::time::timeout(TMF_TIMEOUT, async {
+            let first = tokio::select! {
+                biased;
+                r = &mut rx => Ok(r),
+                t = &mut tmf_rx => Err(t),
+            };
+            let response = match first {
+                Ok(Ok(completed)) => return Some(completed),
+                // The reader forgot the task on the abort's response (dropping its sender)
+                // and hands that response over right after.
+                Ok(Err(_)) => (&mut tmf_rx).await,
+                Err(t) => t,
+            };
+            response.ok().map(|resp| Err(abort_outcome(resp, limit)))
+        })
+        .await;
+        match answered {
+            // The command's own status (it finished before the abort took effect), or the
+            // abort's outcome.
+            Ok(Some(Err(Error::Protocol(why)))) => {
+                self.shared.kill(why.clone());
+                Err(Error::ConnectionLost(why))
+            }
+            Ok(Some(r)) => r,
+            Ok(None) => Err(self.shared.lost()),
+            Err(_) => {
+                let why = format!(
+                    "ABORT TASK for ITT {itt:#x} unanswered for {TMF_TIMEOUT:?}; dropping the connection"
+                );
+                self.shared.kill(why.clone());
+                Err(Error::ConnectionLost(why))
+            }
         }
     }
 
@@ -1170,6 +1275,7 @@ struct ReaderState {
     tasks: HashMap<u32, TaskReg>,
     pings: HashMap<u32, oneshot::Sender<()>>,
     logouts: HashMap<u32, oneshot::Sender<u8>>,
+    tmfs: HashMap<u32, (Option<u32>, oneshot::Sender<TmfResponse>)>,
     reg_rx: mpsc::UnboundedReceiver<Reg>,
 }
 
@@ -1185,6 +1291,9 @@ impl ReaderState {
                 }
                 Reg::Logout(itt, t) => {
                     self.logouts.insert(itt, t);
+                }
+                Reg::Tmf(itt, referenced, t) => {
+                    self.tmfs.insert(itt, (referenced, t));
                 }
             }
         }
@@ -1209,6 +1318,7 @@ async fn reader(
         tasks: HashMap::new(),
         pings: HashMap::new(),
         logouts: HashMap::new(),
+        tmfs: HashMap::new(),
         reg_rx,
     };
     let e = reader_inner(rd, buf, codec, &mut st, &shared).await;
@@ -1273,6 +1383,22 @@ fn honor_logout_request(st: &mut ReaderState, shared: &Shared) -> Result<()> {
         .out
         .send(Pdu::new(req, Bytes::new()))
         .map_err(|_| shared.lost())
+}
+
+/// What an ABORT TASK response means for the aborted command (RFC 7143 §11.6.1): the task is
+/// gone (aborted, or already finished and its status consumed), or the target kept it, in
+/// which case nothing about the session's tasks can be trusted and the caller drops the
+/// connection (`Error::Protocol`).
+fn abort_outcome(resp: TmfResponse, limit: Duration) -> Error {
+    match resp {
+        TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST => {
+            Error::CommandTimedOut(limit)
+        }
+        other => Error::Protocol(format!(
+            "target refused to abort a timed-out command (task management response {})",
+            other.0
+        )),
+    }
 }
 
 fn complete(st: &mut ReaderState, itt: u32, r: Result<Completion>) {
@@ -1532,6 +1658,26 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 if st.task(itt).is_some() {
                     complete(st, itt, Err(Error::Rejected(h.reason.0)));
                 }
+            }
+        }
+        Header::TaskMgmtResponse(h) => {
+            st.drain();
+            match st.tmfs.remove(&h.itt) {
+                Some((referenced, tx)) => {
+                    if let Some(task) = referenced {
+                        let gone = matches!(
+                            h.response,
+                            TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
+                        );
+                        if gone {
+                            // Nothing more comes for it (§11.6.1): forget it. Its waiter
+                            // gets the abort's outcome through `tx`.
+                            st.tasks.remove(&task);
+                        }
+                    }
+                    let _ = tx.send(h.response);
+                }
+                None => tracing::warn!(itt = h.itt, "task management response for no request"),
             }
         }
         Header::LogoutResponse(h) => {

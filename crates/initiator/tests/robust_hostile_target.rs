@@ -19,6 +19,7 @@ use ipsan_initiator::{
 };
 use iscsi_wire::header::{
     DataIn, LoginRequest, LoginResponse, NopIn, R2t, ScsiCommand, ScsiResponse, Stage,
+    TaskMgmtRequest, TaskMgmtResponse, TmfFunction, TmfResponse,
 };
 use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,6 +48,10 @@ struct Seen {
     exp_stat_sn: Vec<u32>,
     /// NOP-Outs with the reserved ITT (answers to the target's pings).
     pongs: usize,
+    /// Task management requests, in arrival order.
+    tmfs: Vec<TaskMgmtRequest>,
+    /// (ITT, CmdSN) of every SCSI Command.
+    commands: Vec<(u32, u32)>,
 }
 
 /// Per-connection state handed to the scripts.
@@ -102,6 +107,7 @@ impl Ctx {
 type CommandScript = Arc<dyn Fn(&ScsiCommand, &mut Ctx) -> Vec<Out> + Send + Sync>;
 type LoginScript =
     Arc<dyn Fn(&LoginRequest, &[(String, String)], &mut Ctx) -> Vec<Out> + Send + Sync>;
+type TmfScript = Arc<dyn Fn(&TaskMgmtRequest, &mut Ctx) -> Vec<Out> + Send + Sync>;
 
 /// The fake target's behaviour: how it logs in, and how it answers each SCSI command.
 #[derive(Clone)]
@@ -110,6 +116,8 @@ struct Script {
     command: CommandScript,
     /// Switch CRC32C header and data digests on after login (the initiator must ask for them).
     digests: bool,
+    /// How task management requests are answered (ignored when unset).
+    tmf: Option<TmfScript>,
 }
 
 /// A normal login: AuthMethod=None, then echo the initiator's digest offers and declare a
@@ -162,6 +170,7 @@ impl Script {
             login: Arc::new(normal_login),
             command: Arc::new(f),
             digests: false,
+            tmf: None,
         }
     }
 
@@ -172,6 +181,7 @@ impl Script {
             login: Arc::new(f),
             command: Arc::new(|_, _| vec![Out::Hang]),
             digests: false,
+            tmf: None,
         }
     }
 }
@@ -258,7 +268,10 @@ async fn fake_target(l: TcpListener, script: Script, seen: Arc<Mutex<Seen>>) {
                 continue;
             }
             Header::ScsiCommand(c) => {
-                seen.lock().unwrap().exp_stat_sn.push(c.exp_stat_sn);
+                let mut s = seen.lock().unwrap();
+                s.exp_stat_sn.push(c.exp_stat_sn);
+                s.commands.push((c.itt, c.cmd_sn));
+                drop(s);
                 (script.command)(c, &mut ctx)
             }
             Header::NopOut(n) => {
@@ -266,6 +279,13 @@ async fn fake_target(l: TcpListener, script: Script, seen: Arc<Mutex<Seen>>) {
                     seen.lock().unwrap().pongs += 1;
                 }
                 continue;
+            }
+            Header::TaskMgmtRequest(t) => {
+                seen.lock().unwrap().tmfs.push(t.clone());
+                match &script.tmf {
+                    Some(f) => f(t, &mut ctx),
+                    None => continue,
+                }
             }
             _ => continue,
         };
@@ -1045,5 +1065,126 @@ fn statsn_going_backwards_is_ignored_and_expstatsn_never_regresses() {
             );
         }
         assert!(seen.exp_stat_sn.iter().all(|&e| e != 51));
+    });
+}
+
+// ---- Command timeout and ABORT TASK (RFC 7143 §11.5.1) ----
+
+/// The TMF response `response` for request `t`.
+fn tmf_answer(t: &TaskMgmtRequest, ctx: &mut Ctx, response: TmfResponse) -> Vec<Out> {
+    let r = TaskMgmtResponse {
+        response,
+        itt: t.itt,
+        stat_sn: ctx.next_stat_sn(),
+        exp_cmd_sn: t.cmd_sn,
+        max_cmd_sn: t.cmd_sn.wrapping_add(63),
+    };
+    vec![Out::Pdu(Pdu::new(r, Bytes::new()))]
+}
+
+/// A target that swallows the first command and answers every later one with GOOD.
+fn swallow_first() -> impl Fn(&ScsiCommand, &mut Ctx) -> Vec<Out> + Send + Sync + 'static {
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    move |c, ctx| {
+        if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            Vec::new()
+        } else {
+            vec![ctx.good(c.itt, c.cmd_sn)]
+        }
+    }
+}
+
+fn timeout_cfg(ms: u64) -> SessionConfig {
+    SessionConfig {
+        command_timeout: Some(Duration::from_millis(ms)),
+        ..cfg()
+    }
+}
+
+#[test]
+fn a_command_without_status_is_aborted_and_the_session_goes_on() {
+    bounded(20, async {
+        let mut script = Script::commands(swallow_first());
+        script.tmf = Some(Arc::new(|t, ctx| {
+            tmf_answer(t, ctx, TmfResponse::FUNCTION_COMPLETE)
+        }));
+        let (url, seen) = start_with(script).await;
+        let s = Session::connect(&url, &timeout_cfg(300)).await.unwrap();
+        let t0 = Instant::now();
+        match read_4k(&s).await {
+            Err(Error::CommandTimedOut(d)) => assert_eq!(d, Duration::from_millis(300)),
+            other => panic!("expected CommandTimedOut, got {other:?}"),
+        }
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.tmfs.len(), 1);
+            let t = &seen.tmfs[0];
+            let (itt, cmd_sn) = seen.commands[0];
+            assert_eq!(t.function, TmfFunction::ABORT_TASK);
+            assert!(t.immediate, "ABORT TASK goes as an immediate command");
+            assert_eq!(t.referenced_task_tag, itt);
+            assert_eq!(t.ref_cmd_sn, cmd_sn);
+            assert_ne!(t.itt, itt, "the TMF has its own task tag");
+        }
+        // Same session, same connection: the next command completes normally.
+        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+            .await
+            .unwrap();
+        assert_eq!(seen.lock().unwrap().commands.len(), 2);
+    });
+}
+
+#[test]
+fn status_that_arrives_before_the_abort_response_wins() {
+    bounded(20, async {
+        // The target sends the command's GOOD status only when the ABORT TASK arrives, and
+        // then answers the abort with TASK DOES NOT EXIST: the command completed.
+        let mut script = Script::commands(|_, _| Vec::new());
+        script.tmf = Some(Arc::new(|t, ctx| {
+            let mut outs = vec![ctx.good(t.referenced_task_tag, t.ref_cmd_sn)];
+            outs.extend(tmf_answer(t, ctx, TmfResponse::TASK_DOES_NOT_EXIST));
+            outs
+        }));
+        let url = start(script).await;
+        let s = Session::connect(&url, &timeout_cfg(200)).await.unwrap();
+        let r = s
+            .command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+            .await;
+        assert!(r.is_ok(), "the command's own status, not the abort: {r:?}");
+    });
+}
+
+#[test]
+fn an_abort_the_target_refuses_drops_the_connection() {
+    bounded(20, async {
+        let mut script = Script::commands(|_, _| Vec::new());
+        script.tmf = Some(Arc::new(|t, ctx| {
+            tmf_answer(t, ctx, TmfResponse::FUNCTION_REJECTED)
+        }));
+        let url = start(script).await;
+        let s = Session::connect(&url, &timeout_cfg(200)).await.unwrap();
+        assert_connection_error(read_4k(&s).await, &["refused to abort"]);
+        // Nothing else can be trusted on this connection: later commands fail at once.
+        assert!(matches!(
+            s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+                .await,
+            Err(Error::ConnectionLost(_))
+        ));
+    });
+}
+
+#[test]
+fn an_unanswered_abort_drops_the_connection_within_the_tmf_timeout() {
+    bounded(30, async {
+        // The fake target ignores task management requests.
+        let url = start(Script::commands(|_, _| Vec::new())).await;
+        let s = Session::connect(&url, &timeout_cfg(200)).await.unwrap();
+        let t0 = Instant::now();
+        assert_connection_error(read_4k(&s).await, &["ABORT TASK", "unanswered"]);
+        let took = t0.elapsed();
+        let bound = Duration::from_millis(200) + ipsan_initiator::session::TMF_TIMEOUT;
+        assert!(took >= bound, "gave up after {took:?}, before {bound:?}");
+        assert!(took < bound + Duration::from_secs(3), "took {took:?}");
     });
 }
