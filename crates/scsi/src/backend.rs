@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 
+use bytes::BytesMut;
+
 /// Allocation state of the extent starting at an offset (used by GET LBA STATUS).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Extent {
@@ -29,6 +31,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn size(&self) -> u64;
     /// Fills `buf` from `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Appends `len` bytes from `offset` to `buf` (the device server's Data-In buffer); on
+    /// error `buf` is left as it was. The default zero-fills the space and calls
+    /// [`Backend::read_at`]; a memory backend copies straight in, sparing a 1 MiB read a
+    /// 1 MiB memset.
+    fn read_append(&self, buf: &mut BytesMut, len: usize, offset: u64) -> io::Result<()> {
+        let at = buf.len();
+        buf.resize(at + len, 0);
+        let r = self.read_at(&mut buf[at..], offset);
+        if r.is_err() {
+            buf.truncate(at);
+        }
+        r
+    }
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write stable (fdatasync for files).
@@ -344,6 +359,24 @@ impl Backend for MemBackend {
             }
             Ok(())
         })
+    }
+
+    fn read_append(&self, buf: &mut BytesMut, len: usize, offset: u64) -> io::Result<()> {
+        check_range(self.size, offset, len as u64)?;
+        let start = buf.len();
+        buf.reserve(len);
+        let r = Self::spans(offset, len as u64, |idx, at, r| {
+            let g = self.chunks[idx].read().map_err(|_| poisoned())?;
+            match g.as_ref() {
+                Some(c) => buf.extend_from_slice(&c[at..at + r.len()]),
+                None => buf.resize(buf.len() + r.len(), 0),
+            }
+            Ok(())
+        });
+        if r.is_err() {
+            buf.truncate(start);
+        }
+        r
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -806,6 +839,35 @@ mod tests {
         assert_eq!(m.allocated_chunks(), 0);
         m.read_at(&mut back, (1 << 20) - 4096).unwrap();
         assert!(back.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn read_append_matches_read_at_across_chunks_holes_and_backends() {
+        let mem = MemBackend::new(4 * CHUNK as u64);
+        let data: Vec<u8> = (0..CHUNK + 5000).map(|i| (i * 7 + 3) as u8).collect();
+        mem.write_at(&data, CHUNK as u64 / 2).unwrap();
+        let null = NullBackend::new(4 * CHUNK as u64);
+        let backends: [&dyn Backend; 2] = [&mem, &null];
+        for b in backends {
+            // Spans: inside one chunk, across two, over a never-written (sparse) chunk, to the end.
+            for (off, len) in [
+                (10u64, 100usize),
+                (CHUNK as u64 - 7, 4096),
+                (CHUNK as u64 / 2 - 3, CHUNK + 5006),
+                (3 * CHUNK as u64 - 10, CHUNK + 10),
+            ] {
+                let mut want = vec![0xeeu8; len];
+                b.read_at(&mut want, off).unwrap();
+                let mut got = BytesMut::from(&b"head"[..]);
+                b.read_append(&mut got, len, off).unwrap();
+                assert_eq!(&got[..4], b"head", "{} {off}+{len}", b.kind());
+                assert_eq!(&got[4..], &want[..], "{} {off}+{len}", b.kind());
+            }
+            // Out of range: an error and the buffer untouched.
+            let mut got = BytesMut::from(&b"head"[..]);
+            assert!(b.read_append(&mut got, 20, 4 * CHUNK as u64 - 10).is_err());
+            assert_eq!(&got[..], b"head");
+        }
     }
 
     #[test]

@@ -721,9 +721,10 @@ impl LogicalUnit {
     fn read(&self, io: BlockIo) -> Result<Bytes, Sense> {
         self.check_range(io.lba, u64::from(io.blocks))?;
         self.check_transfer(io.blocks)?;
-        let mut buf = BytesMut::zeroed(self.bytes(io.blocks) as usize);
+        let len = self.bytes(io.blocks) as usize;
+        let mut buf = BytesMut::with_capacity(len);
         self.backend
-            .read_at(&mut buf, self.offset(io.lba))
+            .read_append(&mut buf, len, self.offset(io.lba))
             .map_err(|e| Sense::from_read_error(&e))?;
         Ok(buf.freeze())
     }
