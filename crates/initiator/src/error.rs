@@ -56,6 +56,15 @@ pub enum Error {
     /// medium (SAM-5 §5.6): the caller retries or reports, as after any aborted command.
     #[error("command timed out after {0:?} and was aborted (ABORT TASK)")]
     CommandTimedOut(std::time::Duration),
+    /// The command was aborted by a task management function (e.g. this session's
+    /// [`crate::Session::lun_reset`]) before it completed; no status will come for it.
+    #[error("command aborted by {0}")]
+    TaskAborted(String),
+    /// The target answered a task management request with this response code instead of
+    /// "function complete" (RFC 7143 §11.6.1: 1 task does not exist, 2 LUN does not exist,
+    /// 5 function not supported, 6 authorization failed, 255 rejected).
+    #[error("task management function not completed (response {0})")]
+    TaskManagement(u8),
     /// The caller asked for something impossible (zero blocks, unaligned buffer, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),

@@ -179,8 +179,17 @@ enum Reg {
     Task(u32, TaskReg),
     Ping(u32, oneshot::Sender<()>),
     Logout(u32, oneshot::Sender<u8>),
-    /// A task management request (ITT) and the task it aborts, if any.
-    Tmf(u32, Option<u32>, oneshot::Sender<TmfResponse>),
+    /// A task management request (ITT) and what it ends on success.
+    Tmf(u32, Ends, oneshot::Sender<TmfResponse>),
+}
+
+/// The tasks a task management request ends when the target completes it.
+#[derive(Clone, Copy, Debug)]
+enum Ends {
+    /// ABORT TASK: this ITT.
+    Task(u32),
+    /// LOGICAL UNIT RESET: every task on this LUN (raw LUN field).
+    Lun(u64),
 }
 
 struct Shared {
@@ -869,6 +878,68 @@ impl Session {
         }
     }
 
+    /// Sends an immediate Task Management Function Request (RFC 7143 §11.5) for this session's
+    /// LUN; the receiver yields the target's response.
+    fn send_tmf(
+        &self,
+        function: TmfFunction,
+        ends: Ends,
+        ref_cmd_sn: u32,
+    ) -> Result<oneshot::Receiver<TmfResponse>> {
+        let (tx, rx) = oneshot::channel();
+        let mut sn = self.shared.lock()?;
+        let itt = sn.itt();
+        let req = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: self.lun,
+            itt,
+            referenced_task_tag: match ends {
+                Ends::Task(t) => t,
+                Ends::Lun(_) => RESERVED_TAG,
+            },
+            cmd_sn: sn.cmd_sn,
+            exp_stat_sn: sn.exp_stat_sn,
+            ref_cmd_sn,
+            exp_data_sn: 0,
+        };
+        drop(sn);
+        // Registered before it is sent, so the reader knows it when the response arrives.
+        self.shared
+            .reg
+            .send(Reg::Tmf(itt, ends, tx))
+            .map_err(|_| self.shared.lost())?;
+        self.shared
+            .out
+            .send(Pdu::new(req, Bytes::new()))
+            .map_err(|_| self.shared.lost())?;
+        Ok(rx)
+    }
+
+    /// LOGICAL UNIT RESET of this session's LUN (RFC 7143 §11.5.1, SAM-5 §7.7): the target
+    /// aborts every task on the LUN (from every initiator) and reports a unit attention to the
+    /// other sessions' next command. This session's commands on the LUN that are still in
+    /// flight fail with [`Error::TaskAborted`]: the target sends no status for them. Fails with
+    /// [`Error::TaskManagement`] if the target does not complete the reset, and drops the
+    /// connection if it does not answer within [`TMF_TIMEOUT`].
+    pub async fn lun_reset(&self) -> Result<()> {
+        self.refuse_after_logout_request()?;
+        // RefCmdSN is reserved (0) for every function but ABORT TASK (§11.5.4).
+        let rx = self.send_tmf(TmfFunction::LOGICAL_UNIT_RESET, Ends::Lun(self.lun), 0)?;
+        match tokio::time::timeout(TMF_TIMEOUT, rx).await {
+            Ok(Ok(TmfResponse::FUNCTION_COMPLETE)) => Ok(()),
+            Ok(Ok(other)) => Err(Error::TaskManagement(other.0)),
+            Ok(Err(_)) => Err(self.shared.lost()),
+            Err(_) => {
+                let why = format!(
+                    "LOGICAL UNIT RESET unanswered for {TMF_TIMEOUT:?}; dropping the connection"
+                );
+                self.shared.kill(why.clone());
+                Err(Error::ConnectionLost(why))
+            }
+        }
+    }
+
     /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
     /// the task stays registered, so its Data-In, R2Ts or status are still handled in order;
     /// the response removes it (the target sends nothing for it afterwards). A command that
@@ -880,33 +951,8 @@ impl Session {
         limit: Duration,
         mut rx: oneshot::Receiver<Result<Completion>>,
     ) -> Result<Completion> {
-        let (tx, tmf_rx) = oneshot::channel();
-        {
-            let mut sn = self.shared.lock()?;
-            let tmf_itt = sn.itt();
-            let req = TaskMgmtRequest {
-                immediate: true,
-                function: TmfFunction::ABORT_TASK,
-                lun: self.lun,
-                itt: tmf_itt,
-                referenced_task_tag: itt,
-                cmd_sn: sn.cmd_sn,
-                exp_stat_sn: sn.exp_stat_sn,
-                ref_cmd_sn: cmd_sn,
-                exp_data_sn: 0,
-            };
-            drop(sn);
-            tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
-            self.shared
-                .reg
-                .send(Reg::Tmf(tmf_itt, Some(itt), tx))
-                .map_err(|_| self.shared.lost())?;
-            self.shared
-                .out
-                .send(Pdu::new(req, Bytes::new()))
-                .map_err(|_| self.shared.lost())?;
-        }
-        let mut tmf_rx = tmf_rx;
+        tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
+        let mut tmf_rx = self.send_tmf(TmfFunction::ABORT_TASK, Ends::Task(itt), cmd_sn)?;
         let answered = tokio::time::timeout(TMF_TIMEOUT, async {
             let first = tokio::select! {
                 biased;
@@ -1275,7 +1321,7 @@ struct ReaderState {
     tasks: HashMap<u32, TaskReg>,
     pings: HashMap<u32, oneshot::Sender<()>>,
     logouts: HashMap<u32, oneshot::Sender<u8>>,
-    tmfs: HashMap<u32, (Option<u32>, oneshot::Sender<TmfResponse>)>,
+    tmfs: HashMap<u32, (Ends, oneshot::Sender<TmfResponse>)>,
     reg_rx: mpsc::UnboundedReceiver<Reg>,
 }
 
@@ -1292,8 +1338,8 @@ impl ReaderState {
                 Reg::Logout(itt, t) => {
                     self.logouts.insert(itt, t);
                 }
-                Reg::Tmf(itt, referenced, t) => {
-                    self.tmfs.insert(itt, (referenced, t));
+                Reg::Tmf(itt, ends, t) => {
+                    self.tmfs.insert(itt, (ends, t));
                 }
             }
         }
@@ -1663,17 +1709,36 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
         Header::TaskMgmtResponse(h) => {
             st.drain();
             match st.tmfs.remove(&h.itt) {
-                Some((referenced, tx)) => {
-                    if let Some(task) = referenced {
-                        let gone = matches!(
-                            h.response,
-                            TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
-                        );
-                        if gone {
-                            // Nothing more comes for it (§11.6.1): forget it. Its waiter
-                            // gets the abort's outcome through `tx`.
-                            st.tasks.remove(&task);
+                Some((ends, tx)) => {
+                    match ends {
+                        Ends::Task(task) => {
+                            let gone = matches!(
+                                h.response,
+                                TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
+                            );
+                            if gone {
+                                // Nothing more comes for it (§11.6.1): forget it. Its waiter
+                                // gets the abort's outcome through `tx`.
+                                st.tasks.remove(&task);
+                            }
                         }
+                        Ends::Lun(lun) if h.response == TmfResponse::FUNCTION_COMPLETE => {
+                            // The reset aborted them; the target sends no status for them.
+                            let aborted: Vec<u32> = st
+                                .tasks
+                                .iter()
+                                .filter(|(_, t)| t.lun == lun)
+                                .map(|(itt, _)| *itt)
+                                .collect();
+                            for itt in aborted {
+                                complete(
+                                    st,
+                                    itt,
+                                    Err(Error::TaskAborted("LOGICAL UNIT RESET".into())),
+                                );
+                            }
+                        }
+                        Ends::Lun(_) => {}
                     }
                     let _ = tx.send(h.response);
                 }

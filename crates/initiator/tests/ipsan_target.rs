@@ -104,6 +104,41 @@ fn accepts_chap_and_mutual_chap_and_refuses_wrong_secret() {
     });
 }
 
+/// LOGICAL UNIT RESET (RFC 7143 §11.5.1) against the real target: completed, the next
+/// command of another session reports the reset as a unit attention (29h), acknowledged
+/// writes survive it, and the session goes on.
+#[test]
+fn lun_reset_completes_sets_a_unit_attention_and_keeps_acknowledged_data() {
+    bounded(30, async {
+        let (h, url) = start(None).await;
+        let cfg = config(LoginOptions::default());
+        let a = Session::open(&url, &cfg).await.unwrap();
+        let b = Session::open(&url, &cfg).await.unwrap();
+        let bl = a.capacity().unwrap().block_len as usize;
+        a.write(7, Bytes::from(vec![0x5a; bl])).await.unwrap();
+        a.lun_reset().await.unwrap();
+        // The other session's next command reports the reset (SAM-5 §6.3.2: 29h/03h, LUN
+        // reset; 29h/00h also allowed), once.
+        let err = b.read(7, 1).await.unwrap_err();
+        let sense = err.sense().copied().unwrap_or_else(|| panic!("{err}"));
+        assert_eq!((sense.key, sense.asc), (0x06, 0x29), "{err}");
+        let got = b.read(7, 1).await.unwrap();
+        assert_eq!(
+            &got[..],
+            &vec![0x5a; bl][..],
+            "acknowledged data survives a reset"
+        );
+        // The resetting session goes on too.
+        a.write(8, Bytes::from(vec![0x33; bl]))
+            .await
+            .unwrap_or_else(|e| {
+                assert_eq!(e.sense().map(|s| (s.key, s.asc)), Some((0x06, 0x29)), "{e}");
+            });
+        drop((a, b));
+        h.shutdown().await.unwrap();
+    });
+}
+
 #[test]
 fn surfaces_lba_out_of_range_with_sense() {
     bounded(30, async {

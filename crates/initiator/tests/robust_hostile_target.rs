@@ -1188,3 +1188,53 @@ fn an_unanswered_abort_drops_the_connection_within_the_tmf_timeout() {
         assert!(took < bound + Duration::from_secs(3), "took {took:?}");
     });
 }
+
+#[test]
+fn a_lun_reset_fails_this_sessions_commands_in_flight_and_the_session_goes_on() {
+    bounded(20, async {
+        let mut script = Script::commands(swallow_first());
+        script.tmf = Some(Arc::new(|t, ctx| {
+            tmf_answer(t, ctx, TmfResponse::FUNCTION_COMPLETE)
+        }));
+        let (url, seen) = start_with(script).await;
+        let s = Arc::new(Session::connect(&url, &cfg()).await.unwrap());
+        let s2 = s.clone();
+        let stuck = tokio::spawn(async move { read_4k(&s2).await });
+        while seen.lock().unwrap().commands.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        s.lun_reset().await.unwrap();
+        match stuck.await.unwrap() {
+            Err(Error::TaskAborted(by)) => assert!(by.contains("RESET"), "{by}"),
+            other => panic!("expected TaskAborted, got {other:?}"),
+        }
+        {
+            let seen = seen.lock().unwrap();
+            let t = &seen.tmfs[0];
+            assert_eq!(t.function, TmfFunction::LOGICAL_UNIT_RESET);
+            assert_eq!(
+                t.referenced_task_tag, RESERVED_TAG,
+                "reserved for a LUN reset"
+            );
+        }
+        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn a_lun_reset_the_target_refuses_is_reported_with_its_response_code() {
+    bounded(20, async {
+        let mut script = Script::commands(|c, ctx| vec![ctx.good(c.itt, c.cmd_sn)]);
+        script.tmf = Some(Arc::new(|t, ctx| {
+            tmf_answer(t, ctx, TmfResponse::FUNCTION_NOT_SUPPORTED)
+        }));
+        let url = start(script).await;
+        let s = Session::connect(&url, &cfg()).await.unwrap();
+        assert!(matches!(s.lun_reset().await, Err(Error::TaskManagement(5))));
+        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+            .await
+            .unwrap();
+    });
+}

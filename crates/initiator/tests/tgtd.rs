@@ -35,6 +35,25 @@ fn accepts_plain_login_and_reports_inquiry_and_capacity() {
     });
 }
 
+/// LOGICAL UNIT RESET against tgtd: completed, and the session goes on (after at most one unit
+/// attention reporting the reset).
+#[test]
+fn lun_reset_completes_against_tgtd() {
+    let t = Tgtd::start(TgtdOpts {
+        size_mib: 16,
+        ..Default::default()
+    });
+    bounded(30, async {
+        let s = Session::open(&t.url(), &config(fast())).await.unwrap();
+        s.lun_reset().await.unwrap();
+        if let Err(e) = s.read(0, 1).await {
+            assert_eq!(e.sense().map(|x| (x.key, x.asc)), Some((0x06, 0x29)), "{e}");
+            s.read(0, 1).await.unwrap();
+        }
+        s.logout().await.unwrap();
+    });
+}
+
 #[test]
 fn discovery_lists_the_target() {
     let t = Tgtd::start(TgtdOpts::default());
