@@ -973,8 +973,19 @@ impl Session {
             // The command's own status (it finished before the abort took effect), or the
             // abort's outcome.
             Ok(Some(Err(Error::Protocol(why)))) => {
-                self.shared.kill(why.clone());
-                Err(Error::ConnectionLost(why))
+                // Escalate as SCSI error handling does (SAM-5 §7): a LUN reset ends every
+                // task on the LUN, this one included. Only if that fails too is the
+                // connection dropped.
+                tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
+                match self.lun_reset().await {
+                    Ok(()) => Err(Error::CommandTimedOut(limit)),
+                    Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
+                    Err(e) => {
+                        let why = format!("{why}; LOGICAL UNIT RESET failed too ({e})");
+                        self.shared.kill(why.clone());
+                        Err(Error::ConnectionLost(why))
+                    }
+                }
             }
             Ok(Some(r)) => r,
             Ok(None) => Err(self.shared.lost()),

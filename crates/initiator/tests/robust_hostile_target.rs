@@ -1156,6 +1156,39 @@ fn status_that_arrives_before_the_abort_response_wins() {
 }
 
 #[test]
+fn a_refused_abort_escalates_to_a_lun_reset_and_the_session_goes_on() {
+    bounded(20, async {
+        let mut script = Script::commands(swallow_first());
+        script.tmf = Some(Arc::new(|t, ctx| {
+            let r = if t.function == TmfFunction::ABORT_TASK {
+                TmfResponse::FUNCTION_REJECTED
+            } else {
+                TmfResponse::FUNCTION_COMPLETE
+            };
+            tmf_answer(t, ctx, r)
+        }));
+        let (url, seen) = start_with(script).await;
+        let s = Session::connect(&url, &timeout_cfg(200)).await.unwrap();
+        assert!(matches!(read_4k(&s).await, Err(Error::CommandTimedOut(_))));
+        let functions: Vec<TmfFunction> = seen
+            .lock()
+            .unwrap()
+            .tmfs
+            .iter()
+            .map(|t| t.function)
+            .collect();
+        assert_eq!(
+            functions,
+            vec![TmfFunction::ABORT_TASK, TmfFunction::LOGICAL_UNIT_RESET]
+        );
+        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+            .await
+            .unwrap();
+    });
+}
+
+/// The abort and the LUN reset it escalates to are both refused.
+#[test]
 fn an_abort_the_target_refuses_drops_the_connection() {
     bounded(20, async {
         let mut script = Script::commands(|_, _| Vec::new());
@@ -1164,7 +1197,7 @@ fn an_abort_the_target_refuses_drops_the_connection() {
         }));
         let url = start(script).await;
         let s = Session::connect(&url, &timeout_cfg(200)).await.unwrap();
-        assert_connection_error(read_4k(&s).await, &["refused to abort"]);
+        assert_connection_error(read_4k(&s).await, &["refused to abort", "RESET failed too"]);
         // Nothing else can be trusted on this connection: later commands fail at once.
         assert!(matches!(
             s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
