@@ -10,6 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use aws_lc_rs::aead;
+use bytes::BytesMut;
 use zeroize::Zeroizing;
 
 use crate::tdes::TdesHmacSha1;
@@ -195,43 +196,35 @@ impl ChunkKey {
         }
     }
 
-    /// Whether this is an AEAD key (which can encrypt out of place, see [`Self::seal_from`]).
-    pub(crate) fn is_aead(&self) -> bool {
-        matches!(self, ChunkKey::Aead { .. })
-    }
-
-    /// Encrypts `src` into `dst` (same length) and writes its tag into `tag`: the AEADs read
-    /// the plaintext where it lies, so sealing a copy costs one pass over memory, not a copy
-    /// and then a pass. `counter` must be fresh for this key: the session guarantees it.
-    pub(crate) fn seal_from(
+    /// Appends `src` sealed to `out` and writes its tag into `tag`. The AEADs encrypt out of
+    /// place, reading the plaintext where it lies (one pass over memory, not a copy and then a
+    /// pass); `none` and 3DES append a copy and seal it in place while it is in cache.
+    /// `counter` must be fresh for this key: the session guarantees it.
+    pub(crate) fn seal_append(
         &self,
         counter: u64,
         aad: &[u8],
         src: &[u8],
-        dst: &mut [u8],
+        out: &mut BytesMut,
         tag: &mut [u8],
     ) {
-        match self {
-            ChunkKey::Aead { key, iv } => {
-                let nonce = Self::nonce(iv, counter);
-                // Fails only on mismatched lengths (callers pass equal ones) or inputs past
-                // the AEAD's per-nonce limit; a chunk is at most 16 MiB.
-                let sealed =
-                    key.seal_out_of_place_scatter(nonce, aead::Aad::from(aad), src, dst, &[], tag);
-                if sealed.is_err() {
-                    // Never leave anything under a tag that could verify.
-                    dst.fill(0);
-                    tag.fill(0);
-                }
-            }
-            ChunkKey::Tdes(k) => {
-                dst.copy_from_slice(src);
-                k.seal(counter, aad, dst, tag);
-            }
-            ChunkKey::None => {
-                dst.copy_from_slice(src);
-                tag.fill(0);
-            }
+        let at = out.len();
+        let ChunkKey::Aead { key, iv } = self else {
+            out.extend_from_slice(src);
+            return self.seal(counter, aad, &mut out[at..], tag);
+        };
+        // Zero-filling a chunk that is about to be overwritten stays in cache; safe Rust
+        // cannot hand the cipher uninitialised memory.
+        out.resize(at + src.len(), 0);
+        let dst = &mut out[at..];
+        let nonce = Self::nonce(iv, counter);
+        // Fails only on mismatched lengths (equal here) or inputs past the AEAD's per-nonce
+        // limit; a chunk is at most 16 MiB.
+        let sealed = key.seal_out_of_place_scatter(nonce, aead::Aad::from(aad), src, dst, &[], tag);
+        if sealed.is_err() {
+            // Never leave anything under a tag that could verify.
+            dst.fill(0);
+            tag.fill(0);
         }
     }
 

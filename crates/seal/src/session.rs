@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::cipher::{ChunkKey, Cipher};
 use crate::error::{OpenError, SealError};
-use crate::frame::{aad, Binding, Direction, Framing, COUNTER_LEN};
+use crate::frame::{aad, Binding, Direction, Framing, AAD_LEN, COUNTER_LEN};
 use crate::replay::ReplayWindow;
 
 /// Which end of the iSCSI session this is.
@@ -194,6 +194,29 @@ impl SealSession {
         }))
     }
 
+    /// Chunk `index`'s counter and associated data in direction `dir`.
+    fn chunk_aad(
+        &self,
+        dir: Direction,
+        b: &Binding,
+        plan: Plan,
+        index: u32,
+    ) -> (u64, [u8; AAD_LEN]) {
+        // `plan` comes from a reservation (send) or a range checked against the limit
+        // (receive): base + index does not wrap.
+        let counter = plan.base.wrapping_add(u64::from(index));
+        let a = aad(
+            self.framing.cipher,
+            dir,
+            b,
+            plan.plain_len,
+            index,
+            plan.count,
+            counter,
+        );
+        (counter, a)
+    }
+
     /// Seals chunk `index` of a planned command in place; `tag` gets its tag.
     pub(crate) fn seal_chunk(
         &self,
@@ -203,41 +226,8 @@ impl SealSession {
         data: &mut [u8],
         tag: &mut [u8],
     ) {
-        let counter = plan.base + u64::from(index);
-        let a = aad(
-            self.framing.cipher,
-            self.send_direction(),
-            b,
-            plan.plain_len,
-            index,
-            plan.count,
-            counter,
-        );
+        let (counter, a) = self.chunk_aad(self.send_direction(), b, plan, index);
         self.send_key.seal(counter, &a, data, tag);
-        self.stats.sealed.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Seals chunk `index` of a planned command from `src` into `dst` (same length).
-    fn seal_chunk_from(
-        &self,
-        b: &Binding,
-        plan: Plan,
-        index: u32,
-        src: &[u8],
-        dst: &mut [u8],
-        tag: &mut [u8],
-    ) {
-        let counter = plan.base + u64::from(index);
-        let a = aad(
-            self.framing.cipher,
-            self.send_direction(),
-            b,
-            plan.plain_len,
-            index,
-            plan.count,
-            counter,
-        );
-        self.send_key.seal_from(counter, &a, src, dst, tag);
         self.stats.sealed.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -292,16 +282,9 @@ impl SealSession {
             .zip(tags.chunks_exact_mut(t))
             .enumerate()
         {
-            let at = out.len();
-            if self.send_key.is_aead() {
-                // Zero-filling a chunk that is about to be overwritten stays in cache; safe
-                // Rust cannot hand the cipher uninitialised memory.
-                out.resize(at + src.len(), 0);
-                self.seal_chunk_from(b, plan, i as u32, src, &mut out[at..], tag);
-            } else {
-                out.extend_from_slice(src);
-                self.seal_chunk(b, plan, i as u32, &mut out[at..], tag);
-            }
+            let (counter, a) = self.chunk_aad(self.send_direction(), b, plan, i as u32);
+            self.send_key.seal_append(counter, &a, src, &mut out, tag);
+            self.stats.sealed.fetch_add(1, Ordering::Relaxed);
         }
         out.extend_from_slice(&plan.base.to_be_bytes());
         out.extend_from_slice(&tags);
@@ -393,16 +376,7 @@ impl SealSession {
         data: &mut [u8],
         tag: &[u8],
     ) -> Result<(), OpenError> {
-        let counter = plan.base.wrapping_add(u64::from(index));
-        let a = aad(
-            self.framing.cipher,
-            self.recv_direction(),
-            b,
-            plan.plain_len,
-            index,
-            plan.count,
-            counter,
-        );
+        let (counter, a) = self.chunk_aad(self.recv_direction(), b, plan, index);
         self.recv_key
             .open(counter, &a, data, tag)
             .map_err(|_| OpenError::Authentication { chunk: index })?;
