@@ -878,6 +878,13 @@ impl Session {
         }
     }
 
+    /// Fails the connection because task management left it in a state that cannot be
+    /// trusted; every command in flight fails with the same reason.
+    fn drop_connection(&self, why: String) -> Error {
+        self.shared.kill(why.clone());
+        Error::ConnectionLost(why)
+    }
+
     /// Sends an immediate Task Management Function Request (RFC 7143 §11.5) for this session's
     /// LUN; the receiver yields the target's response.
     fn send_tmf(
@@ -930,13 +937,9 @@ impl Session {
             Ok(Ok(TmfResponse::FUNCTION_COMPLETE)) => Ok(()),
             Ok(Ok(other)) => Err(Error::TaskManagement(other.0)),
             Ok(Err(_)) => Err(self.shared.lost()),
-            Err(_) => {
-                let why = format!(
-                    "LOGICAL UNIT RESET unanswered for {TMF_TIMEOUT:?}; dropping the connection"
-                );
-                self.shared.kill(why.clone());
-                Err(Error::ConnectionLost(why))
-            }
+            Err(_) => Err(self.drop_connection(format!(
+                "LOGICAL UNIT RESET unanswered for {TMF_TIMEOUT:?}; dropping the connection"
+            ))),
         }
     }
 
@@ -959,42 +962,45 @@ impl Session {
                 r = &mut rx => Ok(r),
                 t = &mut tmf_rx => Err(t),
             };
-            let response = match first {
-                Ok(Ok(completed)) => return Some(completed),
+            match first {
+                // The command's own status: it finished before the abort took effect.
+                Ok(Ok(completed)) => Ok(completed),
                 // The reader forgot the task on the abort's response (dropping its sender)
                 // and hands that response over right after.
-                Ok(Err(_)) => (&mut tmf_rx).await,
-                Err(t) => t,
-            };
-            response.ok().map(|resp| Err(abort_outcome(resp, limit)))
+                Ok(Err(_)) => Err((&mut tmf_rx).await),
+                Err(t) => Err(t),
+            }
         })
         .await;
-        match answered {
-            // The command's own status (it finished before the abort took effect), or the
-            // abort's outcome.
-            Ok(Some(Err(Error::Protocol(why)))) => {
-                // Escalate as SCSI error handling does (SAM-5 §7): a LUN reset ends every
-                // task on the LUN, this one included. Only if that fails too is the
-                // connection dropped.
-                tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
-                match self.lun_reset().await {
-                    Ok(()) => Err(Error::CommandTimedOut(limit)),
-                    Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
-                    Err(e) => {
-                        let why = format!("{why}; LOGICAL UNIT RESET failed too ({e})");
-                        self.shared.kill(why.clone());
-                        Err(Error::ConnectionLost(why))
-                    }
-                }
-            }
-            Ok(Some(r)) => r,
-            Ok(None) => Err(self.shared.lost()),
+        let response = match answered {
+            Ok(Ok(completed)) => return completed,
+            Ok(Err(Ok(response))) => response,
+            Ok(Err(Err(_))) => return Err(self.shared.lost()),
             Err(_) => {
-                let why = format!(
+                return Err(self.drop_connection(format!(
                     "ABORT TASK for ITT {itt:#x} unanswered for {TMF_TIMEOUT:?}; dropping the connection"
-                );
-                self.shared.kill(why.clone());
-                Err(Error::ConnectionLost(why))
+                )))
+            }
+        };
+        if matches!(
+            response,
+            TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
+        ) {
+            return Err(Error::CommandTimedOut(limit));
+        }
+        // Refused (RFC 7143 §11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
+        // reset ends every task on the LUN, this one included. Only if that fails too is the
+        // connection dropped.
+        let why = format!(
+            "target refused to abort a timed-out command (task management response {})",
+            response.0
+        );
+        tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
+        match self.lun_reset().await {
+            Ok(()) => Err(Error::CommandTimedOut(limit)),
+            Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
+            Err(e) => {
+                Err(self.drop_connection(format!("{why}; LOGICAL UNIT RESET failed too ({e})")))
             }
         }
     }
@@ -1440,22 +1446,6 @@ fn honor_logout_request(st: &mut ReaderState, shared: &Shared) -> Result<()> {
         .out
         .send(Pdu::new(req, Bytes::new()))
         .map_err(|_| shared.lost())
-}
-
-/// What an ABORT TASK response means for the aborted command (RFC 7143 §11.6.1): the task is
-/// gone (aborted, or already finished and its status consumed), or the target kept it, in
-/// which case nothing about the session's tasks can be trusted and the caller drops the
-/// connection (`Error::Protocol`).
-fn abort_outcome(resp: TmfResponse, limit: Duration) -> Error {
-    match resp {
-        TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST => {
-            Error::CommandTimedOut(limit)
-        }
-        other => Error::Protocol(format!(
-            "target refused to abort a timed-out command (task management response {})",
-            other.0
-        )),
-    }
 }
 
 fn complete(st: &mut ReaderState, itt: u32, r: Result<Completion>) {
