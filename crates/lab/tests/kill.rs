@@ -4,23 +4,12 @@
 //! lab's sweep removes the namespaces. Needs root and a built `ipsan` binary ($IPSAN_BIN,
 //! else target/{debug,release}/ipsan); prints SKIP otherwise. Each case is bounded (~40 s).
 
+mod common;
+use common::ipsan_bin;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn ipsan_bin() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("IPSAN_BIN") {
-        return Some(PathBuf::from(p)).filter(|p| p.exists());
-    }
-    let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut dirs = vec![ws.join("target")];
-    if let Ok(t) = std::env::var("CARGO_TARGET_DIR") {
-        dirs.insert(0, PathBuf::from(t));
-    }
-    dirs.iter()
-        .flat_map(|d| [d.join("debug/ipsan"), d.join("release/ipsan")])
-        .find(|p| p.exists())
-}
 
 /// One plain write at 8 ms lasting 30 s: long enough to be killed in the middle.
 const PLAN: &str = r#"

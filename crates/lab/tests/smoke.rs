@@ -4,26 +4,14 @@
 //! `ipsan` binary ($IPSAN_BIN, else target/{debug,release}/ipsan); prints SKIP and the reason
 //! otherwise. Bounded: two 1-second runs plus calibration, well under a minute.
 
-use std::path::PathBuf;
+mod common;
+use common::ipsan_bin;
+
 use std::time::{Duration, Instant};
 
 use ipsan_lab::plan::{Plan, Scheme};
 use ipsan_lab::results::Status;
 use ipsan_lab::runner::{run_plan, RunConfig};
-
-fn ipsan_bin() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("IPSAN_BIN") {
-        return Some(PathBuf::from(p)).filter(|p| p.exists());
-    }
-    let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut dirs = vec![ws.join("target")];
-    if let Ok(t) = std::env::var("CARGO_TARGET_DIR") {
-        dirs.insert(0, PathBuf::from(t));
-    }
-    dirs.iter()
-        .flat_map(|d| [d.join("debug/ipsan"), d.join("release/ipsan")])
-        .find(|p| p.exists())
-}
 
 #[test]
 fn smoke_plan_runs_end_to_end_through_namespaces() {
