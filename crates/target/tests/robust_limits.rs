@@ -6,66 +6,19 @@
 
 mod robust_common;
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iscsi_proto::chap::{self, ChapSecret};
 use iscsi_wire::header::*;
 use robust_common::*;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
 
 const SECRET: &str = "limits-secret-Kq7vN2xP";
 const WRONG: &str = "limits-wrong-Zt5bM8wQ";
 
-/// Every tracing event of this test binary, as text.
+/// Every tracing event of this test binary at INFO or above, as text.
 fn log() -> Arc<Mutex<String>> {
-    static LOG: OnceLock<Arc<Mutex<String>>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let log = Arc::new(Mutex::new(String::new()));
-        tracing::subscriber::set_global_default(Capture {
-            log: log.clone(),
-            next: AtomicU64::new(1),
-        })
-        .unwrap();
-        log
-    })
-    .clone()
-}
-
-struct Capture {
-    log: Arc<Mutex<String>>,
-    next: AtomicU64,
-}
-
-struct Fields<'a>(&'a mut String);
-
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, " {}={:?}", field.name(), value);
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, m: &Metadata<'_>) -> bool {
-        *m.level() <= tracing::Level::INFO
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed))
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut s = self.log.lock().unwrap();
-        let _ = write!(s, "{}:", event.metadata().level());
-        event.record(&mut Fields(&mut s));
-        s.push('\n');
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
+    captured_log(tracing::Level::INFO)
 }
 
 fn chap_target(server_extra: &str) -> ipsan_target::Config {

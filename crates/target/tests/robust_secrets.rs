@@ -8,73 +8,14 @@
 
 mod robust_common;
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
 use iscsi_proto::chap::{self, ChapAlgorithm, ChapSecret};
 use iscsi_wire::header::*;
 use robust_common::*;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
 
 const CHAP_SECRET: &str = "s3cr3t-chap-Zq9xW7vK";
 const MUTUAL_SECRET: &str = "s3cr3t-mutual-Hj4pL2mN";
 const DISCOVERY_SECRET: &str = "s3cr3t-discovery-Rt6yU8iO";
 const SEAL_SECRET: &str = "s3cr3t-seal-psk-Bn3mK5jH-32-bytes-long";
-
-/// Writes every event and span field, at every level, into one string.
-struct Capture {
-    log: Arc<Mutex<String>>,
-    next: AtomicU64,
-}
-
-struct Fields<'a>(&'a mut String);
-
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, " {}={:?}", field.name(), value);
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        let _ = write!(self.0, " {}={}", field.name(), value);
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        Some(tracing::level_filters::LevelFilter::TRACE)
-    }
-    fn new_span(&self, span: &Attributes<'_>) -> Id {
-        let mut s = self.log.lock().unwrap();
-        let _ = write!(s, "span {}", span.metadata().name());
-        span.record(&mut Fields(&mut s));
-        s.push('\n');
-        Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed))
-    }
-    fn record(&self, _: &Id, values: &Record<'_>) {
-        let mut s = self.log.lock().unwrap();
-        values.record(&mut Fields(&mut s));
-        s.push('\n');
-    }
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut s = self.log.lock().unwrap();
-        let _ = write!(
-            s,
-            "{} {}:",
-            event.metadata().level(),
-            event.metadata().target()
-        );
-        event.record(&mut Fields(&mut s));
-        s.push('\n');
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
 
 /// The forms a secret could leak in: as text, hex, or CHAP's 0x-hex binary encoding.
 fn forms(secret: &str) -> Vec<String> {
@@ -158,12 +99,8 @@ async fn chap_login(
 
 #[test]
 fn secrets_never_appear_in_logs_errors_or_debug() {
-    let log = Arc::new(Mutex::new(String::new()));
-    tracing::subscriber::set_global_default(Capture {
-        log: log.clone(),
-        next: AtomicU64::new(1),
-    })
-    .unwrap();
+    // Every event and span field, at every level.
+    let log = captured_log(tracing::Level::TRACE);
 
     let toml_extra = format!(
         "[target.chap]\nuser = \"alice\"\nsecret = \"{CHAP_SECRET}\"\nmutual_user = \"disk\"\nmutual_secret = \"{MUTUAL_SECRET}\"\n\n[target.seal]\nsecret = \"{SEAL_SECRET}\"\n"

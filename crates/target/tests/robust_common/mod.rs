@@ -346,3 +346,81 @@ pub fn reject_reason(p: &Option<Pdu>) -> Option<RejectReason> {
         _ => None,
     }
 }
+
+/// Every tracing event and span of this test binary at `max` or more severe, as text: one line
+/// each, `LEVEL: target=... field=value ...`. The first call installs the process-wide subscriber
+/// (its level applies); later calls return the same log.
+pub fn captured_log(max: tracing::Level) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    static LOG: OnceLock<Arc<Mutex<String>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = Arc::new(Mutex::new(String::new()));
+        tracing::subscriber::set_global_default(capture::Capture {
+            log: log.clone(),
+            next: std::sync::atomic::AtomicU64::new(1),
+            max,
+        })
+        .unwrap();
+        log
+    })
+    .clone()
+}
+
+mod capture {
+    use std::fmt::Write as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::level_filters::LevelFilter;
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    pub struct Capture {
+        pub log: Arc<Mutex<String>>,
+        pub next: AtomicU64,
+        pub max: Level,
+    }
+
+    struct Fields<'a>(&'a mut String);
+
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            let _ = write!(self.0, " {}={:?}", field.name(), value);
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            let _ = write!(self.0, " {}={}", field.name(), value);
+        }
+    }
+
+    impl Subscriber for Capture {
+        fn enabled(&self, m: &Metadata<'_>) -> bool {
+            *m.level() <= self.max
+        }
+        fn max_level_hint(&self) -> Option<LevelFilter> {
+            Some(LevelFilter::from_level(self.max))
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            let mut s = self.log.lock().unwrap();
+            let _ = write!(s, "span {}", span.metadata().name());
+            span.record(&mut Fields(&mut s));
+            s.push('\n');
+            Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed))
+        }
+        fn record(&self, _: &Id, values: &Record<'_>) {
+            let mut s = self.log.lock().unwrap();
+            values.record(&mut Fields(&mut s));
+            s.push('\n');
+        }
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut s = self.log.lock().unwrap();
+            let m = event.metadata();
+            let _ = write!(s, "{}: target={}", m.level(), m.target());
+            event.record(&mut Fields(&mut s));
+            s.push('\n');
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+}
