@@ -7,11 +7,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{bounded, config};
+use common::{bounded, config, seal_target};
 use ipsan_initiator::seal::SealRequest;
 use ipsan_initiator::{Error, IscsiUrl, LoginOptions, Session, SessionConfig};
 use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
-use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
 use ipsan_target::ServerHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -21,23 +20,7 @@ const SECRET: &[u8] = b"seal-e2e-pre-shared-secret-0123456789";
 const MARKER: &[u8] = b"<<ipsan-plaintext-marker-must-never-cross-the-wire>>";
 
 async fn start(policy: SealPolicy) -> ServerHandle {
-    let mut t = TargetConfig::new(
-        IQN,
-        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
-    );
-    t.seal = SealSettings {
-        policy,
-        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-        initiators: Vec::new(),
-    };
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        crypto_workers: 2,
-        targets: vec![t],
-        ..Config::default()
-    };
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
+    seal_target(IQN, SECRET, policy, None).await
 }
 
 /// What crossed the relay, in both directions; `flip_at` flips one byte of the

@@ -10,11 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{bounded, config};
+use common::{bounded, config, seal_target};
 use ipsan_initiator::seal::SealRequest;
 use ipsan_initiator::{Error, IscsiUrl, LoginOptions, Session, SessionConfig};
 use ipsan_seal::{Cipher, Psk, SealPolicy};
-use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
 use ipsan_target::ServerHandle;
 use iscsi_wire::{Codec, Header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,24 +23,7 @@ const IQN: &str = "iqn.2026-11.org.ipsan:seal-nonces";
 const SECRET: &[u8] = b"seal-nonces-pre-shared-secret-0123456789";
 
 async fn start(counter_limit: Option<u64>) -> ServerHandle {
-    let mut t = TargetConfig::new(
-        IQN,
-        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
-    );
-    t.seal = SealSettings {
-        policy: SealPolicy::Required,
-        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-        initiators: Vec::new(),
-    };
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        crypto_workers: 2,
-        targets: vec![t],
-        ..Config::default()
-    };
-    c.limits.seal_counter_limit = counter_limit;
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
+    seal_target(IQN, SECRET, SealPolicy::Required, counter_limit).await
 }
 
 /// The initiator→target bytes of every connection through the relay, one entry each.

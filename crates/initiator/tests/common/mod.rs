@@ -318,3 +318,33 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
         }
     }
 }
+
+/// The ipsan target in-process on 127.0.0.1:0: target `iqn` with one 32 MiB RAM LUN, Seal
+/// `policy` with `secret` for every initiator, 2 crypto workers, and Seal's counter limit
+/// lowered to `counter_limit` if given.
+pub async fn seal_target(
+    iqn: &str,
+    secret: &[u8],
+    policy: ipsan_seal::SealPolicy,
+    counter_limit: Option<u64>,
+) -> ipsan_target::ServerHandle {
+    use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
+    let mut t = TargetConfig::new(
+        iqn,
+        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
+    );
+    t.seal = SealSettings {
+        policy,
+        secret: Some(ipsan_seal::Psk::new(secret.to_vec()).unwrap()),
+        initiators: Vec::new(),
+    };
+    let mut c = Config {
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        crypto_workers: 2,
+        targets: vec![t],
+        ..Config::default()
+    };
+    c.limits.seal_counter_limit = counter_limit;
+    c.validate().unwrap();
+    ipsan_target::ServerHandle::start(&c).await.unwrap()
+}
