@@ -15,6 +15,16 @@
 // They are written from the RFC and the paper, not from the kernel's tcp_cong.c.
 //
 // The license string must be GPL-compatible: the verifier refuses struct_ops programs otherwise.
+//
+// Guard against corrupted windows. On the 6.18 kernel of our CI machines (AMD Zen 4, SRSO
+// mitigation on), a connection using these programs now and then has snd_ssthresh = 0x822034e5
+// (2183148773), a value none of them computes: it is the low half of `srso_return_thunk+5`, a
+// stale word from a kernel stack. We did not find the path that stores it; bpf_printk tracing
+// showed our `ssthresh` never returning it. PRR (RFC 6937) then turns it into a cwnd of 1e7-1e9
+// segments and the kernel WARNs once in tcp_snd_cwnd_set(). A few times per 3 s bulk transfer
+// over a 100 Mbit/s bottleneck, never with the kernel's own reno. So `in_ack_event` (every ACK,
+// before loss detection and PRR) and `cong_avoid` put cwnd and ssthresh back under what the
+// connection can use, and `ssthresh` and `undo_cwnd` never compute from a corrupted window.
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -38,9 +48,51 @@ static __always_inline __u32 min_u32(__u32 a, __u32 b)
 	return a < b ? a : b;
 }
 
+// include/net/tcp.h: "no threshold yet".
+#define TCP_INFINITE_SSTHRESH 0x7fffffff
+
 static __always_inline bool in_slow_start(const struct tcp_sock *tp)
 {
 	return tp->snd_cwnd < tp->snd_ssthresh;
+}
+
+// The peer's advertised receive window in segments (at least 2).
+static __always_inline __u32 rwnd_segments(const struct tcp_sock *tp)
+{
+	__u32 mss = tp->mss_cache;
+
+	if (mss == 0)
+		mss = 536;
+	return max_u32(tp->snd_wnd / mss, 2);
+}
+
+// The largest window that can mean anything for this connection: twice what the receiver
+// allows or what was ever in flight (RFC 5681 §3.1 sends at most min(cwnd, rwnd); RFC 7661 lets
+// an unused window decay). A cwnd or ssthresh above this is a corrupted value, not a window.
+static __always_inline __u32 cwnd_ceiling(const struct tcp_sock *tp)
+{
+	__u32 segs = max_u32(max_u32(rwnd_segments(tp), tp->max_packets_out), 10);
+
+	return 2 * segs;
+}
+
+// The paper's modified fast recovery: keep 7/8 of the window (cwnd - cwnd/8), never below 2.
+static __always_inline __u32 seven_eighths_of(__u32 cwnd)
+{
+	return max_u32(cwnd - (cwnd >> 3), 2);
+}
+
+// Puts cwnd and ssthresh back inside cwnd_ceiling() if something outside these programs left
+// them there (see the note at the top). ssthresh may legitimately be TCP_INFINITE_SSTHRESH.
+static __always_inline void repair_window(struct tcp_sock *tp)
+{
+	__u32 ceiling = cwnd_ceiling(tp);
+	__u32 st = tp->snd_ssthresh;
+
+	if (st > ceiling && st != TCP_INFINITE_SSTHRESH)
+		tp->snd_ssthresh = seven_eighths_of(min_u32(tp->prior_cwnd, ceiling));
+	if (tp->snd_cwnd > ceiling)
+		tp->snd_cwnd = min_u32(max_u32(tp->snd_ssthresh, 2), ceiling);
 }
 
 // RFC 5681 §3.1 / RFC 7661: only grow cwnd while it is what limits the sender. In slow start,
@@ -82,19 +134,12 @@ static __always_inline void cong_avoid_ai(struct tcp_sock *tp, __u32 w, __u32 ac
 	tp->snd_cwnd = min_u32(tp->snd_cwnd, tp->snd_cwnd_clamp);
 }
 
-// The paper's modified fast recovery: keep 7/8 of the window (cwnd - cwnd/8), never below 2.
-static __always_inline __u32 seven_eighths(struct sock *sk)
-{
-	const struct tcp_sock *tp = tcp_of(sk);
-	__u32 cwnd = tp->snd_cwnd;
-
-	return max_u32(cwnd - (cwnd >> 3), 2);
-}
-
 SEC("struct_ops/ipsan_sf_ssthresh")
 __u32 BPF_PROG(ipsan_sf_ssthresh, struct sock *sk)
 {
-	return seven_eighths(sk);
+	const struct tcp_sock *tp = tcp_of(sk);
+
+	return seven_eighths_of(min_u32(tp->snd_cwnd, cwnd_ceiling(tp)));
 }
 
 SEC("struct_ops/ipsan_sf_undo_cwnd")
@@ -103,7 +148,14 @@ __u32 BPF_PROG(ipsan_sf_undo_cwnd, struct sock *sk)
 	const struct tcp_sock *tp = tcp_of(sk);
 
 	// A spurious loss (F-RTO / DSACK) restores the window from before the cut.
-	return max_u32(tp->snd_cwnd, tp->prior_cwnd);
+	return min_u32(max_u32(tp->snd_cwnd, tp->prior_cwnd), cwnd_ceiling(tp));
+}
+
+// Every ACK, before the kernel's loss detection and PRR look at the window.
+SEC("struct_ops/ipsan_sf_in_ack_event")
+void BPF_PROG(ipsan_sf_in_ack_event, struct sock *sk, __u32 flags)
+{
+	repair_window(tcp_of(sk));
 }
 
 SEC("struct_ops/ipsan_sf_cong_avoid")
@@ -111,6 +163,7 @@ void BPF_PROG(ipsan_sf_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 {
 	struct tcp_sock *tp = tcp_of(sk);
 
+	repair_window(tp);
 	if (!cwnd_limited(tp))
 		return;
 	if (in_slow_start(tp)) {
@@ -127,14 +180,11 @@ SEC("struct_ops/ipsan_sf_ss_cong_avoid")
 void BPF_PROG(ipsan_sf_ss_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 {
 	struct tcp_sock *tp = tcp_of(sk);
-	__u32 mss = tp->mss_cache;
-	__u32 rwnd_segs;
+	__u32 rwnd_segs = rwnd_segments(tp);
 
+	repair_window(tp);
 	if (!cwnd_limited(tp))
 		return;
-	if (mss == 0)
-		mss = 536;
-	rwnd_segs = max_u32(tp->snd_wnd / mss, 2);
 	if (tp->snd_cwnd >= rwnd_segs)
 		return;
 	slow_start(tp, acked, rwnd_segs);
@@ -145,6 +195,7 @@ struct tcp_congestion_ops ipsan_sf = {
 	.ssthresh = (void *)ipsan_sf_ssthresh,
 	.cong_avoid = (void *)ipsan_sf_cong_avoid,
 	.undo_cwnd = (void *)ipsan_sf_undo_cwnd,
+	.in_ack_event = (void *)ipsan_sf_in_ack_event,
 	.name = "ipsan_sf",
 };
 
@@ -153,5 +204,6 @@ struct tcp_congestion_ops ipsan_sf_ss = {
 	.ssthresh = (void *)ipsan_sf_ssthresh,
 	.cong_avoid = (void *)ipsan_sf_ss_cong_avoid,
 	.undo_cwnd = (void *)ipsan_sf_undo_cwnd,
+	.in_ack_event = (void *)ipsan_sf_in_ack_event,
 	.name = "ipsan_sf_ss",
 };
