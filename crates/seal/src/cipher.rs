@@ -73,6 +73,15 @@ impl Cipher {
         }
     }
 
+    /// Largest chunk size this cipher may be used with: [`crate::negotiate::MAX_CHUNK`], or for 3DES the
+    /// size whose blocks still fit in one key epoch (`tdes::MAX_CHUNK`, 4 MiB; docs/seal.md §4).
+    pub const fn max_chunk(self) -> u32 {
+        match self {
+            Cipher::TripleDesCbcHmacSha1 => crate::tdes::MAX_CHUNK,
+            _ => crate::negotiate::MAX_CHUNK,
+        }
+    }
+
     /// Whether the cipher protects anything (`none` does not).
     pub const fn protects(self) -> bool {
         !matches!(self, Cipher::None)
@@ -144,10 +153,12 @@ pub(crate) struct BadKeyLength;
 pub(crate) struct BadTag;
 
 impl ChunkKey {
-    /// Builds a key from `material` (`cipher.key_len()` bytes) and the static IV.
-    /// Fails only if `material` has the wrong length (a bug in the schedule).
+    /// Builds a key from `material` (`cipher.key_len()` bytes) and the static IV for chunks of
+    /// `chunk_size` bytes (3DES changes keys every so many chunks). Fails only if `material`
+    /// has the wrong length or the chunk is above [`Cipher::max_chunk`] (bugs in the schedule).
     pub(crate) fn new(
         cipher: Cipher,
+        chunk_size: u32,
         material: &[u8],
         iv: [u8; IV_LEN],
     ) -> Result<ChunkKey, BadKeyLength> {
@@ -156,7 +167,8 @@ impl ChunkKey {
             Cipher::Aes256Gcm => &aead::AES_256_GCM,
             Cipher::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
             Cipher::TripleDesCbcHmacSha1 => {
-                return TdesHmacSha1::new(material, &iv).map(|k| ChunkKey::Tdes(Box::new(k)));
+                return TdesHmacSha1::new(material, &iv, chunk_size)
+                    .map(|k| ChunkKey::Tdes(Box::new(k)));
             }
             Cipher::None => return Ok(ChunkKey::None),
         };

@@ -37,7 +37,7 @@ fn hx(r: &HashMap<String, String>, k: &str) -> Vec<u8> {
 fn aead_kat(cipher: Cipher, file: &str) {
     for r in records(file) {
         let iv: [u8; IV_LEN] = hx(&r, "iv").try_into().unwrap();
-        let key = ChunkKey::new(cipher, &hx(&r, "key"), iv).unwrap();
+        let key = ChunkKey::new(cipher, 65536, &hx(&r, "key"), iv).unwrap();
         let aad = hx(&r, "aad");
         let mut data = hx(&r, "plaintext");
         let mut tag = [0u8; 16];

@@ -206,6 +206,12 @@ impl SealOffer {
                 why: "answer exceeds the offered chunk size",
             });
         }
+        if chunk > cipher.max_chunk() {
+            return Err(NegotiationError::Malformed {
+                key: KEY_CHUNK,
+                why: "answer exceeds the cipher's largest chunk (3DES: 4 MiB, one key epoch)",
+            });
+        }
         let nonce_t = parse_nonce(get(answer, KEY_NONCE))?;
         let confirm_t = get(answer, KEY_CONFIRM)
             .ok_or(NegotiationError::MissingKey(KEY_CONFIRM))
@@ -342,7 +348,9 @@ impl SealAnswer {
                 ids.initiator_name
             )));
         };
-        let chunk = parse_chunk(get(offer, KEY_CHUNK))?.min(config.max_chunk);
+        let chunk = parse_chunk(get(offer, KEY_CHUNK))?
+            .min(config.max_chunk)
+            .min(cipher.max_chunk());
         let nonce_i = parse_nonce(get(offer, KEY_NONCE))?;
         let nonce_t = fresh_nonce()?;
         let d = schedule::derive(

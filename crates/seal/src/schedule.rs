@@ -152,10 +152,12 @@ pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, Negotiati
     let mut iv = Zeroizing::new([0u8; IV_LEN]);
     expand("i2t key", &mut key)?;
     expand("i2t iv", &mut *iv)?;
-    let i2t = ChunkKey::new(t.cipher, &key, *iv).map_err(|_| NegotiationError::Crypto)?;
+    let i2t =
+        ChunkKey::new(t.cipher, t.chunk_size, &key, *iv).map_err(|_| NegotiationError::Crypto)?;
     expand("t2i key", &mut key)?;
     expand("t2i iv", &mut *iv)?;
-    let t2i = ChunkKey::new(t.cipher, &key, *iv).map_err(|_| NegotiationError::Crypto)?;
+    let t2i =
+        ChunkKey::new(t.cipher, t.chunk_size, &key, *iv).map_err(|_| NegotiationError::Crypto)?;
 
     let mut kc = Zeroizing::new([0u8; 32]);
     expand("confirm", &mut *kc)?;
