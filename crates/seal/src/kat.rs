@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use crate::cipher::{ChunkKey, Cipher, IV_LEN};
+use aws_lc_rs::aead;
+
+use crate::cipher::{aead_open, aead_seal, Cipher, IV_LEN};
 use crate::schedule::hkdf_sha256;
 use crate::tdes::test_hooks;
 
@@ -36,15 +38,23 @@ fn hx(r: &HashMap<String, String>, k: &str) -> Vec<u8> {
 
 fn aead_kat(cipher: Cipher, file: &str) {
     for r in records(file) {
+        // The vectors' keys are used as they are: this checks the cipher calls Seal makes for
+        // every chunk, with the key an epoch would derive (docs/seal.md §4) replaced by the
+        // vector's.
         let iv: [u8; IV_LEN] = hx(&r, "iv").try_into().unwrap();
-        let key = ChunkKey::new(cipher, 65536, &hx(&r, "key"), iv).unwrap();
+        let alg = match cipher {
+            Cipher::Aes256Gcm => &aead::AES_256_GCM,
+            Cipher::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
+            _ => unreachable!("AEAD vectors only"),
+        };
+        let key = aead::LessSafeKey::new(aead::UnboundKey::new(alg, &hx(&r, "key")).unwrap());
         let aad = hx(&r, "aad");
         let mut data = hx(&r, "plaintext");
         let mut tag = [0u8; 16];
-        key.seal(0, &aad, &mut data, &mut tag);
+        aead_seal(&key, &iv, 0, &aad, &mut data, &mut tag);
         assert_eq!(data, hx(&r, "ciphertext"), "{} ciphertext", r["name"]);
         assert_eq!(tag.to_vec(), hx(&r, "tag"), "{} tag", r["name"]);
-        key.open(0, &aad, &mut data, &tag).unwrap();
+        aead_open(&key, &iv, 0, &aad, &mut data, &tag).unwrap();
         assert_eq!(data, hx(&r, "plaintext"), "{} round trip", r["name"]);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = PSK)                        RFC 5869 §2.2
-//! context  = lp("ipsan-seal v1") || lp(cipher) || u32(chunk) || lp(InitiatorName)
+//! context  = lp("ipsan-seal v2") || lp(cipher) || u32(chunk) || lp(InitiatorName)
 //!            || lp(TargetName) || ISID(6) || lp(offer as sent by the initiator)
 //! K_label  = HKDF-Expand(PRK, lp(label) || context, L)                       RFC 5869 §2.3
 //! labels   : "i2t key", "i2t iv", "t2i key", "t2i iv", "confirm"
@@ -133,7 +133,7 @@ pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, Negotiati
     salt[NONCE_LEN..].copy_from_slice(t.nonce_t);
 
     let mut ctx = Vec::with_capacity(256);
-    lp(&mut ctx, b"ipsan-seal v1");
+    lp(&mut ctx, b"ipsan-seal v2");
     lp(&mut ctx, t.cipher.name().as_bytes());
     ctx.extend_from_slice(&t.chunk_size.to_be_bytes());
     lp(&mut ctx, t.ids.initiator_name.as_bytes());

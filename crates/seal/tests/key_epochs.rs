@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! 3DES key epochs through negotiated sessions (docs/seal.md §4): a command whose chunks span
-//! an epoch boundary seals and opens, and no login agrees on a 3DES chunk too large for one
-//! epoch (SP 800-67 Rev. 2: at most 2^20 blocks per key).
+//! Key epochs through negotiated sessions (docs/seal.md §4): a command whose chunks span an
+//! epoch boundary seals and opens with every cipher, and no login agrees on a 3DES chunk too
+//! large for one epoch (SP 800-67 Rev. 2: at most 2^20 blocks per key).
 
 mod support;
 use support::keys::{ids, pair, psk, SECRET};
@@ -18,14 +18,12 @@ fn epoch_chunks(chunk: u64) -> u64 {
     (1 << 20) / (chunk / 8 + 2)
 }
 
-#[test]
-fn a_command_spanning_an_epoch_boundary_round_trips_in_both_directions() {
-    let chunk = 65536;
-    let e = epoch_chunks(chunk);
-    let (init, target) = pair(Cipher::TripleDesCbcHmacSha1, chunk as u32);
-    // Start two chunks before the boundary: the 4-chunk command uses counters e-2 .. e+1.
-    let init = init.with_counter_range_for_test(e - 2, u64::MAX);
-    let target = target.with_counter_range_for_test(e - 2, u64::MAX);
+/// Seals a 4-chunk command starting two chunks before counter `boundary` on each side and
+/// opens it on the other.
+fn round_trip_across(cipher: Cipher, chunk: u64, boundary: u64) {
+    let (init, target) = pair(cipher, chunk as u32);
+    let init = init.with_counter_range_for_test(boundary - 2, u64::MAX);
+    let target = target.with_counter_range_for_test(boundary - 2, u64::MAX);
     let b = Binding {
         lun: 1,
         lba: 2048,
@@ -38,7 +36,23 @@ fn a_command_spanning_an_epoch_boundary_round_trips_in_both_directions() {
     assert_eq!(target.open(&b, BytesMut::from(&sealed[..])).unwrap(), plain);
     let sealed = target.seal(&b, BytesMut::from(&plain[..])).unwrap();
     assert_eq!(init.open(&b, BytesMut::from(&sealed[..])).unwrap(), plain);
-    assert_eq!(init.counters_used(), (e + 2, e + 2));
+    assert_eq!(
+        init.counters_used(),
+        (boundary + 2, boundary + 2),
+        "{cipher}"
+    );
+}
+
+#[test]
+fn a_command_spanning_a_3des_epoch_boundary_round_trips_in_both_directions() {
+    round_trip_across(Cipher::TripleDesCbcHmacSha1, 65536, epoch_chunks(65536));
+}
+
+#[test]
+fn a_command_spanning_an_aead_epoch_boundary_round_trips_in_both_directions() {
+    // 64 GiB per AEAD key: 2^20 chunks of 64 KiB, 2^22 of 16 KiB.
+    round_trip_across(Cipher::Aes256Gcm, 65536, 1 << 20);
+    round_trip_across(Cipher::ChaCha20Poly1305, 16384, 1 << 22);
 }
 
 #[test]
