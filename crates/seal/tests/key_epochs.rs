@@ -4,13 +4,11 @@
 //! large for one epoch (SP 800-67 Rev. 2: at most 2^20 blocks per key).
 
 mod support;
-use support::keys::{ids, pair, psk, SECRET};
+use support::keys::{offer_answer, pair};
 
 use bytes::BytesMut;
 use ipsan_seal::negotiate::KEY_CHUNK;
-use ipsan_seal::{
-    AnswerOutcome, Binding, Cipher, NegotiationError, SealAnswer, SealOffer, TargetSealConfig,
-};
+use ipsan_seal::{Binding, Cipher, NegotiationError};
 
 /// Chunks per key epoch, computed here independently of the crate: 2^20 blocks divided by
 /// what one chunk costs (its 8-byte blocks, the IV block and a possible tail block).
@@ -57,21 +55,7 @@ fn a_command_spanning_an_aead_epoch_boundary_round_trips_in_both_directions() {
 
 #[test]
 fn the_target_answers_at_most_one_epoch_per_3des_chunk() {
-    let o = SealOffer::new(
-        vec![Cipher::TripleDesCbcHmacSha1],
-        16 << 20,
-        psk(SECRET),
-        ids(),
-    )
-    .unwrap();
-    let AnswerOutcome::Pending(p) =
-        SealAnswer::handle_offer(&TargetSealConfig::default(), &o.keys(), &ids(), |_| {
-            Some(psk(SECRET))
-        })
-        .unwrap()
-    else {
-        panic!("target did not agree")
-    };
+    let (o, p) = offer_answer(Cipher::TripleDesCbcHmacSha1, 16 << 20);
     assert_eq!(p.framing().chunk_size, 4 << 20);
     assert_eq!(Cipher::TripleDesCbcHmacSha1.max_chunk(), 4 << 20);
     let (i, confirm) = o.handle_answer(p.keys()).unwrap();
@@ -83,21 +67,7 @@ fn the_target_answers_at_most_one_epoch_per_3des_chunk() {
 
 #[test]
 fn the_initiator_refuses_a_3des_chunk_larger_than_one_epoch() {
-    let o = SealOffer::new(
-        vec![Cipher::TripleDesCbcHmacSha1],
-        16 << 20,
-        psk(SECRET),
-        ids(),
-    )
-    .unwrap();
-    let AnswerOutcome::Pending(p) =
-        SealAnswer::handle_offer(&TargetSealConfig::default(), &o.keys(), &ids(), |_| {
-            Some(psk(SECRET))
-        })
-        .unwrap()
-    else {
-        panic!("target did not agree")
-    };
+    let (o, p) = offer_answer(Cipher::TripleDesCbcHmacSha1, 16 << 20);
     // A target that ignores the limit answers 8 MiB.
     let keys: Vec<(String, String)> = p
         .keys()

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use ipsan_seal::{
-    AnswerOutcome, Cipher, Psk, SealAnswer, SealOffer, SealSession, SessionIds, TargetSealConfig,
+    AnswerOutcome, Cipher, Psk, SealAnswer, SealOffer, SealPending, SealSession, SessionIds,
+    TargetSealConfig,
 };
 
 pub fn ids() -> SessionIds {
@@ -19,8 +20,9 @@ pub fn psk(s: &str) -> Psk {
 
 pub const SECRET: &str = "a shared secret of 32 bytes.....";
 
-/// Runs offer -> answer -> confirm and returns (initiator, target).
-pub fn pair(cipher: Cipher, chunk: u32) -> (SealSession, SealSession) {
+/// Runs offer -> answer with the default target config: (the offer, the target's answer
+/// waiting for confirmation).
+pub fn offer_answer(cipher: Cipher, chunk: u32) -> (SealOffer, Box<SealPending>) {
     let offer = SealOffer::new(vec![cipher], chunk, psk(SECRET), ids()).unwrap();
     let AnswerOutcome::Pending(pending) =
         SealAnswer::handle_offer(&TargetSealConfig::default(), &offer.keys(), &ids(), |_| {
@@ -30,6 +32,12 @@ pub fn pair(cipher: Cipher, chunk: u32) -> (SealSession, SealSession) {
     else {
         panic!("target did not agree")
     };
+    (offer, pending)
+}
+
+/// Runs offer -> answer -> confirm and returns (initiator, target).
+pub fn pair(cipher: Cipher, chunk: u32) -> (SealSession, SealSession) {
+    let (offer, pending) = offer_answer(cipher, chunk);
     let (init, confirm) = offer.handle_answer(pending.keys()).unwrap();
     let target = pending.handle_confirm(&confirm).unwrap();
     (init, target)
