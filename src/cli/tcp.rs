@@ -175,6 +175,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     None => println!("ours:      {:<12} {state}", o.name),
                 }
             }
+            if let Some(n) = l.window_repairs {
+                println!("repairs:   {n} corrupted windows repaired since load (docs/tcp.md)");
+            }
             if let Some(why) = &l.unavailable {
                 println!("note:      {why}");
             }

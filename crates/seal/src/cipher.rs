@@ -75,8 +75,8 @@ impl Cipher {
         }
     }
 
-    /// Largest chunk size this cipher may be used with: [`crate::negotiate::MAX_CHUNK`], or for 3DES the
-    /// size whose blocks still fit in one key epoch (`tdes::MAX_CHUNK`, 4 MiB; docs/seal.md §4).
+    /// Largest chunk size this cipher may be used with: [`crate::negotiate::MAX_CHUNK`], or
+    /// for 3DES the size whose blocks still fit in one key epoch (4 MiB; docs/seal.md §4).
     pub const fn max_chunk(self) -> u32 {
         match self {
             Cipher::TripleDesCbcHmacSha1 => crate::tdes::MAX_CHUNK,
@@ -290,8 +290,8 @@ pub(crate) fn aead_open(
 impl ChunkKey {
     /// Builds a key from `material` (`cipher.key_len()` bytes) and the static IV for chunks of
     /// `chunk_size` bytes (the chunk size sets how many chunks a key epoch holds). Fails only
-    /// if `material` has the wrong length or the chunk is above [`Cipher::max_chunk`] (bugs in
-    /// the schedule).
+    /// if `material` has the wrong length or a 3DES chunk is above [`Cipher::max_chunk`] (bugs
+    /// in the schedule).
     pub(crate) fn new(
         cipher: Cipher,
         chunk_size: u32,

@@ -89,6 +89,10 @@ pub struct Listing {
     pub ours: Vec<OurAlgorithm>,
     /// Why they cannot be loaded here, if they cannot.
     pub unavailable: Option<String>,
+    /// Corrupted windows the programs have repaired since they were loaded, all sockets
+    /// together (`ipsan_sf_repairs` in the object's .bss map, pinned by [`load`]; docs/tcp.md
+    /// *Window repair*). `None` when the map is not pinned or cannot be read.
+    pub window_repairs: Option<u64>,
 }
 
 /// Lists the kernel's congestion controls and the state of ours.
@@ -110,7 +114,63 @@ pub fn list(pin_dir: &Path) -> Result<Listing, TcpError> {
         default,
         ours,
         unavailable: check_support().err().map(|e| e.to_string()),
+        window_repairs: window_repairs(pin_dir),
     })
+}
+
+/// Name libbpf gives the object's .bss map, which holds the repair counter.
+const BSS_MAP: &str = "ipsan_sf.bss";
+/// Where [`load`] pins it (bpffs refuses '.' in names).
+const BSS_PIN: &str = "ipsan_sf_bss";
+
+/// The repair counter (see [`Listing::window_repairs`]) from the .bss map pinned in `pin_dir`.
+pub fn window_repairs(pin_dir: &Path) -> Option<u64> {
+    let path = pin_dir.join(BSS_PIN);
+    if !path.exists() {
+        return None;
+    }
+    let out = bpftool(&[
+        "-j".as_ref(),
+        "map".as_ref(),
+        "lookup".as_ref(),
+        "pinned".as_ref(),
+        path.as_os_str(),
+        "key".as_ref(),
+        "0".as_ref(),
+        "0".as_ref(),
+        "0".as_ref(),
+        "0".as_ref(),
+    ])
+    .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
+    parse_u64_le_bytes(v.get("value")?)
+}
+
+/// bpftool's raw value bytes (`["0x2a", "0x00", ...]`), little-endian, as a u64.
+fn parse_u64_le_bytes(value: &serde_json::Value) -> Option<u64> {
+    let bytes = value.as_array()?;
+    if bytes.len() != 8 {
+        return None;
+    }
+    let mut b = [0u8; 8];
+    for (dst, src) in b.iter_mut().zip(bytes) {
+        *dst = u8::from_str_radix(src.as_str()?.strip_prefix("0x")?, 16).ok()?;
+    }
+    Some(u64::from_le_bytes(b))
+}
+
+/// The object's .bss map: libbpf creates it just before the struct_ops maps it registers, so
+/// it is the newest map of that name older than the first of `registered` (map ids grow).
+fn find_bss_map(registered: &[u32]) -> Option<u32> {
+    let first = registered.iter().copied().min()?;
+    let out = bpftool(&["-j".as_ref(), "map".as_ref(), "show".as_ref()]).ok()?;
+    let maps: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
+    maps.as_array()?
+        .iter()
+        .filter(|m| m.get("name").and_then(|n| n.as_str()) == Some(BSS_MAP))
+        .filter_map(|m| m.get("id")?.as_u64().and_then(|id| u32::try_from(id).ok()))
+        .filter(|&id| id < first)
+        .max()
 }
 
 /// What [`load`] did for each algorithm.
@@ -178,6 +238,11 @@ pub fn load(pin_dir: &Path) -> Result<LoadReport, TcpError> {
         already,
         pinned: Vec::new(),
     };
+    let ours: Vec<u32> = ids
+        .iter()
+        .filter(|(name, _)| OURS.contains(&name.as_str()))
+        .map(|&(_, id)| id)
+        .collect();
     for (name, id) in ids {
         if !OURS.contains(&name.as_str()) {
             continue;
@@ -187,6 +252,12 @@ pub fn load(pin_dir: &Path) -> Result<LoadReport, TcpError> {
             Err(e) => tracing::warn!(%name, id, error = ?e, "registered but not pinned"),
         }
         report.registered.push(name);
+    }
+    match find_bss_map(&ours).map(|id| pin(pin_dir, BSS_PIN, id)) {
+        Some(Ok(path)) => report.pinned.push(path),
+        Some(Err(e)) => tracing::warn!(error = ?e, "repair counter map not pinned"),
+        None if !ours.is_empty() => tracing::warn!("repair counter map not found"),
+        None => {}
     }
     Ok(report)
 }
@@ -238,6 +309,8 @@ pub fn unload(pin_dir: &Path) -> Result<UnloadReport, TcpError> {
             })?;
         }
     }
+    // The counter map goes with the programs (they hold it; the pin only keeps it visible).
+    let _ = std::fs::remove_file(pin_dir.join(BSS_PIN));
     let _ = std::fs::remove_dir(pin_dir); // only if empty
     Ok(report)
 }
@@ -404,6 +477,20 @@ fn tempdir() -> Result<TempDir, TcpError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn reads_bpftools_value_bytes_little_endian() {
+        let v: serde_json::Value =
+            serde_json::from_str(r#"["0x2a","0x01","0x00","0x00","0x00","0x00","0x00","0x00"]"#)
+                .unwrap();
+        assert_eq!(parse_u64_le_bytes(&v), Some(0x012a));
+        let short: serde_json::Value = serde_json::from_str(r#"["0x2a"]"#).unwrap();
+        assert_eq!(parse_u64_le_bytes(&short), None);
+        let bad: serde_json::Value =
+            serde_json::from_str(r#"["zz","0","0","0","0","0","0","0"]"#).unwrap();
+        assert_eq!(parse_u64_le_bytes(&bad), None);
+    }
+
     use super::*;
 
     #[test]

@@ -97,6 +97,10 @@ fn accepts_ipsan_sf_per_socket_after_load_and_forgets_it_after_unload() {
             );
         }
     }
+    if loaded.we_loaded {
+        // Freshly loaded programs have repaired nothing yet, and the counter is readable.
+        assert_eq!(listing.window_repairs, Some(0), "{listing:?}");
+    }
 
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     for name in bpf::OURS {
@@ -126,6 +130,11 @@ fn accepts_ipsan_sf_per_socket_after_load_and_forgets_it_after_unload() {
         );
         assert!(!pin_dir.join(name).exists(), "pin left behind");
     }
+    assert_eq!(
+        bpf::window_repairs(&pin_dir),
+        None,
+        "counter pin left behind"
+    );
     // An unregistered ipsan_sf falls back to Reno, and says so.
     let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let f = TcpSettings::with_congestion("ipsan_sf").apply(&c).unwrap();
@@ -357,7 +366,7 @@ fn median_ratio(events: &[(u32, u32)]) -> f64 {
 fn ipsan_sf_cuts_the_window_by_an_eighth_where_reno_halves_it() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _m = machine_lock();
-    let _loaded = match Loaded::new() {
+    let loaded = match Loaded::new() {
         Ok(l) => l,
         Err(why) => {
             skip(&format!("BPF congestion controls unavailable here: {why}"));
@@ -401,6 +410,13 @@ fn ipsan_sf_cuts_the_window_by_an_eighth_where_reno_halves_it() {
         if let Some(&(cwnd, st)) = t.losses.iter().find(|&&(c, _)| c > ABSURD_CWND) {
             panic!("{name}: a loss cut a window of {cwnd} segments to {st}");
         }
+    }
+    // How often this kernel corrupted a window that the programs then repaired (all sockets
+    // since load; kernel-dependent, so only reported).
+    let repairs = bpf::window_repairs(&loaded.pin_dir);
+    eprintln!("window repairs counted by ipsan_sf*: {repairs:?}");
+    if loaded.we_loaded {
+        assert!(repairs.is_some(), "repair counter not readable");
     }
     let (reno, sf, ss) = (reno.losses, sf.losses, ss.losses);
     let (r, s, x) = (median_ratio(&reno), median_ratio(&sf), median_ratio(&ss));
