@@ -125,25 +125,25 @@ const BSS_PIN: &str = "ipsan_sf_bss";
 
 /// The repair counter (see [`Listing::window_repairs`]) from the .bss map pinned in `pin_dir`.
 pub fn window_repairs(pin_dir: &Path) -> Option<u64> {
-    let path = pin_dir.join(BSS_PIN);
+    let v = pinned_map_json(
+        &pin_dir.join(BSS_PIN),
+        "lookup",
+        &["key", "0", "0", "0", "0"],
+    )?;
+    parse_u64_le_bytes(v.get("value")?)
+}
+
+/// `bpftool -j map <verb> pinned <path> <args>` as JSON; `None` if nothing is pinned there or
+/// bpftool fails.
+fn pinned_map_json(path: &Path, verb: &str, args: &[&str]) -> Option<serde_json::Value> {
     if !path.exists() {
         return None;
     }
-    let out = bpftool(&[
-        "-j".as_ref(),
-        "map".as_ref(),
-        "lookup".as_ref(),
-        "pinned".as_ref(),
-        path.as_os_str(),
-        "key".as_ref(),
-        "0".as_ref(),
-        "0".as_ref(),
-        "0".as_ref(),
-        "0".as_ref(),
-    ])
-    .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
-    parse_u64_le_bytes(v.get("value")?)
+    let mut argv: Vec<&std::ffi::OsStr> = vec!["-j".as_ref(), "map".as_ref(), verb.as_ref()];
+    argv.extend(["pinned".as_ref(), path.as_os_str()]);
+    argv.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    let out = bpftool(&argv).ok()?;
+    serde_json::from_str(&out.stdout).ok()
 }
 
 /// bpftool's raw value bytes (`["0x2a", "0x00", ...]`), little-endian, as a u64.
@@ -360,18 +360,7 @@ fn pin(pin_dir: &Path, name: &str, id: u32) -> Result<PathBuf, TcpError> {
 }
 
 fn pinned_map_id(path: &Path) -> Option<u32> {
-    if !path.exists() {
-        return None;
-    }
-    let out = bpftool(&[
-        "-j".as_ref(),
-        "map".as_ref(),
-        "show".as_ref(),
-        "pinned".as_ref(),
-        path.as_os_str(),
-    ])
-    .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
+    let v = pinned_map_json(path, "show", &[])?;
     v.get("id")?.as_u64().and_then(|id| u32::try_from(id).ok())
 }
 
