@@ -75,6 +75,15 @@ pub struct SessionConfig {
 /// How long a task management request may go unanswered before the connection is dropped.
 pub const TMF_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether an ABORT TASK response means the task is gone and nothing more comes for it
+/// (RFC 7143 §11.6.1: done, or the target no longer knew it).
+fn ends_the_task(r: TmfResponse) -> bool {
+    matches!(
+        r,
+        TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
+    )
+}
+
 /// Builds an [`OriginatorExtension`] per login attempt (a retried login needs fresh state).
 #[derive(Clone)]
 pub struct ExtensionFactory(pub Arc<dyn Fn() -> Box<dyn OriginatorExtension> + Send + Sync>);
@@ -982,10 +991,7 @@ impl Session {
                 )))
             }
         };
-        if matches!(
-            response,
-            TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
-        ) {
+        if ends_the_task(response) {
             return Err(Error::CommandTimedOut(limit));
         }
         // Refused (RFC 7143 §11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
@@ -1713,11 +1719,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 Some((ends, tx)) => {
                     match ends {
                         Ends::Task(task) => {
-                            let gone = matches!(
-                                h.response,
-                                TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
-                            );
-                            if gone {
+                            if ends_the_task(h.response) {
                                 // Nothing more comes for it (§11.6.1): forget it. Its waiter
                                 // gets the abort's outcome through `tx`.
                                 st.tasks.remove(&task);

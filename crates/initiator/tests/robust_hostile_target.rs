@@ -1082,6 +1082,19 @@ fn tmf_answer(t: &TaskMgmtRequest, ctx: &mut Ctx, response: TmfResponse) -> Vec<
     vec![Out::Pdu(Pdu::new(r, Bytes::new()))]
 }
 
+/// `script` with every task management request answered `response`.
+fn answering_tmfs(mut script: Script, response: TmfResponse) -> Script {
+    script.tmf = Some(Arc::new(move |t, ctx| tmf_answer(t, ctx, response)));
+    script
+}
+
+/// The session still carries commands: TEST UNIT READY completes with GOOD.
+async fn still_serves(s: &Session) {
+    s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
+        .await
+        .unwrap();
+}
+
 /// A target that swallows the first command and answers every later one with GOOD.
 fn swallow_first() -> impl Fn(&ScsiCommand, &mut Ctx) -> Vec<Out> + Send + Sync + 'static {
     let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -1104,10 +1117,10 @@ fn timeout_cfg(ms: u64) -> SessionConfig {
 #[test]
 fn a_command_without_status_is_aborted_and_the_session_goes_on() {
     bounded(20, async {
-        let mut script = Script::commands(swallow_first());
-        script.tmf = Some(Arc::new(|t, ctx| {
-            tmf_answer(t, ctx, TmfResponse::FUNCTION_COMPLETE)
-        }));
+        let script = answering_tmfs(
+            Script::commands(swallow_first()),
+            TmfResponse::FUNCTION_COMPLETE,
+        );
         let (url, seen) = start_with(script).await;
         let s = Session::connect(&url, &timeout_cfg(300)).await.unwrap();
         let t0 = Instant::now();
@@ -1128,9 +1141,7 @@ fn a_command_without_status_is_aborted_and_the_session_goes_on() {
             assert_ne!(t.itt, itt, "the TMF has its own task tag");
         }
         // Same session, same connection: the next command completes normally.
-        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
-            .await
-            .unwrap();
+        still_serves(&s).await;
         assert_eq!(seen.lock().unwrap().commands.len(), 2);
     });
 }
@@ -1181,9 +1192,7 @@ fn a_refused_abort_escalates_to_a_lun_reset_and_the_session_goes_on() {
             functions,
             vec![TmfFunction::ABORT_TASK, TmfFunction::LOGICAL_UNIT_RESET]
         );
-        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
-            .await
-            .unwrap();
+        still_serves(&s).await;
     });
 }
 
@@ -1191,10 +1200,10 @@ fn a_refused_abort_escalates_to_a_lun_reset_and_the_session_goes_on() {
 #[test]
 fn an_abort_the_target_refuses_drops_the_connection() {
     bounded(20, async {
-        let mut script = Script::commands(|_, _| Vec::new());
-        script.tmf = Some(Arc::new(|t, ctx| {
-            tmf_answer(t, ctx, TmfResponse::FUNCTION_REJECTED)
-        }));
+        let script = answering_tmfs(
+            Script::commands(|_, _| Vec::new()),
+            TmfResponse::FUNCTION_REJECTED,
+        );
         let url = start(script).await;
         let s = Session::connect(&url, &timeout_cfg(200)).await.unwrap();
         assert_connection_error(read_4k(&s).await, &["refused to abort", "RESET failed too"]);
@@ -1225,10 +1234,10 @@ fn an_unanswered_abort_drops_the_connection_within_the_tmf_timeout() {
 #[test]
 fn a_lun_reset_fails_this_sessions_commands_in_flight_and_the_session_goes_on() {
     bounded(20, async {
-        let mut script = Script::commands(swallow_first());
-        script.tmf = Some(Arc::new(|t, ctx| {
-            tmf_answer(t, ctx, TmfResponse::FUNCTION_COMPLETE)
-        }));
+        let script = answering_tmfs(
+            Script::commands(swallow_first()),
+            TmfResponse::FUNCTION_COMPLETE,
+        );
         let (url, seen) = start_with(script).await;
         let s = Arc::new(Session::connect(&url, &cfg()).await.unwrap());
         let s2 = s.clone();
@@ -1250,24 +1259,20 @@ fn a_lun_reset_fails_this_sessions_commands_in_flight_and_the_session_goes_on() 
                 "reserved for a LUN reset"
             );
         }
-        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
-            .await
-            .unwrap();
+        still_serves(&s).await;
     });
 }
 
 #[test]
 fn a_lun_reset_the_target_refuses_is_reported_with_its_response_code() {
     bounded(20, async {
-        let mut script = Script::commands(|c, ctx| vec![ctx.good(c.itt, c.cmd_sn)]);
-        script.tmf = Some(Arc::new(|t, ctx| {
-            tmf_answer(t, ctx, TmfResponse::FUNCTION_NOT_SUPPORTED)
-        }));
+        let script = answering_tmfs(
+            Script::commands(|c, ctx| vec![ctx.good(c.itt, c.cmd_sn)]),
+            TmfResponse::FUNCTION_NOT_SUPPORTED,
+        );
         let url = start(script).await;
         let s = Session::connect(&url, &cfg()).await.unwrap();
         assert!(matches!(s.lun_reset().await, Err(Error::TaskManagement(5))));
-        s.command([0u8; 16] /* TEST UNIT READY */, DataDir::None)
-            .await
-            .unwrap();
+        still_serves(&s).await;
     });
 }
