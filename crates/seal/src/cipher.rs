@@ -134,6 +134,17 @@ pub(crate) const AEAD_EPOCH_BYTES: u64 = 1 << 36;
 /// HKDF salt that separates AEAD epoch keys from everything else the schedule derives.
 const AEAD_EPOCH_SALT: &[u8] = b"ipsan-seal aead epoch";
 
+/// Key epoch `epoch`'s key material from a direction's root (docs/seal.md §4 *Key epochs*):
+/// `HKDF-SHA256(salt, IKM = root, info = epoch as 8 bytes big-endian)`, `out.len()` bytes.
+pub(crate) fn epoch_key_material(
+    salt: &[u8],
+    root: &[u8],
+    epoch: u64,
+    out: &mut [u8],
+) -> Result<(), BadKeyLength> {
+    hkdf_sha256(salt, root, &[&epoch.to_be_bytes()], out).map_err(|_| BadKeyLength)
+}
+
 /// Chunks per AEAD key epoch for `chunk_size`-byte chunks.
 pub(crate) fn aead_epoch_chunks(chunk_size: u32) -> u64 {
     (AEAD_EPOCH_BYTES / u64::from(chunk_size.max(1))).max(1)
@@ -177,13 +188,7 @@ impl AeadKey {
 
     fn derive(&self, epoch: u64) -> Result<aead::LessSafeKey, BadKeyLength> {
         let mut key = Zeroizing::new([0u8; 32]);
-        hkdf_sha256(
-            AEAD_EPOCH_SALT,
-            &*self.root,
-            &[&epoch.to_be_bytes()],
-            &mut *key,
-        )
-        .map_err(|_| BadKeyLength)?;
+        epoch_key_material(AEAD_EPOCH_SALT, &*self.root, epoch, &mut *key)?;
         let key = aead::UnboundKey::new(self.alg, &*key).map_err(|_| BadKeyLength)?;
         Ok(aead::LessSafeKey::new(key))
     }

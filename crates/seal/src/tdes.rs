@@ -32,8 +32,7 @@ use hmac::{Hmac, Mac};
 use sha1::Sha1;
 use zeroize::Zeroizing;
 
-use crate::cipher::{BadKeyLength, BadTag, IV_LEN};
-use crate::schedule::hkdf_sha256;
+use crate::cipher::{epoch_key_material, BadKeyLength, BadTag, IV_LEN};
 
 /// Three 8-byte DES keys.
 pub(crate) const KEY_LEN: usize = 24;
@@ -130,13 +129,7 @@ impl TdesHmacSha1 {
     fn keys_for(&self, counter: u64) -> Result<EpochKeys, BadKeyLength> {
         let epoch = counter / self.epoch_chunks;
         let mut material = Zeroizing::new([0u8; KEY_LEN + MAC_KEY_LEN]);
-        hkdf_sha256(
-            EPOCH_SALT,
-            &*self.root,
-            &[&epoch.to_be_bytes()],
-            &mut *material,
-        )
-        .map_err(|_| BadKeyLength)?;
+        epoch_key_material(EPOCH_SALT, &*self.root, epoch, &mut *material)?;
         EpochKeys::new(&*material)
     }
 
