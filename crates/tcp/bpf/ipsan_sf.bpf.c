@@ -23,9 +23,9 @@
 // showed our `ssthresh` never returning it. PRR (RFC 6937) then turns it into a cwnd of 1e7-1e9
 // segments and the kernel WARNs once in tcp_snd_cwnd_set(). Counted: 0-2 repairs per 6 s of
 // bulk transfer over a 100 Mbit/s bottleneck; never seen with the kernel's own reno. So
-// `in_ack_event` (every ACK,
-// before loss detection and PRR) and `cong_avoid` put cwnd and ssthresh back under what the
-// connection can use, and `ssthresh` and `undo_cwnd` never compute from a corrupted window.
+// `in_ack_event` (every ACK, before loss detection and PRR) and `cong_avoid` put cwnd and
+// ssthresh back under what the connection can use, and `ssthresh` and `undo_cwnd` never compute
+// from a corrupted window.
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

@@ -238,15 +238,12 @@ pub fn load(pin_dir: &Path) -> Result<LoadReport, TcpError> {
         already,
         pinned: Vec::new(),
     };
-    let ours: Vec<u32> = ids
-        .iter()
-        .filter(|(name, _)| OURS.contains(&name.as_str()))
-        .map(|&(_, id)| id)
-        .collect();
+    let mut ours = Vec::new();
     for (name, id) in ids {
         if !OURS.contains(&name.as_str()) {
             continue;
         }
+        ours.push(id);
         match pin(pin_dir, &name, id) {
             Ok(path) => report.pinned.push(path),
             Err(e) => tracing::warn!(%name, id, error = ?e, "registered but not pinned"),

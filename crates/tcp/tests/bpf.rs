@@ -400,7 +400,8 @@ fn ipsan_sf_cuts_the_window_by_an_eighth_where_reno_halves_it() {
             t.losses
         );
         // A corrupted window may be seen between the ACK that ends a recovery and the next one,
-        // which repairs it; unrepaired it stayed for many round trips (29-86 samples in 3 of 8 runs).
+        // which repairs it; unrepaired it stayed for many round trips (29-86 samples in 3 of 8
+        // runs).
         assert!(
             t.absurd <= 2,
             "{name}: cwnd above {ABSURD_CWND} segments in {} of {} samples in Open/Disorder",
