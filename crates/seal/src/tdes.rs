@@ -12,8 +12,8 @@
 //! info = e as 8 bytes big-endian)`. `epoch_chunks` is the most chunks whose block encryptions
 //! (data blocks, the IV and a possible tail block: `chunk / 8 + 2` each) stay within 2^20, so no
 //! key ever encrypts more than SP 800-67 allows; chunks are therefore at most [`MAX_CHUNK`].
-//! Deriving an epoch's keys costs a few microseconds per chunk against milliseconds of 3DES,
-//! so they are derived per chunk and nothing is cached.
+//! Deriving an epoch's keys (an HKDF and three DES key schedules) is small against the
+//! milliseconds 3DES spends on a chunk, so they are derived per chunk and nothing is cached.
 //!
 //! Chunk layout, so that ciphertext length equals plaintext length like the AEADs:
 //! - IV = TDEA_K(counter as an 8-byte big-endian block XOR the direction's static IV): an
