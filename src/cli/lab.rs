@@ -1,5 +1,5 @@
 //! `ipsan lab`: run an experiment plan end to end, or rebuild a report from saved results
-//! (issue 6; crates/lab).
+//! (issue 6; crates/ipsan-lab).
 
 use std::path::PathBuf;
 

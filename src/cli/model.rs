@@ -1,5 +1,5 @@
 //! `ipsan model`: the papers' throughput model (2008 Eq. 3, 4, 6; 2006 Eq. 2, 3) and its
-//! generalisation to depth k (crates/lab/src/model.rs).
+//! generalisation to depth k (crates/ipsan-lab/src/model.rs).
 
 use ipsan_lab::model::{self, Inputs, Summary};
 

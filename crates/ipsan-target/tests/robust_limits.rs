@@ -1,7 +1,7 @@
 //! Login limits against the real target (issue 8, security): CHAP failures back off and lock
 //! out (RFC 7143 §11.13.5 statuses), sessions per initiator, connections per source address,
 //! and connections that never send a Login Request. The policy itself is unit-tested on a
-//! virtual clock in `crates/target/src/limits.rs`.
+//! virtual clock in `crates/ipsan-target/src/limits.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod robust_common;

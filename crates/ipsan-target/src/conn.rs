@@ -282,7 +282,7 @@ async fn login_phase(
 
 /// Counts an authentication failure (0x0201) against the initiator and its address, logs it
 /// (who, from where, how many, the lockout; never the secret or the response) and holds the
-/// failing response back by the backoff's delay (crates/target/src/limits.rs).
+/// failing response back by the backoff's delay (crates/ipsan-target/src/limits.rs).
 async fn auth_failure_backoff(
     shared: &Shared,
     dir: &LoginDirectory,

@@ -13,7 +13,7 @@
 //! max_connections_per_address = 64  # open connections per source address (IPv6: per /64)
 //! first_pdu_timeout_secs = 5      # close a connection with no complete Login Request by then
 //!
-//! [server.auth_backoff]           # CHAP failure backoff (crates/target/src/limits.rs)
+//! [server.auth_backoff]           # CHAP failure backoff (crates/ipsan-target/src/limits.rs)
 //! name_free_failures = 3          # failures of one name from one address before a lockout
 //! address_free_failures = 10      # failures from one address (any name) before a lockout
 //! lockout_base_ms = 1000          # first lockout, doubling per further failure
