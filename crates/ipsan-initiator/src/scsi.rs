@@ -150,25 +150,6 @@ fn rw16(op: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
     c
 }
 
-/// Starting LBA and block count of a READ/WRITE(10/16) CDB; `(0, 0)` for anything else.
-pub fn lba_and_blocks(c: &[u8; 16]) -> (u64, u32) {
-    match c[0] {
-        0x28 | 0x2a => (
-            u64::from(u32::from_be_bytes([c[2], c[3], c[4], c[5]])),
-            u32::from(u16::from_be_bytes([c[7], c[8]])),
-        ),
-        0x88 | 0x8a => {
-            let mut l = [0u8; 8];
-            l.copy_from_slice(&c[2..10]);
-            (
-                u64::from_be_bytes(l),
-                u32::from_be_bytes([c[10], c[11], c[12], c[13]]),
-            )
-        }
-        _ => (0, 0),
-    }
-}
-
 /// SYNCHRONIZE CACHE(10) over the whole medium (SBC-4 §5.24).
 pub fn sync_cache10() -> [u8; 16] {
     let mut c = [0u8; 16];
@@ -349,8 +330,8 @@ mod tests {
         assert_eq!(&c[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&c[10..14], &[0, 0, 0, 16]);
         assert_eq!(read16(0, 1)[0], 0x88);
-        assert_eq!(lba_and_blocks(&c), (0x0102_0304_0506_0708, 16));
-        assert_eq!(lba_and_blocks(&inquiry(96)), (0, 0));
+        assert_eq!(ipsan_seal::cdb::extent(&c), (0x0102_0304_0506_0708, 16));
+        assert_eq!(ipsan_seal::cdb::extent(&inquiry(96)), (0, 0));
     }
 
     #[test]

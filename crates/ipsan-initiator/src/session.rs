@@ -775,7 +775,8 @@ impl Session {
         // The ITT is fixed before the transform runs because the transform binds to it.
         let itt = self.shared.lock()?.itt();
         let g = trace::Pending::issued(tr, itt);
-        let (lba, blocks) = scsi::lba_and_blocks(&cdb);
+        // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
+        let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
         let info = CommandInfo {
             lun: self.lun,
             lba,

@@ -22,9 +22,11 @@ use crate::error::Result;
 pub struct CommandInfo {
     /// The 8-byte LUN field as sent in the BHS (SAM-5 §4.7 encoding).
     pub lun: u64,
-    /// Starting LBA for READ/WRITE(10/16); 0 for other commands.
+    /// Starting LBA of the CDB's extent ([`ipsan_seal::cdb::extent`], the rule the target binds
+    /// with too); 0 for commands that address no block range.
     pub lba: u64,
-    /// Transfer length in blocks for READ/WRITE(10/16); 0 for other commands.
+    /// Blocks of the CDB's extent ([`ipsan_seal::cdb::extent`]); 0 for commands that address
+    /// no block range.
     pub blocks: u32,
     /// CDB operation code.
     pub opcode: u8,

@@ -197,3 +197,99 @@ fn wrong_secret_and_plain_login_are_refused_where_required() {
         h.shutdown().await.unwrap();
     });
 }
+
+/// A 16-byte CDB field holding `bytes` (the rest zero).
+fn cdb(bytes: &[u8]) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[..bytes.len()].copy_from_slice(bytes);
+    c
+}
+
+/// Issue 13: the initiator once bound Seal's data to an extent of its own that knew only
+/// READ/WRITE(10/16), so every other data-out command bound to LBA 0, 0 blocks while the target
+/// bound the CDB's real extent, and the target refused to open the data. Each command below
+/// must now be accepted and leave the blocks it addresses as the read back shows.
+#[test]
+fn accepts_sealed_writes_of_every_cdb_form_through_session_command() {
+    use ipsan_initiator::DataDir;
+    bounded(60, async {
+        let h = start(SealPolicy::Required).await;
+        let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
+        let s = Session::open(&url, &sealed_config(Cipher::Aes256Gcm, SECRET, false))
+            .await
+            .unwrap();
+        let block = 512usize;
+        let fill = |b: u8, blocks: usize| Bytes::from(vec![b; blocks * block]);
+        let cases: Vec<(&str, [u8; 16], Bytes, u64, Bytes)> = vec![
+            // WRITE(6): LBA 10, 2 blocks.
+            (
+                "WRITE(6)",
+                cdb(&[0x0a, 0, 0, 10, 2, 0]),
+                fill(0x11, 2),
+                10,
+                fill(0x11, 2),
+            ),
+            // WRITE(12): LBA 20, 3 blocks.
+            (
+                "WRITE(12)",
+                cdb(&[0xaa, 0, 0, 0, 0, 20, 0, 0, 0, 3, 0, 0]),
+                fill(0x22, 3),
+                20,
+                fill(0x22, 3),
+            ),
+            // WRITE AND VERIFY(10): LBA 30, 2 blocks.
+            (
+                "WRITE AND VERIFY(10)",
+                cdb(&[0x2e, 0, 0, 0, 0, 30, 0, 0, 2, 0]),
+                fill(0x33, 2),
+                30,
+                fill(0x33, 2),
+            ),
+            // WRITE AND VERIFY(16): LBA 40, 2 blocks.
+            (
+                "WRITE AND VERIFY(16)",
+                cdb(&[0x8e, 0, 0, 0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 2, 0, 0]),
+                fill(0x44, 2),
+                40,
+                fill(0x44, 2),
+            ),
+            // WRITE SAME(10): one block of data replicated over LBA 50..54.
+            (
+                "WRITE SAME(10)",
+                cdb(&[0x41, 0, 0, 0, 0, 50, 0, 0, 4, 0]),
+                fill(0x55, 1),
+                50,
+                fill(0x55, 4),
+            ),
+            // WRITE SAME(16): LBA 60..63.
+            (
+                "WRITE SAME(16)",
+                cdb(&[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 60, 0, 0, 0, 3, 0, 0]),
+                fill(0x66, 1),
+                60,
+                fill(0x66, 3),
+            ),
+            // COMPARE AND WRITE: LBA 10's 0x11 block (written above) becomes 0x77.
+            (
+                "COMPARE AND WRITE",
+                cdb(&[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 1, 0, 0]),
+                Bytes::from([vec![0x11u8; block], vec![0x77u8; block]].concat()),
+                10,
+                fill(0x77, 1),
+            ),
+        ];
+        for (name, c, data, lba, want) in cases {
+            s.command(c, DataDir::Write(data))
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let back = s.read(lba, (want.len() / block) as u32).await.unwrap();
+            assert_eq!(
+                &back[..],
+                &want[..],
+                "{name}: the blocks hold what was sent"
+            );
+        }
+        s.logout().await.unwrap();
+        h.shutdown().await.unwrap();
+    });
+}

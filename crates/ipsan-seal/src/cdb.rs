@@ -70,6 +70,16 @@ mod tests {
         caw[9] = 1;
         caw[13] = 2;
         assert_eq!(extent(&caw), (1, 2));
+        // The forms the initiator once bound as (0, 0) (issue 13): WRITE(12), WRITE AND
+        // VERIFY(10), WRITE SAME(10)/(16).
+        assert_eq!(extent(&[0xaa, 0, 0, 0, 0, 20, 0, 0, 0, 3, 0, 0]), (20, 3));
+        assert_eq!(extent(&[0x2e, 0, 0, 0, 0, 30, 0, 0, 2, 0]), (30, 2));
+        assert_eq!(extent(&[0x41, 0, 0, 0, 0, 50, 0, 0, 4, 0]), (50, 4));
+        let mut ws16 = [0u8; 16];
+        ws16[0] = 0x93;
+        ws16[9] = 60;
+        ws16[13] = 3;
+        assert_eq!(extent(&ws16), (60, 3));
         assert_eq!(
             extent(&[0x12, 0, 0, 0, 36, 0]),
             (0, 0),
