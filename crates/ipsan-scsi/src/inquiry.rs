@@ -135,7 +135,7 @@ pub fn vpd(lu: &LogicalUnit, code: u8) -> Result<Vec<u8>, Sense> {
             b[1] = lim.max_compare_and_write;
             b[2..4].copy_from_slice(&lim.opt_granularity.to_be_bytes());
             b[4..8].copy_from_slice(&lim.max_transfer.to_be_bytes());
-            b[8..12].copy_from_slice(&lim.max_transfer.to_be_bytes()); // OPTIMAL TRANSFER
+            b[8..12].copy_from_slice(&lim.opt_transfer.to_be_bytes()); // OPTIMAL TRANSFER
             b[12..16].copy_from_slice(&lim.max_transfer.to_be_bytes()); // MAX PREFETCH
             b[16..20].copy_from_slice(&lim.max_unmap_lba.to_be_bytes());
             b[20..24].copy_from_slice(&lim.max_unmap_descriptors.to_be_bytes());

@@ -159,6 +159,8 @@ pub enum LuError {
 pub struct Limits {
     /// MAXIMUM TRANSFER LENGTH in blocks.
     pub max_transfer: u32,
+    /// OPTIMAL TRANSFER LENGTH in blocks: see [`optimal_transfer`].
+    pub opt_transfer: u32,
     /// MAXIMUM COMPARE AND WRITE LENGTH in blocks.
     pub max_compare_and_write: u8,
     /// MAXIMUM UNMAP LBA COUNT.
@@ -171,6 +173,22 @@ pub struct Limits {
     pub max_write_same: u64,
     /// OPTIMAL TRANSFER LENGTH GRANULARITY in blocks.
     pub opt_granularity: u16,
+}
+
+/// The largest transfer Linux's sd driver takes as optimal: sd.c (`sd_validate_opt_xfer_size`)
+/// ignores an OPTIMAL TRANSFER LENGTH above 65535 blocks (SD_DEF_XFER_BLOCKS) or above the
+/// device maximum, and warns at every attach. The largest power of two of blocks within both
+/// is also a whole number of pages and of the 4 KiB granularity for 512- and 4096-byte blocks
+/// (16 MiB and 64 MiB against a 64 MiB maximum).
+#[must_use]
+pub fn optimal_transfer(max_transfer: u32) -> u32 {
+    const SD_DEF_XFER_BLOCKS: u32 = 0xffff;
+    let cap = max_transfer.min(SD_DEF_XFER_BLOCKS);
+    if cap == 0 {
+        0
+    } else {
+        1 << cap.ilog2()
+    }
 }
 
 /// Mutable per-LU state shared by all nexuses.
@@ -234,8 +252,10 @@ impl LogicalUnit {
         }
         let thin = cfg.thin_provisioning && backend.supports_unmap();
         let gran = (backend_unmap_granularity(backend.kind()) / bs).max(1) as u32;
+        let max_transfer = ((64u64 << 20) / bs) as u32;
         let limits = Limits {
-            max_transfer: ((64u64 << 20) / bs) as u32,
+            max_transfer,
+            opt_transfer: optimal_transfer(max_transfer),
             max_compare_and_write: 255,
             max_unmap_lba: if thin { 1 << 20 } else { 0 },
             max_unmap_descriptors: if thin { 2048 } else { 0 },

@@ -1229,3 +1229,63 @@ fn write_same_unmap_on_file_and_null_backends() {
     let list = unmap_list(&[(0, 8)]);
     good(&run(&null, &unmap_cdb(list.len() as u16), &list));
 }
+
+/// Linux's sd driver (drivers/scsi/sd.c, `sd_validate_opt_xfer_size`, 6.1 and later) ignores an
+/// OPTIMAL TRANSFER LENGTH and warns at every attach unless it is at most the device maximum
+/// (MAXIMUM TRANSFER LENGTH, capped at 65535 blocks for READ/WRITE(10) disks), at most
+/// SD_DEF_XFER_BLOCKS (65535), at least a page, a multiple of the physical block and of the
+/// OPTIMAL TRANSFER LENGTH GRANULARITY. `Err` carries sd.c's complaint.
+fn linux_sd_accepts_optimal_transfer(b0: &[u8], block: u32, page: u32) -> Result<(), String> {
+    const SD_DEF_XFER_BLOCKS: u32 = 0xffff;
+    let be32 = |o: usize| u32::from_be_bytes(b0[o..o + 4].try_into().unwrap());
+    let granularity = u32::from(u16::from_be_bytes([b0[6], b0[7]]));
+    let (max, opt) = (be32(8), be32(12));
+    // sd_revalidate_disk: dev_max = min_not_zero(SD_DEF_XFER_BLOCKS, max_xfer_blocks) for a
+    // disk under 2^32 blocks (no READ/WRITE(16) by default).
+    let dev_max = if max == 0 {
+        SD_DEF_XFER_BLOCKS
+    } else {
+        max.min(SD_DEF_XFER_BLOCKS)
+    };
+    let bytes = u64::from(opt) * u64::from(block);
+    if opt == 0 {
+        return Err("no optimal transfer length".into());
+    }
+    if opt > dev_max {
+        return Err(format!("{opt} logical blocks > dev_max ({dev_max})"));
+    }
+    if opt > SD_DEF_XFER_BLOCKS {
+        return Err(format!("{opt} logical blocks > sd driver limit"));
+    }
+    if bytes < u64::from(page) {
+        return Err(format!("{bytes} bytes < PAGE_SIZE ({page})"));
+    }
+    if granularity != 0 && bytes % (u64::from(granularity) * u64::from(block)) != 0 {
+        return Err(format!("{bytes} bytes not a multiple of the granularity"));
+    }
+    // No LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: the physical block is the logical one.
+    if bytes % u64::from(block) != 0 {
+        return Err(format!(
+            "{bytes} bytes not a multiple of the physical block"
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn vpd_block_limits_optimal_transfer_is_one_linux_sd_accepts() {
+    for block in [512u32, 4096] {
+        let lu = lu_with(Probe::new(SIZE), |c| c.block_size = block);
+        let b0 = inquiry(&lu, true, 0xB0, 255).data_in;
+        // 4 KiB pages (x86-64) and 64 KiB pages (arm64/ppc64 kernels).
+        for page in [4096, 65536] {
+            linux_sd_accepts_optimal_transfer(&b0, block, page)
+                .unwrap_or_else(|e| panic!("{block}-byte blocks, {page}-byte pages: {e}"));
+        }
+        let be32 = |o: usize| u32::from_be_bytes(b0[o..o + 4].try_into().unwrap());
+        assert!(
+            be32(12) <= be32(8),
+            "optimal transfer length within the maximum (SBC-4 §6.6.4)"
+        );
+    }
+}
