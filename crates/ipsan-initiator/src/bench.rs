@@ -996,51 +996,20 @@ async fn read_back(
     }
 }
 
-/// Parse sizes like `64KiB`, `1MiB`, `1GiB`, `4k`, `512`, `1MB` (decimal with SI suffixes).
+/// Parse sizes like `64KiB`, `1MiB`, `1GiB`, `4k`, `512`, `1MB` (decimal with SI suffixes):
+/// [`ipsan_units::parse_size`].
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => {
-            return Err(format!(
-                "bad size unit in {s:?} (use KiB, MiB, GiB, or KB, MB, GB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} overflows"))
+    ipsan_units::parse_size(s).map_err(|e| e.to_string())
 }
 
-/// Parse durations like `30s`, `2m`, `500ms`, `1h`, `10` (seconds).
+/// Parse durations like `30s`, `2m`, `500ms`, `1h`, `10` (seconds), which must be positive:
+/// [`ipsan_units::parse_duration_or_secs`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m, h)")),
-    };
-    if !(secs.is_finite() && secs > 0.0) {
+    let d = ipsan_units::parse_duration_or_secs(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
         return Err(format!("duration {s:?} must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ pub enum Error {
     #[error("CHAP: {0}")]
     Chap(#[from] iscsi_proto::chap::ChapError),
     /// The command completed with a non-GOOD SCSI status.
-    #[error("SCSI status {status:#04x}{}", sense.map(|s| format!(": {s}")).unwrap_or_default())]
+    #[error("SCSI status {status:#04x}{}", sense.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
     Scsi { status: u8, sense: Option<Sense> },
     /// The target answered with an iSCSI response code other than "command completed".
     #[error("iSCSI response {0:#04x} (target failure)")]

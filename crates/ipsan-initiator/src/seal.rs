@@ -15,7 +15,7 @@ use iscsi_proto::login::ExtensionContext;
 
 use crate::error::Error;
 use crate::login::OriginatorExtension;
-use crate::scsi::Sense;
+use crate::scsi::{Sense, SenseKey};
 use crate::session::ExtensionFactory;
 use crate::transform::{CommandInfo, PayloadTransform, TransformFuture};
 
@@ -144,12 +144,11 @@ fn refused(e: &ipsan_seal::OpenError) -> Error {
     tracing::warn!("seal: data-in refused: {e}");
     Error::Scsi {
         status: ipsan_seal::sense::STATUS,
-        sense: Some(Sense {
-            key: ipsan_seal::sense::SENSE_KEY,
-            asc: ipsan_seal::sense::ASC,
-            ascq: ipsan_seal::sense::ASCQ,
-            information: None,
-        }),
+        sense: Some(Sense::new(
+            SenseKey(ipsan_seal::sense::SENSE_KEY),
+            ipsan_seal::sense::ASC,
+            ipsan_seal::sense::ASCQ,
+        )),
     }
 }
 

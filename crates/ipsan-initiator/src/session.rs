@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
-use crate::scsi::{self, status, Capacity, Inquiry, Sense};
+use crate::scsi::{self, Capacity, Inquiry, ScsiStatus, Sense, SenseKey};
 use crate::trace::{self, Kind, Trace};
 use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
@@ -625,7 +625,9 @@ impl Session {
         for _ in 0..4 {
             match s.read_capacity().await {
                 Ok(_) => return Ok(s),
-                Err(e) if e.sense().is_some_and(|s| s.key == 0x06) => last = Some(e),
+                Err(e) if e.sense().is_some_and(|s| s.key == SenseKey::UNIT_ATTENTION) => {
+                    last = Some(e)
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -635,7 +637,7 @@ impl Session {
     /// Connect and log in, without touching the LUN.
     pub async fn connect(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
         let target = url.require_target()?.to_owned();
-        let lun = scsi::encode_lun(url.lun.unwrap_or(0));
+        let lun = u64::from_be_bytes(scsi::encode_lun(u64::from(url.lun.unwrap_or(0))));
         let (conn, li) = connect_and_login(
             url,
             cfg,
@@ -1155,7 +1157,7 @@ impl Session {
             .await
         {
             Ok(c) => Capacity::parse16(&c.data),
-            Err(Error::Scsi { sense: Some(s), .. }) if s.key == Sense::KEY_ILLEGAL_REQUEST => {
+            Err(Error::Scsi { sense: Some(s), .. }) if s.key == SenseKey::ILLEGAL_REQUEST => {
                 let c = self
                     .command(scsi::read_capacity10(), DataDir::Read(BytesMut::new(), 8))
                     .await?;
@@ -1475,7 +1477,7 @@ fn status_result(
     data: BytesMut,
     residual: i64,
 ) -> Result<Completion> {
-    if status == status::GOOD || status == status::CONDITION_MET {
+    if status == ScsiStatus::GOOD.0 || status == ScsiStatus::CONDITION_MET.0 {
         Ok(Completion {
             status,
             sense,
@@ -1573,7 +1575,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 if residual > 0 {
                     data.truncate(t.read_len.saturating_sub(residual as usize));
                 }
-                let r = if t.received < data.len() && h.status == status::GOOD {
+                let r = if t.received < data.len() && h.status == ScsiStatus::GOOD.0 {
                     Err(short_read(t.received, data.len()))
                 } else {
                     status_result(h.status, None, data, residual)
@@ -1620,7 +1622,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 }
                 None => (BytesMut::new(), 0),
             };
-            let r = if received < data.len() && h.status == status::GOOD {
+            let r = if received < data.len() && h.status == ScsiStatus::GOOD.0 {
                 Err(short_read(received, data.len()))
             } else {
                 status_result(h.status, sense, data, residual)

@@ -120,8 +120,8 @@ fn lun_reset_completes_sets_a_unit_attention_and_keeps_acknowledged_data() {
         // The other session's next command reports the reset (SAM-5 §6.3.2: 29h/03h, LUN
         // reset; 29h/00h also allowed), once.
         let err = b.read(7, 1).await.unwrap_err();
-        let sense = err.sense().copied().unwrap_or_else(|| panic!("{err}"));
-        assert_eq!((sense.key, sense.asc), (0x06, 0x29), "{err}");
+        let sense = err.sense().cloned().unwrap_or_else(|| panic!("{err}"));
+        assert_eq!((sense.key.0, sense.asc), (0x06, 0x29), "{err}");
         let got = b.read(7, 1).await.unwrap();
         assert_eq!(
             &got[..],
@@ -132,7 +132,11 @@ fn lun_reset_completes_sets_a_unit_attention_and_keeps_acknowledged_data() {
         a.write(8, Bytes::from(vec![0x33; bl]))
             .await
             .unwrap_or_else(|e| {
-                assert_eq!(e.sense().map(|s| (s.key, s.asc)), Some((0x06, 0x29)), "{e}");
+                assert_eq!(
+                    e.sense().map(|s| (s.key.0, s.asc)),
+                    Some((0x06, 0x29)),
+                    "{e}"
+                );
             });
         drop((a, b));
         h.shutdown().await.unwrap();

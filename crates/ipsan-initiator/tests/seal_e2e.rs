@@ -159,7 +159,7 @@ fn flipped_byte_fails_the_write_and_keeps_old_data() {
                 sense: Some(sense),
             } => {
                 assert_eq!(
-                    (sense.key, sense.asc, sense.ascq),
+                    (sense.key.0, sense.asc, sense.ascq),
                     (0x0b, 0x74, 0x04),
                     "{err}"
                 )

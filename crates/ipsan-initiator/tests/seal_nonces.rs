@@ -265,7 +265,7 @@ fn assert_counter_limit_failure(r: Result<(), Error>) {
             status: 2,
             sense: Some(s),
         }) => assert_eq!(
-            (s.key, s.asc, s.ascq),
+            (s.key.0, s.asc, s.ascq),
             (0x0b, 0x74, 0x00),
             "ABORTED COMMAND / SECURITY ERROR"
         ),

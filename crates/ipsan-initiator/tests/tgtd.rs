@@ -47,7 +47,11 @@ fn lun_reset_completes_against_tgtd() {
         let s = Session::open(&t.url(), &config(fast())).await.unwrap();
         s.lun_reset().await.unwrap();
         if let Err(e) = s.read(0, 1).await {
-            assert_eq!(e.sense().map(|x| (x.key, x.asc)), Some((0x06, 0x29)), "{e}");
+            assert_eq!(
+                e.sense().map(|x| (x.key.0, x.asc)),
+                Some((0x06, 0x29)),
+                "{e}"
+            );
             s.read(0, 1).await.unwrap();
         }
         s.logout().await.unwrap();
@@ -153,7 +157,7 @@ fn surfaces_lba_out_of_range_with_sense() {
         let s = Session::open(&t.url(), &config(fast())).await.unwrap();
         let blocks = s.capacity().unwrap().blocks;
         let err = s.read(blocks, 8).await.unwrap_err();
-        let sense = err.sense().copied().expect("a SCSI error with sense");
+        let sense = err.sense().cloned().expect("a SCSI error with sense");
         assert!(sense.is_lba_out_of_range(), "{sense}");
         let err = s
             .write(blocks - 4, Bytes::from(vec![0u8; 8 * 512]))

@@ -356,56 +356,24 @@ impl Summary {
     }
 }
 
-/// Parses `16ms`, `1.5s`, `250us`, `0`.
+/// Parses a delay or run time (`16ms`, `1.5s`, `250us`, `0`; [`ipsan_units::parse_duration`]),
+/// under a day.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let (num, mul) = if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if t == "0" {
-        (t, 0.0)
-    } else {
-        return Err(format!("{s:?}: give a unit (us, ms, s)"));
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration"))?;
-    if !(v.is_finite() && v >= 0.0 && v * mul < 86_400.0) {
+    let d = ipsan_units::parse_duration(s).map_err(|e| e.to_string())?;
+    if d >= Duration::from_secs(86_400) {
         return Err(format!("{s:?} is out of range"));
     }
-    Ok(Duration::from_secs_f64(v * mul))
+    Ok(d)
 }
 
-/// Parses a byte count: `64KiB`, `1MiB`, `64KB` (decimal), `4096`.
+/// Parses a byte count (`64KiB`, `1MiB`, `64KB` decimal, `4096`; [`ipsan_units::parse_size`])
+/// from 1 byte to 1 PiB.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let units: [(&str, f64); 8] = [
-        ("KiB", 1024.0),
-        ("MiB", 1048576.0),
-        ("GiB", 1073741824.0),
-        ("KB", 1e3),
-        ("MB", 1e6),
-        ("GB", 1e9),
-        ("K", 1024.0),
-        ("M", 1048576.0),
-    ];
-    let (num, mul) = units
-        .iter()
-        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m)))
-        .unwrap_or((t, 1.0));
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 64KiB, 1MiB)"))?;
-    let b = v * mul;
-    if !(b.is_finite() && (1.0..=(1u64 << 50) as f64).contains(&b)) {
+    let b = ipsan_units::parse_size(s).map_err(|e| e.to_string())?;
+    if !(1..=1 << 50).contains(&b) {
         return Err(format!("{s:?} is out of range"));
     }
-    Ok(b.round() as u64)
+    Ok(b)
 }
 
 /// Parses a rate in bytes/s: `110MB/s`, `10.8MB/s`, `1.2GB/s`, `50MiB/s`, `1gbit`.

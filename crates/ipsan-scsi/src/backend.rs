@@ -139,36 +139,9 @@ pub struct BackendSpec {
     pub block_size: Option<u32>,
 }
 
-/// Parses a size such as `4096`, `512K`, `256MiB`, `10GiB`, `1TiB` (binary multiples; `kB`,
-/// `MB`, `GB`, `TB` are decimal).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!("{s:?} is not a size (expected e.g. 256MiB)"));
-    }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (expected e.g. 256MiB)"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "k" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        "kB" | "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-                "unknown size unit {other:?} in {s:?} (use B, KiB, MiB, GiB or TiB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
+/// A backend spec's size (`256MiB`, `10GiB`): the grammar every ipsan size uses.
+fn parse_size(s: &str) -> Result<u64, String> {
+    ipsan_units::parse_size(s).map_err(|e| e.to_string())
 }
 
 impl FromStr for BackendSpec {
@@ -972,11 +945,10 @@ mod tests {
     }
 
     #[test]
-    fn parse_size_units() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
-        assert_eq!(parse_size("1GB").unwrap(), 1_000_000_000);
-        assert!(parse_size("GiB").is_err());
-        assert!(parse_size("-5").is_err());
+    fn spec_sizes_use_the_shared_grammar() {
+        let m: BackendSpec = "mem:1.5MiB".parse().unwrap();
+        assert_eq!(m, "mem:1536KiB".parse().unwrap());
+        assert!("mem:lots".parse::<BackendSpec>().is_err());
+        assert!("mem:-5".parse::<BackendSpec>().is_err());
     }
 }

@@ -38,6 +38,28 @@ impl SenseKey {
     pub const MISCOMPARE: Self = Self(0xE);
     /// Completed (SPC-4 §4.5.6).
     pub const COMPLETED: Self = Self(0xF);
+
+    /// The key's name as SPC-4 table 48 spells it; "RESERVED" for 0Ch.
+    pub const fn name(self) -> &'static str {
+        match self.0 & 0x0F {
+            0x0 => "NO SENSE",
+            0x1 => "RECOVERED ERROR",
+            0x2 => "NOT READY",
+            0x3 => "MEDIUM ERROR",
+            0x4 => "HARDWARE ERROR",
+            0x5 => "ILLEGAL REQUEST",
+            0x6 => "UNIT ATTENTION",
+            0x7 => "DATA PROTECT",
+            0x8 => "BLANK CHECK",
+            0x9 => "VENDOR SPECIFIC",
+            0xA => "COPY ABORTED",
+            0xB => "ABORTED COMMAND",
+            0xD => "VOLUME OVERFLOW",
+            0xE => "MISCOMPARE",
+            0xF => "COMPLETED",
+            _ => "RESERVED",
+        }
+    }
 }
 
 /// SCSI status byte (SAM-5 §5.3.1, table 33).
@@ -183,6 +205,69 @@ impl Sense {
         b
     }
 
+    /// Parses fixed (70h/71h, SPC-4 §4.5.3) or descriptor (72h/73h, SPC-4 §4.5.2) format
+    /// sense data as a target sent it: key, ASC/ASCQ, INFORMATION when VALID, and the field
+    /// pointer of an ILLEGAL REQUEST. Fixed data shorter than 18 bytes (some targets send 8
+    /// bytes and the key) yields what is there. `None` when the buffer is too short or the
+    /// response code is unknown. Never panics on any input.
+    pub fn parse(buf: &[u8]) -> Option<Self> {
+        let field_pointer = |key: SenseKey, sks: &[u8]| -> Option<FieldPointer> {
+            let [v, hi, lo] = *sks else { return None };
+            (key == SenseKey::ILLEGAL_REQUEST && v & 0x80 != 0).then(|| FieldPointer {
+                in_cdb: v & 0x40 != 0,
+                byte: u16::from_be_bytes([hi, lo]),
+                bit: (v & 0x08 != 0).then_some(v & 0x07),
+            })
+        };
+        match buf.first()? & 0x7F {
+            0x70 | 0x71 => {
+                let key = SenseKey(buf.get(2)? & 0x0F);
+                let valid = buf[0] & 0x80 != 0;
+                let information = buf
+                    .get(3..7)
+                    .filter(|_| valid)
+                    .map(|b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
+                Some(Self {
+                    key,
+                    asc: buf.get(12).copied().unwrap_or(0),
+                    ascq: buf.get(13).copied().unwrap_or(0),
+                    information,
+                    field: buf.get(15..18).and_then(|sks| field_pointer(key, sks)),
+                })
+            }
+            0x72 | 0x73 => {
+                let key = SenseKey(buf.get(1)? & 0x0F);
+                let mut sense = Self::new(key, *buf.get(2)?, *buf.get(3)?);
+                // Descriptors start at byte 8 (SPC-4 §4.5.2.1).
+                let end = (8 + usize::from(buf.get(7).copied().unwrap_or(0))).min(buf.len());
+                let mut i = 8;
+                while i + 2 <= end {
+                    let (dtype, dlen) = (buf[i], usize::from(buf[i + 1]));
+                    let body = buf.get(i + 2..(i + 2 + dlen).min(end)).unwrap_or(&[]);
+                    match dtype {
+                        // Information (§4.5.2.2): VALID, reserved, 8-byte INFORMATION.
+                        0x00 if body.len() >= 10 && body[0] & 0x80 != 0 => {
+                            let mut b = [0u8; 8];
+                            b.copy_from_slice(&body[2..10]);
+                            sense.information = Some(u64::from_be_bytes(b));
+                        }
+                        // Sense-key specific (§4.5.2.4): 2 reserved bytes, then the 3 bytes.
+                        0x02 if body.len() >= 5 => sense.field = field_pointer(key, &body[2..5]),
+                        _ => {}
+                    }
+                    i += 2 + dlen;
+                }
+                Some(sense)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this is ILLEGAL REQUEST, LOGICAL BLOCK ADDRESS OUT OF RANGE (21h/00h).
+    pub fn is_lba_out_of_range(&self) -> bool {
+        self.key == SenseKey::ILLEGAL_REQUEST && (self.asc, self.ascq) == (0x21, 0x00)
+    }
+
     /// The "nothing to report" sense (REQUEST SENSE with no pending condition).
     pub const fn no_sense() -> Self {
         Self::new(SenseKey::NO_SENSE, 0x00, 0x00)
@@ -303,6 +388,26 @@ impl Sense {
     }
 }
 
+impl std::fmt::Display for Sense {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (key {:#x}), ASC/ASCQ {:02x}h/{:02x}h",
+            self.key.name(),
+            self.key.0,
+            self.asc,
+            self.ascq
+        )?;
+        if self.is_lba_out_of_range() {
+            f.write_str(" LOGICAL BLOCK ADDRESS OUT OF RANGE")?;
+        }
+        if let Some(i) = self.information {
+            write!(f, ", information {i}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,5 +467,45 @@ mod tests {
         assert_eq!((s.asc, s.ascq), (0x27, 0x07));
         let e = std::io::Error::from_raw_os_error(libc::EIO);
         assert_eq!(Sense::from_write_error(&e), Sense::write_error());
+    }
+
+    #[test]
+    fn parses_what_it_encodes_in_both_formats() {
+        for sense in [
+            Sense::lba_out_of_range().with_information(1234),
+            Sense::invalid_field_in_cdb_at(1, Some(3)),
+            Sense::invalid_field_in_parameter_list_at(0x102, None),
+            Sense::miscompare(7),
+            Sense::unit_attention(0x29, 0x00),
+        ] {
+            assert_eq!(Sense::parse(&sense.to_fixed()), Some(sense.clone()));
+            assert_eq!(Sense::parse(&sense.to_descriptor()), Some(sense.clone()));
+        }
+        let big = Sense::miscompare(1 << 40);
+        assert_eq!(Sense::parse(&big.to_descriptor()), Some(big));
+    }
+
+    #[test]
+    fn parses_short_fixed_sense_and_rejects_unknown_codes() {
+        let s = Sense::parse(&[0x70, 0, 0x06, 0, 0, 0, 0, 0]).unwrap();
+        assert_eq!((s.key, s.asc, s.ascq), (SenseKey::UNIT_ATTENTION, 0, 0));
+        assert_eq!(Sense::parse(&[]), None);
+        assert_eq!(Sense::parse(&[0x70]), None);
+        assert_eq!(Sense::parse(&[0x7f, 0, 5]), None);
+        assert_eq!(Sense::parse(&[0x72, 0]), None);
+        // A descriptor length running past the end must not panic.
+        assert!(Sense::parse(&[0x72, 5, 0x21, 0, 0, 0, 0, 200, 0, 250, 0x80]).is_some());
+        assert!(Sense::parse(&[0x72, 5, 0x21, 0, 0, 0, 0, 4, 2, 2, 0x80, 0]).is_some());
+    }
+
+    #[test]
+    fn displays_key_name_asc_and_information() {
+        let s = Sense::lba_out_of_range().with_information(9);
+        assert!(s.is_lba_out_of_range());
+        assert_eq!(
+            s.to_string(),
+            "ILLEGAL REQUEST (key 0x5), ASC/ASCQ 21h/00h LOGICAL BLOCK ADDRESS OUT OF RANGE, \
+             information 9"
+        );
     }
 }

@@ -84,25 +84,19 @@ impl FromStr for BufSize {
             "kernel" | "default" => return Ok(BufSize::Kernel),
             _ => {}
         }
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (digits, suffix) = t.split_at(split);
-        if digits.is_empty() {
-            return Err(bad(
-                "expected `auto`, `kernel`, or a byte count such as 8388608 or 8MiB",
-            ));
-        }
-        let n: u64 = digits.parse().map_err(|_| bad("number too large"))?;
-        let shift = match suffix.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 0,
-            "k" | "kib" => 10,
-            "m" | "mib" => 20,
-            "g" | "gib" => 30,
-            _ => return Err(bad("unknown unit (use KiB, MiB or GiB)")),
-        };
-        let bytes = n.checked_shl(shift).filter(|b| b >> shift == n);
-        match bytes {
-            Some(0) => Err(bad("a buffer of 0 bytes is not allowed")),
-            Some(b) if b <= MAX_BUF => Ok(BufSize::Bytes(b)),
+        // The one size grammar (ipsan_units): 8388608, 8MiB, 8M, 8MB (decimal).
+        let bytes = ipsan_units::parse_size(t).map_err(|e| match e {
+            ipsan_units::ParseError::TooLarge(_) => {
+                bad("larger than the kernel accepts (1 GiB - 1 byte at most)")
+            }
+            ipsan_units::ParseError::UnknownUnit { .. } => {
+                bad("unknown unit (use KiB, MiB or GiB)")
+            }
+            _ => bad("expected `auto`, `kernel`, or a byte count such as 8388608 or 8MiB"),
+        });
+        match bytes? {
+            0 => Err(bad("a buffer of 0 bytes is not allowed")),
+            b if b <= MAX_BUF => Ok(BufSize::Bytes(b)),
             _ => Err(bad(
                 "larger than the kernel accepts (1 GiB - 1 byte at most)",
             )),

@@ -411,22 +411,21 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
     v.is_finite().then_some((v, unit.trim()))
 }
 
-/// `8ms`, `0.5ms`, `250us`, `1s`, `100ns`, `0`.
+/// `8ms`, `0.5ms`, `250us`, `1s`, `100ns`, `0` ([`ipsan_units::parse_duration`]), at most an
+/// hour.
 pub fn parse_duration(what: &'static str, s: &str) -> Result<Duration, ConfigError> {
-    let (v, unit) = split_number(s).ok_or_else(|| parse_err(what, s, "expected e.g. 8ms"))?;
-    let scale = match unit {
-        "s" => 1e9,
-        "ms" => 1e6,
-        "us" | "µs" => 1e3,
-        "ns" => 1.0,
-        "" if v == 0.0 => 0.0,
-        _ => return Err(parse_err(what, s, "unit must be s, ms, us or ns")),
-    };
-    let ns = v * scale;
-    if ns > 3600e9 {
+    let d = ipsan_units::parse_duration(s).map_err(|e| {
+        let why = match e {
+            ipsan_units::ParseError::MissingUnit(_)
+            | ipsan_units::ParseError::UnknownUnit { .. } => "unit must be s, ms, us or ns",
+            _ => "expected e.g. 8ms",
+        };
+        parse_err(what, s, why)
+    })?;
+    if d > Duration::from_secs(3600) {
         return Err(parse_err(what, s, "more than an hour"));
     }
-    Ok(Duration::from_nanos(ns.round() as u64))
+    Ok(d)
 }
 
 /// `0.1%` or a fraction `0.001`.
