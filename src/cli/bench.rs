@@ -1,11 +1,15 @@
 //! `ipsan bench`: throughput, IOPS, latency percentiles and CPU of an iSCSI LUN, with several
 //! commands in flight (issue 3). The JSON schema is documented in docs/bench.md.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
-use ipsan_initiator::bench::{self, Limit, RwMode, Workload};
+use indicatif::{ProgressBar, ProgressStyle};
+use ipsan_bench::trace::Trace;
+use ipsan_bench::{self as bench, report, Limit, Progress, RwMode, Workload};
 use ipsan_initiator::ChapSecret;
 use ipsan_initiator::{
     ChapCredentials, DigestChoice, IscsiUrl, LoginOptions, Session, SessionConfig,
@@ -361,7 +365,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     }
     let max_depth = usize::try_from(args.max_depth).unwrap_or(4096);
     let auto = match args.depth {
-        DepthArg::Auto if !sequential => Some(ipsan_initiator::autodepth::AutoConfig::new(
+        DepthArg::Auto if !sequential => Some(bench::autodepth::AutoConfig::new(
             args.depth_start
                 .map_or(1, |d| usize::try_from(d).unwrap_or(1)),
             max_depth,
@@ -384,26 +388,12 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         seed: args.seed,
     };
     let session = Arc::new(session);
-    let trace = args.trace.as_ref().map(|_| {
-        let t = ipsan_initiator::trace::Trace::new(args.trace_commands);
-        session.set_trace(t.clone());
-        t
-    });
-    let tick = ipsan_initiator::progress::reporter(!args.quiet);
-    let (measured, depth_auto) = match auto {
-        Some(a) => {
-            let (m, r) = bench::run_auto(session.clone(), w.clone(), a, tick)
-                .await
-                .map_err(bench_failure)?;
-            (m, Some(r))
-        }
-        None => (
-            bench::run(session.clone(), w.clone(), tick)
-                .await
-                .map_err(bench_failure)?,
-            None,
-        ),
-    };
+    let trace = args.trace.as_ref().map(|_| Trace::new(args.trace_commands));
+    let tick = progress_reporter(!args.quiet);
+    let (measured, depth_auto) =
+        bench::run_traced(session.clone(), w.clone(), auto, tick, trace.clone())
+            .await
+            .map_err(bench_failure)?;
     let mut w = w;
     if let Some(r) = &depth_auto {
         w.depth = r.chosen;
@@ -412,10 +402,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         schema: "ipsan-bench/1",
         tool: "ipsan bench",
         version: env!("CARGO_PKG_VERSION"),
-        git_rev: bench::git_rev().to_owned(),
+        git_rev: report::git_rev().to_owned(),
         started_unix_s,
-        host: bench::Host::detect(),
-        target: bench::TargetInfo {
+        host: report::Host::detect(),
+        target: report::TargetInfo {
             url: url.to_string(),
             vendor: inq.vendor,
             product: inq.product,
@@ -423,10 +413,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             capacity_bytes: cap.bytes(),
             block_len: cap.block_len,
         },
-        workload: bench::WorkloadInfo::from(&w),
+        workload: report::WorkloadInfo::from(&w),
         negotiated: session.params().clone(),
         result: measured,
-        tcp: Some(bench::TcpReport {
+        tcp: Some(report::TcpReport {
             requested: args.conn.tcp_settings(),
             in_force: session.tcp_in_force(),
             info_end: session.tcp_info(),
@@ -470,12 +460,12 @@ fn bench_failure(e: bench::BenchError) -> anyhow::Error {
 
 /// The trace file: a header naming the run, then the events (docs/bench.md, `ipsan-trace/1`).
 fn write_trace(
-    t: &ipsan_initiator::trace::Trace,
+    t: &Trace,
     path: &std::path::Path,
     r: &bench::Report,
     conn: &ConnArgs,
 ) -> anyhow::Result<()> {
-    let h = bench::trace_header(r, conn.seal.as_deref(), conn.pipeline);
+    let h = report::trace_header(r, conn.seal.as_deref(), conn.pipeline);
     let f =
         std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
     t.write_jsonl(std::io::BufWriter::new(f), h)
@@ -588,5 +578,72 @@ fn yn(b: bool) -> &'static str {
         "Yes"
     } else {
         "No"
+    }
+}
+
+/// Live progress (`--quiet` turns it off): an indicatif bar with throughput on a terminal, one
+/// plain line every few seconds otherwise (logs, CI, pipes). The tick callback for
+/// `ipsan_bench::run`; `enabled=false` prints nothing.
+fn progress_reporter(enabled: bool) -> Option<Box<dyn FnMut(Progress) + Send>> {
+    if !enabled {
+        return None;
+    }
+    if std::io::stderr().is_terminal() {
+        // Length 1 until the first sample sets the real one (0 would draw a full bar).
+        let bar = ProgressBar::new(1);
+        let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.enable_steady_tick(Duration::from_millis(200));
+        let mut last = (Duration::ZERO, 0u64);
+        Some(Box::new(move |p: Progress| {
+            let rate = rate(&mut last, p);
+            match (p.total_bytes, p.total_time) {
+                (Some(t), _) => {
+                    bar.set_length(t >> 20);
+                    bar.set_position(p.bytes >> 20);
+                }
+                (None, Some(t)) => {
+                    bar.set_length(t.as_secs());
+                    bar.set_position(p.elapsed.as_secs());
+                }
+                _ => {}
+            }
+            bar.set_message(format!("{rate:.1} MiB/s, {} ops", p.ops));
+            if p.total_bytes.is_some_and(|t| p.bytes >= t)
+                || p.total_time.is_some_and(|t| p.elapsed >= t)
+            {
+                bar.finish_and_clear();
+            }
+        }))
+    } else {
+        let mut last = (Duration::ZERO, 0u64);
+        let mut last_print = Duration::ZERO;
+        Some(Box::new(move |p: Progress| {
+            if p.elapsed.saturating_sub(last_print) < Duration::from_secs(5) {
+                return;
+            }
+            last_print = p.elapsed;
+            let r = rate(&mut last, p);
+            eprintln!(
+                "bench: {:>6.1}s {:>10.1} MiB done, {r:>8.1} MiB/s now, {} ops",
+                p.elapsed.as_secs_f64(),
+                p.bytes as f64 / 1048576.0,
+                p.ops
+            );
+        }))
+    }
+}
+
+fn rate(last: &mut (Duration, u64), p: Progress) -> f64 {
+    let dt = p.elapsed.saturating_sub(last.0).as_secs_f64();
+    let db = p.bytes.saturating_sub(last.1) as f64;
+    *last = (p.elapsed, p.bytes);
+    if dt > 0.0 {
+        db / dt / 1048576.0
+    } else {
+        0.0
     }
 }

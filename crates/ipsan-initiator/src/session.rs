@@ -43,8 +43,8 @@ use crate::error::{Error, Result};
 use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
+use crate::observe::{self, CommandEvent, CommandObserver, Observer};
 use crate::scsi::{self, Capacity, Inquiry, ScsiStatus, Sense, SenseKey};
-use crate::trace::{self, Kind, Trace};
 use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
 
@@ -216,8 +216,8 @@ struct Shared {
     /// of life besides its own NOP-In answer (see [`keepalive`]).
     last_rx_ms: AtomicU64,
     epoch: Instant,
-    /// Per-command event trace, when asked for ([`Session::set_trace`]).
-    trace: OnceLock<Arc<Trace>>,
+    /// Who watches each command's events, when asked for ([`Session::set_observer`]).
+    observer: OnceLock<Observer>,
     /// AsyncEvent 1 received, and whether our Logout for it went out.
     logout: TargetLogout,
     /// See [`SessionConfig::command_timeout`].
@@ -677,7 +677,7 @@ impl Session {
             pong_bytes: AtomicUsize::new(0),
             last_rx_ms: AtomicU64::new(0),
             epoch: Instant::now(),
-            trace: OnceLock::new(),
+            observer: OnceLock::new(),
             logout: TargetLogout::default(),
             command_timeout: cfg.command_timeout,
         });
@@ -711,15 +711,16 @@ impl Session {
         self.transform = Some(t);
     }
 
-    /// Record every command's events from now on into `t` (see [`crate::trace`]). A session
-    /// has at most one trace; returns false if one was set already.
-    pub fn set_trace(&self, t: Arc<Trace>) -> bool {
-        self.shared.trace.set(t).is_ok()
+    /// Report every command's events from now on to `o` (see [`crate::observe`]; the
+    /// benchmark's trace is one). A session has at most one observer; returns false if one was
+    /// set already.
+    pub fn set_observer(&self, o: Arc<dyn CommandObserver>) -> bool {
+        self.shared.observer.set(o).is_ok()
     }
 
-    /// The trace set with [`Session::set_trace`].
-    pub fn trace(&self) -> Option<&Arc<Trace>> {
-        self.shared.trace.get()
+    /// The observer set with [`Session::set_observer`].
+    pub fn observer(&self) -> Option<&Arc<dyn CommandObserver>> {
+        self.shared.observer.get()
     }
 
     /// The connection's TCP settings as the kernel reports them.
@@ -764,19 +765,19 @@ impl Session {
     /// transform installed, data-out is transformed before sending and Data-In after
     /// reassembly; a read's `len` is the plaintext length.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
-        let tr = self.shared.trace.get();
+        let tr = self.shared.observer.get();
         self.refuse_after_logout_request()?;
         let Some(t) = self.transform.clone() else {
             let Some(tr) = tr else {
                 return self.command_raw(cdb, dir, None).await;
             };
             let itt = self.shared.lock()?.itt();
-            let g = trace::Pending::issued(Some(tr), itt);
+            let g = observe::Pending::issued(Some(tr), itt);
             return g.finish(self.command_raw(cdb, dir, Some(itt)).await);
         };
         // The ITT is fixed before the transform runs because the transform binds to it.
         let itt = self.shared.lock()?.itt();
-        let g = trace::Pending::issued(tr, itt);
+        let g = observe::Pending::issued(tr, itt);
         // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
         let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
         let info = CommandInfo {
@@ -789,9 +790,9 @@ impl Session {
         match dir {
             DataDir::None => g.finish(self.command_raw(cdb, DataDir::None, Some(itt)).await),
             DataDir::Write(plain) => {
-                trace::note(tr, itt, Kind::SealStart, 0, plain.len() as u64);
+                observe::note(tr, itt, CommandEvent::SealStart, 0, plain.len() as u64);
                 let wire = t.outbound(info, plain).await?;
-                trace::note(tr, itt, Kind::SealEnd, 0, wire.len() as u64);
+                observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
                 g.finish(self.command_raw(cdb, DataDir::Write(wire), Some(itt)).await)
             }
             DataDir::Read(buf, len) => {
@@ -801,9 +802,9 @@ impl Session {
                 let mut c = self
                     .command_raw(cdb, DataDir::Read(buf, wire_len), Some(itt))
                     .await?;
-                trace::note(tr, itt, Kind::OpenStart, 0, c.data.len() as u64);
+                observe::note(tr, itt, CommandEvent::OpenStart, 0, c.data.len() as u64);
                 c.data = t.inbound(info, c.data).await?;
-                trace::note(tr, itt, Kind::OpenEnd, 0, c.data.len() as u64);
+                observe::note(tr, itt, CommandEvent::OpenEnd, 0, c.data.len() as u64);
                 g.finish(Ok(c))
             }
         }
@@ -1055,8 +1056,8 @@ impl Session {
         };
         let send = |pdu: Pdu| self.shared.out.send(pdu).map_err(|_| self.shared.lost());
         send(Pdu::new(cmd, write.slice(..imm)))?;
-        let tr = self.shared.trace.get();
-        trace::note(tr, itt, Kind::CmdSent, 0, imm as u64);
+        let tr = self.shared.observer.get();
+        observe::note(tr, itt, CommandEvent::CmdSent, 0, imm as u64);
         let mut off = imm;
         let mut data_sn = 0u32;
         while off < unsolicited_end {
@@ -1076,7 +1077,7 @@ impl Session {
         }
         if unsolicited_end > imm {
             let len = (unsolicited_end - imm) as u64;
-            trace::note(tr, itt, Kind::DataOut, imm as u64, len);
+            observe::note(tr, itt, CommandEvent::DataOut, imm as u64, len);
         }
         Ok(())
     }
@@ -1552,15 +1553,20 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
             }
             buf[off..end].copy_from_slice(&pdu.data);
             t.received += pdu.data.len();
-            if let Some(tr) = shared.trace.get() {
+            if let Some(tr) = shared.observer.get() {
                 if off == 0 {
-                    tr.record(h.itt, Kind::DataInFirst, 0, pdu.data.len() as u64);
+                    tr.on_event(h.itt, CommandEvent::DataInFirst, 0, pdu.data.len() as u64);
                 }
                 if end == t.read_len || h.status_present {
-                    tr.record(h.itt, Kind::DataInLast, off as u64, pdu.data.len() as u64);
+                    tr.on_event(
+                        h.itt,
+                        CommandEvent::DataInLast,
+                        off as u64,
+                        pdu.data.len() as u64,
+                    );
                 }
                 if h.status_present {
-                    tr.record(h.itt, Kind::Status, 0, 0);
+                    tr.on_event(h.itt, CommandEvent::Status, 0, 0);
                 }
             }
             if h.status_present {
@@ -1590,7 +1596,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                     h.itt
                 )));
             }
-            trace::note(shared.trace.get(), h.itt, Kind::Status, 0, 0);
+            observe::note(shared.observer.get(), h.itt, CommandEvent::Status, 0, 0);
             if h.response != 0 {
                 complete(st, h.itt, Err(Error::IscsiResponse(h.response)));
                 return Ok(());
@@ -1642,8 +1648,8 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                     t.write.len()
                 )));
             }
-            let tr = shared.trace.get();
-            trace::note(tr, h.itt, Kind::R2t, off as u64, len as u64);
+            let tr = shared.observer.get();
+            observe::note(tr, h.itt, CommandEvent::R2t, off as u64, len as u64);
             let seg = p.target_max_recv_data_segment_length as usize;
             let exp_stat_sn = shared.lock()?.exp_stat_sn;
             let mut pos = off;
@@ -1666,7 +1672,7 @@ fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
                 data_sn += 1;
                 pos = end;
             }
-            trace::note(tr, h.itt, Kind::DataOut, off as u64, len as u64);
+            observe::note(tr, h.itt, CommandEvent::DataOut, off as u64, len as u64);
         }
         Header::NopIn(h) => {
             if h.itt != RESERVED_TAG {

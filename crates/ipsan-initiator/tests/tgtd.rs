@@ -249,17 +249,17 @@ fn fails_in_flight_commands_when_tgtd_dies_mid_run() {
         .unwrap();
     rt.block_on(async {
         let s = std::sync::Arc::new(Session::open(&url, &config(fast())).await.unwrap());
-        let w = ipsan_initiator::bench::Workload {
-            mode: ipsan_initiator::bench::RwMode::RandRw,
+        let w = ipsan_bench::Workload {
+            mode: ipsan_bench::RwMode::RandRw,
             mix_read_percent: 50,
             block_size: 65536,
             depth: 8,
             offset: 0,
-            limit: ipsan_initiator::bench::Limit::Time(std::time::Duration::from_secs(30)),
+            limit: ipsan_bench::Limit::Time(std::time::Duration::from_secs(30)),
             verify: false,
             seed: 3,
         };
-        let run = tokio::spawn(ipsan_initiator::bench::run(s.clone(), w, None));
+        let run = tokio::spawn(ipsan_bench::run(s.clone(), w, None));
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         t.kill();
         let r = tokio::time::timeout(std::time::Duration::from_secs(10), run)
@@ -267,7 +267,7 @@ fn fails_in_flight_commands_when_tgtd_dies_mid_run() {
             .expect("a dead target must fail the run, not hang it")
             .unwrap();
         match r {
-            Err(ipsan_initiator::bench::BenchError::Io { source, .. }) => {
+            Err(ipsan_bench::BenchError::Io { source, .. }) => {
                 assert!(matches!(source, Error::ConnectionLost(_)), "{source}")
             }
             other => panic!("expected a connection error, got {other:?}"),

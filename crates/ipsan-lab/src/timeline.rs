@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ipsan_initiator::trace::{self, CommandTrace, Kind, TraceFile};
+use ipsan_bench::trace::{self, CommandTrace, Kind, TraceFile};
 use plotters::prelude::*;
 
 /// One trace to draw.
@@ -299,7 +299,7 @@ fn draw_on<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipsan_initiator::trace::Trace;
+    use ipsan_bench::trace::Trace;
 
     /// A small synthetic trace through the real recorder and file format: a sequential
     /// (seal, send, R2T, data, status) cycle and a pipelined one with overlapping seals.

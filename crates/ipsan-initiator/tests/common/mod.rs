@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ipsan_initiator::bench::{self, Limit, RwMode, Workload};
+use ipsan_bench::{self as bench, Limit, RwMode, Workload};
 use ipsan_initiator::{IscsiUrl, LoginOptions, Negotiated, Session, SessionConfig};
 
 pub const TGT_IQN: &str = "iqn.2026-11.org.ipsan:test-tgtd";

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{bounded, config};
-use ipsan_initiator::autodepth::AutoConfig;
-use ipsan_initiator::bench::{self, Limit, RwMode, Workload};
+use ipsan_bench::autodepth::AutoConfig;
+use ipsan_bench::trace::{self, Kind, Trace};
+use ipsan_bench::{self as bench, Limit, RwMode, Workload};
 use ipsan_initiator::seal::SealRequest;
-use ipsan_initiator::trace::{self, Kind, Trace};
 use ipsan_initiator::{IscsiUrl, LoginOptions, Session, SessionConfig};
 use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
 use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
@@ -83,11 +83,19 @@ fn traces_sealed_two_round_trip_writes_and_reads_whole() {
         };
         let s = Arc::new(Session::open(&url, &cfg).await.unwrap());
         let t = Trace::new(1000);
-        assert!(s.set_trace(t.clone()));
-        assert!(!s.set_trace(Trace::new(1)), "one trace per session");
-        bench::run(s.clone(), workload(RwMode::Write, 4, 40), None)
-            .await
-            .unwrap();
+        bench::run_traced(
+            s.clone(),
+            workload(RwMode::Write, 4, 40),
+            None,
+            None,
+            Some(t.clone()),
+        )
+        .await
+        .unwrap();
+        assert!(
+            !s.set_observer(Trace::new(1)),
+            "the trace is the session's one observer"
+        );
         let cmds = to_commands(&t);
         assert_eq!(cmds.len(), 40, "every write traced");
         trace::check(&cmds).unwrap();
@@ -131,10 +139,15 @@ fn traces_plain_reads_with_data_in() {
                 .unwrap(),
         );
         let t = Trace::new(1000);
-        s.set_trace(t.clone());
-        bench::run(s.clone(), workload(RwMode::Read, 2, 20), None)
-            .await
-            .unwrap();
+        bench::run_traced(
+            s.clone(),
+            workload(RwMode::Read, 2, 20),
+            None,
+            None,
+            Some(t.clone()),
+        )
+        .await
+        .unwrap();
         let cmds = to_commands(&t);
         assert_eq!(cmds.len(), 20);
         trace::check(&cmds).unwrap();

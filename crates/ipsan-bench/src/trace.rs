@@ -3,9 +3,10 @@
 //! like the papers' packet visualisations (Kamisaka et al. 2006 (004), Fig. 5–6) so the overlap
 //! of pre-processing with the round trips is visible.
 //!
-//! Zero cost when off: the session holds an `OnceLock<Arc<Trace>>` that is empty unless
-//! [`crate::Session::set_trace`] was called, and every hook is one `Option` check. When on,
-//! each event is one short mutex-held push of 32 bytes.
+//! A [`Trace`] is an observer of one session (`ipsan_initiator::Session::set_observer`, the
+//! hook in `ipsan_initiator::observe`): zero cost when no observer is set, and when on, each
+//! event is one short mutex-held push of 32 bytes. The event vocabulary is the initiator's
+//! [`CommandEvent`]; its names in the file, the file itself and its reader live here.
 //!
 //! Times are nanoseconds since the trace was created (`Instant`, monotonic). "Sent" means
 //! queued to the connection's writer task, which writes what is queued in its next batch.
@@ -18,9 +19,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use ipsan_initiator::observe::{CommandEvent, CommandObserver};
 use serde::{Deserialize, Serialize};
 
-/// What happened to a command.
+/// What happened to a command, as the trace file names it: the initiator's [`CommandEvent`]s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
@@ -75,6 +77,26 @@ impl Kind {
     }
 }
 
+impl From<CommandEvent> for Kind {
+    fn from(e: CommandEvent) -> Self {
+        match e {
+            CommandEvent::Issued => Kind::Issued,
+            CommandEvent::SealStart => Kind::SealStart,
+            CommandEvent::SealEnd => Kind::SealEnd,
+            CommandEvent::CmdSent => Kind::CmdSent,
+            CommandEvent::R2t => Kind::R2t,
+            CommandEvent::DataOut => Kind::DataOut,
+            CommandEvent::DataInFirst => Kind::DataInFirst,
+            CommandEvent::DataInLast => Kind::DataInLast,
+            CommandEvent::OpenStart => Kind::OpenStart,
+            CommandEvent::OpenEnd => Kind::OpenEnd,
+            CommandEvent::Status => Kind::Status,
+            CommandEvent::Completed => Kind::Completed,
+            CommandEvent::Failed => Kind::Failed,
+        }
+    }
+}
+
 /// One event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
@@ -97,7 +119,7 @@ struct State {
     commands: usize,
 }
 
-/// The trace sink. Share it in an `Arc` with [`crate::Session::set_trace`].
+/// The trace sink. Share it in an `Arc` with `ipsan_initiator::Session::set_observer`.
 #[derive(Debug)]
 pub struct Trace {
     start: Instant,
@@ -216,46 +238,9 @@ impl Trace {
     }
 }
 
-/// Record on an optional trace (the session's hooks: one branch when tracing is off).
-#[inline]
-pub(crate) fn note(t: Option<&Arc<Trace>>, itt: u32, kind: Kind, offset: u64, len: u64) {
-    if let Some(t) = t {
-        t.record(itt, kind, offset, len);
-    }
-}
-
-/// A traced command in progress: records `issued` when made and `failed` when dropped before
-/// [`Pending::finish`] (a `?` on the way out), so every recorded command has an end.
-pub(crate) struct Pending<'a> {
-    t: Option<&'a Arc<Trace>>,
-    itt: u32,
-}
-
-impl<'a> Pending<'a> {
-    pub(crate) fn issued(t: Option<&'a Arc<Trace>>, itt: u32) -> Self {
-        note(t, itt, Kind::Issued, 0, 0);
-        Self { t, itt }
-    }
-
-    /// Record how the command ended and pass its result through.
-    pub(crate) fn finish<T, E>(mut self, r: Result<T, E>) -> Result<T, E> {
-        if let Some(t) = self.t.take() {
-            let k = if r.is_ok() {
-                Kind::Completed
-            } else {
-                Kind::Failed
-            };
-            t.record(self.itt, k, 0, 0);
-        }
-        r
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if let Some(t) = self.t.take() {
-            t.record(self.itt, Kind::Failed, 0, 0);
-        }
+impl CommandObserver for Trace {
+    fn on_event(&self, itt: u32, event: CommandEvent, offset: u64, len: u64) {
+        self.record(itt, event.into(), offset, len);
     }
 }
 
