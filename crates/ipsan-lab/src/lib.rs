@@ -13,7 +13,8 @@
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
 //! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
-//! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files.
+//! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files, read with
+//!   `ipsan_bench::trace`.
 pub mod calibrate;
 pub mod esp;
 pub mod guard;

@@ -3,7 +3,8 @@
 //! Data-Out and gets back status, sense and Data-In.
 //!
 //! # Layout
-//! - [`sense`]: sense keys, sense data (fixed/descriptor format), status codes (SPC-4 §4.5).
+//! - [`sense`]: sense keys, sense data (fixed/descriptor format) built by the target and parsed
+//!   by the initiator, status codes (SPC-4 §4.5).
 //! - [`cdb`]: CDB decoding into a typed [`cdb::Command`]; bad fields become [`Sense`].
 //! - [`backend`]: the [`Backend`] trait and the `mem`, `file` and `null` stores, plus the
 //!   `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` spec parser.
