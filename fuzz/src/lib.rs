@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
-//! | [`initiator_login`] | `ipsan_initiator::login::LoginMachine` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
+//! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
 //! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `LogicalUnit::execute` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows or the LU's size |
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
@@ -304,7 +304,7 @@ pub fn login_sm(data: &[u8]) {
 const INI_SECRET: &[u8] = b"fuzz-initiator-secret";
 const INI_MUTUAL_SECRET: &[u8] = b"fuzz-mutual-target-secret";
 
-/// The initiator's side of login: [`ipsan_initiator::login::LoginMachine`] (RFC 7143 §6.3,
+/// The initiator's side of login: [`iscsi_proto::login::originator::LoginMachine`] (RFC 7143 §6.3,
 /// §12.1.3) fed arbitrary Login Responses, reassembled over the C bit the way
 /// `session::login` does. The first byte picks the options: bits 0–1 CHAP (none, one-way,
 /// mutual, mutual), bits 2–3 the digests we insist on, bit 4 a discovery session.
@@ -315,8 +315,11 @@ const INI_MUTUAL_SECRET: &[u8] = b"fuzz-mutual-target-secret";
 /// MaxBurstLength, a target MaxRecvDataSegmentLength in 512..2^24 and our own declared one;
 /// no step we would send carries either secret, as text or hex.
 pub fn initiator_login(data: &[u8]) {
-    use ipsan_initiator::login::{LoginMachine, LoginNext, LoginReply, SessionKind};
-    use ipsan_initiator::{ChapCredentials, ChapSecret, DigestChoice, LoginOptions};
+    use iscsi_proto::chap::ChapSecret;
+    use iscsi_proto::login::originator::{
+        ChapCredentials, DigestChoice, LoginMachine, LoginNext, LoginOptions, LoginReply,
+        SessionKind,
+    };
     use iscsi_wire::{Codec, Header};
     let Some((&sel, stream)) = data.split_first() else {
         return;
@@ -359,7 +362,7 @@ pub fn initiator_login(data: &[u8]) {
             }
         }
     };
-    let (mut machine, first) = LoginMachine::start(opts.clone(), kind);
+    let (mut machine, first) = <LoginMachine>::start(opts.clone(), kind);
     no_secret(&first.keys);
     // Login PDUs are limited to 8192 bytes until the operational values apply (§13.12).
     let codec = Codec::default();
@@ -398,7 +401,8 @@ pub fn initiator_login(data: &[u8]) {
                 return;
             }
             Ok(LoginNext::Send(step)) => no_secret(&step.keys),
-            Ok(LoginNext::Done(n)) => {
+            Ok(LoginNext::Done(done)) => {
+                let n = &done.params;
                 assert!(
                     !mutual,
                     "mutual CHAP login completed without the target's proof"
@@ -418,7 +422,7 @@ pub fn initiator_login(data: &[u8]) {
                     range.contains(&n.target_max_recv_data_segment_length),
                     "{n:?}"
                 );
-                assert_eq!(n.max_recv_data_segment_length, declared);
+                assert_eq!(n.initiator_max_recv_data_segment_length, declared);
                 assert!(n.max_outstanding_r2t >= 1);
                 return;
             }

@@ -925,12 +925,7 @@ mod tests {
                 verify: true,
                 seed: 5,
             }),
-            negotiated: ipsan_initiator::login::LoginMachine::start(
-                ipsan_initiator::LoginOptions::default(),
-                ipsan_initiator::login::SessionKind::Discovery,
-            )
-            .0
-            .negotiated_so_far(),
+            negotiated: ipsan_initiator::Negotiated::rfc_defaults(),
             result: Measured {
                 duration_s: 1.0,
                 ops: 0,

@@ -92,26 +92,4 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Human text for a login status class/detail (RFC 7143 §11.13.5).
-pub fn login_status_message(class: u8, detail: u8) -> &'static str {
-    match (class, detail) {
-        (1, _) => "target moved (redirect, not supported by this initiator)",
-        (2, 0) => "initiator error",
-        (2, 1) => "authentication failure",
-        (2, 2) => "authorization failure",
-        (2, 3) => "target not found",
-        (2, 4) => "target removed",
-        (2, 5) => "unsupported version",
-        (2, 6) => "too many connections",
-        (2, 7) => "missing parameter",
-        (2, 8) => "cannot include in session",
-        (2, 9) => "session type not supported",
-        (2, 10) => "session does not exist",
-        (2, 11) => "invalid during login",
-        (2, _) => "initiator error (other)",
-        (3, 0) => "target error",
-        (3, 1) => "service unavailable",
-        (3, 2) => "out of resources",
-        (3, _) => "target error (other)",
-        _ => "unknown status",
-    }
-}
+pub use iscsi_proto::login::originator::status_message as login_status_message;

@@ -4,8 +4,11 @@
 //!
 //! # Layout
 //! - [`url`]: `iscsi://[user[%password]@]host[:port]/target-iqn/lun` URLs (libiscsi syntax).
-//! - [`login`]: the originator's login state machine, sans-IO (RFC 7143 §6.3, §13), with CHAP
-//!   and mutual CHAP from `iscsi_proto::chap`.
+//! - [`login`]: the originator's login: iscsi-proto's state machine
+//!   (`iscsi_proto::login::originator`, CHAP and mutual CHAP included) with this initiator's
+//!   extension trait (Seal's transform) and the [`Negotiated`] view `ipsan bench` reports;
+//!   `session` drives it over the socket.
+//! - [`seal`]: Seal's login extension and the payload transform that seals and opens data.
 //! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
 //!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout.
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).

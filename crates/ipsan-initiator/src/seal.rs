@@ -18,6 +18,7 @@ use crate::login::OriginatorExtension;
 use crate::scsi::{Sense, SenseKey};
 use crate::session::ExtensionFactory;
 use crate::transform::{CommandInfo, PayloadTransform, TransformFuture};
+use iscsi_proto::login::originator;
 
 /// What `ipsan bench --seal` asks for.
 #[derive(Clone)]
@@ -69,7 +70,7 @@ fn ids(ctx: &ExtensionContext<'_>) -> SessionIds {
     }
 }
 
-impl OriginatorExtension for SealOriginator {
+impl originator::OriginatorExtension for SealOriginator {
     fn handles(&self, key: &str) -> bool {
         is_seal_key(key)
     }
@@ -100,16 +101,18 @@ impl OriginatorExtension for SealOriginator {
         Ok(())
     }
 
+    fn needs_second_request(&self) -> bool {
+        true
+    }
+}
+
+impl OriginatorExtension for SealOriginator {
     fn transform(&mut self) -> Option<Arc<dyn PayloadTransform>> {
         let session = self.session.clone()?;
         Some(Arc::new(SealTransform {
             session,
             pool: self.pool.clone(),
         }))
-    }
-
-    fn needs_second_request(&self) -> bool {
-        true
     }
 }
 

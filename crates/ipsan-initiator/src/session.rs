@@ -462,8 +462,8 @@ async fn login(
             LoginNext::Send(s) => step = s,
             LoginNext::Done(params) => {
                 return Ok(LoggedIn {
-                    params: *params,
-                    transform: machine.extension_transform(),
+                    params: Negotiated::from_login(&params),
+                    transform: machine.extension_mut().and_then(|e| e.transform()),
                     cmd_sn: resp.exp_cmd_sn,
                     exp_cmd_sn: resp.exp_cmd_sn,
                     max_cmd_sn: resp.max_cmd_sn,

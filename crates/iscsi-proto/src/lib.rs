@@ -4,7 +4,9 @@
 //! - [`params`]: the key table, negotiation result functions and the session's values in force.
 //! - [`chap`]: CHAP for both sides (RFC 1994, RFC 7143 §12.1.3).
 //! - [`login`]: the target's login state machine (RFC 7143 §6, §11.12–§11.13), from the first
-//!   Login Request to full feature phase.
+//!   Login Request to full feature phase, and in [`login::originator`] the initiator's, both
+//!   negotiating into [`params::SessionParams`] and both ending with the non-`Copy` proof of
+//!   authentication ([`login::Authenticated`]) the full-feature phase is built from.
 //! - [`seq`]: serial number arithmetic and the command window (RFC 7143 §4.2.2, §4.2.2.1).
 
 pub mod chap;

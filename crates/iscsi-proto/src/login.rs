@@ -16,13 +16,21 @@
 //! ```
 //! Reaching operational negotiation or full feature phase needs an [`Authenticated`] value,
 //! which only a verified CHAP response or a target configured without authentication can
-//! produce, so no path skips authentication.
+//! produce, so no path skips authentication. The value is neither `Copy` nor `Clone` and only
+//! this module makes one: a [`LoginResult`] (and the originator's
+//! [`originator::Established`]) holds the one proof its login produced, so the full-feature
+//! phase, built from those, cannot exist without it.
+//!
+//! The originator's side lives in [`originator`], folding the target's answers into the same
+//! [`SessionParams`].
 
 use std::collections::BTreeSet;
 
 use crate::chap::{self, ChallengeRecord, ChapAlgorithm, ChapSecret};
 use crate::params::{self, SessionParams, SessionType, Side, IRRELEVANT, NOT_UNDERSTOOD, REJECT};
 use iscsi_wire::header::{LoginRequest, LoginResponse, Stage};
+
+pub mod originator;
 
 /// Login response status (RFC 7143 §11.13.5): class in the high byte, detail in the low.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,9 +208,10 @@ pub trait Directory {
     ) -> Result<u16, LoginFailure>;
 }
 
-/// Proof that the initiator authenticated (or that the target needs no authentication).
-/// Only this module can create it.
-#[derive(Clone, Copy, Debug)]
+/// Proof that the peer authenticated (or that no authentication was agreed). Only this module
+/// makes one, and it is neither `Copy` nor `Clone`: it moves from the security stage into the
+/// login's result.
+#[derive(Debug)]
 pub struct Authenticated(());
 
 #[derive(Debug)]
@@ -242,6 +251,15 @@ pub struct LoginResult {
     pub cmd_sn: u32,
     /// The StatSN for the first full-feature response.
     pub next_stat_sn: u32,
+    /// The login's one proof of authentication: only this module can build a result.
+    auth: Authenticated,
+}
+
+impl LoginResult {
+    /// The proof that the initiator authenticated (or that no authentication was agreed).
+    pub fn authenticated(&self) -> &Authenticated {
+        &self.auth
+    }
 }
 
 /// One step of the login: the response to send, and where the login stands.
@@ -426,20 +444,23 @@ impl TargetLogin {
         }
 
         // Leaving the security stage directly for operational or full feature phase.
-        if req.csg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
-            if let State::Security(sec) = &self.state {
-                let proof = match sec {
-                    SecurityState::NoAuth(p) | SecurityState::Verified(p) => *p,
-                    SecurityState::Negotiating if self.requires_no_auth() => Authenticated(()),
-                    _ => {
-                        return Err(LoginFailure::new(
-                            LoginStatus::AUTHENTICATION_FAILURE,
-                            "operational stage requested before authentication",
-                        ))
-                    }
-                };
-                self.state = State::Operational(proof);
-            }
+        if req.csg == Stage::LOGIN_OPERATIONAL_NEGOTIATION
+            && matches!(self.state, State::Security(_))
+        {
+            let no_auth = self.requires_no_auth();
+            // The proof moves from the security state into the operational one.
+            let proof = match std::mem::replace(&mut self.state, State::Done) {
+                State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p)) => p,
+                State::Security(SecurityState::Negotiating) if no_auth => Authenticated(()),
+                other => {
+                    self.state = other;
+                    return Err(LoginFailure::new(
+                        LoginStatus::AUTHENTICATION_FAILURE,
+                        "operational stage requested before authentication",
+                    ));
+                }
+            };
+            self.state = State::Operational(proof);
         }
 
         match req.csg {
@@ -450,24 +471,34 @@ impl TargetLogin {
         // Decide whether to transit.
         let mut transit = false;
         if req.transit {
-            match &self.state {
-                State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p)) => {
-                    let p = *p;
+            let no_auth = self.requires_no_auth();
+            let to_operational = req.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION;
+            self.state = match std::mem::replace(&mut self.state, State::Done) {
+                State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p))
+                    if to_operational =>
+                {
                     transit = true;
-                    if req.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
-                        self.state = State::Operational(p);
-                    }
+                    State::Operational(p)
                 }
-                State::Security(SecurityState::Negotiating) if self.requires_no_auth() => {
-                    // The initiator sent no AuthMethod; None is the only possible outcome.
+                s @ State::Security(SecurityState::NoAuth(_) | SecurityState::Verified(_)) => {
                     transit = true;
-                    if req.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
-                        self.state = State::Operational(Authenticated(()));
-                    }
+                    s
                 }
-                State::Operational(_) => transit = true,
-                _ => {}
-            }
+                // The initiator sent no AuthMethod; None is the only possible outcome.
+                State::Security(SecurityState::Negotiating) if no_auth && to_operational => {
+                    transit = true;
+                    State::Operational(Authenticated(()))
+                }
+                s @ State::Security(SecurityState::Negotiating) if no_auth => {
+                    transit = true;
+                    s
+                }
+                s @ State::Operational(_) => {
+                    transit = true;
+                    s
+                }
+                s => s,
+            };
         }
         if transit && req.nsg == Stage::FULL_FEATURE_PHASE {
             return self.finish(req, out, dir);
@@ -767,19 +798,19 @@ impl TargetLogin {
         mut out: Vec<(String, String)>,
         dir: &mut dyn Directory,
     ) -> Result<Reply, LoginFailure> {
-        let authenticated = match &self.state {
+        let no_auth = self.requires_no_auth();
+        // The proof moves into the result: the login ends here either way.
+        let proof = match std::mem::replace(&mut self.state, State::Done) {
             State::Operational(p)
-            | State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p)) => Some(*p),
-            State::Security(SecurityState::Negotiating) if self.requires_no_auth() => {
-                Some(Authenticated(()))
+            | State::Security(SecurityState::NoAuth(p) | SecurityState::Verified(p)) => p,
+            State::Security(SecurityState::Negotiating) if no_auth => Authenticated(()),
+            other => {
+                self.state = other;
+                return Err(LoginFailure::new(
+                    LoginStatus::AUTHENTICATION_FAILURE,
+                    "full feature phase requested before authentication",
+                ));
             }
-            _ => None,
-        };
-        let Some(_proof) = authenticated else {
-            return Err(LoginFailure::new(
-                LoginStatus::AUTHENTICATION_FAILURE,
-                "full feature phase requested before authentication",
-            ));
         };
         let tsih = dir.assign_tsih(self.isid, &self.params.initiator_name, self.tsih)?;
         self.tsih = tsih;
@@ -812,8 +843,8 @@ impl TargetLogin {
             cid: self.cid,
             cmd_sn: self.cmd_sn,
             next_stat_sn: self.stat_sn,
+            auth: proof,
         };
-        self.state = State::Done;
         Ok(Reply {
             header,
             data: encode(&out),
