@@ -255,13 +255,37 @@ enum ChapState {
     Done,
 }
 
+/// Where the login stands. The operational stage can only be entered with the proof the
+/// security stage produced, and the proof moves on into [`Established`] (rustls's typestate:
+/// no path skips authentication).
+#[derive(Debug)]
+enum Phase {
+    /// SecurityNegotiation (CSG=0); `Some` once authentication is settled: AuthMethod=None
+    /// agreed, or our CHAP response accepted and, when asked for, mutual CHAP verified.
+    Security(Option<Authenticated>),
+    /// LoginOperationalNegotiation (CSG=1).
+    Operational(Authenticated),
+    /// Full feature phase reached, or the login failed: nothing more to handle.
+    Done,
+}
+
+impl Phase {
+    fn stage(&self) -> Stage {
+        match self {
+            Phase::Security(_) => Stage::SECURITY_NEGOTIATION,
+            Phase::Operational(_) => Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            Phase::Done => Stage::FULL_FEATURE_PHASE,
+        }
+    }
+}
+
 /// The originator's login state machine, with an optional login extension of type `X` (a
 /// caller may use a richer trait object whose supertrait is [`OriginatorExtension`]).
 #[derive(Debug)]
 pub struct LoginMachine<X: ?Sized + OriginatorExtension = dyn OriginatorExtension> {
     opts: LoginOptions,
     kind: SessionKind,
-    stage: Stage,
+    phase: Phase,
     chap: ChapState,
     record: ChallengeRecord,
     /// Operational keys we sent and have not seen answered.
@@ -273,9 +297,6 @@ pub struct LoginMachine<X: ?Sized + OriginatorExtension = dyn OriginatorExtensio
     target_alias: Option<String>,
     chap_algorithm: Option<u32>,
     target_authenticated: bool,
-    /// Set once the security stage is over with an acceptable outcome; taken to build
-    /// [`Established`].
-    auth: Option<Authenticated>,
     sent_operational: bool,
     ext: Option<Box<X>>,
     isid: [u8; 6],
@@ -341,7 +362,7 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
         let m = Self {
             opts,
             kind,
-            stage: Stage::SECURITY_NEGOTIATION,
+            phase: Phase::Security(None),
             chap: ChapState::NotStarted,
             record: ChallengeRecord::new(),
             offered: HashMap::new(),
@@ -351,7 +372,6 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             target_alias: None,
             chap_algorithm: None,
             target_authenticated: false,
-            auth: None,
             sent_operational: false,
             ext: None,
             isid: [0; 6],
@@ -397,22 +417,17 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                 detail: reply.status_detail,
             });
         }
-        if reply.csg != self.stage {
+        let ours = self.phase.stage();
+        if reply.csg != ours || matches!(self.phase, Phase::Done) {
             return Err(OriginatorError::WrongStage {
                 got: reply.csg.0,
-                ours: self.stage.0,
+                ours: ours.0,
             });
         }
         self.tsih = reply.tsih;
-        if self.stage == Stage::SECURITY_NEGOTIATION {
-            self.handle_security(reply)
-        } else if self.stage == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
-            self.handle_operational(reply)
-        } else {
-            Err(OriginatorError::WrongStage {
-                got: reply.csg.0,
-                ours: self.stage.0,
-            })
+        match self.phase {
+            Phase::Security(_) => self.handle_security(reply),
+            _ => self.handle_operational(reply),
         }
     }
 
@@ -465,7 +480,7 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                             self.chap = ChapState::NotStarted;
                         } else {
                             // AuthMethod=None agreed (or never discussed without CHAP).
-                            self.auth = Some(Authenticated(()));
+                            self.phase = Phase::Security(Some(Authenticated(())));
                         }
                     }
                     Some(other) => {
@@ -499,13 +514,20 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                     self.target_authenticated = true;
                 }
                 // Our response was accepted (the target moved on) and any mutual answer holds.
-                self.auth = Some(Authenticated(()));
+                self.phase = Phase::Security(Some(Authenticated(())));
             }
             ChapState::Done => {}
         }
         if reply.transit {
             if reply.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION {
-                self.stage = Stage::LOGIN_OPERATIONAL_NEGOTIATION;
+                // The proof moves into the operational stage; without one there is none.
+                let Phase::Security(Some(proof)) = std::mem::replace(&mut self.phase, Phase::Done)
+                else {
+                    return Err(OriginatorError::Auth(
+                        "the target moved to operational negotiation before authentication".into(),
+                    ));
+                };
+                self.phase = Phase::Operational(proof);
                 return Ok(LoginNext::Send(self.operational_step()?));
             }
             if reply.nsg == Stage::FULL_FEATURE_PHASE {
@@ -679,11 +701,13 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             }
             self.offered.clear();
             self.validate()?;
-            // No proof, no full feature phase: a login that never settled authentication
-            // cannot produce a session.
-            let auth = self.auth.take().ok_or_else(|| {
-                OriginatorError::Auth("full feature phase before authentication".into())
-            })?;
+            // The operational stage's proof moves into the result.
+            let Phase::Operational(auth) = std::mem::replace(&mut self.phase, Phase::Done) else {
+                return Err(OriginatorError::WrongStage {
+                    got: reply.csg.0,
+                    ours: Stage::FULL_FEATURE_PHASE.0,
+                });
+            };
             return Ok(LoginNext::Done(Box::new(Established {
                 params: self.params.clone(),
                 tsih: self.tsih,
@@ -1078,9 +1102,9 @@ mod tests {
     }
 
     #[test]
-    fn refuses_full_feature_without_authentication() {
-        // CHAP configured, the target never asked for it (no AuthMethod at all) and jumps to
-        // operational negotiation and then full feature phase: no proof, no session.
+    fn refuses_operational_stage_without_authentication() {
+        // CHAP configured, the target never settles AuthMethod and jumps to operational
+        // negotiation: no proof, no operational stage, no session.
         let opts = LoginOptions {
             chap: Some(ChapCredentials {
                 name: "alice".into(),
@@ -1089,9 +1113,10 @@ mod tests {
             ..LoginOptions::default()
         };
         let (mut m, _) = <LoginMachine>::start(opts, SessionKind::Discovery);
-        m.handle(reply(SEC, OP, true, &[])).unwrap();
-        let e = m.handle(reply(OP, FF, true, &[])).unwrap_err();
+        let e = m.handle(reply(SEC, OP, true, &[])).unwrap_err();
         assert!(matches!(e, OriginatorError::Auth(_)), "{e}");
+        // And the machine takes nothing after that.
+        assert!(m.handle(reply(OP, FF, true, &[])).is_err());
     }
 
     #[test]
