@@ -78,7 +78,12 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let control_path = args.control.clone();
     let metrics_addr = args.metrics;
-    let config_path = args.config.clone();
+    // Absolute: `ipsan ctl reload`/`save` and SIGHUP use it later, whatever the cwd.
+    let config_path = args
+        .config
+        .as_deref()
+        .map(std::path::absolute)
+        .transpose()?;
     let config = build_config(args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
