@@ -5,6 +5,7 @@ mod ctl;
 mod demo;
 mod discover;
 mod inquiry;
+mod journal;
 mod lab;
 mod model;
 mod notify;
@@ -64,8 +65,11 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` overrides the level chosen by `-v`.
+/// Logs go to stderr; `RUST_LOG` overrides the level chosen by `-v`. Under systemd (stderr is
+/// the journal) they go to the journal as structured fields instead (journal.rs).
 pub fn init_tracing(verbose: u8) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -73,7 +77,16 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Colours only on a terminal: under systemd stderr goes to the journal (docs/operate.md).
+    if journal::stderr_is_journal() {
+        if let Ok(layer) = journal::JournalLayer::new(journal::JOURNAL_SOCKET, "ipsan") {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(layer)
+                .try_init();
+            return;
+        }
+    }
+    // Colours only on a terminal.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
