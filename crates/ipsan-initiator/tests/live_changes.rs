@@ -150,3 +150,53 @@ fn a_lun_added_while_logged_in_is_usable_at_once_without_disturbing_the_session(
         h.shutdown().await.unwrap();
     });
 }
+
+#[test]
+fn narrowing_an_allow_list_ends_only_the_sessions_it_excludes() {
+    bounded(60, async {
+        let dir = tempfile::tempdir().unwrap();
+        let h = start(dir.path()).await;
+        let reg = h.registry();
+        let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
+        let as_name = |name: &str| {
+            config(LoginOptions {
+                initiator_name: name.into(),
+                ..LoginOptions::default()
+            })
+        };
+        let keep = Session::open(&url, &as_name("iqn.2026-11.org.ipsan:keep"))
+            .await
+            .unwrap();
+        let gone = Session::open(&url, &as_name("iqn.2026-11.org.ipsan:gone"))
+            .await
+            .unwrap();
+        for s in [&keep, &gone] {
+            let _ = s.read(0, 1).await;
+            s.read(0, 1).await.unwrap();
+        }
+        let report = reg
+            .change(false, |f| {
+                f.target[0].allow = vec!["iqn.2026-11.org.ipsan:keep".into()];
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(report.sessions_dropped, 1, "{report:?}");
+        keep.read(0, 1).await.unwrap();
+        assert!(
+            gone.read(0, 1).await.is_err(),
+            "excluded session still served"
+        );
+        // And it cannot come back.
+        assert!(Session::open(&url, &as_name("iqn.2026-11.org.ipsan:gone"))
+            .await
+            .is_err());
+        // The ended session unregisters once its connection has closed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while reg.sessions().len() != 1 {
+            assert!(std::time::Instant::now() < deadline, "{:?}", reg.sessions());
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        keep.logout().await.unwrap();
+        h.shutdown().await.unwrap();
+    });
+}
