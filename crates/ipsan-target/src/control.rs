@@ -140,7 +140,15 @@ impl Control {
                     .create(dir)?;
             }
         }
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                // Never delete what is not a stale socket (a mistyped --control path).
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::AddrInUse,
@@ -898,6 +906,35 @@ mod tests {
         )
         .unwrap();
         Registry::build(&c).unwrap()
+    }
+
+    #[test]
+    fn redacts_inline_secrets_from_the_shown_config() {
+        let r = Registry::build(
+            &crate::Config::from_toml(
+                "[[target]]\niqn = \"iqn.2026-11.x:a\"\n[target.chap]\nuser = \"u\"\nsecret = \"inline-secret-123456\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let v = handle_line(&r, br#"{"method":"config"}"#);
+        let toml = v["result"]["toml"].as_str().unwrap();
+        assert!(!toml.contains("inline-secret"), "{toml}");
+        assert!(toml.contains("secret = \"<redacted>\""), "{toml}");
+        assert!(
+            !format!("{r:?}").contains("inline-secret"),
+            "secret in Debug"
+        );
+    }
+
+    #[tokio::test]
+    async fn refuses_to_replace_a_file_that_is_not_a_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("precious.toml");
+        std::fs::write(&p, "keep me").unwrap();
+        let e = Control::bind(&p, std::sync::Arc::new(registry())).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "keep me");
     }
 
     #[test]
