@@ -157,7 +157,11 @@ impl Control {
             }
             std::fs::remove_file(path)?;
         }
-        let listener = UnixListener::bind(path)?;
+        // A deep backlog: a burst of `ipsan ctl` calls (scripts, 100 at once in the tests)
+        // must queue, not be refused (a full Unix socket backlog answers ECONNREFUSED).
+        let sock = tokio::net::UnixSocket::new_stream()?;
+        sock.bind(path)?;
+        let listener = sock.listen(1024)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         Ok(Self {
             listener,
@@ -850,11 +854,30 @@ fn sessions(registry: &Registry) -> Value {
 /// Sends one request to the control socket at `path` and returns its `result`, or the error
 /// the target answered with (message, field).
 pub fn request(path: &Path, method: &str, params: Value) -> Result<Value, ClientError> {
-    let mut s =
-        std::os::unix::net::UnixStream::connect(path).map_err(|e| ClientError::Connect {
-            path: path.to_owned(),
-            source: e,
-        })?;
+    // A busy target's backlog may be full for a moment: retry a refused connect briefly.
+    let mut tries = 0u32;
+    let mut s = loop {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(s) => break s,
+            Err(e)
+                if tries < 10
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::WouldBlock
+                    )
+                    && path.exists() =>
+            {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10 << tries.min(5)));
+            }
+            Err(e) => {
+                return Err(ClientError::Connect {
+                    path: path.to_owned(),
+                    source: e,
+                })
+            }
+        }
+    };
     s.set_read_timeout(Some(Duration::from_secs(120)))
         .map_err(ClientError::Io)?;
     let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
