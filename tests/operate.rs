@@ -660,7 +660,31 @@ fn metrics_match_bench_counts_pass_promtool_and_are_scraped_by_prometheus() {
         ),
         &rj,
     );
+    // One failed CHAP login to C, counted under its target and as a CHAP failure.
+    let bad = Command::new("iscsi-inq")
+        .arg(format!(
+            "iscsi://carol%wrong-secret-wrong@{}/{C}/0",
+            t.portal
+        ))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success(), "wrong CHAP secret admitted");
     let m = t.metrics_text();
+    assert_eq!(
+        sample(
+            &m,
+            "ipsan_logins_total",
+            &format!("target=\"{C}\",result=\"authentication_failure\"")
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "ipsan_chap_failures_total", ""),
+        None,
+        "unlabelled samples have no braces"
+    );
+    assert!(m.lines().any(|l| l == "ipsan_chap_failures_total 1"), "{m}");
     let lun = format!("target=\"{A}\",lun=\"0\"");
     let near = |what: &str, ours: f64, bench: f64| {
         let diff = (ours - bench).abs() / bench.max(1.0);

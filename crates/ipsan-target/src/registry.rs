@@ -751,6 +751,22 @@ fn same_but_size(a: &LunConfig, b: &LunConfig) -> bool {
         && a.serial == b.serial
 }
 
+/// Whether two Seal settings are the same (secrets compared in constant time).
+fn same_seal(a: &crate::config::SealSettings, b: &crate::config::SealSettings) -> bool {
+    let same_psk = |x: &Option<ipsan_seal::Psk>, y: &Option<ipsan_seal::Psk>| match (x, y) {
+        (Some(x), Some(y)) => x.ct_eq(y),
+        (None, None) => true,
+        _ => false,
+    };
+    a.policy == b.policy
+        && same_psk(&a.secret, &b.secret)
+        && a.initiators.len() == b.initiators.len()
+        && a.initiators
+            .iter()
+            .zip(&b.initiators)
+            .all(|((n, p), (m, q))| n == m && p.ct_eq(q))
+}
+
 /// REPORTED LUNS DATA HAS CHANGED (SPC-4 §7.5.5 / Table 49: 3Fh/0Eh).
 const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
 
@@ -941,7 +957,7 @@ impl Registry {
                     t.iqn
                 ));
             }
-            if format!("{:?}", o.seal) != format!("{:?}", t.seal) {
+            if !same_seal(&o.seal, &t.seal) {
                 report.changes.push(format!(
                     "target {} Seal settings changed (new logins; sessions logged in keep their keys)",
                     t.iqn
