@@ -39,13 +39,13 @@ pub struct Args {
     /// Require CHAP with this user name (the secret comes from --chap-secret-file).
     #[arg(long, requires = "chap_secret_file")]
     chap_user: Option<String>,
-    /// File holding the CHAP secret for --chap-user.
+    /// File holding the CHAP secret for --chap-user (mode 0600: a file others can read is refused).
     #[arg(long, value_name = "FILE")]
     chap_secret_file: Option<PathBuf>,
     /// Mutual CHAP: the name the target answers with.
     #[arg(long, requires_all = ["chap_user", "mutual_secret_file"])]
     mutual_user: Option<String>,
-    /// File holding the target's mutual CHAP secret.
+    /// File holding the target's mutual CHAP secret (mode 0600).
     #[arg(long, value_name = "FILE")]
     mutual_secret_file: Option<PathBuf>,
     /// Initiator names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
@@ -57,7 +57,7 @@ pub struct Args {
     /// Seal (encryption above SCSI, docs/seal.md): off | allowed | required.
     #[arg(long, default_value = "allowed")]
     seal: ipsan_seal::SealPolicy,
-    /// Seal pre-shared secret for the command line's target (per-initiator secrets: --config).
+    /// Seal pre-shared secret for the command line's target, mode 0600 (per-initiator secrets: --config).
     #[arg(long, value_name = "FILE")]
     seal_secret_file: Option<PathBuf>,
     /// Threads that seal and open data (default: one per CPU).

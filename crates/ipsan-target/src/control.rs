@@ -961,6 +961,61 @@ mod tests {
     }
 
     #[test]
+    fn answers_every_mutated_request_with_a_result_or_an_error() {
+        // Deterministic xorshift: truncations, bit flips and splices of valid requests, plus
+        // random bytes; every one must get a well-formed answer (no panic).
+        let r = registry();
+        let valid: [&[u8]; 4] = [
+            br#"{"jsonrpc":"2.0","id":1,"method":"lun.add","params":{"target":"iqn.2026-11.x:a","backend":"mem:1MiB","id":9}}"#,
+            br#"{"id":2,"method":"lun.resize","params":{"target":"iqn.2026-11.x:a","id":0,"size":"8MiB"}}"#,
+            br#"{"id":3,"method":"target.add","params":{"iqn":"iqn.2026-11.x:b","luns":["null:1MiB"]}}"#,
+            br#"{"id":4,"method":"sessions"}"#,
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..3000 {
+            let base = valid[i % valid.len()];
+            let mut m = base.to_vec();
+            match next() % 4 {
+                0 => m.truncate((next() as usize) % base.len()),
+                1 => {
+                    for _ in 0..1 + next() % 4 {
+                        let at = (next() as usize) % m.len();
+                        m[at] ^= 1 << (next() % 8);
+                    }
+                }
+                2 => {
+                    let other = valid[(next() as usize) % valid.len()];
+                    let cut = (next() as usize) % m.len();
+                    m.truncate(cut);
+                    m.extend_from_slice(&other[(next() as usize) % other.len()..]);
+                }
+                _ => m = (0..next() % 64).map(|_| next() as u8).collect(),
+            }
+            let v = handle_line(&r, &m);
+            assert!(
+                v.get("result").is_some() != v.get("error").is_some(),
+                "{:?} -> {v}",
+                String::from_utf8_lossy(&m)
+            );
+        }
+        // Whatever the mutations changed, the registry still agrees with its configuration.
+        let f = r.running_config().unwrap();
+        for t in r.targets().iter() {
+            let ft = &f.target[f.target_index(&t.iqn).unwrap()];
+            let ids: Vec<u64> = t.luns.keys().copied().collect();
+            let mut want: Vec<u64> = ft.lun.iter().map(|l| l.id).collect();
+            want.sort_unstable();
+            assert_eq!(ids, want);
+        }
+    }
+
+    #[test]
     fn authorizes_root_and_its_own_user_only() {
         assert!(authorized(0, 1000));
         assert!(authorized(1000, 1000));
