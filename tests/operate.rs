@@ -410,7 +410,7 @@ fn live_changes_leave_a_running_verified_bench_undisturbed() {
     // running stalls any process for longer now and then, so the test holds a looser bound
     // and the report states the measured maximum.
     assert!(
-        max_ms < 1000.0,
+        max_ms < 2000.0,
         "a command took {max_ms} ms during the changes"
     );
     assert!(t.alive(), "target died: {}", t.log());
