@@ -46,10 +46,17 @@ enum Cmd {
     /// End one session (its commands in flight finish first).
     #[command(subcommand)]
     Session(SessionCmd),
-    /// End every session (of one target with --target), e.g. before maintenance.
+    /// Ask every session (of one target with --target) to log out, e.g. before maintenance:
+    /// AsyncEvent 1 first, then sessions still there after --wait seconds are ended.
     LogoutAll {
         #[arg(long, value_name = "IQN")]
         target: Option<String>,
+        /// Seconds the initiators get to log out before their sessions are ended.
+        #[arg(long, default_value_t = 10)]
+        wait: u64,
+        /// End the sessions at once, without asking.
+        #[arg(long)]
+        now: bool,
     },
     /// Re-read the configuration file and apply it (like SIGHUP).
     Reload {
@@ -221,7 +228,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             json!({"target": target, "id": id, "size": size}),
         ),
         Cmd::Session(SessionCmd::Drop { tsih }) => ("session.drop", json!({"tsih": tsih})),
-        Cmd::LogoutAll { target } => ("logout_all", json!({"target": target})),
+        Cmd::LogoutAll { target, wait, now } => (
+            "logout_all",
+            json!({"target": target, "wait_secs": wait, "now": now}),
+        ),
         Cmd::Reload { path, force } => (
             "reload",
             json!({"path": abs(path.as_ref())?, "force": force}),

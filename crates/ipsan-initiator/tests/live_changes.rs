@@ -200,3 +200,34 @@ fn narrowing_an_allow_list_ends_only_the_sessions_it_excludes() {
         h.shutdown().await.unwrap();
     });
 }
+
+#[test]
+fn logout_all_asks_with_async_event_1_and_now_ends_sessions_at_once() {
+    bounded(60, async {
+        let dir = tempfile::tempdir().unwrap();
+        let h = start(dir.path()).await;
+        let reg = h.registry();
+        let call = |line: &'static [u8]| {
+            let reg = reg.clone();
+            tokio::task::spawn_blocking(move || ipsan_target::control::handle_line(&reg, line))
+        };
+        // ipsan's initiator logs out by itself when asked (AsyncEvent 1).
+        let polite = open(&h, 0).await;
+        let v = call(br#"{"id":1,"method":"logout_all","params":{"wait_secs":20}}"#)
+            .await
+            .unwrap();
+        assert!(polite.logout_requested());
+        assert_eq!(v["result"]["logged_out"], 1, "{v}");
+        assert_eq!(v["result"]["sessions_dropped"], 0, "{v}");
+        assert!(reg.sessions().is_empty());
+        // `now` ends sessions without asking.
+        let s = open(&h, 0).await;
+        let v = call(br#"{"id":2,"method":"logout_all","params":{"now":true}}"#)
+            .await
+            .unwrap();
+        assert_eq!(v["result"]["sessions_dropped"], 1, "{v}");
+        assert!(!s.logout_requested());
+        assert!(s.read(0, 1).await.is_err(), "ended session still served");
+        h.shutdown().await.unwrap();
+    });
+}

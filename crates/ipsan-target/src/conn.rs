@@ -599,6 +599,11 @@ impl Session {
                 r = conn.next() => r,
                 () = shutdown.cancelled() => return "target shutting down".into(),
                 () = session_cancel.cancelled() => return "session reinstated or cancelled".into(),
+                () = self.stats.logout.notified() => {
+                    // `ipsan ctl logout-all`: ask politely (RFC 7143 §11.9.1, AsyncEvent 1).
+                    self.send(AsyncMessage { async_event: 1, parameter3: LOGOUT_WAIT_SECS, ..AsyncMessage::default() }, Bytes::new()).await;
+                    continue;
+                }
                 () = async { match sleep_until { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
                     if self.ping.is_some() {
                         return "NOP-In ping unanswered".into();

@@ -626,14 +626,41 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
         }
         "logout_all" => {
             let target = opt_str(p, "target")?;
-            let n = registry
-                .drop_sessions(|s| target.is_none() || s.target.as_deref() == target.as_deref());
+            let now = bool_param(p, "now")?;
+            let wait = Duration::from_secs(u64_param(p, "wait_secs")?.unwrap_or(10).min(100));
+            let pick = |s: &crate::registry::SessionInfo| {
+                target.is_none() || s.target.as_deref() == target.as_deref()
+            };
+            let tsihs: Vec<u16> = registry
+                .sessions()
+                .iter()
+                .filter(|s| pick(&s.info))
+                .map(|s| s.info.tsih)
+                .collect();
+            // Ask first (AsyncEvent 1), give the initiators `wait_secs` to log out, then end
+            // whatever is left; `now` ends them at once.
+            if !now {
+                registry.request_logout(pick);
+                let deadline = std::time::Instant::now() + wait;
+                while std::time::Instant::now() < deadline
+                    && registry
+                        .sessions()
+                        .iter()
+                        .any(|s| pick(&s.info) && tsihs.contains(&s.info.tsih))
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            let dropped = registry.drop_sessions(|s| pick(s) && tsihs.contains(&s.tsih));
             info!(
-                sessions = n,
+                sessions = tsihs.len(),
+                dropped,
                 target = target.as_deref().unwrap_or("(all)"),
                 "control: logout-all"
             );
-            Ok(json!({ "sessions_dropped": n }))
+            Ok(
+                json!({ "sessions": tsihs.len(), "logged_out": tsihs.len() - dropped, "sessions_dropped": dropped }),
+            )
         }
         "reload" => {
             let path = path_param(p, "path")?

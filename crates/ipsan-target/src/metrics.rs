@@ -214,6 +214,9 @@ pub struct SessionStats {
     pub seal_replays: AtomicU64,
     /// The LUN counters of this session's target (shared with the registry).
     luns: Option<Arc<LunTable>>,
+    /// Signalled when the control plane asks this session to log out (`ipsan ctl
+    /// logout-all`): the connection sends AsyncEvent 1 (RFC 7143 §11.9.1).
+    pub logout: tokio::sync::Notify,
 }
 
 /// The per-LUN counters of one target, by LUN id.

@@ -428,6 +428,20 @@ impl Registry {
         v
     }
 
+    /// Asks the sessions `pick` selects to log out (AsyncEvent 1, RFC 7143 §11.9.1); they
+    /// stay until the initiator does. Returns how many were asked.
+    pub fn request_logout(&self, pick: impl Fn(&SessionInfo) -> bool) -> usize {
+        let s = crate::lock(&self.sessions);
+        let mut n = 0;
+        for e in s.by_key.values() {
+            if pick(&e.info) {
+                e.stats.logout.notify_one();
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Ends the sessions `pick` selects (commands in flight finish first); returns how many.
     pub fn drop_sessions(&self, pick: impl Fn(&SessionInfo) -> bool) -> usize {
         let s = crate::lock(&self.sessions);
