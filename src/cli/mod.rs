@@ -1,11 +1,14 @@
 //! The `ipsan` command line: one subcommand per module.
 
 mod bench;
+mod ctl;
 mod demo;
 mod discover;
 mod inquiry;
+mod journal;
 mod lab;
 mod model;
+mod notify;
 mod target;
 mod tcp;
 mod wan;
@@ -25,15 +28,17 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Measure a LUN: throughput, IOPS, latency percentiles, CPU (issue 3).
+    /// Measure a LUN: throughput, IOPS, latency percentiles, CPU.
     Bench(Box<bench::Args>),
+    /// Inspect and change a running target through its control socket (docs/operate.md).
+    Ctl(Box<ctl::Args>),
     /// One-minute tour: plain vs seal vs WireGuard/TLS/esp-emu over emulated 8 and 64 ms links.
     Demo(Box<demo::Args>),
     /// List the targets a portal offers (SendTargets).
     Discover(Box<discover::Args>),
     /// Print a LUN's INQUIRY data and capacity.
     Inquiry(Box<inquiry::Args>),
-    /// The papers' experiments end to end: plans, baselines, CPU, model, plots, report (issue 6).
+    /// The papers' experiments end to end: plans, baselines, CPU, model, plots, report.
     Lab(Box<lab::Args>),
     /// The papers' throughput model (2008 Eq. 3-6, 2006 Eq. 2-3) generalised to depth k.
     Model(Box<model::Args>),
@@ -41,13 +46,14 @@ pub enum Command {
     Target(Box<target::Args>),
     /// Storage-friendly TCP: load/unload/list the BPF congestion controls (papers/002).
     Tcp(Box<tcp::Args>),
-    /// Packet-level WAN emulator between two network namespaces (issue 4).
+    /// Packet-level WAN emulator between two network namespaces.
     Wan(Box<wan::Args>),
 }
 
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Bench(args) => bench::run(*args),
+        Command::Ctl(args) => ctl::run(*args),
         Command::Demo(args) => demo::run(*args),
         Command::Discover(args) => discover::run(*args),
         Command::Inquiry(args) => inquiry::run(*args),
@@ -59,8 +65,11 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` overrides the level chosen by `-v`.
+/// Logs go to stderr; `RUST_LOG` overrides the level chosen by `-v`. Under systemd (stderr is
+/// the journal) they go to the journal as structured fields instead (journal.rs).
 pub fn init_tracing(verbose: u8) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -68,8 +77,20 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    if journal::stderr_is_journal() {
+        if let Ok(layer) = journal::JournalLayer::new(journal::JOURNAL_SOCKET, "ipsan") {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(layer)
+                .try_init();
+            return;
+        }
+    }
+    // Colours only on a terminal.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();

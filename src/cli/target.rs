@@ -3,12 +3,17 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use ipsan_target::config::{self, Config, TargetConfig};
+use ipsan_target::config::{self, Config, FileChap, FileConfig, FileLun, FileSeal, FileTarget};
+use ipsan_target::control;
+use tokio_util::sync::CancellationToken;
 
 /// Serve LUNs over iSCSI (RFC 7143).
 ///
 /// With no flags: one target, iqn.2026-11.org.ipsan:disk0, with a 256 MiB RAM LUN on
 /// 127.0.0.1:3260. Prints the iscsi:// URL of every LUN once listening.
+///
+/// Running it as a service (systemd unit, control socket, metrics, reloads): docs/operate.md.
+/// Every configuration field: docs/target.md.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Address to listen on (repeatable). Port 0 picks a free port.
@@ -20,19 +25,27 @@ pub struct Args {
     /// A LUN, numbered from 0 in order: mem:256MiB | file:/path.img,size=10GiB[,direct][,bs=4096] | null:1TiB.
     #[arg(long, value_name = "SPEC")]
     lun: Vec<String>,
-    /// TOML configuration with several targets, LUNs, ACLs and CHAP (see docs/target.md).
+    /// TOML configuration with several targets, LUNs, ACLs and CHAP (every field: docs/target.md).
+    /// SIGHUP or `ipsan ctl reload` re-reads it without dropping sessions.
     #[arg(long, short = 'c', value_name = "FILE", conflicts_with_all = ["lun", "iqn", "chap_user"])]
     config: Option<PathBuf>,
+    /// Serve the control socket `ipsan ctl` talks to (root-only Unix socket; docs/operate.md).
+    /// Without a value: /run/ipsan/control.sock.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = control::DEFAULT_CONTROL_PATH)]
+    control: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at ADDR:PORT (GET /metrics), e.g. 127.0.0.1:9163.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<std::net::SocketAddr>,
     /// Require CHAP with this user name (the secret comes from --chap-secret-file).
     #[arg(long, requires = "chap_secret_file")]
     chap_user: Option<String>,
-    /// File holding the CHAP secret for --chap-user.
+    /// File holding the CHAP secret for --chap-user (mode 0600: a file others can read is refused).
     #[arg(long, value_name = "FILE")]
     chap_secret_file: Option<PathBuf>,
     /// Mutual CHAP: the name the target answers with.
     #[arg(long, requires_all = ["chap_user", "mutual_secret_file"])]
     mutual_user: Option<String>,
-    /// File holding the target's mutual CHAP secret.
+    /// File holding the target's mutual CHAP secret (mode 0600).
     #[arg(long, value_name = "FILE")]
     mutual_secret_file: Option<PathBuf>,
     /// Initiator names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
@@ -44,7 +57,7 @@ pub struct Args {
     /// Seal (encryption above SCSI, docs/seal.md): off | allowed | required.
     #[arg(long, default_value = "allowed")]
     seal: ipsan_seal::SealPolicy,
-    /// Seal pre-shared secret for the command line's target (per-initiator secrets: --config).
+    /// Seal pre-shared secret for the command line's target, mode 0600 (per-initiator secrets: --config).
     #[arg(long, value_name = "FILE")]
     seal_secret_file: Option<PathBuf>,
     /// Threads that seal and open data (default: one per CPU).
@@ -63,6 +76,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let control_path = args.control.clone();
+    let metrics_addr = args.metrics;
+    // Absolute: `ipsan ctl reload`/`save` and SIGHUP use it later, whatever the cwd.
+    let config_path = args
+        .config
+        .as_deref()
+        .map(std::path::absolute)
+        .transpose()?;
     let config = build_config(args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -70,20 +91,108 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("tokio runtime")?;
     rt.block_on(async move {
         let server = ipsan_target::Server::bind(&config).await?;
+        let registry = server.registry();
+        *registry
+            .config_path
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = config_path.clone();
+        let stop = CancellationToken::new();
+        let mut side = tokio::task::JoinSet::new();
+        if let Some(path) = &control_path {
+            let ctl = control::Control::bind(path, registry.clone())
+                .with_context(|| format!("--control {}", path.display()))?;
+            println!("ipsan target: control socket {}", path.display());
+            side.spawn(ctl.run(stop.clone()));
+        }
+        if let Some(addr) = metrics_addr {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics {addr}"))?;
+            let bound = l.local_addr().unwrap_or(addr);
+            println!("ipsan target: metrics http://{bound}/metrics");
+            side.spawn(ipsan_target::metrics::serve_http(
+                l,
+                registry.clone(),
+                stop.clone(),
+            ));
+        }
+        side.spawn(reload_on_sighup(registry.clone(), stop.clone()));
         for addr in server.local_addrs() {
             println!("ipsan target: listening on {addr}");
         }
         for url in server.urls() {
             println!("ipsan target: serving {url}");
         }
-        server.run(shutdown_signal()).await?;
+        let luns: usize = registry.targets().iter().map(|t| t.luns.len()).sum();
+        super::notify::notify(&format!(
+            "READY=1\nSTATUS=serving {} target(s), {luns} LUN(s)",
+            registry.targets().len()
+        ));
+        let result = server
+            .run(async {
+                shutdown_signal().await;
+                super::notify::notify("STOPPING=1");
+            })
+            .await;
+        stop.cancel();
+        while side.join_next().await.is_some() {}
+        result?;
         Ok(())
     })
 }
 
+/// SIGHUP: re-read the configuration file and apply it like `ipsan ctl reload` (validated,
+/// atomic, sessions of unchanged targets untouched; a change that would hurt running sessions
+/// is refused and logged).
+async fn reload_on_sighup(
+    registry: std::sync::Arc<ipsan_target::registry::Registry>,
+    stop: CancellationToken,
+) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            r = hup.recv() => if r.is_none() { return },
+            () = stop.cancelled() => return,
+        }
+        let path = registry
+            .config_path
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Some(path) = path else {
+            tracing::warn!("SIGHUP: started without --config; nothing to reload");
+            continue;
+        };
+        super::notify::notify("RELOADING=1");
+        let r = tokio::task::spawn_blocking({
+            let registry = registry.clone();
+            let path = path.clone();
+            move || {
+                let next = FileConfig::read(&path)?;
+                registry.apply(next, false).map_err(anyhow::Error::from)
+            }
+        })
+        .await;
+        match r {
+            Ok(Ok(report)) => {
+                tracing::info!(path = %path.display(), changes = report.changes.len(), sessions_dropped = report.sessions_dropped, "SIGHUP: configuration reloaded")
+            }
+            Ok(Err(e)) => {
+                tracing::error!(path = %path.display(), "SIGHUP: reload refused, running configuration unchanged: {e:#}")
+            }
+            Err(e) => tracing::error!("SIGHUP: reload task failed: {e}"),
+        }
+        super::notify::notify("READY=1");
+    }
+}
+
+/// The configuration, always through its file form so that flags, files, `ipsan ctl` edits
+/// and reloads are validated by the same code and `ipsan ctl save` can write it back.
 fn build_config(args: Args) -> anyhow::Result<Config> {
-    let mut config = match &args.config {
-        Some(path) => Config::from_file(path)?,
+    let mut file = match &args.config {
+        Some(path) => FileConfig::read(path)?,
         None => {
             config::check_iqn("--iqn", &args.iqn)?;
             let specs = if args.lun.is_empty() {
@@ -91,56 +200,60 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             } else {
                 args.lun.clone()
             };
-            let chap = match (&args.chap_user, &args.chap_secret_file) {
-                (Some(u), Some(f)) => Some(config::chap_from_flags(
-                    u,
-                    f,
-                    args.mutual_user
-                        .as_deref()
-                        .zip(args.mutual_secret_file.as_deref()),
-                )?),
-                _ => None,
-            };
-            Config {
-                targets: vec![TargetConfig {
+            let chap = args.chap_user.as_ref().map(|u| FileChap {
+                user: u.clone(),
+                secret: None,
+                secret_file: args.chap_secret_file.clone(),
+                mutual_user: args.mutual_user.clone(),
+                mutual_secret: None,
+                mutual_secret_file: args.mutual_secret_file.clone(),
+                algorithms: None,
+            });
+            FileConfig {
+                target: vec![FileTarget {
                     iqn: args.iqn.clone(),
                     alias: None,
                     allow: args.allow.clone(),
                     chap,
-                    seal: config::SealSettings {
-                        policy: args.seal,
-                        secret: args
-                            .seal_secret_file
-                            .as_deref()
-                            .map(|p| config::seal_secret_from_file("--seal-secret-file", p))
-                            .transpose()?,
-                        initiators: Vec::new(),
-                    },
-                    luns: config::luns_from_specs(&specs)?,
+                    seal: Some(FileSeal {
+                        policy: Some(seal_policy_name(args.seal).to_owned()),
+                        secret: None,
+                        secret_file: args.seal_secret_file.clone(),
+                        initiator: Vec::new(),
+                    }),
+                    lun: specs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| FileLun {
+                            id: i as u64,
+                            backend: s.clone(),
+                            block_size: None,
+                            read_only: false,
+                            write_cache: None,
+                            serial: None,
+                        })
+                        .collect(),
                 }],
-                ..Config::default()
+                ..FileConfig::default()
             }
         }
     };
     if !args.portal.is_empty() {
-        config.portals = args
-            .portal
-            .iter()
-            .map(|p| {
-                p.parse()
-                    .with_context(|| format!("--portal {p}: expected ADDR:PORT"))
-            })
-            .collect::<anyhow::Result<_>>()?;
+        for p in &args.portal {
+            p.parse::<std::net::SocketAddr>()
+                .with_context(|| format!("--portal {p}: expected ADDR:PORT"))?;
+        }
+        file.server.portals = Some(args.portal.clone());
     }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(
             (1..=4096).contains(&d),
             "--queue-depth: must be in 1..=4096"
         );
-        config.queue_depth = d;
+        file.server.queue_depth = Some(d);
     }
     if args.tcp_congestion.is_some() || args.tcp_sndbuf.is_some() || args.tcp_rcvbuf.is_some() {
-        let mut t = config.tcp.clone().unwrap_or_default();
+        let mut t = file.server.tcp.clone().unwrap_or_default();
         if let Some(c) = &args.tcp_congestion {
             t.congestion = Some(c.clone());
         }
@@ -151,17 +264,24 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             t.rcvbuf = b;
         }
         t.validate().map_err(|e| anyhow::anyhow!("--tcp-*: {e}"))?;
-        config.tcp = Some(t);
+        file.server.tcp = Some(t);
     }
     if let Some(n) = args.crypto_workers {
         anyhow::ensure!(
             (1..=256).contains(&n),
             "--crypto-workers: must be in 1..=256"
         );
-        config.crypto_workers = n;
+        file.server.crypto_workers = Some(n);
     }
-    config.validate()?;
-    Ok(config)
+    Ok(Config::from_file_config(&file)?)
+}
+
+fn seal_policy_name(p: ipsan_seal::SealPolicy) -> &'static str {
+    match p {
+        ipsan_seal::SealPolicy::Off => "off",
+        ipsan_seal::SealPolicy::Allowed => "allowed",
+        ipsan_seal::SealPolicy::Required => "required",
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -41,6 +41,8 @@ async fn start(chap: Option<ChapArg<'_>>) -> (ServerHandle, IscsiUrl) {
 fn secret_file(dir: &tempfile::TempDir, name: &str, secret: &str) -> std::path::PathBuf {
     let p = dir.path().join(name);
     std::fs::write(&p, secret).unwrap();
+    // The target refuses secret files others can read.
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     p
 }
 

@@ -603,6 +603,9 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
             b"ipsan lab run secret: 32+ bytes long, never reused\n",
         )
         .map_err(|e| fail(format!("writing the seal secret: {e}")))?;
+        // The target refuses secret files others can read.
+        std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| fail(format!("chmod 600 the seal secret: {e}")))?;
     }
     let lun = match p.backend {
         Backend::Mem => format!("mem:{}", ctx.plan.lun_bytes),

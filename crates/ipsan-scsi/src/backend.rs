@@ -62,6 +62,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
         }
         Ok(())
     }
+    /// Grows the store to `size` bytes online (a LUN resize). Stores that cannot grow say so.
+    fn grow(&self, size: u64) -> io::Result<()> {
+        let _ = size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("a {} backend cannot be resized online", self.kind()),
+        ))
+    }
     /// Short name: `mem`, `file`, `null`.
     fn kind(&self) -> &'static str;
     /// Whether [`Backend::unmap`] really deallocates.
@@ -423,48 +431,55 @@ impl Backend for MemBackend {
 /// Diskless store (Aiken et al.): writes vanish, reads are zeros, flush is free.
 #[derive(Debug)]
 pub struct NullBackend {
-    size: u64,
+    size: std::sync::atomic::AtomicU64,
 }
 
 impl NullBackend {
     /// A null store that claims `size` bytes.
     pub fn new(size: u64) -> Self {
-        Self { size }
+        Self {
+            size: std::sync::atomic::AtomicU64::new(size),
+        }
     }
 }
 
 impl Backend for NullBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
+        check_range(self.size(), offset, buf.len() as u64)?;
         buf.fill(0);
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len() as u64)
+        check_range(self.size(), offset, buf.len() as u64)
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)
+        check_range(self.size(), offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)
+        check_range(self.size(), offset, len)
     }
     fn kind(&self) -> &'static str {
         "null"
+    }
+    fn grow(&self, size: u64) -> io::Result<()> {
+        self.size
+            .fetch_max(size, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
     }
     fn supports_unmap(&self) -> bool {
         true
     }
     fn extent(&self, offset: u64) -> io::Result<Extent> {
-        check_range(self.size, offset, 0)?;
+        check_range(self.size(), offset, 0)?;
         Ok(Extent {
             mapped: false,
-            len: self.size - offset,
+            len: self.size() - offset,
         })
     }
 }
@@ -480,7 +495,7 @@ const DIRECT_ALIGN: usize = 4096;
 pub struct FileBackend {
     file: File,
     path: PathBuf,
-    size: u64,
+    size: std::sync::atomic::AtomicU64,
     direct: bool,
     regular: bool,
     /// O_DIRECT read-modify-write of a partial aligned block must exclude other writes.
@@ -491,7 +506,7 @@ impl fmt::Debug for FileBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FileBackend")
             .field("path", &self.path)
-            .field("size", &self.size)
+            .field("size", &self.size())
             .field("direct", &self.direct)
             .finish()
     }
@@ -583,7 +598,7 @@ impl FileBackend {
         Ok(Self {
             file,
             path,
-            size,
+            size: std::sync::atomic::AtomicU64::new(size),
             direct,
             regular,
             rmw: RwLock::new(()),
@@ -645,11 +660,11 @@ impl FileBackend {
 
 impl Backend for FileBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
+        check_range(self.size(), offset, buf.len() as u64)?;
         if !self.direct {
             return self.file.read_exact_at(buf, offset);
         }
@@ -662,7 +677,7 @@ impl Backend for FileBackend {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
+        check_range(self.size(), offset, buf.len() as u64)?;
         if !self.direct {
             return self.file.write_all_at(buf, offset);
         }
@@ -686,7 +701,7 @@ impl Backend for FileBackend {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -704,35 +719,57 @@ impl Backend for FileBackend {
     fn kind(&self) -> &'static str {
         "file"
     }
+    fn grow(&self, size: u64) -> io::Result<()> {
+        if !self.regular {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a block device grows with the device itself, not through ipsan",
+            ));
+        }
+        if self.direct && size % DIRECT_ALIGN as u64 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{size} bytes is not a multiple of {DIRECT_ALIGN} (direct)"),
+            ));
+        }
+        // set_len extends without allocating: the new tail is a hole. Size goes up only
+        // after the file is long enough, so no I/O can pass the end of the file.
+        if size > self.file.metadata()?.len() {
+            self.file.set_len(size)?;
+        }
+        self.size
+            .fetch_max(size, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
 
     fn supports_unmap(&self) -> bool {
         self.regular
     }
 
     fn extent(&self, offset: u64) -> io::Result<Extent> {
-        check_range(self.size, offset, 0)?;
-        if !self.regular || offset >= self.size {
+        check_range(self.size(), offset, 0)?;
+        if !self.regular || offset >= self.size() {
             return Ok(Extent {
                 mapped: true,
-                len: self.size.saturating_sub(offset),
+                len: self.size().saturating_sub(offset),
             });
         }
         let data = self.seek(offset, libc::SEEK_DATA)?;
         match data {
             Some(d) if d == offset => {
-                let hole = self.seek(offset, libc::SEEK_HOLE)?.unwrap_or(self.size);
+                let hole = self.seek(offset, libc::SEEK_HOLE)?.unwrap_or(self.size());
                 Ok(Extent {
                     mapped: true,
-                    len: hole.min(self.size) - offset,
+                    len: hole.min(self.size()) - offset,
                 })
             }
             Some(d) => Ok(Extent {
                 mapped: false,
-                len: d.min(self.size) - offset,
+                len: d.min(self.size()) - offset,
             }),
             None => Ok(Extent {
                 mapped: false,
-                len: self.size - offset,
+                len: self.size() - offset,
             }),
         }
     }

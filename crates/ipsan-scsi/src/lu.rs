@@ -6,7 +6,7 @@
 //! exclusively, so its compare and write are atomic against every other write (SBC-4 §5.3).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::{Bytes, BytesMut};
@@ -211,7 +211,8 @@ pub(crate) struct State {
 pub struct LogicalUnit {
     backend: Arc<dyn Backend>,
     cfg: LuConfig,
-    num_blocks: u64,
+    /// Capacity in blocks; grows with [`LogicalUnit::grow`].
+    num_blocks: AtomicU64,
     thin: bool,
     limits: Limits,
     write_cache: AtomicBool,
@@ -264,7 +265,7 @@ impl LogicalUnit {
             opt_granularity: (4096 / bs).max(1) as u16,
         };
         Ok(Self {
-            num_blocks: size / bs,
+            num_blocks: AtomicU64::new(size / bs),
             write_cache: AtomicBool::new(cfg.write_cache),
             backend,
             thin,
@@ -281,7 +282,7 @@ impl LogicalUnit {
     }
     /// Capacity in logical blocks.
     pub fn num_blocks(&self) -> u64 {
-        self.num_blocks
+        self.num_blocks.load(Ordering::Acquire)
     }
     /// The configuration.
     pub fn config(&self) -> &LuConfig {
@@ -440,6 +441,41 @@ impl LogicalUnit {
         LogicalUnit::ua_others(&mut st, None, ua.0, ua.1);
     }
 
+    /// Grows the LU to `bytes` (a whole number of blocks) online: the backend grows first,
+    /// then the capacity READ CAPACITY reports, then every nexus that knows this LU gets
+    /// CAPACITY DATA HAS CHANGED (2Ah/09h, SBC-4 §4.10) so hosts re-read it. Shrinking is
+    /// refused: blocks a host may still use would vanish under it.
+    pub fn grow(&self, bytes: u64) -> std::io::Result<()> {
+        let bs = u64::from(self.cfg.block_size);
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        if bytes % bs != 0 {
+            return Err(invalid(format!(
+                "{bytes} bytes is not a whole number of {bs}-byte blocks"
+            )));
+        }
+        let now = self.num_blocks() * bs;
+        if bytes < now {
+            return Err(invalid(format!(
+                "shrinking from {now} to {bytes} bytes is refused (hosts may use those blocks)"
+            )));
+        }
+        if bytes == now {
+            return Ok(());
+        }
+        self.backend.grow(bytes)?;
+        self.num_blocks.store(bytes / bs, Ordering::Release);
+        self.unit_attention_all(0x2A, 0x09);
+        Ok(())
+    }
+
+    /// Queues a unit attention (`asc`/`ascq`) for every I_T nexus that knows this LU, e.g.
+    /// REPORTED LUNS DATA HAS CHANGED (3Fh/0Eh, SPC-4 §7.5.5) when the target's LUN
+    /// inventory changes.
+    pub fn unit_attention_all(&self, asc: u8, ascq: u8) {
+        let mut st = self.state();
+        LogicalUnit::ua_others(&mut st, None, asc, ascq);
+    }
+
     /// The I_T nexus is gone (session closed or dropped): its RESERVE(6) reservation and
     /// PREVENT hold end, pending unit attentions are dropped (SPC-2 §5.5.1). Persistent
     /// registrations stay.
@@ -531,14 +567,14 @@ impl LogicalUnit {
                 ok(Bytes::new())
             }
             Command::ReadCapacity10 => {
-                let last = (self.num_blocks - 1).min(u64::from(u32::MAX)) as u32;
+                let last = (self.num_blocks() - 1).min(u64::from(u32::MAX)) as u32;
                 let mut v = last.to_be_bytes().to_vec();
                 v.extend_from_slice(&self.cfg.block_size.to_be_bytes());
                 ok(Bytes::from(v))
             }
             Command::ReadCapacity16 { alloc } => {
                 let mut v = vec![0u8; 32];
-                v[0..8].copy_from_slice(&(self.num_blocks - 1).to_be_bytes());
+                v[0..8].copy_from_slice(&(self.num_blocks() - 1).to_be_bytes());
                 v[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
                 // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT stays 0: with 3 (512 on 4 KiB)
                 // libiscsi's GetLbaStatus.UnmapSingle expects the first descriptor to start
@@ -717,8 +753,8 @@ impl LogicalUnit {
     /// LBA range check (SBC-4 §4.5): LOGICAL BLOCK ADDRESS OUT OF RANGE.
     pub(crate) fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
         match lba.checked_add(blocks) {
-            Some(end) if end <= self.num_blocks && lba < self.num_blocks.max(1) => Ok(()),
-            Some(_) if blocks == 0 && lba < self.num_blocks => Ok(()),
+            Some(end) if end <= self.num_blocks() && lba < self.num_blocks().max(1) => Ok(()),
+            Some(_) if blocks == 0 && lba < self.num_blocks() => Ok(()),
             _ => Err(Sense::lba_out_of_range()),
         }
     }
@@ -821,12 +857,12 @@ impl LogicalUnit {
             return Err(Sense::invalid_field_in_cdb_at(1, Some(2)));
         }
         self.check_writable()?;
-        if io.lba >= self.num_blocks {
+        if io.lba >= self.num_blocks() {
             return Err(Sense::lba_out_of_range());
         }
         // NUMBER OF LOGICAL BLOCKS 0: through the last LBA (SBC-4 §5.43, WSNZ=0).
         let blocks = if io.blocks == 0 {
-            self.num_blocks - io.lba
+            self.num_blocks() - io.lba
         } else {
             u64::from(io.blocks)
         };
@@ -894,7 +930,7 @@ impl LogicalUnit {
         for (i, &(lba, n)) in list.iter().enumerate() {
             if lba
                 .checked_add(u64::from(n))
-                .is_none_or(|e| e > self.num_blocks)
+                .is_none_or(|e| e > self.num_blocks())
             {
                 return Err(Sense::lba_out_of_range());
             }
@@ -972,7 +1008,7 @@ impl LogicalUnit {
     }
 
     fn lba_status(&self, lba: u64) -> Result<Vec<u8>, Sense> {
-        if lba >= self.num_blocks {
+        if lba >= self.num_blocks() {
             return Err(Sense::lba_out_of_range());
         }
         let bs = u64::from(self.cfg.block_size);
@@ -983,7 +1019,7 @@ impl LogicalUnit {
                 .map_err(|e| Sense::from_read_error(&e))?;
             (e.mapped, e.len)
         } else {
-            (true, (self.num_blocks - lba) * bs)
+            (true, (self.num_blocks() - lba) * bs)
         };
         let blocks = (len / bs).clamp(1, u64::from(u32::MAX)) as u32;
         let mut v = vec![0u8; 24];

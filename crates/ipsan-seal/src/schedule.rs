@@ -31,6 +31,13 @@ impl Psk {
     /// Minimum secret length in bytes (128 bits).
     pub const MIN_LEN: usize = 16;
 
+    /// Whether two secrets are equal, in constant time (a changed secret is told apart
+    /// without a timing side channel).
+    #[must_use]
+    pub fn ct_eq(&self, other: &Psk) -> bool {
+        subtle::ConstantTimeEq::ct_eq(self.0.as_slice(), other.0.as_slice()).into()
+    }
+
     /// Wraps secret bytes; rejects secrets shorter than [`Psk::MIN_LEN`].
     pub fn new(bytes: Vec<u8>) -> Result<Psk, SecretError> {
         let bytes = Zeroizing::new(bytes);

@@ -305,6 +305,19 @@ impl SealSession {
         )
     }
 
+    /// The key epochs in use (docs/seal.md §4 *Key epochs*): (the one this side seals with
+    /// next, the one of the highest counter it has opened). Public values, like the counters;
+    /// never the keys.
+    pub fn key_epochs(&self) -> (u64, u64) {
+        let per = match self.framing.cipher {
+            Cipher::TripleDesCbcHmacSha1 => crate::tdes::epoch_chunks(self.framing.chunk_size),
+            _ => crate::cipher::aead_epoch_chunks(self.framing.chunk_size),
+        }
+        .max(1);
+        let (sent, received) = self.counters_used();
+        (sent / per, received.saturating_sub(1) / per)
+    }
+
     /// The high-water mark: 7/8 of the counter space. Past it the session should log out and
     /// in again for fresh keys before sealing or opening hits the hard limit (docs/seal.md).
     /// With 64-bit counters it is never reached in practice; a lowered limit (tests) or a

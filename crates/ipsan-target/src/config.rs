@@ -65,7 +65,7 @@ use ipsan_scsi::BackendSpec;
 use ipsan_seal::{Psk, SealPolicy};
 use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
 use iscsi_proto::login::ChapPolicy;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The default target IQN when none is given.
 pub const DEFAULT_IQN: &str = "iqn.2026-11.org.ipsan:disk0";
@@ -87,106 +87,205 @@ fn err(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+// The file form of the configuration. It is also the running configuration's canonical form:
+// `ipsan ctl` edits it, validates it with [`Config::from_file_config`] exactly like a file,
+// and `ipsan ctl save` writes it back (secrets stay `secret_file` references).
+const fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The whole TOML file (`docs/target.md`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
+pub struct FileConfig {
     #[serde(default)]
-    server: FileServer,
+    pub server: FileServer,
+    #[serde(default, skip_serializing_if = "FileDiscovery::is_empty")]
+    pub discovery: FileDiscovery,
     #[serde(default)]
-    discovery: FileDiscovery,
+    pub target: Vec<FileTarget>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileServer {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub portals: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login_timeout_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nop_interval_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crypto_workers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions_per_initiator: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_address: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_pdu_timeout_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<ipsan_tcp::TcpSettings>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_backoff: Option<FileAuthBackoff>,
+}
+
+/// `[server.auth_backoff]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileAuthBackoff {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name_free_failures: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address_free_failures: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lockout_base_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lockout_max_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_base_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_max_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forget_after_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tracked: Option<usize>,
+}
+
+/// `[discovery]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileDiscovery {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap: Option<FileChap>,
+}
+
+impl FileDiscovery {
+    fn is_empty(&self) -> bool {
+        self.chap.is_none()
+    }
+}
+
+/// One `[[target]]`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileTarget {
+    pub iqn: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap: Option<FileChap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seal: Option<FileSeal>,
     #[serde(default)]
-    target: Vec<FileTarget>,
+    pub lun: Vec<FileLun>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+/// `[target.seal]`.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct FileServer {
-    portals: Option<Vec<String>>,
-    max_connections: Option<usize>,
-    login_timeout_secs: Option<u64>,
-    nop_interval_secs: Option<u64>,
-    queue_depth: Option<u32>,
-    crypto_workers: Option<usize>,
-    tcp: Option<ipsan_tcp::TcpSettings>,
-    max_sessions_per_initiator: Option<usize>,
-    max_connections_per_address: Option<usize>,
-    first_pdu_timeout_secs: Option<u64>,
-    auth_backoff: Option<FileAuthBackoff>,
+pub struct FileSeal {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub initiator: Vec<FileSealInitiator>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+/// `[[target.seal.initiator]]`.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct FileAuthBackoff {
-    name_free_failures: Option<u32>,
-    address_free_failures: Option<u32>,
-    lockout_base_ms: Option<u64>,
-    lockout_max_secs: Option<u64>,
-    delay_base_ms: Option<u64>,
-    delay_max_ms: Option<u64>,
-    forget_after_secs: Option<u64>,
-    max_tracked: Option<usize>,
+pub struct FileSealInitiator {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+/// `[target.chap]` or `[discovery.chap]`.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct FileDiscovery {
-    chap: Option<FileChap>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileTarget {
-    iqn: String,
-    alias: Option<String>,
-    #[serde(default)]
-    allow: Vec<String>,
-    chap: Option<FileChap>,
-    seal: Option<FileSeal>,
-    #[serde(default)]
-    lun: Vec<FileLun>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileSeal {
-    policy: Option<String>,
-    secret: Option<String>,
-    secret_file: Option<PathBuf>,
-    #[serde(default)]
-    initiator: Vec<FileSealInitiator>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileSealInitiator {
-    name: String,
-    secret: Option<String>,
-    secret_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileChap {
-    user: String,
-    secret: Option<String>,
-    secret_file: Option<PathBuf>,
-    mutual_user: Option<String>,
-    mutual_secret: Option<String>,
-    mutual_secret_file: Option<PathBuf>,
+pub struct FileChap {
+    pub user: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_user: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_secret_file: Option<PathBuf>,
     /// CHAP_A algorithms accepted, strongest first (default: SHA3-256, SHA-256, SHA-1, MD5).
-    algorithms: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithms: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Inline secrets never reach `Debug` output (logs, errors, panics).
+fn redacted(s: &Option<String>) -> Option<&'static str> {
+    s.as_ref().map(|_| "<redacted>")
+}
+
+impl std::fmt::Debug for FileChap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileChap")
+            .field("user", &self.user)
+            .field("secret", &redacted(&self.secret))
+            .field("secret_file", &self.secret_file)
+            .field("mutual_user", &self.mutual_user)
+            .field("mutual_secret", &redacted(&self.mutual_secret))
+            .field("mutual_secret_file", &self.mutual_secret_file)
+            .field("algorithms", &self.algorithms)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for FileSeal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSeal")
+            .field("policy", &self.policy)
+            .field("secret", &redacted(&self.secret))
+            .field("secret_file", &self.secret_file)
+            .field("initiator", &self.initiator)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for FileSealInitiator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSealInitiator")
+            .field("name", &self.name)
+            .field("secret", &redacted(&self.secret))
+            .field("secret_file", &self.secret_file)
+            .finish()
+    }
+}
+
+/// One `[[target.lun]]`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct FileLun {
-    id: u64,
-    backend: String,
-    block_size: Option<u32>,
-    #[serde(default)]
-    read_only: bool,
-    write_cache: Option<bool>,
-    serial: Option<String>,
+pub struct FileLun {
+    pub id: u64,
+    pub backend: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_cache: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
 }
 
 /// One LUN to serve.
@@ -234,6 +333,7 @@ impl SealSettings {
 
 /// Reads a Seal pre-shared secret from a file.
 pub fn seal_secret_from_file(field: &str, path: &Path) -> Result<Psk, ConfigError> {
+    check_secret_file(field, path)?;
     Psk::from_file(path).map_err(|e| err(field, e.to_string()))
 }
 
@@ -336,6 +436,9 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
     /// Sessions per initiator, connections per address, CHAP failure backoff.
     pub limits: crate::limits::Limits,
+    /// The file form this was validated from (`None` when built in code): what `ipsan ctl`
+    /// edits and `ipsan ctl save` writes.
+    pub source: Option<FileConfig>,
 }
 
 impl Default for Config {
@@ -352,6 +455,7 @@ impl Default for Config {
             discovery_chap: None,
             targets: Vec::new(),
             limits: crate::limits::Limits::default(),
+            source: None,
         }
     }
 }
@@ -396,7 +500,10 @@ fn load_secret(
         (Some(s), None) => {
             ChapSecret::new(s.as_bytes().to_vec()).map_err(|e| err(field, e.to_string()))
         }
-        (None, Some(p)) => ChapSecret::from_file(p).map_err(|e| err(field, e.to_string())),
+        (None, Some(p)) => {
+            check_secret_file(field, p)?;
+            ChapSecret::from_file(p).map_err(|e| err(field, e.to_string()))
+        }
         (Some(_), Some(_)) => Err(err(field, "give either secret or secret_file, not both")),
         (None, None) => Err(err(field, "a secret or secret_file is required")),
     }
@@ -483,14 +590,12 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
 impl Config {
     /// Parses and validates a TOML config.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let f: FileConfig = toml::from_str(text).map_err(|e| {
-            let msg = e.message().to_owned();
-            let at = e
-                .span()
-                .map(|s| format!("at byte {}", s.start))
-                .unwrap_or_default();
-            err(format!("config {at}").trim().to_owned(), msg)
-        })?;
+        Self::from_file_config(&FileConfig::parse(text)?)
+    }
+
+    /// Validates the file form (the one path every configuration takes: the file, the
+    /// command line, `ipsan ctl` edits and reloads).
+    pub fn from_file_config(f: &FileConfig) -> Result<Self, ConfigError> {
         let mut c = Config::default();
         if let Some(p) = &f.server.portals {
             c.portals = p
@@ -563,6 +668,7 @@ impl Config {
             });
         }
         c.validate()?;
+        c.source = Some(f.clone());
         Ok(c)
     }
 
@@ -612,10 +718,97 @@ impl Config {
 
     /// Reads a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_file_config(&FileConfig::read(path)?)
+    }
+}
+
+impl FileConfig {
+    /// Parses TOML without validating it (see [`Config::from_file_config`]).
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let msg = e.message().to_owned();
+            let at = e
+                .span()
+                .map(|s| format!("at byte {}", s.start))
+                .unwrap_or_default();
+            err(format!("config {at}").trim().to_owned(), msg)
+        })
+    }
+
+    /// Reads and parses a file.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| err(path.display().to_string(), e.to_string()))?;
-        Self::from_toml(&text)
+        Self::parse(&text)
     }
+
+    /// The TOML text (`ipsan ctl save`): what was given, secrets as given (file references
+    /// stay references).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| err("config", e.to_string()))
+    }
+
+    /// The index of target `iqn`.
+    #[must_use]
+    pub fn target_index(&self, iqn: &str) -> Option<usize> {
+        self.target.iter().position(|t| t.iqn == iqn)
+    }
+}
+
+/// Refuses a secret file that anyone but its owner can read or write (a CHAP or Seal secret
+/// readable by the group or the world is no secret). `chmod 600 FILE` fixes it.
+pub fn check_secret_file(field: &str, path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta =
+        std::fs::metadata(path).map_err(|e| err(field, format!("{}: {e}", path.display())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(err(
+            field,
+            format!(
+                "{} has mode {mode:04o}: a secret file must not be readable or writable by group or others (chmod 600 {})",
+                path.display(),
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl FileLun {
+    /// The backend spec with its size set to `bytes` (`ipsan ctl lun resize`).
+    pub fn resized_backend(&self, bytes: u64) -> Result<String, ConfigError> {
+        let field = "backend";
+        let (kind, rest) = self
+            .backend
+            .split_once(':')
+            .ok_or_else(|| err(field, "not a backend spec"))?;
+        let size = format_size(bytes);
+        let mut parts: Vec<String> = rest.split(',').map(str::to_owned).collect();
+        match kind {
+            "file" => {
+                parts.retain(|p| !p.starts_with("size="));
+                parts.insert(1.min(parts.len()), format!("size={size}"));
+            }
+            "mem" | "null" => match parts.first_mut() {
+                Some(first) => *first = size,
+                None => parts.push(size),
+            },
+            other => return Err(err(field, format!("unknown backend kind {other:?}"))),
+        }
+        Ok(format!("{kind}:{}", parts.join(",")))
+    }
+}
+
+/// A size as a backend spec writes it: the largest binary unit that divides it.
+#[must_use]
+pub fn format_size(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 fn limits_from(f: &FileServer, l: &mut crate::limits::Limits) -> Result<(), ConfigError> {
@@ -733,6 +926,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = dir.path().join("s");
         std::fs::write(&s, "a-secret-of-16-bytes").unwrap();
+        std::fs::set_permissions(&s, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let text = format!(
             r#"
 [server]
@@ -832,5 +1026,62 @@ block_size = 4096
         assert!(e.why.contains("bogus"), "{e}");
         let e = Config::from_toml("[[target]]\niqn = \"iqn.2026-11.x:y\"\n[target.chap]\nuser=\"u\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n").unwrap_err();
         assert_eq!(e.field, "target[0].chap.secret");
+    }
+
+    #[test]
+    fn rejects_group_or_world_readable_secret_files_naming_the_field() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let s = dir.path().join("s");
+        std::fs::write(&s, "a-secret-of-16-bytes").unwrap();
+        let text = |kind: &str| {
+            format!(
+                "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[target.{kind}]\n{}secret_file = \"{}\"\n[[target.lun]]\nid=0\nbackend=\"mem:1MiB\"\n",
+                if kind == "chap" { "user = \"u\"\n" } else { "" },
+                s.display()
+            )
+        };
+        for (mode, ok) in [
+            (0o644, false),
+            (0o640, false),
+            (0o604, false),
+            (0o600, true),
+            (0o400, true),
+        ] {
+            std::fs::set_permissions(&s, std::fs::Permissions::from_mode(mode)).unwrap();
+            for (kind, field) in [
+                ("chap", "target[0].chap.secret"),
+                ("seal", "target[0].seal.secret"),
+            ] {
+                match Config::from_toml(&text(kind)) {
+                    Ok(_) => assert!(ok, "{kind} secret with mode {mode:o} accepted"),
+                    Err(e) => {
+                        assert!(!ok, "{kind} secret with mode {mode:o} refused: {e}");
+                        assert_eq!(e.field, field);
+                        assert!(e.why.contains("chmod 600"), "{e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn accepts_its_own_saved_form() {
+        let text = "[server]\nportals = [\"127.0.0.1:3261\"]\n[[target]]\niqn = \"iqn.2026-11.x:y\"\nallow = [\"iqn.a:*\"]\n[target.chap]\nuser = \"u\"\nsecret_file = \"/etc/ipsan/u.secret\"\n[[target.lun]]\nid = 0\nbackend = \"file:/tmp/x.img,size=1GiB\"\n[[target.lun]]\nid = 2\nbackend = \"mem:64MiB\"\nread_only = true\n";
+        let f = FileConfig::parse(text).unwrap();
+        let saved = f.to_toml().unwrap();
+        assert_eq!(FileConfig::parse(&saved).unwrap(), f, "{saved}");
+        assert!(
+            saved.contains("secret_file = \"/etc/ipsan/u.secret\""),
+            "{saved}"
+        );
+        assert_eq!(
+            f.target[0].lun[0].resized_backend(2 << 30).unwrap(),
+            "file:/tmp/x.img,size=2GiB"
+        );
+        assert_eq!(
+            f.target[0].lun[1].resized_backend(96 << 20).unwrap(),
+            "mem:96MiB"
+        );
     }
 }

@@ -94,11 +94,6 @@ pub async fn serve(
         () = shutdown.cancelled() => return,
     };
     let params = result.params;
-    let target = params
-        .target_name
-        .as_deref()
-        .and_then(|n| shared.registry.target(n))
-        .cloned();
     let nexus = NexusId(format!(
         "{},i,0x{}",
         params.initiator_name,
@@ -112,12 +107,15 @@ pub async fn serve(
         max_burst = params.max_burst_length, first_burst = params.first_burst_length,
         "login complete"
     );
-    let session_cancel = shared.registry.register(
-        &params.initiator_name,
+    let seal = lock(&slot).take().map(Arc::new);
+    let (session_cancel, stats) = shared.registry.register(crate::registry::SessionInfo::new(
+        &params,
         result.isid,
-        params.target_name.as_deref(),
         result.tsih,
-    );
+        peer,
+        local,
+        seal.clone(),
+    ));
     // Registered: the session counts itself now.
     drop(session_slot);
 
@@ -141,7 +139,7 @@ pub async fn serve(
     let mut session = Session {
         shared: shared.clone(),
         params,
-        target,
+        stats,
         nexus,
         window,
         tasks: Arc::new(Mutex::new(HashMap::new())),
@@ -151,7 +149,7 @@ pub async fn serve(
         aborted: VecDeque::new(),
         text_partial: Vec::new(),
         ping: None,
-        seal: lock(&slot).take().map(Arc::new),
+        seal,
         rekey_asked: Arc::new(AtomicBool::new(false)),
     };
     let end = session
@@ -159,7 +157,7 @@ pub async fn serve(
         .await;
     debug!(%peer, "session ending: {end}");
     session.drain().await;
-    if let Some(t) = &session.target {
+    if let Some(t) = session.target() {
         // The I_T nexus is gone: release what it held (RESERVE, PREVENT; SAM-5 §5.9).
         for lu in t.luns.values() {
             lu.nexus_lost(&session.nexus);
@@ -253,6 +251,7 @@ async fn login_phase(
         };
         let reply = login.handle(req, &pdu.data, &mut dir);
         if let Outcome::Failed(f) = &reply.outcome {
+            shared.registry.count_login(&dir, Some(f.status.0));
             auth_failure_backoff(shared, &dir, peer, f).await;
         }
         let mut out = BytesMut::new();
@@ -269,6 +268,7 @@ async fn login_phase(
                 return Ok(None);
             }
             Outcome::FullFeature(result) => {
+                shared.registry.count_login(&dir, None);
                 if dir.chap_required() {
                     shared
                         .registry
@@ -523,7 +523,8 @@ struct Residual {
 struct Session {
     shared: Arc<Shared>,
     params: SessionParams,
-    target: Option<Arc<Target>>,
+    /// This session's counters (metrics.rs, `ipsan ctl sessions`).
+    stats: Arc<crate::metrics::SessionStats>,
     nexus: NexusId,
     window: Arc<Mutex<CmdWindow>>,
     tasks: Arc<Mutex<HashMap<u32, TaskEntry>>>,
@@ -542,6 +543,14 @@ struct Session {
 }
 
 impl Session {
+    /// The session's target as it is now (LUNs can be added or removed while it runs).
+    fn target(&self) -> Option<Arc<Target>> {
+        self.params
+            .target_name
+            .as_deref()
+            .and_then(|n| self.shared.registry.target(n))
+    }
+
     async fn send(&self, header: impl Into<Header>, data: Bytes) {
         let _ = self.out.send(Out::Pdu(Pdu::new(header, data))).await;
     }
@@ -590,6 +599,11 @@ impl Session {
                 r = conn.next() => r,
                 () = shutdown.cancelled() => return "target shutting down".into(),
                 () = session_cancel.cancelled() => return "session reinstated or cancelled".into(),
+                () = self.stats.logout.notified() => {
+                    // `ipsan ctl logout-all`: ask politely (RFC 7143 §11.9.1, AsyncEvent 1).
+                    self.send(AsyncMessage { async_event: 1, parameter3: LOGOUT_WAIT_SECS, ..AsyncMessage::default() }, Bytes::new()).await;
+                    continue;
+                }
                 () = async { match sleep_until { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
                     if self.ping.is_some() {
                         return "NOP-In ping unanswered".into();
@@ -613,6 +627,7 @@ impl Session {
                         WireError::UnsupportedOpcode { .. } => RejectReason::COMMAND_NOT_SUPPORTED,
                         _ => RejectReason::PROTOCOL_ERROR,
                     };
+                    self.stats.pdu_error(&e);
                     if let Some(bhs) = e.rejected_header() {
                         self.reject(reason, bhs).await;
                     }
@@ -691,7 +706,7 @@ impl Session {
             }
         };
         let lun = decode_lun(cmd.lun.to_be_bytes());
-        let exec = match self.target.as_ref().and_then(|t| t.luns.get(&lun)) {
+        let exec = match self.target().as_ref().and_then(|t| t.luns.get(&lun)) {
             Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
             None => Exec::NoLun,
         };
@@ -782,6 +797,7 @@ impl Session {
             }
         };
         let plans = write.plan_r2ts(|| self.alloc_ttt());
+        self.stats.r2ts(plans.len());
         for p in &plans {
             self.send(
                 R2t {
@@ -849,7 +865,7 @@ impl Session {
 
     /// Whether LUN `lun`'s backend works at memory speed.
     fn fast_backend(&self, lun: u64) -> bool {
-        self.target.as_ref().is_some_and(|t| {
+        self.target().is_some_and(|t| {
             t.backends
                 .iter()
                 .any(|(id, b)| *id == lun && matches!(b.kind(), "mem" | "null"))
@@ -903,7 +919,8 @@ impl Session {
         let nexus = self.nexus.clone();
         let seg = self.params.initiator_max_recv_data_segment_length.max(512);
         let burst = self.params.max_burst_length.max(512);
-        let target = self.target.clone();
+        let target = self.target();
+        let timer = self.stats.start(lun);
         let seal = self.seal.clone().map(|s| {
             (
                 s,
@@ -912,6 +929,7 @@ impl Session {
             )
         });
         let rekey_asked = self.rekey_asked.clone();
+        let stats = self.stats.clone();
         tokio::spawn(async move {
             // A Seal counter at its hard limit: this command fails, then the connection closes.
             let mut seal_exhausted = false;
@@ -928,6 +946,7 @@ impl Session {
                 match pool.open(session, *binding, buf).await {
                     Ok(plain) => data_out = plain,
                     Err(e) => {
+                        stats.seal_open_failed(&e);
                         warn!(
                             itt,
                             lun,
@@ -1012,6 +1031,7 @@ impl Session {
                     res.underflow = edtl - produced;
                 }
             }
+            timer.done(&cdb, &resp);
             lock(&tasks).remove(&itt);
             if counted {
                 lock(&window).complete();
@@ -1088,6 +1108,7 @@ impl Session {
                     (plans, p.raw_lun, p.write.is_complete())
                 };
                 self.next_ttt = ttt;
+                self.stats.r2ts(plans.len());
                 for p in plans {
                     self.send(
                         R2t {
@@ -1179,7 +1200,7 @@ impl Session {
             lock(&self.window).complete();
         }
         let lun = decode_lun(h.lun.to_be_bytes());
-        let lu = self.target.as_ref().and_then(|t| t.luns.get(&lun)).cloned();
+        let lu = self.target().and_then(|t| t.luns.get(&lun).cloned());
         let respond = |response: TmfResponse| TaskMgmtResponse {
             response,
             itt: h.itt,
@@ -1230,7 +1251,7 @@ impl Session {
             TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
                 let cold = h.function == TmfFunction::TARGET_COLD_RESET;
                 let w = self.abort_where(|_, _| true);
-                if let Some(t) = &self.target {
+                if let Some(t) = self.target() {
                     for lu in t.luns.values() {
                         lu.reset(
                             if cold {
@@ -1365,7 +1386,7 @@ impl Session {
             SocketAddr::V4(v4) => format!("{v4},{PORTAL_GROUP_TAG}"),
             SocketAddr::V6(v6) => format!("[{}]:{},{PORTAL_GROUP_TAG}", v6.ip(), v6.port()),
         });
-        for t in &self.shared.registry.targets {
+        for t in self.shared.registry.targets().iter() {
             let wanted = match value {
                 "All" => true,
                 "" => self.params.target_name.as_deref() == Some(t.iqn.as_str()),

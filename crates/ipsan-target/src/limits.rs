@@ -142,7 +142,7 @@ impl LimitStats {
 }
 
 /// See [`LimitStats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LimitCounts {
     pub auth_failures: u64,
     pub lockout_rejects: u64,

@@ -1,17 +1,24 @@
 //! What the running target knows: its targets with their LUNs and policies, and the sessions
 //! that are logged in (for TSIH assignment and session reinstatement, RFC 7143 §6.3.5).
+//!
+//! The target list is live: `ipsan ctl` and reloads swap in a new list atomically
+//! ([`Registry::apply`]); connections look their target up per command, so a LUN added is
+//! usable at once and a session of a target that did not change never notices.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Instant, SystemTime};
 
 use ipsan_scsi::{Backend, LogicalUnit, LuConfig};
+use ipsan_seal::SealSession;
 use iscsi_proto::login::{Auth, Directory, LoginFailure, LoginStatus, TargetPolicy};
+use iscsi_proto::params::SessionParams;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, TargetConfig};
+use crate::config::{Config, FileConfig, LunConfig, TargetConfig};
 use crate::limits::{AddressConnections, AuthLimiter, FailureVerdict, LimitStats, Limits};
+use crate::metrics::{LunTable, Metrics, SessionStats};
 
 /// The portal group every portal of this target belongs to (RFC 7143 §13.9).
 pub const PORTAL_GROUP_TAG: u16 = 1;
@@ -27,6 +34,10 @@ pub struct Target {
     pub luns: BTreeMap<u64, Arc<LogicalUnit>>,
     /// The stores behind the LUNs, flushed at shutdown.
     pub backends: Vec<(u64, Arc<dyn Backend>)>,
+    /// What each LUN was built from (to tell a resize from a replacement).
+    pub lun_configs: BTreeMap<u64, LunConfig>,
+    /// Per-LUN counters, shared with this target's sessions (metrics.rs).
+    pub lun_stats: Arc<LunTable>,
 }
 
 impl Target {
@@ -52,16 +63,108 @@ struct SessionKey {
 #[derive(Debug)]
 struct SessionEntry {
     tsih: u16,
-    /// Cancelled to end the session (reinstatement or shutdown).
+    /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
     cancel: CancellationToken,
+    info: Arc<SessionInfo>,
+    stats: Arc<SessionStats>,
+}
+
+/// What a logged-in session is (for `ipsan ctl sessions` and the metrics): never a key.
+#[derive(Debug)]
+pub struct SessionInfo {
+    pub initiator: String,
+    pub isid: [u8; 6],
+    pub target: Option<String>,
+    pub tsih: u16,
+    pub peer: SocketAddr,
+    pub local: Option<SocketAddr>,
+    /// The operational parameters negotiated (RFC 7143 §13), as key=value.
+    pub params: Vec<(String, String)>,
+    /// Whether the login passed CHAP (set by [`Registry::register`] from the target).
+    pub chap: bool,
+    /// The Seal session (cipher, counters, key epochs are read from it), when negotiated.
+    pub seal: Option<Arc<SealSession>>,
+    pub since: SystemTime,
+}
+
+impl SessionInfo {
+    /// The record of a session that just completed its login.
+    #[must_use]
+    pub fn new(
+        params: &SessionParams,
+        isid: [u8; 6],
+        tsih: u16,
+        peer: SocketAddr,
+        local: Option<SocketAddr>,
+        seal: Option<Arc<SealSession>>,
+    ) -> Self {
+        let yn = |b: bool| if b { "Yes" } else { "No" }.to_owned();
+        let digest = |b: bool| if b { "CRC32C" } else { "None" }.to_owned();
+        let p = vec![
+            ("HeaderDigest".into(), digest(params.header_digest)),
+            ("DataDigest".into(), digest(params.data_digest)),
+            ("ImmediateData".into(), yn(params.immediate_data)),
+            ("InitialR2T".into(), yn(params.initial_r2t)),
+            ("MaxBurstLength".into(), params.max_burst_length.to_string()),
+            (
+                "FirstBurstLength".into(),
+                params.first_burst_length.to_string(),
+            ),
+            (
+                "MaxRecvDataSegmentLength(initiator)".into(),
+                params.initiator_max_recv_data_segment_length.to_string(),
+            ),
+            (
+                "MaxRecvDataSegmentLength(target)".into(),
+                params.target_max_recv_data_segment_length.to_string(),
+            ),
+            (
+                "MaxOutstandingR2T".into(),
+                params.max_outstanding_r2t.to_string(),
+            ),
+            (
+                "ErrorRecoveryLevel".into(),
+                params.error_recovery_level.to_string(),
+            ),
+        ];
+        Self {
+            initiator: params.initiator_name.clone(),
+            isid,
+            target: params.target_name.clone(),
+            tsih,
+            peer,
+            local,
+            params: p,
+            chap: false,
+            seal,
+            since: SystemTime::now(),
+        }
+    }
+}
+
+/// One session as `ipsan ctl sessions` lists it.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub info: Arc<SessionInfo>,
+    pub stats: Arc<SessionStats>,
 }
 
 /// Shared state of the whole target.
 #[derive(Debug)]
 pub struct Registry {
-    pub targets: Vec<Arc<Target>>,
-    pub discovery_auth: Auth,
+    /// The live target list, swapped whole by [`Registry::apply`].
+    targets: RwLock<Arc<Vec<Arc<Target>>>>,
+    discovery_auth: RwLock<Auth>,
     sessions: Mutex<Sessions>,
+    /// Counters that outlive sessions (metrics.rs).
+    pub metrics: Metrics,
+    /// The running configuration in file form (`None` when built in code); holding this lock
+    /// serializes changes.
+    running: Mutex<Option<FileConfig>>,
+    /// The file `reload` and `save` use by default.
+    pub config_path: Mutex<Option<std::path::PathBuf>>,
+    /// The portals actually bound (port 0 resolved), set by the server.
+    pub portals: RwLock<Vec<SocketAddr>>,
     /// Login limits (docs/robustness.md, Security).
     pub limits: Limits,
     /// What the limits refused.
@@ -125,12 +228,18 @@ impl Registry {
     pub fn build(config: &Config) -> Result<Self, BuildError> {
         let mut targets = Vec::new();
         for t in &config.targets {
-            targets.push(Arc::new(build_target(t)?));
+            targets.push(Arc::new(build_target(t, None)?));
         }
         Ok(Self {
-            targets,
-            discovery_auth: config.discovery_chap.clone().map_or(Auth::None, Auth::Chap),
+            targets: RwLock::new(Arc::new(targets)),
+            discovery_auth: RwLock::new(
+                config.discovery_chap.clone().map_or(Auth::None, Auth::Chap),
+            ),
             sessions: Mutex::new(Sessions::default()),
+            metrics: Metrics::default(),
+            running: Mutex::new(config.source.clone()),
+            config_path: Mutex::new(None),
+            portals: RwLock::new(config.portals.clone()),
             limits: config.limits.clone(),
             stats: LimitStats::default(),
             auth: Mutex::new(AuthLimiter::new(config.limits.auth.clone())),
@@ -232,31 +341,52 @@ impl Registry {
         })
     }
 
+    /// The target named `iqn`, as it is now.
     #[must_use]
-    pub fn target(&self, iqn: &str) -> Option<&Arc<Target>> {
-        self.targets.iter().find(|t| t.iqn == iqn)
+    pub fn target(&self, iqn: &str) -> Option<Arc<Target>> {
+        crate::read(&self.targets)
+            .iter()
+            .find(|t| t.iqn == iqn)
+            .cloned()
+    }
+
+    /// Every target, as they are now.
+    #[must_use]
+    pub fn targets(&self) -> Arc<Vec<Arc<Target>>> {
+        crate::read(&self.targets).clone()
+    }
+
+    /// The discovery session's authentication, as it is now.
+    #[must_use]
+    pub fn discovery_auth(&self) -> Auth {
+        crate::read(&self.discovery_auth).clone()
     }
 
     /// Records a new session after login; reinstates (ends) an older one with the same key.
-    pub fn register(
-        &self,
-        initiator: &str,
-        isid: [u8; 6],
-        target: Option<&str>,
-        tsih: u16,
-    ) -> CancellationToken {
+    /// Returns the token that ends this session and the counters it keeps.
+    pub fn register(&self, mut info: SessionInfo) -> (CancellationToken, Arc<SessionStats>) {
+        let target = info.target.as_deref().and_then(|t| self.target(t));
+        info.chap = target
+            .as_ref()
+            .is_some_and(|t| matches!(t.auth, Auth::Chap(_)));
         let key = SessionKey {
-            initiator: initiator.to_owned(),
-            isid,
-            target: target.map(str::to_owned),
+            initiator: info.initiator.clone(),
+            isid: info.isid,
+            target: info.target.clone(),
         };
+        let luns = target.map(|t| t.lun_stats.clone());
+        let stats = Arc::new(SessionStats::new(luns));
         let cancel = CancellationToken::new();
+        let tsih = info.tsih;
+        let initiator = info.initiator.clone();
         let mut s = crate::lock(&self.sessions);
         if let Some(old) = s.by_key.insert(
             key,
             SessionEntry {
                 tsih,
                 cancel: cancel.clone(),
+                info: Arc::new(info),
+                stats: stats.clone(),
             },
         ) {
             tracing::info!(
@@ -267,7 +397,62 @@ impl Registry {
             );
             old.cancel.cancel();
         }
-        cancel
+        (cancel, stats)
+    }
+
+    /// Counts a finished login (`status` `None` for success) under its target, when that
+    /// target is configured ("" otherwise: names from the wire never become labels).
+    pub fn count_login(&self, dir: &LoginDirectory, status: Option<u16>) {
+        let declared = crate::lock(&dir.declared)
+            .as_ref()
+            .and_then(|(_, t)| t.clone())
+            .filter(|t| self.target(t).is_some())
+            .unwrap_or_default();
+        self.metrics
+            .login(&declared, crate::metrics::login_result(status));
+    }
+
+    /// Every logged-in session.
+    #[must_use]
+    pub fn sessions(&self) -> Vec<SessionView> {
+        let s = crate::lock(&self.sessions);
+        let mut v: Vec<SessionView> = s
+            .by_key
+            .values()
+            .map(|e| SessionView {
+                info: e.info.clone(),
+                stats: e.stats.clone(),
+            })
+            .collect();
+        v.sort_by_key(|e| e.info.tsih);
+        v
+    }
+
+    /// Asks the sessions `pick` selects to log out (AsyncEvent 1, RFC 7143 §11.9.1); they
+    /// stay until the initiator does. Returns how many were asked.
+    pub fn request_logout(&self, pick: impl Fn(&SessionInfo) -> bool) -> usize {
+        let s = crate::lock(&self.sessions);
+        let mut n = 0;
+        for e in s.by_key.values() {
+            if pick(&e.info) {
+                e.stats.logout.notify_one();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Ends the sessions `pick` selects (commands in flight finish first); returns how many.
+    pub fn drop_sessions(&self, pick: impl Fn(&SessionInfo) -> bool) -> usize {
+        let s = crate::lock(&self.sessions);
+        let mut n = 0;
+        for e in s.by_key.values() {
+            if pick(&e.info) {
+                e.cancel.cancel();
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Forgets a session that ended (if it is still the registered one).
@@ -315,37 +500,73 @@ impl Registry {
     }
 }
 
-fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
+/// Opens one LUN's backend and builds its logical unit.
+fn build_lun(iqn: &str, l: &LunConfig) -> Result<(Arc<LogicalUnit>, Arc<dyn Backend>), BuildError> {
+    let fail = |why: String| BuildError {
+        target: iqn.to_owned(),
+        lun: l.id,
+        why,
+    };
+    let backend = ipsan_scsi::open(&l.backend).map_err(|e| fail(e.to_string()))?;
+    let serial = l.serial.clone().unwrap_or_else(|| serial_for(iqn, l.id));
+    let mut cfg = LuConfig::with_serial(&serial);
+    cfg.block_size = l.block_size;
+    cfg.read_only = l.read_only;
+    cfg.write_cache = l.write_cache;
+    cfg.extra_designators
+        .push(ipsan_scsi::inquiry::target_port_designator(
+            iqn,
+            PORTAL_GROUP_TAG,
+        ));
+    cfg.extra_designators
+        .push(ipsan_scsi::inquiry::relative_port_designator(1));
+    cfg.extra_designators
+        .push(ipsan_scsi::inquiry::target_port_group_designator(
+            PORTAL_GROUP_TAG,
+        ));
+    cfg.extra_designators
+        .push(ipsan_scsi::inquiry::target_device_designator(iqn));
+    let lu = LogicalUnit::new(backend.clone(), cfg).map_err(|e| fail(e.to_string()))?;
+    Ok((Arc::new(lu), backend))
+}
+
+/// Builds a target; LUNs found in `reuse` (id → the running LU, its backend) are kept as
+/// they are (same reservations, same unit attentions, same open file).
+fn build_target(
+    t: &TargetConfig,
+    reuse: Option<(&Target, &std::collections::BTreeSet<u64>)>,
+) -> Result<Target, BuildError> {
     let mut luns = BTreeMap::new();
     let mut backends = Vec::new();
+    let mut lun_configs = BTreeMap::new();
+    let lun_stats = reuse.map_or_else(
+        || Arc::new(RwLock::new(BTreeMap::new())),
+        |(old, _)| old.lun_stats.clone(),
+    );
     for l in &t.luns {
-        let fail = |why: String| BuildError {
-            target: t.iqn.clone(),
-            lun: l.id,
-            why,
+        let kept = reuse.and_then(|(old, keep)| {
+            keep.contains(&l.id).then(|| {
+                let lu = old.luns.get(&l.id)?.clone();
+                let be = old.backends.iter().find(|(id, _)| *id == l.id)?.1.clone();
+                Some((lu, be))
+            })?
+        });
+        let (lu, backend) = match kept {
+            Some(x) => x,
+            None => build_lun(&t.iqn, l)?,
         };
-        let backend = ipsan_scsi::open(&l.backend).map_err(|e| fail(e.to_string()))?;
-        let serial = l.serial.clone().unwrap_or_else(|| serial_for(&t.iqn, l.id));
-        let mut cfg = LuConfig::with_serial(&serial);
-        cfg.block_size = l.block_size;
-        cfg.read_only = l.read_only;
-        cfg.write_cache = l.write_cache;
-        cfg.extra_designators
-            .push(ipsan_scsi::inquiry::target_port_designator(
-                &t.iqn,
-                PORTAL_GROUP_TAG,
-            ));
-        cfg.extra_designators
-            .push(ipsan_scsi::inquiry::relative_port_designator(1));
-        cfg.extra_designators
-            .push(ipsan_scsi::inquiry::target_port_group_designator(
-                PORTAL_GROUP_TAG,
-            ));
-        cfg.extra_designators
-            .push(ipsan_scsi::inquiry::target_device_designator(&t.iqn));
-        backends.push((l.id, backend.clone()));
-        let lu = LogicalUnit::new(backend, cfg).map_err(|e| fail(e.to_string()))?;
-        luns.insert(l.id, Arc::new(lu));
+        backends.push((l.id, backend));
+        luns.insert(l.id, lu);
+        lun_configs.insert(l.id, l.clone());
+    }
+    {
+        let mut table = crate::write(&lun_stats);
+        table.retain(|id, _| luns.contains_key(id));
+        for (id, lu) in &luns {
+            table
+                .entry(*id)
+                .or_insert_with(|| crate::metrics::lun_stats(lu.block_size()));
+        }
     }
     Ok(Target {
         iqn: t.iqn.clone(),
@@ -355,6 +576,8 @@ fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
         seal: t.seal.clone(),
         luns,
         backends,
+        lun_configs,
+        lun_stats,
     })
 }
 
@@ -447,12 +670,13 @@ impl Directory for LoginDirectory {
 
     fn discovery(&self, initiator_name: &str) -> Result<TargetPolicy, LoginFailure> {
         self.declare(initiator_name, None);
-        if matches!(self.registry.discovery_auth, Auth::Chap(_)) {
+        let auth = self.registry.discovery_auth();
+        if matches!(auth, Auth::Chap(_)) {
             self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
         Ok(TargetPolicy {
-            auth: self.registry.discovery_auth.clone(),
+            auth,
             portal_group_tag: PORTAL_GROUP_TAG,
             alias: None,
         })
@@ -488,5 +712,358 @@ impl Directory for LoginDirectory {
                 format!("no session with TSIH {requested}"),
             ))
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Live changes (`ipsan ctl`, SIGHUP reloads)
+
+/// Why a configuration change was refused; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The new configuration does not validate (the field is named, as for a file).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The change is valid but would hurt running sessions without `force`, or cannot be
+    /// done online.
+    #[error("{field}: {why}")]
+    Refused { field: String, why: String },
+    /// The target was built in code, without a file form to edit.
+    #[error("this target was not started from a configuration file form; nothing to edit")]
+    NoSource,
+}
+
+fn refused(field: impl Into<String>, why: impl Into<String>) -> ChangeError {
+    ChangeError::Refused {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+/// What an applied change did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ChangeReport {
+    /// One line per change (target added, LUN resized, …).
+    pub changes: Vec<String>,
+    /// Sessions ended by the change (removed targets, initiators no longer allowed).
+    pub sessions_dropped: usize,
+    /// Settings that changed in the file but only take effect at the next start.
+    pub restart_needed: Vec<String>,
+}
+
+/// Whether two LUN configurations differ at most in size (a resize, not a replacement).
+fn same_but_size(a: &LunConfig, b: &LunConfig) -> bool {
+    let unsized_ = |l: &LunConfig| ipsan_scsi::BackendSpec {
+        size: None,
+        ..l.backend.clone()
+    };
+    a.id == b.id
+        && unsized_(a) == unsized_(b)
+        && a.block_size == b.block_size
+        && a.read_only == b.read_only
+        && a.write_cache == b.write_cache
+        && a.serial == b.serial
+}
+
+/// Whether two Seal settings are the same (secrets compared in constant time).
+fn same_seal(a: &crate::config::SealSettings, b: &crate::config::SealSettings) -> bool {
+    let same_psk = |x: &Option<ipsan_seal::Psk>, y: &Option<ipsan_seal::Psk>| match (x, y) {
+        (Some(x), Some(y)) => x.ct_eq(y),
+        (None, None) => true,
+        _ => false,
+    };
+    a.policy == b.policy
+        && same_psk(&a.secret, &b.secret)
+        && a.initiators.len() == b.initiators.len()
+        && a.initiators
+            .iter()
+            .zip(&b.initiators)
+            .all(|((n, p), (m, q))| n == m && p.ct_eq(q))
+}
+
+/// REPORTED LUNS DATA HAS CHANGED (SPC-4 §7.5.5 / Table 49: 3Fh/0Eh).
+const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
+
+impl Registry {
+    /// The running configuration in file form (`None` when built in code).
+    #[must_use]
+    pub fn running_config(&self) -> Option<FileConfig> {
+        crate::lock(&self.running).clone()
+    }
+
+    /// Edits the running configuration with `edit` and applies the result like a reload:
+    /// validated as a file is, then swapped in atomically. Changes are serialized.
+    pub fn change(
+        &self,
+        force: bool,
+        edit: impl FnOnce(&mut FileConfig) -> Result<(), ChangeError>,
+    ) -> Result<ChangeReport, ChangeError> {
+        let mut running = crate::lock(&self.running);
+        let current = running.as_ref().ok_or(ChangeError::NoSource)?;
+        let mut next = current.clone();
+        edit(&mut next)?;
+        let report = self.apply_locked(current, &next, force)?;
+        *running = Some(next);
+        self.metrics
+            .config_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Replaces the running configuration with `next` (a reload).
+    pub fn apply(&self, next: FileConfig, force: bool) -> Result<ChangeReport, ChangeError> {
+        self.change(force, |f| {
+            *f = next;
+            Ok(())
+        })
+    }
+
+    fn apply_locked(
+        &self,
+        old_file: &FileConfig,
+        new_file: &FileConfig,
+        force: bool,
+    ) -> Result<ChangeReport, ChangeError> {
+        use std::collections::BTreeSet;
+        let cfg = Config::from_file_config(new_file)?;
+        let old = self.targets();
+        let sessions = self.sessions();
+        let in_use = |iqn: &str| {
+            sessions
+                .iter()
+                .filter(|s| s.info.target.as_deref() == Some(iqn))
+                .count()
+        };
+        let mut report = ChangeReport::default();
+        if old_file.server != new_file.server {
+            report
+                .restart_needed
+                .push("server (portals, limits, queue depth, TCP settings)".into());
+        }
+
+        // Plan and check everything before changing anything.
+        for t in old.iter() {
+            if !cfg.targets.iter().any(|n| n.iqn == t.iqn) {
+                let n = in_use(&t.iqn);
+                if n > 0 && !force {
+                    return Err(refused(
+                        format!("target {}", t.iqn),
+                        format!("{n} session(s) logged in; force to remove it and drop them"),
+                    ));
+                }
+                report.changes.push(format!("target {} removed", t.iqn));
+            }
+        }
+        struct Plan {
+            keep: BTreeSet<u64>,
+            gone: Vec<u64>,
+            grow: Vec<(Arc<LogicalUnit>, u64, String)>,
+        }
+        let mut plans = Vec::new();
+        for (i, t) in cfg.targets.iter().enumerate() {
+            let mut plan = Plan {
+                keep: BTreeSet::new(),
+                gone: Vec::new(),
+                grow: Vec::new(),
+            };
+            let Some(o) = old.iter().find(|x| x.iqn == t.iqn) else {
+                report.changes.push(format!(
+                    "target {} added with LUN(s) {:?}",
+                    t.iqn,
+                    t.luns.iter().map(|l| l.id).collect::<Vec<_>>()
+                ));
+                plans.push(plan);
+                continue;
+            };
+            let sessions_here = in_use(&t.iqn);
+            for (j, l) in t.luns.iter().enumerate() {
+                let field = format!("target[{i}].lun[{j}]");
+                match o.lun_configs.get(&l.id) {
+                    Some(ol) if same_but_size(ol, l) => {
+                        plan.keep.insert(l.id);
+                        let Some(lu) = o.luns.get(&l.id) else {
+                            continue;
+                        };
+                        let now = lu.num_blocks() * u64::from(lu.block_size());
+                        match l.backend.size {
+                            Some(want) if want < now => {
+                                return Err(refused(
+                                    format!("{field}.backend"),
+                                    format!("shrinking LUN {} from {now} to {want} bytes is refused: hosts may be using those blocks", l.id),
+                                ))
+                            }
+                            Some(want) if want > now => {
+                                if matches!(l.backend.kind, ipsan_scsi::BackendKind::Mem) {
+                                    return Err(refused(
+                                        format!("{field}.backend"),
+                                        "a mem LUN cannot be resized online (file and null LUNs can)",
+                                    ));
+                                }
+                                if want % u64::from(lu.block_size()) != 0 {
+                                    return Err(refused(
+                                        format!("{field}.backend"),
+                                        format!("{want} bytes is not a whole number of {}-byte blocks", lu.block_size()),
+                                    ));
+                                }
+                                plan.grow.push((lu.clone(), want, format!("{field}.backend")));
+                                report.changes.push(format!(
+                                    "target {} LUN {} resized from {now} to {want} bytes",
+                                    t.iqn, l.id
+                                ));
+                            }
+                            _ => {}
+                        }
+                    }
+                    Some(_) => {
+                        if sessions_here > 0 && !force {
+                            return Err(refused(
+                                field,
+                                format!("LUN {} is in use by {sessions_here} session(s) and this change replaces it (only the size can change online); force to replace it", l.id),
+                            ));
+                        }
+                        plan.gone.push(l.id);
+                        report
+                            .changes
+                            .push(format!("target {} LUN {} replaced", t.iqn, l.id));
+                    }
+                    None => report
+                        .changes
+                        .push(format!("target {} LUN {} added", t.iqn, l.id)),
+                }
+            }
+            for id in o.luns.keys() {
+                if t.luns.iter().any(|l| l.id == *id) {
+                    continue;
+                }
+                if sessions_here > 0 && !force {
+                    return Err(refused(
+                        format!("target[{i}].lun"),
+                        format!("LUN {id} is in use by {sessions_here} session(s); force to remove it (hosts get REPORTED LUNS DATA HAS CHANGED)"),
+                    ));
+                }
+                plan.gone.push(*id);
+                report
+                    .changes
+                    .push(format!("target {} LUN {id} removed", t.iqn));
+            }
+            if o.allow != t.allow {
+                report
+                    .changes
+                    .push(format!("target {} allow-list changed", t.iqn));
+            }
+            let chap_changed = match (&o.auth, &t.chap) {
+                (Auth::Chap(a), Some(b)) => {
+                    a.user != b.user
+                        || !a.secret.ct_eq(&b.secret)
+                        || a.mutual.as_ref().map(|m| &m.0) != b.mutual.as_ref().map(|m| &m.0)
+                        || match (&a.mutual, &b.mutual) {
+                            (Some(x), Some(y)) => !x.1.ct_eq(&y.1),
+                            (None, None) => false,
+                            _ => true,
+                        }
+                }
+                (Auth::None, None) => false,
+                _ => true,
+            };
+            if chap_changed {
+                report.changes.push(format!(
+                    "target {} CHAP changed (new logins; sessions logged in stay)",
+                    t.iqn
+                ));
+            }
+            if !same_seal(&o.seal, &t.seal) {
+                report.changes.push(format!(
+                    "target {} Seal settings changed (new logins; sessions logged in keep their keys)",
+                    t.iqn
+                ));
+            }
+            plans.push(plan);
+        }
+
+        // Open new backends (fallible, nothing visible yet).
+        let mut built = Vec::new();
+        for (i, (t, plan)) in cfg.targets.iter().zip(&plans).enumerate() {
+            let o = old.iter().find(|x| x.iqn == t.iqn);
+            let target = build_target(t, o.map(|o| (o.as_ref(), &plan.keep))).map_err(|e| {
+                let j = t.luns.iter().position(|l| l.id == e.lun).unwrap_or(0);
+                refused(format!("target[{i}].lun[{j}].backend"), e.why)
+            })?;
+            built.push(target);
+        }
+        // Grow files (I/O; a failure here stops before the swap, earlier grows stay: a
+        // larger file is harmless and the LU reports its new size only once grown).
+        for plan in &plans {
+            for (lu, want, field) in &plan.grow {
+                lu.grow(*want)
+                    .map_err(|e| refused(field.clone(), format!("resize failed: {e}")))?;
+            }
+        }
+
+        // Commit: one swap.
+        for t in &built {
+            let mut table = crate::write(&t.lun_stats);
+            table.retain(|id, _| t.luns.contains_key(id));
+            for (id, lu) in &t.luns {
+                table
+                    .entry(*id)
+                    .or_insert_with(|| crate::metrics::lun_stats(lu.block_size()));
+            }
+        }
+        let built: Vec<Arc<Target>> = built.into_iter().map(Arc::new).collect();
+        *crate::write(&self.targets) = Arc::new(built.clone());
+        *crate::write(&self.discovery_auth) =
+            cfg.discovery_chap.clone().map_or(Auth::None, Auth::Chap);
+
+        // Tell whom it concerns.
+        for (t, plan) in built.iter().zip(&plans) {
+            if !plan.gone.is_empty() {
+                for lu in t.luns.values() {
+                    lu.unit_attention_all(REPORTED_LUNS_CHANGED.0, REPORTED_LUNS_CHANGED.1);
+                }
+            }
+        }
+        let removed: Vec<String> = old
+            .iter()
+            .filter(|o| !built.iter().any(|n| n.iqn == o.iqn))
+            .map(|o| o.iqn.clone())
+            .collect();
+        for iqn in &removed {
+            self.metrics.forget_target(iqn);
+        }
+        report.sessions_dropped = self.drop_sessions(|s| match s.target.as_deref() {
+            None => false,
+            Some(iqn) => match built.iter().find(|t| t.iqn == iqn) {
+                None => true,
+                Some(t) => !t.allows(&s.initiator),
+            },
+        });
+        // Flush what is no longer served (its last commands finish on their own Arcs).
+        for o in old.iter() {
+            for (id, backend) in &o.backends {
+                let still = built
+                    .iter()
+                    .find(|n| n.iqn == o.iqn)
+                    .and_then(|n| n.backends.iter().find(|(i, _)| i == id))
+                    .is_some_and(|(_, b)| Arc::ptr_eq(b, backend));
+                if !still {
+                    if let Err(e) = backend.flush() {
+                        tracing::warn!(target = %o.iqn, lun = id, "flush of a removed LUN failed: {e}");
+                    }
+                }
+            }
+        }
+        for c in &report.changes {
+            tracing::info!(change = %c, "configuration changed");
+        }
+        if report.sessions_dropped > 0 {
+            tracing::info!(
+                sessions = report.sessions_dropped,
+                "sessions ended by the change"
+            );
+        }
+        for r in &report.restart_needed {
+            tracing::warn!(setting = %r, "changed in the configuration; takes effect at restart");
+        }
+        Ok(report)
     }
 }

@@ -42,7 +42,7 @@ impl SealExtension {
 
     fn negotiation(&mut self, ctx: &ExtensionContext<'_>) -> &mut TargetNegotiation {
         let registry = self.registry.clone();
-        let target = ctx.target_name.and_then(|n| registry.target(n)).cloned();
+        let target = ctx.target_name.and_then(|n| registry.target(n));
         self.neg.get_or_insert_with(|| {
             let (policy, settings) = match &target {
                 Some(t) => (t.seal.policy, Some(t.seal.clone())),

@@ -69,6 +69,10 @@ impl Server {
                 .map_err(|source| ServerError::Bind { addr, source })?;
             listeners.push(l);
         }
+        *crate::write(&registry.portals) = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
         let offer = TargetOffer {
             cmd_window: config.queue_depth,
             ..TargetOffer::default()
@@ -90,6 +94,13 @@ impl Server {
         })
     }
 
+    /// The live state: targets, sessions, counters; what the control socket and the
+    /// metrics endpoint serve.
+    #[must_use]
+    pub fn registry(&self) -> Arc<Registry> {
+        self.shared.registry.clone()
+    }
+
     /// The addresses actually bound (port 0 resolved).
     #[must_use]
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
@@ -108,7 +119,7 @@ impl Server {
                 SocketAddr::V4(a) => a.to_string(),
                 SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
             };
-            for t in &self.shared.registry.targets {
+            for t in self.shared.registry.targets().iter() {
                 for lun in t.luns.keys() {
                     urls.push(format!("iscsi://{host}/{}/{lun}", t.iqn));
                 }
@@ -177,7 +188,7 @@ impl Server {
         while set.join_next().await.is_some() {}
         let shared = self.shared.clone();
         let flushed = tokio::task::spawn_blocking(move || {
-            for t in &shared.registry.targets {
+            for t in shared.registry.targets().iter() {
                 for (id, backend) in &t.backends {
                     if let Err(e) = backend.flush() {
                         warn!(target = %t.iqn, lun = id, "flush at shutdown failed: {e}");
@@ -222,6 +233,12 @@ impl ServerHandle {
             stop,
             task,
         })
+    }
+
+    /// The live state (targets, sessions, counters).
+    #[must_use]
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
     }
 
     /// What the login limits have refused so far (limits.rs).

@@ -175,6 +175,7 @@ async fn chap_admits_the_right_secret_and_refuses_a_wrong_one() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "correct-horse-battery").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let mut tc = target("iqn.2026-11.org.ipsan:chap", &["mem:8MiB"]);
     tc.chap = Some(config::chap_from_flags("alice", &secret, None).unwrap());
     let t = start(vec![tc]).await;
