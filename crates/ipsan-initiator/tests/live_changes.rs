@@ -37,7 +37,11 @@ async fn open(h: &ServerHandle, lun: u64) -> Session {
 
 fn unit_attention(r: Result<bytes::BytesMut, Error>) -> (u8, u8) {
     match r {
-        Err(Error::Scsi { sense: Some(s), .. }) if s.key == 0x6 => (s.asc, s.ascq),
+        Err(Error::Scsi { sense: Some(s), .. })
+            if s.key == ipsan_scsi::SenseKey::UNIT_ATTENTION =>
+        {
+            (s.asc, s.ascq)
+        }
         other => panic!("expected a unit attention, got {other:?}"),
     }
 }

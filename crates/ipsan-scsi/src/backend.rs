@@ -148,7 +148,7 @@ pub struct BackendSpec {
 }
 
 /// A backend spec's size (`256MiB`, `10GiB`): the grammar every ipsan size uses.
-fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     ipsan_units::parse_size(s).map_err(|e| e.to_string())
 }
 
