@@ -476,7 +476,12 @@ fn hundred_concurrent_ctl_calls_under_load_are_all_answered_consistently() {
         .collect();
     for h in handles {
         let (i, o) = h.join().unwrap();
-        assert!(o.status.success(), "call {i} failed: {}", text(&o));
+        assert!(
+            o.status.success(),
+            "call {i} failed: {}\ntarget log:\n{}",
+            text(&o),
+            std::fs::read_to_string(&t.stderr).unwrap_or_default()
+        );
     }
     let mut want: Vec<u64> = vec![0];
     want.extend((0..100u64).filter(|i| i % 4 == 0).map(|i| 100 + i));
