@@ -17,12 +17,23 @@ pub struct Args {
     /// Target name (IQN) of the single target defined on the command line.
     #[arg(long, default_value = config::DEFAULT_IQN)]
     iqn: String,
-    /// A LUN, numbered from 0 in order: mem:256MiB | file:/path.img,size=10GiB[,direct][,bs=4096] | null:1TiB.
+    /// A LUN, numbered from 0 in order: mem:256MiB | file:/path.img,size=10GiB[,direct][,bs=4096] | null:1TiB
+    /// | rbd:pool/image[,rbd_cache=false] (Ceph RBD, docs/rbd.md).
     #[arg(long, value_name = "SPEC")]
     lun: Vec<String>,
     /// TOML configuration with several targets, LUNs, ACLs and CHAP (see docs/target.md).
     #[arg(long, short = 'c', value_name = "FILE", conflicts_with_all = ["lun", "iqn", "chap_user"])]
     config: Option<PathBuf>,
+    /// ceph.conf for rbd: LUNs (default: the CEPH_CONF variable, then /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "FILE", env = "CEPH_CONF")]
+    ceph_conf: Option<PathBuf>,
+    /// Ceph client id for rbd: LUNs, without `client.` (default: admin).
+    #[arg(long, value_name = "ID")]
+    ceph_id: Option<String>,
+    /// RELATIVE TARGET PORT IDENTIFIER in VPD 83h: give each ipsan exporting one shared RBD
+    /// image its own (1, 2, ...), so multipath sees one disk on several ports.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    relative_port_id: Option<u16>,
     /// Require CHAP with this user name (the secret comes from --chap-secret-file).
     #[arg(long, requires = "chap_secret_file")]
     chap_user: Option<String>,
@@ -122,6 +133,16 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             }
         }
     };
+    for t in &mut config.targets {
+        config::apply_ceph_flags(
+            &mut t.luns,
+            args.ceph_conf.as_deref(),
+            args.ceph_id.as_deref(),
+        );
+    }
+    if let Some(id) = args.relative_port_id {
+        config.relative_port_id = id;
+    }
     if !args.portal.is_empty() {
         config.portals = args
             .portal

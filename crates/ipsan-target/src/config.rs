@@ -106,6 +106,7 @@ struct FileServer {
     login_timeout_secs: Option<u64>,
     nop_interval_secs: Option<u64>,
     queue_depth: Option<u32>,
+    relative_port_id: Option<u16>,
     crypto_workers: Option<usize>,
     tcp: Option<ipsan_tcp::TcpSettings>,
     max_sessions_per_initiator: Option<usize>,
@@ -182,6 +183,15 @@ struct FileChap {
 struct FileLun {
     id: u64,
     backend: String,
+    /// rbd: ceph.conf (default: CEPH_CONF, then /etc/ceph/ceph.conf).
+    conf: Option<PathBuf>,
+    /// rbd: client id without `client.` (default: admin).
+    ceph_id: Option<String>,
+    /// rbd: keyring path.
+    keyring: Option<PathBuf>,
+    /// rbd: librados/librbd options, e.g. `{ rbd_cache = "false" }`.
+    #[serde(default)]
+    options: std::collections::BTreeMap<String, toml::Value>,
     block_size: Option<u32>,
     #[serde(default)]
     read_only: bool,
@@ -327,6 +337,10 @@ pub struct Config {
     pub login_timeout: std::time::Duration,
     pub nop_interval: Option<std::time::Duration>,
     pub queue_depth: u32,
+    /// RELATIVE TARGET PORT IDENTIFIER reported in VPD 83h (SPC-4 §7.8.6.6). Two ipsan
+    /// processes exporting one shared image (RBD) must use distinct values, so a host's
+    /// multipath sees one disk on two ports.
+    pub relative_port_id: u16,
     /// Threads that seal and open Seal data (docs/seal.md §6).
     pub crypto_workers: usize,
     /// Socket settings for every connection (`[server.tcp]`: congestion, sndbuf, rcvbuf,
@@ -346,6 +360,7 @@ impl Default for Config {
             login_timeout: std::time::Duration::from_secs(15),
             nop_interval: Some(std::time::Duration::from_secs(30)),
             queue_depth: 128,
+            relative_port_id: 1,
             crypto_workers: std::thread::available_parallelism()
                 .map_or(2, std::num::NonZeroUsize::get),
             tcp: None,
@@ -462,10 +477,46 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
 }
 
 fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
-    let backend: BackendSpec = l
+    let mut backend: BackendSpec = l
         .backend
         .parse()
         .map_err(|e| err(format!("{field}.backend"), format!("{e}")))?;
+    let rbd_only = l.conf.is_some() || l.ceph_id.is_some() || l.keyring.is_some();
+    match &mut backend.kind {
+        ipsan_scsi::BackendKind::Rbd(r) => {
+            if let Some(c) = &l.conf {
+                r.conf = Some(c.clone());
+            }
+            if let Some(i) = &l.ceph_id {
+                r.id = Some(i.clone());
+            }
+            if let Some(k) = &l.keyring {
+                r.keyring = Some(k.clone());
+            }
+            for (k, v) in &l.options {
+                let v = match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                        v.to_string()
+                    }
+                    _ => {
+                        return Err(err(
+                            format!("{field}.options.{k}"),
+                            "must be a string, number or boolean",
+                        ))
+                    }
+                };
+                r.options.push((k.clone(), v));
+            }
+        }
+        _ if rbd_only || !l.options.is_empty() => {
+            return Err(err(
+                field.to_owned(),
+                "conf, ceph_id, keyring and options apply to rbd: backends only",
+            ))
+        }
+        _ => {}
+    }
     let block_size = l.block_size.or(backend.block_size).unwrap_or(512);
     if block_size != 512 && block_size != 4096 {
         return Err(err(format!("{field}.block_size"), "must be 512 or 4096"));
@@ -518,6 +569,15 @@ impl Config {
                 return Err(err("server.queue_depth", "must be in 1..=4096"));
             }
             c.queue_depth = d;
+        }
+        if let Some(id) = f.server.relative_port_id {
+            if id == 0 {
+                return Err(err(
+                    "server.relative_port_id",
+                    "must be in 1..=65535 (0 is reserved)",
+                ));
+            }
+            c.relative_port_id = id;
         }
         if let Some(n) = f.server.crypto_workers {
             if !(1..=256).contains(&n) {
@@ -694,6 +754,10 @@ pub fn luns_from_specs(specs: &[String]) -> Result<Vec<LunConfig>, ConfigError> 
                 &FileLun {
                     id: i as u64,
                     backend: s.clone(),
+                    conf: None,
+                    ceph_id: None,
+                    keyring: None,
+                    options: Default::default(),
                     block_size: None,
                     read_only: false,
                     write_cache: None,
@@ -702,6 +766,20 @@ pub fn luns_from_specs(specs: &[String]) -> Result<Vec<LunConfig>, ConfigError> 
             )
         })
         .collect()
+}
+
+/// Applies `--ceph-conf` / `--ceph-id` to every `rbd:` LUN that does not name its own.
+pub fn apply_ceph_flags(luns: &mut [LunConfig], conf: Option<&Path>, id: Option<&str>) {
+    for l in luns {
+        if let ipsan_scsi::BackendKind::Rbd(r) = &mut l.backend.kind {
+            if r.conf.is_none() {
+                r.conf = conf.map(Path::to_path_buf);
+            }
+            if r.id.is_none() {
+                r.id = id.map(str::to_owned);
+            }
+        }
+    }
 }
 
 /// Builds a CHAP policy from command-line values.

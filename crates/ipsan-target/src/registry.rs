@@ -125,7 +125,7 @@ impl Registry {
     pub fn build(config: &Config) -> Result<Self, BuildError> {
         let mut targets = Vec::new();
         for t in &config.targets {
-            targets.push(Arc::new(build_target(t)?));
+            targets.push(Arc::new(build_target(t, config.relative_port_id)?));
         }
         Ok(Self {
             targets,
@@ -315,7 +315,7 @@ impl Registry {
     }
 }
 
-fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
+fn build_target(t: &TargetConfig, relative_port_id: u16) -> Result<Target, BuildError> {
     let mut luns = BTreeMap::new();
     let mut backends = Vec::new();
     for l in &t.luns {
@@ -325,7 +325,15 @@ fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
             why,
         };
         let backend = ipsan_scsi::open(&l.backend).map_err(|e| fail(e.to_string()))?;
-        let serial = l.serial.clone().unwrap_or_else(|| serial_for(&t.iqn, l.id));
+        // A shared store (an RBD image) names itself: every target exporting it reports the
+        // same serial and NAA identifier (VPD 80h/83h), so multipath sees one disk.
+        let serial = l
+            .serial
+            .clone()
+            .unwrap_or_else(|| match backend.identity() {
+                Some(id) => serial_for_identity(&id),
+                None => serial_for(&t.iqn, l.id),
+            });
         let mut cfg = LuConfig::with_serial(&serial);
         cfg.block_size = l.block_size;
         cfg.read_only = l.read_only;
@@ -336,7 +344,9 @@ fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
                 PORTAL_GROUP_TAG,
             ));
         cfg.extra_designators
-            .push(ipsan_scsi::inquiry::relative_port_designator(1));
+            .push(ipsan_scsi::inquiry::relative_port_designator(
+                relative_port_id,
+            ));
         cfg.extra_designators
             .push(ipsan_scsi::inquiry::target_port_group_designator(
                 PORTAL_GROUP_TAG,
@@ -359,6 +369,13 @@ fn build_target(t: &TargetConfig) -> Result<Target, BuildError> {
 }
 
 /// A stable serial number per target and LUN, so a restarted target presents the same disk.
+/// The serial of a shared store: a hash of its identity (cluster, pool, image id).
+fn serial_for_identity(identity: &str) -> String {
+    let id = ipsan_scsi::inquiry::device_id_from(identity.as_bytes());
+    let h = u64::from_be_bytes([id[8], id[9], id[10], id[11], id[12], id[13], id[14], id[15]]);
+    format!("IPSANRBD{h:016X}")
+}
+
 fn serial_for(iqn: &str, lun: u64) -> String {
     // FNV-1a: stable across runs and builds (unlike std's hasher).
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
