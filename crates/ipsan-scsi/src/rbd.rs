@@ -945,11 +945,11 @@ mod ffi {
                     )))
                 }
             }
-            (IoOp::CompareAndWrite { offset, .. }, r) if r == -i64::from(libc::EILSEQ) => {
-                // librbd reports the image offset of the first differing byte.
-                Err(IoError::Miscompare {
-                    offset: f.mismatch.saturating_sub(offset),
-                })
+            (IoOp::CompareAndWrite { .. }, r) if r == -i64::from(libc::EILSEQ) => {
+                // librbd (16.2) reports the first differing byte counted from the start of
+                // the request, as SBC-4 wants it (tests/rbd.rs checks this against a real
+                // cluster).
+                Err(IoError::Miscompare { offset: f.mismatch })
             }
             (_, r) if r < 0 => Err(IoError::Io(errno(r))),
             _ => Ok(None),
