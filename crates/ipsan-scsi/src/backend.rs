@@ -99,6 +99,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn identity(&self) -> Option<String> {
         None
     }
+    /// The most bytes one atomic compare-and-write may cover, when the store limits it
+    /// (librbd 16 takes exactly one 512-byte sector); `None`: no limit of its own.
+    fn max_compare_and_write(&self) -> Option<u64> {
+        None
+    }
 }
 
 fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {

@@ -269,7 +269,11 @@ impl LogicalUnit {
             .clamp(1, u64::from(u32::MAX)) as u32;
         let limits = Limits {
             max_transfer: ((64u64 << 20) / bs) as u32,
-            max_compare_and_write: 255,
+            // A store that limits atomic compare-and-write (RBD: one 512-byte sector) caps
+            // MAXIMUM COMPARE AND WRITE LENGTH; 0 = COMPARE AND WRITE unsupported.
+            max_compare_and_write: backend
+                .max_compare_and_write()
+                .map_or(255, |b| (b / bs).min(255) as u8),
             max_unmap_lba: if thin { 1 << 20 } else { 0 },
             max_unmap_descriptors: if thin { 2048 } else { 0 },
             unmap_granularity: if thin { gran } else { 0 },
@@ -706,6 +710,9 @@ impl LogicalUnit {
         req: &OwnedRequest,
         io: BlockIo,
     ) -> Result<ScsiResponse, Sense> {
+        if self.limits.max_compare_and_write == 0 {
+            return Err(Sense::invalid_opcode());
+        }
         self.check_writable()?;
         if io.blocks > u32::from(self.limits.max_compare_and_write) {
             return Err(Sense::invalid_field_in_cdb_at(13, None));
@@ -1261,6 +1268,9 @@ impl LogicalUnit {
     }
 
     fn compare_and_write(&self, req: &ScsiRequest<'_>, io: BlockIo) -> Result<(), Sense> {
+        if self.limits.max_compare_and_write == 0 {
+            return Err(Sense::invalid_opcode());
+        }
         self.check_writable()?;
         if io.blocks > u32::from(self.limits.max_compare_and_write) {
             return Err(Sense::invalid_field_in_cdb_at(13, None));

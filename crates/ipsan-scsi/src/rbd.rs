@@ -372,6 +372,12 @@ impl Backend for RbdBackend {
     fn identity(&self) -> Option<String> {
         Some(self.identity.clone())
     }
+
+    fn max_compare_and_write(&self) -> Option<u64> {
+        // librbd 16.2 refuses (EINVAL) a compare-and-write of more than one 512-byte
+        // sector; tests/rbd.rs checks the limit we advertise against a real cluster.
+        Some(512)
+    }
 }
 
 /// Whether librbd can be loaded here (for tests and `ipsan target --help` style checks).
