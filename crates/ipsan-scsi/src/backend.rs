@@ -848,6 +848,42 @@ mod tests {
     }
 
     #[test]
+    fn parses_rbd_specs_with_ceph_settings_and_librados_options() {
+        let r: BackendSpec =
+            "rbd:rbd/disk0,conf=/etc/ceph/x.conf,id=gw,keyring=/k,rbd_cache=false,bs=4096"
+                .parse()
+                .unwrap();
+        let BackendKind::Rbd(r0) = &r.kind else {
+            panic!("{r:?}")
+        };
+        assert_eq!((r0.pool.as_str(), r0.image.as_str()), ("rbd", "disk0"));
+        assert_eq!(
+            r0.conf.as_deref(),
+            Some(std::path::Path::new("/etc/ceph/x.conf"))
+        );
+        assert_eq!(r0.id.as_deref(), Some("gw"));
+        assert_eq!(
+            r0.options,
+            vec![("rbd_cache".to_owned(), "false".to_owned())]
+        );
+        assert_eq!((r.size, r.block_size), (None, Some(4096)));
+        let e = |s: &str| s.parse::<BackendSpec>().unwrap_err().to_string();
+        assert!(e("rbd:disk0").contains("rbd:<pool>/<image>"));
+        assert!(e("rbd:rbd/d,size=1GiB").contains("the image's"));
+    }
+
+    #[test]
+    fn rbd_open_names_the_unreadable_ceph_conf() {
+        let spec: BackendSpec = "rbd:rbd/disk0,conf=/nonexistent/ceph.conf".parse().unwrap();
+        let e = open(&spec).unwrap_err().to_string();
+        // Either librbd is missing here (said so) or the configuration is unreadable (named).
+        assert!(
+            e.contains("RBD is unavailable") || e.contains("/nonexistent/ceph.conf"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn rejects_bad_specs_with_clear_errors() {
         let e = |s: &str| s.parse::<BackendSpec>().unwrap_err().to_string();
         assert!(e("mem:lots").contains("size:"), "{}", e("mem:lots"));

@@ -12,6 +12,7 @@
 //! max_sessions_per_initiator = 64 # per initiator name; more get login reject 0x0302
 //! max_connections_per_address = 64  # open connections per source address (IPv6: per /64)
 //! first_pdu_timeout_secs = 5      # close a connection with no complete Login Request by then
+//! relative_port_id = 1            # VPD 83h port id: distinct per gateway sharing an RBD image
 //!
 //! [server.auth_backoff]           # CHAP failure backoff (crates/ipsan-target/src/limits.rs)
 //! name_free_failures = 3          # failures of one name from one address before a lockout
@@ -56,6 +57,14 @@
 //! block_size = 4096               # optional, default 512 (or bs= in the backend spec)
 //! read_only = false
 //! write_cache = true
+//!
+//! [[target.lun]]                  # a Ceph RBD image (docs/rbd.md)
+//! id = 1
+//! backend = "rbd:rbd/disk0"
+//! conf = "/etc/ceph/ceph.conf"    # default: CEPH_CONF, then /etc/ceph/ceph.conf
+//! ceph_id = "gateway"             # default admin
+//! keyring = "/etc/ceph/ceph.client.gateway.keyring"
+//! options = { rbd_cache = "false" }  # any librados/librbd option
 //! ```
 
 use std::net::SocketAddr;
@@ -805,6 +814,73 @@ pub fn chap_from_flags(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accepts_rbd_luns_with_ceph_settings_and_flags_fill_the_gaps() {
+        let c = Config::from_toml(
+            r#"
+[server]
+relative_port_id = 2
+[[target]]
+iqn = "iqn.2026-11.org.ipsan:rbd"
+[[target.lun]]
+id = 0
+backend = "rbd:rbd/disk0,rbd_cache=false"
+conf = "/etc/ceph/a.conf"
+keyring = "/etc/ceph/a.keyring"
+options = { rados_osd_op_timeout = 10, rbd_read_from_replica_policy = "balance" }
+[[target.lun]]
+id = 1
+backend = "rbd:pool/ns/img"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.relative_port_id, 2);
+        let mut luns = c.targets[0].luns.clone();
+        apply_ceph_flags(&mut luns, Some(Path::new("/etc/ceph/b.conf")), Some("gw"));
+        let rbd = |i: usize| match &luns[i].backend.kind {
+            ipsan_scsi::BackendKind::Rbd(r) => r.clone(),
+            other => panic!("{other:?}"),
+        };
+        let a = rbd(0);
+        assert_eq!(
+            a.conf.as_deref(),
+            Some(Path::new("/etc/ceph/a.conf")),
+            "the LUN's own wins"
+        );
+        assert_eq!(a.id.as_deref(), Some("gw"));
+        assert_eq!(a.keyring.as_deref(), Some(Path::new("/etc/ceph/a.keyring")));
+        assert!(a.options.contains(&("rbd_cache".into(), "false".into())));
+        assert!(a
+            .options
+            .contains(&("rados_osd_op_timeout".into(), "10".into())));
+        let b = rbd(1);
+        assert_eq!(
+            (b.pool.as_str(), b.namespace.as_deref(), b.image.as_str()),
+            ("pool", Some("ns"), "img")
+        );
+        assert_eq!(b.conf.as_deref(), Some(Path::new("/etc/ceph/b.conf")));
+    }
+
+    #[test]
+    fn rejects_ceph_settings_on_other_backends_and_port_id_zero() {
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:x\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\nconf = \"/x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rbd: backends only"), "{e}");
+        let e = Config::from_toml("[server]\nrelative_port_id = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.relative_port_id"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:x\"\n[[target.lun]]\nid = 0\nbackend = \"rbd:rbd/x,size=1GiB\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the image's"), "{e}");
+    }
 
     #[test]
     fn accepts_full_example() {
