@@ -77,8 +77,11 @@ impl RbdSpec {
 }
 
 /// Options ipsan sets unless the user does: bound every operation so a vanished cluster
-/// becomes an error instead of a hang (librados waits forever by default).
-const DEFAULT_OPTIONS: [(&str, &str); 3] = [
+/// becomes an error instead of a hang (librados waits forever by default), and no client
+/// cache: a gateway is one of possibly several clients of the image, and data cached in one
+/// would be stale for reads through another (docs/rbd.md).
+const DEFAULT_OPTIONS: [(&str, &str); 4] = [
+    ("rbd_cache", "false"),
     ("rados_osd_op_timeout", "30"),
     ("rados_mon_op_timeout", "30"),
     ("client_mount_timeout", "30"),
