@@ -95,6 +95,40 @@ pub struct RbdBackend {
     obj_size: u64,
     size: Arc<AtomicU64>,
     watcher: Option<Watcher>,
+    /// Whether the last completion said the cluster cannot be reached (logged on change).
+    unreachable: Arc<AtomicBool>,
+}
+
+/// Logs once when the cluster stops answering and once when it answers again, so an outage
+/// reads as two clear lines rather than one warning per failed command.
+fn note_reachability(down: &AtomicBool, path: &str, c: &IoCompletion) {
+    let unreachable = match &c.result {
+        Err(IoError::Io(e)) => e.raw_os_error().is_some_and(|code| {
+            [
+                libc::ETIMEDOUT,
+                libc::ESHUTDOWN,
+                libc::ENOTCONN,
+                libc::ECONNREFUSED,
+                libc::ECONNRESET,
+                libc::EHOSTUNREACH,
+            ]
+            .contains(&code)
+        }),
+        _ => false,
+    };
+    if unreachable {
+        if !down.swap(true, Ordering::AcqRel) {
+            if let Err(IoError::Io(e)) = &c.result {
+                tracing::error!(
+                    image = %path,
+                    "rbd: the Ceph cluster does not answer ({e}); commands fail with NOT READY \
+                     (retryable) until it does"
+                );
+            }
+        }
+    } else if c.result.is_ok() && down.swap(false, Ordering::AcqRel) {
+        tracing::info!(image = %path, "rbd: the Ceph cluster answers again");
+    }
 }
 
 impl fmt::Debug for RbdBackend {
@@ -164,6 +198,7 @@ impl RbdBackend {
             obj_size,
             size,
             watcher: None,
+            unreachable: Arc::new(AtomicBool::new(false)),
         };
         b.watcher = Some(b.start_watcher().map_err(|e| fail("watch", e))?);
         Ok(b)
@@ -264,7 +299,14 @@ impl RbdBackend {
             });
             return;
         }
-        self.image.aio(req, done);
+        let (down, path) = (self.unreachable.clone(), self.path.clone());
+        self.image.aio(
+            req,
+            Box::new(move |c| {
+                note_reachability(&down, &path, &c);
+                done(c)
+            }),
+        );
     }
 }
 
