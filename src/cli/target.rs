@@ -22,7 +22,8 @@ pub struct Args {
     /// Target name (IQN) of the single target defined on the command line.
     #[arg(long, default_value = config::DEFAULT_IQN)]
     iqn: String,
-    /// A LUN, numbered from 0 in order: mem:256MiB | file:/path.img,size=10GiB[,direct][,bs=4096] | null:1TiB.
+    /// A LUN, numbered from 0 in order: mem:256MiB | file:/path.img,size=10GiB[,direct][,bs=4096] | null:1TiB
+    /// | rbd:pool/image[,rbd_cache=false] (Ceph RBD, docs/rbd.md).
     #[arg(long, value_name = "SPEC")]
     lun: Vec<String>,
     /// TOML configuration with several targets, LUNs, ACLs and CHAP (every field: docs/target.md).
@@ -36,6 +37,16 @@ pub struct Args {
     /// Serve Prometheus metrics over HTTP at ADDR:PORT (GET /metrics), e.g. 127.0.0.1:9163.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
+    /// ceph.conf for rbd: LUNs (default: the CEPH_CONF variable, then /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "FILE", env = "CEPH_CONF")]
+    ceph_conf: Option<PathBuf>,
+    /// Ceph client id for rbd: LUNs, without `client.` (default: admin).
+    #[arg(long, value_name = "ID")]
+    ceph_id: Option<String>,
+    /// RELATIVE TARGET PORT IDENTIFIER in VPD 83h: give each ipsan exporting one shared RBD
+    /// image its own (1, 2, ...), so multipath sees one disk on several ports.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    relative_port_id: Option<u16>,
     /// Require CHAP with this user name (the secret comes from --chap-secret-file).
     #[arg(long, requires = "chap_secret_file")]
     chap_user: Option<String>,
@@ -224,20 +235,27 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                     lun: specs
                         .iter()
                         .enumerate()
-                        .map(|(i, s)| FileLun {
-                            id: i as u64,
-                            backend: s.clone(),
-                            block_size: None,
-                            read_only: false,
-                            write_cache: None,
-                            serial: None,
-                        })
+                        .map(|(i, s)| FileLun::new(i as u64, s.clone()))
                         .collect(),
                 }],
                 ..FileConfig::default()
             }
         }
     };
+    // --ceph-conf / --ceph-id apply to every rbd: LUN that does not name its own.
+    for l in file.target.iter_mut().flat_map(|t| t.lun.iter_mut()) {
+        if l.backend.starts_with("rbd:") {
+            if l.conf.is_none() {
+                l.conf.clone_from(&args.ceph_conf);
+            }
+            if l.ceph_id.is_none() {
+                l.ceph_id.clone_from(&args.ceph_id);
+            }
+        }
+    }
+    if let Some(id) = args.relative_port_id {
+        file.server.relative_port_id = Some(id);
+    }
     if !args.portal.is_empty() {
         for p in &args.portal {
             p.parse::<std::net::SocketAddr>()

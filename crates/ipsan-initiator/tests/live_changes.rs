@@ -130,14 +130,9 @@ fn a_lun_added_while_logged_in_is_usable_at_once_without_disturbing_the_session(
         let reg = h.registry();
         let s = open(&h, 0).await;
         reg.change(false, |f| {
-            f.target[0].lun.push(ipsan_target::config::FileLun {
-                id: 7,
-                backend: "mem:4MiB".into(),
-                block_size: None,
-                read_only: false,
-                write_cache: None,
-                serial: None,
-            });
+            f.target[0]
+                .lun
+                .push(ipsan_target::config::FileLun::new(7, "mem:4MiB".into()));
             Ok(())
         })
         .unwrap();

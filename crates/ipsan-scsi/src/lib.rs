@@ -6,6 +6,9 @@
 //! - [`sense`]: sense keys, sense data (fixed/descriptor format) built by the target and parsed
 //!   by the initiator, status codes (SPC-4 §4.5).
 //! - [`cdb`]: CDB decoding into a typed [`cdb::Command`]; bad fields become [`Sense`].
+//! - [`aio`]: the submit/complete form of the backend interface ([`aio::Engine`],
+//!   [`aio::IoRequest`], completions), and a runtime-agnostic future over it.
+//! - [`rbd`]: the `rbd:pool/image` backend (Ceph RBD via librbd loaded at run time).
 //! - [`backend`]: the [`Backend`] trait and the `mem`, `file` and `null` stores, plus the
 //!   `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` spec parser.
 //! - [`lu`]: [`LogicalUnit`] — command execution (SBC-4), unit attentions, resets.
@@ -15,6 +18,7 @@
 //! - [`pr`]: RESERVE(6)/RELEASE(6) and PERSISTENT RESERVE IN/OUT.
 //! - [`lun`]: target-level helpers: REPORT LUNS, unknown-LUN answers, LUN encoding.
 
+pub mod aio;
 pub mod backend;
 pub mod cdb;
 pub mod inquiry;
@@ -23,12 +27,15 @@ pub mod lun;
 pub mod mode;
 pub mod opcodes;
 pub mod pr;
+pub mod rbd;
 pub mod sense;
 
+pub use aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
 pub use backend::{open, Backend, BackendError, BackendKind, BackendSpec, Extent};
 pub use cdb::{CommandInfo, DataDirection};
 pub use lu::{
-    Limits, LogicalUnit, LuConfig, LuError, NexusId, ResetKind, ScsiRequest, ScsiResponse,
+    Limits, LogicalUnit, LuConfig, LuError, NexusId, OwnedRequest, ResetKind, ScsiRequest,
+    ScsiResponse,
 };
 pub use lun::{decode_lun, encode_lun, no_such_lun, report_luns};
 pub use sense::{ScsiStatus, Sense, SenseKey};

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::aio::{self, Engine, IoError, IoOp, IoRequest};
 use crate::backend::Backend;
 use crate::cdb::{self, op, BlockIo, Command, CommandInfo, DataDirection};
 use crate::sense::{ScsiStatus, Sense};
@@ -43,6 +44,34 @@ pub struct ScsiRequest<'a> {
     pub nexus: &'a NexusId,
     /// The LUN it addressed.
     pub lun: u64,
+}
+
+/// One command with owned buffers, for [`LogicalUnit::execute_async`]: the backend may keep
+/// slices of `data_out` until it completes.
+#[derive(Clone, Debug)]
+pub struct OwnedRequest {
+    /// The CDB.
+    pub cdb: Vec<u8>,
+    /// All Data-Out bytes received for the command.
+    pub data_out: Bytes,
+    /// Who sent it.
+    pub nexus: NexusId,
+    /// The LUN it addressed.
+    pub lun: u64,
+    /// The transport's tag for it (iSCSI: the initiator task tag), passed to the backend.
+    pub tag: u64,
+}
+
+impl OwnedRequest {
+    /// The borrowed form [`LogicalUnit::execute`] takes.
+    pub fn borrowed(&self) -> ScsiRequest<'_> {
+        ScsiRequest {
+            cdb: &self.cdb,
+            data_out: &self.data_out,
+            nexus: &self.nexus,
+            lun: self.lun,
+        }
+    }
 }
 
 /// The outcome of one command.
@@ -211,11 +240,13 @@ pub(crate) struct State {
 pub struct LogicalUnit {
     backend: Arc<dyn Backend>,
     cfg: LuConfig,
-    /// Capacity in blocks; grows with [`LogicalUnit::grow`].
+    /// Capacity in blocks; grows with [`LogicalUnit::grow`] and follows the backend's size (an
+    /// RBD image can be resized).
     num_blocks: AtomicU64,
     thin: bool,
     limits: Limits,
     write_cache: AtomicBool,
+    shared: bool,
     io_lock: RwLock<()>,
     state: Mutex<State>,
 }
@@ -252,21 +283,30 @@ impl LogicalUnit {
             }
         }
         let thin = cfg.thin_provisioning && backend.supports_unmap();
-        let gran = (backend_unmap_granularity(backend.kind()) / bs).max(1) as u32;
+        let natural = backend.granularity();
+        let gran = (natural.unwrap_or_else(|| backend_unmap_granularity(backend.kind())) / bs)
+            .clamp(1, u64::from(u32::MAX)) as u32;
         let max_transfer = ((64u64 << 20) / bs) as u32;
         let limits = Limits {
             max_transfer,
             opt_transfer: optimal_transfer(max_transfer),
-            max_compare_and_write: 255,
+            // A store that limits atomic compare-and-write (RBD: one 512-byte sector) caps
+            // MAXIMUM COMPARE AND WRITE LENGTH; 0 = COMPARE AND WRITE unsupported.
+            max_compare_and_write: backend
+                .max_compare_and_write()
+                .map_or(255, |b| (b / bs).min(255) as u8),
             max_unmap_lba: if thin { 1 << 20 } else { 0 },
             max_unmap_descriptors: if thin { 2048 } else { 0 },
             unmap_granularity: if thin { gran } else { 0 },
             max_write_same: (128u64 << 20) / bs,
-            opt_granularity: (4096 / bs).max(1) as u16,
+            // OPTIMAL TRANSFER LENGTH GRANULARITY (SBC-4 §6.6.4): the store's natural unit
+            // (RBD's object size) where it has one.
+            opt_granularity: (natural.unwrap_or(4096) / bs).clamp(1, u64::from(u16::MAX)) as u16,
         };
         Ok(Self {
             num_blocks: AtomicU64::new(size / bs),
             write_cache: AtomicBool::new(cfg.write_cache),
+            shared: backend.identity().is_some(),
             backend,
             thin,
             limits,
@@ -394,6 +434,7 @@ impl LogicalUnit {
     /// write whose EDTL covers no whole block) must call it first, or it would report GOOD
     /// to an initiator that holds no access.
     pub fn precheck(&self, nexus: &NexusId, cdb: &[u8]) -> Option<ScsiResponse> {
+        self.follow_capacity();
         let opcode = cdb.first().copied().unwrap_or(0xFF);
         // Unit attention (SAM-5 §5.14): reported once, before anything else, except to
         // INQUIRY, REPORT LUNS and REQUEST SENSE.
@@ -421,6 +462,300 @@ impl LogicalUnit {
             return Some(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
         }
         None
+    }
+
+    /// Follows the backend's size: when it changed (an RBD image resized), the capacity
+    /// follows and every known I_T nexus gets CAPACITY DATA HAS CHANGED (2Ah/09h, SBC-4
+    /// §4.9 / SPC-4 annex), as a disk array reports a grown volume.
+    fn follow_capacity(&self) {
+        let bs = u64::from(self.cfg.block_size);
+        let now = self.backend.size() / bs;
+        let cur = self.num_blocks.load(Ordering::Acquire);
+        if now == cur || now == 0 {
+            return;
+        }
+        if self
+            .num_blocks
+            .compare_exchange(cur, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::info!(
+                serial = %self.cfg.serial,
+                old_blocks = cur,
+                new_blocks = now,
+                "capacity changed"
+            );
+            let mut st = self.state();
+            LogicalUnit::ua_others(&mut st, None, 0x2A, 0x09);
+        }
+    }
+
+    /// How the backend wants commands run ([`Engine`]).
+    pub fn engine(&self) -> Engine {
+        self.backend.engine()
+    }
+
+    /// Whether the backend may be shared with other targets (an RBD image): SCSI
+    /// reservations kept in this process could not bind the others, so RESERVE(6),
+    /// RELEASE(6) and PERSISTENT RESERVE OUT are refused (docs/rbd.md).
+    pub fn shared(&self) -> bool {
+        self.shared
+    }
+
+    /// Whether [`LogicalUnit::execute_async`] completes `cdb` without blocking: the data-path
+    /// commands (READ, WRITE, SYNCHRONIZE CACHE, UNMAP, WRITE SAME, COMPARE AND WRITE) on an
+    /// [`Engine::Async`] backend. Other commands go through [`LogicalUnit::execute`] on a
+    /// blocking pool.
+    pub fn runs_async(&self, cdb: &[u8]) -> bool {
+        self.engine() == Engine::Async
+            && matches!(
+                cdb.first().copied(),
+                Some(
+                    op::READ_6
+                        | op::READ_10
+                        | op::READ_12
+                        | op::READ_16
+                        | op::WRITE_6
+                        | op::WRITE_10
+                        | op::WRITE_12
+                        | op::WRITE_16
+                        | op::SYNCHRONIZE_CACHE_10
+                        | op::SYNCHRONIZE_CACHE_16
+                        | op::UNMAP
+                        | op::WRITE_SAME_10
+                        | op::WRITE_SAME_16
+                        | op::COMPARE_AND_WRITE
+                )
+            )
+    }
+
+    /// Executes one command through the backend's submit/complete interface: the future
+    /// holds no thread while the backend works. The checks (unit attentions, reservations,
+    /// ranges) are those of [`LogicalUnit::execute`]; commands [`LogicalUnit::runs_async`]
+    /// does not cover run synchronously here, so call it only for those it does.
+    pub async fn execute_async(&self, req: OwnedRequest) -> ScsiResponse {
+        if let Some(r) = self.precheck(&req.nexus, &req.cdb) {
+            return r;
+        }
+        let cmd = match cdb::parse(&req.cdb) {
+            Ok(c) => c,
+            Err(s) => return ScsiResponse::check(s),
+        };
+        let r = match cmd {
+            Command::Read(io) => self.read_async(&req, io).await.map(ScsiResponse::good),
+            Command::Write(io) => self.write_async(&req, io).await,
+            Command::SynchronizeCache { lba, blocks, immed } => {
+                self.sync_cache_async(&req, lba, blocks, immed).await
+            }
+            Command::Unmap { anchor, param_len } => self.unmap_async(&req, anchor, param_len).await,
+            Command::WriteSame {
+                io,
+                unmap,
+                anchor,
+                ndob,
+            } => self.write_same_async(&req, io, unmap, anchor, ndob).await,
+            Command::CompareAndWrite(io) => self.compare_and_write_async(&req, io).await,
+            other => self.dispatch(&req.borrowed(), other),
+        };
+        r.unwrap_or_else(ScsiResponse::check)
+    }
+
+    async fn io(&self, tag: u64, op: IoOp) -> Result<Option<BytesMut>, (IoError, bool)> {
+        let write = !matches!(op, IoOp::Read { .. });
+        let name = op.name();
+        let done = aio::submit(self.backend.as_ref(), IoRequest { tag, op }).await;
+        done.result.map_err(|e| {
+            if let IoError::Io(io) = &e {
+                tracing::warn!(
+                    serial = %self.cfg.serial,
+                    tag,
+                    op = name,
+                    "backend {} failed: {io}",
+                    self.backend.kind()
+                );
+            }
+            (e, write)
+        })
+    }
+
+    async fn io_sense(&self, tag: u64, op: IoOp) -> Result<Option<BytesMut>, Sense> {
+        self.io(tag, op).await.map_err(|(e, write)| match e {
+            IoError::Miscompare { offset } => Sense::miscompare(offset),
+            IoError::Io(e) if write => Sense::from_write_error(&e),
+            IoError::Io(e) => Sense::from_read_error(&e),
+        })
+    }
+
+    async fn flush_if_needed_async(&self, tag: u64, fua: bool) -> Result<(), Sense> {
+        if fua || !self.write_cache() {
+            self.io_sense(tag, IoOp::Flush).await?;
+        }
+        Ok(())
+    }
+
+    async fn read_async(&self, req: &OwnedRequest, io: BlockIo) -> Result<Bytes, Sense> {
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        self.check_transfer(io.blocks)?;
+        let len = self.bytes(io.blocks) as usize;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let buf = self
+            .io_sense(
+                req.tag,
+                IoOp::Read {
+                    offset: self.offset(io.lba),
+                    len,
+                    buf: BytesMut::with_capacity(len),
+                },
+            )
+            .await?
+            .unwrap_or_default();
+        Ok(buf.freeze())
+    }
+
+    async fn write_async(&self, req: &OwnedRequest, io: BlockIo) -> Result<ScsiResponse, Sense> {
+        self.check_writable()?;
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        self.check_transfer(io.blocks)?;
+        let n = self.bytes(io.blocks);
+        data_out(&req.borrowed(), n)?;
+        if io.blocks > 0 {
+            let data = req.data_out.slice(..n as usize);
+            self.io_sense(
+                req.tag,
+                IoOp::Write {
+                    offset: self.offset(io.lba),
+                    data,
+                },
+            )
+            .await?;
+            self.flush_if_needed_async(req.tag, io.fua).await?;
+        }
+        Ok(ScsiResponse::good(Bytes::new()))
+    }
+
+    async fn sync_cache_async(
+        &self,
+        req: &OwnedRequest,
+        lba: u64,
+        blocks: u32,
+        immed: bool,
+    ) -> Result<ScsiResponse, Sense> {
+        self.check_range(lba, u64::from(blocks))?;
+        if immed {
+            // IMMED (SBC-4 §5.26): GOOD once validated; the flush runs on in the backend
+            // and a failure has nobody to report to but the log.
+            self.backend.submit(
+                IoRequest {
+                    tag: req.tag,
+                    op: IoOp::Flush,
+                },
+                Box::new(|c| {
+                    if let Err(e) = c.result {
+                        tracing::warn!(error = %e, "background SYNCHRONIZE CACHE failed");
+                    }
+                }),
+            );
+        } else {
+            self.io_sense(req.tag, IoOp::Flush).await?;
+        }
+        Ok(ScsiResponse::good(Bytes::new()))
+    }
+
+    async fn unmap_async(
+        &self,
+        req: &OwnedRequest,
+        anchor: bool,
+        param_len: u32,
+    ) -> Result<ScsiResponse, Sense> {
+        let list = match self.unmap_list(&req.borrowed(), anchor, param_len)? {
+            Some(l) => l,
+            None => return Ok(ScsiResponse::good(Bytes::new())),
+        };
+        for (lba, n) in list {
+            if n > 0 {
+                self.io_sense(
+                    req.tag,
+                    IoOp::Discard {
+                        offset: self.offset(lba),
+                        len: self.bytes(n),
+                    },
+                )
+                .await?;
+            }
+        }
+        Ok(ScsiResponse::good(Bytes::new()))
+    }
+
+    async fn write_same_async(
+        &self,
+        req: &OwnedRequest,
+        io: BlockIo,
+        unmap: bool,
+        anchor: bool,
+        ndob: bool,
+    ) -> Result<ScsiResponse, Sense> {
+        let (block, off, len) = self.write_same_plan(&req.borrowed(), io, anchor, ndob)?;
+        let zero = block.iter().all(|&b| b == 0);
+        if unmap && self.thin {
+            self.io_sense(req.tag, IoOp::Discard { offset: off, len })
+                .await?;
+        } else if zero {
+            self.io_sense(req.tag, IoOp::WriteZeroes { offset: off, len })
+                .await?;
+        } else {
+            let bs = block.len();
+            let per = ((1usize << 20) / bs).max(1);
+            let pattern: Bytes = block.iter().copied().cycle().take(per * bs).collect();
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(pattern.len() as u64) as usize;
+                self.io_sense(
+                    req.tag,
+                    IoOp::Write {
+                        offset: off + done,
+                        data: pattern.slice(..n),
+                    },
+                )
+                .await?;
+                done += n as u64;
+            }
+        }
+        self.flush_if_needed_async(req.tag, false).await?;
+        Ok(ScsiResponse::good(Bytes::new()))
+    }
+
+    async fn compare_and_write_async(
+        &self,
+        req: &OwnedRequest,
+        io: BlockIo,
+    ) -> Result<ScsiResponse, Sense> {
+        if self.limits.max_compare_and_write == 0 {
+            return Err(Sense::invalid_opcode());
+        }
+        self.check_writable()?;
+        if io.blocks > u32::from(self.limits.max_compare_and_write) {
+            return Err(Sense::invalid_field_in_cdb_at(13, None));
+        }
+        self.check_range(io.lba, u64::from(io.blocks))?;
+        let n = self.bytes(io.blocks) as usize;
+        data_out(&req.borrowed(), 2 * n as u64)?;
+        if n > 0 {
+            // The store compares and writes atomically (RBD: in the OSD), so this holds
+            // against writers on other targets too.
+            self.io_sense(
+                req.tag,
+                IoOp::CompareAndWrite {
+                    offset: self.offset(io.lba),
+                    compare: req.data_out.slice(..n),
+                    write: req.data_out.slice(n..2 * n),
+                },
+            )
+            .await?;
+            self.flush_if_needed_async(req.tag, io.fua).await?;
+        }
+        Ok(ScsiResponse::good(Bytes::new()))
     }
 
     /// Task management effects (SAM-5 §6.3): RESERVE(6) reservations and PREVENT holds are
@@ -705,6 +1040,13 @@ impl LogicalUnit {
                 opcodes::report(self, rctd, options, opcode, sa)?,
                 alloc,
             )),
+            Command::Reserve6 | Command::Release6 | Command::PersistentReserveOut(_)
+                if self.shared =>
+            {
+                // A reservation held here would not bind the other targets serving the same
+                // image: refuse rather than promise an exclusion we cannot keep (docs/rbd.md).
+                Err(Sense::invalid_opcode())
+            }
             Command::Reserve6 => {
                 let mut st = self.state();
                 if st.pr.active() {
@@ -841,14 +1183,15 @@ impl LogicalUnit {
         }
     }
 
-    fn write_same(
+    /// The checks of WRITE SAME (SBC-4 §5.43) and what it writes: (the data block, byte
+    /// offset, byte length).
+    fn write_same_plan(
         &self,
         req: &ScsiRequest<'_>,
         io: BlockIo,
-        unmap: bool,
         anchor: bool,
         ndob: bool,
-    ) -> Result<(), Sense> {
+    ) -> Result<(Vec<u8>, u64, u64), Sense> {
         if anchor {
             return Err(Sense::invalid_field_in_cdb_at(1, Some(4)));
         }
@@ -876,9 +1219,20 @@ impl LogicalUnit {
         } else {
             data_out(req, bs as u64)?.to_vec()
         };
+        Ok((block, self.offset(io.lba), blocks * bs as u64))
+    }
+
+    fn write_same(
+        &self,
+        req: &ScsiRequest<'_>,
+        io: BlockIo,
+        unmap: bool,
+        anchor: bool,
+        ndob: bool,
+    ) -> Result<(), Sense> {
+        let (block, off, len) = self.write_same_plan(req, io, anchor, ndob)?;
+        let bs = block.len();
         let zero = block.iter().all(|&b| b == 0);
-        let off = self.offset(io.lba);
-        let len = blocks * bs as u64;
         {
             let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
             // UNMAP set on a thin LU deallocates whatever the data block holds: reads then
@@ -907,7 +1261,13 @@ impl LogicalUnit {
         self.flush_if_needed(false)
     }
 
-    fn unmap(&self, req: &ScsiRequest<'_>, anchor: bool, param_len: u32) -> Result<(), Sense> {
+    /// The checks of UNMAP (SBC-4 §5.28) and its descriptors; `None`: nothing to do.
+    fn unmap_list(
+        &self,
+        req: &ScsiRequest<'_>,
+        anchor: bool,
+        param_len: u32,
+    ) -> Result<Option<Vec<(u64, u32)>>, Sense> {
         if !self.thin {
             return Err(Sense::invalid_opcode());
         }
@@ -916,7 +1276,7 @@ impl LogicalUnit {
         }
         self.check_writable()?;
         if param_len == 0 {
-            return Ok(());
+            return Ok(None);
         }
         if param_len < 8 {
             return Err(Sense::parameter_list_length_error());
@@ -945,6 +1305,13 @@ impl LogicalUnit {
         if total > u64::from(self.limits.max_unmap_lba) {
             return Err(Sense::invalid_field_in_parameter_list());
         }
+        Ok(Some(list))
+    }
+
+    fn unmap(&self, req: &ScsiRequest<'_>, anchor: bool, param_len: u32) -> Result<(), Sense> {
+        let Some(list) = self.unmap_list(req, anchor, param_len)? else {
+            return Ok(());
+        };
         let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
         for (lba, n) in list {
             if n > 0 {
@@ -957,6 +1324,9 @@ impl LogicalUnit {
     }
 
     fn compare_and_write(&self, req: &ScsiRequest<'_>, io: BlockIo) -> Result<(), Sense> {
+        if self.limits.max_compare_and_write == 0 {
+            return Err(Sense::invalid_opcode());
+        }
         self.check_writable()?;
         if io.blocks > u32::from(self.limits.max_compare_and_write) {
             return Err(Sense::invalid_field_in_cdb_at(13, None));

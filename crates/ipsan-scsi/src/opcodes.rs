@@ -109,7 +109,17 @@ pub fn report(
     opcode: u8,
     sa: u16,
 ) -> Result<Vec<u8>, Sense> {
-    let entries = || TABLE.iter().filter(|e| !e.thin_only || lu.thin());
+    // A shared store (RBD) refuses RESERVE(6), RELEASE(6) and PERSISTENT RESERVE OUT; a store
+    // whose atomic compare-and-write is smaller than a block refuses COMPARE AND WRITE.
+    let refused = |op: u8| {
+        (lu.shared() && matches!(op, 0x16 | 0x17 | 0x5F))
+            || (op == 0x89 && lu.limits().max_compare_and_write == 0)
+    };
+    let entries = || {
+        TABLE
+            .iter()
+            .filter(|e| (!e.thin_only || lu.thin()) && !refused(e.opcode))
+    };
     if options == 0 {
         let mut body = Vec::new();
         for e in entries() {

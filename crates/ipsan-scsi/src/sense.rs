@@ -368,8 +368,46 @@ impl Sense {
         Self::new(SenseKey::NOT_READY, 0x04, 0x02)
     }
 
+    /// LOGICAL UNIT IS IN PROCESS OF BECOMING READY (NOT READY 04h/01h): the backing store
+    /// is unreachable for now (a Ceph cluster down, an operation timed out). Initiators
+    /// retry this after a delay (Linux: ACTION_DELAYED_RETRY) instead of failing the I/O.
+    pub const fn not_ready_becoming_ready() -> Self {
+        Self::new(SenseKey::NOT_READY, 0x04, 0x01)
+    }
+
+    /// The retryable sense for a store that cannot be reached (timeouts, lost
+    /// connections, a blocklisted client), or `None` for other errors. A write that timed out
+    /// may or may not have landed; retrying it is what the initiator must do either way.
+    fn unreachable(e: &std::io::Error) -> Option<Self> {
+        let code = e.raw_os_error();
+        let unreachable = [
+            libc::ETIMEDOUT,
+            libc::ENOTCONN,
+            libc::ECONNREFUSED,
+            libc::ECONNRESET,
+            libc::ESHUTDOWN,
+            libc::EHOSTUNREACH,
+        ];
+        if code.is_some_and(|c| unreachable.contains(&c))
+            || matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::NotConnected
+                    | std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::ConnectionReset
+            )
+        {
+            Some(Self::not_ready_becoming_ready())
+        } else {
+            None
+        }
+    }
+
     /// Maps an I/O error from a backend write to sense (SBC-4 §4.7.3.6 for ENOSPC).
     pub fn from_write_error(e: &std::io::Error) -> Self {
+        if let Some(s) = Self::unreachable(e) {
+            return s;
+        }
         match e.raw_os_error() {
             Some(code) if code == libc::ENOSPC || code == libc::EDQUOT => {
                 Self::space_allocation_failed_write_protect()
@@ -383,8 +421,8 @@ impl Sense {
     }
 
     /// Maps an I/O error from a backend read to sense.
-    pub fn from_read_error(_e: &std::io::Error) -> Self {
-        Self::unrecovered_read_error()
+    pub fn from_read_error(e: &std::io::Error) -> Self {
+        Self::unreachable(e).unwrap_or(Self::unrecovered_read_error())
     }
 }
 
@@ -507,5 +545,18 @@ mod tests {
             "ILLEGAL REQUEST (key 0x5), ASC/ASCQ 21h/00h LOGICAL BLOCK ADDRESS OUT OF RANGE, \
              information 9"
         );
+    }
+
+    #[test]
+    fn unreachable_store_errors_map_to_retryable_not_ready() {
+        for code in [libc::ETIMEDOUT, libc::ESHUTDOWN, libc::ENOTCONN] {
+            let e = std::io::Error::from_raw_os_error(code);
+            for s in [Sense::from_write_error(&e), Sense::from_read_error(&e)] {
+                assert_eq!(s.key, SenseKey::NOT_READY, "errno {code}");
+                assert_eq!((s.asc, s.ascq), (0x04, 0x01));
+            }
+        }
+        let e = std::io::Error::from_raw_os_error(libc::EIO);
+        assert_eq!(Sense::from_read_error(&e), Sense::unrecovered_read_error());
     }
 }

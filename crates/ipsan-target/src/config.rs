@@ -12,6 +12,7 @@
 //! max_sessions_per_initiator = 64 # per initiator name; more get login reject 0x0302
 //! max_connections_per_address = 64  # open connections per source address (IPv6: per /64)
 //! first_pdu_timeout_secs = 5      # close a connection with no complete Login Request by then
+//! relative_port_id = 1            # VPD 83h port id: distinct per gateway sharing an RBD image
 //!
 //! [server.auth_backoff]           # CHAP failure backoff (crates/ipsan-target/src/limits.rs)
 //! name_free_failures = 3          # failures of one name from one address before a lockout
@@ -56,6 +57,14 @@
 //! block_size = 4096               # optional, default 512 (or bs= in the backend spec)
 //! read_only = false
 //! write_cache = true
+//!
+//! [[target.lun]]                  # a Ceph RBD image (docs/rbd.md)
+//! id = 1
+//! backend = "rbd:rbd/disk0"
+//! conf = "/etc/ceph/ceph.conf"    # default: CEPH_CONF, then /etc/ceph/ceph.conf
+//! ceph_id = "gateway"             # default admin
+//! keyring = "/etc/ceph/ceph.client.gateway.keyring"
+//! options = { rbd_cache = "false" }  # any librados/librbd option
 //! ```
 
 use std::net::SocketAddr;
@@ -120,6 +129,8 @@ pub struct FileServer {
     pub nop_interval_secs: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_depth: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relative_port_id: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crypto_workers: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -278,6 +289,18 @@ impl std::fmt::Debug for FileSealInitiator {
 pub struct FileLun {
     pub id: u64,
     pub backend: String,
+    /// rbd: ceph.conf (default: CEPH_CONF, then /etc/ceph/ceph.conf).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conf: Option<PathBuf>,
+    /// rbd: client id without `client.` (default: admin).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceph_id: Option<String>,
+    /// rbd: keyring path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keyring: Option<PathBuf>,
+    /// rbd: librados/librbd options, e.g. `{ rbd_cache = "false" }`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub options: std::collections::BTreeMap<String, toml::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
     #[serde(default, skip_serializing_if = "is_false")]
@@ -427,6 +450,10 @@ pub struct Config {
     pub login_timeout: std::time::Duration,
     pub nop_interval: Option<std::time::Duration>,
     pub queue_depth: u32,
+    /// RELATIVE TARGET PORT IDENTIFIER reported in VPD 83h (SPC-4 §7.8.6.6). Two ipsan
+    /// processes exporting one shared image (RBD) must use distinct values, so a host's
+    /// multipath sees one disk on two ports.
+    pub relative_port_id: u16,
     /// Threads that seal and open Seal data (docs/seal.md §6).
     pub crypto_workers: usize,
     /// Socket settings for every connection (`[server.tcp]`: congestion, sndbuf, rcvbuf,
@@ -449,6 +476,7 @@ impl Default for Config {
             login_timeout: std::time::Duration::from_secs(15),
             nop_interval: Some(std::time::Duration::from_secs(30)),
             queue_depth: 128,
+            relative_port_id: 1,
             crypto_workers: std::thread::available_parallelism()
                 .map_or(2, std::num::NonZeroUsize::get),
             tcp: None,
@@ -569,10 +597,46 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
 }
 
 fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
-    let backend: BackendSpec = l
+    let mut backend: BackendSpec = l
         .backend
         .parse()
         .map_err(|e| err(format!("{field}.backend"), format!("{e}")))?;
+    let rbd_only = l.conf.is_some() || l.ceph_id.is_some() || l.keyring.is_some();
+    match &mut backend.kind {
+        ipsan_scsi::BackendKind::Rbd(r) => {
+            if let Some(c) = &l.conf {
+                r.conf = Some(c.clone());
+            }
+            if let Some(i) = &l.ceph_id {
+                r.id = Some(i.clone());
+            }
+            if let Some(k) = &l.keyring {
+                r.keyring = Some(k.clone());
+            }
+            for (k, v) in &l.options {
+                let v = match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                        v.to_string()
+                    }
+                    _ => {
+                        return Err(err(
+                            format!("{field}.options.{k}"),
+                            "must be a string, number or boolean",
+                        ))
+                    }
+                };
+                r.options.push((k.clone(), v));
+            }
+        }
+        _ if rbd_only || !l.options.is_empty() => {
+            return Err(err(
+                field.to_owned(),
+                "conf, ceph_id, keyring and options apply to rbd: backends only",
+            ))
+        }
+        _ => {}
+    }
     let block_size = l.block_size.or(backend.block_size).unwrap_or(512);
     if block_size != 512 && block_size != 4096 {
         return Err(err(format!("{field}.block_size"), "must be 512 or 4096"));
@@ -623,6 +687,15 @@ impl Config {
                 return Err(err("server.queue_depth", "must be in 1..=4096"));
             }
             c.queue_depth = d;
+        }
+        if let Some(id) = f.server.relative_port_id {
+            if id == 0 {
+                return Err(err(
+                    "server.relative_port_id",
+                    "must be in 1..=65535 (0 is reserved)",
+                ));
+            }
+            c.relative_port_id = id;
         }
         if let Some(n) = f.server.crypto_workers {
             if !(1..=256).contains(&n) {
@@ -776,6 +849,22 @@ pub fn check_secret_file(field: &str, path: &Path) -> Result<(), ConfigError> {
 }
 
 impl FileLun {
+    /// LUN `id` on `backend` with every other field at its default.
+    pub fn new(id: u64, backend: String) -> Self {
+        Self {
+            id,
+            backend,
+            conf: None,
+            ceph_id: None,
+            keyring: None,
+            options: std::collections::BTreeMap::new(),
+            block_size: None,
+            read_only: false,
+            write_cache: None,
+            serial: None,
+        }
+    }
+
     /// The backend spec with its size set to `bytes` (`ipsan ctl lun resize`).
     pub fn resized_backend(&self, bytes: u64) -> Result<String, ConfigError> {
         let field = "backend";
@@ -881,20 +970,22 @@ pub fn luns_from_specs(specs: &[String]) -> Result<Vec<LunConfig>, ConfigError> 
     specs
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            lun_from(
-                &format!("--lun {s}"),
-                &FileLun {
-                    id: i as u64,
-                    backend: s.clone(),
-                    block_size: None,
-                    read_only: false,
-                    write_cache: None,
-                    serial: None,
-                },
-            )
-        })
+        .map(|(i, s)| lun_from(&format!("--lun {s}"), &FileLun::new(i as u64, s.clone())))
         .collect()
+}
+
+/// Applies `--ceph-conf` / `--ceph-id` to every `rbd:` LUN that does not name its own.
+pub fn apply_ceph_flags(luns: &mut [LunConfig], conf: Option<&Path>, id: Option<&str>) {
+    for l in luns {
+        if let ipsan_scsi::BackendKind::Rbd(r) = &mut l.backend.kind {
+            if r.conf.is_none() {
+                r.conf = conf.map(Path::to_path_buf);
+            }
+            if r.id.is_none() {
+                r.id = id.map(str::to_owned);
+            }
+        }
+    }
 }
 
 /// Builds a CHAP policy from command-line values.
@@ -920,6 +1011,73 @@ pub fn chap_from_flags(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accepts_rbd_luns_with_ceph_settings_and_flags_fill_the_gaps() {
+        let c = Config::from_toml(
+            r#"
+[server]
+relative_port_id = 2
+[[target]]
+iqn = "iqn.2026-11.org.ipsan:rbd"
+[[target.lun]]
+id = 0
+backend = "rbd:rbd/disk0,rbd_cache=false"
+conf = "/etc/ceph/a.conf"
+keyring = "/etc/ceph/a.keyring"
+options = { rados_osd_op_timeout = 10, rbd_read_from_replica_policy = "balance" }
+[[target.lun]]
+id = 1
+backend = "rbd:pool/ns/img"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.relative_port_id, 2);
+        let mut luns = c.targets[0].luns.clone();
+        apply_ceph_flags(&mut luns, Some(Path::new("/etc/ceph/b.conf")), Some("gw"));
+        let rbd = |i: usize| match &luns[i].backend.kind {
+            ipsan_scsi::BackendKind::Rbd(r) => r.clone(),
+            other => panic!("{other:?}"),
+        };
+        let a = rbd(0);
+        assert_eq!(
+            a.conf.as_deref(),
+            Some(Path::new("/etc/ceph/a.conf")),
+            "the LUN's own wins"
+        );
+        assert_eq!(a.id.as_deref(), Some("gw"));
+        assert_eq!(a.keyring.as_deref(), Some(Path::new("/etc/ceph/a.keyring")));
+        assert!(a.options.contains(&("rbd_cache".into(), "false".into())));
+        assert!(a
+            .options
+            .contains(&("rados_osd_op_timeout".into(), "10".into())));
+        let b = rbd(1);
+        assert_eq!(
+            (b.pool.as_str(), b.namespace.as_deref(), b.image.as_str()),
+            ("pool", Some("ns"), "img")
+        );
+        assert_eq!(b.conf.as_deref(), Some(Path::new("/etc/ceph/b.conf")));
+    }
+
+    #[test]
+    fn rejects_ceph_settings_on_other_backends_and_port_id_zero() {
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:x\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\nconf = \"/x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rbd: backends only"), "{e}");
+        let e = Config::from_toml("[server]\nrelative_port_id = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.relative_port_id"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:x\"\n[[target.lun]]\nid = 0\nbackend = \"rbd:rbd/x,size=1GiB\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the image's"), "{e}");
+    }
 
     #[test]
     fn accepts_full_example() {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_scsi::{
-    decode_lun, no_such_lun, report_luns, DataDirection, LogicalUnit, NexusId, ResetKind,
-    ScsiRequest, ScsiResponse, ScsiStatus, Sense, SenseKey,
+    decode_lun, no_such_lun, report_luns, DataDirection, LogicalUnit, NexusId, OwnedRequest,
+    ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, Sense, SenseKey,
 };
 use iscsi_proto::login::{Outcome, TargetLogin, TargetOffer};
 use iscsi_proto::params::{SessionParams, SessionType, NOT_UNDERSTOOD, REJECT};
@@ -482,6 +482,11 @@ fn runs_inline(exec: &Exec, cdb: &[u8]) -> bool {
     rw && u64::from(blocks) * u64::from(lu.block_size()) <= INLINE_MAX_BYTES
 }
 
+/// Whether `cdb` goes through the LU's submit/complete path (`LogicalUnit::runs_async`).
+fn runs_async(exec: &Exec, cdb: &[u8]) -> bool {
+    matches!(exec, Exec::Lu(lu, _) if lu.runs_async(cdb))
+}
+
 #[derive(Debug)]
 enum TaskState {
     /// Collecting Data-Out.
@@ -868,7 +873,7 @@ impl Session {
         self.target().is_some_and(|t| {
             t.backends
                 .iter()
-                .any(|(id, b)| *id == lun && matches!(b.kind(), "mem" | "null"))
+                .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
         })
     }
 
@@ -969,6 +974,21 @@ impl Session {
             }
             let resp = match pre {
                 Some(r) => r,
+                // An async backend (RBD) completes data-path commands through callbacks: the
+                // task awaits them and holds no thread (ipsan_scsi::aio).
+                None if runs_async(&exec, &cdb) => match exec {
+                    Exec::Lu(lu, _) => {
+                        lu.execute_async(OwnedRequest {
+                            cdb: cdb.clone(),
+                            data_out,
+                            nexus,
+                            lun,
+                            tag: u64::from(itt),
+                        })
+                        .await
+                    }
+                    Exec::NoLun => no_such_lun(&cdb),
+                },
                 None => {
                     let cdb2 = cdb.clone();
                     let inline = runs_inline(&exec, &cdb2);

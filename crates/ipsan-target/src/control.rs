@@ -460,14 +460,7 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
                     lun: luns
                         .into_iter()
                         .enumerate()
-                        .map(|(i, backend)| FileLun {
-                            id: i as u64,
-                            backend,
-                            block_size: None,
-                            read_only: false,
-                            write_cache: None,
-                            serial: None,
-                        })
+                        .map(|(i, backend)| FileLun::new(i as u64, backend))
                         .collect(),
                 });
                 Ok(())
@@ -563,12 +556,9 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
                         .unwrap_or(0)
                 });
                 t.lun.push(FileLun {
-                    id,
-                    backend,
                     block_size,
                     read_only,
-                    write_cache: None,
-                    serial: None,
+                    ..FileLun::new(id, backend)
                 });
                 Ok(())
             }))
@@ -819,6 +809,15 @@ fn describe_backend(b: &ipsan_scsi::BackendSpec) -> String {
             path.display(),
             size.map(|s| format!(",size={s}")).unwrap_or_default(),
             if *direct { ",direct" } else { "" }
+        ),
+        ipsan_scsi::BackendKind::Rbd(r) => format!(
+            "rbd:{}/{}{}",
+            r.pool,
+            r.namespace
+                .as_deref()
+                .map(|n| format!("{n}/"))
+                .unwrap_or_default(),
+            r.image
         ),
     }
 }

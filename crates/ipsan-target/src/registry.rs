@@ -228,7 +228,7 @@ impl Registry {
     pub fn build(config: &Config) -> Result<Self, BuildError> {
         let mut targets = Vec::new();
         for t in &config.targets {
-            targets.push(Arc::new(build_target(t, None)?));
+            targets.push(Arc::new(build_target(t, None, config.relative_port_id)?));
         }
         Ok(Self {
             targets: RwLock::new(Arc::new(targets)),
@@ -501,14 +501,26 @@ impl Registry {
 }
 
 /// Opens one LUN's backend and builds its logical unit.
-fn build_lun(iqn: &str, l: &LunConfig) -> Result<(Arc<LogicalUnit>, Arc<dyn Backend>), BuildError> {
+fn build_lun(
+    iqn: &str,
+    l: &LunConfig,
+    relative_port_id: u16,
+) -> Result<(Arc<LogicalUnit>, Arc<dyn Backend>), BuildError> {
     let fail = |why: String| BuildError {
         target: iqn.to_owned(),
         lun: l.id,
         why,
     };
     let backend = ipsan_scsi::open(&l.backend).map_err(|e| fail(e.to_string()))?;
-    let serial = l.serial.clone().unwrap_or_else(|| serial_for(iqn, l.id));
+    // A shared store (an RBD image) names itself: every target exporting it reports the
+    // same serial and NAA identifier (VPD 80h/83h), so multipath sees one disk.
+    let serial = l
+        .serial
+        .clone()
+        .unwrap_or_else(|| match backend.identity() {
+            Some(id) => serial_for_identity(&id),
+            None => serial_for(iqn, l.id),
+        });
     let mut cfg = LuConfig::with_serial(&serial);
     cfg.block_size = l.block_size;
     cfg.read_only = l.read_only;
@@ -519,7 +531,9 @@ fn build_lun(iqn: &str, l: &LunConfig) -> Result<(Arc<LogicalUnit>, Arc<dyn Back
             PORTAL_GROUP_TAG,
         ));
     cfg.extra_designators
-        .push(ipsan_scsi::inquiry::relative_port_designator(1));
+        .push(ipsan_scsi::inquiry::relative_port_designator(
+            relative_port_id,
+        ));
     cfg.extra_designators
         .push(ipsan_scsi::inquiry::target_port_group_designator(
             PORTAL_GROUP_TAG,
@@ -535,6 +549,7 @@ fn build_lun(iqn: &str, l: &LunConfig) -> Result<(Arc<LogicalUnit>, Arc<dyn Back
 fn build_target(
     t: &TargetConfig,
     reuse: Option<(&Target, &std::collections::BTreeSet<u64>)>,
+    relative_port_id: u16,
 ) -> Result<Target, BuildError> {
     let mut luns = BTreeMap::new();
     let mut backends = Vec::new();
@@ -553,7 +568,7 @@ fn build_target(
         });
         let (lu, backend) = match kept {
             Some(x) => x,
-            None => build_lun(&t.iqn, l)?,
+            None => build_lun(&t.iqn, l, relative_port_id)?,
         };
         backends.push((l.id, backend));
         luns.insert(l.id, lu);
@@ -582,6 +597,13 @@ fn build_target(
 }
 
 /// A stable serial number per target and LUN, so a restarted target presents the same disk.
+/// The serial of a shared store: a hash of its identity (cluster, pool, image id).
+fn serial_for_identity(identity: &str) -> String {
+    let id = ipsan_scsi::inquiry::device_id_from(identity.as_bytes());
+    let h = u64::from_be_bytes([id[8], id[9], id[10], id[11], id[12], id[13], id[14], id[15]]);
+    format!("IPSANRBD{h:016X}")
+}
+
 fn serial_for(iqn: &str, lun: u64) -> String {
     // FNV-1a: stable across runs and builds (unlike std's hasher).
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -984,10 +1006,11 @@ impl Registry {
         let mut built = Vec::new();
         for (i, (t, plan)) in cfg.targets.iter().zip(&plans).enumerate() {
             let o = old.iter().find(|x| x.iqn == t.iqn);
-            let target = build_target(t, o.map(|o| (o.as_ref(), &plan.keep))).map_err(|e| {
-                let j = t.luns.iter().position(|l| l.id == e.lun).unwrap_or(0);
-                refused(format!("target[{i}].lun[{j}].backend"), e.why)
-            })?;
+            let target = build_target(t, o.map(|o| (o.as_ref(), &plan.keep)), cfg.relative_port_id)
+                .map_err(|e| {
+                    let j = t.luns.iter().position(|l| l.id == e.lun).unwrap_or(0);
+                    refused(format!("target[{i}].lun[{j}].backend"), e.why)
+                })?;
             built.push(target);
         }
         // Grow files (I/O; a failure here stops before the swap, earlier grows stay: a
