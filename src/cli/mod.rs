@@ -1,5 +1,6 @@
 //! The `ipsan` command line: one subcommand per module.
 
+mod attach;
 mod bench;
 mod demo;
 mod discover;
@@ -25,6 +26,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// One LUN as a file on a FUSE mount, for a loop device: hosts without an iSCSI initiator.
+    Attach(Box<attach::Args>),
     /// Measure a LUN: throughput, IOPS, latency percentiles, CPU (issue 3).
     Bench(Box<bench::Args>),
     /// One-minute tour: plain vs seal vs WireGuard/TLS/esp-emu over emulated 8 and 64 ms links.
@@ -47,6 +50,7 @@ pub enum Command {
 
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::Attach(args) => attach::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Demo(args) => demo::run(*args),
         Command::Discover(args) => discover::run(*args),
@@ -62,7 +66,8 @@ pub fn run(command: Command) -> anyhow::Result<()> {
 /// Logs go to stderr; `RUST_LOG` overrides the level chosen by `-v`.
 pub fn init_tracing(verbose: u8) {
     let default = match verbose {
-        0 => "info",
+        // fuser (`ipsan attach`) logs each mount step and a redundant second unmount at info/warn.
+        0 => "info,fuser=error",
         1 => "debug",
         _ => "trace",
     };
