@@ -199,13 +199,15 @@ impl Filesystem for LunFs {
             reply.error(Errno::EISDIR);
             return;
         }
-        // The request buffer is fuser's; the task needs its own copy.
-        let data = data.to_vec();
+        // The request buffer is fuser's; the task needs its own copy (the only one for
+        // whole-block writes).
+        let data = bytes::Bytes::copy_from_slice(data);
+        let len = data.len();
         let io = self.io.clone();
         self.rt.spawn(async move {
-            match io.write(offset, &data).await {
+            match io.write(offset, data).await {
                 Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
-                Err(e) => reply.error(fail(&io, &format!("write {}@{offset}", data.len()), &e)),
+                Err(e) => reply.error(fail(&io, &format!("write {len}@{offset}"), &e)),
             }
         });
     }

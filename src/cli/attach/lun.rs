@@ -99,8 +99,9 @@ impl LunIo {
     }
 
     /// Write `data` at `offset`; returns how many bytes were written (fewer at the end of the
-    /// LUN). Partial blocks are read, patched and written back under the write range lock.
-    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize, IoError> {
+    /// LUN). Whole blocks go out as they are; partial ones are read, patched and written back,
+    /// all under the write range lock.
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<usize, IoError> {
         if data.is_empty() {
             return Ok(0);
         }
@@ -109,13 +110,17 @@ impl LunIo {
         }
         let end = offset.saturating_add(data.len() as u64).min(self.capacity);
         let n = usize::try_from(end - offset).unwrap_or(0);
-        let data = &data[..n];
+        let data = data.slice(..n);
         let bl = self.block_len;
         let first = offset / bl;
         let last = end.div_ceil(bl);
         let _held = self.writes.lock(first, last).await;
         let head = offset % bl != 0;
         let tail = end % bl != 0;
+        if !head && !tail {
+            self.write_blocks(first, data).await?;
+            return Ok(n);
+        }
         let whole = usize::try_from((last - first) * bl).unwrap_or(0);
         let mut buf = BytesMut::zeroed(whole);
         let blk = usize::try_from(bl).unwrap_or(0);
@@ -128,7 +133,7 @@ impl LunIo {
             buf[whole - blk..].copy_from_slice(&b);
         }
         let at = usize::try_from(offset - first * bl).unwrap_or(0);
-        buf[at..at + n].copy_from_slice(data);
+        buf[at..at + n].copy_from_slice(&data);
         self.write_blocks(first, buf.freeze()).await?;
         Ok(n)
     }
@@ -315,7 +320,7 @@ mod tests {
                         let io = io.clone();
                         let bytes = p[at..at + slot].to_vec();
                         slots.push(tokio::spawn(async move {
-                            io.write(base + at as u64, &bytes).await.unwrap()
+                            io.write(base + at as u64, bytes.into()).await.unwrap()
                         }));
                     }
                     for s in slots {
@@ -342,18 +347,42 @@ mod tests {
     async fn reads_and_writes_stop_at_the_end_of_the_lun() {
         let (_h, io) = lun(4).await;
         let cap = io.capacity();
-        assert_eq!(io.write(cap - 10, &[7u8; 30]).await.unwrap(), 10);
+        assert_eq!(
+            io.write(cap - 10, Bytes::from_static(&[7u8; 30]))
+                .await
+                .unwrap(),
+            10
+        );
         let tail = io.read(cap - 12, 100).await.unwrap();
         assert_eq!(&tail[..], &[0, 0, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]);
         assert!(io.read(cap, 10).await.unwrap().is_empty());
         assert!(matches!(
-            io.write(cap, &[1]).await,
+            io.write(cap, Bytes::from_static(&[1])).await,
             Err(IoError::PastEnd(_))
         ));
         // A write spanning more than one command's worth, unaligned at both ends.
         let big = pattern(9, MAX_IO + 1000);
-        assert_eq!(io.write(777, &big).await.unwrap(), big.len());
+        assert_eq!(
+            io.write(777, Bytes::from(big.clone())).await.unwrap(),
+            big.len()
+        );
         assert_eq!(&io.read(777, big.len()).await.unwrap()[..], &big[..]);
         io.sync().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_command_reports_its_decoded_sense() {
+        let (_h, io) = lun(4).await;
+        let past = io.capacity() / io.block_len();
+        let e = io.read_command(past, 1).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("READ(16)") && text.contains(&format!("LBA {past}")),
+            "{text}"
+        );
+        assert!(
+            text.contains("ILLEGAL REQUEST") && text.contains("OUT OF RANGE"),
+            "the sense is not decoded: {text}"
+        );
     }
 }
