@@ -475,6 +475,16 @@ fn ext4_round_trip(tag: &str, target_extra: &[&str], attach_extra: &[&str], file
         "I/O errors during the run:\n{}",
         a.log()
     );
+    // SIGTERM right after `losetup -d`: the loop device lets go of the file asynchronously
+    // (seconds later after direct AIO); attach retries the unmount and exits cleanly.
+    let mut a = a;
+    let st = a.terminate(Duration::from_secs(45));
+    assert!(
+        st.success(),
+        "ipsan attach exited with {st}; log:\n{}",
+        a.log()
+    );
+    assert!(!a.mounted(), "still mounted after exit; log:\n{}", a.log());
 }
 
 #[test]

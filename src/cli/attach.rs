@@ -10,7 +10,8 @@
 //! CHAP, Seal, digests, TCP settings), then the mount serves until it is unmounted
 //! (`umount DIR`, `fusermount3 -u DIR`) or the process gets SIGINT/SIGTERM, which unmounts it;
 //! either way the session logs out. While a loop device still holds the file the unmount is
-//! refused (EBUSY): the process says so and keeps serving; a second signal detaches the mount
+//! refused (EBUSY): the process retries for a while (the loop device lets go of the file
+//! asynchronously), then says so and keeps serving; a second signal detaches the mount
 //! lazily (it is served until the loop device lets go, then the process exits); a third exits
 //! at once (the loop device's I/O then fails).
 //!
@@ -99,12 +100,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.allow_other {
         options.acl = fuser::SessionACL::All;
     }
-    let mut fuse = fuser::Session::new(fs, &args.fuse, &options)
+    let fuse = fuser::Session::new(fs, &args.fuse, &options)
         .with_context(|| format!("cannot mount FUSE on {}", args.fuse.display()))?;
-    let mut unmounter = Unmounter {
-        fuser: Some(fuse.unmount_callable()),
-        dir: args.fuse.clone(),
-    };
     let fuse_thread = std::thread::Builder::new()
         .name("fuse".to_owned())
         .spawn(move || fuse.run())
@@ -122,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     );
 
-    if !rt.block_on(serve_until_unmounted(&fuse_thread, &mut unmounter)) {
+    if !rt.block_on(serve_until_unmounted(&fuse_thread, &args.fuse)) {
         tracing::warn!(
             "third signal: exiting while the mount is still in use (its users get errors)"
         );
@@ -139,15 +136,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Wait for the mount to end: unmounted from outside, or a signal, on which we unmount. A
-/// busy mount (a loop device holds the file) is reported and served on; a second signal
-/// detaches it lazily (served until its last user lets go); a third gives up at once
-/// (returns false).
+/// How long a signal's unmount is retried while the mount is busy: a loop device's last
+/// reference to the file is dropped asynchronously, seconds after `losetup -d` returns when it
+/// did direct AIO (measured: ~9 s after fio's libaio on ext4).
+const UNMOUNT_RETRY: Duration = Duration::from_secs(30);
+
+/// Wait for the mount to end: unmounted from outside, or a signal, on which we unmount,
+/// retrying while busy for [`UNMOUNT_RETRY`]. Still busy then (a loop device holds the file):
+/// reported and served on. A second signal detaches the mount lazily (served until its last
+/// user lets go); a third gives up at once (returns false).
 async fn serve_until_unmounted(
     fuse_thread: &std::thread::JoinHandle<std::io::Result<()>>,
-    unmounter: &mut Unmounter,
+    dir: &Path,
 ) -> bool {
+    let shown = dir.display().to_string();
     let mut signals = 0;
+    let mut retry_until: Option<tokio::time::Instant> = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     while !fuse_thread.is_finished() {
@@ -160,54 +164,58 @@ async fn serve_until_unmounted(
         tokio::select! {
             () = signal => {
                 signals += 1;
-                if signals >= 3 {
-                    return false;
-                }
-                let dir = unmounter.dir.display().to_string();
-                match unmounter.unmount().await {
-                    Ok(()) => tracing::info!("signal: unmounting {dir}"),
-                    Err(e) => tracing::warn!(
-                        "signal: cannot unmount {dir}: {e}; still serving (detach the loop \
-                         device with `losetup -d` first, or signal again to detach lazily)"
-                    ),
+                match signals {
+                    1 => {
+                        tracing::info!("signal: unmounting {shown}");
+                        retry_until = Some(tokio::time::Instant::now() + UNMOUNT_RETRY);
+                    }
+                    2 => {
+                        retry_until = None;
+                        match unmount(dir, true).await {
+                            Ok(()) => tracing::info!(
+                                "second signal: {shown} detached lazily; serving until its \
+                                 last user lets go"
+                            ),
+                            Err(e) => tracing::warn!("second signal: cannot detach {shown}: {e}"),
+                        }
+                    }
+                    _ => return false,
                 }
             }
-            // The FUSE thread ends when the mount goes away from outside (umount, fusermount -u).
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            // The FUSE thread ends when the mount goes away (umount, fusermount -u).
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        if let Some(until) = retry_until {
+            match unmount(dir, false).await {
+                Ok(()) => retry_until = None,
+                Err(e) if tokio::time::Instant::now() >= until => {
+                    retry_until = None;
+                    tracing::warn!(
+                        "cannot unmount {shown}: {e}; still serving (detach the loop device \
+                         with `losetup -d` first, or signal again to detach lazily)"
+                    );
+                }
+                Err(e) => tracing::debug!("unmount {shown}: {e}; retrying"),
+            }
         }
     }
     true
 }
 
-/// Unmounts on a signal: first through fuser (which then knows not to unmount again when its
-/// session ends), after a refusal lazily with the system's tools.
-struct Unmounter {
-    fuser: Option<fuser::SessionUnmounter>,
-    dir: PathBuf,
-}
-
-impl Unmounter {
-    async fn unmount(&mut self) -> anyhow::Result<()> {
-        match self.fuser.take() {
-            Some(mut u) => Ok(u.unmount()?),
-            None => unmount_lazily(&self.dir).await,
-        }
-    }
-}
-
-/// Detach `dir` now, even while busy (`umount -l` as root, `fusermount3 -u -z` otherwise): the
-/// mount disappears from the namespace and goes away when its last user lets go.
-async fn unmount_lazily(dir: &Path) -> anyhow::Result<()> {
+/// Unmount `dir` (`lazy`: detach it even while busy) with the system's tools: `umount` as
+/// root, `fusermount3 -u` (or `fusermount -u`) otherwise.
+async fn unmount(dir: &Path, lazy: bool) -> anyhow::Result<()> {
     let root = std::fs::metadata("/proc/self")
         .map(|m| m.uid() == 0)
         .unwrap_or(false);
-    let tries: &[(&str, &[&str])] = if root {
-        &[("umount", &["-l"])]
-    } else {
-        &[
+    let tries: &[(&str, &[&str])] = match (root, lazy) {
+        (true, false) => &[("umount", &[])],
+        (true, true) => &[("umount", &["-l"])],
+        (false, false) => &[("fusermount3", &["-u"]), ("fusermount", &["-u"])],
+        (false, true) => &[
             ("fusermount3", &["-u", "-z"]),
             ("fusermount", &["-u", "-z"]),
-        ]
+        ],
     };
     let mut last = anyhow::anyhow!("no unmount tool");
     for (tool, flags) in tries {
