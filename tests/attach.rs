@@ -478,7 +478,7 @@ fn ext4_round_trip(tag: &str, target_extra: &[&str], attach_extra: &[&str], file
     // SIGTERM right after `losetup -d`: the loop device lets go of the file asynchronously
     // (seconds later after direct AIO); attach retries the unmount and exits cleanly.
     let mut a = a;
-    let st = a.terminate(Duration::from_secs(45));
+    let st = a.terminate(Duration::from_secs(75));
     assert!(
         st.success(),
         "ipsan attach exited with {st}; log:\n{}",

@@ -138,8 +138,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// How long a signal's unmount is retried while the mount is busy: a loop device's last
 /// reference to the file is dropped asynchronously, seconds after `losetup -d` returns when it
-/// did direct AIO (measured: ~9 s after fio's libaio on ext4).
-const UNMOUNT_RETRY: Duration = Duration::from_secs(30);
+/// did direct AIO (measured here: 9–22 s after fio's libaio on ext4, under load).
+const UNMOUNT_RETRY: Duration = Duration::from_secs(60);
 
 /// Wait for the mount to end: unmounted from outside, or a signal, on which we unmount,
 /// retrying while busy for [`UNMOUNT_RETRY`]. Still busy then (a loop device holds the file):
