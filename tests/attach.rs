@@ -582,3 +582,24 @@ fn target_killed_mid_run_gives_eio_and_attach_still_exits() {
         a.log()
     );
 }
+
+#[test]
+fn rejects_a_url_without_a_lun_before_mounting_anything() {
+    let dir = std::env::temp_dir().join(format!("ipsan-attach-{}-nolun", std::process::id()));
+    let o = Command::new(BIN)
+        .args([
+            "attach",
+            &format!("iscsi://127.0.0.1:9/{IQN}"),
+            "--fuse",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "attach without a LUN succeeded");
+    assert!(err.contains("one LUN per mount"), "unclear error: {err}");
+    assert!(
+        !dir.exists(),
+        "the mount point was created for a refused URL"
+    );
+}
