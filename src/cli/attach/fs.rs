@@ -174,6 +174,7 @@ impl Filesystem for LunFs {
             reply.error(Errno::EISDIR);
             return;
         }
+        tracing::trace!(offset, size, "read");
         let io = self.io.clone();
         self.rt.spawn(async move {
             match io.read(offset, size as usize).await {
@@ -203,6 +204,7 @@ impl Filesystem for LunFs {
         // whole-block writes).
         let data = bytes::Bytes::copy_from_slice(data);
         let len = data.len();
+        tracing::trace!(offset, size = len, "write");
         let io = self.io.clone();
         self.rt.spawn(async move {
             match io.write(offset, data).await {
