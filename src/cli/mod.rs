@@ -1,5 +1,6 @@
 //! The `ipsan` command line: one subcommand per module.
 
+mod attach;
 mod bench;
 mod ctl;
 mod demo;
@@ -28,6 +29,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// One LUN as a file on a FUSE mount, for a loop device: hosts without an iSCSI initiator.
+    Attach(Box<attach::Args>),
     /// Measure a LUN: throughput, IOPS, latency percentiles, CPU.
     Bench(Box<bench::Args>),
     /// Inspect and change a running target through its control socket (docs/operate.md).
@@ -52,6 +55,7 @@ pub enum Command {
 
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::Attach(args) => attach::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Ctl(args) => ctl::run(*args),
         Command::Demo(args) => demo::run(*args),
@@ -71,7 +75,8 @@ pub fn init_tracing(verbose: u8) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbose {
-        0 => "info",
+        // fuser (`ipsan attach`) logs each mount step and a redundant second unmount at info/warn.
+        0 => "info,fuser=error",
         1 => "debug",
         _ => "trace",
     };
