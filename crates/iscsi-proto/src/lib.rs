@@ -5,9 +5,11 @@
 //! - [`chap`]: CHAP for both sides (RFC 1994, RFC 7143 §12.1.3).
 //! - [`login`]: the target's login state machine (RFC 7143 §6, §11.12–§11.13), from the first
 //!   Login Request to full feature phase.
+//! - [`engine`]: the full feature phase for both roles, sans-IO (see its `# Layout`).
 //! - [`seq`]: serial number arithmetic and the command window (RFC 7143 §4.2.2, §4.2.2.1).
 
 pub mod chap;
+pub mod engine;
 pub mod login;
 pub mod params;
 pub mod seq;

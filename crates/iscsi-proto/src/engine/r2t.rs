@@ -1,0 +1,440 @@
+//! Data-Out bookkeeping for one write command (RFC 7143 §4.2.5 Data Transfer, §11.7 Data-Out,
+//! §11.8 R2T): immediate data, the unsolicited first burst, then solicited bursts requested
+//! with R2Ts, several outstanding at once. No I/O: the connection feeds it PDUs and sends the
+//! R2Ts it plans.
+//!
+//! Bytes past what the CDB needs (an iSCSI underflow: EDTL larger than the SCSI transfer
+//! length) are accepted and discarded; the buffer is sized by the CDB, never by a length field
+//! from the network alone.
+
+use crate::params::SessionParams;
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::header::{DataOut, ScsiCommand};
+use iscsi_wire::RESERVED_TAG;
+
+/// A violation of the data transfer rules. The connection answers with a Reject and ends the
+/// command with CHECK CONDITION (ERL 0 has no recovery of the data phase).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("data phase error: {0}")]
+pub struct DataError(pub &'static str);
+
+/// One R2T to send (RFC 7143 §11.8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct R2tPlan {
+    pub ttt: u32,
+    pub r2t_sn: u32,
+    pub offset: u32,
+    pub len: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Outstanding {
+    plan: R2tPlan,
+    received: u32,
+    next_data_sn: u32,
+}
+
+/// The data phase of one write.
+#[derive(Debug)]
+pub struct WriteState {
+    edtl: u32,
+    /// Bytes kept for the SCSI layer: min(EDTL, what the CDB needs).
+    keep: u32,
+    buf: BytesMut,
+    /// End of the unsolicited region (immediate data plus unsolicited Data-Out).
+    unsolicited_end: u32,
+    unsolicited_received: u32,
+    unsolicited_data_sn: u32,
+    /// Whether unsolicited Data-Out PDUs may still arrive.
+    unsolicited_open: bool,
+    /// End of the region the target solicits with R2Ts.
+    solicit_end: u32,
+    next_r2t_offset: u32,
+    next_r2t_sn: u32,
+    outstanding: Vec<Outstanding>,
+    max_burst: u32,
+    max_outstanding: u32,
+}
+
+impl WriteState {
+    /// Starts the data phase for `cmd`, whose CDB needs `need` bytes, with the command's
+    /// immediate data.
+    pub fn new(
+        params: &SessionParams,
+        cmd: &ScsiCommand,
+        immediate: &[u8],
+        need: u32,
+    ) -> Result<Self, DataError> {
+        let edtl = cmd.expected_data_transfer_length;
+        let imm =
+            u32::try_from(immediate.len()).map_err(|_| DataError("immediate data too long"))?;
+        if imm > 0 && !params.immediate_data {
+            return Err(DataError("immediate data not negotiated"));
+        }
+        if imm > params.first_burst_length || imm > edtl {
+            return Err(DataError("immediate data beyond FirstBurstLength or EDTL"));
+        }
+        let keep = edtl.min(need);
+        // The buffer grows as data arrives (see `store`), never ahead of it: a CDB and EDTL
+        // alone cannot make the target reserve memory (issue 8: 32 data-less 64 MiB writes
+        // used to map 2 GiB).
+        let n = imm.min(keep) as usize;
+        // Immediate data is data already here: like the first bytes of a burst (see `store`),
+        // it reserves one burst more, so the next burst does not reallocate and copy it.
+        let cap = if n > 0 {
+            keep.min(imm.saturating_add(params.max_burst_length)) as usize
+        } else {
+            0
+        };
+        let mut buf = BytesMut::with_capacity(cap.max(n));
+        buf.extend_from_slice(&immediate[..n]);
+        // §11.3.1: with F=0 and InitialR2T=No, unsolicited Data-Out follows up to
+        // min(FirstBurstLength, EDTL) in total.
+        let (unsolicited_end, unsolicited_open) = if !cmd.final_ && !params.initial_r2t {
+            let end = edtl.min(params.first_burst_length);
+            (end, end > imm)
+        } else {
+            (imm, false)
+        };
+        let solicit_end = keep.max(unsolicited_end);
+        Ok(Self {
+            edtl,
+            keep,
+            buf,
+            unsolicited_end,
+            unsolicited_received: imm,
+            unsolicited_data_sn: 0,
+            unsolicited_open,
+            solicit_end,
+            next_r2t_offset: unsolicited_end,
+            next_r2t_sn: 0,
+            outstanding: Vec::new(),
+            max_burst: params.max_burst_length.max(512),
+            max_outstanding: params.max_outstanding_r2t.max(1),
+        })
+    }
+
+    #[must_use]
+    pub fn edtl(&self) -> u32 {
+        self.edtl
+    }
+
+    /// Accepts one Data-Out PDU.
+    pub fn on_data_out(&mut self, h: &DataOut, data: &[u8]) -> Result<(), DataError> {
+        let len = u32::try_from(data.len()).map_err(|_| DataError("Data-Out too long"))?;
+        let offset = h.buffer_offset;
+        let end = offset
+            .checked_add(len)
+            .ok_or(DataError("buffer offset overflow"))?;
+        if h.ttt == RESERVED_TAG {
+            if !self.unsolicited_open {
+                return Err(DataError("unsolicited Data-Out not expected"));
+            }
+            if h.data_sn != self.unsolicited_data_sn {
+                return Err(DataError("DataSN out of order"));
+            }
+            if offset != self.unsolicited_received {
+                return Err(DataError("buffer offset out of order"));
+            }
+            if end > self.unsolicited_end {
+                return Err(DataError("unsolicited data beyond FirstBurstLength"));
+            }
+            self.store(offset, data, self.unsolicited_end);
+            self.unsolicited_data_sn = self.unsolicited_data_sn.wrapping_add(1);
+            self.unsolicited_received = end;
+            if h.final_ || end == self.unsolicited_end {
+                if end != self.unsolicited_end {
+                    // The initiator ended its first burst early: solicit the rest.
+                    self.unsolicited_end = end;
+                    self.next_r2t_offset = end;
+                    self.solicit_end = self.keep.max(end);
+                }
+                self.unsolicited_open = false;
+            }
+            return Ok(());
+        }
+        let idx = self
+            .outstanding
+            .iter()
+            .position(|o| o.plan.ttt == h.ttt)
+            .ok_or(DataError("Data-Out for an unknown Target Transfer Tag"))?;
+        let o = &mut self.outstanding[idx];
+        if h.data_sn != o.next_data_sn {
+            return Err(DataError("DataSN out of order"));
+        }
+        if offset != o.plan.offset + o.received {
+            return Err(DataError("buffer offset out of order"));
+        }
+        if end > o.plan.offset + o.plan.len {
+            return Err(DataError("Data-Out beyond the R2T's desired length"));
+        }
+        o.received += len;
+        o.next_data_sn = o.next_data_sn.wrapping_add(1);
+        let done = o.received == o.plan.len;
+        let burst_end = o.plan.offset + o.plan.len;
+        if h.final_ != done {
+            return Err(DataError(
+                "F bit does not match the end of the R2T sequence",
+            ));
+        }
+        if done {
+            self.outstanding.swap_remove(idx);
+        }
+        self.store(offset, data, burst_end);
+        Ok(())
+    }
+
+    /// Stores one Data-Out's bytes at `offset`; `burst_end` is where the burst they belong to
+    /// ends (the R2T's offset + desired length, or the end of the unsolicited data).
+    ///
+    /// Memory is reserved when data arrives, never on a CDB's or R2T's say-so: the first bytes
+    /// of a burst reserve the rest of that burst (at most MaxBurstLength, or FirstBurstLength
+    /// for unsolicited data, RFC 7143 §13.13–14), so a 1 MiB write is one allocation, not a
+    /// chain of doublings, and in-order data is appended with one copy (no zero-fill first).
+    fn store(&mut self, offset: u32, data: &[u8], burst_end: u32) {
+        let start = offset.min(self.keep) as usize;
+        let end = (offset as usize + data.len()).min(self.keep as usize);
+        if end <= start {
+            return;
+        }
+        let want = (burst_end.min(self.keep) as usize).max(end);
+        if want > self.buf.capacity() {
+            self.buf.reserve(want - self.buf.len());
+        }
+        let data = &data[..end - start];
+        if start == self.buf.len() {
+            self.buf.extend_from_slice(data);
+        } else {
+            // Bursts of several outstanding R2Ts may complete out of order (§11.8): fill the
+            // gap with zeros; the bytes arrive later and overwrite them.
+            if self.buf.len() < end {
+                self.buf.resize(end, 0);
+            }
+            self.buf[start..end].copy_from_slice(data);
+        }
+    }
+
+    /// R2Ts to send now, up to MaxOutstandingR2T in flight, each at most MaxBurstLength
+    /// (RFC 7143 §13.13, §13.17). Nothing is solicited while unsolicited data is still due.
+    pub fn plan_r2ts(&mut self, mut next_ttt: impl FnMut() -> u32) -> Vec<R2tPlan> {
+        let mut plans = Vec::new();
+        if self.unsolicited_open {
+            return plans;
+        }
+        while (self.outstanding.len() as u32) < self.max_outstanding
+            && self.next_r2t_offset < self.solicit_end
+        {
+            let len = (self.solicit_end - self.next_r2t_offset).min(self.max_burst);
+            let plan = R2tPlan {
+                ttt: next_ttt(),
+                r2t_sn: self.next_r2t_sn,
+                offset: self.next_r2t_offset,
+                len,
+            };
+            self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+            self.next_r2t_offset += len;
+            self.outstanding.push(Outstanding {
+                plan,
+                received: 0,
+                next_data_sn: 0,
+            });
+            plans.push(plan);
+        }
+        plans
+    }
+
+    /// Whether every byte of the data phase has arrived.
+    #[must_use]
+    pub fn is_complete(&self) -> bool {
+        !self.unsolicited_open
+            && self.outstanding.is_empty()
+            && self.next_r2t_offset >= self.solicit_end
+    }
+
+    /// The data for the SCSI layer.
+    #[must_use]
+    pub fn into_data(self) -> Bytes {
+        let mut buf = self.buf;
+        buf.resize(self.keep as usize, 0);
+        buf.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(
+        initial_r2t: bool,
+        first_burst: u32,
+        max_burst: u32,
+        outstanding: u32,
+    ) -> SessionParams {
+        SessionParams {
+            initial_r2t,
+            immediate_data: true,
+            first_burst_length: first_burst,
+            max_burst_length: max_burst,
+            max_outstanding_r2t: outstanding,
+            ..SessionParams::default()
+        }
+    }
+
+    fn cmd(edtl: u32, final_: bool) -> ScsiCommand {
+        ScsiCommand {
+            immediate: false,
+            final_,
+            read: false,
+            write: true,
+            attr: iscsi_wire::header::TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 1,
+            expected_data_transfer_length: edtl,
+            cmd_sn: 0,
+            exp_stat_sn: 0,
+            cdb: [0; 16],
+        }
+    }
+
+    fn dout(ttt: u32, data_sn: u32, offset: u32, final_: bool) -> DataOut {
+        DataOut {
+            final_,
+            lun: 0,
+            itt: 1,
+            ttt,
+            exp_stat_sn: 0,
+            data_sn,
+            buffer_offset: offset,
+        }
+    }
+
+    #[test]
+    fn immediate_data_alone_completes() {
+        let w = WriteState::new(
+            &params(false, 65536, 262_144, 4),
+            &cmd(4096, true),
+            &[7; 4096],
+            4096,
+        )
+        .unwrap();
+        assert!(w.is_complete());
+        assert_eq!(&w.into_data()[..], &[7; 4096][..]);
+    }
+
+    #[test]
+    fn unsolicited_then_solicited_with_several_r2ts() {
+        let p = params(false, 8192, 16384, 2);
+        let mut w = WriteState::new(&p, &cmd(65536, false), &[1; 4096], 65536).unwrap();
+        let mut ttt = 100;
+        assert!(w.plan_r2ts(|| 0).is_empty(), "unsolicited data still due");
+        w.on_data_out(&dout(RESERVED_TAG, 0, 4096, true), &[2; 4096])
+            .unwrap();
+        let plans = w.plan_r2ts(|| {
+            ttt += 1;
+            ttt
+        });
+        assert_eq!(plans.len(), 2, "MaxOutstandingR2T");
+        assert_eq!(
+            (plans[0].offset, plans[0].len, plans[0].r2t_sn),
+            (8192, 16384, 0)
+        );
+        assert_eq!(
+            (plans[1].offset, plans[1].len, plans[1].r2t_sn),
+            (24576, 16384, 1)
+        );
+        // Answer the second R2T first: sequences may complete in any order.
+        w.on_data_out(&dout(plans[1].ttt, 0, 24576, false), &[4; 8192])
+            .unwrap();
+        w.on_data_out(&dout(plans[1].ttt, 1, 32768, true), &[4; 8192])
+            .unwrap();
+        let more = w.plan_r2ts(|| 999);
+        assert_eq!(more.len(), 1);
+        assert_eq!((more[0].offset, more[0].len), (40960, 16384));
+        w.on_data_out(&dout(plans[0].ttt, 0, 8192, true), &[3; 16384])
+            .unwrap();
+        let last = w.plan_r2ts(|| 1000);
+        assert_eq!((last[0].offset, last[0].len), (57344, 8192));
+        w.on_data_out(&dout(999, 0, 40960, true), &[5; 16384])
+            .unwrap();
+        assert!(!w.is_complete());
+        w.on_data_out(&dout(1000, 0, 57344, true), &[6; 8192])
+            .unwrap();
+        assert!(w.is_complete());
+        let d = w.into_data();
+        assert_eq!(
+            (d[0], d[4096], d[8192], d[24576], d[40960], d[65535]),
+            (1, 2, 3, 4, 5, 6)
+        );
+    }
+
+    #[test]
+    fn initial_r2t_yes_solicits_everything_after_immediate() {
+        let p = params(true, 65536, 262_144, 1);
+        let mut w = WriteState::new(&p, &cmd(8192, false), &[], 8192).unwrap();
+        let plans = w.plan_r2ts(|| 5);
+        assert_eq!(
+            plans,
+            vec![R2tPlan {
+                ttt: 5,
+                r2t_sn: 0,
+                offset: 0,
+                len: 8192
+            }]
+        );
+        assert!(w
+            .on_data_out(&dout(RESERVED_TAG, 0, 0, true), &[0; 512])
+            .is_err());
+    }
+
+    #[test]
+    fn rejects_bad_data_sn_offset_and_overrun() {
+        let p = params(false, 65536, 262_144, 1);
+        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        assert!(
+            w.on_data_out(&dout(RESERVED_TAG, 1, 0, false), &[0; 512])
+                .is_err(),
+            "DataSN 1 first"
+        );
+        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        assert!(
+            w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[0; 512])
+                .is_err(),
+            "gap"
+        );
+        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        assert!(
+            w.on_data_out(&dout(RESERVED_TAG, 0, 0, true), &[0; 4096])
+                .is_err(),
+            "overrun"
+        );
+        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        w.on_data_out(&dout(RESERVED_TAG, 0, 0, false), &[0; 1024])
+            .unwrap();
+        assert!(
+            w.on_data_out(&dout(RESERVED_TAG, 0, 1024, true), &[0; 1024])
+                .is_err(),
+            "DataSN 0 twice"
+        );
+    }
+
+    #[test]
+    fn underflow_discards_extra_bytes_and_overflow_keeps_edtl() {
+        // EDTL 10000 for a one-block write: keep 512, accept and drop the rest.
+        let p = params(false, 65536, 262_144, 1);
+        let mut w = WriteState::new(&p, &cmd(10000, false), &[9; 512], 512).unwrap();
+        w.on_data_out(&dout(RESERVED_TAG, 0, 512, true), &[8; 9488])
+            .unwrap();
+        assert!(w.is_complete());
+        assert_eq!(w.into_data().len(), 512);
+        // EDTL 200 for a one-block write: only 200 bytes can come.
+        let w = WriteState::new(&p, &cmd(200, true), &[1; 200], 512).unwrap();
+        assert!(w.is_complete());
+        assert_eq!(w.into_data().len(), 200);
+    }
+
+    #[test]
+    fn rejects_immediate_data_beyond_first_burst() {
+        let p = params(false, 512, 262_144, 1);
+        assert!(WriteState::new(&p, &cmd(4096, true), &[0; 1024], 4096).is_err());
+    }
+}
