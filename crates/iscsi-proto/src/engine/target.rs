@@ -118,6 +118,7 @@ pub enum Event {
     /// `MaxRecvDataSegmentLength` in it is applied already (declarative, §13.12).
     Text {
         itt: u32,
+        lun: u64,
         keys: Vec<(String, String)>,
     },
     /// The connection is over: flush what [`Connection::poll_transmit`] still yields, then
@@ -857,7 +858,11 @@ impl Connection {
                 self.params.apply(k, v, crate::params::Side::Initiator);
             }
         }
-        self.events.push_back(Event::Text { itt: h.itt, keys });
+        self.events.push_back(Event::Text {
+            itt: h.itt,
+            lun: h.lun,
+            keys,
+        });
     }
 
     fn on_logout(&mut self, now: Instant, h: &LogoutRequest) {
