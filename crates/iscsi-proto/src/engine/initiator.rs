@@ -11,11 +11,12 @@
 //!  poll_event ◄── Completed { itt, result } exactly once per submitted command
 //! ```
 //!
-//! A target that breaks a rule for one task loses that task, not the connection: the task
-//! completes with [`TaskError::Violation`] and an ABORT TASK cleans up the target's side
-//! (the initiator cannot Reject, §11.17 is the target's). Rules whose breach leaves the
-//! stream in doubt (PDUs for tasks that never existed, unexpected opcodes) end the
-//! connection, and every task with it.
+//! A target whose R2T breaks a rule for one task loses that task, not the connection: the
+//! task completes with [`TaskError::Violation`] and an ABORT TASK cleans up the target's side
+//! (the initiator cannot Reject, §11.17 is the target's; ABORT TASK is how it ends a task
+//! it no longer trusts). Breaches that leave data or the stream in doubt — a Data-In
+//! sequence out of order or past its buffer (no SNACK at ErrorRecoveryLevel 0), PDUs for
+//! tasks that never existed, unexpected opcodes — end the connection, and every task with it.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -130,6 +131,9 @@ pub enum TaskError {
     #[error(transparent)]
     ConnectionLost(ConnectionError),
 }
+
+/// How a submitted command ended.
+pub type TaskResult = Result<Completion, TaskError>;
 
 /// Why [`Connection::submit`] refused a command.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -554,7 +558,7 @@ impl Connection {
 
     /// The target closed the connection.
     pub fn peer_closed(&mut self) {
-        self.close(Side::Target, CloseReason::Local);
+        self.close(Side::Target, CloseReason::PeerClosed);
     }
 
     pub fn handle_pdu(&mut self, now: Instant, pdu: Pdu) {
@@ -803,11 +807,6 @@ impl Connection {
         let len = data.len() as u64;
         let check = if t.read.is_none() {
             Err(Violation::DataInWithoutRead)
-        } else if h.data_sn != t.next_data_sn {
-            Err(Violation::DataInSn {
-                expected: t.next_data_sn,
-                got: h.data_sn,
-            })
         } else if off != t.received {
             // DataPDUInOrder=Yes, DataSequenceInOrder=Yes (§13.18, §13.19).
             Err(Violation::DataInOffset {
@@ -819,11 +818,18 @@ impl Connection {
                 end: u64::from(off) + len,
                 len: t.read_len,
             })
+        } else if h.data_sn != t.next_data_sn {
+            Err(Violation::DataInSn {
+                expected: t.next_data_sn,
+                got: h.data_sn,
+            })
         } else {
             Ok(())
         };
         if let Err(v) = check {
-            self.abandon(self.last_rx, now_itt, v);
+            // At ErrorRecoveryLevel 0 a Data-In sequence cannot be repaired (no SNACK,
+            // §7.1.4): the connection ends, and every task with it.
+            self.violation(v);
             return;
         }
         if let Some(buf) = t.read.as_mut() {

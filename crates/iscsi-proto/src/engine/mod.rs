@@ -77,7 +77,7 @@ pub enum Side {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Violation {
-    #[error("{opcode:?} for unknown ITT {itt:#x}")]
+    #[error("{} for unknown ITT {itt:#x}", short_name(*opcode))]
     UnknownTask { opcode: Opcode, itt: u32 },
     #[error("{0:?} is not expected in full feature phase here")]
     UnexpectedPdu(Opcode),
@@ -113,6 +113,19 @@ pub enum Violation {
     DataPhase(r2t::DataError),
 }
 
+/// The short name RFC 7143's text uses for a target PDU.
+fn short_name(op: Opcode) -> &'static str {
+    match op {
+        Opcode::SCSI_DATA_IN => "Data-In",
+        Opcode::R2T => "R2T",
+        Opcode::SCSI_RESPONSE => "SCSI Response",
+        Opcode::TASK_MGMT_RESPONSE => "Task Management Response",
+        Opcode::LOGOUT_RESPONSE => "Logout Response",
+        Opcode::NOP_IN => "NOP-In",
+        _ => "PDU",
+    }
+}
+
 /// Why a connection ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -127,8 +140,11 @@ pub enum CloseReason {
     #[error("the target announced it drops the connection (async event {0})")]
     AsyncDrop(u8),
     /// A NOP ping went unanswered, and nothing else arrived either.
-    #[error("NOP ping unanswered for {0:?}")]
+    #[error("no NOP-In/NOP-Out answer to a ping within {0:?} (and nothing else from the peer)")]
     PingTimeout(std::time::Duration),
+    /// The peer closed the TCP connection, or it broke.
+    #[error("connection closed by the peer")]
+    PeerClosed,
     /// A task management request went unanswered.
     #[error("task management request unanswered for {0:?}")]
     TaskManagementTimeout(std::time::Duration),

@@ -360,7 +360,7 @@ impl Connection {
 
     /// The initiator closed its side, or the socket failed.
     pub fn peer_closed(&mut self) {
-        self.close(Side::Initiator, CloseReason::Local);
+        self.close(Side::Initiator, CloseReason::PeerClosed);
     }
 
     /// Asks the initiator to log out (AsyncEvent 1, §11.9.1) within `within_secs` seconds.
