@@ -5,9 +5,11 @@
 //! - [`limits`]: CHAP failure backoff, sessions per initiator, connections per address (pure).
 //! - [`registry`]: targets, LUNs, ACLs, and the logged-in sessions (TSIH, reinstatement).
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
-//! - `conn`: one connection — login, then full feature phase (commands, R2T, Data-In, task
-//!   management, text, logout, keepalive).
-//! - [`task`]: the data-out bookkeeping of one write (immediate, unsolicited, R2T bursts), pure.
+//! - `conn`: one connection — the login phase, then the tokio driver of the full feature phase:
+//!   one framed read into `iscsi_proto::engine::target`, one writer draining its PDUs, and
+//!   `execute`, where commands reach the logical units (Seal opens and seals there). The
+//!   protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text, logout,
+//!   keepalive) lives in the engine.
 
 pub mod config;
 mod conn;
@@ -15,7 +17,6 @@ pub mod limits;
 pub mod registry;
 mod seal_ext;
 pub mod server;
-pub mod task;
 
 pub use config::Config;
 
