@@ -358,20 +358,26 @@ async fn writer_task(wr: OwnedWriteHalf, codec: Codec, session: Arc<Session>) {
             };
             if let Err(e) = sent.await {
                 debug!("write failed: {e}");
-                lock(&session.engine).peer_closed();
-                session.wake_reader.notify_one();
+                writer_failed(&session);
                 return;
             }
         }
         if bw.flush().await.is_err() {
-            lock(&session.engine).peer_closed();
-            session.wake_reader.notify_one();
+            writer_failed(&session);
             return;
         }
         session.written.notify_waiters();
     }
     let _ = bw.flush().await;
     let _ = bw.into_inner().shutdown().await;
+}
+
+/// The socket cannot take more: the connection is over, and a reader waiting for the queue
+/// to drain must not wait for a writer that is gone.
+fn writer_failed(session: &Session) {
+    lock(&session.engine).peer_closed();
+    session.wake_reader.notify_one();
+    session.written.notify_waiters();
 }
 
 /// Who runs a command.
@@ -498,12 +504,15 @@ impl Session {
                 break why;
             }
             // Backpressure: a peer that does not read its answers stops being read.
-            while lock(&self.engine).queued_bytes() > MAX_QUEUED_BYTES {
+            loop {
                 let written = self.written.notified();
                 tokio::pin!(written);
                 written.as_mut().enable();
-                if lock(&self.engine).queued_bytes() <= MAX_QUEUED_BYTES {
-                    break;
+                {
+                    let e = lock(&self.engine);
+                    if e.queued_bytes() <= MAX_QUEUED_BYTES || e.closed().is_some() {
+                        break;
+                    }
                 }
                 written.await;
             }
@@ -545,6 +554,10 @@ impl Session {
                         warn!("rejected PDU: {err}");
                         e.handle_wire_error(now, &err);
                     }
+                }
+                if !e.has_transmit() {
+                    // Nothing to send (a Data-Out, say): no writer wakeup per PDU.
+                    continue;
                 }
             }
             self.wake_writer.notify_one();
@@ -785,15 +798,19 @@ impl Session {
                 }
             }
         }
-        {
+        let closed = {
             let mut e = lock(&self.engine);
             e.complete(itt, resp);
             if let Some((session, _, _)) = &seal {
                 self.seal_counter_watch(&mut e, session, seal_exhausted);
             }
-        }
+            e.closed().is_some()
+        };
         self.wake_writer.notify_one();
-        self.wake_reader.notify_one();
+        if closed {
+            // Closed here (Seal limits): the reader must see the event.
+            self.wake_reader.notify_one();
+        }
     }
 
     /// After a sealed command: at the hard counter limit close the connection (the command has

@@ -283,6 +283,12 @@ impl Connection {
         self.tmfs.len()
     }
 
+    /// Whether [`Connection::poll_transmit`] has a PDU (drivers wake their writer only then).
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     #[must_use]
     pub fn closed(&self) -> Option<ConnectionError> {
         self.closed

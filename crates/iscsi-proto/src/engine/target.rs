@@ -276,6 +276,12 @@ impl Connection {
         self.queued_bytes
     }
 
+    /// Whether [`Connection::poll_transmit`] has a PDU (drivers wake their writer only then).
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// Why the connection ended, once it did.
     #[must_use]
     pub fn closed(&self) -> Option<ConnectionError> {
