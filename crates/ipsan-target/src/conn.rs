@@ -8,7 +8,7 @@
 //! one place a command reaches the logical unit) and complete in any order.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -142,6 +142,8 @@ pub async fn serve(
         local,
         seal: lock(&slot).take().map(Arc::new),
         rekey_asked: AtomicBool::new(false),
+        running: AtomicUsize::new(0),
+        idle: Notify::new(),
     });
     let writer = tokio::spawn(writer_task(wr, conn.codec.clone(), session.clone()));
     let end = session.run(&mut conn, &shutdown, &session_cancel).await;
@@ -487,6 +489,10 @@ struct Session {
     seal: Option<Arc<SealSession>>,
     /// Set once the target has asked this session to log out for fresh Seal keys.
     rekey_asked: AtomicBool,
+    /// Commands handed to `execute` and not finished.
+    running: AtomicUsize,
+    /// `running` fell to zero.
+    idle: Notify,
 }
 
 impl Session {
@@ -498,9 +504,8 @@ impl Session {
         shutdown: &CancellationToken,
         session_cancel: &CancellationToken,
     ) -> String {
-        let mut running = tokio::task::JoinSet::new();
         let end = loop {
-            if let Some(why) = self.events(&mut running) {
+            if let Some(why) = self.events() {
                 break why;
             }
             // Backpressure: a peer that does not read its answers stops being read.
@@ -530,7 +535,6 @@ impl Session {
                     break "session reinstated or cancelled".to_owned();
                 }
                 () = self.wake_reader.notified() => continue,
-                Some(_) = running.join_next(), if !running.is_empty() => continue,
                 () = async { match deadline { Some(d) => tokio::time::sleep_until(d.into()).await, None => std::future::pending().await } } => {
                     lock(&self.engine).handle_timeout(Instant::now());
                     self.wake_writer.notify_one();
@@ -563,7 +567,17 @@ impl Session {
             self.wake_writer.notify_one();
         };
         // Commands still running finish (bounded) before the nexus is released.
-        let all = async { while running.join_next().await.is_some() {} };
+        let all = async {
+            loop {
+                let idle = self.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                idle.await;
+            }
+        };
         if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
             warn!("commands still running after {DRAIN_TIMEOUT:?}; closing anyway");
         }
@@ -571,13 +585,21 @@ impl Session {
     }
 
     /// Acts on the engine's events; `Some(why)` once the connection is over.
-    fn events(self: &Arc<Self>, running: &mut tokio::task::JoinSet<()>) -> Option<String> {
+    fn events(self: &Arc<Self>) -> Option<String> {
         loop {
             let ev = lock(&self.engine).poll_event()?;
             match ev {
                 engine::Event::Execute(x) => {
                     let s = self.clone();
-                    running.spawn(async move { s.execute(x).await });
+                    // Counted rather than joined: a join set would wake this loop once per
+                    // command, a full loop iteration (locks, a timer) on the small-read path.
+                    self.running.fetch_add(1, Ordering::AcqRel);
+                    tokio::spawn(async move {
+                        s.clone().execute(x).await;
+                        if s.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            s.idle.notify_waiters();
+                        }
+                    });
                 }
                 engine::Event::Reset { function, lun } => self.reset(function, lun),
                 engine::Event::Text { itt, lun, keys } => {
