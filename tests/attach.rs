@@ -504,6 +504,8 @@ fn ext4_over_a_sealed_session_survives_fsck_and_remount() {
     let _s = serial();
     let key = std::env::temp_dir().join(format!("ipsan-attach-{}-seal.key", std::process::id()));
     std::fs::write(&key, "attach-test-secret-0123456789abcdef\n").unwrap();
+    // The target refuses a secret file group or others can read (config: secret file mode).
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let k = key.to_str().unwrap();
     ext4_round_trip(
         "sealed",

@@ -11,6 +11,7 @@
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
 //! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `LogicalUnit::execute` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows or the LU's size |
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
+//! | [`engine_pdu`] | `iscsi_proto::engine::{target, initiator}::Connection::handle_pdu` (RFC 7143 §4.2, §11) | target: R2Ts never carry the reserved TTT, StatSN runs in sequence, Data-In respects MaxRecvDataSegmentLength, DataSN and offsets; initiator: every command completes at most once (exactly once after the connection ends), Data-Out stays in the buffer and under the target's MaxRecvDataSegmentLength |
 //! | [`wan_model`] | `ipsan_wan::Impairment` (Dummynet pipe + netem pathologies) | release never precedes arrival; in-order packets leave in order; the queue never exceeds its limit; corruption flips exactly one bit |
 //!
 //! The same functions run as plain `cargo test` over the seed corpus and seeded random inputs
@@ -709,5 +710,224 @@ pub fn wan_model(data: &[u8]) {
             .sum();
         assert_eq!(flipped, u32::from(p.corrupted), "corruption flips one bit");
         assert_eq!(p.len(), len);
+    }
+}
+
+// ------------------------------------------------------------------------------ engine PDUs
+
+/// Session parameters chosen by one byte of input: around the burst limits.
+fn engine_params(sel: u8) -> iscsi_proto::params::SessionParams {
+    let bursts = [512u32, 4096, 8192, 65536];
+    let max_burst = bursts[usize::from(sel >> 2 & 3)];
+    iscsi_proto::params::SessionParams {
+        initial_r2t: sel & 1 != 0,
+        immediate_data: sel & 2 != 0,
+        max_burst_length: max_burst,
+        first_burst_length: bursts[usize::from(sel >> 4 & 3)].min(max_burst),
+        max_outstanding_r2t: 1 + u32::from(sel >> 6 & 1),
+        initiator_max_recv_data_segment_length: 8192,
+        target_max_recv_data_segment_length: 8192,
+        ..Default::default()
+    }
+}
+
+struct FuzzLuns;
+
+impl iscsi_proto::engine::target::LunDirectory for FuzzLuns {
+    fn exists(&self, lun: u64) -> bool {
+        lun == 0
+    }
+    fn size(&self, _lun: u64, cdb: &[u8], _edtl: u32) -> iscsi_proto::engine::target::Sizing {
+        // WRITE(10)-like: blocks in bytes 7..9, at most 128 KiB.
+        let need = if cdb.first() == Some(&0x2a) {
+            u64::from(u16::from_be_bytes([cdb[7], cdb[8]]).min(256)) * 512
+        } else {
+            0
+        };
+        iscsi_proto::engine::target::Sizing { need, early: None }
+    }
+}
+
+/// Feeds arbitrary PDUs to the engine's `handle_pdu` in either role (the first byte picks the
+/// role and the parameters), with time advancing a second per PDU so pings and timeouts fire.
+/// Target: every R2T carries a real TTT (never 0xffffffff) within the command's data; StatSN
+/// runs in sequence; Data-In respects the initiator's MaxRecvDataSegmentLength and runs in
+/// DataSN and offset order. Initiator: every submitted command completes at most once, and
+/// exactly once when the connection has ended; Data-Out stays inside the write buffer and the
+/// target's MaxRecvDataSegmentLength.
+pub fn engine_pdu(data: &[u8]) {
+    use iscsi_wire::Codec;
+    use std::time::{Duration, Instant};
+    let mut input = Input(data);
+    let sel = input.u8();
+    let params = engine_params(input.u8());
+    let codec = Codec {
+        header_digest: false,
+        data_digest: false,
+        max_recv_data_segment_length: 65536,
+    };
+    let mut buf = BytesMut::from(input.rest());
+    let mut pdus = Vec::new();
+    while pdus.len() < 64 {
+        match codec.decode(&mut buf) {
+            Ok(Some(p)) => pdus.push(Ok(p)),
+            Ok(None) => break,
+            Err(e) => {
+                let intact = e.stream_intact();
+                pdus.push(Err(e));
+                if !intact {
+                    break;
+                }
+            }
+        }
+    }
+    let start = Instant::now();
+    if sel & 0x80 == 0 {
+        engine_target(params, start, pdus);
+    } else {
+        engine_initiator(params, start, pdus);
+    }
+    let _ = Duration::ZERO;
+}
+
+fn engine_target(
+    params: iscsi_proto::params::SessionParams,
+    start: std::time::Instant,
+    pdus: Vec<Result<iscsi_wire::Pdu, iscsi_wire::WireError>>,
+) {
+    use iscsi_proto::engine::target::{Config, Connection, Event, Response};
+    use iscsi_wire::{Header, RESERVED_TAG};
+    use std::collections::HashMap;
+    use std::time::Duration;
+    let seg = params.initiator_max_recv_data_segment_length;
+    let mut cfg = Config::new(params, 0, 100);
+    cfg.cmd_window = 4;
+    cfg.nop_interval = Some(Duration::from_secs(3));
+    let mut c = Connection::new(cfg, start);
+    let mut stat_sn = 100u32;
+    let mut data_in: HashMap<u32, (u32, u32)> = HashMap::new();
+    for (i, p) in pdus.into_iter().enumerate() {
+        let now = start + Duration::from_secs(i as u64);
+        match p {
+            Ok(p) => c.handle_pdu(now, &FuzzLuns, p),
+            Err(e) => c.handle_wire_error(now, &e),
+        }
+        c.handle_timeout(now);
+        while let Some(e) = c.poll_event() {
+            if let Event::Execute(x) = e {
+                let len = if x.cdb.first() == Some(&0x28) {
+                    x.edtl.min(65536) as usize
+                } else {
+                    0
+                };
+                c.complete(x.itt, Response::good(Bytes::from(vec![0u8; len])));
+            }
+        }
+        while let Some(out) = c.poll_transmit() {
+            let status = match &out.header {
+                Header::R2t(r) => {
+                    assert_ne!(r.ttt, RESERVED_TAG, "R2T with the reserved TTT");
+                    assert!(r.desired_data_transfer_length > 0);
+                    None
+                }
+                Header::DataIn(d) => {
+                    assert!(
+                        out.data.len() as u32 <= seg,
+                        "Data-In over MaxRecvDataSegmentLength"
+                    );
+                    let (sn, off) = data_in.entry(d.itt).or_insert((0, 0));
+                    assert_eq!(d.data_sn, *sn, "Data-In DataSN out of order");
+                    assert_eq!(d.buffer_offset, *off, "Data-In offset out of order");
+                    *sn += 1;
+                    *off += out.data.len() as u32;
+                    if d.status_present {
+                        data_in.remove(&d.itt);
+                        Some(d.stat_sn)
+                    } else {
+                        None
+                    }
+                }
+                Header::ScsiResponse(r) => {
+                    data_in.remove(&r.itt);
+                    Some(r.stat_sn)
+                }
+                Header::NopIn(n) if n.itt != RESERVED_TAG => Some(n.stat_sn),
+                Header::NopIn(_) => None,
+                Header::TaskMgmtResponse(r) => Some(r.stat_sn),
+                Header::TextResponse(r) => Some(r.stat_sn),
+                Header::LogoutResponse(r) => Some(r.stat_sn),
+                Header::Reject(r) => Some(r.stat_sn),
+                Header::AsyncMessage(r) => Some(r.stat_sn),
+                _ => None,
+            };
+            if let Some(s) = status {
+                assert_eq!(s, stat_sn, "StatSN out of sequence");
+                stat_sn = stat_sn.wrapping_add(1);
+            }
+        }
+    }
+}
+
+fn engine_initiator(
+    params: iscsi_proto::params::SessionParams,
+    start: std::time::Instant,
+    pdus: Vec<Result<iscsi_wire::Pdu, iscsi_wire::WireError>>,
+) {
+    use iscsi_proto::engine::initiator::{Command, Config, Connection, Data, Event};
+    use iscsi_wire::Header;
+    use std::collections::HashMap;
+    use std::time::Duration;
+    let seg = params.target_max_recv_data_segment_length;
+    let mut c = Connection::new(Config::new(params, 1, 8, 100), start);
+    let write_len = 20_000u32;
+    let mut done: HashMap<u32, u32> = HashMap::new();
+    let cmds = [
+        Data::Read {
+            buf: BytesMut::new(),
+            len: 8192,
+        },
+        Data::Write(Bytes::from(vec![1u8; write_len as usize])),
+        Data::None,
+    ];
+    for d in cmds {
+        let itt = c
+            .submit(
+                start,
+                Command {
+                    lun: 0,
+                    cdb: [0; 16],
+                    data: d,
+                },
+            )
+            .unwrap_or(0);
+        done.insert(itt, 0);
+    }
+    for (i, p) in pdus.into_iter().enumerate() {
+        let now = start + Duration::from_secs(i as u64);
+        match p {
+            Ok(p) => c.handle_pdu(now, p),
+            Err(_) => c.handle_wire_error(now),
+        }
+        c.handle_timeout(now);
+        while let Some(out) = c.poll_transmit() {
+            if let Header::DataOut(d) = &out.header {
+                assert!(
+                    out.data.len() as u32 <= seg,
+                    "Data-Out over MaxRecvDataSegmentLength"
+                );
+                assert!(d.buffer_offset + out.data.len() as u32 <= write_len);
+            }
+        }
+        while let Some(e) = c.poll_event() {
+            if let Event::Completed { itt, .. } = e {
+                let n = done.get_mut(&itt).expect("completion for a submitted ITT");
+                *n += 1;
+                assert_eq!(*n, 1, "ITT {itt:#x} completed twice");
+            }
+        }
+    }
+    if c.closed().is_some() {
+        assert!(done.values().all(|n| *n == 1), "a command never completed");
+        assert_eq!(c.tasks_in_flight(), 0);
     }
 }

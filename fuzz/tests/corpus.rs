@@ -108,6 +108,11 @@ fn text_negotiate_holds_on_corpus_and_random_inputs() {
 }
 
 #[test]
+fn engine_pdu_holds_on_corpus_and_random_inputs() {
+    run("engine_pdu", ipsan_fuzz::engine_pdu);
+}
+
+#[test]
 fn login_sm_never_admits_without_auth() {
     run("login_sm", ipsan_fuzz::login_sm);
 }

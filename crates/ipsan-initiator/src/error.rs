@@ -41,6 +41,10 @@ pub enum Error {
     /// The target answered with an iSCSI response code other than "command completed".
     #[error("iSCSI response {0:#04x} (target failure)")]
     IscsiResponse(u8),
+    /// The target broke a protocol rule for this command (an R2T outside the rules, say);
+    /// the command was aborted and the session goes on.
+    #[error("protocol violation by target: {0}")]
+    TargetViolation(iscsi_proto::engine::Violation),
     /// The target rejected a PDU of this command (RFC 7143 §11.17).
     #[error("target rejected the PDU (reason {0:#04x})")]
     Rejected(u8),

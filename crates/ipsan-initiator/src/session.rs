@@ -1,41 +1,40 @@
-//! The tokio session runtime: login, then any number of commands in flight up to the CmdSN
-//! window (RFC 7143 §4.2.2.1), with immediate and unsolicited data, R2T answering with several
-//! R2Ts outstanding (§11.8), Data-In reassembly (§11.7), NOP-Out keepalive (§11.18) and clean
-//! failure of every command in flight when the connection goes away.
+//! The tokio session runtime: login, then the full feature phase driven through the sans-IO
+//! engine `iscsi_proto::engine::initiator` (CmdSN window, immediate and unsolicited data, R2T
+//! checking and answering, Data-In reassembly, task management, NOP-Out keepalive, logout).
 //!
 //! # Shape
 //! ```text
-//!  callers ──submit──► [Sn lock: ITT, CmdSN, window] ──Pdu──► writer task ──► socket
-//!                          │ register task (before the PDU is queued)
-//!                          ▼
-//!  socket ──► reader task: Data-In → copy into the task's buffer, R2T → Data-Out PDUs,
-//!             SCSI Response → complete the task, NOP-In → answer / complete the ping,
-//!             window updates (ExpCmdSN/MaxCmdSN) → wake blocked submitters
+//!  callers ──command──► [Mutex<engine>] submit (ITT; queued until MaxCmdSN allows)
+//!                          │ poll_transmit                      ▲ handle_pdu
+//!                          ▼                                    │
+//!                     writer task ──► socket ──► ... ──► reader task (framed read)
+//!                     timer task: handle_timeout (keepalive, TMF timeouts)
+//!  engine events ──► waiting callers (completion, TMF answer, connection end)
 //! ```
-//! Kamisaka et al. overlap round trips with forked processes each doing one synchronous
-//! command; here any number of tasks share one session, each command tagged by its ITT, and
-//! the target's MaxCmdSN is the only limit.
+//! One framed read (`reader`) and one framed write (`writer`): the points where a per-PDU
+//! protection step hooks in. Kamisaka et al. overlap round trips with forked processes each
+//! doing one synchronous command; here any number of tasks share one session, each command
+//! tagged by its ITT, and the target's MaxCmdSN is the only limit.
 //!
-//! Connection loss: whoever notices first (reader EOF, writer error, keepalive timeout) records
-//! the reason once and aborts the I/O tasks; dropping the reader's task table drops every
-//! completion sender, so every waiter gets [`Error::ConnectionLost`] with that reason.
+//! Connection loss: whoever notices first (reader EOF, writer error, the engine's keepalive or
+//! a rule the target broke) records the reason once; the engine completes every command in
+//! flight with it, so every waiter gets [`Error::ConnectionLost`] with that reason.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use iscsi_wire::header::{
-    DataOut, LoginRequest, LogoutReason, LogoutRequest, NopOut, ScsiCommand, TaskAttr,
-    TaskMgmtRequest, TextRequest, TmfFunction, TmfResponse,
-};
-use iscsi_wire::{Codec, Header, Pdu, BHS_LEN, RESERVED_TAG};
+use iscsi_proto::engine::initiator::{self as engine, AbortedBy, SubmitError, TaskError};
+use iscsi_proto::engine::{CloseReason, Side};
+use iscsi_wire::header::{LoginRequest, LogoutReason, LogoutRequest, TextRequest, TmfResponse};
+use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{oneshot, Notify};
 use tokio::task::AbortHandle;
 
 use crate::conn::Conn;
@@ -75,6 +74,13 @@ pub struct SessionConfig {
 /// How long a task management request may go unanswered before the connection is dropped.
 pub const TMF_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A target that pings (NOP-In with a TTT, RFC 7143 §11.19) faster than it reads the answers
+/// would grow the send queue without bound (a 128 MiB flood grew RSS by 132 MiB before this
+/// cap, `robust_hostile_target::nop_in_flood_from_a_target_that_never_reads_stays_bounded`).
+/// Past this many queued bytes the connection fails instead. A polite target has one ping
+/// outstanding at a time.
+const MAX_QUEUED_PONG_BYTES: usize = 1024 * 1024;
+
 /// Whether an ABORT TASK response means the task is gone and nothing more comes for it
 /// (RFC 7143 §11.6.1: done, or the target no longer knew it).
 fn ends_the_task(r: TmfResponse) -> bool {
@@ -109,52 +115,6 @@ impl Default for SessionConfig {
     }
 }
 
-use iscsi_proto::seq::{sn_le, sn_lt};
-
-#[derive(Debug)]
-struct Sn {
-    next_itt: u32,
-    cmd_sn: u32,
-    exp_cmd_sn: u32,
-    max_cmd_sn: u32,
-    exp_stat_sn: u32,
-}
-
-impl Sn {
-    fn itt(&mut self) -> u32 {
-        let itt = self.next_itt;
-        self.next_itt = self.next_itt.wrapping_add(1);
-        if self.next_itt == RESERVED_TAG {
-            self.next_itt = 1;
-        }
-        itt
-    }
-
-    /// Window update from a response (RFC 7143 §4.2.2.1: ignore a MaxCmdSN below
-    /// ExpCmdSN - 1, and never move either backwards).
-    fn update(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) -> bool {
-        if sn_lt(max_cmd_sn, exp_cmd_sn.wrapping_sub(1)) {
-            return false;
-        }
-        let mut changed = false;
-        if sn_lt(self.exp_cmd_sn, exp_cmd_sn) {
-            self.exp_cmd_sn = exp_cmd_sn;
-        }
-        if sn_lt(self.max_cmd_sn, max_cmd_sn) {
-            self.max_cmd_sn = max_cmd_sn;
-            changed = true;
-        }
-        changed
-    }
-
-    fn stat(&mut self, stat_sn: u32) {
-        let next = stat_sn.wrapping_add(1);
-        if sn_lt(self.exp_stat_sn, next) {
-            self.exp_stat_sn = next;
-        }
-    }
-}
-
 /// The result of a SCSI command that reached the target.
 #[derive(Debug)]
 pub struct Completion {
@@ -175,97 +135,127 @@ pub enum DataDir {
     Write(Bytes),
 }
 
-struct TaskReg {
-    lun: u64,
-    write: Bytes,
-    read: Option<BytesMut>,
-    read_len: usize,
-    received: usize,
-    done: oneshot::Sender<Result<Completion>>,
-}
-
-enum Reg {
-    Task(u32, TaskReg),
-    Ping(u32, oneshot::Sender<()>),
-    Logout(u32, oneshot::Sender<u8>),
-    /// A task management request (ITT) and what it ends on success.
-    Tmf(u32, Ends, oneshot::Sender<TmfResponse>),
-}
-
-/// The tasks a task management request ends when the target completes it.
-#[derive(Clone, Copy, Debug)]
-enum Ends {
-    /// ABORT TASK: this ITT.
-    Task(u32),
-    /// LOGICAL UNIT RESET: every task on this LUN (raw LUN field).
-    Lun(u64),
+/// What every part of the driver shares: the engine and who waits for what.
+struct Inner {
+    engine: engine::Connection,
+    /// Callers waiting for a command's end, by ITT.
+    waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
+    /// Callers waiting for a task management response, by the TMF's ITT.
+    tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
+    /// Callers waiting for the connection's end (logout).
+    closed_waiters: Vec<oneshot::Sender<()>>,
 }
 
 struct Shared {
-    sn: Mutex<Sn>,
-    window: Notify,
+    inner: Mutex<Inner>,
+    /// PDUs are queued: the writer has work.
+    wake_writer: Notify,
+    /// The engine's next timeout may have moved earlier.
+    wake_timer: Notify,
+    /// Why the connection ended (first reason wins; the driver's own words for socket and
+    /// framing errors, the engine's typed reason otherwise).
     dead: OnceLock<String>,
-    out: mpsc::UnboundedSender<Pdu>,
-    reg: mpsc::UnboundedSender<Reg>,
     params: Negotiated,
     io_tasks: Mutex<Vec<AbortHandle>>,
-    /// Bytes of answers to the target's NOP-In pings queued but not yet handed to the socket
-    /// (see [`MAX_QUEUED_PONG_BYTES`]).
-    pong_bytes: AtomicUsize,
-    /// When bytes last arrived from the target, in ms since `epoch`: the keepalive's evidence
-    /// of life besides its own NOP-In answer (see [`keepalive`]).
-    last_rx_ms: AtomicU64,
-    epoch: Instant,
     /// Who watches each command's events, when asked for ([`Session::set_observer`]).
     observer: OnceLock<Observer>,
-    /// AsyncEvent 1 received, and whether our Logout for it went out.
-    logout: TargetLogout,
+    /// AsyncEvent 1 received (RFC 7143 §11.9.1): the engine refuses new commands and logs out
+    /// once the commands in flight are done. The caller opens a new session: a transparent
+    /// reconnect would have to replay commands whose data was sealed under the old keys.
+    logout_asked: AtomicBool,
     /// See [`SessionConfig::command_timeout`].
     command_timeout: Option<Duration>,
 }
 
-/// The target's request to log out (RFC 7143 §11.9.1 AsyncEvent 1): new commands are refused
-/// from then on, and once the commands in flight have completed the reader sends a Logout
-/// (close the session). The caller opens a new session: a transparent reconnect would have to
-/// replay commands whose data was sealed under the old keys, so it is left to the caller,
-/// who sees [`Error::LogoutRequested`] for every command it issues after the request.
-#[derive(Debug, Default)]
-struct TargetLogout {
-    asked: AtomicBool,
-    sent: AtomicBool,
-}
-
-/// A target that pings (NOP-In with a TTT, RFC 7143 §11.19) faster than it reads the answers
-/// would grow the send queue without bound (a 128 MiB flood grew RSS by 132 MiB before this
-/// cap, `robust_hostile_target::nop_in_flood_from_a_target_that_never_reads_stays_bounded`).
-/// Past this many queued bytes the connection fails instead. A polite target has one ping
-/// outstanding at a time.
-const MAX_QUEUED_PONG_BYTES: usize = 1024 * 1024;
-
 impl Shared {
-    /// Bytes just arrived from the target.
-    fn mark_rx(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_rx_ms.store(ms, Ordering::Relaxed);
+    /// Runs `f` on the engine, then hands its events to whoever waits for them and wakes the
+    /// writer. Every engine call goes through here or its two variants below.
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| Error::ConnectionLost("session state poisoned".into()))?;
+        let r = f(&mut g);
+        self.dispatch(&mut g);
+        // A wakeup per received PDU with nothing to send would cost the writer a lock and a
+        // task switch each time (measured: 30-40 % of read throughput).
+        let wake = g.engine.has_transmit() || g.engine.closed().is_some();
+        drop(g);
+        if wake {
+            self.wake_writer.notify_one();
+        }
+        Ok(r)
     }
 
-    /// How long since bytes last arrived from the target (since login if none did).
-    fn since_rx(&self) -> Duration {
-        let now = self.epoch.elapsed();
-        now.saturating_sub(Duration::from_millis(
-            self.last_rx_ms.load(Ordering::Relaxed),
-        ))
+    /// [`Shared::with`], waking the timer too: for calls that set a new deadline (task
+    /// management).
+    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        let r = self.with(f);
+        self.wake_timer.notify_one();
+        r
     }
 
-    /// Record why the connection died (first reason wins) and stop the I/O tasks.
-    fn kill(&self, reason: String) {
-        let _ = self.dead.set(reason);
-        self.window.notify_waiters();
-        if let Ok(tasks) = self.io_tasks.lock() {
-            for t in tasks.iter() {
-                t.abort();
+    /// [`Shared::with`] without waking anyone: for the writer and the timer themselves.
+    fn with_quiet<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| Error::ConnectionLost("session state poisoned".into()))?;
+        let r = f(&mut g);
+        self.dispatch(&mut g);
+        Ok(r)
+    }
+
+    fn dispatch(&self, g: &mut Inner) {
+        // The reason first: callers woken below read it.
+        if let Some(e) = g.engine.closed() {
+            let _ = self.dead.set(e.to_string());
+        }
+        while let Some(ev) = g.engine.poll_event() {
+            match ev {
+                engine::Event::Completed { itt, result } => {
+                    if let Some(tx) = g.waiters.remove(&itt) {
+                        let _ = tx.send(result);
+                    }
+                }
+                engine::Event::TaskManagement { itt, response } => {
+                    if let Some(tx) = g.tmf_waiters.remove(&itt) {
+                        let _ = tx.send(response);
+                    }
+                }
+                engine::Event::LogoutRequested { within_secs } => {
+                    tracing::info!(
+                        within_secs,
+                        "target requests logout (AsyncEvent 1); refusing new commands"
+                    );
+                    self.logout_asked.store(true, Ordering::Release);
+                }
+                engine::Event::Rejected { reason, opcode } => {
+                    tracing::warn!(reason = reason.0, ?opcode, "target rejected a PDU");
+                }
+                engine::Event::Closed(e) => {
+                    let _ = self.dead.set(e.to_string());
+                    g.tmf_waiters.clear();
+                    for tx in g.closed_waiters.drain(..) {
+                        let _ = tx.send(());
+                    }
+                    // The reader and the timer stop; the writer flushes what is queued (a
+                    // Logout, say) and shuts the socket.
+                    if let Ok(tasks) = self.io_tasks.lock() {
+                        for t in tasks.iter().skip(1) {
+                            t.abort();
+                        }
+                    }
+                }
             }
         }
+    }
+
+    /// Ends the connection for a reason the driver words itself (socket error, framing,
+    /// a task management escalation that failed): every command in flight fails with it.
+    fn kill(&self, reason: String) {
+        let _ = self.dead.set(reason);
+        let _ = self.with(|g| g.engine.close(Side::Initiator, CloseReason::Local));
     }
 
     fn lost(&self) -> Error {
@@ -277,10 +267,39 @@ impl Shared {
         )
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Sn>> {
-        self.sn
-            .lock()
-            .map_err(|_| Error::Protocol("session state poisoned".into()))
+    /// A command's end as the caller sees it.
+    fn result(&self, r: engine::TaskResult) -> Result<Completion> {
+        match r {
+            Ok(c) => {
+                let sense = c.sense.as_deref().and_then(Sense::parse);
+                if c.status == ScsiStatus::GOOD.0 || c.status == ScsiStatus::CONDITION_MET.0 {
+                    Ok(Completion {
+                        status: c.status,
+                        sense,
+                        data: c.data,
+                        residual: c.residual,
+                    })
+                } else {
+                    Err(Error::Scsi {
+                        status: c.status,
+                        sense,
+                    })
+                }
+            }
+            Err(TaskError::IscsiResponse(r)) => Err(Error::IscsiResponse(r)),
+            Err(TaskError::Rejected(r)) => Err(Error::Rejected(r.0)),
+            Err(TaskError::Aborted(AbortedBy::LunReset)) => {
+                Err(Error::TaskAborted("LOGICAL UNIT RESET".into()))
+            }
+            Err(TaskError::Aborted(AbortedBy::AbortTask)) => {
+                Err(Error::TaskAborted("ABORT TASK".into()))
+            }
+            Err(TaskError::Violation(v)) => Err(Error::TargetViolation(v)),
+            Err(TaskError::ConnectionLost(e)) => Err(Error::ConnectionLost(
+                self.dead.get().cloned().unwrap_or_else(|| e.to_string()),
+            )),
+            Err(_) => Err(self.lost()),
+        }
     }
 }
 
@@ -307,6 +326,31 @@ impl std::fmt::Debug for Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.shared.kill("session dropped".to_owned());
+        if let Ok(tasks) = self.shared.io_tasks.lock() {
+            for t in tasks.iter() {
+                t.abort();
+            }
+        }
+    }
+}
+
+/// The engine's view of what login negotiated.
+fn engine_params(p: &Negotiated) -> iscsi_proto::params::SessionParams {
+    iscsi_proto::params::SessionParams {
+        header_digest: p.header_digest,
+        data_digest: p.data_digest,
+        initial_r2t: p.initial_r2t,
+        immediate_data: p.immediate_data,
+        initiator_max_recv_data_segment_length: p.max_recv_data_segment_length,
+        target_max_recv_data_segment_length: p.target_max_recv_data_segment_length,
+        max_burst_length: p.max_burst_length,
+        first_burst_length: p.first_burst_length,
+        max_outstanding_r2t: p.max_outstanding_r2t,
+        data_pdu_in_order: p.data_pdu_in_order,
+        data_sequence_in_order: p.data_sequence_in_order,
+        error_recovery_level: p.error_recovery_level,
+        max_connections: p.max_connections,
+        ..iscsi_proto::params::SessionParams::default()
     }
 }
 
@@ -658,38 +702,39 @@ impl Session {
             stream.as_fd().try_clone_to_owned().ok()
         };
         let (rd, wr) = stream.into_split();
-        let (out_tx, out_rx) = mpsc::unbounded_channel();
-        let (reg_tx, reg_rx) = mpsc::unbounded_channel();
+        let mut ecfg = engine::Config::new(
+            engine_params(&params),
+            li.cmd_sn,
+            li.max_cmd_sn,
+            li.exp_stat_sn,
+        );
+        ecfg.exp_cmd_sn = li.exp_cmd_sn;
+        ecfg.nop_interval = cfg.nop_interval;
+        ecfg.nop_timeout = cfg.nop_timeout;
+        ecfg.tmf_timeout = TMF_TIMEOUT;
+        ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
         let shared = Arc::new(Shared {
-            sn: Mutex::new(Sn {
-                next_itt: 1,
-                cmd_sn: li.cmd_sn,
-                exp_cmd_sn: li.exp_cmd_sn,
-                max_cmd_sn: li.max_cmd_sn,
-                exp_stat_sn: li.exp_stat_sn,
+            inner: Mutex::new(Inner {
+                engine: engine::Connection::new(ecfg, Instant::now()),
+                waiters: HashMap::new(),
+                tmf_waiters: HashMap::new(),
+                closed_waiters: Vec::new(),
             }),
-            window: Notify::new(),
+            wake_writer: Notify::new(),
+            wake_timer: Notify::new(),
             dead: OnceLock::new(),
-            out: out_tx,
-            reg: reg_tx,
             params,
             io_tasks: Mutex::new(Vec::new()),
-            pong_bytes: AtomicUsize::new(0),
-            last_rx_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
             observer: OnceLock::new(),
-            logout: TargetLogout::default(),
+            logout_asked: AtomicBool::new(false),
             command_timeout: cfg.command_timeout,
         });
-        let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
-        let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
-        let mut handles = vec![w.abort_handle(), r.abort_handle()];
-        if let Some(interval) = cfg.nop_interval {
-            let k = tokio::spawn(keepalive(shared.clone(), interval, cfg.nop_timeout));
-            handles.push(k.abort_handle());
-        }
+        // The writer first: a closing engine stops the others but lets the writer flush.
+        let w = tokio::spawn(writer(wr, codec.clone(), shared.clone()));
+        let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone()));
+        let k = tokio::spawn(timer(shared.clone()));
         if let Ok(mut t) = shared.io_tasks.lock() {
-            *t = handles;
+            *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
         }
         Ok(Self {
             shared,
@@ -745,7 +790,7 @@ impl Session {
     /// Whether the target asked this session to log out (AsyncEvent 1): new commands fail
     /// with [`Error::LogoutRequested`]; open a new session.
     pub fn logout_requested(&self) -> bool {
-        self.shared.logout.asked.load(Ordering::Acquire)
+        self.shared.logout_asked.load(Ordering::Acquire)
     }
 
     fn refuse_after_logout_request(&self) -> Result<()> {
@@ -760,23 +805,22 @@ impl Session {
         self.shared.dead.get().map(String::as_str)
     }
 
-    /// Send one SCSI command and wait for its completion. Blocks (asynchronously) while the
-    /// CmdSN window is closed. A non-GOOD status becomes [`Error::Scsi`]. With a payload
+    /// Send one SCSI command and wait for its completion. Waits (in the engine's queue) while
+    /// the CmdSN window is closed. A non-GOOD status becomes [`Error::Scsi`]. With a payload
     /// transform installed, data-out is transformed before sending and Data-In after
     /// reassembly; a read's `len` is the plaintext length.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
         let tr = self.shared.observer.get();
         self.refuse_after_logout_request()?;
+        // The ITT is fixed before the transform runs because the transform binds to it.
+        let itt = self.shared.with(|g| g.engine.alloc_itt())?;
         let Some(t) = self.transform.clone() else {
             let Some(tr) = tr else {
-                return self.command_raw(cdb, dir, None).await;
+                return self.command_raw(cdb, dir, itt).await;
             };
-            let itt = self.shared.lock()?.itt();
             let g = observe::Pending::issued(Some(tr), itt);
-            return g.finish(self.command_raw(cdb, dir, Some(itt)).await);
+            return g.finish(self.command_raw(cdb, dir, itt).await);
         };
-        // The ITT is fixed before the transform runs because the transform binds to it.
-        let itt = self.shared.lock()?.itt();
         let g = observe::Pending::issued(tr, itt);
         // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
         let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
@@ -788,19 +832,19 @@ impl Session {
             itt,
         };
         match dir {
-            DataDir::None => g.finish(self.command_raw(cdb, DataDir::None, Some(itt)).await),
+            DataDir::None => g.finish(self.command_raw(cdb, DataDir::None, itt).await),
             DataDir::Write(plain) => {
                 observe::note(tr, itt, CommandEvent::SealStart, 0, plain.len() as u64);
                 let wire = t.outbound(info, plain).await?;
                 observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
-                g.finish(self.command_raw(cdb, DataDir::Write(wire), Some(itt)).await)
+                g.finish(self.command_raw(cdb, DataDir::Write(wire), itt).await)
             }
             DataDir::Read(buf, len) => {
                 let wire_len = t.wire_len(len).ok_or_else(|| {
                     Error::InvalidRequest(format!("{len} bytes cannot be carried by the transform"))
                 })?;
                 let mut c = self
-                    .command_raw(cdb, DataDir::Read(buf, wire_len), Some(itt))
+                    .command_raw(cdb, DataDir::Read(buf, wire_len), itt)
                     .await?;
                 observe::note(tr, itt, CommandEvent::OpenStart, 0, c.data.len() as u64);
                 c.data = t.inbound(info, c.data).await?;
@@ -810,84 +854,55 @@ impl Session {
         }
     }
 
-    async fn command_raw(
-        &self,
-        cdb: [u8; 16],
-        dir: DataDir,
-        fixed_itt: Option<u32>,
-    ) -> Result<Completion> {
+    async fn command_raw(&self, cdb: [u8; 16], dir: DataDir, itt: u32) -> Result<Completion> {
         self.refuse_after_logout_request()?;
-        let (tx, rx) = oneshot::channel();
-        let (write, read, read_len) = match dir {
-            DataDir::None => (Bytes::new(), None, 0),
-            DataDir::Write(b) => (b, None, 0),
-            DataDir::Read(mut buf, len) => {
-                // A reused buffer keeps its old bytes: Data-In must arrive in order and cover
-                // every byte (checked in the reader), so nothing stale can leak through, and a
-                // 1 MiB read does not pay for a 1 MiB memset.
-                buf.resize(len, 0);
-                (Bytes::new(), Some(buf), len)
-            }
+        let data = match dir {
+            DataDir::None => engine::Data::None,
+            DataDir::Write(b) => engine::Data::Write(b),
+            DataDir::Read(buf, len) => engine::Data::Read {
+                buf,
+                len: u32::try_from(len)
+                    .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
+            },
         };
-        if write.len() > u32::MAX as usize || read_len > u32::MAX as usize {
-            return Err(Error::InvalidRequest("transfer over 4 GiB".into()));
-        }
-        let (sent_itt, sent_cmd_sn);
-        let mut reg = Some(TaskReg {
+        let (tx, rx) = oneshot::channel();
+        let cmd = engine::Command {
             lun: self.lun,
-            write: write.clone(),
-            read,
-            read_len,
-            received: 0,
-            done: tx,
-        });
-        loop {
-            let notified = self.shared.window.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut sn = self.shared.lock()?;
-                if self.shared.dead.get().is_some() {
-                    return Err(self.shared.lost());
-                }
-                if sn_le(sn.cmd_sn, sn.max_cmd_sn) {
-                    let itt = match fixed_itt {
-                        Some(i) => i,
-                        None => sn.itt(),
-                    };
-                    let cmd_sn = sn.cmd_sn;
-                    (sent_itt, sent_cmd_sn) = (itt, cmd_sn);
-                    sn.cmd_sn = sn.cmd_sn.wrapping_add(1);
-                    let exp_stat_sn = sn.exp_stat_sn;
-                    if let Some(r) = reg.take() {
-                        self.shared
-                            .reg
-                            .send(Reg::Task(itt, r))
-                            .map_err(|_| self.shared.lost())?;
-                    }
-                    self.queue_command(itt, cmd_sn, exp_stat_sn, cdb, &write, read_len)?;
-                    break;
-                }
+            cdb,
+            data,
+        };
+        let submitted = self.shared.with(|g| {
+            let r = g.engine.submit_as(Instant::now(), itt, cmd);
+            if r.is_ok() {
+                g.waiters.insert(itt, tx);
             }
-            notified.await;
+            r
+        })?;
+        match submitted {
+            Ok(_) => {}
+            Err(SubmitError::Closed(_)) => return Err(self.shared.lost()),
+            Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
+            Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
         }
-        self.wait(rx, sent_itt, sent_cmd_sn).await
+        self.wait(rx, itt).await
     }
 
     /// Waits for a command's completion; past the command timeout, aborts it.
     async fn wait(
         &self,
-        mut rx: oneshot::Receiver<Result<Completion>>,
+        mut rx: oneshot::Receiver<engine::TaskResult>,
         itt: u32,
-        cmd_sn: u32,
     ) -> Result<Completion> {
-        let lost = |_| Err(self.shared.lost());
         let Some(limit) = self.shared.command_timeout else {
-            return rx.await.unwrap_or_else(lost);
+            return match rx.await {
+                Ok(r) => self.shared.result(r),
+                Err(_) => Err(self.shared.lost()),
+            };
         };
         match tokio::time::timeout(limit, &mut rx).await {
-            Ok(r) => r.unwrap_or_else(lost),
-            Err(_) => self.abort_task(itt, cmd_sn, limit, rx).await,
+            Ok(Ok(r)) => self.shared.result(r),
+            Ok(Err(_)) => Err(self.shared.lost()),
+            Err(_) => self.abort_task(itt, limit, rx).await,
         }
     }
 
@@ -898,44 +913,6 @@ impl Session {
         Error::ConnectionLost(why)
     }
 
-    /// Sends an immediate Task Management Function Request (RFC 7143 §11.5) for this session's
-    /// LUN; the receiver yields the target's response.
-    fn send_tmf(
-        &self,
-        function: TmfFunction,
-        ends: Ends,
-        ref_cmd_sn: u32,
-    ) -> Result<oneshot::Receiver<TmfResponse>> {
-        let (tx, rx) = oneshot::channel();
-        let mut sn = self.shared.lock()?;
-        let itt = sn.itt();
-        let req = TaskMgmtRequest {
-            immediate: true,
-            function,
-            lun: self.lun,
-            itt,
-            referenced_task_tag: match ends {
-                Ends::Task(t) => t,
-                Ends::Lun(_) => RESERVED_TAG,
-            },
-            cmd_sn: sn.cmd_sn,
-            exp_stat_sn: sn.exp_stat_sn,
-            ref_cmd_sn,
-            exp_data_sn: 0,
-        };
-        drop(sn);
-        // Registered before it is sent, so the reader knows it when the response arrives.
-        self.shared
-            .reg
-            .send(Reg::Tmf(itt, ends, tx))
-            .map_err(|_| self.shared.lost())?;
-        self.shared
-            .out
-            .send(Pdu::new(req, Bytes::new()))
-            .map_err(|_| self.shared.lost())?;
-        Ok(rx)
-    }
-
     /// LOGICAL UNIT RESET of this session's LUN (RFC 7143 §11.5.1, SAM-5 §7.7): the target
     /// aborts every task on the LUN (from every initiator) and reports a unit attention to the
     /// other sessions' next command. This session's commands on the LUN that are still in
@@ -944,55 +921,63 @@ impl Session {
     /// connection if it does not answer within [`TMF_TIMEOUT`].
     pub async fn lun_reset(&self) -> Result<()> {
         self.refuse_after_logout_request()?;
-        // RefCmdSN is reserved (0) for every function but ABORT TASK (§11.5.4).
-        let rx = self.send_tmf(TmfFunction::LOGICAL_UNIT_RESET, Ends::Lun(self.lun), 0)?;
-        match tokio::time::timeout(TMF_TIMEOUT, rx).await {
-            Ok(Ok(TmfResponse::FUNCTION_COMPLETE)) => Ok(()),
-            Ok(Ok(other)) => Err(Error::TaskManagement(other.0)),
-            Ok(Err(_)) => Err(self.shared.lost()),
-            Err(_) => Err(self.drop_connection(format!(
-                "LOGICAL UNIT RESET unanswered for {TMF_TIMEOUT:?}; dropping the connection"
-            ))),
+        let (tx, rx) = oneshot::channel();
+        let lun = self.lun;
+        self.shared.with_timer(|g| {
+            if g.engine.closed().is_some() {
+                return;
+            }
+            let itt = g.engine.lun_reset(Instant::now(), lun);
+            g.tmf_waiters.insert(itt, tx);
+        })?;
+        // The engine drops the connection when the answer does not come within TMF_TIMEOUT.
+        match rx.await {
+            Ok(TmfResponse::FUNCTION_COMPLETE) => Ok(()),
+            Ok(other) => Err(Error::TaskManagement(other.0)),
+            Err(_) => Err(self.shared.lost()),
         }
     }
 
     /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
-    /// the task stays registered, so its Data-In, R2Ts or status are still handled in order;
-    /// the response removes it (the target sends nothing for it afterwards). A command that
-    /// completes in the meantime returns its own result.
+    /// the task stays in the engine, so its Data-In, R2Ts or status are still handled in
+    /// order; a command that completes in the meantime returns its own result.
     async fn abort_task(
         &self,
         itt: u32,
-        cmd_sn: u32,
         limit: Duration,
-        mut rx: oneshot::Receiver<Result<Completion>>,
+        mut rx: oneshot::Receiver<engine::TaskResult>,
     ) -> Result<Completion> {
         tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
-        let mut tmf_rx = self.send_tmf(TmfFunction::ABORT_TASK, Ends::Task(itt), cmd_sn)?;
-        let answered = tokio::time::timeout(TMF_TIMEOUT, async {
-            let first = tokio::select! {
-                biased;
-                r = &mut rx => Ok(r),
-                t = &mut tmf_rx => Err(t),
-            };
-            match first {
-                // The command's own status: it finished before the abort took effect.
-                Ok(Ok(completed)) => Ok(completed),
-                // The reader forgot the task on the abort's response (dropping its sender)
-                // and hands that response over right after.
-                Ok(Err(_)) => Err((&mut tmf_rx).await),
-                Err(t) => Err(t),
+        let (tx, tmf_rx) = oneshot::channel();
+        self.shared.with_timer(|g| {
+            if let Some(t) = g.engine.abort(Instant::now(), itt) {
+                g.tmf_waiters.insert(t, tx);
             }
-        })
-        .await;
-        let response = match answered {
-            Ok(Ok(completed)) => return completed,
-            Ok(Err(Ok(response))) => response,
-            Ok(Err(Err(_))) => return Err(self.shared.lost()),
-            Err(_) => {
-                return Err(self.drop_connection(format!(
-                    "ABORT TASK for ITT {itt:#x} unanswered for {TMF_TIMEOUT:?}; dropping the connection"
-                )))
+        })?;
+        let mut tmf_rx = tmf_rx;
+        let first = tokio::select! {
+            biased;
+            r = &mut rx => Ok(r),
+            t = &mut tmf_rx => Err(t),
+        };
+        let response = match first {
+            // The command ended first: its own status, or the abort that ended it.
+            Ok(Ok(Err(TaskError::Aborted(AbortedBy::AbortTask)))) => {
+                return Err(Error::CommandTimedOut(limit))
+            }
+            Ok(Ok(r)) => return self.shared.result(r),
+            Ok(Err(_)) => return Err(self.shared.lost()),
+            Err(Ok(response)) => response,
+            // The TMF waiter went away: the connection ended (the engine words why; an
+            // unanswered ABORT TASK is a task management timeout).
+            Err(Err(_)) => {
+                return match rx.await {
+                    Ok(Err(TaskError::Aborted(AbortedBy::AbortTask))) => {
+                        Err(Error::CommandTimedOut(limit))
+                    }
+                    Ok(r) => self.shared.result(r),
+                    Err(_) => Err(self.shared.lost()),
+                }
             }
         };
         if ends_the_task(response) {
@@ -1013,73 +998,6 @@ impl Session {
                 Err(self.drop_connection(format!("{why}; LOGICAL UNIT RESET failed too ({e})")))
             }
         }
-    }
-
-    /// Queue the command PDU plus its immediate and unsolicited data (RFC 7143 §4.2.5?).
-    fn queue_command(
-        &self,
-        itt: u32,
-        cmd_sn: u32,
-        exp_stat_sn: u32,
-        cdb: [u8; 16],
-        write: &Bytes,
-        read_len: usize,
-    ) -> Result<()> {
-        let p = &self.shared.params;
-        let seg = p.target_max_recv_data_segment_length as usize;
-        let first_burst = p.first_burst_length as usize;
-        let total = write.len();
-        // Immediate data rides in the command PDU (ImmediateData=Yes, §13.11).
-        let imm = if p.immediate_data {
-            total.min(first_burst).min(seg)
-        } else {
-            0
-        };
-        // Unsolicited Data-Out up to FirstBurstLength when InitialR2T=No (§13.10, §13.14).
-        let unsolicited_end = if p.initial_r2t {
-            imm
-        } else {
-            total.min(first_burst)
-        };
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_: unsolicited_end == imm,
-            read: read_len > 0,
-            write: total > 0,
-            attr: TaskAttr::SIMPLE,
-            lun: self.lun,
-            itt,
-            expected_data_transfer_length: (total.max(read_len)) as u32,
-            cmd_sn,
-            exp_stat_sn,
-            cdb,
-        };
-        let send = |pdu: Pdu| self.shared.out.send(pdu).map_err(|_| self.shared.lost());
-        send(Pdu::new(cmd, write.slice(..imm)))?;
-        let tr = self.shared.observer.get();
-        observe::note(tr, itt, CommandEvent::CmdSent, 0, imm as u64);
-        let mut off = imm;
-        let mut data_sn = 0u32;
-        while off < unsolicited_end {
-            let end = (off + seg).min(unsolicited_end);
-            let h = DataOut {
-                final_: end == unsolicited_end,
-                lun: self.lun,
-                itt,
-                ttt: RESERVED_TAG,
-                exp_stat_sn,
-                data_sn,
-                buffer_offset: off as u32,
-            };
-            send(Pdu::new(h, write.slice(off..end)))?;
-            data_sn += 1;
-            off = end;
-        }
-        if unsolicited_end > imm {
-            let len = (unsolicited_end - imm) as u64;
-            observe::note(tr, itt, CommandEvent::DataOut, imm as u64, len);
-        }
-        Ok(())
     }
 
     fn block_len(&self) -> Result<u32> {
@@ -1191,128 +1109,102 @@ impl Session {
     /// Log out (RFC 7143 §11.14) and close. Commands still in flight fail.
     pub async fn logout(self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        {
-            let mut sn = self.shared.lock()?;
-            if self.shared.dead.get().is_some() {
-                return Err(self.shared.lost());
+        let sent = self.shared.with_timer(|g| {
+            let itt = g.engine.logout(Instant::now());
+            if itt.is_some() {
+                g.closed_waiters.push(tx);
             }
-            let itt = sn.itt();
-            let req = LogoutRequest {
-                immediate: true,
-                reason: LogoutReason::CLOSE_SESSION,
-                itt,
-                cid: 0,
-                cmd_sn: sn.cmd_sn,
-                exp_stat_sn: sn.exp_stat_sn,
-            };
-            self.shared
-                .reg
-                .send(Reg::Logout(itt, tx))
-                .map_err(|_| self.shared.lost())?;
-            self.shared
-                .out
-                .send(Pdu::new(req, Bytes::new()))
-                .map_err(|_| self.shared.lost())?;
+            itt
+        })?;
+        if sent.is_none() {
+            return Err(self.shared.lost());
         }
-        let r = tokio::time::timeout(Duration::from_secs(5), rx).await;
-        match r {
-            Ok(Ok(0)) => Ok(()),
-            Ok(Ok(code)) => Err(Error::Protocol(format!("logout response {code}"))),
+        match tokio::time::timeout(Duration::from_secs(5), rx).await {
+            Ok(Ok(())) => {
+                let ok = self
+                    .shared
+                    .with(|g| g.engine.closed())?
+                    .is_some_and(|e| e.reason == CloseReason::Logout);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(self.shared.lost())
+                }
+            }
             Ok(Err(_)) => Err(self.shared.lost()),
             Err(_) => Err(Error::Timeout("logout")),
         }
     }
 }
 
-async fn keepalive(shared: Arc<Shared>, interval: Duration, timeout: Duration) {
+/// Runs the engine's timers: NOP-Out keepalive and its timeout, task management timeouts.
+async fn timer(shared: Arc<Shared>) {
     loop {
-        tokio::time::sleep(interval).await;
-        let (tx, rx) = oneshot::channel();
-        {
-            let Ok(mut sn) = shared.sn.lock() else { return };
-            let itt = sn.itt();
-            let ping = NopOut {
-                immediate: true,
-                lun: 0,
-                itt,
-                ttt: RESERVED_TAG,
-                cmd_sn: sn.cmd_sn,
-                exp_stat_sn: sn.exp_stat_sn,
-            };
-            if shared.reg.send(Reg::Ping(itt, tx)).is_err()
-                || shared.out.send(Pdu::new(ping, Bytes::new())).is_err()
-            {
-                return;
-            }
-        }
-        // The link is dead when neither the answer nor anything else has come from the
-        // target for `timeout`. On a slow, lossy link the ping waits in the send queue behind
-        // MiBs of Data-Out (and its answer behind Data-In), while R2Ts, Data-In and status
-        // keep arriving: that session is alive, and declaring it dead because the ping is
-        // late failed every run at 2.7 % loss in the lab's pathologies plan.
-        let mut rx = rx;
-        let mut wait = timeout;
-        loop {
-            match tokio::time::timeout(wait, &mut rx).await {
-                Ok(Ok(())) => break,
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    let quiet = shared.since_rx();
-                    if quiet < timeout {
-                        wait = timeout - quiet;
-                        continue;
+        let woken = shared.wake_timer.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let Ok(deadline) = shared.with_quiet(|g| g.engine.poll_timeout()) else {
+            return;
+        };
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(d.into()) => {
+                        if shared.with(|g| g.engine.handle_timeout(Instant::now())).is_err() {
+                            return;
+                        }
                     }
-                    shared.kill(format!(
-                        "no NOP-In answer to keepalive within {:.1}s (and nothing else from the target)",
-                        timeout.as_secs_f64()
-                    ));
-                    return;
+                    () = &mut woken => {}
                 }
             }
+            None => woken.await,
         }
     }
 }
 
-async fn writer(
-    wr: OwnedWriteHalf,
-    codec: Codec,
-    rx: mpsc::UnboundedReceiver<Pdu>,
-    shared: Arc<Shared>,
-) {
-    if let Err(e) = writer_inner(wr, codec, rx, &shared).await {
+/// The one framed write of this connection: drains the engine's PDUs (ExpStatSN stamped as
+/// they leave it) into the socket, batching what is queued into vectored writes.
+async fn writer(wr: OwnedWriteHalf, codec: Codec, shared: Arc<Shared>) {
+    if let Err(e) = writer_inner(wr, codec, &shared).await {
         shared.kill(format!("send failed: {e}"));
     }
 }
 
-async fn writer_inner(
-    mut wr: OwnedWriteHalf,
-    codec: Codec,
-    mut rx: mpsc::UnboundedReceiver<Pdu>,
-    shared: &Shared,
-) -> Result<()> {
+async fn writer_inner(mut wr: OwnedWriteHalf, codec: Codec, shared: &Shared) -> Result<()> {
     let mut head = BytesMut::with_capacity(64 * 1024);
     let mut segs: VecDeque<Bytes> = VecDeque::new();
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        let mut batched = 0usize;
-        // Batch what is already queued so many small PDUs go out in one syscall.
-        while let Some(pdu) = next.take() {
-            let trailer = codec.encode_head(&pdu, &mut head)?;
-            if let Header::NopOut(n) = &pdu.header {
-                if n.itt == RESERVED_TAG {
-                    shared
-                        .pong_bytes
-                        .fetch_sub(BHS_LEN + pdu.data.len(), Ordering::Relaxed);
-                }
+    let mut batch: Vec<Pdu> = Vec::with_capacity(512);
+    loop {
+        let woken = shared.wake_writer.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let closed = shared.with_quiet(|g| {
+            let mut bytes = 0usize;
+            // Batch what is queued so many small PDUs go out in one syscall.
+            while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
+                let Some(p) = g.engine.poll_transmit() else {
+                    break;
+                };
+                bytes += p.data.len();
+                batch.push(p);
             }
+            g.engine.closed().is_some()
+        })?;
+        if batch.is_empty() {
+            if closed {
+                break;
+            }
+            woken.await;
+            continue;
+        }
+        let tr = shared.observer.get();
+        for pdu in batch.drain(..) {
+            observe_sent(tr, &pdu);
+            let trailer = codec.encode_head(&pdu, &mut head)?;
             if !pdu.data.is_empty() {
                 segs.push_back(head.split().freeze());
-                batched += pdu.data.len();
                 segs.push_back(pdu.data);
                 head.extend_from_slice(trailer.as_bytes());
-            }
-            if batched < 4 * 1024 * 1024 && segs.len() < 512 {
-                next = rx.try_recv().ok();
             }
         }
         if !head.is_empty() {
@@ -1344,497 +1236,90 @@ async fn writer_inner(
     Ok(())
 }
 
-struct ReaderState {
-    tasks: HashMap<u32, TaskReg>,
-    pings: HashMap<u32, oneshot::Sender<()>>,
-    logouts: HashMap<u32, oneshot::Sender<u8>>,
-    tmfs: HashMap<u32, (Ends, oneshot::Sender<TmfResponse>)>,
-    reg_rx: mpsc::UnboundedReceiver<Reg>,
+/// Observer events for a PDU leaving (see [`crate::observe`]).
+fn observe_sent(tr: Option<&Observer>, pdu: &Pdu) {
+    let Some(tr) = tr else { return };
+    match &pdu.header {
+        Header::ScsiCommand(c) => {
+            tr.on_event(c.itt, CommandEvent::CmdSent, 0, pdu.data.len() as u64)
+        }
+        Header::DataOut(d) if d.final_ => tr.on_event(
+            d.itt,
+            CommandEvent::DataOut,
+            u64::from(d.buffer_offset),
+            pdu.data.len() as u64,
+        ),
+        _ => {}
+    }
 }
 
-impl ReaderState {
-    fn drain(&mut self) {
-        while let Ok(r) = self.reg_rx.try_recv() {
-            match r {
-                Reg::Task(itt, t) => {
-                    self.tasks.insert(itt, t);
-                }
-                Reg::Ping(itt, t) => {
-                    self.pings.insert(itt, t);
-                }
-                Reg::Logout(itt, t) => {
-                    self.logouts.insert(itt, t);
-                }
-                Reg::Tmf(itt, ends, t) => {
-                    self.tmfs.insert(itt, (ends, t));
-                }
+/// Observer events for a PDU arriving (see [`crate::observe`]).
+fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
+    let Some(tr) = tr else { return };
+    match &pdu.header {
+        Header::DataIn(h) => {
+            let len = pdu.data.len() as u64;
+            if h.buffer_offset == 0 {
+                tr.on_event(h.itt, CommandEvent::DataInFirst, 0, len);
+            }
+            if h.final_ || h.status_present {
+                tr.on_event(
+                    h.itt,
+                    CommandEvent::DataInLast,
+                    u64::from(h.buffer_offset),
+                    len,
+                );
+            }
+            if h.status_present {
+                tr.on_event(h.itt, CommandEvent::Status, 0, 0);
             }
         }
-    }
-
-    fn task(&mut self, itt: u32) -> Option<&mut TaskReg> {
-        if !self.tasks.contains_key(&itt) {
-            self.drain();
-        }
-        self.tasks.get_mut(&itt)
+        Header::ScsiResponse(h) => tr.on_event(h.itt, CommandEvent::Status, 0, 0),
+        Header::R2t(h) => tr.on_event(
+            h.itt,
+            CommandEvent::R2t,
+            u64::from(h.buffer_offset),
+            u64::from(h.desired_data_transfer_length),
+        ),
+        _ => {}
     }
 }
 
-async fn reader(
-    rd: OwnedReadHalf,
-    buf: BytesMut,
-    codec: Codec,
-    reg_rx: mpsc::UnboundedReceiver<Reg>,
-    shared: Arc<Shared>,
-) {
-    let mut st = ReaderState {
-        tasks: HashMap::new(),
-        pings: HashMap::new(),
-        logouts: HashMap::new(),
-        tmfs: HashMap::new(),
-        reg_rx,
-    };
-    let e = reader_inner(rd, buf, codec, &mut st, &shared).await;
-    let reason = match e {
-        Ok(()) => "connection closed by target".to_owned(),
-        Err(Error::ConnectionLost(r)) => r,
-        Err(Error::Io(e)) => format!("connection broken: {e}"),
-        Err(e) => e.to_string(),
-    };
-    let _ = shared.dead.set(reason);
-    shared.kill(String::new());
-    // Dropping `st` drops every completion sender: all waiters see the connection loss.
-}
-
-async fn reader_inner(
-    mut rd: OwnedReadHalf,
-    mut buf: BytesMut,
-    codec: Codec,
-    st: &mut ReaderState,
-    shared: &Shared,
-) -> Result<()> {
+/// The one framed read of this connection: PDUs into the engine until it ends.
+async fn reader(mut rd: OwnedReadHalf, mut buf: BytesMut, codec: Codec, shared: Arc<Shared>) {
+    let tr = shared.observer.get().cloned();
     loop {
-        while let Some(pdu) = codec.decode(&mut buf)? {
-            handle_pdu(pdu, st, shared)?;
-            honor_logout_request(st, shared)?;
+        loop {
+            match codec.decode(&mut buf) {
+                Ok(Some(pdu)) => {
+                    observe_received(shared.observer.get().or(tr.as_ref()), &pdu);
+                    if shared
+                        .with(|g| g.engine.handle_pdu(Instant::now(), pdu))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    shared.kill(e.to_string());
+                    return;
+                }
+            }
         }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
         }
-        let n = rd.read_buf(&mut buf).await?;
-        if n == 0 {
-            return Err(Error::ConnectionLost(
-                "connection closed by target".to_owned(),
-            ));
-        }
-        shared.mark_rx();
-    }
-}
-
-/// Sends the Logout the target asked for (AsyncEvent 1) once no command is in flight.
-fn honor_logout_request(st: &mut ReaderState, shared: &Shared) -> Result<()> {
-    if !shared.logout.asked.load(Ordering::Acquire) || shared.logout.sent.load(Ordering::Acquire) {
-        return Ok(());
-    }
-    st.drain();
-    if !st.tasks.is_empty() {
-        return Ok(());
-    }
-    let mut sn = shared.lock()?;
-    let req = LogoutRequest {
-        immediate: true,
-        reason: LogoutReason::CLOSE_SESSION,
-        itt: sn.itt(),
-        cid: 0,
-        cmd_sn: sn.cmd_sn,
-        exp_stat_sn: sn.exp_stat_sn,
-    };
-    drop(sn);
-    shared.logout.sent.store(true, Ordering::Release);
-    tracing::info!("logging out at the target's request (AsyncEvent 1)");
-    shared
-        .out
-        .send(Pdu::new(req, Bytes::new()))
-        .map_err(|_| shared.lost())
-}
-
-fn complete(st: &mut ReaderState, itt: u32, r: Result<Completion>) {
-    if let Some(t) = st.tasks.remove(&itt) {
-        let _ = t.done.send(r);
-    }
-}
-
-/// GOOD status but fewer Data-In bytes than the transfer length minus the residual: the
-/// buffer would hold zeros the target never sent, so this is a protocol error, not data.
-fn short_read(received: usize, expected: usize) -> Error {
-    Error::Protocol(format!(
-        "target reported GOOD after sending {received} of {expected} bytes of Data-In"
-    ))
-}
-
-fn status_result(
-    status: u8,
-    sense: Option<Sense>,
-    data: BytesMut,
-    residual: i64,
-) -> Result<Completion> {
-    if status == ScsiStatus::GOOD.0 || status == ScsiStatus::CONDITION_MET.0 {
-        Ok(Completion {
-            status,
-            sense,
-            data,
-            residual,
-        })
-    } else {
-        Err(Error::Scsi { status, sense })
-    }
-}
-
-fn handle_pdu(pdu: Pdu, st: &mut ReaderState, shared: &Shared) -> Result<()> {
-    // Window and StatSN bookkeeping first, so submitters wake as early as possible.
-    let (win, stat) = match &pdu.header {
-        Header::ScsiResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
-        Header::DataIn(h) => (
-            Some((h.exp_cmd_sn, h.max_cmd_sn)),
-            h.status_present.then_some(h.stat_sn),
-        ),
-        Header::R2t(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), None),
-        Header::NopIn(h) => (
-            Some((h.exp_cmd_sn, h.max_cmd_sn)),
-            (h.itt != RESERVED_TAG).then_some(h.stat_sn),
-        ),
-        Header::AsyncMessage(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
-        Header::Reject(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
-        Header::LogoutResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
-        Header::TextResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
-        Header::TaskMgmtResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
-        _ => (None, None),
-    };
-    if win.is_some() || stat.is_some() {
-        let mut sn = shared.lock()?;
-        if let Some(s) = stat {
-            sn.stat(s);
-        }
-        if let Some((e, m)) = win {
-            if sn.update(e, m) {
-                shared.window.notify_waiters();
+        match rd.read_buf(&mut buf).await {
+            Ok(0) => {
+                let _ = shared.with(|g| g.engine.peer_closed());
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                shared.kill(format!("connection broken: {e}"));
+                return;
             }
         }
-    }
-    match pdu.header {
-        Header::DataIn(h) => {
-            let Some(t) = st.task(h.itt) else {
-                return Err(Error::Protocol(format!(
-                    "Data-In for unknown ITT {:#x}",
-                    h.itt
-                )));
-            };
-            let off = h.buffer_offset as usize;
-            let end = off + pdu.data.len();
-            let Some(buf) = t.read.as_mut() else {
-                return Err(Error::Protocol(
-                    "Data-In for a command without read data".into(),
-                ));
-            };
-            // DataPDUInOrder=Yes and DataSequenceInOrder=Yes (we insist on both at login):
-            // Data-In offsets are contiguous (RFC 7143 §13.18, §13.19).
-            if off != t.received {
-                return Err(Error::Protocol(format!(
-                    "Data-In at offset {off}, expected {} (out of order or overlapping)",
-                    t.received
-                )));
-            }
-            if end > t.read_len {
-                return Err(Error::Protocol(format!(
-                    "Data-In at {off}+{} past the {} bytes expected",
-                    pdu.data.len(),
-                    t.read_len
-                )));
-            }
-            buf[off..end].copy_from_slice(&pdu.data);
-            t.received += pdu.data.len();
-            if let Some(tr) = shared.observer.get() {
-                if off == 0 {
-                    tr.on_event(h.itt, CommandEvent::DataInFirst, 0, pdu.data.len() as u64);
-                }
-                if end == t.read_len || h.status_present {
-                    tr.on_event(
-                        h.itt,
-                        CommandEvent::DataInLast,
-                        off as u64,
-                        pdu.data.len() as u64,
-                    );
-                }
-                if h.status_present {
-                    tr.on_event(h.itt, CommandEvent::Status, 0, 0);
-                }
-            }
-            if h.status_present {
-                let mut data = t.read.take().unwrap_or_default();
-                let residual = if h.underflow {
-                    i64::from(h.residual_count)
-                } else if h.overflow {
-                    -i64::from(h.residual_count)
-                } else {
-                    0
-                };
-                if residual > 0 {
-                    data.truncate(t.read_len.saturating_sub(residual as usize));
-                }
-                let r = if t.received < data.len() && h.status == ScsiStatus::GOOD.0 {
-                    Err(short_read(t.received, data.len()))
-                } else {
-                    status_result(h.status, None, data, residual)
-                };
-                complete(st, h.itt, r);
-            }
-        }
-        Header::ScsiResponse(h) => {
-            if st.task(h.itt).is_none() {
-                return Err(Error::Protocol(format!(
-                    "SCSI Response for unknown ITT {:#x}",
-                    h.itt
-                )));
-            }
-            observe::note(shared.observer.get(), h.itt, CommandEvent::Status, 0, 0);
-            if h.response != 0 {
-                complete(st, h.itt, Err(Error::IscsiResponse(h.response)));
-                return Ok(());
-            }
-            // Sense data: 2-byte SenseLength, then the sense bytes (RFC 7143 §11.4.7.2).
-            let sense = if pdu.data.len() >= 2 {
-                let sl = usize::from(u16::from_be_bytes([pdu.data[0], pdu.data[1]]));
-                pdu.data
-                    .get(2..2 + sl)
-                    .or_else(|| pdu.data.get(2..))
-                    .and_then(Sense::parse)
-            } else {
-                None
-            };
-            let residual = if h.underflow {
-                i64::from(h.residual_count)
-            } else if h.overflow {
-                -i64::from(h.residual_count)
-            } else {
-                0
-            };
-            let (data, received) = match st.tasks.get_mut(&h.itt) {
-                Some(t) => {
-                    let mut d = t.read.take().unwrap_or_default();
-                    if residual > 0 {
-                        d.truncate(t.read_len.saturating_sub(residual as usize));
-                    }
-                    (d, t.received)
-                }
-                None => (BytesMut::new(), 0),
-            };
-            let r = if received < data.len() && h.status == ScsiStatus::GOOD.0 {
-                Err(short_read(received, data.len()))
-            } else {
-                status_result(h.status, sense, data, residual)
-            };
-            complete(st, h.itt, r);
-        }
-        Header::R2t(h) => {
-            let p = &shared.params;
-            let Some(t) = st.task(h.itt) else {
-                return Err(Error::Protocol(format!("R2T for unknown ITT {:#x}", h.itt)));
-            };
-            let off = h.buffer_offset as usize;
-            let len = h.desired_data_transfer_length as usize;
-            if len == 0 || off + len > t.write.len() || len > p.max_burst_length as usize {
-                return Err(Error::Protocol(format!(
-                    "R2T for {off}+{len} outside the {}-byte write or over MaxBurstLength",
-                    t.write.len()
-                )));
-            }
-            let tr = shared.observer.get();
-            observe::note(tr, h.itt, CommandEvent::R2t, off as u64, len as u64);
-            let seg = p.target_max_recv_data_segment_length as usize;
-            let exp_stat_sn = shared.lock()?.exp_stat_sn;
-            let mut pos = off;
-            let mut data_sn = 0u32;
-            while pos < off + len {
-                let end = (pos + seg).min(off + len);
-                let d = DataOut {
-                    final_: end == off + len,
-                    lun: t.lun,
-                    itt: h.itt,
-                    ttt: h.ttt,
-                    exp_stat_sn,
-                    data_sn,
-                    buffer_offset: pos as u32,
-                };
-                shared
-                    .out
-                    .send(Pdu::new(d, t.write.slice(pos..end)))
-                    .map_err(|_| shared.lost())?;
-                data_sn += 1;
-                pos = end;
-            }
-            observe::note(tr, h.itt, CommandEvent::DataOut, off as u64, len as u64);
-        }
-        Header::NopIn(h) => {
-            if h.itt != RESERVED_TAG {
-                if !st.pings.contains_key(&h.itt) {
-                    st.drain();
-                }
-                if let Some(p) = st.pings.remove(&h.itt) {
-                    let _ = p.send(());
-                }
-            }
-            if h.ttt != RESERVED_TAG {
-                let cost = BHS_LEN + pdu.data.len();
-                let queued = shared.pong_bytes.fetch_add(cost, Ordering::Relaxed) + cost;
-                if queued > MAX_QUEUED_PONG_BYTES {
-                    return Err(Error::Protocol(format!(
-                        "target sent NOP-In pings faster than it reads the answers \
-                         ({queued} bytes of NOP-Out queued)"
-                    )));
-                }
-                // The target pings us: answer with its TTT and data (RFC 7143 §11.18). The
-                // data is copied so a queued answer does not pin the receive buffer.
-                let sn = shared.lock()?;
-                let pong = NopOut {
-                    immediate: true,
-                    lun: h.lun,
-                    itt: RESERVED_TAG,
-                    ttt: h.ttt,
-                    cmd_sn: sn.cmd_sn,
-                    exp_stat_sn: sn.exp_stat_sn,
-                };
-                shared
-                    .out
-                    .send(Pdu::new(pong, Bytes::copy_from_slice(&pdu.data)))
-                    .map_err(|_| shared.lost())?;
-            }
-        }
-        Header::Reject(h) => {
-            // The data segment holds the rejected header; its ITT names the task.
-            let itt = pdu
-                .data
-                .get(16..20)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-            tracing::warn!(reason = h.reason.0, ?itt, "target rejected a PDU");
-            if let Some(itt) = itt {
-                if st.task(itt).is_some() {
-                    complete(st, itt, Err(Error::Rejected(h.reason.0)));
-                }
-            }
-        }
-        Header::TaskMgmtResponse(h) => {
-            st.drain();
-            match st.tmfs.remove(&h.itt) {
-                Some((ends, tx)) => {
-                    match ends {
-                        Ends::Task(task) => {
-                            if ends_the_task(h.response) {
-                                // Nothing more comes for it (§11.6.1): forget it. Its waiter
-                                // gets the abort's outcome through `tx`.
-                                st.tasks.remove(&task);
-                            }
-                        }
-                        Ends::Lun(lun) if h.response == TmfResponse::FUNCTION_COMPLETE => {
-                            // The reset aborted them; the target sends no status for them.
-                            let aborted: Vec<u32> = st
-                                .tasks
-                                .iter()
-                                .filter(|(_, t)| t.lun == lun)
-                                .map(|(itt, _)| *itt)
-                                .collect();
-                            for itt in aborted {
-                                complete(
-                                    st,
-                                    itt,
-                                    Err(Error::TaskAborted("LOGICAL UNIT RESET".into())),
-                                );
-                            }
-                        }
-                        Ends::Lun(_) => {}
-                    }
-                    let _ = tx.send(h.response);
-                }
-                None => tracing::warn!(itt = h.itt, "task management response for no request"),
-            }
-        }
-        Header::LogoutResponse(h) => {
-            st.drain();
-            if let Some(tx) = st.logouts.remove(&h.itt) {
-                let _ = tx.send(h.response);
-            }
-            if shared.logout.sent.load(Ordering::Acquire) {
-                return Err(Error::ConnectionLost(
-                    "logged out at the target's request (AsyncEvent 1)".into(),
-                ));
-            }
-            return Err(Error::ConnectionLost("logged out".into()));
-        }
-        Header::AsyncMessage(h) => match h.async_event {
-            1 => {
-                tracing::info!(
-                    within_secs = h.parameter3,
-                    "target requests logout (AsyncEvent 1); refusing new commands"
-                );
-                shared.logout.asked.store(true, Ordering::Release);
-            }
-            2 | 3 => {
-                return Err(Error::ConnectionLost(format!(
-                    "target announced it drops the connection (async event {})",
-                    h.async_event
-                )))
-            }
-            e => tracing::warn!(event = e, "asynchronous message from target"),
-        },
-        other => {
-            return Err(Error::Protocol(format!(
-                "unexpected {:?} PDU in full feature phase",
-                other.opcode()
-            )))
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serial_arithmetic_wraps() {
-        assert!(sn_lt(u32::MAX, 0));
-        assert!(sn_lt(5, 6));
-        assert!(!sn_lt(6, 5));
-        assert!(sn_le(7, 7));
-    }
-
-    #[test]
-    fn window_ignores_stale_and_invalid_updates() {
-        let mut sn = Sn {
-            next_itt: 1,
-            cmd_sn: 10,
-            exp_cmd_sn: 10,
-            max_cmd_sn: 20,
-            exp_stat_sn: 0,
-        };
-        assert!(!sn.update(10, 15), "MaxCmdSN never moves back");
-        assert_eq!(sn.max_cmd_sn, 20);
-        assert!(sn.update(12, 40));
-        assert_eq!(sn.max_cmd_sn, 40);
-        // MaxCmdSN < ExpCmdSN - 1: ignored (RFC 7143 §4.2.2.1).
-        assert!(!sn.update(50, 45));
-        assert_eq!((sn.exp_cmd_sn, sn.max_cmd_sn), (12, 40));
-    }
-
-    #[test]
-    fn itt_skips_reserved_tag() {
-        let mut sn = Sn {
-            next_itt: RESERVED_TAG - 1,
-            cmd_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            exp_stat_sn: 0,
-        };
-        assert_eq!(sn.itt(), RESERVED_TAG - 1);
-        assert_eq!(sn.itt(), 1);
     }
 }

@@ -454,37 +454,71 @@ fn underflow_residual_larger_than_the_transfer_returns_no_data() {
 
 // ---- R2T ----
 
-/// A 4 KiB WRITE(16) the fake target answers with `r2t` instead of status.
-async fn write_with_r2t(offset: u32, len: u32) -> Result<(), Error> {
-    let url = start(Script::commands(move |c, ctx| {
-        let h = R2t {
-            itt: c.itt,
-            ttt: 7,
-            stat_sn: ctx.stat_sn,
-            exp_cmd_sn: c.cmd_sn.wrapping_add(1),
-            max_cmd_sn: c.cmd_sn.wrapping_add(64),
-            r2t_sn: 0,
-            buffer_offset: offset,
-            desired_data_transfer_length: len,
-            ..R2t::default()
-        };
-        vec![Out::Pdu(Pdu::new(h, Bytes::new()))]
-    }))
-    .await;
+/// A WRITE(16) of `len` bytes the fake target answers with the R2Ts `r2ts` makes (offset,
+/// length, TTT, R2TSN) instead of status (the target declares no keys, so RFC 7143's
+/// defaults hold: ImmediateData=Yes, InitialR2T=Yes, FirstBurstLength 64 KiB: the first
+/// 64 KiB go as immediate data); every other command gets GOOD, and task management is
+/// answered with FUNCTION COMPLETE. Returns the write's result and whether the session still
+/// carries a command afterwards.
+async fn write_with_r2ts(len: usize, r2ts: Vec<(u32, u32, u32, u32)>) -> (Result<(), Error>, bool) {
+    let script = Script::commands(move |c, ctx| {
+        if !c.write {
+            return vec![ctx.good(c.itt, c.cmd_sn)];
+        }
+        r2ts.iter()
+            .map(|&(offset, len, ttt, r2t_sn)| {
+                let h = R2t {
+                    itt: c.itt,
+                    ttt,
+                    stat_sn: ctx.stat_sn,
+                    exp_cmd_sn: c.cmd_sn.wrapping_add(1),
+                    max_cmd_sn: c.cmd_sn.wrapping_add(64),
+                    r2t_sn,
+                    buffer_offset: offset,
+                    desired_data_transfer_length: len,
+                    ..R2t::default()
+                };
+                Out::Pdu(Pdu::new(h, Bytes::new()))
+            })
+            .collect()
+    });
+    let url = start(answering_tmfs(script, TmfResponse::FUNCTION_COMPLETE)).await;
     let s = Session::connect(&url, &cfg()).await.unwrap();
-    s.command(
-        scsi::write16(0, 8, false),
-        DataDir::Write(vec![9u8; 4096].into()),
-    )
-    .await
-    .map(|_| ())
+    let r = s
+        .command(
+            scsi::write16(0, (len / 512) as u32, false),
+            DataDir::Write(vec![9u8; len].into()),
+        )
+        .await
+        .map(|_| ());
+    let alive = s.command([0u8; 16], DataDir::None).await.is_ok();
+    (r, alive)
+}
+
+async fn write_with_r2t(offset: u32, len: u32) -> Result<(), Error> {
+    write_with_r2ts(4096, vec![(offset, len, 7, 0)]).await.0
+}
+
+/// The command failed because the target broke an R2T rule for it, and the reason names
+/// `what`: the task ends (ABORT TASK cleans up), not the connection.
+fn assert_task_violation(r: Result<(), Error>, what: &[&str]) {
+    match r {
+        Err(e @ Error::TargetViolation(_)) => {
+            let m = e.to_string();
+            assert!(
+                what.iter().any(|w| m.contains(w)),
+                "{m:?} does not mention any of {what:?}"
+            );
+        }
+        other => panic!("expected a task-scoped violation mentioning {what:?}, got {other:?}"),
+    }
 }
 
 #[test]
 fn rejects_r2t_beyond_the_expected_transfer_length() {
     bounded(20, async {
-        assert_connection_error(write_with_r2t(0, 8192).await, &["R2T for 0+8192"]);
-        assert_connection_error(write_with_r2t(2048, 4096).await, &["R2T for 2048+4096"]);
+        assert_task_violation(write_with_r2t(0, 8192).await, &["R2T for 0+8192"]);
+        assert_task_violation(write_with_r2t(2048, 4096).await, &["R2T for 2048+4096"]);
     });
 }
 
@@ -492,15 +526,44 @@ fn rejects_r2t_beyond_the_expected_transfer_length() {
 fn rejects_r2t_with_a_bad_offset_or_length() {
     bounded(20, async {
         // Offsets and lengths whose 32-bit sum wraps to something small.
-        assert_connection_error(
+        assert_task_violation(
             write_with_r2t(0xffff_f000, 0x2000).await,
             &["outside the 4096-byte write"],
         );
-        assert_connection_error(
+        assert_task_violation(
             write_with_r2t(0x1000, u32::MAX).await,
             &["outside the 4096-byte write"],
         );
-        assert_connection_error(write_with_r2t(0, 0).await, &["R2T for 0+0"]);
+        assert_task_violation(write_with_r2t(0, 0).await, &["R2T for 0+0"]);
+    });
+}
+
+#[test]
+fn rejects_r2t_with_a_wrong_r2tsn_and_the_session_goes_on() {
+    bounded(20, async {
+        let (r, alive) = write_with_r2ts(131_072, vec![(65536, 65536, 7, 1)]).await;
+        assert_task_violation(r, &["R2TSN 1, expected 0"]);
+        assert!(alive, "an R2T error ends the task, not the connection");
+    });
+}
+
+#[test]
+fn rejects_r2t_with_the_reserved_ttt_or_asking_for_bytes_twice() {
+    bounded(20, async {
+        let (r, alive) = write_with_r2ts(131_072, vec![(65536, 65536, RESERVED_TAG, 0)]).await;
+        assert_task_violation(r, &["reserved Target Transfer Tag"]);
+        assert!(alive);
+        // The same bytes solicited twice. (MaxOutstandingR2T and a reused TTT depend on
+        // whether our Data-Out left before the second R2T arrived: the engine's unit tests
+        // check those deterministically.)
+        let (r, alive) =
+            write_with_r2ts(131_072, vec![(65536, 32768, 7, 0), (65536, 32768, 8, 1)]).await;
+        assert_task_violation(r, &["already requested"]);
+        assert!(alive);
+        // Asking again for bytes that went as immediate data.
+        let (r, alive) = write_with_r2ts(131_072, vec![(0, 65536, 7, 0)]).await;
+        assert_task_violation(r, &["already requested"]);
+        assert!(alive);
     });
 }
 

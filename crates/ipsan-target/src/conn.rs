@@ -1,38 +1,37 @@
 //! One iSCSI connection (RFC 7143): the login phase, then full feature phase.
 //!
-//! Reading and writing are separate tasks. The reader decodes PDUs and dispatches them;
-//! commands run concurrently on the blocking pool and complete in any order. Every outgoing
-//! PDU goes through one writer task, which stamps StatSN, ExpCmdSN and MaxCmdSN at the moment
-//! of sending, so status numbers are always handed out in the order the initiator sees them
-//! (RFC 7143 §4.2.2.2).
+//! After login the protocol lives in the sans-IO engine, `iscsi_proto::engine::target`; this
+//! file is its tokio driver. One framed read (`Reader::next`) feeds `handle_pdu`; one writer
+//! task (`writer_task`) drains `poll_transmit`, whose PDUs carry StatSN, ExpCmdSN and MaxCmdSN
+//! stamped as they leave, so status numbers are handed out in the order the initiator sees
+//! them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently (`execute`, the
+//! one place a command reaches the logical unit) and complete in any order.
 
-use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use ipsan_scsi::{
     decode_lun, no_such_lun, report_luns, DataDirection, LogicalUnit, NexusId, OwnedRequest,
     ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, Sense, SenseKey,
 };
+use iscsi_proto::engine::target as engine;
 use iscsi_proto::login::{Outcome, TargetLogin, TargetOffer};
-use iscsi_proto::params::{SessionParams, SessionType, NOT_UNDERSTOOD, REJECT};
-use iscsi_proto::seq::{sn_lt, Admit, CmdWindow};
-use iscsi_wire::header::*;
-use iscsi_wire::{Codec, Header, Pdu, WireError, RESERVED_TAG};
+use iscsi_proto::params::{SessionParams, NOT_UNDERSTOOD, REJECT};
+use iscsi_wire::header::TmfFunction;
+use iscsi_wire::{Codec, Header, Pdu, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 
 use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
 use crate::seal_ext::{SealExtension, SealSlot};
-use crate::task::WriteState;
 use ipsan_seal::{CryptoPool, SealSession};
 
 /// Settings every connection shares.
@@ -124,47 +123,36 @@ pub async fn serve(
         data_digest: params.data_digest,
         max_recv_data_segment_length: shared.offer.max_recv_data_segment_length,
     };
-    let window = Arc::new(Mutex::new(CmdWindow::new(
-        result.cmd_sn,
-        shared.offer.cmd_window,
-    )));
-    let (tx, rx) = mpsc::channel::<Out>(1024);
-    let writer = tokio::spawn(writer_task(
-        wr,
-        rx,
-        conn.codec.clone(),
-        window.clone(),
-        result.next_stat_sn,
-    ));
-    let mut session = Session {
+    let mut cfg = engine::Config::new(params.clone(), result.cmd_sn, result.next_stat_sn);
+    cfg.cmd_window = shared.offer.cmd_window;
+    cfg.nop_interval = shared.nop_interval;
+    cfg.drain_timeout = DRAIN_TIMEOUT;
+    cfg.max_command_bytes = MAX_COMMAND_BYTES;
+    let session = Arc::new(Session {
         shared: shared.clone(),
+        engine: Mutex::new(engine::Connection::new(cfg, Instant::now())),
+        wake_writer: Notify::new(),
+        wake_reader: Notify::new(),
+        written: Notify::new(),
         params,
         stats,
         nexus,
-        window,
-        tasks: Arc::new(Mutex::new(HashMap::new())),
-        out: tx,
-        next_ttt: 1,
         local,
-        aborted: VecDeque::new(),
-        text_partial: Vec::new(),
-        ping: None,
         seal,
-        rekey_asked: Arc::new(AtomicBool::new(false)),
-    };
-    let end = session
-        .run(&mut conn, &shared, &shutdown, &session_cancel)
-        .await;
+        rekey_asked: AtomicBool::new(false),
+        running: AtomicUsize::new(0),
+        idle: Notify::new(),
+    });
+    let writer = tokio::spawn(writer_task(wr, conn.codec.clone(), session.clone()));
+    let end = session.run(&mut conn, &shutdown, &session_cancel).await;
     debug!(%peer, "session ending: {end}");
-    session.drain().await;
     if let Some(t) = session.target() {
         // The I_T nexus is gone: release what it held (RESERVE, PREVENT; SAM-5 §5.9).
         for lu in t.luns.values() {
             lu.nexus_lost(&session.nexus);
         }
     }
-    let _ = session.out.send(Out::Close).await;
-    drop(session.out);
+    session.wake_writer.notify_one();
     let _ = writer.await;
     shared.registry.unregister(
         &session.params.initiator_name,
@@ -323,137 +311,78 @@ fn seal_limit_response(e: &ipsan_seal::OpenError) -> Option<ScsiResponse> {
     matches!(e, ipsan_seal::OpenError::CounterLimit { .. }).then(seal_security_error)
 }
 
-/// After a sealed command: at the hard counter limit close the connection (the command has
-/// its CHECK CONDITION); past the high-water mark ask once for a logout with an Asynchronous
-/// Message, AsyncEvent 1 "target requests logout" (RFC 7143 §11.9.1), so the initiator logs
-/// in again and both sides derive fresh keys (docs/seal.md). Parameter3 is the time the
-/// initiator has to log out, in seconds.
-async fn seal_counter_watch(
-    out: &mpsc::Sender<Out>,
-    session: &SealSession,
-    asked: &AtomicBool,
-    exhausted: bool,
-) {
-    let (sent, received) = session.counters_used();
-    if exhausted {
-        warn!(
-            sent,
-            received,
-            limit = session.counter_limit(),
-            "seal: counter limit reached; closing the connection"
-        );
-        let _ = out.send(Out::Close).await;
-        return;
-    }
-    if session.rekey_due() && !asked.swap(true, Ordering::AcqRel) {
-        info!(
-            sent,
-            received,
-            mark = session.rekey_mark(),
-            "seal: counters past the re-key mark; asking the initiator to log out (AsyncEvent 1)"
-        );
-        let msg = iscsi_wire::header::AsyncMessage {
-            async_event: 1,
-            parameter3: LOGOUT_WAIT_SECS,
-            ..Default::default()
-        };
-        let _ = out.send(Out::Pdu(Pdu::new(msg, Bytes::new()))).await;
-    }
-}
-
 /// Seconds an initiator has to log out after AsyncEvent 1 (RFC 7143 §11.9.1 Parameter3).
 const LOGOUT_WAIT_SECS: u16 = 10;
 
-/// A message for the writer task.
-#[derive(Debug)]
-enum Out {
-    Pdu(Pdu),
-    Close,
-}
+/// Bytes the engine may queue for sending before the reader stops taking new PDUs: a peer
+/// that sends without reading its answers gets TCP backpressure instead of our memory.
+const MAX_QUEUED_BYTES: usize = 16 << 20;
 
-fn stamp(h: &mut Header, stat_sn: &mut u32, exp: u32, max: u32) {
-    let mut advance = || {
-        let s = *stat_sn;
-        *stat_sn = stat_sn.wrapping_add(1);
-        s
-    };
-    match h {
-        Header::ScsiResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
-        Header::DataIn(d) => {
-            d.stat_sn = if d.status_present { advance() } else { 0 };
-            (d.exp_cmd_sn, d.max_cmd_sn) = (exp, max);
-        }
-        Header::R2t(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (*stat_sn, exp, max),
-        Header::NopIn(n) => {
-            n.stat_sn = if n.itt == RESERVED_TAG {
-                *stat_sn
-            } else {
-                advance()
-            };
-            (n.exp_cmd_sn, n.max_cmd_sn) = (exp, max);
-        }
-        Header::TaskMgmtResponse(r) => {
-            (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max)
-        }
-        Header::TextResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
-        Header::LogoutResponse(r) => {
-            (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max)
-        }
-        Header::Reject(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
-        Header::AsyncMessage(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
-        _ => {}
-    }
-}
-
-async fn writer_task(
-    wr: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Out>,
-    codec: Codec,
-    window: Arc<Mutex<CmdWindow>>,
-    mut stat_sn: u32,
-) {
+/// The one framed write of this connection: drains the engine's PDUs (sequence numbers are
+/// stamped as they leave the engine) into the socket, many PDUs per syscall, until the
+/// connection is over and everything queued has left.
+async fn writer_task(wr: OwnedWriteHalf, codec: Codec, session: Arc<Session>) {
     let mut bw = BufWriter::with_capacity(256 * 1024, wr);
     let mut head = BytesMut::with_capacity(4096);
-    'outer: while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            next = rx.try_recv().ok();
-            match msg {
-                Out::Close => break 'outer,
-                Out::Pdu(mut pdu) => {
-                    let (exp, max) = {
-                        let mut w = lock(&window);
-                        w.refresh();
-                        (w.exp_cmd_sn(), w.max_cmd_sn())
-                    };
-                    stamp(&mut pdu.header, &mut stat_sn, exp, max);
-                    debug!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
-                    head.clear();
-                    let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
-                        warn!("cannot encode {:?}", pdu.header.opcode());
-                        continue;
-                    };
-                    let sent = async {
-                        bw.write_all(&head).await?;
-                        bw.write_all(&pdu.data).await?;
-                        bw.write_all(trailer.as_bytes()).await
-                    };
-                    if let Err(e) = sent.await {
-                        debug!("write failed: {e}");
-                        break 'outer;
-                    }
+    let mut batch: Vec<Pdu> = Vec::with_capacity(64);
+    loop {
+        let notified = session.wake_writer.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let closed = {
+            let mut e = lock(&session.engine);
+            while batch.len() < 256 {
+                match e.poll_transmit() {
+                    Some(p) => batch.push(p),
+                    None => break,
                 }
+            }
+            e.closed().is_some()
+        };
+        if batch.is_empty() {
+            if closed {
+                break;
+            }
+            notified.await;
+            continue;
+        }
+        for pdu in batch.drain(..) {
+            if matches!(pdu.header, Header::R2t(_)) {
+                session.stats.r2ts(1);
+            }
+            trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
+            head.clear();
+            let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
+                warn!("cannot encode {:?}", pdu.header.opcode());
+                continue;
+            };
+            let sent = async {
+                bw.write_all(&head).await?;
+                bw.write_all(&pdu.data).await?;
+                bw.write_all(trailer.as_bytes()).await
+            };
+            if let Err(e) = sent.await {
+                debug!("write failed: {e}");
+                writer_failed(&session);
+                return;
             }
         }
         if bw.flush().await.is_err() {
-            break;
+            writer_failed(&session);
+            return;
         }
+        session.written.notify_waiters();
     }
     let _ = bw.flush().await;
     let _ = bw.into_inner().shutdown().await;
-    // Drain so senders never block on a dead writer.
-    rx.close();
-    while rx.recv().await.is_some() {}
+}
+
+/// The socket cannot take more: the connection is over, and a reader waiting for the queue
+/// to drain must not wait for a writer that is gone.
+fn writer_failed(session: &Session) {
+    lock(&session.engine).peer_closed();
+    session.wake_reader.notify_one();
+    session.written.notify_waiters();
 }
 
 /// Who runs a command.
@@ -487,64 +416,92 @@ fn runs_async(exec: &Exec, cdb: &[u8]) -> bool {
     matches!(exec, Exec::Lu(lu, _) if lu.runs_async(cdb))
 }
 
-#[derive(Debug)]
-enum TaskState {
-    /// Collecting Data-Out.
-    Collecting(Box<Pending>),
-    /// Executing (or sending its response).
-    Running {
-        abort: Arc<AtomicBool>,
-        done: watch::Receiver<bool>,
-    },
+/// What the engine asks about LUNs while a command arrives: which exist, and how many data-out
+/// bytes a CDB needs (in a Seal session, the sealed size).
+struct Luns<'a> {
+    target: Option<&'a Target>,
+    seal: Option<&'a SealSession>,
 }
 
-#[derive(Debug)]
-struct TaskEntry {
-    lun: u64,
-    /// Whether it holds a CmdSN window slot (non-immediate).
-    counted: bool,
-    state: TaskState,
+impl Luns<'_> {
+    fn lu(&self, raw: u64) -> Option<&Arc<LogicalUnit>> {
+        self.target
+            .and_then(|t| t.luns.get(&decode_lun(raw.to_be_bytes())))
+    }
 }
 
-/// A command waiting for its data.
-#[derive(Debug)]
-struct Pending {
-    exec: Exec,
-    cdb: Vec<u8>,
-    raw_lun: u64,
-    write: WriteState,
-    need: u64,
-    /// A response decided before execution (bad CDB, overflow): sent once the data phase ends.
-    pre: Option<ScsiResponse>,
+fn engine_response(r: ScsiResponse) -> engine::Response {
+    engine::Response {
+        status: r.status.0,
+        sense: r.sense.map(|s| Bytes::from(s.to_fixed())),
+        data_in: r.data_in,
+    }
 }
 
-/// Residual accounting for the final status (RFC 7143 §11.4.5).
-#[derive(Clone, Copy, Debug, Default)]
-struct Residual {
-    overflow: u32,
-    underflow: u32,
+impl engine::LunDirectory for Luns<'_> {
+    fn exists(&self, lun: u64) -> bool {
+        self.lu(lun).is_some()
+    }
+
+    fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
+        let mut early = None;
+        let need = match self.lu(lun) {
+            Some(lu) => match lu.command_info(cdb) {
+                Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
+                Ok(_) => 0,
+                Err(sense) => {
+                    early = Some(engine_response(ScsiResponse::check(sense)));
+                    0
+                }
+            },
+            None => 0,
+        };
+        // In a Seal session data travels sealed: EDTL and every offset count sealed bytes, and
+        // a length that is not exactly the sealed size of what the CDB needs is refused
+        // (sealed data cannot be truncated).
+        let need = match (self.seal, need) {
+            (Some(seal), n) if n > 0 && early.is_none() => {
+                match seal.sealed_len(usize::try_from(n).unwrap_or(usize::MAX)) {
+                    Some(sealed) if sealed as u64 == u64::from(edtl) => sealed as u64,
+                    _ => {
+                        early = Some(engine_response(ScsiResponse::check(Sense::new(
+                            SenseKey::ILLEGAL_REQUEST,
+                            0x0e,
+                            0x03,
+                        ))));
+                        u64::from(edtl)
+                    }
+                }
+            }
+            (_, n) => n,
+        };
+        engine::Sizing { need, early }
+    }
 }
 
+/// One session's connection: the engine and what the driver adds around it.
 struct Session {
     shared: Arc<Shared>,
+    engine: Mutex<engine::Connection>,
+    /// PDUs queued: the writer has work.
+    wake_writer: Notify,
+    /// A command task closed the connection (Seal limits): the reader looks at the events.
+    wake_reader: Notify,
+    /// The writer handed a batch to the socket.
+    written: Notify,
     params: SessionParams,
     /// This session's counters (metrics.rs, `ipsan ctl sessions`).
     stats: Arc<crate::metrics::SessionStats>,
     nexus: NexusId,
-    window: Arc<Mutex<CmdWindow>>,
-    tasks: Arc<Mutex<HashMap<u32, TaskEntry>>>,
-    out: mpsc::Sender<Out>,
-    next_ttt: u32,
     local: Option<SocketAddr>,
-    /// ITTs of recently aborted tasks whose late Data-Out is dropped silently.
-    aborted: VecDeque<u32>,
-    text_partial: Vec<u8>,
-    /// TTT and deadline of an unanswered NOP-In ping.
-    ping: Option<(u32, tokio::time::Instant)>,
     /// The Seal session, when one was negotiated: every command's data is sealed.
     seal: Option<Arc<SealSession>>,
     /// Set once the target has asked this session to log out for fresh Seal keys.
-    rekey_asked: Arc<AtomicBool>,
+    rekey_asked: AtomicBool,
+    /// Commands handed to `execute` and not finished.
+    running: AtomicUsize,
+    /// `running` fell to zero.
+    idle: Notify,
 }
 
 impl Session {
@@ -556,845 +513,167 @@ impl Session {
             .and_then(|n| self.shared.registry.target(n))
     }
 
-    async fn send(&self, header: impl Into<Header>, data: Bytes) {
-        let _ = self.out.send(Out::Pdu(Pdu::new(header, data))).await;
-    }
-
-    async fn reject(&self, reason: RejectReason, bhs: &[u8; 48]) {
-        debug!(?reason, opcode = bhs[0] & 0x3f, "Reject");
-        self.send(
-            Reject {
-                reason,
-                ..Reject::default()
-            },
-            Bytes::copy_from_slice(bhs),
-        )
-        .await;
-    }
-
-    fn is_discovery(&self) -> bool {
-        self.params.session_type == SessionType::Discovery
-    }
-
-    fn alloc_ttt(&mut self) -> u32 {
-        let t = self.next_ttt;
-        self.next_ttt = self.next_ttt.wrapping_add(1);
-        if self.next_ttt == RESERVED_TAG {
-            self.next_ttt = 1;
-        }
-        t
-    }
-
-    /// The full feature phase loop; returns why it ended.
+    /// The full feature phase loop; returns why it ended. Reads PDUs into the engine, runs
+    /// its events, and after the end waits (bounded) for commands still running.
     async fn run(
-        &mut self,
+        self: &Arc<Self>,
         conn: &mut Reader,
-        shared: &Shared,
         shutdown: &CancellationToken,
         session_cancel: &CancellationToken,
     ) -> String {
-        let interval = shared.nop_interval;
-        let mut idle_deadline = interval.map(|i| tokio::time::Instant::now() + i);
-        loop {
-            let sleep_until = match (self.ping, idle_deadline) {
-                (Some((_, d)), _) => Some(d),
-                (None, d) => d,
-            };
+        let end = loop {
+            if let Some(why) = self.events() {
+                break why;
+            }
+            // Backpressure: a peer that does not read its answers stops being read.
+            loop {
+                let written = self.written.notified();
+                tokio::pin!(written);
+                written.as_mut().enable();
+                {
+                    let e = lock(&self.engine);
+                    if e.queued_bytes() <= MAX_QUEUED_BYTES || e.closed().is_some() {
+                        break;
+                    }
+                }
+                written.await;
+            }
+            let deadline = lock(&self.engine).poll_timeout();
             let next = tokio::select! {
                 r = conn.next() => r,
-                () = shutdown.cancelled() => return "target shutting down".into(),
-                () = session_cancel.cancelled() => return "session reinstated or cancelled".into(),
+                () = shutdown.cancelled() => {
+                    lock(&self.engine).close_locally();
+                    self.wake_writer.notify_one();
+                    break "target shutting down".to_owned();
+                }
+                () = session_cancel.cancelled() => {
+                    lock(&self.engine).close_locally();
+                    self.wake_writer.notify_one();
+                    break "session reinstated or cancelled".to_owned();
+                }
+                () = self.wake_reader.notified() => continue,
                 () = self.stats.logout.notified() => {
                     // `ipsan ctl logout-all`: ask politely (RFC 7143 §11.9.1, AsyncEvent 1).
-                    self.send(AsyncMessage { async_event: 1, parameter3: LOGOUT_WAIT_SECS, ..AsyncMessage::default() }, Bytes::new()).await;
+                    lock(&self.engine).request_logout(LOGOUT_WAIT_SECS);
+                    self.wake_writer.notify_one();
                     continue;
                 }
-                () = async { match sleep_until { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                    if self.ping.is_some() {
-                        return "NOP-In ping unanswered".into();
-                    }
-                    if let Some(i) = interval {
-                        let ttt = self.alloc_ttt();
-                        self.ping = Some((ttt, tokio::time::Instant::now() + i));
-                        self.send(NopIn { lun: 0, itt: RESERVED_TAG, ttt, ..NopIn::default() }, Bytes::new()).await;
-                    }
+                () = async { match deadline { Some(d) => tokio::time::sleep_until(d.into()).await, None => std::future::pending().await } } => {
+                    lock(&self.engine).handle_timeout(Instant::now());
+                    self.wake_writer.notify_one();
                     continue;
                 }
             };
-            idle_deadline = interval.map(|i| tokio::time::Instant::now() + i);
-            let pdu = match next {
-                Err(e) => return format!("read error: {e}"),
-                Ok(None) => return "connection closed by initiator".into(),
-                Ok(Some(Ok(pdu))) => pdu,
-                Ok(Some(Err(e))) => {
-                    let reason = match &e {
-                        WireError::DataDigest { .. } => RejectReason::DATA_DIGEST_ERROR,
-                        WireError::UnsupportedOpcode { .. } => RejectReason::COMMAND_NOT_SUPPORTED,
-                        _ => RejectReason::PROTOCOL_ERROR,
-                    };
-                    self.stats.pdu_error(&e);
-                    if let Some(bhs) = e.rejected_header() {
-                        self.reject(reason, bhs).await;
-                    }
-                    if !e.stream_intact() {
-                        return format!("unrecoverable PDU error: {e}");
-                    }
-                    warn!("rejected PDU: {e}");
-                    continue;
-                }
+            let now = Instant::now();
+            let target = self.target();
+            let luns = Luns {
+                target: target.as_deref(),
+                seal: self.seal.as_deref(),
             };
-            debug!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
-            match self.dispatch(pdu).await {
-                Flow::Continue => {}
-                Flow::Close(why) => return why,
-            }
-        }
-    }
-
-    async fn dispatch(&mut self, pdu: Pdu) -> Flow {
-        let raw = *pdu.raw_bhs();
-        match pdu.header {
-            Header::ScsiCommand(cmd) if !self.is_discovery() => {
-                self.on_command(cmd, &pdu.ahs, pdu.data, &raw).await
-            }
-            Header::DataOut(h) if !self.is_discovery() => self.on_data_out(h, pdu.data, &raw).await,
-            Header::TaskMgmtRequest(h) if !self.is_discovery() => return self.on_tmf(h).await,
-            Header::NopOut(h) => self.on_nop_out(h, pdu.data).await,
-            Header::TextRequest(h) => self.on_text(h, &pdu.data, &raw).await,
-            Header::LogoutRequest(h) => return self.on_logout(h).await,
-            Header::SnackRequest(_) => {
-                // ErrorRecoveryLevel=0: SNACK is not supported (RFC 7143 §11.16).
-                self.reject(RejectReason::PROTOCOL_ERROR, &raw).await;
-            }
-            _ => self.reject(RejectReason::PROTOCOL_ERROR, &raw).await,
-        }
-        Flow::Continue
-    }
-
-    /// Admits a CmdSN-carrying request; false when it must be ignored.
-    fn admit(&self, cmd_sn: u32, immediate: bool) -> bool {
-        let a = lock(&self.window).admit(cmd_sn, immediate);
-        if a == Admit::Ignore {
-            let w = lock(&self.window);
-            debug!(
-                cmd_sn,
-                exp = w.exp_cmd_sn(),
-                max = w.max_cmd_sn(),
-                "CmdSN outside the window: ignored (RFC 7143 §4.2.2.1)"
-            );
-            return false;
-        }
-        true
-    }
-
-    async fn on_command(&mut self, cmd: ScsiCommand, ahs: &Bytes, data: Bytes, raw: &[u8; 48]) {
-        if !self.admit(cmd.cmd_sn, cmd.immediate) {
-            return;
-        }
-        let counted = !cmd.immediate;
-        if lock(&self.tasks).contains_key(&cmd.itt) {
-            // A task tag must be unique among the session's active tasks (RFC 7143 §11.2.1.8).
-            self.reject(RejectReason::INVALID_PDU_FIELD, raw).await;
-            if counted {
-                lock(&self.window).complete();
-            }
-            return;
-        }
-        let cdb = match assemble_cdb(&cmd, ahs) {
-            Ok(c) => c,
-            Err(()) => {
-                self.reject(RejectReason::PROTOCOL_ERROR, raw).await;
-                if counted {
-                    lock(&self.window).complete();
-                }
-                return;
-            }
-        };
-        let lun = decode_lun(cmd.lun.to_be_bytes());
-        let exec = match self.target().as_ref().and_then(|t| t.luns.get(&lun)) {
-            Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
-            None => Exec::NoLun,
-        };
-        let mut pre = None;
-        let need = match &exec {
-            Exec::Lu(lu, _) => match lu.command_info(&cdb) {
-                Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
-                Ok(_) => 0,
-                Err(sense) => {
-                    pre = Some(ScsiResponse::check(sense));
-                    0
-                }
-            },
-            Exec::NoLun => 0,
-        };
-        // In a Seal session data travels sealed: EDTL and every offset count sealed bytes, and
-        // a length that is not exactly the sealed size of what the CDB needs is refused
-        // (sealed data cannot be truncated).
-        let need = match (&self.seal, need) {
-            (Some(seal), n) if n > 0 && pre.is_none() => {
-                match seal.sealed_len(usize::try_from(n).unwrap_or(usize::MAX)) {
-                    Some(sealed)
-                        if sealed as u64 == u64::from(cmd.expected_data_transfer_length) =>
-                    {
-                        sealed as u64
-                    }
-                    _ => {
-                        pre = Some(ScsiResponse::check(Sense::new(
-                            SenseKey::ILLEGAL_REQUEST,
-                            0x0e,
-                            0x03,
-                        )));
-                        u64::from(cmd.expected_data_transfer_length)
-                    }
-                }
-            }
-            (_, n) => n,
-        };
-        let need = if need > MAX_COMMAND_BYTES {
-            pre = Some(ScsiResponse::check(Sense::invalid_field_in_cdb()));
-            0
-        } else {
-            need
-        };
-        if !cmd.write {
-            if !data.is_empty() {
-                // Immediate data on a command without the W bit (RFC 7143 §11.3.1).
-                self.reject(RejectReason::PROTOCOL_ERROR, raw).await;
-                if counted {
-                    lock(&self.window).complete();
-                }
-                return;
-            }
-            let write_overflow = (need > 0).then_some(need);
-            let mut cdb = cdb;
-            if pre.is_none() && write_overflow.is_some() {
-                // A data-out command sent without the W bit: EDTL 0, all of it overflows.
-                pre = Some(match overflow_write(&exec, &mut cdb, 0) {
-                    Some(_) => self.without_blocks(&exec, &cdb),
-                    None => ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03)),
-                });
-            }
-            self.start(
-                cmd.itt,
-                lun,
-                counted,
-                exec,
-                cdb,
-                Bytes::new(),
-                cmd.expected_data_transfer_length,
-                cmd.lun,
-                need,
-                pre,
-                write_overflow,
-            );
-            return;
-        }
-        let need32 = u32::try_from(need).unwrap_or(u32::MAX);
-        let mut write = match WriteState::new(&self.params, &cmd, &data, need32) {
-            Ok(w) => w,
-            Err(e) => {
-                warn!(itt = cmd.itt, "{e}");
-                self.reject(RejectReason::PROTOCOL_ERROR, raw).await;
-                if counted {
-                    lock(&self.window).complete();
-                }
-                return;
-            }
-        };
-        let plans = write.plan_r2ts(|| self.alloc_ttt());
-        self.stats.r2ts(plans.len());
-        for p in &plans {
-            self.send(
-                R2t {
-                    lun: cmd.lun,
-                    itt: cmd.itt,
-                    ttt: p.ttt,
-                    r2t_sn: p.r2t_sn,
-                    buffer_offset: p.offset,
-                    desired_data_transfer_length: p.len,
-                    ..R2t::default()
-                },
-                Bytes::new(),
-            )
-            .await;
-        }
-        let pending = Pending {
-            exec,
-            cdb,
-            raw_lun: cmd.lun,
-            write,
-            need,
-            pre,
-        };
-        if pending.write.is_complete() {
-            self.start_pending(cmd.itt, lun, counted, pending);
-        } else {
-            lock(&self.tasks).insert(
-                cmd.itt,
-                TaskEntry {
-                    lun,
-                    counted,
-                    state: TaskState::Collecting(Box::new(pending)),
-                },
-            );
-        }
-    }
-
-    fn start_pending(&self, itt: u32, lun: u64, counted: bool, p: Pending) {
-        let edtl = p.write.edtl();
-        let data = p.write.into_data();
-        let mut pre = p.pre;
-        let mut cdb = p.cdb;
-        let mut data = data;
-        if pre.is_none() && u64::from(edtl) < p.need {
-            // iSCSI overflow on a write: EDTL shorter than the CDB's transfer.
-            match overflow_write(&p.exec, &mut cdb, edtl) {
-                // FCP-4 option (a): transfer and write only the whole blocks EDTL covers.
-                Some(Some(bytes)) => data.truncate(bytes),
-                Some(None) => pre = Some(self.without_blocks(&p.exec, &cdb)),
-                // Not a block write: nothing is written (option b), INVALID FIELD IN COMMAND
-                // INFORMATION UNIT.
-                None => {
-                    pre = Some(ScsiResponse::check(Sense::new(
-                        SenseKey::ILLEGAL_REQUEST,
-                        0x0e,
-                        0x03,
-                    )))
-                }
-            }
-        }
-        self.start(
-            itt, lun, counted, p.exec, cdb, data, edtl, p.raw_lun, p.need, pre, None,
-        );
-    }
-
-    /// Whether LUN `lun`'s backend works at memory speed.
-    fn fast_backend(&self, lun: u64) -> bool {
-        self.target().is_some_and(|t| {
-            t.backends
-                .iter()
-                .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
-        })
-    }
-
-    /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
-    /// unit attentions, CDB checks and reservations still apply (SPC-4 §5.13), so an
-    /// initiator without access gets its RESERVATION CONFLICT rather than GOOD.
-    fn without_blocks(&self, exec: &Exec, cdb: &[u8]) -> ScsiResponse {
-        match exec {
-            Exec::Lu(lu, _) => lu
-                .precheck(&self.nexus, cdb)
-                .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
-            Exec::NoLun => no_such_lun(cdb),
-        }
-    }
-
-    /// Runs a command on the blocking pool and sends its response.
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        &self,
-        itt: u32,
-        lun: u64,
-        counted: bool,
-        exec: Exec,
-        cdb: Vec<u8>,
-        data_out: Bytes,
-        edtl: u32,
-        raw_lun: u64,
-        need: u64,
-        pre: Option<ScsiResponse>,
-        write_without_w: Option<u64>,
-    ) {
-        let abort = Arc::new(AtomicBool::new(false));
-        let (done_tx, done_rx) = watch::channel(false);
-        lock(&self.tasks).insert(
-            itt,
-            TaskEntry {
-                lun,
-                counted,
-                state: TaskState::Running {
-                    abort: abort.clone(),
-                    done: done_rx,
-                },
-            },
-        );
-        let tasks = self.tasks.clone();
-        let window = self.window.clone();
-        let out = self.out.clone();
-        let nexus = self.nexus.clone();
-        let seg = self.params.initiator_max_recv_data_segment_length.max(512);
-        let burst = self.params.max_burst_length.max(512);
-        let target = self.target();
-        let timer = self.stats.start(lun);
-        let seal = self.seal.clone().map(|s| {
-            (
-                s,
-                self.shared.pool.clone(),
-                ipsan_seal::cdb::binding(raw_lun, itt, &cdb),
-            )
-        });
-        let rekey_asked = self.rekey_asked.clone();
-        let stats = self.stats.clone();
-        tokio::spawn(async move {
-            // A Seal counter at its hard limit: this command fails, then the connection closes.
-            let mut seal_exhausted = false;
-            let mut pre = pre;
-            let mut data_out = data_out;
-            if let (Some((session, pool, binding)), None, false) =
-                (&seal, &pre, data_out.is_empty())
             {
-                // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
-                // The write buffer is uniquely owned: open it in place, no copy.
-                let buf = std::mem::take(&mut data_out)
-                    .try_into_mut()
-                    .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-                match pool.open(session, *binding, buf).await {
-                    Ok(plain) => data_out = plain,
-                    Err(e) => {
-                        stats.seal_open_failed(&e);
-                        warn!(
-                            itt,
-                            lun,
-                            lba = binding.lba,
-                            blocks = binding.blocks,
-                            opcode = binding.opcode,
-                            "seal: data-out refused: {e}"
-                        );
-                        pre = Some(ScsiResponse::check(Sense::new(
-                            SenseKey(ipsan_seal::sense::SENSE_KEY),
-                            ipsan_seal::sense::ASC,
-                            ipsan_seal::sense::ASCQ,
-                        )));
-                        if let Some(r) = seal_limit_response(&e) {
-                            pre = Some(r);
-                            seal_exhausted = true;
-                        }
+                let mut e = lock(&self.engine);
+                match next {
+                    Err(_) | Ok(None) => e.peer_closed(),
+                    Ok(Some(Ok(pdu))) => {
+                        trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
+                        e.handle_pdu(now, &luns, pdu);
+                    }
+                    Ok(Some(Err(err))) => {
+                        warn!("rejected PDU: {err}");
+                        self.stats.pdu_error(&err);
+                        e.handle_wire_error(now, &err);
                     }
                 }
-            }
-            let resp = match pre {
-                Some(r) => r,
-                // An async backend (RBD) completes data-path commands through callbacks: the
-                // task awaits them and holds no thread (ipsan_scsi::aio).
-                None if runs_async(&exec, &cdb) => match exec {
-                    Exec::Lu(lu, _) => {
-                        lu.execute_async(OwnedRequest {
-                            cdb: cdb.clone(),
-                            data_out,
-                            nexus,
-                            lun,
-                            tag: u64::from(itt),
-                        })
-                        .await
-                    }
-                    Exec::NoLun => no_such_lun(&cdb),
-                },
-                None => {
-                    let cdb2 = cdb.clone();
-                    let inline = runs_inline(&exec, &cdb2);
-                    let run = move || match exec {
-                        // REPORT LUNS answers for the whole target, whichever LUN it addressed
-                        // (SPC-4 §6.33).
-                        _ if cdb2.first() == Some(&0xa0) => {
-                            let luns: Vec<u64> = target
-                                .map(|t| t.luns.keys().copied().collect())
-                                .unwrap_or_default();
-                            report_luns(&luns, &cdb2)
-                        }
-                        Exec::Lu(lu, _) => lu.execute(&ScsiRequest {
-                            cdb: &cdb2,
-                            data_out: &data_out,
-                            nexus: &nexus,
-                            lun,
-                        }),
-                        Exec::NoLun => no_such_lun(&cdb2),
-                    };
-                    if inline {
-                        run()
-                    } else {
-                        tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
-                            ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
-                        })
-                    }
-                }
-            };
-            let mut resp = resp;
-            if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
-                // The device server's buffer has no room for the trailer: seal a copy, made
-                // on the crypto worker chunk by chunk with the encryption.
-                let plain = std::mem::take(&mut resp.data_in);
-                match pool.seal_copy(session, *binding, plain).await {
-                    Ok(sealed) => resp.data_in = sealed,
-                    Err(e) => {
-                        warn!(itt, "seal: cannot seal data-in: {e}");
-                        resp = seal_security_error();
-                        seal_exhausted = e == ipsan_seal::SealError::CounterExhausted;
-                    }
+                if !e.has_transmit() {
+                    // Nothing to send (a Data-Out, say): no writer wakeup per PDU.
+                    continue;
                 }
             }
-            // Residuals (RFC 7143 §11.4.5): data-out commands compare EDTL with what the CDB
-            // needed; data-in commands compare it with what the device server produced.
-            let mut res = Residual::default();
-            let needed = write_without_w.unwrap_or(need);
-            if needed > 0 {
-                let needed = u32::try_from(needed).unwrap_or(u32::MAX);
-                if edtl < needed {
-                    res.overflow = needed - edtl;
-                } else if edtl > needed {
-                    res.underflow = edtl - needed;
+            self.wake_writer.notify_one();
+        };
+        // Commands still running finish (bounded) before the nexus is released.
+        let all = async {
+            loop {
+                let idle = self.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    break;
                 }
-            } else {
-                let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
-                if produced > edtl {
-                    res.overflow = produced - edtl;
-                } else if produced < edtl {
-                    res.underflow = edtl - produced;
-                }
-            }
-            timer.done(&cdb, &resp);
-            lock(&tasks).remove(&itt);
-            if counted {
-                lock(&window).complete();
-            }
-            if !abort.load(Ordering::Acquire) {
-                send_status(&out, itt, raw_lun, resp, edtl, res, seg, burst).await;
-            }
-            if let Some((session, _, _)) = &seal {
-                seal_counter_watch(&out, session, &rekey_asked, seal_exhausted).await;
-            }
-            let _ = done_tx.send(true);
-        });
-    }
-
-    async fn on_data_out(&mut self, h: DataOut, data: Bytes, raw: &[u8; 48]) {
-        let itt = h.itt;
-        let result = {
-            let mut tasks = lock(&self.tasks);
-            match tasks.get_mut(&itt) {
-                Some(TaskEntry {
-                    state: TaskState::Collecting(p),
-                    ..
-                }) => Some(p.write.on_data_out(&h, &data)),
-                Some(_) => Some(Err(crate::task::DataError(
-                    "Data-Out for a command past its data phase",
-                ))),
-                None => None,
+                idle.await;
             }
         };
-        match result {
-            None => {
-                if self.aborted.contains(&itt) {
-                    trace!(itt, "late Data-Out for an aborted task dropped");
-                } else {
-                    self.reject(RejectReason::INVALID_PDU_FIELD, raw).await;
-                }
-            }
-            Some(Err(e)) => {
-                warn!(itt, "{e}");
-                self.reject(RejectReason::PROTOCOL_ERROR, raw).await;
-                // ERL 0 cannot repair a data phase: end the command with CHECK CONDITION.
-                let entry = lock(&self.tasks).remove(&itt);
-                if let Some(TaskEntry {
-                    lun,
-                    counted,
-                    state: TaskState::Collecting(mut p),
-                }) = entry
-                {
-                    p.pre = Some(ScsiResponse::check(Sense::new(
-                        SenseKey::ABORTED_COMMAND,
-                        0x4b,
-                        0x00,
-                    )));
-                    self.remember_aborted(itt);
-                    self.start_pending(itt, lun, counted, *p);
-                }
-            }
-            Some(Ok(())) => {
-                let mut ttt = self.next_ttt;
-                let (plans, raw_lun, complete) = {
-                    let mut tasks = lock(&self.tasks);
-                    let Some(TaskEntry {
-                        state: TaskState::Collecting(p),
-                        ..
-                    }) = tasks.get_mut(&itt)
-                    else {
-                        return;
-                    };
-                    let plans = p.write.plan_r2ts(|| {
-                        let t = ttt;
-                        ttt = ttt.wrapping_add(1).max(1);
-                        t
+        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
+            warn!("commands still running after {DRAIN_TIMEOUT:?}; closing anyway");
+        }
+        end
+    }
+
+    /// Acts on the engine's events; `Some(why)` once the connection is over.
+    fn events(self: &Arc<Self>) -> Option<String> {
+        loop {
+            let ev = lock(&self.engine).poll_event()?;
+            match ev {
+                engine::Event::Execute(x) => {
+                    let s = self.clone();
+                    // Counted rather than joined: a join set would wake this loop once per
+                    // command, a full loop iteration (locks, a timer) on the small-read path.
+                    self.running.fetch_add(1, Ordering::AcqRel);
+                    tokio::spawn(async move {
+                        s.clone().execute(x).await;
+                        if s.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            s.idle.notify_waiters();
+                        }
                     });
-                    (plans, p.raw_lun, p.write.is_complete())
-                };
-                self.next_ttt = ttt;
-                self.stats.r2ts(plans.len());
-                for p in plans {
-                    self.send(
-                        R2t {
-                            lun: raw_lun,
-                            itt,
-                            ttt: p.ttt,
-                            r2t_sn: p.r2t_sn,
-                            buffer_offset: p.offset,
-                            desired_data_transfer_length: p.len,
-                            ..R2t::default()
-                        },
-                        Bytes::new(),
-                    )
-                    .await;
                 }
-                if complete {
-                    let entry = lock(&self.tasks).remove(&itt);
-                    if let Some(TaskEntry {
-                        lun,
-                        counted,
-                        state: TaskState::Collecting(p),
-                    }) = entry
-                    {
-                        self.start_pending(itt, lun, counted, *p);
-                    }
+                engine::Event::Reset { function, lun } => self.reset(function, lun),
+                engine::Event::Text { itt, lun, keys } => {
+                    let answer = self.text_answer(&keys);
+                    lock(&self.engine).text_response(itt, lun, &answer);
+                    self.wake_writer.notify_one();
+                }
+                engine::Event::Closed(e) => {
+                    self.wake_writer.notify_one();
+                    return Some(e.to_string());
                 }
             }
         }
     }
 
-    fn remember_aborted(&mut self, itt: u32) {
-        if self.aborted.len() >= 256 {
-            self.aborted.pop_front();
-        }
-        self.aborted.push_back(itt);
-    }
-
-    /// Aborts the tasks `pick` selects: collecting ones are dropped at once, running ones have
-    /// their responses suppressed. Returns waiters for the running ones.
-    fn abort_where(
-        &mut self,
-        pick: impl Fn(u32, &TaskEntry) -> bool,
-    ) -> Vec<watch::Receiver<bool>> {
-        let mut waiters = Vec::new();
-        let mut dropped = Vec::new();
-        {
-            let mut tasks = lock(&self.tasks);
-            let itts: Vec<u32> = tasks
-                .iter()
-                .filter(|(i, e)| pick(**i, e))
-                .map(|(i, _)| *i)
-                .collect();
-            for itt in itts {
-                let collecting = matches!(
-                    tasks.get(&itt),
-                    Some(TaskEntry {
-                        state: TaskState::Collecting(_),
-                        ..
-                    })
-                );
-                if collecting {
-                    if let Some(e) = tasks.remove(&itt) {
-                        dropped.push((itt, e.counted));
-                    }
-                } else if let Some(TaskEntry {
-                    state: TaskState::Running { abort, done },
-                    ..
-                }) = tasks.get(&itt)
-                {
-                    abort.store(true, Ordering::Release);
-                    waiters.push(done.clone());
-                }
-            }
-        }
-        for (itt, counted) in dropped {
-            if counted {
-                lock(&self.window).complete();
-            }
-            self.remember_aborted(itt);
-        }
-        waiters
-    }
-
-    async fn on_tmf(&mut self, h: TaskMgmtRequest) -> Flow {
-        if !self.admit(h.cmd_sn, h.immediate) {
-            return Flow::Continue;
-        }
-        if !h.immediate {
-            lock(&self.window).complete();
-        }
-        let lun = decode_lun(h.lun.to_be_bytes());
-        let lu = self.target().and_then(|t| t.luns.get(&lun).cloned());
-        let respond = |response: TmfResponse| TaskMgmtResponse {
-            response,
-            itt: h.itt,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-        };
-        let (response, waiters, close) = match h.function {
-            TmfFunction::ABORT_TASK => {
-                let rtt = h.referenced_task_tag;
-                let exists = lock(&self.tasks).contains_key(&rtt);
-                if exists {
-                    (
-                        TmfResponse::FUNCTION_COMPLETE,
-                        self.abort_where(|i, _| i == rtt),
-                        false,
-                    )
-                } else {
-                    // RFC 7143 §11.5.1: a task already completed (RefCmdSN below this request's
-                    // CmdSN) counts as aborted; one never received does not exist.
-                    let r = if sn_lt(h.ref_cmd_sn, h.cmd_sn) {
-                        TmfResponse::FUNCTION_COMPLETE
-                    } else {
-                        TmfResponse::TASK_DOES_NOT_EXIST
-                    };
-                    (r, Vec::new(), false)
-                }
-            }
-            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
-                if lu.is_none() {
-                    (TmfResponse::LUN_DOES_NOT_EXIST, Vec::new(), false)
-                } else {
-                    (
-                        TmfResponse::FUNCTION_COMPLETE,
-                        self.abort_where(|_, e| e.lun == lun),
-                        false,
-                    )
-                }
-            }
-            TmfFunction::LOGICAL_UNIT_RESET => match &lu {
-                None => (TmfResponse::LUN_DOES_NOT_EXIST, Vec::new(), false),
-                Some(lu) => {
-                    let w = self.abort_where(|_, e| e.lun == lun);
+    /// A task management function reaching the logical units (SAM-5 §7).
+    fn reset(&self, function: TmfFunction, raw_lun: u64) {
+        let lun = decode_lun(raw_lun.to_be_bytes());
+        info!(function = function.0, lun, "task management reset");
+        let Some(t) = self.target() else { return };
+        let kind = match function {
+            TmfFunction::LOGICAL_UNIT_RESET => {
+                if let Some(lu) = t.luns.get(&lun) {
                     lu.reset(ResetKind::LogicalUnit, &self.nexus);
-                    (TmfResponse::FUNCTION_COMPLETE, w, false)
                 }
-            },
-            TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
-                let cold = h.function == TmfFunction::TARGET_COLD_RESET;
-                let w = self.abort_where(|_, _| true);
-                if let Some(t) = self.target() {
-                    for lu in t.luns.values() {
-                        lu.reset(
-                            if cold {
-                                ResetKind::TargetCold
-                            } else {
-                                ResetKind::TargetWarm
-                            },
-                            &self.nexus,
-                        );
-                    }
-                }
-                // RFC 7143 §11.5.1: after a cold reset the target drops all connections.
-                (TmfResponse::FUNCTION_COMPLETE, w, cold)
-            }
-            TmfFunction::CLEAR_ACA => (TmfResponse::FUNCTION_NOT_SUPPORTED, Vec::new(), false),
-            TmfFunction::TASK_REASSIGN => (
-                TmfResponse::TASK_ALLEGIANCE_REASSIGNMENT_NOT_SUPPORTED,
-                Vec::new(),
-                false,
-            ),
-            _ => (TmfResponse::FUNCTION_REJECTED, Vec::new(), false),
-        };
-        info!(
-            function = h.function.0,
-            lun,
-            response = response.0,
-            "task management"
-        );
-        let out = self.out.clone();
-        let resp = respond(response);
-        let fut = async move {
-            for mut w in waiters {
-                let _ = w.wait_for(|d| *d).await;
-            }
-            let _ = out.send(Out::Pdu(Pdu::new(resp, Bytes::new()))).await;
-        };
-        if close {
-            fut.await;
-            return Flow::Close("target cold reset".into());
-        }
-        tokio::spawn(fut);
-        Flow::Continue
-    }
-
-    async fn on_nop_out(&mut self, h: NopOut, data: Bytes) {
-        if h.itt != RESERVED_TAG || !h.immediate {
-            if !self.admit(h.cmd_sn, h.immediate) {
                 return;
             }
-            if !h.immediate {
-                lock(&self.window).complete();
-            }
+            TmfFunction::TARGET_COLD_RESET => ResetKind::TargetCold,
+            _ => ResetKind::TargetWarm,
+        };
+        for lu in t.luns.values() {
+            lu.reset(kind, &self.nexus);
         }
-        if h.itt == RESERVED_TAG {
-            // The answer to our ping (RFC 7143 §11.18.3).
-            if self.ping.is_some_and(|(ttt, _)| ttt == h.ttt) {
-                self.ping = None;
-            }
-            return;
-        }
-        // Echo the ping data (RFC 7143 §11.19: the NOP-In returns the NOP-Out's data).
-        self.send(
-            NopIn {
-                lun: h.lun,
-                itt: h.itt,
-                ttt: RESERVED_TAG,
-                ..NopIn::default()
-            },
-            data,
-        )
-        .await;
     }
 
-    async fn on_text(&mut self, h: TextRequest, data: &[u8], raw: &[u8; 48]) {
-        if !self.admit(h.cmd_sn, h.immediate) {
-            return;
-        }
-        if !h.immediate {
-            lock(&self.window).complete();
-        }
-        if self.text_partial.len() + data.len() > 64 * 1024 {
-            self.text_partial.clear();
-            self.reject(RejectReason::PROTOCOL_ERROR, raw).await;
-            return;
-        }
-        self.text_partial.extend_from_slice(data);
-        let resp = |final_: bool, ttt: u32| TextResponse {
-            final_,
-            continue_: false,
-            lun: h.lun,
-            itt: h.itt,
-            ttt,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-        };
-        if h.continue_ {
-            let ttt = self.alloc_ttt();
-            self.send(resp(false, ttt), Bytes::new()).await;
-            return;
-        }
-        let text = std::mem::take(&mut self.text_partial);
-        let Ok(keys) = iscsi_wire::text::parse(&text) else {
-            self.reject(RejectReason::PROTOCOL_ERROR, raw).await;
-            return;
-        };
+    fn text_answer(&self, keys: &[(String, String)]) -> Vec<(String, String)> {
         let mut answer: Vec<(String, String)> = Vec::new();
-        for (k, v) in &keys {
+        for (k, v) in keys {
             match k.as_str() {
                 "SendTargets" => self.send_targets(v, &mut answer),
-                "MaxRecvDataSegmentLength" => {
-                    // Declarative, may change in full feature phase (RFC 7143 §13.12).
-                    self.params
-                        .apply(k, v, iscsi_proto::params::Side::Initiator);
-                }
+                // Declarative, applied by the engine (RFC 7143 §13.12).
+                "MaxRecvDataSegmentLength" => {}
                 _ if iscsi_proto::params::spec(k).is_some() => {
                     answer.push((k.clone(), REJECT.into()))
                 }
                 _ => answer.push((k.clone(), NOT_UNDERSTOOD.into())),
             }
         }
-        let body = iscsi_wire::text::encode(&answer).freeze();
-        self.send(resp(true, RESERVED_TAG), body).await;
+        answer
     }
 
     /// SendTargets (RFC 7143 Appendix C): every target this initiator may use, with the
@@ -1421,68 +700,223 @@ impl Session {
         }
     }
 
-    async fn on_logout(&mut self, h: LogoutRequest) -> Flow {
-        if !self.admit(h.cmd_sn, h.immediate) {
-            return Flow::Continue;
-        }
-        if !h.immediate {
-            lock(&self.window).complete();
-        }
-        let response = match h.reason {
-            LogoutReason::CLOSE_SESSION => 0,
-            LogoutReason::CLOSE_CONNECTION if h.cid == 0 => 0,
-            LogoutReason::CLOSE_CONNECTION => 1,
-            _ => 2,
-        };
-        if response == 0 {
-            // Commands still running finish and answer before the Logout Response.
-            self.drain().await;
-        }
-        self.send(
-            LogoutResponse {
-                response,
-                itt: h.itt,
-                time2wait: 0,
-                time2retain: 0,
-                ..LogoutResponse::default()
-            },
-            Bytes::new(),
-        )
-        .await;
-        if response == 0 {
-            Flow::Close("logout".into())
-        } else {
-            Flow::Continue
+    /// Whether LUN `lun`'s backend works at memory speed.
+    fn fast_backend(&self, lun: u64) -> bool {
+        self.target().is_some_and(|t| {
+            t.backends
+                .iter()
+                .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
+        })
+    }
+
+    /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
+    /// unit attentions, CDB checks and reservations still apply (SPC-4 §5.13), so an
+    /// initiator without access gets its RESERVATION CONFLICT rather than GOOD.
+    fn without_blocks(&self, exec: &Exec, cdb: &[u8]) -> ScsiResponse {
+        match exec {
+            Exec::Lu(lu, _) => lu
+                .precheck(&self.nexus, cdb)
+                .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
+            Exec::NoLun => no_such_lun(cdb),
         }
     }
 
-    /// Waits (bounded) for running commands; drops commands still collecting data.
-    async fn drain(&mut self) {
-        let waiters: Vec<watch::Receiver<bool>> = {
-            let mut tasks = lock(&self.tasks);
-            tasks.retain(|_, e| !matches!(e.state, TaskState::Collecting(_)));
-            tasks
-                .values()
-                .filter_map(|e| match &e.state {
-                    TaskState::Running { done, .. } => Some(done.clone()),
-                    TaskState::Collecting(_) => None,
-                })
-                .collect()
+    /// Runs one command whose data phase is over and hands its answer to the engine: the one
+    /// place a command reaches the logical unit. Seal opens data-out before the backend sees
+    /// it and seals data-in after.
+    async fn execute(self: Arc<Self>, x: engine::Execute) {
+        let itt = x.itt;
+        let lun = decode_lun(x.lun.to_be_bytes());
+        let target = self.target();
+        let timer = self.stats.start(lun);
+        let exec = match target.as_ref().and_then(|t| t.luns.get(&lun)) {
+            Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
+            None => Exec::NoLun,
         };
-        let all = async {
-            for mut w in waiters {
-                let _ = w.wait_for(|d| *d).await;
+        let mut cdb = x.cdb;
+        let mut data_out = x.data_out;
+        let mut pre: Option<ScsiResponse> = None;
+        let mut early = x.early;
+        if early.is_none() && x.write_without_w {
+            // A data-out command sent without the W bit: EDTL 0, all of it overflows.
+            pre = Some(match overflow_write(&exec, &mut cdb, 0) {
+                Some(_) => self.without_blocks(&exec, &cdb),
+                None => ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03)),
+            });
+        } else if early.is_none() && x.need > 0 && u64::from(x.edtl) < x.need {
+            // iSCSI overflow on a write: EDTL shorter than the CDB's transfer.
+            match overflow_write(&exec, &mut cdb, x.edtl) {
+                // FCP-4 option (a): transfer and write only the whole blocks EDTL covers.
+                Some(Some(bytes)) => data_out.truncate(bytes),
+                Some(None) => pre = Some(self.without_blocks(&exec, &cdb)),
+                // Not a block write: nothing is written (option b), INVALID FIELD IN COMMAND
+                // INFORMATION UNIT.
+                None => {
+                    pre = Some(ScsiResponse::check(Sense::new(
+                        SenseKey::ILLEGAL_REQUEST,
+                        0x0e,
+                        0x03,
+                    )))
+                }
+            }
+        }
+        let seal = self.seal.clone().map(|s| {
+            (
+                s,
+                self.shared.pool.clone(),
+                ipsan_seal::cdb::binding(x.lun, itt, &cdb),
+            )
+        });
+        // A Seal counter at its hard limit: this command fails, then the connection closes.
+        let mut seal_exhausted = false;
+        if let (Some((session, pool, binding)), None, None, false) =
+            (&seal, &early, &pre, data_out.is_empty())
+        {
+            // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
+            // The write buffer is uniquely owned: open it in place, no copy.
+            let buf = std::mem::take(&mut data_out)
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+            match pool.open(session, *binding, buf).await {
+                Ok(plain) => data_out = plain,
+                Err(e) => {
+                    self.stats.seal_open_failed(&e);
+                    warn!(
+                        itt,
+                        lun,
+                        lba = binding.lba,
+                        blocks = binding.blocks,
+                        opcode = binding.opcode,
+                        "seal: data-out refused: {e}"
+                    );
+                    pre = Some(ScsiResponse::check(Sense::new(
+                        SenseKey(ipsan_seal::sense::SENSE_KEY),
+                        ipsan_seal::sense::ASC,
+                        ipsan_seal::sense::ASCQ,
+                    )));
+                    if let Some(r) = seal_limit_response(&e) {
+                        pre = Some(r);
+                        seal_exhausted = true;
+                    }
+                }
+            }
+        }
+        let mut resp = match (early.take(), pre) {
+            (Some(r), _) => r,
+            (None, Some(r)) => engine_response(r),
+            // An async backend (RBD) completes data-path commands through callbacks: the task
+            // awaits them and holds no thread (ipsan_scsi::aio).
+            (None, None) if runs_async(&exec, &cdb) => match &exec {
+                Exec::Lu(lu, _) => engine_response(
+                    lu.execute_async(OwnedRequest {
+                        cdb: cdb.clone(),
+                        data_out,
+                        nexus: self.nexus.clone(),
+                        lun,
+                        tag: u64::from(itt),
+                    })
+                    .await,
+                ),
+                Exec::NoLun => engine_response(no_such_lun(&cdb)),
+            },
+            (None, None) => {
+                let cdb = cdb.clone();
+                let nexus = self.nexus.clone();
+                let inline = runs_inline(&exec, &cdb);
+                let run = move || match exec {
+                    // REPORT LUNS answers for the whole target, whichever LUN it addressed
+                    // (SPC-4 §6.33).
+                    _ if cdb.first() == Some(&0xa0) => {
+                        let luns: Vec<u64> = target
+                            .map(|t| t.luns.keys().copied().collect())
+                            .unwrap_or_default();
+                        report_luns(&luns, &cdb)
+                    }
+                    Exec::Lu(lu, _) => lu.execute(&ScsiRequest {
+                        cdb: &cdb,
+                        data_out: &data_out,
+                        nexus: &nexus,
+                        lun,
+                    }),
+                    Exec::NoLun => no_such_lun(&cdb),
+                };
+                let r = if inline {
+                    run()
+                } else {
+                    tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
+                        ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
+                    })
+                };
+                engine_response(r)
             }
         };
-        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
-            warn!("commands still running after {DRAIN_TIMEOUT:?}; closing anyway");
+        if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
+            // The device server's buffer has no room for the trailer: seal a copy, made
+            // on the crypto worker chunk by chunk with the encryption.
+            let plain = std::mem::take(&mut resp.data_in);
+            match pool.seal_copy(session, *binding, plain).await {
+                Ok(sealed) => resp.data_in = sealed,
+                Err(e) => {
+                    warn!(itt, "seal: cannot seal data-in: {e}");
+                    resp = engine_response(seal_security_error());
+                    seal_exhausted = e == ipsan_seal::SealError::CounterExhausted;
+                }
+            }
+        }
+        timer.done(
+            &cdb,
+            ScsiStatus(resp.status),
+            resp.sense
+                .as_ref()
+                .and_then(|s| s.get(2))
+                .map(|k| SenseKey(k & 0x0f)),
+        );
+        let closed = {
+            let mut e = lock(&self.engine);
+            e.complete(itt, resp);
+            if let Some((session, _, _)) = &seal {
+                self.seal_counter_watch(&mut e, session, seal_exhausted);
+            }
+            e.closed().is_some()
+        };
+        self.wake_writer.notify_one();
+        if closed {
+            // Closed here (Seal limits): the reader must see the event.
+            self.wake_reader.notify_one();
         }
     }
-}
 
-enum Flow {
-    Continue,
-    Close(String),
+    /// After a sealed command: at the hard counter limit close the connection (the command has
+    /// its CHECK CONDITION); past the high-water mark ask once for a logout with an
+    /// Asynchronous Message, AsyncEvent 1 "target requests logout" (RFC 7143 §11.9.1), so the
+    /// initiator logs in again and both sides derive fresh keys (docs/seal.md).
+    fn seal_counter_watch(
+        &self,
+        e: &mut engine::Connection,
+        session: &SealSession,
+        exhausted: bool,
+    ) {
+        let (sent, received) = session.counters_used();
+        if exhausted {
+            warn!(
+                sent,
+                received,
+                limit = session.counter_limit(),
+                "seal: counter limit reached; closing the connection"
+            );
+            e.close_locally();
+            return;
+        }
+        if session.rekey_due() && !self.rekey_asked.swap(true, Ordering::AcqRel) {
+            info!(
+                sent,
+                received,
+                mark = session.rekey_mark(),
+                "seal: counters past the re-key mark; asking the initiator to log out (AsyncEvent 1)"
+            );
+            e.request_logout(LOGOUT_WAIT_SECS);
+        }
+    }
 }
 
 /// For a block write (WRITE, WRITE AND VERIFY) whose EDTL covers less than its transfer
@@ -1511,108 +945,4 @@ fn overflow_write(exec: &Exec, cdb: &mut [u8], edtl: u32) -> Option<Option<usize
     let width = field.len();
     cdb[field].copy_from_slice(&bytes[4 - width..]);
     Some(Some((blocks * bs) as usize))
-}
-
-/// The CDB: 16 bytes in the BHS, continued in an Extended CDB AHS (RFC 7143 §11.2.2.3).
-fn assemble_cdb(cmd: &ScsiCommand, ahs: &Bytes) -> Result<Vec<u8>, ()> {
-    let mut cdb = cmd.cdb.to_vec();
-    let mut rest = &ahs[..];
-    while rest.len() >= 4 {
-        let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
-        let kind = rest[2];
-        let total = iscsi_wire::pad4(3 + len);
-        if total > rest.len() || len == 0 {
-            return Err(());
-        }
-        if kind == 1 {
-            // AHSLength counts the reserved byte plus the CDB continuation.
-            cdb.extend_from_slice(&rest[4..3 + len]);
-        }
-        rest = &rest[total..];
-    }
-    Ok(cdb)
-}
-
-/// Sends a command's Data-In and status (RFC 7143 §11.7, §11.4): Data-In PDUs up to the
-/// initiator's MaxRecvDataSegmentLength, F at every MaxBurstLength boundary, and GOOD status
-/// collapsed into the last Data-In; otherwise a SCSI Response carrying the sense data.
-#[allow(clippy::too_many_arguments)]
-async fn send_status(
-    out: &mpsc::Sender<Out>,
-    itt: u32,
-    lun: u64,
-    resp: ScsiResponse,
-    edtl: u32,
-    res: Residual,
-    seg: u32,
-    burst: u32,
-) {
-    let data = resp.data_in.slice(..resp.data_in.len().min(edtl as usize));
-    let good = resp.status == ScsiStatus::GOOD || resp.status == ScsiStatus::CONDITION_MET;
-    let collapse = good && resp.sense.is_none() && !data.is_empty();
-    let total = data.len() as u32;
-    let mut offset = 0u32;
-    let mut data_sn = 0u32;
-    let mut in_burst = 0u32;
-    while offset < total {
-        let len = seg.min(total - offset).min(burst - in_burst);
-        let last = offset + len == total;
-        in_burst += len;
-        let end_of_burst = in_burst == burst;
-        if end_of_burst {
-            in_burst = 0;
-        }
-        let status_here = last && collapse;
-        let h = DataIn {
-            final_: last || end_of_burst,
-            acknowledge: false,
-            overflow: status_here && res.overflow > 0,
-            underflow: status_here && res.underflow > 0,
-            status_present: status_here,
-            status: if status_here { resp.status.0 } else { 0 },
-            lun,
-            itt,
-            ttt: RESERVED_TAG,
-            data_sn,
-            buffer_offset: offset,
-            residual_count: if status_here {
-                res.overflow.max(res.underflow)
-            } else {
-                0
-            },
-            ..DataIn::default()
-        };
-        let _ = out
-            .send(Out::Pdu(Pdu::new(
-                h,
-                data.slice(offset as usize..(offset + len) as usize),
-            )))
-            .await;
-        offset += len;
-        data_sn = data_sn.wrapping_add(1);
-    }
-    if collapse {
-        return;
-    }
-    let body = match &resp.sense {
-        Some(s) => {
-            let sense = s.to_fixed();
-            let mut b = BytesMut::with_capacity(sense.len() + 2);
-            b.extend_from_slice(&(sense.len() as u16).to_be_bytes());
-            b.extend_from_slice(&sense);
-            b.freeze()
-        }
-        None => Bytes::new(),
-    };
-    let h = iscsi_wire::header::ScsiResponse {
-        overflow: res.overflow > 0,
-        underflow: res.underflow > 0,
-        response: 0,
-        status: resp.status.0,
-        itt,
-        exp_data_sn: data_sn,
-        residual_count: res.overflow.max(res.underflow),
-        ..iscsi_wire::header::ScsiResponse::default()
-    };
-    let _ = out.send(Out::Pdu(Pdu::new(h, body))).await;
 }

@@ -10,9 +10,11 @@
 //! - [`metrics`]: per-target, per-LUN and per-session counters and the Prometheus text
 //!   exposition (`--metrics`).
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
-//! - `conn`: one connection — login, then full feature phase (commands, R2T, Data-In, task
-//!   management, text, logout, keepalive).
-//! - [`task`]: the data-out bookkeeping of one write (immediate, unsolicited, R2T bursts), pure.
+//! - `conn`: one connection — the login phase, then the tokio driver of the full feature phase:
+//!   one framed read into `iscsi_proto::engine::target`, one writer draining its PDUs, and
+//!   `execute`, where commands reach the logical units (Seal opens and seals there). The
+//!   protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text, logout,
+//!   keepalive) lives in the engine.
 
 pub mod config;
 mod conn;
@@ -22,7 +24,6 @@ pub mod metrics;
 pub mod registry;
 mod seal_ext;
 pub mod server;
-pub mod task;
 
 pub use config::Config;
 

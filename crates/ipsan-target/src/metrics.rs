@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ipsan_scsi::{ScsiResponse, ScsiStatus};
+use ipsan_scsi::{ScsiStatus, SenseKey};
 
 /// Upper bounds of the latency histogram buckets, seconds (a LAN SSD to a 64 ms WAN link).
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -162,18 +162,18 @@ impl IoStats {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn done(&self, op: Op, bytes: u64, resp: &ScsiResponse, took: Duration) {
+    fn done(&self, op: Op, bytes: u64, status: ScsiStatus, key: Option<SenseKey>, took: Duration) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.commands[op.index()].fetch_add(1, Ordering::Relaxed);
         self.latency[op.index()].observe(took);
-        if resp.status == ScsiStatus::GOOD || resp.status == ScsiStatus::CONDITION_MET {
+        if status == ScsiStatus::GOOD || status == ScsiStatus::CONDITION_MET {
             match op {
                 Op::Read => self.bytes[0].fetch_add(bytes, Ordering::Relaxed),
                 Op::Write => self.bytes[1].fetch_add(bytes, Ordering::Relaxed),
                 Op::Other => 0,
             };
-        } else if let Some(s) = &resp.sense {
-            self.sense[usize::from(s.key.0 & 0x0f)].fetch_add(1, Ordering::Relaxed);
+        } else if let Some(k) = key {
+            self.sense[usize::from(k.0 & 0x0f)].fetch_add(1, Ordering::Relaxed);
         } else {
             self.other_status.fetch_add(1, Ordering::Relaxed);
         }
@@ -231,8 +231,8 @@ pub struct CommandTimer {
 }
 
 impl CommandTimer {
-    /// The command answered `resp`.
-    pub fn done(self, cdb: &[u8], resp: &ScsiResponse) {
+    /// The command answered with `status` and, for CHECK CONDITION, sense key `key`.
+    pub fn done(self, cdb: &[u8], status: ScsiStatus, key: Option<SenseKey>) {
         let took = self.t0.elapsed();
         let op = Op::of(cdb);
         let bytes = match (&self.lun, op) {
@@ -242,9 +242,9 @@ impl CommandTimer {
             }
             _ => 0,
         };
-        self.session.io.done(op, bytes, resp, took);
+        self.session.io.done(op, bytes, status, key, took);
         if let Some(l) = &self.lun {
-            l.done(op, bytes, resp, took);
+            l.done(op, bytes, status, key, took);
         }
     }
 }
@@ -809,7 +809,7 @@ pub async fn serve_http(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipsan_scsi::Sense;
+    use ipsan_scsi::{Sense, SenseKey};
 
     #[test]
     fn counts_bytes_from_the_cdb_and_errors_by_sense_key() {
@@ -818,12 +818,12 @@ mod tests {
         // WRITE(10) of 8 blocks, READ(10) of 16 blocks, a failing READ.
         let w = [0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0];
         let r = [0x28, 0, 0, 0, 0, 0, 0, 0, 16, 0];
+        s.start(0).done(&w, ScsiStatus::GOOD, None);
+        s.start(0).done(&r, ScsiStatus::GOOD, None);
+        let sense = Sense::invalid_field_in_cdb();
+        assert_eq!(sense.key, SenseKey::ILLEGAL_REQUEST);
         s.start(0)
-            .done(&w, &ScsiResponse::good(bytes::Bytes::new()));
-        s.start(0)
-            .done(&r, &ScsiResponse::good(bytes::Bytes::new()));
-        s.start(0)
-            .done(&r, &ScsiResponse::check(Sense::invalid_field_in_cdb()));
+            .done(&r, ScsiStatus::CHECK_CONDITION, Some(sense.key));
         let c = crate::read(&table)[&0].counts();
         assert_eq!((c.write_bytes, c.read_bytes), (4096, 8192));
         assert_eq!((c.read_commands, c.write_commands, c.errors), (2, 1, 1));

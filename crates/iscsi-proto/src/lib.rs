@@ -7,9 +7,11 @@
 //!   Login Request to full feature phase, and in [`login::originator`] the initiator's, both
 //!   negotiating into [`params::SessionParams`] and both ending with the non-`Copy` proof of
 //!   authentication ([`login::Authenticated`]) the full-feature phase is built from.
+//! - [`engine`]: the full feature phase for both roles, sans-IO (see its `# Layout`).
 //! - [`seq`]: serial number arithmetic and the command window (RFC 7143 §4.2.2, §4.2.2.1).
 
 pub mod chap;
+pub mod engine;
 pub mod login;
 pub mod params;
 pub mod seq;

@@ -7,14 +7,14 @@
 //! length) are accepted and discarded; the buffer is sized by the CDB, never by a length field
 //! from the network alone.
 
+use crate::params::SessionParams;
 use bytes::{Bytes, BytesMut};
-use iscsi_proto::params::SessionParams;
 use iscsi_wire::header::{DataOut, ScsiCommand};
 use iscsi_wire::RESERVED_TAG;
 
 /// A violation of the data transfer rules. The connection answers with a Reject and ends the
 /// command with CHECK CONDITION (ERL 0 has no recovery of the data phase).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("data phase error: {0}")]
 pub struct DataError(pub &'static str);
 

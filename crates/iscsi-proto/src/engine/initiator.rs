@@ -1,0 +1,1336 @@
+//! The initiator's side of one connection in full feature phase (RFC 7143, MaxConnections=1,
+//! ErrorRecoveryLevel=0).
+//!
+//! ```text
+//!  submit ─► task table ─► window open? (CmdSN <= MaxCmdSN, §4.2.2.1) ─► SCSI Command with
+//!            immediate data, unsolicited Data-Out up to FirstBurstLength (§13.10, §13.14)
+//!  handle_pdu ─► ExpCmdSN/MaxCmdSN/StatSN ─► Data-In: DataSN, offsets, into the read buffer
+//!                                         ─► R2T: checked (R2TSN, MaxOutstandingR2T, TTT,
+//!                                            MaxBurstLength, bounds), answered with Data-Out
+//!                                         ─► SCSI Response: status, sense, residual
+//!  poll_event ◄── Completed { itt, result } exactly once per submitted command
+//! ```
+//!
+//! A target whose R2T breaks a rule for one task loses that task, not the connection: the
+//! task completes with [`TaskError::Violation`] and an ABORT TASK cleans up the target's side
+//! (the initiator cannot Reject, §11.17 is the target's; ABORT TASK is how it ends a task
+//! it no longer trusts). Breaches that leave data or the stream in doubt — a Data-In
+//! sequence out of order or past its buffer (no SNACK at ErrorRecoveryLevel 0), PDUs for
+//! tasks that never existed, unexpected opcodes — end the connection, and every task with it.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::header::{
+    DataIn, DataOut, LogoutReason, LogoutRequest, NopIn, NopOut, R2t, RejectReason, ScsiCommand,
+    ScsiResponse, TaskAttr, TaskMgmtRequest, TmfFunction, TmfResponse,
+};
+use iscsi_wire::{Header, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
+
+use super::{CloseReason, ConnectionError, Side, TagAllocator, Violation};
+use crate::params::SessionParams;
+use crate::seq::{sn_le, sn_lt};
+
+/// Settings of one initiator connection.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The values negotiated at login (`target_max_recv_data_segment_length` limits our
+    /// Data-Out, `initiator_max_recv_data_segment_length` the target's Data-In).
+    pub params: SessionParams,
+    /// The next CmdSN, the window and ExpStatSN from the last Login Response.
+    pub cmd_sn: u32,
+    pub exp_cmd_sn: u32,
+    pub max_cmd_sn: u32,
+    pub exp_stat_sn: u32,
+    /// Send a NOP-Out ping this long after the last one; `None` disables.
+    pub nop_interval: Option<Duration>,
+    /// The connection is dead when a ping is unanswered and nothing else arrived for this long.
+    pub nop_timeout: Duration,
+    /// A task management request unanswered this long ends the connection.
+    pub tmf_timeout: Duration,
+    /// Bytes of answers to the target's pings that may wait to leave (a target pinging faster
+    /// than it reads would grow the queue without bound).
+    pub max_queued_pong_bytes: usize,
+}
+
+impl Config {
+    #[must_use]
+    pub fn new(params: SessionParams, cmd_sn: u32, max_cmd_sn: u32, exp_stat_sn: u32) -> Self {
+        Self {
+            params,
+            cmd_sn,
+            exp_cmd_sn: cmd_sn,
+            max_cmd_sn,
+            exp_stat_sn,
+            nop_interval: Some(Duration::from_secs(5)),
+            nop_timeout: Duration::from_secs(10),
+            tmf_timeout: Duration::from_secs(10),
+            max_queued_pong_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// A command's data.
+#[derive(Debug)]
+pub enum Data {
+    None,
+    /// Expect `len` bytes; `buf` is reused (resized, not reallocated when large enough).
+    Read {
+        buf: BytesMut,
+        len: u32,
+    },
+    Write(Bytes),
+}
+
+/// One SCSI command to send.
+#[derive(Debug)]
+pub struct Command {
+    /// The raw 8-byte LUN field.
+    pub lun: u64,
+    pub cdb: [u8; 16],
+    pub data: Data,
+}
+
+/// The status of a command that reached the device server.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub status: u8,
+    /// Sense data from the SCSI Response (§11.4.7.2), without the length prefix.
+    pub sense: Option<Bytes>,
+    /// Data-In, truncated by the residual count for an underflow.
+    pub data: BytesMut,
+    /// Residual count (positive: underflow, negative: overflow).
+    pub residual: i64,
+}
+
+/// Who aborted a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbortedBy {
+    AbortTask,
+    LunReset,
+}
+
+/// A command that ended without a SCSI status.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TaskError {
+    /// iSCSI response other than "command completed at target" (§11.4.3).
+    #[error("iSCSI response {0:#04x} (target failure)")]
+    IscsiResponse(u8),
+    /// The target rejected the command PDU (§11.17).
+    #[error("target rejected the command (reason {0:?})")]
+    Rejected(RejectReason),
+    /// Aborted by task management; no status comes for it.
+    #[error("aborted by {0:?}")]
+    Aborted(AbortedBy),
+    /// The target broke a rule for this task; it was aborted, the connection goes on.
+    #[error("target broke a rule for this task: {0}")]
+    Violation(Violation),
+    /// The connection ended before the status came.
+    #[error(transparent)]
+    ConnectionLost(ConnectionError),
+}
+
+/// How a submitted command ended.
+pub type TaskResult = Result<Completion, TaskError>;
+
+/// Why [`Connection::submit`] refused a command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error(transparent)]
+    Closed(ConnectionError),
+    /// The target asked for a logout (AsyncEvent 1): open a new session.
+    #[error("the target requested a logout")]
+    LogoutRequested,
+    /// More than 4 GiB, or a tag already in use.
+    #[error("invalid command")]
+    Invalid,
+}
+
+/// What the driver must act on.
+#[derive(Debug)]
+pub enum Event {
+    /// A submitted command ended: exactly one per [`Connection::submit`].
+    Completed {
+        itt: u32,
+        result: Result<Completion, TaskError>,
+    },
+    /// The answer to [`Connection::abort`] or [`Connection::lun_reset`].
+    TaskManagement { itt: u32, response: TmfResponse },
+    /// The target asked for a logout (AsyncEvent 1) within this many seconds; new commands
+    /// are refused, and the engine logs out once the commands in flight are done.
+    LogoutRequested { within_secs: u16 },
+    /// The target rejected a PDU that was not a command (its tasks go on).
+    Rejected {
+        reason: RejectReason,
+        opcode: Opcode,
+    },
+    /// The connection is over (every task has its `Completed` before this).
+    Closed(ConnectionError),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the window to open.
+    Queued,
+    /// Sent with this CmdSN.
+    Sent(u32),
+    /// Completed locally (violation); waiting for the ABORT TASK's answer to forget it.
+    Abandoned,
+}
+
+#[derive(Debug)]
+struct Task {
+    lun: u64,
+    cdb: [u8; 16],
+    write: Bytes,
+    read: Option<BytesMut>,
+    read_len: u32,
+    received: u32,
+    next_data_sn: u32,
+    next_r2t_sn: u32,
+    /// R2Ts whose last Data-Out has not left yet: (TTT, Data-Out PDUs still queued).
+    unsent_r2ts: Vec<(u32, u32)>,
+    /// Byte ranges already solicited, to catch an R2T asking twice.
+    solicited: Vec<(u32, u32)>,
+    phase: Phase,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum TmfKind {
+    /// ABORT TASK from the caller (its answer is an event).
+    Abort(u32),
+    /// ABORT TASK for a task abandoned after a violation (answer consumed here).
+    Cleanup(u32),
+    /// LOGICAL UNIT RESET of this LUN, sent when this was the next CmdSN: it ends the
+    /// tasks sent before it, not those sent after (SAM-5 §7.7, RFC 7143 §11.5.1).
+    LunReset(u64, u32),
+}
+
+/// The engine: one initiator connection in full feature phase.
+#[derive(Debug)]
+pub struct Connection {
+    params: SessionParams,
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    exp_stat_sn: u32,
+    itt: TagAllocator,
+    tasks: HashMap<u32, Task>,
+    queued: VecDeque<u32>,
+    tmfs: HashMap<u32, (TmfKind, Instant)>,
+    ping: Option<(u32, Instant)>,
+    next_ping: Option<Instant>,
+    last_rx: Instant,
+    nop_interval: Option<Duration>,
+    nop_timeout: Duration,
+    tmf_timeout: Duration,
+    logout: Option<u32>,
+    logout_asked: bool,
+    pong_bytes: usize,
+    max_pong_bytes: usize,
+    out: VecDeque<Pdu>,
+    events: VecDeque<Event>,
+    closed: Option<ConnectionError>,
+}
+
+impl Connection {
+    #[must_use]
+    pub fn new(cfg: Config, now: Instant) -> Self {
+        Self {
+            params: cfg.params,
+            cmd_sn: cfg.cmd_sn,
+            exp_cmd_sn: cfg.exp_cmd_sn,
+            max_cmd_sn: cfg.max_cmd_sn,
+            exp_stat_sn: cfg.exp_stat_sn,
+            itt: TagAllocator::default(),
+            tasks: HashMap::new(),
+            queued: VecDeque::new(),
+            tmfs: HashMap::new(),
+            ping: None,
+            next_ping: cfg.nop_interval.map(|i| now + i),
+            last_rx: now,
+            nop_interval: cfg.nop_interval,
+            nop_timeout: cfg.nop_timeout,
+            tmf_timeout: cfg.tmf_timeout,
+            logout: None,
+            logout_asked: false,
+            pong_bytes: 0,
+            max_pong_bytes: cfg.max_queued_pong_bytes,
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            closed: None,
+        }
+    }
+
+    // ---- getters ----
+
+    #[must_use]
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+
+    /// Commands submitted and not completed (queued, sent, or abandoned awaiting cleanup).
+    #[must_use]
+    pub fn tasks_in_flight(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Task management requests awaiting an answer.
+    #[must_use]
+    pub fn tmfs_in_flight(&self) -> usize {
+        self.tmfs.len()
+    }
+
+    /// Whether [`Connection::poll_transmit`] has a PDU (drivers wake their writer only then).
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    #[must_use]
+    pub fn closed(&self) -> Option<ConnectionError> {
+        self.closed
+    }
+
+    #[must_use]
+    pub fn logout_requested(&self) -> bool {
+        self.logout_asked
+    }
+
+    /// (CmdSN next, ExpCmdSN, MaxCmdSN, ExpStatSN).
+    #[must_use]
+    pub fn sequence(&self) -> (u32, u32, u32, u32) {
+        (
+            self.cmd_sn,
+            self.exp_cmd_sn,
+            self.max_cmd_sn,
+            self.exp_stat_sn,
+        )
+    }
+
+    /// Whether the window lets another command go now.
+    #[must_use]
+    pub fn window_open(&self) -> bool {
+        sn_le(self.cmd_sn, self.max_cmd_sn) && self.queued.is_empty()
+    }
+
+    // ---- outputs ----
+
+    /// The next PDU to send, ExpStatSN stamped now.
+    pub fn poll_transmit(&mut self) -> Option<Pdu> {
+        let mut pdu = self.out.pop_front()?;
+        let e = self.exp_stat_sn;
+        match &mut pdu.header {
+            Header::ScsiCommand(h) => h.exp_stat_sn = e,
+            Header::DataOut(h) => {
+                h.exp_stat_sn = e;
+                if h.final_ && h.ttt != RESERVED_TAG {
+                    self.r2t_answered(h.itt, h.ttt);
+                }
+            }
+            Header::NopOut(h) => {
+                h.exp_stat_sn = e;
+                if h.itt == RESERVED_TAG {
+                    self.pong_bytes = self.pong_bytes.saturating_sub(BHS_LEN + pdu.data.len());
+                }
+            }
+            Header::TaskMgmtRequest(h) => h.exp_stat_sn = e,
+            Header::LogoutRequest(h) => h.exp_stat_sn = e,
+            Header::TextRequest(h) => h.exp_stat_sn = e,
+            _ => {}
+        }
+        Some(pdu)
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let ping = match self.ping {
+            Some((_, sent)) => Some(sent.max(self.last_rx) + self.nop_timeout),
+            None => self.next_ping,
+        };
+        let tmf = self.tmfs.values().map(|(_, d)| *d).min();
+        match (ping, tmf) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- role methods ----
+
+    /// A fresh ITT, for callers that bind data to it before submitting (Seal).
+    pub fn alloc_itt(&mut self) -> u32 {
+        loop {
+            let itt = self.itt.next_tag();
+            if !self.tasks.contains_key(&itt) && !self.tmfs.contains_key(&itt) {
+                return itt;
+            }
+        }
+    }
+
+    /// Submits a command; it leaves as soon as the window allows.
+    pub fn submit(&mut self, now: Instant, cmd: Command) -> Result<u32, SubmitError> {
+        let itt = self.alloc_itt();
+        self.submit_as(now, itt, cmd)
+    }
+
+    /// Submits a command under an ITT from [`Connection::alloc_itt`].
+    pub fn submit_as(&mut self, _now: Instant, itt: u32, cmd: Command) -> Result<u32, SubmitError> {
+        if let Some(e) = self.closed {
+            return Err(SubmitError::Closed(e));
+        }
+        if self.logout_asked || self.logout.is_some() {
+            return Err(SubmitError::LogoutRequested);
+        }
+        if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
+            return Err(SubmitError::Invalid);
+        }
+        let (write, read, read_len) = match cmd.data {
+            Data::None => (Bytes::new(), None, 0),
+            Data::Write(b) => {
+                if u32::try_from(b.len()).is_err() {
+                    return Err(SubmitError::Invalid);
+                }
+                (b, None, 0)
+            }
+            Data::Read { mut buf, len } => {
+                // A reused buffer keeps its old bytes: Data-In must arrive in order and cover
+                // every byte, so nothing stale leaks, and a large read pays no memset.
+                buf.resize(len as usize, 0);
+                (Bytes::new(), Some(buf), len)
+            }
+        };
+        self.tasks.insert(
+            itt,
+            Task {
+                lun: cmd.lun,
+                cdb: cmd.cdb,
+                write,
+                read,
+                read_len,
+                received: 0,
+                next_data_sn: 0,
+                next_r2t_sn: 0,
+                unsent_r2ts: Vec::new(),
+                solicited: Vec::new(),
+                phase: Phase::Queued,
+            },
+        );
+        self.queued.push_back(itt);
+        self.flush_queued();
+        Ok(itt)
+    }
+
+    /// ABORT TASK for `itt` (§11.5.1). A command still waiting for the window is withdrawn
+    /// at once. Returns the TMF's ITT when a request went out.
+    pub fn abort(&mut self, now: Instant, itt: u32) -> Option<u32> {
+        let phase = &self.tasks.get(&itt)?.phase;
+        match *phase {
+            Phase::Queued => {
+                self.queued.retain(|i| *i != itt);
+                self.finish(itt, Err(TaskError::Aborted(AbortedBy::AbortTask)));
+                None
+            }
+            Phase::Sent(cmd_sn) => Some(self.send_tmf(
+                now,
+                TmfFunction::ABORT_TASK,
+                TmfKind::Abort(itt),
+                itt,
+                cmd_sn,
+            )),
+            Phase::Abandoned => None,
+        }
+    }
+
+    /// LOGICAL UNIT RESET of `lun` (§11.5.1): on FUNCTION COMPLETE every task of ours on it
+    /// that was sent ends with [`AbortedBy::LunReset`].
+    pub fn lun_reset(&mut self, now: Instant, lun: u64) -> u32 {
+        self.send_tmf(
+            now,
+            TmfFunction::LOGICAL_UNIT_RESET,
+            TmfKind::LunReset(lun, self.cmd_sn),
+            RESERVED_TAG,
+            0,
+        )
+    }
+
+    /// Logout, closing the session (§11.14). Queued commands fail; the connection ends with
+    /// the Logout Response.
+    pub fn logout(&mut self, _now: Instant) -> Option<u32> {
+        if self.closed.is_some() || self.logout.is_some() {
+            return None;
+        }
+        let queued: Vec<u32> = self.queued.drain(..).collect();
+        for itt in queued {
+            self.finish(
+                itt,
+                Err(TaskError::ConnectionLost(ConnectionError {
+                    by: Side::Initiator,
+                    reason: CloseReason::Logout,
+                })),
+            );
+        }
+        let itt = self.alloc_itt();
+        self.logout = Some(itt);
+        self.out.push_back(Pdu::new(
+            LogoutRequest {
+                immediate: true,
+                reason: LogoutReason::CLOSE_SESSION,
+                itt,
+                cid: 0,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: 0,
+            },
+            Bytes::new(),
+        ));
+        Some(itt)
+    }
+
+    /// The driver ends the connection (caller dropped the session, socket error): every task
+    /// fails with `reason`.
+    pub fn close(&mut self, by: Side, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        let e = ConnectionError { by, reason };
+        self.closed = Some(e);
+        self.queued.clear();
+        let mut itts: Vec<u32> = self.tasks.keys().copied().collect();
+        itts.sort_unstable();
+        for itt in itts {
+            self.finish(itt, Err(TaskError::ConnectionLost(e)));
+        }
+        self.tmfs.clear();
+        self.events.push_back(Event::Closed(e));
+    }
+
+    // ---- inputs ----
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        if self.tmfs.values().any(|(_, d)| now >= *d) {
+            self.close(
+                Side::Initiator,
+                CloseReason::TaskManagementTimeout(self.tmf_timeout),
+            );
+            return;
+        }
+        match self.ping {
+            Some((_, sent)) => {
+                // Dead when neither the answer nor anything else came for nop_timeout: on a
+                // slow lossy link the ping waits behind MiBs of data, and R2Ts, Data-In and
+                // status keep proving the target alive.
+                if now >= sent.max(self.last_rx) + self.nop_timeout {
+                    self.close(Side::Initiator, CloseReason::PingTimeout(self.nop_timeout));
+                }
+            }
+            None => {
+                if let (Some(d), Some(i)) = (self.next_ping, self.nop_interval) {
+                    if now >= d {
+                        let itt = self.alloc_itt();
+                        self.ping = Some((itt, now));
+                        self.next_ping = Some(now + i);
+                        self.out.push_back(Pdu::new(
+                            NopOut {
+                                immediate: true,
+                                lun: 0,
+                                itt,
+                                ttt: RESERVED_TAG,
+                                cmd_sn: self.cmd_sn,
+                                exp_stat_sn: 0,
+                            },
+                            Bytes::new(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stream could not be decoded: the connection is over.
+    pub fn handle_wire_error(&mut self, _now: Instant) {
+        self.close(Side::Target, CloseReason::Framing);
+    }
+
+    /// The target closed the connection.
+    pub fn peer_closed(&mut self) {
+        self.close(Side::Target, CloseReason::PeerClosed);
+    }
+
+    pub fn handle_pdu(&mut self, now: Instant, pdu: Pdu) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.last_rx = now;
+        let (win, stat) = match &pdu.header {
+            Header::ScsiResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+            Header::DataIn(h) => (
+                Some((h.exp_cmd_sn, h.max_cmd_sn)),
+                h.status_present.then_some(h.stat_sn),
+            ),
+            Header::R2t(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), None),
+            Header::NopIn(h) => (
+                Some((h.exp_cmd_sn, h.max_cmd_sn)),
+                (h.itt != RESERVED_TAG).then_some(h.stat_sn),
+            ),
+            Header::AsyncMessage(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+            Header::Reject(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+            Header::LogoutResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+            Header::TextResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+            Header::TaskMgmtResponse(h) => (Some((h.exp_cmd_sn, h.max_cmd_sn)), Some(h.stat_sn)),
+            _ => (None, None),
+        };
+        if let Some(s) = stat {
+            let next = s.wrapping_add(1);
+            if sn_lt(self.exp_stat_sn, next) {
+                self.exp_stat_sn = next;
+            }
+        }
+        if let Some((e, m)) = win {
+            self.update_window(e, m);
+        }
+        let Pdu { header, data, .. } = pdu;
+        match header {
+            Header::DataIn(h) => self.on_data_in(&h, &data),
+            Header::ScsiResponse(h) => self.on_response(&h, &data),
+            Header::R2t(h) => self.on_r2t(now, &h),
+            Header::NopIn(h) => self.on_nop_in(&h, &data),
+            Header::Reject(h) => self.on_reject(h.reason, &data),
+            Header::TaskMgmtResponse(h) => self.on_tmf_response(h.itt, h.response),
+            Header::LogoutResponse(h) => {
+                if self.logout == Some(h.itt) {
+                    let reason = if self.logout_asked {
+                        CloseReason::LogoutRequested
+                    } else {
+                        CloseReason::Logout
+                    };
+                    self.close(Side::Initiator, reason);
+                } else {
+                    self.violation(Violation::UnknownTask {
+                        opcode: Opcode::LOGOUT_RESPONSE,
+                        itt: h.itt,
+                    });
+                }
+            }
+            Header::AsyncMessage(h) => match h.async_event {
+                1 if !self.logout_asked => {
+                    self.logout_asked = true;
+                    self.events.push_back(Event::LogoutRequested {
+                        within_secs: h.parameter3,
+                    });
+                }
+                2 | 3 => self.close(Side::Target, CloseReason::AsyncDrop(h.async_event)),
+                _ => {}
+            },
+            other => self.violation(Violation::UnexpectedPdu(other.opcode())),
+        }
+        self.flush_queued();
+        self.honor_logout_request();
+    }
+
+    // ---- internals ----
+
+    /// Window update (§4.2.2.1): ignore a MaxCmdSN below ExpCmdSN - 1, never move back.
+    fn update_window(&mut self, exp: u32, max: u32) {
+        if sn_lt(max, exp.wrapping_sub(1)) {
+            return;
+        }
+        if sn_lt(self.exp_cmd_sn, exp) {
+            self.exp_cmd_sn = exp;
+        }
+        if sn_lt(self.max_cmd_sn, max) {
+            self.max_cmd_sn = max;
+        }
+    }
+
+    /// A violation that leaves the connection unusable.
+    fn violation(&mut self, v: Violation) {
+        self.close(Side::Initiator, CloseReason::Violation(v));
+    }
+
+    fn finish(&mut self, itt: u32, result: Result<Completion, TaskError>) {
+        if let Some(t) = self.tasks.remove(&itt) {
+            if t.phase != Phase::Abandoned {
+                self.events.push_back(Event::Completed { itt, result });
+            }
+        }
+    }
+
+    /// A rule broken for one task: it ends with the violation, and ABORT TASK cleans up.
+    fn abandon(&mut self, now: Instant, itt: u32, v: Violation) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let Phase::Sent(cmd_sn) = t.phase else {
+            return;
+        };
+        t.phase = Phase::Abandoned;
+        t.read = None;
+        self.events.push_back(Event::Completed {
+            itt,
+            result: Err(TaskError::Violation(v)),
+        });
+        self.send_tmf(
+            now,
+            TmfFunction::ABORT_TASK,
+            TmfKind::Cleanup(itt),
+            itt,
+            cmd_sn,
+        );
+    }
+
+    fn send_tmf(
+        &mut self,
+        now: Instant,
+        function: TmfFunction,
+        kind: TmfKind,
+        rtt: u32,
+        ref_cmd_sn: u32,
+    ) -> u32 {
+        let itt = self.alloc_itt();
+        let lun = match kind {
+            TmfKind::Abort(t) | TmfKind::Cleanup(t) => self.tasks.get(&t).map_or(0, |t| t.lun),
+            TmfKind::LunReset(l, _) => l,
+        };
+        self.tmfs.insert(itt, (kind, now + self.tmf_timeout));
+        self.out.push_back(Pdu::new(
+            TaskMgmtRequest {
+                immediate: true,
+                function,
+                lun,
+                itt,
+                referenced_task_tag: rtt,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: 0,
+                ref_cmd_sn,
+                exp_data_sn: 0,
+            },
+            Bytes::new(),
+        ));
+        itt
+    }
+
+    /// Sends queued commands while the window is open.
+    fn flush_queued(&mut self) {
+        while self.closed.is_none() && sn_le(self.cmd_sn, self.max_cmd_sn) {
+            let Some(itt) = self.queued.pop_front() else {
+                return;
+            };
+            let cmd_sn = self.cmd_sn;
+            self.cmd_sn = self.cmd_sn.wrapping_add(1);
+            self.send_command(itt, cmd_sn);
+        }
+    }
+
+    /// The command PDU with its immediate data, then unsolicited Data-Out (§4.2.5.1).
+    fn send_command(&mut self, itt: u32, cmd_sn: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        t.phase = Phase::Sent(cmd_sn);
+        let p = &self.params;
+        let seg = p.target_max_recv_data_segment_length.max(512) as usize;
+        let first_burst = p.first_burst_length as usize;
+        let total = t.write.len();
+        let imm = if p.immediate_data {
+            total.min(first_burst).min(seg)
+        } else {
+            0
+        };
+        let unsolicited_end = if p.initial_r2t {
+            imm
+        } else {
+            total.min(first_burst)
+        };
+        let edtl = u32::try_from(total).unwrap_or(u32::MAX).max(t.read_len);
+        t.solicited.push((0, unsolicited_end as u32));
+        self.out.push_back(Pdu::new(
+            ScsiCommand {
+                immediate: false,
+                final_: unsolicited_end == imm,
+                read: t.read_len > 0,
+                write: total > 0,
+                attr: TaskAttr::SIMPLE,
+                lun: t.lun,
+                itt,
+                expected_data_transfer_length: edtl,
+                cmd_sn,
+                exp_stat_sn: 0,
+                cdb: t.cdb,
+            },
+            t.write.slice(..imm),
+        ));
+        let mut off = imm;
+        let mut data_sn = 0u32;
+        while off < unsolicited_end {
+            let end = (off + seg).min(unsolicited_end);
+            self.out.push_back(Pdu::new(
+                DataOut {
+                    final_: end == unsolicited_end,
+                    lun: t.lun,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    exp_stat_sn: 0,
+                    data_sn,
+                    buffer_offset: off as u32,
+                },
+                t.write.slice(off..end),
+            ));
+            data_sn = data_sn.wrapping_add(1);
+            off = end;
+        }
+    }
+
+    /// The task named by a target PDU: `None` (and the PDU dropped) for an abandoned task;
+    /// an unknown ITT ends the connection (it never existed, or the target's state is lost).
+    fn live_task(&mut self, opcode: Opcode, itt: u32) -> Option<&mut Task> {
+        match self.tasks.get(&itt).map(|t| &t.phase) {
+            Some(Phase::Sent(_)) => self.tasks.get_mut(&itt),
+            Some(Phase::Abandoned) => None,
+            _ => {
+                self.violation(Violation::UnknownTask { opcode, itt });
+                None
+            }
+        }
+    }
+
+    fn on_data_in(&mut self, h: &DataIn, data: &Bytes) {
+        let now_itt = h.itt;
+        let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
+            return;
+        };
+        let off = h.buffer_offset;
+        let len = data.len() as u64;
+        let check = if t.read.is_none() {
+            Err(Violation::DataInWithoutRead)
+        } else if off != t.received {
+            // DataPDUInOrder=Yes, DataSequenceInOrder=Yes (§13.18, §13.19).
+            Err(Violation::DataInOffset {
+                expected: t.received,
+                got: off,
+            })
+        } else if u64::from(off) + len > u64::from(t.read_len) {
+            Err(Violation::DataInPastEnd {
+                end: u64::from(off) + len,
+                len: t.read_len,
+            })
+        } else if h.data_sn != t.next_data_sn {
+            Err(Violation::DataInSn {
+                expected: t.next_data_sn,
+                got: h.data_sn,
+            })
+        } else {
+            Ok(())
+        };
+        if let Err(v) = check {
+            // At ErrorRecoveryLevel 0 a Data-In sequence cannot be repaired (no SNACK,
+            // §7.1.4): the connection ends, and every task with it.
+            self.violation(v);
+            return;
+        }
+        if let Some(buf) = t.read.as_mut() {
+            buf[off as usize..off as usize + data.len()].copy_from_slice(data);
+        }
+        t.received += data.len() as u32;
+        t.next_data_sn = t.next_data_sn.wrapping_add(1);
+        if h.status_present {
+            let residual = residual_of(h.underflow, h.overflow, h.residual_count);
+            self.status(now_itt, h.status, None, residual);
+        }
+    }
+
+    fn on_response(&mut self, h: &ScsiResponse, data: &Bytes) {
+        if self.live_task(Opcode::SCSI_RESPONSE, h.itt).is_none() {
+            // Status for an abandoned task: its cleanup is moot, forget it.
+            if self
+                .tasks
+                .get(&h.itt)
+                .is_some_and(|t| t.phase == Phase::Abandoned)
+            {
+                self.tasks.remove(&h.itt);
+            }
+            return;
+        }
+        if h.response != 0 {
+            self.finish(h.itt, Err(TaskError::IscsiResponse(h.response)));
+            return;
+        }
+        // Sense data: 2-byte SenseLength, then the sense bytes (§11.4.7.2).
+        let sense = (data.len() >= 2).then(|| {
+            let sl = usize::from(u16::from_be_bytes([data[0], data[1]]));
+            data.slice(2..(2 + sl).min(data.len()))
+        });
+        let sense = sense.filter(|s| !s.is_empty());
+        let residual = residual_of(h.underflow, h.overflow, h.residual_count);
+        self.status(h.itt, h.status, sense, residual);
+    }
+
+    fn status(&mut self, itt: u32, status: u8, sense: Option<Bytes>, residual: i64) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let mut data = t.read.take().unwrap_or_default();
+        if residual > 0 {
+            data.truncate((t.read_len as usize).saturating_sub(residual as usize));
+        }
+        let good = status == 0x00 || status == 0x04;
+        let result = if good && (t.received as usize) < data.len() {
+            // GOOD with fewer bytes than promised: the buffer would hold bytes the target
+            // never sent.
+            Err(TaskError::Violation(Violation::ShortRead {
+                received: t.received,
+                expected: data.len() as u32,
+            }))
+        } else {
+            Ok(Completion {
+                status,
+                sense,
+                data,
+                residual,
+            })
+        };
+        self.finish(itt, result);
+    }
+
+    /// Checks an R2T against RFC 7143 §11.8 and the negotiated limits, then answers it with
+    /// Data-Out PDUs of at most the target's MaxRecvDataSegmentLength (slices of the write
+    /// buffer, no copy).
+    fn on_r2t(&mut self, now: Instant, h: &R2t) {
+        let max_burst = self.params.max_burst_length;
+        let max_outstanding = self.params.max_outstanding_r2t.max(1);
+        let seg = self.params.target_max_recv_data_segment_length.max(512);
+        let Some(t) = self.live_task(Opcode::R2T, h.itt) else {
+            return;
+        };
+        let (off, len) = (h.buffer_offset, h.desired_data_transfer_length);
+        let total = u32::try_from(t.write.len()).unwrap_or(u32::MAX);
+        let end = u64::from(off) + u64::from(len);
+        let check = if t.write.is_empty() {
+            Err(Violation::R2tWithoutWrite)
+        } else if h.ttt == RESERVED_TAG {
+            Err(Violation::R2tReservedTag)
+        } else if len == 0 || end > u64::from(total) {
+            Err(Violation::R2tOutsideWrite {
+                offset: off,
+                len,
+                total,
+            })
+        } else if len > max_burst {
+            Err(Violation::R2tOverBurst {
+                len,
+                max: max_burst,
+            })
+        } else if h.r2t_sn != t.next_r2t_sn {
+            Err(Violation::R2tSn {
+                expected: t.next_r2t_sn,
+                got: h.r2t_sn,
+            })
+        } else if t.unsent_r2ts.iter().any(|(ttt, _)| *ttt == h.ttt) {
+            Err(Violation::R2tDuplicateTag { ttt: h.ttt })
+        } else if t.unsent_r2ts.len() as u32 >= max_outstanding {
+            // The target cannot have seen the data of these yet: it has more than
+            // MaxOutstandingR2T outstanding (§13.17).
+            Err(Violation::R2tOutstanding {
+                max: max_outstanding,
+            })
+        } else if t
+            .solicited
+            .iter()
+            .any(|&(o, l)| off < o.saturating_add(l) && o < off.saturating_add(len))
+        {
+            Err(Violation::R2tOverlap { offset: off, len })
+        } else {
+            Ok(())
+        };
+        if let Err(v) = check {
+            self.abandon(now, h.itt, v);
+            return;
+        }
+        t.next_r2t_sn = t.next_r2t_sn.wrapping_add(1);
+        t.solicited.push((off, len));
+        let pdus = len.div_ceil(seg);
+        t.unsent_r2ts.push((h.ttt, pdus));
+        let (lun, write) = (t.lun, t.write.clone());
+        let mut pos = off;
+        let mut data_sn = 0u32;
+        let stop = off + len;
+        while pos < stop {
+            let e = (pos + seg).min(stop);
+            self.out.push_back(Pdu::new(
+                DataOut {
+                    final_: e == stop,
+                    lun,
+                    itt: h.itt,
+                    ttt: h.ttt,
+                    exp_stat_sn: 0,
+                    data_sn,
+                    buffer_offset: pos,
+                },
+                write.slice(pos as usize..e as usize),
+            ));
+            data_sn = data_sn.wrapping_add(1);
+            pos = e;
+        }
+    }
+
+    /// The last Data-Out answering `ttt` left: that R2T is no longer ours to answer.
+    fn r2t_answered(&mut self, itt: u32, ttt: u32) {
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.unsent_r2ts.retain(|(x, _)| *x != ttt);
+        }
+    }
+
+    fn on_nop_in(&mut self, h: &NopIn, data: &Bytes) {
+        if h.itt != RESERVED_TAG {
+            if self.ping.is_some_and(|(itt, _)| itt == h.itt) {
+                self.ping = None;
+            }
+            return;
+        }
+        if h.ttt == RESERVED_TAG {
+            return;
+        }
+        let cost = BHS_LEN + data.len();
+        self.pong_bytes += cost;
+        if self.pong_bytes > self.max_pong_bytes {
+            let queued = self.pong_bytes;
+            self.violation(Violation::PingFlood { queued });
+            return;
+        }
+        // The target pings us: answer with its TTT and data (§11.18). The data is copied so
+        // a queued answer does not pin the receive buffer.
+        self.out.push_back(Pdu::new(
+            NopOut {
+                immediate: true,
+                lun: h.lun,
+                itt: RESERVED_TAG,
+                ttt: h.ttt,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: 0,
+            },
+            Bytes::copy_from_slice(data),
+        ));
+    }
+
+    fn on_reject(&mut self, reason: RejectReason, data: &Bytes) {
+        // The data segment holds the rejected header: its opcode and ITT name the task.
+        let opcode = Opcode(data.first().copied().unwrap_or(0xff) & 0x3f);
+        let itt = data
+            .get(16..20)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        match (opcode, itt) {
+            (Opcode::SCSI_COMMAND, Some(itt)) if self.tasks.contains_key(&itt) => {
+                // A rejected command never became a task at the target.
+                self.finish(itt, Err(TaskError::Rejected(reason)));
+            }
+            // A rejected Data-Out: the target ends the command with CHECK CONDITION (ERL 0),
+            // the status still comes.
+            _ => self.events.push_back(Event::Rejected { reason, opcode }),
+        }
+    }
+
+    fn on_tmf_response(&mut self, itt: u32, response: TmfResponse) {
+        let Some((kind, _)) = self.tmfs.remove(&itt) else {
+            self.violation(Violation::UnknownTask {
+                opcode: Opcode::TASK_MGMT_RESPONSE,
+                itt,
+            });
+            return;
+        };
+        let ends = matches!(
+            response,
+            TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
+        );
+        match kind {
+            TmfKind::Abort(task) => {
+                if ends {
+                    // Nothing more comes for it (§11.6.1).
+                    self.finish(task, Err(TaskError::Aborted(AbortedBy::AbortTask)));
+                }
+                self.events
+                    .push_back(Event::TaskManagement { itt, response });
+            }
+            TmfKind::Cleanup(task) => {
+                if ends {
+                    self.tasks.remove(&task);
+                }
+            }
+            TmfKind::LunReset(lun, at) => {
+                if response == TmfResponse::FUNCTION_COMPLETE {
+                    let mut hit: Vec<u32> = self
+                        .tasks
+                        .iter()
+                        .filter(|(_, t)| {
+                            t.lun == lun && matches!(t.phase, Phase::Sent(sn) if sn_lt(sn, at))
+                        })
+                        .map(|(i, _)| *i)
+                        .collect();
+                    hit.sort_unstable();
+                    for t in hit {
+                        self.finish(t, Err(TaskError::Aborted(AbortedBy::LunReset)));
+                    }
+                }
+                self.events
+                    .push_back(Event::TaskManagement { itt, response });
+            }
+        }
+    }
+
+    /// After AsyncEvent 1: the Logout goes once no command is in flight.
+    fn honor_logout_request(&mut self) {
+        if self.logout_asked
+            && self.logout.is_none()
+            && self.closed.is_none()
+            && self.tasks.is_empty()
+        {
+            let itt = self.alloc_itt();
+            self.logout = Some(itt);
+            self.out.push_back(Pdu::new(
+                LogoutRequest {
+                    immediate: true,
+                    reason: LogoutReason::CLOSE_SESSION,
+                    itt,
+                    cid: 0,
+                    cmd_sn: self.cmd_sn,
+                    exp_stat_sn: 0,
+                },
+                Bytes::new(),
+            ));
+        }
+    }
+}
+
+fn residual_of(underflow: bool, overflow: bool, count: u32) -> i64 {
+    if underflow {
+        i64::from(count)
+    } else if overflow {
+        -i64::from(count)
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SessionParams {
+        SessionParams {
+            initial_r2t: true,
+            immediate_data: false,
+            max_burst_length: 4096,
+            first_burst_length: 4096,
+            max_outstanding_r2t: 1,
+            target_max_recv_data_segment_length: 4096,
+            ..SessionParams::default()
+        }
+    }
+
+    fn conn() -> (Connection, Instant) {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 1, 16, 1);
+        cfg.nop_interval = None;
+        (Connection::new(cfg, now), now)
+    }
+
+    fn write(c: &mut Connection, now: Instant, len: usize) -> u32 {
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0x8a; 16],
+                    data: Data::Write(Bytes::from(vec![7u8; len])),
+                },
+            )
+            .unwrap();
+        while c.poll_transmit().is_some() {}
+        itt
+    }
+
+    fn r2t(itt: u32, ttt: u32, r2t_sn: u32, off: u32, len: u32) -> Pdu {
+        Pdu::new(
+            R2t {
+                lun: 0,
+                itt,
+                ttt,
+                stat_sn: 1,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 16,
+                r2t_sn,
+                buffer_offset: off,
+                desired_data_transfer_length: len,
+            },
+            Bytes::new(),
+        )
+    }
+
+    fn violation(c: &mut Connection) -> Option<Violation> {
+        while let Some(e) = c.poll_event() {
+            if let Event::Completed {
+                result: Err(TaskError::Violation(v)),
+                ..
+            } = e
+            {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn answers_an_r2t_with_data_out_slices() {
+        let (mut c, now) = conn();
+        let itt = write(&mut c, now, 8192);
+        c.handle_pdu(now, r2t(itt, 5, 0, 0, 4096));
+        let p = c.poll_transmit().unwrap();
+        let Header::DataOut(d) = p.header else {
+            panic!()
+        };
+        assert_eq!(
+            (d.ttt, d.buffer_offset, d.final_, p.data.len()),
+            (5, 0, true, 4096)
+        );
+        assert!(c.closed().is_none());
+    }
+
+    #[test]
+    fn rejects_r2t_beyond_max_outstanding_r2t_while_the_first_is_unanswered() {
+        let (mut c, now) = conn();
+        let itt = write(&mut c, now, 8192);
+        c.handle_pdu(now, r2t(itt, 5, 0, 0, 4096));
+        // The first R2T's Data-Out has not left yet: a second one breaks MaxOutstandingR2T=1.
+        c.handle_pdu(now, r2t(itt, 6, 1, 4096, 4096));
+        assert_eq!(
+            violation(&mut c),
+            Some(Violation::R2tOutstanding { max: 1 })
+        );
+        assert!(
+            c.closed().is_none(),
+            "the task ends, the connection goes on"
+        );
+        let mut abort = false;
+        while let Some(p) = c.poll_transmit() {
+            abort |= matches!(p.header, Header::TaskMgmtRequest(ref t) if t.function == TmfFunction::ABORT_TASK && t.referenced_task_tag == itt);
+        }
+        assert!(abort, "ABORT TASK cleans up the target's side");
+    }
+
+    #[test]
+    fn rejects_r2t_with_a_wrong_r2tsn() {
+        let (mut c, now) = conn();
+        let itt = write(&mut c, now, 8192);
+        c.handle_pdu(now, r2t(itt, 5, 1, 0, 4096));
+        assert_eq!(
+            violation(&mut c),
+            Some(Violation::R2tSn {
+                expected: 0,
+                got: 1
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_r2t_reusing_an_outstanding_ttt() {
+        let (mut c, now) = conn();
+        c.params.max_outstanding_r2t = 4;
+        let itt = write(&mut c, now, 8192);
+        c.handle_pdu(now, r2t(itt, 5, 0, 0, 4096));
+        c.handle_pdu(now, r2t(itt, 5, 1, 4096, 4096));
+        assert_eq!(
+            violation(&mut c),
+            Some(Violation::R2tDuplicateTag { ttt: 5 })
+        );
+    }
+
+    #[test]
+    fn rejects_r2t_asking_for_the_same_bytes_twice_and_the_reserved_ttt() {
+        let (mut c, now) = conn();
+        let itt = write(&mut c, now, 8192);
+        c.handle_pdu(now, r2t(itt, 5, 0, 0, 4096));
+        while c.poll_transmit().is_some() {}
+        c.handle_pdu(now, r2t(itt, 6, 1, 2048, 4096));
+        assert_eq!(
+            violation(&mut c),
+            Some(Violation::R2tOverlap {
+                offset: 2048,
+                len: 4096
+            })
+        );
+        let itt = write(&mut c, now, 4096);
+        c.handle_pdu(now, r2t(itt, RESERVED_TAG, 0, 0, 4096));
+        assert_eq!(violation(&mut c), Some(Violation::R2tReservedTag));
+    }
+
+    #[test]
+    fn unknown_itt_ends_the_connection_and_fails_every_task_once() {
+        let (mut c, now) = conn();
+        let a = write(&mut c, now, 4096);
+        c.handle_pdu(now, r2t(999, 5, 0, 0, 4096));
+        assert!(c.closed().is_some());
+        let mut done = Vec::new();
+        while let Some(e) = c.poll_event() {
+            if let Event::Completed { itt, result } = e {
+                assert!(matches!(result, Err(TaskError::ConnectionLost(_))));
+                done.push(itt);
+            }
+        }
+        assert_eq!(done, vec![a]);
+        assert_eq!(c.tasks_in_flight(), 0);
+    }
+
+    #[test]
+    fn holds_commands_until_the_window_opens() {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 1, 1, 1);
+        cfg.nop_interval = None;
+        let mut c = Connection::new(cfg, now);
+        let a = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0; 16],
+                    data: Data::None,
+                },
+            )
+            .unwrap();
+        let b = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0; 16],
+                    data: Data::None,
+                },
+            )
+            .unwrap();
+        let sent: Vec<u32> = std::iter::from_fn(|| c.poll_transmit())
+            .map(|p| p.header.itt())
+            .collect();
+        assert_eq!(sent, vec![a], "MaxCmdSN 1 admits one");
+        let resp = ScsiResponse {
+            itt: a,
+            stat_sn: 1,
+            exp_cmd_sn: 2,
+            max_cmd_sn: 2,
+            ..ScsiResponse::default()
+        };
+        c.handle_pdu(now, Pdu::new(resp, Bytes::new()));
+        let sent: Vec<u32> = std::iter::from_fn(|| c.poll_transmit())
+            .map(|p| p.header.itt())
+            .collect();
+        assert_eq!(sent, vec![b]);
+        assert_eq!(c.sequence().3, 2, "ExpStatSN advanced");
+    }
+}

@@ -1,0 +1,202 @@
+//! The full feature phase as one sans-IO engine for both roles (RFC 7143 §4–§11), in the
+//! shape of quinn-proto's `Connection`: inputs are `handle_pdu(now, pdu)`,
+//! `handle_timeout(now)` and the role's methods; outputs are `poll_transmit()` (PDUs with
+//! their sequence numbers stamped at the moment they leave), `poll_timeout()` and
+//! `poll_event()`. No sockets, no clock, no locks: the tokio drivers in `ipsan-target` and
+//! `ipsan-initiator` move the bytes and pass the time in.
+//!
+//! # Layout
+//! - [`target`]: the target's connection: CmdSN window admission, the task table, R2T
+//!   generation, Data-In segmentation and status, residuals, task management with data in
+//!   flight, NOP-In pings, text, logout.
+//! - [`initiator`]: the initiator's connection: the CmdSN window as seen from the initiator,
+//!   command submission with immediate and unsolicited data, R2T checking and answering,
+//!   Data-In reassembly, task management, NOP-Out keepalive, logout.
+//! - [`r2t`]: the target's bookkeeping of one write's data phase (R2TSN, DataSN, offsets,
+//!   MaxOutstandingR2T, burst limits).
+//! - This module: what both roles share: tags, errors typed by scope, sense bytes.
+//!
+//! Errors carry their scope (STYLE.md, h2): a task error ends one command (status and sense,
+//! an abort, a Reject of its PDU), a [`ConnectionError`] ends the connection and says which
+//! side ended it and why; nothing here is a free-form string.
+
+pub mod initiator;
+pub mod r2t;
+pub mod target;
+
+use iscsi_wire::header::RejectReason;
+use iscsi_wire::{Opcode, RESERVED_TAG};
+
+/// Hands out Initiator or Target Transfer Tags: never the reserved 0xffffffff (RFC 7143
+/// §11.2.1.8, §11.8.3), never 0, wrapping after 0xfffffffe. One allocator per connection and
+/// kind, so no code path can invent its own tag arithmetic.
+#[derive(Clone, Debug)]
+pub struct TagAllocator {
+    next: u32,
+}
+
+impl Default for TagAllocator {
+    fn default() -> Self {
+        Self { next: 1 }
+    }
+}
+
+impl TagAllocator {
+    /// An allocator whose first tag is `first` (0 and the reserved tag are skipped).
+    #[must_use]
+    pub fn starting_at(first: u32) -> Self {
+        let mut a = Self { next: first };
+        a.skip_reserved();
+        a
+    }
+
+    fn skip_reserved(&mut self) {
+        if self.next == RESERVED_TAG || self.next == 0 {
+            self.next = 1;
+        }
+    }
+
+    /// The next tag.
+    pub fn next_tag(&mut self) -> u32 {
+        self.skip_reserved();
+        let t = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.skip_reserved();
+        t
+    }
+}
+
+/// Which side of the connection did something.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Initiator,
+    Target,
+}
+
+/// A rule of RFC 7143 the peer broke. Each names the PDU and field, never free text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Violation {
+    #[error("{} for unknown ITT {itt:#x}", short_name(*opcode))]
+    UnknownTask { opcode: Opcode, itt: u32 },
+    #[error("{0:?} is not expected in full feature phase here")]
+    UnexpectedPdu(Opcode),
+    #[error("Data-In for a command without read data")]
+    DataInWithoutRead,
+    #[error("Data-In DataSN {got}, expected {expected}")]
+    DataInSn { expected: u32, got: u32 },
+    #[error("Data-In at offset {got}, expected {expected} (out of order or overlapping)")]
+    DataInOffset { expected: u32, got: u32 },
+    #[error("Data-In ends at {end}, past the {len} bytes expected")]
+    DataInPastEnd { end: u64, len: u32 },
+    #[error("GOOD status after {received} of {expected} bytes of Data-In")]
+    ShortRead { received: u32, expected: u32 },
+    #[error("R2T for a command without write data")]
+    R2tWithoutWrite,
+    #[error("R2T with the reserved Target Transfer Tag")]
+    R2tReservedTag,
+    #[error("R2T for {offset}+{len} outside the {total}-byte write")]
+    R2tOutsideWrite { offset: u32, len: u32, total: u32 },
+    #[error("R2T asks {len} bytes, over MaxBurstLength {max}")]
+    R2tOverBurst { len: u32, max: u32 },
+    #[error("R2TSN {got}, expected {expected}")]
+    R2tSn { expected: u32, got: u32 },
+    #[error("R2T beyond MaxOutstandingR2T {max}")]
+    R2tOutstanding { max: u32 },
+    #[error("R2T reuses Target Transfer Tag {ttt:#x} still outstanding")]
+    R2tDuplicateTag { ttt: u32 },
+    #[error("R2T asks again for bytes already requested ({offset}+{len})")]
+    R2tOverlap { offset: u32, len: u32 },
+    #[error("NOP-In pings faster than the answers leave ({queued} bytes queued)")]
+    PingFlood { queued: usize },
+    #[error("data phase: {0}")]
+    DataPhase(r2t::DataError),
+}
+
+/// The short name RFC 7143's text uses for a target PDU.
+fn short_name(op: Opcode) -> &'static str {
+    match op {
+        Opcode::SCSI_DATA_IN => "Data-In",
+        Opcode::R2T => "R2T",
+        Opcode::SCSI_RESPONSE => "SCSI Response",
+        Opcode::TASK_MGMT_RESPONSE => "Task Management Response",
+        Opcode::LOGOUT_RESPONSE => "Logout Response",
+        Opcode::NOP_IN => "NOP-In",
+        _ => "PDU",
+    }
+}
+
+/// Why a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// A Logout Request and its response (RFC 7143 §11.14, §11.15).
+    #[error("logged out")]
+    Logout,
+    /// Logged out because the target asked (AsyncEvent 1, §11.9.1).
+    #[error("logged out at the target's request (AsyncEvent 1)")]
+    LogoutRequested,
+    /// The peer announced it drops the connection or the session (AsyncEvent 2/3).
+    #[error("the target announced it drops the connection (async event {0})")]
+    AsyncDrop(u8),
+    /// A NOP ping went unanswered, and nothing else arrived either.
+    #[error("no NOP-In/NOP-Out answer to a ping within {0:?} (and nothing else from the peer)")]
+    PingTimeout(std::time::Duration),
+    /// The peer closed the TCP connection, or it broke.
+    #[error("connection closed by the peer")]
+    PeerClosed,
+    /// A task management request went unanswered.
+    #[error("task management request unanswered for {0:?}")]
+    TaskManagementTimeout(std::time::Duration),
+    /// TARGET COLD RESET ends every connection (§11.5.1).
+    #[error("target cold reset")]
+    ColdReset,
+    /// The peer broke a rule that leaves the connection unusable.
+    #[error("protocol violation: {0}")]
+    Violation(Violation),
+    /// A PDU could not be framed (header digest, bad length): the stream is out of sync.
+    #[error("unrecoverable framing error")]
+    Framing,
+    /// The driver closed it (shutdown, session reinstatement, Seal counters exhausted, ...).
+    #[error("closed by the application")]
+    Local,
+}
+
+/// The end of a connection: who ended it and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("connection ended by the {by:?}: {reason}")]
+pub struct ConnectionError {
+    pub by: Side,
+    pub reason: CloseReason,
+}
+
+/// Why the peer's Reject names this PDU (RFC 7143 §11.17.1), as a typed value.
+pub type Rejection = RejectReason;
+
+/// Fixed-format sense data (SPC-4 §4.5.3) with this key, ASC and ASCQ.
+#[must_use]
+pub fn fixed_sense(key: u8, asc: u8, ascq: u8) -> bytes::Bytes {
+    let mut s = [0u8; 18];
+    s[0] = 0x70;
+    s[2] = key & 0x0f;
+    s[7] = 10;
+    s[12] = asc;
+    s[13] = ascq;
+    bytes::Bytes::copy_from_slice(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tag_allocator_never_hands_out_the_reserved_tag_or_zero() {
+        let mut a = TagAllocator::starting_at(RESERVED_TAG - 2);
+        let tags: Vec<u32> = (0..4).map(|_| a.next_tag()).collect();
+        assert_eq!(tags, vec![RESERVED_TAG - 2, RESERVED_TAG - 1, 1, 2]);
+        let mut a = TagAllocator::starting_at(RESERVED_TAG);
+        assert_eq!(a.next_tag(), 1);
+        let mut a = TagAllocator::starting_at(0);
+        assert_eq!(a.next_tag(), 1);
+    }
+}

@@ -1,0 +1,1278 @@
+//! The target's side of one connection in full feature phase (RFC 7143, MaxConnections=1,
+//! ErrorRecoveryLevel=0).
+//!
+//! ```text
+//!  handle_pdu ─► admit CmdSN (§4.2.2.1) ─► SCSI Command ─► size it (LunDirectory) ─┐
+//!                                       ─► Data-Out ─► WriteState (r2t.rs) ─────────┤
+//!                                       ─► TMF / NOP-Out / Text / Logout            │
+//!  poll_event ◄── Execute { cdb, data } ◄── data phase complete ◄───────────────────┘
+//!  complete(itt, Response) ─► Data-In segments (MaxRecvDataSegmentLength, MaxBurstLength),
+//!                             status, residuals ─► queue ─► poll_transmit stamps StatSN,
+//!                             ExpCmdSN, MaxCmdSN at the moment the PDU leaves (§4.2.2.2)
+//! ```
+//!
+//! What the engine does not know — which LUNs exist and how many bytes a CDB transfers — it
+//! asks the driver's [`LunDirectory`]; what it cannot do — run the command — it hands out as
+//! [`Event::Execute`] and takes back with [`Connection::complete`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::header::{
+    AsyncMessage, DataIn, DataOut, LogoutReason, LogoutRequest, LogoutResponse, NopIn, NopOut, R2t,
+    Reject, RejectReason, ScsiCommand, TaskMgmtRequest, TaskMgmtResponse, TextRequest,
+    TextResponse, TmfFunction, TmfResponse,
+};
+use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
+
+use super::r2t::{DataError, WriteState};
+use super::{fixed_sense, CloseReason, ConnectionError, Side, TagAllocator, Violation};
+use crate::params::{SessionParams, SessionType};
+use crate::seq::{sn_lt, Admit, CmdWindow};
+
+/// What the target knows about its logical units, asked while a command arrives.
+pub trait LunDirectory {
+    /// Whether the LUN (the raw 8-byte LUN field) exists.
+    fn exists(&self, lun: u64) -> bool;
+    /// How many data-out bytes `cdb` needs for `lun` (0 for reads and non-data commands), and
+    /// an answer decided before any data moves (bad CDB, a transfer the target refuses).
+    fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> Sizing;
+}
+
+/// The data-out a command needs, as the device server sees it.
+#[derive(Clone, Debug, Default)]
+pub struct Sizing {
+    /// Bytes of data-out the CDB transfers (the target solicits at most this many).
+    pub need: u64,
+    /// A response decided before execution; sent once the data phase ends.
+    pub early: Option<Response>,
+}
+
+/// A command's answer from the device server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    /// SCSI status (SAM-5 §5.3).
+    pub status: u8,
+    /// Fixed-format sense data, sent in the SCSI Response's data segment (§11.4.7.2).
+    pub sense: Option<Bytes>,
+    /// Data-In the device server produced (truncated to EDTL on the wire).
+    pub data_in: Bytes,
+}
+
+impl Response {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+
+    /// GOOD with this data.
+    #[must_use]
+    pub fn good(data_in: Bytes) -> Self {
+        Self {
+            status: Self::GOOD,
+            sense: None,
+            data_in,
+        }
+    }
+
+    /// CHECK CONDITION with fixed-format sense (key, ASC, ASCQ).
+    #[must_use]
+    pub fn check(key: u8, asc: u8, ascq: u8) -> Self {
+        Self {
+            status: Self::CHECK_CONDITION,
+            sense: Some(fixed_sense(key, asc, ascq)),
+            data_in: Bytes::new(),
+        }
+    }
+}
+
+/// One command ready to run: its data phase is over.
+#[derive(Clone, Debug)]
+pub struct Execute {
+    pub itt: u32,
+    /// The raw 8-byte LUN field.
+    pub lun: u64,
+    /// The whole CDB (BHS plus Extended CDB AHS).
+    pub cdb: Vec<u8>,
+    /// The data-out received, at most `min(EDTL, need)` bytes.
+    pub data_out: Bytes,
+    pub edtl: u32,
+    /// What the CDB needs (see [`Sizing::need`]).
+    pub need: u64,
+    /// The answer decided before execution, if any: send it instead of running the command.
+    pub early: Option<Response>,
+    /// A data-out command sent without the W bit (EDTL counts as 0 for it).
+    pub write_without_w: bool,
+}
+
+/// What the driver must act on.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Run this command and answer with [`Connection::complete`].
+    Execute(Execute),
+    /// A task management function that resets state beyond this connection (LOGICAL UNIT
+    /// RESET, TARGET WARM/COLD RESET): the driver resets its logical units. The tasks of this
+    /// connection it ends are already aborted (their answers will be suppressed).
+    Reset { function: TmfFunction, lun: u64 },
+    /// A Text Request (after its continuations): answer with [`Connection::text_response`].
+    /// `MaxRecvDataSegmentLength` in it is applied already (declarative, §13.12).
+    Text {
+        itt: u32,
+        lun: u64,
+        keys: Vec<(String, String)>,
+    },
+    /// The connection is over: flush what [`Connection::poll_transmit`] still yields, then
+    /// close the socket.
+    Closed(ConnectionError),
+}
+
+/// Settings of one target connection.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The values negotiated at login.
+    pub params: SessionParams,
+    /// Commands the window grants (MaxCmdSN - ExpCmdSN + 1 when idle).
+    pub cmd_window: u32,
+    /// CmdSN of the leading login.
+    pub initial_cmd_sn: u32,
+    /// StatSN of the first response after login.
+    pub next_stat_sn: u32,
+    /// Ping the initiator after this long without a PDU from it, and close when the ping
+    /// is unanswered for as long again (RFC 7143 §11.19). `None`: no pings.
+    pub nop_interval: Option<Duration>,
+    /// How long a Logout waits for running commands before answering anyway.
+    pub drain_timeout: Duration,
+    /// Refuse a data-out buffer above this many bytes, whatever the CDB or EDTL claim.
+    pub max_command_bytes: u64,
+}
+
+impl Config {
+    /// Defaults for the rest around negotiated `params`.
+    #[must_use]
+    pub fn new(params: SessionParams, initial_cmd_sn: u32, next_stat_sn: u32) -> Self {
+        Self {
+            params,
+            cmd_window: 128,
+            initial_cmd_sn,
+            next_stat_sn,
+            nop_interval: None,
+            drain_timeout: Duration::from_secs(10),
+            max_command_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum TaskState {
+    Collecting(Box<Collect>),
+    Running { aborted: bool },
+}
+
+#[derive(Debug)]
+struct Collect {
+    cdb: Vec<u8>,
+    need: u64,
+    early: Option<Response>,
+    write: WriteState,
+}
+
+#[derive(Debug)]
+struct Task {
+    lun: u64,
+    /// Holds a CmdSN window slot (non-immediate).
+    counted: bool,
+    edtl: u32,
+    need: u64,
+    state: TaskState,
+}
+
+/// A TMF response held until the running tasks it aborted have finished (§11.6: the response
+/// comes after every affected task's last PDU).
+#[derive(Debug)]
+struct HeldTmf {
+    itt: u32,
+    response: TmfResponse,
+    waiting: HashSet<u32>,
+    close: bool,
+}
+
+/// The engine: one target connection in full feature phase.
+#[derive(Debug)]
+pub struct Connection {
+    params: SessionParams,
+    window: CmdWindow,
+    stat_sn: u32,
+    ttt: TagAllocator,
+    tasks: HashMap<u32, Task>,
+    /// ITTs of recently aborted tasks whose late Data-Out is dropped silently.
+    aborted: VecDeque<u32>,
+    held_tmfs: Vec<HeldTmf>,
+    text_partial: Vec<u8>,
+    /// A Logout waiting for running commands: its ITT and deadline.
+    logout: Option<(u32, Instant)>,
+    nop_interval: Option<Duration>,
+    idle_deadline: Option<Instant>,
+    ping: Option<(u32, Instant)>,
+    drain_timeout: Duration,
+    max_command_bytes: u64,
+    out: VecDeque<Pdu>,
+    queued_bytes: usize,
+    events: VecDeque<Event>,
+    closed: Option<ConnectionError>,
+}
+
+/// Aborted ITTs remembered for dropping their late Data-Out.
+const ABORTED_MEMORY: usize = 256;
+/// Text Request data accumulated over continuations (§11.10.2) at most.
+const MAX_TEXT: usize = 64 * 1024;
+
+impl Connection {
+    #[must_use]
+    pub fn new(cfg: Config, now: Instant) -> Self {
+        Self {
+            window: CmdWindow::new(cfg.initial_cmd_sn, cfg.cmd_window),
+            params: cfg.params,
+            stat_sn: cfg.next_stat_sn,
+            ttt: TagAllocator::default(),
+            tasks: HashMap::new(),
+            aborted: VecDeque::new(),
+            held_tmfs: Vec::new(),
+            text_partial: Vec::new(),
+            logout: None,
+            nop_interval: cfg.nop_interval,
+            idle_deadline: cfg.nop_interval.map(|i| now + i),
+            ping: None,
+            drain_timeout: cfg.drain_timeout,
+            max_command_bytes: cfg.max_command_bytes,
+            out: VecDeque::new(),
+            queued_bytes: 0,
+            events: VecDeque::new(),
+            closed: None,
+        }
+    }
+
+    /// Starts the TTT allocator at `first` (tests of the wrap past 0xfffffffe).
+    pub fn set_next_ttt(&mut self, first: u32) {
+        self.ttt = TagAllocator::starting_at(first);
+    }
+
+    // ---- getters ----
+
+    /// The session values in force (MaxRecvDataSegmentLength may change by Text).
+    #[must_use]
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+
+    /// Tasks known (collecting data or running).
+    #[must_use]
+    pub fn tasks_in_flight(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Bytes of data queued for [`Connection::poll_transmit`].
+    #[must_use]
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// Whether [`Connection::poll_transmit`] has a PDU (drivers wake their writer only then).
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Why the connection ended, once it did.
+    #[must_use]
+    pub fn closed(&self) -> Option<ConnectionError> {
+        self.closed
+    }
+
+    #[must_use]
+    pub fn window(&self) -> &CmdWindow {
+        &self.window
+    }
+
+    // ---- outputs ----
+
+    /// The next PDU to send, its StatSN, ExpCmdSN and MaxCmdSN stamped now.
+    pub fn poll_transmit(&mut self) -> Option<Pdu> {
+        let mut pdu = self.out.pop_front()?;
+        self.queued_bytes = self.queued_bytes.saturating_sub(pdu.data.len());
+        self.window.refresh();
+        let (exp, max) = (self.window.exp_cmd_sn(), self.window.max_cmd_sn());
+        stamp(&mut pdu.header, &mut self.stat_sn, exp, max);
+        Some(pdu)
+    }
+
+    /// The next thing for the driver to do.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Connection::handle_timeout`] wants to run next.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let ping = self.ping.map(|(_, d)| d).or(self.idle_deadline);
+        let logout = self.logout.map(|(_, d)| d);
+        match (ping, logout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- inputs ----
+
+    /// Time passed: pings, an unanswered ping, a Logout that waited long enough.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        if let Some((_, d)) = self.logout {
+            if now >= d {
+                self.answer_logout();
+                return;
+            }
+        }
+        if let Some((_, d)) = self.ping {
+            if now >= d {
+                let waited = self.nop_interval.unwrap_or_default();
+                self.close(Side::Target, CloseReason::PingTimeout(waited));
+            }
+            return;
+        }
+        if let (Some(d), Some(i)) = (self.idle_deadline, self.nop_interval) {
+            if now >= d {
+                let ttt = self.ttt.next_tag();
+                self.ping = Some((ttt, now + i));
+                self.idle_deadline = None;
+                self.send(NopIn {
+                    lun: 0,
+                    itt: RESERVED_TAG,
+                    ttt,
+                    ..NopIn::default()
+                });
+            }
+        }
+    }
+
+    /// The driver ends the connection (shutdown, reinstatement, Seal limits).
+    pub fn close_locally(&mut self) {
+        self.close(Side::Target, CloseReason::Local);
+    }
+
+    /// The initiator closed its side, or the socket failed.
+    pub fn peer_closed(&mut self) {
+        self.close(Side::Initiator, CloseReason::PeerClosed);
+    }
+
+    /// Asks the initiator to log out (AsyncEvent 1, §11.9.1) within `within_secs` seconds.
+    pub fn request_logout(&mut self, within_secs: u16) {
+        self.send(AsyncMessage {
+            async_event: 1,
+            parameter3: within_secs,
+            ..AsyncMessage::default()
+        });
+    }
+
+    /// A PDU that could not be decoded: a Reject naming it when its header is intact, and the
+    /// end of the connection when the stream is out of step (§7.8, §11.17).
+    pub fn handle_wire_error(&mut self, _now: Instant, e: &WireError) {
+        if self.closed.is_some() {
+            return;
+        }
+        let reason = match e {
+            WireError::DataDigest { .. } => RejectReason::DATA_DIGEST_ERROR,
+            WireError::UnsupportedOpcode { .. } => RejectReason::COMMAND_NOT_SUPPORTED,
+            _ => RejectReason::PROTOCOL_ERROR,
+        };
+        if let Some(bhs) = e.rejected_header() {
+            self.reject(reason, bhs);
+        }
+        if !e.stream_intact() {
+            self.close(Side::Initiator, CloseReason::Framing);
+        }
+    }
+
+    /// One PDU from the initiator.
+    pub fn handle_pdu(&mut self, now: Instant, dir: &dyn LunDirectory, pdu: Pdu) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.idle_deadline = self.nop_interval.map(|i| now + i);
+        let raw = *pdu.raw_bhs();
+        let discovery = self.params.session_type == SessionType::Discovery;
+        match pdu.header {
+            Header::ScsiCommand(cmd) if !discovery => {
+                self.on_command(dir, cmd, &pdu.ahs, pdu.data, &raw);
+            }
+            Header::DataOut(h) if !discovery => self.on_data_out(&h, &pdu.data, &raw),
+            Header::TaskMgmtRequest(h) if !discovery => self.on_tmf(dir, &h),
+            Header::NopOut(h) => self.on_nop_out(&h, pdu.data),
+            Header::TextRequest(h) => self.on_text(&h, &pdu.data, &raw),
+            Header::LogoutRequest(h) => self.on_logout(now, &h),
+            // SNACK needs ErrorRecoveryLevel > 0 (§11.16); everything else is not ours.
+            _ => self.reject(RejectReason::PROTOCOL_ERROR, &raw),
+        }
+    }
+
+    /// The device server's answer to an [`Event::Execute`]. Unknown ITTs are ignored (false).
+    pub fn complete(&mut self, itt: u32, resp: Response) -> bool {
+        let Some(task) = self.tasks.get(&itt) else {
+            return false;
+        };
+        let TaskState::Running { aborted } = task.state else {
+            return false;
+        };
+        let Some(task) = self.tasks.remove(&itt) else {
+            return false;
+        };
+        if task.counted {
+            self.window.complete();
+        }
+        if !aborted && self.closed.is_none() {
+            self.send_status(itt, task.lun, task.edtl, task.need, resp);
+        }
+        self.release_held(itt);
+        if self.logout.is_some() && !self.any_running() {
+            self.answer_logout();
+        }
+        true
+    }
+
+    /// The answer to an [`Event::Text`] (one final Text Response).
+    pub fn text_response(&mut self, itt: u32, lun: u64, answer: &[(String, String)]) {
+        let body = iscsi_wire::text::encode(answer).freeze();
+        self.send_with(
+            TextResponse {
+                final_: true,
+                continue_: false,
+                lun,
+                itt,
+                ttt: RESERVED_TAG,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+            },
+            body,
+        );
+    }
+
+    // ---- internals ----
+
+    fn close(&mut self, by: Side, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        let e = ConnectionError { by, reason };
+        self.closed = Some(e);
+        self.events.push_back(Event::Closed(e));
+    }
+
+    fn send(&mut self, header: impl Into<Header>) {
+        self.send_with(header, Bytes::new());
+    }
+
+    fn send_with(&mut self, header: impl Into<Header>, data: Bytes) {
+        self.queued_bytes += data.len();
+        self.out.push_back(Pdu::new(header, data));
+    }
+
+    fn reject(&mut self, reason: RejectReason, bhs: &[u8; 48]) {
+        self.send_with(
+            Reject {
+                reason,
+                ..Reject::default()
+            },
+            Bytes::copy_from_slice(bhs),
+        );
+    }
+
+    fn any_running(&self) -> bool {
+        self.tasks
+            .values()
+            .any(|t| matches!(t.state, TaskState::Running { .. }))
+    }
+
+    /// Admits a CmdSN-carrying request; false when it must be ignored (§4.2.2.1). A
+    /// non-immediate request that is not a task frees its slot at once.
+    fn admit(&mut self, cmd_sn: u32, immediate: bool, is_task: bool) -> bool {
+        if self.window.admit(cmd_sn, immediate) == Admit::Ignore {
+            return false;
+        }
+        if !immediate && !is_task {
+            self.window.complete();
+        }
+        true
+    }
+
+    fn remember_aborted(&mut self, itt: u32) {
+        if self.aborted.len() >= ABORTED_MEMORY {
+            self.aborted.pop_front();
+        }
+        self.aborted.push_back(itt);
+    }
+
+    fn on_command(
+        &mut self,
+        dir: &dyn LunDirectory,
+        cmd: ScsiCommand,
+        ahs: &Bytes,
+        data: Bytes,
+        raw: &[u8; 48],
+    ) {
+        if !self.admit(cmd.cmd_sn, cmd.immediate, true) {
+            return;
+        }
+        let counted = !cmd.immediate;
+        let refuse = |s: &mut Self, reason| {
+            s.reject(reason, raw);
+            if counted {
+                s.window.complete();
+            }
+        };
+        if self.tasks.contains_key(&cmd.itt) {
+            // A task tag is unique among the session's active tasks (§11.2.1.8).
+            return refuse(self, RejectReason::INVALID_PDU_FIELD);
+        }
+        let Some(cdb) = assemble_cdb(&cmd, ahs) else {
+            return refuse(self, RejectReason::PROTOCOL_ERROR);
+        };
+        let edtl = cmd.expected_data_transfer_length;
+        let Sizing { need, mut early } = dir.size(cmd.lun, &cdb, edtl);
+        let need = if need > self.max_command_bytes {
+            // INVALID FIELD IN CDB: no buffer this large on a CDB's say-so.
+            early = Some(Response::check(0x05, 0x24, 0x00));
+            0
+        } else {
+            need
+        };
+        if !cmd.write {
+            if !data.is_empty() {
+                // Immediate data on a command without the W bit (§11.3.1).
+                return refuse(self, RejectReason::PROTOCOL_ERROR);
+            }
+            self.tasks.insert(
+                cmd.itt,
+                Task {
+                    lun: cmd.lun,
+                    counted,
+                    edtl,
+                    need,
+                    state: TaskState::Running { aborted: false },
+                },
+            );
+            self.events.push_back(Event::Execute(Execute {
+                itt: cmd.itt,
+                lun: cmd.lun,
+                cdb,
+                data_out: Bytes::new(),
+                edtl,
+                need,
+                early,
+                write_without_w: need > 0,
+            }));
+            return;
+        }
+        let need32 = u32::try_from(need).unwrap_or(u32::MAX);
+        let write = match WriteState::new(&self.params, &cmd, &data, need32) {
+            Ok(w) => w,
+            Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
+        };
+        self.tasks.insert(
+            cmd.itt,
+            Task {
+                lun: cmd.lun,
+                counted,
+                edtl,
+                need,
+                state: TaskState::Collecting(Box::new(Collect {
+                    cdb,
+                    need,
+                    early,
+                    write,
+                })),
+            },
+        );
+        self.solicit(cmd.itt);
+    }
+
+    /// Sends the R2Ts a collecting task may have outstanding now, or starts it when its data
+    /// is all here.
+    fn solicit(&mut self, itt: u32) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let lun = task.lun;
+        let TaskState::Collecting(c) = &mut task.state else {
+            return;
+        };
+        let ttt = &mut self.ttt;
+        let plans = c.write.plan_r2ts(|| ttt.next_tag());
+        let complete = c.write.is_complete();
+        for p in plans {
+            self.send(R2t {
+                lun,
+                itt,
+                ttt: p.ttt,
+                r2t_sn: p.r2t_sn,
+                buffer_offset: p.offset,
+                desired_data_transfer_length: p.len,
+                ..R2t::default()
+            });
+        }
+        if complete {
+            self.start(itt, None);
+        }
+    }
+
+    /// The data phase is over: hand the command to the driver.
+    fn start(&mut self, itt: u32, fail: Option<Response>) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let lun = task.lun;
+        let state = std::mem::replace(&mut task.state, TaskState::Running { aborted: false });
+        let TaskState::Collecting(c) = state else {
+            task.state = state;
+            return;
+        };
+        let edtl = c.write.edtl();
+        self.events.push_back(Event::Execute(Execute {
+            itt,
+            lun,
+            cdb: c.cdb,
+            data_out: c.write.into_data(),
+            edtl,
+            need: c.need,
+            early: fail.or(c.early),
+            write_without_w: false,
+        }));
+    }
+
+    fn on_data_out(&mut self, h: &DataOut, data: &[u8], raw: &[u8; 48]) {
+        let result = match self.tasks.get_mut(&h.itt) {
+            Some(Task {
+                state: TaskState::Collecting(c),
+                ..
+            }) => c.write.on_data_out(h, data),
+            Some(_) => Err(DataError("Data-Out for a command past its data phase")),
+            None => {
+                if !self.aborted.contains(&h.itt) {
+                    self.reject(RejectReason::INVALID_PDU_FIELD, raw);
+                }
+                return;
+            }
+        };
+        match result {
+            Ok(()) => self.solicit(h.itt),
+            Err(_) => {
+                self.reject(RejectReason::PROTOCOL_ERROR, raw);
+                // ERL 0 cannot repair a data phase: the command ends with CHECK CONDITION,
+                // ABORTED COMMAND / DATA PHASE ERROR (4Bh/00h) once the PDUs in flight for it
+                // are dropped.
+                if matches!(
+                    self.tasks.get(&h.itt).map(|t| &t.state),
+                    Some(TaskState::Collecting(_))
+                ) {
+                    self.remember_aborted(h.itt);
+                    self.start(h.itt, Some(Response::check(0x0b, 0x4b, 0x00)));
+                }
+            }
+        }
+    }
+
+    /// Aborts the tasks `pick` selects: collecting ones are dropped at once, running ones
+    /// have their answers suppressed. Returns the running ones to wait for.
+    fn abort_where(&mut self, pick: impl Fn(u32, &Task) -> bool) -> HashSet<u32> {
+        let itts: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(i, t)| pick(**i, t))
+            .map(|(i, _)| *i)
+            .collect();
+        let mut waiting = HashSet::new();
+        for itt in itts {
+            let Some(task) = self.tasks.get_mut(&itt) else {
+                continue;
+            };
+            match &mut task.state {
+                TaskState::Collecting(_) => {
+                    let counted = task.counted;
+                    self.tasks.remove(&itt);
+                    if counted {
+                        self.window.complete();
+                    }
+                    self.remember_aborted(itt);
+                }
+                TaskState::Running { aborted } => {
+                    *aborted = true;
+                    waiting.insert(itt);
+                }
+            }
+        }
+        waiting
+    }
+
+    fn on_tmf(&mut self, dir: &dyn LunDirectory, h: &TaskMgmtRequest) {
+        if !self.admit(h.cmd_sn, h.immediate, false) {
+            return;
+        }
+        let lun = h.lun;
+        let none = HashSet::new;
+        let (response, waiting, close) = match h.function {
+            TmfFunction::ABORT_TASK => {
+                let rtt = h.referenced_task_tag;
+                if self.tasks.contains_key(&rtt) {
+                    let w = self.abort_where(|i, _| i == rtt);
+                    (TmfResponse::FUNCTION_COMPLETE, w, false)
+                } else if sn_lt(h.ref_cmd_sn, h.cmd_sn) {
+                    // §11.5.1: a task already completed counts as aborted.
+                    (TmfResponse::FUNCTION_COMPLETE, none(), false)
+                } else {
+                    (TmfResponse::TASK_DOES_NOT_EXIST, none(), false)
+                }
+            }
+            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
+                if dir.exists(lun) {
+                    let w = self.abort_where(|_, t| t.lun == lun);
+                    (TmfResponse::FUNCTION_COMPLETE, w, false)
+                } else {
+                    (TmfResponse::LUN_DOES_NOT_EXIST, none(), false)
+                }
+            }
+            TmfFunction::LOGICAL_UNIT_RESET => {
+                if dir.exists(lun) {
+                    let w = self.abort_where(|_, t| t.lun == lun);
+                    self.events.push_back(Event::Reset {
+                        function: h.function,
+                        lun,
+                    });
+                    (TmfResponse::FUNCTION_COMPLETE, w, false)
+                } else {
+                    (TmfResponse::LUN_DOES_NOT_EXIST, none(), false)
+                }
+            }
+            TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
+                let w = self.abort_where(|_, _| true);
+                self.events.push_back(Event::Reset {
+                    function: h.function,
+                    lun,
+                });
+                // §11.5.1: after a cold reset the target drops all connections.
+                let cold = h.function == TmfFunction::TARGET_COLD_RESET;
+                (TmfResponse::FUNCTION_COMPLETE, w, cold)
+            }
+            TmfFunction::CLEAR_ACA => (TmfResponse::FUNCTION_NOT_SUPPORTED, none(), false),
+            TmfFunction::TASK_REASSIGN => (
+                TmfResponse::TASK_ALLEGIANCE_REASSIGNMENT_NOT_SUPPORTED,
+                none(),
+                false,
+            ),
+            _ => (TmfResponse::FUNCTION_REJECTED, none(), false),
+        };
+        self.held_tmfs.push(HeldTmf {
+            itt: h.itt,
+            response,
+            waiting,
+            close,
+        });
+        self.release_held(RESERVED_TAG);
+    }
+
+    /// Sends the TMF responses no longer waiting for `done` (or anything).
+    fn release_held(&mut self, done: u32) {
+        let mut i = 0;
+        while i < self.held_tmfs.len() {
+            self.held_tmfs[i].waiting.remove(&done);
+            if self.held_tmfs[i].waiting.is_empty() {
+                let t = self.held_tmfs.remove(i);
+                self.send(TaskMgmtResponse {
+                    response: t.response,
+                    itt: t.itt,
+                    stat_sn: 0,
+                    exp_cmd_sn: 0,
+                    max_cmd_sn: 0,
+                });
+                if t.close {
+                    self.close(Side::Initiator, CloseReason::ColdReset);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn on_nop_out(&mut self, h: &NopOut, data: Bytes) {
+        if h.itt == RESERVED_TAG {
+            // The answer to our ping (§11.18.3); carries no CmdSN to admit.
+            if self.ping.is_some_and(|(ttt, _)| ttt == h.ttt) {
+                self.ping = None;
+            }
+            return;
+        }
+        if !self.admit(h.cmd_sn, h.immediate, false) {
+            return;
+        }
+        // Echo the ping data (§11.19: the NOP-In returns the NOP-Out's data).
+        self.send_with(
+            NopIn {
+                lun: h.lun,
+                itt: h.itt,
+                ttt: RESERVED_TAG,
+                ..NopIn::default()
+            },
+            data,
+        );
+    }
+
+    fn on_text(&mut self, h: &TextRequest, data: &[u8], raw: &[u8; 48]) {
+        if !self.admit(h.cmd_sn, h.immediate, false) {
+            return;
+        }
+        if self.text_partial.len() + data.len() > MAX_TEXT {
+            self.text_partial.clear();
+            self.reject(RejectReason::PROTOCOL_ERROR, raw);
+            return;
+        }
+        self.text_partial.extend_from_slice(data);
+        if h.continue_ {
+            let ttt = self.ttt.next_tag();
+            self.send(TextResponse {
+                final_: false,
+                continue_: false,
+                lun: h.lun,
+                itt: h.itt,
+                ttt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+            });
+            return;
+        }
+        let text = std::mem::take(&mut self.text_partial);
+        let Ok(keys) = iscsi_wire::text::parse(&text) else {
+            self.reject(RejectReason::PROTOCOL_ERROR, raw);
+            return;
+        };
+        for (k, v) in &keys {
+            if k == "MaxRecvDataSegmentLength" {
+                // Declarative, may change in full feature phase (§13.12).
+                self.params.apply(k, v, crate::params::Side::Initiator);
+            }
+        }
+        self.events.push_back(Event::Text {
+            itt: h.itt,
+            lun: h.lun,
+            keys,
+        });
+    }
+
+    fn on_logout(&mut self, now: Instant, h: &LogoutRequest) {
+        if !self.admit(h.cmd_sn, h.immediate, false) {
+            return;
+        }
+        let response = match h.reason {
+            LogoutReason::CLOSE_SESSION => 0,
+            LogoutReason::CLOSE_CONNECTION if h.cid == 0 => 0,
+            LogoutReason::CLOSE_CONNECTION => 1,
+            _ => 2,
+        };
+        if response != 0 {
+            self.send(LogoutResponse {
+                response,
+                itt: h.itt,
+                ..LogoutResponse::default()
+            });
+            return;
+        }
+        // Commands still collecting data never run; running ones answer before the Logout
+        // Response (§11.14: the logout closes the connection after its tasks).
+        let collecting: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| matches!(t.state, TaskState::Collecting(_)))
+            .map(|(i, _)| *i)
+            .collect();
+        for itt in collecting {
+            if let Some(t) = self.tasks.remove(&itt) {
+                if t.counted {
+                    self.window.complete();
+                }
+            }
+        }
+        self.logout = Some((h.itt, now + self.drain_timeout));
+        if !self.any_running() {
+            self.answer_logout();
+        }
+    }
+
+    fn answer_logout(&mut self) {
+        let Some((itt, _)) = self.logout.take() else {
+            return;
+        };
+        self.send(LogoutResponse {
+            response: 0,
+            itt,
+            ..LogoutResponse::default()
+        });
+        self.close(Side::Initiator, CloseReason::Logout);
+    }
+
+    /// A command's Data-In and status (§11.7, §11.4): Data-In PDUs up to the initiator's
+    /// MaxRecvDataSegmentLength, F at every MaxBurstLength boundary, and GOOD status collapsed
+    /// into the last Data-In (§11.7.3); otherwise a SCSI Response carrying the sense data.
+    /// Residuals (§11.4.5): data-out commands compare EDTL with what the CDB needs, data-in
+    /// commands with what the device server produced.
+    fn send_status(&mut self, itt: u32, lun: u64, edtl: u32, need: u64, resp: Response) {
+        let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
+        let base = if need > 0 {
+            u32::try_from(need).unwrap_or(u32::MAX)
+        } else {
+            produced
+        };
+        let overflow = base.saturating_sub(edtl);
+        let underflow = edtl.saturating_sub(base);
+        let residual = overflow.max(underflow);
+        let seg = self.params.initiator_max_recv_data_segment_length.max(512);
+        let burst = self.params.max_burst_length.max(512);
+        let data = resp.data_in.slice(..resp.data_in.len().min(edtl as usize));
+        let good = resp.status == Response::GOOD || resp.status == Response::CONDITION_MET;
+        let collapse = good && resp.sense.is_none() && !data.is_empty();
+        let total = data.len() as u32;
+        let mut offset = 0u32;
+        let mut data_sn = 0u32;
+        let mut in_burst = 0u32;
+        while offset < total {
+            let len = seg.min(total - offset).min(burst - in_burst);
+            let last = offset + len == total;
+            in_burst += len;
+            let end_of_burst = in_burst == burst;
+            if end_of_burst {
+                in_burst = 0;
+            }
+            let status_here = last && collapse;
+            let h = DataIn {
+                final_: last || end_of_burst,
+                acknowledge: false,
+                overflow: status_here && overflow > 0,
+                underflow: status_here && underflow > 0,
+                status_present: status_here,
+                status: if status_here { resp.status } else { 0 },
+                lun,
+                itt,
+                ttt: RESERVED_TAG,
+                data_sn,
+                buffer_offset: offset,
+                residual_count: if status_here { residual } else { 0 },
+                ..DataIn::default()
+            };
+            self.send_with(h, data.slice(offset as usize..(offset + len) as usize));
+            offset += len;
+            data_sn = data_sn.wrapping_add(1);
+        }
+        if collapse {
+            return;
+        }
+        let body = match &resp.sense {
+            Some(s) => {
+                let mut b = BytesMut::with_capacity(s.len() + 2);
+                b.extend_from_slice(&(s.len() as u16).to_be_bytes());
+                b.extend_from_slice(s);
+                b.freeze()
+            }
+            None => Bytes::new(),
+        };
+        self.send_with(
+            iscsi_wire::header::ScsiResponse {
+                overflow: overflow > 0,
+                underflow: underflow > 0,
+                response: 0,
+                status: resp.status,
+                itt,
+                exp_data_sn: data_sn,
+                residual_count: residual,
+                ..iscsi_wire::header::ScsiResponse::default()
+            },
+            body,
+        );
+    }
+}
+
+/// Stamps the sequence numbers of a target PDU at the moment it is sent (§4.2.2.2): StatSN
+/// advances for every PDU that carries status, ExpCmdSN and MaxCmdSN are the window's now.
+pub fn stamp(h: &mut Header, stat_sn: &mut u32, exp: u32, max: u32) {
+    let mut advance = || {
+        let s = *stat_sn;
+        *stat_sn = stat_sn.wrapping_add(1);
+        s
+    };
+    match h {
+        Header::ScsiResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
+        Header::DataIn(d) => {
+            d.stat_sn = if d.status_present { advance() } else { 0 };
+            (d.exp_cmd_sn, d.max_cmd_sn) = (exp, max);
+        }
+        Header::R2t(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (*stat_sn, exp, max),
+        Header::NopIn(n) => {
+            n.stat_sn = if n.itt == RESERVED_TAG {
+                *stat_sn
+            } else {
+                advance()
+            };
+            (n.exp_cmd_sn, n.max_cmd_sn) = (exp, max);
+        }
+        Header::TaskMgmtResponse(r) => {
+            (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max)
+        }
+        Header::TextResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
+        Header::LogoutResponse(r) => {
+            (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max)
+        }
+        Header::Reject(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
+        Header::AsyncMessage(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (advance(), exp, max),
+        _ => {}
+    }
+}
+
+/// The CDB: 16 bytes in the BHS, continued in an Extended CDB AHS (§11.2.2.3).
+fn assemble_cdb(cmd: &ScsiCommand, ahs: &Bytes) -> Option<Vec<u8>> {
+    let mut cdb = cmd.cdb.to_vec();
+    let mut rest = &ahs[..];
+    while rest.len() >= 4 {
+        let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+        let kind = rest[2];
+        let total = iscsi_wire::pad4(3 + len);
+        if total > rest.len() || len == 0 {
+            return None;
+        }
+        if kind == 1 {
+            // AHSLength counts the reserved byte plus the CDB continuation.
+            cdb.extend_from_slice(&rest[4..3 + len]);
+        }
+        rest = &rest[total..];
+    }
+    Some(cdb)
+}
+
+/// For violations the target reports as task errors (kept for symmetry with the initiator).
+impl From<DataError> for Violation {
+    fn from(e: DataError) -> Self {
+        Violation::DataPhase(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Disk;
+    impl LunDirectory for Disk {
+        fn exists(&self, lun: u64) -> bool {
+            lun == 0
+        }
+        fn size(&self, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
+            let need = if cdb[0] == 0x8a {
+                u64::from(u32::from_be_bytes([cdb[10], cdb[11], cdb[12], cdb[13]])) * 512
+            } else {
+                0
+            };
+            Sizing { need, early: None }
+        }
+    }
+
+    fn params() -> SessionParams {
+        SessionParams {
+            initial_r2t: true,
+            immediate_data: false,
+            max_burst_length: 4096,
+            first_burst_length: 4096,
+            max_outstanding_r2t: 1,
+            ..SessionParams::default()
+        }
+    }
+
+    fn write16(itt: u32, cmd_sn: u32, blocks: u32) -> Pdu {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x8a;
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        Pdu::new(
+            ScsiCommand {
+                immediate: false,
+                final_: true,
+                read: false,
+                write: true,
+                attr: iscsi_wire::header::TaskAttr::SIMPLE,
+                lun: 0,
+                itt,
+                expected_data_transfer_length: blocks * 512,
+                cmd_sn,
+                exp_stat_sn: 0,
+                cdb,
+            },
+            Bytes::new(),
+        )
+    }
+
+    fn r2ts(c: &mut Connection) -> Vec<R2t> {
+        let mut v = Vec::new();
+        while let Some(p) = c.poll_transmit() {
+            if let Header::R2t(r) = p.header {
+                v.push(r);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn never_allocates_the_reserved_ttt_across_commands_and_data_out() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        c.set_next_ttt(RESERVED_TAG - 1);
+        c.handle_pdu(now, &Disk, write16(1, 1, 16));
+        let first = r2ts(&mut c);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].ttt, RESERVED_TAG - 1);
+        // Answer it: the next R2T (planned on Data-Out) must skip 0xffffffff.
+        let d = DataOut {
+            final_: true,
+            lun: 0,
+            itt: 1,
+            ttt: first[0].ttt,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+        };
+        c.handle_pdu(now, &Disk, Pdu::new(d, Bytes::from(vec![0u8; 4096])));
+        let second = r2ts(&mut c);
+        assert_eq!(second.len(), 1);
+        assert_ne!(second[0].ttt, RESERVED_TAG);
+        assert_eq!(second[0].ttt, 1);
+    }
+
+    #[test]
+    fn rejects_data_out_for_unknown_task_but_drops_it_for_an_aborted_one() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        c.handle_pdu(now, &Disk, write16(7, 1, 16));
+        let _ = r2ts(&mut c);
+        let tmf = TaskMgmtRequest {
+            immediate: true,
+            function: TmfFunction::ABORT_TASK,
+            lun: 0,
+            itt: 8,
+            referenced_task_tag: 7,
+            cmd_sn: 2,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 1,
+            exp_data_sn: 0,
+        };
+        c.handle_pdu(now, &Disk, Pdu::new(tmf, Bytes::new()));
+        let p = c.poll_transmit().unwrap();
+        assert!(
+            matches!(p.header, Header::TaskMgmtResponse(ref r) if r.response == TmfResponse::FUNCTION_COMPLETE)
+        );
+        assert_eq!(c.tasks_in_flight(), 0);
+        let late = DataOut {
+            final_: true,
+            lun: 0,
+            itt: 7,
+            ttt: 1,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+        };
+        c.handle_pdu(
+            now,
+            &Disk,
+            Pdu::new(late.clone(), Bytes::from(vec![0u8; 512])),
+        );
+        assert!(
+            c.poll_transmit().is_none(),
+            "late data for an aborted task is dropped"
+        );
+        let stray = DataOut { itt: 99, ..late };
+        c.handle_pdu(now, &Disk, Pdu::new(stray, Bytes::from(vec![0u8; 512])));
+        assert!(matches!(
+            c.poll_transmit().map(|p| p.header),
+            Some(Header::Reject(_))
+        ));
+    }
+
+    #[test]
+    fn holds_abort_response_until_the_running_task_finishes_and_suppresses_its_status() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x88;
+        let read = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: iscsi_wire::header::TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 3,
+            expected_data_transfer_length: 512,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            cdb,
+        };
+        c.handle_pdu(now, &Disk, Pdu::new(read, Bytes::new()));
+        assert!(matches!(c.poll_event(), Some(Event::Execute(_))));
+        let tmf = TaskMgmtRequest {
+            immediate: true,
+            function: TmfFunction::ABORT_TASK,
+            lun: 0,
+            itt: 4,
+            referenced_task_tag: 3,
+            cmd_sn: 2,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 1,
+            exp_data_sn: 0,
+        };
+        c.handle_pdu(now, &Disk, Pdu::new(tmf, Bytes::new()));
+        assert!(c.poll_transmit().is_none(), "held while the task runs");
+        assert!(c.complete(3, Response::good(Bytes::from(vec![1u8; 512]))));
+        let p = c.poll_transmit().unwrap();
+        assert!(
+            matches!(p.header, Header::TaskMgmtResponse(_)),
+            "no Data-In for the aborted task"
+        );
+        assert!(c.poll_transmit().is_none());
+        assert_eq!(
+            c.window().max_cmd_sn(),
+            128 + 1,
+            "its window slot is free again"
+        );
+    }
+
+    #[test]
+    fn ignores_commands_outside_the_window_and_pings_when_idle() {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 10, 1);
+        cfg.cmd_window = 1;
+        cfg.nop_interval = Some(Duration::from_secs(5));
+        let mut c = Connection::new(cfg, now);
+        c.handle_pdu(now, &Disk, write16(1, 11, 1));
+        assert!(c.poll_transmit().is_none(), "CmdSN 11 beyond MaxCmdSN 10");
+        assert_eq!(c.tasks_in_flight(), 0);
+        let t = c.poll_timeout().unwrap();
+        c.handle_timeout(t);
+        assert!(
+            matches!(c.poll_transmit().map(|p| p.header), Some(Header::NopIn(n)) if n.ttt != RESERVED_TAG)
+        );
+        let t = c.poll_timeout().unwrap();
+        c.handle_timeout(t);
+        assert!(matches!(
+            c.poll_event(),
+            Some(Event::Closed(ConnectionError {
+                reason: CloseReason::PingTimeout(_),
+                ..
+            }))
+        ));
+    }
+}
