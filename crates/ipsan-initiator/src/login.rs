@@ -270,7 +270,19 @@ pub trait OriginatorExtension: Send + std::fmt::Debug {
     fn needs_second_request(&self) -> bool {
         false
     }
+    /// Every Login PDU of this login so far (the response about to be handled included), given
+    /// before each response is handled: Seal binds the whole login (docs/seal.md §3).
+    fn observe_transcript(&mut self, _transcript: &ipsan_seal::LoginTranscript) {}
+    /// After a successful login: the record protection every PDU of the connection must go
+    /// through (Seal, docs/seal.md §4a), if any.
+    fn record_layer(&mut self) -> Option<std::result::Result<RecordLayer, String>> {
+        None
+    }
 }
+
+/// A connection's record protection: the sealer for the framed write, the opener for the
+/// framed read.
+pub type RecordLayer = (ipsan_seal::RecordSealer, ipsan_seal::RecordOpener);
 
 const KEY_AUTH: &str = "AuthMethod";
 
@@ -324,6 +336,18 @@ impl LoginMachine {
     pub fn set_extension(&mut self, ext: Box<dyn OriginatorExtension>, isid: [u8; 6]) {
         self.ext = Some(ext);
         self.isid = isid;
+    }
+
+    /// Hands the extension the login transcript (see [`OriginatorExtension::observe_transcript`]).
+    pub fn observe_transcript(&mut self, transcript: &ipsan_seal::LoginTranscript) {
+        if let Some(e) = self.ext.as_mut() {
+            e.observe_transcript(transcript);
+        }
+    }
+
+    /// The record layer the extension wants installed after a successful login.
+    pub fn extension_record_layer(&mut self) -> Option<std::result::Result<RecordLayer, String>> {
+        self.ext.as_mut().and_then(|e| e.record_layer())
     }
 
     /// The transform the extension wants installed after a successful login.

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ipsan_seal::{Cipher, Psk, SealOffer, SealPolicy, SealSession, SessionIds};
+use ipsan_seal::{
+    Cipher, Direction, LoginTranscript, Psk, RecordOpener, RecordSealer, SealOffer, SealPolicy,
+    SealSession, SessionIds,
+};
 use ipsan_target::config::{self, Config, SealSettings, TargetConfig};
 use ipsan_target::ServerHandle;
 use iscsi_wire::header::*;
@@ -49,6 +52,10 @@ struct Client {
     itt: u32,
     /// Every byte the target sent, to check what the wire shows.
     seen: Vec<u8>,
+    /// Every Login PDU (Seal binds the login transcript).
+    transcript: LoginTranscript,
+    /// Seal's record protection after a sealed login.
+    record: Option<(RecordSealer, RecordOpener)>,
 }
 
 fn login_req(transit: bool, nsg: Stage, isid: [u8; 6], cmd_sn: u32, itt: u32) -> LoginRequest {
@@ -77,17 +84,34 @@ impl Client {
             cmd_sn: 1,
             itt: 1,
             seen: Vec::new(),
+            transcript: LoginTranscript::new(),
+            record: None,
         }
     }
     async fn send(&mut self, pdu: &Pdu) {
+        let mut pdu = pdu.clone();
+        match &mut self.record {
+            Some((s, _)) => s.protect(&mut pdu).unwrap(),
+            None => self.transcript.add_sent(Direction::InitiatorToTarget, &pdu),
+        }
+        self.send_raw(&pdu).await;
+    }
+    /// Sends a PDU as is: no record tag (an attacker's injection).
+    async fn send_raw(&mut self, pdu: &Pdu) {
         let mut out = BytesMut::new();
         self.codec.encode(pdu, &mut out).unwrap();
-        self.s.write_all(&out).await.unwrap();
+        let _ = self.s.write_all(&out).await;
     }
     async fn recv(&mut self) -> Option<Pdu> {
         let fut = async {
             loop {
-                if let Some(p) = self.codec.decode(&mut self.buf).unwrap() {
+                if let Some(mut p) = self.codec.decode(&mut self.buf).unwrap() {
+                    match &mut self.record {
+                        Some((_, o)) => o.verify(&mut p).unwrap(),
+                        None => self
+                            .transcript
+                            .add_received(Direction::TargetToInitiator, &p),
+                    }
                     return Some(p);
                 }
                 let before = self.buf.len();
@@ -147,7 +171,11 @@ impl Client {
         let Some(offer) = offer else { return Ok(None) };
         let answer = iscsi_wire::text::parse(&data).unwrap();
         let (session, confirm) = offer
-            .handle_answer(&answer)
+            .handle_answer_bound(
+                &answer,
+                &self.transcript.hash_before_last(),
+                &self.transcript.hash(),
+            )
             .expect("target's answer verifies");
         let text: String = confirm.iter().map(|(k, v)| format!("{k}={v}\0")).collect();
         self.send(&Pdu::new(
@@ -166,6 +194,7 @@ impl Client {
             return Err((r.status_class, r.status_detail));
         }
         assert!(r.transit && r.nsg == Stage::FULL_FEATURE_PHASE);
+        self.record = Some(session.record_layer(&self.transcript.hash()).unwrap());
         Ok(Some(Arc::new(session)))
     }
 
