@@ -416,3 +416,59 @@ async fn policy_required_refuses_a_plain_login_and_allowed_admits_it() {
     );
     t.shutdown().await.unwrap();
 }
+
+/// Issue 14: an immediate WRITE SAME(16) NDOB=1 has no data to seal; injected into a sealed
+/// session it must not run. The target drops the connection, counts the forgery, and a new
+/// sealed session reads the old data back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_an_injected_write_same_ndob_and_keeps_the_lun() {
+    let t = start(SealPolicy::Required).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let old = vec![0x33u8; 4096];
+    let mut buf = BytesMut::with_capacity(session.sealed_len(old.len()).unwrap());
+    buf.extend_from_slice(&old);
+    let itt = c.itt + 1;
+    let sealed = session
+        .seal(
+            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x2a, 0, 8)),
+            buf,
+        )
+        .unwrap();
+    assert_eq!(c.write(0, sealed).await.0, 0);
+
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x93; // WRITE SAME(16)
+    cdb[1] = 0x01; // NDOB: no data, write zeros
+    cdb[10..14].copy_from_slice(&32768u32.to_be_bytes());
+    let wipe = ScsiCommand {
+        immediate: true,
+        final_: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::SIMPLE,
+        lun: 0,
+        itt: 0x7777,
+        expected_data_transfer_length: 0,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        cdb,
+    };
+    c.send_raw(&Pdu::new(wipe, Bytes::new())).await;
+    assert!(c.recv().await.is_none(), "the connection stays open");
+    assert_eq!(t.limit_stats().forged_pdus, 1);
+
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let edtl = session.sealed_len(4096).unwrap() as u32;
+    let itt = c.itt + 1;
+    let got = c.read(0, 8, edtl).await;
+    let plain = session
+        .open(
+            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x28, 0, 8)),
+            BytesMut::from(&got[..]),
+        )
+        .unwrap();
+    assert_eq!(&plain[..], &old[..], "the LUN was wiped");
+    t.shutdown().await.unwrap();
+}
