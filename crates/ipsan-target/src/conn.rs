@@ -473,6 +473,10 @@ async fn writer_task(
                     head.clear();
                     let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
                         warn!("cannot encode {:?}", pdu.header.opcode());
+                        if sealer.is_some() {
+                            // Its record counter is spent: the next PDU could not verify.
+                            break 'outer;
+                        }
                         continue;
                     };
                     let sent = async {
