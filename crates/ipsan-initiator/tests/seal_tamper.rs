@@ -55,6 +55,14 @@ enum Act {
     AnswerGood {
         copy_tag: bool,
     },
+    /// Replace `from` by `to` (same length) in the PDU, if it occurs there; a PDU without it
+    /// does not count as the chosen one.
+    Edit {
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    /// Flip this byte of the final Login Response (T=1, NSG=3) only.
+    FlipFinalLogin(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -122,9 +130,17 @@ async fn pump(
                 let mut s = shared.lock().unwrap();
                 let idx = usize::from(dir == Dir::T2I);
                 let hit = !s.fired
-                    && s.rule
-                        .as_ref()
-                        .is_some_and(|r| r.dir == dir && r.opcode == f[0] & 0x3f);
+                    && s.rule.as_ref().is_some_and(|r| {
+                        r.dir == dir
+                            && r.opcode == f[0] & 0x3f
+                            && match &r.act {
+                                Act::Edit { from, .. } => {
+                                    f.windows(from.len()).any(|w| w == from.as_slice())
+                                }
+                                Act::FlipFinalLogin(_) => f[1] & 0x83 == 0x83,
+                                _ => true,
+                            }
+                    });
                 let last = s.last_tag[idx].clone();
                 if let Some(t) = seal_ahs(&f) {
                     s.last_tag[idx] = Some(t);
@@ -158,6 +174,14 @@ async fn pump(
                                 bhs[20..24].copy_from_slice(&f[16..20]);
                             }
                             out.push(with_tag(bhs, if copy_tag { last.as_ref() } else { None }));
+                        }
+                        Act::FlipFinalLogin(at) => f[at] ^= 0x01,
+                        Act::Edit { from, to } => {
+                            if let Some(i) =
+                                f.windows(from.len()).position(|w| w == from.as_slice())
+                            {
+                                f[i..i + to.len()].copy_from_slice(&to);
+                            }
                         }
                         Act::AnswerGood { copy_tag } => {
                             let mut bhs = [0u8; 48];
@@ -650,6 +674,106 @@ fn every_tampered_pdu_in_either_direction_is_detected_and_nothing_forged_acts() 
         assert!(mib.iter().all(|&x| x != 0), "the LUN was zeroed");
         eprintln!("{}", report.join("\n"));
         other.logout().await.unwrap();
+        h.shutdown().await.unwrap();
+    });
+}
+
+/// The whole login is bound (docs/seal.md §3): a relay that edits a login key other than
+/// Seal's — in a request, in the target's answer, or in the final Login Response's header —
+/// fails the login, or the first command before it executes.
+#[test]
+fn an_edited_login_key_fails_the_login_or_the_first_command() {
+    bounded(120, async {
+        let h = seal_target(IQN, SECRET, SealPolicy::Required, None).await;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let via = relay(h.addrs[0], shared.clone()).await;
+        let url = IscsiUrl::parse(&format!("iscsi://{via}/{IQN}/0")).unwrap();
+        let edit = |dir, opcode, from: &str, to: &str| Rule {
+            dir,
+            opcode,
+            act: Act::Edit {
+                from: from.as_bytes().to_vec(),
+                to: to.as_bytes().to_vec(),
+            },
+        };
+        let cases = [
+            // The initiator's offer of MaxBurstLength, raised on the way to the target.
+            edit(
+                Dir::I2T,
+                0x03,
+                "MaxBurstLength=16776192",
+                "MaxBurstLength=16776193",
+            ),
+            edit(
+                Dir::I2T,
+                0x03,
+                "MaxOutstandingR2T=16",
+                "MaxOutstandingR2T=17",
+            ),
+            // The target's answer: MaxBurstLength lowered.
+            edit(
+                Dir::T2I,
+                0x23,
+                "MaxBurstLength=16776192",
+                "MaxBurstLength=16776191",
+            ),
+            // The target's declared MaxRecvDataSegmentLength, shrunk.
+            edit(
+                Dir::T2I,
+                0x23,
+                "MaxRecvDataSegmentLength=262144",
+                "MaxRecvDataSegmentLength=162144",
+            ),
+        ];
+        for rule in cases {
+            *shared.lock().unwrap() = Shared {
+                rule: Some(rule.clone()),
+                ..Shared::default()
+            };
+            let r = Session::open(&url, &sealed(Cipher::Aes256Gcm)).await;
+            assert!(shared.lock().unwrap().fired, "{rule:?}: never fired");
+            let e = r
+                .err()
+                .unwrap_or_else(|| panic!("{rule:?}: the login succeeded"));
+            let bound = match &e {
+                Error::LoginRefused {
+                    class: 2,
+                    detail: 2,
+                    ..
+                } => true,
+                Error::Login(m) => m.contains("key confirmation failed"),
+                _ => false,
+            };
+            assert!(bound, "{rule:?}: failed for another reason: {e}");
+        }
+        // The final Login Response: flip MaxCmdSN (no confirmation follows it): the login
+        // completes, the first command (READ CAPACITY) fails before it executes, the target
+        // counts it.
+        let before = h.limit_stats().forged_pdus;
+        *shared.lock().unwrap() = Shared {
+            rule: Some(Rule {
+                dir: Dir::T2I,
+                opcode: 0x23,
+                act: Act::FlipFinalLogin(35),
+            }),
+            ..Shared::default()
+        };
+        let r = Session::open(&url, &sealed(Cipher::Aes256Gcm)).await;
+        assert!(shared.lock().unwrap().fired, "final response never seen");
+        assert!(
+            r.is_err(),
+            "a session with an edited login response completed a command"
+        );
+        for _ in 0..50 {
+            if h.limit_stats().forged_pdus > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            h.limit_stats().forged_pdus > before,
+            "the target did not detect it"
+        );
         h.shutdown().await.unwrap();
     });
 }
