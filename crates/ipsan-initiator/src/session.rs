@@ -205,6 +205,9 @@ struct Shared {
     sn: Mutex<Sn>,
     window: Notify,
     dead: OnceLock<String>,
+    /// Set when the connection died of a forged PDU: commands in flight fail with
+    /// [`Error::SealForgery`].
+    forged: OnceLock<ipsan_seal::Forgery>,
     out: mpsc::UnboundedSender<Pdu>,
     reg: mpsc::UnboundedSender<Reg>,
     params: Negotiated,
@@ -269,6 +272,9 @@ impl Shared {
     }
 
     fn lost(&self) -> Error {
+        if let Some(f) = self.forged.get() {
+            return Error::SealForgery(f.clone());
+        }
         Error::ConnectionLost(
             self.dead
                 .get()
@@ -357,6 +363,8 @@ struct LoggedIn {
     params: Negotiated,
     /// Installed before the first command (Seal: every command's data is sealed).
     transform: Option<Arc<dyn PayloadTransform>>,
+    /// Seal's record protection for every PDU of the connection (docs/seal.md §4a).
+    record: Option<crate::login::RecordLayer>,
     cmd_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
@@ -378,6 +386,8 @@ async fn login(
     if let Some(ext) = ext {
         machine.set_extension(ext, isid);
     }
+    // Every Login PDU, both ways: Seal binds the whole login (docs/seal.md §3).
+    let mut transcript = ipsan_seal::LoginTranscript::new();
     let mut first = true;
     loop {
         let data = iscsi_wire::text::encode(&step.keys).freeze();
@@ -400,11 +410,12 @@ async fn login(
             exp_stat_sn: if first { 0 } else { exp_stat_sn },
         };
         first = false;
-        conn.send(req, data).await?;
+        conn.send_login(req, data, &mut transcript).await?;
         // A response may be split over several PDUs with C=1 (RFC 7143 §6.3, §11.13.3).
         let mut text = BytesMut::new();
         let resp = loop {
             let pdu = conn.recv().await?;
+            transcript.add_received(ipsan_seal::Direction::TargetToInitiator, &pdu);
             let Header::LoginResponse(r) = pdu.header else {
                 return Err(Error::Protocol(format!(
                     "expected a Login Response, got {:?}",
@@ -433,8 +444,11 @@ async fn login(
                 cmd_sn,
                 exp_stat_sn,
             };
-            conn.send(more, Bytes::new()).await?;
+            conn.send_login(more, Bytes::new(), &mut transcript).await?;
         };
+        if let Some(e) = machine.extension_mut() {
+            e.observe_transcript(&transcript);
+        }
         let keys = iscsi_wire::text::parse(&text)?;
         for (k, v) in &keys {
             // CHAP_R/CHAP_C are not secrets, but there is no reason to put them in logs.
@@ -461,14 +475,22 @@ async fn login(
         match machine.handle(reply)? {
             LoginNext::Send(s) => step = s,
             LoginNext::Done(params) => {
+                // Seal's record layer is keyed from the whole transcript, this final
+                // response included (docs/seal.md §4a).
+                let record = machine
+                    .extension_mut()
+                    .and_then(|e| e.record_layer())
+                    .transpose()
+                    .map_err(Error::Login)?;
                 return Ok(LoggedIn {
                     params: Negotiated::from_login(&params),
+                    record,
                     transform: machine.extension_mut().and_then(|e| e.transform()),
                     cmd_sn: resp.exp_cmd_sn,
                     exp_cmd_sn: resp.exp_cmd_sn,
                     max_cmd_sn: resp.max_cmd_sn,
                     exp_stat_sn,
-                })
+                });
             }
         }
     }
@@ -670,6 +692,7 @@ impl Session {
             }),
             window: Notify::new(),
             dead: OnceLock::new(),
+            forged: OnceLock::new(),
             out: out_tx,
             reg: reg_tx,
             params,
@@ -681,8 +704,9 @@ impl Session {
             logout: TargetLogout::default(),
             command_timeout: cfg.command_timeout,
         });
-        let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone()));
-        let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone()));
+        let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
+        let w = tokio::spawn(writer(wr, codec.clone(), out_rx, shared.clone(), sealer));
+        let r = tokio::spawn(reader(rd, rbuf, codec, reg_rx, shared.clone(), opener));
         let mut handles = vec![w.abort_handle(), r.abort_handle()];
         if let Some(interval) = cfg.nop_interval {
             let k = tokio::spawn(keepalive(shared.clone(), interval, cfg.nop_timeout));
@@ -1278,8 +1302,9 @@ async fn writer(
     codec: Codec,
     rx: mpsc::UnboundedReceiver<Pdu>,
     shared: Arc<Shared>,
+    sealer: Option<ipsan_seal::RecordSealer>,
 ) {
-    if let Err(e) = writer_inner(wr, codec, rx, &shared).await {
+    if let Err(e) = writer_inner(wr, codec, rx, &shared, sealer).await {
         shared.kill(format!("send failed: {e}"));
     }
 }
@@ -1289,6 +1314,7 @@ async fn writer_inner(
     codec: Codec,
     mut rx: mpsc::UnboundedReceiver<Pdu>,
     shared: &Shared,
+    mut sealer: Option<ipsan_seal::RecordSealer>,
 ) -> Result<()> {
     let mut head = BytesMut::with_capacity(64 * 1024);
     let mut segs: VecDeque<Bytes> = VecDeque::new();
@@ -1296,7 +1322,12 @@ async fn writer_inner(
         let mut next = Some(first);
         let mut batched = 0usize;
         // Batch what is already queued so many small PDUs go out in one syscall.
-        while let Some(pdu) = next.take() {
+        while let Some(mut pdu) = next.take() {
+            // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
+            if let Some(s) = &mut sealer {
+                s.protect(&mut pdu)
+                    .map_err(|e| Error::Transform(e.to_string()))?;
+            }
             let trailer = codec.encode_head(&pdu, &mut head)?;
             if let Header::NopOut(n) = &pdu.header {
                 if n.itt == RESERVED_TAG {
@@ -1386,6 +1417,7 @@ async fn reader(
     codec: Codec,
     reg_rx: mpsc::UnboundedReceiver<Reg>,
     shared: Arc<Shared>,
+    opener: Option<ipsan_seal::RecordOpener>,
 ) {
     let mut st = ReaderState {
         tasks: HashMap::new(),
@@ -1394,7 +1426,13 @@ async fn reader(
         tmfs: HashMap::new(),
         reg_rx,
     };
-    let e = reader_inner(rd, buf, codec, &mut st, &shared).await;
+    let e = reader_inner(rd, buf, codec, &mut st, &shared, opener).await;
+    if let Err(Error::SealForgery(f)) = &e {
+        tracing::warn!(
+            "{f}; nothing of it acted, dropping the connection and failing every command in flight"
+        );
+        let _ = shared.forged.set(f.clone());
+    }
     let reason = match e {
         Ok(()) => "connection closed by target".to_owned(),
         Err(Error::ConnectionLost(r)) => r,
@@ -1412,9 +1450,14 @@ async fn reader_inner(
     codec: Codec,
     st: &mut ReaderState,
     shared: &Shared,
+    mut opener: Option<ipsan_seal::RecordOpener>,
 ) -> Result<()> {
     loop {
-        while let Some(pdu) = codec.decode(&mut buf)? {
+        while let Some(mut pdu) = codec.decode(&mut buf)? {
+            // ---- SEAL RECORD HOOK (framed read): nothing unverified reaches handle_pdu ----
+            if let Some(o) = &mut opener {
+                o.verify(&mut pdu).map_err(Error::SealForgery)?;
+            }
             handle_pdu(pdu, st, shared)?;
             honor_logout_request(st, shared)?;
         }

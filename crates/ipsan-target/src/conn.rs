@@ -31,9 +31,9 @@ use tracing::{debug, info, trace, warn};
 
 use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
-use crate::seal_ext::{SealExtension, SealSlot};
+use crate::seal_ext::{SealExtension, SealSlot, TranscriptSlot};
 use crate::task::WriteState;
-use ipsan_seal::{CryptoPool, SealSession};
+use ipsan_seal::{CryptoPool, Direction, Forgery, RecordOpener, RecordSealer, SealSession};
 
 /// Settings every connection shares.
 #[derive(Debug)]
@@ -77,12 +77,14 @@ pub async fn serve(
         rd,
         buf: BytesMut::with_capacity(256 * 1024),
         codec: Codec::default(),
+        record: None,
     };
     let mut wr = wr;
     let slot = SealSlot::default();
+    let transcript = TranscriptSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared, &slot, peer),
+        login_phase(&mut conn, &mut wr, &shared, &slot, &transcript, peer),
     );
     let (result, session_slot) = tokio::select! {
         r = login => match r {
@@ -124,6 +126,22 @@ pub async fn serve(
         data_digest: params.data_digest,
         max_recv_data_segment_length: shared.offer.max_recv_data_segment_length,
     };
+    // Seal record protection (docs/seal.md §4a): keys bound to the whole login transcript.
+    // `seal` was taken from the slot above, before registering (the slot is empty now).
+    let mut sealer = None;
+    if let Some(s) = &seal {
+        let hash = lock(&transcript).hash();
+        match s.record_layer(&hash) {
+            Ok((w, r)) => {
+                sealer = Some(w);
+                conn.record = Some(r);
+            }
+            Err(e) => {
+                warn!(%peer, "seal: cannot set up record protection: {e}; closing");
+                return;
+            }
+        }
+    }
     let window = Arc::new(Mutex::new(CmdWindow::new(
         result.cmd_sn,
         shared.offer.cmd_window,
@@ -135,6 +153,7 @@ pub async fn serve(
         conn.codec.clone(),
         window.clone(),
         result.next_stat_sn,
+        sealer,
     ));
     let mut session = Session {
         shared: shared.clone(),
@@ -179,14 +198,25 @@ struct Reader {
     rd: OwnedReadHalf,
     buf: BytesMut,
     codec: Codec,
+    /// Seal record protection of a sealed session's full feature phase (docs/seal.md §4a).
+    record: Option<RecordOpener>,
 }
 
 impl Reader {
-    /// The next PDU, `Ok(None)` on a clean close.
+    /// The next PDU, `Ok(None)` on a clean close. In a sealed session a PDU that fails record
+    /// protection is an error of kind `InvalidData` wrapping a [`Forgery`]: nothing of it
+    /// reaches the full-feature logic, and the connection must be dropped.
     async fn next(&mut self) -> std::io::Result<Option<Result<Pdu, WireError>>> {
         loop {
             match self.codec.decode(&mut self.buf) {
-                Ok(Some(pdu)) => return Ok(Some(Ok(pdu))),
+                Ok(Some(mut pdu)) => {
+                    // ---- SEAL RECORD HOOK (framed read): verify, strip the Seal AHS ----
+                    if let Some(r) = &mut self.record {
+                        r.verify(&mut pdu)
+                            .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
+                    }
+                    return Ok(Some(Ok(pdu)));
+                }
                 Ok(None) => {}
                 Err(e) => return Ok(Some(Err(e))),
             }
@@ -212,9 +242,10 @@ async fn login_phase(
     wr: &mut OwnedWriteHalf,
     shared: &Shared,
     slot: &SealSlot,
+    transcript: &TranscriptSlot,
     peer: SocketAddr,
 ) -> std::io::Result<Option<LoggedIn>> {
-    let ext = SealExtension::new(shared.registry.clone(), slot.clone());
+    let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone());
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
     let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
@@ -249,6 +280,8 @@ async fn login_phase(
             debug!("{:?} during login; closing", pdu.header.opcode());
             return Ok(None);
         };
+        // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
+        lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
         let reply = login.handle(req, &pdu.data, &mut dir);
         if let Outcome::Failed(f) = &reply.outcome {
             shared.registry.count_login(&dir, Some(f.status.0));
@@ -259,6 +292,7 @@ async fn login_phase(
         if codec.encode(&resp, &mut out).is_err() {
             return Ok(None);
         }
+        lock(transcript).add_sent(Direction::TargetToInitiator, &resp);
         wr.write_all(&out).await?;
         match reply.outcome {
             Outcome::Continue => {}
@@ -411,6 +445,7 @@ async fn writer_task(
     codec: Codec,
     window: Arc<Mutex<CmdWindow>>,
     mut stat_sn: u32,
+    mut sealer: Option<RecordSealer>,
 ) {
     let mut bw = BufWriter::with_capacity(256 * 1024, wr);
     let mut head = BytesMut::with_capacity(4096);
@@ -428,9 +463,20 @@ async fn writer_task(
                     };
                     stamp(&mut pdu.header, &mut stat_sn, exp, max);
                     debug!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
+                    // ---- SEAL RECORD HOOK (framed write): after stamping, in wire order ----
+                    if let Some(s) = &mut sealer {
+                        if let Err(e) = s.protect(&mut pdu) {
+                            warn!("seal: cannot protect a PDU: {e}; closing the connection");
+                            break 'outer;
+                        }
+                    }
                     head.clear();
                     let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
                         warn!("cannot encode {:?}", pdu.header.opcode());
+                        if sealer.is_some() {
+                            // Its record counter is spent: the next PDU could not verify.
+                            break 'outer;
+                        }
                         continue;
                     };
                     let sent = async {
@@ -623,7 +669,17 @@ impl Session {
             };
             idle_deadline = interval.map(|i| tokio::time::Instant::now() + i);
             let pdu = match next {
-                Err(e) => return format!("read error: {e}"),
+                Err(e) => {
+                    if let Some(f) = e.get_ref().and_then(|x| x.downcast_ref::<Forgery>()) {
+                        crate::limits::LimitStats::bump(&shared.registry.stats.forged_pdus);
+                        warn!(
+                            initiator = %self.params.initiator_name,
+                            "{f}; nothing of it acts, dropping the connection"
+                        );
+                        return format!("forged PDU: {f}");
+                    }
+                    return format!("read error: {e}");
+                }
                 Ok(None) => return "connection closed by initiator".into(),
                 Ok(Some(Ok(pdu))) => pdu,
                 Ok(Some(Err(e))) => {
