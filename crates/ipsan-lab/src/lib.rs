@@ -8,6 +8,7 @@
 //!   built-in plans in `plans/`.
 //! - [`calibrate`]: RTT ping-pong, bulk-TCP SOCKET and cipher ENC/DEC microbenchmarks.
 //! - [`esp`]: `esp-emu`, the emulator stage doing ESP's per-packet 3DES + HMAC-SHA1-96.
+//! - [`ipsec`]: the `ipsec` scheme: strongSwan's charon with userspace ESP per namespace.
 //! - [`guard`]: children die with the lab (PR_SET_PDEATHSIG); Ctrl-C removes its namespaces.
 //! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
@@ -17,6 +18,7 @@
 pub mod calibrate;
 pub mod esp;
 pub mod guard;
+pub mod ipsec;
 pub mod model;
 pub mod plan;
 pub mod report;
