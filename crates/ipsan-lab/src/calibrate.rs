@@ -133,6 +133,52 @@ pub fn socket_throughput(s: &dyn Sockets, duration: Duration) -> std::io::Result
 
 /// Seal/open throughput of `cipher` at `block` bytes per command on one core: (ENC, DEC)
 /// in bytes/s, each timed for about `budget`. `none` gives infinities.
+/// How many cores this process can get right now: `threads` threads spin for `duration`
+/// and the CPU time they were given (from `/proc/thread-self/stat`) is divided by the wall
+/// time. On an idle 2-core host it is about 2; with other work on the host (other
+/// engineers compiling) less. The model's crypto runs on what is left.
+pub fn available_cores(threads: usize, duration: Duration) -> f64 {
+    let handles: Vec<_> = (0..threads.max(1))
+        .map(|_| {
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let a = thread_cpu_s();
+                let mut x = 1u64;
+                while t.elapsed() < duration {
+                    for _ in 0..10_000 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    std::hint::black_box(x);
+                }
+                (thread_cpu_s() - a) / t.elapsed().as_secs_f64()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or(0.0))
+        .filter(|c| c.is_finite())
+        .sum()
+}
+
+/// This thread's user + system CPU seconds.
+fn thread_cpu_s() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/thread-self/stat") else {
+        return f64::NAN;
+    };
+    let Some((_, rest)) = s.rsplit_once(')') else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let t = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // Clock ticks; USER_HZ is 100 on Linux.
+    (t(11) + t(12)) / 100.0
+}
+
 pub fn cipher_throughput(
     cipher: Cipher,
     block: usize,

@@ -34,6 +34,10 @@ pub struct Calibration {
     /// Bulk TCP throughput under the same emulation (SOCKET).
     #[serde(deserialize_with = "f64_or_nan")]
     pub socket_mb_s: f64,
+    /// Cores the lab could get at calibration ([`crate::calibrate::available_cores`]): the
+    /// host is shared, so the crypto's share is measured, not assumed.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub cores_avail: f64,
     /// Sysctls read back inside the initiator namespace (congestion control, buffers).
     pub sysctls: Vec<(String, String)>,
     /// Ran on loopback (no root): no emulation.
@@ -125,6 +129,10 @@ pub struct Record {
     /// Bench throughput, MB/s (10^6).
     #[serde(deserialize_with = "f64_or_nan")]
     pub throughput_mb_s: f64,
+    /// The whole run's throughput as bench reports it, MB/s. Equal to `throughput_mb_s`
+    /// except in plans with `steady = true`, where `throughput_mb_s` is the second half's.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub throughput_total_mb_s: f64,
     /// Commands per second.
     #[serde(deserialize_with = "f64_or_nan")]
     pub iops: f64,
@@ -230,6 +238,7 @@ impl Record {
             depth_used: 0,
             throughput_mb_s: f64::NAN,
             iops: f64::NAN,
+            throughput_total_mb_s: f64::NAN,
             lat_p50_us: f64::NAN,
             lat_p90_us: f64::NAN,
             lat_p99_us: f64::NAN,
@@ -284,7 +293,7 @@ impl Record {
 }
 
 /// CSV header, matching [`csv_row`].
-pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_tunnel_ini_pct,cpu_tunnel_tgt_pct,cpu_ini_host_pct,cpu_tgt_host_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,loadavg,error";
+pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,rate_mbit,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,throughput_total_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_tunnel_ini_pct,cpu_tunnel_tgt_pct,cpu_ini_host_pct,cpu_tgt_host_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,cores_avail,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,loadavg,error";
 
 fn q(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
@@ -321,6 +330,7 @@ pub fn csv_row(r: &Record) -> String {
         p.loss.to_string(),
         p.reorder.to_string(),
         p.corrupt.to_string(),
+        p.rate_mbit.to_string(),
         p.block.to_string(),
         p.depth.to_string(),
         r.depth_used.to_string(),
@@ -330,6 +340,7 @@ pub fn csv_row(r: &Record) -> String {
         format!("{:?}", p.iscsi).to_lowercase(),
         p.cc.clone(),
         num(r.throughput_mb_s),
+        num(r.throughput_total_mb_s),
         num(r.iops),
         num(r.lat_p50_us),
         num(r.lat_p90_us),
@@ -350,6 +361,7 @@ pub fn csv_row(r: &Record) -> String {
         r.esp_packets.to_string(),
         num(c.rtt_ms),
         num(c.socket_mb_s),
+        num(c.cores_avail),
         num(r.enc_mb_s),
         num(r.dec_mb_s),
         num(r.model_mb_s),

@@ -91,9 +91,14 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     let mut enc_cache: BTreeMap<(String, u64), (f64, f64)> = BTreeMap::new();
     for (_, points) in groups {
         let first = points[0];
-        let impaired =
-            first.delay_ms > 0.0 || first.loss > 0.0 || first.reorder > 0.0 || first.corrupt > 0.0;
-        let needs_ns = impaired || first.scheme == Scheme::EspEmu || first.scheme.lower_layer();
+        let impaired = first.delay_ms > 0.0
+            || first.loss > 0.0
+            || first.reorder > 0.0
+            || first.corrupt > 0.0
+            || first.rate_mbit > 0.0;
+        let needs_ns = impaired
+            || matches!(first.scheme, Scheme::EspEmu | Scheme::Iperf3)
+            || first.scheme.lower_layer();
         let mut env_ctx = if root {
             match LabLink::up(first, cfg) {
                 Ok(l) => Ok(Some(l)),
@@ -296,6 +301,7 @@ impl LabLink {
             },
             reorder: p.reorder,
             corrupt: p.corrupt,
+            rate_bps: (p.rate_mbit * 1e6) as u64,
             ..DirConfig::default()
         };
         let mut lc = LinkConfig::new(cfg.link_name.clone()).symmetric(dir);
@@ -414,7 +420,10 @@ fn calibrate_link(link: Option<&LabLink>, p: &Point) -> Result<Calibration, Stri
             .map_err(|e| format!("bulk TCP: {e}"))?;
         socket = socket.max(s);
     }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores_avail = calibrate::available_cores(cpus, Duration::from_millis(500));
     Ok(Calibration {
+        cores_avail,
         rtt_ms: rtt.median_s * 1e3,
         rtt_min_ms: rtt.min_s * 1e3,
         rtt_max_ms: rtt.max_s * 1e3,
@@ -428,7 +437,7 @@ fn calibrate_link(link: Option<&LabLink>, p: &Point) -> Result<Calibration, Stri
 /// 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own stage.
 fn enc_dec(cache: &mut BTreeMap<(String, u64), (f64, f64)>, p: &Point) -> (f64, f64) {
     let (cipher, size) = match p.scheme {
-        Scheme::Plain => return (f64::INFINITY, f64::INFINITY),
+        Scheme::Plain | Scheme::Iperf3 => return (f64::INFINITY, f64::INFINITY),
         Scheme::Seal | Scheme::SealSeq => (p.cipher.clone(), p.block),
         Scheme::Wireguard => ("chacha20-poly1305".to_string(), 1536),
         Scheme::Tls => (tls_cipher(&p.cipher).0.to_string(), 16384),
@@ -592,6 +601,9 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         .plan
         .run_time_for(Duration::from_secs_f64(ctx.calib.rtt_ms.max(0.0) / 1e3));
     rec.run_time_s = run_time.as_secs_f64();
+    if p.scheme == Scheme::Iperf3 {
+        return iperf3(ctx, run_time, rec);
+    }
     let mut procs = Procs(Vec::new(), Vec::new());
     // --- target ---
     let secret = ctx.scratch.join("seal.secret");
@@ -691,8 +703,12 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
             &ctx.plan.max_depth.to_string(),
         ]);
     }
+    let steady_trace = ctx.scratch.join("steady.jsonl");
     if let Some(t) = &ctx.trace {
         b.arg("--trace").arg(t);
+    } else if ctx.plan.steady {
+        let _ = std::fs::remove_file(&steady_trace);
+        b.arg("--trace").arg(&steady_trace);
     }
     if p.iscsi == IscsiMode::Paper {
         b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
@@ -777,6 +793,11 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         x.as_f64().unwrap_or(f64::NAN)
     };
     rec.throughput_mb_s = f(&["throughput_mb_s"]);
+    rec.throughput_total_mb_s = rec.throughput_mb_s;
+    if ctx.plan.steady && ctx.trace.is_none() {
+        rec.throughput_mb_s = second_half_throughput(&steady_trace, p.block)
+            .map_err(|e| fail(format!("second-half throughput from the trace: {e}")))?;
+    }
     rec.iops = f(&["iops"]);
     rec.lat_p50_us = f(&["latency_us", "p50"]);
     rec.lat_p90_us = f(&["latency_us", "p90"]);
@@ -918,6 +939,85 @@ fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, R
     let addr = SocketAddr::from((link.tgt(), PORT));
     wait_connect(link, addr).map_err(|e| fail(format!("no TCP through the IPsec tunnel: {e}")))?;
     Ok(addr)
+}
+
+/// Throughput over the second half of a traced run: commands completed after half the
+/// time of the last completion, times the block size, over that half. Past slow start and
+/// the depth search, which a short whole-run average mixes in.
+fn second_half_throughput(trace: &Path, block: u64) -> Result<f64, String> {
+    let text = std::fs::read_to_string(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
+    let mut done: Vec<f64> = Vec::new();
+    for line in text.lines().skip(1) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["event"] == "completed" {
+            if let Some(t) = v["t_us"].as_f64() {
+                done.push(t / 1e6);
+            }
+        }
+    }
+    let end = done.iter().copied().fold(0.0f64, f64::max);
+    let half = end / 2.0;
+    let n = done.iter().filter(|&&t| t > half).count();
+    if n < 4 || end <= 0.0 {
+        return Err(format!(
+            "{n} commands completed in the second half: too few"
+        ));
+    }
+    Ok(n as f64 * block as f64 / (end - half) / 1e6)
+}
+
+/// Aiken et al.'s network baseline: one iperf3 TCP stream from the initiator's namespace to
+/// the target's through the same emulated link, for the run's duration.
+fn iperf3(ctx: &RunCtx<'_>, run_time: Duration, rec: &mut Record) -> Result<(), RunError> {
+    let Some(link) = ctx.link else {
+        return Err(RunError::Skip("iperf3 needs namespaces (root)".into()));
+    };
+    let port = "5201";
+    let mut s = link.link.command(Side::Tgt, "iperf3");
+    s.args([
+        "-s",
+        "-1",
+        "--forceflush",
+        "-p",
+        port,
+        "-B",
+        &link.tgt().to_string(),
+    ]);
+    let (server, lines) = spawn_watch(s).map_err(|e| fail(format!("iperf3 -s: {e}")))?;
+    let _server = Procs(vec![("iperf3@tgt".into(), server)], Vec::new());
+    wait_line(&lines, "listening", Duration::from_secs(10))
+        .map_err(|e| fail(format!("iperf3 server: {e}")))?;
+    let secs = run_time.as_secs_f64().ceil().max(1.0) as u64;
+    let mut c = link.link.command(Side::Ini, "iperf3");
+    c.args([
+        "-c",
+        &link.tgt().to_string(),
+        "-p",
+        port,
+        "-t",
+        &secs.to_string(),
+        "-J",
+    ]);
+    let self_before = proc_cpu_s(std::process::id());
+    let t = Instant::now();
+    let out = run_bounded(c, run_time + Duration::from_secs(30))
+        .map_err(|e| fail(format!("iperf3 -c: {e}")))?;
+    let wall = t.elapsed().as_secs_f64();
+    rec.cpu_emulator_pct = (proc_cpu_s(std::process::id()) - self_before) / wall * 100.0;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("iperf3 JSON: {e}")))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(fail(format!("iperf3: {e}")));
+    }
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| fail("iperf3 JSON has no end.sum_received"))?;
+    rec.throughput_mb_s = bps / 8e6;
+    rec.bytes = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    rec.depth_used = 1;
+    Ok(())
 }
 
 fn side_name(side: Side) -> &'static str {
