@@ -864,7 +864,10 @@ fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, R
         } else {
             Side::Ini
         };
-        let dir = ctx.scratch.join(format!("ipsec-{}", side_name(side)));
+        // Absolute: charon resolves STRONGSWAN_CONF after changing to "/" (a relative
+        // `--out` made every CHILD_SA fail: charon ran without the plan's plugins).
+        let dir = std::path::absolute(ctx.scratch.join(format!("ipsec-{}", side_name(side))))
+            .map_err(|e| fail(format!("scratch path: {e}")))?;
         let _ = std::fs::remove_file(dir.join("charon.log"));
         let s =
             crate::ipsec::Side::write(&dir, link.link.addr(side), link.link.addr(peer), esp, &psk)
@@ -910,6 +913,7 @@ fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, R
         sides.push((s, pid));
     }
     let (ini, ini_pid) = &sides[0];
+    let mut tries = Vec::new();
     let o = run_bounded(
         ini.swanctl(
             *ini_pid,
@@ -919,15 +923,25 @@ fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, R
     )
     .map_err(|e| fail(format!("swanctl --initiate: {e}")))?;
     if !o.status.success() {
-        let log = std::fs::read_to_string(ini.dir.join("charon.log")).unwrap_or_default();
-        let last: Vec<&str> = log.lines().rev().take(3).collect();
-        return Err(fail(format!(
-            "IKE did not establish the CHILD_SA: {}; charon: {}",
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .last()
-                .unwrap_or(""),
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        tries.push(format!(
+            "{} {}",
+            out.lines().last().unwrap_or("").trim(),
+            err.lines().last().unwrap_or("").trim()
+        ));
+    }
+    if !tries.is_empty() {
+        let tail = |s: &crate::ipsec::Side| {
+            let log = std::fs::read_to_string(s.dir.join("charon.log")).unwrap_or_default();
+            let last: Vec<&str> = log.lines().rev().take(4).collect();
             last.join(" | ")
+        };
+        return Err(fail(format!(
+            "IKE did not establish the CHILD_SA ({}); initiator's charon: {}; responder's: {}",
+            tries.join("; "),
+            tail(ini),
+            tail(&sides[1].0)
         )));
     }
     // ESP-in-UDP arrives on charon's 4500 socket: 208 KiB of receive buffer overflows under

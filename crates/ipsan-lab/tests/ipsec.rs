@@ -61,9 +61,13 @@ fn moves_iscsi_writes_through_strongswan_esp_and_cleans_up() {
         eprintln!("SKIP moves_iscsi_writes_through_strongswan_esp_and_cleans_up: no ipsan binary");
         return;
     };
-    let out = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    // A relative output directory, as `ipsan lab run --out results/x` gives: charon must
+    // still find its configuration (it resolves paths after changing to "/").
+    std::env::set_current_dir(tmp.path()).unwrap();
+    let out = tmp.path().join("rel-out");
     let plan = Plan::parse("ipsec-test", PLAN).unwrap();
-    let mut cfg = RunConfig::new(exe, out.path().to_path_buf());
+    let mut cfg = RunConfig::new(exe, "rel-out".into());
     cfg.progress = false;
     cfg.link_name = format!("labipsec{}", std::process::id() % 10_000);
     cfg.subnet = 192;
@@ -91,7 +95,7 @@ fn moves_iscsi_writes_through_strongswan_esp_and_cleans_up() {
         assert!(r.cpu_tgt_host_pct() > r.cpu_target_pct);
     }
     // Nothing left: no charon from this run, no namespace.
-    let scratch = out.path().join("scratch");
+    let scratch = out.join("scratch");
     let left = procs_mentioning(&scratch.display().to_string());
     assert!(left.is_empty(), "left running: {left:?}");
     let ns = std::process::Command::new("ip")
