@@ -13,14 +13,18 @@
 //! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
-//! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
+//! - [`report`]: `report.md` and `report.html` (pulldown-cmark), the headline and every point.
+//! - [`figures`]: the papers' figures and tables beside ours, with the papers' numbers.
+//! - [`plot`]: line charts (log axes, min–max bars, legend outside) and grouped bars.
 //! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files.
 pub mod calibrate;
 pub mod esp;
+pub mod figures;
 pub mod guard;
 pub mod ipsec;
 pub mod model;
 pub mod plan;
+pub mod plot;
 pub mod report;
 pub mod results;
 pub mod runner;

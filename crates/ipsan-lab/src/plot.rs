@@ -89,7 +89,8 @@ pub enum Style {
     Measured,
     /// Points only (scatter), with min–max bars.
     Scatter,
-    /// The papers' numbers: black triangles joined by a dashed line.
+    /// The papers' numbers: triangles joined by a dashed line (black unless coloured to
+    /// match the series they stand beside).
     Paper,
     /// A dashed line through the points (ideal, y = x).
     Dashed,
@@ -156,6 +157,26 @@ pub struct Figure {
     pub band: Option<f64>,
     /// y starts at zero (linear y only).
     pub y_from_zero: bool,
+    /// Categorical x: the points' x are indices into these names (e.g. delays 0–64 ms,
+    /// evenly spaced as in the papers' Fig. 11 and 14).
+    pub x_names: Vec<String>,
+}
+
+impl Figure {
+    /// A figure with no series yet.
+    pub fn new(title: &str, x_label: &str, y_label: &str, x: Axis, y: Axis) -> Figure {
+        Figure {
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            x,
+            y,
+            series: Vec::new(),
+            band: None,
+            y_from_zero: true,
+            x_names: Vec::new(),
+        }
+    }
 }
 
 const W: u32 = 1000;
@@ -179,8 +200,11 @@ pub fn draw(dir: &Path, stem: &str, fig: &Figure) -> Result<Vec<PathBuf>, String
     Ok(vec![svg, png])
 }
 
+/// Series colour index meaning "the papers' black".
+pub const BLACK_IDX: usize = usize::MAX;
+
 fn color_of(s: &Series) -> RGBColor {
-    if s.style == Style::Paper {
+    if s.color == BLACK_IDX {
         PAPER
     } else {
         COLORS[s.color % COLORS.len()]
@@ -249,7 +273,18 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
         y0 - yp
     };
     let (ax, ay) = (fig.x, fig.y);
-    let xf = move |v: &f64| ax.label(*v);
+    let names = fig.x_names.clone();
+    let xf = move |v: &f64| {
+        if names.is_empty() {
+            return ax.label(*v);
+        }
+        let i = v.round();
+        if (v - i).abs() < 0.01 && i >= 0.0 {
+            names.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
     let yf = move |v: &f64| ay.label(*v);
     let mut chart = ChartBuilder::on(&plot)
         .caption(&fig.title, ("sans-serif", 17))
@@ -258,7 +293,9 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
         .y_label_area_size(62)
         .build_cartesian_2d((x0 - xp)..(x1 + xp), ylo..(y1 + yp))
         .map_err(e)?;
-    let xlabels = if fig.x == Axis::Log2Bytes {
+    let xlabels = if !fig.x_names.is_empty() {
+        fig.x_names.len() + 1
+    } else if fig.x == Axis::Log2Bytes {
         ((x1 - x0).round() as usize + 2).max(2)
     } else {
         10
@@ -272,7 +309,7 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
         .x_label_formatter(&xf)
         .y_label_formatter(&yf)
         .label_style(("sans-serif", 13))
-        .light_line_style(RGBColor(235, 235, 235))
+        .light_line_style(RGBColor(246, 246, 246))
         .draw()
         .map_err(e)?;
     let (cx0, cx1) = (x0 - xp, x1 + xp);
@@ -345,12 +382,7 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
             Style::Paper => {
                 if xy.len() > 1 {
                     chart
-                        .draw_series(DashedLineSeries::new(
-                            xy.clone(),
-                            6,
-                            4,
-                            c.stroke_width(1),
-                        ))
+                        .draw_series(DashedLineSeries::new(xy.clone(), 6, 4, c.stroke_width(1)))
                         .map_err(e)?;
                 }
                 chart
@@ -363,7 +395,7 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
                     .map_err(e)?;
             }
             Style::HLine => {
-                if let Some(p) = xy.first() {
+                if let Some(p) = pts.first().filter(|p| p.1.is_finite()) {
                     chart
                         .draw_series(DashedLineSeries::new(
                             vec![(cx0, p.1), (cx1, p.1)],
@@ -458,6 +490,9 @@ fn draw_legend<DB: DrawingBackend>(
     Ok(())
 }
 
+/// One bar: (median, min, max); NaN median draws no bar.
+pub type Bar = (f64, f64, f64);
+
 /// Grouped bars: one group per condition, one bar per series, min–max whiskers, and the
 /// papers' numbers as black triangles over their group.
 #[derive(Debug, Clone)]
@@ -468,8 +503,8 @@ pub struct Bars {
     pub y_label: String,
     /// Group names (x axis).
     pub groups: Vec<String>,
-    /// Series: name and per-group (median, min, max) (NaN: no bar).
-    pub series: Vec<(String, Vec<(f64, f64, f64)>)>,
+    /// Series: name and per-group bars.
+    pub series: Vec<(String, Vec<Bar>)>,
     /// The papers' numbers: (group, value) and the legend text.
     pub paper: Option<(String, Vec<(usize, f64)>)>,
 }
@@ -537,7 +572,7 @@ fn bars_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, b: &Bars) -> Resul
         .x_label_formatter(&xf)
         .y_desc(&b.y_label)
         .label_style(("sans-serif", 12))
-        .light_line_style(RGBColor(235, 235, 235))
+        .light_line_style(RGBColor(246, 246, 246))
         .draw()
         .map_err(e)?;
     let k = b.series.len().max(1) as f64;
@@ -603,7 +638,10 @@ mod tests {
     #[test]
     fn labels_block_sizes_in_kb_and_mb_and_decades() {
         assert_eq!(Axis::Log2Bytes.label(Axis::Log2Bytes.fwd(16384.0)), "16 KB");
-        assert_eq!(Axis::Log2Bytes.label(Axis::Log2Bytes.fwd(2097152.0)), "2 MB");
+        assert_eq!(
+            Axis::Log2Bytes.label(Axis::Log2Bytes.fwd(2097152.0)),
+            "2 MB"
+        );
         assert_eq!(Axis::Log2Bytes.label(4.5), "");
         assert_eq!(Axis::Log10.label(1.0), "10.0".trim_end_matches(".0"));
         assert_eq!(Axis::Log10.label(-1.0), "0.10");
