@@ -543,10 +543,18 @@ fn fig16(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
     else {
         return;
     };
-    let mut blocks: Vec<(u64, String)> = seal
+    // Like with like: the same block, cipher and iSCSI write cycle (a one-round-trip run is
+    // never divided by a two-round-trip one).
+    let mut blocks: Vec<(u64, String, IscsiMode)> = seal
         .iter()
         .filter(|a| same_delay(a.rec.point.delay_ms, dmax))
-        .map(|a| (a.rec.point.block, a.rec.point.cipher.clone()))
+        .map(|a| {
+            (
+                a.rec.point.block,
+                a.rec.point.cipher.clone(),
+                a.rec.point.iscsi,
+            )
+        })
         .collect();
     blocks.sort();
     blocks.dedup();
@@ -559,12 +567,13 @@ fn fig16(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
     );
     let mut rows = String::new();
     let mut maxn = 2.0f64;
-    for (i, (b, c)) in blocks.iter().enumerate() {
+    for (i, (b, c, m)) in blocks.iter().enumerate() {
         let at = |n: u32| {
             seal.iter().find(|a| {
                 same_delay(a.rec.point.delay_ms, dmax)
                     && a.rec.point.block == *b
                     && a.rec.point.cipher == *c
+                    && a.rec.point.iscsi == *m
                     && a.rec.depth_used == n
             })
         };
@@ -574,6 +583,7 @@ fn fig16(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
             same_delay(a.rec.point.delay_ms, dmax)
                 && a.rec.point.block == *b
                 && a.rec.point.cipher == *c
+                && a.rec.point.iscsi == *m
         }) {
             let n = f64::from(a.rec.depth_used);
             maxn = maxn.max(n);
@@ -607,7 +617,11 @@ fn fig16(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
             .map_or("none up to the largest n".to_string(), |p| {
                 format!("OP-{}", p.x)
             });
-        let paper_n = EQ6_N.iter().find(|(pb, _)| pb == b).map(|(_, n)| *n);
+        // The paper's n are for its 64 ms link.
+        let paper_n = EQ6_N
+            .iter()
+            .find(|(pb, _)| pb == b && same_delay(dmax, 64.0))
+            .map(|(_, n)| *n);
         let _ = writeln!(
             rows,
             "| {} | {} | {} | {} | {} |",
@@ -710,7 +724,8 @@ pub fn rates(aggs: &[Agg]) -> Rates {
     }
     // Runs before the per-CPU-second calibration recorded wall-clock rates (their share of a
     // contended core); measure each cipher and block per CPU-second again here, same host.
-    for ((c, b), e) in r.enc.iter_mut() {
+    // (Only from an optimised build: a debug build's ciphers are many times slower.)
+    for ((c, b), e) in r.enc.iter_mut().filter(|_| !cfg!(debug_assertions)) {
         if let Some(cipher) = ipsan_seal::Cipher::from_name(c) {
             if let Ok((enc, dec)) = crate::calibrate::cipher_throughput(
                 cipher,
