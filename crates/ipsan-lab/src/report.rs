@@ -203,6 +203,20 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
              (the host is shared: other work on it slows every scheme, most of all the emulator).\n",
             e.hostname, e.cpus, e.cpu, e.kernel, e.git_rev, r.root, e.loadavg
         );
+        let mut l1: Vec<f64> = records
+            .iter()
+            .filter_map(|r| r.loadavg.split_whitespace().next()?.parse().ok())
+            .collect();
+        if !l1.is_empty() {
+            let lo = l1.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = l1.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let _ = writeln!(
+                md,
+                "1-minute load average at the start of each run: {lo:.1}–{hi:.1} (median {:.1}; \
+                 per run in results.csv).\n",
+                median(&mut l1)
+            );
+        }
         if let Some(c) = records.iter().find_map(|r| r.calibration.as_ref()) {
             let s: Vec<String> = c
                 .sysctls
