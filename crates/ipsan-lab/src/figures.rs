@@ -1142,3 +1142,72 @@ fn pathologies(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Plan;
+    use crate::report::aggregate;
+    use crate::results::{Calibration, Environment, Record, Status};
+
+    fn rec(scheme: Scheme, delay: f64, block: u64, depth: u32, mb: f64) -> Record {
+        let plan = Plan::load("quick").unwrap();
+        let mut p = plan.points[0].clone();
+        p.scheme = scheme;
+        p.delay_ms = delay;
+        p.block = block;
+        p.depth = Depth::Fixed(depth);
+        p.cipher = "3des-cbc-hmac-sha1".into();
+        p.iscsi = IscsiMode::Paper;
+        let mut r = Record::new("t", 0, 0, &p, &Environment::default(), true);
+        r.status = Status::Ok;
+        r.depth_used = depth;
+        r.throughput_mb_s = mb;
+        r.calibration = Some(Calibration::default());
+        r
+    }
+
+    #[test]
+    fn improvement_is_the_mean_over_blocks_of_per_block_ratios() {
+        let rs = vec![
+            rec(Scheme::Seal, 8.0, 16384, 10, 4.0),
+            rec(Scheme::Ipsec, 8.0, 16384, 1, 1.0),
+            rec(Scheme::Seal, 8.0, 1 << 20, 10, 3.0),
+            rec(Scheme::Ipsec, 8.0, 1 << 20, 1, 2.0),
+            // Another cipher's IPsec must not be the baseline.
+            {
+                let mut r = rec(Scheme::Ipsec, 8.0, 16384, 1, 100.0);
+                r.point.cipher = "aes-256-gcm".into();
+                r
+            },
+        ];
+        let out = all(Path::new("/nonexistent"), &aggregate(&rs), false);
+        // (4/1 + 3/2) / 2 = 2.75, not the best block's 4.
+        assert!(
+            out.md.contains("**2.75×** (16KiB 4.00, 1MiB 1.50)"),
+            "{}",
+            out.md
+        );
+        assert!(
+            out.md.contains("≈4.6×"),
+            "the paper's OP-10 at 8 ms beside ours"
+        );
+    }
+
+    #[test]
+    fn fig16_never_divides_across_write_cycles() {
+        let mut one_rtt = rec(Scheme::Seal, 64.0, 65536, 8, 0.1);
+        one_rtt.point.iscsi = IscsiMode::Ipsan;
+        let rs = vec![
+            rec(Scheme::Seal, 64.0, 65536, 2, 1.0),
+            rec(Scheme::Seal, 64.0, 65536, 4, 2.0),
+            one_rtt,
+        ];
+        let out = all(Path::new("/nonexistent"), &aggregate(&rs), false);
+        assert!(out.md.contains("| 64KiB | 3DES |"), "{}", out.md);
+        // The one-round-trip OP-8 has no OP-2 of its own cycle: no row of its own, and it
+        // does not make a knee at OP-8 in the two-round-trip row (0.1 / 1.0 ≪ 8 / 2).
+        assert_eq!(out.md.matches("| 64KiB | 3DES |").count(), 1, "{}", out.md);
+        assert!(out.md.contains("none up to the largest n"), "{}", out.md);
+    }
+}
