@@ -162,12 +162,19 @@ fn throughput_vs_block(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool, o
                 Scheme::Seal => 2,
                 _ => 3,
             };
+            let lun = match a.rec.point.backend {
+                Backend::Mem => "",
+                Backend::Null => ", null LUN",
+                Backend::File => ", file LUN",
+            };
             series
-                .entry((order, a.rec.depth_used, paper_name(a)))
+                .entry((order, a.rec.depth_used, format!("{}{lun}", paper_name(a))))
                 .or_default()
                 .push(pt(a.rec.point.block as f64, a));
         }
-        if series.values().all(|v| v.len() < 2) {
+        // A block-size axis needs at least two block sizes in some series.
+        let spans = |v: &Vec<Pt>| v.iter().any(|p| p.x != v[0].x);
+        if !series.values().any(spans) {
             continue;
         }
         let (what, figs) = match dirn {
