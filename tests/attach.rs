@@ -134,7 +134,7 @@ fn start_target(lun: &str, extra: &[&str]) -> (Proc, u16) {
     let mut child = Command::new(BIN)
         .args(&args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
     let line = wait_line(&mut child, Duration::from_secs(20), |l| {
@@ -504,7 +504,7 @@ fn ext4_over_a_sealed_session_survives_fsck_and_remount() {
     let _s = serial();
     let key = std::env::temp_dir().join(format!("ipsan-attach-{}-seal.key", std::process::id()));
     std::fs::write(&key, "attach-test-secret-0123456789abcdef\n").unwrap();
-    // The target refuses a secret file group or others can read (config: secret file mode).
+    // Secret files readable by others are refused (docs/operate.md).
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let k = key.to_str().unwrap();
     ext4_round_trip(

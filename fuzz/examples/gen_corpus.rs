@@ -439,6 +439,27 @@ fn main() {
         write("seal_open", &format!("sealed-mode{mode}"), &v);
     }
 
+    // ---- seal_record: selector, mode, offset, then PDUs (BHS, data length, data).
+    let pdus: Vec<[u8; 48]> = [0x01u8, 0x05, 0x21, 0x20, 0x25]
+        .iter()
+        .map(|&op| {
+            let mut b = [0u8; 48];
+            b[0] = op;
+            b[1] = 0x80;
+            b[16..20].copy_from_slice(&7u32.to_be_bytes());
+            b
+        })
+        .collect();
+    for mode in 0u8..5 {
+        let mut v = vec![mode % 3, mode, 0, 3];
+        for b in &pdus {
+            v.extend_from_slice(b);
+            v.push(20);
+            v.extend_from_slice(&[0x5a; 20]);
+        }
+        write("seal_record", &format!("stream-mode{mode}"), &v);
+    }
+
     // ---- wan_model: Aiken et al.'s pathologies (2.7 % loss, 2 % reorder, 0.02 % corruption)
     // with a rate limit and a queue, then a packet train.
     let mut v = vec![

@@ -12,6 +12,7 @@
 //! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `LogicalUnit::execute` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows or the LU's size |
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
 //! | [`engine_pdu`] | `iscsi_proto::engine::{target, initiator}::Connection::handle_pdu` (RFC 7143 §4.2, §11) | target: R2Ts never carry the reserved TTT, StatSN runs in sequence, Data-In respects MaxRecvDataSegmentLength, DataSN and offsets; initiator: every command completes at most once (exactly once after the connection ends), Data-Out stays in the buffer and under the target's MaxRecvDataSegmentLength |
+//! | [`seal_record`] | `ipsan_seal::record` (docs/seal.md §4a) | a sealed PDU stream after one bit flip, drop, duplicate or swap: every PDU the opener accepts is the genuine PDU at that position (header, AHS and every MACed byte); arbitrary frames never verify under a fresh opener |
 //! | [`wan_model`] | `ipsan_wan::Impairment` (Dummynet pipe + netem pathologies) | release never precedes arrival; in-order packets leave in order; the queue never exceeds its limit; corruption flips exactly one bit |
 //!
 //! The same functions run as plain `cargo test` over the seed corpus and seeded random inputs
@@ -604,6 +605,128 @@ pub fn seal_open(data: &[u8]) {
         target.open(&binding, BytesMut::from(&sealed[..])).is_err(),
         "replay accepted"
     );
+}
+
+// ------------------------------------------------------------------------------ seal record
+
+/// Builds PDUs from the input, protects them with a record sealer, mutates the wire stream
+/// once (bit flip, drop, duplicate or swap of whole PDUs) and checks that the opener accepts
+/// only a prefix of the genuine stream; see the module table.
+pub fn seal_record(data: &[u8]) {
+    use ipsan_seal::record::{data_is_sealed_transfer, pair_for_test};
+    use ipsan_seal::Cipher;
+    use iscsi_wire::{Codec, Header, Pdu};
+    let mut inp = Input(data);
+    let sel = inp.u8();
+    let cipher = match sel % 3 {
+        0 => Cipher::Aes256Gcm,
+        1 => Cipher::ChaCha20Poly1305,
+        _ => Cipher::TripleDesCbcHmacSha1,
+    };
+    let mode = inp.u8();
+    let at = usize::from(inp.u16());
+    let codec = Codec::default();
+    let (mut sealer, _) = pair_for_test(cipher, sel);
+    // PDUs: a BHS from the input (kept only if it parses), then up to 255 data bytes.
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    while frames.len() < 6 && inp.0.len() >= 49 {
+        let mut bhs = [0u8; 48];
+        for b in &mut bhs {
+            *b = inp.u8();
+        }
+        let n = usize::from(inp.u8());
+        let body = inp.0.get(..n.min(inp.0.len())).unwrap_or_default().to_vec();
+        inp.0 = &inp.0[body.len()..];
+        bhs[4] = 0;
+        let Ok(header) = Header::parse(&bhs) else {
+            continue;
+        };
+        let mut pdu = Pdu::new(header, Bytes::from(body));
+        if sealer.protect(&mut pdu).is_err() {
+            return;
+        }
+        let mut out = BytesMut::new();
+        if codec.encode(&pdu, &mut out).is_err() {
+            return;
+        }
+        frames.push(out.to_vec());
+    }
+    let decode_all = |wire: &[u8]| {
+        let mut buf = BytesMut::from(wire);
+        let mut v = Vec::new();
+        while let Ok(Some(p)) = codec.decode(&mut buf) {
+            v.push(p);
+        }
+        v
+    };
+    let genuine = decode_all(&frames.concat());
+    // One mutation of the stream.
+    let mut mutated = frames.clone();
+    let k = if frames.is_empty() {
+        0
+    } else {
+        at % frames.len()
+    };
+    let changed = match mode % 5 {
+        0 if !frames.is_empty() => {
+            let f = &mut mutated[k];
+            let i = (at / 7) % f.len();
+            f[i] ^= 1 << (mode >> 5);
+            true
+        }
+        1 if !frames.is_empty() => {
+            mutated.remove(k);
+            true
+        }
+        2 if !frames.is_empty() => {
+            mutated.insert(k, frames[k].clone());
+            true
+        }
+        3 if frames.len() > 1 && k + 1 < frames.len() => {
+            mutated.swap(k, k + 1);
+            true
+        }
+        _ => false,
+    };
+    let (_, mut opener) = pair_for_test(cipher, sel);
+    let mut accepted = 0usize;
+    let mut refused = false;
+    let received = decode_all(&mutated.concat());
+    let received_count = received.len();
+    for mut p in received {
+        let raw = *p.raw_bhs();
+        let ahs_len = p.ahs.len();
+        if opener.verify(&mut p).is_err() {
+            refused = true;
+            break;
+        }
+        let g = &genuine[accepted];
+        assert_eq!(raw, *g.raw_bhs(), "an altered header verified");
+        assert_eq!(ahs_len, g.ahs.len(), "an altered AHS verified");
+        if data_is_sealed_transfer(raw[0]) {
+            assert_eq!(p.data.len(), g.data.len(), "an altered length verified");
+        } else {
+            assert_eq!(p.data, g.data, "altered data verified");
+        }
+        accepted += 1;
+    }
+    // A duplicate or a swap is refused when it arrives; a drop when the next PDU arrives
+    // (a dropped last PDU shows only when a later one comes: the keepalive, docs/seal.md §4a).
+    let dropped_last = mode % 5 == 1 && k + 1 == frames.len();
+    if changed && matches!(mode % 5, 1..=3) && !dropped_last && received_count == mutated.len() {
+        assert!(
+            refused,
+            "a dropped, duplicated or swapped PDU went unnoticed"
+        );
+    }
+    if !changed {
+        assert_eq!(accepted, genuine.len(), "a genuine stream was refused");
+    }
+    // Arbitrary bytes as a frame never verify under a fresh opener.
+    let (_, mut fresh) = pair_for_test(cipher, sel.wrapping_add(1));
+    if let Some(mut p) = decode_all(data).into_iter().next() {
+        assert!(fresh.verify(&mut p).is_err(), "an arbitrary frame verified");
+    }
 }
 
 /// A negotiated (initiator, target) pair, through the real login key exchange.

@@ -133,6 +133,11 @@ fn seal_open_refuses_forged_mutated_relocated_and_replayed_data() {
 }
 
 #[test]
+fn seal_record_accepts_only_the_genuine_pdu_stream() {
+    run("seal_record", ipsan_fuzz::seal_record);
+}
+
+#[test]
 fn wan_model_holds_on_corpus_and_random_inputs() {
     run("wan_model", ipsan_fuzz::wan_model);
 }

@@ -1,5 +1,7 @@
-//! `ipsan demo`: about a minute of the quick plan on an embedded default (RAM LUN, emulated
-//! 8 ms and 64 ms links), printing the headline table and the path of the HTML report.
+//! `ipsan demo`: about a minute and a half of the `demo` plan (RAM LUN, emulated 2 ms and
+//! 64 ms links): plain iSCSI, seal and real IPsec (strongSwan), three repetitions each,
+//! throughput over each run's second half (past slow start), printed as medians with
+//! min–max and the seal ÷ IPsec ratio per delay, then the path of the HTML report.
 //! Without root it falls back to loopback and says what it skipped.
 
 use std::path::PathBuf;
@@ -8,7 +10,7 @@ use anyhow::Context;
 use ipsan_lab::plan::Plan;
 use ipsan_lab::runner::{self, RunConfig};
 
-/// A one-minute tour: plain vs seal vs the lower-layer baselines over emulated WAN links.
+/// A short tour: plain vs seal vs real IPsec over emulated WAN links.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Output directory.
@@ -41,17 +43,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         eprintln!(
             "ipsan demo: not root, so no network namespaces: running on loopback only and \
-             skipping the emulated 8 ms and 64 ms links, WireGuard, TLS and esp-emu \
-             (run as root for the full demo)"
+             skipping the emulated 2 ms and 64 ms links and IPsec (run as root for the full \
+             demo)"
         );
         Plan::parse("demo-loopback", LOOPBACK_PLAN)?
     };
     let exe = std::env::current_exe().context("locating the ipsan binary")?;
     let cfg = RunConfig::new(exe, args.out.clone());
     eprintln!(
-        "ipsan demo: {} runs of about {:?} each → {}",
+        "ipsan demo: {} runs of {:?} or more (longer on slow links), {} repetitions each → {}",
         plan.run_count(),
         plan.run_time,
+        plan.repetitions,
         args.out.display()
     );
     let records = runner::run_plan(&plan, &cfg);

@@ -26,14 +26,30 @@ impl Conn {
         }
     }
 
+    /// Sends one Login PDU and adds it to `transcript` (Seal binds every Login PDU,
+    /// docs/seal.md §3).
+    pub(crate) async fn send_login(
+        &mut self,
+        header: impl Into<iscsi_wire::Header>,
+        data: Bytes,
+        transcript: &mut ipsan_seal::LoginTranscript,
+    ) -> Result<()> {
+        let pdu = Pdu::new(header, data);
+        transcript.add_sent(ipsan_seal::Direction::InitiatorToTarget, &pdu);
+        self.send_pdu(&pdu).await
+    }
+
     pub(crate) async fn send(
         &mut self,
         header: impl Into<iscsi_wire::Header>,
         data: Bytes,
     ) -> Result<()> {
-        let pdu = Pdu::new(header, data);
+        self.send_pdu(&Pdu::new(header, data)).await
+    }
+
+    async fn send_pdu(&mut self, pdu: &Pdu) -> Result<()> {
         let mut out = BytesMut::with_capacity(64 + pdu.data.len());
-        self.codec.encode(&pdu, &mut out)?;
+        self.codec.encode(pdu, &mut out)?;
         self.stream.write_all(&out).await?;
         Ok(())
     }

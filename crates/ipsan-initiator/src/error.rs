@@ -51,6 +51,12 @@ pub enum Error {
     /// The connection is gone; every command in flight fails with this.
     #[error("connection lost: {0}")]
     ConnectionLost(String),
+    /// A PDU of a Seal session failed record protection (docs/seal.md §4a): forged, altered,
+    /// replayed, reordered, injected or dropped on the path. Nothing of it acted; the
+    /// connection was dropped and every command in flight fails with this (none is known to
+    /// have completed: a write may or may not have reached the medium).
+    #[error("connection dropped: {0}")]
+    SealForgery(ipsan_seal::Forgery),
     /// An operation did not finish in time.
     #[error("timed out: {0}")]
     Timeout(&'static str),

@@ -20,15 +20,30 @@ pub use iscsi_proto::login::originator::{
 };
 
 /// A login extension for vendor `X-` keys (RFC 7143 §13.5): iscsi-proto's
-/// [`originator::OriginatorExtension`], plus the payload transform it installs once the
-/// login succeeded (docs/seal.md §2).
+/// [`originator::OriginatorExtension`], plus what only the I/O driver can give it or take
+/// from it: the bytes of every Login PDU (the sans-IO machine sees parsed keys only) and,
+/// once the login succeeded, the payload transform (docs/seal.md §2) and the record layer
+/// (§4a) the session installs.
 pub trait OriginatorExtension: originator::OriginatorExtension {
     /// After a successful login: the payload transform the session must apply to every
     /// command's data from its first command on (Seal's sealing), if any.
     fn transform(&mut self) -> Option<Arc<dyn PayloadTransform>> {
         None
     }
+    /// Every Login PDU of this login so far (the response about to be handled included), given
+    /// by the driver before each response goes to the machine: Seal binds the whole login
+    /// (docs/seal.md §3).
+    fn observe_transcript(&mut self, _transcript: &ipsan_seal::LoginTranscript) {}
+    /// After a successful login: the record protection every PDU of the connection must go
+    /// through (Seal, docs/seal.md §4a), if any.
+    fn record_layer(&mut self) -> Option<std::result::Result<RecordLayer, String>> {
+        None
+    }
 }
+
+/// A connection's record protection: the sealer for the framed write, the opener for the
+/// framed read.
+pub type RecordLayer = (ipsan_seal::RecordSealer, ipsan_seal::RecordOpener);
 
 /// The originator's login state machine with this initiator's extensions.
 pub type LoginMachine = originator::LoginMachine<dyn OriginatorExtension>;

@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_seal::{
-    is_seal_key, Binding, Cipher, CryptoPool, InitiatorNegotiation, Psk, SealSession, SessionIds,
+    is_seal_key, Binding, Cipher, CryptoPool, InitiatorNegotiation, LoginTranscript, Psk,
+    SealSession, SessionIds,
 };
 use iscsi_proto::login::ExtensionContext;
 
 use crate::error::Error;
-use crate::login::OriginatorExtension;
+use crate::login::{OriginatorExtension, RecordLayer};
 use crate::scsi::{Sense, SenseKey};
 use crate::session::ExtensionFactory;
 use crate::transform::{CommandInfo, PayloadTransform, TransformFuture};
@@ -49,6 +50,7 @@ impl SealRequest {
                 neg: InitiatorNegotiation::new(self.ciphers.clone(), self.chunk, self.psk.clone()),
                 pool: self.pool.clone(),
                 session: None,
+                transcript: LoginTranscript::new(),
             })
         }))
     }
@@ -60,6 +62,8 @@ struct SealOriginator {
     neg: InitiatorNegotiation,
     pool: Option<Arc<CryptoPool>>,
     session: Option<Arc<SealSession>>,
+    /// The login so far, as the login loop last handed it over.
+    transcript: LoginTranscript,
 }
 
 fn ids(ctx: &ExtensionContext<'_>) -> SessionIds {
@@ -87,7 +91,9 @@ impl originator::OriginatorExtension for SealOriginator {
         keys: &[(String, String)],
         _ctx: &ExtensionContext<'_>,
     ) -> std::result::Result<Vec<(String, String)>, String> {
-        self.neg.on_answer(keys).map_err(|e| e.to_string())
+        self.neg
+            .on_answer(keys, &self.transcript)
+            .map_err(|e| e.to_string())
     }
 
     fn finish(&mut self, _ctx: &ExtensionContext<'_>) -> std::result::Result<(), String> {
@@ -113,6 +119,19 @@ impl OriginatorExtension for SealOriginator {
             session,
             pool: self.pool.clone(),
         }))
+    }
+
+    fn observe_transcript(&mut self, transcript: &LoginTranscript) {
+        self.transcript = transcript.clone();
+    }
+
+    fn record_layer(&mut self) -> Option<std::result::Result<RecordLayer, String>> {
+        let session = self.session.as_ref()?;
+        Some(
+            session
+                .record_layer(&self.transcript.hash())
+                .map_err(|e| e.to_string()),
+        )
     }
 }
 

@@ -155,6 +155,10 @@ struct Shared {
     /// Why the connection ended (first reason wins; the driver's own words for socket and
     /// framing errors, the engine's typed reason otherwise).
     dead: OnceLock<String>,
+    /// Set when the connection died of a forged PDU (docs/seal.md §4a): commands in flight
+    /// fail with [`Error::SealForgery`]. Set before the engine closes, so every waiter woken
+    /// by the close sees it.
+    forged: OnceLock<ipsan_seal::Forgery>,
     params: Negotiated,
     io_tasks: Mutex<Vec<AbortHandle>>,
     /// Who watches each command's events, when asked for ([`Session::set_observer`]).
@@ -259,6 +263,9 @@ impl Shared {
     }
 
     fn lost(&self) -> Error {
+        if let Some(f) = self.forged.get() {
+            return Error::SealForgery(f.clone());
+        }
         Error::ConnectionLost(
             self.dead
                 .get()
@@ -295,6 +302,7 @@ impl Shared {
                 Err(Error::TaskAborted("ABORT TASK".into()))
             }
             Err(TaskError::Violation(v)) => Err(Error::TargetViolation(v)),
+            Err(TaskError::ConnectionLost(_)) if self.forged.get().is_some() => Err(self.lost()),
             Err(TaskError::ConnectionLost(e)) => Err(Error::ConnectionLost(
                 self.dead.get().cloned().unwrap_or_else(|| e.to_string()),
             )),
@@ -401,6 +409,8 @@ struct LoggedIn {
     params: Negotiated,
     /// Installed before the first command (Seal: every command's data is sealed).
     transform: Option<Arc<dyn PayloadTransform>>,
+    /// Seal's record protection for every PDU of the connection (docs/seal.md §4a).
+    record: Option<crate::login::RecordLayer>,
     cmd_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
@@ -422,6 +432,8 @@ async fn login(
     if let Some(ext) = ext {
         machine.set_extension(ext, isid);
     }
+    // Every Login PDU, both ways: Seal binds the whole login (docs/seal.md §3).
+    let mut transcript = ipsan_seal::LoginTranscript::new();
     let mut first = true;
     loop {
         let data = iscsi_wire::text::encode(&step.keys).freeze();
@@ -444,11 +456,12 @@ async fn login(
             exp_stat_sn: if first { 0 } else { exp_stat_sn },
         };
         first = false;
-        conn.send(req, data).await?;
+        conn.send_login(req, data, &mut transcript).await?;
         // A response may be split over several PDUs with C=1 (RFC 7143 §6.3, §11.13.3).
         let mut text = BytesMut::new();
         let resp = loop {
             let pdu = conn.recv().await?;
+            transcript.add_received(ipsan_seal::Direction::TargetToInitiator, &pdu);
             let Header::LoginResponse(r) = pdu.header else {
                 return Err(Error::Protocol(format!(
                     "expected a Login Response, got {:?}",
@@ -477,8 +490,11 @@ async fn login(
                 cmd_sn,
                 exp_stat_sn,
             };
-            conn.send(more, Bytes::new()).await?;
+            conn.send_login(more, Bytes::new(), &mut transcript).await?;
         };
+        if let Some(e) = machine.extension_mut() {
+            e.observe_transcript(&transcript);
+        }
         let keys = iscsi_wire::text::parse(&text)?;
         for (k, v) in &keys {
             // CHAP_R/CHAP_C are not secrets, but there is no reason to put them in logs.
@@ -505,14 +521,22 @@ async fn login(
         match machine.handle(reply)? {
             LoginNext::Send(s) => step = s,
             LoginNext::Done(params) => {
+                // Seal's record layer is keyed from the whole transcript, this final
+                // response included (docs/seal.md §4a).
+                let record = machine
+                    .extension_mut()
+                    .and_then(|e| e.record_layer())
+                    .transpose()
+                    .map_err(Error::Login)?;
                 return Ok(LoggedIn {
                     params: Negotiated::from_login(&params),
+                    record,
                     transform: machine.extension_mut().and_then(|e| e.transform()),
                     cmd_sn: resp.exp_cmd_sn,
                     exp_cmd_sn: resp.exp_cmd_sn,
                     max_cmd_sn: resp.max_cmd_sn,
                     exp_stat_sn,
-                })
+                });
             }
         }
     }
@@ -723,6 +747,7 @@ impl Session {
             wake_writer: Notify::new(),
             wake_timer: Notify::new(),
             dead: OnceLock::new(),
+            forged: OnceLock::new(),
             params,
             io_tasks: Mutex::new(Vec::new()),
             observer: OnceLock::new(),
@@ -730,8 +755,10 @@ impl Session {
             command_timeout: cfg.command_timeout,
         });
         // The writer first: a closing engine stops the others but lets the writer flush.
-        let w = tokio::spawn(writer(wr, codec.clone(), shared.clone()));
-        let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone()));
+        // The record step sits between the codec and the engine (docs/seal.md §4a).
+        let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
+        let w = tokio::spawn(writer(wr, codec.clone(), shared.clone(), sealer));
+        let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone(), opener));
         let k = tokio::spawn(timer(shared.clone()));
         if let Ok(mut t) = shared.io_tasks.lock() {
             *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
@@ -1163,14 +1190,25 @@ async fn timer(shared: Arc<Shared>) {
 }
 
 /// The one framed write of this connection: drains the engine's PDUs (ExpStatSN stamped as
-/// they leave it) into the socket, batching what is queued into vectored writes.
-async fn writer(wr: OwnedWriteHalf, codec: Codec, shared: Arc<Shared>) {
-    if let Err(e) = writer_inner(wr, codec, &shared).await {
+/// they leave it) into the socket, batching what is queued into vectored writes. In a sealed
+/// session every PDU is record-protected here, in wire order (docs/seal.md §4a).
+async fn writer(
+    wr: OwnedWriteHalf,
+    codec: Codec,
+    shared: Arc<Shared>,
+    sealer: Option<ipsan_seal::RecordSealer>,
+) {
+    if let Err(e) = writer_inner(wr, codec, &shared, sealer).await {
         shared.kill(format!("send failed: {e}"));
     }
 }
 
-async fn writer_inner(mut wr: OwnedWriteHalf, codec: Codec, shared: &Shared) -> Result<()> {
+async fn writer_inner(
+    mut wr: OwnedWriteHalf,
+    codec: Codec,
+    shared: &Shared,
+    mut sealer: Option<ipsan_seal::RecordSealer>,
+) -> Result<()> {
     let mut head = BytesMut::with_capacity(64 * 1024);
     let mut segs: VecDeque<Bytes> = VecDeque::new();
     let mut batch: Vec<Pdu> = Vec::with_capacity(512);
@@ -1198,8 +1236,13 @@ async fn writer_inner(mut wr: OwnedWriteHalf, codec: Codec, shared: &Shared) -> 
             continue;
         }
         let tr = shared.observer.get();
-        for pdu in batch.drain(..) {
+        for mut pdu in batch.drain(..) {
             observe_sent(tr, &pdu);
+            // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
+            if let Some(s) = &mut sealer {
+                s.protect(&mut pdu)
+                    .map_err(|e| Error::Transform(e.to_string()))?;
+            }
             let trailer = codec.encode_head(&pdu, &mut head)?;
             if !pdu.data.is_empty() {
                 segs.push_back(head.split().freeze());
@@ -1285,13 +1328,32 @@ fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
     }
 }
 
-/// The one framed read of this connection: PDUs into the engine until it ends.
-async fn reader(mut rd: OwnedReadHalf, mut buf: BytesMut, codec: Codec, shared: Arc<Shared>) {
+/// The one framed read of this connection: PDUs into the engine until it ends. In a sealed
+/// session every PDU is verified here before the engine sees it; one that fails drops the
+/// connection, and every command in flight fails with [`Error::SealForgery`].
+async fn reader(
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    codec: Codec,
+    shared: Arc<Shared>,
+    mut opener: Option<ipsan_seal::RecordOpener>,
+) {
     let tr = shared.observer.get().cloned();
     loop {
         loop {
             match codec.decode(&mut buf) {
-                Ok(Some(pdu)) => {
+                Ok(Some(mut pdu)) => {
+                    // ---- SEAL RECORD HOOK (framed read): nothing unverified reaches the engine ----
+                    if let Some(o) = &mut opener {
+                        if let Err(f) = o.verify(&mut pdu) {
+                            tracing::warn!(
+                                "{f}; nothing of it acted, dropping the connection and failing every command in flight"
+                            );
+                            let _ = shared.forged.set(f.clone());
+                            shared.kill(format!("forged PDU: {f}"));
+                            return;
+                        }
+                    }
                     observe_received(shared.observer.get().or(tr.as_ref()), &pdu);
                     if shared
                         .with(|g| g.engine.handle_pdu(Instant::now(), pdu))

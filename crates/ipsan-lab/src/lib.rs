@@ -8,18 +8,24 @@
 //!   built-in plans in `plans/`.
 //! - [`calibrate`]: RTT ping-pong, bulk-TCP SOCKET and cipher ENC/DEC microbenchmarks.
 //! - [`esp`]: `esp-emu`, the emulator stage doing ESP's per-packet 3DES + HMAC-SHA1-96.
+//! - [`ipsec`]: the `ipsec` scheme: strongSwan's charon with userspace ESP per namespace.
 //! - [`guard`]: children die with the lab (PR_SET_PDEATHSIG); Ctrl-C removes its namespaces.
 //! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
-//! - [`report`]: plots (SVG + PNG), `report.md` and `report.html`, the papers' numbers.
+//! - [`report`]: `report.md` and `report.html` (pulldown-cmark), the headline and every point.
+//! - [`figures`]: the papers' figures and tables beside ours, with the papers' numbers.
+//! - [`plot`]: line charts (log axes, min–max bars, legend outside) and grouped bars.
 //! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files, read with
 //!   `ipsan_bench::trace`.
 pub mod calibrate;
 pub mod esp;
+pub mod figures;
 pub mod guard;
+pub mod ipsec;
 pub mod model;
 pub mod plan;
+pub mod plot;
 pub mod report;
 pub mod results;
 pub mod runner;

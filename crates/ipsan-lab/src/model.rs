@@ -166,6 +166,8 @@ pub enum Limit {
     Encrypt,
     /// Decryption throughput of the workers.
     Decrypt,
+    /// The host's cores, shared by both ends' crypto and the link ([`predict_shared`]).
+    Cpu,
 }
 
 impl fmt::Display for Limit {
@@ -176,6 +178,7 @@ impl fmt::Display for Limit {
             Limit::Window => "window",
             Limit::Encrypt => "encrypt",
             Limit::Decrypt => "decrypt",
+            Limit::Cpu => "cpu",
         })
     }
 }
@@ -257,6 +260,27 @@ pub fn predict(i: &Inputs, p: &Pipeline) -> Result<Prediction, ModelError> {
         cycle_s: cycle,
         useful_depth: cycle * hard_rate / i.block,
     })
+}
+
+/// [`predict`] on a host where both ends, their crypto and the link (the emulator and both
+/// TCP stacks) share `cores` cores (measured: [`crate::calibrate::available_cores`]), as in
+/// the lab: moving a byte costs `cores/SOCKET` core-seconds (the bulk-TCP calibration
+/// saturates the host), sealing it `1/ENC` and opening it `1/DEC`, so the cores carry at
+/// most `1 / (1/SOCKET + (1/ENC + 1/DEC)/cores)`. The papers' hosts each had their own
+/// CPU, which is [`predict`].
+pub fn predict_shared(i: &Inputs, p: &Pipeline, cores: f64) -> Result<Prediction, ModelError> {
+    let mut pred = predict(i, p)?;
+    let cores = positive("cores", cores)?;
+    let crypto = match p.crypto {
+        CryptoPlace::None => 0.0,
+        CryptoPlace::Command | CryptoPlace::Packet => 1.0 / i.enc + 1.0 / i.dec,
+    };
+    let cpu = 1.0 / (1.0 / i.socket + crypto / cores);
+    if cpu < pred.throughput {
+        pred.throughput = cpu;
+        pred.limit = Limit::Cpu;
+    }
+    Ok(pred)
 }
 
 /// The depth `auto` picks from the model: the useful depth rounded up, plus one command of
@@ -408,6 +432,47 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
         return Err(format!("{s:?} must be a positive rate"));
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::*;
+
+    #[test]
+    fn shared_cores_bind_when_crypto_and_link_compete() {
+        let i = Inputs {
+            rtt_s: 0.0001,
+            block: 1e6,
+            socket: 100e6,
+            enc: 20e6,
+            dec: 20e6,
+        };
+        let p = Pipeline {
+            depth: 16,
+            round_trips: 1,
+            crypto_workers: 2,
+            window: None,
+            crypto: CryptoPlace::Command,
+        };
+        // Own cores: two workers at 20 MB/s each give 40 MB/s.
+        assert!((predict(&i, &p).unwrap().throughput - 40e6).abs() < 1.0);
+        // Two shared cores: 1 / (1/100 + (1/20 + 1/20)/2) MB/s = 16.67 MB/s.
+        let s = predict_shared(&i, &p, 2.0).unwrap();
+        assert_eq!(s.limit, Limit::Cpu);
+        assert!(
+            (s.throughput - 1e6 / (0.01 + 0.05)).abs() < 1e3,
+            "{}",
+            s.throughput
+        );
+        // Fewer cores, less throughput; no crypto, only the link.
+        assert!(predict_shared(&i, &p, 1.0).unwrap().throughput < s.throughput);
+        let plain = Pipeline {
+            crypto: CryptoPlace::None,
+            ..p
+        };
+        assert_eq!(predict_shared(&i, &plain, 2.0).unwrap().limit, Limit::Link);
+        assert!(predict_shared(&i, &p, 0.0).is_err());
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! repetitions = 3          # per point; the results keep median, min and max
 //! run_time = "5s"          # how long each bench run lasts, at least…
 //! min_rtts = 60            # …this many calibrated round trips (64 ms each way: 7.7 s)
+//! steady = false          # true: throughput over each run's second half (bench's trace)
 //! lun = "mem:512MiB"       # target LUN when backend = "mem" (null:… and file:… likewise)
 //!
 //! [[matrix]]               # each [[matrix]] table is a cartesian product; tables add up
@@ -13,11 +14,12 @@
 //! loss = [0.0]             # per-direction probability
 //! reorder = [0.0]
 //! corrupt = [0.0]
+//! rate = [0]               # bottleneck, Mbit/s each way (0: none)
 //! block = ["64KiB", "1MiB"]
 //! depth = ["1", "auto"]    # the papers' OP-n; "auto" lets the model pick
 //! cipher = ["aes-256-gcm"] # aes-256-gcm | chacha20-poly1305 | 3des-cbc-hmac-sha1
 //! pipeline = [true]        # seal's pipeline (seal-seq forces it off)
-//! scheme = ["plain", "seal"] # plain | seal-seq | seal | wireguard | tls | ipsec | esp-emu
+//! scheme = ["plain", "seal"] # plain | seal-seq | seal | wireguard | tls | ipsec | esp-emu | iperf3
 //! backend = ["mem"]        # mem | null | file
 //! iscsi = ["ipsan"]        # ipsan (one round trip) | paper (InitialR2T=Yes, ImmediateData=No)
 //! cc = ["reno"]            # TCP congestion control inside the lab's namespaces
@@ -64,15 +66,20 @@ pub enum Scheme {
     Wireguard,
     /// stunnel between the namespaces (TLS 1.3).
     Tls,
-    /// Kernel ESP transport mode via `ip xfrm`.
+    /// strongSwan's charon in each namespace: IKEv2 + PSK, userspace ESP in UDP, tunnel
+    /// mode with host-to-host selectors (see [`crate::ipsec`]).
     Ipsec,
-    /// The emulator doing ESP's per-packet 3DES-CBC + HMAC-SHA1-96 (see [`crate::esp`]).
+    /// The emulator doing ESP's per-packet 3DES-CBC + HMAC-SHA1-96 (see [`crate::esp`]); the
+    /// fallback where strongSwan is absent.
     EspEmu,
+    /// No iSCSI: one iperf3 TCP stream through the same link, Aiken et al.'s network
+    /// baseline (the most any protocol on this link could move).
+    Iperf3,
 }
 
 impl Scheme {
     /// Every scheme, in report order.
-    pub const ALL: [Scheme; 7] = [
+    pub const ALL: [Scheme; 8] = [
         Scheme::Plain,
         Scheme::SealSeq,
         Scheme::Seal,
@@ -80,6 +87,7 @@ impl Scheme {
         Scheme::Tls,
         Scheme::Ipsec,
         Scheme::EspEmu,
+        Scheme::Iperf3,
     ];
 
     /// The name used in plans and results.
@@ -92,6 +100,7 @@ impl Scheme {
             Scheme::Tls => "tls",
             Scheme::Ipsec => "ipsec",
             Scheme::EspEmu => "esp-emu",
+            Scheme::Iperf3 => "iperf3",
         }
     }
 
@@ -190,6 +199,8 @@ pub struct MatrixSpec {
     reorder: Vec<f64>,
     #[serde(default = "d_zero")]
     corrupt: Vec<f64>,
+    #[serde(default = "d_zero")]
+    rate: Vec<f64>,
     #[serde(default = "d_block")]
     block: Vec<String>,
     #[serde(default = "d_depth")]
@@ -276,6 +287,10 @@ pub struct PlanSpec {
     /// slow start and enough command cycles to mean something (default 60).
     #[serde(default)]
     pub min_rtts: Option<u32>,
+    /// Report each run's throughput over its second half (from bench's per-command trace),
+    /// past TCP's slow start and depth auto's search, instead of over the whole run.
+    #[serde(default)]
+    pub steady: bool,
     /// The matrices.
     pub matrix: Vec<MatrixSpec>,
     /// A short traced run per scheme for the command timeline.
@@ -348,6 +363,9 @@ pub struct Point {
     pub reorder: f64,
     /// Corruption probability.
     pub corrupt: f64,
+    /// Bottleneck rate each way, Mbit/s (0: none).
+    #[serde(default)]
+    pub rate_mbit: f64,
     /// Bytes per command.
     pub block: u64,
     /// Commands in flight.
@@ -389,14 +407,18 @@ impl Point {
             } else {
                 String::new()
             }
-        )
+        ) + &if self.rate_mbit > 0.0 {
+            format!(" {}Mbit/s", self.rate_mbit)
+        } else {
+            String::new()
+        }
     }
 
     /// The link settings this point needs (points sharing them share a calibration).
     pub fn link_key(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}",
-            self.delay_ms, self.loss, self.reorder, self.corrupt, self.cc
+            "{}|{}|{}|{}|{}|{}",
+            self.delay_ms, self.loss, self.reorder, self.corrupt, self.cc, self.rate_mbit
         )
     }
 }
@@ -429,6 +451,8 @@ pub struct Plan {
     pub max_depth: u32,
     /// Each run lasts at least this many calibrated round trips ([`Plan::run_time_for`]).
     pub min_rtts: u32,
+    /// Throughput over each run's second half (see [`PlanSpec::steady`]).
+    pub steady: bool,
     /// Every point, in run order (grouped by link so calibrations are reused).
     pub points: Vec<Point>,
     /// Traced runs for the command timeline, if the plan asks for them.
@@ -436,7 +460,16 @@ pub struct Plan {
 }
 
 /// The built-in plans' names.
-pub const BUILTIN: [&str; 5] = ["quick", "smoke", "paper-write", "paper-read", "pathologies"];
+pub const BUILTIN: [&str; 8] = [
+    "quick",
+    "smoke",
+    "paper-write",
+    "paper-fig16",
+    "paper-read",
+    "aiken",
+    "pathologies",
+    "demo",
+];
 
 /// The TOML of a built-in plan.
 pub fn builtin_toml(name: &str) -> Option<&'static str> {
@@ -446,6 +479,8 @@ pub fn builtin_toml(name: &str) -> Option<&'static str> {
         "paper-write" => include_str!("../plans/paper-write.toml"),
         "paper-read" => include_str!("../plans/paper-read.toml"),
         "pathologies" => include_str!("../plans/pathologies.toml"),
+        "paper-fig16" => include_str!("../plans/paper-fig16.toml"),
+        "aiken" => include_str!("../plans/aiken.toml"),
         "demo" => include_str!("../plans/demo.toml"),
         _ => return None,
     })
@@ -526,6 +561,11 @@ impl Plan {
                 .map(|d| parse_depth(d))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(ctx)?;
+            for r in &m.rate {
+                if !(0.0..=100_000.0).contains(r) {
+                    return Err(ctx(format!("rate {r} Mbit/s is outside 0..=100000")));
+                }
+            }
             for p in m.loss.iter().chain(&m.reorder).chain(&m.corrupt) {
                 if !(0.0..=1.0).contains(p) {
                     return Err(ctx(format!("probability {p} is outside [0, 1]")));
@@ -548,38 +588,42 @@ impl Plan {
             }
             for &direction in &m.direction {
                 for &delay_ms in &delays {
-                    for &loss in &m.loss {
-                        for &reorder in &m.reorder {
-                            for &corrupt in &m.corrupt {
-                                for cc in &m.cc {
-                                    for &scheme in &m.scheme {
-                                        for &block in &blocks {
-                                            for &depth in &depths {
-                                                for cipher in &m.cipher {
-                                                    for &pipeline in &m.pipeline {
-                                                        for &backend in &m.backend {
-                                                            for &iscsi in &m.iscsi {
-                                                                let p = Point {
-                                                                    direction,
-                                                                    delay_ms,
-                                                                    loss,
-                                                                    reorder,
-                                                                    corrupt,
-                                                                    block,
-                                                                    depth,
-                                                                    cipher: cipher.clone(),
-                                                                    pipeline: pipeline
-                                                                        && scheme
-                                                                            != Scheme::SealSeq,
-                                                                    scheme,
-                                                                    backend,
-                                                                    iscsi,
-                                                                    cc: cc.clone(),
-                                                                };
-                                                                let key = serde_json::to_string(&p)
-                                                                    .unwrap_or_default();
-                                                                if seen.insert(key) {
-                                                                    points.push(p);
+                    for &rate_mbit in &m.rate {
+                        for &loss in &m.loss {
+                            for &reorder in &m.reorder {
+                                for &corrupt in &m.corrupt {
+                                    for cc in &m.cc {
+                                        for &scheme in &m.scheme {
+                                            for &block in &blocks {
+                                                for &depth in &depths {
+                                                    for cipher in &m.cipher {
+                                                        for &pipeline in &m.pipeline {
+                                                            for &backend in &m.backend {
+                                                                for &iscsi in &m.iscsi {
+                                                                    let p = Point {
+                                                                        direction,
+                                                                        delay_ms,
+                                                                        loss,
+                                                                        reorder,
+                                                                        corrupt,
+                                                                        rate_mbit,
+                                                                        block,
+                                                                        depth,
+                                                                        cipher: cipher.clone(),
+                                                                        pipeline: pipeline
+                                                                            && scheme
+                                                                                != Scheme::SealSeq,
+                                                                        scheme,
+                                                                        backend,
+                                                                        iscsi,
+                                                                        cc: cc.clone(),
+                                                                    };
+                                                                    let key =
+                                                                        serde_json::to_string(&p)
+                                                                            .unwrap_or_default();
+                                                                    if seen.insert(key) {
+                                                                        points.push(p);
+                                                                    }
                                                                 }
                                                             }
                                                         }
@@ -620,6 +664,7 @@ impl Plan {
             lun_bytes,
             max_depth,
             min_rtts,
+            steady: spec.steady,
             points,
         })
     }
@@ -669,6 +714,7 @@ fn resolve_timeline(t: &TimelineSpec) -> Result<Timeline, String> {
             loss: 0.0,
             reorder: 0.0,
             corrupt: 0.0,
+            rate_mbit: 0.0,
             block,
             depth: Depth::Fixed(if scheme == Scheme::SealSeq {
                 1
@@ -732,7 +778,7 @@ mod tests {
                 }
             }
         }
-        for s in [Scheme::SealSeq, Scheme::Seal, Scheme::EspEmu] {
+        for s in [Scheme::SealSeq, Scheme::Seal, Scheme::Ipsec] {
             assert!(p
                 .points
                 .iter()

@@ -75,9 +75,16 @@ pub struct Agg {
     pub max: f64,
     /// Ok repetitions.
     pub n: usize,
+    /// Median CPU of the initiator host (initiator + its tunnel processes), % of one core.
+    pub cpu_ini_host: f64,
+    /// Median CPU of the target host (target + its tunnel processes), % of one core.
+    pub cpu_tgt_host: f64,
+    /// Median CPU every lab process got during the run (initiator, target, tunnels and the
+    /// emulator), in cores: what the shared host actually gave the experiment.
+    pub cores_got: f64,
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -104,12 +111,27 @@ pub fn aggregate(records: &[Record]) -> Vec<Agg> {
             let mut t: Vec<f64> = rs.iter().map(|r| r.throughput_mb_s).collect();
             let min = t.iter().copied().fold(f64::INFINITY, f64::min);
             let max = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut ci: Vec<f64> = rs.iter().map(|r| r.cpu_ini_host_pct()).collect();
+            let mut ct: Vec<f64> = rs.iter().map(|r| r.cpu_tgt_host_pct()).collect();
+            let mut got: Vec<f64> = rs
+                .iter()
+                .map(|r| {
+                    (r.cpu_initiator_pct
+                        + r.cpu_target_pct
+                        + r.cpu_tunnel_pct.max(0.0)
+                        + r.cpu_emulator_pct)
+                        / 100.0
+                })
+                .collect();
             Some(Agg {
+                cores_got: median(&mut got),
                 rec: (*rs.first()?).clone(),
                 median: median(&mut t),
                 min,
                 max,
                 n: rs.len(),
+                cpu_ini_host: median(&mut ci),
+                cpu_tgt_host: median(&mut ct),
             })
         })
         .collect()
@@ -181,6 +203,20 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
              (the host is shared: other work on it slows every scheme, most of all the emulator).\n",
             e.hostname, e.cpus, e.cpu, e.kernel, e.git_rev, r.root, e.loadavg
         );
+        let mut l1: Vec<f64> = records
+            .iter()
+            .filter_map(|r| r.loadavg.split_whitespace().next()?.parse().ok())
+            .collect();
+        if !l1.is_empty() {
+            let lo = l1.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = l1.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let _ = writeln!(
+                md,
+                "1-minute load average at the start of each run: {lo:.1}–{hi:.1} (median {:.1}; \
+                 per run in results.csv).\n",
+                median(&mut l1)
+            );
+        }
         if let Some(c) = records.iter().find_map(|r| r.calibration.as_ref()) {
             let s: Vec<String> = c
                 .sysctls
@@ -270,34 +306,20 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
             let _ = writeln!(md, "- {st} ×{n}, `{s}`: {e}");
         }
     }
-    // Read tables (2006 Table 2 and 3 shape).
-    let reads = read_tables(&aggs);
-    if !reads.is_empty() {
-        let _ = writeln!(md, "\n## Reads: improvement over the lower-layer baseline at one command (2006 Table 2/3 shape)\n\n{reads}");
-    }
-    // Plots.
+    // The papers' figures and tables, each beside ours.
     let mut plots = Vec::new();
-    let mut plot_md = String::new();
-    match register_font() {
-        Ok(()) => {
-            for (stem, title, res) in draw_all(dir, &aggs) {
-                match res {
-                    Ok(()) => {
-                        plots.push(dir.join(format!("{stem}.svg")));
-                        plots.push(dir.join(format!("{stem}.png")));
-                        let _ = writeln!(plot_md, "### {title}\n\n![{title}]({stem}.png)\n");
-                    }
-                    Err(e) => {
-                        let _ = writeln!(plot_md, "### {title}\n\nnot drawn: {e}\n");
-                    }
-                }
-            }
-        }
-        Err(e) => {
-            let _ = writeln!(plot_md, "Plots skipped: {e}\n");
-        }
-    }
-    let _ = writeln!(md, "\n## Figures\n\n{plot_md}");
+    let fonts = register_font();
+    let figs = crate::figures::all(dir, &aggs, fonts.is_ok());
+    plots.extend(figs.plots);
+    let _ = writeln!(
+        md,
+        "\n## The papers' figures and tables beside ours\n\n{}{}",
+        match &fonts {
+            Ok(()) => String::new(),
+            Err(e) => format!("Plots skipped: {e}\n\n"),
+        },
+        figs.md
+    );
     let _ = writeln!(md, "{}", timeline_section(dir, &mut plots));
     let auto = depth_auto_table(&aggs);
     if !auto.is_empty() {
@@ -430,14 +452,14 @@ fn headline(aggs: &[Agg]) -> String {
     delays.dedup();
     let _ = writeln!(
         s,
-        "{:<34} {}",
-        "scheme (depth)",
+        "{:<38} {}",
+        "scheme (commands in flight)",
         delays
             .iter()
-            .map(|d| format!("{:>10}", format!("{d} ms")))
+            .map(|d| format!("{:>22}", format!("{d} ms")))
             .collect::<String>()
     );
-    let mut rows: BTreeMap<(Scheme, String, String), BTreeMap<String, f64>> = BTreeMap::new();
+    let mut rows: BTreeMap<(Scheme, String, String), BTreeMap<String, &Agg>> = BTreeMap::new();
     for a in aggs {
         let p = &a.rec.point;
         let name = format!("{} bs={}", series_name(&a.rec), fmt_size(p.block));
@@ -445,23 +467,67 @@ fn headline(aggs: &[Agg]) -> String {
             .entry((p.scheme, name, p.direction.name().to_string()))
             .or_default();
         let k = format!("{}", p.delay_ms);
-        let v = e.entry(k).or_insert(f64::NAN);
-        if !v.is_finite() || a.median > *v {
-            *v = a.median;
+        match e.get(&k) {
+            Some(b) if b.median >= a.median => {}
+            _ => {
+                e.insert(k, a);
+            }
         }
     }
-    for ((_, name, dir), vals) in rows {
-        let _ = write!(s, "{:<34}", format!("{name} {dir}"));
+    let cell = |a: &Agg| {
+        if a.n > 1 {
+            format!("{} ({}–{})", fmt_mb(a.median), fmt_mb(a.min), fmt_mb(a.max))
+        } else {
+            fmt_mb(a.median)
+        }
+    };
+    for ((_, name, dir), vals) in &rows {
+        let _ = write!(s, "{:<38}", format!("{name} {dir}"));
         for d in &delays {
             let _ = write!(
                 s,
-                " {:>9}",
-                vals.get(&format!("{d}")).map_or("–".into(), |v| fmt_mb(*v))
+                " {:>21}",
+                vals.get(&format!("{d}")).map_or("–".into(), |a| cell(a))
             );
         }
         s.push('\n');
     }
-    let _ = writeln!(s, "(MB/s, median of repetitions; – = not run or failed)");
+    // The papers' claim: the gap to the lower-layer scheme grows with delay.
+    let seal = rows
+        .iter()
+        .find(|((sc, _, _), _)| *sc == Scheme::Seal)
+        .map(|(_, v)| v);
+    let mut gaps = Vec::new();
+    for ((sc, name, _), vals) in &rows {
+        if !matches!(
+            sc,
+            Scheme::Ipsec | Scheme::EspEmu | Scheme::Wireguard | Scheme::Tls
+        ) {
+            continue;
+        }
+        let Some(seal) = seal else { break };
+        let mut line = format!("{:<38}", format!("seal ÷ {name}"));
+        for d in &delays {
+            let k = format!("{d}");
+            let r = match (seal.get(&k), vals.get(&k)) {
+                (Some(a), Some(b)) if b.median > 0.0 => format!("{:.2}×", a.median / b.median),
+                _ => "–".into(),
+            };
+            let _ = write!(line, " {r:>21}");
+        }
+        gaps.push(line);
+    }
+    if !gaps.is_empty() {
+        s.push('\n');
+        for g in gaps {
+            s.push_str(&g);
+            s.push('\n');
+        }
+    }
+    let _ = writeln!(
+        s,
+        "(MB/s: median of repetitions (min–max); – = not run or failed)"
+    );
     s
 }
 
@@ -567,251 +633,6 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
-fn read_tables(aggs: &[Agg]) -> String {
-    let reads: Vec<&Agg> = aggs
-        .iter()
-        .filter(|a| a.rec.point.direction == Direction::Read)
-        .collect();
-    if reads.is_empty() {
-        return String::new();
-    }
-    let mut s = String::from("| delay ms | block | cipher | baseline @1 MB/s | seal OP-1 | OP-2 | OP-3 | OP-4 | target CPU % baseline / OP-4 |\n|---|---|---|---|---|---|---|---|---|\n");
-    let mut keys: Vec<(u64, u64, String)> = reads
-        .iter()
-        .filter(|a| a.rec.point.scheme == Scheme::Seal)
-        .map(|a| {
-            (
-                (a.rec.point.delay_ms * 1000.0) as u64,
-                a.rec.point.block,
-                a.rec.point.cipher.clone(),
-            )
-        })
-        .collect();
-    keys.sort();
-    keys.dedup();
-    for (d, b, c) in keys {
-        let same =
-            |a: &&&Agg| (a.rec.point.delay_ms * 1000.0) as u64 == d && a.rec.point.block == b;
-        let base = reads
-            .iter()
-            .filter(same)
-            .filter(|a| comparable_baseline(&c, a))
-            .filter(|a| a.rec.depth_used == 1)
-            .max_by(|x, y| x.median.total_cmp(&y.median));
-        let op = |n: u32| {
-            reads.iter().filter(same).find(|a| {
-                a.rec.point.scheme == Scheme::Seal
-                    && a.rec.point.cipher == c
-                    && a.rec.depth_used == n
-            })
-        };
-        let bm = base.map_or(f64::NAN, |a| a.median);
-        let cell = |n: u32| op(n).map_or("–".into(), |a| ratio(a.median, bm));
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} / {:.0} |",
-            d as f64 / 1000.0,
-            fmt_size(b),
-            c,
-            fmt_mb(bm),
-            cell(1),
-            cell(2),
-            cell(3),
-            cell(4),
-            base.map_or(f64::NAN, |a| a.rec.cpu_target_pct),
-            op(4).map_or(f64::NAN, |a| a.rec.cpu_target_pct)
-        );
-    }
-    s.push_str(
-        "\nPapers (2006, 001 Table 2, 4 processes vs IPsec): 1.164 at 0 ms, 2.865 at 8 ms.\n",
-    );
-    s
-}
-
-type Series = Vec<(String, Vec<(f64, f64)>)>;
-
-fn draw_all(dir: &Path, aggs: &[Agg]) -> Vec<(String, String, Result<(), String>)> {
-    let mut out = Vec::new();
-    let mut delays: Vec<f64> = aggs.iter().map(|a| a.rec.point.delay_ms).collect();
-    delays.sort_by(f64::total_cmp);
-    delays.dedup();
-    // Fig. 9–10: throughput vs block size per delay.
-    for d in &delays {
-        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for a in aggs
-            .iter()
-            .filter(|a| a.rec.point.delay_ms == *d && a.rec.point.direction == Direction::Write)
-        {
-            series
-                .entry(series_name(&a.rec))
-                .or_default()
-                .push(((a.rec.point.block as f64 / 1024.0).log2(), a.median));
-        }
-        if series.is_empty() {
-            continue;
-        }
-        let stem = format!("throughput_vs_block_{d}ms");
-        let title = format!("Write throughput vs block size, {d} ms one-way (2008 Fig. 9-10)");
-        let r = chart(
-            dir,
-            &stem,
-            &title,
-            "block size, log2(KiB)",
-            "MB/s",
-            series.into_iter().collect(),
-        );
-        out.push((stem, title, r));
-    }
-    // Fig. 11: improvement ratio vs delay (seal / best lower layer at depth 1), per block.
-    let mut imp: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for d in &delays {
-        let mut blocks: Vec<(u64, String)> = aggs
-            .iter()
-            .filter(|a| a.rec.point.scheme == Scheme::Seal && a.rec.point.delay_ms == *d)
-            .map(|a| (a.rec.point.block, a.rec.point.cipher.clone()))
-            .collect();
-        blocks.sort();
-        blocks.dedup();
-        for (b, c) in blocks {
-            let pick = |f: &dyn Fn(&Agg) -> bool| {
-                aggs.iter()
-                    .filter(|a| {
-                        a.rec.point.delay_ms == *d
-                            && a.rec.point.block == b
-                            && a.rec.point.direction == Direction::Write
-                            && f(a)
-                    })
-                    .map(|a| a.median)
-                    .fold(f64::NAN, f64::max)
-            };
-            let s = pick(&|a| a.rec.point.scheme == Scheme::Seal && a.rec.point.cipher == c);
-            let base = pick(&|a| comparable_baseline(&c, a) && a.rec.depth_used == 1);
-            if s.is_finite() && base.is_finite() && base > 0.0 {
-                imp.entry(format!("seal {} bs={}", short_cipher(&c), fmt_size(b)))
-                    .or_default()
-                    .push((*d, s / base));
-            }
-        }
-    }
-    if !imp.is_empty() {
-        let stem = "improvement_vs_delay".to_string();
-        let title =
-            "Seal / best lower-layer baseline of its cipher family at one command, vs delay (2008 Fig. 11)".to_string();
-        let r = chart(
-            dir,
-            &stem,
-            &title,
-            "one-way delay, ms",
-            "ratio",
-            imp.into_iter().collect(),
-        );
-        out.push((stem, title, r));
-    }
-    // Fig. 12–14: CPU vs delay per scheme (initiator and target).
-    let mut cpu: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for a in aggs {
-        let n = series_name(&a.rec);
-        if a.rec.cpu_initiator_pct.is_finite() {
-            cpu.entry(format!("{n} ini"))
-                .or_default()
-                .push((a.rec.point.delay_ms, a.rec.cpu_initiator_pct));
-        }
-        if a.rec.cpu_target_pct.is_finite() {
-            cpu.entry(format!("{n} tgt"))
-                .or_default()
-                .push((a.rec.point.delay_ms, a.rec.cpu_target_pct));
-        }
-    }
-    if !cpu.is_empty() {
-        let stem = "cpu_vs_delay".to_string();
-        let title = "CPU (% of one core) vs delay (2008 Fig. 12-14)".to_string();
-        let r = chart(
-            dir,
-            &stem,
-            &title,
-            "one-way delay, ms",
-            "% of one core",
-            cpu.into_iter()
-                .map(|(k, mut v)| {
-                    v.sort_by(|x, y| x.0.total_cmp(&y.0));
-                    (k, v)
-                })
-                .collect(),
-        );
-        out.push((stem, title, r));
-    }
-    // Fig. 15: model vs measurement.
-    let pts: Vec<(f64, f64)> = aggs
-        .iter()
-        .filter(|a| a.rec.model_mb_s.is_finite() && a.median.is_finite())
-        .map(|a| (a.rec.model_mb_s, a.median))
-        .collect();
-    if !pts.is_empty() {
-        let m = pts.iter().map(|p| p.0.max(p.1)).fold(0.0, f64::max);
-        let stem = "model_vs_measured".to_string();
-        let title = "Model vs measurement (2008 Fig. 15, 2006 Tables 4-5)".to_string();
-        let r = chart(
-            dir,
-            &stem,
-            &title,
-            "predicted MB/s",
-            "measured MB/s",
-            vec![
-                ("points".into(), pts),
-                ("y = x".into(), vec![(0.0, 0.0), (m, m)]),
-            ],
-        );
-        out.push((stem, title, r));
-    }
-    // Fig. 16: throughput ratio vs depth (relative to depth 1) per block and delay.
-    let mut dep: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for a in aggs.iter().filter(|a| {
-        a.rec.point.scheme == Scheme::Seal && matches!(a.rec.point.depth, Depth::Fixed(_))
-    }) {
-        let p = &a.rec.point;
-        let one = aggs
-            .iter()
-            .find(|b| {
-                b.rec.point.scheme == Scheme::Seal
-                    && b.rec.depth_used == 1
-                    && b.rec.point.block == p.block
-                    && b.rec.point.delay_ms == p.delay_ms
-                    && b.rec.point.cipher == p.cipher
-                    && b.rec.point.direction == p.direction
-            })
-            .map(|b| b.median);
-        if let Some(one) = one {
-            dep.entry(format!(
-                "{} {}ms bs={}",
-                short_cipher(&p.cipher),
-                p.delay_ms,
-                fmt_size(p.block)
-            ))
-            .or_default()
-            .push((f64::from(a.rec.depth_used), a.median / one));
-        }
-    }
-    if dep.values().any(|v| v.len() > 1) {
-        let stem = "ratio_vs_depth".to_string();
-        let title = "Throughput ratio vs depth, relative to depth 1 (2008 Fig. 16; Eq. 6 limit in the table)".to_string();
-        let r = chart(
-            dir,
-            &stem,
-            &title,
-            "commands in flight",
-            "ratio to depth 1",
-            dep.into_iter()
-                .map(|(k, mut v)| {
-                    v.sort_by(|x, y| x.0.total_cmp(&y.0));
-                    (k, v)
-                })
-                .collect(),
-        );
-        out.push((stem, title, r));
-    }
-    out
-}
-
 fn short_cipher(c: &str) -> &str {
     if c.starts_with("3des") {
         "3des"
@@ -824,186 +645,48 @@ fn short_cipher(c: &str) -> &str {
     }
 }
 
-fn chart(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    xl: &str,
-    yl: &str,
-    series: Series,
-) -> Result<(), String> {
-    let svg = dir.join(format!("{stem}.svg"));
-    let png = dir.join(format!("{stem}.png"));
-    {
-        let root = SVGBackend::new(&svg, (900, 560)).into_drawing_area();
-        draw(&root, title, xl, yl, &series)?;
-        root.present().map_err(|e| e.to_string())?;
-    }
-    {
-        let root = BitMapBackend::new(&png, (900, 560)).into_drawing_area();
-        draw(&root, title, xl, yl, &series)?;
-        root.present().map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-fn draw<DB: DrawingBackend>(
-    root: &DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    xl: &str,
-    yl: &str,
-    series: &Series,
-) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    root.fill(&WHITE).map_err(e)?;
-    let pts = series
-        .iter()
-        .flat_map(|(_, v)| v.iter())
-        .filter(|p| p.0.is_finite() && p.1.is_finite());
-    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-    for p in pts {
-        x0 = x0.min(p.0);
-        x1 = x1.max(p.0);
-        y1 = y1.max(p.1);
-    }
-    if !x0.is_finite() {
-        return Err("no finite points".into());
-    }
-    if x1 <= x0 {
-        x0 -= 1.0;
-        x1 += 1.0;
-    }
-    let pad = (x1 - x0) * 0.05;
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..(y1 * 1.1).max(1e-3))
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc(xl)
-        .y_desc(yl)
-        .label_style(("sans-serif", 13))
-        .draw()
-        .map_err(e)?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let mut pts: Vec<(f64, f64)> = pts
-            .iter()
-            .copied()
-            .filter(|p| p.0.is_finite() && p.1.is_finite())
-            .collect();
-        if name != "points" {
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(e)?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
-        }
-        chart
-            .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
-            .map_err(e)?;
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 11))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(e)?;
-    Ok(())
-}
-
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
-/// A small Markdown-to-HTML for what [`build`] writes (headings, tables, lists, code, images
-/// inlined as SVG so the file stands alone).
+/// `report.md` as HTML through a CommonMark parser (pulldown-cmark, with tables), images
+/// replaced by their SVG inline so the file stands alone.
 fn to_html(md: &str, dir: &Path) -> String {
-    let mut h = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>ipsan lab report</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}pre{background:#f4f4f4;padding:8px;overflow-x:auto}svg{max-width:100%;height:auto}</style></head><body>\n");
-    let mut in_table = false;
-    let mut in_code = false;
-    let mut in_list = false;
-    for line in md.lines() {
-        if line.starts_with("```") {
-            h.push_str(if in_code { "</pre>\n" } else { "<pre>" });
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            h.push_str(&esc(line));
-            h.push('\n');
-            continue;
-        }
-        if in_table && !line.starts_with('|') {
-            h.push_str("</table>\n");
-            in_table = false;
-        }
-        if in_list && !line.starts_with("- ") && !line.starts_with("  ") {
-            h.push_str("</ul>\n");
-            in_list = false;
-        }
-        if let Some(t) = line.strip_prefix("### ") {
-            let _ = writeln!(h, "<h3>{}</h3>", esc(t));
-        } else if let Some(t) = line.strip_prefix("## ") {
-            let _ = writeln!(h, "<h2>{}</h2>", esc(t));
-        } else if let Some(t) = line.strip_prefix("# ") {
-            let _ = writeln!(h, "<h1>{}</h1>", esc(t));
-        } else if line.starts_with('|') {
-            if line.starts_with("|---") {
-                continue;
+    use pulldown_cmark::{html, Event, Options, Parser, Tag, TagEnd};
+    let mut events = Vec::new();
+    let mut in_image = false;
+    for ev in Parser::new_ext(md, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH) {
+        match ev {
+            Event::Start(Tag::Image { dest_url, .. }) => {
+                in_image = true;
+                let svg = dir.join(dest_url.replace(".png", ".svg"));
+                let inline = std::fs::read_to_string(&svg)
+                    .map(|s| {
+                        // Drop the XML declaration: it is not allowed inside HTML.
+                        match s.find("<svg") {
+                            Some(i) => s[i..].to_string(),
+                            None => s,
+                        }
+                    })
+                    .unwrap_or_else(|_| format!("<p>(missing {})</p>", esc(&dest_url)));
+                events.push(Event::Html(inline.into()));
             }
-            let tag = if in_table { "td" } else { "th" };
-            if !in_table {
-                h.push_str("<table>\n");
-                in_table = true;
-            }
-            h.push_str("<tr>");
-            for c in line.trim_matches('|').split('|') {
-                let _ = write!(h, "<{tag}>{}</{tag}>", esc(c.trim()));
-            }
-            h.push_str("</tr>\n");
-        } else if let Some(t) = line.strip_prefix("- ") {
-            if !in_list {
-                h.push_str("<ul>\n");
-                in_list = true;
-            }
-            let _ = writeln!(h, "<li>{}", esc(t));
-        } else if let Some(rest) = line.strip_prefix("![") {
-            let file = rest
-                .split_once("](")
-                .map(|(_, f)| f.trim_end_matches(')'))
-                .unwrap_or("");
-            let svg = dir.join(file.replace(".png", ".svg"));
-            match std::fs::read_to_string(&svg) {
-                Ok(s) => {
-                    h.push_str(&s);
-                    h.push('\n');
-                }
-                Err(_) => {
-                    let _ = writeln!(h, "<p>(missing {})</p>", esc(file));
-                }
-            }
-        } else if line.trim().is_empty() {
-            h.push('\n');
-        } else {
-            let _ = writeln!(h, "<p>{}</p>", esc(line));
+            Event::End(TagEnd::Image) => in_image = false,
+            _ if in_image => {}
+            other => events.push(other),
         }
     }
-    if in_table {
-        h.push_str("</table>\n");
-    }
-    h.push_str("</body></html>\n");
-    h
+    let mut body = String::new();
+    html::push_html(&mut body, events.into_iter());
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>ipsan lab report</title>\
+         <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}\
+         table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:2px 6px}}\
+         pre{{background:#f4f4f4;padding:8px;overflow-x:auto}}svg{{max-width:100%;height:auto}}</style>\
+         </head><body>\n{body}</body></html>\n"
+    )
 }
 
 #[cfg(test)]

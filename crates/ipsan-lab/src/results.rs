@@ -34,6 +34,10 @@ pub struct Calibration {
     /// Bulk TCP throughput under the same emulation (SOCKET).
     #[serde(deserialize_with = "f64_or_nan")]
     pub socket_mb_s: f64,
+    /// Cores the lab could get at calibration ([`crate::calibrate::available_cores`]): the
+    /// host is shared, so the crypto's share is measured, not assumed.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub cores_avail: f64,
     /// Sysctls read back inside the initiator namespace (congestion control, buffers).
     pub sysctls: Vec<(String, String)>,
     /// Ran on loopback (no root): no emulation.
@@ -125,6 +129,10 @@ pub struct Record {
     /// Bench throughput, MB/s (10^6).
     #[serde(deserialize_with = "f64_or_nan")]
     pub throughput_mb_s: f64,
+    /// The whole run's throughput as bench reports it, MB/s. Equal to `throughput_mb_s`
+    /// except in plans with `steady = true`, where `throughput_mb_s` is the second half's.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub throughput_total_mb_s: f64,
     /// Commands per second.
     #[serde(deserialize_with = "f64_or_nan")]
     pub iops: f64,
@@ -151,6 +159,13 @@ pub struct Record {
     /// Tunnel processes' CPU (wireguard-go, stunnel), % of one core.
     #[serde(deserialize_with = "f64_or_nan")]
     pub cpu_tunnel_pct: f64,
+    /// Tunnel processes in the initiator's namespace (charon, wireguard-go, stunnel), % of
+    /// one core: the initiator host's share of a lower-layer scheme's crypto.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub cpu_tunnel_ini_pct: f64,
+    /// Tunnel processes in the target's namespace, % of one core.
+    #[serde(default = "nan", deserialize_with = "f64_or_nan")]
+    pub cpu_tunnel_tgt_pct: f64,
     /// The lab process itself: the WAN emulator's forwarders (and esp-emu's crypto).
     #[serde(deserialize_with = "f64_or_nan")]
     pub cpu_emulator_pct: f64,
@@ -162,7 +177,7 @@ pub struct Record {
     pub wan_reordered: u64,
     /// Corrupted.
     pub wan_corrupted: u64,
-    /// Packets through esp-emu.
+    /// Packets through esp-emu, or (ipsec) through the initiator's CHILD_SA, both directions.
     pub esp_packets: u64,
     /// Calibration.
     pub calibration: Option<Calibration>,
@@ -201,6 +216,9 @@ pub struct Record {
     /// Wall time of the whole run, s.
     #[serde(deserialize_with = "f64_or_nan")]
     pub wall_s: f64,
+    /// `/proc/loadavg` when the run started (the host is shared: other work skews results).
+    #[serde(default)]
+    pub loadavg: String,
     /// Seconds since the epoch at record creation.
     pub started_unix_s: u64,
     /// Environment.
@@ -220,6 +238,7 @@ impl Record {
             depth_used: 0,
             throughput_mb_s: f64::NAN,
             iops: f64::NAN,
+            throughput_total_mb_s: f64::NAN,
             lat_p50_us: f64::NAN,
             lat_p90_us: f64::NAN,
             lat_p99_us: f64::NAN,
@@ -228,6 +247,8 @@ impl Record {
             cpu_initiator_pct: f64::NAN,
             cpu_target_pct: f64::NAN,
             cpu_tunnel_pct: 0.0,
+            cpu_tunnel_ini_pct: f64::NAN,
+            cpu_tunnel_tgt_pct: f64::NAN,
             cpu_emulator_pct: f64::NAN,
             wan_packets: 0,
             wan_dropped: 0,
@@ -251,13 +272,28 @@ impl Record {
             started_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            loadavg: std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
             env: env.clone(),
         }
+    }
+
+    /// The initiator host's CPU, % of one core: the initiator plus the tunnel processes in its
+    /// namespace (the emulator is the network, not a host). NaN when not measured.
+    pub fn cpu_ini_host_pct(&self) -> f64 {
+        self.cpu_initiator_pct + self.cpu_tunnel_ini_pct.max(0.0)
+    }
+
+    /// The target host's CPU, % of one core: the target plus its side's tunnel processes.
+    pub fn cpu_tgt_host_pct(&self) -> f64 {
+        self.cpu_target_pct + self.cpu_tunnel_tgt_pct.max(0.0)
     }
 }
 
 /// CSV header, matching [`csv_row`].
-pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,error";
+pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,rate_mbit,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,throughput_total_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_tunnel_ini_pct,cpu_tunnel_tgt_pct,cpu_ini_host_pct,cpu_tgt_host_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,cores_avail,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,loadavg,error";
 
 fn q(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
@@ -294,6 +330,7 @@ pub fn csv_row(r: &Record) -> String {
         p.loss.to_string(),
         p.reorder.to_string(),
         p.corrupt.to_string(),
+        p.rate_mbit.to_string(),
         p.block.to_string(),
         p.depth.to_string(),
         r.depth_used.to_string(),
@@ -303,6 +340,7 @@ pub fn csv_row(r: &Record) -> String {
         format!("{:?}", p.iscsi).to_lowercase(),
         p.cc.clone(),
         num(r.throughput_mb_s),
+        num(r.throughput_total_mb_s),
         num(r.iops),
         num(r.lat_p50_us),
         num(r.lat_p90_us),
@@ -311,6 +349,10 @@ pub fn csv_row(r: &Record) -> String {
         num(r.cpu_initiator_pct),
         num(r.cpu_target_pct),
         num(r.cpu_tunnel_pct),
+        num(r.cpu_tunnel_ini_pct),
+        num(r.cpu_tunnel_tgt_pct),
+        num(r.cpu_ini_host_pct()),
+        num(r.cpu_tgt_host_pct()),
         num(r.cpu_emulator_pct),
         r.wan_packets.to_string(),
         r.wan_dropped.to_string(),
@@ -319,6 +361,7 @@ pub fn csv_row(r: &Record) -> String {
         r.esp_packets.to_string(),
         num(c.rtt_ms),
         num(c.socket_mb_s),
+        num(c.cores_avail),
         num(r.enc_mb_s),
         num(r.dec_mb_s),
         num(r.model_mb_s),
@@ -332,6 +375,7 @@ pub fn csv_row(r: &Record) -> String {
         c.loopback.to_string(),
         r.env.git_rev.clone(),
         q(&r.env.kernel),
+        q(&r.loadavg),
         q(&r.error),
     ]
     .join(",")

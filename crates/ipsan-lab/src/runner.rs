@@ -91,9 +91,14 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     let mut enc_cache: BTreeMap<(String, u64), (f64, f64)> = BTreeMap::new();
     for (_, points) in groups {
         let first = points[0];
-        let impaired =
-            first.delay_ms > 0.0 || first.loss > 0.0 || first.reorder > 0.0 || first.corrupt > 0.0;
-        let needs_ns = impaired || first.scheme == Scheme::EspEmu || first.scheme.lower_layer();
+        let impaired = first.delay_ms > 0.0
+            || first.loss > 0.0
+            || first.reorder > 0.0
+            || first.corrupt > 0.0
+            || first.rate_mbit > 0.0;
+        let needs_ns = impaired
+            || matches!(first.scheme, Scheme::EspEmu | Scheme::Iperf3)
+            || first.scheme.lower_layer();
         let mut env_ctx = if root {
             match LabLink::up(first, cfg) {
                 Ok(l) => Ok(Some(l)),
@@ -296,6 +301,7 @@ impl LabLink {
             },
             reorder: p.reorder,
             corrupt: p.corrupt,
+            rate_bps: (p.rate_mbit * 1e6) as u64,
             ..DirConfig::default()
         };
         let mut lc = LinkConfig::new(cfg.link_name.clone()).symmetric(dir);
@@ -414,7 +420,10 @@ fn calibrate_link(link: Option<&LabLink>, p: &Point) -> Result<Calibration, Stri
             .map_err(|e| format!("bulk TCP: {e}"))?;
         socket = socket.max(s);
     }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores_avail = calibrate::available_cores(cpus, Duration::from_millis(500));
     Ok(Calibration {
+        cores_avail,
         rtt_ms: rtt.median_s * 1e3,
         rtt_min_ms: rtt.min_s * 1e3,
         rtt_max_ms: rtt.max_s * 1e3,
@@ -428,7 +437,7 @@ fn calibrate_link(link: Option<&LabLink>, p: &Point) -> Result<Calibration, Stri
 /// 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own stage.
 fn enc_dec(cache: &mut BTreeMap<(String, u64), (f64, f64)>, p: &Point) -> (f64, f64) {
     let (cipher, size) = match p.scheme {
-        Scheme::Plain => return (f64::INFINITY, f64::INFINITY),
+        Scheme::Plain | Scheme::Iperf3 => return (f64::INFINITY, f64::INFINITY),
         Scheme::Seal | Scheme::SealSeq => (p.cipher.clone(), p.block),
         Scheme::Wireguard => ("chacha20-poly1305".to_string(), 1536),
         Scheme::Tls => (tls_cipher(&p.cipher).0.to_string(), 16384),
@@ -490,12 +499,6 @@ impl RunCtx<'_> {
 
 /// Children killed on drop (and files they leave behind removed), so a failing run cleans up.
 struct Procs(Vec<(String, Child)>, Vec<PathBuf>);
-
-impl Procs {
-    fn pids(&self) -> Vec<u32> {
-        self.0.iter().map(|(_, c)| c.id()).collect()
-    }
-}
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -582,7 +585,11 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     };
     rec.depth_used = depth;
     match p.scheme {
-        Scheme::Ipsec => return Err(RunError::Skip(ipsec_unavailable(ctx))),
+        Scheme::Ipsec => {
+            if let Some(why) = crate::ipsec::unavailable() {
+                return Err(RunError::Skip(why));
+            }
+        }
         Scheme::Seal | Scheme::SealSeq if !ctx.bench_has_seal => {
             return Err(fail(
                 "ipsan bench has no --seal flag yet (seal is being integrated into the initiator); not faked",
@@ -594,6 +601,9 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         .plan
         .run_time_for(Duration::from_secs_f64(ctx.calib.rtt_ms.max(0.0) / 1e3));
     rec.run_time_s = run_time.as_secs_f64();
+    if p.scheme == Scheme::Iperf3 {
+        return iperf3(ctx, run_time, rec);
+    }
     let mut procs = Procs(Vec::new(), Vec::new());
     // --- target ---
     let secret = ctx.scratch.join("seal.secret");
@@ -658,6 +668,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     let connect = match p.scheme {
         Scheme::Wireguard => wireguard(ctx, &mut procs)?,
         Scheme::Tls => tls(ctx, p, &mut procs)?,
+        Scheme::Ipsec => ipsec(ctx, p, &mut procs)?,
         _ => SocketAddr::from((ctx.tgt_addr(), port)),
     };
     // --- bench ---
@@ -695,8 +706,12 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
             &ctx.plan.max_depth.to_string(),
         ]);
     }
+    let steady_trace = ctx.scratch.join("steady.jsonl");
     if let Some(t) = &ctx.trace {
         b.arg("--trace").arg(t);
+    } else if ctx.plan.steady {
+        let _ = std::fs::remove_file(&steady_trace);
+        b.arg("--trace").arg(&steady_trace);
     }
     if p.iscsi == IscsiMode::Paper {
         b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
@@ -706,8 +721,8 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         b.arg(&secret);
         b.args(["--pipeline", if p.pipeline { "on" } else { "off" }]);
     }
-    let watched: Vec<u32> = procs.pids();
-    let before: Vec<f64> = watched.iter().map(|pid| proc_cpu_s(*pid)).collect();
+    let watched: Vec<(String, u32)> = procs.0.iter().map(|(n, c)| (n.clone(), c.id())).collect();
+    let before: Vec<f64> = watched.iter().map(|(_, pid)| proc_cpu_s(*pid)).collect();
     let self_before = proc_cpu_s(std::process::id());
     if let Some(l) = ctx.link {
         l.link.reset_stats();
@@ -720,12 +735,19 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     let out = run_bounded(b, run_time + Duration::from_secs(60))
         .map_err(|e| fail(format!("bench: {e}")))?;
     let wall = t.elapsed().as_secs_f64();
-    for (i, pid) in watched.iter().enumerate() {
+    rec.cpu_tunnel_ini_pct = 0.0;
+    rec.cpu_tunnel_tgt_pct = 0.0;
+    for (i, (name, pid)) in watched.iter().enumerate() {
         let pct = (proc_cpu_s(*pid) - before[i]) / wall * 100.0;
         if i == 0 {
             rec.cpu_target_pct = pct;
         } else {
             rec.cpu_tunnel_pct += pct;
+            if name.ends_with("@ini") {
+                rec.cpu_tunnel_ini_pct += pct;
+            } else {
+                rec.cpu_tunnel_tgt_pct += pct;
+            }
         }
     }
     rec.cpu_emulator_pct = (proc_cpu_s(std::process::id()) - self_before) / wall * 100.0;
@@ -742,6 +764,11 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         rec.wan_packets = s.up.packets_in + s.down.packets_in;
         if let (Some(c), Some(b0)) = (&l.esp, esp_before) {
             rec.esp_packets = c.packets.load(std::sync::atomic::Ordering::Relaxed) - b0;
+        }
+        // Real IPsec: the initiator's CHILD_SA counters (the SA is fresh for each run).
+        if let Some((_, pid)) = watched.iter().find(|(n, _)| n == "charon@ini") {
+            rec.esp_packets = crate::ipsec::sa_packets(*pid)
+                .map_err(|e| fail(format!("reading the SA's counters: {e}")))?;
         }
     }
     if !out.status.success() {
@@ -769,6 +796,15 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         x.as_f64().unwrap_or(f64::NAN)
     };
     rec.throughput_mb_s = f(&["throughput_mb_s"]);
+    rec.throughput_total_mb_s = rec.throughput_mb_s;
+    if ctx.plan.steady && ctx.trace.is_none() {
+        // Too few commands in the second half (a slow scheme on a long link: one 1 MiB
+        // command per 300 ms) leaves the whole run's rate, recorded in both fields.
+        match second_half_throughput(&steady_trace, p.block) {
+            Ok(v) => rec.throughput_mb_s = v,
+            Err(e) => tracing::info!("second-half throughput: {e}; keeping the whole run's"),
+        }
+    }
     rec.iops = f(&["iops"]);
     rec.lat_p50_us = f(&["latency_us", "p50"]);
     rec.lat_p90_us = f(&["latency_us", "p90"]);
@@ -813,50 +849,202 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     Ok(())
 }
 
-fn ipsec_unavailable(ctx: &RunCtx<'_>) -> String {
-    // Ask the kernel for an ESP state; this kernel has no ESP, so it refuses.
-    let mut c = match ctx.ns(Side::Ini) {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["-n", &ns]);
-            c
-        }
-        None => Command::new("ip"),
+/// Real IPsec: strongSwan's charon in each namespace (IKEv2 + PSK, userspace ESP in UDP,
+/// tunnel mode with host-to-host selectors; see [`crate::ipsec`]). Returns the target's
+/// address on the link: the iSCSI session goes to it as for `plain`, and charon's route
+/// through its TUN device carries it inside ESP.
+fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, RunError> {
+    let Some(link) = ctx.link else {
+        return Err(RunError::Skip("ipsec needs namespaces (root)".into()));
     };
-    c.args([
-        "xfrm",
-        "state",
-        "add",
-        "src",
-        "10.231.254.1",
-        "dst",
-        "10.231.254.2",
-        "proto",
-        "esp",
-        "spi",
-        "0x4c4142",
-        "mode",
-        "transport",
-        "enc",
-        "cbc(des3_ede)",
-        "0x0102030405060708090a0b0c0d0e0f101112131415161718",
-        "auth-trunc",
-        "hmac(sha1)",
-        "0x0102030405060708090a0b0c0d0e0f1011121314",
-        "96",
-    ]);
-    match c.output() {
-        Ok(o) if o.status.success() => {
-            let _ = Command::new("ip").args(["xfrm", "state", "flush"]).output();
-            "this kernel accepts ESP states, but the lab's ipsec scheme is not implemented yet; \
-             use esp-emu"
-                .into()
+    let esp = crate::ipsec::esp_proposal(&p.cipher).map_err(RunError::Skip)?;
+    // A fresh random PSK per run, only in the scratch files (never logged).
+    let mut key = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+        .map_err(|e| fail(format!("reading /dev/urandom: {e}")))?;
+    let psk: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut sides = Vec::new();
+    for side in [Side::Ini, Side::Tgt] {
+        let peer = if side == Side::Ini {
+            Side::Tgt
+        } else {
+            Side::Ini
+        };
+        // Absolute: charon resolves STRONGSWAN_CONF after changing to "/" (a relative
+        // `--out` made every CHILD_SA fail: charon ran without the plan's plugins).
+        let dir = std::path::absolute(ctx.scratch.join(format!("ipsec-{}", side_name(side))))
+            .map_err(|e| fail(format!("scratch path: {e}")))?;
+        let _ = std::fs::remove_file(dir.join("charon.log"));
+        let s =
+            crate::ipsec::Side::write(&dir, link.link.addr(side), link.link.addr(peer), esp, &psk)
+                .map_err(|e| fail(format!("strongSwan config: {e}")))?;
+        let ns = link.link.netns(side);
+        for rule in crate::ipsec::bypass_rules() {
+            // Rules persist in the namespace across runs; a second add says "File exists".
+            let mut c = Command::new("ip");
+            c.args(["-n", &ns]).args(&rule);
+            match run_quiet(&mut c) {
+                Ok(_) => {}
+                Err(e) if e.contains("File exists") => {}
+                Err(e) => return Err(fail(format!("ip rule for IKE: {e}"))),
+            }
         }
-        Ok(o) => format!(
-            "kernel ESP unavailable (ip xfrm state add: {}); esp-emu is the 3DES baseline here",
-            String::from_utf8_lossy(&o.stderr).trim()
+        let argv = s.charon_argv();
+        let mut c = link.link.command(side, &argv[0]);
+        c.args(&argv[1..]);
+        crate::guard::guard_child(&mut c);
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        let child = c.spawn().map_err(|e| fail(format!("charon: {e}")))?;
+        let pid = child.id();
+        procs.0.push((format!("charon@{}", side_name(side)), child));
+        // charon is up when swanctl can load the connection (seconds on a loaded host).
+        let t = Instant::now();
+        loop {
+            let load = s.load_args();
+            let args: Vec<&str> = load.iter().map(String::as_str).collect();
+            match run_bounded(s.swanctl(pid, &args), Duration::from_secs(10)) {
+                Ok(o) if o.status.success() => break,
+                Ok(o) if t.elapsed() > Duration::from_secs(20) => {
+                    return Err(fail(format!(
+                        "swanctl --load-all in {ns}: {}",
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    )))
+                }
+                Err(e) if t.elapsed() > Duration::from_secs(20) => {
+                    return Err(fail(format!("swanctl --load-all in {ns}: {e}")))
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        sides.push((s, pid));
+    }
+    let (ini, ini_pid) = &sides[0];
+    let mut tries = Vec::new();
+    let o = run_bounded(
+        ini.swanctl(
+            *ini_pid,
+            &["--initiate", "--child", "lab", "--timeout", "20"],
         ),
-        Err(e) => format!("cannot run ip xfrm: {e}"),
+        Duration::from_secs(30),
+    )
+    .map_err(|e| fail(format!("swanctl --initiate: {e}")))?;
+    if !o.status.success() {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        tries.push(format!(
+            "{} {}",
+            out.lines().last().unwrap_or("").trim(),
+            err.lines().last().unwrap_or("").trim()
+        ));
+    }
+    if !tries.is_empty() {
+        let tail = |s: &crate::ipsec::Side| {
+            let log = std::fs::read_to_string(s.dir.join("charon.log")).unwrap_or_default();
+            let last: Vec<&str> = log.lines().rev().take(4).collect();
+            last.join(" | ")
+        };
+        return Err(fail(format!(
+            "IKE did not establish the CHILD_SA ({}); initiator's charon: {}; responder's: {}",
+            tries.join("; "),
+            tail(ini),
+            tail(&sides[1].0)
+        )));
+    }
+    // ESP-in-UDP arrives on charon's 4500 socket: 208 KiB of receive buffer overflows under
+    // load (UdpRcvbufErrors), so raise it as upstream wireguard-go does.
+    for (_, pid) in &sides {
+        crate::sockbuf::force_udp_buffers(*pid, 4500, crate::sockbuf::WIREGUARD_SOCKET_BUFFER)
+            .map_err(|e| fail(format!("raising charon's UDP buffers: {e}")))?;
+    }
+    let addr = SocketAddr::from((link.tgt(), PORT));
+    wait_connect(link, addr).map_err(|e| fail(format!("no TCP through the IPsec tunnel: {e}")))?;
+    Ok(addr)
+}
+
+/// Throughput over the second half of a traced run: commands completed after half the
+/// time of the last completion, times the block size, over that half. Past slow start and
+/// the depth search, which a short whole-run average mixes in.
+fn second_half_throughput(trace: &Path, block: u64) -> Result<f64, String> {
+    let text = std::fs::read_to_string(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
+    let mut done: Vec<f64> = Vec::new();
+    for line in text.lines().skip(1) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["event"] == "completed" {
+            if let Some(t) = v["t_us"].as_f64() {
+                done.push(t / 1e6);
+            }
+        }
+    }
+    let end = done.iter().copied().fold(0.0f64, f64::max);
+    let half = end / 2.0;
+    let n = done.iter().filter(|&&t| t > half).count();
+    if n < 4 || end <= 0.0 {
+        return Err(format!(
+            "{n} commands completed in the second half: too few"
+        ));
+    }
+    Ok(n as f64 * block as f64 / (end - half) / 1e6)
+}
+
+/// Aiken et al.'s network baseline: one iperf3 TCP stream from the initiator's namespace to
+/// the target's through the same emulated link, for the run's duration.
+fn iperf3(ctx: &RunCtx<'_>, run_time: Duration, rec: &mut Record) -> Result<(), RunError> {
+    let Some(link) = ctx.link else {
+        return Err(RunError::Skip("iperf3 needs namespaces (root)".into()));
+    };
+    let port = "5201";
+    let mut s = link.link.command(Side::Tgt, "iperf3");
+    s.args([
+        "-s",
+        "-1",
+        "--forceflush",
+        "-p",
+        port,
+        "-B",
+        &link.tgt().to_string(),
+    ]);
+    let (server, lines) = spawn_watch(s).map_err(|e| fail(format!("iperf3 -s: {e}")))?;
+    let _server = Procs(vec![("iperf3@tgt".into(), server)], Vec::new());
+    wait_line(&lines, "listening", Duration::from_secs(10))
+        .map_err(|e| fail(format!("iperf3 server: {e}")))?;
+    let secs = run_time.as_secs_f64().ceil().max(1.0) as u64;
+    let mut c = link.link.command(Side::Ini, "iperf3");
+    c.args([
+        "-c",
+        &link.tgt().to_string(),
+        "-p",
+        port,
+        "-t",
+        &secs.to_string(),
+        "-J",
+    ]);
+    let self_before = proc_cpu_s(std::process::id());
+    let t = Instant::now();
+    let out = run_bounded(c, run_time + Duration::from_secs(30))
+        .map_err(|e| fail(format!("iperf3 -c: {e}")))?;
+    let wall = t.elapsed().as_secs_f64();
+    rec.cpu_emulator_pct = (proc_cpu_s(std::process::id()) - self_before) / wall * 100.0;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("iperf3 JSON: {e}")))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(fail(format!("iperf3: {e}")));
+    }
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| fail("iperf3 JSON has no end.sum_received"))?;
+    rec.throughput_mb_s = bps / 8e6;
+    rec.bytes = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    rec.depth_used = 1;
+    Ok(())
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Ini => "ini",
+        Side::Tgt => "tgt",
     }
 }
 
@@ -909,7 +1097,9 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             .stderr(Stdio::null());
         let child = c.spawn().map_err(|e| fail(format!("wireguard-go: {e}")))?;
         let wg_pid = child.id();
-        procs.0.push(("wireguard-go".into(), child));
+        procs
+            .0
+            .push((format!("wireguard-go@{}", side_name(side)), child));
         let ns = link.link.netns(side);
         let t = Instant::now();
         while run_quiet(Command::new("ip").args(["-n", &ns, "link", "show", &ifname])).is_err() {
@@ -1023,7 +1213,9 @@ fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, Run
         crate::guard::guard_child(&mut c);
         c.arg(&path).stdout(Stdio::null()).stderr(Stdio::null());
         let child = c.spawn().map_err(|e| fail(format!("stunnel: {e}")))?;
-        procs.0.push(("stunnel".into(), child));
+        procs
+            .0
+            .push((format!("stunnel@{}", side_name(side)), child));
     }
     // The target-side stunnel first: the client side accepts at once and only then connects
     // upstream, so a bench arriving before the server listens got "connection reset" (seen

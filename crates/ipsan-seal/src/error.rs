@@ -19,6 +19,40 @@ pub enum SealError {
     /// The crypto pool has shut down.
     #[error("seal: crypto pool is shut down")]
     PoolClosed,
+    /// A key could not be set up (a bug in the key schedule; never seen).
+    #[error("seal: local key setup failed")]
+    KeySetup,
+}
+
+/// A received PDU of a Seal session failed record protection (docs/seal.md §4a): it was
+/// forged, altered, replayed, reordered or injected, a PDU before it was dropped, or the login
+/// was altered (the record keys bind the whole login). Nothing of it may act: the receiver
+/// drops the connection, the initiator fails every command in flight. Public values only.
+#[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]
+#[non_exhaustive]
+pub enum Forgery {
+    /// The PDU carries no Seal AHS (or TotalAHSLength does not frame one).
+    #[error("seal: PDU #{counter} (opcode {opcode:#04x}) carries no record tag: injected or altered PDU")]
+    Missing {
+        /// The receive counter the PDU would have had.
+        counter: u64,
+        /// Its opcode (BHS byte 0).
+        opcode: u8,
+    },
+    /// The record tag did not verify.
+    #[error("seal: PDU #{counter} (opcode {opcode:#04x}) failed authentication: forged, altered, replayed, reordered or injected PDU, an earlier PDU dropped, or an altered login")]
+    BadTag {
+        /// The receive counter the PDU was checked under.
+        counter: u64,
+        /// Its opcode (BHS byte 0; itself unauthenticated).
+        opcode: u8,
+    },
+    /// The receive counter is exhausted (2^64 PDUs).
+    #[error("seal: record counter exhausted; the session must log in again")]
+    Exhausted,
+    /// An earlier PDU already failed: the connection must be closed.
+    #[error("seal: record layer already failed on this connection")]
+    AlreadyFailed,
 }
 
 /// Opening (authenticating and decrypting) a command's data failed. On any of these, no plaintext

@@ -21,6 +21,8 @@
 //! - `replay`: the anti-replay window.
 //! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
+//! - [`record`]: record protection, every PDU of a sealed session authenticated
+//!   ([`RecordSealer`], [`RecordOpener`]), and the [`LoginTranscript`] the keys bind.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 
 pub mod cdb;
@@ -29,6 +31,7 @@ pub mod error;
 pub mod frame;
 pub mod negotiate;
 pub mod pool;
+pub mod record;
 mod replay;
 pub mod schedule;
 pub mod session;
@@ -38,15 +41,16 @@ mod tdes;
 mod kat;
 
 pub use cipher::{Cipher, UnknownCipher};
-pub use error::{NegotiationError, OpenError, SealError, SecretError};
+pub use error::{Forgery, NegotiationError, OpenError, SealError, SecretError};
 pub use frame::{Binding, Direction, Framing};
 pub use negotiate::{
     is_seal_key, AnswerOutcome, InitiatorNegotiation, PskLookup, SealAnswer, SealOffer,
     SealPending, SealPolicy, TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
 };
 pub use pool::CryptoPool;
+pub use record::{LoginTranscript, RecordOpener, RecordSealer};
 pub use replay::WINDOW as REPLAY_WINDOW;
-pub use schedule::{Psk, SessionIds};
+pub use schedule::{Psk, SessionIds, TranscriptHash};
 pub use session::{Role, SealSession, SealStats};
 
 /// Sense data for a command whose sealed data failed to open (bad tag, replay, bad length).

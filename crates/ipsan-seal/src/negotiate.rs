@@ -24,7 +24,8 @@ use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 use crate::cipher::Cipher;
 use crate::error::NegotiationError;
 use crate::frame::Framing;
-use crate::schedule::{self, Psk, SessionIds, Transcript, NONCE_LEN};
+use crate::record::LoginTranscript;
+use crate::schedule::{self, Psk, SessionIds, Transcript, TranscriptHash, NONCE_LEN};
 use crate::session::{Role, SealSession};
 
 /// Offer: the initiator's cipher preference list; answer: the chosen cipher or `Reject`.
@@ -191,9 +192,26 @@ impl SealOffer {
     /// next Login Request (the initiator's confirmation). [`NegotiationError::NotAgreed`] means
     /// the target answered without Seal: the caller decides whether a plaintext session is
     /// acceptable (the bench with `--seal` treats it as fatal).
+    ///
+    /// This form binds an empty login transcript (both sides must use it: tests, benchmarks,
+    /// the lab's calibration). A real login uses [`SealOffer::handle_answer_bound`].
     pub fn handle_answer(
         self,
         answer: &[(String, String)],
+    ) -> Result<(SealSession, TextPairs), NegotiationError> {
+        let empty = LoginTranscript::new().hash();
+        self.handle_answer_bound(answer, &empty, &empty)
+    }
+
+    /// As [`SealOffer::handle_answer`], binding the login transcript: `before` hashes every
+    /// Login PDU before the response that carries the answer (the target's confirmation covers
+    /// it), `through` every Login PDU up to and including that response (the initiator's
+    /// confirmation covers it).
+    pub fn handle_answer_bound(
+        self,
+        answer: &[(String, String)],
+        before: &TranscriptHash,
+        through: &TranscriptHash,
     ) -> Result<(SealSession, TextPairs), NegotiationError> {
         let chosen = get(answer, KEY_SEAL).unwrap_or("");
         let Some(cipher) = Cipher::from_name(chosen).filter(|c| self.ciphers.contains(c)) else {
@@ -232,19 +250,19 @@ impl SealOffer {
                 nonce_t: &nonce_t,
             },
         )?;
-        if !schedule::confirm_matches(&d.confirm_t, &confirm_t) {
+        if !schedule::confirm_matches(&d.confirm.target(before), &confirm_t) {
             return Err(NegotiationError::ConfirmationFailed);
         }
         let keys = vec![(
             KEY_CONFIRM.to_owned(),
-            schedule::to_hex_constant(&*d.confirm_i),
+            schedule::to_hex_constant(&*d.confirm.initiator(through)),
         )];
         let framing = Framing {
             cipher,
             chunk_size: chunk,
         };
         Ok((
-            SealSession::new(framing, Role::Initiator, d.i2t, d.t2i),
+            SealSession::new(framing, Role::Initiator, d.i2t, d.t2i, d.record),
             keys,
         ))
     }
@@ -298,11 +316,27 @@ impl SealAnswer {
     ///
     /// Errors are login failures: send a Login Response with
     /// [`NegotiationError::login_status`] and log the error (its text says why, no secrets).
+    ///
+    /// This form binds an empty login transcript (tests, benchmarks); a real login uses
+    /// [`SealAnswer::handle_offer_bound`].
     pub fn handle_offer(
         config: &TargetSealConfig,
         offer: &[(String, String)],
         ids: &SessionIds,
         psk_for: impl FnOnce(&str) -> Option<Psk>,
+    ) -> Result<AnswerOutcome, NegotiationError> {
+        let empty = LoginTranscript::new().hash();
+        Self::handle_offer_bound(config, offer, ids, psk_for, &empty)
+    }
+
+    /// As [`SealAnswer::handle_offer`]; the target's confirmation covers `transcript`, the hash
+    /// of every Login PDU up to and including the request that carries the offer.
+    pub fn handle_offer_bound(
+        config: &TargetSealConfig,
+        offer: &[(String, String)],
+        ids: &SessionIds,
+        psk_for: impl FnOnce(&str) -> Option<Psk>,
+        transcript: &TranscriptHash,
     ) -> Result<AnswerOutcome, NegotiationError> {
         let required = config.policy == SealPolicy::Required;
         let reject = |reason: String| AnswerOutcome::Plain {
@@ -370,7 +404,7 @@ impl SealAnswer {
             (KEY_NONCE.to_owned(), schedule::to_hex_constant(&nonce_t)),
             (
                 KEY_CONFIRM.to_owned(),
-                schedule::to_hex_constant(&*d.confirm_t),
+                schedule::to_hex_constant(&*d.confirm.target(transcript)),
             ),
         ];
         let framing = Framing {
@@ -379,8 +413,8 @@ impl SealAnswer {
         };
         Ok(AnswerOutcome::Pending(Box::new(SealPending {
             keys,
-            confirm_i: d.confirm_i,
-            session: SealSession::new(framing, Role::Target, d.i2t, d.t2i),
+            confirm: d.confirm,
+            session: SealSession::new(framing, Role::Target, d.i2t, d.t2i, d.record),
         })))
     }
 }
@@ -388,7 +422,7 @@ impl SealAnswer {
 /// Seal agreed, waiting for the initiator's key confirmation.
 pub struct SealPending {
     keys: TextPairs,
-    confirm_i: zeroize::Zeroizing<[u8; 32]>,
+    confirm: schedule::ConfirmKey,
     session: SealSession,
 }
 
@@ -413,16 +447,30 @@ impl SealPending {
 
     /// Verifies the initiator's confirmation (constant time). On error, fail the login with
     /// Authorization failure and log the error.
+    ///
+    /// This form binds an empty login transcript; a real login uses
+    /// [`SealPending::handle_confirm_bound`].
     pub fn handle_confirm(
         self,
         keys: &[(String, String)],
+    ) -> Result<SealSession, NegotiationError> {
+        let empty = LoginTranscript::new().hash();
+        self.handle_confirm_bound(keys, &empty)
+    }
+
+    /// As [`SealPending::handle_confirm`]; the initiator's confirmation must cover
+    /// `transcript`, the hash of every Login PDU before the request that carries it.
+    pub fn handle_confirm_bound(
+        self,
+        keys: &[(String, String)],
+        transcript: &TranscriptHash,
     ) -> Result<SealSession, NegotiationError> {
         let v = get(keys, KEY_CONFIRM).ok_or(NegotiationError::MissingKey(KEY_CONFIRM))?;
         let got = schedule::from_hex_constant(v).ok_or(NegotiationError::Malformed {
             key: KEY_CONFIRM,
             why: "not a 0x hex-constant",
         })?;
-        if !schedule::confirm_matches(&self.confirm_i, &got) {
+        if !schedule::confirm_matches(&self.confirm.initiator(transcript), &got) {
             return Err(NegotiationError::ConfirmationFailed);
         }
         Ok(self.session)
@@ -497,14 +545,23 @@ impl TargetNegotiation {
     }
 
     /// Answers the Seal keys of one Login Request (only those for which [`is_seal_key`] holds).
+    /// `transcript` holds every Login PDU of this login so far, the current request included
+    /// (the runtime adds each PDU as it reads or writes it).
     pub fn respond(
         &mut self,
         keys: &[(String, String)],
         ids: &SessionIds,
+        transcript: &LoginTranscript,
     ) -> Result<TextPairs, NegotiationError> {
         match std::mem::replace(&mut self.state, TargetState::Taken) {
             TargetState::Idle | TargetState::Plain if get(keys, KEY_SEAL).is_some() => {
-                match SealAnswer::handle_offer(&self.config, keys, ids, |n| (self.psk_for)(n))? {
+                match SealAnswer::handle_offer_bound(
+                    &self.config,
+                    keys,
+                    ids,
+                    |n| (self.psk_for)(n),
+                    &transcript.hash(),
+                )? {
                     AnswerOutcome::Plain { keys, reason } => {
                         if let Some(r) = reason {
                             tracing::info!(initiator = %ids.initiator_name, "seal: plaintext session: {r}");
@@ -520,7 +577,7 @@ impl TargetNegotiation {
                 }
             }
             TargetState::Pending(p) if get(keys, KEY_CONFIRM).is_some() => {
-                let s = p.handle_confirm(keys)?;
+                let s = p.handle_confirm_bound(keys, &transcript.hash_before_last())?;
                 tracing::info!(
                     initiator = %ids.initiator_name,
                     cipher = %s.cipher(),
@@ -636,10 +693,19 @@ impl InitiatorNegotiation {
     }
 
     /// Handles the Seal keys of a Login Response; returns keys for the next request.
-    pub fn on_answer(&mut self, keys: &[(String, String)]) -> Result<TextPairs, NegotiationError> {
+    /// `transcript` holds every Login PDU of this login so far, this response included.
+    pub fn on_answer(
+        &mut self,
+        keys: &[(String, String)],
+        transcript: &LoginTranscript,
+    ) -> Result<TextPairs, NegotiationError> {
         match std::mem::replace(&mut self.state, InitiatorState::Done) {
             InitiatorState::Offered(offer) => {
-                let (session, confirm) = offer.handle_answer(keys)?;
+                let (session, confirm) = offer.handle_answer_bound(
+                    keys,
+                    &transcript.hash_before_last(),
+                    &transcript.hash(),
+                )?;
                 tracing::info!(
                     cipher = %session.cipher(),
                     chunk = session.chunk_size(),

@@ -2,12 +2,17 @@
 //!
 //! ```text
 //! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = PSK)                        RFC 5869 §2.2
-//! context  = lp("ipsan-seal v2") || lp(cipher) || u32(chunk) || lp(InitiatorName)
+//! context  = lp("ipsan-seal v3") || lp(cipher) || u32(chunk) || lp(InitiatorName)
 //!            || lp(TargetName) || ISID(6) || lp(offer as sent by the initiator)
 //! K_label  = HKDF-Expand(PRK, lp(label) || context, L)                       RFC 5869 §2.3
-//! labels   : "i2t key", "i2t iv", "t2i key", "t2i iv", "confirm"
-//! confirm_t = HMAC-SHA256(K_confirm, "target"),  confirm_i = HMAC-SHA256(K_confirm, "initiator")
+//! labels   : "i2t key", "i2t iv", "t2i key", "t2i iv", "confirm", "record"
+//! confirm_t = HMAC-SHA256(K_confirm, "target" || H_t)
+//! confirm_i = HMAC-SHA256(K_confirm, "initiator" || H_i)
 //! ```
+//! `H_t`/`H_i` are login transcript hashes ([`crate::record::LoginTranscript`]): every byte of
+//! every Login PDU exchanged before the PDU that carries the confirmation, so a relay that
+//! edits any login key (not only Seal's) fails key confirmation. `K("record")` is the root of
+//! the per-PDU record keys, which also bind the whole transcript (docs/seal.md §3, §4a).
 //! `lp(x)` is a 2-byte big-endian length followed by `x`. `Ni`/`Nt` are the 32-byte random values
 //! of `X-org.ipsan.SealNonce`. Binding the offer as sent makes a stripped offer (a downgrade to a
 //! weaker cipher) fail key confirmation.
@@ -85,6 +90,13 @@ pub struct SessionIds {
 }
 
 pub(crate) const NONCE_LEN: usize = 32;
+/// The schedule's version label. v3: confirmations bind the login transcript and every PDU is
+/// authenticated by the record layer, so a v2 peer fails key confirmation at login.
+pub(crate) const SCHEDULE_LABEL: &[u8] = b"ipsan-seal v3";
+/// Length of a login transcript hash (SHA-256).
+pub const TRANSCRIPT_HASH_LEN: usize = 32;
+/// A login transcript hash ([`crate::record::LoginTranscript::hash`]).
+pub type TranscriptHash = [u8; TRANSCRIPT_HASH_LEN];
 const CONFIRM_LEN: usize = 32;
 
 struct Len(usize);
@@ -112,12 +124,36 @@ pub(crate) struct Transcript<'a> {
     pub nonce_t: &'a [u8; NONCE_LEN],
 }
 
-/// Keys for both directions and the confirmation values.
+/// Keys for both directions, the confirmation key and the record root.
 pub(crate) struct Derived {
     pub i2t: ChunkKey,
     pub t2i: ChunkKey,
-    pub confirm_i: Zeroizing<[u8; CONFIRM_LEN]>,
-    pub confirm_t: Zeroizing<[u8; CONFIRM_LEN]>,
+    pub confirm: ConfirmKey,
+    pub record: Zeroizing<[u8; 32]>,
+}
+
+/// `K_confirm`: computes `confirm_t`/`confirm_i` over a transcript hash.
+pub(crate) struct ConfirmKey(hmac::Key);
+
+impl ConfirmKey {
+    fn tag(&self, who: &[u8], transcript: &TranscriptHash) -> Zeroizing<[u8; CONFIRM_LEN]> {
+        let mut ctx = hmac::Context::with_key(&self.0);
+        ctx.update(who);
+        ctx.update(transcript);
+        let mut out = Zeroizing::new([0u8; CONFIRM_LEN]);
+        out.copy_from_slice(ctx.sign().as_ref());
+        out
+    }
+
+    /// The target's confirmation over `H_t` (every login PDU before the response carrying it).
+    pub fn target(&self, transcript: &TranscriptHash) -> Zeroizing<[u8; CONFIRM_LEN]> {
+        self.tag(b"target", transcript)
+    }
+
+    /// The initiator's confirmation over `H_i` (every login PDU before the request carrying it).
+    pub fn initiator(&self, transcript: &TranscriptHash) -> Zeroizing<[u8; CONFIRM_LEN]> {
+        self.tag(b"initiator", transcript)
+    }
 }
 
 /// HKDF-SHA256 (RFC 5869): extract with `salt` over `ikm`, then expand `info` into `out`.
@@ -140,7 +176,7 @@ pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, Negotiati
     salt[NONCE_LEN..].copy_from_slice(t.nonce_t);
 
     let mut ctx = Vec::with_capacity(256);
-    lp(&mut ctx, b"ipsan-seal v2");
+    lp(&mut ctx, SCHEDULE_LABEL);
     lp(&mut ctx, t.cipher.name().as_bytes());
     ctx.extend_from_slice(&t.chunk_size.to_be_bytes());
     lp(&mut ctx, t.ids.initiator_name.as_bytes());
@@ -168,17 +204,13 @@ pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, Negotiati
 
     let mut kc = Zeroizing::new([0u8; 32]);
     expand("confirm", &mut *kc)?;
-    let kc = hmac::Key::new(hmac::HMAC_SHA256, &*kc);
-    let tag = |who: &[u8]| {
-        let mut out = Zeroizing::new([0u8; CONFIRM_LEN]);
-        out.copy_from_slice(hmac::sign(&kc, who).as_ref());
-        out
-    };
+    let mut record = Zeroizing::new([0u8; 32]);
+    expand("record", &mut *record)?;
     Ok(Derived {
         i2t,
         t2i,
-        confirm_i: tag(b"initiator"),
-        confirm_t: tag(b"target"),
+        confirm: ConfirmKey(hmac::Key::new(hmac::HMAC_SHA256, &*kc)),
+        record,
     })
 }
 

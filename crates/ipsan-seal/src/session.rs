@@ -57,6 +57,9 @@ pub struct SealSession {
     recv_high: AtomicU64,
     window: Mutex<ReplayWindow>,
     stats: Counters,
+    /// `K("record")`: the root of the per-PDU record keys (docs/seal.md §4a), bound to the
+    /// whole login transcript by [`SealSession::record_layer`].
+    record_root: zeroize::Zeroizing<[u8; 32]>,
 }
 
 impl fmt::Debug for SealSession {
@@ -81,7 +84,13 @@ pub(crate) struct Plan {
 }
 
 impl SealSession {
-    pub(crate) fn new(framing: Framing, role: Role, i2t: ChunkKey, t2i: ChunkKey) -> Self {
+    pub(crate) fn new(
+        framing: Framing,
+        role: Role,
+        i2t: ChunkKey,
+        t2i: ChunkKey,
+        record_root: zeroize::Zeroizing<[u8; 32]>,
+    ) -> Self {
         let (send_key, recv_key) = match role {
             Role::Initiator => (i2t, t2i),
             Role::Target => (t2i, i2t),
@@ -96,7 +105,27 @@ impl SealSession {
             recv_high: AtomicU64::new(0),
             window: Mutex::new(ReplayWindow::new()),
             stats: Counters::default(),
+            record_root,
         }
+    }
+
+    /// The record layer of this session's connection (docs/seal.md §4a): a sealer for the
+    /// PDUs this side sends and an opener for the PDUs it receives, with keys bound to
+    /// `transcript`, the hash of every Login PDU of the login, the final response included.
+    /// Both sides must call it once, when full feature phase starts; PDU counters start at 0.
+    pub fn record_layer(
+        &self,
+        transcript: &crate::schedule::TranscriptHash,
+    ) -> Result<
+        (crate::record::RecordSealer, crate::record::RecordOpener),
+        crate::error::NegotiationError,
+    > {
+        crate::record::layer(
+            self.framing.cipher,
+            self.role,
+            &self.record_root,
+            transcript,
+        )
     }
 
     /// Test hook: move the send counter *forward* to `next` (never backward, so no counter can

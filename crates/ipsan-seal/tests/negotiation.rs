@@ -6,8 +6,8 @@ use support::keys::{ids, pair, psk, SECRET};
 
 use ipsan_seal::negotiate::{KEY_CHUNK, KEY_CONFIRM, KEY_NONCE, KEY_SEAL};
 use ipsan_seal::{
-    AnswerOutcome, Binding, Cipher, NegotiationError, SealAnswer, SealOffer, SealPolicy,
-    TargetSealConfig,
+    AnswerOutcome, Binding, Cipher, Direction, LoginTranscript, NegotiationError, SealAnswer,
+    SealOffer, SealPolicy, TargetSealConfig,
 };
 
 fn cfg(policy: SealPolicy) -> TargetSealConfig {
@@ -216,6 +216,194 @@ fn debug_output_never_contains_secrets_or_keys() {
     );
 }
 
+/// Both ends' login transcripts, fed as a runtime feeds them: each side adds every Login PDU it
+/// sends or receives. `edit` changes what the receiving side sees (a relay on the path).
+struct Wire {
+    initiator: LoginTranscript,
+    target: LoginTranscript,
+}
+
+fn text(keys: &[(String, String)]) -> Vec<u8> {
+    keys.iter()
+        .flat_map(|(k, v)| format!("{k}={v}\0").into_bytes())
+        .collect()
+}
+
+impl Wire {
+    fn new() -> Self {
+        Self {
+            initiator: LoginTranscript::new(),
+            target: LoginTranscript::new(),
+        }
+    }
+    fn request(&mut self, keys: &[(String, String)], edit: Option<(&str, &str)>) {
+        let bhs = [0x43u8; 48];
+        self.initiator
+            .add(Direction::InitiatorToTarget, &bhs, &[], &text(keys));
+        let seen = edited(keys, edit);
+        self.target
+            .add(Direction::InitiatorToTarget, &bhs, &[], &text(&seen));
+    }
+    fn response(&mut self, keys: &[(String, String)], edit: Option<(&str, &str)>) {
+        let bhs = [0x23u8; 48];
+        self.target
+            .add(Direction::TargetToInitiator, &bhs, &[], &text(keys));
+        let seen = edited(keys, edit);
+        self.initiator
+            .add(Direction::TargetToInitiator, &bhs, &[], &text(&seen));
+    }
+}
+
+fn edited(keys: &[(String, String)], edit: Option<(&str, &str)>) -> Vec<(String, String)> {
+    keys.iter()
+        .map(|(k, v)| match edit {
+            Some((ek, ev)) if ek == k => (k.clone(), ev.to_owned()),
+            _ => (k.clone(), v.clone()),
+        })
+        .collect()
+}
+
+fn kv(k: &str, v: &str) -> (String, String) {
+    (k.to_owned(), v.to_owned())
+}
+
+mod transcript_binding {
+    use super::*;
+    use ipsan_seal::{InitiatorNegotiation, TargetNegotiation};
+
+    /// One login: security stage, the offer with operational keys, the answer, the
+    /// confirmation, the final response. `edits[n]` alters the n-th PDU on the path.
+    fn login(edits: [Option<(&str, &str)>; 6]) -> Result<(), String> {
+        let mut i = InitiatorNegotiation::new(vec![Cipher::Aes256Gcm], 65536, psk(SECRET));
+        let mut t =
+            TargetNegotiation::new(cfg(SealPolicy::Required), Box::new(|_| Some(psk(SECRET))));
+        let mut w = Wire::new();
+        w.request(
+            &[kv("InitiatorName", "iqn.i"), kv("AuthMethod", "None")],
+            edits[0],
+        );
+        w.response(&[kv("AuthMethod", "None")], edits[1]);
+        let mut req = vec![
+            kv("MaxRecvDataSegmentLength", "262144"),
+            kv("ImmediateData", "Yes"),
+        ];
+        let offer = i.offer(&ids()).unwrap();
+        req.extend(offer.clone());
+        w.request(&req, edits[2]);
+        let mut resp = vec![kv("ImmediateData", "Yes"), kv("HeaderDigest", "None")];
+        resp.extend(
+            t.respond(&offer, &ids(), &w.target)
+                .map_err(|e| e.to_string())?,
+        );
+        w.response(&resp, edits[3]);
+        let answer: Vec<_> = resp
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("X-"))
+            .collect();
+        let confirm = i
+            .on_answer(&answer, &w.initiator)
+            .map_err(|e| format!("initiator: {e}"))?;
+        w.request(&confirm, edits[4]);
+        t.respond(&confirm, &ids(), &w.target)
+            .map_err(|e| format!("target: {e}"))?;
+        w.response(&[kv("MaxRecvDataSegmentLength", "262144")], edits[5]);
+        let (is, ts) = (i.take_session().unwrap(), t.take_session().unwrap());
+        // The record keys bind the whole transcript, the final response included.
+        let (mut seal, _) = is.record_layer(&w.initiator.hash()).unwrap();
+        let (_, mut open) = ts.record_layer(&w.target.hash()).unwrap();
+        let mut pdu = iscsi_wire::Pdu::new(
+            iscsi_wire::header::NopOut {
+                immediate: true,
+                lun: 0,
+                itt: 1,
+                ttt: 0xffff_ffff,
+                cmd_sn: 1,
+                exp_stat_sn: 1,
+            },
+            bytes::Bytes::new(),
+        );
+        seal.protect(&mut pdu).unwrap();
+        let mut buf = bytes::BytesMut::new();
+        let codec = iscsi_wire::Codec::default();
+        codec.encode(&pdu, &mut buf).unwrap();
+        let mut rx = codec.decode(&mut buf).unwrap().unwrap();
+        open.verify(&mut rx).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn accepts_an_unaltered_login() {
+        login([None; 6]).unwrap();
+    }
+
+    #[test]
+    fn rejects_a_login_whose_security_stage_was_edited() {
+        let e = login([
+            Some(("AuthMethod", "CHAP,None")),
+            None,
+            None,
+            None,
+            None,
+            None,
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("initiator: seal: key confirmation failed"),
+            "{e}"
+        );
+        // Everything before the target's answer is covered by the target's confirmation.
+        let e = login([None, Some(("AuthMethod", "Reject")), None, None, None, None]).unwrap_err();
+        assert!(
+            e.contains("initiator: seal: key confirmation failed"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rejects_a_login_whose_operational_keys_were_edited_in_either_direction() {
+        let e = login([
+            None,
+            None,
+            Some(("MaxRecvDataSegmentLength", "512")),
+            None,
+            None,
+            None,
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("initiator: seal: key confirmation failed"),
+            "{e}"
+        );
+        let e = login([None, None, None, Some(("ImmediateData", "No")), None, None]).unwrap_err();
+        assert!(e.contains("target: seal: key confirmation failed"), "{e}");
+        let e = login([
+            None,
+            None,
+            None,
+            Some(("HeaderDigest", "CRC32C")),
+            None,
+            None,
+        ])
+        .unwrap_err();
+        assert!(e.contains("target: seal: key confirmation failed"), "{e}");
+    }
+
+    #[test]
+    fn rejects_the_first_pdu_after_a_login_whose_final_response_was_edited() {
+        // No confirmation comes after the final Login Response: the record keys bind it, so
+        // the first full-feature PDU fails and nothing of the session acts.
+        let e = login([
+            None,
+            None,
+            None,
+            None,
+            None,
+            Some(("MaxRecvDataSegmentLength", "512")),
+        ])
+        .unwrap_err();
+        assert!(e.contains("failed authentication"), "{e}");
+    }
+}
+
 mod target_negotiation {
     use super::*;
     use ipsan_seal::{is_seal_key, TargetNegotiation};
@@ -229,9 +417,19 @@ mod target_negotiation {
         let mut t = neg(SealPolicy::Required);
         let o = offer(vec![Cipher::Aes256Gcm]);
         assert!(o.keys().iter().all(|(k, _)| is_seal_key(k)));
-        let answer = t.respond(&o.keys(), &ids()).unwrap();
-        let (init, confirm) = o.handle_answer(&answer).unwrap();
-        assert!(t.respond(&confirm, &ids()).unwrap().is_empty());
+        let mut w = Wire::new();
+        w.request(&o.keys(), None);
+        let answer = t.respond(&o.keys(), &ids(), &w.target).unwrap();
+        w.response(&answer, None);
+        let (init, confirm) = o
+            .handle_answer_bound(
+                &answer,
+                &w.initiator.hash_before_last(),
+                &w.initiator.hash(),
+            )
+            .unwrap();
+        w.request(&confirm, None);
+        assert!(t.respond(&confirm, &ids(), &w.target).unwrap().is_empty());
         t.finish(&ids()).unwrap();
         let target = t.take_session().unwrap();
         let b = Binding::default();
@@ -246,7 +444,8 @@ mod target_negotiation {
     fn rejects_transit_before_confirmation() {
         let mut t = neg(SealPolicy::Allowed);
         let o = offer(vec![Cipher::Aes256Gcm]);
-        t.respond(&o.keys(), &ids()).unwrap();
+        t.respond(&o.keys(), &ids(), &LoginTranscript::new())
+            .unwrap();
         let e = t.finish(&ids()).unwrap_err();
         assert_eq!(e, NegotiationError::MissingKey(KEY_CONFIRM));
         assert!(t.take_session().is_none());
@@ -266,10 +465,11 @@ mod target_negotiation {
     fn rejects_wrong_initiator_confirmation() {
         let mut t = neg(SealPolicy::Required);
         let o = offer(vec![Cipher::Aes256Gcm]);
-        t.respond(&o.keys(), &ids()).unwrap();
+        let w = LoginTranscript::new();
+        t.respond(&o.keys(), &ids(), &w).unwrap();
         let forged = vec![(KEY_CONFIRM.to_owned(), format!("0x{}", "ab".repeat(32)))];
         assert_eq!(
-            t.respond(&forged, &ids()).unwrap_err(),
+            t.respond(&forged, &ids(), &w).unwrap_err(),
             NegotiationError::ConfirmationFailed
         );
         assert!(t.finish(&ids()).is_err());
@@ -306,10 +506,14 @@ mod initiator_negotiation {
         let mut i = InitiatorNegotiation::new(vec![Cipher::Aes256Gcm], 65536, psk(SECRET));
         let mut t =
             TargetNegotiation::new(cfg(SealPolicy::Required), Box::new(|_| Some(psk(SECRET))));
+        let mut w = Wire::new();
         let offer = i.offer(&ids()).unwrap();
-        let answer = t.respond(&offer, &ids()).unwrap();
-        let confirm = i.on_answer(&answer).unwrap();
-        t.respond(&confirm, &ids()).unwrap();
+        w.request(&offer, None);
+        let answer = t.respond(&offer, &ids(), &w.target).unwrap();
+        w.response(&answer, None);
+        let confirm = i.on_answer(&answer, &w.initiator).unwrap();
+        w.request(&confirm, None);
+        t.respond(&confirm, &ids(), &w.target).unwrap();
         i.finish().unwrap();
         t.finish(&ids()).unwrap();
         let (is, ts) = (i.take_session().unwrap(), t.take_session().unwrap());
@@ -339,7 +543,10 @@ mod initiator_negotiation {
         let mut i = InitiatorNegotiation::new(vec![Cipher::Aes256Gcm], 65536, psk(SECRET));
         i.offer(&ids()).unwrap();
         let e = i
-            .on_answer(&[(KEY_SEAL.to_owned(), "Reject".to_owned())])
+            .on_answer(
+                &[(KEY_SEAL.to_owned(), "Reject".to_owned())],
+                &LoginTranscript::new(),
+            )
             .unwrap_err();
         assert_eq!(e, NegotiationError::NotAgreed("Reject".into()));
         assert!(i.finish().is_err());

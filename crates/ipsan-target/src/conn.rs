@@ -31,8 +31,8 @@ use tracing::{debug, info, trace, warn};
 
 use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
-use crate::seal_ext::{SealExtension, SealSlot};
-use ipsan_seal::{CryptoPool, SealSession};
+use crate::seal_ext::{SealExtension, SealSlot, TranscriptSlot};
+use ipsan_seal::{CryptoPool, Direction, Forgery, RecordOpener, RecordSealer, SealSession};
 
 /// Settings every connection shares.
 #[derive(Debug)]
@@ -76,12 +76,14 @@ pub async fn serve(
         rd,
         buf: BytesMut::with_capacity(256 * 1024),
         codec: Codec::default(),
+        record: None,
     };
     let mut wr = wr;
     let slot = SealSlot::default();
+    let transcript = TranscriptSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared, &slot, peer),
+        login_phase(&mut conn, &mut wr, &shared, &slot, &transcript, peer),
     );
     let (result, session_slot) = tokio::select! {
         r = login => match r {
@@ -123,6 +125,30 @@ pub async fn serve(
         data_digest: params.data_digest,
         max_recv_data_segment_length: shared.offer.max_recv_data_segment_length,
     };
+    // Seal record protection (docs/seal.md §4a): keys bound to the whole login transcript.
+    // The record step sits between the codec and the engine: the writer protects what
+    // `poll_transmit` hands out, `Reader::next` verifies before `handle_pdu` sees anything.
+    // The Seal session is the one taken out of its slot for `register` above.
+    let mut sealer = None;
+    if let Some(s) = &seal {
+        let hash = lock(&transcript).hash();
+        match s.record_layer(&hash) {
+            Ok((w, r)) => {
+                sealer = Some(w);
+                conn.record = Some(r);
+            }
+            Err(e) => {
+                warn!(%peer, "seal: cannot set up record protection: {e}; closing");
+                shared.registry.unregister(
+                    &params.initiator_name,
+                    result.isid,
+                    params.target_name.as_deref(),
+                    result.tsih,
+                );
+                return;
+            }
+        }
+    }
     let mut cfg = engine::Config::new(params.clone(), result.cmd_sn, result.next_stat_sn);
     cfg.cmd_window = shared.offer.cmd_window;
     cfg.nop_interval = shared.nop_interval;
@@ -143,7 +169,7 @@ pub async fn serve(
         running: AtomicUsize::new(0),
         idle: Notify::new(),
     });
-    let writer = tokio::spawn(writer_task(wr, conn.codec.clone(), session.clone()));
+    let writer = tokio::spawn(writer_task(wr, conn.codec.clone(), session.clone(), sealer));
     let end = session.run(&mut conn, &shutdown, &session_cancel).await;
     debug!(%peer, "session ending: {end}");
     if let Some(t) = session.target() {
@@ -167,14 +193,25 @@ struct Reader {
     rd: OwnedReadHalf,
     buf: BytesMut,
     codec: Codec,
+    /// Seal record protection of a sealed session's full feature phase (docs/seal.md §4a).
+    record: Option<RecordOpener>,
 }
 
 impl Reader {
-    /// The next PDU, `Ok(None)` on a clean close.
+    /// The next PDU, `Ok(None)` on a clean close. In a sealed session a PDU that fails record
+    /// protection is an error of kind `InvalidData` wrapping a [`Forgery`]: nothing of it
+    /// reaches the engine, and the connection must be dropped.
     async fn next(&mut self) -> std::io::Result<Option<Result<Pdu, WireError>>> {
         loop {
             match self.codec.decode(&mut self.buf) {
-                Ok(Some(pdu)) => return Ok(Some(Ok(pdu))),
+                Ok(Some(mut pdu)) => {
+                    // ---- SEAL RECORD HOOK (framed read): verify, strip the Seal AHS ----
+                    if let Some(r) = &mut self.record {
+                        r.verify(&mut pdu)
+                            .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
+                    }
+                    return Ok(Some(Ok(pdu)));
+                }
                 Ok(None) => {}
                 Err(e) => return Ok(Some(Err(e))),
             }
@@ -200,9 +237,10 @@ async fn login_phase(
     wr: &mut OwnedWriteHalf,
     shared: &Shared,
     slot: &SealSlot,
+    transcript: &TranscriptSlot,
     peer: SocketAddr,
 ) -> std::io::Result<Option<LoggedIn>> {
-    let ext = SealExtension::new(shared.registry.clone(), slot.clone());
+    let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone());
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
     let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
@@ -237,6 +275,8 @@ async fn login_phase(
             debug!("{:?} during login; closing", pdu.header.opcode());
             return Ok(None);
         };
+        // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
+        lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
         let reply = login.handle(req, &pdu.data, &mut dir);
         if let Outcome::Failed(f) = &reply.outcome {
             shared.registry.count_login(&dir, Some(f.status.0));
@@ -247,6 +287,7 @@ async fn login_phase(
         if codec.encode(&resp, &mut out).is_err() {
             return Ok(None);
         }
+        lock(transcript).add_sent(Direction::TargetToInitiator, &resp);
         wr.write_all(&out).await?;
         match reply.outcome {
             Outcome::Continue => {}
@@ -320,8 +361,14 @@ const MAX_QUEUED_BYTES: usize = 16 << 20;
 
 /// The one framed write of this connection: drains the engine's PDUs (sequence numbers are
 /// stamped as they leave the engine) into the socket, many PDUs per syscall, until the
-/// connection is over and everything queued has left.
-async fn writer_task(wr: OwnedWriteHalf, codec: Codec, session: Arc<Session>) {
+/// connection is over and everything queued has left. In a sealed session every PDU is
+/// record-protected here, after the engine stamped it, in wire order (docs/seal.md §4a).
+async fn writer_task(
+    wr: OwnedWriteHalf,
+    codec: Codec,
+    session: Arc<Session>,
+    mut sealer: Option<RecordSealer>,
+) {
     let mut bw = BufWriter::with_capacity(256 * 1024, wr);
     let mut head = BytesMut::with_capacity(4096);
     let mut batch: Vec<Pdu> = Vec::with_capacity(64);
@@ -346,14 +393,29 @@ async fn writer_task(wr: OwnedWriteHalf, codec: Codec, session: Arc<Session>) {
             notified.await;
             continue;
         }
-        for pdu in batch.drain(..) {
+        for mut pdu in batch.drain(..) {
             if matches!(pdu.header, Header::R2t(_)) {
                 session.stats.r2ts(1);
             }
             trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
+            // ---- SEAL RECORD HOOK (framed write): after stamping, in wire order ----
+            if let Some(s) = &mut sealer {
+                if let Err(e) = s.protect(&mut pdu) {
+                    warn!("seal: cannot protect a PDU: {e}; closing the connection");
+                    let _ = bw.flush().await;
+                    writer_failed(&session);
+                    return;
+                }
+            }
             head.clear();
             let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
                 warn!("cannot encode {:?}", pdu.header.opcode());
+                if sealer.is_some() {
+                    // Its record counter is spent: the next PDU could not verify.
+                    let _ = bw.flush().await;
+                    writer_failed(&session);
+                    return;
+                }
                 continue;
             };
             let sent = async {
@@ -570,6 +632,22 @@ impl Session {
                 target: target.as_deref(),
                 seal: self.seal.as_deref(),
             };
+            if let Some(f) = next
+                .as_ref()
+                .err()
+                .and_then(|e| e.get_ref())
+                .and_then(|x| x.downcast_ref::<Forgery>())
+            {
+                // Nothing of a forged PDU reaches the engine: the connection is dropped.
+                crate::limits::LimitStats::bump(&self.shared.registry.stats.forged_pdus);
+                warn!(
+                    initiator = %self.params.initiator_name,
+                    "{f}; nothing of it acts, dropping the connection"
+                );
+                lock(&self.engine).close_locally();
+                self.wake_writer.notify_one();
+                break format!("forged PDU: {f}");
+            }
             {
                 let mut e = lock(&self.engine);
                 match next {

@@ -119,6 +119,8 @@ pub struct LimitStats {
     pub address_limit_refusals: AtomicU64,
     /// Connections closed by `first_pdu_timeout`.
     pub first_pdu_timeouts: AtomicU64,
+    /// Sealed connections dropped because a PDU failed record protection (docs/seal.md §4a).
+    pub forged_pdus: AtomicU64,
 }
 
 impl LimitStats {
@@ -132,6 +134,7 @@ impl LimitStats {
             session_limit_rejects: g(&self.session_limit_rejects),
             address_limit_refusals: g(&self.address_limit_refusals),
             first_pdu_timeouts: g(&self.first_pdu_timeouts),
+            forged_pdus: g(&self.forged_pdus),
         }
     }
 
@@ -149,6 +152,7 @@ pub struct LimitCounts {
     pub session_limit_rejects: u64,
     pub address_limit_refusals: u64,
     pub first_pdu_timeouts: u64,
+    pub forged_pdus: u64,
 }
 
 /// The key a source address is counted under: the address for IPv4, the /64 for IPv6 (one

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use ipsan_seal::{
-    is_seal_key, SealPolicy, SealSession, SessionIds, TargetNegotiation, TargetSealConfig,
+    is_seal_key, LoginTranscript, SealPolicy, SealSession, SessionIds, TargetNegotiation,
+    TargetSealConfig,
 };
 use iscsi_proto::login::{Extension, ExtensionContext, LoginFailure, LoginStatus};
 use tracing::warn;
@@ -17,10 +18,15 @@ use crate::registry::Registry;
 /// feature phase.
 pub type SealSlot = Arc<Mutex<Option<SealSession>>>;
 
+/// Every Login PDU of this login, added by the connection as it reads and writes them
+/// (docs/seal.md §3: the key confirmations and the record keys bind the whole login).
+pub type TranscriptSlot = Arc<Mutex<LoginTranscript>>;
+
 pub struct SealExtension {
     registry: Arc<Registry>,
     neg: Option<TargetNegotiation>,
     slot: SealSlot,
+    transcript: TranscriptSlot,
 }
 
 impl std::fmt::Debug for SealExtension {
@@ -32,11 +38,12 @@ impl std::fmt::Debug for SealExtension {
 }
 
 impl SealExtension {
-    pub fn new(registry: Arc<Registry>, slot: SealSlot) -> Self {
+    pub fn new(registry: Arc<Registry>, slot: SealSlot, transcript: TranscriptSlot) -> Self {
         Self {
             registry,
             neg: None,
             slot,
+            transcript,
         }
     }
 
@@ -88,8 +95,9 @@ impl Extension for SealExtension {
         ctx: &ExtensionContext<'_>,
     ) -> Result<Vec<(String, String)>, LoginFailure> {
         let ids = ids(ctx);
+        let transcript = crate::lock(&self.transcript).clone();
         self.negotiation(ctx)
-            .respond(keys, &ids)
+            .respond(keys, &ids, &transcript)
             .map_err(|e| failure(&e))
     }
 

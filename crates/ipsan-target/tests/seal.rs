@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ipsan_seal::{Cipher, Psk, SealOffer, SealPolicy, SealSession, SessionIds};
+use ipsan_seal::{
+    Cipher, Direction, LoginTranscript, Psk, RecordOpener, RecordSealer, SealOffer, SealPolicy,
+    SealSession, SessionIds,
+};
 use ipsan_target::config::{self, Config, SealSettings, TargetConfig};
 use ipsan_target::ServerHandle;
 use iscsi_wire::header::*;
@@ -49,6 +52,10 @@ struct Client {
     itt: u32,
     /// Every byte the target sent, to check what the wire shows.
     seen: Vec<u8>,
+    /// Every Login PDU (Seal binds the login transcript).
+    transcript: LoginTranscript,
+    /// Seal's record protection after a sealed login.
+    record: Option<(RecordSealer, RecordOpener)>,
 }
 
 fn login_req(transit: bool, nsg: Stage, isid: [u8; 6], cmd_sn: u32, itt: u32) -> LoginRequest {
@@ -77,17 +84,34 @@ impl Client {
             cmd_sn: 1,
             itt: 1,
             seen: Vec::new(),
+            transcript: LoginTranscript::new(),
+            record: None,
         }
     }
     async fn send(&mut self, pdu: &Pdu) {
+        let mut pdu = pdu.clone();
+        match &mut self.record {
+            Some((s, _)) => s.protect(&mut pdu).unwrap(),
+            None => self.transcript.add_sent(Direction::InitiatorToTarget, &pdu),
+        }
+        self.send_raw(&pdu).await;
+    }
+    /// Sends a PDU as is: no record tag (an attacker's injection).
+    async fn send_raw(&mut self, pdu: &Pdu) {
         let mut out = BytesMut::new();
         self.codec.encode(pdu, &mut out).unwrap();
-        self.s.write_all(&out).await.unwrap();
+        let _ = self.s.write_all(&out).await;
     }
     async fn recv(&mut self) -> Option<Pdu> {
         let fut = async {
             loop {
-                if let Some(p) = self.codec.decode(&mut self.buf).unwrap() {
+                if let Some(mut p) = self.codec.decode(&mut self.buf).unwrap() {
+                    match &mut self.record {
+                        Some((_, o)) => o.verify(&mut p).unwrap(),
+                        None => self
+                            .transcript
+                            .add_received(Direction::TargetToInitiator, &p),
+                    }
                     return Some(p);
                 }
                 let before = self.buf.len();
@@ -147,7 +171,11 @@ impl Client {
         let Some(offer) = offer else { return Ok(None) };
         let answer = iscsi_wire::text::parse(&data).unwrap();
         let (session, confirm) = offer
-            .handle_answer(&answer)
+            .handle_answer_bound(
+                &answer,
+                &self.transcript.hash_before_last(),
+                &self.transcript.hash(),
+            )
             .expect("target's answer verifies");
         let text: String = confirm.iter().map(|(k, v)| format!("{k}={v}\0")).collect();
         self.send(&Pdu::new(
@@ -166,6 +194,7 @@ impl Client {
             return Err((r.status_class, r.status_detail));
         }
         assert!(r.transit && r.nsg == Stage::FULL_FEATURE_PHASE);
+        self.record = Some(session.record_layer(&self.transcript.hash()).unwrap());
         Ok(Some(Arc::new(session)))
     }
 
@@ -385,5 +414,61 @@ async fn policy_required_refuses_a_plain_login_and_allowed_admits_it() {
         c.login(None).await.unwrap().is_none(),
         "a plaintext session"
     );
+    t.shutdown().await.unwrap();
+}
+
+/// Issue 14: an immediate WRITE SAME(16) NDOB=1 has no data to seal; injected into a sealed
+/// session it must not run. The target drops the connection, counts the forgery, and a new
+/// sealed session reads the old data back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_an_injected_write_same_ndob_and_keeps_the_lun() {
+    let t = start(SealPolicy::Required).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let old = vec![0x33u8; 4096];
+    let mut buf = BytesMut::with_capacity(session.sealed_len(old.len()).unwrap());
+    buf.extend_from_slice(&old);
+    let itt = c.itt + 1;
+    let sealed = session
+        .seal(
+            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x2a, 0, 8)),
+            buf,
+        )
+        .unwrap();
+    assert_eq!(c.write(0, sealed).await.0, 0);
+
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x93; // WRITE SAME(16)
+    cdb[1] = 0x01; // NDOB: no data, write zeros
+    cdb[10..14].copy_from_slice(&32768u32.to_be_bytes());
+    let wipe = ScsiCommand {
+        immediate: true,
+        final_: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::SIMPLE,
+        lun: 0,
+        itt: 0x7777,
+        expected_data_transfer_length: 0,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        cdb,
+    };
+    c.send_raw(&Pdu::new(wipe, Bytes::new())).await;
+    assert!(c.recv().await.is_none(), "the connection stays open");
+    assert_eq!(t.limit_stats().forged_pdus, 1);
+
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let edtl = session.sealed_len(4096).unwrap() as u32;
+    let itt = c.itt + 1;
+    let got = c.read(0, 8, edtl).await;
+    let plain = session
+        .open(
+            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x28, 0, 8)),
+            BytesMut::from(&got[..]),
+        )
+        .unwrap();
+    assert_eq!(&plain[..], &old[..], "the LUN was wiped");
     t.shutdown().await.unwrap();
 }
