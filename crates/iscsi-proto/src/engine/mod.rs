@@ -140,7 +140,7 @@ pub enum CloseReason {
     #[error("the target announced it drops the connection (async event {0})")]
     AsyncDrop(u8),
     /// A NOP ping went unanswered, and nothing else arrived either.
-    #[error("no NOP-In/NOP-Out answer to a ping within {0:?} (and nothing else from the peer)")]
+    #[error("keepalive failed: no NOP-In/NOP-Out answer to a ping within {0:?} (and nothing else from the peer)")]
     PingTimeout(std::time::Duration),
     /// The peer closed the TCP connection, or it broke.
     #[error("connection closed by the peer")]
