@@ -80,10 +80,9 @@ impl Target {
         let out = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // Keep draining after the test stops listening: the target's stdout stays open.
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         let mut portal = None;

@@ -86,6 +86,18 @@ pub struct Args {
     tcp_rcvbuf: Option<ipsan_tcp::BufSize>,
 }
 
+/// Prints a startup line on stdout for scripts and tests to read. A closed stdout (the reader
+/// went away) must not take a running storage server down, so write errors are ignored where
+/// `println!` would panic.
+macro_rules! announce {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let control_path = args.control.clone();
     let metrics_addr = args.metrics;
@@ -112,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(path) = &control_path {
             let ctl = control::Control::bind(path, registry.clone())
                 .with_context(|| format!("--control {}", path.display()))?;
-            println!("ipsan target: control socket {}", path.display());
+            announce!("ipsan target: control socket {}", path.display());
             side.spawn(ctl.run(stop.clone()));
         }
         if let Some(addr) = metrics_addr {
@@ -120,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("--metrics {addr}"))?;
             let bound = l.local_addr().unwrap_or(addr);
-            println!("ipsan target: metrics http://{bound}/metrics");
+            announce!("ipsan target: metrics http://{bound}/metrics");
             side.spawn(ipsan_target::metrics::serve_http(
                 l,
                 registry.clone(),
@@ -129,10 +141,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         side.spawn(reload_on_sighup(registry.clone(), stop.clone()));
         for addr in server.local_addrs() {
-            println!("ipsan target: listening on {addr}");
+            announce!("ipsan target: listening on {addr}");
         }
         for url in server.urls() {
-            println!("ipsan target: serving {url}");
+            announce!("ipsan target: serving {url}");
         }
         let luns: usize = registry.targets().iter().map(|t| t.luns.len()).sum();
         super::notify::notify(&format!(
