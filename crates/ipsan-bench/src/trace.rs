@@ -19,83 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ipsan_initiator::observe::{CommandEvent, CommandObserver};
+use ipsan_initiator::observe::CommandObserver;
 use serde::{Deserialize, Serialize};
 
-/// What happened to a command, as the trace file names it: the initiator's [`CommandEvent`]s.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// The caller submitted the command (ITT assigned).
-    Issued,
-    /// The payload transform (Seal) started on the data-out.
-    SealStart,
-    /// The sealed data-out is ready.
-    SealEnd,
-    /// The SCSI Command PDU (with any immediate data, `len` bytes) was queued for sending,
-    /// after any wait for the CmdSN window (RFC 7143 §4.2.2.1).
-    CmdSent,
-    /// An R2T arrived asking for `len` bytes at `offset` (RFC 7143 §11.8).
-    R2t,
-    /// Data-Out PDUs for `len` bytes at `offset` were queued: unsolicited data or the answer
-    /// to one R2T (RFC 7143 §11.7).
-    DataOut,
-    /// The first Data-In PDU of the command arrived.
-    DataInFirst,
-    /// The Data-In PDU completing the expected transfer arrived.
-    DataInLast,
-    /// The payload transform started opening the reassembled data-in.
-    OpenStart,
-    /// The data-in is open (plaintext handed to the caller).
-    OpenEnd,
-    /// The status arrived (SCSI Response, or Data-In with the S bit).
-    Status,
-    /// The command completed successfully, as the caller sees it.
-    Completed,
-    /// The command completed with an error.
-    Failed,
-}
-
-impl Kind {
-    /// The name used in the trace file.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Issued => "issued",
-            Kind::SealStart => "seal_start",
-            Kind::SealEnd => "seal_end",
-            Kind::CmdSent => "cmd_sent",
-            Kind::R2t => "r2t",
-            Kind::DataOut => "data_out",
-            Kind::DataInFirst => "data_in_first",
-            Kind::DataInLast => "data_in_last",
-            Kind::OpenStart => "open_start",
-            Kind::OpenEnd => "open_end",
-            Kind::Status => "status",
-            Kind::Completed => "completed",
-            Kind::Failed => "failed",
-        }
-    }
-}
-
-impl From<CommandEvent> for Kind {
-    fn from(e: CommandEvent) -> Self {
-        match e {
-            CommandEvent::Issued => Kind::Issued,
-            CommandEvent::SealStart => Kind::SealStart,
-            CommandEvent::SealEnd => Kind::SealEnd,
-            CommandEvent::CmdSent => Kind::CmdSent,
-            CommandEvent::R2t => Kind::R2t,
-            CommandEvent::DataOut => Kind::DataOut,
-            CommandEvent::DataInFirst => Kind::DataInFirst,
-            CommandEvent::DataInLast => Kind::DataInLast,
-            CommandEvent::OpenStart => Kind::OpenStart,
-            CommandEvent::OpenEnd => Kind::OpenEnd,
-            CommandEvent::Status => Kind::Status,
-            CommandEvent::Completed => Kind::Completed,
-            CommandEvent::Failed => Kind::Failed,
-        }
-    }
-}
+/// What happened to a command: the initiator's [`CommandEvent`] itself, serialized under its
+/// snake_case name (`CommandEvent::name`), so the vocabulary is written once.
+pub use ipsan_initiator::observe::CommandEvent as Kind;
 
 /// One event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,8 +168,8 @@ impl Trace {
 }
 
 impl CommandObserver for Trace {
-    fn on_event(&self, itt: u32, event: CommandEvent, offset: u64, len: u64) {
-        self.record(itt, event.into(), offset, len);
+    fn on_event(&self, itt: u32, event: Kind, offset: u64, len: u64) {
+        self.record(itt, event, offset, len);
     }
 }
 

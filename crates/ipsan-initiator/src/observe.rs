@@ -9,8 +9,13 @@
 
 use std::sync::Arc;
 
-/// What happened to a command, in the order a command lives through them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// What happened to a command, in the order a command lives through them. Serialized (the
+/// benchmark's trace file, `ipsan-trace/1`) under the snake_case names [`CommandEvent::name`]
+/// gives.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum CommandEvent {
     /// The caller submitted the command (ITT assigned).
     Issued,
@@ -40,6 +45,28 @@ pub enum CommandEvent {
     Completed,
     /// The command completed with an error.
     Failed,
+}
+
+impl CommandEvent {
+    /// The event's name in files and reports (its serialized form).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Issued => "issued",
+            Self::SealStart => "seal_start",
+            Self::SealEnd => "seal_end",
+            Self::CmdSent => "cmd_sent",
+            Self::R2t => "r2t",
+            Self::DataOut => "data_out",
+            Self::DataInFirst => "data_in_first",
+            Self::DataInLast => "data_in_last",
+            Self::OpenStart => "open_start",
+            Self::OpenEnd => "open_end",
+            Self::Status => "status",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 /// Watches the commands of a session. Called on the session's tasks, inline with the I/O:
