@@ -65,8 +65,25 @@ struct SessionEntry {
     tsih: u16,
     /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
     cancel: CancellationToken,
+    /// Cancelled by the session once none of its commands runs any more.
+    drained: CancellationToken,
     info: Arc<SessionInfo>,
     stats: Arc<SessionStats>,
+}
+
+/// What [`Registry::register`] hands a new session.
+#[derive(Debug)]
+pub struct Registration {
+    /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
+    pub cancel: CancellationToken,
+    /// The session's counters.
+    pub stats: Arc<SessionStats>,
+    /// The session cancels this once none of its commands runs any more (after its end).
+    pub drained: CancellationToken,
+    /// The session this login reinstates (RFC 7143 §6.3.5): cancelled once that session's
+    /// commands have all finished or been aborted. The new session must not execute a
+    /// command before (an old WRITE still running could land after its reissued copy).
+    pub reinstates: Option<CancellationToken>,
 }
 
 /// What a logged-in session is (for `ipsan ctl sessions` and the metrics): never a key.
@@ -363,8 +380,9 @@ impl Registry {
     }
 
     /// Records a new session after login; reinstates (ends) an older one with the same key.
-    /// Returns the token that ends this session and the counters it keeps.
-    pub fn register(&self, mut info: SessionInfo) -> (CancellationToken, Arc<SessionStats>) {
+    /// Returns the token that ends this session, the counters it keeps and, for a
+    /// reinstatement, the token that tells when the old session's commands are done.
+    pub fn register(&self, mut info: SessionInfo) -> Registration {
         let target = info.target.as_deref().and_then(|t| self.target(t));
         info.chap = target
             .as_ref()
@@ -377,6 +395,7 @@ impl Registry {
         let luns = target.map(|t| t.lun_stats.clone());
         let stats = Arc::new(SessionStats::new(luns));
         let cancel = CancellationToken::new();
+        let drained = CancellationToken::new();
         let tsih = info.tsih;
         let initiator = info.initiator.clone();
         let mut s = crate::lock(&self.sessions);
@@ -385,6 +404,7 @@ impl Registry {
             SessionEntry {
                 tsih,
                 cancel: cancel.clone(),
+                drained: drained.clone(),
                 info: Arc::new(info),
                 stats: stats.clone(),
             },
@@ -396,8 +416,19 @@ impl Registry {
                 "session reinstatement"
             );
             old.cancel.cancel();
+            return Registration {
+                cancel,
+                stats,
+                drained,
+                reinstates: Some(old.drained),
+            };
         }
-        (cancel, stats)
+        Registration {
+            cancel,
+            stats,
+            drained,
+            reinstates: None,
+        }
     }
 
     /// Counts a finished login (`status` `None` for success) under its target, when that
