@@ -1121,3 +1121,57 @@ impl Registry {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(tsih: u16) -> SessionInfo {
+        let params = iscsi_proto::params::SessionParams {
+            initiator_name: "iqn.2026-11.x:ini".into(),
+            target_name: Some("iqn.2026-11.x:a".into()),
+            ..Default::default()
+        };
+        SessionInfo::new(
+            &params,
+            [0x80, 1, 2, 3, 4, 5],
+            tsih,
+            "127.0.0.1:1".parse().unwrap(),
+            None,
+            None,
+        )
+    }
+
+    /// RFC 7143 §6.3.5: a login with the same InitiatorName, ISID and target ends the old
+    /// session, and the new one learns when the old one's commands are all done.
+    #[test]
+    fn reinstating_login_ends_the_old_session_and_waits_for_its_commands() {
+        let r = Registry::build(
+            &crate::Config::from_toml(
+                "[[target]]\niqn = \"iqn.2026-11.x:a\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let old = r.register(info(1));
+        assert!(old.reinstates.is_none());
+        let new = r.register(info(2));
+        assert!(old.cancel.is_cancelled(), "the old session is told to end");
+        let waits = new.reinstates.expect("a reinstatement");
+        assert!(
+            !waits.is_cancelled(),
+            "the old session's commands still run"
+        );
+        old.drained.cancel();
+        assert!(waits.is_cancelled());
+        assert!(!new.cancel.is_cancelled());
+        // The old session's late unregister leaves the new one registered.
+        r.unregister(
+            "iqn.2026-11.x:ini",
+            [0x80, 1, 2, 3, 4, 5],
+            Some("iqn.2026-11.x:a"),
+            1,
+        );
+        assert_eq!(r.session_count(), 1);
+    }
+}
