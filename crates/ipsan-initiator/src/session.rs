@@ -1353,7 +1353,14 @@ impl Session {
         if let Some(h) = &self.supervisor {
             h.abort();
         }
-        let c = self.connection(None).await?;
+        // Nothing to log out of while recovering: the old connection is gone and no new one
+        // will come (the supervisor is stopped).
+        let Some(c) = self.link.up() else {
+            return Err(Error::ConnectionLost(
+                self.failure()
+                    .unwrap_or_else(|| "session is recovering".to_owned()),
+            ));
+        };
         c.logout().await
     }
 }

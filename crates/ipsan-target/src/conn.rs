@@ -195,10 +195,10 @@ pub async fn serve(
             lu.nexus_lost(&session.nexus);
         }
     }
-    session.wake_writer.notify_one();
-    let _ = writer.await;
     // A reinstating session waits for this (RFC 7143 §6.3.5); `run` waited DRAIN_TIMEOUT
-    // already, so only a hung backend gets here with commands running.
+    // already, so only a hung backend gets here with commands running. Signalled before the
+    // writer is joined: a writer stuck on a black-holed socket must not hold up the new
+    // session.
     if tokio::time::timeout(2 * DRAIN_TIMEOUT, session.idle())
         .await
         .is_err()
@@ -206,6 +206,8 @@ pub async fn serve(
         warn!(%peer, "commands still running {:?} after the session ended; releasing it anyway", 2 * DRAIN_TIMEOUT);
     }
     drained.cancel();
+    session.wake_writer.notify_one();
+    let _ = writer.await;
     shared.registry.unregister(
         &session.params.initiator_name,
         result.isid,
