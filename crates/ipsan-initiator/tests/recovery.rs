@@ -37,6 +37,8 @@ struct Relay {
     state: Arc<Mutex<RelayState>>,
     /// While true, nothing is forwarded (bytes wait in the relay): a black hole.
     stall: watch::Sender<bool>,
+    /// Where new connections go.
+    to: Arc<Mutex<std::net::SocketAddr>>,
 }
 
 impl Relay {
@@ -45,13 +47,15 @@ impl Relay {
         let addr = l.local_addr().unwrap();
         let state = Arc::new(Mutex::new(RelayState::default()));
         let stall = watch::channel(false).0;
-        let (st, stall_tx) = (state.clone(), stall.clone());
+        let to = Arc::new(Mutex::new(to));
+        let (st, stall_tx, dest) = (state.clone(), stall.clone(), to.clone());
         tokio::spawn(async move {
             while let Ok((a, _)) = l.accept().await {
                 if st.lock().unwrap().down {
                     drop(a);
                     continue;
                 }
+                let to = *dest.lock().unwrap();
                 let Ok(b) = TcpStream::connect(to).await else {
                     continue;
                 };
@@ -67,7 +71,12 @@ impl Relay {
                 s.conns.push(h2.abort_handle());
             }
         });
-        Self { addr, state, stall }
+        Self {
+            addr,
+            state,
+            stall,
+            to,
+        }
     }
 
     /// Ends every relayed connection now (both sockets closed).
@@ -83,6 +92,10 @@ impl Relay {
 
     fn set_stall(&self, stall: bool) {
         self.stall.send_replace(stall);
+    }
+
+    fn redirect(&self, to: std::net::SocketAddr) {
+        *self.to.lock().unwrap() = to;
     }
 
     fn accepted(&self) -> usize {
@@ -396,6 +409,45 @@ fn without_recovery_a_cut_fails_commands_with_connection_lost() {
             s.recovery_stats(),
             ipsan_initiator::RecoveryStats::default()
         );
+        let _ = h.shutdown().await;
+    });
+}
+
+#[test]
+fn stops_recovery_at_once_when_the_reinstating_login_is_refused_for_good() {
+    bounded(30, async {
+        let h = seal_target(IQN, SECRET, SealPolicy::Allowed, None).await;
+        // A portal that does not have our target: the login is refused with status class 2
+        // (target not found, RFC 7143 §11.13.5).
+        let other = seal_target(
+            "iqn.2026-11.org.ipsan:other",
+            SECRET,
+            SealPolicy::Allowed,
+            None,
+        )
+        .await;
+        let relay = Relay::start(h.addrs[0]).await;
+        let s = Session::open(&relay.url(), &recovering(false, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        relay.redirect(other.addrs[0]);
+        relay.cut();
+        let t = Instant::now();
+        let e = s.read(0, 1).await.expect_err("the login is refused");
+        assert!(matches!(e, Error::LoginRefused { class: 2, .. }), "{e}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "not retried for the recovery timeout: {:?}",
+            t.elapsed()
+        );
+        let st = s.recovery_stats();
+        assert_eq!((st.reconnects, st.recoveries), (1, 0), "{st:?}");
+        // Later commands fail the same way at once.
+        assert!(matches!(
+            s.read(0, 1).await,
+            Err(Error::LoginRefused { class: 2, .. })
+        ));
+        let _ = other.shutdown().await;
         let _ = h.shutdown().await;
     });
 }
