@@ -18,7 +18,11 @@
 //!
 //! Connection loss: whoever notices first (reader EOF, writer error, the engine's keepalive or
 //! a rule the target broke) records the reason once; the engine completes every command in
-//! flight with it, so every waiter gets [`Error::ConnectionLost`] with that reason.
+//! flight with it, so every waiter gets [`Error::ConnectionLost`] with that reason. With
+//! [`SessionConfig::recovery_timeout`] set, a supervisor task (`supervise`) then makes a new
+//! connection (a reinstating login, RFC 7143 §6.3.5) and [`Session::command`] sends the
+//! command again on it when it may ([`crate::recovery`]); a session is one connection at a
+//! time, each with its own engine, tasks and Seal keys.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
