@@ -1175,7 +1175,8 @@ impl Session {
         }
     }
 
-    /// One try of a command on connection `c`; `sent` turns true once the engine took it.
+    /// One try of a command on connection `c`; `sent` says whether the target may have seen
+    /// it (see [`Shared::command_raw`]).
     async fn attempt(
         &self,
         c: &Shared,
@@ -1378,7 +1379,8 @@ impl Shared {
     }
 
     /// Submits one command to this connection's engine (ITT `itt`, or a fresh one) and waits
-    /// for it; `sent` turns true once the engine took it.
+    /// for it; `sent` says whether the target may have seen it (the engine took it and it did
+    /// not end with the connection still queued, `engine::Connection::never_sent`).
     async fn command_raw(
         &self,
         lun: u64,
@@ -1416,7 +1418,16 @@ impl Shared {
             Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
             Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
         }
-        self.wait(lun, rx, itt).await
+        let r = self.wait(lun, rx, itt).await;
+        // Ended with the connection before it left the engine: the target never saw it.
+        if r.as_ref().is_err_and(Error::is_connection_loss)
+            && self
+                .with_quiet(|g| g.engine.never_sent(itt))
+                .unwrap_or(false)
+        {
+            *sent = false;
+        }
+        r
     }
 
     /// Waits for a command's completion; past the command timeout, aborts it.
