@@ -6,8 +6,11 @@
 //! - a loop device over the file, `mkfs.ext4`, a tree of files, `sync`, `umount`,
 //!   `fsck.ext4 -f -n` clean, remount, every file equal — plain and over a sealed session
 //!   (aes-256-gcm);
-//! - the target killed while I/O runs: the file answers EIO (not a hang) and `ipsan attach`
-//!   still exits on SIGTERM, unmounting.
+//! - the connection cut in the middle of the ext4 run over a sealed session (a loopback relay
+//!   closes it and refuses reconnects for 3 s): session recovery (RFC 7143 §6.3.5) reconnects
+//!   and resends, no I/O error reaches the filesystem, fsck is clean, every file equal;
+//! - with recovery off (`--recovery-timeout 0`), the target killed while I/O runs: the file
+//!   answers EIO (not a hang) and `ipsan attach` still exits on SIGTERM, unmounting.
 //!
 //! Needs root, /dev/fuse and loop devices (prints `SKIP:` and passes otherwise; creates
 //! /dev/loop* with mknod when they are missing). Every process, loop device and mount is
@@ -16,10 +19,12 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipsan");
@@ -424,11 +429,94 @@ fn accepts_unaligned_and_concurrent_overlapping_writes_through_the_file() {
     drop(a);
 }
 
+/// A loopback TCP relay to `port` that the test can cut (every relayed connection shut
+/// down, both ways) and hold down (new connections closed at once).
+struct Relay {
+    port: u16,
+    ctl: Arc<RelayCtl>,
+    stop: Arc<AtomicBool>,
+}
+
+/// The relay's connections and its down switch (shared with a cutting thread).
+#[derive(Default)]
+struct RelayCtl {
+    conns: Mutex<Vec<TcpStream>>,
+    down: AtomicBool,
+}
+
+impl RelayCtl {
+    /// Closes every relayed connection and refuses new ones for `hold`.
+    fn cut_for(&self, hold: Duration) {
+        self.down.store(true, Ordering::Release);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        std::thread::sleep(hold);
+        self.down.store(false, Ordering::Release);
+    }
+}
+
+impl Relay {
+    fn start(to: u16) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let ctl: Arc<RelayCtl> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, st) = (ctl.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for a in l.incoming() {
+                if st.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(a) = a else { continue };
+                if c.down.load(Ordering::Acquire) {
+                    drop(a);
+                    continue;
+                }
+                let Ok(b) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let _ = (a.set_nodelay(true), b.set_nodelay(true));
+                for (mut from, mut to) in [
+                    (a.try_clone().unwrap(), b.try_clone().unwrap()),
+                    (b.try_clone().unwrap(), a.try_clone().unwrap()),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                        let _ = from.shutdown(Shutdown::Both);
+                    });
+                }
+                c.conns.lock().unwrap().extend([a, b]);
+            }
+        });
+        Relay { port, ctl, stop }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for c in self.ctl.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
 /// ext4 over a loop device over the file: mkfs, a tree of files, sync, umount, fsck clean,
-/// remount, every file equal. Returns the attach log.
-fn ext4_round_trip(tag: &str, target_extra: &[&str], attach_extra: &[&str], files: usize) {
+/// remount, every file equal. With `cut`, the session's connection goes through a relay that
+/// is cut (and refuses reconnects for `cut`) while the files are being written.
+fn ext4_round_trip(
+    tag: &str,
+    target_extra: &[&str],
+    attach_extra: &[&str],
+    files: usize,
+    cut: Option<Duration>,
+) {
     let (_target, port) = start_target("mem:160MiB", target_extra);
-    let a = Attach::start(tag, port, attach_extra);
+    let relay = cut.map(|_| Relay::start(port));
+    let a = Attach::start(tag, relay.as_ref().map_or(port, |r| r.port), attach_extra);
     let mut lo = Loop::attach(&a.file());
     run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", &lo.dev]);
     let mnt = a.dir.parent().unwrap().join("ext4");
@@ -439,9 +527,28 @@ fn ext4_round_trip(tag: &str, target_extra: &[&str], attach_extra: &[&str], file
     for d in 0..10 {
         std::fs::create_dir_all(mnt.join(format!("d{d}"))).unwrap();
     }
+    let mut cutter = None;
     for i in 0..files {
+        if i == files / 3 {
+            if let (Some(r), Some(hold)) = (&relay, cut) {
+                // Everything so far goes to the LUN first, so the cut meets a busy session.
+                run("sync", &[]);
+                let ctl = r.ctl.clone();
+                cutter = Some(std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    ctl.cut_for(hold);
+                }));
+            }
+        }
         let mut w = File::create(path_of(i)).unwrap();
         w.write_all(&pattern(i as u64, size_of(i))).unwrap();
+        if cutter.as_ref().is_some_and(|c| !c.is_finished()) {
+            // Keep data in flight on the session while the cut comes.
+            w.sync_data().unwrap();
+        }
+    }
+    if let Some(c) = cutter {
+        c.join().unwrap();
     }
     run("sync", &[]);
     lo.umount();
@@ -475,6 +582,14 @@ fn ext4_round_trip(tag: &str, target_extra: &[&str], attach_extra: &[&str], file
         "I/O errors during the run:\n{}",
         a.log()
     );
+    if cut.is_some() {
+        assert!(
+            a.log().contains("connection lost") && a.log().contains("session recovered"),
+            "no recovery in the attach log:\n{}",
+            a.log()
+        );
+        println!("attach log:\n{}", a.log());
+    }
     // SIGTERM right after `losetup -d`: the loop device lets go of the file asynchronously
     // (seconds later after direct AIO); attach retries the unmount and exits cleanly.
     let mut a = a;
@@ -493,7 +608,7 @@ fn ext4_on_a_loop_device_over_the_file_survives_fsck_and_remount() {
         return;
     }
     let _s = serial();
-    ext4_round_trip("ext4", &[], &["--depth", "32"], 120);
+    ext4_round_trip("ext4", &[], &["--depth", "32"], 120, None);
 }
 
 #[test]
@@ -512,6 +627,40 @@ fn ext4_over_a_sealed_session_survives_fsck_and_remount() {
         &["--seal", "required", "--seal-secret-file", k],
         &["--seal", "aes-256-gcm", "--secret-file", k, "--depth", "16"],
         60,
+        None,
+    );
+    let _ = std::fs::remove_file(&key);
+}
+
+#[test]
+fn ext4_over_a_sealed_session_rides_out_a_connection_cut_without_an_io_error() {
+    if !can_run("attach ext4 sealed cut", true) {
+        return;
+    }
+    let _s = serial();
+    let key = std::env::temp_dir().join(format!("ipsan-attach-{}-cut.key", std::process::id()));
+    std::fs::write(&key, "attach-cut-secret-0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let k = key.to_str().unwrap();
+    ext4_round_trip(
+        "cut",
+        &["--seal", "required", "--seal-secret-file", k],
+        &[
+            "--seal",
+            "aes-256-gcm",
+            "--secret-file",
+            k,
+            "--depth",
+            "16",
+            "--nop-interval",
+            "1",
+            "--nop-timeout",
+            "2",
+            "--recovery-timeout",
+            "60s",
+        ],
+        60,
+        Some(Duration::from_secs(3)),
     );
     let _ = std::fs::remove_file(&key);
 }
@@ -523,7 +672,20 @@ fn target_killed_mid_run_gives_eio_and_attach_still_exits() {
     }
     let _s = serial();
     let (mut target, port) = start_target("mem:32MiB", &[]);
-    let mut a = Attach::start("killed", port, &["--depth", "8", "--nop-interval", "1"]);
+    // Recovery off: today's fail-fast behaviour (with it, requests would wait for the
+    // target up to --recovery-timeout).
+    let mut a = Attach::start(
+        "killed",
+        port,
+        &[
+            "--depth",
+            "8",
+            "--nop-interval",
+            "1",
+            "--recovery-timeout",
+            "0",
+        ],
+    );
     let file = a.file();
     // A writer and reader hammering the file with O_DIRECT-free I/O until an error comes.
     let (tx, rx) = mpsc::channel();

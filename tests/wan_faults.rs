@@ -3,10 +3,13 @@
 //! 2 % reordering, 0.02 % corruption, after Paxson), plus link cuts.
 //!
 //! - a short cut is ridden out by TCP: every command completes and the read-back is clean;
-//! - a long cut ends `ipsan bench` with "connection to the target failed" within the NOP-Out
+//! - without session recovery (`--recovery-timeout 0`), a long cut ends `ipsan bench` with "connection to the target failed" within the NOP-Out
 //!   keepalive's bound (interval + timeout), exit status nonzero — never a hang; a new run
 //!   on the still-cut link fails within the connect timeout;
-//! - an idle session notices a dead link by itself, and its next command fails at once.
+//! - an idle session notices a dead link by itself, and its next command fails at once;
+//! - with session recovery (`--recovery-timeout`, RFC 7143 §6.3.5), a 5 s cut in the middle
+//!   of a run is ridden out: the session reconnects, reinstates itself, resends what was in
+//!   flight, and `--verify` reads back every block clean.
 //!
 //! Needs root and /dev/net/tun (prints `SKIP:` and passes otherwise). Namespaces are
 //! `ipsanhw<pid><t>-ini/-tgt` in 10.231.64.0/20; `Link`'s Drop removes them and kills what
@@ -217,6 +220,9 @@ fn long_cut_fails_the_bench_with_a_connection_error_within_the_keepalive_bound()
         "1",
         "--nop-timeout",
         "2",
+        // Today's behaviour without session recovery: fail within the keepalive bound.
+        "--recovery-timeout",
+        "0",
     ]);
     lab.wait_for_traffic(2000, Duration::from_secs(30));
     lab.link.cut(true, true).unwrap();
@@ -286,7 +292,7 @@ fn idle_session_notices_a_dead_link_and_fails_the_next_command_at_once() {
                 let noticed = cut_at.elapsed();
                 let t = Instant::now();
                 let r = tokio::time::timeout(Duration::from_secs(5), s.read(0, 8)).await;
-                (noticed, t.elapsed(), s.failure().map(str::to_owned), r)
+                (noticed, t.elapsed(), s.failure(), r)
             })
         })
         .unwrap()
@@ -304,4 +310,71 @@ fn idle_session_notices_a_dead_link_and_fails_the_next_command_at_once() {
         other => panic!("expected ConnectionLost at once, got {other:?}"),
     }
     assert!(failed_in < Duration::from_millis(100), "{failed_in:?}");
+}
+
+#[test]
+fn five_second_cut_is_recovered_by_reinstating_the_session_and_verifies_clean() {
+    if !can_run("recovery") {
+        return;
+    }
+    let lab = Lab::up(
+        "r",
+        70,
+        DirConfig {
+            delay: Duration::from_millis(4),
+            ..Default::default()
+        },
+    );
+    let bench = lab.bench(&[
+        "--rw",
+        "write",
+        "--bs",
+        "64KiB",
+        "--depth",
+        "8",
+        "--time",
+        "14s",
+        "--verify",
+        "--nop-interval",
+        "1",
+        "--nop-timeout",
+        "2",
+        "--recovery-timeout",
+        "40s",
+    ]);
+    lab.wait_for_traffic(2000, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(2));
+    lab.link.cut(true, true).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    lab.link.restore().unwrap();
+    let (ok, out, err, _) = finish(bench, Duration::from_secs(90));
+    println!("{out}\n{err}");
+    assert!(ok, "bench failed across a recovered cut: {err}");
+    assert!(out.contains("verify: OK"), "{out}");
+    assert!(lab.link.stats().up.dropped_cut > 0);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("recovery:"))
+        .expect("no recovery line in the report");
+    let count = |what: &str| -> u64 {
+        line.split(", ")
+            .find_map(|p| {
+                p.strip_suffix(what)?
+                    .trim_start_matches("recovery: ")
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {what:?} in {line:?}"))
+    };
+    assert!(count(" recoveries") >= 1, "{line}");
+    assert!(count(" commands reissued") > 0, "{line}");
+    assert_eq!(count(" failed (not idempotent)"), 0, "{line}");
+    let last_ms: u64 = line
+        .split("last ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .expect("a recovery time");
+    // Found by the keepalive (≤ 3 s), then reconnected once the link is back (5 s cut).
+    assert!((1000..30_000).contains(&last_ms), "{line}");
 }

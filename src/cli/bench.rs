@@ -74,6 +74,13 @@ pub struct ConnArgs {
     /// drops the connection.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
     pub command_timeout: u64,
+    /// Session recovery (RFC 7143 §6.3.5 reinstatement, docs/bench.md "Session recovery"):
+    /// when the connection fails, reconnect with backoff, log in again with fresh keys and
+    /// resend the idempotent commands in flight; commands wait up to this long (e.g. `120s`,
+    /// `2m`; a bare number is seconds) before they fail. `0` turns recovery off: a lost
+    /// connection fails every command at once.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_recovery_timeout)]
+    pub recovery_timeout: std::time::Duration,
     /// Seal every command's data (docs/seal.md): aes-256-gcm | chacha20-poly1305 |
     /// 3des-cbc-hmac-sha1 (legacy, the papers' cipher) | none (same framing, no protection).
     /// Without --seal the session is plain. The login fails if the target does not agree.
@@ -258,10 +265,16 @@ impl ConnArgs {
                 .then(|| std::time::Duration::from_secs(self.command_timeout)),
             extension,
             tcp: self.tcp_settings(),
+            recovery_timeout: Some(self.recovery_timeout).filter(|d| !d.is_zero()),
             ..SessionConfig::default()
         };
         Ok((url, cfg))
     }
+}
+
+/// `--recovery-timeout`: a duration (`0` = off; a bare number is seconds).
+fn parse_recovery_timeout(s: &str) -> Result<std::time::Duration, String> {
+    ipsan_units::parse_duration_or_secs(s).map_err(|e| e.to_string())
 }
 
 /// Measure an iSCSI LUN: `ipsan bench iscsi://host[:port]/iqn/lun --rw write --bs 64KiB
@@ -422,6 +435,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             info_end: session.tcp_info(),
         }),
         depth_auto,
+        recovery: cfg.recovery_timeout.map(|_| session.recovery_stats()),
     };
     if let (Some(t), Some(path)) = (&trace, &args.trace) {
         write_trace(t, path, &report, &args.conn)?;
@@ -541,6 +555,19 @@ fn print_report(r: &bench::Report) {
         m.read_bytes,
         m.write_bytes
     );
+    if let Some(rs) = &r.recovery {
+        println!(
+            "recovery: {} connection losses, {} reconnects, {} recoveries, {} commands reissued, {} failed (not idempotent), {} failed (timeout), last {} ms, max {} ms",
+            rs.connection_losses,
+            rs.reconnects,
+            rs.recoveries,
+            rs.commands_reissued,
+            rs.commands_failed_not_idempotent,
+            rs.commands_failed_timeout,
+            rs.last_recovery_ms.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+            rs.max_recovery_ms.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+        );
+    }
     let l = &m.latency_us;
     println!(
         "latency µs: min {:.0} p50 {:.0} p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0} (mean {:.0})",

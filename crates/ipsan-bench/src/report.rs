@@ -138,6 +138,11 @@ pub struct Report {
     /// `--depth auto`: the start, the depth chosen and every measurement window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub depth_auto: Option<AutoReport>,
+    /// Session recovery (`--recovery-timeout`, RFC 7143 §6.3.5): connection losses,
+    /// reconnects, recoveries, commands reissued or failed, recovery times. Absent when
+    /// recovery is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<ipsan_initiator::RecoveryStats>,
 }
 
 /// TCP as the kernel ran it for this measurement (papers/002: the WAN leg's window and

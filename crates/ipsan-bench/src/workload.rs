@@ -948,6 +948,7 @@ mod tests {
             },
             tcp: None,
             depth_auto: None,
+            recovery: Some(ipsan_initiator::RecoveryStats::default()),
         };
         let v: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
         // The fields docs/bench.md promises to the lab.

@@ -86,6 +86,25 @@ pub enum Error {
     /// complete; new ones fail with this and are not sent. Open a new session (fresh keys).
     #[error("the target requested a logout (re-login needed, e.g. for fresh Seal keys)")]
     LogoutRequested,
+    /// The connection failed while this command was in flight and the command is not
+    /// idempotent ([`crate::recovery::is_idempotent`]: COMPARE AND WRITE, PERSISTENT RESERVE
+    /// OUT, RESERVE, ...), so the recovering session did not send it again: it may or may not
+    /// have run. `sense` is the retryable SCSI answer to hand to a host (CHECK CONDITION,
+    /// ABORTED COMMAND, 4Bh/07h CONNECTION LOST: [`crate::recovery::not_reissued_sense`]).
+    #[error("command {opcode:#04x} was in flight when the connection failed ({reason}); not idempotent, so not sent again")]
+    NotReissued {
+        opcode: u8,
+        reason: String,
+        sense: Sense,
+    },
+    /// The session's connection failed and no new one logged in within
+    /// [`crate::SessionConfig::recovery_timeout`] (RFC 7143 §6.3.5 reinstatement attempts go
+    /// on in the background; later commands work again once one succeeds).
+    #[error("session recovery did not complete within {after:?} (connection lost: {reason})")]
+    RecoveryTimedOut {
+        after: std::time::Duration,
+        reason: String,
+    },
 }
 
 impl Error {
@@ -93,8 +112,24 @@ impl Error {
     pub fn sense(&self) -> Option<&Sense> {
         match self {
             Error::Scsi { sense, .. } => sense.as_ref(),
+            Error::NotReissued { sense, .. } => Some(sense),
             _ => None,
         }
+    }
+
+    /// The SCSI status this error stands for, when it is one a host's SCSI layer can be
+    /// given: the target's own status, or CHECK CONDITION for [`Error::NotReissued`].
+    pub fn scsi_status(&self) -> Option<u8> {
+        match self {
+            Error::Scsi { status, .. } => Some(*status),
+            Error::NotReissued { .. } => Some(crate::scsi::ScsiStatus::CHECK_CONDITION.0),
+            _ => None,
+        }
+    }
+
+    /// Whether this error ended the connection (so a recovering session reconnects).
+    pub fn is_connection_loss(&self) -> bool {
+        matches!(self, Error::ConnectionLost(_) | Error::SealForgery(_))
     }
 }
 

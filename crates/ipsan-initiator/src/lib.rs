@@ -11,6 +11,8 @@
 //! - [`seal`]: Seal's login extension and the payload transform that seals and opens data.
 //! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
 //!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout.
+//! - [`recovery`]: session recovery after a connection failure (reconnect with backoff,
+//!   reinstatement, RFC 7143 §6.3.5; which commands are sent again; counters).
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
 //! - [`observe`]: the opt-in per-command observer hook ([`CommandObserver`]); the benchmark's
 //!   trace (`ipsan-bench`) is one observer.
@@ -22,6 +24,7 @@ mod conn;
 pub mod error;
 pub mod login;
 pub mod observe;
+pub mod recovery;
 pub mod scsi;
 pub mod seal;
 pub mod session;
@@ -32,6 +35,7 @@ pub use error::{Error, Result};
 pub use iscsi_proto::chap::ChapSecret;
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
 pub use observe::{CommandEvent, CommandObserver};
+pub use recovery::RecoveryStats;
 pub use session::{discover, DataDir, DiscoveredTarget, ExtensionFactory, Session, SessionConfig};
 pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

@@ -26,6 +26,11 @@ fn rw16(op: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
 }
 
 /// SYNCHRONIZE CACHE(10) over the whole medium (SBC-4 §5.24).
+/// TEST UNIT READY (SPC-4 §6.47).
+pub fn test_unit_ready() -> [u8; 16] {
+    [0u8; 16]
+}
+
 pub fn sync_cache10() -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = 0x35;

@@ -18,7 +18,11 @@
 //!
 //! Connection loss: whoever notices first (reader EOF, writer error, the engine's keepalive or
 //! a rule the target broke) records the reason once; the engine completes every command in
-//! flight with it, so every waiter gets [`Error::ConnectionLost`] with that reason.
+//! flight with it, so every waiter gets [`Error::ConnectionLost`] with that reason. With
+//! [`SessionConfig::recovery_timeout`] set, a supervisor task (`supervise`) then makes a new
+//! connection (a reinstating login, RFC 7143 §6.3.5) and [`Session::command`] sends the
+//! command again on it when it may ([`crate::recovery`]); a session is one connection at a
+//! time, each with its own engine, tasks and Seal keys.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
@@ -34,7 +38,7 @@ use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 
 use crate::conn::Conn;
@@ -43,6 +47,7 @@ use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
 use crate::observe::{self, CommandEvent, CommandObserver, Observer};
+use crate::recovery::{self, Backoff, Counters, RecoveryStats};
 use crate::scsi::{self, Capacity, Inquiry, ScsiStatus, Sense, SenseKey};
 use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
@@ -69,6 +74,13 @@ pub struct SessionConfig {
     /// trusted any more). `None` waits forever (the keepalive still catches a dead
     /// connection). Default 30 s, the Linux SCSI disk default.
     pub command_timeout: Option<Duration>,
+    /// Session recovery ([`crate::recovery`]): when the connection fails, reconnect and
+    /// reinstate the session (RFC 7143 §6.3.5), send the commands in flight again (the
+    /// idempotent ones) and let commands wait for up to this long for the new connection
+    /// before they fail with [`Error::RecoveryTimedOut`]. `None` (the library default, so a
+    /// caller opts in) fails every command at once with [`Error::ConnectionLost`]; the CLI's
+    /// `--recovery-timeout` defaults to [`crate::recovery::DEFAULT_RECOVERY_TIMEOUT`] (120 s).
+    pub recovery_timeout: Option<Duration>,
 }
 
 /// How long a task management request may go unanswered before the connection is dropped.
@@ -111,6 +123,7 @@ impl Default for SessionConfig {
             extension: None,
             tcp: None,
             command_timeout: Some(Duration::from_secs(30)),
+            recovery_timeout: None,
         }
     }
 }
@@ -161,8 +174,17 @@ struct Shared {
     forged: OnceLock<ipsan_seal::Forgery>,
     params: Negotiated,
     io_tasks: Mutex<Vec<AbortHandle>>,
-    /// Who watches each command's events, when asked for ([`Session::set_observer`]).
-    observer: OnceLock<Observer>,
+    /// Who watches each command's events, when asked for ([`Session::set_observer`]); one
+    /// for the session, shared by its connections.
+    observer: Arc<OnceLock<Observer>>,
+    /// This connection's number in the session (0: the first login; each recovery adds 1).
+    generation: u64,
+    /// The payload transform this connection's login installed (Seal, keyed per login).
+    transform: Option<Arc<dyn PayloadTransform>>,
+    /// A duplicate of the connection's socket, for reading TCP settings and TCP_INFO.
+    socket: Option<std::os::fd::OwnedFd>,
+    /// Turns true when the connection has ended (the recovery supervisor waits for it).
+    ended: watch::Sender<bool>,
     /// AsyncEvent 1 received (RFC 7143 §11.9.1): the engine refuses new commands and logs out
     /// once the commands in flight are done. The caller opens a new session: a transparent
     /// reconnect would have to replay commands whose data was sealed under the old keys.
@@ -214,6 +236,7 @@ impl Shared {
         // The reason first: callers woken below read it.
         if let Some(e) = g.engine.closed() {
             let _ = self.dead.set(e.to_string());
+            self.ended.send_replace(true);
         }
         while let Some(ev) = g.engine.poll_event() {
             match ev {
@@ -260,6 +283,16 @@ impl Shared {
     fn kill(&self, reason: String) {
         let _ = self.dead.set(reason);
         let _ = self.with(|g| g.engine.close(Side::Initiator, CloseReason::Local));
+    }
+
+    /// Ends the connection and stops its tasks at once (the session is going away).
+    fn shutdown(&self, why: &str) {
+        self.kill(why.to_owned());
+        if let Ok(tasks) = self.io_tasks.lock() {
+            for t in tasks.iter() {
+                t.abort();
+            }
+        }
     }
 
     fn lost(&self) -> Error {
@@ -311,33 +344,87 @@ impl Shared {
     }
 }
 
-/// A logged-in iSCSI session (one connection) in full feature phase.
+/// The connection a session currently has, as its commands see it.
+#[derive(Clone)]
+enum LinkState {
+    /// Logged in: commands go to this connection.
+    Up(Arc<Shared>),
+    /// The connection failed at `since` for `reason`; a new one is being made.
+    Recovering { since: Instant, reason: Arc<str> },
+    /// A reinstating login was refused for good (status class 2, RFC 7143 §11.13.5):
+    /// recovery stopped, every command fails with this.
+    Refused {
+        class: u8,
+        detail: u8,
+        message: &'static str,
+    },
+}
+
+/// What a session keeps across its connections.
+struct Link {
+    state: watch::Sender<LinkState>,
+    observer: Arc<OnceLock<Observer>>,
+    counters: Counters,
+    /// [`SessionConfig::recovery_timeout`]; `None`: no recovery.
+    recovery_timeout: Option<Duration>,
+    /// Logout or drop under way: a connection end is not a failure to recover from.
+    closing: AtomicBool,
+}
+
+impl Link {
+    /// The connection, if one is up.
+    fn up(&self) -> Option<Arc<Shared>> {
+        match &*self.state.borrow() {
+            LinkState::Up(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A logged-in iSCSI session in full feature phase: one connection at a time, replaced by a
+/// reinstating login when it fails and recovery is on ([`SessionConfig::recovery_timeout`]).
 pub struct Session {
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     lun: u64,
     capacity: OnceLock<Capacity>,
+    /// A transform set with [`Session::set_transform`]; otherwise each connection's own.
     transform: Option<Arc<dyn PayloadTransform>>,
-    /// A duplicate of the connection's socket, for reading TCP settings and TCP_INFO.
-    socket: Option<std::os::fd::OwnedFd>,
+    /// What the first login negotiated.
+    params: Negotiated,
+    /// The recovery supervisor, when recovery is on.
+    supervisor: Option<AbortHandle>,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("lun", &self.lun)
-            .field("params", &self.shared.params)
-            .field("dead", &self.shared.dead.get())
+            .field("params", &self.params)
+            .field("failure", &self.failure())
             .finish_non_exhaustive()
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.shared.kill("session dropped".to_owned());
-        if let Ok(tasks) = self.shared.io_tasks.lock() {
-            for t in tasks.iter() {
-                t.abort();
-            }
+        self.link.closing.store(true, Ordering::Release);
+        if let Some(h) = &self.supervisor {
+            h.abort();
+        }
+        if let Some(c) = self.link.up() {
+            c.shutdown("session dropped");
+        }
+    }
+}
+
+/// Kills a connection made by the supervisor unless it was handed over (an aborted
+/// supervisor must not leave a logged-in connection pinging on its own).
+struct Unpublished(Option<Arc<Shared>>);
+
+impl Drop for Unpublished {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.shutdown("session dropped during recovery");
         }
     }
 }
@@ -684,6 +771,178 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
         .map_err(|_| Error::Timeout("discovery"))?
 }
 
+/// Connect, log in and start a connection's tasks (writer, reader, timer).
+async fn open_connection(
+    url: &IscsiUrl,
+    cfg: &SessionConfig,
+    target: &str,
+    observer: Arc<OnceLock<Observer>>,
+    generation: u64,
+) -> Result<Arc<Shared>> {
+    let (conn, li) = connect_and_login(
+        url,
+        cfg,
+        SessionKind::Normal {
+            target_name: target.to_owned(),
+        },
+    )
+    .await?;
+    let params = li.params.clone();
+    let codec = Codec {
+        header_digest: params.header_digest,
+        data_digest: params.data_digest,
+        max_recv_data_segment_length: params.max_recv_data_segment_length,
+    };
+    let Conn { stream, rbuf, .. } = conn;
+    let socket = {
+        use std::os::fd::AsFd;
+        stream.as_fd().try_clone_to_owned().ok()
+    };
+    let (rd, wr) = stream.into_split();
+    let mut ecfg = engine::Config::new(
+        engine_params(&params),
+        li.cmd_sn,
+        li.max_cmd_sn,
+        li.exp_stat_sn,
+    );
+    ecfg.exp_cmd_sn = li.exp_cmd_sn;
+    ecfg.nop_interval = cfg.nop_interval;
+    ecfg.nop_timeout = cfg.nop_timeout;
+    ecfg.tmf_timeout = TMF_TIMEOUT;
+    ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            engine: engine::Connection::new(ecfg, Instant::now()),
+            waiters: HashMap::new(),
+            tmf_waiters: HashMap::new(),
+            closed_waiters: Vec::new(),
+        }),
+        wake_writer: Notify::new(),
+        wake_timer: Notify::new(),
+        dead: OnceLock::new(),
+        forged: OnceLock::new(),
+        params,
+        io_tasks: Mutex::new(Vec::new()),
+        observer,
+        generation,
+        transform: li.transform,
+        socket,
+        ended: watch::channel(false).0,
+        logout_asked: AtomicBool::new(false),
+        command_timeout: cfg.command_timeout,
+    });
+    // The writer first: a closing engine stops the others but lets the writer flush.
+    // The record step sits between the codec and the engine (docs/seal.md §4a).
+    let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
+    let w = tokio::spawn(writer(wr, codec.clone(), shared.clone(), sealer));
+    let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone(), opener));
+    let k = tokio::spawn(timer(shared.clone()));
+    if let Ok(mut t) = shared.io_tasks.lock() {
+        *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
+    }
+    Ok(shared)
+}
+
+/// The recovery supervisor of a session ([`crate::recovery`]): waits for the connection to
+/// end, then reconnects with backoff, reinstating the session (same InitiatorName and ISID,
+/// TSIH 0: RFC 7143 §6.3.5) with a fresh login extension (fresh Seal keys), until a login
+/// succeeds or is refused for good (status class 2). Commands wait on [`Link::state`].
+async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: String, lun: u64) {
+    let Some(limit) = link.recovery_timeout else {
+        return;
+    };
+    loop {
+        let Some(conn) = link.up() else { return };
+        let mut ended = conn.ended.subscribe();
+        if ended.wait_for(|e| *e).await.is_err() || link.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let since = Instant::now();
+        let reason = match conn.lost() {
+            Error::ConnectionLost(r) => r,
+            e => e.to_string(),
+        };
+        let generation = conn.generation;
+        drop(conn);
+        let c = &link.counters;
+        Counters::bump(&c.losses);
+        let (reissued0, failed0) = (Counters::get(&c.reissued), Counters::get(&c.not_idempotent));
+        tracing::warn!(
+            %reason,
+            "connection lost; recovering the session (RFC 7143 §6.3.5 reinstatement), commands wait up to {limit:?}"
+        );
+        link.state.send_replace(LinkState::Recovering {
+            since,
+            reason: reason.clone().into(),
+        });
+        let mut backoff = Backoff::new();
+        let mut expired = false;
+        let mut attempts = 0u64;
+        let fresh = loop {
+            if link.closing.load(Ordering::Acquire) {
+                return;
+            }
+            Counters::bump(&c.reconnects);
+            attempts += 1;
+            match open_connection(&url, &cfg, &target, link.observer.clone(), generation + 1).await
+            {
+                Ok(s) => break Unpublished(Some(s)),
+                Err(Error::LoginRefused {
+                    class: 2,
+                    detail,
+                    message,
+                }) => {
+                    tracing::error!(
+                        "session recovery stopped: the reinstating login was refused ({message}, status class 2 detail {detail:#04x})"
+                    );
+                    link.state.send_replace(LinkState::Refused {
+                        class: 2,
+                        detail,
+                        message,
+                    });
+                    return;
+                }
+                Err(e) => tracing::debug!(attempts, "reconnect failed: {e}"),
+            }
+            if !expired && since.elapsed() >= limit {
+                expired = true;
+                tracing::warn!(
+                    "session not recovered within {limit:?}: commands fail until a reconnect succeeds"
+                );
+            }
+            tokio::time::sleep(backoff.next_wait()).await;
+        };
+        // A reinstated nexus is a new nexus to the target: it may report a unit attention
+        // (POWER ON OR RESET, 29h/xxh) to its first command. Consume it here, as a host's
+        // SCSI layer would, so reissued commands see only their own status.
+        if let Some(s) = &fresh.0 {
+            for _ in 0..4 {
+                let ua = matches!(
+                    s.command_raw(lun, scsi::test_unit_ready(), DataDir::None, None, &mut false).await,
+                    Err(Error::Scsi { sense: Some(ref x), .. }) if x.key == SenseKey::UNIT_ATTENTION
+                );
+                if !ua {
+                    break;
+                }
+            }
+        }
+        let mut fresh = fresh;
+        let Some(s) = fresh.0.take() else { return };
+        let took = since.elapsed();
+        c.recovered(took);
+        let tsih = s.params.tsih;
+        link.state.send_replace(LinkState::Up(s));
+        tracing::info!(
+            took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            attempts,
+            tsih,
+            reissued = Counters::get(&c.reissued) - reissued0,
+            failed_not_idempotent = Counters::get(&c.not_idempotent) - failed0,
+            "session recovered in {took:?}"
+        );
+    }
+}
+
 impl Session {
     /// Connect, log in to the URL's target and LUN, and read its capacity (retrying the
     /// UNIT ATTENTION many targets report on a fresh nexus).
@@ -702,83 +961,47 @@ impl Session {
         Err(last.unwrap_or(Error::Timeout("read capacity")))
     }
 
-    /// Connect and log in, without touching the LUN.
+    /// Connect and log in, without touching the LUN. With
+    /// [`SessionConfig::recovery_timeout`] set, a supervisor task recovers the session when
+    /// its connection fails ([`crate::recovery`]).
     pub async fn connect(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
         let target = url.require_target()?.to_owned();
         let lun = u64::from_be_bytes(scsi::encode_lun(u64::from(url.lun.unwrap_or(0))));
-        let (conn, li) = connect_and_login(
-            url,
-            cfg,
-            SessionKind::Normal {
-                target_name: target,
-            },
-        )
-        .await?;
-        let params = li.params.clone();
-        let codec = Codec {
-            header_digest: params.header_digest,
-            data_digest: params.data_digest,
-            max_recv_data_segment_length: params.max_recv_data_segment_length,
-        };
-        let Conn { stream, rbuf, .. } = conn;
-        let socket = {
-            use std::os::fd::AsFd;
-            stream.as_fd().try_clone_to_owned().ok()
-        };
-        let (rd, wr) = stream.into_split();
-        let mut ecfg = engine::Config::new(
-            engine_params(&params),
-            li.cmd_sn,
-            li.max_cmd_sn,
-            li.exp_stat_sn,
-        );
-        ecfg.exp_cmd_sn = li.exp_cmd_sn;
-        ecfg.nop_interval = cfg.nop_interval;
-        ecfg.nop_timeout = cfg.nop_timeout;
-        ecfg.tmf_timeout = TMF_TIMEOUT;
-        ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
-        let shared = Arc::new(Shared {
-            inner: Mutex::new(Inner {
-                engine: engine::Connection::new(ecfg, Instant::now()),
-                waiters: HashMap::new(),
-                tmf_waiters: HashMap::new(),
-                closed_waiters: Vec::new(),
-            }),
-            wake_writer: Notify::new(),
-            wake_timer: Notify::new(),
-            dead: OnceLock::new(),
-            forged: OnceLock::new(),
-            params,
-            io_tasks: Mutex::new(Vec::new()),
-            observer: OnceLock::new(),
-            logout_asked: AtomicBool::new(false),
-            command_timeout: cfg.command_timeout,
+        // One ISID for the session's life: a reconnect with the same ISID and TSIH 0
+        // reinstates it (RFC 7143 §6.3.5).
+        let mut cfg = cfg.clone();
+        cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(random_isid));
+        let recovery_timeout = cfg.recovery_timeout.filter(|d| !d.is_zero());
+        let observer = Arc::new(OnceLock::new());
+        let first = open_connection(url, &cfg, &target, observer.clone(), 0).await?;
+        let params = first.params.clone();
+        let link = Arc::new(Link {
+            state: watch::channel(LinkState::Up(first)).0,
+            observer,
+            counters: Counters::default(),
+            recovery_timeout,
+            closing: AtomicBool::new(false),
         });
-        // The writer first: a closing engine stops the others but lets the writer flush.
-        // The record step sits between the codec and the engine (docs/seal.md §4a).
-        let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
-        let w = tokio::spawn(writer(wr, codec.clone(), shared.clone(), sealer));
-        let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone(), opener));
-        let k = tokio::spawn(timer(shared.clone()));
-        if let Ok(mut t) = shared.io_tasks.lock() {
-            *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
-        }
+        let supervisor = recovery_timeout.map(|_| {
+            tokio::spawn(supervise(link.clone(), url.clone(), cfg, target, lun)).abort_handle()
+        });
         Ok(Self {
-            shared,
+            link,
             lun,
             capacity: OnceLock::new(),
-            transform: li.transform,
-            socket,
+            transform: None,
+            params,
+            supervisor,
         })
     }
 
-    /// The parameters negotiated at login.
+    /// The parameters negotiated at the first login (a reinstating login asks the same).
     pub fn params(&self) -> &Negotiated {
-        &self.shared.params
+        &self.params
     }
 
     /// Install a payload transform (Seal): from now on the data of every command goes through
-    /// it (see [`crate::transform`]).
+    /// it (see [`crate::transform`]), instead of the one the login installed.
     pub fn set_transform(&mut self, t: Arc<dyn PayloadTransform>) {
         self.transform = Some(t);
     }
@@ -787,24 +1010,26 @@ impl Session {
     /// benchmark's trace is one). A session has at most one observer; returns false if one was
     /// set already.
     pub fn set_observer(&self, o: Arc<dyn CommandObserver>) -> bool {
-        self.shared.observer.set(o).is_ok()
+        self.link.observer.set(o).is_ok()
     }
 
     /// The observer set with [`Session::set_observer`].
     pub fn observer(&self) -> Option<&Arc<dyn CommandObserver>> {
-        self.shared.observer.get()
+        self.link.observer.get()
     }
 
     /// The connection's TCP settings as the kernel reports them.
     pub fn tcp_in_force(&self) -> Option<ipsan_tcp::InForce> {
-        self.socket
+        let c = self.link.up()?;
+        c.socket
             .as_ref()
             .and_then(|s| ipsan_tcp::settings::read_back(s).ok())
     }
 
     /// A TCP_INFO snapshot of the connection (cwnd, ssthresh, RTT, retransmits, ...).
     pub fn tcp_info(&self) -> Option<ipsan_tcp::TcpInfoSnapshot> {
-        self.socket
+        let c = self.link.up()?;
+        c.socket
             .as_ref()
             .and_then(|s| ipsan_tcp::info::tcp_info(s).ok())
     }
@@ -814,130 +1039,200 @@ impl Session {
         self.capacity.get().copied()
     }
 
-    /// Whether the target asked this session to log out (AsyncEvent 1): new commands fail
-    /// with [`Error::LogoutRequested`]; open a new session.
+    /// Whether the target asked this session's connection to log out (AsyncEvent 1): new
+    /// commands fail with [`Error::LogoutRequested`] (without recovery; with it, they wait
+    /// for the next login).
     pub fn logout_requested(&self) -> bool {
-        self.shared.logout_asked.load(Ordering::Acquire)
+        self.link
+            .up()
+            .is_some_and(|c| c.logout_asked.load(Ordering::Acquire))
     }
 
-    fn refuse_after_logout_request(&self) -> Result<()> {
-        if self.logout_requested() {
-            return Err(Error::LogoutRequested);
+    /// Why the connection died, if it did (and, with recovery, has not been replaced yet).
+    pub fn failure(&self) -> Option<String> {
+        match &*self.link.state.borrow() {
+            LinkState::Up(c) => c.dead.get().cloned(),
+            LinkState::Recovering { reason, .. } => Some(reason.to_string()),
+            LinkState::Refused { message, .. } => Some((*message).to_owned()),
         }
-        Ok(())
     }
 
-    /// Why the connection died, if it did.
-    pub fn failure(&self) -> Option<&str> {
-        self.shared.dead.get().map(String::as_str)
+    /// The recovery counters ([`crate::recovery`]); all zero without recovery.
+    pub fn recovery_stats(&self) -> RecoveryStats {
+        self.link.counters.snapshot()
+    }
+
+    /// A connection to send on: the current one, or (after `failed` ended) the next one,
+    /// waiting for it up to the recovery timeout.
+    async fn connection(&self, failed: Option<u64>) -> Result<Arc<Shared>> {
+        let mut rx = self.link.state.subscribe();
+        loop {
+            let st = rx.borrow_and_update().clone();
+            match st {
+                LinkState::Up(c) if Some(c.generation) != failed => return Ok(c),
+                // The supervisor has not seen the end yet.
+                LinkState::Up(c) => {
+                    if self.supervisor.is_none() {
+                        return Err(c.lost());
+                    }
+                    drop(c);
+                    if rx.changed().await.is_err() {
+                        return Err(Error::ConnectionLost("session closed".into()));
+                    }
+                }
+                LinkState::Recovering { since, reason, .. } => {
+                    let limit = self.link.recovery_timeout.unwrap_or_default();
+                    let timed_out = || {
+                        Counters::bump(&self.link.counters.timed_out);
+                        Error::RecoveryTimedOut {
+                            after: limit,
+                            reason: reason.to_string(),
+                        }
+                    };
+                    let deadline = since + limit;
+                    if Instant::now() >= deadline {
+                        return Err(timed_out());
+                    }
+                    match tokio::time::timeout_at(deadline.into(), rx.changed()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return Err(Error::ConnectionLost("session closed".into())),
+                        Err(_) => return Err(timed_out()),
+                    }
+                }
+                LinkState::Refused {
+                    class,
+                    detail,
+                    message,
+                } => {
+                    return Err(Error::LoginRefused {
+                        class,
+                        detail,
+                        message,
+                    })
+                }
+            }
+        }
     }
 
     /// Send one SCSI command and wait for its completion. Waits (in the engine's queue) while
     /// the CmdSN window is closed. A non-GOOD status becomes [`Error::Scsi`]. With a payload
     /// transform installed, data-out is transformed before sending and Data-In after
-    /// reassembly; a read's `len` is the plaintext length.
+    /// reassembly; a read's `len` is the plaintext length. With recovery on, a connection
+    /// loss is ridden out as [`crate::recovery`] describes.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
-        let tr = self.shared.observer.get();
-        self.refuse_after_logout_request()?;
+        self.command_to(self.lun, cdb, dir).await
+    }
+
+    /// [`Session::command`] to `lun` (the 8-byte LUN field as sent, SAM-5 §4.7).
+    async fn command_to(&self, lun: u64, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
+        if self.supervisor.is_none() {
+            let c = self.connection(None).await?;
+            return self.attempt(&c, lun, cdb, dir, &mut false).await;
+        }
+        // What a reissue needs: the caller's plaintext (Seal seals a copy, so `Bytes` is
+        // still the caller's data) or the read length.
+        let again = match &dir {
+            DataDir::None => DataDir::None,
+            DataDir::Write(b) => DataDir::Write(b.clone()),
+            DataDir::Read(_, len) => DataDir::Read(BytesMut::new(), *len),
+        };
+        let mut dir = Some(dir);
+        let mut failed = None;
+        loop {
+            let c = self.connection(failed).await?;
+            let d = match dir.take() {
+                Some(d) => d,
+                None => match &again {
+                    DataDir::None => DataDir::None,
+                    DataDir::Write(b) => DataDir::Write(b.clone()),
+                    DataDir::Read(_, len) => DataDir::Read(BytesMut::new(), *len),
+                },
+            };
+            let mut sent = false;
+            match self.attempt(&c, lun, cdb, d, &mut sent).await {
+                // Asked to log out before it was sent: wait for the next login.
+                Err(Error::LogoutRequested) if !sent => {}
+                Err(e) if e.is_connection_loss() => {
+                    if sent {
+                        if !recovery::is_idempotent(cdb[0]) {
+                            Counters::bump(&self.link.counters.not_idempotent);
+                            tracing::debug!(
+                                opcode = cdb[0],
+                                "not idempotent: failing it instead of sending it again"
+                            );
+                            return Err(Error::NotReissued {
+                                opcode: cdb[0],
+                                reason: e.to_string(),
+                                sense: recovery::not_reissued_sense(),
+                            });
+                        }
+                        Counters::bump(&self.link.counters.reissued);
+                    }
+                }
+                r => return r,
+            }
+            failed = Some(c.generation);
+        }
+    }
+
+    /// One try of a command on connection `c`; `sent` says whether the target may have seen
+    /// it (see [`Shared::command_raw`]).
+    async fn attempt(
+        &self,
+        c: &Shared,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        sent: &mut bool,
+    ) -> Result<Completion> {
+        let tr = c.observer.get();
+        c.refuse_after_logout_request()?;
         // The ITT is fixed before the transform runs because the transform binds to it.
-        let itt = self.shared.with(|g| g.engine.alloc_itt())?;
-        let Some(t) = self.transform.clone() else {
+        let itt = c.with(|g| g.engine.alloc_itt())?;
+        let Some(t) = self.transform.clone().or_else(|| c.transform.clone()) else {
             let Some(tr) = tr else {
-                return self.command_raw(cdb, dir, itt).await;
+                return c.command_raw(lun, cdb, dir, Some(itt), sent).await;
             };
             let g = observe::Pending::issued(Some(tr), itt);
-            return g.finish(self.command_raw(cdb, dir, itt).await);
+            return g.finish(c.command_raw(lun, cdb, dir, Some(itt), sent).await);
         };
         let g = observe::Pending::issued(tr, itt);
         // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
         let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
         let info = CommandInfo {
-            lun: self.lun,
+            lun,
             lba,
             blocks,
             opcode: cdb[0],
             itt,
         };
         match dir {
-            DataDir::None => g.finish(self.command_raw(cdb, DataDir::None, itt).await),
+            DataDir::None => g.finish(
+                c.command_raw(lun, cdb, DataDir::None, Some(itt), sent)
+                    .await,
+            ),
             DataDir::Write(plain) => {
                 observe::note(tr, itt, CommandEvent::SealStart, 0, plain.len() as u64);
                 let wire = t.outbound(info, plain).await?;
                 observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
-                g.finish(self.command_raw(cdb, DataDir::Write(wire), itt).await)
+                g.finish(
+                    c.command_raw(lun, cdb, DataDir::Write(wire), Some(itt), sent)
+                        .await,
+                )
             }
             DataDir::Read(buf, len) => {
                 let wire_len = t.wire_len(len).ok_or_else(|| {
                     Error::InvalidRequest(format!("{len} bytes cannot be carried by the transform"))
                 })?;
-                let mut c = self
-                    .command_raw(cdb, DataDir::Read(buf, wire_len), itt)
+                let mut done = c
+                    .command_raw(lun, cdb, DataDir::Read(buf, wire_len), Some(itt), sent)
                     .await?;
-                observe::note(tr, itt, CommandEvent::OpenStart, 0, c.data.len() as u64);
-                c.data = t.inbound(info, c.data).await?;
-                observe::note(tr, itt, CommandEvent::OpenEnd, 0, c.data.len() as u64);
-                g.finish(Ok(c))
+                observe::note(tr, itt, CommandEvent::OpenStart, 0, done.data.len() as u64);
+                done.data = t.inbound(info, done.data).await?;
+                observe::note(tr, itt, CommandEvent::OpenEnd, 0, done.data.len() as u64);
+                g.finish(Ok(done))
             }
         }
-    }
-
-    async fn command_raw(&self, cdb: [u8; 16], dir: DataDir, itt: u32) -> Result<Completion> {
-        self.refuse_after_logout_request()?;
-        let data = match dir {
-            DataDir::None => engine::Data::None,
-            DataDir::Write(b) => engine::Data::Write(b),
-            DataDir::Read(buf, len) => engine::Data::Read {
-                buf,
-                len: u32::try_from(len)
-                    .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
-            },
-        };
-        let (tx, rx) = oneshot::channel();
-        let cmd = engine::Command {
-            lun: self.lun,
-            cdb,
-            data,
-        };
-        let submitted = self.shared.with(|g| {
-            let r = g.engine.submit_as(Instant::now(), itt, cmd);
-            if r.is_ok() {
-                g.waiters.insert(itt, tx);
-            }
-            r
-        })?;
-        match submitted {
-            Ok(_) => {}
-            Err(SubmitError::Closed(_)) => return Err(self.shared.lost()),
-            Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
-            Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
-        }
-        self.wait(rx, itt).await
-    }
-
-    /// Waits for a command's completion; past the command timeout, aborts it.
-    async fn wait(
-        &self,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-        itt: u32,
-    ) -> Result<Completion> {
-        let Some(limit) = self.shared.command_timeout else {
-            return match rx.await {
-                Ok(r) => self.shared.result(r),
-                Err(_) => Err(self.shared.lost()),
-            };
-        };
-        match tokio::time::timeout(limit, &mut rx).await {
-            Ok(Ok(r)) => self.shared.result(r),
-            Ok(Err(_)) => Err(self.shared.lost()),
-            Err(_) => self.abort_task(itt, limit, rx).await,
-        }
-    }
-
-    /// Fails the connection because task management left it in a state that cannot be
-    /// trusted; every command in flight fails with the same reason.
-    fn drop_connection(&self, why: String) -> Error {
-        self.shared.kill(why.clone());
-        Error::ConnectionLost(why)
     }
 
     /// LOGICAL UNIT RESET of this session's LUN (RFC 7143 §11.5.1, SAM-5 §7.7): the target
@@ -947,84 +1242,8 @@ impl Session {
     /// [`Error::TaskManagement`] if the target does not complete the reset, and drops the
     /// connection if it does not answer within [`TMF_TIMEOUT`].
     pub async fn lun_reset(&self) -> Result<()> {
-        self.refuse_after_logout_request()?;
-        let (tx, rx) = oneshot::channel();
-        let lun = self.lun;
-        self.shared.with_timer(|g| {
-            if g.engine.closed().is_some() {
-                return;
-            }
-            let itt = g.engine.lun_reset(Instant::now(), lun);
-            g.tmf_waiters.insert(itt, tx);
-        })?;
-        // The engine drops the connection when the answer does not come within TMF_TIMEOUT.
-        match rx.await {
-            Ok(TmfResponse::FUNCTION_COMPLETE) => Ok(()),
-            Ok(other) => Err(Error::TaskManagement(other.0)),
-            Err(_) => Err(self.shared.lost()),
-        }
-    }
-
-    /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
-    /// the task stays in the engine, so its Data-In, R2Ts or status are still handled in
-    /// order; a command that completes in the meantime returns its own result.
-    async fn abort_task(
-        &self,
-        itt: u32,
-        limit: Duration,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-    ) -> Result<Completion> {
-        tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
-        let (tx, tmf_rx) = oneshot::channel();
-        self.shared.with_timer(|g| {
-            if let Some(t) = g.engine.abort(Instant::now(), itt) {
-                g.tmf_waiters.insert(t, tx);
-            }
-        })?;
-        let mut tmf_rx = tmf_rx;
-        let first = tokio::select! {
-            biased;
-            r = &mut rx => Ok(r),
-            t = &mut tmf_rx => Err(t),
-        };
-        let response = match first {
-            // The command ended first: its own status, or the abort that ended it.
-            Ok(Ok(Err(TaskError::Aborted(AbortedBy::AbortTask)))) => {
-                return Err(Error::CommandTimedOut(limit))
-            }
-            Ok(Ok(r)) => return self.shared.result(r),
-            Ok(Err(_)) => return Err(self.shared.lost()),
-            Err(Ok(response)) => response,
-            // The TMF waiter went away: the connection ended (the engine words why; an
-            // unanswered ABORT TASK is a task management timeout).
-            Err(Err(_)) => {
-                return match rx.await {
-                    Ok(Err(TaskError::Aborted(AbortedBy::AbortTask))) => {
-                        Err(Error::CommandTimedOut(limit))
-                    }
-                    Ok(r) => self.shared.result(r),
-                    Err(_) => Err(self.shared.lost()),
-                }
-            }
-        };
-        if ends_the_task(response) {
-            return Err(Error::CommandTimedOut(limit));
-        }
-        // Refused (RFC 7143 §11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
-        // reset ends every task on the LUN, this one included. Only if that fails too is the
-        // connection dropped.
-        let why = format!(
-            "target refused to abort a timed-out command (task management response {})",
-            response.0
-        );
-        tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
-        match self.lun_reset().await {
-            Ok(()) => Err(Error::CommandTimedOut(limit)),
-            Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
-            Err(e) => {
-                Err(self.drop_connection(format!("{why}; LOGICAL UNIT RESET failed too ({e})")))
-            }
-        }
+        let c = self.connection(None).await?;
+        c.lun_reset(self.lun).await
     }
 
     fn block_len(&self) -> Result<u32> {
@@ -1133,10 +1352,197 @@ impl Session {
         Ok(scsi::parse_report_luns(&c.data))
     }
 
-    /// Log out (RFC 7143 §11.14) and close. Commands still in flight fail.
+    /// Log out (RFC 7143 §11.14) and close. Commands still in flight fail; recovery stops.
     pub async fn logout(self) -> Result<()> {
+        self.link.closing.store(true, Ordering::Release);
+        if let Some(h) = &self.supervisor {
+            h.abort();
+        }
+        // Nothing to log out of while recovering: the old connection is gone and no new one
+        // will come (the supervisor is stopped).
+        let Some(c) = self.link.up() else {
+            return Err(Error::ConnectionLost(
+                self.failure()
+                    .unwrap_or_else(|| "session is recovering".to_owned()),
+            ));
+        };
+        c.logout().await
+    }
+}
+
+impl Shared {
+    fn refuse_after_logout_request(&self) -> Result<()> {
+        if self.logout_asked.load(Ordering::Acquire) {
+            return Err(Error::LogoutRequested);
+        }
+        Ok(())
+    }
+
+    /// Submits one command to this connection's engine (ITT `itt`, or a fresh one) and waits
+    /// for it; `sent` says whether the target may have seen it (the engine took it and it did
+    /// not end with the connection still queued, `engine::Connection::never_sent`).
+    async fn command_raw(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        itt: Option<u32>,
+        sent: &mut bool,
+    ) -> Result<Completion> {
+        self.refuse_after_logout_request()?;
+        let itt = match itt {
+            Some(i) => i,
+            None => self.with(|g| g.engine.alloc_itt())?,
+        };
+        let data = match dir {
+            DataDir::None => engine::Data::None,
+            DataDir::Write(b) => engine::Data::Write(b),
+            DataDir::Read(buf, len) => engine::Data::Read {
+                buf,
+                len: u32::try_from(len)
+                    .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
+            },
+        };
         let (tx, rx) = oneshot::channel();
-        let sent = self.shared.with_timer(|g| {
+        let cmd = engine::Command { lun, cdb, data };
+        let submitted = self.with(|g| {
+            let r = g.engine.submit_as(Instant::now(), itt, cmd);
+            if r.is_ok() {
+                g.waiters.insert(itt, tx);
+            }
+            r
+        })?;
+        match submitted {
+            Ok(_) => *sent = true,
+            Err(SubmitError::Closed(_)) => return Err(self.lost()),
+            Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
+            Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
+        }
+        let r = self.wait(lun, rx, itt).await;
+        // Ended with the connection before it left the engine: the target never saw it.
+        if r.as_ref().is_err_and(Error::is_connection_loss)
+            && self
+                .with_quiet(|g| g.engine.never_sent(itt))
+                .unwrap_or(false)
+        {
+            *sent = false;
+        }
+        r
+    }
+
+    /// Waits for a command's completion; past the command timeout, aborts it.
+    async fn wait(
+        &self,
+        lun: u64,
+        mut rx: oneshot::Receiver<engine::TaskResult>,
+        itt: u32,
+    ) -> Result<Completion> {
+        let Some(limit) = self.command_timeout else {
+            return match rx.await {
+                Ok(r) => self.result(r),
+                Err(_) => Err(self.lost()),
+            };
+        };
+        match tokio::time::timeout(limit, &mut rx).await {
+            Ok(Ok(r)) => self.result(r),
+            Ok(Err(_)) => Err(self.lost()),
+            Err(_) => self.abort_task(lun, itt, limit, rx).await,
+        }
+    }
+
+    /// Fails the connection because task management left it in a state that cannot be
+    /// trusted; every command in flight fails with the same reason.
+    fn drop_connection(&self, why: String) -> Error {
+        self.kill(why.clone());
+        Error::ConnectionLost(why)
+    }
+
+    /// See [`Session::lun_reset`].
+    async fn lun_reset(&self, lun: u64) -> Result<()> {
+        self.refuse_after_logout_request()?;
+        let (tx, rx) = oneshot::channel();
+        self.with_timer(|g| {
+            if g.engine.closed().is_some() {
+                return;
+            }
+            let itt = g.engine.lun_reset(Instant::now(), lun);
+            g.tmf_waiters.insert(itt, tx);
+        })?;
+        // The engine drops the connection when the answer does not come within TMF_TIMEOUT.
+        match rx.await {
+            Ok(TmfResponse::FUNCTION_COMPLETE) => Ok(()),
+            Ok(other) => Err(Error::TaskManagement(other.0)),
+            Err(_) => Err(self.lost()),
+        }
+    }
+
+    /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
+    /// the task stays in the engine, so its Data-In, R2Ts or status are still handled in
+    /// order; a command that completes in the meantime returns its own result.
+    async fn abort_task(
+        &self,
+        lun: u64,
+        itt: u32,
+        limit: Duration,
+        mut rx: oneshot::Receiver<engine::TaskResult>,
+    ) -> Result<Completion> {
+        tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
+        let (tx, tmf_rx) = oneshot::channel();
+        self.with_timer(|g| {
+            if let Some(t) = g.engine.abort(Instant::now(), itt) {
+                g.tmf_waiters.insert(t, tx);
+            }
+        })?;
+        let mut tmf_rx = tmf_rx;
+        let first = tokio::select! {
+            biased;
+            r = &mut rx => Ok(r),
+            t = &mut tmf_rx => Err(t),
+        };
+        let response = match first {
+            // The command ended first: its own status, or the abort that ended it.
+            Ok(Ok(Err(TaskError::Aborted(AbortedBy::AbortTask)))) => {
+                return Err(Error::CommandTimedOut(limit))
+            }
+            Ok(Ok(r)) => return self.result(r),
+            Ok(Err(_)) => return Err(self.lost()),
+            Err(Ok(response)) => response,
+            // The TMF waiter went away: the connection ended (the engine words why; an
+            // unanswered ABORT TASK is a task management timeout).
+            Err(Err(_)) => {
+                return match rx.await {
+                    Ok(Err(TaskError::Aborted(AbortedBy::AbortTask))) => {
+                        Err(Error::CommandTimedOut(limit))
+                    }
+                    Ok(r) => self.result(r),
+                    Err(_) => Err(self.lost()),
+                }
+            }
+        };
+        if ends_the_task(response) {
+            return Err(Error::CommandTimedOut(limit));
+        }
+        // Refused (RFC 7143 §11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
+        // reset ends every task on the LUN, this one included. Only if that fails too is the
+        // connection dropped.
+        let why = format!(
+            "target refused to abort a timed-out command (task management response {})",
+            response.0
+        );
+        tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
+        match self.lun_reset(lun).await {
+            Ok(()) => Err(Error::CommandTimedOut(limit)),
+            Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
+            Err(e) => {
+                Err(self.drop_connection(format!("{why}; LOGICAL UNIT RESET failed too ({e})")))
+            }
+        }
+    }
+
+    /// See [`Session::logout`].
+    async fn logout(&self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.with_timer(|g| {
             let itt = g.engine.logout(Instant::now());
             if itt.is_some() {
                 g.closed_waiters.push(tx);
@@ -1144,21 +1550,20 @@ impl Session {
             itt
         })?;
         if sent.is_none() {
-            return Err(self.shared.lost());
+            return Err(self.lost());
         }
         match tokio::time::timeout(Duration::from_secs(5), rx).await {
             Ok(Ok(())) => {
                 let ok = self
-                    .shared
                     .with(|g| g.engine.closed())?
                     .is_some_and(|e| e.reason == CloseReason::Logout);
                 if ok {
                     Ok(())
                 } else {
-                    Err(self.shared.lost())
+                    Err(self.lost())
                 }
             }
-            Ok(Err(_)) => Err(self.shared.lost()),
+            Ok(Err(_)) => Err(self.lost()),
             Err(_) => Err(Error::Timeout("logout")),
         }
     }

@@ -109,7 +109,12 @@ pub async fn serve(
         "login complete"
     );
     let seal = lock(&slot).take().map(Arc::new);
-    let (session_cancel, stats) = shared.registry.register(crate::registry::SessionInfo::new(
+    let crate::registry::Registration {
+        cancel: session_cancel,
+        stats,
+        drained,
+        reinstates,
+    } = shared.registry.register(crate::registry::SessionInfo::new(
         &params,
         result.isid,
         result.tsih,
@@ -139,6 +144,7 @@ pub async fn serve(
             }
             Err(e) => {
                 warn!(%peer, "seal: cannot set up record protection: {e}; closing");
+                drained.cancel();
                 shared.registry.unregister(
                     &params.initiator_name,
                     result.isid,
@@ -169,6 +175,17 @@ pub async fn serve(
         running: AtomicUsize::new(0),
         idle: Notify::new(),
     });
+    if let Some(old) = reinstates {
+        // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
+        // one's commands execute, so an old WRITE still running cannot land after the
+        // initiator's reissued copy (or a newer write). Nothing is read until then.
+        tokio::select! {
+            () = old.cancelled() => {}
+            () = shutdown.cancelled() => {}
+            () = session_cancel.cancelled() => {}
+        }
+        debug!(%peer, "reinstated session's commands are done; serving");
+    }
     let writer = tokio::spawn(writer_task(wr, conn.codec.clone(), session.clone(), sealer));
     let end = session.run(&mut conn, &shutdown, &session_cancel).await;
     debug!(%peer, "session ending: {end}");
@@ -178,6 +195,17 @@ pub async fn serve(
             lu.nexus_lost(&session.nexus);
         }
     }
+    // A reinstating session waits for this (RFC 7143 §6.3.5); `run` waited DRAIN_TIMEOUT
+    // already, so only a hung backend gets here with commands running. Signalled before the
+    // writer is joined: a writer stuck on a black-holed socket must not hold up the new
+    // session.
+    if tokio::time::timeout(2 * DRAIN_TIMEOUT, session.idle())
+        .await
+        .is_err()
+    {
+        warn!(%peer, "commands still running {:?} after the session ended; releasing it anyway", 2 * DRAIN_TIMEOUT);
+    }
+    drained.cancel();
     session.wake_writer.notify_one();
     let _ = writer.await;
     shared.registry.unregister(
@@ -670,21 +698,26 @@ impl Session {
             self.wake_writer.notify_one();
         };
         // Commands still running finish (bounded) before the nexus is released.
-        let all = async {
-            loop {
-                let idle = self.idle.notified();
-                tokio::pin!(idle);
-                idle.as_mut().enable();
-                if self.running.load(Ordering::Acquire) == 0 {
-                    break;
-                }
-                idle.await;
-            }
-        };
-        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.idle())
+            .await
+            .is_err()
+        {
             warn!("commands still running after {DRAIN_TIMEOUT:?}; closing anyway");
         }
         end
+    }
+
+    /// Returns once no command of this session runs.
+    async fn idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.running.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            idle.await;
+        }
     }
 
     /// Acts on the engine's events; `Some(why)` once the connection is over.

@@ -65,8 +65,25 @@ struct SessionEntry {
     tsih: u16,
     /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
     cancel: CancellationToken,
+    /// Cancelled by the session once none of its commands runs any more.
+    drained: CancellationToken,
     info: Arc<SessionInfo>,
     stats: Arc<SessionStats>,
+}
+
+/// What [`Registry::register`] hands a new session.
+#[derive(Debug)]
+pub struct Registration {
+    /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
+    pub cancel: CancellationToken,
+    /// The session's counters.
+    pub stats: Arc<SessionStats>,
+    /// The session cancels this once none of its commands runs any more (after its end).
+    pub drained: CancellationToken,
+    /// The session this login reinstates (RFC 7143 §6.3.5): cancelled once that session's
+    /// commands have all finished or been aborted. The new session must not execute a
+    /// command before (an old WRITE still running could land after its reissued copy).
+    pub reinstates: Option<CancellationToken>,
 }
 
 /// What a logged-in session is (for `ipsan ctl sessions` and the metrics): never a key.
@@ -363,8 +380,9 @@ impl Registry {
     }
 
     /// Records a new session after login; reinstates (ends) an older one with the same key.
-    /// Returns the token that ends this session and the counters it keeps.
-    pub fn register(&self, mut info: SessionInfo) -> (CancellationToken, Arc<SessionStats>) {
+    /// Returns the token that ends this session, the counters it keeps and, for a
+    /// reinstatement, the token that tells when the old session's commands are done.
+    pub fn register(&self, mut info: SessionInfo) -> Registration {
         let target = info.target.as_deref().and_then(|t| self.target(t));
         info.chap = target
             .as_ref()
@@ -377,6 +395,7 @@ impl Registry {
         let luns = target.map(|t| t.lun_stats.clone());
         let stats = Arc::new(SessionStats::new(luns));
         let cancel = CancellationToken::new();
+        let drained = CancellationToken::new();
         let tsih = info.tsih;
         let initiator = info.initiator.clone();
         let mut s = crate::lock(&self.sessions);
@@ -385,6 +404,7 @@ impl Registry {
             SessionEntry {
                 tsih,
                 cancel: cancel.clone(),
+                drained: drained.clone(),
                 info: Arc::new(info),
                 stats: stats.clone(),
             },
@@ -396,8 +416,19 @@ impl Registry {
                 "session reinstatement"
             );
             old.cancel.cancel();
+            return Registration {
+                cancel,
+                stats,
+                drained,
+                reinstates: Some(old.drained),
+            };
         }
-        (cancel, stats)
+        Registration {
+            cancel,
+            stats,
+            drained,
+            reinstates: None,
+        }
     }
 
     /// Counts a finished login (`status` `None` for success) under its target, when that
@@ -1088,5 +1119,59 @@ impl Registry {
             tracing::warn!(setting = %r, "changed in the configuration; takes effect at restart");
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(tsih: u16) -> SessionInfo {
+        let params = iscsi_proto::params::SessionParams {
+            initiator_name: "iqn.2026-11.x:ini".into(),
+            target_name: Some("iqn.2026-11.x:a".into()),
+            ..Default::default()
+        };
+        SessionInfo::new(
+            &params,
+            [0x80, 1, 2, 3, 4, 5],
+            tsih,
+            "127.0.0.1:1".parse().unwrap(),
+            None,
+            None,
+        )
+    }
+
+    /// RFC 7143 §6.3.5: a login with the same InitiatorName, ISID and target ends the old
+    /// session, and the new one learns when the old one's commands are all done.
+    #[test]
+    fn reinstating_login_ends_the_old_session_and_waits_for_its_commands() {
+        let r = Registry::build(
+            &crate::Config::from_toml(
+                "[[target]]\niqn = \"iqn.2026-11.x:a\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let old = r.register(info(1));
+        assert!(old.reinstates.is_none());
+        let new = r.register(info(2));
+        assert!(old.cancel.is_cancelled(), "the old session is told to end");
+        let waits = new.reinstates.expect("a reinstatement");
+        assert!(
+            !waits.is_cancelled(),
+            "the old session's commands still run"
+        );
+        old.drained.cancel();
+        assert!(waits.is_cancelled());
+        assert!(!new.cancel.is_cancelled());
+        // The old session's late unregister leaves the new one registered.
+        r.unregister(
+            "iqn.2026-11.x:ini",
+            [0x80, 1, 2, 3, 4, 5],
+            Some("iqn.2026-11.x:a"),
+            1,
+        );
+        assert_eq!(r.session_count(), 1);
     }
 }

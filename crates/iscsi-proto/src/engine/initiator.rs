@@ -18,7 +18,7 @@
 //! sequence out of order or past its buffer (no SNACK at ErrorRecoveryLevel 0), PDUs for
 //! tasks that never existed, unexpected opcodes — end the connection, and every task with it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -233,6 +233,9 @@ pub struct Connection {
     out: VecDeque<Pdu>,
     events: VecDeque<Event>,
     closed: Option<ConnectionError>,
+    /// Commands that ended with the connection before their command PDU left the engine
+    /// (see [`Connection::never_sent`]).
+    never_sent: HashSet<u32>,
 }
 
 impl Connection {
@@ -260,6 +263,7 @@ impl Connection {
             max_pong_bytes: cfg.max_queued_pong_bytes,
             out: VecDeque::new(),
             events: VecDeque::new(),
+            never_sent: HashSet::new(),
             closed: None,
         }
     }
@@ -469,6 +473,7 @@ impl Connection {
             return None;
         }
         let queued: Vec<u32> = self.queued.drain(..).collect();
+        self.never_sent.extend(queued.iter().copied());
         for itt in queued {
             self.finish(
                 itt,
@@ -494,6 +499,16 @@ impl Connection {
         Some(itt)
     }
 
+    /// Whether command `itt` ended with the connection (or a logout) before its command PDU
+    /// left the engine — queued behind the CmdSN window (RFC 7143 §3.2.2.1) or not yet taken
+    /// by the driver's framed write — so the target never saw it. Session recovery sends such
+    /// a command on the new connection whatever it does; one that was sent is resent only if
+    /// it is idempotent.
+    #[must_use]
+    pub fn never_sent(&self, itt: u32) -> bool {
+        self.never_sent.contains(&itt)
+    }
+
     /// The driver ends the connection (caller dropped the session, socket error): every task
     /// fails with `reason`.
     pub fn close(&mut self, by: Side, reason: CloseReason) {
@@ -502,7 +517,16 @@ impl Connection {
         }
         let e = ConnectionError { by, reason };
         self.closed = Some(e);
-        self.queued.clear();
+        // What the target cannot have seen: still queued behind the CmdSN window, or queued
+        // for the driver's framed write and not taken yet.
+        let unsent = self
+            .queued
+            .drain(..)
+            .chain(self.out.iter().filter_map(|p| match &p.header {
+                Header::ScsiCommand(c) => Some(c.itt),
+                _ => None,
+            }));
+        self.never_sent.extend(unsent);
         let mut itts: Vec<u32> = self.tasks.keys().copied().collect();
         itts.sort_unstable();
         for itt in itts {
@@ -1332,5 +1356,60 @@ mod tests {
             .collect();
         assert_eq!(sent, vec![b]);
         assert_eq!(c.sequence().3, 2, "ExpStatSN advanced");
+    }
+
+    #[test]
+    fn tells_which_commands_never_left_the_engine_when_the_connection_ends() {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 1, 1, 1);
+        cfg.nop_interval = None;
+        let mut c = Connection::new(cfg, now);
+        let cmd = || Command {
+            lun: 0,
+            cdb: [0; 16],
+            data: Data::None,
+        };
+        let sent = c.submit(now, cmd()).unwrap();
+        let taken: Vec<u32> = std::iter::from_fn(|| c.poll_transmit())
+            .map(|p| p.header.itt())
+            .collect();
+        assert_eq!(taken, vec![sent]);
+        // MaxCmdSN 1: this one waits for the window.
+        let held = c.submit(now, cmd()).unwrap();
+        c.close(Side::Initiator, CloseReason::Local);
+        let mut ended = Vec::new();
+        while let Some(e) = c.poll_event() {
+            if let Event::Completed { itt, result } = e {
+                assert!(matches!(result, Err(TaskError::ConnectionLost(_))));
+                ended.push(itt);
+            }
+        }
+        ended.sort_unstable();
+        assert_eq!(ended, vec![sent, held]);
+        assert!(
+            !c.never_sent(sent),
+            "on the wire: the target may have run it"
+        );
+        assert!(c.never_sent(held));
+    }
+
+    #[test]
+    fn a_command_queued_for_the_writer_counts_as_never_sent() {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 1, 8, 1);
+        cfg.nop_interval = None;
+        let mut c = Connection::new(cfg, now);
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0; 16],
+                    data: Data::None,
+                },
+            )
+            .unwrap();
+        c.peer_closed();
+        assert!(c.never_sent(itt));
     }
 }
