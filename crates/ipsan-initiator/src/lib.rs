@@ -32,6 +32,8 @@ pub use error::{Error, Result};
 pub use iscsi_proto::chap::ChapSecret;
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
 pub use observe::{CommandEvent, CommandObserver};
-pub use session::{discover, DataDir, DiscoveredTarget, ExtensionFactory, Session, SessionConfig};
+pub use session::{
+    discover, DataDir, DiscoveredTarget, ExtensionFactory, Passthrough, Session, SessionConfig,
+};
 pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

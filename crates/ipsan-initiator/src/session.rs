@@ -47,6 +47,9 @@ use crate::scsi::{self, Capacity, Inquiry, ScsiStatus, Sense, SenseKey};
 use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
 
+mod passthrough;
+pub use passthrough::Passthrough;
+
 /// Session settings beyond the negotiated keys.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {

@@ -309,6 +309,25 @@ pub struct FileLun {
     pub write_cache: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
+    /// iscsi: Seal cipher of the remote leg (aes-256-gcm, chacha20-poly1305, ...); needs
+    /// `secret_file`. Absent: the remote leg is plain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
+    /// iscsi: Seal pre-shared secret of the remote leg (mode 0600).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+    /// iscsi: commands in flight on the remote session at most (default: its CmdSN window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
+    /// iscsi: TCP congestion control of the remote connection (cubic, bbr, ipsan_sf, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_congestion: Option<String>,
+    /// iscsi: CHAP user the gateway logs in to the remote target with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap_user: Option<String>,
+    /// iscsi: file holding that CHAP user's secret (mode 0600).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap_secret_file: Option<PathBuf>,
 }
 
 /// One LUN to serve.
@@ -320,6 +339,9 @@ pub struct LunConfig {
     pub read_only: bool,
     pub write_cache: bool,
     pub serial: Option<String>,
+    /// A remote iSCSI LUN (`backend = "iscsi://…"`, docs/gateway.md): every command is
+    /// forwarded to it; `backend` is then an unused placeholder.
+    pub remote: Option<std::sync::Arc<crate::remote::RemoteSpec>>,
 }
 
 /// Seal settings of one target (docs/seal.md §2).
@@ -596,7 +618,122 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
     })
 }
 
+/// The settings of a remote iSCSI LUN (`backend = "iscsi://host:port/iqn/lun"`).
+fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, ConfigError> {
+    let url = ipsan_initiator::IscsiUrl::parse(&l.backend)
+        .map_err(|e| err(format!("{field}.backend"), e.to_string()))?;
+    if url.target.is_none() || url.lun.is_none() {
+        return Err(err(
+            format!("{field}.backend"),
+            "expected iscsi://host[:port]/target-iqn/lun",
+        ));
+    }
+    if url.user.is_some() {
+        return Err(err(
+            format!("{field}.backend"),
+            "no CHAP user in the URL: use chap_user and chap_secret_file",
+        ));
+    }
+    let mut session = ipsan_initiator::SessionConfig::default();
+    match (&l.chap_user, &l.chap_secret_file) {
+        (None, None) => {}
+        (Some(user), Some(path)) => {
+            let secret = ipsan_initiator::ChapSecret::from_file(path)
+                .map_err(|e| err(format!("{field}.chap_secret_file"), e.to_string()))?;
+            session.login.chap = Some(ipsan_initiator::ChapCredentials {
+                name: user.clone(),
+                secret,
+            });
+        }
+        _ => {
+            return Err(err(
+                format!("{field}.chap_user"),
+                "chap_user and chap_secret_file go together",
+            ))
+        }
+    }
+    let seal = match (&l.seal, &l.secret_file) {
+        (None, None) => None,
+        (Some(name), Some(path)) => {
+            let cipher = ipsan_seal::Cipher::from_name(name).ok_or_else(|| {
+                err(
+                    format!("{field}.seal"),
+                    format!("{name:?}: expected aes-256-gcm, chacha20-poly1305, 3des-cbc-hmac-sha1 or none"),
+                )
+            })?;
+            Some((
+                cipher,
+                seal_secret_from_file(&format!("{field}.secret_file"), path)?,
+            ))
+        }
+        _ => {
+            return Err(err(
+                format!("{field}.seal"),
+                "seal and secret_file go together",
+            ))
+        }
+    };
+    if let Some(d) = l.depth {
+        if !(1..=4096).contains(&d) {
+            return Err(err(format!("{field}.depth"), "must be in 1..=4096"));
+        }
+    }
+    if let Some(c) = &l.tcp_congestion {
+        let t = ipsan_tcp::TcpSettings {
+            congestion: Some(c.clone()),
+            nodelay: Some(true),
+            ..ipsan_tcp::TcpSettings::default()
+        };
+        t.validate()
+            .map_err(|e| err(format!("{field}.tcp_congestion"), e.to_string()))?;
+        session.tcp = Some(t);
+    }
+    let source = format!(
+        "{} seal={} depth={} tcp={} chap={}",
+        l.backend,
+        l.seal.as_deref().unwrap_or("off"),
+        l.depth.map_or("window".to_owned(), |d| d.to_string()),
+        l.tcp_congestion.as_deref().unwrap_or("kernel"),
+        l.chap_user.as_deref().unwrap_or("none"),
+    );
+    Ok(crate::remote::RemoteSpec {
+        url,
+        session,
+        seal,
+        depth: l.depth,
+        source,
+    })
+}
+
 fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
+    let remote_only = l.seal.is_some()
+        || l.secret_file.is_some()
+        || l.depth.is_some()
+        || l.tcp_congestion.is_some()
+        || l.chap_user.is_some()
+        || l.chap_secret_file.is_some();
+    if l.backend.starts_with("iscsi://") {
+        let remote = remote_from(field, l)?;
+        return Ok(LunConfig {
+            id: l.id,
+            backend: BackendSpec {
+                kind: ipsan_scsi::BackendKind::Null,
+                size: Some(0),
+                block_size: None,
+            },
+            block_size: 512,
+            read_only: l.read_only,
+            write_cache: true,
+            serial: None,
+            remote: Some(std::sync::Arc::new(remote)),
+        });
+    }
+    if remote_only {
+        return Err(err(
+            field.to_owned(),
+            "seal, secret_file, depth, tcp_congestion, chap_user and chap_secret_file apply to iscsi:// backends only",
+        ));
+    }
     let mut backend: BackendSpec = l
         .backend
         .parse()
@@ -648,6 +785,7 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
         read_only: l.read_only,
         write_cache: l.write_cache.unwrap_or(true),
         serial: l.serial.clone(),
+        remote: None,
     })
 }
 
@@ -862,6 +1000,12 @@ impl FileLun {
             read_only: false,
             write_cache: None,
             serial: None,
+            seal: None,
+            secret_file: None,
+            depth: None,
+            tcp_congestion: None,
+            chap_user: None,
+            chap_secret_file: None,
         }
     }
 

@@ -38,6 +38,12 @@ pub trait LunDirectory {
     /// How many data-out bytes `cdb` needs for `lun` (0 for reads and non-data commands), and
     /// an answer decided before any data moves (bad CDB, a transfer the target refuses).
     fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> Sizing;
+    /// Whether the LUN is a pass-through to another target (a gateway's remote LUN): no local
+    /// device server parses the CDB, so its data-out is sized by EDTL when the W bit is set
+    /// and by nothing otherwise, as pass-through targets do (RFC 7143 §11.3.1, §11.4.5).
+    fn passthrough(&self, _lun: u64) -> bool {
+        false
+    }
 }
 
 /// The data-out a command needs, as the device server sees it.
@@ -421,6 +427,18 @@ impl Connection {
 
     /// The device server's answer to an [`Event::Execute`]. Unknown ITTs are ignored (false).
     pub fn complete(&mut self, itt: u32, resp: Response) -> bool {
+        self.complete_with_residual(itt, resp, None)
+    }
+
+    /// [`Connection::complete`] with the residual decided by someone else: a pass-through
+    /// LUN reports the remote target's residual (positive: underflow, negative: overflow;
+    /// RFC 7143 §11.4.5) instead of one computed from EDTL and the data.
+    pub fn complete_with_residual(
+        &mut self,
+        itt: u32,
+        resp: Response,
+        residual: Option<i64>,
+    ) -> bool {
         let Some(task) = self.tasks.get(&itt) else {
             return false;
         };
@@ -434,7 +452,7 @@ impl Connection {
             self.window.complete();
         }
         if !aborted && self.closed.is_none() {
-            self.send_status(itt, task.lun, task.edtl, task.need, resp);
+            self.send_status(itt, task.lun, task.edtl, task.need, resp, residual);
         }
         self.release_held(itt);
         if self.logout.is_some() && !self.any_running() {
@@ -542,7 +560,14 @@ impl Connection {
             return refuse(self, RejectReason::PROTOCOL_ERROR);
         };
         let edtl = cmd.expected_data_transfer_length;
-        let Sizing { need, mut early } = dir.size(cmd.lun, &cdb, edtl);
+        let Sizing { need, mut early } = if dir.passthrough(cmd.lun) {
+            Sizing {
+                need: if cmd.write { u64::from(edtl) } else { 0 },
+                early: None,
+            }
+        } else {
+            dir.size(cmd.lun, &cdb, edtl)
+        };
         let need = if need > self.max_command_bytes {
             // INVALID FIELD IN CDB: no buffer this large on a CDB's say-so.
             early = Some(Response::check(0x05, 0x24, 0x00));
@@ -927,15 +952,26 @@ impl Connection {
     /// into the last Data-In (§11.7.3); otherwise a SCSI Response carrying the sense data.
     /// Residuals (§11.4.5): data-out commands compare EDTL with what the CDB needs, data-in
     /// commands with what the device server produced.
-    fn send_status(&mut self, itt: u32, lun: u64, edtl: u32, need: u64, resp: Response) {
+    fn send_status(
+        &mut self,
+        itt: u32,
+        lun: u64,
+        edtl: u32,
+        need: u64,
+        resp: Response,
+        given: Option<i64>,
+    ) {
         let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
         let base = if need > 0 {
             u32::try_from(need).unwrap_or(u32::MAX)
         } else {
             produced
         };
-        let overflow = base.saturating_sub(edtl);
-        let underflow = edtl.saturating_sub(base);
+        let (overflow, underflow) = match given {
+            Some(r) if r < 0 => (u32::try_from(-r).unwrap_or(u32::MAX), 0),
+            Some(r) => (0, u32::try_from(r).unwrap_or(u32::MAX)),
+            None => (base.saturating_sub(edtl), edtl.saturating_sub(base)),
+        };
         let residual = overflow.max(underflow);
         let seg = self.params.initiator_max_recv_data_segment_length.max(512);
         let burst = self.params.max_burst_length.max(512);
