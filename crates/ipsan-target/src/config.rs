@@ -909,7 +909,24 @@ impl Config {
                 ));
             }
             let mut ids = std::collections::HashSet::new();
+            let mut remotes: std::collections::HashMap<String, &str> =
+                std::collections::HashMap::new();
             for (j, l) in t.luns.iter().enumerate() {
+                if let Some(r) = &l.remote {
+                    // One session per host reaches every LUN of a remote target.
+                    let settings = r.source.split_once(' ').map_or("", |(_, s)| s);
+                    if let Some(prev) = remotes.insert(r.target_key(), settings) {
+                        if prev != settings {
+                            return Err(err(
+                                format!("target[{i}].lun[{j}]"),
+                                format!(
+                                    "LUNs reaching {} must share seal, depth, tcp_congestion and chap settings",
+                                    r.target_key()
+                                ),
+                            ));
+                        }
+                    }
+                }
                 if l.id > 16383 {
                     return Err(err(
                         format!("target[{i}].lun[{j}].id"),
@@ -1155,6 +1172,92 @@ pub fn chap_from_flags(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn remote_toml(key: &Path, lun1_extra: &str) -> String {
+        format!(
+            r#"
+[[target]]
+iqn = "iqn.2026-11.org.ipsan:gw"
+[[target.lun]]
+id = 0
+backend = "iscsi://10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0/0"
+seal = "aes-256-gcm"
+secret_file = "{k}"
+depth = 8
+[[target.lun]]
+id = 1
+backend = "iscsi://10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0/1"
+{lun1_extra}
+"#,
+            k = key.display()
+        )
+    }
+
+    fn key_file(dir: &Path) -> PathBuf {
+        let k = dir.join("wan.key");
+        std::fs::write(&k, "0123456789abcdef0123456789abcdef").unwrap();
+        std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        k
+    }
+
+    #[test]
+    fn accepts_remote_iscsi_luns_mirroring_one_remote_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key_file(dir.path());
+        let extra = format!(
+            "seal = \"aes-256-gcm\"\nsecret_file = \"{}\"\ndepth = 8",
+            k.display()
+        );
+        let c = Config::from_toml(&remote_toml(&k, &extra)).unwrap();
+        let luns = &c.targets[0].luns;
+        let r = luns[1].remote.as_ref().unwrap();
+        assert_eq!(r.remote_lun(), 1);
+        assert_eq!(r.depth, Some(8));
+        assert_eq!(
+            r.seal.as_ref().map(|(c, _)| *c),
+            ipsan_seal::Cipher::from_name("aes-256-gcm")
+        );
+        assert_eq!(
+            r.target_key(),
+            "10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0"
+        );
+        // The secret never shows in Debug.
+        assert!(!format!("{r:?}").contains("0123456789abcdef"));
+        let t = crate::registry::Registry::build(&c).unwrap().targets()[0].clone();
+        assert!(t.luns.is_empty());
+        assert_eq!(t.remotes.len(), 2);
+        assert!(t.mirrored_remote().is_some());
+        // A LUN the gateway does not list still goes to the mirrored remote target.
+        assert_eq!(t.remote_route(7).map(|(_, l)| l), Some(7));
+        assert_eq!(t.remote_targets().len(), 1);
+    }
+
+    #[test]
+    fn rejects_remote_luns_of_one_remote_target_with_different_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key_file(dir.path());
+        let e = Config::from_toml(&remote_toml(&k, "")).unwrap_err();
+        assert!(e.to_string().contains("must share"), "{e}");
+    }
+
+    #[test]
+    fn rejects_remote_settings_on_a_local_backend_and_a_url_without_lun() {
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\ndepth = 4\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("iscsi:// backends only"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://10.231.0.2/iqn.2026-11.org.ipsan:disk0\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("target-iqn/lun"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://10.231.0.2/iqn.2026-11.org.ipsan:disk0/0\"\nseal = \"aes-256-gcm\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
+    }
 
     #[test]
     fn accepts_rbd_luns_with_ceph_settings_and_flags_fill_the_gaps() {

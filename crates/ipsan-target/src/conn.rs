@@ -814,6 +814,18 @@ impl Session {
         for lu in t.luns.values() {
             lu.reset(kind, &self.nexus);
         }
+        if let Some(nexus) = self.remote.clone() {
+            // ipsan's initiator sends no target reset: each remote LU is reset instead, what
+            // a target reset does to every LU (SAM-5 §7.8).
+            let remotes: Vec<Arc<RemoteSpec>> = t.remotes.values().cloned().collect();
+            if !remotes.is_empty() {
+                tokio::spawn(async move {
+                    for spec in remotes {
+                        nexus.lun_reset(&spec, spec.remote_lun()).await;
+                    }
+                });
+            }
+        }
     }
 
     fn text_answer(&self, keys: &[(String, String)]) -> Vec<(String, String)> {
