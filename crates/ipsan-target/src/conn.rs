@@ -1091,6 +1091,15 @@ impl Session {
         let (Exec::Remote(spec, remote_lun), Some(nexus)) = (exec, &self.remote) else {
             return (engine_response(no_such_lun(cdb)), None, false);
         };
+        // A READ sent with the W bit (libiscsi's Read*Invalid): ipsan's initiator carries
+        // no bidirectional command, and Data-In for a write would end the remote connection;
+        // forwarded as the read it is, its data-out dropped (a target reads no data for it).
+        let (need, data_out) = if need > 0 && matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
+        {
+            (0, Bytes::new())
+        } else {
+            (need, data_out)
+        };
         // The host's EDTL counts sealed bytes in a sealed session: read the plaintext.
         let read_len = match (&self.seal, need) {
             (_, n) if n > 0 => 0,
@@ -1108,9 +1117,10 @@ impl Session {
             .await
         {
             Ok(p) => {
-                // In a sealed session Data-In is resealed here, so the engine measures a
-                // read's residual in sealed bytes itself; a write's is the remote's.
-                let residual = (self.seal.is_none() || need > 0).then_some(p.residual);
+                // A write's residual and a read's overflow are the remote target's. A read's
+                // underflow the engine measures from the Data-In it sends: in a sealed
+                // session (here or on the remote leg) the remote's count is in other units.
+                let residual = (need > 0 || p.residual < 0).then_some(p.residual);
                 let r = engine::Response {
                     status: p.status,
                     sense: p.sense,
