@@ -10,7 +10,9 @@
 //!   `session` drives it over the socket.
 //! - [`seal`]: Seal's login extension and the payload transform that seals and opens data.
 //! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
-//!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout.
+//!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout;
+//!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
+//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
 //! - [`observe`]: the opt-in per-command observer hook ([`CommandObserver`]); the benchmark's
 //!   trace (`ipsan-bench`) is one observer.
