@@ -1163,6 +1163,95 @@ mod tests {
         v
     }
 
+    /// A gateway's LUN: no device server sizes its CDBs.
+    struct Remote;
+    impl LunDirectory for Remote {
+        fn exists(&self, _lun: u64) -> bool {
+            true
+        }
+        fn size(&self, _lun: u64, _cdb: &[u8], _edtl: u32) -> Sizing {
+            unreachable!("a pass-through LUN is sized by EDTL")
+        }
+        fn passthrough(&self, _lun: u64) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn accepts_passthrough_data_out_sized_by_edtl_and_reports_the_given_residual() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        // WRITE(16) of 1 block with EDTL 2 blocks: the pass-through solicits all of EDTL.
+        let mut cmd = write16(1, 1, 1);
+        if let Header::ScsiCommand(h) = &mut cmd.header {
+            h.expected_data_transfer_length = 1024;
+        }
+        c.handle_pdu(now, &Remote, cmd);
+        let r = r2ts(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].desired_data_transfer_length, 1024);
+        let d = DataOut {
+            final_: true,
+            lun: 0,
+            itt: 1,
+            ttt: r[0].ttt,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+        };
+        c.handle_pdu(now, &Remote, Pdu::new(d, Bytes::from(vec![0u8; 1024])));
+        let Some(Event::Execute(x)) = c.poll_event() else {
+            panic!("no Execute")
+        };
+        assert_eq!((x.need, x.data_out.len(), x.early), (1024, 1024, None));
+        // The remote target's underflow of one block goes to the host unchanged.
+        assert!(c.complete_with_residual(1, Response::good(Bytes::new()), Some(512)));
+        let p = c.poll_transmit().unwrap();
+        let Header::ScsiResponse(h) = p.header else {
+            panic!("no SCSI Response")
+        };
+        assert!(h.underflow && !h.overflow);
+        assert_eq!(h.residual_count, 512);
+    }
+
+    #[test]
+    fn accepts_passthrough_reads_with_no_data_out_and_a_given_overflow() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        let read = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: iscsi_wire::header::TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 5,
+            expected_data_transfer_length: 512,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            cdb,
+        };
+        c.handle_pdu(now, &Remote, Pdu::new(read, Bytes::new()));
+        let Some(Event::Execute(x)) = c.poll_event() else {
+            panic!("no Execute")
+        };
+        assert_eq!((x.need, x.write_without_w), (0, false));
+        assert!(c.complete_with_residual(
+            5,
+            Response::good(Bytes::from(vec![7u8; 512])),
+            Some(-512)
+        ));
+        let p = c.poll_transmit().unwrap();
+        let Header::DataIn(h) = p.header else {
+            panic!("no Data-In")
+        };
+        assert!(h.status_present && h.overflow && !h.underflow);
+        assert_eq!(h.residual_count, 512);
+        assert_eq!(p.data.len(), 512);
+    }
+
     #[test]
     fn never_allocates_the_reserved_ttt_across_commands_and_data_out() {
         let now = Instant::now();
