@@ -104,6 +104,9 @@ pub struct RemoteNexus {
     isid: [u8; 6],
     pool: Arc<CryptoPool>,
     sessions: std::sync::Mutex<HashMap<String, Arc<Remote>>>,
+    /// Held while a remote session logs in: two logins with the host's ISID would reinstate
+    /// each other on the remote target (RFC 7143 §6.3.5).
+    opening: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for RemoteNexus {
@@ -139,6 +142,7 @@ impl RemoteNexus {
             isid,
             pool,
             sessions: std::sync::Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -149,6 +153,7 @@ impl RemoteNexus {
     /// Logs in to `spec`'s remote target as the host (its InitiatorName and ISID), unless a
     /// session to that target is open already.
     pub async fn open(&self, spec: &RemoteSpec) -> Result<(), Error> {
+        let _one_login = self.opening.lock().await;
         if self.get(spec).is_some() {
             return Ok(());
         }
