@@ -191,18 +191,24 @@ fn gateway_pair_forwards_verified_io_and_the_arrays_identity() {
     let p = pair("64MiB");
     let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.a_port);
     let direct = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.array_port);
-    let out = bench_verify(&via, &[]);
-    // The remote leg negotiated ipsan's fast keys whatever the host asked for.
+    bench_verify(&via, &[]);
+    // A host that asks for an R2T per write and no immediate data gets them on its own leg;
+    // the remote leg negotiated ipsan's fast keys anyway (one WAN round trip per write).
+    bench_verify(&via, &["--initial-r2t", "yes", "--immediate-data", "no"]);
     let a_log = std::fs::read_to_string(p.dir.path().join("a.log")).unwrap();
     assert!(
-        a_log.contains("remote session open") && a_log.contains("seal=\"aes-256-gcm\""),
-        "{a_log}"
+        a_log.contains("immediate_data=false initial_r2t=true"),
+        "the host's keys: {a_log}"
     );
-    assert!(
-        a_log.contains("immediate_data=true initial_r2t=false"),
-        "{a_log}"
-    );
-    drop(out);
+    let remote: Vec<&str> = a_log
+        .lines()
+        .filter(|l| l.contains("remote session open"))
+        .collect();
+    assert!(remote.len() >= 2, "{a_log}");
+    for l in remote {
+        assert!(l.contains("seal=\"aes-256-gcm\""), "{l}");
+        assert!(l.contains("immediate_data=true initial_r2t=false"), "{l}");
+    }
     if have("iscsi-inq") {
         for page in ["0x83", "0x80", "0xb0"] {
             let d = run_ok("iscsi-inq", &["-e", "1", "-c", page, &direct]);
