@@ -47,6 +47,11 @@ pub struct Args {
     /// Seal pre-shared secret of the listening side, mode 0600 (with --seal allowed|required).
     #[arg(long, value_name = "FILE")]
     seal_secret_file: Option<PathBuf>,
+    /// Seal policy of the listening side, off|allowed|required (default allowed): the same as
+    /// `--seal off|allowed|required`, for when `--seal` names the remote leg's cipher (both
+    /// sides sealed).
+    #[arg(long, value_name = "POLICY", value_parser = ["off", "allowed", "required"])]
+    listen_seal: Option<String>,
     /// Require CHAP from hosts with this user name (the secret comes from --chap-secret-file).
     #[arg(long, requires = "chap_secret_file")]
     chap_user: Option<String>,
@@ -76,11 +81,18 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     // `--seal off|allowed|required` is the listening side's policy; a cipher is the WAN's.
     let listen_policy = match args.conn.seal.as_deref() {
         Some(p @ ("off" | "allowed" | "required")) => {
+            anyhow::ensure!(
+                args.listen_seal.is_none(),
+                "--seal {p} and --listen-seal both set the listening side's policy"
+            );
             let p = p.to_owned();
             args.conn.seal = None;
             p
         }
-        _ => "allowed".to_owned(),
+        _ => args
+            .listen_seal
+            .clone()
+            .unwrap_or_else(|| "allowed".to_owned()),
     };
     let wan_seal = args.conn.seal.clone();
     let url = ipsan_initiator::IscsiUrl::parse(&args.to).context("--to")?;

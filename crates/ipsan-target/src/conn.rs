@@ -986,7 +986,9 @@ impl Session {
             (Some(r), _) => r,
             (None, Some(r)) => engine_response(r),
             (None, None) if matches!(exec, Exec::Remote(..)) => {
-                let (r, res, lost) = self.forward(&exec, &cdb, data_out, (x.need, x.edtl)).await;
+                let (r, res, lost) = self
+                    .forward(&exec, &cdb, data_out, (x.need, x.edtl, x.read, x.write))
+                    .await;
                 residual = res;
                 remote_lost = lost;
                 r
@@ -1086,7 +1088,7 @@ impl Session {
         exec: &Exec,
         cdb: &[u8],
         data_out: Bytes,
-        (need, edtl): (u64, u32),
+        (need, edtl, read, write): (u64, u32, bool, bool),
     ) -> (engine::Response, Option<i64>, bool) {
         let (Exec::Remote(spec, remote_lun), Some(nexus)) = (exec, &self.remote) else {
             return (engine_response(no_such_lun(cdb)), None, false);
@@ -1094,12 +1096,12 @@ impl Session {
         // A READ sent with the W bit (libiscsi's Read*Invalid): ipsan's initiator carries
         // no bidirectional command, and Data-In for a write would end the remote connection;
         // forwarded as the read it is, its data-out dropped (a target reads no data for it).
-        let (need, data_out) = if need > 0 && matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
-        {
-            (0, Bytes::new())
-        } else {
-            (need, data_out)
-        };
+        let (need, data_out, read, write) =
+            if write && matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88)) {
+                (0, Bytes::new(), true, false)
+            } else {
+                (need, data_out, read, write)
+            };
         // The host's EDTL counts sealed bytes in a sealed session: read the plaintext.
         let read_len = match (&self.seal, need) {
             (_, n) if n > 0 => 0,
@@ -1113,7 +1115,7 @@ impl Session {
             (None, _) => edtl as usize,
         };
         match nexus
-            .forward(spec, *remote_lun, cdb, data_out, read_len)
+            .forward(spec, *remote_lun, cdb, data_out, read_len, (read, write))
             .await
         {
             Ok(p) => {

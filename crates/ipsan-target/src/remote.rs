@@ -189,8 +189,9 @@ impl RemoteNexus {
     }
 
     /// Forwards one host command to `spec`'s remote LUN `remote_lun` (an id, not the raw
-    /// field): its CDB and data-out as they came, a read of `read_len` bytes. The answer is the
-    /// remote target's, unchanged.
+    /// field): its CDB and data-out as they came, a read of `read_len` bytes, with the host's R
+    /// and W bits (`bits`, kept even for 0 bytes: targets compute residuals from them). The
+    /// answer is the remote target's, unchanged.
     pub async fn forward(
         &self,
         spec: &RemoteSpec,
@@ -198,6 +199,7 @@ impl RemoteNexus {
         cdb: &[u8],
         data_out: Bytes,
         read_len: usize,
+        (read, write): (bool, bool),
     ) -> Result<Passthrough, ForwardError> {
         if cdb.len() > 16 {
             return Err(ForwardError::Refused(format!(
@@ -220,9 +222,11 @@ impl RemoteNexus {
             })?),
             None => None,
         };
-        let dir = if !data_out.is_empty() {
+        // A bidirectional command is carried as its write (ipsan's initiator has no
+        // bidirectional form); neither bit with an EDTL is carried as a read.
+        let dir = if write {
             DataDir::Write(data_out)
-        } else if read_len > 0 {
+        } else if read || read_len > 0 {
             DataDir::Read(BytesMut::new(), read_len)
         } else {
             DataDir::None

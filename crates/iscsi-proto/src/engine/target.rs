@@ -109,6 +109,9 @@ pub struct Execute {
     pub early: Option<Response>,
     /// A data-out command sent without the W bit (EDTL counts as 0 for it).
     pub write_without_w: bool,
+    /// The command's R and W bits (§11.3.1), for a pass-through that forwards them.
+    pub read: bool,
+    pub write: bool,
 }
 
 /// What the driver must act on.
@@ -180,6 +183,8 @@ struct Collect {
     need: u64,
     early: Option<Response>,
     write: WriteState,
+    /// The command's R bit (a bidirectional command).
+    read: bool,
 }
 
 #[derive(Debug)]
@@ -599,6 +604,8 @@ impl Connection {
                 need,
                 early,
                 write_without_w: need > 0,
+                read: cmd.read,
+                write: false,
             }));
             return;
         }
@@ -619,6 +626,7 @@ impl Connection {
                     need,
                     early,
                     write,
+                    read: cmd.read,
                 })),
             },
         );
@@ -675,6 +683,8 @@ impl Connection {
             need: c.need,
             early: fail.or(c.early),
             write_without_w: false,
+            read: c.read,
+            write: true,
         }));
     }
 
@@ -1204,6 +1214,7 @@ mod tests {
             panic!("no Execute")
         };
         assert_eq!((x.need, x.data_out.len(), x.early), (1024, 1024, None));
+        assert!(x.write && !x.read, "the W bit goes with the command");
         // The remote target's underflow of one block goes to the host unchanged.
         assert!(c.complete_with_residual(1, Response::good(Bytes::new()), Some(512)));
         let p = c.poll_transmit().unwrap();
@@ -1238,6 +1249,7 @@ mod tests {
             panic!("no Execute")
         };
         assert_eq!((x.need, x.write_without_w), (0, false));
+        assert!(x.read && !x.write, "the R bit goes with the command");
         assert!(c.complete_with_residual(
             5,
             Response::good(Bytes::from(vec![7u8; 512])),
