@@ -472,6 +472,9 @@ fn linux_kernel_initiator_stores_a_filesystem_through_a_sealed_gateway_pair() {
         std::thread::sleep(Duration::from_millis(500));
     };
     let out = std::fs::read_to_string(&log).unwrap();
+    for l in out.lines().filter(|l| l.contains("RESULT")) {
+        println!("{l}");
+    }
     assert!(
         status.success() && out.contains("RESULT ok"),
         "linuxvm through the gateway pair: {status}\n{out}"
