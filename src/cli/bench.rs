@@ -84,7 +84,7 @@ pub struct ConnArgs {
     /// Seal every command's data (docs/seal.md): aes-256-gcm | chacha20-poly1305 |
     /// 3des-cbc-hmac-sha1 (legacy, the papers' cipher) | none (same framing, no protection).
     /// Without --seal the session is plain. The login fails if the target does not agree.
-    #[arg(long, value_name = "CIPHER", requires = "secret_file")]
+    #[arg(long, value_name = "CIPHER")]
     pub seal: Option<String>,
     /// Seal's pre-shared secret (at least 16 bytes; trailing whitespace ignored).
     #[arg(long, value_name = "FILE")]
@@ -225,6 +225,10 @@ impl ConnArgs {
                 secret,
             });
         }
+        anyhow::ensure!(
+            self.seal.is_none() || self.secret_file.is_some(),
+            "--seal needs --secret-file (Seal's pre-shared secret)"
+        );
         let extension = match (&self.seal, &self.secret_file) {
             (Some(name), Some(path)) => {
                 let cipher = ipsan_seal::Cipher::from_name(name).with_context(|| {

@@ -5,6 +5,7 @@ mod bench;
 mod ctl;
 mod demo;
 mod discover;
+mod gateway;
 mod inquiry;
 mod journal;
 mod lab;
@@ -39,6 +40,8 @@ pub enum Command {
     Demo(Box<demo::Args>),
     /// List the targets a portal offers (SendTargets).
     Discover(Box<discover::Args>),
+    /// Serve a remote iSCSI target's LUNs to any host, sealing either side (docs/gateway.md).
+    Gateway(Box<gateway::Args>),
     /// Print a LUN's INQUIRY data and capacity.
     Inquiry(Box<inquiry::Args>),
     /// The papers' experiments end to end: plans, baselines, CPU, model, plots, report.
@@ -60,6 +63,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Ctl(args) => ctl::run(*args),
         Command::Demo(args) => demo::run(*args),
         Command::Discover(args) => discover::run(*args),
+        Command::Gateway(args) => gateway::run(*args),
         Command::Inquiry(args) => inquiry::run(*args),
         Command::Lab(args) => lab::run(*args),
         Command::Model(args) => model::run(*args),

@@ -108,6 +108,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(std::path::absolute)
         .transpose()?;
     let config = build_config(args)?;
+    serve(config, control_path, metrics_addr, config_path, "target")
+}
+
+/// Runs the target built from `config` until SIGINT/SIGTERM, announcing itself on stdout as
+/// `ipsan <who>: listening on …` / `ipsan <who>: serving iscsi://…` (scripts wait for them).
+pub(super) fn serve(
+    config: Config,
+    control_path: Option<PathBuf>,
+    metrics_addr: Option<std::net::SocketAddr>,
+    config_path: Option<PathBuf>,
+    who: &'static str,
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -124,7 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(path) = &control_path {
             let ctl = control::Control::bind(path, registry.clone())
                 .with_context(|| format!("--control {}", path.display()))?;
-            announce!("ipsan target: control socket {}", path.display());
+            announce!("ipsan {who}: control socket {}", path.display());
             side.spawn(ctl.run(stop.clone()));
         }
         if let Some(addr) = metrics_addr {
@@ -132,7 +144,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("--metrics {addr}"))?;
             let bound = l.local_addr().unwrap_or(addr);
-            announce!("ipsan target: metrics http://{bound}/metrics");
+            announce!("ipsan {who}: metrics http://{bound}/metrics");
             side.spawn(ipsan_target::metrics::serve_http(
                 l,
                 registry.clone(),
@@ -141,10 +153,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         side.spawn(reload_on_sighup(registry.clone(), stop.clone()));
         for addr in server.local_addrs() {
-            announce!("ipsan target: listening on {addr}");
+            announce!("ipsan {who}: listening on {addr}");
         }
         for url in server.urls() {
-            announce!("ipsan target: serving {url}");
+            announce!("ipsan {who}: serving {url}");
         }
         let luns: usize = registry.targets().iter().map(|t| t.luns.len()).sum();
         super::notify::notify(&format!(
@@ -306,7 +318,7 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
     Ok(Config::from_file_config(&file)?)
 }
 
-fn seal_policy_name(p: ipsan_seal::SealPolicy) -> &'static str {
+pub(super) fn seal_policy_name(p: ipsan_seal::SealPolicy) -> &'static str {
     match p {
         ipsan_seal::SealPolicy::Off => "off",
         ipsan_seal::SealPolicy::Allowed => "allowed",

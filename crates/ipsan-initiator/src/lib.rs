@@ -10,7 +10,9 @@
 //!   `session` drives it over the socket.
 //! - [`seal`]: Seal's login extension and the payload transform that seals and opens data.
 //! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
-//!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout.
+//!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout;
+//!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
+//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
 //! - [`recovery`]: session recovery after a connection failure (reconnect with backoff,
 //!   reinstatement, RFC 7143 §6.3.5; which commands are sent again; counters).
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
@@ -36,6 +38,8 @@ pub use iscsi_proto::chap::ChapSecret;
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
 pub use observe::{CommandEvent, CommandObserver};
 pub use recovery::RecoveryStats;
-pub use session::{discover, DataDir, DiscoveredTarget, ExtensionFactory, Session, SessionConfig};
+pub use session::{
+    discover, DataDir, DiscoveredTarget, ExtensionFactory, Passthrough, Session, SessionConfig,
+};
 pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

@@ -48,9 +48,12 @@ use crate::login::{
 };
 use crate::observe::{self, CommandEvent, CommandObserver, Observer};
 use crate::recovery::{self, Backoff, Counters, RecoveryStats};
-use crate::scsi::{self, Capacity, Inquiry, ScsiStatus, Sense, SenseKey};
+use crate::scsi::{self, Capacity, Inquiry, Sense, SenseKey};
 use crate::transform::{CommandInfo, PayloadTransform};
 use crate::url::IscsiUrl;
+
+mod passthrough;
+pub use passthrough::Passthrough;
 
 /// Session settings beyond the negotiated keys.
 #[derive(Debug, Clone)]
@@ -307,25 +310,16 @@ impl Shared {
         )
     }
 
-    /// A command's end as the caller sees it.
-    fn result(&self, r: engine::TaskResult) -> Result<Completion> {
+    /// A command's end as the target gave it: any SCSI status, with the raw sense bytes (a
+    /// gateway hands them on unchanged); task errors are errors.
+    fn answer(&self, r: engine::TaskResult) -> Result<Passthrough> {
         match r {
-            Ok(c) => {
-                let sense = c.sense.as_deref().and_then(Sense::parse);
-                if c.status == ScsiStatus::GOOD.0 || c.status == ScsiStatus::CONDITION_MET.0 {
-                    Ok(Completion {
-                        status: c.status,
-                        sense,
-                        data: c.data,
-                        residual: c.residual,
-                    })
-                } else {
-                    Err(Error::Scsi {
-                        status: c.status,
-                        sense,
-                    })
-                }
-            }
+            Ok(c) => Ok(Passthrough {
+                status: c.status,
+                sense: c.sense,
+                data: c.data,
+                residual: c.residual,
+            }),
             Err(TaskError::IscsiResponse(r)) => Err(Error::IscsiResponse(r)),
             Err(TaskError::Rejected(r)) => Err(Error::Rejected(r.0)),
             Err(TaskError::Aborted(AbortedBy::LunReset)) => {
@@ -918,7 +912,9 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
         if let Some(s) = &fresh.0 {
             for _ in 0..4 {
                 let ua = matches!(
-                    s.command_raw(lun, scsi::test_unit_ready(), DataDir::None, None, &mut false).await,
+                    s.command_raw(lun, scsi::test_unit_ready(), DataDir::None, None, true, &mut false)
+                        .await
+                        .and_then(Passthrough::into_completion),
                     Err(Error::Scsi { sense: Some(ref x), .. }) if x.key == SenseKey::UNIT_ATTENTION
                 );
                 if !ua {
@@ -1120,14 +1116,24 @@ impl Session {
     /// reassembly; a read's `len` is the plaintext length. With recovery on, a connection
     /// loss is ridden out as [`crate::recovery`] describes.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
-        self.command_to(self.lun, cdb, dir).await
+        self.exchange(self.lun, cdb, dir, true)
+            .await
+            .and_then(Passthrough::into_completion)
     }
 
-    /// [`Session::command`] to `lun` (the 8-byte LUN field as sent, SAM-5 §4.7).
-    async fn command_to(&self, lun: u64, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
+    /// One command to `lun` (the 8-byte LUN field as sent, SAM-5 §4.7), answered with any
+    /// status: the one path [`Session::command`] and [`Session::command_to`] share, recovery
+    /// included. `timed`: whether [`SessionConfig::command_timeout`] applies.
+    async fn exchange(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        timed: bool,
+    ) -> Result<Passthrough> {
         if self.supervisor.is_none() {
             let c = self.connection(None).await?;
-            return self.attempt(&c, lun, cdb, dir, &mut false).await;
+            return self.attempt(&c, lun, cdb, dir, timed, &mut false).await;
         }
         // What a reissue needs: the caller's plaintext (Seal seals a copy, so `Bytes` is
         // still the caller's data) or the read length.
@@ -1149,7 +1155,7 @@ impl Session {
                 },
             };
             let mut sent = false;
-            match self.attempt(&c, lun, cdb, d, &mut sent).await {
+            match self.attempt(&c, lun, cdb, d, timed, &mut sent).await {
                 // Asked to log out before it was sent: wait for the next login.
                 Err(Error::LogoutRequested) if !sent => {}
                 Err(e) if e.is_connection_loss() => {
@@ -1183,18 +1189,19 @@ impl Session {
         lun: u64,
         cdb: [u8; 16],
         dir: DataDir,
+        timed: bool,
         sent: &mut bool,
-    ) -> Result<Completion> {
+    ) -> Result<Passthrough> {
         let tr = c.observer.get();
         c.refuse_after_logout_request()?;
         // The ITT is fixed before the transform runs because the transform binds to it.
         let itt = c.with(|g| g.engine.alloc_itt())?;
         let Some(t) = self.transform.clone().or_else(|| c.transform.clone()) else {
             let Some(tr) = tr else {
-                return c.command_raw(lun, cdb, dir, Some(itt), sent).await;
+                return c.command_raw(lun, cdb, dir, Some(itt), timed, sent).await;
             };
             let g = observe::Pending::issued(Some(tr), itt);
-            return g.finish(c.command_raw(lun, cdb, dir, Some(itt), sent).await);
+            return g.finish(c.command_raw(lun, cdb, dir, Some(itt), timed, sent).await);
         };
         let g = observe::Pending::issued(tr, itt);
         // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
@@ -1208,7 +1215,7 @@ impl Session {
         };
         match dir {
             DataDir::None => g.finish(
-                c.command_raw(lun, cdb, DataDir::None, Some(itt), sent)
+                c.command_raw(lun, cdb, DataDir::None, Some(itt), timed, sent)
                     .await,
             ),
             DataDir::Write(plain) => {
@@ -1216,7 +1223,7 @@ impl Session {
                 let wire = t.outbound(info, plain).await?;
                 observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
                 g.finish(
-                    c.command_raw(lun, cdb, DataDir::Write(wire), Some(itt), sent)
+                    c.command_raw(lun, cdb, DataDir::Write(wire), Some(itt), timed, sent)
                         .await,
                 )
             }
@@ -1225,11 +1232,21 @@ impl Session {
                     Error::InvalidRequest(format!("{len} bytes cannot be carried by the transform"))
                 })?;
                 let mut done = c
-                    .command_raw(lun, cdb, DataDir::Read(buf, wire_len), Some(itt), sent)
+                    .command_raw(
+                        lun,
+                        cdb,
+                        DataDir::Read(buf, wire_len),
+                        Some(itt),
+                        timed,
+                        sent,
+                    )
                     .await?;
-                observe::note(tr, itt, CommandEvent::OpenStart, 0, done.data.len() as u64);
-                done.data = t.inbound(info, done.data).await?;
-                observe::note(tr, itt, CommandEvent::OpenEnd, 0, done.data.len() as u64);
+                // A status without data (CHECK CONDITION, say) has nothing to open.
+                if !done.data.is_empty() {
+                    observe::note(tr, itt, CommandEvent::OpenStart, 0, done.data.len() as u64);
+                    done.data = t.inbound(info, done.data).await?;
+                    observe::note(tr, itt, CommandEvent::OpenEnd, 0, done.data.len() as u64);
+                }
                 g.finish(Ok(done))
             }
         }
@@ -1387,8 +1404,9 @@ impl Shared {
         cdb: [u8; 16],
         dir: DataDir,
         itt: Option<u32>,
+        timed: bool,
         sent: &mut bool,
-    ) -> Result<Completion> {
+    ) -> Result<Passthrough> {
         self.refuse_after_logout_request()?;
         let itt = match itt {
             Some(i) => i,
@@ -1418,7 +1436,7 @@ impl Shared {
             Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
             Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
         }
-        let r = self.wait(lun, rx, itt).await;
+        let r = self.wait(lun, rx, itt, timed).await;
         // Ended with the connection before it left the engine: the target never saw it.
         if r.as_ref().is_err_and(Error::is_connection_loss)
             && self
@@ -1436,15 +1454,16 @@ impl Shared {
         lun: u64,
         mut rx: oneshot::Receiver<engine::TaskResult>,
         itt: u32,
-    ) -> Result<Completion> {
-        let Some(limit) = self.command_timeout else {
+        timed: bool,
+    ) -> Result<Passthrough> {
+        let Some(limit) = self.command_timeout.filter(|_| timed) else {
             return match rx.await {
-                Ok(r) => self.result(r),
+                Ok(r) => self.answer(r),
                 Err(_) => Err(self.lost()),
             };
         };
         match tokio::time::timeout(limit, &mut rx).await {
-            Ok(Ok(r)) => self.result(r),
+            Ok(Ok(r)) => self.answer(r),
             Ok(Err(_)) => Err(self.lost()),
             Err(_) => self.abort_task(lun, itt, limit, rx).await,
         }
@@ -1485,7 +1504,7 @@ impl Shared {
         itt: u32,
         limit: Duration,
         mut rx: oneshot::Receiver<engine::TaskResult>,
-    ) -> Result<Completion> {
+    ) -> Result<Passthrough> {
         tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
         let (tx, tmf_rx) = oneshot::channel();
         self.with_timer(|g| {
@@ -1504,7 +1523,7 @@ impl Shared {
             Ok(Ok(Err(TaskError::Aborted(AbortedBy::AbortTask)))) => {
                 return Err(Error::CommandTimedOut(limit))
             }
-            Ok(Ok(r)) => return self.result(r),
+            Ok(Ok(r)) => return self.answer(r),
             Ok(Err(_)) => return Err(self.lost()),
             Err(Ok(response)) => response,
             // The TMF waiter went away: the connection ended (the engine words why; an
@@ -1514,7 +1533,7 @@ impl Shared {
                     Ok(Err(TaskError::Aborted(AbortedBy::AbortTask))) => {
                         Err(Error::CommandTimedOut(limit))
                     }
-                    Ok(r) => self.result(r),
+                    Ok(r) => self.answer(r),
                     Err(_) => Err(self.lost()),
                 }
             }

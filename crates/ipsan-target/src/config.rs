@@ -309,6 +309,25 @@ pub struct FileLun {
     pub write_cache: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
+    /// iscsi: Seal cipher of the remote leg (aes-256-gcm, chacha20-poly1305, ...); needs
+    /// `secret_file`. Absent: the remote leg is plain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
+    /// iscsi: Seal pre-shared secret of the remote leg (mode 0600).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+    /// iscsi: commands in flight on the remote session at most (default: its CmdSN window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
+    /// iscsi: TCP congestion control of the remote connection (cubic, bbr, ipsan_sf, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_congestion: Option<String>,
+    /// iscsi: CHAP user the gateway logs in to the remote target with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap_user: Option<String>,
+    /// iscsi: file holding that CHAP user's secret (mode 0600).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chap_secret_file: Option<PathBuf>,
 }
 
 /// One LUN to serve.
@@ -320,6 +339,9 @@ pub struct LunConfig {
     pub read_only: bool,
     pub write_cache: bool,
     pub serial: Option<String>,
+    /// A remote iSCSI LUN (`backend = "iscsi://…"`, docs/gateway.md): every command is
+    /// forwarded to it; `backend` is then an unused placeholder.
+    pub remote: Option<std::sync::Arc<crate::remote::RemoteSpec>>,
 }
 
 /// Seal settings of one target (docs/seal.md §2).
@@ -596,7 +618,127 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
     })
 }
 
+/// The settings of a remote iSCSI LUN (`backend = "iscsi://host:port/iqn/lun"`).
+fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, ConfigError> {
+    let url = ipsan_initiator::IscsiUrl::parse(&l.backend)
+        .map_err(|e| err(format!("{field}.backend"), e.to_string()))?;
+    if url.target.is_none() || url.lun.is_none() {
+        return Err(err(
+            format!("{field}.backend"),
+            "expected iscsi://host[:port]/target-iqn/lun",
+        ));
+    }
+    if url.user.is_some() {
+        return Err(err(
+            format!("{field}.backend"),
+            "no CHAP user in the URL: use chap_user and chap_secret_file",
+        ));
+    }
+    let mut session = ipsan_initiator::SessionConfig {
+        // A remote leg rides out WAN failures (docs/gateway.md): open-iscsi's
+        // replacement_timeout, as `ipsan gateway --recovery-timeout` defaults to.
+        recovery_timeout: Some(ipsan_initiator::recovery::DEFAULT_RECOVERY_TIMEOUT),
+        ..ipsan_initiator::SessionConfig::default()
+    };
+    match (&l.chap_user, &l.chap_secret_file) {
+        (None, None) => {}
+        (Some(user), Some(path)) => {
+            let secret = ipsan_initiator::ChapSecret::from_file(path)
+                .map_err(|e| err(format!("{field}.chap_secret_file"), e.to_string()))?;
+            session.login.chap = Some(ipsan_initiator::ChapCredentials {
+                name: user.clone(),
+                secret,
+            });
+        }
+        _ => {
+            return Err(err(
+                format!("{field}.chap_user"),
+                "chap_user and chap_secret_file go together",
+            ))
+        }
+    }
+    let seal = match (&l.seal, &l.secret_file) {
+        (None, None) => None,
+        (Some(name), Some(path)) => {
+            let cipher = ipsan_seal::Cipher::from_name(name).ok_or_else(|| {
+                err(
+                    format!("{field}.seal"),
+                    format!("{name:?}: expected aes-256-gcm, chacha20-poly1305, 3des-cbc-hmac-sha1 or none"),
+                )
+            })?;
+            Some((
+                cipher,
+                seal_secret_from_file(&format!("{field}.secret_file"), path)?,
+            ))
+        }
+        _ => {
+            return Err(err(
+                format!("{field}.seal"),
+                "seal and secret_file go together",
+            ))
+        }
+    };
+    if let Some(d) = l.depth {
+        if !(1..=4096).contains(&d) {
+            return Err(err(format!("{field}.depth"), "must be in 1..=4096"));
+        }
+    }
+    if let Some(c) = &l.tcp_congestion {
+        let t = ipsan_tcp::TcpSettings {
+            congestion: Some(c.clone()),
+            nodelay: Some(true),
+            ..ipsan_tcp::TcpSettings::default()
+        };
+        t.validate()
+            .map_err(|e| err(format!("{field}.tcp_congestion"), e.to_string()))?;
+        session.tcp = Some(t);
+    }
+    let source = format!(
+        "{} seal={} depth={} tcp={} chap={}",
+        l.backend,
+        l.seal.as_deref().unwrap_or("off"),
+        l.depth.map_or("window".to_owned(), |d| d.to_string()),
+        l.tcp_congestion.as_deref().unwrap_or("kernel"),
+        l.chap_user.as_deref().unwrap_or("none"),
+    );
+    Ok(crate::remote::RemoteSpec {
+        url,
+        session,
+        seal,
+        depth: l.depth,
+        source,
+    })
+}
+
 fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
+    let remote_only = l.seal.is_some()
+        || l.secret_file.is_some()
+        || l.depth.is_some()
+        || l.tcp_congestion.is_some()
+        || l.chap_user.is_some()
+        || l.chap_secret_file.is_some();
+    if l.backend.starts_with("iscsi://") {
+        let remote = remote_from(field, l)?;
+        return Ok(LunConfig {
+            id: l.id,
+            backend: BackendSpec {
+                kind: ipsan_scsi::BackendKind::Null,
+                size: Some(0),
+                block_size: None,
+            },
+            block_size: 512,
+            read_only: l.read_only,
+            write_cache: true,
+            serial: None,
+            remote: Some(std::sync::Arc::new(remote)),
+        });
+    }
+    if remote_only {
+        return Err(err(
+            field.to_owned(),
+            "seal, secret_file, depth, tcp_congestion, chap_user and chap_secret_file apply to iscsi:// backends only",
+        ));
+    }
     let mut backend: BackendSpec = l
         .backend
         .parse()
@@ -648,6 +790,7 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
         read_only: l.read_only,
         write_cache: l.write_cache.unwrap_or(true),
         serial: l.serial.clone(),
+        remote: None,
     })
 }
 
@@ -771,7 +914,24 @@ impl Config {
                 ));
             }
             let mut ids = std::collections::HashSet::new();
+            let mut remotes: std::collections::HashMap<String, &str> =
+                std::collections::HashMap::new();
             for (j, l) in t.luns.iter().enumerate() {
+                if let Some(r) = &l.remote {
+                    // One session per host reaches every LUN of a remote target.
+                    let settings = r.source.split_once(' ').map_or("", |(_, s)| s);
+                    if let Some(prev) = remotes.insert(r.target_key(), settings) {
+                        if prev != settings {
+                            return Err(err(
+                                format!("target[{i}].lun[{j}]"),
+                                format!(
+                                    "LUNs reaching {} must share seal, depth, tcp_congestion and chap settings",
+                                    r.target_key()
+                                ),
+                            ));
+                        }
+                    }
+                }
                 if l.id > 16383 {
                     return Err(err(
                         format!("target[{i}].lun[{j}].id"),
@@ -862,6 +1022,12 @@ impl FileLun {
             read_only: false,
             write_cache: None,
             serial: None,
+            seal: None,
+            secret_file: None,
+            depth: None,
+            tcp_congestion: None,
+            chap_user: None,
+            chap_secret_file: None,
         }
     }
 
@@ -1011,6 +1177,92 @@ pub fn chap_from_flags(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn remote_toml(key: &Path, lun1_extra: &str) -> String {
+        format!(
+            r#"
+[[target]]
+iqn = "iqn.2026-11.org.ipsan:gw"
+[[target.lun]]
+id = 0
+backend = "iscsi://10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0/0"
+seal = "aes-256-gcm"
+secret_file = "{k}"
+depth = 8
+[[target.lun]]
+id = 1
+backend = "iscsi://10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0/1"
+{lun1_extra}
+"#,
+            k = key.display()
+        )
+    }
+
+    fn key_file(dir: &Path) -> PathBuf {
+        let k = dir.join("wan.key");
+        std::fs::write(&k, "0123456789abcdef0123456789abcdef").unwrap();
+        std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        k
+    }
+
+    #[test]
+    fn accepts_remote_iscsi_luns_mirroring_one_remote_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key_file(dir.path());
+        let extra = format!(
+            "seal = \"aes-256-gcm\"\nsecret_file = \"{}\"\ndepth = 8",
+            k.display()
+        );
+        let c = Config::from_toml(&remote_toml(&k, &extra)).unwrap();
+        let luns = &c.targets[0].luns;
+        let r = luns[1].remote.as_ref().unwrap();
+        assert_eq!(r.remote_lun(), 1);
+        assert_eq!(r.depth, Some(8));
+        assert_eq!(
+            r.seal.as_ref().map(|(c, _)| *c),
+            ipsan_seal::Cipher::from_name("aes-256-gcm")
+        );
+        assert_eq!(
+            r.target_key(),
+            "10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0"
+        );
+        // The secret never shows in Debug.
+        assert!(!format!("{r:?}").contains("0123456789abcdef"));
+        let t = crate::registry::Registry::build(&c).unwrap().targets()[0].clone();
+        assert!(t.luns.is_empty());
+        assert_eq!(t.remotes.len(), 2);
+        assert!(t.mirrored_remote().is_some());
+        // A LUN the gateway does not list still goes to the mirrored remote target.
+        assert_eq!(t.remote_route(7).map(|(_, l)| l), Some(7));
+        assert_eq!(t.remote_targets().len(), 1);
+    }
+
+    #[test]
+    fn rejects_remote_luns_of_one_remote_target_with_different_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key_file(dir.path());
+        let e = Config::from_toml(&remote_toml(&k, "")).unwrap_err();
+        assert!(e.to_string().contains("must share"), "{e}");
+    }
+
+    #[test]
+    fn rejects_remote_settings_on_a_local_backend_and_a_url_without_lun() {
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\ndepth = 4\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("iscsi:// backends only"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://10.231.0.2/iqn.2026-11.org.ipsan:disk0\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("target-iqn/lun"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://10.231.0.2/iqn.2026-11.org.ipsan:disk0/0\"\nseal = \"aes-256-gcm\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
+    }
 
     #[test]
     fn accepts_rbd_luns_with_ceph_settings_and_flags_fill_the_gaps() {

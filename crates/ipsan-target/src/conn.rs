@@ -31,6 +31,7 @@ use tracing::{debug, info, trace, warn};
 
 use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
+use crate::remote::{ForwardError, RemoteNexus, RemoteSpec};
 use crate::seal_ext::{SealExtension, SealSlot, TranscriptSlot};
 use ipsan_seal::{CryptoPool, Direction, Forgery, RecordOpener, RecordSealer, SealSession};
 
@@ -85,7 +86,7 @@ pub async fn serve(
         shared.login_timeout,
         login_phase(&mut conn, &mut wr, &shared, &slot, &transcript, peer),
     );
-    let (result, session_slot) = tokio::select! {
+    let (result, session_slot, remote) = tokio::select! {
         r = login => match r {
             Ok(Ok(Some(result))) => result,
             Ok(Ok(None)) => return,
@@ -174,6 +175,7 @@ pub async fn serve(
         rekey_asked: AtomicBool::new(false),
         running: AtomicUsize::new(0),
         idle: Notify::new(),
+        remote,
     });
     if let Some(old) = reinstates {
         // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
@@ -208,6 +210,10 @@ pub async fn serve(
     drained.cancel();
     session.wake_writer.notify_one();
     let _ = writer.await;
+    if let Some(r) = &session.remote {
+        // The host's I_T nexus is gone: so is its nexus on the remote targets.
+        r.close().await;
+    }
     shared.registry.unregister(
         &session.params.initiator_name,
         result.isid,
@@ -257,7 +263,42 @@ impl Reader {
 type LoggedIn = (
     iscsi_proto::login::LoginResult,
     Option<crate::registry::SessionSlot>,
+    Option<Arc<RemoteNexus>>,
 );
+
+/// A normal session's remote sessions (a gateway's target, remote.rs): logged in, as the
+/// host, to every remote target the session's target reaches, before the host's login is
+/// answered. `Err` says why one could not be reached; the host's login is then refused.
+async fn open_remotes(
+    shared: &Shared,
+    result: &iscsi_proto::login::LoginResult,
+) -> Result<Option<Arc<RemoteNexus>>, String> {
+    let Some(target) = result
+        .params
+        .target_name
+        .as_deref()
+        .and_then(|n| shared.registry.target(n))
+    else {
+        return Ok(None);
+    };
+    let nexus = Arc::new(RemoteNexus::new(
+        &result.params.initiator_name,
+        result.isid,
+        shared.pool.clone(),
+    ));
+    for spec in target.remote_targets() {
+        // Within the host's login timeout, so the host hears why.
+        let limit = shared.login_timeout / 2;
+        let why = match tokio::time::timeout(limit, nexus.open(&spec)).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {limit:?}"),
+        };
+        nexus.close().await;
+        return Err(format!("remote target {}: {why}", spec.target_key()));
+    }
+    Ok(Some(nexus))
+}
 
 /// Runs the login; `Ok(None)` when it failed or the peer went away (already answered).
 async fn login_phase(
@@ -305,7 +346,27 @@ async fn login_phase(
         };
         // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
         lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
-        let reply = login.handle(req, &pdu.data, &mut dir);
+        let mut reply = login.handle(req, &pdu.data, &mut dir);
+        let mut remote = None;
+        if let Outcome::FullFeature(result) = &reply.outcome {
+            match open_remotes(shared, result).await {
+                Ok(r) => remote = r,
+                Err(why) => {
+                    // RFC 7143 §11.13.5: 0x0301 "service unavailable", a target error the
+                    // initiator retries later (as after a path failure).
+                    warn!(%peer, initiator = %result.params.initiator_name, "{why}; refusing the login");
+                    reply.header.transit = false;
+                    reply.header.tsih = 0;
+                    reply.header.status_class = 0x03;
+                    reply.header.status_detail = 0x01;
+                    reply.data.clear();
+                    reply.outcome = Outcome::Failed(iscsi_proto::login::LoginFailure::new(
+                        iscsi_proto::login::LoginStatus::SERVICE_UNAVAILABLE,
+                        why,
+                    ));
+                }
+            }
+        }
         if let Outcome::Failed(f) = &reply.outcome {
             shared.registry.count_login(&dir, Some(f.status.0));
             auth_failure_backoff(shared, &dir, peer, f).await;
@@ -331,7 +392,7 @@ async fn login_phase(
                         .registry
                         .auth_success(&result.params.initiator_name, peer.ip());
                 }
-                return Ok(Some((*result, dir.take_slot())));
+                return Ok(Some((*result, dir.take_slot(), remote)));
             }
         }
     }
@@ -482,6 +543,9 @@ enum Exec {
     /// and writes then run inline instead of hopping to the blocking pool, which is most of a
     /// depth-1 command's latency on loopback.
     Lu(Arc<LogicalUnit>, bool),
+    /// A remote iSCSI LUN (remote.rs): the command is forwarded with its CDB and data, and
+    /// the remote status, sense, data and residual come back unchanged. The remote LUN number.
+    Remote(Arc<RemoteSpec>, u64),
     NoLun,
 }
 
@@ -530,7 +594,12 @@ fn engine_response(r: ScsiResponse) -> engine::Response {
 
 impl engine::LunDirectory for Luns<'_> {
     fn exists(&self, lun: u64) -> bool {
-        self.lu(lun).is_some()
+        self.lu(lun).is_some() || self.passthrough(lun)
+    }
+
+    fn passthrough(&self, lun: u64) -> bool {
+        self.target
+            .is_some_and(|t| t.remote_route(decode_lun(lun.to_be_bytes())).is_some())
     }
 
     fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
@@ -592,6 +661,8 @@ struct Session {
     running: AtomicUsize,
     /// `running` fell to zero.
     idle: Notify,
+    /// This host's sessions on the remote targets of remote LUNs (a gateway, remote.rs).
+    remote: Option<Arc<RemoteNexus>>,
 }
 
 impl Session {
@@ -760,6 +831,13 @@ impl Session {
             TmfFunction::LOGICAL_UNIT_RESET => {
                 if let Some(lu) = t.luns.get(&lun) {
                     lu.reset(ResetKind::LogicalUnit, &self.nexus);
+                } else if let (Some((spec, remote_lun)), Some(nexus)) =
+                    (t.remote_route(lun), self.remote.clone())
+                {
+                    // Forwarded: the remote LU resets, its tasks for this host end (their
+                    // answers here are suppressed by the engine) and other hosts get their
+                    // unit attention from the remote target.
+                    tokio::spawn(async move { nexus.lun_reset(&spec, remote_lun).await });
                 }
                 return;
             }
@@ -768,6 +846,18 @@ impl Session {
         };
         for lu in t.luns.values() {
             lu.reset(kind, &self.nexus);
+        }
+        if let Some(nexus) = self.remote.clone() {
+            // ipsan's initiator sends no target reset: each remote LU is reset instead, what
+            // a target reset does to every LU (SAM-5 §7.8).
+            let remotes: Vec<Arc<RemoteSpec>> = t.remotes.values().cloned().collect();
+            if !remotes.is_empty() {
+                tokio::spawn(async move {
+                    for spec in remotes {
+                        nexus.lun_reset(&spec, spec.remote_lun()).await;
+                    }
+                });
+            }
         }
     }
 
@@ -828,6 +918,7 @@ impl Session {
             Exec::Lu(lu, _) => lu
                 .precheck(&self.nexus, cdb)
                 .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
+            Exec::Remote(..) => ScsiResponse::good(Bytes::new()),
             Exec::NoLun => no_such_lun(cdb),
         }
     }
@@ -842,8 +933,20 @@ impl Session {
         let timer = self.stats.start(lun);
         let exec = match target.as_ref().and_then(|t| t.luns.get(&lun)) {
             Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
-            None => Exec::NoLun,
+            // REPORT LUNS goes to the remote target only when this target mirrors it;
+            // otherwise it lists this target's LUNs, local and remote (SPC-4 §6.33).
+            None => match target.as_ref().and_then(|t| {
+                t.remote_route(lun)
+                    .filter(|_| x.cdb.first() != Some(&0xa0) || t.mirrored_remote().is_some())
+            }) {
+                Some((spec, remote_lun)) => Exec::Remote(spec, remote_lun),
+                None => Exec::NoLun,
+            },
         };
+        // A remote LUN's residual is the remote target's (None: computed by the engine).
+        let mut residual: Option<i64> = None;
+        // The remote session is gone: this host's session ends after this answer.
+        let mut remote_lost = false;
         let mut cdb = x.cdb;
         let mut data_out = x.data_out;
         let mut pre: Option<ScsiResponse> = None;
@@ -915,6 +1018,14 @@ impl Session {
         let mut resp = match (early.take(), pre) {
             (Some(r), _) => r,
             (None, Some(r)) => engine_response(r),
+            (None, None) if matches!(exec, Exec::Remote(..)) => {
+                let (r, res, lost) = self
+                    .forward(&exec, &cdb, data_out, (x.need, x.edtl, x.read, x.write))
+                    .await;
+                residual = res;
+                remote_lost = lost;
+                r
+            }
             // An async backend (RBD) completes data-path commands through callbacks: the task
             // awaits them and holds no thread (ipsan_scsi::aio).
             (None, None) if runs_async(&exec, &cdb) => match &exec {
@@ -928,7 +1039,7 @@ impl Session {
                     })
                     .await,
                 ),
-                Exec::NoLun => engine_response(no_such_lun(&cdb)),
+                Exec::Remote(..) | Exec::NoLun => engine_response(no_such_lun(&cdb)),
             },
             (None, None) => {
                 let cdb = cdb.clone();
@@ -939,7 +1050,7 @@ impl Session {
                     // (SPC-4 §6.33).
                     _ if cdb.first() == Some(&0xa0) => {
                         let luns: Vec<u64> = target
-                            .map(|t| t.luns.keys().copied().collect())
+                            .map(|t| t.luns.keys().chain(t.remotes.keys()).copied().collect())
                             .unwrap_or_default();
                         report_luns(&luns, &cdb)
                     }
@@ -949,7 +1060,7 @@ impl Session {
                         nexus: &nexus,
                         lun,
                     }),
-                    Exec::NoLun => no_such_lun(&cdb),
+                    Exec::Remote(..) | Exec::NoLun => no_such_lun(&cdb),
                 };
                 let r = if inline {
                     run()
@@ -984,9 +1095,12 @@ impl Session {
         );
         let closed = {
             let mut e = lock(&self.engine);
-            e.complete(itt, resp);
+            e.complete_with_residual(itt, resp, residual);
             if let Some((session, _, _)) = &seal {
                 self.seal_counter_watch(&mut e, session, seal_exhausted);
+            }
+            if remote_lost {
+                e.close_locally();
             }
             e.closed().is_some()
         };
@@ -994,6 +1108,74 @@ impl Session {
         if closed {
             // Closed here (Seal limits): the reader must see the event.
             self.wake_reader.notify_one();
+        }
+    }
+
+    /// A command to a remote LUN (`Exec::Remote`): forwarded with its CDB and data-out
+    /// (already opened if this session is sealed), answered with the remote target's status,
+    /// sense, data and residual. Returns the answer, the residual to report, and whether the
+    /// remote session is lost (the host's session then ends, so its initiator logs in again
+    /// as after a path failure: RFC 7143 §6.3.5, open-iscsi's replacement_timeout).
+    async fn forward(
+        &self,
+        exec: &Exec,
+        cdb: &[u8],
+        data_out: Bytes,
+        (need, edtl, read, write): (u64, u32, bool, bool),
+    ) -> (engine::Response, Option<i64>, bool) {
+        let (Exec::Remote(spec, remote_lun), Some(nexus)) = (exec, &self.remote) else {
+            return (engine_response(no_such_lun(cdb)), None, false);
+        };
+        // A READ sent with the W bit (libiscsi's Read*Invalid): ipsan's initiator carries
+        // no bidirectional command, and Data-In for a write would end the remote connection;
+        // forwarded as the read it is, its data-out dropped (a target reads no data for it).
+        let (need, data_out, read, write) =
+            if write && matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88)) {
+                (0, Bytes::new(), true, false)
+            } else {
+                (need, data_out, read, write)
+            };
+        // The host's EDTL counts sealed bytes in a sealed session: read the plaintext.
+        let read_len = match (&self.seal, need) {
+            (_, n) if n > 0 => 0,
+            (Some(seal), _) => match seal.plain_len(edtl as usize) {
+                Some(n) => n,
+                None => {
+                    let r = ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03));
+                    return (engine_response(r), None, false);
+                }
+            },
+            (None, _) => edtl as usize,
+        };
+        match nexus
+            .forward(spec, *remote_lun, cdb, data_out, read_len, (read, write))
+            .await
+        {
+            Ok(p) => {
+                // A write's residual and a read's overflow are the remote target's. A read's
+                // underflow the engine measures from the Data-In it sends: in a sealed
+                // session (here or on the remote leg) the remote's count is in other units.
+                let residual = (need > 0 || p.residual < 0).then_some(p.residual);
+                let r = engine::Response {
+                    status: p.status,
+                    sense: p.sense,
+                    data_in: p.data.freeze(),
+                };
+                (r, residual, false)
+            }
+            Err(e) => {
+                let lost = matches!(e, ForwardError::Lost(_));
+                warn!(initiator = %self.params.initiator_name, lun = remote_lun, remote = %spec.target_key(), opcode = cdb.first().copied().unwrap_or(0), "{e}");
+                let sense = match e {
+                    // LOGICAL UNIT COMMUNICATION FAILURE: retryable, the host decides.
+                    ForwardError::Lost(_) | ForwardError::Aborted(_) => {
+                        Sense::new(SenseKey::ABORTED_COMMAND, 0x08, 0x00)
+                    }
+                    // INVALID COMMAND OPERATION CODE (a CDB the remote leg cannot carry).
+                    ForwardError::Refused(_) => Sense::new(SenseKey::ILLEGAL_REQUEST, 0x20, 0x00),
+                };
+                (engine_response(ScsiResponse::check(sense)), None, lost)
+            }
         }
     }
 

@@ -9,6 +9,8 @@
 //!   Unix socket.
 //! - [`metrics`]: per-target, per-LUN and per-session counters and the Prometheus text
 //!   exposition (`--metrics`).
+//! - [`remote`]: remote iSCSI LUNs, a gateway's pass-through (docs/gateway.md): one remote
+//!   session per host session, through ipsan's initiator, commands forwarded unchanged.
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
 //! - `conn`: one connection — the login phase, then the tokio driver of the full feature phase:
 //!   one framed read into `iscsi_proto::engine::target`, one writer draining its PDUs, and
@@ -22,6 +24,7 @@ pub mod control;
 pub mod limits;
 pub mod metrics;
 pub mod registry;
+pub mod remote;
 mod seal_ext;
 pub mod server;
 

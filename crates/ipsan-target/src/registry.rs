@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, FileConfig, LunConfig, TargetConfig};
 use crate::limits::{AddressConnections, AuthLimiter, FailureVerdict, LimitStats, Limits};
 use crate::metrics::{LunTable, Metrics, SessionStats};
+use crate::remote::RemoteSpec;
 
 /// The portal group every portal of this target belongs to (RFC 7143 §13.9).
 pub const PORTAL_GROUP_TAG: u16 = 1;
@@ -38,9 +39,55 @@ pub struct Target {
     pub lun_configs: BTreeMap<u64, LunConfig>,
     /// Per-LUN counters, shared with this target's sessions (metrics.rs).
     pub lun_stats: Arc<LunTable>,
+    /// Remote iSCSI LUNs (a gateway's pass-through, remote.rs): every command to them is
+    /// forwarded.
+    pub remotes: BTreeMap<u64, Arc<RemoteSpec>>,
 }
 
 impl Target {
+    /// The one remote target this target mirrors, if it has no LUN of its own and each of
+    /// its LUNs is that remote target's LUN with the same number: then REPORT LUNS and
+    /// commands to LUNs it does not list are forwarded too, so the host sees the remote
+    /// target exactly.
+    #[must_use]
+    pub fn mirrored_remote(&self) -> Option<&Arc<RemoteSpec>> {
+        if !self.luns.is_empty() {
+            return None;
+        }
+        let mut it = self.remotes.iter();
+        let (_, first) = it.next()?;
+        let key = first.target_key();
+        self.remotes
+            .iter()
+            .all(|(id, r)| r.target_key() == key && r.remote_lun() == *id)
+            .then_some(first)
+    }
+
+    /// Where a command to LUN `lun` goes when it is not a local LU: the remote LUN's spec and
+    /// its number on the remote target.
+    #[must_use]
+    pub fn remote_route(&self, lun: u64) -> Option<(Arc<RemoteSpec>, u64)> {
+        if let Some(r) = self.remotes.get(&lun) {
+            return Some((r.clone(), r.remote_lun()));
+        }
+        if self.luns.contains_key(&lun) {
+            return None;
+        }
+        self.mirrored_remote().map(|r| (r.clone(), lun))
+    }
+
+    /// The remote targets this target's LUNs reach, one entry each.
+    #[must_use]
+    pub fn remote_targets(&self) -> Vec<Arc<RemoteSpec>> {
+        let mut out: Vec<Arc<RemoteSpec>> = Vec::new();
+        for r in self.remotes.values() {
+            if !out.iter().any(|o| o.target_key() == r.target_key()) {
+                out.push(r.clone());
+            }
+        }
+        out
+    }
+
     /// Whether `initiator` may log in (an empty allow-list admits everyone).
     #[must_use]
     pub fn allows(&self, initiator: &str) -> bool {
@@ -589,7 +636,13 @@ fn build_target(
         || Arc::new(RwLock::new(BTreeMap::new())),
         |(old, _)| old.lun_stats.clone(),
     );
+    let mut remotes = BTreeMap::new();
     for l in &t.luns {
+        if let Some(r) = &l.remote {
+            remotes.insert(l.id, r.clone());
+            lun_configs.insert(l.id, l.clone());
+            continue;
+        }
         let kept = reuse.and_then(|(old, keep)| {
             keep.contains(&l.id).then(|| {
                 let lu = old.luns.get(&l.id)?.clone();
@@ -624,6 +677,7 @@ fn build_target(
         backends,
         lun_configs,
         lun_stats,
+        remotes,
     })
 }
 

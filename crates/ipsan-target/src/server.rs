@@ -120,7 +120,7 @@ impl Server {
                 SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
             };
             for t in self.shared.registry.targets().iter() {
-                for lun in t.luns.keys() {
+                for lun in t.luns.keys().chain(t.remotes.keys()) {
                     urls.push(format!("iscsi://{host}/{}/{lun}", t.iqn));
                 }
             }

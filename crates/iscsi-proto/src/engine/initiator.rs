@@ -185,6 +185,8 @@ struct Task {
     lun: u64,
     cdb: [u8; 16],
     write: Bytes,
+    /// Sent with the W bit: the caller gave write data (a pass-through may give none).
+    write_bit: bool,
     read: Option<BytesMut>,
     read_len: u32,
     received: u32,
@@ -397,6 +399,7 @@ impl Connection {
         if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
             return Err(SubmitError::Invalid);
         }
+        let write_bit = matches!(cmd.data, Data::Write(_));
         let (write, read, read_len) = match cmd.data {
             Data::None => (Bytes::new(), None, 0),
             Data::Write(b) => {
@@ -418,6 +421,7 @@ impl Connection {
                 lun: cmd.lun,
                 cdb: cmd.cdb,
                 write,
+                write_bit,
                 read,
                 read_len,
                 received: 0,
@@ -782,8 +786,9 @@ impl Connection {
             ScsiCommand {
                 immediate: false,
                 final_: unsolicited_end == imm,
-                read: t.read_len > 0,
-                write: total > 0,
+                // The R and W bits say what the caller asked for, even for 0 bytes (§11.3.1).
+                read: t.read.is_some(),
+                write: t.write_bit,
                 attr: TaskAttr::SIMPLE,
                 lun: t.lun,
                 itt,

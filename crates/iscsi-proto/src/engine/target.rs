@@ -38,6 +38,12 @@ pub trait LunDirectory {
     /// How many data-out bytes `cdb` needs for `lun` (0 for reads and non-data commands), and
     /// an answer decided before any data moves (bad CDB, a transfer the target refuses).
     fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> Sizing;
+    /// Whether the LUN is a pass-through to another target (a gateway's remote LUN): no local
+    /// device server parses the CDB, so its data-out is sized by EDTL when the W bit is set
+    /// and by nothing otherwise, as pass-through targets do (RFC 7143 §11.3.1, §11.4.5).
+    fn passthrough(&self, _lun: u64) -> bool {
+        false
+    }
 }
 
 /// The data-out a command needs, as the device server sees it.
@@ -103,6 +109,9 @@ pub struct Execute {
     pub early: Option<Response>,
     /// A data-out command sent without the W bit (EDTL counts as 0 for it).
     pub write_without_w: bool,
+    /// The command's R and W bits (§11.3.1), for a pass-through that forwards them.
+    pub read: bool,
+    pub write: bool,
 }
 
 /// What the driver must act on.
@@ -174,6 +183,8 @@ struct Collect {
     need: u64,
     early: Option<Response>,
     write: WriteState,
+    /// The command's R bit (a bidirectional command).
+    read: bool,
 }
 
 #[derive(Debug)]
@@ -421,6 +432,18 @@ impl Connection {
 
     /// The device server's answer to an [`Event::Execute`]. Unknown ITTs are ignored (false).
     pub fn complete(&mut self, itt: u32, resp: Response) -> bool {
+        self.complete_with_residual(itt, resp, None)
+    }
+
+    /// [`Connection::complete`] with the residual decided by someone else: a pass-through
+    /// LUN reports the remote target's residual (positive: underflow, negative: overflow;
+    /// RFC 7143 §11.4.5) instead of one computed from EDTL and the data.
+    pub fn complete_with_residual(
+        &mut self,
+        itt: u32,
+        resp: Response,
+        residual: Option<i64>,
+    ) -> bool {
         let Some(task) = self.tasks.get(&itt) else {
             return false;
         };
@@ -434,7 +457,7 @@ impl Connection {
             self.window.complete();
         }
         if !aborted && self.closed.is_none() {
-            self.send_status(itt, task.lun, task.edtl, task.need, resp);
+            self.send_status(itt, task.lun, task.edtl, task.need, resp, residual);
         }
         self.release_held(itt);
         if self.logout.is_some() && !self.any_running() {
@@ -542,7 +565,14 @@ impl Connection {
             return refuse(self, RejectReason::PROTOCOL_ERROR);
         };
         let edtl = cmd.expected_data_transfer_length;
-        let Sizing { need, mut early } = dir.size(cmd.lun, &cdb, edtl);
+        let Sizing { need, mut early } = if dir.passthrough(cmd.lun) {
+            Sizing {
+                need: if cmd.write { u64::from(edtl) } else { 0 },
+                early: None,
+            }
+        } else {
+            dir.size(cmd.lun, &cdb, edtl)
+        };
         let need = if need > self.max_command_bytes {
             // INVALID FIELD IN CDB: no buffer this large on a CDB's say-so.
             early = Some(Response::check(0x05, 0x24, 0x00));
@@ -574,6 +604,8 @@ impl Connection {
                 need,
                 early,
                 write_without_w: need > 0,
+                read: cmd.read,
+                write: false,
             }));
             return;
         }
@@ -594,6 +626,7 @@ impl Connection {
                     need,
                     early,
                     write,
+                    read: cmd.read,
                 })),
             },
         );
@@ -650,6 +683,8 @@ impl Connection {
             need: c.need,
             early: fail.or(c.early),
             write_without_w: false,
+            read: c.read,
+            write: true,
         }));
     }
 
@@ -927,15 +962,26 @@ impl Connection {
     /// into the last Data-In (§11.7.3); otherwise a SCSI Response carrying the sense data.
     /// Residuals (§11.4.5): data-out commands compare EDTL with what the CDB needs, data-in
     /// commands with what the device server produced.
-    fn send_status(&mut self, itt: u32, lun: u64, edtl: u32, need: u64, resp: Response) {
+    fn send_status(
+        &mut self,
+        itt: u32,
+        lun: u64,
+        edtl: u32,
+        need: u64,
+        resp: Response,
+        given: Option<i64>,
+    ) {
         let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
         let base = if need > 0 {
             u32::try_from(need).unwrap_or(u32::MAX)
         } else {
             produced
         };
-        let overflow = base.saturating_sub(edtl);
-        let underflow = edtl.saturating_sub(base);
+        let (overflow, underflow) = match given {
+            Some(r) if r < 0 => (u32::try_from(-r).unwrap_or(u32::MAX), 0),
+            Some(r) => (0, u32::try_from(r).unwrap_or(u32::MAX)),
+            None => (base.saturating_sub(edtl), edtl.saturating_sub(base)),
+        };
         let residual = overflow.max(underflow);
         let seg = self.params.initiator_max_recv_data_segment_length.max(512);
         let burst = self.params.max_burst_length.max(512);
@@ -1125,6 +1171,97 @@ mod tests {
             }
         }
         v
+    }
+
+    /// A gateway's LUN: no device server sizes its CDBs.
+    struct Remote;
+    impl LunDirectory for Remote {
+        fn exists(&self, _lun: u64) -> bool {
+            true
+        }
+        fn size(&self, _lun: u64, _cdb: &[u8], _edtl: u32) -> Sizing {
+            unreachable!("a pass-through LUN is sized by EDTL")
+        }
+        fn passthrough(&self, _lun: u64) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn accepts_passthrough_data_out_sized_by_edtl_and_reports_the_given_residual() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        // WRITE(16) of 1 block with EDTL 2 blocks: the pass-through solicits all of EDTL.
+        let mut cmd = write16(1, 1, 1);
+        if let Header::ScsiCommand(h) = &mut cmd.header {
+            h.expected_data_transfer_length = 1024;
+        }
+        c.handle_pdu(now, &Remote, cmd);
+        let r = r2ts(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].desired_data_transfer_length, 1024);
+        let d = DataOut {
+            final_: true,
+            lun: 0,
+            itt: 1,
+            ttt: r[0].ttt,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+        };
+        c.handle_pdu(now, &Remote, Pdu::new(d, Bytes::from(vec![0u8; 1024])));
+        let Some(Event::Execute(x)) = c.poll_event() else {
+            panic!("no Execute")
+        };
+        assert_eq!((x.need, x.data_out.len(), x.early), (1024, 1024, None));
+        assert!(x.write && !x.read, "the W bit goes with the command");
+        // The remote target's underflow of one block goes to the host unchanged.
+        assert!(c.complete_with_residual(1, Response::good(Bytes::new()), Some(512)));
+        let p = c.poll_transmit().unwrap();
+        let Header::ScsiResponse(h) = p.header else {
+            panic!("no SCSI Response")
+        };
+        assert!(h.underflow && !h.overflow);
+        assert_eq!(h.residual_count, 512);
+    }
+
+    #[test]
+    fn accepts_passthrough_reads_with_no_data_out_and_a_given_overflow() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        let read = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: iscsi_wire::header::TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 5,
+            expected_data_transfer_length: 512,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            cdb,
+        };
+        c.handle_pdu(now, &Remote, Pdu::new(read, Bytes::new()));
+        let Some(Event::Execute(x)) = c.poll_event() else {
+            panic!("no Execute")
+        };
+        assert_eq!((x.need, x.write_without_w), (0, false));
+        assert!(x.read && !x.write, "the R bit goes with the command");
+        assert!(c.complete_with_residual(
+            5,
+            Response::good(Bytes::from(vec![7u8; 512])),
+            Some(-512)
+        ));
+        let p = c.poll_transmit().unwrap();
+        let Header::DataIn(h) = p.header else {
+            panic!("no Data-In")
+        };
+        assert!(h.status_present && h.overflow && !h.underflow);
+        assert_eq!(h.residual_count, 512);
+        assert_eq!(p.data.len(), 512);
     }
 
     #[test]

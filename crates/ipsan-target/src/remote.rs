@@ -1,0 +1,281 @@
+//! Remote iSCSI LUNs: the gateway's pass-through (`ipsan gateway`, docs/gateway.md).
+//!
+//! A gateway is this target engine and ipsan's initiator engine with a task mapping between
+//! them, not a third copy of the protocol:
+//!
+//! ```text
+//!  host ──► target engine (conn.rs) ──Execute{cdb, data}──► RemoteNexus::forward
+//!                                                              │ Session::command_to
+//!                                                              ▼ (initiator engine)
+//!  host ◄── complete_with_residual ◄── status, sense, data, residual ◄── remote target
+//! ```
+//!
+//! * One remote session per host session (the host's I_T nexus), opened while the host logs
+//!   in and logged out when it ends, so reservations and unit attentions stay per host. The
+//!   remote session logs in with the host's own InitiatorName and ISID (RFC 7143 §11.12.5):
+//!   the remote array sees the host's I_T nexus, and its ACLs list host names.
+//! * Every command is a tokio task awaiting the remote session; the host's commands in
+//!   flight are commands in flight on the remote session, up to its CmdSN window (and
+//!   `depth`, if set).
+//! * The remote leg negotiates ipsan's fast keys (ImmediateData=Yes, InitialR2T=No, 256 KiB
+//!   FirstBurstLength) whatever the host negotiated locally: a write costs one remote round
+//!   trip up to FirstBurstLength. Nothing is acknowledged before the remote target answered.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ipsan_initiator::{DataDir, Error, IscsiUrl, Passthrough, Session, SessionConfig};
+use ipsan_seal::{Cipher, CryptoPool, Psk};
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+/// Where a remote LUN lives and how the gateway reaches it.
+#[derive(Clone)]
+pub struct RemoteSpec {
+    /// `iscsi://host:port/target-iqn/lun` (the LUN is the remote LUN number).
+    pub url: IscsiUrl,
+    /// Login and connection settings of the remote session (InitiatorName and ISID are the
+    /// host's, set per host session).
+    pub session: SessionConfig,
+    /// Seal on the remote leg: the cipher and the pre-shared secret (docs/seal.md).
+    pub seal: Option<(Cipher, Psk)>,
+    /// Commands in flight per remote session beyond which forwarded commands wait (`None`:
+    /// only the remote target's CmdSN window limits them).
+    pub depth: Option<usize>,
+    /// The text this was configured from (`iscsi://…` and its settings), for comparisons
+    /// and `ipsan ctl`.
+    pub source: String,
+}
+
+impl std::fmt::Debug for RemoteSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The session config holds CHAP secrets: only the redacted source text.
+        f.debug_struct("RemoteSpec")
+            .field("source", &self.source)
+            .field("seal", &self.seal.as_ref().map(|(c, _)| c.to_string()))
+            .field("depth", &self.depth)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for RemoteSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl RemoteSpec {
+    /// The remote target this LUN belongs to: one session per host reaches every LUN of it.
+    #[must_use]
+    pub fn target_key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.url.socket_addr_string(),
+            self.url.target.as_deref().unwrap_or("")
+        )
+    }
+
+    /// The remote LUN number.
+    #[must_use]
+    pub fn remote_lun(&self) -> u64 {
+        u64::from(self.url.lun.unwrap_or(0))
+    }
+}
+
+/// The raw 8-byte LUN field for LUN `id` (SAM-5 §4.7, flat space addressing).
+fn raw_lun(id: u64) -> u64 {
+    u64::from_be_bytes(ipsan_scsi::encode_lun(id))
+}
+
+/// How long a remote session's logout may take when its host session ends.
+const LOGOUT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One remote session and its depth limit.
+struct Remote {
+    session: Session,
+    depth: Option<Semaphore>,
+}
+
+/// The remote sessions of one host session (its I_T nexus), one per remote target.
+pub struct RemoteNexus {
+    initiator: String,
+    isid: [u8; 6],
+    pool: Arc<CryptoPool>,
+    sessions: std::sync::Mutex<HashMap<String, Arc<Remote>>>,
+    /// Held while a remote session logs in: two logins with the host's ISID would reinstate
+    /// each other on the remote target (RFC 7143 §6.3.5).
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for RemoteNexus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteNexus")
+            .field("initiator", &self.initiator)
+            .field("isid", &hex::encode(self.isid))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a forwarded command has no remote status.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The remote session is gone (connection lost, logout asked, never opened): the host's
+    /// session ends too, so the host logs in again as after a path failure.
+    #[error("remote session lost: {0}")]
+    Lost(Error),
+    /// The remote target aborted the command (a LUN reset forwarded from a host, say).
+    #[error("remote task aborted: {0}")]
+    Aborted(Error),
+    /// The command cannot be carried (a CDB over 16 bytes, a length the transform refuses).
+    #[error("cannot forward: {0}")]
+    Refused(String),
+}
+
+impl RemoteNexus {
+    /// The remote sessions of the host `initiator` with session id `isid`.
+    #[must_use]
+    pub fn new(initiator: &str, isid: [u8; 6], pool: Arc<CryptoPool>) -> Self {
+        Self {
+            initiator: initiator.to_owned(),
+            isid,
+            pool,
+            sessions: std::sync::Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn get(&self, spec: &RemoteSpec) -> Option<Arc<Remote>> {
+        crate::lock(&self.sessions).get(&spec.target_key()).cloned()
+    }
+
+    /// Logs in to `spec`'s remote target as the host (its InitiatorName and ISID), unless a
+    /// session to that target is open already.
+    pub async fn open(&self, spec: &RemoteSpec) -> Result<(), Error> {
+        let _one_login = self.opening.lock().await;
+        if self.get(spec).is_some() {
+            return Ok(());
+        }
+        let mut cfg = spec.session.clone();
+        cfg.login.initiator_name.clone_from(&self.initiator);
+        cfg.login.isid = Some(self.isid);
+        // The host times its commands out and sends its own task management.
+        cfg.command_timeout = None;
+        if let Some((cipher, psk)) = &spec.seal {
+            let req = ipsan_initiator::seal::SealRequest {
+                ciphers: vec![*cipher],
+                chunk: ipsan_seal::DEFAULT_CHUNK,
+                psk: psk.clone(),
+                pool: Some(self.pool.clone()),
+            };
+            cfg.extension = Some(req.factory());
+        }
+        let session = Session::connect(&spec.url, &cfg).await?;
+        let p = session.params();
+        info!(
+            initiator = %self.initiator, isid = %hex::encode(self.isid), remote = %spec.target_key(),
+            seal = spec.seal.as_ref().map_or("off".to_owned(), |(c, _)| c.to_string()),
+            immediate_data = p.immediate_data, initial_r2t = p.initial_r2t,
+            first_burst = p.first_burst_length, max_burst = p.max_burst_length,
+            "remote session open"
+        );
+        let remote = Arc::new(Remote {
+            session,
+            depth: spec.depth.map(Semaphore::new),
+        });
+        crate::lock(&self.sessions).insert(spec.target_key(), remote);
+        Ok(())
+    }
+
+    /// Forwards one host command to `spec`'s remote LUN `remote_lun` (an id, not the raw
+    /// field): its CDB and data-out as they came, a read of `read_len` bytes, with the host's R
+    /// and W bits (`bits`, kept even for 0 bytes: targets compute residuals from them). The
+    /// answer is the remote target's, unchanged.
+    pub async fn forward(
+        &self,
+        spec: &RemoteSpec,
+        remote_lun: u64,
+        cdb: &[u8],
+        data_out: Bytes,
+        read_len: usize,
+        (read, write): (bool, bool),
+    ) -> Result<Passthrough, ForwardError> {
+        if cdb.len() > 16 {
+            return Err(ForwardError::Refused(format!(
+                "a {}-byte CDB (the remote leg carries up to 16)",
+                cdb.len()
+            )));
+        }
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        if self.get(spec).is_none() {
+            // A LUN added after the host logged in, or a target reached by REPORT LUNS.
+            self.open(spec).await.map_err(ForwardError::Lost)?;
+        }
+        let remote = self
+            .get(spec)
+            .ok_or_else(|| ForwardError::Refused("remote session not open".into()))?;
+        let _permit = match &remote.depth {
+            Some(s) => Some(s.acquire().await.map_err(|_| {
+                ForwardError::Lost(Error::ConnectionLost("remote session closing".into()))
+            })?),
+            None => None,
+        };
+        // A bidirectional command is carried as its write (ipsan's initiator has no
+        // bidirectional form); neither bit with an EDTL is carried as a read.
+        let dir = if write {
+            DataDir::Write(data_out)
+        } else if read || read_len > 0 {
+            DataDir::Read(BytesMut::new(), read_len)
+        } else {
+            DataDir::None
+        };
+        match remote.session.command_to(raw_lun(remote_lun), c, dir).await {
+            Ok(p) => Ok(p),
+            // In flight when the remote connection failed and not safe to send twice (COMPARE
+            // AND WRITE, PERSISTENT RESERVE OUT, ...): the retryable CHECK CONDITION recovery
+            // gives it goes to the host, whose SCSI layer decides, as after a path failure.
+            Err(Error::NotReissued { sense, .. }) => Ok(Passthrough {
+                status: ipsan_scsi::ScsiStatus::CHECK_CONDITION.0,
+                sense: Some(Bytes::from(sense.to_fixed())),
+                data: BytesMut::new(),
+                residual: 0,
+            }),
+            Err(e @ Error::TaskAborted(_)) => Err(ForwardError::Aborted(e)),
+            Err(e @ Error::InvalidRequest(_)) => Err(ForwardError::Refused(e.to_string())),
+            Err(e) => Err(ForwardError::Lost(e)),
+        }
+    }
+
+    /// Forwards a LOGICAL UNIT RESET from the host to the remote LUN (RFC 7143 §11.5.1).
+    pub async fn lun_reset(&self, spec: &RemoteSpec, remote_lun: u64) {
+        let Some(remote) = self.get(spec) else { return };
+        if let Err(e) = remote.session.lun_reset_to(raw_lun(remote_lun)).await {
+            warn!(remote = %spec.target_key(), lun = remote_lun, "remote LOGICAL UNIT RESET failed: {e}");
+        }
+    }
+
+    /// Logs every remote session out (the host's session ended), each bounded in time.
+    pub async fn close(&self) {
+        let all: Vec<(String, Arc<Remote>)> = crate::lock(&self.sessions).drain().collect();
+        for (key, remote) in all {
+            // The last holder logs out; a command task still holding it drops it later
+            // (dropping a session closes its connection).
+            let Ok(remote) = Arc::try_unwrap(remote) else {
+                continue;
+            };
+            match tokio::time::timeout(LOGOUT_TIMEOUT, remote.session.logout()).await {
+                Ok(Ok(())) => {
+                    info!(initiator = %self.initiator, remote = %key, "remote session logged out")
+                }
+                Ok(Err(e)) => {
+                    info!(initiator = %self.initiator, remote = %key, "remote session closed: {e}")
+                }
+                Err(_) => {
+                    warn!(initiator = %self.initiator, remote = %key, "remote logout timed out; closed")
+                }
+            }
+        }
+    }
+}

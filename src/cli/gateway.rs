@@ -1,0 +1,221 @@
+//! `ipsan gateway`: sealed storage any host can use (issue 15, docs/gateway.md).
+//!
+//! A gateway is `ipsan target` whose LUNs are remote iSCSI LUNs (`iscsi://` backends,
+//! `ipsan_target::remote`): this file asks the remote target for its LUNs (REPORT LUNS),
+//! builds the target configuration that mirrors them, and runs the normal target. Hosts log in
+//! to the listening side with their own initiators (open-iscsi, QEMU, Windows, VMware); every
+//! host session gets its own session on the remote target, logged in with the host's
+//! InitiatorName and ISID, negotiated by ipsan's initiator (ImmediateData, unsolicited data,
+//! large bursts) and sealed if `--seal CIPHER` is given.
+//!
+//! ```text
+//! # branch office: hosts log in plain to a local portal; the WAN leg is sealed
+//! ipsan gateway --listen 127.0.0.1:3260 --to iscsi://dc:3260/iqn.2026-11.org.ipsan:disk0 \
+//!     --seal aes-256-gcm --secret-file wan.key
+//! # data centre: a sealed front for a plain array
+//! ipsan gateway --listen 0.0.0.0:3260 --seal required --seal-secret-file wan.key \
+//!     --to iscsi://10.0.0.5:3260/iqn.2003-01.org.linux-iscsi.array:lun1
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use ipsan_target::config::{self, Config, FileChap, FileConfig, FileLun, FileSeal, FileTarget};
+
+/// Serve a remote iSCSI target's LUNs to hosts: plain or sealed on either side.
+///
+/// `--seal` names the Seal cipher of the remote leg (aes-256-gcm, chacha20-poly1305, ...,
+/// with --secret-file) or, given as off|allowed|required, the Seal policy of the listening side
+/// (with --seal-secret-file). Prints `ipsan gateway: listening on ADDR` and one
+/// `ipsan gateway: serving iscsi://…` line per LUN once ready, as `ipsan target` does.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Address hosts log in to (repeatable). Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:3260")]
+    listen: Vec<String>,
+    /// The remote target: iscsi://[user@]host[:port]/target-iqn[/lun]. Without a LUN every LUN
+    /// it reports (REPORT LUNS at start) is served under the same number.
+    #[arg(long, value_name = "URL")]
+    to: String,
+    /// Commands in flight per remote session at most (default: the remote CmdSN window).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    depth: Option<u64>,
+    /// Target name (IQN) hosts see (default: the remote target's name).
+    #[arg(long)]
+    iqn: Option<String>,
+    /// Seal pre-shared secret of the listening side, mode 0600 (with --seal allowed|required).
+    #[arg(long, value_name = "FILE")]
+    seal_secret_file: Option<PathBuf>,
+    /// Seal policy of the listening side, off|allowed|required (default allowed): the same as
+    /// `--seal off|allowed|required`, for when `--seal` names the remote leg's cipher (both
+    /// sides sealed).
+    #[arg(long, value_name = "POLICY", value_parser = ["off", "allowed", "required"])]
+    listen_seal: Option<String>,
+    /// Require CHAP from hosts with this user name (the secret comes from --chap-secret-file).
+    #[arg(long, requires = "chap_secret_file")]
+    chap_user: Option<String>,
+    /// File holding the hosts' CHAP secret for --chap-user (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    chap_secret_file: Option<PathBuf>,
+    /// Host names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
+    #[arg(long, value_name = "IQN")]
+    allow: Vec<String>,
+    /// Commands in flight per host session (the listening side's CmdSN window).
+    #[arg(long)]
+    queue_depth: Option<u32>,
+    /// Serve the control socket `ipsan ctl` talks to (docs/operate.md).
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = ipsan_target::control::DEFAULT_CONTROL_PATH)]
+    control: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at ADDR:PORT (GET /metrics).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<std::net::SocketAddr>,
+    /// The remote leg: login, CHAP, Seal (`--seal CIPHER --secret-file`), TCP and keepalive
+    /// flags, as `ipsan bench` takes them. `--initiator-name` is used only for the REPORT
+    /// LUNS at start: host sessions log in to the remote target with the host's own name.
+    #[command(flatten)]
+    conn: super::bench::ConnArgs,
+}
+
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    // `--seal off|allowed|required` is the listening side's policy; a cipher is the WAN's.
+    let listen_policy = match args.conn.seal.as_deref() {
+        Some(p @ ("off" | "allowed" | "required")) => {
+            anyhow::ensure!(
+                args.listen_seal.is_none(),
+                "--seal {p} and --listen-seal both set the listening side's policy"
+            );
+            let p = p.to_owned();
+            args.conn.seal = None;
+            p
+        }
+        _ => args
+            .listen_seal
+            .clone()
+            .unwrap_or_else(|| "allowed".to_owned()),
+    };
+    let wan_seal = args.conn.seal.clone();
+    let url = ipsan_initiator::IscsiUrl::parse(&args.to).context("--to")?;
+    let remote_iqn = url
+        .require_target()
+        .context("--to: the URL needs a target name")?
+        .to_owned();
+    let luns = match url.lun {
+        Some(l) => vec![u64::from(l)],
+        None => remote_luns(&args)?,
+    };
+    anyhow::ensure!(
+        !luns.is_empty(),
+        "{}: the remote target reports no LUN",
+        args.to
+    );
+    let iqn = args.iqn.clone().unwrap_or_else(|| remote_iqn.clone());
+    config::check_iqn("--iqn", &iqn)?;
+    let base = format!("iscsi://{}/{remote_iqn}", url.socket_addr_string());
+    if url.user.is_some() && args.conn.password_file.is_none() {
+        anyhow::bail!("a CHAP user in --to needs --password-file (the gateway keeps no secret in its configuration)");
+    }
+    let file_luns = luns
+        .iter()
+        .map(|id| FileLun {
+            seal: wan_seal.clone(),
+            secret_file: wan_seal.as_ref().and(args.conn.secret_file.clone()),
+            depth: args.depth.map(|d| d as usize),
+            tcp_congestion: args.conn.tcp_congestion.clone(),
+            chap_user: url.user.clone(),
+            chap_secret_file: url.user.as_ref().and(args.conn.password_file.clone()),
+            ..FileLun::new(*id, format!("{base}/{id}"))
+        })
+        .collect();
+    let mut file = FileConfig {
+        target: vec![FileTarget {
+            iqn,
+            alias: None,
+            allow: args.allow.clone(),
+            chap: args.chap_user.as_ref().map(|u| FileChap {
+                user: u.clone(),
+                secret: None,
+                secret_file: args.chap_secret_file.clone(),
+                mutual_user: None,
+                mutual_secret: None,
+                mutual_secret_file: None,
+                algorithms: None,
+            }),
+            seal: Some(FileSeal {
+                policy: Some(listen_policy),
+                secret: None,
+                secret_file: args.seal_secret_file.clone(),
+                initiator: Vec::new(),
+            }),
+            lun: file_luns,
+        }],
+        ..FileConfig::default()
+    };
+    for p in &args.listen {
+        p.parse::<std::net::SocketAddr>()
+            .with_context(|| format!("--listen {p}: expected ADDR:PORT"))?;
+    }
+    file.server.portals = Some(args.listen.clone());
+    if let Some(d) = args.queue_depth {
+        anyhow::ensure!(
+            (1..=4096).contains(&d),
+            "--queue-depth: must be in 1..=4096"
+        );
+        file.server.queue_depth = Some(d);
+    }
+    if let Some(n) = args.conn.crypto_workers {
+        file.server.crypto_workers = Some(n);
+    }
+    let mut config = Config::from_file_config(&file)?;
+    // The file form carries the essentials; the remote sessions get every --to flag (digests,
+    // bursts, keepalive, buffers) from the same code `ipsan bench` uses. Seal stays the file
+    // form's: the target's crypto pool serves both sides.
+    let seal_flag = args.conn.seal.take();
+    let (_, session) = args.conn.config(&args.to)?;
+    args.conn.seal = seal_flag;
+    for t in &mut config.targets {
+        for l in &mut t.luns {
+            if let Some(r) = &l.remote {
+                let mut spec = (**r).clone();
+                spec.session = ipsan_initiator::SessionConfig {
+                    extension: None,
+                    ..session.clone()
+                };
+                l.remote = Some(Arc::new(spec));
+            }
+        }
+    }
+    super::target::serve(config, args.control, args.metrics, None, "gateway")
+}
+
+/// The remote target's LUNs, by REPORT LUNS over a session of the gateway's own
+/// (`--initiator-name`), logged out again.
+fn remote_luns(args: &Args) -> anyhow::Result<Vec<u64>> {
+    let (url, cfg) = args.conn.config(&args.to)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(async {
+        let s = ipsan_initiator::Session::connect(&url, &cfg)
+            .await
+            .with_context(|| format!("--to {}: cannot log in", args.to))?;
+        // A fresh nexus may first report a unit attention.
+        let mut luns = None;
+        for _ in 0..4 {
+            match s.report_luns().await {
+                Ok(l) => {
+                    luns = Some(l);
+                    break;
+                }
+                Err(e)
+                    if e.sense().is_some_and(|s| {
+                        s.key == ipsan_initiator::scsi::SenseKey::UNIT_ATTENTION
+                    }) => {}
+                Err(e) => return Err(anyhow::Error::from(e).context("REPORT LUNS")),
+            }
+        }
+        let _ = s.logout().await;
+        luns.context("REPORT LUNS: unit attentions did not clear")
+    })
+}

@@ -1,0 +1,550 @@
+//! Issue 15, `ipsan gateway`: real processes on loopback, real peers.
+//!
+//! The gateway pair of docs/gateway.md — host → gateway A (plain listening side) → sealed
+//! leg (aes-256-gcm) → gateway B (`--seal required`) → plain → an array — with the array an
+//! `ipsan target` file LUN or Debian's tgtd:
+//!
+//! - `ipsan bench --verify` through the pair, identity (VPD 83h/80h) equal to the array's,
+//!   and a plain login to B refused (so the middle leg really is sealed);
+//! - `qemu-img convert` in and out through the pair, hashes equal;
+//! - tgtd behind a `--seal required` gateway, reached sealed by `ipsan bench --seal` and
+//!   plain through gateway A;
+//! - the array down: a run in flight ends with errors (not a hang), a new host login is
+//!   refused with a target error, and after the array returns the same gateway serves again;
+//! - the Linux kernel initiator (`../shared/linuxvm`, under QEMU) through the pair, when the
+//!   harness and qemu-system-x86_64 exist.
+//!
+//! Every process is killed by a Drop guard; files live in a temporary directory.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ipsan");
+const IQN: &str = "iqn.2026-11.org.ipsan:gwtest";
+
+/// A child process killed when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `ipsan` with `args` (stderr to `log`), waits for its "listening on" line and returns
+/// it with its port. Stdout keeps being drained so the process never blocks on it.
+fn spawn_ipsan(args: &[&str], log: &Path) -> (Proc, u16) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let child = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains("listening on") => {
+                let port = l.rsplit(':').next().unwrap().trim().parse().unwrap();
+                return (child, port);
+            }
+            Ok(_) => {}
+            Err(_) => panic!(
+                "ipsan {args:?}: no 'listening on' line within 30 s:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ),
+        }
+    }
+}
+
+fn key_file(dir: &Path) -> PathBuf {
+    let k = dir.join("wan.key");
+    std::fs::write(&k, "gateway-test-secret-0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    k
+}
+
+/// Gateway B: `--seal required` in front of `array` (an iscsi:// URL without LUN).
+fn gateway_b(dir: &Path, array: &str) -> (Proc, u16) {
+    let key = key_file(dir);
+    spawn_ipsan(
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--seal",
+            "required",
+            "--seal-secret-file",
+            key.to_str().unwrap(),
+            "--to",
+            array,
+        ],
+        &dir.join("b.log"),
+    )
+}
+
+/// Gateway A: plain for hosts, sealed (aes-256-gcm) towards gateway B at `b_port`.
+fn gateway_a(dir: &Path, b_port: u16, iqn: &str) -> (Proc, u16) {
+    let key = key_file(dir);
+    spawn_ipsan(
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--seal",
+            "aes-256-gcm",
+            "--secret-file",
+            key.to_str().unwrap(),
+            "--to",
+            &format!("iscsi://127.0.0.1:{b_port}/{iqn}"),
+        ],
+        &dir.join("a.log"),
+    )
+}
+
+/// An ipsan target with one file LUN, then the gateway pair in front of it.
+struct Pair {
+    dir: tempfile::TempDir,
+    array_port: u16,
+    b_port: u16,
+    a_port: u16,
+    _procs: Vec<Proc>,
+}
+
+fn pair(lun_size: &str) -> Pair {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("array.img");
+    let (c, array_port) = spawn_ipsan(
+        &[
+            "target",
+            "--portal",
+            "127.0.0.1:0",
+            "--iqn",
+            IQN,
+            "--lun",
+            &format!("file:{},size={lun_size}", img.display()),
+        ],
+        &dir.path().join("c.log"),
+    );
+    let (b, b_port) = gateway_b(dir.path(), &format!("iscsi://127.0.0.1:{array_port}/{IQN}"));
+    let (a, a_port) = gateway_a(dir.path(), b_port, IQN);
+    Pair {
+        dir,
+        array_port,
+        b_port,
+        a_port,
+        _procs: vec![a, b, c],
+    }
+}
+
+fn output(cmd: &str, args: &[&str]) -> std::process::Output {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+}
+
+fn run_ok(cmd: &str, args: &[&str]) -> String {
+    let o = output(cmd, args);
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?} failed ({}):\n{}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn bench_verify(url: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "bench", url, "--rw", "randrw", "--bs", "64KiB", "--depth", "16", "--size", "16MiB",
+        "--verify", "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    let out = run_ok(BIN, &args);
+    assert!(out.contains("verify: OK"), "{out}");
+    out
+}
+
+#[test]
+fn gateway_pair_forwards_verified_io_and_the_arrays_identity() {
+    let p = pair("64MiB");
+    let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.a_port);
+    let direct = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.array_port);
+    bench_verify(&via, &[]);
+    // A host that asks for an R2T per write and no immediate data gets them on its own leg;
+    // the remote leg negotiated ipsan's fast keys anyway (one WAN round trip per write).
+    bench_verify(&via, &["--initial-r2t", "yes", "--immediate-data", "no"]);
+    let a_log = std::fs::read_to_string(p.dir.path().join("a.log")).unwrap();
+    assert!(
+        a_log.contains("immediate_data=false initial_r2t=true"),
+        "the host's keys: {a_log}"
+    );
+    let remote: Vec<&str> = a_log
+        .lines()
+        .filter(|l| l.contains("remote session open"))
+        .collect();
+    assert!(remote.len() >= 2, "{a_log}");
+    for l in remote {
+        assert!(l.contains("seal=\"aes-256-gcm\""), "{l}");
+        assert!(l.contains("immediate_data=true initial_r2t=false"), "{l}");
+    }
+    if have("iscsi-inq") {
+        for page in ["0x83", "0x80", "0xb0"] {
+            let d = run_ok("iscsi-inq", &["-e", "1", "-c", page, &direct]);
+            let g = run_ok("iscsi-inq", &["-e", "1", "-c", page, &via]);
+            assert_eq!(d, g, "VPD {page} differs through the gateway pair");
+        }
+        // Gateway B requires Seal: a plain host login there is refused.
+        let b = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.b_port);
+        assert!(!output("iscsi-inq", &[&b]).status.success());
+    }
+    // A host session's end logs its remote sessions out, at both gateways.
+    std::thread::sleep(Duration::from_millis(300));
+    let b_log = std::fs::read_to_string(p.dir.path().join("b.log")).unwrap();
+    assert!(b_log.contains("remote session logged out"), "{b_log}");
+}
+
+#[test]
+fn qemu_img_convert_round_trips_through_the_gateway_pair() {
+    if !have("qemu-img") {
+        println!("SKIP: qemu-img not installed (scripts/install-deps)");
+        return;
+    }
+    let p = pair("8MiB");
+    let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.a_port);
+    let src = p.dir.path().join("src.raw");
+    let back = p.dir.path().join("back.raw");
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            &via,
+        ],
+    );
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &via,
+            back.to_str().unwrap(),
+        ],
+    );
+    let got = std::fs::read(&back).unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(
+        got == data,
+        "data read back through the gateway pair differs"
+    );
+}
+
+#[test]
+fn tgtd_behind_a_seal_required_gateway_verifies_reads_and_writes() {
+    if !have("tgtd") || !have("tgtadm") {
+        println!("SKIP: tgtd not installed (scripts/install-deps)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let ctl = (20000 + u32::from(port) % 10000).to_string();
+    let img = dir.path().join("tgt.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let tgtd = Proc(
+        Command::new("tgtd")
+            .args([
+                "-f",
+                "-C",
+                &ctl,
+                "--iscsi",
+                &format!("portal=127.0.0.1:{port}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let tiqn = "iqn.2026-11.org.ipsan:gwtest-tgtd";
+    let adm = |args: &[&str]| {
+        let mut a = vec!["-C", ctl.as_str(), "--lld", "iscsi"];
+        a.extend_from_slice(args);
+        output("tgtadm", &a).status.success()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !adm(&[
+        "--mode",
+        "target",
+        "--op",
+        "new",
+        "--tid",
+        "1",
+        "--targetname",
+        tiqn,
+    ]) {
+        assert!(Instant::now() < deadline, "tgtd did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(adm(&[
+        "--mode",
+        "logicalunit",
+        "--op",
+        "new",
+        "--tid",
+        "1",
+        "--lun",
+        "1",
+        "--backing-store",
+        img.to_str().unwrap()
+    ]));
+    assert!(adm(&[
+        "--mode",
+        "target",
+        "--op",
+        "bind",
+        "--tid",
+        "1",
+        "--initiator-address",
+        "ALL"
+    ]));
+    let (b, b_port) = gateway_b(dir.path(), &format!("iscsi://127.0.0.1:{port}/{tiqn}"));
+    let key = dir.path().join("wan.key");
+    // ipsan's own initiator, sealed, straight to the gateway in front of tgtd.
+    bench_verify(
+        &format!("iscsi://127.0.0.1:{b_port}/{tiqn}/1"),
+        &[
+            "--seal",
+            "aes-256-gcm",
+            "--secret-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    // And a plain host through the whole pair.
+    let (a, a_port) = gateway_a(dir.path(), b_port, tiqn);
+    bench_verify(&format!("iscsi://127.0.0.1:{a_port}/{tiqn}/1"), &[]);
+    drop((a, b, tgtd));
+}
+
+#[test]
+fn array_down_fails_commands_and_refuses_logins_then_serves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("array.img");
+    let lun = format!("file:{},size=64MiB", img.display());
+    let start_array = |portal: &str| {
+        spawn_ipsan(
+            &["target", "--portal", portal, "--iqn", IQN, "--lun", &lun],
+            &dir.path().join("c.log"),
+        )
+    };
+    let (c, array_port) = start_array("127.0.0.1:0");
+    // With the LUN in the URL the gateway starts without asking the array anything.
+    let (_a, a_port) = spawn_ipsan(
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--to",
+            &format!("iscsi://127.0.0.1:{array_port}/{IQN}/0"),
+            // The remote leg gives up after 3 s (default 120 s) ...
+            "--recovery-timeout",
+            "3s",
+        ],
+        &dir.path().join("a.log"),
+    );
+    let via = format!("iscsi://127.0.0.1:{a_port}/{IQN}/0");
+    bench_verify(&via, &[]);
+    // A run in flight when the array dies ends, with an error, well before its 60 s (the host
+    // does not recover either: it sees the path failure).
+    let started = Instant::now();
+    let mut run = Proc(
+        Command::new(BIN)
+            .args(["bench", &via, "--rw", "write", "--time", "60s", "--quiet"])
+            .args(["--recovery-timeout", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    drop(c);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the host's run hangs after the array died"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        !status.success(),
+        "the run reported success with the array gone"
+    );
+    // ... and so its remote session is gone: a new host login is refused with a target error
+    // while the array is down.
+    let o = output(BIN, &["inquiry", &via]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("0x0301") || err.to_lowercase().contains("unavailable"),
+        "{err}"
+    );
+    let a_log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    assert!(a_log.contains("refusing the login"), "{a_log}");
+    // The array back on its port: the same gateway serves new sessions.
+    let (_c2, _) = start_array(&format!("127.0.0.1:{array_port}"));
+    bench_verify(&via, &[]);
+}
+
+#[test]
+fn array_restart_within_the_recovery_timeout_is_invisible_to_a_sealed_host_run() {
+    // A plain host -> gateway A -> sealed leg -> gateway B -> array; the array is killed in the
+    // middle of a verified run and comes back on its port 3 s later. Gateway B's remote
+    // session to the array recovers (reinstating login, commands sent again) and the host's
+    // run completes with every block verified: latency, not errors.
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("array.img");
+    let lun = format!("file:{},size=64MiB", img.display());
+    let start_array = |portal: &str| {
+        spawn_ipsan(
+            &["target", "--portal", portal, "--iqn", IQN, "--lun", &lun],
+            &dir.path().join("c.log"),
+        )
+    };
+    let (c, array_port) = start_array("127.0.0.1:0");
+    let (b, b_port) = gateway_b(
+        dir.path(),
+        &format!("iscsi://127.0.0.1:{array_port}/{IQN}/0"),
+    );
+    let (a, a_port) = gateway_a(dir.path(), b_port, IQN);
+    let via = format!("iscsi://127.0.0.1:{a_port}/{IQN}/0");
+    let run = Command::new(BIN)
+        .args([
+            "bench",
+            &via,
+            "--rw",
+            "write",
+            "--bs",
+            "64KiB",
+            "--depth",
+            "16",
+            "--size",
+            "48MiB",
+            "--verify",
+            "--quiet",
+            "--recovery-timeout",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    drop(c);
+    std::thread::sleep(Duration::from_secs(3));
+    let (_c2, _) = start_array(&format!("127.0.0.1:{array_port}"));
+    let out = run.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let b_log = std::fs::read_to_string(dir.path().join("b.log")).unwrap_or_default();
+    assert!(
+        out.status.success() && stdout.contains("verify: OK"),
+        "host run failed across the array restart:\n{stdout}\n{}\ngateway B:\n{b_log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        b_log.contains("recovered"),
+        "gateway B did not recover its remote session:\n{b_log}"
+    );
+    drop((a, b));
+}
+
+/// The harness beside the clone (CI has `shared/` next to it), else this machine's.
+fn linuxvm() -> Option<PathBuf> {
+    [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/linuxvm"),
+        PathBuf::from("/work/shared/linuxvm"),
+    ]
+    .into_iter()
+    .find(|p| p.join("run.sh").exists())
+}
+
+#[test]
+fn linux_kernel_initiator_stores_a_filesystem_through_a_sealed_gateway_pair() {
+    let Some(vm) = linuxvm() else {
+        println!("SKIP: ../shared/linuxvm not found");
+        return;
+    };
+    if !have("qemu-system-x86_64") {
+        println!("SKIP: qemu-system-x86_64 not installed (scripts/install-deps)");
+        return;
+    }
+    let p = pair("256MiB");
+    let log = p.dir.path().join("vm.log");
+    let mut child = Proc(
+        Command::new(vm.join("run.sh"))
+            .args([&format!("127.0.0.1:{}", p.a_port), IQN])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(330),
+            "linuxvm did not finish within 330 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    for l in out.lines().filter(|l| l.contains("RESULT")) {
+        println!("{l}");
+    }
+    assert!(
+        status.success() && out.contains("RESULT ok"),
+        "linuxvm through the gateway pair: {status}\n{out}"
+    );
+}
