@@ -189,7 +189,8 @@ impl CryptoPool {
     /// Seals a copy of `plaintext` on the pool (see [`SealSession::seal_copy`]): the caller
     /// keeps its data and its thread does no copying — the workers encrypt straight from the
     /// plaintext into the sealed buffer (out of place), chunk by chunk, split across the idle
-    /// workers or as one job when they are busy. Large transfers are sealed into a buffer the
+    /// workers, or as one job that also freezes the buffer when they are busy (or the command
+    /// is one chunk: no splitting and reassembly for small commands). Large transfers are sealed into a buffer the
     /// session has used before (no page faults, no zero-fill). Counters are reserved now, in
     /// call order.
     pub fn seal_copy(
@@ -198,11 +199,40 @@ impl CryptoPool {
         binding: Binding,
         plaintext: Bytes,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
-        let prepared = self.seal_copy_jobs(session, binding, &plaintext);
+        enum Way {
+            /// One job seals the whole command into its buffer (workers busy, or one chunk).
+            Whole(oneshot::Receiver<Bytes>),
+            /// Parts on idle workers, reassembled here.
+            Split(Vec<oneshot::Receiver<(BytesMut, BytesMut)>>, BytesMut),
+        }
+        let prepared = (|| {
+            let n = plaintext.len();
+            let count =
+                u32::try_from(session.framing().chunks(n)).map_err(|_| SealError::TooLarge(n))?;
+            if count > 1 && self.parts(count).count() > 1 {
+                return Ok(self
+                    .seal_copy_jobs(session, binding, &plaintext)?
+                    .map(|(pending, trailer)| Way::Split(pending, trailer)));
+            }
+            let Some(plan) = session.plan(n)? else {
+                return Ok(None);
+            };
+            let (tx, rx) = oneshot::channel();
+            let s = Arc::clone(session);
+            let sent = self.submit(Box::new(move || {
+                let _ = tx.send(s.seal_copy_planned(&binding, plan, &plaintext));
+            }));
+            if !sent {
+                return Err(SealError::PoolClosed);
+            }
+            Ok(Some(Way::Whole(rx)))
+        })();
         let session = Arc::clone(session);
         async move {
-            let Some((pending, trailer)) = prepared? else {
-                return Ok(Bytes::new());
+            let (pending, trailer) = match prepared? {
+                None => return Ok(Bytes::new()),
+                Some(Way::Whole(rx)) => return rx.await.map_err(|_| SealError::PoolClosed),
+                Some(Way::Split(pending, trailer)) => (pending, trailer),
             };
             let mut data = BytesMut::new();
             let mut tags = BytesMut::new();

@@ -301,13 +301,19 @@ impl SealSession {
         let Some(plan) = self.plan(n)? else {
             return Ok(Bytes::new());
         };
+        Ok(self.seal_copy_planned(b, plan, plaintext))
+    }
+
+    /// [`Self::seal_copy`] with counters already reserved by [`Self::plan`].
+    pub(crate) fn seal_copy_planned(&self, b: &Binding, plan: Plan, plaintext: &[u8]) -> Bytes {
+        let n = plaintext.len();
         let t = self.framing.cipher.tag_len();
         let mut buf = self.buffers.take(n + COUNTER_LEN + plan.count as usize * t);
         let (data, trailer) = buf.split_at_mut(n);
         let (counter, tags) = trailer.split_at_mut(COUNTER_LEN);
         counter.copy_from_slice(&plan.base.to_be_bytes());
         self.seal_chunks_into(b, plan, 0, plaintext, data, tags);
-        Ok(self.buffers.freeze(buf))
+        self.buffers.freeze(buf)
     }
 
     /// A buffer for a sealed transfer of `len` bytes, reused when one is free (its contents
