@@ -238,10 +238,15 @@ pub(crate) struct State {
 /// Spare capacity a READ's data buffer gets past its data: room for a payload transform's
 /// trailer, so Seal can seal the data in place instead of copying it into a new buffer (its
 /// trailer is an 8-byte counter and a 16-byte tag per chunk: this covers chunks of 4 KiB and
-/// up, docs/seal.md §4). Capacity that is never written costs no page faults.
+/// up, docs/seal.md §4). Capacity that is never written costs no page faults. Reads under
+/// 64 KiB get none: copying them is cheap, and their buffers stay exactly as before.
 #[must_use]
 pub const fn read_tailroom(len: usize) -> usize {
-    len / 256 + 64
+    if len < 64 * 1024 {
+        0
+    } else {
+        len / 256 + 64
+    }
 }
 
 /// A SCSI logical unit backed by one [`Backend`].
