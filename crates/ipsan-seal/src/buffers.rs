@@ -12,7 +12,7 @@
 //!
 //! Only transfers of at least [`MIN_LEN`] bytes are recycled (small ones are cheap to allocate
 //! and would only pin memory), and a session keeps at most [`KEEP`] buffers of at most
-//! [`MAX_LEN`] bytes each.
+//! [`MAX_LEN`] bytes each, [`KEEP_BYTES`] in all.
 
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +24,8 @@ pub(crate) const MIN_LEN: usize = 64 * 1024;
 pub(crate) const MAX_LEN: usize = 16 * 1024 * 1024 + 64 * 1024;
 /// Buffers kept per session: a queue depth's worth of 1 MiB transfers and a few more.
 pub(crate) const KEEP: usize = 24;
+/// Bytes of buffers kept per session (large transfers keep fewer buffers).
+pub(crate) const KEEP_BYTES: usize = 32 * 1024 * 1024;
 
 /// A session's free list of sealed-transfer buffers.
 #[derive(Debug, Default)]
@@ -69,7 +71,8 @@ impl BufferPool {
 
     fn put(&self, buf: BytesMut) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if free.len() < KEEP {
+        let kept: usize = free.iter().map(BytesMut::capacity).sum();
+        if free.len() < KEEP && kept.saturating_add(buf.capacity()) <= KEEP_BYTES {
             free.push(buf);
         }
     }
@@ -138,6 +141,14 @@ mod tests {
             .collect();
         drop(all);
         assert_eq!(pool.kept(), KEEP);
+    }
+
+    #[test]
+    fn keeps_at_most_keep_bytes() {
+        let pool = Arc::new(BufferPool::default());
+        let all: Vec<Bytes> = (0..4).map(|_| pool.freeze(pool.take(MAX_LEN))).collect();
+        drop(all);
+        assert_eq!(pool.kept(), KEEP_BYTES / MAX_LEN);
     }
 
     #[test]
