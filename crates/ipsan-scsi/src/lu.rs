@@ -235,6 +235,20 @@ pub(crate) struct State {
     pub pr: pr::PrState,
 }
 
+/// Spare capacity a READ's data buffer gets past its data: room for a payload transform's
+/// trailer, so Seal can seal the data in place instead of copying it into a new buffer (its
+/// trailer is an 8-byte counter and a 16-byte tag per chunk: this covers chunks of 4 KiB and
+/// up, docs/seal.md §4). Capacity that is never written costs no page faults. Reads under
+/// 64 KiB get none: copying them is cheap, and their buffers stay exactly as before.
+#[must_use]
+pub const fn read_tailroom(len: usize) -> usize {
+    if len < 64 * 1024 {
+        0
+    } else {
+        len / 256 + 64
+    }
+}
+
 /// A SCSI logical unit backed by one [`Backend`].
 #[derive(Debug)]
 pub struct LogicalUnit {
@@ -1120,7 +1134,7 @@ impl LogicalUnit {
         self.check_range(io.lba, u64::from(io.blocks))?;
         self.check_transfer(io.blocks)?;
         let len = self.bytes(io.blocks) as usize;
-        let mut buf = BytesMut::with_capacity(len);
+        let mut buf = BytesMut::with_capacity(len.saturating_add(read_tailroom(len)));
         self.backend
             .read_append(&mut buf, len, self.offset(io.lba))
             .map_err(|e| Sense::from_read_error(&e))?;

@@ -11,7 +11,6 @@ use std::str::FromStr;
 use std::sync::RwLock;
 
 use aws_lc_rs::aead;
-use bytes::BytesMut;
 use zeroize::Zeroizing;
 
 use crate::schedule::hkdf_sha256;
@@ -335,30 +334,26 @@ impl ChunkKey {
         }
     }
 
-    /// Appends `src` sealed to `out` and writes its tag into `tag`. The AEADs encrypt out of
-    /// place, reading the plaintext where it lies (one pass over memory, not a copy and then a
-    /// pass); `none` and 3DES append a copy and seal it in place while it is in cache.
-    /// `counter` must be fresh for this key: the session guarantees it.
-    pub(crate) fn seal_append(
+    /// Writes `src` sealed into `dst` (same length) and its tag into `tag`. The AEADs encrypt
+    /// out of place, reading the plaintext where it lies (one pass over memory, not a copy and
+    /// then a pass); `none` and 3DES copy and seal in place while the chunk is in cache. `dst`
+    /// may hold anything (a reused buffer): every byte of it is overwritten. `counter` must be
+    /// fresh for this key: the session guarantees it.
+    pub(crate) fn seal_into(
         &self,
         counter: u64,
         aad: &[u8],
         src: &[u8],
-        out: &mut BytesMut,
+        dst: &mut [u8],
         tag: &mut [u8],
     ) {
-        let at = out.len();
         let ChunkKey::Aead(k) = self else {
-            out.extend_from_slice(src);
-            return self.seal(counter, aad, &mut out[at..], tag);
+            dst.copy_from_slice(src);
+            return self.seal(counter, aad, dst, tag);
         };
-        // Zero-filling a chunk that is about to be overwritten stays in cache; safe Rust
-        // cannot hand the cipher uninitialised memory.
-        out.resize(at + src.len(), 0);
-        let dst = &mut out[at..];
         let sealed = k.with_key(counter, |key| {
-            // Fails only on mismatched lengths (equal here) or inputs past the AEAD's per-nonce
-            // limit; a chunk is at most 16 MiB.
+            // Fails only on mismatched lengths or inputs past the AEAD's per-nonce limit; a
+            // chunk is at most 16 MiB.
             key.seal_out_of_place_scatter(
                 nonce(&k.iv, counter),
                 aead::Aad::from(aad),

@@ -25,6 +25,7 @@
 //!   ([`RecordSealer`], [`RecordOpener`]), and the [`LoginTranscript`] the keys bind.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 
+mod buffers;
 pub mod cdb;
 pub mod cipher;
 pub mod error;

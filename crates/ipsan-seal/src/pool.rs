@@ -187,9 +187,12 @@ impl CryptoPool {
     }
 
     /// Seals a copy of `plaintext` on the pool (see [`SealSession::seal_copy`]): the caller
-    /// keeps its data and its thread does no copying when the workers are busy — the copy then
-    /// runs in the one job that seals the command, chunk by chunk while each is in cache.
-    /// Counters are reserved now, in call order.
+    /// keeps its data and its thread does no copying — the workers encrypt straight from the
+    /// plaintext into the sealed buffer (out of place), chunk by chunk, split across the idle
+    /// workers, or as one job that also freezes the buffer when they are busy (or the command
+    /// is one chunk: no splitting and reassembly for small commands). Large transfers are sealed into a buffer the
+    /// session has used before (no page faults, no zero-fill). Counters are reserved now, in
+    /// call order.
     pub fn seal_copy(
         &self,
         session: &Arc<SealSession>,
@@ -197,19 +200,19 @@ impl CryptoPool {
         plaintext: Bytes,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
         enum Way {
+            /// One job seals the whole command into its buffer (workers busy, or one chunk).
             Whole(oneshot::Receiver<Bytes>),
-            Split(Box<dyn Future<Output = Result<Bytes, SealError>> + Send>),
+            /// Parts on idle workers, reassembled here.
+            Split(Vec<oneshot::Receiver<(BytesMut, BytesMut)>>, BytesMut),
         }
         let prepared = (|| {
             let n = plaintext.len();
-            let count = session.framing().chunks(n);
-            let count = u32::try_from(count).map_err(|_| SealError::TooLarge(n))?;
+            let count =
+                u32::try_from(session.framing().chunks(n)).map_err(|_| SealError::TooLarge(n))?;
             if count > 1 && self.parts(count).count() > 1 {
-                // Idle workers: split the command across them, copying here first (the copy
-                // is cheap next to the crypto it lets run in parallel).
-                let mut buf = BytesMut::with_capacity(session.sealed_len(n).unwrap_or(n));
-                buf.extend_from_slice(&plaintext);
-                return Ok(Some(Way::Split(Box::new(self.seal(session, binding, buf)))));
+                return Ok(self
+                    .seal_copy_jobs(session, binding, &plaintext)?
+                    .map(|(pending, trailer)| Way::Split(pending, trailer)));
             }
             let Some(plan) = session.plan(n)? else {
                 return Ok(None);
@@ -224,13 +227,63 @@ impl CryptoPool {
             }
             Ok(Some(Way::Whole(rx)))
         })();
+        let session = Arc::clone(session);
         async move {
-            match prepared? {
-                None => Ok(Bytes::new()),
-                Some(Way::Whole(rx)) => rx.await.map_err(|_| SealError::PoolClosed),
-                Some(Way::Split(f)) => Box::into_pin(f).await,
+            let (pending, trailer) = match prepared? {
+                None => return Ok(Bytes::new()),
+                Some(Way::Whole(rx)) => return rx.await.map_err(|_| SealError::PoolClosed),
+                Some(Way::Split(pending, trailer)) => (pending, trailer),
+            };
+            let mut data = BytesMut::new();
+            let mut tags = BytesMut::new();
+            for rx in pending {
+                let (d, t) = rx.await.map_err(|_| SealError::PoolClosed)?;
+                data.unsplit(d);
+                tags.unsplit(t);
             }
+            // Contiguous parts of one buffer: each `unsplit` is O(1).
+            data.unsplit(trailer);
+            data.unsplit(tags);
+            Ok(session.freeze_sealed(data))
         }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn seal_copy_jobs(
+        &self,
+        session: &Arc<SealSession>,
+        binding: Binding,
+        plaintext: &Bytes,
+    ) -> Result<Option<(Vec<oneshot::Receiver<(BytesMut, BytesMut)>>, BytesMut)>, SealError> {
+        let n = plaintext.len();
+        let Some(plan) = session.plan(n)? else {
+            return Ok(None);
+        };
+        let t = session.cipher().tag_len();
+        let chunk = session.chunk_size() as usize;
+        let mut buf = session.take_buffer(n + COUNTER_LEN + plan.count as usize * t);
+        let mut trailer = buf.split_off(n);
+        trailer[..COUNTER_LEN].copy_from_slice(&plan.base.to_be_bytes());
+        let mut tags = trailer.split_off(COUNTER_LEN);
+        let mut pending = Vec::new();
+        for part in self.parts(plan.count) {
+            let start = part.first as usize * chunk;
+            let end = (part.last as usize * chunk).min(n);
+            let src = plaintext.slice(start..end);
+            let mut data = buf.split_to(end - start);
+            let mut tag = tags.split_to((part.last - part.first) as usize * t);
+            let (tx, rx) = oneshot::channel();
+            let s = Arc::clone(session);
+            let sent = self.submit(Box::new(move || {
+                s.seal_chunks_into(&binding, plan, part.first, &src, &mut data, &mut tag);
+                let _ = tx.send((data, tag));
+            }));
+            if !sent {
+                return Err(SealError::PoolClosed);
+            }
+            pending.push(rx);
+        }
+        Ok(Some((pending, trailer)))
     }
 
     /// Opens a sealed transfer on the pool, in place; the future yields the plaintext (see

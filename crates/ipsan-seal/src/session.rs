@@ -2,10 +2,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::buffers::BufferPool;
 use crate::cipher::{ChunkKey, Cipher};
 use crate::error::{OpenError, SealError};
 use crate::frame::{aad, Binding, Direction, Framing, AAD_LEN, COUNTER_LEN};
@@ -60,6 +61,8 @@ pub struct SealSession {
     /// `K("record")`: the root of the per-PDU record keys (docs/seal.md §4a), bound to the
     /// whole login transcript by [`SealSession::record_layer`].
     record_root: zeroize::Zeroizing<[u8; 32]>,
+    /// Buffers of sealed transfers that have been sent, for the next ones (§8 *Cost*).
+    buffers: Arc<BufferPool>,
 }
 
 impl fmt::Debug for SealSession {
@@ -106,6 +109,7 @@ impl SealSession {
             window: Mutex::new(ReplayWindow::new()),
             stats: Counters::default(),
             record_root,
+            buffers: Arc::default(),
         }
     }
 
@@ -289,7 +293,9 @@ impl SealSession {
     ///
     /// The AEADs encrypt straight from `plaintext` into the sealed buffer (out of place), chunk
     /// by chunk: one pass over memory instead of a whole-buffer copy and then another; `none`
-    /// and 3DES copy a chunk and seal it while it is still in cache.
+    /// and 3DES copy a chunk and seal it while it is still in cache. Large transfers are sealed
+    /// into a buffer this session has used before (no page faults, no zero-fill; see
+    /// `buffers`), which comes back when the returned `Bytes` is dropped.
     pub fn seal_copy(&self, b: &Binding, plaintext: &[u8]) -> Result<Bytes, SealError> {
         let n = plaintext.len();
         let Some(plan) = self.plan(n)? else {
@@ -302,22 +308,49 @@ impl SealSession {
     pub(crate) fn seal_copy_planned(&self, b: &Binding, plan: Plan, plaintext: &[u8]) -> Bytes {
         let n = plaintext.len();
         let t = self.framing.cipher.tag_len();
+        let mut buf = self.buffers.take(n + COUNTER_LEN + plan.count as usize * t);
+        let (data, trailer) = buf.split_at_mut(n);
+        let (counter, tags) = trailer.split_at_mut(COUNTER_LEN);
+        counter.copy_from_slice(&plan.base.to_be_bytes());
+        self.seal_chunks_into(b, plan, 0, plaintext, data, tags);
+        self.buffers.freeze(buf)
+    }
+
+    /// A buffer for a sealed transfer of `len` bytes, reused when one is free (its contents
+    /// are unspecified: every byte must be overwritten).
+    pub(crate) fn take_buffer(&self, len: usize) -> BytesMut {
+        self.buffers.take(len)
+    }
+
+    /// Freezes a transfer sealed into a buffer from [`Self::take_buffer`], which comes back to
+    /// this session when the `Bytes` (and every slice of it) is dropped.
+    pub(crate) fn freeze_sealed(&self, buf: BytesMut) -> Bytes {
+        self.buffers.freeze(buf)
+    }
+
+    /// Seals `src`, chunks `first..` of a planned command, into `dst` (same length) and their
+    /// tags into `tags`, chunk by chunk.
+    pub(crate) fn seal_chunks_into(
+        &self,
+        b: &Binding,
+        plan: Plan,
+        first: u32,
+        src: &[u8],
+        dst: &mut [u8],
+        tags: &mut [u8],
+    ) {
+        let t = self.framing.cipher.tag_len();
         let chunk = self.framing.chunk_size as usize;
-        let total = n + COUNTER_LEN + plan.count as usize * t;
-        let mut out = BytesMut::with_capacity(total);
-        let mut tags = vec![0u8; plan.count as usize * t];
-        for (i, (src, tag)) in plaintext
+        for (k, ((s, d), tag)) in src
             .chunks(chunk)
+            .zip(dst.chunks_mut(chunk))
             .zip(tags.chunks_exact_mut(t))
             .enumerate()
         {
-            let (counter, a) = self.chunk_aad(self.send_direction(), b, plan, i as u32);
-            self.send_key.seal_append(counter, &a, src, &mut out, tag);
+            let (counter, a) = self.chunk_aad(self.send_direction(), b, plan, first + k as u32);
+            self.send_key.seal_into(counter, &a, s, d, tag);
             self.stats.sealed.fetch_add(1, Ordering::Relaxed);
         }
-        out.extend_from_slice(&plan.base.to_be_bytes());
-        out.extend_from_slice(&tags);
-        out.freeze()
     }
 
     /// The counter limit of both directions (`u64::MAX` unless lowered for a test).

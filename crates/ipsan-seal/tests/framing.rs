@@ -362,3 +362,54 @@ fn counter_test_hook_cannot_rewind_the_counter() {
     let second = init.seal(&b, buf(&[0u8; 4096])).unwrap();
     assert_ne!(first[4096..4104], second[4096..4104], "counter reused");
 }
+
+#[test]
+fn accepts_transfers_sealed_into_a_reused_buffer_and_leaves_nothing_of_the_previous_one() {
+    // Large sealed copies reuse the buffer of a transfer that has been dropped (sent); the new
+    // transfer must overwrite every byte of it: it opens, and under `none` (whose sealed form
+    // is exactly plaintext || counter || zero tags) no byte of the old transfer shows.
+    let chunk = 64 * 1024;
+    for cipher in Cipher::ALL {
+        let (init, target) = pair(cipher, chunk as u32);
+        let (init, target) = (Arc::new(init), Arc::new(target));
+        let pool = CryptoPool::new(2).unwrap();
+        let old = bytes::Bytes::from(vec![0xa5u8; 1 << 20]);
+        let mut reused = 0;
+        for (k, n) in [1usize << 20, (1 << 20) - 5000, 3 * chunk + 1, 1 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            let b = Binding {
+                task_tag: k as u32,
+                ..write_binding()
+            };
+            let first = block_on(pool.seal_copy(&init, b, old.clone())).unwrap();
+            let at = first.as_ptr();
+            drop(first);
+            let data: Vec<u8> = (0..n).map(|j| (j * 13 + k) as u8).collect();
+            let plain = bytes::Bytes::from(data.clone());
+            let b2 = Binding {
+                task_tag: 100 + k as u32,
+                ..b
+            };
+            let sealed = if k % 2 == 0 {
+                block_on(pool.seal_copy(&init, b2, plain.clone())).unwrap()
+            } else {
+                init.seal_copy(&b2, &plain).unwrap()
+            };
+            reused += usize::from(sealed.as_ptr() == at);
+            assert_eq!(sealed.len(), init.sealed_len(n).unwrap());
+            if cipher == Cipher::None {
+                assert_eq!(&sealed[..n], &data[..]);
+                assert!(sealed[n + 8..].iter().all(|&x| x == 0), "stale tag bytes");
+            }
+            assert_eq!(&plain[..], &data[..], "seal_copy must not touch its input");
+            let opened = target.open(&b2, buf(&sealed)).unwrap();
+            assert_eq!(&opened[..], &data[..], "{cipher} n={n}");
+        }
+        assert!(
+            reused >= 3,
+            "{cipher}: buffers were reused {reused} of 4 times"
+        );
+    }
+}

@@ -1073,10 +1073,17 @@ impl Session {
             }
         };
         if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
-            // The device server's buffer has no room for the trailer: seal a copy, made
-            // on the crypto worker chunk by chunk with the encryption.
+            // The device server leaves room past the data (`read_tailroom`): seal its
+            // buffer in place, no copy. Otherwise (shared, or too little room) seal a copy,
+            // encrypted out of place on the crypto workers into a reused buffer.
             let plain = std::mem::take(&mut resp.data_in);
-            match pool.seal_copy(session, *binding, plain).await {
+            let room = session.sealed_len(plain.len()).unwrap_or(usize::MAX);
+            let sealed = match plain.try_into_mut() {
+                Ok(buf) if buf.capacity() >= room => pool.seal(session, *binding, buf).await,
+                Ok(buf) => pool.seal_copy(session, *binding, buf.freeze()).await,
+                Err(shared) => pool.seal_copy(session, *binding, shared).await,
+            };
+            match sealed {
                 Ok(sealed) => resp.data_in = sealed,
                 Err(e) => {
                     warn!(itt, "seal: cannot seal data-in: {e}");
