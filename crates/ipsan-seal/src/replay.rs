@@ -3,9 +3,18 @@
 //! counter it has not seen that is newer than `highest - WINDOW`, and each counter only once.
 //! Counters are marked only after their chunks authenticated.
 
-/// Window width in counters. With 64 KiB chunks this is 256 MiB of data in flight; a deeper
-/// pipeline than that would see its oldest commands rejected (failing closed).
-pub const WINDOW: u64 = 4096;
+/// Window width in counters. With 64 KiB chunks this is 4 GiB of data: a command may be
+/// overtaken by that much later-sealed data before it reaches the receiver. Counters are
+/// reserved when sealing starts, ahead of the round trips (that is Seal's point), so the
+/// order they arrive in is not the order they were taken in: a command whose sealing or
+/// sending stalls (a crypto worker descheduled on a loaded host) is overtaken by every
+/// command the other callers seal meanwhile. At 4096 (256 MiB) a stall of a few hundred
+/// milliseconds at 1 MiB × 16 suffices, and a write on a loaded host failed with 74h/04h,
+/// most likely so (docs/results/seal-cost/README.md); at 65536 it would have to last seconds. The
+/// bitmap costs 8 KiB per session and direction. Replays inside the window are still refused
+/// one by one, and the record layer's per-PDU counter refuses any replayed PDU anyway
+/// (docs/seal.md §4a); what is older than the window is refused (failing closed).
+pub const WINDOW: u64 = 1 << 16;
 const WORDS: usize = (WINDOW / 64) as usize;
 
 #[derive(Debug, Clone)]
@@ -122,6 +131,18 @@ mod tests {
         w.accept_range(WINDOW + 10, 1).unwrap();
         assert!(w.accept_range(5, 1).is_err());
         w.accept_range(11, 1).unwrap();
+    }
+
+    #[test]
+    fn accepts_a_command_overtaken_by_256_mib_of_later_sealed_data() {
+        // 1 MiB commands of 16 chunks: the one that took counters 0..16 stalls while 512 later
+        // commands (512 MiB) are sealed, sent and opened; it still opens, once.
+        let mut w = ReplayWindow::new();
+        for k in 1..=512 {
+            w.accept_range(k * 16, 16).unwrap();
+        }
+        w.accept_range(0, 16).unwrap();
+        assert!(w.accept_range(0, 16).is_err());
     }
 
     #[test]
