@@ -6,6 +6,8 @@
 //! run_time = "5s"          # how long each bench run lasts, at least…
 //! min_rtts = 60            # …this many calibrated round trips (64 ms each way: 7.7 s)
 //! steady = false          # true: throughput over each run's second half (bench's trace)
+//! tcp_buffer = "kernel"    # or a size ("16MiB"): SO_SNDBUF/SO_RCVBUF of the iSCSI
+//!                          # connection at both ends instead of the kernel's autotuning
 //! lun = "mem:512MiB"       # target LUN when backend = "mem" (null:… and file:… likewise)
 //!
 //! [[matrix]]               # each [[matrix]] table is a cartesian product; tables add up
@@ -291,6 +293,13 @@ pub struct PlanSpec {
     /// past TCP's slow start and depth auto's search, instead of over the whole run.
     #[serde(default)]
     pub steady: bool,
+    /// `kernel` (default: the kernel's buffer autotuning) or a size: SO_SNDBUF and SO_RCVBUF
+    /// of the iSCSI connection at both ends (`--tcp-sndbuf/--tcp-rcvbuf` of target and
+    /// bench). On a long link the receiver's autotuning can keep a 64 KiB window for seconds
+    /// (docs/results/lab.md, "Why the demo was bimodal"); a fixed buffer above the
+    /// bandwidth-delay product takes it out of the measurement.
+    #[serde(default)]
+    pub tcp_buffer: Option<String>,
     /// The matrices.
     pub matrix: Vec<MatrixSpec>,
     /// A short traced run per scheme for the command timeline.
@@ -453,6 +462,9 @@ pub struct Plan {
     pub min_rtts: u32,
     /// Throughput over each run's second half (see [`PlanSpec::steady`]).
     pub steady: bool,
+    /// Socket buffers of the iSCSI connection in bytes, `None` for the kernel's autotuning
+    /// (see [`PlanSpec::tcp_buffer`]).
+    pub tcp_buffer: Option<u64>,
     /// Every point, in run order (grouped by link so calibrations are reused).
     pub points: Vec<Point>,
     /// Traced runs for the command timeline, if the plan asks for them.
@@ -529,6 +541,18 @@ impl Plan {
         if min_rtts > 10_000 {
             return Err(err("min_rtts must be 0..=10000".into()));
         }
+        let tcp_buffer = match spec.tcp_buffer.as_deref().map(str::trim) {
+            None | Some("kernel") => None,
+            Some(b) => {
+                let n = model::parse_size(b).map_err(&err)?;
+                if !(64 << 10..1 << 30).contains(&n) {
+                    return Err(err(
+                        "tcp_buffer must be kernel or 64KiB up to 1GiB (exclusive)".into(),
+                    ));
+                }
+                Some(n)
+            }
+        };
         if spec.matrix.is_empty() {
             return Err(err("no [[matrix]] table".into()));
         }
@@ -665,6 +689,7 @@ impl Plan {
             max_depth,
             min_rtts,
             steady: spec.steady,
+            tcp_buffer,
             points,
         })
     }
@@ -751,6 +776,28 @@ mod tests {
         for name in BUILTIN.iter().chain(&["demo"]) {
             let p = Plan::load(name).unwrap();
             assert!(!p.points.is_empty(), "{name}");
+        }
+    }
+
+    /// The demo fixes its socket buffers (the 64 ms cells were bimodal under the kernel's
+    /// receive autotuning); plans without the key keep the kernel's.
+    #[test]
+    fn accepts_tcp_buffer_and_defaults_to_kernel() {
+        assert_eq!(Plan::load("demo").unwrap().tcp_buffer, Some(32 << 20));
+        assert_eq!(Plan::load("quick").unwrap().tcp_buffer, None);
+        let body = "[[matrix]]\nscheme = [\"plain\"]\n";
+        let with =
+            |v: &str| Plan::parse("t", &format!("name = \"t\"\ntcp_buffer = \"{v}\"\n{body}"));
+        assert_eq!(with("kernel").unwrap().tcp_buffer, None);
+        assert_eq!(with("8MiB").unwrap().tcp_buffer, Some(8 << 20));
+    }
+
+    #[test]
+    fn rejects_tcp_buffer_out_of_range() {
+        let body = "[[matrix]]\nscheme = [\"plain\"]\n";
+        for v in ["1KiB", "2GiB", "lots"] {
+            let r = Plan::parse("t", &format!("name = \"t\"\ntcp_buffer = \"{v}\"\n{body}"));
+            assert!(r.is_err(), "{v}");
         }
     }
 

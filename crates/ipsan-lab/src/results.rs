@@ -179,6 +179,19 @@ pub struct Record {
     pub wan_corrupted: u64,
     /// Packets through esp-emu, or (ipsec) through the initiator's CHILD_SA, both directions.
     pub esp_packets: u64,
+    /// Packets the kernel dropped at the TUN devices around the emulator (both namespaces,
+    /// rx and tx): losses the emulator's own counters never see.
+    #[serde(default)]
+    pub tun_dropped: u64,
+    /// The initiator's `TCP_INFO` at the end of the run, as bench reports it (cwnd, ssthresh,
+    /// RTT, retransmissions, rwnd/sndbuf-limited time): what explains the run's rate.
+    #[serde(default)]
+    pub tcp: Option<serde_json::Value>,
+    /// The kernel's TCP counters (`/proc/net/snmp` Tcp, `/proc/net/netstat` TcpExt) that
+    /// changed during the run, per namespace (`ini:` / `tgt:` prefix): retransmissions,
+    /// timeouts, receive-side drops.
+    #[serde(default)]
+    pub kernel_tcp: std::collections::BTreeMap<String, i64>,
     /// Calibration.
     pub calibration: Option<Calibration>,
     /// ENC for the model, MB/s.
@@ -255,6 +268,9 @@ impl Record {
             wan_reordered: 0,
             wan_corrupted: 0,
             esp_packets: 0,
+            tun_dropped: 0,
+            tcp: None,
+            kernel_tcp: std::collections::BTreeMap::new(),
             calibration: None,
             enc_mb_s: f64::NAN,
             dec_mb_s: f64::NAN,
