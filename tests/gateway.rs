@@ -363,17 +363,20 @@ fn tgtd_behind_a_seal_required_gateway_verifies_reads_and_writes() {
     drop((a, b, tgtd));
 }
 
+/// The array: an ipsan target with a 64 MiB file LUN in `dir` (kept across restarts) on
+/// `portal`, logging to `dir/c.log`.
+fn array(dir: &Path, portal: &str) -> (Proc, u16) {
+    let lun = format!("file:{},size=64MiB", dir.join("array.img").display());
+    spawn_ipsan(
+        &["target", "--portal", portal, "--iqn", IQN, "--lun", &lun],
+        &dir.join("c.log"),
+    )
+}
+
 #[test]
 fn array_down_fails_commands_and_refuses_logins_then_serves_again() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("array.img");
-    let lun = format!("file:{},size=64MiB", img.display());
-    let start_array = |portal: &str| {
-        spawn_ipsan(
-            &["target", "--portal", portal, "--iqn", IQN, "--lun", &lun],
-            &dir.path().join("c.log"),
-        )
-    };
+    let start_array = |portal: &str| array(dir.path(), portal);
     let (c, array_port) = start_array("127.0.0.1:0");
     // With the LUN in the URL the gateway starts without asking the array anything.
     let (_a, a_port) = spawn_ipsan(
@@ -442,14 +445,7 @@ fn array_restart_within_the_recovery_timeout_is_invisible_to_a_sealed_host_run()
     // session to the array recovers (reinstating login, commands sent again) and the host's
     // run completes with every block verified: latency, not errors.
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("array.img");
-    let lun = format!("file:{},size=64MiB", img.display());
-    let start_array = |portal: &str| {
-        spawn_ipsan(
-            &["target", "--portal", portal, "--iqn", IQN, "--lun", &lun],
-            &dir.path().join("c.log"),
-        )
-    };
+    let start_array = |portal: &str| array(dir.path(), portal);
     let (c, array_port) = start_array("127.0.0.1:0");
     let (b, b_port) = gateway_b(
         dir.path(),
