@@ -131,16 +131,7 @@ impl CryptoPool {
             let Some((pending, trailer)) = prepared? else {
                 return Ok(Bytes::new());
             };
-            let mut data = BytesMut::new();
-            let mut tags = BytesMut::new();
-            for rx in pending {
-                let (d, t) = rx.await.map_err(|_| SealError::PoolClosed)?;
-                data.unsplit(d);
-                tags.unsplit(t);
-            }
-            data.unsplit(trailer);
-            data.unsplit(tags);
-            Ok(data.freeze())
+            Ok(gather(pending, trailer).await?.freeze())
         }
     }
 
@@ -234,17 +225,7 @@ impl CryptoPool {
                 Some(Way::Whole(rx)) => return rx.await.map_err(|_| SealError::PoolClosed),
                 Some(Way::Split(pending, trailer)) => (pending, trailer),
             };
-            let mut data = BytesMut::new();
-            let mut tags = BytesMut::new();
-            for rx in pending {
-                let (d, t) = rx.await.map_err(|_| SealError::PoolClosed)?;
-                data.unsplit(d);
-                tags.unsplit(t);
-            }
-            // Contiguous parts of one buffer: each `unsplit` is O(1).
-            data.unsplit(trailer);
-            data.unsplit(tags);
-            Ok(session.freeze_sealed(data))
+            Ok(session.freeze_sealed(gather(pending, trailer).await?))
         }
     }
 
@@ -376,4 +357,22 @@ impl Drop for CryptoPool {
             let _ = h.join();
         }
     }
+}
+
+/// Reassembles a transfer sealed in parts: the parts' data in order, then the trailer, then the
+/// parts' tags. The parts are contiguous pieces of one buffer, so each `unsplit` is O(1).
+async fn gather(
+    pending: Vec<oneshot::Receiver<(BytesMut, BytesMut)>>,
+    trailer: BytesMut,
+) -> Result<BytesMut, SealError> {
+    let mut data = BytesMut::new();
+    let mut tags = BytesMut::new();
+    for rx in pending {
+        let (d, t) = rx.await.map_err(|_| SealError::PoolClosed)?;
+        data.unsplit(d);
+        tags.unsplit(t);
+    }
+    data.unsplit(trailer);
+    data.unsplit(tags);
+    Ok(data)
 }
