@@ -149,13 +149,32 @@ fn check_rtt(test: &str, delay_ms: u64, n: usize) {
         late(st.up),
         late(st.down)
     );
+    // What the emulator controls: when it releases each packet. Its own lateness histogram
+    // (release time minus due time) must stay tight in both directions.
+    for (dir, d) in [("up", st.up), ("down", st.down)] {
+        let med = d.late_quantile_us(0.5).unwrap_or(u64::MAX);
+        assert!(
+            med <= 100,
+            "{dir}: emulator releases late: median <= {med} µs"
+        );
+    }
+    // End to end the RTT also holds two thread wake-ups after an idle wait and kernel TCP on
+    // both sides; on a shared 2-vCPU VM those add a few hundred µs under load (CI once saw
+    // 362 µs at 8 ms with the emulator's own median lateness 10 µs). The RTT must never be
+    // shorter than twice the delay (a packet released early), and above it by at most
+    // max(1 ms, 3 %) of host noise.
     let want = Duration::from_millis(2 * delay_ms);
-    let tol = Duration::from_micros(200).max(want / 50);
-    let err = median.abs_diff(want);
+    let early_slack = Duration::from_micros(50);
+    let tol = Duration::from_millis(1).max(want * 3 / 100);
+    let err = median.saturating_sub(want);
     println!(
-        "RTT one-way {delay_ms} ms: median {median:?} (error {err:?}, tolerance {tol:?}), p99 {p99:?}, n={n}"
+        "RTT one-way {delay_ms} ms: median {median:?} (over by {err:?}, tolerance {tol:?}), p99 {p99:?}, n={n}"
     );
-    assert!(err <= tol, "median {median:?} vs {want:?} ± {tol:?}");
+    assert!(
+        median + early_slack >= want,
+        "median {median:?} is shorter than {want:?}: packets released early"
+    );
+    assert!(err <= tol, "median {median:?} vs {want:?} + {tol:?}");
 }
 
 #[test]
