@@ -132,7 +132,7 @@ pub fn all(dir: &Path, aggs: &[Agg], fonts: bool) -> Out {
     improvement(dir, &clean, Direction::Write, fonts, &mut out);
     improvement(dir, &clean, Direction::Read, fonts, &mut out);
     cpu(dir, &clean, fonts, &mut out);
-    let rates = rates(aggs);
+    let rates = rates(dir, aggs);
     fig16(dir, &clean, &rates, fonts, &mut out);
     model_fig(dir, aggs, &rates, fonts, &mut out);
     aiken(dir, &clean, fonts, &mut out);
@@ -737,8 +737,29 @@ pub struct Rates {
     ipsec: BTreeMap<(Direction, String), (f64, f64)>,
 }
 
-/// [`Rates`] from the plan's records.
-pub fn rates(aggs: &[Agg]) -> Rates {
+/// The per-CPU-second cipher rates a report measured for a results directory, kept there
+/// (`cipher-rates.json`) so that regenerating the report gives the same numbers: measured
+/// again on each `lab report`, the rates followed the host's load (3DES 13 MB/s per
+/// CPU-second one day, 9.4 the next) and so did every model error.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct StoredRate {
+    cipher: String,
+    block: u64,
+    enc_bytes_per_cpu_s: f64,
+    dec_bytes_per_cpu_s: f64,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct StoredRates {
+    /// What measured them: revision, host, load average at the time.
+    measured_by: crate::results::Environment,
+    rates: Vec<StoredRate>,
+}
+
+const STORED_RATES: &str = "cipher-rates.json";
+
+/// [`Rates`] from the plan's records (and the directory's stored cipher rates).
+pub fn rates(dir: &Path, aggs: &[Agg]) -> Rates {
     let mut r = Rates {
         ipsec: ipsec_rates(aggs),
         ..Rates::default()
@@ -760,18 +781,51 @@ pub fn rates(aggs: &[Agg]) -> Rates {
         }
     }
     // Runs before the per-CPU-second calibration recorded wall-clock rates (their share of a
-    // contended core); measure each cipher and block per CPU-second again here, same host.
+    // contended core); measure each cipher and block per CPU-second again, once, and keep
+    // the result beside the records ([`STORED_RATES`]) so the report is reproducible.
     // (Only from an optimised build: a debug build's ciphers are many times slower.)
-    for ((c, b), e) in r.enc.iter_mut().filter(|_| !cfg!(debug_assertions)) {
-        if let Some(cipher) = ipsan_seal::Cipher::from_name(c) {
-            if let Ok((enc, dec)) = crate::calibrate::cipher_throughput(
-                cipher,
-                *b as usize,
-                std::time::Duration::from_millis(200),
-            ) {
-                e.0 = e.0.max(enc);
-                e.1 = e.1.max(dec);
+    let stored_path = dir.join(STORED_RATES);
+    let stored: Option<StoredRates> = std::fs::read(&stored_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let stored = match stored {
+        Some(s) => Some(s),
+        None if !cfg!(debug_assertions) && !r.enc.is_empty() => {
+            let mut rates = Vec::new();
+            for (c, b) in r.enc.keys() {
+                let Some(cipher) = ipsan_seal::Cipher::from_name(c) else {
+                    continue;
+                };
+                if let Ok((enc, dec)) = crate::calibrate::cipher_throughput(
+                    cipher,
+                    *b as usize,
+                    std::time::Duration::from_millis(200),
+                ) {
+                    rates.push(StoredRate {
+                        cipher: c.clone(),
+                        block: *b,
+                        enc_bytes_per_cpu_s: enc,
+                        dec_bytes_per_cpu_s: dec,
+                    });
+                }
             }
+            let s = StoredRates {
+                measured_by: crate::results::Environment::detect(
+                    &std::env::current_exe().unwrap_or_default(),
+                ),
+                rates,
+            };
+            if let Ok(j) = serde_json::to_vec_pretty(&s) {
+                let _ = std::fs::write(&stored_path, j);
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    for sr in stored.iter().flat_map(|s| s.rates.iter()) {
+        if let Some(e) = r.enc.get_mut(&(sr.cipher.clone(), sr.block)) {
+            e.0 = e.0.max(sr.enc_bytes_per_cpu_s);
+            e.1 = e.1.max(sr.dec_bytes_per_cpu_s);
         }
     }
     r
@@ -872,13 +926,44 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
     let mut per: BTreeMap<String, Vec<Pt>> = BTreeMap::new();
     let mut errs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut old: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // Every point's inputs and prediction, so a reader can see where the model misses.
+    let mut csv = String::from(
+        "scheme,cipher,direction,iscsi,block,delay_ms,depth,measured_mb_s,min_mb_s,max_mb_s,\
+         predicted_mb_s,limit,error_pct,rtt_ms,socket_mb_s,cores_got\n",
+    );
     for a in aggs {
-        let Some((m, _)) = model_here(a, rates) else {
+        let Some((m, limit)) = model_here(a, rates) else {
             continue;
         };
         if !(m > 0.0 && a.median > 0.0) {
             continue;
         }
+        let p = &a.rec.point;
+        let (rtt, sock) = a
+            .rec
+            .calibration
+            .as_ref()
+            .map_or((f64::NAN, f64::NAN), |c| (c.rtt_ms, c.socket_mb_s));
+        let _ = writeln!(
+            csv,
+            "{},{},{},{:?},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.1},{:.3}",
+            p.scheme,
+            p.cipher,
+            p.direction.name(),
+            p.iscsi,
+            p.block,
+            p.delay_ms,
+            a.rec.depth_used,
+            a.median,
+            a.min,
+            a.max,
+            m,
+            limit,
+            (a.median / m - 1.0) * 100.0,
+            rtt,
+            sock,
+            a.cores_got
+        );
         let key = format!(
             "{} {}",
             a.rec.point.scheme,
@@ -907,6 +992,9 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
     }
     if per.is_empty() {
         return;
+    }
+    if std::fs::write(dir.join("model.csv"), &csv).is_ok() {
+        out.plots.push(dir.join("model.csv"));
     }
     let _ = writeln!(
         out.md,
@@ -1222,6 +1310,35 @@ mod tests {
             out.md.contains("≈4.6×"),
             "the paper's OP-10 at 8 ms beside ours"
         );
+    }
+
+    #[test]
+    fn stored_cipher_rates_make_the_report_reproducible() {
+        let dir = std::env::temp_dir().join(format!("ipsan-rates-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut r = rec(Scheme::Seal, 8.0, 65536, 4, 1.0);
+        r.enc_mb_s = 1.0;
+        r.dec_mb_s = 1.0;
+        let aggs = aggregate(&[r]);
+        let stored = StoredRates {
+            measured_by: Environment::default(),
+            rates: vec![StoredRate {
+                cipher: "3des-cbc-hmac-sha1".into(),
+                block: 65536,
+                enc_bytes_per_cpu_s: 12.5e6,
+                dec_bytes_per_cpu_s: 11.5e6,
+            }],
+        };
+        std::fs::write(dir.join(STORED_RATES), serde_json::to_vec(&stored).unwrap()).unwrap();
+        // Read back, never measured again: the same numbers every time, in any build.
+        for _ in 0..2 {
+            let got = rates(&dir, &aggs);
+            assert_eq!(
+                got.enc.get(&("3des-cbc-hmac-sha1".to_string(), 65536)),
+                Some(&(12.5e6, 11.5e6))
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
