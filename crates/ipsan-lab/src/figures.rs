@@ -993,9 +993,11 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
     if per.is_empty() {
         return;
     }
-    if std::fs::write(dir.join("model.csv"), &csv).is_ok() {
-        out.plots.push(dir.join("model.csv"));
-    }
+    let csv_note = if std::fs::write(dir.join("model.csv"), &csv).is_ok() {
+        " Every point's inputs, prediction and error: `model.csv`."
+    } else {
+        ""
+    };
     let _ = writeln!(
         out.md,
         "### The model on this machine (2008 Fig. 15, 2006 Tables 4–5)\n\n\
@@ -1010,7 +1012,7 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
          `cores_got / (1/ENC + 1/DEC + 1/SOCKET)`, with `cores_got` the CPU every lab process \
          (initiator, target, tunnels, emulator) received during the run. The cap is an \
          accounting identity when the run is CPU-bound; the error then tests whether the \
-         per-byte costs are right. Goal: median |error| ≤ 15 % per scheme.\n\n\
+         per-byte costs are right. Goal: median |error| ≤ 15 % per scheme.{csv_note}\n\n\
          | scheme | points | median abs error | median signed | within 25 % | median abs error, runner's model (own cores) |\n|---|---|---|---|---|---|"
     );
     for (k, e) in &errs {
