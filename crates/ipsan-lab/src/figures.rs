@@ -926,6 +926,7 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
     let mut per: BTreeMap<String, Vec<Pt>> = BTreeMap::new();
     let mut errs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut old: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut stall: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     // Every point's inputs and prediction, so a reader can see where the model misses.
     let mut csv = String::from(
         "scheme,cipher,direction,iscsi,block,delay_ms,depth,measured_mb_s,min_mb_s,max_mb_s,\
@@ -984,6 +985,17 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
         errs.entry(key.clone())
             .or_default()
             .push((a.median / m - 1.0) * 100.0);
+        // How much of the mean time per command (depth × BLOCK ÷ throughput) the median
+        // command latency accounts for; the rest is stalls (scheduling on the shared host,
+        // retransmits) that a model of the typical cycle cannot see.
+        let r = &a.rec;
+        if r.lat_p50_us > 0.0 && r.throughput_mb_s > 0.0 {
+            let per_cmd_us = f64::from(r.depth_used.max(1)) * p.block as f64 / r.throughput_mb_s;
+            stall
+                .entry(key.clone())
+                .or_default()
+                .push(r.lat_p50_us / per_cmd_us);
+        }
         if a.rec.model_mb_s > 0.0 {
             old.entry(key)
                 .or_default()
@@ -1013,7 +1025,12 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
          (initiator, target, tunnels, emulator) received during the run. The cap is an \
          accounting identity when the run is CPU-bound; the error then tests whether the \
          per-byte costs are right. Goal: median |error| ≤ 15 % per scheme.{csv_note}\n\n\
-         | scheme | points | median abs error | median signed | within 25 % | median abs error, runner's model (own cores) |\n|---|---|---|---|---|---|"
+         The last column is the median, over the scheme's points, of the median command \
+         latency ÷ the mean time per command (depth × BLOCK ÷ throughput): 1 means every \
+         command took the typical time; below 1, stalls (a descheduled process, a \
+         retransmit) took the rest, and the model, which predicts the typical cycle, \
+         over-predicts by about that much.\n\n\
+         | scheme | points | median abs error | median signed | within 25 % | median abs error, runner's model (own cores) | median latency ÷ time per command |\n|---|---|---|---|---|---|---|"
     );
     for (k, e) in &errs {
         let mut abs: Vec<f64> = e.iter().map(|x| x.abs()).collect();
@@ -1023,9 +1040,15 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
             .get(k)
             .map(|v| v.iter().map(|x| x.abs()).collect())
             .unwrap_or_default();
+        let mut st = stall.get(k).cloned().unwrap_or_default();
+        let st = if st.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{:.2}", median(&mut st))
+        };
         let _ = writeln!(
             out.md,
-            "| {k} | {} | {:.0} % | {:+.0} % | {}/{} | {} |",
+            "| {k} | {} | {:.0} % | {:+.0} % | {}/{} | {} | {st} |",
             e.len(),
             median(&mut abs),
             median(&mut signed),
