@@ -636,7 +636,7 @@ impl Connection {
             return;
         }
         let need32 = u32::try_from(need).unwrap_or(u32::MAX);
-        let write = match WriteState::new(&self.params, &cmd, &data, need32) {
+        let write = match WriteState::new(&self.params, &cmd, data, need32) {
             Ok(w) => w,
             Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
         };
