@@ -40,6 +40,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
@@ -98,6 +99,17 @@ const MAX_QUEUED_PONG_BYTES: usize = 1024 * 1024;
 
 /// Whether an ABORT TASK response means the task is gone and nothing more comes for it
 /// (RFC 7143 §11.6.1: done, or the target no longer knew it).
+/// What may end a command before its status arrives.
+#[derive(Clone, Copy)]
+enum Until<'a> {
+    /// Nothing: the caller waits for the status (a gateway's host times its commands out).
+    Status,
+    /// [`SessionConfig::command_timeout`]: past it, ABORT TASK (RFC 7143 §11.5.1).
+    Timeout,
+    /// The caller's token: once cancelled, ABORT TASK; a command not sent yet is not sent.
+    Abort(&'a CancellationToken),
+}
+
 fn ends_the_task(r: TmfResponse) -> bool {
     matches!(
         r,
@@ -912,7 +924,7 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
         if let Some(s) = &fresh.0 {
             for _ in 0..4 {
                 let ua = matches!(
-                    s.command_raw(lun, scsi::test_unit_ready(), DataDir::None, None, true, &mut false)
+                    s.command_raw(lun, scsi::test_unit_ready(), DataDir::None, None, Until::Timeout, &mut false)
                         .await
                         .and_then(Passthrough::into_completion),
                     Err(Error::Scsi { sense: Some(ref x), .. }) if x.key == SenseKey::UNIT_ATTENTION
@@ -1058,6 +1070,19 @@ impl Session {
         self.link.counters.snapshot()
     }
 
+    /// [`Session::connection`], unless the caller aborts the command first (while the
+    /// session recovers, say): then it is never sent (again).
+    async fn connection_until(&self, failed: Option<u64>, until: Until<'_>) -> Result<Arc<Shared>> {
+        let Until::Abort(abort) = until else {
+            return self.connection(failed).await;
+        };
+        tokio::select! {
+            biased;
+            () = abort.cancelled() => Err(Error::TaskAborted("ABORT TASK".into())),
+            c = self.connection(failed) => c,
+        }
+    }
+
     /// A connection to send on: the current one, or (after `failed` ended) the next one,
     /// waiting for it up to the recovery timeout.
     async fn connection(&self, failed: Option<u64>) -> Result<Arc<Shared>> {
@@ -1116,24 +1141,24 @@ impl Session {
     /// reassembly; a read's `len` is the plaintext length. With recovery on, a connection
     /// loss is ridden out as [`crate::recovery`] describes.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
-        self.exchange(self.lun, cdb, dir, true)
+        self.exchange(self.lun, cdb, dir, Until::Timeout)
             .await
             .and_then(Passthrough::into_completion)
     }
 
     /// One command to `lun` (the 8-byte LUN field as sent, SAM-5 §4.7), answered with any
     /// status: the one path [`Session::command`] and [`Session::command_to`] share, recovery
-    /// included. `timed`: whether [`SessionConfig::command_timeout`] applies.
+    /// included. `until`: what may end the command before its status (see [`Until`]).
     async fn exchange(
         &self,
         lun: u64,
         cdb: [u8; 16],
         dir: DataDir,
-        timed: bool,
+        until: Until<'_>,
     ) -> Result<Passthrough> {
         if self.supervisor.is_none() {
-            let c = self.connection(None).await?;
-            return self.attempt(&c, lun, cdb, dir, timed, &mut false).await;
+            let c = self.connection_until(None, until).await?;
+            return self.attempt(&c, lun, cdb, dir, until, &mut false).await;
         }
         // What a reissue needs: the caller's plaintext (Seal seals a copy, so `Bytes` is
         // still the caller's data) or the read length.
@@ -1145,7 +1170,7 @@ impl Session {
         let mut dir = Some(dir);
         let mut failed = None;
         loop {
-            let c = self.connection(failed).await?;
+            let c = self.connection_until(failed, until).await?;
             let d = match dir.take() {
                 Some(d) => d,
                 None => match &again {
@@ -1155,7 +1180,7 @@ impl Session {
                 },
             };
             let mut sent = false;
-            match self.attempt(&c, lun, cdb, d, timed, &mut sent).await {
+            match self.attempt(&c, lun, cdb, d, until, &mut sent).await {
                 // Asked to log out before it was sent: wait for the next login.
                 Err(Error::LogoutRequested) if !sent => {}
                 Err(e) if e.is_connection_loss() => {
@@ -1189,7 +1214,7 @@ impl Session {
         lun: u64,
         cdb: [u8; 16],
         dir: DataDir,
-        timed: bool,
+        until: Until<'_>,
         sent: &mut bool,
     ) -> Result<Passthrough> {
         let tr = c.observer.get();
@@ -1198,10 +1223,10 @@ impl Session {
         let itt = c.with(|g| g.engine.alloc_itt())?;
         let Some(t) = self.transform.clone().or_else(|| c.transform.clone()) else {
             let Some(tr) = tr else {
-                return c.command_raw(lun, cdb, dir, Some(itt), timed, sent).await;
+                return c.command_raw(lun, cdb, dir, Some(itt), until, sent).await;
             };
             let g = observe::Pending::issued(Some(tr), itt);
-            return g.finish(c.command_raw(lun, cdb, dir, Some(itt), timed, sent).await);
+            return g.finish(c.command_raw(lun, cdb, dir, Some(itt), until, sent).await);
         };
         let g = observe::Pending::issued(tr, itt);
         // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
@@ -1215,7 +1240,7 @@ impl Session {
         };
         match dir {
             DataDir::None => g.finish(
-                c.command_raw(lun, cdb, DataDir::None, Some(itt), timed, sent)
+                c.command_raw(lun, cdb, DataDir::None, Some(itt), until, sent)
                     .await,
             ),
             DataDir::Write(plain) => {
@@ -1223,7 +1248,7 @@ impl Session {
                 let wire = t.outbound(info, plain).await?;
                 observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
                 g.finish(
-                    c.command_raw(lun, cdb, DataDir::Write(wire), Some(itt), timed, sent)
+                    c.command_raw(lun, cdb, DataDir::Write(wire), Some(itt), until, sent)
                         .await,
                 )
             }
@@ -1237,7 +1262,7 @@ impl Session {
                         cdb,
                         DataDir::Read(buf, wire_len),
                         Some(itt),
-                        timed,
+                        until,
                         sent,
                     )
                     .await?;
@@ -1404,7 +1429,7 @@ impl Shared {
         cdb: [u8; 16],
         dir: DataDir,
         itt: Option<u32>,
-        timed: bool,
+        until: Until<'_>,
         sent: &mut bool,
     ) -> Result<Passthrough> {
         self.refuse_after_logout_request()?;
@@ -1436,7 +1461,7 @@ impl Shared {
             Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
             Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
         }
-        let r = self.wait(lun, rx, itt, timed).await;
+        let r = self.wait(lun, rx, itt, until).await;
         // Ended with the connection before it left the engine: the target never saw it.
         if r.as_ref().is_err_and(Error::is_connection_loss)
             && self
@@ -1454,9 +1479,22 @@ impl Shared {
         lun: u64,
         mut rx: oneshot::Receiver<engine::TaskResult>,
         itt: u32,
-        timed: bool,
+        until: Until<'_>,
     ) -> Result<Passthrough> {
-        let Some(limit) = self.command_timeout.filter(|_| timed) else {
+        if let Until::Abort(abort) = until {
+            return tokio::select! {
+                biased;
+                r = &mut rx => match r {
+                    Ok(r) => self.answer(r),
+                    Err(_) => Err(self.lost()),
+                },
+                () = abort.cancelled() => self.abort_asked(itt, rx).await,
+            };
+        }
+        let Some(limit) = self
+            .command_timeout
+            .filter(|_| matches!(until, Until::Timeout))
+        else {
             return match rx.await {
                 Ok(r) => self.answer(r),
                 Err(_) => Err(self.lost()),
@@ -1492,6 +1530,43 @@ impl Shared {
             Ok(TmfResponse::FUNCTION_COMPLETE) => Ok(()),
             Ok(other) => Err(Error::TaskManagement(other.0)),
             Err(_) => Err(self.lost()),
+        }
+    }
+
+    /// ABORT TASK asked by the caller ([`Until::Abort`]; RFC 7143 §11.5.1): a gateway
+    /// forwarding its host's ABORT TASK. The task stays in the engine until the response, so
+    /// its PDUs are still handled in order. Ends with [`Error::TaskAborted`] when the target
+    /// ended the task (Function complete, or Task does not exist: it finished and its status
+    /// crossed the abort), or with the command's own answer when that came first or the
+    /// target refused the abort (the command then runs to its end; §11.6.1).
+    async fn abort_asked(
+        &self,
+        itt: u32,
+        mut rx: oneshot::Receiver<engine::TaskResult>,
+    ) -> Result<Passthrough> {
+        tracing::debug!(itt, "ABORT TASK asked by the caller");
+        let (tx, mut tmf_rx) = oneshot::channel();
+        self.with_timer(|g| {
+            if let Some(t) = g.engine.abort(Instant::now(), itt) {
+                g.tmf_waiters.insert(t, tx);
+            }
+        })?;
+        let first = tokio::select! {
+            biased;
+            r = &mut rx => Ok(r),
+            t = &mut tmf_rx => Err(t),
+        };
+        match first {
+            Ok(Ok(r)) => self.answer(r),
+            Ok(Err(_)) => Err(self.lost()),
+            Err(Ok(response)) if ends_the_task(response) => {
+                Err(Error::TaskAborted("ABORT TASK".into()))
+            }
+            // Refused, or no TMF sent (the task had ended): the command's own answer.
+            Err(_) => match rx.await {
+                Ok(r) => self.answer(r),
+                Err(_) => Err(self.lost()),
+            },
         }
     }
 

@@ -1339,3 +1339,161 @@ fn a_lun_reset_the_target_refuses_is_reported_with_its_response_code() {
         still_serves(&s).await;
     });
 }
+
+// ---- A gateway in front of the fake target (docs/gateway.md, "Task management") ----
+//
+// host (this initiator) ──► an ipsan target whose LUN 0 is the fake target's LUN 0 (a remote
+// iSCSI LUN, as `ipsan gateway` builds) ──► the fake target, which swallows READs and answers
+// task management as each case scripts. The fake sees the gateway's own remote session, so
+// what reaches it is what the gateway forwarded.
+
+const GW_IQN: &str = "iqn.2026-11.org.ipsan:gw-tmf";
+
+/// Starts a gateway target for the fake target at `remote` and logs a host in to it with a
+/// command timeout of `timeout_ms` (past it the host sends ABORT TASK).
+async fn through_gateway(
+    remote: &IscsiUrl,
+    timeout_ms: u64,
+) -> (ipsan_target::ServerHandle, Session) {
+    let c = ipsan_target::Config::from_toml(&format!(
+        "[server]\nportals = [\"127.0.0.1:0\"]\n[[target]]\niqn = \"{GW_IQN}\"\n\
+         [[target.lun]]\nid = 0\nbackend = \"iscsi://{}/iqn.2026-11.org.ipsan:hostile/0\"\n",
+        remote.socket_addr_string()
+    ))
+    .unwrap();
+    let h = ipsan_target::ServerHandle::start(&c).await.unwrap();
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{GW_IQN}/0", h.addrs[0])).unwrap();
+    let s = Session::connect(&url, &timeout_cfg(timeout_ms))
+        .await
+        .unwrap();
+    (h, s)
+}
+
+/// The fake remote: READs are swallowed (they never end by themselves), everything else is
+/// answered GOOD; task management as `tmf` says.
+fn swallowing_reads(tmf: TmfScript) -> Script {
+    let mut script = Script::commands(|c, ctx| {
+        if c.cdb[0] == 0x88 {
+            Vec::new()
+        } else {
+            vec![ctx.good(c.itt, c.cmd_sn)]
+        }
+    });
+    script.tmf = Some(tmf);
+    script
+}
+
+#[test]
+fn gateway_forwards_a_hosts_abort_task_to_the_remote_command() {
+    bounded(20, async {
+        let script = swallowing_reads(Arc::new(|t, ctx| {
+            tmf_answer(t, ctx, TmfResponse::FUNCTION_COMPLETE)
+        }));
+        let (remote, seen) = start_with(script).await;
+        let (_gw, s) = through_gateway(&remote, 300).await;
+        let t0 = Instant::now();
+        match read_4k(&s).await {
+            Err(Error::CommandTimedOut(_)) => {}
+            other => panic!("expected the host's abort to end the command, got {other:?}"),
+        }
+        // Not forwarded, the host's ABORT TASK would wait for a remote command that never
+        // ends, and the host would drop its connection after TMF_TIMEOUT.
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(300) + ipsan_initiator::session::TMF_TIMEOUT / 2,
+            "the abort took {took:?}"
+        );
+        {
+            let seen = seen.lock().unwrap();
+            let read = *seen.commands.last().unwrap();
+            assert_eq!(seen.tmfs.len(), 1, "one ABORT TASK reached the remote");
+            let t = &seen.tmfs[0];
+            assert_eq!(t.function, TmfFunction::ABORT_TASK);
+            assert_eq!(
+                (t.referenced_task_tag, t.ref_cmd_sn),
+                read,
+                "it names the remote ITT and CmdSN of the forwarded READ"
+            );
+        }
+        // The host's session goes on through the same gateway and remote session.
+        still_serves(&s).await;
+    });
+}
+
+#[test]
+fn gateway_never_hands_the_host_a_status_that_crossed_its_abort() {
+    bounded(20, async {
+        // The remote finishes the READ just as the abort arrives: status first, then TASK
+        // DOES NOT EXIST. The host asked for the abort; the gateway must not answer the task.
+        let script = swallowing_reads(Arc::new(|t, ctx| {
+            let done = DataIn {
+                final_: true,
+                status_present: true,
+                status: 0,
+                itt: t.referenced_task_tag,
+                ttt: RESERVED_TAG,
+                stat_sn: ctx.next_stat_sn(),
+                exp_cmd_sn: t.cmd_sn,
+                max_cmd_sn: t.cmd_sn.wrapping_add(64),
+                buffer_offset: 0,
+                ..DataIn::default()
+            };
+            let mut outs = vec![Out::Pdu(Pdu::new(done, vec![0x5a; 4096].into()))];
+            outs.extend(tmf_answer(t, ctx, TmfResponse::TASK_DOES_NOT_EXIST));
+            outs
+        }));
+        let (remote, seen) = start_with(script).await;
+        let (_gw, s) = through_gateway(&remote, 300).await;
+        match read_4k(&s).await {
+            Err(Error::CommandTimedOut(_)) => {}
+            other => panic!("a status after the host's abort reached it: {other:?}"),
+        }
+        assert_eq!(seen.lock().unwrap().tmfs.len(), 1);
+        still_serves(&s).await;
+    });
+}
+
+#[test]
+fn gateway_forwards_a_lun_reset_and_answers_the_host_with_the_remote_outcome() {
+    bounded(20, async {
+        let rejected = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = rejected.clone();
+        let script = swallowing_reads(Arc::new(move |t, ctx| {
+            let response = if r.load(std::sync::atomic::Ordering::SeqCst) {
+                TmfResponse::FUNCTION_REJECTED
+            } else {
+                TmfResponse::FUNCTION_COMPLETE
+            };
+            tmf_answer(t, ctx, response)
+        }));
+        let (remote, seen) = start_with(script).await;
+        // No command timeout on the host: only the reset ends its READ.
+        let (_gw, s) = through_gateway(&remote, 60_000).await;
+        let s = Arc::new(s);
+        let s2 = s.clone();
+        let stuck = tokio::spawn(async move { read_4k(&s2).await });
+        while seen.lock().unwrap().commands.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        s.lun_reset().await.unwrap();
+        match stuck.await.unwrap() {
+            Err(Error::TaskAborted(by)) => assert!(by.contains("RESET"), "{by}"),
+            other => panic!("expected the reset to end the READ, got {other:?}"),
+        }
+        {
+            let seen = seen.lock().unwrap();
+            let t = seen.tmfs.last().unwrap();
+            assert_eq!(t.function, TmfFunction::LOGICAL_UNIT_RESET);
+        }
+        // A reset the remote refuses is not reported to the host as done (RFC 7143 §11.6.1).
+        rejected.store(true, std::sync::atomic::Ordering::SeqCst);
+        match s.lun_reset().await {
+            Err(Error::TaskManagement(code)) => {
+                assert_eq!(code, TmfResponse::FUNCTION_REJECTED.0)
+            }
+            other => panic!("expected the remote's refusal, got {other:?}"),
+        }
+        assert_eq!(seen.lock().unwrap().tmfs.len(), 2);
+        still_serves(&s).await;
+    });
+}

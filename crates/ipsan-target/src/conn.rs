@@ -7,6 +7,7 @@
 //! them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently (`execute`, the
 //! one place a command reaches the logical unit) and complete in any order.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,7 @@ use ipsan_scsi::{
 use iscsi_proto::engine::target as engine;
 use iscsi_proto::login::{Outcome, TargetLogin, TargetOffer};
 use iscsi_proto::params::{SessionParams, NOT_UNDERSTOOD, REJECT};
-use iscsi_wire::header::TmfFunction;
+use iscsi_wire::header::{TmfFunction, TmfResponse};
 use iscsi_wire::{Codec, Header, Pdu, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -176,6 +177,7 @@ pub async fn serve(
         running: AtomicUsize::new(0),
         idle: Notify::new(),
         remote,
+        forwarded: Mutex::new(HashMap::new()),
     });
     if let Some(old) = reinstates {
         // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
@@ -663,6 +665,9 @@ struct Session {
     idle: Notify,
     /// This host's sessions on the remote targets of remote LUNs (a gateway, remote.rs).
     remote: Option<Arc<RemoteNexus>>,
+    /// Commands forwarded to a remote LUN and not completed, by ITT: cancelling one forwards
+    /// the host's ABORT TASK to the remote session. Locked after `engine`, never before.
+    forwarded: Mutex<HashMap<u32, CancellationToken>>,
 }
 
 impl Session {
@@ -808,7 +813,12 @@ impl Session {
                         }
                     });
                 }
-                engine::Event::Reset { function, lun } => self.reset(function, lun),
+                engine::Event::Reset {
+                    function,
+                    lun,
+                    answer,
+                } => self.reset(function, lun, answer),
+                engine::Event::Abort { itts } => self.abort_forwarded(&itts),
                 engine::Event::Text { itt, lun, keys } => {
                     let answer = self.text_answer(&keys);
                     lock(&self.engine).text_response(itt, lun, &answer);
@@ -822,22 +832,57 @@ impl Session {
         }
     }
 
-    /// A task management function reaching the logical units (SAM-5 §7).
-    fn reset(&self, function: TmfFunction, raw_lun: u64) {
+    /// The host aborted these forwarded commands (ABORT TASK, ABORT TASK SET, CLEAR TASK
+    /// SET): each is aborted on the remote session too (RFC 7143 §11.5.1), so the host's TMF
+    /// response, held by the engine until the command ends, does not wait for the remote
+    /// command to run to its end. Their statuses never reach the host (the engine suppresses
+    /// them).
+    fn abort_forwarded(&self, itts: &[u32]) {
+        let e = lock(&self.engine);
+        let mut f = lock(&self.forwarded);
+        for &itt in itts {
+            // Not registered yet (its task has not reached `forward`): registered cancelled,
+            // so it is never sent. Completed already: nothing to abort.
+            if e.is_running(itt) {
+                f.entry(itt).or_default().cancel();
+            }
+        }
+    }
+
+    /// A task management function reaching the logical units (SAM-5 §7). `answer`: the TMF
+    /// whose response waits for the outcome of a forwarded LOGICAL UNIT RESET.
+    fn reset(self: &Arc<Self>, function: TmfFunction, raw_lun: u64, answer: Option<u32>) {
         let lun = decode_lun(raw_lun.to_be_bytes());
         info!(function = function.0, lun, "task management reset");
-        let Some(t) = self.target() else { return };
+        let Some(t) = self.target() else {
+            if let Some(itt) = answer {
+                self.reset_done(itt, TmfResponse::LUN_DOES_NOT_EXIST);
+            }
+            return;
+        };
         let kind = match function {
             TmfFunction::LOGICAL_UNIT_RESET => {
                 if let Some(lu) = t.luns.get(&lun) {
                     lu.reset(ResetKind::LogicalUnit, &self.nexus);
+                    if let Some(itt) = answer {
+                        self.reset_done(itt, TmfResponse::FUNCTION_COMPLETE);
+                    }
                 } else if let (Some((spec, remote_lun)), Some(nexus)) =
                     (t.remote_route(lun), self.remote.clone())
                 {
                     // Forwarded: the remote LU resets, its tasks for this host end (their
                     // answers here are suppressed by the engine) and other hosts get their
-                    // unit attention from the remote target.
-                    tokio::spawn(async move { nexus.lun_reset(&spec, remote_lun).await });
+                    // unit attention from the remote target. The host's response says how
+                    // the remote reset went (RFC 7143 §11.6.1).
+                    let s = self.clone();
+                    tokio::spawn(async move {
+                        let r = nexus.lun_reset(&spec, remote_lun).await;
+                        if let Some(itt) = answer {
+                            s.reset_done(itt, r);
+                        }
+                    });
+                } else if let Some(itt) = answer {
+                    self.reset_done(itt, TmfResponse::LUN_DOES_NOT_EXIST);
                 }
                 return;
             }
@@ -859,6 +904,13 @@ impl Session {
                 });
             }
         }
+    }
+
+    /// Hands the outcome of a forwarded LOGICAL UNIT RESET to the engine, which answers the
+    /// host once the reset's aborted tasks have ended too.
+    fn reset_done(&self, itt: u32, response: TmfResponse) {
+        lock(&self.engine).reset_done(itt, response);
+        self.wake_writer.notify_one();
     }
 
     fn text_answer(&self, keys: &[(String, String)]) -> Vec<(String, String)> {
@@ -943,6 +995,7 @@ impl Session {
                 None => Exec::NoLun,
             },
         };
+        let remote_exec = matches!(exec, Exec::Remote(..));
         // A remote LUN's residual is the remote target's (None: computed by the engine).
         let mut residual: Option<i64> = None;
         // The remote session is gone: this host's session ends after this answer.
@@ -1020,7 +1073,13 @@ impl Session {
             (None, Some(r)) => engine_response(r),
             (None, None) if matches!(exec, Exec::Remote(..)) => {
                 let (r, res, lost) = self
-                    .forward(&exec, &cdb, data_out, (x.need, x.edtl, x.read, x.write))
+                    .forward(
+                        itt,
+                        &exec,
+                        &cdb,
+                        data_out,
+                        (x.need, x.edtl, x.read, x.write),
+                    )
                     .await;
                 residual = res;
                 remote_lost = lost;
@@ -1103,6 +1162,10 @@ impl Session {
         let closed = {
             let mut e = lock(&self.engine);
             e.complete_with_residual(itt, resp, residual);
+            if remote_exec {
+                // Under the engine lock: an abort sees the task running or the token gone.
+                lock(&self.forwarded).remove(&itt);
+            }
             if let Some((session, _, _)) = &seal {
                 self.seal_counter_watch(&mut e, session, seal_exhausted);
             }
@@ -1125,6 +1188,7 @@ impl Session {
     /// as after a path failure: RFC 7143 §6.3.5, open-iscsi's replacement_timeout).
     async fn forward(
         &self,
+        itt: u32,
         exec: &Exec,
         cdb: &[u8],
         data_out: Bytes,
@@ -1154,8 +1218,17 @@ impl Session {
             },
             (None, _) => edtl as usize,
         };
+        // A host's ABORT TASK may have come before this (registered cancelled).
+        let abort = lock(&self.forwarded).entry(itt).or_default().clone();
         match nexus
-            .forward(spec, *remote_lun, cdb, data_out, read_len, (read, write))
+            .forward(
+                (spec, *remote_lun),
+                cdb,
+                data_out,
+                read_len,
+                (read, write),
+                &abort,
+            )
             .await
         {
             Ok(p) => {

@@ -28,7 +28,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::{DataDir, Error, IscsiUrl, Passthrough, Session, SessionConfig};
 use ipsan_seal::{Cipher, CryptoPool, Psk};
+use iscsi_wire::header::TmfResponse;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// Where a remote LUN lives and how the gateway reaches it.
@@ -188,18 +190,20 @@ impl RemoteNexus {
         Ok(())
     }
 
-    /// Forwards one host command to `spec`'s remote LUN `remote_lun` (an id, not the raw
-    /// field): its CDB and data-out as they came, a read of `read_len` bytes, with the host's R
+    /// Forwards one host command to `route`: `spec`'s remote LUN `remote_lun` (an id, not the
+    /// raw field): its CDB and data-out as they came, a read of `read_len` bytes, with the host's R
     /// and W bits (`bits`, kept even for 0 bytes: targets compute residuals from them). The
-    /// answer is the remote target's, unchanged.
+    /// answer is the remote target's, unchanged. Once `abort` is cancelled (the host's ABORT
+    /// TASK, ABORT TASK SET or CLEAR TASK SET), the remote command is aborted too (RFC 7143
+    /// §11.5.1) or, not sent yet, never sent.
     pub async fn forward(
         &self,
-        spec: &RemoteSpec,
-        remote_lun: u64,
+        (spec, remote_lun): (&RemoteSpec, u64),
         cdb: &[u8],
         data_out: Bytes,
         read_len: usize,
         (read, write): (bool, bool),
+        abort: &CancellationToken,
     ) -> Result<Passthrough, ForwardError> {
         if cdb.len() > 16 {
             return Err(ForwardError::Refused(format!(
@@ -217,9 +221,16 @@ impl RemoteNexus {
             .get(spec)
             .ok_or_else(|| ForwardError::Refused("remote session not open".into()))?;
         let _permit = match &remote.depth {
-            Some(s) => Some(s.acquire().await.map_err(|_| {
-                ForwardError::Lost(Error::ConnectionLost("remote session closing".into()))
-            })?),
+            // A command waiting for the depth limit is aborted without reaching the remote.
+            Some(s) => Some(tokio::select! {
+                biased;
+                () = abort.cancelled() => {
+                    return Err(ForwardError::Aborted(Error::TaskAborted("ABORT TASK".into())))
+                }
+                p = s.acquire() => p.map_err(|_| {
+                    ForwardError::Lost(Error::ConnectionLost("remote session closing".into()))
+                })?,
+            }),
             None => None,
         };
         // A bidirectional command is carried as its write (ipsan's initiator has no
@@ -231,7 +242,11 @@ impl RemoteNexus {
         } else {
             DataDir::None
         };
-        match remote.session.command_to(raw_lun(remote_lun), c, dir).await {
+        match remote
+            .session
+            .command_to_abortable(raw_lun(remote_lun), c, dir, abort)
+            .await
+        {
             Ok(p) => Ok(p),
             // In flight when the remote connection failed and not safe to send twice (COMPARE
             // AND WRITE, PERSISTENT RESERVE OUT, ...): the retryable CHECK CONDITION recovery
@@ -248,11 +263,24 @@ impl RemoteNexus {
         }
     }
 
-    /// Forwards a LOGICAL UNIT RESET from the host to the remote LUN (RFC 7143 §11.5.1).
-    pub async fn lun_reset(&self, spec: &RemoteSpec, remote_lun: u64) {
-        let Some(remote) = self.get(spec) else { return };
-        if let Err(e) = remote.session.lun_reset_to(raw_lun(remote_lun)).await {
-            warn!(remote = %spec.target_key(), lun = remote_lun, "remote LOGICAL UNIT RESET failed: {e}");
+    /// Forwards a LOGICAL UNIT RESET from the host to the remote LUN (RFC 7143 §11.5.1) and
+    /// returns the response for the host (§11.6.1): Function complete once the remote LU was
+    /// reset, the remote target's own response if it refused, Function rejected if the remote
+    /// session could not carry it.
+    pub async fn lun_reset(&self, spec: &RemoteSpec, remote_lun: u64) -> TmfResponse {
+        let r = match self.get(spec) {
+            Some(remote) => remote.session.lun_reset_to(raw_lun(remote_lun)).await,
+            None => Err(Error::ConnectionLost("remote session not open".into())),
+        };
+        match r {
+            Ok(()) => TmfResponse::FUNCTION_COMPLETE,
+            Err(e) => {
+                warn!(remote = %spec.target_key(), lun = remote_lun, "remote LOGICAL UNIT RESET failed: {e}");
+                match e {
+                    Error::TaskManagement(code) => TmfResponse(code),
+                    _ => TmfResponse::FUNCTION_REJECTED,
+                }
+            }
         }
     }
 

@@ -54,7 +54,23 @@ impl Session {
     /// Data-In opened as in [`Session::command`], bound to `lun`. No command timeout applies:
     /// the host that issued the command times it out and sends its own task management.
     pub async fn command_to(&self, lun: u64, cdb: [u8; 16], dir: DataDir) -> Result<Passthrough> {
-        self.exchange(lun, cdb, dir, false).await
+        self.exchange(lun, cdb, dir, super::Until::Status).await
+    }
+
+    /// [`Session::command_to`] that `abort` can end: once it is cancelled, the command is
+    /// aborted with ABORT TASK (RFC 7143 §11.5.1) and ends with [`crate::Error::TaskAborted`]
+    /// if the target ended it, or with its own answer if that came first or the target refused
+    /// the abort (§11.6.1). A command not sent yet (waiting for session recovery) is not sent.
+    /// A gateway forwards its host's ABORT TASK this way.
+    pub async fn command_to_abortable(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        abort: &tokio_util::sync::CancellationToken,
+    ) -> Result<Passthrough> {
+        self.exchange(lun, cdb, dir, super::Until::Abort(abort))
+            .await
     }
 
     /// LOGICAL UNIT RESET of LUN `lun` (the raw 8-byte LUN field), as [`Session::lun_reset`]

@@ -75,7 +75,7 @@ impl Config {
 #[derive(Debug)]
 pub enum Data {
     None,
-    /// Expect `len` bytes; `buf` is reused (resized, not reallocated when large enough).
+    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough).
     Read {
         buf: BytesMut,
         len: u32,
@@ -409,9 +409,10 @@ impl Connection {
                 (b, None, 0)
             }
             Data::Read { mut buf, len } => {
-                // A reused buffer keeps its old bytes: Data-In must arrive in order and cover
-                // every byte, so nothing stale leaks, and a large read pays no memset.
-                buf.resize(len as usize, 0);
+                // Data-In arrives in order (DataPDUInOrder=Yes) and is appended: no memset of
+                // the whole buffer ahead of the data, and nothing stale can leak.
+                buf.clear();
+                buf.reserve(len as usize);
                 (Bytes::new(), Some(buf), len)
             }
         };
@@ -868,7 +869,8 @@ impl Connection {
             return;
         }
         if let Some(buf) = t.read.as_mut() {
-            buf[off as usize..off as usize + data.len()].copy_from_slice(data);
+            // `off == received == buf.len()`, checked above.
+            buf.extend_from_slice(data);
         }
         t.received += data.len() as u32;
         t.next_data_sn = t.next_data_sn.wrapping_add(1);
@@ -908,17 +910,21 @@ impl Connection {
         let Some(t) = self.tasks.get_mut(&itt) else {
             return;
         };
+        // The data is what arrived, cut to what the target says it sent (underflow).
         let mut data = t.read.take().unwrap_or_default();
-        if residual > 0 {
-            data.truncate((t.read_len as usize).saturating_sub(residual as usize));
-        }
+        let expected = if residual > 0 {
+            (t.read_len as usize).saturating_sub(residual as usize)
+        } else {
+            t.read_len as usize
+        };
+        data.truncate(expected);
         let good = status == 0x00 || status == 0x04;
-        let result = if good && (t.received as usize) < data.len() {
-            // GOOD with fewer bytes than promised: the buffer would hold bytes the target
-            // never sent.
+        let result = if good && (t.received as usize) < expected {
+            // GOOD with fewer bytes than promised: the caller would get less than the
+            // target says it sent.
             Err(TaskError::Violation(Violation::ShortRead {
                 received: t.received,
-                expected: data.len() as u32,
+                expected: expected as u32,
             }))
         } else {
             Ok(Completion {

@@ -41,6 +41,9 @@ pub struct WriteState {
     /// Bytes kept for the SCSI layer: min(EDTL, what the CDB needs).
     keep: u32,
     buf: BytesMut,
+    /// The immediate data, when it is everything kept (a write of up to FirstBurstLength with
+    /// ImmediateData): handed to the SCSI layer as it came, no copy. `buf` stays empty.
+    whole: Option<Bytes>,
     /// End of the unsolicited region (immediate data plus unsolicited Data-Out).
     unsolicited_end: u32,
     unsolicited_received: u32,
@@ -62,7 +65,7 @@ impl WriteState {
     pub fn new(
         params: &SessionParams,
         cmd: &ScsiCommand,
-        immediate: &[u8],
+        immediate: Bytes,
         need: u32,
     ) -> Result<Self, DataError> {
         let edtl = cmd.expected_data_transfer_length;
@@ -86,8 +89,15 @@ impl WriteState {
         } else {
             0
         };
-        let mut buf = BytesMut::with_capacity(cap.max(n));
-        buf.extend_from_slice(&immediate[..n]);
+        // Immediate data that is all the SCSI layer keeps is passed on as it came (any later
+        // Data-Out lies past `keep` and is not stored).
+        let (buf, whole) = if n > 0 && n == keep as usize {
+            (BytesMut::new(), Some(immediate.slice(..n)))
+        } else {
+            let mut buf = BytesMut::with_capacity(cap.max(n));
+            buf.extend_from_slice(&immediate[..n]);
+            (buf, None)
+        };
         // §11.3.1: with F=0 and InitialR2T=No, unsolicited Data-Out follows up to
         // min(FirstBurstLength, EDTL) in total.
         let (unsolicited_end, unsolicited_open) = if !cmd.final_ && !params.initial_r2t {
@@ -101,6 +111,7 @@ impl WriteState {
             edtl,
             keep,
             buf,
+            whole,
             unsolicited_end,
             unsolicited_received: imm,
             unsolicited_data_sn: 0,
@@ -254,6 +265,9 @@ impl WriteState {
     /// The data for the SCSI layer.
     #[must_use]
     pub fn into_data(self) -> Bytes {
+        if let Some(whole) = self.whole {
+            return whole;
+        }
         let mut buf = self.buf;
         buf.resize(self.keep as usize, 0);
         buf.freeze()
@@ -313,18 +327,35 @@ mod tests {
         let w = WriteState::new(
             &params(false, 65536, 262_144, 4),
             &cmd(4096, true),
-            &[7; 4096],
+            Bytes::from(vec![7u8; 4096]),
             4096,
         )
         .unwrap();
         assert!(w.is_complete());
-        assert_eq!(&w.into_data()[..], &[7; 4096][..]);
+        assert_eq!(&w.into_data()[..], &[7u8; 4096][..]);
+    }
+
+    #[test]
+    fn passes_immediate_data_that_is_the_whole_transfer_on_without_a_copy() {
+        let imm = Bytes::from(vec![7u8; 4096]);
+        let at = imm.as_ptr();
+        let w = WriteState::new(
+            &params(false, 65536, 262_144, 4),
+            &cmd(4096, true),
+            imm,
+            4096,
+        )
+        .unwrap();
+        let data = w.into_data();
+        assert_eq!(data.as_ptr(), at, "the PDU's own bytes, not a copy");
+        assert_eq!(data.len(), 4096);
     }
 
     #[test]
     fn unsolicited_then_solicited_with_several_r2ts() {
         let p = params(false, 8192, 16384, 2);
-        let mut w = WriteState::new(&p, &cmd(65536, false), &[1; 4096], 65536).unwrap();
+        let mut w =
+            WriteState::new(&p, &cmd(65536, false), Bytes::from(vec![1u8; 4096]), 65536).unwrap();
         let mut ttt = 100;
         assert!(w.plan_r2ts(|| 0).is_empty(), "unsolicited data still due");
         w.on_data_out(&dout(RESERVED_TAG, 0, 4096, true), &[2; 4096])
@@ -370,7 +401,7 @@ mod tests {
     #[test]
     fn initial_r2t_yes_solicits_everything_after_immediate() {
         let p = params(true, 65536, 262_144, 1);
-        let mut w = WriteState::new(&p, &cmd(8192, false), &[], 8192).unwrap();
+        let mut w = WriteState::new(&p, &cmd(8192, false), Bytes::new(), 8192).unwrap();
         let plans = w.plan_r2ts(|| 5);
         assert_eq!(
             plans,
@@ -389,25 +420,25 @@ mod tests {
     #[test]
     fn rejects_bad_data_sn_offset_and_overrun() {
         let p = params(false, 65536, 262_144, 1);
-        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
         assert!(
             w.on_data_out(&dout(RESERVED_TAG, 1, 0, false), &[0; 512])
                 .is_err(),
             "DataSN 1 first"
         );
-        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
         assert!(
             w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[0; 512])
                 .is_err(),
             "gap"
         );
-        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
         assert!(
             w.on_data_out(&dout(RESERVED_TAG, 0, 0, true), &[0; 4096])
                 .is_err(),
             "overrun"
         );
-        let mut w = WriteState::new(&p, &cmd(2048, false), &[], 2048).unwrap();
+        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
         w.on_data_out(&dout(RESERVED_TAG, 0, 0, false), &[0; 1024])
             .unwrap();
         assert!(
@@ -421,13 +452,14 @@ mod tests {
     fn underflow_discards_extra_bytes_and_overflow_keeps_edtl() {
         // EDTL 10000 for a one-block write: keep 512, accept and drop the rest.
         let p = params(false, 65536, 262_144, 1);
-        let mut w = WriteState::new(&p, &cmd(10000, false), &[9; 512], 512).unwrap();
+        let mut w =
+            WriteState::new(&p, &cmd(10000, false), Bytes::from(vec![9u8; 512]), 512).unwrap();
         w.on_data_out(&dout(RESERVED_TAG, 0, 512, true), &[8; 9488])
             .unwrap();
         assert!(w.is_complete());
         assert_eq!(w.into_data().len(), 512);
         // EDTL 200 for a one-block write: only 200 bytes can come.
-        let w = WriteState::new(&p, &cmd(200, true), &[1; 200], 512).unwrap();
+        let w = WriteState::new(&p, &cmd(200, true), Bytes::from(vec![1u8; 200]), 512).unwrap();
         assert!(w.is_complete());
         assert_eq!(w.into_data().len(), 200);
     }
@@ -435,6 +467,6 @@ mod tests {
     #[test]
     fn rejects_immediate_data_beyond_first_burst() {
         let p = params(false, 512, 262_144, 1);
-        assert!(WriteState::new(&p, &cmd(4096, true), &[0; 1024], 4096).is_err());
+        assert!(WriteState::new(&p, &cmd(4096, true), Bytes::from(vec![0u8; 1024]), 4096).is_err());
     }
 }

@@ -122,7 +122,22 @@ pub enum Event {
     /// A task management function that resets state beyond this connection (LOGICAL UNIT
     /// RESET, TARGET WARM/COLD RESET): the driver resets its logical units. The tasks of this
     /// connection it ends are already aborted (their answers will be suppressed).
-    Reset { function: TmfFunction, lun: u64 },
+    ///
+    /// `answer`: for a LOGICAL UNIT RESET of a pass-through LUN ([`LunDirectory::passthrough`],
+    /// a gateway's remote LUN), the TMF's ITT: the response is held until the driver has reset
+    /// the remote LU and calls [`Connection::reset_done`] with the outcome (RFC 7143 §11.6.1:
+    /// Function complete means the LU was reset). `None`: answered by the engine.
+    Reset {
+        function: TmfFunction,
+        lun: u64,
+        answer: Option<u32>,
+    },
+    /// ABORT TASK, ABORT TASK SET or CLEAR TASK SET (RFC 7143 §11.5.1) ended these running
+    /// tasks of pass-through LUNs: the driver forwards the abort to where they run. Their
+    /// answers are suppressed already and the TMF response waits until each is completed
+    /// (with [`Connection::complete`], whatever the outcome), so the initiator never sees a
+    /// status after the abort's response.
+    Abort { itts: Vec<u32> },
     /// A Text Request (after its continuations): answer with [`Connection::text_response`].
     /// `MaxRecvDataSegmentLength` in it is applied already (declarative, §13.12).
     Text {
@@ -205,6 +220,8 @@ struct HeldTmf {
     response: TmfResponse,
     waiting: HashSet<u32>,
     close: bool,
+    /// Waiting for the driver too ([`Connection::reset_done`]).
+    driver: bool,
 }
 
 /// The engine: one target connection in full feature phase.
@@ -279,6 +296,15 @@ impl Connection {
     #[must_use]
     pub fn tasks_in_flight(&self) -> usize {
         self.tasks.len()
+    }
+
+    /// Whether `itt` was handed to the driver ([`Event::Execute`]) and is not completed yet.
+    #[must_use]
+    pub fn is_running(&self, itt: u32) -> bool {
+        matches!(
+            self.tasks.get(&itt).map(|t| &t.state),
+            Some(TaskState::Running { .. })
+        )
     }
 
     /// Bytes of data queued for [`Connection::poll_transmit`].
@@ -610,7 +636,7 @@ impl Connection {
             return;
         }
         let need32 = u32::try_from(need).unwrap_or(u32::MAX);
-        let write = match WriteState::new(&self.params, &cmd, &data, need32) {
+        let write = match WriteState::new(&self.params, &cmd, data, need32) {
             Ok(w) => w,
             Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
         };
@@ -758,11 +784,13 @@ impl Connection {
         }
         let lun = h.lun;
         let none = HashSet::new;
+        let mut driver = false;
         let (response, waiting, close) = match h.function {
             TmfFunction::ABORT_TASK => {
                 let rtt = h.referenced_task_tag;
                 if self.tasks.contains_key(&rtt) {
                     let w = self.abort_where(|i, _| i == rtt);
+                    self.forward_aborts(dir, &w);
                     (TmfResponse::FUNCTION_COMPLETE, w, false)
                 } else if sn_lt(h.ref_cmd_sn, h.cmd_sn) {
                     // §11.5.1: a task already completed counts as aborted.
@@ -774,6 +802,7 @@ impl Connection {
             TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
                 if dir.exists(lun) {
                     let w = self.abort_where(|_, t| t.lun == lun);
+                    self.forward_aborts(dir, &w);
                     (TmfResponse::FUNCTION_COMPLETE, w, false)
                 } else {
                     (TmfResponse::LUN_DOES_NOT_EXIST, none(), false)
@@ -782,9 +811,12 @@ impl Connection {
             TmfFunction::LOGICAL_UNIT_RESET => {
                 if dir.exists(lun) {
                     let w = self.abort_where(|_, t| t.lun == lun);
+                    let answer = dir.passthrough(lun).then_some(h.itt);
+                    driver = answer.is_some();
                     self.events.push_back(Event::Reset {
                         function: h.function,
                         lun,
+                        answer,
                     });
                     (TmfResponse::FUNCTION_COMPLETE, w, false)
                 } else {
@@ -796,6 +828,7 @@ impl Connection {
                 self.events.push_back(Event::Reset {
                     function: h.function,
                     lun,
+                    answer: None,
                 });
                 // §11.5.1: after a cold reset the target drops all connections.
                 let cold = h.function == TmfFunction::TARGET_COLD_RESET;
@@ -814,8 +847,41 @@ impl Connection {
             response,
             waiting,
             close,
+            driver,
         });
         self.release_held(RESERVED_TAG);
+    }
+
+    /// Tells the driver which aborted running tasks belong to pass-through LUNs
+    /// ([`Event::Abort`]).
+    fn forward_aborts(&mut self, dir: &dyn LunDirectory, aborted: &HashSet<u32>) {
+        let mut itts: Vec<u32> = aborted
+            .iter()
+            .copied()
+            .filter(|i| self.tasks.get(i).is_some_and(|t| dir.passthrough(t.lun)))
+            .collect();
+        if !itts.is_empty() {
+            itts.sort_unstable();
+            self.events.push_back(Event::Abort { itts });
+        }
+    }
+
+    /// The driver's outcome of a LOGICAL UNIT RESET it was asked to answer
+    /// ([`Event::Reset`] with `answer`): `FUNCTION_COMPLETE` once the LU was reset, or the
+    /// response that says why not (RFC 7143 §11.6.1). The response still waits for the
+    /// connection's aborted tasks to finish. Unknown ITTs are ignored (false).
+    pub fn reset_done(&mut self, tmf_itt: u32, response: TmfResponse) -> bool {
+        let Some(t) = self
+            .held_tmfs
+            .iter_mut()
+            .find(|t| t.itt == tmf_itt && t.driver)
+        else {
+            return false;
+        };
+        t.driver = false;
+        t.response = response;
+        self.release_held(RESERVED_TAG);
+        true
     }
 
     /// Sends the TMF responses no longer waiting for `done` (or anything).
@@ -823,7 +889,7 @@ impl Connection {
         let mut i = 0;
         while i < self.held_tmfs.len() {
             self.held_tmfs[i].waiting.remove(&done);
-            if self.held_tmfs[i].waiting.is_empty() {
+            if self.held_tmfs[i].waiting.is_empty() && !self.held_tmfs[i].driver {
                 let t = self.held_tmfs.remove(i);
                 self.send(TaskMgmtResponse {
                     response: t.response,
@@ -1385,6 +1451,115 @@ mod tests {
             128 + 1,
             "its window slot is free again"
         );
+    }
+
+    fn read16(itt: u32, cmd_sn: u32) -> Pdu {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x88;
+        let read = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: iscsi_wire::header::TaskAttr::SIMPLE,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: 512,
+            cmd_sn,
+            exp_stat_sn: 0,
+            cdb,
+        };
+        Pdu::new(read, Bytes::new())
+    }
+
+    fn tmf(function: TmfFunction, itt: u32, rtt: u32, cmd_sn: u32) -> Pdu {
+        let t = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: 0,
+            itt,
+            referenced_task_tag: rtt,
+            cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 1,
+            exp_data_sn: 0,
+        };
+        Pdu::new(t, Bytes::new())
+    }
+
+    #[test]
+    fn asks_the_driver_to_forward_an_abort_of_a_passthrough_task_and_suppresses_its_status() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        c.handle_pdu(now, &Remote, read16(3, 1));
+        c.handle_pdu(now, &Remote, read16(5, 2));
+        assert!(matches!(c.poll_event(), Some(Event::Execute(_))));
+        assert!(matches!(c.poll_event(), Some(Event::Execute(_))));
+        c.handle_pdu(now, &Remote, tmf(TmfFunction::ABORT_TASK, 4, 3, 3));
+        match c.poll_event() {
+            Some(Event::Abort { itts }) => assert_eq!(itts, vec![3], "only the referenced task"),
+            e => panic!("expected Event::Abort, got {e:?}"),
+        }
+        assert!(
+            c.poll_transmit().is_none(),
+            "held while the remote abort runs"
+        );
+        // The forwarded command ends (aborted remotely, or its status won the race).
+        assert!(c.complete(3, Response::good(Bytes::from(vec![1u8; 512]))));
+        let p = c.poll_transmit().unwrap();
+        assert!(
+            matches!(p.header, Header::TaskMgmtResponse(ref r) if r.response == TmfResponse::FUNCTION_COMPLETE),
+            "the abort's response, and no Data-In or status for the aborted task"
+        );
+        assert!(c.poll_transmit().is_none());
+        // The other task is untouched and still answers.
+        assert!(c.complete(5, Response::good(Bytes::from(vec![2u8; 512]))));
+        assert!(c.poll_transmit().is_some());
+    }
+
+    #[test]
+    fn holds_a_passthrough_lun_reset_response_until_the_driver_reset_the_remote_lu() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        c.handle_pdu(now, &Remote, read16(3, 1));
+        assert!(matches!(c.poll_event(), Some(Event::Execute(_))));
+        c.handle_pdu(now, &Remote, tmf(TmfFunction::LOGICAL_UNIT_RESET, 9, 0, 2));
+        match c.poll_event() {
+            Some(Event::Reset {
+                function: TmfFunction::LOGICAL_UNIT_RESET,
+                answer: Some(9),
+                ..
+            }) => {}
+            e => panic!("expected a Reset the driver answers, got {e:?}"),
+        }
+        assert!(c.complete(3, Response::good(Bytes::new())));
+        assert!(c.poll_transmit().is_none(), "held until the driver answers");
+        assert!(
+            !c.reset_done(77, TmfResponse::FUNCTION_COMPLETE),
+            "unknown ITT"
+        );
+        assert!(c.reset_done(9, TmfResponse::FUNCTION_REJECTED));
+        let p = c.poll_transmit().unwrap();
+        assert!(
+            matches!(p.header, Header::TaskMgmtResponse(ref r) if r.response == TmfResponse::FUNCTION_REJECTED && r.itt == 9),
+            "the driver's outcome, not a blind Function complete"
+        );
+        assert!(c.poll_transmit().is_none(), "no status for the reset task");
+    }
+
+    #[test]
+    fn answers_a_local_lun_reset_without_the_driver() {
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        c.handle_pdu(now, &Disk, tmf(TmfFunction::LOGICAL_UNIT_RESET, 9, 0, 1));
+        assert!(matches!(
+            c.poll_event(),
+            Some(Event::Reset { answer: None, .. })
+        ));
+        assert!(matches!(
+            c.poll_transmit().map(|p| p.header),
+            Some(Header::TaskMgmtResponse(ref r)) if r.response == TmfResponse::FUNCTION_COMPLETE
+        ));
     }
 
     #[test]
