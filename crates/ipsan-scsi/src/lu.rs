@@ -927,6 +927,11 @@ impl LogicalUnit {
     }
 
     fn access_allowed(&self, nexus: &NexusId, cmd: &Command) -> Result<bool, Sense> {
+        if pr::allowed_under_reserve6(cmd) {
+            // No reservation of any kind blocks these (SPC-2 table 13, SPC-4 table 68): they
+            // need no look at a shared store, so INQUIRY answers while a cluster is away.
+            return Ok(true);
+        }
         let p = self.pr.current().map_err(|e| {
             tracing::warn!(serial = %self.cfg.serial, "reservation state: {e}");
             Sense::from_store_error(&e)

@@ -553,3 +553,59 @@ pub(crate) fn out(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn it(name: &str, port: u16) -> ItNexus {
+        ItNexus {
+            initiator: NexusId(format!("{name},i,0x000000000001")),
+            port,
+        }
+    }
+
+    #[test]
+    fn encodes_and_decodes_the_state_a_shared_store_keeps() {
+        let st = PrState {
+            generation: 7,
+            registrations: vec![(it("iqn.a", 1), 0xA), (it("iqn.b", 2), u64::MAX)],
+            reservation: Some(Reservation {
+                holder: it("iqn.b", 2),
+                kind: kind::EA_RO,
+            }),
+            reserve6: Some(it("iqn.c", 1)),
+        };
+        assert_eq!(PrState::decode(&st.encode()).unwrap(), st);
+        assert_eq!(PrState::decode(b"").unwrap(), PrState::default());
+    }
+
+    #[test]
+    fn rejects_malformed_stored_state() {
+        for bad in [
+            &b"other 1\n"[..],
+            b"ipsan-pr 1\nreg x 1 iqn\n",
+            b"ipsan-pr 1\nzap\n",
+        ] {
+            assert!(
+                PrState::decode(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_a_store_at_a_stale_version() {
+        let m = MemPrStore::default();
+        let (s0, v0) = m.load().unwrap();
+        let mut s1 = (*s0).clone();
+        assert!(s1.reserve6(&it("iqn.a", 1)));
+        assert!(m.store(&s1, v0).unwrap());
+        assert!(
+            !m.store(&PrState::default(), v0).unwrap(),
+            "stale version accepted"
+        );
+        assert_eq!(*m.current().unwrap(), s1);
+    }
+}

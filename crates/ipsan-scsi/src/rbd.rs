@@ -114,6 +114,25 @@ struct Inner {
     /// Whether a reopen (after blocklisting) is under way.
     reopening: AtomicBool,
     events: Arc<Events>,
+    pr_cache: PrCache,
+}
+
+/// The reservation state as last read by the refresher thread, for the access checks of
+/// every command ([`PrStore::current`]), which never wait on the cluster themselves.
+#[derive(Default)]
+struct PrCache {
+    m: Mutex<PrCacheState>,
+    /// Signalled after each refresh.
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct PrCacheState {
+    entry: Option<PrCached>,
+    /// When the refresh under way started.
+    refreshing_since: Option<std::time::Instant>,
+    /// The last refresh's error, while no refresh succeeded since.
+    error: Option<(io::ErrorKind, Option<i32>, String)>,
 }
 
 /// What librados' watch callbacks touch: nothing that refers back to a connection.
@@ -126,13 +145,32 @@ struct Events {
     pr_epoch: AtomicU64,
     /// The watch on the reservation object failed; the size thread re-registers it.
     pr_watch_broken: AtomicBool,
+    /// Wakes the reservation refresher.
+    pr_wake: (Mutex<bool>, Condvar),
+}
+
+fn signal(w: &(Mutex<bool>, Condvar)) {
+    let (m, c) = w;
+    *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    c.notify_one();
+}
+
+/// Waits until `w` is signalled or `timeout` passes, and clears it.
+fn wait_signal(w: &(Mutex<bool>, Condvar), timeout: Duration) {
+    let (m, c) = w;
+    let g = m.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut g, _) = c
+        .wait_timeout_while(g, timeout, |n| !*n)
+        .unwrap_or_else(|p| p.into_inner());
+    *g = false;
 }
 
 impl Events {
     fn wake(&self) {
-        let (m, c) = &self.wake;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        c.notify_one();
+        signal(&self.wake);
+    }
+    fn wake_pr(&self) {
+        signal(&self.pr_wake);
     }
 }
 
@@ -184,6 +222,7 @@ impl Conn {
             oid,
             Box::new(move |err| {
                 ev.pr_epoch.fetch_add(1, Ordering::AcqRel);
+                ev.wake_pr();
                 if err.is_some() {
                     ev.pr_watch_broken.store(true, Ordering::Release);
                     ev.wake();
@@ -226,6 +265,60 @@ impl Drop for Conn {
 impl Inner {
     fn conn(&self) -> Arc<Conn> {
         self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads the reservation object: the state and its version (0: no object).
+    fn load_pr(self: &Arc<Self>) -> io::Result<(Arc<PrState>, u64)> {
+        let bytes = self
+            .conn()
+            .image
+            .read_obj(&self.pr_oid, PR_MAX_BYTES)
+            .inspect_err(|e| self.after_error(e))?;
+        let Some(bytes) = bytes else {
+            return Ok((Arc::new(PrState::default()), 0));
+        };
+        let bad = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "reservation object: bad version",
+            )
+        };
+        let nl = bytes.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
+        let version: u64 = std::str::from_utf8(&bytes[..nl])
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(bad)?;
+        Ok((Arc::new(PrState::decode(&bytes[nl + 1..])?), version))
+    }
+
+    /// One refresh of the cached reservation state (the refresher thread).
+    fn refresh_pr(self: &Arc<Self>) {
+        let epoch = self.events.pr_epoch.load(Ordering::Acquire);
+        let read_at = std::time::Instant::now();
+        self.pr_cache
+            .m
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .refreshing_since = Some(read_at);
+        let r = self.load_pr();
+        let mut g = self.pr_cache.m.lock().unwrap_or_else(|p| p.into_inner());
+        g.refreshing_since = None;
+        match r {
+            Ok((state, _)) => {
+                g.entry = Some(PrCached {
+                    state,
+                    read_at,
+                    epoch,
+                });
+                g.error = None;
+            }
+            Err(e) => {
+                tracing::warn!(image = %self.path, "rbd: cannot read the reservation state: {e}");
+                g.error = Some((e.kind(), e.raw_os_error(), e.to_string()));
+            }
+        }
+        drop(g);
+        self.pr_cache.done.notify_all();
     }
 
     /// After an error from the cluster: a blocklisted client (EBLOCKLISTED = ESHUTDOWN)
@@ -280,6 +373,7 @@ impl Inner {
         self.events.pr_watch_broken.store(false, Ordering::Release);
         self.reopening.store(false, Ordering::Release);
         self.events.wake();
+        self.events.wake_pr();
         tracing::info!(image = %self.path, "rbd: image reopened with a new Ceph client");
         // Close the old client here, not in whichever command drops the last reference
         // (rbd_close waits for its in-flight requests): wait a little for those to finish.
@@ -340,7 +434,7 @@ impl fmt::Debug for RbdBackend {
 /// watch on the reservation object.
 struct Watcher {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 const SIZE_POLL: Duration = Duration::from_secs(5);
@@ -348,6 +442,10 @@ const SIZE_POLL: Duration = Duration::from_secs(5);
 /// How long a gateway trusts its cached reservation state without reading the object
 /// again (docs/rbd.md: why this bounds staleness only when a watch is lost unnoticed).
 const PR_CACHE_TTL: Duration = Duration::from_secs(2);
+/// How often the refresher reads the reservation object when nothing wakes it.
+const PR_REFRESH: Duration = Duration::from_millis(700);
+/// How long a command waits for a refresh under way before it fails with NOT READY.
+const PR_WAIT: Duration = Duration::from_millis(200);
 /// How long a reservation change waits for the other gateways to acknowledge it. Longer
 /// than [`PR_CACHE_TTL`]: when it times out, every cache older than the change has expired.
 const PR_NOTIFY_TIMEOUT_MS: u64 = 5_000;
@@ -399,12 +497,12 @@ impl RbdBackend {
             unreachable: AtomicBool::new(false),
             reopening: AtomicBool::new(false),
             events,
+            pr_cache: PrCache::default(),
         });
         let watcher = start_watcher(&inner).map_err(|e| fail("watch", e))?;
         Ok(Self {
             pr: Arc::new(RbdPrStore {
                 inner: inner.clone(),
-                cache: Mutex::new(None),
             }),
             inner,
             watcher: Some(watcher),
@@ -472,55 +570,66 @@ impl RbdBackend {
 
 fn start_watcher(inner: &Arc<Inner>) -> io::Result<Watcher> {
     let stop = Arc::new(AtomicBool::new(false));
-    let (inner, st) = (inner.clone(), stop.clone());
+    let (sizer, st) = (inner.clone(), stop.clone());
     let thread = std::thread::Builder::new()
         .name("rbd-watch".into())
         .spawn(move || {
             while !st.load(Ordering::Acquire) {
-                {
-                    let (m, c) = &inner.events.wake;
-                    let g = m.lock().unwrap_or_else(|p| p.into_inner());
-                    let (mut g, _) = c
-                        .wait_timeout_while(g, SIZE_POLL, |n| !*n)
-                        .unwrap_or_else(|p| p.into_inner());
-                    *g = false;
-                }
+                wait_signal(&sizer.events.wake, SIZE_POLL);
                 if st.load(Ordering::Acquire) {
                     break;
                 }
-                if inner.reopening.load(Ordering::Acquire) {
+                if sizer.reopening.load(Ordering::Acquire) {
                     continue;
                 }
-                let conn = inner.conn();
+                let conn = sizer.conn();
                 match conn.image.size() {
                     Ok(n) => {
-                        let old = inner.size.swap(n, Ordering::AcqRel);
+                        let old = sizer.size.swap(n, Ordering::AcqRel);
                         if old != n {
-                            tracing::info!(image = %inner.path, old, new = n, "rbd: image resized");
+                            tracing::info!(image = %sizer.path, old, new = n, "rbd: image resized");
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(image = %inner.path, "rbd: cannot read size: {e}");
-                        inner.after_error(&e);
+                        tracing::warn!(image = %sizer.path, "rbd: cannot read size: {e}");
+                        sizer.after_error(&e);
                     }
                 }
-                if inner.events.pr_watch_broken.load(Ordering::Acquire) {
-                    match conn.watch_pr(&inner.pr_oid, &inner.events) {
+                if sizer.events.pr_watch_broken.load(Ordering::Acquire) {
+                    match conn.watch_pr(&sizer.pr_oid, &sizer.events) {
                         Ok(()) => {
-                            inner.events.pr_watch_broken.store(false, Ordering::Release);
-                            tracing::info!(image = %inner.path, "rbd: reservation watch re-registered");
+                            sizer.events.pr_watch_broken.store(false, Ordering::Release);
+                            tracing::info!(image = %sizer.path, "rbd: reservation watch re-registered");
                         }
                         Err(e) => {
-                            tracing::warn!(image = %inner.path, "rbd: cannot watch the reservation object: {e}");
-                            inner.after_error(&e);
+                            tracing::warn!(image = %sizer.path, "rbd: cannot watch the reservation object: {e}");
+                            sizer.after_error(&e);
                         }
                     }
                 }
             }
         })?;
+    let (inner2, st) = (inner.clone(), stop.clone());
+    let refresher = std::thread::Builder::new()
+        .name("rbd-pr".into())
+        .spawn(move || {
+            while !st.load(Ordering::Acquire) {
+                inner2.refresh_pr();
+                wait_signal(&inner2.events.pr_wake, PR_REFRESH);
+            }
+        });
+    let refresher = match refresher {
+        Ok(t) => t,
+        Err(e) => {
+            stop.store(true, Ordering::Release);
+            inner.events.wake();
+            let _ = thread.join();
+            return Err(e);
+        }
+    };
     Ok(Watcher {
         stop,
-        thread: Some(thread),
+        threads: vec![thread, refresher],
     })
 }
 
@@ -529,7 +638,8 @@ impl Drop for RbdBackend {
         if let Some(mut w) = self.watcher.take() {
             w.stop.store(true, Ordering::Release);
             self.inner.events.wake();
-            if let Some(t) = w.thread.take() {
+            self.inner.events.wake_pr();
+            for t in w.threads.drain(..) {
                 let _ = t.join();
             }
         }
@@ -545,7 +655,6 @@ impl Drop for RbdBackend {
 /// [`PR_CACHE_TTL`] (docs/rbd.md).
 struct RbdPrStore {
     inner: Arc<Inner>,
-    cache: Mutex<Option<PrCached>>,
 }
 
 struct PrCached {
@@ -564,54 +673,50 @@ impl fmt::Debug for RbdPrStore {
     }
 }
 
-impl RbdPrStore {
-    fn fail(&self, e: io::Error) -> io::Error {
-        self.inner.after_error(&e);
-        e
-    }
-}
-
 impl PrStore for RbdPrStore {
+    /// The cached state while it is current (same notification epoch, younger than
+    /// [`PR_CACHE_TTL`]); else waits up to [`PR_WAIT`] for the refresher, so a command never
+    /// blocks on an unreachable cluster (it fails with NOT READY instead).
     fn current(&self) -> io::Result<Arc<PrState>> {
-        let mut g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let epoch = self.inner.events.pr_epoch.load(Ordering::Acquire);
-        if let Some(c) = &*g {
-            if c.epoch == epoch && c.read_at.elapsed() < PR_CACHE_TTL {
-                return Ok(c.state.clone());
+        let c = &self.inner.pr_cache;
+        let deadline = std::time::Instant::now() + PR_WAIT;
+        let mut g = c.m.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let epoch = self.inner.events.pr_epoch.load(Ordering::Acquire);
+            if let Some(e) = &g.entry {
+                if e.epoch == epoch && e.read_at.elapsed() < PR_CACHE_TTL {
+                    return Ok(e.state.clone());
+                }
             }
+            let now = std::time::Instant::now();
+            let stuck = g.refreshing_since.is_some_and(|t| now - t > PR_WAIT);
+            if stuck || now >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the reservation state could not be read in time",
+                ));
+            }
+            if g.refreshing_since.is_none() {
+                if let Some((kind, code, msg)) = &g.error {
+                    // The last refresh failed and none is under way: fail now, retry soon.
+                    self.inner.events.wake_pr();
+                    return Err(match code {
+                        Some(c) => io::Error::from_raw_os_error(*c),
+                        None => io::Error::new(*kind, msg.clone()),
+                    });
+                }
+                self.inner.events.wake_pr();
+            }
+            g = c
+                .done
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
-        let read_at = std::time::Instant::now();
-        let (state, _) = self.load()?;
-        *g = Some(PrCached {
-            state: state.clone(),
-            read_at,
-            epoch,
-        });
-        Ok(state)
     }
 
     fn load(&self) -> io::Result<(Arc<PrState>, u64)> {
-        let bytes = self
-            .inner
-            .conn()
-            .image
-            .read_obj(&self.inner.pr_oid, PR_MAX_BYTES)
-            .map_err(|e| self.fail(e))?;
-        let Some(bytes) = bytes else {
-            return Ok((Arc::new(PrState::default()), 0));
-        };
-        let bad = || {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                "reservation object: bad version",
-            )
-        };
-        let nl = bytes.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
-        let version: u64 = std::str::from_utf8(&bytes[..nl])
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(bad)?;
-        Ok((Arc::new(PrState::decode(&bytes[nl + 1..])?), version))
+        self.inner.load_pr()
     }
 
     fn store(&self, new: &PrState, expected: u64) -> io::Result<bool> {
@@ -630,12 +735,13 @@ impl PrStore for RbdPrStore {
         if !conn
             .image
             .cas_obj(&self.inner.pr_oid, expect, version.as_bytes(), &data)
-            .map_err(|e| self.fail(e))?
+            .inspect_err(|e| self.inner.after_error(e))?
         {
             return Ok(false);
         }
         let stored = std::time::Instant::now();
-        *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.inner.events.pr_epoch.fetch_add(1, Ordering::AcqRel);
+        self.inner.events.wake_pr();
         // Every gateway's watch drops its cached copy before acknowledging; without the
         // acknowledgements, wait until any copy older than this change has expired.
         if let Err(e) = conn
