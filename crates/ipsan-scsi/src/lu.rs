@@ -573,11 +573,16 @@ impl LogicalUnit {
     /// Ends the RESERVE(6) of `holder` (of anyone when `None`), if there is one: after a
     /// reset or when the holder's nexus is gone (SPC-2 §5.5.1).
     fn end_reserve6(&self, holder: Option<&pr::ItNexus>) {
+        // Only when the (cached) state shows one: no store round trip on every logout, and
+        // none that could block a reset while a shared store is unreachable.
         let held = match self.pr.current() {
             Ok(p) => p
                 .reserve6_holder()
                 .is_some_and(|h| holder.is_none_or(|n| n == h)),
-            Err(_) => true,
+            Err(e) => {
+                tracing::warn!(serial = %self.cfg.serial, "reservation state unknown, RESERVE(6) not ended: {e}");
+                false
+            }
         };
         if held {
             let r = self.pr_update(|p, _| {
