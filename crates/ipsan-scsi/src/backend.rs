@@ -112,6 +112,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn max_compare_and_write(&self) -> Option<u64> {
         None
     }
+    /// Where a store that other targets may serve too keeps SCSI reservations, so that all
+    /// of them see one state (RBD: an object next to the image). `None`: the target's
+    /// memory — and a store with an [`Backend::identity`] then refuses reservations.
+    fn pr_store(&self) -> Option<Arc<dyn crate::pr::PrStore>> {
+        None
+    }
 }
 
 fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {

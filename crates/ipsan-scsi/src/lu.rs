@@ -141,6 +141,10 @@ pub struct LuConfig {
     pub extra_designators: Vec<Vec<u8>>,
     /// Report POWER ON OCCURRED (29h/01h) to each I_T nexus on its first command (SAM-5).
     pub power_on_ua: bool,
+    /// The RELATIVE TARGET PORT IDENTIFIER of the port commands arrive through: part of
+    /// the I_T nexus reservations are kept for (two targets serving one shared image are two
+    /// ports of one device).
+    pub relative_port: u16,
 }
 
 impl LuConfig {
@@ -159,6 +163,7 @@ impl LuConfig {
             read_only: false,
             extra_designators: Vec::new(),
             power_on_ua: false,
+            relative_port: 1,
         }
     }
 }
@@ -227,13 +232,13 @@ pub(crate) struct State {
     pub known: HashSet<NexusId>,
     /// Pending unit attentions per nexus, oldest first.
     pub ua: HashMap<NexusId, VecDeque<(u8, u8)>>,
-    /// RESERVE(6) holder.
-    pub reserved_by: Option<NexusId>,
     /// PREVENT ALLOW MEDIUM REMOVAL holders.
     pub prevent: HashSet<NexusId>,
-    /// Persistent reservations.
-    pub pr: pr::PrState,
 }
+
+/// How often a reservation update is retried when another writer (another target serving
+/// the same image) stored first.
+const PR_RETRIES: usize = 32;
 
 /// Spare capacity a READ's data buffer gets past its data: room for a payload transform's
 /// trailer, so Seal can seal the data in place instead of copying it into a new buffer (its
@@ -260,7 +265,9 @@ pub struct LogicalUnit {
     thin: bool,
     limits: Limits,
     write_cache: AtomicBool,
-    shared: bool,
+    refuse_reservations: bool,
+    /// Where RESERVE(6) and persistent reservations live ([`pr::PrStore`]).
+    pr: Arc<dyn pr::PrStore>,
     io_lock: RwLock<()>,
     state: Mutex<State>,
 }
@@ -320,7 +327,12 @@ impl LogicalUnit {
         Ok(Self {
             num_blocks: AtomicU64::new(size / bs),
             write_cache: AtomicBool::new(cfg.write_cache),
-            shared: backend.identity().is_some(),
+            // A store other targets may serve too (an RBD image) must keep reservations where
+            // they all see them; without such a place they are refused (docs/rbd.md).
+            refuse_reservations: backend.identity().is_some() && backend.pr_store().is_none(),
+            pr: backend
+                .pr_store()
+                .unwrap_or_else(|| Arc::new(pr::MemPrStore::default())),
             backend,
             thin,
             limits,
@@ -472,10 +484,11 @@ impl LogicalUnit {
             Ok(c) => c,
             Err(s) => return Some(ScsiResponse::check(s)),
         };
-        if !self.access_allowed(nexus, &cmd) {
-            return Some(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
+        match self.access_allowed(nexus, &cmd) {
+            Ok(true) => None,
+            Ok(false) => Some(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT)),
+            Err(s) => Some(ScsiResponse::check(s)),
         }
-        None
     }
 
     /// Follows the backend's size: when it changed (an RBD image resized), the capacity
@@ -509,11 +522,77 @@ impl LogicalUnit {
         self.backend.engine()
     }
 
-    /// Whether the backend may be shared with other targets (an RBD image): SCSI
-    /// reservations kept in this process could not bind the others, so RESERVE(6),
-    /// RELEASE(6) and PERSISTENT RESERVE OUT are refused (docs/rbd.md).
-    pub fn shared(&self) -> bool {
-        self.shared
+    /// Whether RESERVE(6), RELEASE(6) and PERSISTENT RESERVE OUT are refused: the backend
+    /// may be shared with other targets and offers no shared [`pr::PrStore`], so a
+    /// reservation kept in this process could not bind the others (docs/rbd.md).
+    pub fn refuses_reservations(&self) -> bool {
+        self.refuse_reservations
+    }
+
+    fn it(&self, nexus: &NexusId) -> pr::ItNexus {
+        pr::ItNexus {
+            initiator: nexus.clone(),
+            port: self.cfg.relative_port,
+        }
+    }
+
+    /// Applies `f` to the reservation state and stores the result (compare-and-swap on the
+    /// store's version, retried when another target stored first). Nothing is stored
+    /// unless `f` answers GOOD and changed something; the unit attentions it queues reach
+    /// the nexuses of this target port (those of other ports are not delivered).
+    fn pr_update(
+        &self,
+        f: impl Fn(&mut pr::PrState, &mut Vec<pr::PendingUa>) -> Result<ScsiResponse, Sense>,
+    ) -> Result<ScsiResponse, Sense> {
+        let store_err = |e: std::io::Error| {
+            tracing::warn!(serial = %self.cfg.serial, "reservation state: {e}");
+            Sense::from_store_error(&e)
+        };
+        for _ in 0..PR_RETRIES {
+            let (cur, version) = self.pr.load().map_err(store_err)?;
+            let mut next = (*cur).clone();
+            let mut uas = Vec::new();
+            let r = f(&mut next, &mut uas)?;
+            if r.status != ScsiStatus::GOOD || next == *cur {
+                return Ok(r);
+            }
+            if self.pr.store(&next, version).map_err(store_err)? {
+                let mut st = self.state();
+                for (n, asc, ascq) in uas {
+                    if n.port == self.cfg.relative_port {
+                        st.ua.entry(n.initiator).or_default().push_back((asc, ascq));
+                    }
+                }
+                return Ok(r);
+            }
+        }
+        tracing::warn!(serial = %self.cfg.serial, "reservation state: too many concurrent updates");
+        Err(Sense::not_ready_becoming_ready())
+    }
+
+    /// Ends the RESERVE(6) of `holder` (of anyone when `None`), if there is one: after a
+    /// reset or when the holder's nexus is gone (SPC-2 §5.5.1).
+    fn end_reserve6(&self, holder: Option<&pr::ItNexus>) {
+        // Only when the (cached) state shows one: no store round trip on every logout, and
+        // none that could block a reset while a shared store is unreachable.
+        let held = match self.pr.current() {
+            Ok(p) => p
+                .reserve6_holder()
+                .is_some_and(|h| holder.is_none_or(|n| n == h)),
+            Err(e) => {
+                tracing::warn!(serial = %self.cfg.serial, "reservation state unknown, RESERVE(6) not ended: {e}");
+                false
+            }
+        };
+        if held {
+            let r = self.pr_update(|p, _| {
+                p.release6(holder);
+                Ok(ScsiResponse::good(Bytes::new()))
+            });
+            if let Err(s) = r {
+                tracing::warn!(serial = %self.cfg.serial, "could not end a RESERVE(6): {s}");
+            }
+        }
     }
 
     /// Whether [`LogicalUnit::execute_async`] completes `cdb` without blocking: the data-path
@@ -783,8 +862,8 @@ impl LogicalUnit {
             ResetKind::TargetWarm => (0x29, 0x02),
             ResetKind::TargetCold => (0x29, 0x01),
         };
+        self.end_reserve6(None);
         let mut st = self.state();
-        st.reserved_by = None;
         st.prevent.clear();
         st.known.insert(from.clone());
         LogicalUnit::ua_others(&mut st, None, ua.0, ua.1);
@@ -829,10 +908,8 @@ impl LogicalUnit {
     /// PREVENT hold end, pending unit attentions are dropped (SPC-2 §5.5.1). Persistent
     /// registrations stay.
     pub fn nexus_lost(&self, nexus: &NexusId) {
+        self.end_reserve6(Some(&self.it(nexus)));
         let mut st = self.state();
-        if st.reserved_by.as_ref() == Some(nexus) {
-            st.reserved_by = None;
-        }
         st.prevent.remove(nexus);
         st.ua.remove(nexus);
         st.known.remove(nexus);
@@ -854,14 +931,17 @@ impl LogicalUnit {
         }
     }
 
-    fn access_allowed(&self, nexus: &NexusId, cmd: &Command) -> bool {
-        let st = self.state();
-        if let Some(holder) = &st.reserved_by {
-            if holder != nexus && !pr::allowed_under_reserve6(cmd) {
-                return false;
-            }
+    fn access_allowed(&self, nexus: &NexusId, cmd: &Command) -> Result<bool, Sense> {
+        if pr::allowed_under_reserve6(cmd) {
+            // No reservation of any kind blocks these (SPC-2 table 13, SPC-4 table 68): they
+            // need no look at a shared store, so INQUIRY answers while a cluster is away.
+            return Ok(true);
         }
-        st.pr.allows(nexus, cmd)
+        let p = self.pr.current().map_err(|e| {
+            tracing::warn!(serial = %self.cfg.serial, "reservation state: {e}");
+            Sense::from_store_error(&e)
+        })?;
+        Ok(p.is_empty() || p.allows(&self.it(nexus), cmd))
     }
 
     fn dispatch(&self, req: &ScsiRequest<'_>, cmd: Command) -> Result<ScsiResponse, Sense> {
@@ -1055,45 +1135,37 @@ impl LogicalUnit {
                 alloc,
             )),
             Command::Reserve6 | Command::Release6 | Command::PersistentReserveOut(_)
-                if self.shared =>
+                if self.refuse_reservations =>
             {
                 // A reservation held here would not bind the other targets serving the same
-                // image: refuse rather than promise an exclusion we cannot keep (docs/rbd.md).
+                // store: refuse rather than promise an exclusion we cannot keep (docs/rbd.md).
                 Err(Sense::invalid_opcode())
             }
             Command::Reserve6 => {
-                let mut st = self.state();
-                if st.pr.active() {
-                    return Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
-                }
-                match &st.reserved_by {
-                    Some(h) if h != req.nexus => {
+                let me = self.it(req.nexus);
+                self.pr_update(|p, _| {
+                    if p.reserve6(&me) {
+                        Ok(ScsiResponse::good(Bytes::new()))
+                    } else {
                         Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT))
                     }
-                    _ => {
-                        st.reserved_by = Some(req.nexus.clone());
-                        ok(Bytes::new())
-                    }
-                }
+                })
             }
             Command::Release6 => {
-                let mut st = self.state();
-                if st.reserved_by.as_ref() == Some(req.nexus) {
-                    st.reserved_by = None;
-                }
-                ok(Bytes::new())
+                let me = self.it(req.nexus);
+                self.pr_update(|p, _| {
+                    p.release6(Some(&me));
+                    Ok(ScsiResponse::good(Bytes::new()))
+                })
             }
             Command::PersistentReserveIn { sa, alloc } => {
-                let st = self.state();
-                Ok(ScsiResponse::good(truncate(st.pr.read(sa)?, alloc)))
+                let (p, _) = self.pr.load().map_err(|e| Sense::from_store_error(&e))?;
+                Ok(ScsiResponse::good(truncate(p.read(sa)?, alloc)))
             }
             Command::PersistentReserveOut(p) => {
                 let data = data_out(req, u64::from(p.param_len))?;
-                let mut st = self.state();
-                if st.reserved_by.as_ref().is_some_and(|h| h != req.nexus) {
-                    return Ok(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT));
-                }
-                pr::out(&mut st, req.nexus, p, data)
+                let me = self.it(req.nexus);
+                self.pr_update(|st, uas| pr::out(st, uas, &me, p, data))
             }
         }
     }

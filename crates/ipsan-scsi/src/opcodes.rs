@@ -109,10 +109,10 @@ pub fn report(
     opcode: u8,
     sa: u16,
 ) -> Result<Vec<u8>, Sense> {
-    // A shared store (RBD) refuses RESERVE(6), RELEASE(6) and PERSISTENT RESERVE OUT; a store
+    // A shared store without a shared reservation store refuses RESERVE(6), RELEASE(6) and PERSISTENT RESERVE OUT; a store
     // whose atomic compare-and-write is smaller than a block refuses COMPARE AND WRITE.
     let refused = |op: u8| {
-        (lu.shared() && matches!(op, 0x16 | 0x17 | 0x5F))
+        (lu.refuses_reservations() && matches!(op, 0x16 | 0x17 | 0x5F))
             || (op == 0x89 && lu.limits().max_compare_and_write == 0)
     };
     let entries = || {

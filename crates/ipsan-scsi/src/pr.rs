@@ -1,11 +1,21 @@
 //! Reservations: RESERVE(6)/RELEASE(6) (SPC-2 §5.5.1) and persistent reservations
-//! (SPC-4 §5.13, PERSISTENT RESERVE IN §6.15, OUT §6.16). State lives in RAM: APTPL is not
-//! supported (PTPL_C = 0), so reservations do not survive a target restart.
+//! (SPC-4 §5.13, PERSISTENT RESERVE IN §6.15, OUT §6.16).
+//!
+//! The semantics are written once, here, as functions over a [`PrState`]; where the state
+//! lives is a [`PrStore`]: [`MemPrStore`] keeps it in the target's memory (mem/file LUNs),
+//! the RBD backend keeps it in a RADOS object next to the image so every target serving the
+//! image sees one state (docs/rbd.md). Updates are compare-and-swap on a version: the LU
+//! loads the state, applies the command and stores it back only if nobody else stored in
+//! between, else it starts over. APTPL is not supported (PTPL_C = 0).
+
+use std::fmt;
+use std::io;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::cdb::{Command, PrOut};
-use crate::lu::{NexusId, ScsiResponse, State};
+use crate::lu::{NexusId, ScsiResponse};
 use crate::sense::{ScsiStatus, Sense};
 
 /// Reservation types (SPC-4 table 185).
@@ -31,19 +41,77 @@ fn all_registrants(k: u8) -> bool {
     matches!(k, kind::WE_AR | kind::EA_AR)
 }
 
+/// An I_T nexus as reservations see it (SAM-5 §4.6): the initiator port and the target
+/// port (its RELATIVE TARGET PORT IDENTIFIER). Two targets serving one RBD image are two
+/// target ports of one device, so the same initiator port through each is two nexuses.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ItNexus {
+    /// The initiator port (`"iqn...,i,0x<isid>"`).
+    pub initiator: NexusId,
+    /// The relative target port identifier.
+    pub port: u16,
+}
+
 /// The persistent reservation held on the LU.
-#[derive(Clone, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug)]
 struct Reservation {
-    holder: NexusId,
+    holder: ItNexus,
     kind: u8,
 }
 
-/// Registrations and the reservation.
-#[derive(Debug, Default)]
+/// Registrations, the persistent reservation and the RESERVE(6) holder.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct PrState {
     generation: u32,
-    registrations: Vec<(NexusId, u64)>,
+    registrations: Vec<(ItNexus, u64)>,
     reservation: Option<Reservation>,
+    reserve6: Option<ItNexus>,
+}
+
+/// A unit attention a reservation change owes another nexus.
+pub type PendingUa = (ItNexus, u8, u8);
+
+/// Where the reservation state lives. `version` counts stores: [`PrStore::store`] succeeds
+/// only when the stored state is still at `expected`, so two writers (two targets serving one
+/// shared image) never lose each other's update.
+pub trait PrStore: Send + Sync + fmt::Debug {
+    /// The state for access checks, run before every command: may come from a cache, but
+    /// must never be older than the last [`PrStore::store`] that returned (anywhere).
+    fn current(&self) -> io::Result<Arc<PrState>>;
+    /// The state as stored now, and its version, for PERSISTENT RESERVE IN/OUT.
+    fn load(&self) -> io::Result<(Arc<PrState>, u64)>;
+    /// Replaces the state at version `expected` with `new`; `Ok(false)` when the stored
+    /// version moved on (reload and retry).
+    fn store(&self, new: &PrState, expected: u64) -> io::Result<bool>;
+}
+
+/// The state in the target's memory: a LUN on a store only this target serves.
+#[derive(Debug, Default)]
+pub struct MemPrStore {
+    state: Mutex<(Arc<PrState>, u64)>,
+}
+
+impl MemPrStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Arc<PrState>, u64)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl PrStore for MemPrStore {
+    fn current(&self) -> io::Result<Arc<PrState>> {
+        Ok(self.lock().0.clone())
+    }
+    fn load(&self) -> io::Result<(Arc<PrState>, u64)> {
+        Ok(self.lock().clone())
+    }
+    fn store(&self, new: &PrState, expected: u64) -> io::Result<bool> {
+        let mut g = self.lock();
+        if g.1 != expected {
+            return Ok(false);
+        }
+        *g = (Arc::new(new.clone()), expected.wrapping_add(1));
+        Ok(true)
+    }
 }
 
 /// What a command does to the medium, for the access tables (SPC-4 table 68).
@@ -96,14 +164,42 @@ impl PrState {
         self.reservation.is_some()
     }
 
-    fn key_of(&self, n: &NexusId) -> Option<u64> {
+    /// Whether nothing is registered or reserved (the common case: skip the checks).
+    pub fn is_empty(&self) -> bool {
+        self.registrations.is_empty() && self.reservation.is_none() && self.reserve6.is_none()
+    }
+
+    /// The RESERVE(6) holder.
+    pub fn reserve6_holder(&self) -> Option<&ItNexus> {
+        self.reserve6.as_ref()
+    }
+
+    /// RESERVE(6) (SPC-2 §7.21): conflicts with a persistent reservation or another
+    /// holder.
+    pub fn reserve6(&mut self, n: &ItNexus) -> bool {
+        if self.active() || self.reserve6.as_ref().is_some_and(|h| h != n) {
+            return false;
+        }
+        self.reserve6 = Some(n.clone());
+        true
+    }
+
+    /// RELEASE(6), the holder's I_T nexus lost, or a reset: ends `n`'s RESERVE(6)
+    /// (any holder's when `n` is `None`).
+    pub fn release6(&mut self, n: Option<&ItNexus>) {
+        if n.is_none() || self.reserve6.as_ref() == n {
+            self.reserve6 = None;
+        }
+    }
+
+    fn key_of(&self, n: &ItNexus) -> Option<u64> {
         self.registrations
             .iter()
             .find(|(m, _)| m == n)
             .map(|&(_, k)| k)
     }
 
-    fn is_holder(&self, n: &NexusId) -> bool {
+    fn is_holder(&self, n: &ItNexus) -> bool {
         match &self.reservation {
             Some(r) if all_registrants(r.kind) => self.key_of(n).is_some(),
             Some(r) => &r.holder == n,
@@ -111,8 +207,12 @@ impl PrState {
         }
     }
 
-    /// Access check for `cmd` from `n` under the current reservation (SPC-4 §5.13.1).
-    pub fn allows(&self, n: &NexusId, cmd: &Command) -> bool {
+    /// Access check for `cmd` from `n` under the current reservations: RESERVE(6)
+    /// (SPC-2 table 13) and persistent (SPC-4 §5.13.1).
+    pub fn allows(&self, n: &ItNexus, cmd: &Command) -> bool {
+        if self.reserve6.as_ref().is_some_and(|h| h != n) && !allowed_under_reserve6(cmd) {
+            return false;
+        }
         let Some(r) = &self.reservation else {
             return true;
         };
@@ -168,8 +268,8 @@ impl PrState {
                         _ => 0,
                     });
                     body.extend_from_slice(&[0; 4]);
-                    body.extend_from_slice(&1u16.to_be_bytes()); // relative target port
-                    let tid = transport_id(n);
+                    body.extend_from_slice(&n.port.to_be_bytes()); // RELATIVE TARGET PORT
+                    let tid = transport_id(&n.initiator);
                     body.extend_from_slice(&(tid.len() as u32).to_be_bytes());
                     body.extend_from_slice(&tid);
                 }
@@ -179,6 +279,74 @@ impl PrState {
             _ => return Err(Sense::invalid_field_in_cdb_at(1, Some(4))),
         }
         Ok(v)
+    }
+
+    /// The state as text for a shared store, one line per item (`ipsan-pr 1` header,
+    /// `gen`, `reg PORT KEY INITIATOR`, `res PORT KIND INITIATOR`, `r6 PORT INITIATOR`);
+    /// iSCSI names hold no whitespace (RFC 3722), so the initiator is the rest of the line.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut s = format!("ipsan-pr 1\ngen {}\n", self.generation);
+        for (n, k) in &self.registrations {
+            s.push_str(&format!("reg {} {k:016x} {}\n", n.port, n.initiator.0));
+        }
+        if let Some(r) = &self.reservation {
+            s.push_str(&format!(
+                "res {} {} {}\n",
+                r.holder.port, r.kind, r.holder.initiator.0
+            ));
+        }
+        if let Some(n) = &self.reserve6 {
+            s.push_str(&format!("r6 {} {}\n", n.port, n.initiator.0));
+        }
+        s.into_bytes()
+    }
+
+    /// Parses [`PrState::encode`]'s text; empty input is the empty state.
+    pub fn decode(b: &[u8]) -> io::Result<Self> {
+        let bad = |why: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("reservation state: {why}"),
+            )
+        };
+        let mut st = PrState::default();
+        if b.is_empty() {
+            return Ok(st);
+        }
+        let text = std::str::from_utf8(b).map_err(|_| bad("not UTF-8"))?;
+        let mut lines = text.lines();
+        if lines.next() != Some("ipsan-pr 1") {
+            return Err(bad("unknown format"));
+        }
+        let nexus = |port: &str, who: &str| -> io::Result<ItNexus> {
+            Ok(ItNexus {
+                initiator: NexusId(who.to_owned()),
+                port: port.parse().map_err(|_| bad("port"))?,
+            })
+        };
+        for line in lines {
+            let mut f = line.splitn(4, ' ');
+            match (f.next(), f.next(), f.next(), f.next()) {
+                (Some("gen"), Some(g), None, None) => {
+                    st.generation = g.parse().map_err(|_| bad("generation"))?;
+                }
+                (Some("reg"), Some(port), Some(key), Some(who)) => {
+                    let key = u64::from_str_radix(key, 16).map_err(|_| bad("key"))?;
+                    st.registrations.push((nexus(port, who)?, key));
+                }
+                (Some("res"), Some(port), Some(k), Some(who)) => {
+                    st.reservation = Some(Reservation {
+                        holder: nexus(port, who)?,
+                        kind: k.parse().map_err(|_| bad("type"))?,
+                    });
+                }
+                (Some("r6"), Some(port), Some(who), None) => {
+                    st.reserve6 = Some(nexus(port, who)?);
+                }
+                _ => return Err(bad("malformed line")),
+            }
+        }
+        Ok(st)
     }
 }
 
@@ -205,19 +373,25 @@ fn good() -> Result<ScsiResponse, Sense> {
     Ok(ScsiResponse::good(Bytes::new()))
 }
 
-fn ua(st: &mut State, who: &[NexusId], asc: u8, ascq: u8) {
+fn ua(uas: &mut Vec<PendingUa>, who: &[ItNexus], asc: u8, ascq: u8) {
     for n in who {
-        st.ua.entry(n.clone()).or_default().push_back((asc, ascq));
+        uas.push((n.clone(), asc, ascq));
     }
 }
 
-/// PERSISTENT RESERVE OUT.
+/// PERSISTENT RESERVE OUT from `n` on `pr`; the unit attentions it owes other nexuses go to
+/// `uas`. `pr` may be changed even when the command fails: the caller stores it only on
+/// GOOD.
 pub(crate) fn out(
-    st: &mut State,
-    n: &NexusId,
+    pr: &mut PrState,
+    uas: &mut Vec<PendingUa>,
+    n: &ItNexus,
     p: PrOut,
     data: &[u8],
 ) -> Result<ScsiResponse, Sense> {
+    if pr.reserve6.as_ref().is_some_and(|h| h != n) {
+        return conflict();
+    }
     if !matches!(p.sa, 0..=4 | 6) {
         return Err(Sense::invalid_field_in_cdb_at(1, Some(4)));
     }
@@ -238,7 +412,6 @@ pub(crate) fn out(
     if matches!(p.sa, 1 | 2 | 4) && (p.scope != 0 || !valid_kind(p.kind)) {
         return Err(Sense::invalid_field_in_cdb_at(2, None));
     }
-    let pr = &mut st.pr;
     let mine = pr.key_of(n);
     match p.sa {
         // REGISTER / REGISTER AND IGNORE EXISTING KEY
@@ -259,9 +432,9 @@ pub(crate) fn out(
                     if release {
                         let k = pr.reservation.take().map(|r| r.kind).unwrap_or(0);
                         if matches!(k, kind::WE_RO | kind::EA_RO) {
-                            let others: Vec<NexusId> =
+                            let others: Vec<ItNexus> =
                                 pr.registrations.iter().map(|(m, _)| m.clone()).collect();
-                            ua(st, &others, 0x2A, 0x04);
+                            ua(uas, &others, 0x2A, 0x04);
                         }
                     }
                 }
@@ -271,7 +444,7 @@ pub(crate) fn out(
                     }
                 }
             }
-            st.pr.generation = st.pr.generation.wrapping_add(1);
+            pr.generation = pr.generation.wrapping_add(1);
             good()
         }
         // RESERVE
@@ -312,13 +485,13 @@ pub(crate) fn out(
             }
             pr.reservation = None;
             if r.kind != kind::WE && r.kind != kind::EA {
-                let others: Vec<NexusId> = pr
+                let others: Vec<ItNexus> = pr
                     .registrations
                     .iter()
                     .filter(|(m, _)| m != n)
                     .map(|(m, _)| m.clone())
                     .collect();
-                ua(st, &others, 0x2A, 0x04);
+                ua(uas, &others, 0x2A, 0x04);
             }
             good()
         }
@@ -327,7 +500,7 @@ pub(crate) fn out(
             if mine != Some(key) {
                 return conflict();
             }
-            let others: Vec<NexusId> = pr
+            let others: Vec<ItNexus> = pr
                 .registrations
                 .iter()
                 .filter(|(m, _)| m != n)
@@ -336,7 +509,7 @@ pub(crate) fn out(
             pr.registrations.clear();
             pr.reservation = None;
             pr.generation = pr.generation.wrapping_add(1);
-            ua(st, &others, 0x2A, 0x03);
+            ua(uas, &others, 0x2A, 0x03);
             good()
         }
         // PREEMPT
@@ -358,7 +531,7 @@ pub(crate) fn out(
                 .and_then(|r| pr.key_of(&r.holder));
             let takes_reservation =
                 pr.reservation.is_some() && (ar && sa_key == 0 || holder_key == Some(sa_key));
-            let victims: Vec<NexusId> = pr
+            let victims: Vec<ItNexus> = pr
                 .registrations
                 .iter()
                 .filter(|(m, k)| m != n && (*k == sa_key || (ar && sa_key == 0)))
@@ -375,8 +548,64 @@ pub(crate) fn out(
                 });
             }
             pr.generation = pr.generation.wrapping_add(1);
-            ua(st, &victims, 0x2A, 0x05);
+            ua(uas, &victims, 0x2A, 0x05);
             good()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn it(name: &str, port: u16) -> ItNexus {
+        ItNexus {
+            initiator: NexusId(format!("{name},i,0x000000000001")),
+            port,
+        }
+    }
+
+    #[test]
+    fn encodes_and_decodes_the_state_a_shared_store_keeps() {
+        let st = PrState {
+            generation: 7,
+            registrations: vec![(it("iqn.a", 1), 0xA), (it("iqn.b", 2), u64::MAX)],
+            reservation: Some(Reservation {
+                holder: it("iqn.b", 2),
+                kind: kind::EA_RO,
+            }),
+            reserve6: Some(it("iqn.c", 1)),
+        };
+        assert_eq!(PrState::decode(&st.encode()).unwrap(), st);
+        assert_eq!(PrState::decode(b"").unwrap(), PrState::default());
+    }
+
+    #[test]
+    fn rejects_malformed_stored_state() {
+        for bad in [
+            &b"other 1\n"[..],
+            b"ipsan-pr 1\nreg x 1 iqn\n",
+            b"ipsan-pr 1\nzap\n",
+        ] {
+            assert!(
+                PrState::decode(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_a_store_at_a_stale_version() {
+        let m = MemPrStore::default();
+        let (s0, v0) = m.load().unwrap();
+        let mut s1 = (*s0).clone();
+        assert!(s1.reserve6(&it("iqn.a", 1)));
+        assert!(m.store(&s1, v0).unwrap());
+        assert!(
+            !m.store(&PrState::default(), v0).unwrap(),
+            "stale version accepted"
+        );
+        assert_eq!(*m.current().unwrap(), s1);
     }
 }

@@ -18,11 +18,12 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use crate::aio::{Completer, Engine, IoCompletion, IoError, IoOp, IoRequest};
 use crate::backend::{Backend, BackendError};
+use crate::pr::{PrState, PrStore};
 
 /// Where an RBD image lives and how to reach its cluster.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -89,14 +90,301 @@ const DEFAULT_OPTIONS: [(&str, &str); 4] = [
 
 /// An open RBD image.
 pub struct RbdBackend {
-    image: Arc<ffi::Image>,
+    inner: Arc<Inner>,
+    watcher: Option<Watcher>,
+    pr: Arc<RbdPrStore>,
+}
+
+/// What the backend, its threads and its reservation store share.
+struct Inner {
+    lib: &'static ffi::Lib,
+    spec: RbdSpec,
+    /// The librados options every connection gets (defaults, keyring, the spec's).
+    options: Vec<(String, String)>,
     path: String,
     identity: String,
     obj_size: u64,
-    size: Arc<AtomicU64>,
-    watcher: Option<Watcher>,
+    /// The RADOS object next to the image that holds the reservation state.
+    pr_oid: String,
+    /// The live connection; replaced when the client was blocklisted.
+    conn: RwLock<Arc<Conn>>,
+    size: AtomicU64,
     /// Whether the last completion said the cluster cannot be reached (logged on change).
-    unreachable: Arc<AtomicBool>,
+    unreachable: AtomicBool,
+    /// Whether a reopen (after blocklisting) is under way.
+    reopening: AtomicBool,
+    events: Arc<Events>,
+    pr_cache: PrCache,
+}
+
+/// The reservation state as last read by the refresher thread, for the access checks of
+/// every command ([`PrStore::current`]), which never wait on the cluster themselves.
+#[derive(Default)]
+struct PrCache {
+    m: Mutex<PrCacheState>,
+    /// Signalled after each refresh.
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct PrCacheState {
+    entry: Option<PrCached>,
+    /// When the refresh under way started.
+    refreshing_since: Option<std::time::Instant>,
+    /// The last refresh's error, while no refresh succeeded since.
+    error: Option<(io::ErrorKind, Option<i32>, String)>,
+}
+
+/// What librados' watch callbacks touch: nothing that refers back to a connection.
+#[derive(Default)]
+struct Events {
+    /// Wakes the size thread (librbd's header watch fired).
+    wake: (Mutex<bool>, Condvar),
+    /// Bumped when another gateway announces a reservation change (or the watch failed):
+    /// a cached state read before the bump is stale.
+    pr_epoch: AtomicU64,
+    /// The watch on the reservation object failed; the size thread re-registers it.
+    pr_watch_broken: AtomicBool,
+    /// Wakes the reservation refresher.
+    pr_wake: (Mutex<bool>, Condvar),
+}
+
+fn signal(w: &(Mutex<bool>, Condvar)) {
+    let (m, c) = w;
+    *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    c.notify_one();
+}
+
+/// Waits until `w` is signalled or `timeout` passes, and clears it.
+fn wait_signal(w: &(Mutex<bool>, Condvar), timeout: Duration) {
+    let (m, c) = w;
+    let g = m.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut g, _) = c
+        .wait_timeout_while(g, timeout, |n| !*n)
+        .unwrap_or_else(|p| p.into_inner());
+    *g = false;
+}
+
+impl Events {
+    fn wake(&self) {
+        signal(&self.wake);
+    }
+    fn wake_pr(&self) {
+        signal(&self.pr_wake);
+    }
+}
+
+/// One librados client with the image open and its watches registered.
+struct Conn {
+    image: ffi::Image,
+    update: Mutex<Option<ffi::WatchHandle>>,
+    pr_watch: Mutex<Option<ffi::ObjWatch>>,
+}
+
+impl Conn {
+    fn open(
+        lib: &'static ffi::Lib,
+        spec: &RbdSpec,
+        options: &[(String, String)],
+        events: &Arc<Events>,
+    ) -> Result<Conn, (&'static str, io::Error)> {
+        let cluster = ffi::Cluster::connect(lib, spec.conf.as_deref(), spec.id.as_deref(), options)
+            .map_err(|e| ("connect to the Ceph cluster for", e))?;
+        let image = ffi::Image::open(
+            Arc::new(cluster),
+            &spec.pool,
+            spec.namespace.as_deref(),
+            &spec.image,
+        )
+        .map_err(|e| ("open", e))?;
+        let ev = events.clone();
+        let update = image
+            .update_watch(Box::new(move || ev.wake()))
+            .map_err(|e| ("watch", e))?;
+        Ok(Conn {
+            image,
+            update: Mutex::new(Some(update)),
+            pr_watch: Mutex::new(None),
+        })
+    }
+
+    /// Creates the reservation object if it is missing (empty state, version 1) and
+    /// watches it: another gateway's notify after a change bumps the epoch.
+    fn watch_pr(&self, oid: &str, events: &Arc<Events>) -> io::Result<()> {
+        let empty = format!(
+            "1\n{}",
+            String::from_utf8_lossy(&PrState::default().encode())
+        );
+        // Exclusive create: EEXIST (someone made it) is fine.
+        self.image.cas_obj(oid, None, b"1", empty.as_bytes())?;
+        let ev = events.clone();
+        let w = self.image.watch_obj(
+            oid,
+            Box::new(move |err| {
+                ev.pr_epoch.fetch_add(1, Ordering::AcqRel);
+                ev.wake_pr();
+                if err.is_some() {
+                    ev.pr_watch_broken.store(true, Ordering::Release);
+                    ev.wake();
+                }
+            }),
+        )?;
+        let old = self
+            .pr_watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(w);
+        if let Some(old) = old {
+            self.image.unwatch_obj(old);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let update = self
+            .update
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = update {
+            self.image.update_unwatch(h);
+        }
+        let pr = self
+            .pr_watch
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = pr {
+            self.image.unwatch_obj(w);
+        }
+    }
+}
+
+impl Inner {
+    fn conn(&self) -> Arc<Conn> {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads the reservation object: the state and its version (0: no object).
+    fn load_pr(self: &Arc<Self>) -> io::Result<(Arc<PrState>, u64)> {
+        let bytes = self
+            .conn()
+            .image
+            .read_obj(&self.pr_oid, PR_MAX_BYTES)
+            .inspect_err(|e| self.after_error(e))?;
+        let Some(bytes) = bytes else {
+            return Ok((Arc::new(PrState::default()), 0));
+        };
+        let bad = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "reservation object: bad version",
+            )
+        };
+        let nl = bytes.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
+        let version: u64 = std::str::from_utf8(&bytes[..nl])
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(bad)?;
+        Ok((Arc::new(PrState::decode(&bytes[nl + 1..])?), version))
+    }
+
+    /// One refresh of the cached reservation state (the refresher thread).
+    fn refresh_pr(self: &Arc<Self>) {
+        let epoch = self.events.pr_epoch.load(Ordering::Acquire);
+        let read_at = std::time::Instant::now();
+        self.pr_cache
+            .m
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .refreshing_since = Some(read_at);
+        let r = self.load_pr();
+        let mut g = self.pr_cache.m.lock().unwrap_or_else(|p| p.into_inner());
+        g.refreshing_since = None;
+        match r {
+            Ok((state, _)) => {
+                g.entry = Some(PrCached {
+                    state,
+                    read_at,
+                    epoch,
+                });
+                g.error = None;
+            }
+            Err(e) => {
+                tracing::warn!(image = %self.path, "rbd: cannot read the reservation state: {e}");
+                g.error = Some((e.kind(), e.raw_os_error(), e.to_string()));
+            }
+        }
+        drop(g);
+        self.pr_cache.done.notify_all();
+    }
+
+    /// After an error from the cluster: a blocklisted client (EBLOCKLISTED = ESHUTDOWN)
+    /// never recovers by itself, so start reopening with a new one.
+    fn after_error(self: &Arc<Self>, e: &io::Error) {
+        if e.raw_os_error() == Some(libc::ESHUTDOWN) {
+            self.start_reopen();
+        }
+    }
+
+    /// Opens a new client and the image again in the background (once at a time), then
+    /// swaps it in; commands meanwhile fail with the old client's retryable NOT READY.
+    fn start_reopen(self: &Arc<Self>) {
+        if self.reopening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::error!(
+            image = %self.path,
+            "rbd: this gateway's Ceph client was blocklisted (ESHUTDOWN); reopening the image \
+             with a new client; commands fail with NOT READY (retryable) until it is open"
+        );
+        let inner = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rbd-reopen".into())
+            .spawn(move || inner.reopen());
+        if let Err(e) = spawned {
+            tracing::error!(image = %self.path, "rbd: cannot start the reopen thread: {e}");
+            self.reopening.store(false, Ordering::Release);
+        }
+    }
+
+    fn reopen(self: Arc<Self>) {
+        let mut delay = Duration::from_millis(500);
+        let conn = loop {
+            let c = Conn::open(self.lib, &self.spec, &self.options, &self.events)
+                .map_err(|(op, e)| io::Error::new(e.kind(), format!("{op}: {e}")))
+                .and_then(|c| c.watch_pr(&self.pr_oid, &self.events).map(|()| c));
+            match c {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::warn!(image = %self.path, "rbd: reopen failed, retrying in {delay:?}: {e}");
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        };
+        let old = std::mem::replace(
+            &mut *self.conn.write().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(conn),
+        );
+        self.events.pr_epoch.fetch_add(1, Ordering::AcqRel);
+        self.events.pr_watch_broken.store(false, Ordering::Release);
+        self.reopening.store(false, Ordering::Release);
+        self.events.wake();
+        self.events.wake_pr();
+        tracing::info!(image = %self.path, "rbd: image reopened with a new Ceph client");
+        // Close the old client here, not in whichever command drops the last reference
+        // (rbd_close waits for its in-flight requests): wait a little for those to finish.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        tracing::debug!(image = %self.path, users = Arc::strong_count(&old) - 1, "rbd: closing the old client");
+        drop(old);
+        tracing::debug!(image = %self.path, "rbd: old client closed");
+    }
 }
 
 /// Logs once when the cluster stops answering and once when it answers again, so an outage
@@ -134,23 +422,35 @@ fn note_reachability(down: &AtomicBool, path: &str, c: &IoCompletion) {
 impl fmt::Debug for RbdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RbdBackend")
-            .field("image", &self.path)
-            .field("size", &self.size.load(Ordering::Relaxed))
-            .field("obj_size", &self.obj_size)
+            .field("image", &self.inner.path)
+            .field("size", &self.inner.size.load(Ordering::Relaxed))
+            .field("obj_size", &self.inner.obj_size)
             .finish_non_exhaustive()
     }
 }
 
 /// Refreshes the cached size when librbd's header watch fires (and every few seconds, in
-/// case a notification was lost while the cluster was away).
+/// case a notification was lost while the cluster was away), and re-registers a failed
+/// watch on the reservation object.
 struct Watcher {
-    wake: Arc<(Mutex<bool>, Condvar)>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    handle: Option<ffi::WatchHandle>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 const SIZE_POLL: Duration = Duration::from_secs(5);
+
+/// How long a gateway trusts its cached reservation state without reading the object
+/// again (docs/rbd.md: why this bounds staleness only when a watch is lost unnoticed).
+const PR_CACHE_TTL: Duration = Duration::from_secs(2);
+/// How often the refresher reads the reservation object when nothing wakes it.
+const PR_REFRESH: Duration = Duration::from_millis(700);
+/// How long a command waits for a refresh under way before it fails with NOT READY.
+const PR_WAIT: Duration = Duration::from_millis(200);
+/// How long a reservation change waits for the other gateways to acknowledge it. Longer
+/// than [`PR_CACHE_TTL`]: when it times out, every cache older than the change has expired.
+const PR_NOTIFY_TIMEOUT_MS: u64 = 5_000;
+/// The largest reservation state read back (about 2000 registrations).
+const PR_MAX_BYTES: usize = 256 << 10;
 
 impl RbdBackend {
     /// Connects to the cluster and opens the image.
@@ -172,91 +472,46 @@ impl RbdBackend {
             options.push(("keyring".into(), k.display().to_string()));
         }
         options.extend(spec.options.iter().cloned());
-        let cluster =
-            ffi::Cluster::connect(lib, spec.conf.as_deref(), spec.id.as_deref(), &options)
-                .map_err(|e| fail("connect to the Ceph cluster for", e))?;
-        let image = ffi::Image::open(
-            Arc::new(cluster),
-            &spec.pool,
-            spec.namespace.as_deref(),
-            &spec.image,
-        )
-        .map_err(|e| fail("open", e))?;
-        let image = Arc::new(image);
-        let (size, obj_size) = image.stat().map_err(|e| fail("stat", e))?;
+        let events = Arc::new(Events::default());
+        let conn = Conn::open(lib, spec, &options, &events).map_err(|(op, e)| fail(op, e))?;
+        let (size, obj_size) = conn.image.stat().map_err(|e| fail("stat", e))?;
+        let id = conn.image.id().map_err(|e| fail("get id of", e))?;
         let identity = format!(
-            "rbd:{}/{}/{}",
-            image.cluster_fsid().unwrap_or_default(),
-            image.pool_id(),
-            image.id().map_err(|e| fail("get id of", e))?
+            "rbd:{}/{}/{id}",
+            conn.image.cluster_fsid().unwrap_or_default(),
+            conn.image.pool_id(),
         );
-        let size = Arc::new(AtomicU64::new(size));
-        let mut b = Self {
-            image,
+        let pr_oid = format!("ipsan.pr.{id}");
+        conn.watch_pr(&pr_oid, &events)
+            .map_err(|e| fail("set up the reservation object of", e))?;
+        let inner = Arc::new(Inner {
+            lib,
+            spec: spec.clone(),
+            options,
             path,
             identity,
             obj_size,
-            size,
-            watcher: None,
-            unreachable: Arc::new(AtomicBool::new(false)),
-        };
-        b.watcher = Some(b.start_watcher().map_err(|e| fail("watch", e))?);
-        Ok(b)
-    }
-
-    fn start_watcher(&self) -> io::Result<Watcher> {
-        let wake = Arc::new((Mutex::new(false), Condvar::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let w = wake.clone();
-        let handle = self.image.update_watch(Box::new(move || {
-            let (m, c) = &*w;
-            *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
-            c.notify_one();
-        }))?;
-        let (image, size, wk, st, path) = (
-            self.image.clone(),
-            self.size.clone(),
-            wake.clone(),
-            stop.clone(),
-            self.path.clone(),
-        );
-        let thread = std::thread::Builder::new()
-            .name("rbd-watch".into())
-            .spawn(move || {
-                while !st.load(Ordering::Acquire) {
-                    {
-                        let (m, c) = &*wk;
-                        let g = m.lock().unwrap_or_else(|p| p.into_inner());
-                        let (mut g, _) = c
-                            .wait_timeout_while(g, SIZE_POLL, |n| !*n)
-                            .unwrap_or_else(|p| p.into_inner());
-                        *g = false;
-                    }
-                    if st.load(Ordering::Acquire) {
-                        break;
-                    }
-                    match image.size() {
-                        Ok(n) => {
-                            let old = size.swap(n, Ordering::AcqRel);
-                            if old != n {
-                                tracing::info!(image = %path, old, new = n, "rbd: image resized");
-                            }
-                        }
-                        Err(e) => tracing::warn!(image = %path, "rbd: cannot read size: {e}"),
-                    }
-                }
-            })?;
-        Ok(Watcher {
-            wake,
-            stop,
-            thread: Some(thread),
-            handle: Some(handle),
+            pr_oid,
+            conn: RwLock::new(Arc::new(conn)),
+            size: AtomicU64::new(size),
+            unreachable: AtomicBool::new(false),
+            reopening: AtomicBool::new(false),
+            events,
+            pr_cache: PrCache::default(),
+        });
+        let watcher = start_watcher(&inner).map_err(|e| fail("watch", e))?;
+        Ok(Self {
+            pr: Arc::new(RbdPrStore {
+                inner: inner.clone(),
+            }),
+            inner,
+            watcher: Some(watcher),
         })
     }
 
     /// The RBD object size in bytes.
     pub fn object_size(&self) -> u64 {
-        self.obj_size
+        self.inner.obj_size
     }
 
     fn submit_op(&self, req: IoRequest, done: Completer) {
@@ -299,33 +554,204 @@ impl RbdBackend {
             });
             return;
         }
-        let (down, path) = (self.unreachable.clone(), self.path.clone());
-        self.image.aio(
+        let inner = self.inner.clone();
+        self.inner.conn().image.aio(
             req,
             Box::new(move |c| {
-                note_reachability(&down, &path, &c);
+                note_reachability(&inner.unreachable, &inner.path, &c);
+                if let Err(IoError::Io(e)) = &c.result {
+                    inner.after_error(e);
+                }
                 done(c)
             }),
         );
     }
 }
 
+fn start_watcher(inner: &Arc<Inner>) -> io::Result<Watcher> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sizer, st) = (inner.clone(), stop.clone());
+    let thread = std::thread::Builder::new()
+        .name("rbd-watch".into())
+        .spawn(move || {
+            while !st.load(Ordering::Acquire) {
+                wait_signal(&sizer.events.wake, SIZE_POLL);
+                if st.load(Ordering::Acquire) {
+                    break;
+                }
+                if sizer.reopening.load(Ordering::Acquire) {
+                    continue;
+                }
+                let conn = sizer.conn();
+                match conn.image.size() {
+                    Ok(n) => {
+                        let old = sizer.size.swap(n, Ordering::AcqRel);
+                        if old != n {
+                            tracing::info!(image = %sizer.path, old, new = n, "rbd: image resized");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(image = %sizer.path, "rbd: cannot read size: {e}");
+                        sizer.after_error(&e);
+                    }
+                }
+                if sizer.events.pr_watch_broken.load(Ordering::Acquire) {
+                    match conn.watch_pr(&sizer.pr_oid, &sizer.events) {
+                        Ok(()) => {
+                            sizer.events.pr_watch_broken.store(false, Ordering::Release);
+                            tracing::info!(image = %sizer.path, "rbd: reservation watch re-registered");
+                        }
+                        Err(e) => {
+                            tracing::warn!(image = %sizer.path, "rbd: cannot watch the reservation object: {e}");
+                            sizer.after_error(&e);
+                        }
+                    }
+                }
+            }
+        })?;
+    let (inner2, st) = (inner.clone(), stop.clone());
+    let refresher = std::thread::Builder::new()
+        .name("rbd-pr".into())
+        .spawn(move || {
+            while !st.load(Ordering::Acquire) {
+                inner2.refresh_pr();
+                wait_signal(&inner2.events.pr_wake, PR_REFRESH);
+            }
+        });
+    let refresher = match refresher {
+        Ok(t) => t,
+        Err(e) => {
+            stop.store(true, Ordering::Release);
+            inner.events.wake();
+            let _ = thread.join();
+            return Err(e);
+        }
+    };
+    Ok(Watcher {
+        stop,
+        threads: vec![thread, refresher],
+    })
+}
+
 impl Drop for RbdBackend {
     fn drop(&mut self) {
         if let Some(mut w) = self.watcher.take() {
             w.stop.store(true, Ordering::Release);
-            {
-                let (m, c) = &*w.wake;
-                *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
-                c.notify_one();
-            }
-            if let Some(t) = w.thread.take() {
+            self.inner.events.wake();
+            self.inner.events.wake_pr();
+            for t in w.threads.drain(..) {
                 let _ = t.join();
             }
-            if let Some(h) = w.handle.take() {
-                self.image.update_unwatch(h);
-            }
         }
+    }
+}
+
+/// Reservation state in a RADOS object next to the image (`ipsan.pr.<image id>` in the
+/// image's pool and namespace), shared by every gateway serving the image: the object holds
+/// `<version>\n` and [`PrState::encode`]'s text, its `ipsan.ver` xattr the version.
+/// [`PrStore::store`] is one RADOS write op (compare the xattr, write all, set the xattr),
+/// atomic in the OSD, then a notify every gateway's watch acknowledges by dropping its
+/// cached copy; [`PrStore::current`] serves the cached copy for at most
+/// [`PR_CACHE_TTL`] (docs/rbd.md).
+struct RbdPrStore {
+    inner: Arc<Inner>,
+}
+
+struct PrCached {
+    state: Arc<PrState>,
+    /// When the read that produced it was issued.
+    read_at: std::time::Instant,
+    /// The notification epoch before that read.
+    epoch: u64,
+}
+
+impl fmt::Debug for RbdPrStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RbdPrStore")
+            .field("object", &self.inner.pr_oid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PrStore for RbdPrStore {
+    /// The cached state while it is current (same notification epoch, younger than
+    /// [`PR_CACHE_TTL`]); else waits up to [`PR_WAIT`] for the refresher, so a command never
+    /// blocks on an unreachable cluster (it fails with NOT READY instead).
+    fn current(&self) -> io::Result<Arc<PrState>> {
+        let c = &self.inner.pr_cache;
+        let deadline = std::time::Instant::now() + PR_WAIT;
+        let mut g = c.m.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let epoch = self.inner.events.pr_epoch.load(Ordering::Acquire);
+            if let Some(e) = &g.entry {
+                if e.epoch == epoch && e.read_at.elapsed() < PR_CACHE_TTL {
+                    return Ok(e.state.clone());
+                }
+            }
+            let now = std::time::Instant::now();
+            let stuck = g.refreshing_since.is_some_and(|t| now - t > PR_WAIT);
+            if stuck || now >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the reservation state could not be read in time",
+                ));
+            }
+            if g.refreshing_since.is_none() {
+                if let Some((kind, code, msg)) = &g.error {
+                    // The last refresh failed and none is under way: fail now, retry soon.
+                    self.inner.events.wake_pr();
+                    return Err(match code {
+                        Some(c) => io::Error::from_raw_os_error(*c),
+                        None => io::Error::new(*kind, msg.clone()),
+                    });
+                }
+                self.inner.events.wake_pr();
+            }
+            g = c
+                .done
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn load(&self) -> io::Result<(Arc<PrState>, u64)> {
+        self.inner.load_pr()
+    }
+
+    fn store(&self, new: &PrState, expected: u64) -> io::Result<bool> {
+        let version = expected.wrapping_add(1).to_string();
+        let mut data = format!("{version}\n").into_bytes();
+        data.extend_from_slice(&new.encode());
+        if data.len() > PR_MAX_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "reservation state too large",
+            ));
+        }
+        let conn = self.inner.conn();
+        let old = expected.to_string();
+        let expect = (expected > 0).then_some(old.as_bytes());
+        if !conn
+            .image
+            .cas_obj(&self.inner.pr_oid, expect, version.as_bytes(), &data)
+            .inspect_err(|e| self.inner.after_error(e))?
+        {
+            return Ok(false);
+        }
+        let stored = std::time::Instant::now();
+        self.inner.events.pr_epoch.fetch_add(1, Ordering::AcqRel);
+        self.inner.events.wake_pr();
+        // Every gateway's watch drops its cached copy before acknowledging; without the
+        // acknowledgements, wait until any copy older than this change has expired.
+        if let Err(e) = conn
+            .image
+            .notify_obj(&self.inner.pr_oid, PR_NOTIFY_TIMEOUT_MS)
+        {
+            tracing::warn!(image = %self.inner.path, "rbd: reservation change not acknowledged by every gateway: {e}");
+            std::thread::sleep(PR_CACHE_TTL.saturating_sub(stored.elapsed()));
+        }
+        Ok(true)
     }
 }
 
@@ -341,7 +767,7 @@ fn wait_blocking(b: &RbdBackend, op: IoOp) -> io::Result<Option<bytes::BytesMut>
 
 impl Backend for RbdBackend {
     fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
+        self.inner.size.load(Ordering::Acquire)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -411,11 +837,15 @@ impl Backend for RbdBackend {
     }
 
     fn granularity(&self) -> Option<u64> {
-        Some(self.obj_size)
+        Some(self.inner.obj_size)
     }
 
     fn identity(&self) -> Option<String> {
-        Some(self.identity.clone())
+        Some(self.inner.identity.clone())
+    }
+
+    fn pr_store(&self) -> Option<Arc<dyn PrStore>> {
+        Some(self.pr.clone())
     }
 
     fn max_compare_and_write(&self) -> Option<u64> {
@@ -440,7 +870,15 @@ mod ffi {
     type IoctxT = *mut c_void;
     type ImageT = *mut c_void;
     type CompletionT = *mut c_void;
+    type WriteOpT = *mut c_void;
     type RbdCallback = extern "C" fn(CompletionT, *mut c_void);
+    type WatchCb2 = extern "C" fn(*mut c_void, u64, u64, u64, *mut c_void, usize);
+    type WatchErrCb = extern "C" fn(*mut c_void, u64, c_int);
+
+    /// librados.h: LIBRADOS_CREATE_EXCLUSIVE.
+    const CREATE_EXCLUSIVE: c_int = 1;
+    /// librados.h: LIBRADOS_CMPXATTR_OP_EQ.
+    const CMPXATTR_OP_EQ: u8 = 1;
     type UpdateCallback = extern "C" fn(*mut c_void);
 
     /// `rbd_image_info_t` (librbd.h, unchanged since the first release).
@@ -468,6 +906,44 @@ mod ffi {
         rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
         rados_ioctx_set_namespace: unsafe extern "C" fn(IoctxT, *const c_char),
         rados_ioctx_get_id: unsafe extern "C" fn(IoctxT) -> i64,
+        rados_read: unsafe extern "C" fn(IoctxT, *const c_char, *mut c_char, usize, u64) -> c_int,
+        rados_create_write_op: unsafe extern "C" fn() -> WriteOpT,
+        rados_release_write_op: unsafe extern "C" fn(WriteOpT),
+        rados_write_op_create: unsafe extern "C" fn(WriteOpT, c_int, *const c_char),
+        rados_write_op_cmpxattr:
+            unsafe extern "C" fn(WriteOpT, *const c_char, u8, *const c_char, usize),
+        rados_write_op_setxattr:
+            unsafe extern "C" fn(WriteOpT, *const c_char, *const c_char, usize),
+        rados_write_op_write_full: unsafe extern "C" fn(WriteOpT, *const c_char, usize),
+        rados_write_op_operate: unsafe extern "C" fn(
+            WriteOpT,
+            IoctxT,
+            *const c_char,
+            *mut libc::time_t,
+            c_int,
+        ) -> c_int,
+        rados_watch2: unsafe extern "C" fn(
+            IoctxT,
+            *const c_char,
+            *mut u64,
+            WatchCb2,
+            WatchErrCb,
+            *mut c_void,
+        ) -> c_int,
+        rados_unwatch2: unsafe extern "C" fn(IoctxT, u64) -> c_int,
+        rados_watch_flush: unsafe extern "C" fn(RadosT) -> c_int,
+        rados_notify2: unsafe extern "C" fn(
+            IoctxT,
+            *const c_char,
+            *const c_char,
+            c_int,
+            u64,
+            *mut *mut c_char,
+            *mut usize,
+        ) -> c_int,
+        rados_notify_ack:
+            unsafe extern "C" fn(IoctxT, *const c_char, u64, u64, *const c_char, c_int) -> c_int,
+        rados_buffer_free: unsafe extern "C" fn(*mut c_char),
         rbd_open: unsafe extern "C" fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int,
         rbd_close: unsafe extern "C" fn(ImageT) -> c_int,
         rbd_stat: unsafe extern "C" fn(ImageT, *mut ImageInfo, usize) -> c_int,
@@ -576,6 +1052,20 @@ mod ffi {
             rados_ioctx_destroy: sym!(rados, rados_ioctx_destroy),
             rados_ioctx_set_namespace: sym!(rados, rados_ioctx_set_namespace),
             rados_ioctx_get_id: sym!(rados, rados_ioctx_get_id),
+            rados_read: sym!(rados, rados_read),
+            rados_create_write_op: sym!(rados, rados_create_write_op),
+            rados_release_write_op: sym!(rados, rados_release_write_op),
+            rados_write_op_create: sym!(rados, rados_write_op_create),
+            rados_write_op_cmpxattr: sym!(rados, rados_write_op_cmpxattr),
+            rados_write_op_setxattr: sym!(rados, rados_write_op_setxattr),
+            rados_write_op_write_full: sym!(rados, rados_write_op_write_full),
+            rados_write_op_operate: sym!(rados, rados_write_op_operate),
+            rados_watch2: sym!(rados, rados_watch2),
+            rados_unwatch2: sym!(rados, rados_unwatch2),
+            rados_watch_flush: sym!(rados, rados_watch_flush),
+            rados_notify2: sym!(rados, rados_notify2),
+            rados_notify_ack: sym!(rados, rados_notify_ack),
+            rados_buffer_free: sym!(rados, rados_buffer_free),
             rbd_open: sym!(rbd, rbd_open),
             rbd_close: sym!(rbd, rbd_close),
             rbd_stat: sym!(rbd, rbd_stat),
@@ -737,6 +1227,60 @@ mod ffi {
         f();
     }
 
+    /// A watch on a RADOS object: its cookie and the state its callbacks use.
+    pub(super) struct ObjWatch {
+        cookie: u64,
+        arg: *mut ObjWatchArg,
+    }
+
+    // SAFETY: only the cookie and a pointer we own move between threads; the pointee is
+    // only read, and is Send + Sync (below).
+    unsafe impl Send for ObjWatch {}
+    // SAFETY: `&ObjWatch` gives no access to the pointee.
+    unsafe impl Sync for ObjWatch {}
+
+    /// Called with `None` on a notification, `Some(errno)` when the watch failed.
+    type ObjWatchFn = Box<dyn Fn(Option<i32>) + Send + Sync>;
+
+    struct ObjWatchArg {
+        lib: &'static Lib,
+        ioctx: IoctxT,
+        oid: CString,
+        f: ObjWatchFn,
+    }
+
+    extern "C" fn obj_watch_cb(
+        arg: *mut c_void,
+        notify_id: u64,
+        cookie: u64,
+        _notifier: u64,
+        _data: *mut c_void,
+        _len: usize,
+    ) {
+        // SAFETY: `arg` is the ObjWatchArg registered in watch_obj, freed only after
+        // rados_unwatch2 and rados_watch_flush returned (no callback runs then).
+        let a = unsafe { &*(arg as *const ObjWatchArg) };
+        (a.f)(None);
+        // SAFETY: the ioctx outlives the watch (unwatch_obj runs before the image closes);
+        // the oid is NUL-terminated; no payload. librados queues the ack and returns.
+        unsafe {
+            (a.lib.rados_notify_ack)(
+                a.ioctx,
+                a.oid.as_ptr(),
+                notify_id,
+                cookie,
+                std::ptr::null(),
+                0,
+            )
+        };
+    }
+
+    extern "C" fn obj_watch_err(arg: *mut c_void, _cookie: u64, err: c_int) {
+        // SAFETY: as in obj_watch_cb.
+        let a = unsafe { &*(arg as *const ObjWatchArg) };
+        (a.f)(Some(err));
+    }
+
     impl Image {
         pub(super) fn open(
             cluster: Arc<Cluster>,
@@ -856,6 +1400,163 @@ mod ffi {
             }
             // SAFETY: unregistered: no callback runs or will run with `arg`.
             drop(unsafe { Box::from_raw(w.arg) });
+        }
+
+        /// Reads a whole small object (at most `max` bytes); `None` when it does not exist.
+        pub(super) fn read_obj(&self, oid: &str, max: usize) -> io::Result<Option<Vec<u8>>> {
+            let oid_c = cstring("object", oid)?;
+            let mut buf = vec![0u8; max + 1];
+            // SAFETY: valid ioctx, NUL-terminated oid, `buf` writable for the length passed.
+            let r = unsafe {
+                (self.lib.rados_read)(
+                    self.ioctx,
+                    oid_c.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                )
+            };
+            if r == -libc::ENOENT {
+                return Ok(None);
+            }
+            check(r)?;
+            let n = usize::try_from(r).unwrap_or(0);
+            if n > max {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("object {oid} larger than {max} bytes"),
+                ));
+            }
+            buf.truncate(n);
+            Ok(Some(buf))
+        }
+
+        /// One atomic RADOS write op on `oid`: when `expect` is `None` create it exclusively,
+        /// else require its `ipsan.ver` xattr to equal `expect`; then replace its data with
+        /// `data` and set the xattr to `version`. `Ok(false)`: the condition failed.
+        pub(super) fn cas_obj(
+            &self,
+            oid: &str,
+            expect: Option<&[u8]>,
+            version: &[u8],
+            data: &[u8],
+        ) -> io::Result<bool> {
+            let oid_c = cstring("object", oid)?;
+            let xattr = c"ipsan.ver";
+            // SAFETY: no preconditions; NULL on allocation failure.
+            let op = unsafe { (self.lib.rados_create_write_op)() };
+            if op.is_null() {
+                return Err(io::Error::from(io::ErrorKind::OutOfMemory));
+            }
+            // SAFETY: `op` is a fresh write op; every buffer passed outlives the operate call
+            // below (librados copies them when the op is built or run); lengths match.
+            let r = unsafe {
+                match expect {
+                    None => {
+                        (self.lib.rados_write_op_create)(op, CREATE_EXCLUSIVE, std::ptr::null())
+                    }
+                    Some(v) => (self.lib.rados_write_op_cmpxattr)(
+                        op,
+                        xattr.as_ptr(),
+                        CMPXATTR_OP_EQ,
+                        v.as_ptr().cast(),
+                        v.len(),
+                    ),
+                }
+                (self.lib.rados_write_op_write_full)(op, data.as_ptr().cast(), data.len());
+                (self.lib.rados_write_op_setxattr)(
+                    op,
+                    xattr.as_ptr(),
+                    version.as_ptr().cast(),
+                    version.len(),
+                );
+                let r = (self.lib.rados_write_op_operate)(
+                    op,
+                    self.ioctx,
+                    oid_c.as_ptr(),
+                    std::ptr::null_mut(),
+                    0,
+                );
+                (self.lib.rados_release_write_op)(op);
+                r
+            };
+            // ECANCELED: the xattr differed; EEXIST: the object exists (create); ENOENT:
+            // it vanished under a compare.
+            if [libc::ECANCELED, libc::EEXIST, libc::ENOENT].contains(&-r) {
+                return Ok(false);
+            }
+            check(r).map(|()| true)
+        }
+
+        /// Watches `oid`; `f` runs on librados' callback thread.
+        pub(super) fn watch_obj(&self, oid: &str, f: ObjWatchFn) -> io::Result<ObjWatch> {
+            let arg = Box::into_raw(Box::new(ObjWatchArg {
+                lib: self.lib,
+                ioctx: self.ioctx,
+                oid: cstring("object", oid)?,
+                f,
+            }));
+            let mut cookie = 0u64;
+            // SAFETY: valid ioctx; the oid lives in `arg`, which stays allocated until
+            // unwatch_obj has unregistered and flushed the callbacks.
+            let r = unsafe {
+                (self.lib.rados_watch2)(
+                    self.ioctx,
+                    (*arg).oid.as_ptr(),
+                    &mut cookie,
+                    obj_watch_cb,
+                    obj_watch_err,
+                    arg.cast(),
+                )
+            };
+            if r < 0 {
+                // SAFETY: registration failed: librados holds no copy of `arg`.
+                drop(unsafe { Box::from_raw(arg) });
+                return Err(errno(i64::from(r)));
+            }
+            Ok(ObjWatch { cookie, arg })
+        }
+
+        pub(super) fn unwatch_obj(&self, w: ObjWatch) {
+            // SAFETY: valid ioctx and a cookie from watch_obj; rados_watch_flush then waits
+            // for callbacks already queued, so none runs with `arg` after we free it.
+            let r = unsafe {
+                let r = (self.lib.rados_unwatch2)(self.ioctx, w.cookie);
+                (self.lib.rados_watch_flush)(self.cluster.handle);
+                r
+            };
+            if r < 0 && r != -libc::ENOTCONN && r != -libc::ESHUTDOWN {
+                // Keep the state alive (leak it) when unsure a callback cannot come.
+                tracing::warn!("rbd: unwatch failed: {}", errno(i64::from(r)));
+                return;
+            }
+            // SAFETY: unregistered and flushed (above).
+            drop(unsafe { Box::from_raw(w.arg) });
+        }
+
+        /// Notifies the watchers of `oid` and waits (up to `timeout_ms`) for all to
+        /// acknowledge; ETIMEDOUT when some did not.
+        pub(super) fn notify_obj(&self, oid: &str, timeout_ms: u64) -> io::Result<()> {
+            let oid_c = cstring("object", oid)?;
+            let mut reply: *mut c_char = std::ptr::null_mut();
+            let mut reply_len = 0usize;
+            // SAFETY: valid ioctx, NUL-terminated oid, empty payload, valid out-pointers.
+            let r = unsafe {
+                (self.lib.rados_notify2)(
+                    self.ioctx,
+                    oid_c.as_ptr(),
+                    std::ptr::null(),
+                    0,
+                    timeout_ms,
+                    &mut reply,
+                    &mut reply_len,
+                )
+            };
+            if !reply.is_null() {
+                // SAFETY: a reply buffer librados allocated for us; freed once.
+                unsafe { (self.lib.rados_buffer_free)(reply) };
+            }
+            check(r)
         }
 
         /// Starts `req`; `done` runs on librbd's completion thread, or here if librbd

@@ -424,6 +424,12 @@ impl Sense {
     pub fn from_read_error(e: &std::io::Error) -> Self {
         Self::unreachable(e).unwrap_or(Self::unrecovered_read_error())
     }
+    /// Sense for a failure to read or update the persistent reservation state kept in a
+    /// shared store ([`crate::pr::PrStore`]): retryable NOT READY when the store cannot be
+    /// reached, else INTERNAL TARGET FAILURE.
+    pub fn from_store_error(e: &std::io::Error) -> Self {
+        Self::unreachable(e).unwrap_or(Self::internal_target_failure())
+    }
 }
 
 impl std::fmt::Display for Sense {

@@ -1405,3 +1405,123 @@ fn async_backend_runs_the_data_path_through_submit_and_complete() {
     good(&run_async(&lu, &rw16(0x88, 0, SIZE / BS as u64, 1), &[]));
     assert_eq!(lu.num_blocks(), 2 * SIZE / BS as u64);
 }
+
+/// A store two targets serve (an RBD image, here RAM) with one reservation store shared by
+/// both: what the RBD backend provides with a RADOS object.
+#[derive(Debug)]
+struct SharedStore {
+    inner: MemBackend,
+    pr: Arc<ipsan_scsi::pr::MemPrStore>,
+}
+
+impl Backend for SharedStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.unmap(offset, len)
+    }
+    fn kind(&self) -> &'static str {
+        "shared"
+    }
+    fn supports_unmap(&self) -> bool {
+        true
+    }
+    fn identity(&self) -> Option<String> {
+        Some("shared:0".into())
+    }
+    fn pr_store(&self) -> Option<Arc<dyn ipsan_scsi::pr::PrStore>> {
+        Some(self.pr.clone())
+    }
+}
+
+#[test]
+fn accepts_reservations_on_a_shared_store_and_enforces_them_across_target_ports() {
+    let store = Arc::new(SharedStore {
+        inner: MemBackend::new(SIZE),
+        pr: Arc::default(),
+    });
+    let gw1 = lu_with(store.clone(), |c| c.relative_port = 1);
+    let gw2 = lu_with(store.clone(), |c| c.relative_port = 2);
+    assert!(!gw1.refuses_reservations());
+    let conflict = ScsiStatus::RESERVATION_CONFLICT;
+    // a registers and reserves Write Exclusive through port 1; b writes through port 2.
+    good(&prout(&gw1, &a(), 0, 0, 0, 0xA));
+    good(&prout(&gw1, &a(), 1, 0x01, 0xA, 0));
+    assert_eq!(
+        run_as(&gw2, &b(), &rw10(0x2A, 0, 0, 1), &[0; BS]).status,
+        conflict
+    );
+    good(&run_as(&gw2, &b(), &rw10(0x28, 0, 0, 1), &[]));
+    let keys = prin(&gw2, &b(), 0);
+    assert_eq!(u32::from_be_bytes(keys[4..8].try_into().unwrap()), 8);
+    assert_eq!(&keys[8..16], &0xAu64.to_be_bytes());
+    // READ FULL STATUS through port 2 names port 1 as the holder's.
+    let full = run_as(&gw2, &b(), &[0x5E, 3, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
+    good(&full);
+    let d = full.data_in;
+    assert_eq!(&d[8..16], &0xAu64.to_be_bytes());
+    assert_eq!(d[20] & 1, 1, "R_HOLDER");
+    assert_eq!(u16::from_be_bytes([d[26], d[27]]), 1);
+    // The same initiator port through port 2 is another I_T nexus: not the holder.
+    assert_eq!(
+        run_as(&gw2, &a(), &rw10(0x2A, 0, 0, 1), &[0; BS]).status,
+        conflict
+    );
+    good(&prout(&gw1, &a(), 2, 0x01, 0xA, 0));
+    good(&run_as(&gw2, &b(), &rw10(0x2A, 0, 0, 1), &[0; BS]));
+    // RESERVE(6) through port 2 binds port 1.
+    good(&run_as(&gw2, &b(), &[0x16, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(
+        run_as(&gw1, &a(), &rw10(0x2A, 0, 0, 1), &[0; BS]).status,
+        conflict
+    );
+    gw2.nexus_lost(&b());
+    good(&run_as(&gw1, &a(), &rw10(0x2A, 0, 0, 1), &[0; BS]));
+}
+
+#[test]
+fn keeps_every_registration_when_two_target_ports_register_at_once() {
+    let store = Arc::new(SharedStore {
+        inner: MemBackend::new(SIZE),
+        pr: Arc::default(),
+    });
+    let gws = [
+        Arc::new(lu_with(store.clone(), |c| c.relative_port = 1)),
+        Arc::new(lu_with(store.clone(), |c| c.relative_port = 2)),
+    ];
+    let threads: Vec<_> = (0..16u64)
+        .map(|i| {
+            let gw = gws[(i % 2) as usize].clone();
+            std::thread::spawn(move || {
+                let n = NexusId(format!("iqn.2026-01.test:h{i},i,0x000000000001"));
+                good(&prout(&gw, &n, 0, 0, 0, 0x100 + i));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let keys = prin(&gws[0], &a(), 0);
+    assert_eq!(
+        u32::from_be_bytes(keys[0..4].try_into().unwrap()),
+        16,
+        "PRgeneration"
+    );
+    let mut got: Vec<u64> = keys[8..]
+        .chunks(8)
+        .take(16)
+        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, (0x100..0x110).collect::<Vec<u64>>());
+}

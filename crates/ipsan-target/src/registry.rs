@@ -603,6 +603,7 @@ fn build_lun(
     cfg.block_size = l.block_size;
     cfg.read_only = l.read_only;
     cfg.write_cache = l.write_cache;
+    cfg.relative_port = relative_port_id;
     cfg.extra_designators
         .push(ipsan_scsi::inquiry::target_port_designator(
             iqn,
