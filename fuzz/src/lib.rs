@@ -1020,6 +1020,7 @@ fn engine_initiator(
                     lun: 0,
                     cdb: [0; 16],
                     data: d,
+                    timed: false,
                 },
             )
             .unwrap_or(0);

@@ -8,7 +8,7 @@
 //!                          │ poll_transmit                      ▲ handle_pdu
 //!                          ▼                                    │
 //!                     writer task ──► socket ──► ... ──► reader task (framed read)
-//!                     timer task: handle_timeout (keepalive, TMF timeouts)
+//!                     timer task: handle_timeout (keepalive, command and TMF timeouts)
 //!  engine events ──► waiting callers (completion, TMF answer, connection end)
 //! ```
 //! One framed read (`reader`) and one framed write (`writer`): the points where a per-PDU
@@ -72,10 +72,15 @@ pub struct SessionConfig {
     /// with TCP_NODELAY.
     pub tcp: Option<ipsan_tcp::TcpSettings>,
     /// A SCSI command without status after this long is aborted with ABORT TASK
-    /// (RFC 7143 §11.5.1) and fails with [`Error::CommandTimedOut`]; if the target does not
-    /// confirm the abort within [`TMF_TIMEOUT`] the connection is dropped (its tasks cannot be
-    /// trusted any more). `None` waits forever (the keepalive still catches a dead
-    /// connection). Default 30 s, the Linux SCSI disk default.
+    /// (RFC 7143 §11.5.1) and fails with [`Error::CommandTimedOut`]; if the target refuses
+    /// the abort, a LOGICAL UNIT RESET follows; if that is refused too, or either goes
+    /// unanswered for [`TMF_TIMEOUT`], the connection is dropped (its tasks cannot be
+    /// trusted any more) and the command fails as a connection loss (with recovery on, it is
+    /// sent again on the next connection when idempotent). The engine runs this escalation
+    /// (`iscsi_proto::engine::initiator::Config::command_timeout`); the timer task only
+    /// passes the time in. `None` waits forever (the keepalive still catches a dead
+    /// connection); [`Session::command_to`] never times out. Default 30 s, the Linux SCSI
+    /// disk default.
     pub command_timeout: Option<Duration>,
     /// Session recovery ([`crate::recovery`]): when the connection fails, reconnect and
     /// reinstate the session (RFC 7143 §6.3.5), send the commands in flight again (the
@@ -95,15 +100,6 @@ pub const TMF_TIMEOUT: Duration = Duration::from_secs(10);
 /// Past this many queued bytes the connection fails instead. A polite target has one ping
 /// outstanding at a time.
 const MAX_QUEUED_PONG_BYTES: usize = 1024 * 1024;
-
-/// Whether an ABORT TASK response means the task is gone and nothing more comes for it
-/// (RFC 7143 §11.6.1: done, or the target no longer knew it).
-fn ends_the_task(r: TmfResponse) -> bool {
-    matches!(
-        r,
-        TmfResponse::FUNCTION_COMPLETE | TmfResponse::TASK_DOES_NOT_EXIST
-    )
-}
 
 /// Builds an [`OriginatorExtension`] per login attempt (a retried login needs fresh state).
 #[derive(Clone)]
@@ -160,6 +156,8 @@ struct Inner {
     tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
     /// Callers waiting for the connection's end (logout).
     closed_waiters: Vec<oneshot::Sender<()>>,
+    /// The deadline the timer task sleeps until (`None`: until woken).
+    timer_at: Option<Instant>,
 }
 
 struct Shared {
@@ -192,13 +190,12 @@ struct Shared {
     /// once the commands in flight are done. The caller opens a new session: a transparent
     /// reconnect would have to replay commands whose data was sealed under the old keys.
     logout_asked: AtomicBool,
-    /// See [`SessionConfig::command_timeout`].
-    command_timeout: Option<Duration>,
 }
 
 impl Shared {
     /// Runs `f` on the engine, then hands its events to whoever waits for them and wakes the
-    /// writer. Every engine call goes through here or its two variants below.
+    /// writer, and the timer when the engine's next deadline moved before the one it sleeps
+    /// until. Every engine call goes through here or [`Shared::with_quiet`].
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
         let mut g = self
             .inner
@@ -209,19 +206,21 @@ impl Shared {
         // A wakeup per received PDU with nothing to send would cost the writer a lock and a
         // task switch each time (measured: 30-40 % of read throughput).
         let wake = g.engine.has_transmit() || g.engine.closed().is_some();
+        // Likewise the timer: commands' deadlines ascend, so it is woken only when the
+        // first deadline appears or a task management request sets an earlier one.
+        let wake_timer = match (g.engine.poll_timeout(), g.timer_at) {
+            (Some(d), Some(t)) => d < t,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
         drop(g);
         if wake {
             self.wake_writer.notify_one();
         }
+        if wake_timer {
+            self.wake_timer.notify_one();
+        }
         Ok(r)
-    }
-
-    /// [`Shared::with`], waking the timer too: for calls that set a new deadline (task
-    /// management).
-    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
-        let r = self.with(f);
-        self.wake_timer.notify_one();
-        r
     }
 
     /// [`Shared::with`] without waking anyone: for the writer and the timer themselves.
@@ -263,6 +262,16 @@ impl Shared {
                 engine::Event::Rejected { reason, opcode } => {
                     tracing::warn!(reason = reason.0, ?opcode, "target rejected a PDU");
                 }
+                engine::Event::TimeoutStep { itt, step } => match step {
+                    engine::TimeoutStep::AbortTask => {
+                        tracing::warn!(itt, "command timed out; sending ABORT TASK");
+                    }
+                    engine::TimeoutStep::LunReset { abort_response } => tracing::warn!(
+                        itt,
+                        response = abort_response.0,
+                        "target refused to abort a timed-out command; escalating to LOGICAL UNIT RESET"
+                    ),
+                },
                 engine::Event::Closed(e) => {
                     let _ = self.dead.set(e.to_string());
                     g.tmf_waiters.clear();
@@ -329,6 +338,7 @@ impl Shared {
                 Err(Error::TaskAborted("ABORT TASK".into()))
             }
             Err(TaskError::Violation(v)) => Err(Error::TargetViolation(v)),
+            Err(TaskError::TimedOut { after, .. }) => Err(Error::CommandTimedOut(after)),
             Err(TaskError::ConnectionLost(_)) if self.forged.get().is_some() => Err(self.lost()),
             Err(TaskError::ConnectionLost(e)) => Err(Error::ConnectionLost(
                 self.dead.get().cloned().unwrap_or_else(|| e.to_string()),
@@ -804,12 +814,14 @@ async fn open_connection(
     ecfg.nop_timeout = cfg.nop_timeout;
     ecfg.tmf_timeout = TMF_TIMEOUT;
     ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
+    ecfg.command_timeout = cfg.command_timeout;
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             engine: engine::Connection::new(ecfg, Instant::now()),
             waiters: HashMap::new(),
             tmf_waiters: HashMap::new(),
             closed_waiters: Vec::new(),
+            timer_at: None,
         }),
         wake_writer: Notify::new(),
         wake_timer: Notify::new(),
@@ -823,7 +835,6 @@ async fn open_connection(
         socket,
         ended: watch::channel(false).0,
         logout_asked: AtomicBool::new(false),
-        command_timeout: cfg.command_timeout,
     });
     // The writer first: a closing engine stops the others but lets the writer flush.
     // The record step sits between the codec and the engine (docs/seal.md §4a).
@@ -1422,7 +1433,12 @@ impl Shared {
             },
         };
         let (tx, rx) = oneshot::channel();
-        let cmd = engine::Command { lun, cdb, data };
+        let cmd = engine::Command {
+            lun,
+            cdb,
+            data,
+            timed,
+        };
         let submitted = self.with(|g| {
             let r = g.engine.submit_as(Instant::now(), itt, cmd);
             if r.is_ok() {
@@ -1436,7 +1452,12 @@ impl Shared {
             Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
             Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
         }
-        let r = self.wait(lun, rx, itt, timed).await;
+        // The engine ends it: with its status, or past the command timeout with
+        // TaskError::TimedOut or the connection's end (its escalation, RFC 7143 §11.5.1).
+        let r = match rx.await {
+            Ok(r) => self.answer(r),
+            Err(_) => Err(self.lost()),
+        };
         // Ended with the connection before it left the engine: the target never saw it.
         if r.as_ref().is_err_and(Error::is_connection_loss)
             && self
@@ -1448,39 +1469,11 @@ impl Shared {
         r
     }
 
-    /// Waits for a command's completion; past the command timeout, aborts it.
-    async fn wait(
-        &self,
-        lun: u64,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-        itt: u32,
-        timed: bool,
-    ) -> Result<Passthrough> {
-        let Some(limit) = self.command_timeout.filter(|_| timed) else {
-            return match rx.await {
-                Ok(r) => self.answer(r),
-                Err(_) => Err(self.lost()),
-            };
-        };
-        match tokio::time::timeout(limit, &mut rx).await {
-            Ok(Ok(r)) => self.answer(r),
-            Ok(Err(_)) => Err(self.lost()),
-            Err(_) => self.abort_task(lun, itt, limit, rx).await,
-        }
-    }
-
-    /// Fails the connection because task management left it in a state that cannot be
-    /// trusted; every command in flight fails with the same reason.
-    fn drop_connection(&self, why: String) -> Error {
-        self.kill(why.clone());
-        Error::ConnectionLost(why)
-    }
-
     /// See [`Session::lun_reset`].
     async fn lun_reset(&self, lun: u64) -> Result<()> {
         self.refuse_after_logout_request()?;
         let (tx, rx) = oneshot::channel();
-        self.with_timer(|g| {
+        self.with(|g| {
             if g.engine.closed().is_some() {
                 return;
             }
@@ -1495,73 +1488,10 @@ impl Shared {
         }
     }
 
-    /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
-    /// the task stays in the engine, so its Data-In, R2Ts or status are still handled in
-    /// order; a command that completes in the meantime returns its own result.
-    async fn abort_task(
-        &self,
-        lun: u64,
-        itt: u32,
-        limit: Duration,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-    ) -> Result<Passthrough> {
-        tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
-        let (tx, tmf_rx) = oneshot::channel();
-        self.with_timer(|g| {
-            if let Some(t) = g.engine.abort(Instant::now(), itt) {
-                g.tmf_waiters.insert(t, tx);
-            }
-        })?;
-        let mut tmf_rx = tmf_rx;
-        let first = tokio::select! {
-            biased;
-            r = &mut rx => Ok(r),
-            t = &mut tmf_rx => Err(t),
-        };
-        let response = match first {
-            // The command ended first: its own status, or the abort that ended it.
-            Ok(Ok(Err(TaskError::Aborted(AbortedBy::AbortTask)))) => {
-                return Err(Error::CommandTimedOut(limit))
-            }
-            Ok(Ok(r)) => return self.answer(r),
-            Ok(Err(_)) => return Err(self.lost()),
-            Err(Ok(response)) => response,
-            // The TMF waiter went away: the connection ended (the engine words why; an
-            // unanswered ABORT TASK is a task management timeout).
-            Err(Err(_)) => {
-                return match rx.await {
-                    Ok(Err(TaskError::Aborted(AbortedBy::AbortTask))) => {
-                        Err(Error::CommandTimedOut(limit))
-                    }
-                    Ok(r) => self.answer(r),
-                    Err(_) => Err(self.lost()),
-                }
-            }
-        };
-        if ends_the_task(response) {
-            return Err(Error::CommandTimedOut(limit));
-        }
-        // Refused (RFC 7143 §11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
-        // reset ends every task on the LUN, this one included. Only if that fails too is the
-        // connection dropped.
-        let why = format!(
-            "target refused to abort a timed-out command (task management response {})",
-            response.0
-        );
-        tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
-        match self.lun_reset(lun).await {
-            Ok(()) => Err(Error::CommandTimedOut(limit)),
-            Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
-            Err(e) => {
-                Err(self.drop_connection(format!("{why}; LOGICAL UNIT RESET failed too ({e})")))
-            }
-        }
-    }
-
     /// See [`Session::logout`].
     async fn logout(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.with_timer(|g| {
+        let sent = self.with(|g| {
             let itt = g.engine.logout(Instant::now());
             if itt.is_some() {
                 g.closed_waiters.push(tx);
@@ -1588,13 +1518,18 @@ impl Shared {
     }
 }
 
-/// Runs the engine's timers: NOP-Out keepalive and its timeout, task management timeouts.
+/// Runs the engine's timers: NOP-Out keepalive and its timeout, command timeouts and their
+/// escalation, task management timeouts. It only passes the time in.
 async fn timer(shared: Arc<Shared>) {
     loop {
         let woken = shared.wake_timer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let Ok(deadline) = shared.with_quiet(|g| g.engine.poll_timeout()) else {
+        let Ok(deadline) = shared.with_quiet(|g| {
+            let d = g.engine.poll_timeout();
+            g.timer_at = d;
+            d
+        }) else {
             return;
         };
         match deadline {
