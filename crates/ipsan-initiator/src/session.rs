@@ -42,7 +42,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 
 use crate::conn::Conn;
-use crate::error::{Error, Result};
+use crate::error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
 use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
@@ -166,9 +166,9 @@ struct Shared {
     wake_writer: Notify,
     /// The engine's next timeout may have moved earlier.
     wake_timer: Notify,
-    /// Why the connection ended (first reason wins; the driver's own words for socket and
-    /// framing errors, the engine's typed reason otherwise).
-    dead: OnceLock<String>,
+    /// Why the connection ended (first reason wins: the driver's for socket, framing and
+    /// Seal errors, the engine's otherwise).
+    dead: OnceLock<ConnectionLoss>,
     /// Set when the connection died of a forged PDU (docs/seal.md §4a): commands in flight
     /// fail with [`Error::SealForgery`]. Set before the engine closes, so every waiter woken
     /// by the close sees it.
@@ -200,7 +200,7 @@ impl Shared {
         let mut g = self
             .inner
             .lock()
-            .map_err(|_| Error::ConnectionLost("session state poisoned".into()))?;
+            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))?;
         let r = f(&mut g);
         self.dispatch(&mut g);
         // A wakeup per received PDU with nothing to send would cost the writer a lock and a
@@ -228,7 +228,7 @@ impl Shared {
         let mut g = self
             .inner
             .lock()
-            .map_err(|_| Error::ConnectionLost("session state poisoned".into()))?;
+            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))?;
         let r = f(&mut g);
         self.dispatch(&mut g);
         Ok(r)
@@ -237,7 +237,7 @@ impl Shared {
     fn dispatch(&self, g: &mut Inner) {
         // The reason first: callers woken below read it.
         if let Some(e) = g.engine.closed() {
-            let _ = self.dead.set(e.to_string());
+            let _ = self.dead.set(ConnectionLoss::from_engine(e));
             self.ended.send_replace(true);
         }
         while let Some(ev) = g.engine.poll_event() {
@@ -273,7 +273,7 @@ impl Shared {
                     ),
                 },
                 engine::Event::Closed(e) => {
-                    let _ = self.dead.set(e.to_string());
+                    let _ = self.dead.set(ConnectionLoss::from_engine(e));
                     g.tmf_waiters.clear();
                     for tx in g.closed_waiters.drain(..) {
                         let _ = tx.send(());
@@ -290,16 +290,16 @@ impl Shared {
         }
     }
 
-    /// Ends the connection for a reason the driver words itself (socket error, framing,
-    /// a task management escalation that failed): every command in flight fails with it.
-    fn kill(&self, reason: String) {
+    /// Ends the connection for a reason the driver finds itself (socket error, framing, Seal):
+    /// every command in flight fails with it.
+    fn kill(&self, reason: ConnectionLoss) {
         let _ = self.dead.set(reason);
         let _ = self.with(|g| g.engine.close(Side::Initiator, CloseReason::Local));
     }
 
     /// Ends the connection and stops its tasks at once (the session is going away).
-    fn shutdown(&self, why: &str) {
-        self.kill(why.to_owned());
+    fn shutdown(&self, why: LocalClose) {
+        self.kill(ConnectionLoss::Local(why));
         if let Ok(tasks) = self.io_tasks.lock() {
             for t in tasks.iter() {
                 t.abort();
@@ -315,7 +315,7 @@ impl Shared {
             self.dead
                 .get()
                 .cloned()
-                .unwrap_or_else(|| "connection closed".to_owned()),
+                .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown)),
         )
     }
 
@@ -341,7 +341,10 @@ impl Shared {
             Err(TaskError::TimedOut { after, .. }) => Err(Error::CommandTimedOut(after)),
             Err(TaskError::ConnectionLost(_)) if self.forged.get().is_some() => Err(self.lost()),
             Err(TaskError::ConnectionLost(e)) => Err(Error::ConnectionLost(
-                self.dead.get().cloned().unwrap_or_else(|| e.to_string()),
+                self.dead
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
             )),
             Err(_) => Err(self.lost()),
         }
@@ -354,7 +357,10 @@ enum LinkState {
     /// Logged in: commands go to this connection.
     Up(Arc<Shared>),
     /// The connection failed at `since` for `reason`; a new one is being made.
-    Recovering { since: Instant, reason: Arc<str> },
+    Recovering {
+        since: Instant,
+        reason: ConnectionLoss,
+    },
     /// A reinstating login was refused for good (status class 2, RFC 7143 §11.13.5):
     /// recovery stopped, every command fails with this.
     Refused {
@@ -416,7 +422,7 @@ impl Drop for Session {
             h.abort();
         }
         if let Some(c) = self.link.up() {
-            c.shutdown("session dropped");
+            c.shutdown(LocalClose::SessionDropped);
         }
     }
 }
@@ -428,7 +434,7 @@ struct Unpublished(Option<Arc<Shared>>);
 impl Drop for Unpublished {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
-            c.shutdown("session dropped during recovery");
+            c.shutdown(LocalClose::DroppedDuringRecovery);
         }
     }
 }
@@ -863,10 +869,10 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             return;
         }
         let since = Instant::now();
-        let reason = match conn.lost() {
-            Error::ConnectionLost(r) => r,
-            e => e.to_string(),
-        };
+        let reason = conn
+            .lost()
+            .connection_loss()
+            .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown));
         let generation = conn.generation;
         drop(conn);
         let c = &link.counters;
@@ -878,7 +884,7 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
         );
         link.state.send_replace(LinkState::Recovering {
             since,
-            reason: reason.clone().into(),
+            reason: reason.clone(),
         });
         let mut backoff = Backoff::new();
         let mut expired = false;
@@ -1058,7 +1064,7 @@ impl Session {
     /// Why the connection died, if it did (and, with recovery, has not been replaced yet).
     pub fn failure(&self) -> Option<String> {
         match &*self.link.state.borrow() {
-            LinkState::Up(c) => c.dead.get().cloned(),
+            LinkState::Up(c) => c.dead.get().map(ToString::to_string),
             LinkState::Recovering { reason, .. } => Some(reason.to_string()),
             LinkState::Refused { message, .. } => Some((*message).to_owned()),
         }
@@ -1084,7 +1090,9 @@ impl Session {
                     }
                     drop(c);
                     if rx.changed().await.is_err() {
-                        return Err(Error::ConnectionLost("session closed".into()));
+                        return Err(Error::ConnectionLost(ConnectionLoss::Local(
+                            LocalClose::SessionClosed,
+                        )));
                     }
                 }
                 LinkState::Recovering { since, reason, .. } => {
@@ -1093,7 +1101,7 @@ impl Session {
                         Counters::bump(&self.link.counters.timed_out);
                         Error::RecoveryTimedOut {
                             after: limit,
-                            reason: reason.to_string(),
+                            reason: reason.clone(),
                         }
                     };
                     let deadline = since + limit;
@@ -1102,7 +1110,11 @@ impl Session {
                     }
                     match tokio::time::timeout_at(deadline.into(), rx.changed()).await {
                         Ok(Ok(())) => {}
-                        Ok(Err(_)) => return Err(Error::ConnectionLost("session closed".into())),
+                        Ok(Err(_)) => {
+                            return Err(Error::ConnectionLost(ConnectionLoss::Local(
+                                LocalClose::SessionClosed,
+                            )))
+                        }
                         Err(_) => return Err(timed_out()),
                     }
                 }
@@ -1179,7 +1191,9 @@ impl Session {
                             );
                             return Err(Error::NotReissued {
                                 opcode: cdb[0],
-                                reason: e.to_string(),
+                                reason: e
+                                    .connection_loss()
+                                    .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown)),
                                 sense: recovery::not_reissued_sense(),
                             });
                         }
@@ -1389,10 +1403,11 @@ impl Session {
         // Nothing to log out of while recovering: the old connection is gone and no new one
         // will come (the supervisor is stopped).
         let Some(c) = self.link.up() else {
-            return Err(Error::ConnectionLost(
-                self.failure()
-                    .unwrap_or_else(|| "session is recovering".to_owned()),
-            ));
+            let reason = match &*self.link.state.borrow() {
+                LinkState::Recovering { reason, .. } => reason.clone(),
+                _ => ConnectionLoss::Local(LocalClose::Recovering),
+            };
+            return Err(Error::ConnectionLost(reason));
         };
         c.logout().await
     }
@@ -1558,7 +1573,7 @@ async fn writer(
     sealer: Option<ipsan_seal::RecordSealer>,
 ) {
     if let Err(e) = writer_inner(wr, codec, &shared, sealer).await {
-        shared.kill(format!("send failed: {e}"));
+        shared.kill(e);
     }
 }
 
@@ -1567,7 +1582,11 @@ async fn writer_inner(
     codec: Codec,
     shared: &Shared,
     mut sealer: Option<ipsan_seal::RecordSealer>,
-) -> Result<()> {
+) -> std::result::Result<(), ConnectionLoss> {
+    let io = |e: std::io::Error| ConnectionLoss::Io {
+        op: IoOp::Send,
+        kind: e.kind(),
+    };
     let mut head = BytesMut::with_capacity(64 * 1024);
     let mut segs: VecDeque<Bytes> = VecDeque::new();
     let mut batch: Vec<Pdu> = Vec::with_capacity(512);
@@ -1575,18 +1594,20 @@ async fn writer_inner(
         let woken = shared.wake_writer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let closed = shared.with_quiet(|g| {
-            let mut bytes = 0usize;
-            // Batch what is queued so many small PDUs go out in one syscall.
-            while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
-                let Some(p) = g.engine.poll_transmit() else {
-                    break;
-                };
-                bytes += p.data.len();
-                batch.push(p);
-            }
-            g.engine.closed().is_some()
-        })?;
+        let closed = shared
+            .with_quiet(|g| {
+                let mut bytes = 0usize;
+                // Batch what is queued so many small PDUs go out in one syscall.
+                while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
+                    let Some(p) = g.engine.poll_transmit() else {
+                        break;
+                    };
+                    bytes += p.data.len();
+                    batch.push(p);
+                }
+                g.engine.closed().is_some()
+            })
+            .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
         if batch.is_empty() {
             if closed {
                 break;
@@ -1599,10 +1620,14 @@ async fn writer_inner(
             observe_sent(tr, &pdu);
             // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
             if let Some(s) = &mut sealer {
-                s.protect(&mut pdu)
-                    .map_err(|e| Error::Transform(e.to_string()))?;
+                s.protect(&mut pdu).map_err(|e| {
+                    tracing::warn!("seal: cannot protect a PDU: {e}; dropping the connection");
+                    ConnectionLoss::SealExhausted
+                })?;
             }
-            let trailer = codec.encode_head(&pdu, &mut head)?;
+            let trailer = codec
+                .encode_head(&pdu, &mut head)
+                .map_err(ConnectionLoss::Encode)?;
             if !pdu.data.is_empty() {
                 segs.push_back(head.split().freeze());
                 segs.push_back(pdu.data);
@@ -1614,10 +1639,10 @@ async fn writer_inner(
         }
         while !segs.is_empty() {
             let slices: Vec<IoSlice<'_>> = segs.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            let mut n = wr.write_vectored(&slices).await?;
+            let mut n = wr.write_vectored(&slices).await.map_err(io)?;
             drop(slices);
             if n == 0 {
-                return Err(Error::ConnectionLost("socket closed while sending".into()));
+                return Err(io(std::io::ErrorKind::WriteZero.into()));
             }
             while n > 0 {
                 let Some(front) = segs.front_mut() else { break };
@@ -1709,7 +1734,7 @@ async fn reader(
                                 "{f}; nothing of it acted, dropping the connection and failing every command in flight"
                             );
                             let _ = shared.forged.set(f.clone());
-                            shared.kill(format!("forged PDU: {f}"));
+                            shared.kill(ConnectionLoss::SealForgery(f));
                             return;
                         }
                     }
@@ -1723,7 +1748,7 @@ async fn reader(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    shared.kill(e.to_string());
+                    shared.kill(ConnectionLoss::Framing(e));
                     return;
                 }
             }
@@ -1738,7 +1763,10 @@ async fn reader(
             }
             Ok(_) => {}
             Err(e) => {
-                shared.kill(format!("connection broken: {e}"));
+                shared.kill(ConnectionLoss::Io {
+                    op: IoOp::Receive,
+                    kind: e.kind(),
+                });
                 return;
             }
         }

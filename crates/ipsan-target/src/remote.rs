@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ipsan_initiator::{DataDir, Error, IscsiUrl, Passthrough, Session, SessionConfig};
+use ipsan_initiator::{
+    ConnectionLoss, DataDir, Error, IscsiUrl, LocalClose, Passthrough, Session, SessionConfig,
+};
 use ipsan_seal::{Cipher, CryptoPool, Psk};
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
@@ -218,7 +220,9 @@ impl RemoteNexus {
             .ok_or_else(|| ForwardError::Refused("remote session not open".into()))?;
         let _permit = match &remote.depth {
             Some(s) => Some(s.acquire().await.map_err(|_| {
-                ForwardError::Lost(Error::ConnectionLost("remote session closing".into()))
+                ForwardError::Lost(Error::ConnectionLost(ConnectionLoss::Local(
+                    LocalClose::SessionClosed,
+                )))
             })?),
             None => None,
         };
