@@ -194,9 +194,20 @@ struct Shared {
 
 impl Shared {
     /// Runs `f` on the engine, then hands its events to whoever waits for them and wakes the
-    /// writer, and the timer when the engine's next deadline moved before the one it sleeps
-    /// until. Every engine call goes through here or [`Shared::with_quiet`].
+    /// writer. Every engine call goes through here, [`Shared::with_timer`] or
+    /// [`Shared::with_quiet`].
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.with_wake(false, f)
+    }
+
+    /// [`Shared::with`] for calls that may set an earlier deadline (a submission, task
+    /// management, logout): wakes the timer when the engine's next deadline moved before the
+    /// one it sleeps until.
+    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.with_wake(true, f)
+    }
+
+    fn with_wake<T>(&self, timer: bool, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
         let mut g = self
             .inner
             .lock()
@@ -206,13 +217,16 @@ impl Shared {
         // A wakeup per received PDU with nothing to send would cost the writer a lock and a
         // task switch each time (measured: 30-40 % of read throughput).
         let wake = g.engine.has_transmit() || g.engine.closed().is_some();
-        // Likewise the timer: commands' deadlines ascend, so it is woken only when the
-        // first deadline appears or a task management request sets an earlier one.
-        let wake_timer = match (g.engine.poll_timeout(), g.timer_at) {
-            (Some(d), Some(t)) => d < t,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
+        // Likewise the timer: woken only when the engine's next deadline moved before the
+        // one it sleeps until. Only a submission (a command's deadline) or a task management
+        // request can do that: a received PDU checks only while one is out (its answer may
+        // start the next step of a timeout's escalation).
+        let wake_timer = (timer || g.engine.tmfs_in_flight() > 0)
+            && match (g.engine.poll_timeout(), g.timer_at) {
+                (Some(d), Some(t)) => d < t,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
         drop(g);
         if wake {
             self.wake_writer.notify_one();
@@ -1078,6 +1092,12 @@ impl Session {
     /// A connection to send on: the current one, or (after `failed` ended) the next one,
     /// waiting for it up to the recovery timeout.
     async fn connection(&self, failed: Option<u64>) -> Result<Arc<Shared>> {
+        // The common case, without a receiver of its own.
+        if let LinkState::Up(c) = &*self.link.state.borrow() {
+            if Some(c.generation) != failed {
+                return Ok(c.clone());
+            }
+        }
         let mut rx = self.link.state.subscribe();
         loop {
             let st = rx.borrow_and_update().clone();
@@ -1219,13 +1239,17 @@ impl Session {
     ) -> Result<Passthrough> {
         let tr = c.observer.get();
         c.refuse_after_logout_request()?;
-        // The ITT is fixed before the transform runs because the transform binds to it.
+        let transform = self.transform.clone().or_else(|| c.transform.clone());
+        if transform.is_none() && tr.is_none() {
+            // Nothing binds to the ITT before it is sent: the submission allocates it, under
+            // the same lock (a plain session's hot path).
+            return c.command_raw(lun, cdb, dir, None, timed, sent).await;
+        }
+        // The ITT is fixed before the transform runs because the transform binds to it (and
+        // the observer sees the command issued before it is sent).
         let itt = c.with(|g| g.engine.alloc_itt())?;
-        let Some(t) = self.transform.clone().or_else(|| c.transform.clone()) else {
-            let Some(tr) = tr else {
-                return c.command_raw(lun, cdb, dir, Some(itt), timed, sent).await;
-            };
-            let g = observe::Pending::issued(Some(tr), itt);
+        let Some(t) = transform else {
+            let g = observe::Pending::issued(tr, itt);
             return g.finish(c.command_raw(lun, cdb, dir, Some(itt), timed, sent).await);
         };
         let g = observe::Pending::issued(tr, itt);
@@ -1434,10 +1458,6 @@ impl Shared {
         sent: &mut bool,
     ) -> Result<Passthrough> {
         self.refuse_after_logout_request()?;
-        let itt = match itt {
-            Some(i) => i,
-            None => self.with(|g| g.engine.alloc_itt())?,
-        };
         let data = match dir {
             DataDir::None => engine::Data::None,
             DataDir::Write(b) => engine::Data::Write(b),
@@ -1454,19 +1474,26 @@ impl Shared {
             data,
             timed,
         };
-        let submitted = self.with(|g| {
-            let r = g.engine.submit_as(Instant::now(), itt, cmd);
-            if r.is_ok() {
+        // One lock for the ITT (when the caller has none yet) and the submission.
+        let submitted = self.with_timer(|g| {
+            let r = match itt {
+                Some(itt) => g.engine.submit_as(Instant::now(), itt, cmd),
+                None => g.engine.submit(Instant::now(), cmd),
+            };
+            if let Ok(itt) = r {
                 g.waiters.insert(itt, tx);
             }
             r
         })?;
-        match submitted {
-            Ok(_) => *sent = true,
+        let itt = match submitted {
+            Ok(itt) => {
+                *sent = true;
+                itt
+            }
             Err(SubmitError::Closed(_)) => return Err(self.lost()),
             Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
             Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
-        }
+        };
         // The engine ends it: with its status, or past the command timeout with
         // TaskError::TimedOut or the connection's end (its escalation, RFC 7143 §11.5.1).
         let r = match rx.await {
@@ -1488,7 +1515,7 @@ impl Shared {
     async fn lun_reset(&self, lun: u64) -> Result<()> {
         self.refuse_after_logout_request()?;
         let (tx, rx) = oneshot::channel();
-        self.with(|g| {
+        self.with_timer(|g| {
             if g.engine.closed().is_some() {
                 return;
             }
@@ -1506,7 +1533,7 @@ impl Shared {
     /// See [`Session::logout`].
     async fn logout(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.with(|g| {
+        let sent = self.with_timer(|g| {
             let itt = g.engine.logout(Instant::now());
             if itt.is_some() {
                 g.closed_waiters.push(tx);

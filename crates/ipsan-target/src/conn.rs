@@ -902,12 +902,10 @@ impl Session {
     }
 
     /// Whether LUN `lun`'s backend works at memory speed.
-    fn fast_backend(&self, lun: u64) -> bool {
-        self.target().is_some_and(|t| {
-            t.backends
-                .iter()
-                .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
-        })
+    fn fast_backend(t: &Target, lun: u64) -> bool {
+        t.backends
+            .iter()
+            .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
     }
 
     /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
@@ -932,7 +930,13 @@ impl Session {
         let target = self.target();
         let timer = self.stats.start(lun);
         let exec = match target.as_ref().and_then(|t| t.luns.get(&lun)) {
-            Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
+            // One registry lookup per command (`target`), not one per question.
+            Some(lu) => Exec::Lu(
+                lu.clone(),
+                target
+                    .as_deref()
+                    .is_some_and(|t| Self::fast_backend(t, lun)),
+            ),
             // REPORT LUNS goes to the remote target only when this target mirrors it;
             // otherwise it lists this target's LUNs, local and remote (SPC-4 §6.33).
             None => match target.as_ref().and_then(|t| {
@@ -1045,6 +1049,8 @@ impl Session {
                 let cdb = cdb.clone();
                 let nexus = self.nexus.clone();
                 let inline = runs_inline(&exec, &cdb);
+                // Room to seal a READ's buffer in place, in sealed sessions only.
+                let tailroom = seal.is_some();
                 let run = move || match exec {
                     // REPORT LUNS answers for the whole target, whichever LUN it addressed
                     // (SPC-4 §6.33).
@@ -1059,6 +1065,7 @@ impl Session {
                         data_out: &data_out,
                         nexus: &nexus,
                         lun,
+                        tailroom,
                     }),
                     Exec::Remote(..) | Exec::NoLun => no_such_lun(&cdb),
                 };
