@@ -45,9 +45,9 @@ pub struct ScsiRequest<'a> {
     /// The LUN it addressed.
     pub lun: u64,
     /// Leave [`read_tailroom`] past a READ's data, for a payload transform that seals the
-    /// buffer in place (a Seal session). Plain sessions pass `false`: 64 KiB plus tail room
-    /// leaves the allocator's pooled size classes (mimalloc's end at 64 KiB) for a page of
-    /// its own per read, measured 4-9 % slower at 64 KiB x depth 1 (docs/results/engine-ab-2).
+    /// buffer in place (a Seal session). Plain sessions pass `false`: they need no room, and
+    /// 64 KiB plus room leaves the allocator's pooled size classes (mimalloc's medium objects
+    /// end at 64 KiB) for a page of its own per read.
     pub tailroom: bool,
 }
 
