@@ -480,6 +480,7 @@ pub fn cdb_dispatch(data: &[u8]) {
         data_out: &data_out,
         nexus: &nexus,
         lun: 0,
+        tailroom: false,
     });
     assert_eq!(
         resp.status == ScsiStatus::CHECK_CONDITION,
