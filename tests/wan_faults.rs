@@ -251,7 +251,7 @@ fn long_cut_fails_the_bench_with_a_connection_error_within_the_keepalive_bound()
 
 #[test]
 fn idle_session_notices_a_dead_link_and_fails_the_next_command_at_once() {
-    use ipsan_initiator::{Error, IscsiUrl, Session, SessionConfig};
+    use ipsan_initiator::{ConnectionLoss, Error, IscsiUrl, Session, SessionConfig};
     if !can_run("idle") {
         return;
     }
@@ -306,7 +306,13 @@ fn idle_session_notices_a_dead_link_and_fails_the_next_command_at_once() {
     assert!(noticed < Duration::from_secs(5), "{noticed:?}");
     assert!(why.unwrap().contains("keepalive"));
     match r {
-        Ok(Err(Error::ConnectionLost(reason))) => assert!(reason.contains("keepalive")),
+        Ok(Err(Error::ConnectionLost(reason))) => {
+            assert!(
+                matches!(reason, ConnectionLoss::KeepaliveTimeout(_)),
+                "{reason}"
+            );
+            assert!(reason.to_string().contains("keepalive"));
+        }
         other => panic!("expected ConnectionLost at once, got {other:?}"),
     }
     assert!(failed_in < Duration::from_millis(100), "{failed_in:?}");

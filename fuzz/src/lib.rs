@@ -480,6 +480,7 @@ pub fn cdb_dispatch(data: &[u8]) {
         data_out: &data_out,
         nexus: &nexus,
         lun: 0,
+        tailroom: false,
     });
     assert_eq!(
         resp.status == ScsiStatus::CHECK_CONDITION,
@@ -1020,6 +1021,7 @@ fn engine_initiator(
                     lun: 0,
                     cdb: [0; 16],
                     data: d,
+                    timed: false,
                 },
             )
             .unwrap_or(0);

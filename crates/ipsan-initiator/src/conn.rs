@@ -7,7 +7,7 @@ use iscsi_wire::{Codec, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::error::{Error, Result};
+use crate::error::{ConnectionLoss, Error, Result};
 
 /// A TCP stream plus the codec state for it.
 #[derive(Debug)]
@@ -62,9 +62,7 @@ impl Conn {
             self.rbuf.reserve(16 * 1024);
             let n = self.stream.read_buf(&mut self.rbuf).await?;
             if n == 0 {
-                return Err(Error::ConnectionLost(
-                    "connection closed by target".to_owned(),
-                ));
+                return Err(Error::ConnectionLost(ConnectionLoss::PeerClosed));
             }
         }
     }

@@ -48,9 +48,9 @@ pub enum Error {
     /// The target rejected a PDU of this command (RFC 7143 §11.17).
     #[error("target rejected the PDU (reason {0:#04x})")]
     Rejected(u8),
-    /// The connection is gone; every command in flight fails with this.
+    /// The connection is gone; every command in flight fails with this, and says why.
     #[error("connection lost: {0}")]
-    ConnectionLost(String),
+    ConnectionLost(ConnectionLoss),
     /// A PDU of a Seal session failed record protection (docs/seal.md §4a): forged, altered,
     /// replayed, reordered, injected or dropped on the path. Nothing of it acted; the
     /// connection was dropped and every command in flight fails with this (none is known to
@@ -94,7 +94,7 @@ pub enum Error {
     #[error("command {opcode:#04x} was in flight when the connection failed ({reason}); not idempotent, so not sent again")]
     NotReissued {
         opcode: u8,
-        reason: String,
+        reason: ConnectionLoss,
         sense: Sense,
     },
     /// The session's connection failed and no new one logged in within
@@ -103,8 +103,103 @@ pub enum Error {
     #[error("session recovery did not complete within {after:?} (connection lost: {reason})")]
     RecoveryTimedOut {
         after: std::time::Duration,
-        reason: String,
+        reason: ConnectionLoss,
     },
+}
+
+/// Why a connection ended (RFC 7143 §7: a connection-scope error), as every command in flight
+/// on it reports it: who ended it and for which rule or condition, never free text.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectionLoss {
+    /// The target closed the TCP connection (a read returned end of stream).
+    #[error("connection closed by the target")]
+    PeerClosed,
+    /// A socket read or write failed.
+    #[error("{op} failed: {kind}")]
+    Io { op: IoOp, kind: std::io::ErrorKind },
+    /// A NOP-Out ping went unanswered and nothing else came from the target for this long
+    /// (RFC 7143 §11.18).
+    #[error("keepalive failed: no NOP-In answer to a NOP-Out within {0:?} (and nothing else from the target)")]
+    KeepaliveTimeout(std::time::Duration),
+    /// A PDU of a Seal session failed record protection (docs/seal.md §4a).
+    #[error("forged PDU: {0}")]
+    SealForgery(ipsan_seal::Forgery),
+    /// Seal could not protect an outgoing PDU (its record counter is spent): the next PDU
+    /// could not verify at the target.
+    #[error("Seal cannot protect another PDU on this connection (record counter exhausted)")]
+    SealExhausted,
+    /// The target broke this rule of RFC 7143 in a way that leaves the connection unusable.
+    #[error("protocol violation by the target: {0}")]
+    Violation(iscsi_proto::engine::Violation),
+    /// The target's byte stream could not be framed (bad digest, length, opcode).
+    #[error("cannot decode the target's PDUs: {0}")]
+    Framing(iscsi_wire::WireError),
+    /// A PDU of ours could not be encoded.
+    #[error("cannot encode a PDU: {0}")]
+    Encode(iscsi_wire::codec::EncodeError),
+    /// Any other end the engine records, with who ended it: a logout, the target announcing
+    /// the drop (AsyncEvent 2/3), a task management request unanswered, a timed-out command
+    /// the target would neither abort nor reset, ...
+    #[error(transparent)]
+    Engine(iscsi_proto::engine::ConnectionError),
+    /// This side ended it.
+    #[error("{0}")]
+    Local(LocalClose),
+}
+
+impl ConnectionLoss {
+    /// The typed form of the engine's reason.
+    #[must_use]
+    pub fn from_engine(e: iscsi_proto::engine::ConnectionError) -> Self {
+        use iscsi_proto::engine::{CloseReason, Side};
+        match (e.by, e.reason) {
+            (_, CloseReason::PeerClosed) => Self::PeerClosed,
+            (_, CloseReason::PingTimeout(d)) => Self::KeepaliveTimeout(d),
+            (Side::Initiator, CloseReason::Violation(v)) => Self::Violation(v),
+            _ => Self::Engine(e),
+        }
+    }
+}
+
+/// Which socket operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Send,
+    Receive,
+}
+
+impl std::fmt::Display for IoOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoOp::Send => "send",
+            IoOp::Receive => "receive",
+        })
+    }
+}
+
+/// Why this side ended a connection or a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalClose {
+    /// The [`crate::Session`] was dropped.
+    #[error("session dropped")]
+    SessionDropped,
+    /// The session was dropped while its recovery was logging in a new connection.
+    #[error("session dropped during recovery")]
+    DroppedDuringRecovery,
+    /// The session is logging out or closed: no connection will come.
+    #[error("session closed")]
+    SessionClosed,
+    /// Nothing to log out of: the connection failed and recovery had not replaced it.
+    #[error("session is recovering")]
+    Recovering,
+    /// A thread panicked holding the session's state.
+    #[error("session state poisoned")]
+    Poisoned,
+    /// The connection ended and no reason was recorded.
+    #[error("connection closed")]
+    Unknown,
 }
 
 impl Error {
@@ -129,7 +224,16 @@ impl Error {
 
     /// Whether this error ended the connection (so a recovering session reconnects).
     pub fn is_connection_loss(&self) -> bool {
-        matches!(self, Error::ConnectionLost(_) | Error::SealForgery(_))
+        self.connection_loss().is_some()
+    }
+
+    /// Why the connection ended, when this error says it did.
+    pub fn connection_loss(&self) -> Option<ConnectionLoss> {
+        match self {
+            Error::ConnectionLost(l) => Some(l.clone()),
+            Error::SealForgery(f) => Some(ConnectionLoss::SealForgery(f.clone())),
+            _ => None,
+        }
     }
 }
 

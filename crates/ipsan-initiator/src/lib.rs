@@ -33,7 +33,7 @@ pub mod session;
 pub mod transform;
 pub mod url;
 
-pub use error::{Error, Result};
+pub use error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
 pub use iscsi_proto::chap::ChapSecret;
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
 pub use observe::{CommandEvent, CommandObserver};

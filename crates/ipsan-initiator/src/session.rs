@@ -8,7 +8,7 @@
 //!                          │ poll_transmit                      ▲ handle_pdu
 //!                          ▼                                    │
 //!                     writer task ──► socket ──► ... ──► reader task (framed read)
-//!                     timer task: handle_timeout (keepalive, TMF timeouts)
+//!                     timer task: handle_timeout (keepalive, command and TMF timeouts)
 //!  engine events ──► waiting callers (completion, TMF answer, connection end)
 //! ```
 //! One framed read (`reader`) and one framed write (`writer`): the points where a per-PDU
@@ -43,7 +43,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::Conn;
-use crate::error::{Error, Result};
+use crate::error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
 use crate::login::{
     LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
 };
@@ -73,10 +73,15 @@ pub struct SessionConfig {
     /// with TCP_NODELAY.
     pub tcp: Option<ipsan_tcp::TcpSettings>,
     /// A SCSI command without status after this long is aborted with ABORT TASK
-    /// (RFC 7143 §11.5.1) and fails with [`Error::CommandTimedOut`]; if the target does not
-    /// confirm the abort within [`TMF_TIMEOUT`] the connection is dropped (its tasks cannot be
-    /// trusted any more). `None` waits forever (the keepalive still catches a dead
-    /// connection). Default 30 s, the Linux SCSI disk default.
+    /// (RFC 7143 §11.5.1) and fails with [`Error::CommandTimedOut`]; if the target refuses
+    /// the abort, a LOGICAL UNIT RESET follows; if that is refused too, or either goes
+    /// unanswered for [`TMF_TIMEOUT`], the connection is dropped (its tasks cannot be
+    /// trusted any more) and the command fails as a connection loss (with recovery on, it is
+    /// sent again on the next connection when idempotent). The engine runs this escalation
+    /// (`iscsi_proto::engine::initiator::Config::command_timeout`); the timer task only
+    /// passes the time in. `None` waits forever (the keepalive still catches a dead
+    /// connection); [`Session::command_to`] never times out. Default 30 s, the Linux SCSI
+    /// disk default.
     pub command_timeout: Option<Duration>,
     /// Session recovery ([`crate::recovery`]): when the connection fails, reconnect and
     /// reinstate the session (RFC 7143 §6.3.5), send the commands in flight again (the
@@ -97,19 +102,26 @@ pub const TMF_TIMEOUT: Duration = Duration::from_secs(10);
 /// outstanding at a time.
 const MAX_QUEUED_PONG_BYTES: usize = 1024 * 1024;
 
-/// Whether an ABORT TASK response means the task is gone and nothing more comes for it
-/// (RFC 7143 §11.6.1: done, or the target no longer knew it).
 /// What may end a command before its status arrives.
 #[derive(Clone, Copy)]
 enum Until<'a> {
     /// Nothing: the caller waits for the status (a gateway's host times its commands out).
     Status,
-    /// [`SessionConfig::command_timeout`]: past it, ABORT TASK (RFC 7143 §11.5.1).
+    /// [`SessionConfig::command_timeout`]: past it, the engine aborts it (RFC 7143 §11.5.1).
     Timeout,
     /// The caller's token: once cancelled, ABORT TASK; a command not sent yet is not sent.
     Abort(&'a CancellationToken),
 }
 
+impl Until<'_> {
+    /// Whether the engine times the command out ([`engine::Command::timed`]).
+    fn timed(self) -> bool {
+        matches!(self, Until::Timeout)
+    }
+}
+
+/// Whether an ABORT TASK response means the task is gone and nothing more comes for it
+/// (RFC 7143 §11.6.1: done, or the target no longer knew it).
 fn ends_the_task(r: TmfResponse) -> bool {
     matches!(
         r,
@@ -172,6 +184,8 @@ struct Inner {
     tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
     /// Callers waiting for the connection's end (logout).
     closed_waiters: Vec<oneshot::Sender<()>>,
+    /// The deadline the timer task sleeps until (`None`: until woken).
+    timer_at: Option<Instant>,
 }
 
 struct Shared {
@@ -180,9 +194,9 @@ struct Shared {
     wake_writer: Notify,
     /// The engine's next timeout may have moved earlier.
     wake_timer: Notify,
-    /// Why the connection ended (first reason wins; the driver's own words for socket and
-    /// framing errors, the engine's typed reason otherwise).
-    dead: OnceLock<String>,
+    /// Why the connection ended (first reason wins: the driver's for socket, framing and
+    /// Seal errors, the engine's otherwise).
+    dead: OnceLock<ConnectionLoss>,
     /// Set when the connection died of a forged PDU (docs/seal.md §4a): commands in flight
     /// fail with [`Error::SealForgery`]. Set before the engine closes, so every waiter woken
     /// by the close sees it.
@@ -204,36 +218,51 @@ struct Shared {
     /// once the commands in flight are done. The caller opens a new session: a transparent
     /// reconnect would have to replay commands whose data was sealed under the old keys.
     logout_asked: AtomicBool,
-    /// See [`SessionConfig::command_timeout`].
-    command_timeout: Option<Duration>,
 }
 
 impl Shared {
     /// Runs `f` on the engine, then hands its events to whoever waits for them and wakes the
-    /// writer. Every engine call goes through here or its two variants below.
+    /// writer. Every engine call goes through here, [`Shared::with_timer`] or
+    /// [`Shared::with_quiet`].
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.with_wake(false, f)
+    }
+
+    /// [`Shared::with`] for calls that may set an earlier deadline (a submission, task
+    /// management, logout): wakes the timer when the engine's next deadline moved before the
+    /// one it sleeps until.
+    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.with_wake(true, f)
+    }
+
+    fn with_wake<T>(&self, timer: bool, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
         let mut g = self
             .inner
             .lock()
-            .map_err(|_| Error::ConnectionLost("session state poisoned".into()))?;
+            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))?;
         let r = f(&mut g);
         self.dispatch(&mut g);
         // A wakeup per received PDU with nothing to send would cost the writer a lock and a
         // task switch each time (measured: 30-40 % of read throughput).
         let wake = g.engine.has_transmit() || g.engine.closed().is_some();
+        // Likewise the timer: woken only when the engine's next deadline moved before the
+        // one it sleeps until. Only a submission (a command's deadline) or a task management
+        // request can do that: a received PDU checks only while one is out (its answer may
+        // start the next step of a timeout's escalation).
+        let wake_timer = (timer || g.engine.tmfs_in_flight() > 0)
+            && match (g.engine.poll_timeout(), g.timer_at) {
+                (Some(d), Some(t)) => d < t,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
         drop(g);
         if wake {
             self.wake_writer.notify_one();
         }
+        if wake_timer {
+            self.wake_timer.notify_one();
+        }
         Ok(r)
-    }
-
-    /// [`Shared::with`], waking the timer too: for calls that set a new deadline (task
-    /// management).
-    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
-        let r = self.with(f);
-        self.wake_timer.notify_one();
-        r
     }
 
     /// [`Shared::with`] without waking anyone: for the writer and the timer themselves.
@@ -241,7 +270,7 @@ impl Shared {
         let mut g = self
             .inner
             .lock()
-            .map_err(|_| Error::ConnectionLost("session state poisoned".into()))?;
+            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))?;
         let r = f(&mut g);
         self.dispatch(&mut g);
         Ok(r)
@@ -250,7 +279,7 @@ impl Shared {
     fn dispatch(&self, g: &mut Inner) {
         // The reason first: callers woken below read it.
         if let Some(e) = g.engine.closed() {
-            let _ = self.dead.set(e.to_string());
+            let _ = self.dead.set(ConnectionLoss::from_engine(e));
             self.ended.send_replace(true);
         }
         while let Some(ev) = g.engine.poll_event() {
@@ -275,8 +304,18 @@ impl Shared {
                 engine::Event::Rejected { reason, opcode } => {
                     tracing::warn!(reason = reason.0, ?opcode, "target rejected a PDU");
                 }
+                engine::Event::TimeoutStep { itt, step } => match step {
+                    engine::TimeoutStep::AbortTask => {
+                        tracing::warn!(itt, "command timed out; sending ABORT TASK");
+                    }
+                    engine::TimeoutStep::LunReset { abort_response } => tracing::warn!(
+                        itt,
+                        response = abort_response.0,
+                        "target refused to abort a timed-out command; escalating to LOGICAL UNIT RESET"
+                    ),
+                },
                 engine::Event::Closed(e) => {
-                    let _ = self.dead.set(e.to_string());
+                    let _ = self.dead.set(ConnectionLoss::from_engine(e));
                     g.tmf_waiters.clear();
                     for tx in g.closed_waiters.drain(..) {
                         let _ = tx.send(());
@@ -293,16 +332,16 @@ impl Shared {
         }
     }
 
-    /// Ends the connection for a reason the driver words itself (socket error, framing,
-    /// a task management escalation that failed): every command in flight fails with it.
-    fn kill(&self, reason: String) {
+    /// Ends the connection for a reason the driver finds itself (socket error, framing, Seal):
+    /// every command in flight fails with it.
+    fn kill(&self, reason: ConnectionLoss) {
         let _ = self.dead.set(reason);
         let _ = self.with(|g| g.engine.close(Side::Initiator, CloseReason::Local));
     }
 
     /// Ends the connection and stops its tasks at once (the session is going away).
-    fn shutdown(&self, why: &str) {
-        self.kill(why.to_owned());
+    fn shutdown(&self, why: LocalClose) {
+        self.kill(ConnectionLoss::Local(why));
         if let Ok(tasks) = self.io_tasks.lock() {
             for t in tasks.iter() {
                 t.abort();
@@ -318,7 +357,7 @@ impl Shared {
             self.dead
                 .get()
                 .cloned()
-                .unwrap_or_else(|| "connection closed".to_owned()),
+                .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown)),
         )
     }
 
@@ -341,9 +380,13 @@ impl Shared {
                 Err(Error::TaskAborted("ABORT TASK".into()))
             }
             Err(TaskError::Violation(v)) => Err(Error::TargetViolation(v)),
+            Err(TaskError::TimedOut { after, .. }) => Err(Error::CommandTimedOut(after)),
             Err(TaskError::ConnectionLost(_)) if self.forged.get().is_some() => Err(self.lost()),
             Err(TaskError::ConnectionLost(e)) => Err(Error::ConnectionLost(
-                self.dead.get().cloned().unwrap_or_else(|| e.to_string()),
+                self.dead
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
             )),
             Err(_) => Err(self.lost()),
         }
@@ -356,7 +399,10 @@ enum LinkState {
     /// Logged in: commands go to this connection.
     Up(Arc<Shared>),
     /// The connection failed at `since` for `reason`; a new one is being made.
-    Recovering { since: Instant, reason: Arc<str> },
+    Recovering {
+        since: Instant,
+        reason: ConnectionLoss,
+    },
     /// A reinstating login was refused for good (status class 2, RFC 7143 §11.13.5):
     /// recovery stopped, every command fails with this.
     Refused {
@@ -418,7 +464,7 @@ impl Drop for Session {
             h.abort();
         }
         if let Some(c) = self.link.up() {
-            c.shutdown("session dropped");
+            c.shutdown(LocalClose::SessionDropped);
         }
     }
 }
@@ -430,7 +476,7 @@ struct Unpublished(Option<Arc<Shared>>);
 impl Drop for Unpublished {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
-            c.shutdown("session dropped during recovery");
+            c.shutdown(LocalClose::DroppedDuringRecovery);
         }
     }
 }
@@ -816,12 +862,14 @@ async fn open_connection(
     ecfg.nop_timeout = cfg.nop_timeout;
     ecfg.tmf_timeout = TMF_TIMEOUT;
     ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
+    ecfg.command_timeout = cfg.command_timeout;
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             engine: engine::Connection::new(ecfg, Instant::now()),
             waiters: HashMap::new(),
             tmf_waiters: HashMap::new(),
             closed_waiters: Vec::new(),
+            timer_at: None,
         }),
         wake_writer: Notify::new(),
         wake_timer: Notify::new(),
@@ -835,7 +883,6 @@ async fn open_connection(
         socket,
         ended: watch::channel(false).0,
         logout_asked: AtomicBool::new(false),
-        command_timeout: cfg.command_timeout,
     });
     // The writer first: a closing engine stops the others but lets the writer flush.
     // The record step sits between the codec and the engine (docs/seal.md §4a).
@@ -864,10 +911,10 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             return;
         }
         let since = Instant::now();
-        let reason = match conn.lost() {
-            Error::ConnectionLost(r) => r,
-            e => e.to_string(),
-        };
+        let reason = conn
+            .lost()
+            .connection_loss()
+            .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown));
         let generation = conn.generation;
         drop(conn);
         let c = &link.counters;
@@ -879,7 +926,7 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
         );
         link.state.send_replace(LinkState::Recovering {
             since,
-            reason: reason.clone().into(),
+            reason: reason.clone(),
         });
         let mut backoff = Backoff::new();
         let mut expired = false;
@@ -1059,7 +1106,7 @@ impl Session {
     /// Why the connection died, if it did (and, with recovery, has not been replaced yet).
     pub fn failure(&self) -> Option<String> {
         match &*self.link.state.borrow() {
-            LinkState::Up(c) => c.dead.get().cloned(),
+            LinkState::Up(c) => c.dead.get().map(ToString::to_string),
             LinkState::Recovering { reason, .. } => Some(reason.to_string()),
             LinkState::Refused { message, .. } => Some((*message).to_owned()),
         }
@@ -1070,8 +1117,8 @@ impl Session {
         self.link.counters.snapshot()
     }
 
-    /// [`Session::connection`], unless the caller aborts the command first (while the
-    /// session recovers, say): then it is never sent (again).
+    /// A connection to send on: the current one, or (after `failed` ended) the next one,
+    /// waiting for it up to the recovery timeout.
     async fn connection_until(&self, failed: Option<u64>, until: Until<'_>) -> Result<Arc<Shared>> {
         let Until::Abort(abort) = until else {
             return self.connection(failed).await;
@@ -1086,6 +1133,12 @@ impl Session {
     /// A connection to send on: the current one, or (after `failed` ended) the next one,
     /// waiting for it up to the recovery timeout.
     async fn connection(&self, failed: Option<u64>) -> Result<Arc<Shared>> {
+        // The common case, without a receiver of its own.
+        if let LinkState::Up(c) = &*self.link.state.borrow() {
+            if Some(c.generation) != failed {
+                return Ok(c.clone());
+            }
+        }
         let mut rx = self.link.state.subscribe();
         loop {
             let st = rx.borrow_and_update().clone();
@@ -1098,7 +1151,9 @@ impl Session {
                     }
                     drop(c);
                     if rx.changed().await.is_err() {
-                        return Err(Error::ConnectionLost("session closed".into()));
+                        return Err(Error::ConnectionLost(ConnectionLoss::Local(
+                            LocalClose::SessionClosed,
+                        )));
                     }
                 }
                 LinkState::Recovering { since, reason, .. } => {
@@ -1107,7 +1162,7 @@ impl Session {
                         Counters::bump(&self.link.counters.timed_out);
                         Error::RecoveryTimedOut {
                             after: limit,
-                            reason: reason.to_string(),
+                            reason: reason.clone(),
                         }
                     };
                     let deadline = since + limit;
@@ -1116,7 +1171,11 @@ impl Session {
                     }
                     match tokio::time::timeout_at(deadline.into(), rx.changed()).await {
                         Ok(Ok(())) => {}
-                        Ok(Err(_)) => return Err(Error::ConnectionLost("session closed".into())),
+                        Ok(Err(_)) => {
+                            return Err(Error::ConnectionLost(ConnectionLoss::Local(
+                                LocalClose::SessionClosed,
+                            )))
+                        }
                         Err(_) => return Err(timed_out()),
                     }
                 }
@@ -1193,7 +1252,9 @@ impl Session {
                             );
                             return Err(Error::NotReissued {
                                 opcode: cdb[0],
-                                reason: e.to_string(),
+                                reason: e
+                                    .connection_loss()
+                                    .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown)),
                                 sense: recovery::not_reissued_sense(),
                             });
                         }
@@ -1219,13 +1280,17 @@ impl Session {
     ) -> Result<Passthrough> {
         let tr = c.observer.get();
         c.refuse_after_logout_request()?;
-        // The ITT is fixed before the transform runs because the transform binds to it.
+        let transform = self.transform.clone().or_else(|| c.transform.clone());
+        if transform.is_none() && tr.is_none() {
+            // Nothing binds to the ITT before it is sent: the submission allocates it, under
+            // the same lock (a plain session's hot path).
+            return c.command_raw(lun, cdb, dir, None, until, sent).await;
+        }
+        // The ITT is fixed before the transform runs because the transform binds to it (and
+        // the observer sees the command issued before it is sent).
         let itt = c.with(|g| g.engine.alloc_itt())?;
-        let Some(t) = self.transform.clone().or_else(|| c.transform.clone()) else {
-            let Some(tr) = tr else {
-                return c.command_raw(lun, cdb, dir, Some(itt), until, sent).await;
-            };
-            let g = observe::Pending::issued(Some(tr), itt);
+        let Some(t) = transform else {
+            let g = observe::Pending::issued(tr, itt);
             return g.finish(c.command_raw(lun, cdb, dir, Some(itt), until, sent).await);
         };
         let g = observe::Pending::issued(tr, itt);
@@ -1403,10 +1468,11 @@ impl Session {
         // Nothing to log out of while recovering: the old connection is gone and no new one
         // will come (the supervisor is stopped).
         let Some(c) = self.link.up() else {
-            return Err(Error::ConnectionLost(
-                self.failure()
-                    .unwrap_or_else(|| "session is recovering".to_owned()),
-            ));
+            let reason = match &*self.link.state.borrow() {
+                LinkState::Recovering { reason, .. } => reason.clone(),
+                _ => ConnectionLoss::Local(LocalClose::Recovering),
+            };
+            return Err(Error::ConnectionLost(reason));
         };
         c.logout().await
     }
@@ -1433,10 +1499,6 @@ impl Shared {
         sent: &mut bool,
     ) -> Result<Passthrough> {
         self.refuse_after_logout_request()?;
-        let itt = match itt {
-            Some(i) => i,
-            None => self.with(|g| g.engine.alloc_itt())?,
-        };
         let data = match dir {
             DataDir::None => engine::Data::None,
             DataDir::Write(b) => engine::Data::Write(b),
@@ -1447,21 +1509,52 @@ impl Shared {
             },
         };
         let (tx, rx) = oneshot::channel();
-        let cmd = engine::Command { lun, cdb, data };
-        let submitted = self.with(|g| {
-            let r = g.engine.submit_as(Instant::now(), itt, cmd);
-            if r.is_ok() {
+        let cmd = engine::Command {
+            lun,
+            cdb,
+            data,
+            timed: until.timed(),
+        };
+        // One lock for the ITT (when the caller has none yet) and the submission.
+        let submitted = self.with_timer(|g| {
+            let r = match itt {
+                Some(itt) => g.engine.submit_as(Instant::now(), itt, cmd),
+                None => g.engine.submit(Instant::now(), cmd),
+            };
+            if let Ok(itt) = r {
                 g.waiters.insert(itt, tx);
             }
             r
         })?;
-        match submitted {
-            Ok(_) => *sent = true,
+        let itt = match submitted {
+            Ok(itt) => {
+                *sent = true;
+                itt
+            }
             Err(SubmitError::Closed(_)) => return Err(self.lost()),
             Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
             Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
-        }
-        let r = self.wait(lun, rx, itt, until).await;
+        };
+        // The engine ends it: with its status, or past the command timeout with
+        // TaskError::TimedOut or the connection's end (its escalation, RFC 7143 §11.5.1);
+        // or the caller aborts it.
+        let r = match until {
+            Until::Abort(abort) => {
+                let mut rx = rx;
+                tokio::select! {
+                    biased;
+                    r = &mut rx => match r {
+                        Ok(r) => self.answer(r),
+                        Err(_) => Err(self.lost()),
+                    },
+                    () = abort.cancelled() => self.abort_asked(itt, rx).await,
+                }
+            }
+            Until::Status | Until::Timeout => match rx.await {
+                Ok(r) => self.answer(r),
+                Err(_) => Err(self.lost()),
+            },
+        };
         // Ended with the connection before it left the engine: the target never saw it.
         if r.as_ref().is_err_and(Error::is_connection_loss)
             && self
@@ -1471,47 +1564,6 @@ impl Shared {
             *sent = false;
         }
         r
-    }
-
-    /// Waits for a command's completion; past the command timeout, aborts it.
-    async fn wait(
-        &self,
-        lun: u64,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-        itt: u32,
-        until: Until<'_>,
-    ) -> Result<Passthrough> {
-        if let Until::Abort(abort) = until {
-            return tokio::select! {
-                biased;
-                r = &mut rx => match r {
-                    Ok(r) => self.answer(r),
-                    Err(_) => Err(self.lost()),
-                },
-                () = abort.cancelled() => self.abort_asked(itt, rx).await,
-            };
-        }
-        let Some(limit) = self
-            .command_timeout
-            .filter(|_| matches!(until, Until::Timeout))
-        else {
-            return match rx.await {
-                Ok(r) => self.answer(r),
-                Err(_) => Err(self.lost()),
-            };
-        };
-        match tokio::time::timeout(limit, &mut rx).await {
-            Ok(Ok(r)) => self.answer(r),
-            Ok(Err(_)) => Err(self.lost()),
-            Err(_) => self.abort_task(lun, itt, limit, rx).await,
-        }
-    }
-
-    /// Fails the connection because task management left it in a state that cannot be
-    /// trusted; every command in flight fails with the same reason.
-    fn drop_connection(&self, why: String) -> Error {
-        self.kill(why.clone());
-        Error::ConnectionLost(why)
     }
 
     /// See [`Session::lun_reset`].
@@ -1570,69 +1622,6 @@ impl Shared {
         }
     }
 
-    /// ABORT TASK for a command that timed out (RFC 7143 §11.5.1). Until the response arrives
-    /// the task stays in the engine, so its Data-In, R2Ts or status are still handled in
-    /// order; a command that completes in the meantime returns its own result.
-    async fn abort_task(
-        &self,
-        lun: u64,
-        itt: u32,
-        limit: Duration,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-    ) -> Result<Passthrough> {
-        tracing::warn!(itt, ?limit, "command timed out; sending ABORT TASK");
-        let (tx, tmf_rx) = oneshot::channel();
-        self.with_timer(|g| {
-            if let Some(t) = g.engine.abort(Instant::now(), itt) {
-                g.tmf_waiters.insert(t, tx);
-            }
-        })?;
-        let mut tmf_rx = tmf_rx;
-        let first = tokio::select! {
-            biased;
-            r = &mut rx => Ok(r),
-            t = &mut tmf_rx => Err(t),
-        };
-        let response = match first {
-            // The command ended first: its own status, or the abort that ended it.
-            Ok(Ok(Err(TaskError::Aborted(AbortedBy::AbortTask)))) => {
-                return Err(Error::CommandTimedOut(limit))
-            }
-            Ok(Ok(r)) => return self.answer(r),
-            Ok(Err(_)) => return Err(self.lost()),
-            Err(Ok(response)) => response,
-            // The TMF waiter went away: the connection ended (the engine words why; an
-            // unanswered ABORT TASK is a task management timeout).
-            Err(Err(_)) => {
-                return match rx.await {
-                    Ok(Err(TaskError::Aborted(AbortedBy::AbortTask))) => {
-                        Err(Error::CommandTimedOut(limit))
-                    }
-                    Ok(r) => self.answer(r),
-                    Err(_) => Err(self.lost()),
-                }
-            }
-        };
-        if ends_the_task(response) {
-            return Err(Error::CommandTimedOut(limit));
-        }
-        // Refused (RFC 7143 §11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
-        // reset ends every task on the LUN, this one included. Only if that fails too is the
-        // connection dropped.
-        let why = format!(
-            "target refused to abort a timed-out command (task management response {})",
-            response.0
-        );
-        tracing::warn!(itt, "{why}; escalating to LOGICAL UNIT RESET");
-        match self.lun_reset(lun).await {
-            Ok(()) => Err(Error::CommandTimedOut(limit)),
-            Err(Error::ConnectionLost(r)) => Err(Error::ConnectionLost(r)),
-            Err(e) => {
-                Err(self.drop_connection(format!("{why}; LOGICAL UNIT RESET failed too ({e})")))
-            }
-        }
-    }
-
     /// See [`Session::logout`].
     async fn logout(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
@@ -1663,13 +1652,18 @@ impl Shared {
     }
 }
 
-/// Runs the engine's timers: NOP-Out keepalive and its timeout, task management timeouts.
+/// Runs the engine's timers: NOP-Out keepalive and its timeout, command timeouts and their
+/// escalation, task management timeouts. It only passes the time in.
 async fn timer(shared: Arc<Shared>) {
     loop {
         let woken = shared.wake_timer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let Ok(deadline) = shared.with_quiet(|g| g.engine.poll_timeout()) else {
+        let Ok(deadline) = shared.with_quiet(|g| {
+            let d = g.engine.poll_timeout();
+            g.timer_at = d;
+            d
+        }) else {
             return;
         };
         match deadline {
@@ -1698,7 +1692,7 @@ async fn writer(
     sealer: Option<ipsan_seal::RecordSealer>,
 ) {
     if let Err(e) = writer_inner(wr, codec, &shared, sealer).await {
-        shared.kill(format!("send failed: {e}"));
+        shared.kill(e);
     }
 }
 
@@ -1707,7 +1701,11 @@ async fn writer_inner(
     codec: Codec,
     shared: &Shared,
     mut sealer: Option<ipsan_seal::RecordSealer>,
-) -> Result<()> {
+) -> std::result::Result<(), ConnectionLoss> {
+    let io = |e: std::io::Error| ConnectionLoss::Io {
+        op: IoOp::Send,
+        kind: e.kind(),
+    };
     let mut head = BytesMut::with_capacity(64 * 1024);
     let mut segs: VecDeque<Bytes> = VecDeque::new();
     let mut batch: Vec<Pdu> = Vec::with_capacity(512);
@@ -1715,18 +1713,20 @@ async fn writer_inner(
         let woken = shared.wake_writer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let closed = shared.with_quiet(|g| {
-            let mut bytes = 0usize;
-            // Batch what is queued so many small PDUs go out in one syscall.
-            while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
-                let Some(p) = g.engine.poll_transmit() else {
-                    break;
-                };
-                bytes += p.data.len();
-                batch.push(p);
-            }
-            g.engine.closed().is_some()
-        })?;
+        let closed = shared
+            .with_quiet(|g| {
+                let mut bytes = 0usize;
+                // Batch what is queued so many small PDUs go out in one syscall.
+                while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
+                    let Some(p) = g.engine.poll_transmit() else {
+                        break;
+                    };
+                    bytes += p.data.len();
+                    batch.push(p);
+                }
+                g.engine.closed().is_some()
+            })
+            .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
         if batch.is_empty() {
             if closed {
                 break;
@@ -1739,10 +1739,14 @@ async fn writer_inner(
             observe_sent(tr, &pdu);
             // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
             if let Some(s) = &mut sealer {
-                s.protect(&mut pdu)
-                    .map_err(|e| Error::Transform(e.to_string()))?;
+                s.protect(&mut pdu).map_err(|e| {
+                    tracing::warn!("seal: cannot protect a PDU: {e}; dropping the connection");
+                    ConnectionLoss::SealExhausted
+                })?;
             }
-            let trailer = codec.encode_head(&pdu, &mut head)?;
+            let trailer = codec
+                .encode_head(&pdu, &mut head)
+                .map_err(ConnectionLoss::Encode)?;
             if !pdu.data.is_empty() {
                 segs.push_back(head.split().freeze());
                 segs.push_back(pdu.data);
@@ -1754,10 +1758,10 @@ async fn writer_inner(
         }
         while !segs.is_empty() {
             let slices: Vec<IoSlice<'_>> = segs.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            let mut n = wr.write_vectored(&slices).await?;
+            let mut n = wr.write_vectored(&slices).await.map_err(io)?;
             drop(slices);
             if n == 0 {
-                return Err(Error::ConnectionLost("socket closed while sending".into()));
+                return Err(io(std::io::ErrorKind::WriteZero.into()));
             }
             while n > 0 {
                 let Some(front) = segs.front_mut() else { break };
@@ -1849,7 +1853,7 @@ async fn reader(
                                 "{f}; nothing of it acted, dropping the connection and failing every command in flight"
                             );
                             let _ = shared.forged.set(f.clone());
-                            shared.kill(format!("forged PDU: {f}"));
+                            shared.kill(ConnectionLoss::SealForgery(f));
                             return;
                         }
                     }
@@ -1863,7 +1867,7 @@ async fn reader(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    shared.kill(e.to_string());
+                    shared.kill(ConnectionLoss::Framing(e));
                     return;
                 }
             }
@@ -1878,7 +1882,10 @@ async fn reader(
             }
             Ok(_) => {}
             Err(e) => {
-                shared.kill(format!("connection broken: {e}"));
+                shared.kill(ConnectionLoss::Io {
+                    op: IoOp::Receive,
+                    kind: e.kind(),
+                });
                 return;
             }
         }

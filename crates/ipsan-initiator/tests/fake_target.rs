@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use common::bounded;
-use ipsan_initiator::{scsi, DataDir, Error, IscsiUrl, LoginOptions, Session, SessionConfig};
+use ipsan_initiator::{
+    scsi, ConnectionLoss, DataDir, Error, IscsiUrl, LoginOptions, Session, SessionConfig,
+};
 use iscsi_wire::header::{DataIn, LoginResponse, ScsiResponse, Stage};
 use iscsi_wire::{Codec, Header, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -197,9 +199,15 @@ fn fails_every_in_flight_command_when_target_closes_mid_command() {
             match r {
                 Err(Error::ConnectionLost(reason)) => {
                     assert!(
-                        ["closed", "reset", "Broken pipe"]
-                            .iter()
-                            .any(|w| reason.contains(w)),
+                        matches!(
+                            reason,
+                            ConnectionLoss::PeerClosed
+                                | ConnectionLoss::Io {
+                                    kind: std::io::ErrorKind::ConnectionReset
+                                        | std::io::ErrorKind::BrokenPipe,
+                                    ..
+                                }
+                        ),
                         "{reason}"
                     )
                 }
@@ -234,7 +242,13 @@ async fn keepalive_kills_the_read_between(behaviour: Behaviour, min: Duration, m
         .await
         .unwrap_err();
     match e {
-        Error::ConnectionLost(reason) => assert!(reason.contains("NOP-In"), "{reason}"),
+        Error::ConnectionLost(reason) => {
+            assert!(
+                matches!(reason, ConnectionLoss::KeepaliveTimeout(d) if d == Duration::from_millis(500)),
+                "{reason}"
+            );
+            assert!(reason.to_string().contains("NOP-In"), "{reason}");
+        }
         other => panic!("expected ConnectionLost, got {other:?}"),
     }
     let waited = t0.elapsed();

@@ -334,7 +334,7 @@ async fn read_4k(s: &Session) -> Result<ipsan_initiator::session::Completion, Er
 fn assert_connection_error(r: Result<impl std::fmt::Debug, Error>, what: &[&str]) {
     match r {
         Err(Error::ConnectionLost(reason)) => assert!(
-            what.iter().any(|w| reason.contains(w)),
+            what.iter().any(|w| reason.to_string().contains(w)),
             "reason {reason:?} does not mention any of {what:?}"
         ),
         other => panic!("expected a connection error mentioning {what:?}, got {other:?}"),

@@ -34,6 +34,7 @@ fn bench(c: &mut Criterion) {
                 data_out: &data,
                 nexus: &nexus,
                 lun: 0,
+                tailroom: false,
             });
             g.throughput(Throughput::Bytes(size as u64));
             g.bench_with_input(BenchmarkId::new("write10", size), &size, |b, _| {
@@ -43,6 +44,7 @@ fn bench(c: &mut Criterion) {
                         data_out: &data,
                         nexus: &nexus,
                         lun: 0,
+                        tailroom: false,
                     });
                     assert_eq!(r.status, ScsiStatus::GOOD);
                 })
@@ -55,6 +57,7 @@ fn bench(c: &mut Criterion) {
                         data_out: &[],
                         nexus: &nexus,
                         lun: 0,
+                        tailroom: false,
                     });
                     assert_eq!(r.data_in.len(), size);
                 })

@@ -44,6 +44,11 @@ pub struct ScsiRequest<'a> {
     pub nexus: &'a NexusId,
     /// The LUN it addressed.
     pub lun: u64,
+    /// Leave [`read_tailroom`] past a READ's data, for a payload transform that seals the
+    /// buffer in place (a Seal session). Plain sessions pass `false`: they need no room, and
+    /// 64 KiB plus room leaves the allocator's pooled size classes (mimalloc's medium objects
+    /// end at 64 KiB) for a page of its own per read.
+    pub tailroom: bool,
 }
 
 /// One command with owned buffers, for [`LogicalUnit::execute_async`]: the backend may keep
@@ -70,6 +75,8 @@ impl OwnedRequest {
             data_out: &self.data_out,
             nexus: &self.nexus,
             lun: self.lun,
+            // The async path reads into buffers of its own (`read_async`).
+            tailroom: false,
         }
     }
 }
@@ -1014,7 +1021,7 @@ impl LogicalUnit {
                 }
                 ok(truncate(v, alloc))
             }
-            Command::Read(io) => self.read(io).map(ScsiResponse::good),
+            Command::Read(io) => self.read(io, req.tailroom).map(ScsiResponse::good),
             Command::Write(io) => {
                 self.check_writable()?;
                 self.check_range(io.lba, u64::from(io.blocks))?;
@@ -1202,11 +1209,12 @@ impl LogicalUnit {
         Ok(())
     }
 
-    fn read(&self, io: BlockIo) -> Result<Bytes, Sense> {
+    fn read(&self, io: BlockIo, tailroom: bool) -> Result<Bytes, Sense> {
         self.check_range(io.lba, u64::from(io.blocks))?;
         self.check_transfer(io.blocks)?;
         let len = self.bytes(io.blocks) as usize;
-        let mut buf = BytesMut::with_capacity(len.saturating_add(read_tailroom(len)));
+        let room = if tailroom { read_tailroom(len) } else { 0 };
+        let mut buf = BytesMut::with_capacity(len.saturating_add(room));
         self.backend
             .read_append(&mut buf, len, self.offset(io.lba))
             .map_err(|e| Sense::from_read_error(&e))?;

@@ -103,6 +103,7 @@ fn run_as(lu: &LogicalUnit, n: &NexusId, cdb: &[u8], data: &[u8]) -> ScsiRespons
         data_out: data,
         nexus: n,
         lun: 0,
+        tailroom: false,
     })
 }
 
@@ -1524,4 +1525,27 @@ fn keeps_every_registration_when_two_target_ports_register_at_once() {
         .collect();
     got.sort_unstable();
     assert_eq!(got, (0x100..0x110).collect::<Vec<u64>>());
+}
+
+/// A READ's buffer has room for Seal's trailer only when the request asks for it (a sealed
+/// session): a plain 64 KiB read stays a 64 KiB allocation, in the allocator's pooled sizes.
+#[test]
+fn reads_leave_tail_room_only_when_asked() {
+    let (lu, _) = lu();
+    let len = 64 * 1024;
+    let capacity = |tailroom: bool| {
+        let r = lu.execute(&ScsiRequest {
+            cdb: &rw16(0x88, 0, 0, (len / BS) as u32),
+            data_out: &[],
+            nexus: &a(),
+            lun: 0,
+            tailroom,
+        });
+        good(&r);
+        assert_eq!(r.data_in.len(), len);
+        r.data_in.try_into_mut().unwrap().capacity()
+    };
+    assert_eq!(capacity(false), len);
+    assert!(capacity(true) >= len + ipsan_scsi::lu::read_tailroom(len));
+    assert!(ipsan_scsi::lu::read_tailroom(len) > 0);
 }

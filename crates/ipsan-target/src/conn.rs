@@ -7,7 +7,7 @@
 //! them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently (`execute`, the
 //! one place a command reaches the logical unit) and complete in any order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,7 @@ use iscsi_proto::login::{Outcome, TargetLogin, TargetOffer};
 use iscsi_proto::params::{SessionParams, NOT_UNDERSTOOD, REJECT};
 use iscsi_wire::header::{TmfFunction, TmfResponse};
 use iscsi_wire::{Codec, Header, Pdu, WireError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -460,8 +460,12 @@ async fn writer_task(
     session: Arc<Session>,
     mut sealer: Option<RecordSealer>,
 ) {
-    let mut bw = BufWriter::with_capacity(256 * 1024, wr);
-    let mut head = BytesMut::with_capacity(4096);
+    let mut wr = wr;
+    // Headers, digests, padding and small data segments are copied into `head`; data
+    // segments of SEGMENT_COPY_MAX bytes and more (a READ's Data-In) go to the socket as
+    // they are, by vectored write: no copy of the payload on the way out.
+    let mut head = BytesMut::with_capacity(64 * 1024);
+    let mut segs: VecDeque<Bytes> = VecDeque::new();
     let mut batch: Vec<Pdu> = Vec::with_capacity(64);
     loop {
         let notified = session.wake_writer.notified();
@@ -484,6 +488,7 @@ async fn writer_task(
             notified.await;
             continue;
         }
+        let mut failed = false;
         for mut pdu in batch.drain(..) {
             if matches!(pdu.header, Header::R2t(_)) {
                 session.stats.r2ts(1);
@@ -493,41 +498,81 @@ async fn writer_task(
             if let Some(s) = &mut sealer {
                 if let Err(e) = s.protect(&mut pdu) {
                     warn!("seal: cannot protect a PDU: {e}; closing the connection");
-                    let _ = bw.flush().await;
-                    writer_failed(&session);
-                    return;
+                    failed = true;
+                    break;
                 }
             }
-            head.clear();
             let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
                 warn!("cannot encode {:?}", pdu.header.opcode());
                 if sealer.is_some() {
                     // Its record counter is spent: the next PDU could not verify.
-                    let _ = bw.flush().await;
-                    writer_failed(&session);
-                    return;
+                    failed = true;
+                    break;
                 }
                 continue;
             };
-            let sent = async {
-                bw.write_all(&head).await?;
-                bw.write_all(&pdu.data).await?;
-                bw.write_all(trailer.as_bytes()).await
-            };
-            if let Err(e) = sent.await {
-                debug!("write failed: {e}");
-                writer_failed(&session);
-                return;
+            if pdu.data.len() >= SEGMENT_COPY_MAX {
+                segs.push_back(head.split().freeze());
+                segs.push_back(pdu.data);
+            } else {
+                head.extend_from_slice(&pdu.data);
             }
+            head.extend_from_slice(trailer.as_bytes());
         }
-        if bw.flush().await.is_err() {
+        if !head.is_empty() {
+            segs.push_back(head.split().freeze());
+        }
+        // What was encoded before a failure still goes out (a status, say).
+        if let Err(e) = write_segments(&mut wr, &mut segs).await {
+            debug!("write failed: {e}");
             writer_failed(&session);
             return;
         }
+        if failed {
+            writer_failed(&session);
+            return;
+        }
+        if head.capacity() < 4096 {
+            head.reserve(64 * 1024);
+        }
         session.written.notify_waiters();
     }
-    let _ = bw.flush().await;
-    let _ = bw.into_inner().shutdown().await;
+    let _ = wr.shutdown().await;
+}
+
+/// Data segments at least this long are written from their own buffer (vectored write);
+/// shorter ones are copied next to their header.
+const SEGMENT_COPY_MAX: usize = 2048;
+
+/// Writes `segs` in order by vectored writes, at most 64 buffers a call.
+async fn write_segments(
+    wr: &mut OwnedWriteHalf,
+    segs: &mut VecDeque<Bytes>,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    while !segs.is_empty() {
+        let slices: Vec<std::io::IoSlice<'_>> = segs
+            .iter()
+            .take(64)
+            .map(|b| std::io::IoSlice::new(b))
+            .collect();
+        let mut n = wr.write_vectored(&slices).await?;
+        drop(slices);
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let Some(front) = segs.front_mut() else { break };
+            if n >= front.len() {
+                n -= front.len();
+                segs.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The socket cannot take more: the connection is over, and a reader waiting for the queue
@@ -954,12 +999,10 @@ impl Session {
     }
 
     /// Whether LUN `lun`'s backend works at memory speed.
-    fn fast_backend(&self, lun: u64) -> bool {
-        self.target().is_some_and(|t| {
-            t.backends
-                .iter()
-                .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
-        })
+    fn fast_backend(t: &Target, lun: u64) -> bool {
+        t.backends
+            .iter()
+            .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
     }
 
     /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
@@ -984,7 +1027,13 @@ impl Session {
         let target = self.target();
         let timer = self.stats.start(lun);
         let exec = match target.as_ref().and_then(|t| t.luns.get(&lun)) {
-            Some(lu) => Exec::Lu(lu.clone(), self.fast_backend(lun)),
+            // One registry lookup per command (`target`), not one per question.
+            Some(lu) => Exec::Lu(
+                lu.clone(),
+                target
+                    .as_deref()
+                    .is_some_and(|t| Self::fast_backend(t, lun)),
+            ),
             // REPORT LUNS goes to the remote target only when this target mirrors it;
             // otherwise it lists this target's LUNs, local and remote (SPC-4 §6.33).
             None => match target.as_ref().and_then(|t| {
@@ -1104,6 +1153,8 @@ impl Session {
                 let cdb = cdb.clone();
                 let nexus = self.nexus.clone();
                 let inline = runs_inline(&exec, &cdb);
+                // Room to seal a READ's buffer in place, in sealed sessions only.
+                let tailroom = seal.is_some();
                 let run = move || match exec {
                     // REPORT LUNS answers for the whole target, whichever LUN it addressed
                     // (SPC-4 §6.33).
@@ -1118,6 +1169,7 @@ impl Session {
                         data_out: &data_out,
                         nexus: &nexus,
                         lun,
+                        tailroom,
                     }),
                     Exec::Remote(..) | Exec::NoLun => no_such_lun(&cdb),
                 };

@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ipsan_initiator::{DataDir, Error, IscsiUrl, Passthrough, Session, SessionConfig};
+use ipsan_initiator::{
+    ConnectionLoss, DataDir, Error, IscsiUrl, LocalClose, Passthrough, Session, SessionConfig,
+};
 use ipsan_seal::{Cipher, CryptoPool, Psk};
 use iscsi_wire::header::TmfResponse;
 use tokio::sync::Semaphore;
@@ -228,7 +230,9 @@ impl RemoteNexus {
                     return Err(ForwardError::Aborted(Error::TaskAborted("ABORT TASK".into())))
                 }
                 p = s.acquire() => p.map_err(|_| {
-                    ForwardError::Lost(Error::ConnectionLost("remote session closing".into()))
+                    ForwardError::Lost(Error::ConnectionLost(ConnectionLoss::Local(
+                        LocalClose::SessionClosed,
+                    )))
                 })?,
             }),
             None => None,
@@ -270,7 +274,9 @@ impl RemoteNexus {
     pub async fn lun_reset(&self, spec: &RemoteSpec, remote_lun: u64) -> TmfResponse {
         let r = match self.get(spec) {
             Some(remote) => remote.session.lun_reset_to(raw_lun(remote_lun)).await,
-            None => Err(Error::ConnectionLost("remote session not open".into())),
+            None => Err(Error::ConnectionLost(ConnectionLoss::Local(
+                LocalClose::SessionClosed,
+            ))),
         };
         match r {
             Ok(()) => TmfResponse::FUNCTION_COMPLETE,

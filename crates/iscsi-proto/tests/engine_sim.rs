@@ -310,6 +310,7 @@ fn run(seed: u64) -> Result<(), String> {
                             lun: 0,
                             cdb: cdb16(op, lba, blocks),
                             data,
+                            timed: false,
                         };
                         match ini.submit(at(now), cmd) {
                             Ok(itt) => {

@@ -8,6 +8,8 @@
 //!                                         ─► R2T: checked (R2TSN, MaxOutstandingR2T, TTT,
 //!                                            MaxBurstLength, bounds), answered with Data-Out
 //!                                         ─► SCSI Response: status, sense, residual
+//!  handle_timeout ─► a timed command past Config::command_timeout: ABORT TASK; refused:
+//!                    LOGICAL UNIT RESET; refused or unanswered: the connection ends
 //!  poll_event ◄── Completed { itt, result } exactly once per submitted command
 //! ```
 //!
@@ -52,6 +54,14 @@ pub struct Config {
     /// Bytes of answers to the target's pings that may wait to leave (a target pinging faster
     /// than it reads would grow the queue without bound).
     pub max_queued_pong_bytes: usize,
+    /// A command submitted with [`Command::timed`] and without status this long after its
+    /// submission is aborted: ABORT TASK (RFC 7143 §11.5.1); if the target refuses, LOGICAL
+    /// UNIT RESET (SAM-5 §7.7, as SCSI error handling escalates); if that is refused too, or
+    /// either goes unanswered for [`Config::tmf_timeout`], the connection ends (its tasks
+    /// cannot be trusted any more). An aborted command completes with
+    /// [`TaskError::TimedOut`]. `None`: commands wait for as long as the connection lives
+    /// (the keepalive still catches a dead one).
+    pub command_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -67,6 +77,7 @@ impl Config {
             nop_timeout: Duration::from_secs(10),
             tmf_timeout: Duration::from_secs(10),
             max_queued_pong_bytes: 1024 * 1024,
+            command_timeout: None,
         }
     }
 }
@@ -90,6 +101,9 @@ pub struct Command {
     pub lun: u64,
     pub cdb: [u8; 16],
     pub data: Data,
+    /// Whether [`Config::command_timeout`] applies to this command (a gateway's pass-through
+    /// leaves timing to the host on its other side and submits with `false`).
+    pub timed: bool,
 }
 
 /// The status of a command that reached the device server.
@@ -127,6 +141,15 @@ pub enum TaskError {
     /// The target broke a rule for this task; it was aborted, the connection goes on.
     #[error("target broke a rule for this task: {0}")]
     Violation(Violation),
+    /// No status within [`Config::command_timeout`]; the task is gone at the target, ended
+    /// by the task management function `by` (`None`: it was still waiting for the CmdSN
+    /// window and never left). The connection goes on. A write may or may not have reached
+    /// the medium (SAM-5 §5.6).
+    #[error("command timed out after {after:?} and was aborted{}", match by { Some(AbortedBy::AbortTask) => " (ABORT TASK)", Some(AbortedBy::LunReset) => " (LOGICAL UNIT RESET)", None => " before it was sent" })]
+    TimedOut {
+        after: Duration,
+        by: Option<AbortedBy>,
+    },
     /// The connection ended before the status came.
     #[error(transparent)]
     ConnectionLost(ConnectionError),
@@ -166,8 +189,20 @@ pub enum Event {
         reason: RejectReason,
         opcode: Opcode,
     },
+    /// Command `itt` passed [`Config::command_timeout`] and the engine took this step to
+    /// end it (for the driver's log; the command's `Completed` follows).
+    TimeoutStep { itt: u32, step: TimeoutStep },
     /// The connection is over (every task has its `Completed` before this).
     Closed(ConnectionError),
+}
+
+/// What the engine does about a command past its timeout (see [`Config::command_timeout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeoutStep {
+    /// ABORT TASK sent.
+    AbortTask,
+    /// The target answered the ABORT TASK with this response; LOGICAL UNIT RESET sent.
+    LunReset { abort_response: TmfResponse },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -197,6 +232,11 @@ struct Task {
     /// Byte ranges already solicited, to catch an R2T asking twice.
     solicited: Vec<(u32, u32)>,
     phase: Phase,
+    /// When the command times out (its entry in `Connection::deadlines`).
+    deadline: Option<Instant>,
+    /// Past its deadline: the escalation runs, and an abort ends it with
+    /// [`TaskError::TimedOut`].
+    timed_out: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -205,9 +245,17 @@ enum TmfKind {
     Abort(u32),
     /// ABORT TASK for a task abandoned after a violation (answer consumed here).
     Cleanup(u32),
+    /// ABORT TASK for a command past its timeout (answer consumed here).
+    TimeoutAbort(u32),
     /// LOGICAL UNIT RESET of this LUN, sent when this was the next CmdSN: it ends the
     /// tasks sent before it, not those sent after (SAM-5 §7.7, RFC 7143 §11.5.1).
-    LunReset(u64, u32),
+    /// `escalation`: sent by the engine because the target refused to abort this timed-out
+    /// task with this response (answer consumed here), not by the caller.
+    LunReset {
+        lun: u64,
+        at: u32,
+        escalation: Option<(u32, TmfResponse)>,
+    },
 }
 
 /// The engine: one initiator connection in full feature phase.
@@ -228,6 +276,10 @@ pub struct Connection {
     nop_interval: Option<Duration>,
     nop_timeout: Duration,
     tmf_timeout: Duration,
+    command_timeout: Option<Duration>,
+    /// (deadline, ITT) of timed commands in submission order, so deadlines ascend; an entry
+    /// whose task is gone or has another deadline is stale and skipped.
+    deadlines: VecDeque<(Instant, u32)>,
     logout: Option<u32>,
     logout_asked: bool,
     pong_bytes: usize,
@@ -259,6 +311,8 @@ impl Connection {
             nop_interval: cfg.nop_interval,
             nop_timeout: cfg.nop_timeout,
             tmf_timeout: cfg.tmf_timeout,
+            command_timeout: cfg.command_timeout,
+            deadlines: VecDeque::new(),
             logout: None,
             logout_asked: false,
             pong_bytes: 0,
@@ -364,10 +418,8 @@ impl Connection {
             None => self.next_ping,
         };
         let tmf = self.tmfs.values().map(|(_, d)| *d).min();
-        match (ping, tmf) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let command = self.deadlines.front().map(|(d, _)| *d);
+        [ping, tmf, command].into_iter().flatten().min()
     }
 
     // ---- role methods ----
@@ -389,7 +441,7 @@ impl Connection {
     }
 
     /// Submits a command under an ITT from [`Connection::alloc_itt`].
-    pub fn submit_as(&mut self, _now: Instant, itt: u32, cmd: Command) -> Result<u32, SubmitError> {
+    pub fn submit_as(&mut self, now: Instant, itt: u32, cmd: Command) -> Result<u32, SubmitError> {
         if let Some(e) = self.closed {
             return Err(SubmitError::Closed(e));
         }
@@ -416,6 +468,13 @@ impl Connection {
                 (Bytes::new(), Some(buf), len)
             }
         };
+        let deadline = self
+            .command_timeout
+            .filter(|_| cmd.timed)
+            .map(|limit| now + limit);
+        if let Some(d) = deadline {
+            self.deadlines.push_back((d, itt));
+        }
         self.tasks.insert(
             itt,
             Task {
@@ -431,6 +490,8 @@ impl Connection {
                 unsent_r2ts: Vec::new(),
                 solicited: Vec::new(),
                 phase: Phase::Queued,
+                deadline,
+                timed_out: false,
             },
         );
         self.queued.push_back(itt);
@@ -465,7 +526,11 @@ impl Connection {
         self.send_tmf(
             now,
             TmfFunction::LOGICAL_UNIT_RESET,
-            TmfKind::LunReset(lun, self.cmd_sn),
+            TmfKind::LunReset {
+                lun,
+                at: self.cmd_sn,
+                escalation: None,
+            },
             RESERVED_TAG,
             0,
         )
@@ -538,6 +603,7 @@ impl Connection {
             self.finish(itt, Err(TaskError::ConnectionLost(e)));
         }
         self.tmfs.clear();
+        self.deadlines.clear();
         self.events.push_back(Event::Closed(e));
     }
 
@@ -553,6 +619,15 @@ impl Connection {
                 CloseReason::TaskManagementTimeout(self.tmf_timeout),
             );
             return;
+        }
+        self.prune_deadlines();
+        while let Some(&(d, itt)) = self.deadlines.front() {
+            if now < d {
+                break;
+            }
+            self.deadlines.pop_front();
+            self.time_out(now, itt);
+            self.prune_deadlines();
         }
         match self.ping {
             Some((_, sent)) => {
@@ -635,7 +710,7 @@ impl Connection {
             Header::R2t(h) => self.on_r2t(now, &h),
             Header::NopIn(h) => self.on_nop_in(&h, &data),
             Header::Reject(h) => self.on_reject(h.reason, &data),
-            Header::TaskMgmtResponse(h) => self.on_tmf_response(h.itt, h.response),
+            Header::TaskMgmtResponse(h) => self.on_tmf_response(now, h.itt, h.response),
             Header::LogoutResponse(h) => {
                 if self.logout == Some(h.itt) {
                     let reason = if self.logout_asked {
@@ -692,6 +767,55 @@ impl Connection {
             if t.phase != Phase::Abandoned {
                 self.events.push_back(Event::Completed { itt, result });
             }
+            if t.deadline.is_some() {
+                self.prune_deadlines();
+            }
+        }
+    }
+
+    /// Drops stale entries (their task ended) from the front of `deadlines`, so
+    /// [`Connection::poll_timeout`] names a live command's deadline. Completions in
+    /// submission order (depth 1, or a FIFO target) find their own entry at the front: O(1).
+    fn prune_deadlines(&mut self) {
+        while let Some(&(d, itt)) = self.deadlines.front() {
+            if self.tasks.get(&itt).is_some_and(|t| t.deadline == Some(d)) {
+                return;
+            }
+            self.deadlines.pop_front();
+        }
+    }
+
+    /// Command `itt` passed its deadline: the first step of the escalation (see
+    /// [`Config::command_timeout`]).
+    fn time_out(&mut self, now: Instant, itt: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        t.deadline = None;
+        t.timed_out = true;
+        let after = self.command_timeout.unwrap_or_default();
+        match t.phase {
+            Phase::Queued => {
+                // Still waiting for the window: withdrawn, the target never saw it.
+                self.queued.retain(|i| *i != itt);
+                self.finish(itt, Err(TaskError::TimedOut { after, by: None }));
+            }
+            Phase::Sent(cmd_sn) => {
+                // Until the answer the task stays, so its Data-In, R2Ts or status are still
+                // handled in order; a status that arrives first is the command's result.
+                self.events.push_back(Event::TimeoutStep {
+                    itt,
+                    step: TimeoutStep::AbortTask,
+                });
+                self.send_tmf(
+                    now,
+                    TmfFunction::ABORT_TASK,
+                    TmfKind::TimeoutAbort(itt),
+                    itt,
+                    cmd_sn,
+                );
+            }
+            Phase::Abandoned => {}
         }
     }
 
@@ -705,6 +829,7 @@ impl Connection {
         };
         t.phase = Phase::Abandoned;
         t.read = None;
+        t.deadline = None;
         self.events.push_back(Event::Completed {
             itt,
             result: Err(TaskError::Violation(v)),
@@ -728,8 +853,10 @@ impl Connection {
     ) -> u32 {
         let itt = self.alloc_itt();
         let lun = match kind {
-            TmfKind::Abort(t) | TmfKind::Cleanup(t) => self.tasks.get(&t).map_or(0, |t| t.lun),
-            TmfKind::LunReset(l, _) => l,
+            TmfKind::Abort(t) | TmfKind::Cleanup(t) | TmfKind::TimeoutAbort(t) => {
+                self.tasks.get(&t).map_or(0, |t| t.lun)
+            }
+            TmfKind::LunReset { lun, .. } => lun,
         };
         self.tmfs.insert(itt, (kind, now + self.tmf_timeout));
         self.out.push_back(Pdu::new(
@@ -1074,7 +1201,7 @@ impl Connection {
         }
     }
 
-    fn on_tmf_response(&mut self, itt: u32, response: TmfResponse) {
+    fn on_tmf_response(&mut self, now: Instant, itt: u32, response: TmfResponse) {
         let Some((kind, _)) = self.tmfs.remove(&itt) else {
             self.violation(Violation::UnknownTask {
                 opcode: Opcode::TASK_MGMT_RESPONSE,
@@ -1100,7 +1227,48 @@ impl Connection {
                     self.tasks.remove(&task);
                 }
             }
-            TmfKind::LunReset(lun, at) => {
+            TmfKind::TimeoutAbort(task) => {
+                // Gone already: its own status came first and is its result.
+                let Some(t) = self.tasks.get(&task) else {
+                    return;
+                };
+                let lun = t.lun;
+                if ends {
+                    let after = self.command_timeout.unwrap_or_default();
+                    self.finish(
+                        task,
+                        Err(TaskError::TimedOut {
+                            after,
+                            by: Some(AbortedBy::AbortTask),
+                        }),
+                    );
+                    return;
+                }
+                // Refused (§11.6.1): escalate as SCSI error handling does (SAM-5 §7); a LUN
+                // reset ends every task on the LUN, this one included.
+                self.events.push_back(Event::TimeoutStep {
+                    itt: task,
+                    step: TimeoutStep::LunReset {
+                        abort_response: response,
+                    },
+                });
+                self.send_tmf(
+                    now,
+                    TmfFunction::LOGICAL_UNIT_RESET,
+                    TmfKind::LunReset {
+                        lun,
+                        at: self.cmd_sn,
+                        escalation: Some((task, response)),
+                    },
+                    RESERVED_TAG,
+                    0,
+                );
+            }
+            TmfKind::LunReset {
+                lun,
+                at,
+                escalation,
+            } => {
                 if response == TmfResponse::FUNCTION_COMPLETE {
                     let mut hit: Vec<u32> = self
                         .tasks
@@ -1111,12 +1279,33 @@ impl Connection {
                         .map(|(i, _)| *i)
                         .collect();
                     hit.sort_unstable();
+                    let after = self.command_timeout.unwrap_or_default();
                     for t in hit {
-                        self.finish(t, Err(TaskError::Aborted(AbortedBy::LunReset)));
+                        let e = if self.tasks.get(&t).is_some_and(|t| t.timed_out) {
+                            TaskError::TimedOut {
+                                after,
+                                by: Some(AbortedBy::LunReset),
+                            }
+                        } else {
+                            TaskError::Aborted(AbortedBy::LunReset)
+                        };
+                        self.finish(t, Err(e));
                     }
                 }
-                self.events
-                    .push_back(Event::TaskManagement { itt, response });
+                match escalation {
+                    None => self
+                        .events
+                        .push_back(Event::TaskManagement { itt, response }),
+                    // Neither abort nor reset: nothing on this connection can be trusted.
+                    Some((task, abort)) if self.tasks.contains_key(&task) => self.close(
+                        Side::Initiator,
+                        CloseReason::AbortRefused {
+                            abort,
+                            reset: response,
+                        },
+                    ),
+                    Some(_) => {}
+                }
             }
         }
     }
@@ -1158,6 +1347,7 @@ fn residual_of(underflow: bool, overflow: bool, count: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use iscsi_wire::header::TaskMgmtResponse;
 
     fn params() -> SessionParams {
         SessionParams {
@@ -1186,6 +1376,7 @@ mod tests {
                     lun: 0,
                     cdb: [0x8a; 16],
                     data: Data::Write(Bytes::from(vec![7u8; len])),
+                    timed: false,
                 },
             )
             .unwrap();
@@ -1337,6 +1528,7 @@ mod tests {
                     lun: 0,
                     cdb: [0; 16],
                     data: Data::None,
+                    timed: false,
                 },
             )
             .unwrap();
@@ -1347,6 +1539,7 @@ mod tests {
                     lun: 0,
                     cdb: [0; 16],
                     data: Data::None,
+                    timed: false,
                 },
             )
             .unwrap();
@@ -1379,6 +1572,7 @@ mod tests {
             lun: 0,
             cdb: [0; 16],
             data: Data::None,
+            timed: false,
         };
         let sent = c.submit(now, cmd()).unwrap();
         let taken: Vec<u32> = std::iter::from_fn(|| c.poll_transmit())
@@ -1417,10 +1611,328 @@ mod tests {
                     lun: 0,
                     cdb: [0; 16],
                     data: Data::None,
+                    timed: false,
                 },
             )
             .unwrap();
         c.peer_closed();
         assert!(c.never_sent(itt));
+    }
+
+    // ---- command timeout and its escalation, on a virtual clock ----
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    fn timed_conn() -> (Connection, Instant) {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 1, 16, 1);
+        cfg.nop_interval = None;
+        cfg.command_timeout = Some(LIMIT);
+        cfg.tmf_timeout = Duration::from_secs(10);
+        (Connection::new(cfg, now), now)
+    }
+
+    fn tur(c: &mut Connection, now: Instant, timed: bool) -> u32 {
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0; 16],
+                    data: Data::None,
+                    timed,
+                },
+            )
+            .unwrap();
+        while c.poll_transmit().is_some() {}
+        itt
+    }
+
+    /// Every TMF request queued: (its ITT, function, referenced task tag, RefCmdSN).
+    fn tmfs_sent(c: &mut Connection) -> Vec<(u32, TmfFunction, u32, u32)> {
+        std::iter::from_fn(|| c.poll_transmit())
+            .filter_map(|p| match p.header {
+                Header::TaskMgmtRequest(t) => {
+                    Some((t.itt, t.function, t.referenced_task_tag, t.ref_cmd_sn))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn tmf_answer(itt: u32, response: TmfResponse) -> Pdu {
+        Pdu::new(
+            TaskMgmtResponse {
+                response,
+                itt,
+                stat_sn: 1,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 16,
+            },
+            Bytes::new(),
+        )
+    }
+
+    fn good(itt: u32) -> Pdu {
+        Pdu::new(
+            ScsiResponse {
+                itt,
+                stat_sn: 1,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 16,
+                ..ScsiResponse::default()
+            },
+            Bytes::new(),
+        )
+    }
+
+    /// The results of every `Completed` event, by ITT, in order.
+    fn completed(c: &mut Connection) -> Vec<(u32, Result<Completion, TaskError>)> {
+        std::iter::from_fn(|| c.poll_event())
+            .filter_map(|e| match e {
+                Event::Completed { itt, result } => Some((itt, result)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_command_past_its_timeout_gets_an_abort_task_and_fails_with_timed_out_when_answered() {
+        let (mut c, t0) = timed_conn();
+        let itt = tur(&mut c, t0, true);
+        assert_eq!(c.poll_timeout(), Some(t0 + LIMIT));
+        c.handle_timeout(t0 + LIMIT - Duration::from_millis(1));
+        assert!(tmfs_sent(&mut c).is_empty(), "not before the deadline");
+        c.handle_timeout(t0 + LIMIT);
+        let tmfs = tmfs_sent(&mut c);
+        assert_eq!(tmfs.len(), 1);
+        let (tmf, f, rtt, ref_sn) = tmfs[0];
+        assert_eq!((f, rtt, ref_sn), (TmfFunction::ABORT_TASK, itt, 1));
+        assert!(
+            completed(&mut c).is_empty(),
+            "waits for the target's answer"
+        );
+        c.handle_pdu(t0 + LIMIT, tmf_answer(tmf, TmfResponse::FUNCTION_COMPLETE));
+        let done = completed(&mut c);
+        assert_eq!(
+            done,
+            vec![(
+                itt,
+                Err(TaskError::TimedOut {
+                    after: LIMIT,
+                    by: Some(AbortedBy::AbortTask)
+                })
+            )]
+        );
+        assert!(c.closed().is_none(), "the connection goes on");
+        assert_eq!((c.tasks_in_flight(), c.tmfs_in_flight()), (0, 0));
+        assert_eq!(c.poll_timeout(), None, "nothing left to time");
+    }
+
+    #[test]
+    fn accepts_a_status_that_arrives_before_the_abort_answer_as_the_commands_result() {
+        let (mut c, t0) = timed_conn();
+        let itt = tur(&mut c, t0, true);
+        c.handle_timeout(t0 + LIMIT);
+        let (tmf, ..) = tmfs_sent(&mut c)[0];
+        c.handle_pdu(t0 + LIMIT, good(itt));
+        c.handle_pdu(
+            t0 + LIMIT,
+            tmf_answer(tmf, TmfResponse::TASK_DOES_NOT_EXIST),
+        );
+        let done = completed(&mut c);
+        assert_eq!(done.len(), 1);
+        assert!(matches!(done[0].1, Ok(Completion { status: 0, .. })));
+        assert!(tmfs_sent(&mut c).is_empty(), "no escalation");
+        assert!(c.closed().is_none());
+    }
+
+    #[test]
+    fn a_refused_abort_escalates_to_a_lun_reset_that_ends_the_command_with_timed_out() {
+        let (mut c, t0) = timed_conn();
+        let late = tur(&mut c, t0, true);
+        // Another task on the LUN, submitted later and untimed: the reset ends it too.
+        let other = tur(&mut c, t0 + Duration::from_secs(1), false);
+        c.handle_timeout(t0 + LIMIT);
+        let (abort, ..) = tmfs_sent(&mut c)[0];
+        c.handle_pdu(
+            t0 + LIMIT,
+            tmf_answer(abort, TmfResponse::FUNCTION_REJECTED),
+        );
+        let steps: Vec<TimeoutStep> = std::iter::from_fn(|| c.poll_event())
+            .filter_map(|e| match e {
+                Event::TimeoutStep { itt, step } if itt == late => Some(step),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            vec![
+                TimeoutStep::AbortTask,
+                TimeoutStep::LunReset {
+                    abort_response: TmfResponse::FUNCTION_REJECTED
+                }
+            ]
+        );
+        let tmfs = tmfs_sent(&mut c);
+        assert_eq!(tmfs.len(), 1);
+        let (reset, f, rtt, _) = tmfs[0];
+        assert_eq!((f, rtt), (TmfFunction::LOGICAL_UNIT_RESET, RESERVED_TAG));
+        c.handle_pdu(
+            t0 + LIMIT,
+            tmf_answer(reset, TmfResponse::FUNCTION_COMPLETE),
+        );
+        let done = completed(&mut c);
+        assert_eq!(
+            done,
+            vec![
+                (
+                    late,
+                    Err(TaskError::TimedOut {
+                        after: LIMIT,
+                        by: Some(AbortedBy::LunReset)
+                    })
+                ),
+                (other, Err(TaskError::Aborted(AbortedBy::LunReset))),
+            ]
+        );
+        assert!(
+            std::iter::from_fn(|| c.poll_event())
+                .all(|e| !matches!(e, Event::TaskManagement { .. })),
+            "the engine's own TMFs are not reported as the caller's"
+        );
+        assert!(c.closed().is_none());
+    }
+
+    #[test]
+    fn a_refused_abort_and_a_refused_lun_reset_end_the_connection() {
+        let (mut c, t0) = timed_conn();
+        let itt = tur(&mut c, t0, true);
+        c.handle_timeout(t0 + LIMIT);
+        let (abort, ..) = tmfs_sent(&mut c)[0];
+        c.handle_pdu(
+            t0 + LIMIT,
+            tmf_answer(abort, TmfResponse::FUNCTION_REJECTED),
+        );
+        let (reset, ..) = tmfs_sent(&mut c)[0];
+        c.handle_pdu(
+            t0 + LIMIT,
+            tmf_answer(reset, TmfResponse::FUNCTION_REJECTED),
+        );
+        let e = ConnectionError {
+            by: Side::Initiator,
+            reason: CloseReason::AbortRefused {
+                abort: TmfResponse::FUNCTION_REJECTED,
+                reset: TmfResponse::FUNCTION_REJECTED,
+            },
+        };
+        assert_eq!(c.closed(), Some(e));
+        assert_eq!(
+            completed(&mut c),
+            vec![(itt, Err(TaskError::ConnectionLost(e)))],
+            "a connection loss, so session recovery reissues it"
+        );
+        assert!(!c.never_sent(itt), "the target saw it");
+    }
+
+    #[test]
+    fn an_unanswered_abort_ends_the_connection_after_the_tmf_timeout() {
+        let (mut c, t0) = timed_conn();
+        let itt = tur(&mut c, t0, true);
+        c.handle_timeout(t0 + LIMIT);
+        assert_eq!(tmfs_sent(&mut c).len(), 1);
+        let tmf_deadline = t0 + LIMIT + Duration::from_secs(10);
+        assert_eq!(c.poll_timeout(), Some(tmf_deadline));
+        c.handle_timeout(tmf_deadline - Duration::from_millis(1));
+        assert!(c.closed().is_none());
+        c.handle_timeout(tmf_deadline);
+        let e = ConnectionError {
+            by: Side::Initiator,
+            reason: CloseReason::TaskManagementTimeout(Duration::from_secs(10)),
+        };
+        assert_eq!(c.closed(), Some(e));
+        assert_eq!(
+            completed(&mut c),
+            vec![(itt, Err(TaskError::ConnectionLost(e)))]
+        );
+    }
+
+    #[test]
+    fn an_unanswered_lun_reset_after_a_refused_abort_ends_the_connection() {
+        let (mut c, t0) = timed_conn();
+        let itt = tur(&mut c, t0, true);
+        c.handle_timeout(t0 + LIMIT);
+        let (abort, ..) = tmfs_sent(&mut c)[0];
+        let t1 = t0 + LIMIT + Duration::from_secs(2);
+        c.handle_pdu(t1, tmf_answer(abort, TmfResponse::FUNCTION_REJECTED));
+        assert_eq!(tmfs_sent(&mut c)[0].1, TmfFunction::LOGICAL_UNIT_RESET);
+        assert_eq!(c.poll_timeout(), Some(t1 + Duration::from_secs(10)));
+        c.handle_timeout(t1 + Duration::from_secs(10));
+        assert!(matches!(
+            c.closed(),
+            Some(ConnectionError {
+                reason: CloseReason::TaskManagementTimeout(_),
+                ..
+            })
+        ));
+        assert!(matches!(
+            completed(&mut c)[..],
+            [(i, Err(TaskError::ConnectionLost(_)))] if i == itt
+        ));
+    }
+
+    #[test]
+    fn accepts_an_untimed_command_waiting_past_the_timeout() {
+        let (mut c, t0) = timed_conn();
+        let itt = tur(&mut c, t0, false);
+        assert_eq!(c.poll_timeout(), None);
+        c.handle_timeout(t0 + LIMIT * 10);
+        assert!(tmfs_sent(&mut c).is_empty());
+        c.handle_pdu(t0 + LIMIT * 10, good(itt));
+        assert!(matches!(completed(&mut c)[..], [(i, Ok(_))] if i == itt));
+    }
+
+    #[test]
+    fn a_command_still_waiting_for_the_window_times_out_without_a_tmf() {
+        let now = Instant::now();
+        let mut cfg = Config::new(params(), 1, 1, 1);
+        cfg.nop_interval = None;
+        cfg.command_timeout = Some(LIMIT);
+        let mut c = Connection::new(cfg, now);
+        let _sent = tur(&mut c, now, false);
+        let held = tur(&mut c, now, true);
+        c.handle_timeout(now + LIMIT);
+        assert!(tmfs_sent(&mut c).is_empty());
+        assert_eq!(
+            completed(&mut c),
+            vec![(
+                held,
+                Err(TaskError::TimedOut {
+                    after: LIMIT,
+                    by: None
+                })
+            )]
+        );
+        // The window opens later: the withdrawn command does not leave.
+        c.handle_pdu(now + LIMIT, good(_sent));
+        assert!(std::iter::from_fn(|| c.poll_transmit()).all(|p| p.header.itt() != held));
+    }
+
+    #[test]
+    fn the_next_timeout_follows_the_oldest_command_still_in_flight() {
+        let (mut c, t0) = timed_conn();
+        let a = tur(&mut c, t0, true);
+        let b = tur(&mut c, t0 + Duration::from_secs(1), true);
+        let cc = tur(&mut c, t0 + Duration::from_secs(2), true);
+        assert_eq!(c.poll_timeout(), Some(t0 + LIMIT));
+        // Out of order: b first changes nothing, then a uncovers c's (b's entry is stale).
+        c.handle_pdu(t0, good(b));
+        assert_eq!(c.poll_timeout(), Some(t0 + LIMIT));
+        c.handle_pdu(t0, good(a));
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(2) + LIMIT));
+        c.handle_pdu(t0, good(cc));
+        assert_eq!(c.poll_timeout(), None);
+        assert_eq!(completed(&mut c).len(), 3);
+        assert!(tmfs_sent(&mut c).is_empty());
     }
 }

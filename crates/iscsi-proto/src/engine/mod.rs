@@ -11,7 +11,8 @@
 //!   flight, NOP-In pings, text, logout.
 //! - [`initiator`]: the initiator's connection: the CmdSN window as seen from the initiator,
 //!   command submission with immediate and unsolicited data, R2T checking and answering,
-//!   Data-In reassembly, task management, NOP-Out keepalive, logout.
+//!   Data-In reassembly, task management, command timeouts (ABORT TASK, then LOGICAL UNIT
+//!   RESET, then the connection), NOP-Out keepalive, logout.
 //! - [`r2t`]: the target's bookkeeping of one write's data phase (R2TSN, DataSN, offsets,
 //!   MaxOutstandingR2T, burst limits).
 //! - This module: what both roles share: tags, errors typed by scope, sense bytes.
@@ -148,6 +149,13 @@ pub enum CloseReason {
     /// A task management request went unanswered.
     #[error("task management request unanswered for {0:?}")]
     TaskManagementTimeout(std::time::Duration),
+    /// A command timed out and the target refused both its ABORT TASK and the LOGICAL UNIT
+    /// RESET that followed (§11.6.1 responses): its tasks cannot be trusted any more.
+    #[error("the target refused to abort a timed-out command (task management response {}); LOGICAL UNIT RESET failed too (response {})", abort.0, reset.0)]
+    AbortRefused {
+        abort: iscsi_wire::header::TmfResponse,
+        reset: iscsi_wire::header::TmfResponse,
+    },
     /// TARGET COLD RESET ends every connection (§11.5.1).
     #[error("target cold reset")]
     ColdReset,

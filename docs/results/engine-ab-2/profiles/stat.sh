@@ -1,0 +1,16 @@
+#!/bin/bash
+# usage: stat.sh BIN PORT
+BIN=$1; PORT=$2
+IQN=iqn.2026-11.org.ipsan:cell
+$BIN target --portal 127.0.0.1:$PORT --iqn $IQN --lun mem:1GiB >/tmp/eng/t-$PORT.log 2>&1 &
+TP=$!
+sleep 1
+URL=iscsi://127.0.0.1:$PORT/$IQN/0
+$BIN bench $URL --rw write --bs 1MiB --depth 16 --size 1GiB --quiet >/dev/null
+perf stat -e task-clock,context-switches,cpu-migrations,page-faults -p $TP -o /tmp/eng/stat-tgt-$PORT.txt &
+PP=$!
+perf stat -e task-clock,context-switches,cpu-migrations,page-faults -o /tmp/eng/stat-ini-$PORT.txt -- $BIN bench $URL --rw read --bs 64KiB --depth 1 --size 2GiB --quiet --json /tmp/eng/r-$PORT.json --threads 2 >/dev/null 2>&1
+kill -INT $PP; wait $PP
+python3 -c "import json;print('$BIN', json.load(open('/tmp/eng/r-$PORT.json'))['result']['throughput_mib_s'])"
+grep -E "task-clock|context|migr" /tmp/eng/stat-tgt-$PORT.txt /tmp/eng/stat-ini-$PORT.txt
+kill $TP; wait $TP 2>/dev/null
