@@ -25,12 +25,11 @@
 //! time, each with its own engine, tasks and Seal keys.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use iscsi_proto::engine::initiator::{self as engine, AbortedBy, SubmitError, TaskError};
 use iscsi_proto::engine::{CloseReason, Side};
 use iscsi_wire::header::{LoginRequest, LogoutReason, LogoutRequest, TextRequest, TmfResponse};
@@ -1756,24 +1755,9 @@ async fn writer_inner(
         if !head.is_empty() {
             segs.push_back(head.split().freeze());
         }
-        while !segs.is_empty() {
-            let slices: Vec<IoSlice<'_>> = segs.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            let mut n = wr.write_vectored(&slices).await.map_err(io)?;
-            drop(slices);
-            if n == 0 {
-                return Err(io(std::io::ErrorKind::WriteZero.into()));
-            }
-            while n > 0 {
-                let Some(front) = segs.front_mut() else { break };
-                if n >= front.len() {
-                    n -= front.len();
-                    segs.pop_front();
-                } else {
-                    front.advance(n);
-                    n = 0;
-                }
-            }
-        }
+        ipsan_tcp::vectored::write_segments(&mut wr, &mut segs)
+            .await
+            .map_err(io)?;
         if head.capacity() < 4096 {
             head.reserve(64 * 1024);
         }

@@ -523,7 +523,7 @@ async fn writer_task(
             segs.push_back(head.split().freeze());
         }
         // What was encoded before a failure still goes out (a status, say).
-        if let Err(e) = write_segments(&mut wr, &mut segs).await {
+        if let Err(e) = ipsan_tcp::vectored::write_segments(&mut wr, &mut segs).await {
             debug!("write failed: {e}");
             writer_failed(&session);
             return;
@@ -543,37 +543,6 @@ async fn writer_task(
 /// Data segments at least this long are written from their own buffer (vectored write);
 /// shorter ones are copied next to their header.
 const SEGMENT_COPY_MAX: usize = 2048;
-
-/// Writes `segs` in order by vectored writes, at most 64 buffers a call.
-async fn write_segments(
-    wr: &mut OwnedWriteHalf,
-    segs: &mut VecDeque<Bytes>,
-) -> std::io::Result<()> {
-    use bytes::Buf;
-    while !segs.is_empty() {
-        let slices: Vec<std::io::IoSlice<'_>> = segs
-            .iter()
-            .take(64)
-            .map(|b| std::io::IoSlice::new(b))
-            .collect();
-        let mut n = wr.write_vectored(&slices).await?;
-        drop(slices);
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while n > 0 {
-            let Some(front) = segs.front_mut() else { break };
-            if n >= front.len() {
-                n -= front.len();
-                segs.pop_front();
-            } else {
-                front.advance(n);
-                n = 0;
-            }
-        }
-    }
-    Ok(())
-}
 
 /// The socket cannot take more: the connection is over, and a reader waiting for the queue
 /// to drain must not wait for a writer that is gone.

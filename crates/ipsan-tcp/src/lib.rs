@@ -26,6 +26,7 @@ pub mod error;
 pub mod info;
 pub mod settings;
 mod sys;
+pub mod vectored;
 
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
