@@ -24,7 +24,7 @@
 //! command again on it when it may ([`crate::recovery`]); a session is one connection at a
 //! time, each with its own engine, tasks and Seal keys.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -1705,8 +1705,7 @@ async fn writer_inner(
         op: IoOp::Send,
         kind: e.kind(),
     };
-    let mut head = BytesMut::with_capacity(64 * 1024);
-    let mut segs: VecDeque<Bytes> = VecDeque::new();
+    let mut out = ipsan_tcp::vectored::Segments::default();
     let mut batch: Vec<Pdu> = Vec::with_capacity(512);
     loop {
         let woken = shared.wake_writer.notified();
@@ -1744,23 +1743,11 @@ async fn writer_inner(
                 })?;
             }
             let trailer = codec
-                .encode_head(&pdu, &mut head)
+                .encode_head(&pdu, out.head())
                 .map_err(ConnectionLoss::Encode)?;
-            if !pdu.data.is_empty() {
-                segs.push_back(head.split().freeze());
-                segs.push_back(pdu.data);
-                head.extend_from_slice(trailer.as_bytes());
-            }
+            out.push_data(pdu.data, trailer.as_bytes());
         }
-        if !head.is_empty() {
-            segs.push_back(head.split().freeze());
-        }
-        ipsan_tcp::vectored::write_segments(&mut wr, &mut segs)
-            .await
-            .map_err(io)?;
-        if head.capacity() < 4096 {
-            head.reserve(64 * 1024);
-        }
+        out.write_to(&mut wr).await.map_err(io)?;
     }
     let _ = wr.shutdown().await;
     Ok(())

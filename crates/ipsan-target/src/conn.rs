@@ -7,7 +7,7 @@
 //! them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently (`execute`, the
 //! one place a command reaches the logical unit) and complete in any order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -461,11 +461,8 @@ async fn writer_task(
     mut sealer: Option<RecordSealer>,
 ) {
     let mut wr = wr;
-    // Headers, digests, padding and small data segments are copied into `head`; data
-    // segments of SEGMENT_COPY_MAX bytes and more (a READ's Data-In) go to the socket as
-    // they are, by vectored write: no copy of the payload on the way out.
-    let mut head = BytesMut::with_capacity(64 * 1024);
-    let mut segs: VecDeque<Bytes> = VecDeque::new();
+    // A READ's Data-In goes to the socket as it is, by vectored write (`Segments`).
+    let mut out = ipsan_tcp::vectored::Segments::default();
     let mut batch: Vec<Pdu> = Vec::with_capacity(64);
     loop {
         let notified = session.wake_writer.notified();
@@ -502,7 +499,7 @@ async fn writer_task(
                     break;
                 }
             }
-            let Ok(trailer) = codec.encode_head(&pdu, &mut head) else {
+            let Ok(trailer) = codec.encode_head(&pdu, out.head()) else {
                 warn!("cannot encode {:?}", pdu.header.opcode());
                 if sealer.is_some() {
                     // Its record counter is spent: the next PDU could not verify.
@@ -511,19 +508,10 @@ async fn writer_task(
                 }
                 continue;
             };
-            if pdu.data.len() >= SEGMENT_COPY_MAX {
-                segs.push_back(head.split().freeze());
-                segs.push_back(pdu.data);
-            } else {
-                head.extend_from_slice(&pdu.data);
-            }
-            head.extend_from_slice(trailer.as_bytes());
-        }
-        if !head.is_empty() {
-            segs.push_back(head.split().freeze());
+            out.push_data(pdu.data, trailer.as_bytes());
         }
         // What was encoded before a failure still goes out (a status, say).
-        if let Err(e) = ipsan_tcp::vectored::write_segments(&mut wr, &mut segs).await {
+        if let Err(e) = out.write_to(&mut wr).await {
             debug!("write failed: {e}");
             writer_failed(&session);
             return;
@@ -532,17 +520,10 @@ async fn writer_task(
             writer_failed(&session);
             return;
         }
-        if head.capacity() < 4096 {
-            head.reserve(64 * 1024);
-        }
         session.written.notify_waiters();
     }
     let _ = wr.shutdown().await;
 }
-
-/// Data segments at least this long are written from their own buffer (vectored write);
-/// shorter ones are copied next to their header.
-const SEGMENT_COPY_MAX: usize = 2048;
 
 /// The socket cannot take more: the connection is over, and a reader waiting for the queue
 /// to drain must not wait for a writer that is gone.

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// Buffers handed to one `writev`: Linux's `IOV_MAX` is 1024; 64 covers a burst of PDUs
@@ -42,6 +42,59 @@ pub async fn write_segments<W: AsyncWrite + Unpin>(
         }
     }
     Ok(())
+}
+
+/// Data segments at least this long are written from their own buffer; shorter ones are
+/// copied next to their header (an iovec entry costs more than copying a few bytes).
+pub const SEGMENT_COPY_MAX: usize = 2048;
+
+/// A batch of PDUs on its way to the socket: headers, digests, padding and short data
+/// segments are copied into one buffer; long data segments (a READ's Data-In, a WRITE's
+/// Data-Out) stay in their own `Bytes` and go out by vectored write, never copied.
+#[derive(Debug)]
+pub struct Segments {
+    head: BytesMut,
+    segs: VecDeque<Bytes>,
+}
+
+impl Default for Segments {
+    fn default() -> Self {
+        Segments {
+            head: BytesMut::with_capacity(64 * 1024),
+            segs: VecDeque::new(),
+        }
+    }
+}
+
+impl Segments {
+    /// Where the next PDU's header is encoded.
+    pub fn head(&mut self) -> &mut BytesMut {
+        &mut self.head
+    }
+
+    /// The data segment and trailer (digest, padding) of the PDU whose header was just
+    /// encoded into [`Segments::head`].
+    pub fn push_data(&mut self, data: Bytes, trailer: &[u8]) {
+        if data.len() >= SEGMENT_COPY_MAX {
+            self.segs.push_back(self.head.split().freeze());
+            self.segs.push_back(data);
+        } else {
+            self.head.extend_from_slice(&data);
+        }
+        self.head.extend_from_slice(trailer);
+    }
+
+    /// Writes everything queued, in order ([`write_segments`]).
+    pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> std::io::Result<()> {
+        if !self.head.is_empty() {
+            self.segs.push_back(self.head.split().freeze());
+        }
+        write_segments(wr, &mut self.segs).await?;
+        if self.head.capacity() < 4096 {
+            self.head.reserve(64 * 1024);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -115,6 +168,31 @@ mod tests {
             assert!(segs.is_empty());
             assert_eq!(w.out, want, "chunk {chunk}");
         }
+    }
+
+    #[tokio::test]
+    async fn segments_keep_pdu_order_whether_data_is_copied_or_not() {
+        let mut s = Segments::default();
+        let mut want = Vec::new();
+        for (i, len) in [0usize, 10, SEGMENT_COPY_MAX, 5, 70_000]
+            .into_iter()
+            .enumerate()
+        {
+            let header = [i as u8; 48];
+            let data = Bytes::from(vec![0x80 | i as u8; len]);
+            let trailer = [0xee; 3];
+            s.head().extend_from_slice(&header);
+            s.push_data(data.clone(), &trailer);
+            want.extend_from_slice(&header);
+            want.extend_from_slice(&data);
+            want.extend_from_slice(&trailer);
+        }
+        let mut w = Trickle {
+            out: Vec::new(),
+            chunk: 1000,
+        };
+        s.write_to(&mut w).await.unwrap();
+        assert_eq!(w.out, want);
     }
 
     #[tokio::test]
