@@ -17,14 +17,15 @@
 //! removed by a Drop guard, so a failed assertion leaves nothing behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::Relay;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipsan");
@@ -427,81 +428,6 @@ fn accepts_unaligned_and_concurrent_overlapping_writes_through_the_file() {
     assert_eq!(e.raw_os_error(), Some(27), "EFBIG past the end, got {e}");
     drop(f);
     drop(a);
-}
-
-/// A loopback TCP relay to `port` that the test can cut (every relayed connection shut
-/// down, both ways) and hold down (new connections closed at once).
-struct Relay {
-    port: u16,
-    ctl: Arc<RelayCtl>,
-    stop: Arc<AtomicBool>,
-}
-
-/// The relay's connections and its down switch (shared with a cutting thread).
-#[derive(Default)]
-struct RelayCtl {
-    conns: Mutex<Vec<TcpStream>>,
-    down: AtomicBool,
-}
-
-impl RelayCtl {
-    /// Closes every relayed connection and refuses new ones for `hold`.
-    fn cut_for(&self, hold: Duration) {
-        self.down.store(true, Ordering::Release);
-        for c in self.conns.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        std::thread::sleep(hold);
-        self.down.store(false, Ordering::Release);
-    }
-}
-
-impl Relay {
-    fn start(to: u16) -> Relay {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        let ctl: Arc<RelayCtl> = Arc::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, st) = (ctl.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for a in l.incoming() {
-                if st.load(Ordering::Acquire) {
-                    return;
-                }
-                let Ok(a) = a else { continue };
-                if c.down.load(Ordering::Acquire) {
-                    drop(a);
-                    continue;
-                }
-                let Ok(b) = TcpStream::connect(("127.0.0.1", to)) else {
-                    continue;
-                };
-                let _ = (a.set_nodelay(true), b.set_nodelay(true));
-                for (mut from, mut to) in [
-                    (a.try_clone().unwrap(), b.try_clone().unwrap()),
-                    (b.try_clone().unwrap(), a.try_clone().unwrap()),
-                ] {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(Shutdown::Both);
-                        let _ = from.shutdown(Shutdown::Both);
-                    });
-                }
-                c.conns.lock().unwrap().extend([a, b]);
-            }
-        });
-        Relay { port, ctl, stop }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        for c in self.ctl.conns.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
 }
 
 /// ext4 over a loop device over the file: mkfs, a tree of files, sync, umount, fsck clean,

@@ -9,6 +9,8 @@
 //! - `qemu-img convert` in and out through the pair, hashes equal;
 //! - tgtd behind a `--seal required` gateway, reached sealed by `ipsan bench --seal` and
 //!   plain through gateway A;
+//! - the sealed leg cut for 3 s under a verified host run: gateway A's remote session recovers
+//!   (reinstating login, commands sent again, counted in its log) and the host sees no error;
 //! - the array down: a run in flight ends with errors (not a hang), a new host login is
 //!   refused with a target error, and after the array returns the same gateway serves again;
 //! - the Linux kernel initiator (`../shared/linuxvm`, under QEMU) through the pair, when the
@@ -17,6 +19,9 @@
 //! Every process is killed by a Drop guard; files live in a temporary directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::Relay;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -127,10 +132,18 @@ struct Pair {
     array_port: u16,
     b_port: u16,
     a_port: u16,
+    /// The sealed leg's relay (A connects to B through it), when asked for.
+    wan: Option<Relay>,
     _procs: Vec<Proc>,
 }
 
 fn pair(lun_size: &str) -> Pair {
+    pair_with(lun_size, false)
+}
+
+/// The pair, with gateway A's sealed leg to B through a [`Relay`] that a test can cut when
+/// `cuttable`.
+fn pair_with(lun_size: &str, cuttable: bool) -> Pair {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("array.img");
     let (c, array_port) = spawn_ipsan(
@@ -146,12 +159,14 @@ fn pair(lun_size: &str) -> Pair {
         &dir.path().join("c.log"),
     );
     let (b, b_port) = gateway_b(dir.path(), &format!("iscsi://127.0.0.1:{array_port}/{IQN}"));
-    let (a, a_port) = gateway_a(dir.path(), b_port, IQN);
+    let wan = cuttable.then(|| Relay::start(b_port));
+    let (a, a_port) = gateway_a(dir.path(), wan.as_ref().map_or(b_port, |r| r.port), IQN);
     Pair {
         dir,
         array_port,
         b_port,
         a_port,
+        wan,
         _procs: vec![a, b, c],
     }
 }
@@ -491,6 +506,75 @@ fn array_restart_within_the_recovery_timeout_is_invisible_to_a_sealed_host_run()
         "gateway B did not recover its remote session:\n{b_log}"
     );
     drop((a, b));
+}
+
+#[test]
+fn sealed_leg_cut_under_a_verified_host_run_is_recovered_by_gateway_a() {
+    // Host (plain `ipsan bench --verify`, no recovery of its own) -> gateway A -> relay
+    // standing for the WAN -> gateway B -> array. 1.5 s into the run the relay closes the
+    // sealed connection and refuses new ones for 3 s. Gateway A's remote session must recover
+    // by itself (reinstating login with fresh Seal keys, the host's forwarded commands sent
+    // again) so the host's run ends with every block verified, and A must count the commands
+    // it sent again.
+    let p = pair_with("256MiB", true);
+    let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.a_port);
+    let run = Command::new(BIN)
+        .args([
+            "bench",
+            &via,
+            "--rw",
+            "write",
+            "--bs",
+            "64KiB",
+            "--depth",
+            "16",
+            "--time",
+            "7s",
+            "--verify",
+            "--quiet",
+            "--recovery-timeout",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let cut_at = Instant::now();
+    p.wan.as_ref().unwrap().ctl.cut_for(Duration::from_secs(3));
+    let out = run.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let a_log = std::fs::read_to_string(p.dir.path().join("a.log")).unwrap_or_default();
+    assert!(
+        out.status.success() && stdout.contains("verify: OK"),
+        "host run failed across the cut of the sealed leg:\n{stdout}\n{}\ngateway A:\n{a_log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The run outlived the cut (so the cut met a busy session), and A recovered once.
+    assert!(
+        cut_at.elapsed() > Duration::from_secs(3),
+        "the host run ended before the cut was over:\n{stdout}"
+    );
+    let recovered: Vec<&str> = a_log
+        .lines()
+        .filter(|l| l.contains("session recovered"))
+        .collect();
+    assert_eq!(
+        recovered.len(),
+        1,
+        "gateway A should recover its remote session exactly once:\n{a_log}"
+    );
+    let reissued: u64 = recovered[0]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("reissued="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no reissued= count in {:?}", recovered[0]));
+    println!("gateway A: {}", recovered[0]);
+    assert!(
+        reissued >= 1,
+        "a cut under 16 commands in flight must send some again: {}",
+        recovered[0]
+    );
 }
 
 /// The harness beside the clone (CI has `shared/` next to it), else this machine's.

@@ -1,0 +1,85 @@
+//! Helpers shared by the root package's integration tests.
+//!
+//! `Relay`: a loopback TCP relay a test can cut, standing for a WAN link that fails (the
+//! connection dies both ways, reconnects are refused while it is down).
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A loopback TCP relay to `port` that the test can cut (every relayed connection shut
+/// down, both ways) and hold down (new connections closed at once).
+pub struct Relay {
+    pub port: u16,
+    pub ctl: Arc<RelayCtl>,
+    stop: Arc<AtomicBool>,
+}
+
+/// The relay's connections and its down switch (shared with a cutting thread).
+#[derive(Default)]
+pub struct RelayCtl {
+    conns: Mutex<Vec<TcpStream>>,
+    down: AtomicBool,
+}
+
+impl RelayCtl {
+    /// Closes every relayed connection and refuses new ones for `hold`.
+    pub fn cut_for(&self, hold: Duration) {
+        self.down.store(true, Ordering::Release);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        std::thread::sleep(hold);
+        self.down.store(false, Ordering::Release);
+    }
+}
+
+impl Relay {
+    pub fn start(to: u16) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let ctl: Arc<RelayCtl> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, st) = (ctl.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for a in l.incoming() {
+                if st.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(a) = a else { continue };
+                if c.down.load(Ordering::Acquire) {
+                    drop(a);
+                    continue;
+                }
+                let Ok(b) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let _ = (a.set_nodelay(true), b.set_nodelay(true));
+                for (mut from, mut to) in [
+                    (a.try_clone().unwrap(), b.try_clone().unwrap()),
+                    (b.try_clone().unwrap(), a.try_clone().unwrap()),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                        let _ = from.shutdown(Shutdown::Both);
+                    });
+                }
+                c.conns.lock().unwrap().extend([a, b]);
+            }
+        });
+        Relay { port, ctl, stop }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for c in self.ctl.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
