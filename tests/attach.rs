@@ -293,13 +293,38 @@ impl Loop {
     }
 }
 
+impl Loop {
+    /// Unmount, `losetup -d`, then wait (up to `limit`) until the kernel has really let go
+    /// of the backing file: `losetup -d` returns at once and the loop driver unbinds only
+    /// when its last opener closes it. Returns how long that took, or `None` if the device
+    /// was still bound at `limit`.
+    fn detach_and_wait(mut self, limit: Duration) -> Option<Duration> {
+        let sys = Path::new("/sys/block")
+            .join(Path::new(&self.dev).file_name().unwrap())
+            .join("loop");
+        self.umount();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+        self.dev.clear(); // detached: nothing left for Drop
+        let started = Instant::now();
+        while sys.exists() {
+            if started.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(started.elapsed())
+    }
+}
+
 impl Drop for Loop {
     fn drop(&mut self) {
         if let Some(m) = self.mnt.take() {
             let _ = Command::new("umount").arg(&m).output();
             let _ = Command::new("umount").arg("-l").arg(&m).output();
         }
-        let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+        if !self.dev.is_empty() {
+            let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+        }
     }
 }
 
@@ -501,8 +526,21 @@ fn ext4_round_trip(
             path_of(i).display()
         );
     }
-    lo.umount();
-    drop(lo);
+    // The loop device must have let go of the file before attach is asked to unmount it
+    // (attach retries a busy unmount for 60 s, then keeps serving, as documented). It lets go
+    // only when its last opener does, and a copy of the ext4 mount in another mount
+    // namespace is one: processes started by `ip netns exec` (a lab or WAN script running
+    // beside this test) copy every mount of this private-propagation root, and our umount
+    // does not reach their copies. One CI run on a shared machine failed that way; this
+    // wait turns it into a failure that says so.
+    let released = lo.detach_and_wait(Duration::from_secs(180));
+    println!("loop device released the file after {released:?}");
+    assert!(
+        released.is_some(),
+        "the loop device still holds {} 180 s after losetup -d (another mount namespace \
+         holding a copy of the ext4 mount?)",
+        a.file().display()
+    );
     assert!(
         !a.log().contains("EIO"),
         "I/O errors during the run:\n{}",
@@ -516,10 +554,12 @@ fn ext4_round_trip(
         );
         println!("attach log:\n{}", a.log());
     }
-    // SIGTERM right after `losetup -d`: the loop device lets go of the file asynchronously
-    // (seconds later after direct AIO); attach retries the unmount and exits cleanly.
+    // SIGTERM once the loop device is unbound: its last reference to the file may still be
+    // dropped a moment later; attach retries the unmount and exits cleanly.
     let mut a = a;
+    let asked = Instant::now();
     let st = a.terminate(Duration::from_secs(75));
+    println!("attach exited {:?} after SIGTERM", asked.elapsed());
     assert!(
         st.success(),
         "ipsan attach exited with {st}; log:\n{}",
