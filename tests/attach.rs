@@ -164,6 +164,11 @@ struct Attach {
 
 impl Attach {
     fn start(tag: &str, port: u16, extra: &[&str]) -> Attach {
+        Attach::start_env(tag, port, extra, &[])
+    }
+
+    /// As `start`, with environment variables for `ipsan attach` (e.g. `RUST_LOG`).
+    fn start_env(tag: &str, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Attach {
         let base = std::env::temp_dir().join(format!("ipsan-attach-{}-{tag}", std::process::id()));
         let _ = Command::new("umount")
             .arg("-l")
@@ -178,6 +183,7 @@ impl Attach {
         args.extend_from_slice(extra);
         let mut child = Command::new(BIN)
             .args(&args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(File::create(&log).unwrap())
             .spawn()
@@ -629,6 +635,104 @@ fn ext4_over_a_sealed_session_rides_out_a_connection_cut_without_an_io_error() {
         Some(Duration::from_secs(3)),
     );
     let _ = std::fs::remove_file(&key);
+}
+
+/// Seconds since midnight of a log line's RFC 3339 timestamp (`2026-11-25T19:36:04.174084Z …`).
+fn log_secs(line: &str) -> Option<f64> {
+    let t = line
+        .split_whitespace()
+        .next()?
+        .split('T')
+        .nth(1)?
+        .trim_end_matches('Z');
+    let mut p = t.split(':');
+    let (h, m, s) = (p.next()?, p.next()?, p.next()?);
+    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+}
+
+/// A loop device with `--direct-io=on` hands the file asynchronous direct I/O; with
+/// FUSE_ASYNC_DIO negotiated the kernel passes those requests on without waiting for each
+/// reply, so they reach attach together and become SCSI commands in flight together. Without
+/// it the kernel turns each into a synchronous request, and the loop driver sends the next
+/// only when the previous one was answered: one request per round trip to the target, which
+/// across a WAN bound ext4 through attach to ~17 MB/s at 8 ms (docs/gateway.md). Here every
+/// command crosses a 25 ms-each-way relay, so requests that waited for each other arrive at
+/// least 50 ms apart; one 8 MiB direct write to the loop device (several requests) must bring
+/// at least two within 20 ms of each other.
+#[test]
+fn loop_device_direct_io_reaches_attach_several_requests_at_a_time() {
+    if !can_run("attach async direct I/O", true) {
+        return;
+    }
+    let _s = serial();
+    let (_target, port) = start_target("mem:64MiB", &[]);
+    let mut relay = Command::new(BIN)
+        .args(["wan", "proxy", "--listen", "127.0.0.1:0"])
+        .args(["--to", &format!("127.0.0.1:{port}"), "--delay", "25ms"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open to the end: the relay must not meet a closed stderr.
+    let mut err = BufReader::new(relay.stderr.take().unwrap());
+    let _relay = Proc(relay);
+    let mut first = String::new();
+    while !first.starts_with("relaying") {
+        first.clear();
+        assert!(
+            err.read_line(&mut first).unwrap() > 0,
+            "the relay did not start"
+        );
+    }
+    // "relaying 127.0.0.1:PORT -> …"
+    let relay_port: u16 = first
+        .split_whitespace()
+        .nth(1)
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no relay address in {first:?}"));
+    let a = Attach::start_env(
+        "asyncdio",
+        relay_port,
+        &["--depth", "32"],
+        &[("RUST_LOG", "info,ipsan::cli::attach::fs=trace")],
+    );
+    let lo = Loop::attach(&a.file());
+    run(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", lo.dev),
+            "bs=8M",
+            "count=1",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
+    drop(lo);
+    let log = a.log();
+    let mut arrivals: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("TRACE") && l.contains(" write offset="))
+        .filter_map(log_secs)
+        .collect();
+    arrivals.sort_by(f64::total_cmp);
+    assert!(arrivals.len() >= 2, "fewer than two write requests:\n{log}");
+    let closest = arrivals
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(f64::INFINITY, f64::min);
+    println!(
+        "{} write requests, closest arrivals {:.1} ms apart",
+        arrivals.len(),
+        closest * 1e3
+    );
+    assert!(
+        closest < 0.020,
+        "{} write requests, never two within 20 ms (closest {:.1} ms apart): the loop device's \
+         direct I/O reaches attach one request per round trip; log:\n{log}",
+        arrivals.len(),
+        closest * 1e3
+    );
 }
 
 #[test]

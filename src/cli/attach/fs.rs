@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
-    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyWrite, Request, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
 };
 
 use super::lun::{IoError, LunIo, MAX_IO};
@@ -99,6 +99,15 @@ impl Filesystem for LunFs {
         }
         if let Err(v) = config.set_max_readahead(max) {
             let _ = config.set_max_readahead(v);
+        }
+        // A loop device with --direct-io=on sends asynchronous direct I/O; without
+        // FUSE_ASYNC_DIO the kernel makes each such request synchronous, so the loop driver
+        // sends its next request only once this one was answered: one at a time, one round
+        // trip to the target each. (libfuse asks for it by default; fuser does not.)
+        if let Err(v) = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO) {
+            tracing::debug!(
+                "kernel without FUSE_ASYNC_DIO ({v:?}): direct I/O one request at a time"
+            );
         }
         // Asynchronous requests (readahead, writeback, direct AIO) the kernel keeps in flight.
         let bg = u16::try_from(self.depth).unwrap_or(u16::MAX).max(1);
