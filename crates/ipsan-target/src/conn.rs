@@ -1043,7 +1043,7 @@ impl Session {
             let buf = std::mem::take(&mut data_out)
                 .try_into_mut()
                 .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            match pool.open(session, *binding, buf).await {
+            match Box::pin(pool.open(session, *binding, buf)).await {
                 Ok(plain) => data_out = plain,
                 Err(e) => {
                     self.stats.seal_open_failed(&e);
@@ -1071,15 +1071,16 @@ impl Session {
             (Some(r), _) => r,
             (None, Some(r)) => engine_response(r),
             (None, None) if matches!(exec, Exec::Remote(..)) => {
-                let (r, res, lost) = self
-                    .forward(
-                        itt,
-                        &exec,
-                        &cdb,
-                        data_out,
-                        (x.need, x.edtl, x.read, x.write),
-                    )
-                    .await;
+                // Boxed (as every rarely taken sub-future here): an inline future would make
+                // every command's task as large as the largest path, copied at each spawn.
+                let (r, res, lost) = Box::pin(self.forward(
+                    itt,
+                    &exec,
+                    &cdb,
+                    data_out,
+                    (x.need, x.edtl, x.read, x.write),
+                ))
+                .await;
                 residual = res;
                 remote_lost = lost;
                 r
@@ -1088,13 +1089,13 @@ impl Session {
             // awaits them and holds no thread (ipsan_scsi::aio).
             (None, None) if runs_async(&exec, &cdb) => match &exec {
                 Exec::Lu(lu, _) => engine_response(
-                    lu.execute_async(OwnedRequest {
+                    Box::pin(lu.execute_async(OwnedRequest {
                         cdb: cdb.clone(),
                         data_out,
                         nexus: self.nexus.clone(),
                         lun,
                         tag: u64::from(itt),
-                    })
+                    }))
                     .await,
                 ),
                 Exec::Remote(..) | Exec::NoLun => engine_response(no_such_lun(&cdb)),
@@ -1140,9 +1141,11 @@ impl Session {
             let plain = std::mem::take(&mut resp.data_in);
             let room = session.sealed_len(plain.len()).unwrap_or(usize::MAX);
             let sealed = match plain.try_into_mut() {
-                Ok(buf) if buf.capacity() >= room => pool.seal(session, *binding, buf).await,
-                Ok(buf) => pool.seal_copy(session, *binding, buf.freeze()).await,
-                Err(shared) => pool.seal_copy(session, *binding, shared).await,
+                Ok(buf) if buf.capacity() >= room => {
+                    Box::pin(pool.seal(session, *binding, buf)).await
+                }
+                Ok(buf) => Box::pin(pool.seal_copy(session, *binding, buf.freeze())).await,
+                Err(shared) => Box::pin(pool.seal_copy(session, *binding, shared)).await,
             };
             match sealed {
                 Ok(sealed) => resp.data_in = sealed,
