@@ -779,6 +779,8 @@ impl Connection {
     }
 
     fn on_tmf(&mut self, dir: &dyn LunDirectory, h: &TaskMgmtRequest) {
+        // The window as it was when the request arrived (a non-immediate request moves it).
+        let exp_cmd_sn = self.window.exp_cmd_sn();
         if !self.admit(h.cmd_sn, h.immediate, false) {
             return;
         }
@@ -792,10 +794,15 @@ impl Connection {
                     let w = self.abort_where(|i, _| i == rtt);
                     self.forward_aborts(dir, &w);
                     (TmfResponse::FUNCTION_COMPLETE, w, false)
-                } else if sn_lt(h.ref_cmd_sn, h.cmd_sn) {
-                    // §11.5.1: a task already completed counts as aborted.
+                } else if !sn_lt(h.ref_cmd_sn, exp_cmd_sn) && sn_lt(h.ref_cmd_sn, h.cmd_sn) {
+                    // §11.5.1 a): a command not received yet (its CmdSN still in the window,
+                    // before this request's): considered received, Function complete.
                     (TmfResponse::FUNCTION_COMPLETE, none(), false)
                 } else {
+                    // §11.5.1 b): the CmdSN is outside the window. A task that completed
+                    // already is this case: its status went out, or is queued to, so
+                    // "Function complete" would tell the initiator that a command it sees
+                    // answered GOOD was aborted.
                     (TmfResponse::TASK_DOES_NOT_EXIST, none(), false)
                 }
             }
@@ -1485,6 +1492,49 @@ mod tests {
             exp_data_sn: 0,
         };
         Pdu::new(t, Bytes::new())
+    }
+
+    #[test]
+    fn abort_of_a_completed_task_is_task_does_not_exist_even_before_its_status_left() {
+        // libiscsi's iSCSITMF.AbortTaskSimpleAsync: a WRITE, then ABORT TASK for it. When the
+        // write completed first (its GOOD status queued or sent), the answer must be "Task
+        // does not exist" (RFC 7143 §11.5.1 b: its CmdSN is no longer in the window), never
+        // "Function complete" beside a GOOD status.
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        c.handle_pdu(now, &Remote, read16(3, 1));
+        assert!(matches!(c.poll_event(), Some(Event::Execute(_))));
+        assert!(c.complete(3, Response::good(Bytes::from(vec![1u8; 512]))));
+        c.handle_pdu(now, &Remote, tmf(TmfFunction::ABORT_TASK, 4, 3, 2));
+        let mut answers = Vec::new();
+        while let Some(p) = c.poll_transmit() {
+            answers.push(p.header);
+        }
+        assert!(
+            answers.iter().any(|h| matches!(h, Header::TaskMgmtResponse(r) if r.response == TmfResponse::TASK_DOES_NOT_EXIST)),
+            "{answers:?}"
+        );
+        assert!(
+            !answers.iter().any(|h| matches!(h, Header::TaskMgmtResponse(r) if r.response == TmfResponse::FUNCTION_COMPLETE)),
+            "{answers:?}"
+        );
+    }
+
+    #[test]
+    fn abort_of_a_command_not_received_yet_is_function_complete() {
+        // RFC 7143 §11.5.1 a): the referenced CmdSN is in the window and before the request's
+        // own: the target considers it received and answers "Function complete".
+        let now = Instant::now();
+        let mut c = Connection::new(Config::new(params(), 1, 1), now);
+        // The command with CmdSN 1 is lost on the way; the initiator's immediate ABORT TASK
+        // for it carries the next CmdSN, 2, and RefCmdSN 1 (ExpCmdSN is still 1).
+        c.handle_pdu(now, &Remote, tmf(TmfFunction::ABORT_TASK, 4, 9, 2));
+        let p = c.poll_transmit().unwrap();
+        assert!(
+            matches!(p.header, Header::TaskMgmtResponse(ref r) if r.response == TmfResponse::FUNCTION_COMPLETE),
+            "{:?}",
+            p.header
+        );
     }
 
     #[test]
