@@ -8,6 +8,7 @@
 //! one place a command reaches the logical unit) and complete in any order.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -450,6 +451,10 @@ const LOGOUT_WAIT_SECS: u16 = 10;
 /// that sends without reading its answers gets TCP backpressure instead of our memory.
 const MAX_QUEUED_BYTES: usize = 16 << 20;
 
+/// Commands moving at most this many bytes are first run on the reader's own task (see
+/// `Session::events`); larger ones always get a task, so their copies run beside the reader.
+const INLINE_MAX: u32 = 64 << 10;
+
 /// The one framed write of this connection: drains the engine's PDUs (sequence numbers are
 /// stamped as they leave the engine) into the socket, many PDUs per syscall, until the
 /// connection is over and everything queued has left. In a sealed session every PDU is
@@ -801,12 +806,33 @@ impl Session {
                     // Counted rather than joined: a join set would wake this loop once per
                     // command, a full loop iteration (locks, a timer) on the small-read path.
                     self.running.fetch_add(1, Ordering::AcqRel);
-                    tokio::spawn(async move {
+                    let small = self.seal.is_none()
+                        && x.edtl <= INLINE_MAX
+                        && x.data_out.len() <= INLINE_MAX as usize;
+                    let mut task = Box::pin(async move {
                         s.clone().execute(x).await;
                         if s.running.fetch_sub(1, Ordering::AcqRel) == 1 {
                             s.idle.notify_waiters();
                         }
                     });
+                    // A small command on an in-memory LU in a plain session never waits: it
+                    // completes on its first poll, here, without a task of its own (a spawn,
+                    // a wake-up and often a hop to the other worker thread per command), and
+                    // the writer then sends the answers of a whole batch of commands at once.
+                    // Any other command is pending at its first wait (blocking pool, remote
+                    // session) and goes on as a task; the noop waker it may have registered
+                    // is replaced at the task's first poll, as the Future contract requires
+                    // of every future. Sealed sessions always wait for the crypto pool, so
+                    // they skip the first poll.
+                    if small
+                        && task
+                            .as_mut()
+                            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+                            .is_ready()
+                    {
+                        continue;
+                    }
+                    tokio::spawn(task);
                 }
                 engine::Event::Reset {
                     function,
