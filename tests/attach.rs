@@ -297,9 +297,7 @@ impl Loop {
             run("umount", &[m.to_str().unwrap()]);
         }
     }
-}
 
-impl Loop {
     /// Unmount, `losetup -d`, then wait (up to `limit`) until the kernel has really let go
     /// of the backing file: `losetup -d` returns at once and the loop driver unbinds only
     /// when its last opener closes it. Returns how long that took, or `None` if the device

@@ -453,6 +453,22 @@ fn array_down_fails_commands_and_refuses_logins_then_serves_again() {
     bench_verify(&via, &[]);
 }
 
+/// A host's `ipsan bench` writing 64 KiB at depth 16 through `url` and verifying it, with no
+/// session recovery of its own (what a host that knows nothing of ipsan would do), for the
+/// tests that break something behind the gateway while it runs. `amount`: `--size` or `--time`.
+fn spawn_verified_writes(url: &str, amount: &[&str]) -> Child {
+    Command::new(BIN)
+        .args([
+            "bench", url, "--rw", "write", "--bs", "64KiB", "--depth", "16",
+        ])
+        .args(amount)
+        .args(["--verify", "--quiet", "--recovery-timeout", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn array_restart_within_the_recovery_timeout_is_invisible_to_a_sealed_host_run() {
     // A plain host -> gateway A -> sealed leg -> gateway B -> array; the array is killed in the
@@ -468,27 +484,7 @@ fn array_restart_within_the_recovery_timeout_is_invisible_to_a_sealed_host_run()
     );
     let (a, a_port) = gateway_a(dir.path(), b_port, IQN);
     let via = format!("iscsi://127.0.0.1:{a_port}/{IQN}/0");
-    let run = Command::new(BIN)
-        .args([
-            "bench",
-            &via,
-            "--rw",
-            "write",
-            "--bs",
-            "64KiB",
-            "--depth",
-            "16",
-            "--size",
-            "48MiB",
-            "--verify",
-            "--quiet",
-            "--recovery-timeout",
-            "0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let run = spawn_verified_writes(&via, &["--size", "48MiB"]);
     std::thread::sleep(Duration::from_millis(700));
     drop(c);
     std::thread::sleep(Duration::from_secs(3));
@@ -518,27 +514,7 @@ fn sealed_leg_cut_under_a_verified_host_run_is_recovered_by_gateway_a() {
     // it sent again.
     let p = pair_with("256MiB", true);
     let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.a_port);
-    let mut run = Command::new(BIN)
-        .args([
-            "bench",
-            &via,
-            "--rw",
-            "write",
-            "--bs",
-            "64KiB",
-            "--depth",
-            "16",
-            "--time",
-            "7s",
-            "--verify",
-            "--quiet",
-            "--recovery-timeout",
-            "0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = spawn_verified_writes(&via, &["--time", "7s"]);
     // Cut once the host's writes are flowing through the pair (the array's file has taken
     // 8 MiB), not at a fixed time: on a loaded machine the host's login through A (and A's
     // own remote login) can take longer than any fixed wait, and a cut before the traffic
