@@ -17,6 +17,9 @@ use crate::config::Config;
 use crate::conn::{self, Shared};
 use crate::registry::{BuildError, Registry};
 
+/// How long shutdown waits for the backends' flush before it stops without it.
+const SHUTDOWN_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Errors starting or running the target.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -186,19 +189,37 @@ impl Server {
         while accepts.join_next().await.is_some() {}
         let mut set = std::mem::take(&mut *conns.lock().await);
         while set.join_next().await.is_some() {}
+        // The flush runs on a thread of its own and is waited for at most
+        // SHUTDOWN_FLUSH_LIMIT: a backend whose flush never returns (an RBD flush whose
+        // completion never came, seen once in CI) must not keep the process from exiting. A
+        // tokio blocking task would, since the runtime waits for those when it is dropped.
+        // Nothing acknowledged is lost by not waiting: a file's dirty pages stay with the
+        // kernel, and RBD writes are acknowledged by the cluster (no librbd cache by default).
         let shared = self.shared.clone();
-        let flushed = tokio::task::spawn_blocking(move || {
-            for t in shared.registry.targets().iter() {
-                for (id, backend) in &t.backends {
-                    if let Err(e) = backend.flush() {
-                        warn!(target = %t.iqn, lun = id, "flush at shutdown failed: {e}");
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        let started = std::thread::Builder::new()
+            .name("shutdown-flush".into())
+            .spawn(move || {
+                for t in shared.registry.targets().iter() {
+                    for (id, backend) in &t.backends {
+                        if let Err(e) = backend.flush() {
+                            warn!(target = %t.iqn, lun = id, "flush at shutdown failed: {e}");
+                        }
                     }
                 }
-            }
-        })
-        .await;
-        if flushed.is_err() {
-            warn!("flush task panicked");
+                let _ = done.send(());
+            });
+        match started {
+            Err(e) => warn!("cannot start the flush at shutdown: {e}"),
+            Ok(_) => match tokio::time::timeout(SHUTDOWN_FLUSH_LIMIT, flushed).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => warn!("flush at shutdown panicked"),
+                Err(_) => warn!(
+                    limit_secs = SHUTDOWN_FLUSH_LIMIT.as_secs(),
+                    "flush at shutdown still running after {SHUTDOWN_FLUSH_LIMIT:?} (a backend \
+                     that does not answer); stopping without it"
+                ),
+            },
         }
         info!("target stopped");
         Ok(())
