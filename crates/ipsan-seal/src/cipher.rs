@@ -83,6 +83,22 @@ impl Cipher {
         }
     }
 
+    /// Largest command (plaintext bytes) that [`crate::CryptoPool`] seals or opens on the
+    /// caller's thread instead of handing it to a worker: where the hand-off (a channel send,
+    /// a worker's wake-up, a oneshot wake-up of the waiting task: several microseconds of CPU
+    /// on two threads, and a wake-up's latency) costs about as much as the crypto it moves.
+    /// AES-256-GCM with AES-NI/VAES runs at 2–10 GiB/s per core, so 64 KiB is 6–30 µs of
+    /// work; ChaCha20-Poly1305 is slower without wide SIMD, so half that; 3DES (tens of MB/s:
+    /// 4 KiB is a few hundred µs) is never inline. `none` follows AES-256-GCM, as it is the
+    /// baseline of that pipeline. Measured in docs/results/seal-inline.
+    pub const fn inline_max(self) -> usize {
+        match self {
+            Cipher::Aes256Gcm | Cipher::None => 64 << 10,
+            Cipher::ChaCha20Poly1305 => 32 << 10,
+            Cipher::TripleDesCbcHmacSha1 => 0,
+        }
+    }
+
     /// Whether the cipher protects anything (`none` does not).
     pub const fn protects(self) -> bool {
         !matches!(self, Cipher::None)

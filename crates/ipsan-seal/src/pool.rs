@@ -126,8 +126,16 @@ impl CryptoPool {
         binding: Binding,
         buf: BytesMut,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
-        let prepared = self.seal_in_place(session, binding, buf);
+        let prepared = if inline(session, buf.len()) {
+            Err(session.seal(&binding, buf))
+        } else {
+            Ok(self.seal_in_place(session, binding, buf))
+        };
         async move {
+            let prepared = match prepared {
+                Err(done) => return done,
+                Ok(prepared) => prepared,
+            };
             let Some((pending, trailer)) = prepared? else {
                 return Ok(Bytes::new());
             };
@@ -191,6 +199,8 @@ impl CryptoPool {
         plaintext: Bytes,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
         enum Way {
+            /// Sealed on the caller's thread (a small command, [`crate::Cipher::inline_max`]).
+            Done(Bytes),
             /// One job seals the whole command into its buffer (workers busy, or one chunk).
             Whole(oneshot::Receiver<Bytes>),
             /// Parts on idle workers, reassembled here.
@@ -198,6 +208,9 @@ impl CryptoPool {
         }
         let prepared = (|| {
             let n = plaintext.len();
+            if inline(session, n) {
+                return Ok(Some(Way::Done(session.seal_copy(&binding, &plaintext)?)));
+            }
             let count =
                 u32::try_from(session.framing().chunks(n)).map_err(|_| SealError::TooLarge(n))?;
             if count > 1 && self.parts(count).count() > 1 {
@@ -222,6 +235,7 @@ impl CryptoPool {
         async move {
             let (pending, trailer) = match prepared? {
                 None => return Ok(Bytes::new()),
+                Some(Way::Done(sealed)) => return Ok(sealed),
                 Some(Way::Whole(rx)) => return rx.await.map_err(|_| SealError::PoolClosed),
                 Some(Way::Split(pending, trailer)) => (pending, trailer),
             };
@@ -276,7 +290,14 @@ impl CryptoPool {
         binding: Binding,
         mut buf: BytesMut,
     ) -> impl Future<Output = Result<Bytes, OpenError>> + Send + 'static {
+        let done = session
+            .plain_len(buf.len())
+            .filter(|&n| inline(session, n))
+            .map(|_| session.open(&binding, std::mem::take(&mut buf)));
         let prepared = (|| {
+            if done.is_some() {
+                return Ok(None);
+            }
             let Some(plan) = session.open_plan(&binding, &buf)? else {
                 return Ok(None);
             };
@@ -305,6 +326,9 @@ impl CryptoPool {
         })();
         let session = Arc::clone(session);
         async move {
+            if let Some(done) = done {
+                return done;
+            }
             let Some((plan, pending)) = prepared? else {
                 return Ok(Bytes::new());
             };
@@ -330,6 +354,13 @@ impl CryptoPool {
             Ok(data.freeze())
         }
     }
+}
+
+/// Whether `n` plaintext bytes are sealed or opened on the caller's thread: cheaper there than
+/// the hand-off to a worker ([`crate::Cipher::inline_max`]). Counters are reserved in call order
+/// either way.
+fn inline(session: &SealSession, n: usize) -> bool {
+    session.crypto_inline(n)
 }
 
 /// Opens the chunks of one part; stops at the first that fails.

@@ -191,6 +191,13 @@ impl SealSession {
         self.framing.plain_len(sealed)
     }
 
+    /// Whether a command of `plain` bytes is sealed or opened on the caller's thread by
+    /// [`crate::CryptoPool`] (small commands: [`Cipher::inline_max`]), so it never waits for a
+    /// worker.
+    pub fn crypto_inline(&self, plain: usize) -> bool {
+        plain <= self.framing.cipher.inline_max()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> SealStats {
         SealStats {

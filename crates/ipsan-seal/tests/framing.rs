@@ -277,9 +277,19 @@ fn seal_copy_leaves_the_plaintext_and_opens_for_every_size_and_pool_width() {
         let (init, target) = (Arc::new(init), Arc::new(target));
         for workers in 1..=4 {
             let pool = CryptoPool::new(workers).unwrap();
-            for (i, n) in [1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3, 16 * chunk]
-                .into_iter()
-                .enumerate()
+            // Commands up to `Cipher::inline_max` are sealed on the caller's thread; the
+            // larger ones take the pool's split and single-job paths.
+            for (i, n) in [
+                1,
+                chunk - 1,
+                chunk,
+                chunk + 1,
+                5 * chunk + 3,
+                16 * chunk,
+                80 * chunk + 7,
+            ]
+            .into_iter()
+            .enumerate()
             {
                 let data: Vec<u8> = (0..n).map(|j| (j * 31 + i) as u8).collect();
                 let plain = bytes::Bytes::from(data.clone());
@@ -312,6 +322,70 @@ fn seal_copy_leaves_the_plaintext_and_opens_for_every_size_and_pool_width() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn small_commands_are_sealed_and_opened_on_the_callers_thread_even_when_workers_are_busy() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    fn first_poll<F: Future>(f: F) -> Poll<F::Output> {
+        std::pin::pin!(f).poll(&mut Context::from_waker(Waker::noop()))
+    }
+    let pool = CryptoPool::new(1).unwrap();
+    // Keeps the one worker busy for a while: 3DES runs at tens of MB/s.
+    let (slow, _) = pair(Cipher::TripleDesCbcHmacSha1, 65536);
+    let slow = Arc::new(slow);
+    for cipher in [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305, Cipher::None] {
+        let (init, target) = pair(cipher, 4096);
+        let (init, target) = (Arc::new(init), Arc::new(target));
+        let n = cipher.inline_max();
+        assert!(n >= 4096, "{cipher}: small commands should run inline");
+        let busy = pool.seal(&slow, write_binding(), buf(&vec![0u8; 4 << 20]));
+        let data: Vec<u8> = (0..n).map(|j| (j * 13) as u8).collect();
+        let b = write_binding();
+        // Ready at the first poll: sealed here, not queued behind the busy worker.
+        let Poll::Ready(sealed) = first_poll(pool.seal(&init, b, buf(&data))) else {
+            panic!("{cipher}: a {n}-byte seal waited for the worker");
+        };
+        let sealed = sealed.unwrap();
+        let Poll::Ready(copy) = first_poll(pool.seal_copy(&init, b, data.clone().into())) else {
+            panic!("{cipher}: a {n}-byte seal_copy waited for the worker");
+        };
+        let copy = copy.unwrap();
+        // Counters were reserved in call order; both open, each exactly once.
+        for s in [&sealed, &copy] {
+            let Poll::Ready(opened) = first_poll(pool.open(&target, b, buf(s))) else {
+                panic!("{cipher}: a {n}-byte open waited for the worker");
+            };
+            assert_eq!(&opened.unwrap()[..], &data[..]);
+        }
+        if cipher.protects() {
+            let replayed = first_poll(pool.open(&target, b, buf(&sealed)));
+            assert!(
+                matches!(replayed, Poll::Ready(Err(OpenError::Replay { .. }))),
+                "{cipher}: {replayed:?}"
+            );
+            // Tampered inline: rejected, counted, nothing returned.
+            let fresh = init.seal(&b, buf(&data)).unwrap();
+            let mut bad = buf(&fresh);
+            bad[n / 2] ^= 1;
+            let before = target.stats().auth_failures;
+            let r = first_poll(pool.open(&target, b, bad));
+            assert!(
+                matches!(r, Poll::Ready(Err(OpenError::Authentication { .. }))),
+                "{cipher}: {r:?}"
+            );
+            assert_eq!(target.stats().auth_failures, before + 1);
+        }
+        // One byte over: the pool's path, still correct.
+        let big: Vec<u8> = (0..=n).map(|j| (j * 5) as u8).collect();
+        let sealed = block_on(pool.seal(&init, b, buf(&big))).unwrap();
+        assert_eq!(
+            &block_on(pool.open(&target, b, buf(&sealed))).unwrap()[..],
+            &big[..]
+        );
+        block_on(busy).unwrap();
     }
 }
 

@@ -806,9 +806,16 @@ impl Session {
                     // Counted rather than joined: a join set would wake this loop once per
                     // command, a full loop iteration (locks, a timer) on the small-read path.
                     self.running.fetch_add(1, Ordering::AcqRel);
-                    let small = self.seal.is_none()
-                        && x.edtl <= INLINE_MAX
-                        && x.data_out.len() <= INLINE_MAX as usize;
+                    let small = x.edtl <= INLINE_MAX
+                        && x.data_out.len() <= INLINE_MAX as usize
+                        && self.seal.as_ref().is_none_or(|s| {
+                            // Sealed: only if the crypto pool opens and seals it on this
+                            // thread (`crypto_inline`); otherwise it would wait for a worker.
+                            s.plain_len(x.edtl as usize)
+                                .is_some_and(|n| s.crypto_inline(n))
+                                && s.plain_len(x.data_out.len())
+                                    .is_some_and(|n| s.crypto_inline(n))
+                        });
                     let mut task = Box::pin(async move {
                         s.clone().execute(x).await;
                         if s.running.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -822,8 +829,10 @@ impl Session {
                     // Any other command is pending at its first wait (blocking pool, remote
                     // session) and goes on as a task; the noop waker it may have registered
                     // is replaced at the task's first poll, as the Future contract requires
-                    // of every future. Sealed sessions always wait for the crypto pool, so
-                    // they skip the first poll.
+                    // of every future. A sealed command takes this path only when it is
+                    // small enough for the crypto pool to open and seal it on the caller's
+                    // thread ([`ipsan_seal::Cipher::inline_max`]); a larger one would wait
+                    // for a worker, making the first poll wasted work.
                     if small
                         && task
                             .as_mut()
