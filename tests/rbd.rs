@@ -627,6 +627,68 @@ async fn two_targets_share_persistent_reservations_through_the_image() {
     b.shutdown().await.unwrap();
 }
 
+/// A backend dropped while librbd is still running one of its completion callbacks closes
+/// the image on the thread that drops it. The callback used to hold the backend's last
+/// reference then and so closed the image from inside librbd's callback context, where
+/// `rbd_close` waits for that very callback: the close never finished, the image's exclusive
+/// lock stayed with the half-closed client, and the other gateway's next flush (a flush needs
+/// the lock) never completed. That was the shutdown flush that hung in CI at the end of
+/// `two_targets_share_persistent_reservations_through_the_image` (target A dropped its LUN
+/// just after its own shutdown flush completed; B's flush then waited on A for good).
+#[test]
+fn a_backend_dropped_during_a_completion_closes_the_image_and_hands_the_lock_on() {
+    use ipsan_scsi::{IoOp, IoRequest};
+    use std::sync::mpsc;
+    let _g = SERIAL.blocking_lock();
+    let ceph = Ceph::up();
+    ceph.rbd(&["create", "rbd/drop", "--size", "16M"]);
+    let spec: ipsan_scsi::BackendSpec = ceph.lun("drop").parse().unwrap();
+    let a = ipsan_scsi::open(&spec).unwrap();
+    let b = ipsan_scsi::open(&spec).unwrap();
+    // B writes, so B holds the exclusive lock; A's flush takes it over.
+    b.write_at(&[7u8; 4096], 0).unwrap();
+    let (fired_tx, fired) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    a.submit(
+        IoRequest {
+            tag: 1,
+            op: IoOp::Flush,
+        },
+        Box::new(move |c| {
+            let _ = fired_tx.send(c.result.is_ok());
+            // Keep librbd's callback running while A is dropped (the CI race, made certain).
+            let _ = released.recv_timeout(Duration::from_secs(10));
+        }),
+    );
+    assert_eq!(
+        fired.recv_timeout(Duration::from_secs(60)),
+        Ok(true),
+        "A's flush"
+    );
+    let dropper = std::thread::spawn(move || drop(a));
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = release.send(());
+    // B's flush needs the lock back from A: it gets it once A's image is closed.
+    let (tx, rx) = mpsc::channel();
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(b2.flush().map_err(|e| e.to_string()));
+    });
+    let flushed = rx.recv_timeout(Duration::from_secs(60));
+    if flushed != Ok(Ok(())) {
+        // B's close would wait on the same lock: leave it, so the failure is reported.
+        std::mem::forget(b);
+        panic!("B's flush did not complete within 60 s ({flushed:?}): A's image was not closed");
+    }
+    dropper.join().unwrap();
+    let status = ceph.rbd(&["status", "rbd/drop"]);
+    assert_eq!(
+        status.matches("watcher=").count(),
+        1,
+        "only B watches the image once A is dropped: {status}"
+    );
+}
+
 /// A gateway whose Ceph client is blocklisted (`ceph osd blocklist add`, as another client
 /// breaking its exclusive lock would do) reopens the image with a new client by itself:
 /// writes fail with retryable NOT READY meanwhile, succeed again within a bounded time, and

@@ -128,7 +128,9 @@ pub struct IoCompletion {
 }
 
 /// Called exactly once with the completion, from any thread (possibly before `submit`
-/// returns). It must not block: it runs on the backend's completion thread.
+/// returns). It must not block: it runs on the backend's completion thread. Nor may it own
+/// the last reference to the backend: dropping an RBD backend closes the image, which from
+/// librbd's completion thread waits for itself for good (rbd.rs, `Events`).
 pub type Completer = Box<dyn FnOnce(IoCompletion) + Send>;
 
 /// Runs `req` with the blocking methods of `b` (what [`Backend::submit`] does by default).

@@ -116,8 +116,6 @@ struct Inner {
     /// The live connection; replaced when the client was blocklisted.
     conn: RwLock<Arc<Conn>>,
     size: AtomicU64,
-    /// Whether the last completion said the cluster cannot be reached (logged on change).
-    unreachable: AtomicBool,
     /// Whether a reopen (after blocklisting) is under way.
     reopening: AtomicBool,
     events: Arc<Events>,
@@ -142,9 +140,22 @@ struct PrCacheState {
     error: Option<(io::ErrorKind, Option<i32>, String)>,
 }
 
-/// What librados' watch callbacks touch: nothing that refers back to a connection.
+/// What librados' watch callbacks and librbd's completion callbacks touch: nothing that
+/// refers back to a connection. Whoever drops the last reference to a connection closes its
+/// image (`rbd_close`) and shuts its client down, and that must never be a callback: librbd
+/// runs a completion's callback on the image's own work queue and `rbd_close` waits for
+/// that queue to drain, so a close from a callback waits for itself, for good, with the
+/// image's exclusive lock and header watch still held. Another client of the image (the
+/// next gateway) then never gets the lock, and its next write or flush never completes.
 #[derive(Default)]
 struct Events {
+    /// `pool/[ns/]image`, for the callbacks' log lines.
+    path: String,
+    /// Whether the last completion said the cluster cannot be reached (logged on change).
+    unreachable: AtomicBool,
+    /// A completion failed with ESHUTDOWN (this client is blocklisted): the watch thread
+    /// starts the reopen (a callback cannot: the reopen holds the connection).
+    blocklisted: AtomicBool,
     /// Wakes the size thread (librbd's header watch fired).
     wake: (Mutex<bool>, Condvar),
     /// Bumped when another gateway announces a reservation change (or the watch failed):
@@ -479,7 +490,10 @@ impl RbdBackend {
             options.push(("keyring".into(), k.display().to_string()));
         }
         options.extend(spec.options.iter().cloned());
-        let events = Arc::new(Events::default());
+        let events = Arc::new(Events {
+            path: path.clone(),
+            ..Events::default()
+        });
         let conn = Conn::open(lib, spec, &options, &events).map_err(|(op, e)| fail(op, e))?;
         let (size, obj_size) = conn.image.stat().map_err(|e| fail("stat", e))?;
         let id = conn.image.id().map_err(|e| fail("get id of", e))?;
@@ -501,7 +515,6 @@ impl RbdBackend {
             pr_oid,
             conn: RwLock::new(Arc::new(conn)),
             size: AtomicU64::new(size),
-            unreachable: AtomicBool::new(false),
             reopening: AtomicBool::new(false),
             events,
             pr_cache: PrCache::default(),
@@ -561,13 +574,20 @@ impl RbdBackend {
             });
             return;
         }
-        let inner = self.inner.clone();
+        // The callback holds the events only, never `self.inner`: were it the last holder
+        // (the backend dropped while librbd runs the callback, as at a target's shutdown
+        // right after its final flush), dropping it there would close the image from inside
+        // librbd's callback, which never returns (see `Events`).
+        let events = self.inner.events.clone();
         self.inner.conn().image.aio(
             req,
             Box::new(move |c| {
-                note_reachability(&inner.unreachable, &inner.path, &c);
+                note_reachability(&events.unreachable, &events.path, &c);
                 if let Err(IoError::Io(e)) = &c.result {
-                    inner.after_error(e);
+                    if e.raw_os_error() == Some(libc::ESHUTDOWN) {
+                        events.blocklisted.store(true, Ordering::Release);
+                        events.wake();
+                    }
                 }
                 done(c)
             }),
@@ -585,6 +605,10 @@ fn start_watcher(inner: &Arc<Inner>) -> io::Result<Watcher> {
                 wait_signal(&sizer.events.wake, SIZE_POLL);
                 if st.load(Ordering::Acquire) {
                     break;
+                }
+                if sizer.events.blocklisted.swap(false, Ordering::AcqRel) {
+                    // A command's completion saw ESHUTDOWN (the callback cannot reopen).
+                    sizer.start_reopen();
                 }
                 if sizer.reopening.load(Ordering::Acquire) {
                     continue;
@@ -1666,7 +1690,9 @@ mod ffi {
     impl Drop for Image {
         fn drop(&mut self) {
             // SAFETY: valid image and ioctx; rbd_close waits for in-flight aio (whose
-            // callbacks need nothing from this struct) before returning.
+            // callbacks need nothing from this struct) before returning. Never reached from
+            // a librbd callback (no callback holds a connection, see `Events`): there
+            // rbd_close would wait for that callback, forever.
             unsafe {
                 (self.lib.rbd_close)(self.handle);
                 (self.lib.rados_ioctx_destroy)(self.ioctx);

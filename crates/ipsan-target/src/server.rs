@@ -190,9 +190,11 @@ impl Server {
         let mut set = std::mem::take(&mut *conns.lock().await);
         while set.join_next().await.is_some() {}
         // The flush runs on a thread of its own and is waited for at most
-        // SHUTDOWN_FLUSH_LIMIT: a backend whose flush never returns (an RBD flush whose
-        // completion never came, seen once in CI) must not keep the process from exiting. A
-        // tokio blocking task would, since the runtime waits for those when it is dropped.
+        // SHUTDOWN_FLUSH_LIMIT: a backend whose flush never returns must not keep the process
+        // from exiting. A tokio blocking task would, since the runtime waits for those when it
+        // is dropped. (The RBD flush seen hanging in CI waited for the image's exclusive lock,
+        // held by another target's client whose close had deadlocked inside a librbd
+        // callback; fixed in rbd.rs.)
         // Nothing acknowledged is lost by not waiting: a file's dirty pages stay with the
         // kernel, and RBD writes are acknowledged by the cluster (no librbd cache by default).
         let shared = self.shared.clone();
