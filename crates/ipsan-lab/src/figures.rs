@@ -730,11 +730,14 @@ fn short(c: &str) -> &str {
 /// ENC and DEC any link's calibration measured (the least contended one: on the shared host
 /// a calibration's wall-clock rate is its share of a core times the cipher's speed), and the
 /// best SOCKET.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Rates {
     enc: BTreeMap<(String, u64), (f64, f64)>,
     socket: f64,
     ipsec: BTreeMap<(Direction, String), (f64, f64)>,
+    /// Per (scheme, delayed?): the emulator's and the iSCSI processes' measured CPU per
+    /// byte ([`carrier_costs`]).
+    carrier: BTreeMap<(String, bool), (f64, f64)>,
 }
 
 /// The per-CPU-second cipher rates a report measured for a results directory, kept there
@@ -760,26 +763,7 @@ const STORED_RATES: &str = "cipher-rates.json";
 
 /// [`Rates`] from the plan's records (and the directory's stored cipher rates).
 pub fn rates(dir: &Path, aggs: &[Agg]) -> Rates {
-    let mut r = Rates {
-        ipsec: ipsec_rates(aggs),
-        ..Rates::default()
-    };
-    for a in aggs {
-        let p = &a.rec.point;
-        if let Some(c) = &a.rec.calibration {
-            if c.socket_mb_s.is_finite() {
-                r.socket = r.socket.max(c.socket_mb_s * 1e6);
-            }
-        }
-        if p.scheme.is_seal() && a.rec.enc_mb_s.is_finite() {
-            let e = r
-                .enc
-                .entry((p.cipher.clone(), p.block))
-                .or_insert((0.0, 0.0));
-            e.0 = e.0.max(a.rec.enc_mb_s * 1e6);
-            e.1 = e.1.max(a.rec.dec_mb_s * 1e6);
-        }
-    }
+    let mut r = rates_from_records(aggs);
     // Runs before the per-CPU-second calibration recorded wall-clock rates (their share of a
     // contended core); measure each cipher and block per CPU-second again, once, and keep
     // the result beside the records ([`STORED_RATES`]) so the report is reproducible.
@@ -831,6 +815,75 @@ pub fn rates(dir: &Path, aggs: &[Agg]) -> Rates {
     r
 }
 
+/// [`Rates`] from the records alone (nothing read or measured): what a plan's runs measured,
+/// so that one plan's rates can predict another's points (out of sample).
+pub fn rates_from_records(aggs: &[Agg]) -> Rates {
+    let mut r = Rates {
+        ipsec: ipsec_rates(aggs),
+        carrier: carrier_costs(aggs),
+        ..Rates::default()
+    };
+    for a in aggs {
+        let p = &a.rec.point;
+        if let Some(c) = &a.rec.calibration {
+            if c.socket_mb_s.is_finite() {
+                r.socket = r.socket.max(c.socket_mb_s * 1e6);
+            }
+        }
+        if p.scheme.is_seal() && a.rec.enc_mb_s.is_finite() {
+            let e = r
+                .enc
+                .entry((p.cipher.clone(), p.block))
+                .or_insert((0.0, 0.0));
+            e.0 = e.0.max(a.rec.enc_mb_s * 1e6);
+            e.1 = e.1.max(a.rec.dec_mb_s * 1e6);
+        }
+    }
+    r
+}
+
+impl Rates {
+    /// These rates with another plan's measured costs of the schemes that do their crypto
+    /// outside the iSCSI processes (IPsec's charon rates) and of carrying bytes (the
+    /// emulator and stacks): the out-of-sample check, seal's cipher rates left as they are.
+    pub fn with_costs_from(mut self, other: &Rates) -> Rates {
+        self.ipsec = other.ipsec.clone();
+        self.carrier = other.carrier.clone();
+        self
+    }
+
+    /// Without the measured carrier costs: the model as it was before them (the emulator and
+    /// both stacks at the best SOCKET), for the before/after comparison.
+    pub fn without_carrier(mut self) -> Rates {
+        self.carrier.clear();
+        self
+    }
+}
+
+/// The CPU the lab spends carrying bytes, per (scheme, delay > 0): the median over the
+/// plan's points of the emulator's CPU ÷ bytes moved, and of the initiator's + target's
+/// CPU ÷ bytes moved. With a delay the emulator wakes before every release, and ESP's
+/// packets come one at a time out of charon, so IPsec's emulator cost per byte is several
+/// times TCP's ([`model::Carrier`]); at 0 ms there is no delay line.
+pub fn carrier_costs(aggs: &[Agg]) -> BTreeMap<(String, bool), (f64, f64)> {
+    let mut v: BTreeMap<(String, bool), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for a in aggs {
+        let r = &a.rec;
+        let bytes_per_s = r.throughput_mb_s * 1e6;
+        if !(bytes_per_s > 0.0 && r.cpu_emulator_pct.is_finite() && r.cpu_emulator_pct > 0.0) {
+            continue;
+        }
+        let e = v
+            .entry((r.point.scheme.to_string(), r.point.delay_ms > 0.0))
+            .or_default();
+        e.0.push(r.cpu_emulator_pct / 100.0 / bytes_per_s);
+        e.1.push((r.cpu_initiator_pct + r.cpu_target_pct) / 100.0 / bytes_per_s);
+    }
+    v.into_iter()
+        .map(|(k, (mut e, mut s))| (k, (median(&mut e), median(&mut s))))
+        .collect()
+}
+
 /// The model on this machine. The papers' model ([`model::predict`]) at the calibrated RTT
 /// and SOCKET with per-CPU-second crypto rates ([`Rates`]), capped by what the CPU the run
 /// actually got can carry: `cores_got / (1/ENC + 1/DEC + 1/SOCKET)` — every byte is sealed,
@@ -849,7 +902,18 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
             (*e, *d, CryptoPlace::Command)
         }
         Scheme::Ipsec => {
-            let (e, d) = rates.ipsec.get(&(p.direction, p.cipher.clone()))?;
+            // The same ESP work either way: sealing on the sender, opening on the receiver;
+            // another direction's rates stand in when this one has no IPsec runs.
+            let (e, d) = rates
+                .ipsec
+                .get(&(p.direction, p.cipher.clone()))
+                .or_else(|| {
+                    rates
+                        .ipsec
+                        .iter()
+                        .find(|((_, c), _)| *c == p.cipher)
+                        .map(|(_, v)| v)
+                })?;
             (*e, *d, CryptoPlace::Packet)
         }
         _ => (r.enc_mb_s * 1e6, r.dec_mb_s * 1e6, CryptoPlace::Packet),
@@ -877,17 +941,31 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
         crypto,
     };
     let mut pred = model::predict(&i, &pl).ok()?;
-    let crypto_cost = match crypto {
-        CryptoPlace::None => 0.0,
-        _ => 1.0 / enc + 1.0 / dec,
-    };
     let socket = if rates.socket > 0.0 {
         rates.socket
     } else {
         i.socket
     };
+    // What carrying a byte costs: measured for this scheme and delay class when the rates
+    // have it; seal's processes also hold its crypto (already in 1/ENC + 1/DEC), so their
+    // stacks count at the best SOCKET. Without measurements: the emulator and both stacks
+    // at the best SOCKET, as before.
+    let carrier = match rates.carrier.get(&(p.scheme.to_string(), p.delay_ms > 0.0)) {
+        Some(&(emu, stacks)) => model::Carrier {
+            emulator_s_per_byte: emu,
+            stacks_s_per_byte: if crypto == CryptoPlace::Command {
+                1.0 / socket
+            } else {
+                stacks
+            },
+        },
+        None => model::Carrier {
+            emulator_s_per_byte: 0.0,
+            stacks_s_per_byte: 1.0 / socket,
+        },
+    };
     if a.cores_got.is_finite() && a.cores_got > 0.0 {
-        let cpu = a.cores_got / (crypto_cost + 1.0 / socket);
+        let cpu = model::cpu_bound(&i, crypto, &carrier, a.cores_got).ok()?;
         if cpu < pred.throughput {
             pred.throughput = cpu;
             pred.limit = model::Limit::Cpu;
@@ -1364,6 +1442,72 @@ mod tests {
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Median |error| and median signed error (%) of [`model_here`] per scheme.
+    fn errors(aggs: &[Agg], rates: &Rates) -> BTreeMap<String, (usize, f64, f64)> {
+        let mut e: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for a in aggs {
+            if let Some((m, _)) = model_here(a, rates) {
+                if m > 0.0 && a.median > 0.0 {
+                    e.entry(a.rec.point.scheme.to_string())
+                        .or_default()
+                        .push((a.median / m - 1.0) * 100.0);
+                }
+            }
+        }
+        e.into_iter()
+            .map(|(k, mut v)| {
+                let mut abs: Vec<f64> = v.iter().map(|x| x.abs()).collect();
+                (k, (v.len(), median(&mut abs), median(&mut v)))
+            })
+            .collect()
+    }
+
+    fn committed(name: &str) -> Vec<Agg> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs/results")
+            .join(name);
+        aggregate(&crate::results::read_all(&dir).unwrap())
+    }
+
+    /// The committed paper plans (3DES, load 11–21 on 2 vCPUs): IPsec's systematic
+    /// over-prediction was the emulator's CPU, which the model charged at the best SOCKET
+    /// (3 ns/B) while it measured ~57 ns/B with ESP. Charging the measured carrier removes
+    /// the bias, in sample and with every cost taken from the other plan. Prints the table
+    /// docs/results/model-here.md quotes (`cargo test -p ipsan-lab committed -- --nocapture`).
+    #[test]
+    fn committed_paper_plans_ipsec_error_before_and_after() {
+        let w = committed("lab-paper-write");
+        let r = committed("lab-paper-read");
+        let (rw, rr) = (rates_from_records(&w), rates_from_records(&r));
+        let cases = [
+            ("write, in sample", &w, rates_from_records(&w)),
+            (
+                "write, costs from read",
+                &w,
+                rates_from_records(&w).with_costs_from(&rr),
+            ),
+            ("read, in sample", &r, rates_from_records(&r)),
+            (
+                "read, costs from write",
+                &r,
+                rates_from_records(&r).with_costs_from(&rw),
+            ),
+        ];
+        for (name, aggs, rates) in cases {
+            let before = errors(aggs, &rates.clone().without_carrier())["ipsec"];
+            let after = errors(aggs, &rates)["ipsec"];
+            println!(
+                "ipsec 3DES, {name}: {} points, median |error| {:.1} % (signed {:+.1} %) before, \
+                 {:.1} % ({:+.1} %) after",
+                after.0, before.1, before.2, after.1, after.2
+            );
+            // The bias is gone and the error falls, in and out of sample.
+            assert!(before.2 < -15.0, "{name}: before {before:?}");
+            assert!(after.2.abs() < 10.0, "{name}: after {after:?}");
+            assert!(after.1 < before.1 - 5.0, "{name}: {before:?} -> {after:?}");
+        }
     }
 
     #[test]
