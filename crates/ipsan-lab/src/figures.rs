@@ -738,6 +738,60 @@ pub struct Rates {
     /// Per (scheme, delayed?): the emulator's and the iSCSI processes' measured CPU per
     /// byte ([`carrier_costs`]).
     carrier: BTreeMap<(String, bool), (f64, f64)>,
+    /// Per (scheme, delayed?): the emulator's and the iSCSI processes' CPU as per-byte +
+    /// per-command costs fitted over the plan's block sizes ([`carrier_fits`]); `None` where
+    /// the plan cannot separate them or the fit is not physical (the median above stands).
+    carrier_fit: BTreeMap<(String, bool), (Option<Cost>, Option<Cost>)>,
+    /// Per (direction, cipher, delayed?): IPsec's sending and receiving charons' per-byte +
+    /// per-command costs ([`ipsec_fits`]).
+    ipsec_fit: BTreeMap<(Direction, String, bool), (Cost, Cost)>,
+    /// Ignore the fits: every cost per byte, as the model was before the per-command term
+    /// (for the before/after comparison).
+    per_byte_only: bool,
+}
+
+/// One process group's CPU as `s_per_byte·bytes + s_per_command·commands` ([`fit_cost`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    /// CPU-seconds per payload byte.
+    pub s_per_byte: f64,
+    /// CPU-seconds per command beyond its bytes.
+    pub s_per_command: f64,
+}
+
+/// (block, CPU-seconds per byte) of a plan's runs, for [`fit_cost`].
+type Runs = Vec<(f64, f64)>;
+
+/// Least squares of `CPU-seconds = a·bytes + b·commands` over a plan's runs, in its per-byte
+/// form `CPU ÷ bytes = a + b / BLOCK` (`runs`: block, CPU-seconds per byte) so that every run
+/// weighs the same whatever its throughput, as the model's relative error does. `None` when
+/// the runs cannot separate the two (fewer than 3 runs or 2 block sizes) or the fit is not
+/// physical (a per-byte cost of zero or less, a negative per-command cost): then the caller
+/// keeps the per-byte median.
+pub fn fit_cost(runs: &[(f64, f64)]) -> Option<Cost> {
+    let pts: Vec<(f64, f64)> = runs
+        .iter()
+        .filter(|(b, y)| *b > 0.0 && y.is_finite())
+        .map(|(b, y)| (1.0 / b, *y))
+        .collect();
+    let n = pts.len() as f64;
+    if pts.len() < 3 {
+        return None;
+    }
+    let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    // One block size (to rounding): nothing tells bytes from commands.
+    if sxx <= (mx * 1e-9).powi(2) * n {
+        return None;
+    }
+    let b = sxy / sxx;
+    let a = my - b * mx;
+    (a > 0.0 && b >= 0.0).then_some(Cost {
+        s_per_byte: a,
+        s_per_command: b,
+    })
 }
 
 /// The per-CPU-second cipher rates a report measured for a results directory, kept there
@@ -821,6 +875,8 @@ pub fn rates_from_records(aggs: &[Agg]) -> Rates {
     let mut r = Rates {
         ipsec: ipsec_rates(aggs),
         carrier: carrier_costs(aggs),
+        carrier_fit: carrier_fits(aggs),
+        ipsec_fit: ipsec_fits(aggs),
         ..Rates::default()
     };
     for a in aggs {
@@ -849,15 +905,86 @@ impl Rates {
     pub fn with_costs_from(mut self, other: &Rates) -> Rates {
         self.ipsec = other.ipsec.clone();
         self.carrier = other.carrier.clone();
+        self.carrier_fit = other.carrier_fit.clone();
+        self.ipsec_fit = other.ipsec_fit.clone();
         self
     }
 
     /// Without the measured carrier costs: the model as it was before them (the emulator and
-    /// both stacks at the best SOCKET), for the before/after comparison.
+    /// both stacks at the best SOCKET, IPsec's charons at their median rates), for the
+    /// before/after comparison.
     pub fn without_carrier(mut self) -> Rates {
         self.carrier.clear();
+        self.carrier_fit.clear();
+        self.ipsec_fit.clear();
         self
     }
+
+    /// Every cost per byte (the medians), no per-command term: the model before it.
+    pub fn without_per_command(mut self) -> Rates {
+        self.per_byte_only = true;
+        self
+    }
+}
+
+/// The CPU the lab spends carrying bytes as per-byte + per-command costs, per (scheme,
+/// delay > 0): [`fit_cost`] of the emulator's and of the initiator's + target's CPU over the
+/// plan's points. A command's PDUs (command, R2T, status) and their ACKs cross as separate
+/// small packets, each paying the emulator's wake-up and a trip through both stacks, so the
+/// per-byte median of [`carrier_costs`] over-charges big blocks and under-charges small ones.
+pub fn carrier_fits(aggs: &[Agg]) -> BTreeMap<(String, bool), (Option<Cost>, Option<Cost>)> {
+    let mut v: BTreeMap<(String, bool), (Runs, Runs)> = BTreeMap::new();
+    for a in aggs {
+        let r = &a.rec;
+        let bytes_per_s = r.throughput_mb_s * 1e6;
+        if !(bytes_per_s > 0.0 && r.cpu_emulator_pct.is_finite() && r.cpu_emulator_pct > 0.0) {
+            continue;
+        }
+        let block = r.point.block as f64;
+        let e = v
+            .entry((r.point.scheme.to_string(), r.point.delay_ms > 0.0))
+            .or_default();
+        e.0.push((block, r.cpu_emulator_pct / 100.0 / bytes_per_s));
+        e.1.push((
+            block,
+            (r.cpu_initiator_pct + r.cpu_target_pct) / 100.0 / bytes_per_s,
+        ));
+    }
+    v.into_iter()
+        .map(|(k, (e, s))| (k, (fit_cost(&e), fit_cost(&s))))
+        .collect()
+}
+
+/// IPsec's charons as per-byte + per-command costs, per (direction, cipher, delay > 0):
+/// [`fit_cost`] of the sending and of the receiving host's charon CPU over the plan's IPsec
+/// points. `1 / s_per_byte` is the charon's rate per CPU-second on bulk data (ENC, DEC); the
+/// per-command part is ESP's cost for the command's small packets. Only where both fits are
+/// physical.
+pub fn ipsec_fits(aggs: &[Agg]) -> BTreeMap<(Direction, String, bool), (Cost, Cost)> {
+    let mut v: BTreeMap<(Direction, String, bool), (Runs, Runs)> = BTreeMap::new();
+    for a in aggs.iter().filter(|a| a.rec.point.scheme == Scheme::Ipsec) {
+        let r = &a.rec;
+        let bytes_per_s = r.throughput_mb_s * 1e6;
+        let (send, recv) = match r.point.direction {
+            Direction::Write => (r.cpu_tunnel_ini_pct, r.cpu_tunnel_tgt_pct),
+            Direction::Read => (r.cpu_tunnel_tgt_pct, r.cpu_tunnel_ini_pct),
+        };
+        if send > 1.0 && recv > 1.0 && bytes_per_s > 0.0 {
+            let block = r.point.block as f64;
+            let e = v
+                .entry((
+                    r.point.direction,
+                    r.point.cipher.clone(),
+                    r.point.delay_ms > 0.0,
+                ))
+                .or_default();
+            e.0.push((block, send / 100.0 / bytes_per_s));
+            e.1.push((block, recv / 100.0 / bytes_per_s));
+        }
+    }
+    v.into_iter()
+        .filter_map(|(k, (s, r))| Some((k, (fit_cost(&s)?, fit_cost(&r)?))))
+        .collect()
 }
 
 /// The CPU the lab spends carrying bytes, per (scheme, delay > 0): the median over the
@@ -895,6 +1022,9 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     let r = &a.rec;
     let p = &r.point;
     let cal = r.calibration.as_ref()?;
+    let delayed = p.delay_ms > 0.0;
+    // IPsec's charons' per-command cost, when fitted.
+    let mut tunnel_per_command = 0.0;
     let (enc, dec, crypto) = match p.scheme {
         Scheme::Iperf3 => return None,
         Scheme::Plain => (f64::INFINITY, f64::INFINITY, CryptoPlace::None),
@@ -905,17 +1035,36 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
         Scheme::Ipsec => {
             // The same ESP work either way: sealing on the sender, opening on the receiver;
             // another direction's rates stand in when this one has no IPsec runs.
-            let (e, d) = rates
-                .ipsec
-                .get(&(p.direction, p.cipher.clone()))
-                .or_else(|| {
-                    rates
-                        .ipsec
-                        .iter()
-                        .find(|((_, c), _)| *c == p.cipher)
-                        .map(|(_, v)| v)
-                })?;
-            (*e, *d, CryptoPlace::Packet)
+            let fit = if rates.per_byte_only {
+                None
+            } else {
+                rates
+                    .ipsec_fit
+                    .get(&(p.direction, p.cipher.clone(), delayed))
+                    .or_else(|| {
+                        rates
+                            .ipsec_fit
+                            .iter()
+                            .find(|((_, c, d), _)| *c == p.cipher && *d == delayed)
+                            .map(|(_, v)| v)
+                    })
+            };
+            if let Some((s, r)) = fit {
+                tunnel_per_command = s.s_per_command + r.s_per_command;
+                (1.0 / s.s_per_byte, 1.0 / r.s_per_byte, CryptoPlace::Packet)
+            } else {
+                let (e, d) = rates
+                    .ipsec
+                    .get(&(p.direction, p.cipher.clone()))
+                    .or_else(|| {
+                        rates
+                            .ipsec
+                            .iter()
+                            .find(|((_, c), _)| *c == p.cipher)
+                            .map(|(_, v)| v)
+                    })?;
+                (*e, *d, CryptoPlace::Packet)
+            }
         }
         _ => (r.enc_mb_s * 1e6, r.dec_mb_s * 1e6, CryptoPlace::Packet),
     };
@@ -949,20 +1098,36 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     };
     // What carrying a byte costs: measured for this scheme and delay class when the rates
     // have it; seal's processes also hold its crypto (already in 1/ENC + 1/DEC), so their
-    // stacks count at the best SOCKET. Without measurements: the emulator and both stacks
-    // at the best SOCKET, as before.
-    let carrier = match rates.carrier.get(&(p.scheme.to_string(), p.delay_ms > 0.0)) {
-        Some(&(emu, stacks)) => model::Carrier {
-            emulator_s_per_byte: emu,
-            stacks_s_per_byte: if crypto == CryptoPlace::Command {
-                1.0 / socket
+    // stacks count at the best SOCKET. Per-byte + per-command where the plan's block sizes
+    // separate them ([`carrier_fits`]), else the per-byte median. Without measurements: the
+    // emulator and both stacks at the best SOCKET, as before.
+    let key = (p.scheme.to_string(), delayed);
+    let carrier = match rates.carrier.get(&key) {
+        Some(&(emu, stacks)) => {
+            let (emu_fit, stacks_fit) = match rates.carrier_fit.get(&key) {
+                Some(f) if !rates.per_byte_only => *f,
+                _ => (None, None),
+            };
+            let flat = |s_per_byte| Cost {
+                s_per_byte,
+                s_per_command: 0.0,
+            };
+            let emu = emu_fit.unwrap_or(flat(emu));
+            let stacks = if crypto == CryptoPlace::Command {
+                flat(1.0 / socket)
             } else {
-                stacks
-            },
-        },
+                stacks_fit.unwrap_or(flat(stacks))
+            };
+            model::Carrier {
+                emulator_s_per_byte: emu.s_per_byte,
+                stacks_s_per_byte: stacks.s_per_byte,
+                s_per_command: emu.s_per_command + stacks.s_per_command + tunnel_per_command,
+            }
+        }
         None => model::Carrier {
             emulator_s_per_byte: 0.0,
             stacks_s_per_byte: 1.0 / socket,
+            s_per_command: tunnel_per_command,
         },
     };
     if a.cores_got.is_finite() && a.cores_got > 0.0 {
@@ -1106,7 +1271,10 @@ fn model_fig(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &mut Out
          plan's runs of that scheme with and without a delay (median; seal's STACKS at the \
          best SOCKET, its processes' CPU being mostly its crypto). With a delay the \
          emulator wakes before each release, and ESP's packets leave charon one at a time: \
-         IPsec's EMU is several times TCP's. The cap is an \
+         IPsec's EMU is several times TCP's. Where the plan has several block sizes, EMU, \
+         STACKS and IPsec's charons are fitted as `a·bytes + b·commands` (least squares over \
+         the plan's points; b ≥ 0 or the per-byte median stands) and each command adds b/BLOCK \
+         per byte: its command, R2T and status PDUs cross as separate small packets. The cap is an \
          accounting identity when the run is CPU-bound; the error then tests whether the \
          per-byte costs are right. Goal: median |error| ≤ 15 % per scheme.{csv_note}\n\n\
          The last column is the median, over the scheme's points, of the median command \
@@ -1477,43 +1645,256 @@ mod tests {
         aggregate(&crate::results::read_all(&dir).unwrap())
     }
 
-    /// The committed paper plans (3DES, load 11–21 on 2 vCPUs): IPsec's systematic
-    /// over-prediction was the emulator's CPU, which the model charged at the best SOCKET
-    /// (3 ns/B) while it measured ~57 ns/B with ESP. Charging the measured carrier removes
-    /// the bias, in sample and with every cost taken from the other plan. Prints the table
+    /// `fit_cost` recovers a per-byte and a per-command cost from runs at several block
+    /// sizes, and refuses what cannot be separated or is not physical.
+    #[test]
+    fn fit_cost_separates_bytes_from_commands() {
+        let (a, b) = (50e-9, 900e-6);
+        let runs: Vec<(f64, f64)> = [16384.0, 65536.0, 262144.0, 1048576.0]
+            .iter()
+            .flat_map(|&blk| [(blk, a + b / blk), (blk, a + b / blk)])
+            .collect();
+        let c = fit_cost(&runs).unwrap();
+        assert!((c.s_per_byte - a).abs() < 1e-12, "{c:?}");
+        assert!((c.s_per_command - b).abs() < 1e-9, "{c:?}");
+        // Noise of ±10 % on the per-byte figure still gives the right order of magnitude.
+        let noisy: Vec<(f64, f64)> = runs
+            .iter()
+            .enumerate()
+            .map(|(k, (blk, y))| (*blk, y * if k % 2 == 0 { 1.1 } else { 0.9 }))
+            .collect();
+        let c = fit_cost(&noisy).unwrap();
+        assert!((c.s_per_command / b - 1.0).abs() < 0.2, "{c:?}");
+        // One block size: bytes and commands cannot be told apart.
+        assert_eq!(fit_cost(&[(1048576.0, 1e-8); 6]), None);
+        // Too few runs.
+        assert_eq!(fit_cost(&runs[..2]), None);
+        // Cost per byte falling with block size (a negative per-command cost): not physical.
+        let upside: Vec<(f64, f64)> = runs.iter().map(|(blk, _)| (*blk, a - 1e-5 / blk)).collect();
+        assert_eq!(fit_cost(&upside), None);
+    }
+
+    /// With fitted costs, small blocks are predicted lower and big ones higher than with the
+    /// per-byte median, and `without_per_command` restores the latter.
+    #[test]
+    fn per_command_cost_moves_small_and_big_blocks_apart() {
+        let mk = |block: u64, mb: f64, emu_pct: f64| {
+            let mut r = rec(Scheme::Plain, 8.0, block, 1, mb);
+            r.cpu_emulator_pct = emu_pct;
+            r.cpu_initiator_pct = 1.0;
+            r.cpu_target_pct = 1.0;
+            r.calibration = Some(Calibration {
+                rtt_ms: 0.1,
+                socket_mb_s: 300.0,
+                ..Calibration::default()
+            });
+            r
+        };
+        // Emulator 40 ns/B + 1 ms per command; 0.5 cores got at every point.
+        let pts: Vec<Record> = [16384u64, 65536, 262144, 1048576]
+            .iter()
+            .map(|&b| {
+                let per_byte = 40e-9 + 1e-3 / b as f64;
+                let mbs = 0.48 / per_byte / 1e6;
+                mk(b, mbs, per_byte * mbs * 1e6 * 100.0)
+            })
+            .collect();
+        let aggs = aggregate(&pts);
+        let r = rates_from_records(&aggs);
+        let (emu, _) = r.carrier_fit[&("plain".to_string(), true)];
+        let emu = emu.unwrap();
+        assert!((emu.s_per_command - 1e-3).abs() < 1e-6, "{emu:?}");
+        let flat = r.clone().without_per_command();
+        let small = (
+            model_here(&aggs[0], &r).unwrap().0,
+            model_here(&aggs[0], &flat).unwrap().0,
+        );
+        let big = (
+            model_here(&aggs[3], &r).unwrap().0,
+            model_here(&aggs[3], &flat).unwrap().0,
+        );
+        assert!(small.0 < small.1, "{small:?}");
+        assert!(big.0 > big.1, "{big:?}");
+        // The fit reproduces the small block's throughput (its CPU-bound identity) closely.
+        assert!(
+            (small.0 / aggs[0].median - 1.0).abs() < 0.1,
+            "{small:?} {}",
+            aggs[0].median
+        );
+    }
+
+    /// Median signed error (%) of [`model_here`] per block size, for one scheme.
+    fn errors_by_block(aggs: &[Agg], rates: &Rates, scheme: &str) -> BTreeMap<u64, f64> {
+        let mut e: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+        for a in aggs
+            .iter()
+            .filter(|a| a.rec.point.scheme.to_string() == scheme)
+        {
+            if let Some((m, _)) = model_here(a, rates) {
+                if m > 0.0 && a.median > 0.0 {
+                    e.entry(a.rec.point.block)
+                        .or_default()
+                        .push((a.median / m - 1.0) * 100.0);
+                }
+            }
+        }
+        e.into_iter()
+            .map(|(k, mut v)| (k, median(&mut v)))
+            .collect()
+    }
+
+    /// The committed paper plans (3DES, load 11–21 on 2 vCPUs), IPsec, three models: the
+    /// carrier at the best SOCKET (before b683d71), the measured carrier per byte (b683d71),
+    /// and per byte + per command ([`fit_cost`]: emulator, stacks and charons). In sample and
+    /// with every cost taken from the other plan. Prints the fitted costs and the tables
     /// docs/results/model-here.md quotes (`cargo test -p ipsan-lab committed -- --nocapture`).
     #[test]
     fn committed_paper_plans_ipsec_error_before_and_after() {
         let w = committed("lab-paper-write");
         let r = committed("lab-paper-read");
         let (rw, rr) = (rates_from_records(&w), rates_from_records(&r));
+        for (plan, rates) in [("write", &rw), ("read", &rr)] {
+            for ((scheme, delayed), (emu, stacks)) in &rates.carrier_fit {
+                let show = |c: &Option<Cost>| match c {
+                    Some(c) => format!(
+                        "{:.1} ns/B + {:.0} µs/command",
+                        c.s_per_byte * 1e9,
+                        c.s_per_command * 1e6
+                    ),
+                    None => "no physical fit".into(),
+                };
+                println!(
+                    "{plan} plan, {scheme}, delay {}: emulator {}, stacks {}",
+                    if *delayed { "> 0" } else { "0" },
+                    show(emu),
+                    show(stacks)
+                );
+            }
+            for ((dir, cipher, delayed), (s, v)) in &rates.ipsec_fit {
+                println!(
+                    "{plan} plan, ipsec {cipher} {dir:?}, delay {}: sending charon {:.1} ns/B \
+                     + {:.0} µs/command, receiving {:.1} ns/B + {:.0} µs/command",
+                    if *delayed { "> 0" } else { "0" },
+                    s.s_per_byte * 1e9,
+                    s.s_per_command * 1e6,
+                    v.s_per_byte * 1e9,
+                    v.s_per_command * 1e6
+                );
+            }
+            // Every IPsec class of the paper plans separates: four block sizes each.
+            for delayed in [false, true] {
+                let (e, st) = rates.carrier_fit[&("ipsec".to_string(), delayed)];
+                assert!(e.is_some() && st.is_some(), "{plan} {delayed}");
+                let (e, st) = (e.unwrap(), st.unwrap());
+                // A command's few small packets cost more than zero and less than the
+                // emulator's worst case of 250 µs spin per release for ~10 packets.
+                assert!(e.s_per_command > 20e-6 && e.s_per_command < 2.5e-3, "{e:?}");
+                assert!(st.s_per_command > 0.0 && e.s_per_byte > 0.0 && st.s_per_byte > 0.0);
+            }
+        }
         let cases = [
-            ("write, in sample", &w, rates_from_records(&w)),
+            ("write, in sample", &w, rw.clone()),
             (
                 "write, costs from read",
                 &w,
-                rates_from_records(&w).with_costs_from(&rr),
+                rw.clone().with_costs_from(&rr),
             ),
-            ("read, in sample", &r, rates_from_records(&r)),
+            ("read, in sample", &r, rr.clone()),
             (
                 "read, costs from write",
                 &r,
-                rates_from_records(&r).with_costs_from(&rw),
+                rr.clone().with_costs_from(&rw),
             ),
         ];
         for (name, aggs, rates) in cases {
-            let before = errors(aggs, &rates.clone().without_carrier())["ipsec"];
-            let after = errors(aggs, &rates)["ipsec"];
+            let socket = errors(aggs, &rates.clone().without_carrier())["ipsec"];
+            let per_byte = errors(aggs, &rates.clone().without_per_command())["ipsec"];
+            let per_cmd = errors(aggs, &rates)["ipsec"];
             println!(
-                "ipsec 3DES, {name}: {} points, median |error| {:.1} % (signed {:+.1} %) before, \
-                 {:.1} % ({:+.1} %) after",
-                after.0, before.1, before.2, after.1, after.2
+                "ipsec 3DES, {name}: {} points, median |error| (signed): carrier at SOCKET \
+                 {:.1} % ({:+.1} %), per byte {:.1} % ({:+.1} %), per byte + per command \
+                 {:.1} % ({:+.1} %)",
+                per_cmd.0, socket.1, socket.2, per_byte.1, per_byte.2, per_cmd.1, per_cmd.2
             );
-            // The bias is gone and the error falls, in and out of sample.
-            assert!(before.2 < -15.0, "{name}: before {before:?}");
-            assert!(after.2.abs() < 10.0, "{name}: after {after:?}");
-            assert!(after.1 < before.1 - 5.0, "{name}: {before:?} -> {after:?}");
+            let by = |r: &Rates| {
+                errors_by_block(aggs, r, "ipsec")
+                    .iter()
+                    .map(|(b, e)| format!("{} {e:+.0} %", fmt_size(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            println!(
+                "  signed by block: per byte {}; + per command {}",
+                by(&rates.clone().without_per_command()),
+                by(&rates)
+            );
+            // The per-byte carrier removed the bias, in and out of sample.
+            assert!(socket.2 < -15.0, "{name}: before {socket:?}");
+            // In sample, the per-command term removes the block-size ordering: every block
+            // size within 10 % (signed median) and the median |error| within the goal.
+            if name.ends_with("in sample") {
+                assert!(
+                    per_cmd.1 < per_byte.1 - 3.0,
+                    "{name}: {per_byte:?} -> {per_cmd:?}"
+                );
+                assert!(per_cmd.1 <= 15.0, "{name}: {per_cmd:?}");
+                for (b, e) in errors_by_block(aggs, &rates, "ipsec") {
+                    assert!(e.abs() < 10.0, "{name}: {b} B {e:+.1} %");
+                }
+            }
+            assert!(per_byte.2.abs() < 10.0, "{name}: per byte {per_byte:?}");
+            assert!(
+                per_byte.1 < socket.1 - 5.0,
+                "{name}: {socket:?} -> {per_byte:?}"
+            );
         }
+        // Out of sample the per-command cost does not carry from writes to reads: the
+        // papers' write (InitialR2T=Yes, ImmediateData=No) has 2 round trips and ~4-5 small
+        // packets per command, a read 1 and ~3, and its fitted cost per command is ~3x.
+        // Sensitivity check (not the model): the cost scaled by round trips per command.
+        let scaled = |r: &Rates, k: f64| {
+            let mut r = r.clone();
+            for (e, s) in r.carrier_fit.values_mut() {
+                for c in [e, s].into_iter().flatten() {
+                    c.s_per_command *= k;
+                }
+            }
+            for (s, v) in r.ipsec_fit.values_mut() {
+                s.s_per_command *= k;
+                v.s_per_command *= k;
+            }
+            r
+        };
+        for (name, aggs, rates) in [
+            (
+                "write, costs from read x 2",
+                &w,
+                rw.clone().with_costs_from(&scaled(&rr, 2.0)),
+            ),
+            (
+                "read, costs from write / 2",
+                &r,
+                rr.clone().with_costs_from(&scaled(&rw, 0.5)),
+            ),
+        ] {
+            let e = errors(aggs, &rates)["ipsec"];
+            println!(
+                "ipsec 3DES, {name} (per round trip, sensitivity only): {:.1} % ({:+.1} %)",
+                e.1, e.2
+            );
+        }
+        // What the per-command term does out of sample: writes improve, reads from the
+        // write plan's costs get worse (the asymmetry above).
+        let oos = |aggs: &[Agg], r: &Rates| {
+            (
+                errors(aggs, &r.clone().without_per_command())["ipsec"].1,
+                errors(aggs, r)["ipsec"].1,
+            )
+        };
+        let (b, a) = oos(&w, &rw.clone().with_costs_from(&rr));
+        assert!(a < b && a <= 15.0, "write from read: {b} -> {a}");
+        let (b, a) = oos(&r, &rr.clone().with_costs_from(&rw));
+        assert!(a > b, "read from write: {b} -> {a}");
     }
 
     /// The quiet demo runs (AES-256-GCM, 1 MiB, 2 and 64 ms; seal's stored cipher rates):

@@ -297,16 +297,27 @@ pub fn predict_shared(i: &Inputs, p: &Pipeline, cores: f64) -> Result<Prediction
 ///   runs elsewhere (plain, IPsec); for seal their CPU also holds the crypto, which
 ///   `1/ENC + 1/DEC` already counts, so the caller passes the stacks' cost at the best
 ///   calibrated SOCKET instead.
+/// - `per_command`: what every command costs on top of its bytes, whatever its size: its
+///   command, R2T and status PDUs and their ACKs cross the emulator, both stacks and (for
+///   IPsec) both charons as separate small packets, each paying a wake-up. Fitted from the
+///   runs' CPU accounting as `CPU-seconds = a·bytes + b·commands` over the plan's block
+///   sizes; charged as `b / BLOCK` per byte, so it weighs on small blocks. The write plan's
+///   IPsec runs with a delay: ~0.9 ms (emulator) + 0.4 ms (stacks) + 1 ms (charons) per
+///   command, about 4 extra packets per command.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Carrier {
     /// Emulator CPU-seconds per payload byte.
     pub emulator_s_per_byte: f64,
     /// Initiator + target CPU-seconds per payload byte, crypto excluded.
     pub stacks_s_per_byte: f64,
+    /// CPU-seconds per command beyond its bytes (emulator, stacks and tunnels together).
+    #[serde(default)]
+    pub s_per_command: f64,
 }
 
 /// The most `cores` cores can carry when every byte is sealed (`1/ENC`), opened (`1/DEC`;
-/// neither for [`CryptoPlace::None`]) and carried ([`Carrier`]) on them: the identity
+/// neither for [`CryptoPlace::None`]) and carried ([`Carrier`]) on them, a command of
+/// `BLOCK` bytes costing `per_command / BLOCK` per byte on top: the identity
 /// `throughput = cores / CPU-seconds per byte`, binding when the run is CPU-bound.
 pub fn cpu_bound(
     i: &Inputs,
@@ -319,11 +330,12 @@ pub fn cpu_bound(
     for (what, v) in [
         ("emulator cost", carrier.emulator_s_per_byte),
         ("stacks cost", carrier.stacks_s_per_byte),
+        ("per-command cost", carrier.s_per_command),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(ModelError {
                 what,
-                why: format!("must be zero or more CPU-seconds per byte, not {v}"),
+                why: format!("must be zero or more CPU-seconds, not {v}"),
             });
         }
     }
@@ -331,7 +343,10 @@ pub fn cpu_bound(
         CryptoPlace::None => 0.0,
         CryptoPlace::Command | CryptoPlace::Packet => 1.0 / i.enc + 1.0 / i.dec,
     };
-    let per_byte = crypto + carrier.emulator_s_per_byte + carrier.stacks_s_per_byte;
+    let per_byte = crypto
+        + carrier.emulator_s_per_byte
+        + carrier.stacks_s_per_byte
+        + carrier.s_per_command / i.block;
     if per_byte > 0.0 {
         Ok(cores / per_byte)
     } else {
@@ -555,10 +570,12 @@ mod carrier_tests {
         let none = Carrier {
             emulator_s_per_byte: 0.0,
             stacks_s_per_byte: 0.0,
+            s_per_command: 0.0,
         };
         let esp = Carrier {
             emulator_s_per_byte: 57e-9,
             stacks_s_per_byte: 8e-9,
+            s_per_command: 0.0,
         };
         let crypto_only = cpu_bound(&x, CryptoPlace::Packet, &none, 0.5).unwrap();
         let with = cpu_bound(&x, CryptoPlace::Packet, &esp, 0.5).unwrap();
@@ -576,6 +593,7 @@ mod carrier_tests {
         let c = Carrier {
             emulator_s_per_byte: 4e-9,
             stacks_s_per_byte: 2e-9,
+            s_per_command: 0.0,
         };
         // No crypto: ENC/DEC are ignored.
         let b = cpu_bound(&i(1.0), CryptoPlace::None, &c, 0.3).unwrap();
@@ -583,6 +601,7 @@ mod carrier_tests {
         let free = Carrier {
             emulator_s_per_byte: 0.0,
             stacks_s_per_byte: 0.0,
+            s_per_command: 0.0,
         };
         assert!(cpu_bound(&i(1.0), CryptoPlace::None, &free, 1.0)
             .unwrap()
@@ -593,6 +612,51 @@ mod carrier_tests {
             ..c
         };
         assert!(cpu_bound(&i(1e6), CryptoPlace::Command, &bad, 1.0).is_err());
+        let negative = Carrier {
+            s_per_command: -1e-6,
+            ..c
+        };
+        assert!(cpu_bound(&i(1e6), CryptoPlace::Command, &negative, 1.0).is_err());
+    }
+
+    /// A per-command cost weighs by 1/BLOCK: IPsec 3DES with a delay on the write plan
+    /// (charons ~90 ns/B, emulator ~48, stacks ~5, ~2.2 ms per command): at 16 KiB the
+    /// command costs 134 ns/B, as much as the bytes, at 1 MiB 2 ns/B.
+    #[test]
+    fn per_command_cost_weighs_on_small_blocks() {
+        let c = Carrier {
+            emulator_s_per_byte: 48e-9,
+            stacks_s_per_byte: 5e-9,
+            s_per_command: 2.2e-3,
+        };
+        let at = |block: f64| {
+            let mut x = i(1.0 / 45e-9);
+            x.block = block;
+            cpu_bound(&x, CryptoPlace::Packet, &c, 0.5).unwrap()
+        };
+        let per_byte = 90e-9 + 53e-9;
+        let small = at(16_384.0);
+        let big = at(1_048_576.0);
+        assert!(
+            (small - 0.5 / (per_byte + 2.2e-3 / 16_384.0)).abs() < 1.0,
+            "{small}"
+        );
+        assert!(
+            (big - 0.5 / (per_byte + 2.2e-3 / 1_048_576.0)).abs() < 1.0,
+            "{big}"
+        );
+        // Nearly half the small block's CPU goes to its command; the big block barely notices.
+        assert!(small < 0.55 * 0.5 / per_byte && small > 0.45 * 0.5 / per_byte);
+        assert!(big > 0.98 * 0.5 / per_byte);
+        // Zero per-command cost: the per-byte bound, any block.
+        let flat = Carrier {
+            s_per_command: 0.0,
+            ..c
+        };
+        let mut x = i(1.0 / 45e-9);
+        x.block = 16_384.0;
+        let b = cpu_bound(&x, CryptoPlace::Packet, &flat, 0.5).unwrap();
+        assert!((b - 0.5 / per_byte).abs() < 1.0);
     }
 }
 
