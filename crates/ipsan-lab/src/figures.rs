@@ -1893,8 +1893,12 @@ mod tests {
         };
         let (b, a) = oos(&w, &rw.clone().with_costs_from(&rr));
         assert!(a < b && a <= 15.0, "write from read: {b} -> {a}");
+        // Reads priced with the write plan's per-command cost miss the 15 % goal (a
+        // two-round-trip write command costs more than a read: docs/results/model-here.md);
+        // this bounds that miss where it stands, so a change that makes it worse fails.
         let (b, a) = oos(&r, &rr.clone().with_costs_from(&rw));
-        assert!(a > b, "read from write: {b} -> {a}");
+        eprintln!("read from write costs, out of sample: {b:.1} % -> {a:.1} %");
+        assert!(a <= 22.0, "read from write: {b} -> {a}");
     }
 
     /// The quiet demo runs (AES-256-GCM, 1 MiB, 2 and 64 ms; seal's stored cipher rates):
