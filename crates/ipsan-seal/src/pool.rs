@@ -126,16 +126,16 @@ impl CryptoPool {
         binding: Binding,
         buf: BytesMut,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
-        let prepared = if inline(session, buf.len()) {
-            Err(session.seal(&binding, buf))
+        // A small command is sealed here and now (`SealSession::crypto_inline`).
+        let (done, prepared) = if session.crypto_inline(buf.len()) {
+            (Some(session.seal(&binding, buf)), Ok(None))
         } else {
-            Ok(self.seal_in_place(session, binding, buf))
+            (None, self.seal_in_place(session, binding, buf))
         };
         async move {
-            let prepared = match prepared {
-                Err(done) => return done,
-                Ok(prepared) => prepared,
-            };
+            if let Some(done) = done {
+                return done;
+            }
             let Some((pending, trailer)) = prepared? else {
                 return Ok(Bytes::new());
             };
@@ -208,7 +208,7 @@ impl CryptoPool {
         }
         let prepared = (|| {
             let n = plaintext.len();
-            if inline(session, n) {
+            if session.crypto_inline(n) {
                 return Ok(Some(Way::Done(session.seal_copy(&binding, &plaintext)?)));
             }
             let count =
@@ -291,9 +291,8 @@ impl CryptoPool {
         mut buf: BytesMut,
     ) -> impl Future<Output = Result<Bytes, OpenError>> + Send + 'static {
         let done = session
-            .plain_len(buf.len())
-            .filter(|&n| inline(session, n))
-            .map(|_| session.open(&binding, std::mem::take(&mut buf)));
+            .crypto_inline_sealed(buf.len())
+            .then(|| session.open(&binding, std::mem::take(&mut buf)));
         let prepared = (|| {
             if done.is_some() {
                 return Ok(None);
@@ -354,13 +353,6 @@ impl CryptoPool {
             Ok(data.freeze())
         }
     }
-}
-
-/// Whether `n` plaintext bytes are sealed or opened on the caller's thread: cheaper there than
-/// the hand-off to a worker ([`crate::Cipher::inline_max`]). Counters are reserved in call order
-/// either way.
-fn inline(session: &SealSession, n: usize) -> bool {
-    session.crypto_inline(n)
 }
 
 /// Opens the chunks of one part; stops at the first that fails.

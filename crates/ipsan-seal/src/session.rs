@@ -198,6 +198,13 @@ impl SealSession {
         plain <= self.framing.cipher.inline_max()
     }
 
+    /// [`Self::crypto_inline`] for a sealed transfer of `sealed` bytes as it travels (what a
+    /// receiver opens, or an EDTL): `false` when that is no valid sealed length.
+    pub fn crypto_inline_sealed(&self, sealed: usize) -> bool {
+        self.plain_len(sealed)
+            .is_some_and(|plain| self.crypto_inline(plain))
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> SealStats {
         SealStats {

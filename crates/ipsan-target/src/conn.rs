@@ -808,13 +808,11 @@ impl Session {
                     self.running.fetch_add(1, Ordering::AcqRel);
                     let small = x.edtl <= INLINE_MAX
                         && x.data_out.len() <= INLINE_MAX as usize
+                        // Sealed: only if the crypto pool opens and seals it on this thread;
+                        // otherwise it would wait for a worker.
                         && self.seal.as_ref().is_none_or(|s| {
-                            // Sealed: only if the crypto pool opens and seals it on this
-                            // thread (`crypto_inline`); otherwise it would wait for a worker.
-                            s.plain_len(x.edtl as usize)
-                                .is_some_and(|n| s.crypto_inline(n))
-                                && s.plain_len(x.data_out.len())
-                                    .is_some_and(|n| s.crypto_inline(n))
+                            s.crypto_inline_sealed(x.edtl as usize)
+                                && s.crypto_inline_sealed(x.data_out.len())
                         });
                     let mut task = Box::pin(async move {
                         s.clone().execute(x).await;
