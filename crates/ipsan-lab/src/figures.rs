@@ -933,6 +933,16 @@ impl Rates {
 /// small packets, each paying the emulator's wake-up and a trip through both stacks, so the
 /// per-byte median of [`carrier_costs`] over-charges big blocks and under-charges small ones.
 pub fn carrier_fits(aggs: &[Agg]) -> BTreeMap<(String, bool), (Option<Cost>, Option<Cost>)> {
+    carrier_samples(aggs)
+        .into_iter()
+        .map(|(k, (e, s))| (k, (fit_cost(&e), fit_cost(&s))))
+        .collect()
+}
+
+/// Per (scheme, delay > 0), the plan's runs as (block, CPU-seconds per byte moved) of the
+/// emulator and of the initiator + target: what [`carrier_costs`] takes the medians of and
+/// [`carrier_fits`] fits.
+fn carrier_samples(aggs: &[Agg]) -> BTreeMap<(String, bool), (Runs, Runs)> {
     let mut v: BTreeMap<(String, bool), (Runs, Runs)> = BTreeMap::new();
     for a in aggs {
         let r = &a.rec;
@@ -950,9 +960,7 @@ pub fn carrier_fits(aggs: &[Agg]) -> BTreeMap<(String, bool), (Option<Cost>, Opt
             (r.cpu_initiator_pct + r.cpu_target_pct) / 100.0 / bytes_per_s,
         ));
     }
-    v.into_iter()
-        .map(|(k, (e, s))| (k, (fit_cost(&e), fit_cost(&s))))
-        .collect()
+    v
 }
 
 /// IPsec's charons as per-byte + per-command costs, per (direction, cipher, delay > 0):
@@ -993,21 +1001,10 @@ pub fn ipsec_fits(aggs: &[Agg]) -> BTreeMap<(Direction, String, bool), (Cost, Co
 /// packets come one at a time out of charon, so IPsec's emulator cost per byte is several
 /// times TCP's ([`model::Carrier`]); at 0 ms there is no delay line.
 pub fn carrier_costs(aggs: &[Agg]) -> BTreeMap<(String, bool), (f64, f64)> {
-    let mut v: BTreeMap<(String, bool), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    for a in aggs {
-        let r = &a.rec;
-        let bytes_per_s = r.throughput_mb_s * 1e6;
-        if !(bytes_per_s > 0.0 && r.cpu_emulator_pct.is_finite() && r.cpu_emulator_pct > 0.0) {
-            continue;
-        }
-        let e = v
-            .entry((r.point.scheme.to_string(), r.point.delay_ms > 0.0))
-            .or_default();
-        e.0.push(r.cpu_emulator_pct / 100.0 / bytes_per_s);
-        e.1.push((r.cpu_initiator_pct + r.cpu_target_pct) / 100.0 / bytes_per_s);
-    }
-    v.into_iter()
-        .map(|(k, (mut e, mut s))| (k, (median(&mut e), median(&mut s))))
+    let per_byte = |runs: Runs| runs.into_iter().map(|(_, y)| y).collect::<Vec<f64>>();
+    carrier_samples(aggs)
+        .into_iter()
+        .map(|(k, (e, s))| (k, (median(&mut per_byte(e)), median(&mut per_byte(s)))))
         .collect()
 }
 
