@@ -271,16 +271,21 @@ pub fn predict(i: &Inputs, p: &Pipeline) -> Result<Prediction, ModelError> {
 pub fn predict_shared(i: &Inputs, p: &Pipeline, cores: f64) -> Result<Prediction, ModelError> {
     let mut pred = predict(i, p)?;
     let cores = positive("cores", cores)?;
-    let crypto = match p.crypto {
-        CryptoPlace::None => 0.0,
-        CryptoPlace::Command | CryptoPlace::Packet => 1.0 / i.enc + 1.0 / i.dec,
-    };
-    let cpu = 1.0 / (1.0 / i.socket + crypto / cores);
+    let cpu = 1.0 / (1.0 / i.socket + crypto_s_per_byte(i, p.crypto) / cores);
     if cpu < pred.throughput {
         pred.throughput = cpu;
         pred.limit = Limit::Cpu;
     }
     Ok(pred)
+}
+
+/// CPU-seconds one byte's crypto costs: one seal (`1/ENC`) and one open (`1/DEC`), none
+/// without crypto.
+fn crypto_s_per_byte(i: &Inputs, place: CryptoPlace) -> f64 {
+    match place {
+        CryptoPlace::None => 0.0,
+        CryptoPlace::Command | CryptoPlace::Packet => 1.0 / i.enc + 1.0 / i.dec,
+    }
 }
 
 /// The CPU the lab's non-crypto work costs per payload byte on this machine, measured from
@@ -339,10 +344,7 @@ pub fn cpu_bound(
             });
         }
     }
-    let crypto = match crypto {
-        CryptoPlace::None => 0.0,
-        CryptoPlace::Command | CryptoPlace::Packet => 1.0 / i.enc + 1.0 / i.dec,
-    };
+    let crypto = crypto_s_per_byte(i, crypto);
     let per_byte = crypto
         + carrier.emulator_s_per_byte
         + carrier.stacks_s_per_byte
