@@ -87,9 +87,9 @@ impl Cipher {
     /// caller's thread instead of handing it to a worker: where the hand-off (a channel send,
     /// a worker's wake-up, a oneshot wake-up of the waiting task: several microseconds of CPU
     /// on two threads, and a wake-up's latency) costs about as much as the crypto it moves.
-    /// AES-256-GCM with AES-NI/VAES runs at 2–10 GiB/s per core, so 64 KiB is 6–30 µs of
-    /// work; ChaCha20-Poly1305 is slower without wide SIMD, so half that; 3DES (tens of MB/s:
-    /// 4 KiB is a few hundred µs) is never inline. `none` follows AES-256-GCM, as it is the
+    /// AES-256-GCM ran at 3.6 GiB/s per core on this project's VM without AVX-512 and 9.7
+    /// with it (docs/seal.md §8), so 64 KiB is 6–17 µs of work; ChaCha20-Poly1305 (2.3 GiB/s)
+    /// gets half that; 3DES (about 14 MB/s: 4 KiB is about 300 µs) is never inline. `none` follows AES-256-GCM, as it is the
     /// baseline of that pipeline. Measured in docs/results/seal-inline.
     pub const fn inline_max(self) -> usize {
         match self {
