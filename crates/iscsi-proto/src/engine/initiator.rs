@@ -290,6 +290,8 @@ pub struct Connection {
     /// Commands that ended with the connection before their command PDU left the engine
     /// (see [`Connection::never_sent`]).
     never_sent: HashSet<u32>,
+    /// ITTs the session holds for tasks it will submit here (see [`Connection::reserve_itt`]).
+    reserved: HashSet<u32>,
 }
 
 impl Connection {
@@ -320,6 +322,7 @@ impl Connection {
             out: VecDeque::new(),
             events: VecDeque::new(),
             never_sent: HashSet::new(),
+            reserved: HashSet::new(),
             closed: None,
         }
     }
@@ -428,10 +431,34 @@ impl Connection {
     pub fn alloc_itt(&mut self) -> u32 {
         loop {
             let itt = self.itt.next_tag();
-            if !self.tasks.contains_key(&itt) && !self.tmfs.contains_key(&itt) {
+            if !self.tasks.contains_key(&itt)
+                && !self.tmfs.contains_key(&itt)
+                && !self.reserved.contains(&itt)
+                && self.ping.is_none_or(|(p, _)| p != itt)
+                && self.logout != Some(itt)
+            {
                 return itt;
             }
         }
+    }
+
+    /// The ITT [`Connection::alloc_itt`] tries next.
+    #[must_use]
+    pub fn next_itt(&self) -> u32 {
+        self.itt.peek()
+    }
+
+    /// Continue the ITT sequence at `next` (a session's next connection carries on where the
+    /// last one stopped, so no ITT of the session comes back while a task may still hold it;
+    /// RFC 7143 §11.2.1.8: unique within the session).
+    pub fn set_next_itt(&mut self, next: u32) {
+        self.itt = TagAllocator::starting_at(next);
+    }
+
+    /// Keeps `itt` from [`Connection::alloc_itt`] until a command is submitted under it: a
+    /// session's task waiting to be sent again here keeps its ITT.
+    pub fn reserve_itt(&mut self, itt: u32) {
+        self.reserved.insert(itt);
     }
 
     /// Submits a command; it leaves as soon as the window allows.
@@ -450,6 +477,9 @@ impl Connection {
         }
         if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
             return Err(SubmitError::Invalid);
+        }
+        if !self.reserved.is_empty() {
+            self.reserved.remove(&itt);
         }
         let write_bit = matches!(cmd.data, Data::Write(_));
         let (write, read, read_len) = match cmd.data {

@@ -3,7 +3,8 @@
 //! `handle_timeout(now)` and the role's methods; outputs are `poll_transmit()` (PDUs with
 //! their sequence numbers stamped at the moment they leave), `poll_timeout()` and
 //! `poll_event()`. No sockets, no clock, no locks: the tokio drivers in `ipsan-target` and
-//! `ipsan-initiator` move the bytes and pass the time in.
+//! `ipsan-initiator` move the bytes and pass the time in. The initiator's driver talks to a
+//! [`session::Session`], which owns the current [`initiator::Connection`].
 //!
 //! # Layout
 //! - [`target`]: the target's connection: CmdSN window admission, the task table, R2T
@@ -13,6 +14,11 @@
 //!   command submission with immediate and unsolicited data, R2T checking and answering,
 //!   Data-In reassembly, task management, command timeouts (ABORT TASK, then LOGICAL UNIT
 //!   RESET, then the connection), NOP-Out keepalive, logout.
+//! - [`session`]: the initiator's session above its connection: the task table that outlives
+//!   one connection (each task's CDB, LUN and data as `Bytes`), ITTs unique across the
+//!   session's connections, and session recovery's reissue policy (RFC 7143 §6.3.5: which
+//!   commands in flight at a loss go again on the next connection, [`session::is_idempotent`],
+//!   and what the others end with); it drives one [`initiator::Connection`] at a time.
 //! - [`r2t`]: the target's bookkeeping of one write's data phase (R2TSN, DataSN, offsets,
 //!   MaxOutstandingR2T, burst limits).
 //! - This module: what both roles share: tags, errors typed by scope, sense bytes.
@@ -23,6 +29,7 @@
 
 pub mod initiator;
 pub mod r2t;
+pub mod session;
 pub mod target;
 
 use iscsi_wire::header::RejectReason;
@@ -54,6 +61,16 @@ impl TagAllocator {
     fn skip_reserved(&mut self) {
         if self.next == RESERVED_TAG || self.next == 0 {
             self.next = 1;
+        }
+    }
+
+    /// The tag [`TagAllocator::next_tag`] hands out next, without taking it.
+    #[must_use]
+    pub fn peek(&self) -> u32 {
+        if self.next == RESERVED_TAG || self.next == 0 {
+            1
+        } else {
+            self.next
         }
     }
 
