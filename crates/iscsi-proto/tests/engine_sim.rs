@@ -11,117 +11,20 @@
 //! sequence on the wire; and that nothing is left in either task table. A failure names its
 //! seed: `ENGINE_SIM_SEED=<n> cargo test -p iscsi-proto --test engine_sim` replays it.
 
-use std::collections::{BTreeMap, VecDeque};
+mod common;
+
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ipsan_wan::model::Impairment;
-use ipsan_wan::pipeline::{Packet, Stage, Verdict};
+use common::{cdb16, parse16, pattern, pick, Disk, Pipe, BLOCK, DISK_BLOCKS};
 use ipsan_wan::rng::Rng;
 use ipsan_wan::{DirConfig, LossModel};
 use iscsi_proto::engine::initiator::{self, AbortedBy, Command, Data, TaskError};
-use iscsi_proto::engine::target::{self, LunDirectory, Response, Sizing};
+use iscsi_proto::engine::target::{self, Response};
 use iscsi_proto::engine::{CloseReason, Side};
 use iscsi_proto::params::SessionParams;
-use iscsi_wire::{Codec, Header, Pdu};
-
-const BLOCK: u64 = 512;
-const DISK_BLOCKS: u64 = 1 << 16;
-/// TCP's retransmission of a lost segment, as the receiver sees it: this much later.
-const RTO: Duration = Duration::from_millis(200);
-
-/// The disk's content never changes: writes write the same pattern, and the backend checks
-/// every byte it receives, so both directions' data is verified.
-fn pattern(offset: u64) -> u8 {
-    (offset ^ (offset >> 9) ^ (offset >> 17)) as u8
-}
-
-fn cdb16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn parse16(cdb: &[u8]) -> (u64, u32) {
-    let mut lba = [0u8; 8];
-    lba.copy_from_slice(&cdb[2..10]);
-    (
-        u64::from_be_bytes(lba),
-        u32::from_be_bytes([cdb[10], cdb[11], cdb[12], cdb[13]]),
-    )
-}
-
-struct Disk;
-
-impl LunDirectory for Disk {
-    fn exists(&self, lun: u64) -> bool {
-        lun == 0
-    }
-    fn size(&self, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
-        let need = if cdb[0] == 0x8a {
-            u64::from(parse16(cdb).1) * BLOCK
-        } else {
-            0
-        };
-        Sizing { need, early: None }
-    }
-}
-
-/// One direction of the TCP connection.
-struct Pipe {
-    model: Impairment,
-    codec: Codec,
-    queue: VecDeque<(Duration, Bytes)>,
-    last: Duration,
-    cut: bool,
-}
-
-impl Pipe {
-    fn new(cfg: DirConfig, seed: u64, codec: Codec) -> Self {
-        Self {
-            model: Impairment::new(cfg, seed),
-            codec,
-            queue: VecDeque::new(),
-            last: Duration::ZERO,
-            cut: false,
-        }
-    }
-
-    fn send(&mut self, now: Duration, pdu: &Pdu) -> Result<(), String> {
-        let mut b = BytesMut::new();
-        self.codec
-            .encode(pdu, &mut b)
-            .map_err(|e| format!("encode {:?}: {e}", pdu.header.opcode()))?;
-        if self.cut {
-            return Ok(());
-        }
-        let mut pkt = Packet::with_capacity(b.len().min(9000));
-        pkt.set_len(b.len().min(9000));
-        let n = now.as_nanos() as u64;
-        pkt.reset(n);
-        let at = match self.model.process(n, &mut pkt) {
-            Verdict::Pass => Duration::from_nanos(pkt.release_at),
-            // Lost: TCP retransmits it; everything behind waits (in order).
-            Verdict::Drop(_) => Duration::from_nanos(n) + self.model.config().delay + RTO,
-        };
-        let at = at.max(self.last);
-        self.last = at;
-        self.queue.push_back((at, b.freeze()));
-        Ok(())
-    }
-
-    fn due(&mut self, now: Duration) -> Option<Pdu> {
-        if self.queue.front().is_some_and(|(t, _)| *t <= now) {
-            let (_, b) = self.queue.pop_front()?;
-            let mut buf = BytesMut::from(&b[..]);
-            let pdu = self.codec.decode(&mut buf).ok().flatten()?;
-            return Some(pdu);
-        }
-        None
-    }
-}
+use iscsi_wire::{Codec, Header};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -144,10 +47,6 @@ enum Action {
     LunReset,
     Cut,
     Logout,
-}
-
-fn pick(rng: &mut Rng, xs: &[u32]) -> u32 {
-    xs[rng.below(xs.len() as u64) as usize]
 }
 
 /// Runs one seeded workload; `Err` says what went wrong.
