@@ -29,56 +29,10 @@ pub const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest wait between reconnect attempts.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Whether a command may be sent again after a connection loss without changing what it
-/// does: it may already have run once, in full or in part, on the old session (SAM-5 §5.6:
-/// a command whose status never arrived may or may not have been executed).
-///
-/// Reads and inquiries change nothing; a WRITE, WRITE SAME or UNMAP of the same data to the
-/// same blocks leaves the medium as one run does (the target's reinstatement makes sure the
-/// old copy finished or was aborted before the new one runs, RFC 7143 §6.3.5); SYNCHRONIZE
-/// CACHE, VERIFY and PRE-FETCH may run any number of times. Not idempotent, so never sent
-/// twice: COMPARE AND WRITE (0x89: the second run compares against its own write),
-/// PERSISTENT RESERVE OUT (0x5F: REGISTER AND IGNORE, PREEMPT, ... change keys), RESERVE and
-/// RELEASE (0x16/0x56/0x17/0x57), REQUEST SENSE (it consumes what it reports), and every
-/// opcode not listed here.
-#[must_use]
-pub fn is_idempotent(opcode: u8) -> bool {
-    matches!(
-        opcode,
-        0x00 // TEST UNIT READY
-            | 0x08 // READ(6)
-            | 0x0A // WRITE(6)
-            | 0x12 // INQUIRY
-            | 0x1A // MODE SENSE(6)
-            | 0x1B // START STOP UNIT
-            | 0x1E // PREVENT ALLOW MEDIUM REMOVAL
-            | 0x25 // READ CAPACITY(10)
-            | 0x28 // READ(10)
-            | 0x2A // WRITE(10)
-            | 0x2E // WRITE AND VERIFY(10)
-            | 0x2F // VERIFY(10)
-            | 0x34 // PRE-FETCH(10)
-            | 0x35 // SYNCHRONIZE CACHE(10)
-            | 0x41 // WRITE SAME(10)
-            | 0x42 // UNMAP
-            | 0x5A // MODE SENSE(10)
-            | 0x5E // PERSISTENT RESERVE IN
-            | 0x88 // READ(16)
-            | 0x8A // WRITE(16)
-            | 0x8E // WRITE AND VERIFY(16)
-            | 0x8F // VERIFY(16)
-            | 0x90 // PRE-FETCH(16)
-            | 0x91 // SYNCHRONIZE CACHE(16)
-            | 0x93 // WRITE SAME(16)
-            | 0x9E // SERVICE ACTION IN(16): READ CAPACITY(16), GET LBA STATUS
-            | 0xA0 // REPORT LUNS
-            | 0xA3 // MAINTENANCE IN: REPORT TARGET PORT GROUPS, REPORT SUPPORTED OPCODES
-            | 0xA8 // READ(12)
-            | 0xAA // WRITE(12)
-            | 0xAE // WRITE AND VERIFY(12)
-            | 0xAF // VERIFY(12)
-    )
-}
+/// Whether a command may be sent again after a connection loss: the session engine's policy
+/// (`iscsi_proto::engine::session::is_idempotent`), which decides what a recovering
+/// session sends again.
+pub use iscsi_proto::engine::session::is_idempotent;
 
 /// The SCSI answer a command that was in flight at a connection loss and is not idempotent
 /// fails with: CHECK CONDITION, sense key ABORTED COMMAND, ASC/ASCQ 4Bh/07h CONNECTION LOST
@@ -91,9 +45,11 @@ pub fn is_idempotent(opcode: u8) -> bool {
 /// clustered host that cares whether a COMPARE AND WRITE ran reads the data back. 4Bh/07h
 /// names the cause (the transport's connection was lost) rather than 44h/00h INTERNAL TARGET
 /// FAILURE, which hosts treat as a device fault.
+/// The values are the engine's ([`iscsi_proto::engine::session::NOT_REISSUED_SENSE`]).
 #[must_use]
 pub fn not_reissued_sense() -> Sense {
-    Sense::new(SenseKey::ABORTED_COMMAND, 0x4B, 0x07)
+    let (key, asc, ascq) = iscsi_proto::engine::session::NOT_REISSUED_SENSE;
+    Sense::new(SenseKey(key), asc, ascq)
 }
 
 /// Recovery counters of one session ([`crate::Session::recovery_stats`]).
@@ -191,16 +147,6 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_and_writes_are_reissued_but_compare_and_write_and_reservations_are_not() {
-        for op in [0x28, 0x2A, 0x88, 0x8A, 0x93, 0x42, 0x35, 0x12, 0x9E, 0x00] {
-            assert!(is_idempotent(op), "{op:#04x}");
-        }
-        for op in [0x89, 0x5F, 0x16, 0x56, 0x17, 0x57, 0x03, 0x83, 0xFF] {
-            assert!(!is_idempotent(op), "{op:#04x}");
-        }
-    }
 
     #[test]
     fn backoff_doubles_to_its_cap_with_jitter_below_each_step() {

@@ -83,6 +83,8 @@ enum Action {
     /// Drop the connection: `true` a reset the initiator sees, `false` a silent cut.
     Cut(bool),
     Reconnect,
+    /// The driver's data for a `Rebind`, made a while later (Seal seals it off the engine).
+    Resubmit(u32),
     Logout,
 }
 
@@ -374,6 +376,12 @@ fn run(seed: u64, seen: &mut Seen) -> Result<(), String> {
                         }
                         s.attach(at(now), ini);
                     }
+                    Action::Resubmit(itt) => {
+                        let i = *by_itt.get(&itt).ok_or("resubmit of an unknown ITT")?;
+                        // Refused when the connection it was made for is gone meanwhile:
+                        // another Rebind comes with the next one.
+                        let _ = s.resubmit(at(now), itt, Data::Write(submitted[i].data.clone()));
+                    }
                     Action::Logout => {
                         if s.lost().is_some() || reconnect_pending || s.tasks_in_flight() > 0 {
                             // Log out of a live, quiet connection: wait for the recovery and
@@ -578,9 +586,17 @@ fn run(seed: u64, seen: &mut Seen) -> Result<(), String> {
                     session::Event::Rebind { itt } => {
                         seen.rebinds += 1;
                         let i = *by_itt.get(&itt).ok_or("rebind of an unknown ITT")?;
-                        let data = submitted[i].data.clone();
-                        s.resubmit(at(now), itt, Data::Write(data))
-                            .map_err(|e| format!("resubmit: {e}"))?;
+                        if rng.chance(0.5) {
+                            let data = submitted[i].data.clone();
+                            s.resubmit(at(now), itt, Data::Write(data))
+                                .map_err(|e| format!("resubmit: {e}"))?;
+                        } else {
+                            let later = now + Duration::from_micros(rng.below(50_000));
+                            actions
+                                .entry(later)
+                                .or_default()
+                                .push(Action::Resubmit(itt));
+                        }
                     }
                     session::Event::ConnectionClosed(e) => {
                         if trace {

@@ -511,6 +511,8 @@ impl Session {
     }
 
     /// The data of a [`Event::Rebind`] task, made for the current connection: it is sent.
+    /// `Invalid` when the task is not waiting for it (ended, or its connection was lost
+    /// meanwhile: another `Rebind` comes with the next connection).
     pub fn resubmit(&mut self, now: Instant, itt: u32, data: Data) -> Result<(), SubmitError> {
         let Some(t) = self.tasks.get_mut(&itt) else {
             return Err(SubmitError::Invalid);
@@ -620,6 +622,15 @@ impl Session {
     /// go on it, in the order they were submitted, under their ITTs; bound ones after an
     /// [`Event::Rebind`]. The old connection, if still live, is closed first.
     pub fn attach(&mut self, now: Instant, conn: Connection) {
+        self.attach_quiet(now, conn);
+        self.reissue(now);
+    }
+
+    /// [`Session::attach`] without sending the kept tasks yet: new submissions go on the
+    /// connection, kept tasks wait for [`Session::reissue`]. A driver clears the unit
+    /// attention a reinstated nexus may report (SAM-5 §5.14) in between, as a host's SCSI
+    /// layer would, so the reissued commands see only their own status.
+    pub fn attach_quiet(&mut self, now: Instant, conn: Connection) {
         if self.ended.is_some() {
             return;
         }
@@ -637,17 +648,23 @@ impl Session {
         self.generation += 1;
         self.lost = None;
         self.expired = false;
-        let kept = self.kept_in_order();
-        for &itt in &kept {
+        for itt in self.kept_in_order() {
             self.conn.reserve_itt(itt);
         }
-        for itt in kept {
+    }
+
+    /// Sends the kept tasks on the connection attached with [`Session::attach_quiet`].
+    pub fn reissue(&mut self, now: Instant) {
+        if self.conn.closed().is_some() {
+            return;
+        }
+        for itt in self.kept_in_order() {
             let Some(t) = self.tasks.get_mut(&itt) else {
                 continue;
             };
             let sent = match t.state {
-                State::Kept { sent } | State::Rebinding { sent } => sent,
-                State::OnConnection => continue,
+                State::Kept { sent } => sent,
+                State::Rebinding { .. } | State::OnConnection => continue,
             };
             if t.binding == Binding::Bound {
                 t.state = State::Rebinding { sent };
@@ -716,6 +733,12 @@ impl Session {
                     self.complete(itt, result.map_err(Failure::Task));
                 }
                 initiator::Event::Closed(e) => {
+                    // Data made for this connection is no good for the next: asked again.
+                    for t in self.tasks.values_mut() {
+                        if let State::Rebinding { sent } = t.state {
+                            t.state = State::Kept { sent };
+                        }
+                    }
                     if self.lost.is_none() {
                         self.lost = Some((now, e));
                         self.itt = TagAllocator::starting_at(self.conn.next_itt());
@@ -1073,6 +1096,59 @@ mod tests {
         s.attach(t0, conn(t0, 1, 8));
         assert!(commands_sent(&mut s).is_empty());
         assert_eq!(s.tasks_in_flight(), 0);
+    }
+
+    #[test]
+    fn attach_quiet_lets_a_command_go_before_the_kept_ones() {
+        let t0 = Instant::now();
+        let mut s = Session::new(recovering(Duration::from_secs(60)), conn(t0, 1, 8));
+        let read = s
+            .submit(
+                t0,
+                cmd(
+                    0x88,
+                    Data::Read {
+                        buf: BytesMut::new(),
+                        len: 512,
+                    },
+                ),
+            )
+            .unwrap();
+        commands_sent(&mut s);
+        s.peer_closed(t0);
+        s.attach_quiet(t0, conn(t0, 1, 8));
+        let tur = s.submit(t0, cmd(0x00, Data::None)).unwrap();
+        assert_ne!(tur, read, "the kept task's ITT is reserved");
+        assert_eq!(commands_sent(&mut s), vec![(tur, 0x00)]);
+        s.reissue(t0);
+        assert_eq!(commands_sent(&mut s), vec![(read, 0x88)]);
+    }
+
+    #[test]
+    fn a_rebind_outstanding_when_the_connection_is_lost_is_asked_again_on_the_next() {
+        let t0 = Instant::now();
+        let mut s = Session::new(recovering(Duration::from_secs(60)), conn(t0, 1, 8));
+        let itt = s.alloc_itt();
+        let w = cmd(0x8a, Data::Write(Bytes::from_static(b"key-1")));
+        s.submit_as(t0, itt, w, Binding::Bound).unwrap();
+        s.peer_closed(t0);
+        s.attach(t0, conn(t0, 1, 8));
+        s.peer_closed(t0);
+        // Made for the connection that is gone: refused.
+        assert_eq!(
+            s.resubmit(t0, itt, Data::Write(Bytes::from_static(b"key-2"))),
+            Err(SubmitError::Invalid)
+        );
+        while s.poll_event().is_some() {}
+        s.attach(t0, conn(t0, 1, 8));
+        let asked = std::iter::from_fn(|| s.poll_event())
+            .filter(|e| matches!(e, Event::Rebind { itt: i } if *i == itt))
+            .count();
+        assert_eq!(asked, 1);
+        s.resubmit(t0, itt, Data::Write(Bytes::from_static(b"key-3")))
+            .unwrap();
+        let p = s.poll_transmit().unwrap();
+        assert_eq!(&p.data[..], b"key-3");
     }
 
     #[test]
