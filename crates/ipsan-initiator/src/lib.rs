@@ -9,12 +9,16 @@
 //!   extension trait (Seal's transform) and the [`Negotiated`] view `ipsan bench` reports;
 //!   `session` drives it over the socket.
 //! - [`seal`]: Seal's login extension and the payload transform that seals and opens data.
-//! - [`session`]: the runtime: connect, login, SendTargets discovery, commands in flight up to
-//!   the CmdSN window, R2T answering, Data-In reassembly, NOP-Out keepalive, logout;
-//!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
-//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
-//! - [`recovery`]: session recovery after a connection failure (reconnect with backoff,
-//!   reinstatement, RFC 7143 §6.3.5; which commands are sent again; counters).
+//! - [`session`]: the tokio driver of iscsi-proto's sans-IO engine (`engine::session` over
+//!   `engine::initiator`): connect, login, SendTargets discovery, the socket reader and
+//!   writer, timers, reconnect with backoff, waking the callers; the engine holds the task
+//!   table, the CmdSN window, R2T answering, Data-In reassembly, keepalive, logout and which
+//!   commands a recovered session sends again. `session/passthrough.rs`:
+//!   [`Session::command_to`], any CDB to any LUN answered with the target's status, raw
+//!   sense, data and residual unchanged (a gateway's remote leg).
+//! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
+//!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
+//!   RFC 7143 §6.3.5).
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
 //! - [`observe`]: the opt-in per-command observer hook ([`CommandObserver`]); the benchmark's
 //!   trace (`ipsan-bench`) is one observer.

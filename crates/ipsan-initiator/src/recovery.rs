@@ -5,10 +5,12 @@
 //! InitiatorName and ISID and TSIH 0 — a *session reinstatement* (RFC 7143 §6.3.5): the target
 //! ends the old session and its tasks before the new one's commands run — agrees fresh keys
 //! (Seal's login extension is made afresh per login), and the commands that had not completed
-//! are sent again with a new ITT (sealed afresh from the caller's plaintext: Seal binds the
-//! ITT). Only commands that may run twice are sent again ([`is_idempotent`]); the others fail
+//! are sent again under their ITT (sealed afresh from the caller's plaintext under the new
+//! keys). Only commands that may run twice are sent again ([`is_idempotent`]); the others fail
 //! with [`crate::Error::NotReissued`], which carries a retryable SCSI answer
-//! ([`not_reissued_sense`]) for a SCSI layer above to retry, as after a path failure.
+//! ([`not_reissued_sense`]) for a SCSI layer above to retry, as after a path failure. What is
+//! kept and what is sent again is decided by iscsi-proto's `engine::session`; this module
+//! holds the driver's side (backoff, counters).
 //! While recovering, commands wait (latency, not errors) up to the recovery timeout, as
 //! open-iscsi's `replacement_timeout` does; then they fail with
 //! [`crate::Error::RecoveryTimedOut`].

@@ -1,28 +1,35 @@
 //! The tokio session runtime: login, then the full feature phase driven through the sans-IO
-//! engine `iscsi_proto::engine::initiator` (CmdSN window, immediate and unsolicited data, R2T
+//! engine: `iscsi_proto::engine::session` (the task table that outlives a connection, ITTs
+//! unique across connections, session recovery's reissue policy) over
+//! `iscsi_proto::engine::initiator` (CmdSN window, immediate and unsolicited data, R2T
 //! checking and answering, Data-In reassembly, task management, NOP-Out keepalive, logout).
+//! This module does sockets, login, timers, reconnect backoff and waking callers; what the
+//! protocol decides is decided in the engine.
 //!
 //! # Shape
 //! ```text
-//!  callers ──command──► [Mutex<engine>] submit (ITT; queued until MaxCmdSN allows)
+//!  callers ──command──► [Mutex<engine session>] submit (ITT; queued until MaxCmdSN allows)
 //!                          │ poll_transmit                      ▲ handle_pdu
 //!                          ▼                                    │
 //!                     writer task ──► socket ──► ... ──► reader task (framed read)
 //!                     timer task: handle_timeout (keepalive, command and TMF timeouts)
 //!  engine events ──► waiting callers (completion, TMF answer, connection end)
 //! ```
-//! One framed read (`reader`) and one framed write (`writer`): the points where a per-PDU
-//! protection step hooks in. Kamisaka et al. overlap round trips with forked processes each
-//! doing one synchronous command; here any number of tasks share one session, each command
-//! tagged by its ITT, and the target's MaxCmdSN is the only limit.
+//! One framed read (`reader`) and one framed write (`writer`) per connection: the points where
+//! a per-PDU protection step hooks in. Kamisaka et al. overlap round trips with forked
+//! processes each doing one synchronous command; here any number of tasks share one session,
+//! each command tagged by its ITT, and the target's MaxCmdSN is the only limit.
 //!
 //! Connection loss: whoever notices first (reader EOF, writer error, the engine's keepalive or
-//! a rule the target broke) records the reason once; the engine completes every command in
-//! flight with it, so every waiter gets [`Error::ConnectionLost`] with that reason. With
-//! [`SessionConfig::recovery_timeout`] set, a supervisor task (`supervise`) then makes a new
-//! connection (a reinstating login, RFC 7143 §6.3.5) and [`Session::command`] sends the
-//! command again on it when it may ([`crate::recovery`]); a session is one connection at a
-//! time, each with its own engine, tasks and Seal keys.
+//! a rule the target broke) records the reason once and the engine connection ends. Without
+//! [`SessionConfig::recovery_timeout`] every command in flight fails with
+//! [`Error::ConnectionLost`] and that reason. With it, the engine session keeps the commands
+//! in flight, a supervisor task (`supervise`) makes a new connection (a reinstating login,
+//! RFC 7143 §6.3.5) and attaches it to the engine session, which sends the idempotent ones
+//! again under their ITTs and fails the others with [`Error::NotReissued`]
+//! ([`crate::recovery`]); sealed write data is sealed again under the new keys when the engine
+//! asks (`Rebind`). A session is one connection at a time, each with its own engine
+//! connection and Seal keys.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +37,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use iscsi_proto::engine::initiator::{self as engine, AbortedBy, SubmitError, TaskError};
-use iscsi_proto::engine::{CloseReason, Side};
+use iscsi_proto::engine::initiator::{self as engine, AbortedBy, TaskError};
+use iscsi_proto::engine::session::{self as proto, Binding, Failure};
+use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
 use iscsi_wire::header::{LoginRequest, LogoutReason, LogoutRequest, TextRequest, TmfResponse};
 use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -174,21 +182,49 @@ pub enum DataDir {
     Write(Bytes),
 }
 
-/// What every part of the driver shares: the engine and who waits for what.
+/// A command's end as a waiting caller receives it, or a request for its data again.
+enum Done {
+    /// The command ended; `transform`: the payload transform of the connection it ended on
+    /// (Data-In is opened with it).
+    Ended(Result<Passthrough>, Option<Arc<dyn PayloadTransform>>),
+    /// Session recovery sends the command again and its data was made for the old connection
+    /// (sealed under its keys): make it again with this transform
+    /// (`iscsi_proto::engine::session::Event::Rebind`).
+    Rebind(Option<Arc<dyn PayloadTransform>>),
+}
+
+/// What the driver's tasks share across the session's connections: the session engine
+/// (`iscsi_proto::engine::session`: the task table, the current connection, the reissue
+/// policy) and who waits for what.
 struct Inner {
-    engine: engine::Connection,
-    /// Callers waiting for a command's end, by ITT.
-    waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
+    session: proto::Session,
+    /// Callers waiting for a command's end, by ITT (a task keeps its ITT across connections).
+    waiters: HashMap<u32, oneshot::Sender<Done>>,
     /// Callers waiting for a task management response, by the TMF's ITT.
     tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
     /// Callers waiting for the connection's end (logout).
     closed_waiters: Vec<oneshot::Sender<()>>,
-    /// The deadline the timer task sleeps until (`None`: until woken).
+    /// The deadline the current connection's timer task sleeps until (`None`: until woken).
     timer_at: Option<Instant>,
+    /// The driver's side of the engine's current connection.
+    conn: Arc<ConnState>,
 }
 
-struct Shared {
+/// A session's state shared by its connections' tasks, its callers and its supervisor.
+struct Core {
     inner: Mutex<Inner>,
+    counters: Counters,
+    /// Who watches each command's events, when asked for ([`Session::set_observer`]).
+    observer: Arc<OnceLock<Observer>>,
+    /// A reinstating login was refused for good: commands kept for recovery end with this.
+    refused: OnceLock<(u8, &'static str)>,
+}
+
+/// One connection's side of the driver.
+struct ConnState {
+    /// This connection's number in the session (0: the first login; each recovery adds 1),
+    /// equal to the engine session's `generation()` while it is the current one.
+    generation: u64,
     /// PDUs are queued: the writer has work.
     wake_writer: Notify,
     /// The engine's next timeout may have moved earlier.
@@ -200,151 +236,29 @@ struct Shared {
     /// fail with [`Error::SealForgery`]. Set before the engine closes, so every waiter woken
     /// by the close sees it.
     forged: OnceLock<ipsan_seal::Forgery>,
-    params: Negotiated,
     io_tasks: Mutex<Vec<AbortHandle>>,
-    /// Who watches each command's events, when asked for ([`Session::set_observer`]); one
-    /// for the session, shared by its connections.
-    observer: Arc<OnceLock<Observer>>,
-    /// This connection's number in the session (0: the first login; each recovery adds 1).
-    generation: u64,
-    /// The payload transform this connection's login installed (Seal, keyed per login).
-    transform: Option<Arc<dyn PayloadTransform>>,
-    /// A duplicate of the connection's socket, for reading TCP settings and TCP_INFO.
-    socket: Option<std::os::fd::OwnedFd>,
     /// Turns true when the connection has ended (the recovery supervisor waits for it).
     ended: watch::Sender<bool>,
     /// AsyncEvent 1 received (RFC 7143 §11.9.1): the engine refuses new commands and logs out
-    /// once the commands in flight are done. The caller opens a new session: a transparent
-    /// reconnect would have to replay commands whose data was sealed under the old keys.
+    /// once the commands in flight are done; with recovery on, new commands wait for the next
+    /// login in the session engine.
     logout_asked: AtomicBool,
+    /// The payload transform this connection's login installed (Seal, keyed per login).
+    transform: Option<Arc<dyn PayloadTransform>>,
 }
 
-impl Shared {
-    /// Runs `f` on the engine, then hands its events to whoever waits for them and wakes the
-    /// writer. Every engine call goes through here, [`Shared::with_timer`] or
-    /// [`Shared::with_quiet`].
-    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
-        self.with_wake(false, f)
-    }
-
-    /// [`Shared::with`] for calls that may set an earlier deadline (a submission, task
-    /// management, logout): wakes the timer when the engine's next deadline moved before the
-    /// one it sleeps until.
-    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
-        self.with_wake(true, f)
-    }
-
-    fn with_wake<T>(&self, timer: bool, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))?;
-        let r = f(&mut g);
-        self.dispatch(&mut g);
-        // A wakeup per received PDU with nothing to send would cost the writer a lock and a
-        // task switch each time (measured: 30-40 % of read throughput).
-        let wake = g.engine.has_transmit() || g.engine.closed().is_some();
-        // Likewise the timer: woken only when the engine's next deadline moved before the
-        // one it sleeps until. Only a submission (a command's deadline) or a task management
-        // request can do that: a received PDU checks only while one is out (its answer may
-        // start the next step of a timeout's escalation).
-        let wake_timer = (timer || g.engine.tmfs_in_flight() > 0)
-            && match (g.engine.poll_timeout(), g.timer_at) {
-                (Some(d), Some(t)) => d < t,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-        drop(g);
-        if wake {
-            self.wake_writer.notify_one();
-        }
-        if wake_timer {
-            self.wake_timer.notify_one();
-        }
-        Ok(r)
-    }
-
-    /// [`Shared::with`] without waking anyone: for the writer and the timer themselves.
-    fn with_quiet<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))?;
-        let r = f(&mut g);
-        self.dispatch(&mut g);
-        Ok(r)
-    }
-
-    fn dispatch(&self, g: &mut Inner) {
-        // The reason first: callers woken below read it.
-        if let Some(e) = g.engine.closed() {
-            let _ = self.dead.set(ConnectionLoss::from_engine(e));
-            self.ended.send_replace(true);
-        }
-        while let Some(ev) = g.engine.poll_event() {
-            match ev {
-                engine::Event::Completed { itt, result } => {
-                    if let Some(tx) = g.waiters.remove(&itt) {
-                        let _ = tx.send(result);
-                    }
-                }
-                engine::Event::TaskManagement { itt, response } => {
-                    if let Some(tx) = g.tmf_waiters.remove(&itt) {
-                        let _ = tx.send(response);
-                    }
-                }
-                engine::Event::LogoutRequested { within_secs } => {
-                    tracing::info!(
-                        within_secs,
-                        "target requests logout (AsyncEvent 1); refusing new commands"
-                    );
-                    self.logout_asked.store(true, Ordering::Release);
-                }
-                engine::Event::Rejected { reason, opcode } => {
-                    tracing::warn!(reason = reason.0, ?opcode, "target rejected a PDU");
-                }
-                engine::Event::TimeoutStep { itt, step } => match step {
-                    engine::TimeoutStep::AbortTask => {
-                        tracing::warn!(itt, "command timed out; sending ABORT TASK");
-                    }
-                    engine::TimeoutStep::LunReset { abort_response } => tracing::warn!(
-                        itt,
-                        response = abort_response.0,
-                        "target refused to abort a timed-out command; escalating to LOGICAL UNIT RESET"
-                    ),
-                },
-                engine::Event::Closed(e) => {
-                    let _ = self.dead.set(ConnectionLoss::from_engine(e));
-                    g.tmf_waiters.clear();
-                    for tx in g.closed_waiters.drain(..) {
-                        let _ = tx.send(());
-                    }
-                    // The reader and the timer stop; the writer flushes what is queued (a
-                    // Logout, say) and shuts the socket.
-                    if let Ok(tasks) = self.io_tasks.lock() {
-                        for t in tasks.iter().skip(1) {
-                            t.abort();
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Ends the connection for a reason the driver finds itself (socket error, framing, Seal):
-    /// every command in flight fails with it.
-    fn kill(&self, reason: ConnectionLoss) {
-        let _ = self.dead.set(reason);
-        let _ = self.with(|g| g.engine.close(Side::Initiator, CloseReason::Local));
-    }
-
-    /// Ends the connection and stops its tasks at once (the session is going away).
-    fn shutdown(&self, why: LocalClose) {
-        self.kill(ConnectionLoss::Local(why));
-        if let Ok(tasks) = self.io_tasks.lock() {
-            for t in tasks.iter() {
-                t.abort();
-            }
+impl ConnState {
+    fn new(generation: u64, transform: Option<Arc<dyn PayloadTransform>>) -> Self {
+        Self {
+            generation,
+            wake_writer: Notify::new(),
+            wake_timer: Notify::new(),
+            dead: OnceLock::new(),
+            forged: OnceLock::new(),
+            io_tasks: Mutex::new(Vec::new()),
+            ended: watch::channel(false).0,
+            logout_asked: AtomicBool::new(false),
+            transform,
         }
     }
 
@@ -360,35 +274,267 @@ impl Shared {
         )
     }
 
+    fn loss(&self, e: ConnectionError) -> ConnectionLoss {
+        if let Some(f) = self.forged.get() {
+            return ConnectionLoss::SealForgery(f.clone());
+        }
+        self.dead
+            .get()
+            .cloned()
+            .unwrap_or_else(|| ConnectionLoss::from_engine(e))
+    }
+}
+
+/// A connection as its tasks and callers see it.
+struct Shared {
+    core: Arc<Core>,
+    st: Arc<ConnState>,
+    params: Negotiated,
+    /// A duplicate of the connection's socket, for reading TCP settings and TCP_INFO.
+    socket: Option<std::os::fd::OwnedFd>,
+}
+
+impl Core {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
+        self.inner
+            .lock()
+            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))
+    }
+
+    /// Runs `f` on the session engine, then hands its events to whoever waits for them and
+    /// wakes the current connection's writer. Every engine call goes through here or
+    /// [`Shared::with_io`].
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.with_wake(false, f)
+    }
+
+    /// [`Core::with`] for calls that may set an earlier deadline (a submission, task
+    /// management, logout): wakes the timer when the engine's next deadline moved before the
+    /// one it sleeps until.
+    fn with_timer<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.with_wake(true, f)
+    }
+
+    fn with_wake<T>(&self, timer: bool, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        let mut g = self.lock()?;
+        let r = f(&mut g);
+        self.dispatch(&mut g);
+        Self::wake(&g, timer);
+        Ok(r)
+    }
+
+    /// Wakes the current connection's writer when it has work, and its timer when the
+    /// engine's next deadline moved before the one it sleeps until.
+    fn wake(g: &Inner, timer: bool) {
+        // A wakeup per received PDU with nothing to send would cost the writer a lock and a
+        // task switch each time (measured: 30-40 % of read throughput).
+        let conn = g.session.connection();
+        let wake = g.session.has_transmit() || conn.closed().is_some();
+        // Likewise the timer: woken only when the engine's next deadline moved before the
+        // one it sleeps until. Only a submission (a command's deadline) or a task management
+        // request can do that: a received PDU checks only while one is out (its answer may
+        // start the next step of a timeout's escalation).
+        let wake_timer = (timer || conn.tmfs_in_flight() > 0)
+            && match (g.session.poll_timeout(), g.timer_at) {
+                (Some(d), Some(t)) => d < t,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+        if wake {
+            g.conn.wake_writer.notify_one();
+        }
+        if wake_timer {
+            g.conn.wake_timer.notify_one();
+        }
+    }
+
+    fn dispatch(&self, g: &mut Inner) {
+        let Inner {
+            session,
+            waiters,
+            tmf_waiters,
+            closed_waiters,
+            conn,
+            ..
+        } = g;
+        // The reason first: callers woken below read it.
+        if let Some(e) = session.connection().closed() {
+            let _ = conn.dead.set(ConnectionLoss::from_engine(e));
+            conn.ended.send_replace(true);
+        }
+        while let Some(ev) = session.poll_event() {
+            match ev {
+                proto::Event::Completed { itt, result } => {
+                    match &result {
+                        Err(Failure::NotReissued { opcode, .. }) => {
+                            Counters::bump(&self.counters.not_idempotent);
+                            tracing::debug!(
+                                opcode,
+                                "not idempotent: failing it instead of sending it again"
+                            );
+                        }
+                        Err(Failure::RecoveryTimedOut { .. }) => {
+                            Counters::bump(&self.counters.timed_out);
+                        }
+                        _ => {}
+                    }
+                    if let Some(tx) = waiters.remove(&itt) {
+                        let _ = tx.send(Done::Ended(
+                            self.answer(result, conn),
+                            conn.transform.clone(),
+                        ));
+                    }
+                }
+                proto::Event::Reissued { .. } => {
+                    Counters::bump(&self.counters.reissued);
+                }
+                proto::Event::Rebind { itt } => {
+                    let sent = waiters
+                        .remove(&itt)
+                        .is_some_and(|tx| tx.send(Done::Rebind(conn.transform.clone())).is_ok());
+                    if !sent {
+                        // Nobody to make its data again: it ends here.
+                        session.withdraw(itt);
+                    }
+                }
+                proto::Event::TaskManagement { itt, response } => {
+                    if let Some(tx) = tmf_waiters.remove(&itt) {
+                        let _ = tx.send(response);
+                    }
+                }
+                proto::Event::LogoutRequested { within_secs } => {
+                    tracing::info!(
+                        within_secs,
+                        "target requests logout (AsyncEvent 1); refusing new commands"
+                    );
+                    conn.logout_asked.store(true, Ordering::Release);
+                }
+                proto::Event::Rejected { reason, opcode } => {
+                    tracing::warn!(reason = reason.0, ?opcode, "target rejected a PDU");
+                }
+                proto::Event::TimeoutStep { itt, step } => match step {
+                    engine::TimeoutStep::AbortTask => {
+                        tracing::warn!(itt, "command timed out; sending ABORT TASK");
+                    }
+                    engine::TimeoutStep::LunReset { abort_response } => tracing::warn!(
+                        itt,
+                        response = abort_response.0,
+                        "target refused to abort a timed-out command; escalating to LOGICAL UNIT RESET"
+                    ),
+                },
+                proto::Event::ConnectionClosed(e) => {
+                    let _ = conn.dead.set(ConnectionLoss::from_engine(e));
+                    conn.ended.send_replace(true);
+                    tmf_waiters.clear();
+                    for tx in closed_waiters.drain(..) {
+                        let _ = tx.send(());
+                    }
+                    // The reader and the timer stop; the writer flushes what is queued (a
+                    // Logout, say) and shuts the socket.
+                    if let Ok(tasks) = conn.io_tasks.lock() {
+                        for t in tasks.iter().skip(1) {
+                            t.abort();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// A command's end as the target gave it: any SCSI status, with the raw sense bytes (a
-    /// gateway hands them on unchanged); task errors are errors.
-    fn answer(&self, r: engine::TaskResult) -> Result<Passthrough> {
-        match r {
-            Ok(c) => Ok(Passthrough {
-                status: c.status,
-                sense: c.sense,
-                data: c.data,
-                residual: c.residual,
-            }),
-            Err(TaskError::IscsiResponse(r)) => Err(Error::IscsiResponse(r)),
-            Err(TaskError::Rejected(r)) => Err(Error::Rejected(r.0)),
-            Err(TaskError::Aborted(AbortedBy::LunReset)) => {
+    /// gateway hands them on unchanged); task errors are errors. `conn`: the connection the
+    /// engine ended it on.
+    fn answer(&self, r: proto::SessionResult, conn: &ConnState) -> Result<Passthrough> {
+        let e = match r {
+            Ok(c) => {
+                return Ok(Passthrough {
+                    status: c.status,
+                    sense: c.sense,
+                    data: c.data,
+                    residual: c.residual,
+                })
+            }
+            Err(Failure::Task(e)) => e,
+            Err(Failure::NotReissued { opcode, lost }) => {
+                return Err(Error::NotReissued {
+                    opcode,
+                    reason: conn.loss(lost),
+                    sense: recovery::not_reissued_sense(),
+                })
+            }
+            Err(Failure::RecoveryTimedOut { after, lost }) => {
+                return Err(Error::RecoveryTimedOut {
+                    after,
+                    reason: conn.loss(lost),
+                })
+            }
+            Err(_) => return Err(conn.lost()),
+        };
+        match e {
+            TaskError::IscsiResponse(r) => Err(Error::IscsiResponse(r)),
+            TaskError::Rejected(r) => Err(Error::Rejected(r.0)),
+            TaskError::Aborted(AbortedBy::LunReset) => {
                 Err(Error::TaskAborted("LOGICAL UNIT RESET".into()))
             }
-            Err(TaskError::Aborted(AbortedBy::AbortTask)) => {
+            TaskError::Aborted(AbortedBy::AbortTask) => {
                 Err(Error::TaskAborted("ABORT TASK".into()))
             }
-            Err(TaskError::Violation(v)) => Err(Error::TargetViolation(v)),
-            Err(TaskError::TimedOut { after, .. }) => Err(Error::CommandTimedOut(after)),
-            Err(TaskError::ConnectionLost(_)) if self.forged.get().is_some() => Err(self.lost()),
-            Err(TaskError::ConnectionLost(e)) => Err(Error::ConnectionLost(
-                self.dead
-                    .get()
-                    .cloned()
-                    .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
-            )),
-            Err(_) => Err(self.lost()),
+            TaskError::Violation(v) => Err(Error::TargetViolation(v)),
+            TaskError::TimedOut { after, .. } => Err(Error::CommandTimedOut(after)),
+            TaskError::ConnectionLost(_) if self.refused.get().is_some() => {
+                let (detail, message) = self.refused.get().copied().unwrap_or((0, ""));
+                Err(Error::LoginRefused {
+                    class: 2,
+                    detail,
+                    message,
+                })
+            }
+            TaskError::ConnectionLost(_) if conn.forged.get().is_some() => Err(conn.lost()),
+            TaskError::ConnectionLost(e) => Err(Error::ConnectionLost(conn.loss(e))),
+            _ => Err(conn.lost()),
         }
+    }
+}
+
+impl Shared {
+    /// [`Core::with`] for this connection's own tasks (reader, writer, timer) and its ends:
+    /// nothing happens once a newer connection replaced it in the session. `quiet`: wakes
+    /// nobody (the writer and the timer themselves).
+    fn with_io<T>(&self, quiet: bool, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        let mut g = self.core.lock()?;
+        if g.conn.generation != self.st.generation {
+            return Err(self.st.lost());
+        }
+        let r = f(&mut g);
+        self.core.dispatch(&mut g);
+        if !quiet {
+            Core::wake(&g, false);
+        }
+        Ok(r)
+    }
+
+    /// Ends the connection for a reason the driver finds itself (socket error, framing, Seal):
+    /// with recovery, its commands wait for the next connection; without, they fail with it.
+    fn kill(&self, reason: ConnectionLoss) {
+        let _ = self.st.dead.set(reason);
+        let _ = self.with_io(false, |g| {
+            g.session
+                .close(Instant::now(), Side::Initiator, CloseReason::Local)
+        });
+    }
+
+    /// Ends the connection and stops its tasks at once (the session is going away).
+    fn shutdown(&self, why: LocalClose) {
+        self.kill(ConnectionLoss::Local(why));
+        if let Ok(tasks) = self.st.io_tasks.lock() {
+            for t in tasks.iter() {
+                t.abort();
+            }
+        }
+    }
+
+    fn lost(&self) -> Error {
+        self.st.lost()
     }
 }
 
@@ -414,8 +560,8 @@ enum LinkState {
 /// What a session keeps across its connections.
 struct Link {
     state: watch::Sender<LinkState>,
-    observer: Arc<OnceLock<Observer>>,
-    counters: Counters,
+    /// The engine session and its waiters, shared with the connections' tasks.
+    core: Arc<Core>,
     /// [`SessionConfig::recovery_timeout`]; `None`: no recovery.
     recovery_timeout: Option<Duration>,
     /// Logout or drop under way: a connection end is not a failure to recover from.
@@ -465,6 +611,16 @@ impl Drop for Session {
         if let Some(c) = self.link.up() {
             c.shutdown(LocalClose::SessionDropped);
         }
+        // Commands kept for a recovery that will not come end now.
+        let _ = self.link.core.with(|g| {
+            g.session.end(
+                Instant::now(),
+                ConnectionError {
+                    by: Side::Initiator,
+                    reason: CloseReason::Local,
+                },
+            )
+        });
     }
 }
 
@@ -822,14 +978,14 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
         .map_err(|_| Error::Timeout("discovery"))?
 }
 
-/// Connect, log in and start a connection's tasks (writer, reader, timer).
-async fn open_connection(
-    url: &IscsiUrl,
-    cfg: &SessionConfig,
-    target: &str,
-    observer: Arc<OnceLock<Observer>>,
-    generation: u64,
-) -> Result<Arc<Shared>> {
+/// A logged-in connection whose full feature phase has not started.
+struct Fresh {
+    conn: Conn,
+    li: LoggedIn,
+}
+
+/// Connect and log in (a first login, or a reinstating one).
+async fn login_connection(url: &IscsiUrl, cfg: &SessionConfig, target: &str) -> Result<Fresh> {
     let (conn, li) = connect_and_login(
         url,
         cfg,
@@ -838,74 +994,94 @@ async fn open_connection(
         },
     )
     .await?;
-    let params = li.params.clone();
-    let codec = Codec {
-        header_digest: params.header_digest,
-        data_digest: params.data_digest,
-        max_recv_data_segment_length: params.max_recv_data_segment_length,
-    };
-    let Conn { stream, rbuf, .. } = conn;
-    let socket = {
-        use std::os::fd::AsFd;
-        stream.as_fd().try_clone_to_owned().ok()
-    };
-    let (rd, wr) = stream.into_split();
-    let mut ecfg = engine::Config::new(
-        engine_params(&params),
-        li.cmd_sn,
-        li.max_cmd_sn,
-        li.exp_stat_sn,
-    );
-    ecfg.exp_cmd_sn = li.exp_cmd_sn;
-    ecfg.nop_interval = cfg.nop_interval;
-    ecfg.nop_timeout = cfg.nop_timeout;
-    ecfg.tmf_timeout = TMF_TIMEOUT;
-    ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
-    ecfg.command_timeout = cfg.command_timeout;
-    let shared = Arc::new(Shared {
-        inner: Mutex::new(Inner {
-            engine: engine::Connection::new(ecfg, Instant::now()),
-            waiters: HashMap::new(),
-            tmf_waiters: HashMap::new(),
-            closed_waiters: Vec::new(),
-            timer_at: None,
-        }),
-        wake_writer: Notify::new(),
-        wake_timer: Notify::new(),
-        dead: OnceLock::new(),
-        forged: OnceLock::new(),
-        params,
-        io_tasks: Mutex::new(Vec::new()),
-        observer,
-        generation,
-        transform: li.transform,
-        socket,
-        ended: watch::channel(false).0,
-        logout_asked: AtomicBool::new(false),
-    });
-    // The writer first: a closing engine stops the others but lets the writer flush.
-    // The record step sits between the codec and the engine (docs/seal.md §4a).
-    let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
-    let w = tokio::spawn(writer(wr, codec.clone(), shared.clone(), sealer));
-    let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone(), opener));
-    let k = tokio::spawn(timer(shared.clone()));
-    if let Ok(mut t) = shared.io_tasks.lock() {
-        *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
+    Ok(Fresh { conn, li })
+}
+
+impl Fresh {
+    /// The engine connection for this login.
+    fn engine(&self, cfg: &SessionConfig) -> engine::Connection {
+        let li = &self.li;
+        let mut ecfg = engine::Config::new(
+            engine_params(&li.params),
+            li.cmd_sn,
+            li.max_cmd_sn,
+            li.exp_stat_sn,
+        );
+        ecfg.exp_cmd_sn = li.exp_cmd_sn;
+        ecfg.nop_interval = cfg.nop_interval;
+        ecfg.nop_timeout = cfg.nop_timeout;
+        ecfg.tmf_timeout = TMF_TIMEOUT;
+        ecfg.max_queued_pong_bytes = MAX_QUEUED_PONG_BYTES;
+        ecfg.command_timeout = cfg.command_timeout;
+        engine::Connection::new(ecfg, Instant::now())
     }
-    Ok(shared)
+
+    /// Starts the connection's tasks (writer, reader, timer) once its engine connection is
+    /// the session's current one (`st`).
+    fn start(self, core: Arc<Core>, st: Arc<ConnState>) -> Arc<Shared> {
+        let Fresh { conn, li } = self;
+        let params = li.params.clone();
+        let codec = Codec {
+            header_digest: params.header_digest,
+            data_digest: params.data_digest,
+            max_recv_data_segment_length: params.max_recv_data_segment_length,
+        };
+        let Conn { stream, rbuf, .. } = conn;
+        let socket = {
+            use std::os::fd::AsFd;
+            stream.as_fd().try_clone_to_owned().ok()
+        };
+        let (rd, wr) = stream.into_split();
+        let shared = Arc::new(Shared {
+            core,
+            st,
+            params,
+            socket,
+        });
+        // The writer first: a closing engine stops the others but lets the writer flush.
+        // The record step sits between the codec and the engine (docs/seal.md §4a).
+        let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
+        let w = tokio::spawn(writer(wr, codec.clone(), shared.clone(), sealer));
+        let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone(), opener));
+        let k = tokio::spawn(timer(shared.clone()));
+        if let Ok(mut t) = shared.st.io_tasks.lock() {
+            *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
+        }
+        shared
+    }
+}
+
+/// Passes the time in to the engine session while it has no connection, so commands kept
+/// for recovery end with `RecoveryTimedOut` at the recovery timeout.
+async fn recovery_clock(core: Arc<Core>) {
+    loop {
+        let Ok(Some(d)) = core.with(|g| g.session.poll_timeout()) else {
+            return;
+        };
+        tokio::time::sleep_until(d.into()).await;
+        if core
+            .with(|g| g.session.handle_timeout(Instant::now()))
+            .is_err()
+        {
+            return;
+        }
+    }
 }
 
 /// The recovery supervisor of a session ([`crate::recovery`]): waits for the connection to
 /// end, then reconnects with backoff, reinstating the session (same InitiatorName and ISID,
 /// TSIH 0: RFC 7143 §6.3.5) with a fresh login extension (fresh Seal keys), until a login
-/// succeeds or is refused for good (status class 2). Commands wait on [`Link::state`].
+/// succeeds or is refused for good (status class 2). The engine session keeps the commands
+/// in flight and sends them again on the new connection (`attach_quiet`, `reissue`); new
+/// commands wait on [`Link::state`].
 async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: String, lun: u64) {
     let Some(limit) = link.recovery_timeout else {
         return;
     };
+    let core = link.core.clone();
     loop {
         let Some(conn) = link.up() else { return };
-        let mut ended = conn.ended.subscribe();
+        let mut ended = conn.st.ended.subscribe();
         if ended.wait_for(|e| *e).await.is_err() || link.closing.load(Ordering::Acquire) {
             return;
         }
@@ -914,9 +1090,9 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             .lost()
             .connection_loss()
             .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown));
-        let generation = conn.generation;
+        let generation = conn.st.generation;
         drop(conn);
-        let c = &link.counters;
+        let c = &core.counters;
         Counters::bump(&c.losses);
         let (reissued0, failed0) = (Counters::get(&c.reissued), Counters::get(&c.not_idempotent));
         tracing::warn!(
@@ -927,6 +1103,7 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             since,
             reason: reason.clone(),
         });
+        let clock = AbortOnDrop(tokio::spawn(recovery_clock(core.clone())).abort_handle());
         let mut backoff = Backoff::new();
         let mut expired = false;
         let mut attempts = 0u64;
@@ -936,9 +1113,8 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             }
             Counters::bump(&c.reconnects);
             attempts += 1;
-            match open_connection(&url, &cfg, &target, link.observer.clone(), generation + 1).await
-            {
-                Ok(s) => break Unpublished(Some(s)),
+            match login_connection(&url, &cfg, &target).await {
+                Ok(s) => break s,
                 Err(Error::LoginRefused {
                     class: 2,
                     detail,
@@ -947,6 +1123,16 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
                     tracing::error!(
                         "session recovery stopped: the reinstating login was refused ({message}, status class 2 detail {detail:#04x})"
                     );
+                    let _ = core.refused.set((detail, message));
+                    let _ = core.with(|g| {
+                        g.session.end(
+                            Instant::now(),
+                            ConnectionError {
+                                by: Side::Target,
+                                reason: CloseReason::Local,
+                            },
+                        )
+                    });
                     link.state.send_replace(LinkState::Refused {
                         class: 2,
                         detail,
@@ -964,21 +1150,54 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             }
             tokio::time::sleep(backoff.next_wait()).await;
         };
+        drop(clock);
+        // The new connection becomes the engine session's current one; the commands kept
+        // from the old one wait until the unit attention is cleared.
+        let st = Arc::new(ConnState::new(generation + 1, fresh.li.transform.clone()));
+        let engine_conn = fresh.engine(&cfg);
+        let attached = core.with(|g| {
+            g.conn = st.clone();
+            g.timer_at = None;
+            g.session.attach_quiet(Instant::now(), engine_conn);
+        });
+        if attached.is_err() {
+            return;
+        }
+        let fresh = Unpublished(Some(fresh.start(core.clone(), st)));
         // A reinstated nexus is a new nexus to the target: it may report a unit attention
         // (POWER ON OR RESET, 29h/xxh) to its first command. Consume it here, as a host's
         // SCSI layer would, so reissued commands see only their own status.
         if let Some(s) = &fresh.0 {
+            let mut ended = s.st.ended.subscribe();
             for _ in 0..4 {
+                let Ok((itt, rx)) = s.submit(
+                    lun,
+                    scsi::test_unit_ready(),
+                    DataDir::None,
+                    None,
+                    Binding::Free,
+                    Until::Timeout,
+                ) else {
+                    break;
+                };
+                let answer = tokio::select! {
+                    (r, _) = s.wait_ended(itt, rx, Until::Timeout) => r,
+                    // Lost again: the engine would keep this TEST UNIT READY for the next
+                    // connection, which only this task makes. It is not the caller's.
+                    _ = ended.wait_for(|e| *e) => {
+                        let _ = s.core.with(|g| g.session.withdraw(itt));
+                        break;
+                    }
+                };
                 let ua = matches!(
-                    s.command_raw(lun, scsi::test_unit_ready(), DataDir::None, None, Until::Timeout, &mut false)
-                        .await
-                        .and_then(Passthrough::into_completion),
+                    answer.and_then(Passthrough::into_completion),
                     Err(Error::Scsi { sense: Some(ref x), .. }) if x.key == SenseKey::UNIT_ATTENTION
                 );
                 if !ua {
                     break;
                 }
             }
+            let _ = s.core.with(|g| g.session.reissue(Instant::now()));
         }
         let mut fresh = fresh;
         let Some(s) = fresh.0.take() else { return };
@@ -994,6 +1213,15 @@ async fn supervise(link: Arc<Link>, url: IscsiUrl, cfg: SessionConfig, target: S
             failed_not_idempotent = Counters::get(&c.not_idempotent) - failed0,
             "session recovered in {took:?}"
         );
+    }
+}
+
+/// Aborts a task when dropped (the supervisor's recovery clock, whatever way it leaves).
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -1026,13 +1254,27 @@ impl Session {
         let mut cfg = cfg.clone();
         cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(random_isid));
         let recovery_timeout = cfg.recovery_timeout.filter(|d| !d.is_zero());
-        let observer = Arc::new(OnceLock::new());
-        let first = open_connection(url, &cfg, &target, observer.clone(), 0).await?;
+        let fresh = login_connection(url, &cfg, &target).await?;
+        let st = Arc::new(ConnState::new(0, fresh.li.transform.clone()));
+        let session = proto::Session::new(proto::Config { recovery_timeout }, fresh.engine(&cfg));
+        let core = Arc::new(Core {
+            inner: Mutex::new(Inner {
+                session,
+                waiters: HashMap::new(),
+                tmf_waiters: HashMap::new(),
+                closed_waiters: Vec::new(),
+                timer_at: None,
+                conn: st.clone(),
+            }),
+            counters: Counters::default(),
+            observer: Arc::new(OnceLock::new()),
+            refused: OnceLock::new(),
+        });
+        let first = fresh.start(core.clone(), st);
         let params = first.params.clone();
         let link = Arc::new(Link {
             state: watch::channel(LinkState::Up(first)).0,
-            observer,
-            counters: Counters::default(),
+            core,
             recovery_timeout,
             closing: AtomicBool::new(false),
         });
@@ -1064,12 +1306,12 @@ impl Session {
     /// benchmark's trace is one). A session has at most one observer; returns false if one was
     /// set already.
     pub fn set_observer(&self, o: Arc<dyn CommandObserver>) -> bool {
-        self.link.observer.set(o).is_ok()
+        self.link.core.observer.set(o).is_ok()
     }
 
     /// The observer set with [`Session::set_observer`].
     pub fn observer(&self) -> Option<&Arc<dyn CommandObserver>> {
-        self.link.observer.get()
+        self.link.core.observer.get()
     }
 
     /// The connection's TCP settings as the kernel reports them.
@@ -1099,13 +1341,13 @@ impl Session {
     pub fn logout_requested(&self) -> bool {
         self.link
             .up()
-            .is_some_and(|c| c.logout_asked.load(Ordering::Acquire))
+            .is_some_and(|c| c.st.logout_asked.load(Ordering::Acquire))
     }
 
     /// Why the connection died, if it did (and, with recovery, has not been replaced yet).
     pub fn failure(&self) -> Option<String> {
         match &*self.link.state.borrow() {
-            LinkState::Up(c) => c.dead.get().map(ToString::to_string),
+            LinkState::Up(c) => c.st.dead.get().map(ToString::to_string),
             LinkState::Recovering { reason, .. } => Some(reason.to_string()),
             LinkState::Refused { message, .. } => Some((*message).to_owned()),
         }
@@ -1113,7 +1355,7 @@ impl Session {
 
     /// The recovery counters ([`crate::recovery`]); all zero without recovery.
     pub fn recovery_stats(&self) -> RecoveryStats {
-        self.link.counters.snapshot()
+        self.link.core.counters.snapshot()
     }
 
     /// A connection to send on: the current one, or (after `failed` ended) the next one,
@@ -1134,7 +1376,7 @@ impl Session {
     async fn connection(&self, failed: Option<u64>) -> Result<Arc<Shared>> {
         // The common case, without a receiver of its own.
         if let LinkState::Up(c) = &*self.link.state.borrow() {
-            if Some(c.generation) != failed {
+            if Some(c.st.generation) != failed {
                 return Ok(c.clone());
             }
         }
@@ -1142,7 +1384,7 @@ impl Session {
         loop {
             let st = rx.borrow_and_update().clone();
             match st {
-                LinkState::Up(c) if Some(c.generation) != failed => return Ok(c),
+                LinkState::Up(c) if Some(c.st.generation) != failed => return Ok(c),
                 // The supervisor has not seen the end yet.
                 LinkState::Up(c) => {
                     if self.supervisor.is_none() {
@@ -1158,7 +1400,7 @@ impl Session {
                 LinkState::Recovering { since, reason, .. } => {
                     let limit = self.link.recovery_timeout.unwrap_or_default();
                     let timed_out = || {
-                        Counters::bump(&self.link.counters.timed_out);
+                        Counters::bump(&self.link.core.counters.timed_out);
                         Error::RecoveryTimedOut {
                             after: limit,
                             reason: reason.clone(),
@@ -1206,7 +1448,8 @@ impl Session {
 
     /// One command to `lun` (the 8-byte LUN field as sent, SAM-5 §4.7), answered with any
     /// status: the one path [`Session::command`] and [`Session::command_to`] share, recovery
-    /// included. `until`: what may end the command before its status (see [`Until`]).
+    /// included (the engine session sends it again on the next connection when it may).
+    /// `until`: what may end the command before its status (see [`Until`]).
     async fn exchange(
         &self,
         lun: u64,
@@ -1214,85 +1457,24 @@ impl Session {
         dir: DataDir,
         until: Until<'_>,
     ) -> Result<Passthrough> {
-        if self.supervisor.is_none() {
-            let c = self.connection_until(None, until).await?;
-            return self.attempt(&c, lun, cdb, dir, until, &mut false).await;
-        }
-        // What a reissue needs: the caller's plaintext (Seal seals a copy, so `Bytes` is
-        // still the caller's data) or the read length.
-        let again = match &dir {
-            DataDir::None => DataDir::None,
-            DataDir::Write(b) => DataDir::Write(b.clone()),
-            DataDir::Read(_, len) => DataDir::Read(BytesMut::new(), *len),
-        };
-        let mut dir = Some(dir);
-        let mut failed = None;
-        loop {
-            let c = self.connection_until(failed, until).await?;
-            let d = match dir.take() {
-                Some(d) => d,
-                None => match &again {
-                    DataDir::None => DataDir::None,
-                    DataDir::Write(b) => DataDir::Write(b.clone()),
-                    DataDir::Read(_, len) => DataDir::Read(BytesMut::new(), *len),
-                },
-            };
-            let mut sent = false;
-            match self.attempt(&c, lun, cdb, d, until, &mut sent).await {
-                // Asked to log out before it was sent: wait for the next login.
-                Err(Error::LogoutRequested) if !sent => {}
-                Err(e) if e.is_connection_loss() => {
-                    if sent {
-                        if !recovery::is_idempotent(cdb[0]) {
-                            Counters::bump(&self.link.counters.not_idempotent);
-                            tracing::debug!(
-                                opcode = cdb[0],
-                                "not idempotent: failing it instead of sending it again"
-                            );
-                            return Err(Error::NotReissued {
-                                opcode: cdb[0],
-                                reason: e
-                                    .connection_loss()
-                                    .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown)),
-                                sense: recovery::not_reissued_sense(),
-                            });
-                        }
-                        Counters::bump(&self.link.counters.reissued);
-                    }
-                }
-                r => return r,
-            }
-            failed = Some(c.generation);
-        }
-    }
-
-    /// One try of a command on connection `c`; `sent` says whether the target may have seen
-    /// it (see [`Shared::command_raw`]).
-    async fn attempt(
-        &self,
-        c: &Shared,
-        lun: u64,
-        cdb: [u8; 16],
-        dir: DataDir,
-        until: Until<'_>,
-        sent: &mut bool,
-    ) -> Result<Passthrough> {
-        let tr = c.observer.get();
-        c.refuse_after_logout_request()?;
-        let transform = self.transform.clone().or_else(|| c.transform.clone());
+        let c = self.connection_until(None, until).await?;
+        let tr = c.core.observer.get();
+        let transform = self.transform.clone().or_else(|| c.st.transform.clone());
         if transform.is_none() && tr.is_none() {
             // Nothing binds to the ITT before it is sent: the submission allocates it, under
             // the same lock (a plain session's hot path).
-            return c.command_raw(lun, cdb, dir, None, until, sent).await;
+            let (itt, rx) = c.submit(lun, cdb, dir, None, Binding::Free, until)?;
+            return c.wait_ended(itt, rx, until).await.0;
         }
         // The ITT is fixed before the transform runs because the transform binds to it (and
-        // the observer sees the command issued before it is sent).
-        let itt = c.with(|g| g.engine.alloc_itt())?;
+        // the observer sees the command issued before it is sent). It stays the command's
+        // ITT on every connection it is sent on.
+        let itt = c.core.with(|g| g.session.alloc_itt())?;
+        let pending = observe::Pending::issued(tr, itt);
         let Some(t) = transform else {
-            let g = observe::Pending::issued(tr, itt);
-            return g.finish(c.command_raw(lun, cdb, dir, Some(itt), until, sent).await);
+            let (itt, rx) = c.submit(lun, cdb, dir, Some(itt), Binding::Free, until)?;
+            return pending.finish(c.wait_ended(itt, rx, until).await.0);
         };
-        let g = observe::Pending::issued(tr, itt);
         // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
         let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
         let info = CommandInfo {
@@ -1303,40 +1485,92 @@ impl Session {
             itt,
         };
         match dir {
-            DataDir::None => g.finish(
-                c.command_raw(lun, cdb, DataDir::None, Some(itt), until, sent)
-                    .await,
-            ),
+            DataDir::None => {
+                let (itt, rx) =
+                    c.submit(lun, cdb, DataDir::None, Some(itt), Binding::Free, until)?;
+                pending.finish(c.wait_ended(itt, rx, until).await.0)
+            }
             DataDir::Write(plain) => {
+                // Sealed under this connection's keys and the ITT: a reissue on another
+                // connection seals the caller's plaintext again (Event::Rebind). The engine
+                // does not keep the sealed copy; we keep the plaintext (a reference).
                 observe::note(tr, itt, CommandEvent::SealStart, 0, plain.len() as u64);
+                // Without recovery no reissue comes: no second reference to the plaintext.
+                let keep = self.link.recovery_timeout.map(|_| plain.clone());
                 let wire = t.outbound(info, plain).await?;
                 observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
-                g.finish(
-                    c.command_raw(lun, cdb, DataDir::Write(wire), Some(itt), until, sent)
-                        .await,
-                )
+                let (itt, mut rx) = c.submit(
+                    lun,
+                    cdb,
+                    DataDir::Write(wire),
+                    Some(itt),
+                    Binding::Bound,
+                    until,
+                )?;
+                loop {
+                    match c.wait(itt, rx, until).await {
+                        Done::Ended(r, _) => return pending.finish(r),
+                        Done::Rebind(fresh) => {
+                            let Some(plain) = keep.clone() else {
+                                return pending.finish(Err(c.lost()));
+                            };
+                            let t = self
+                                .transform
+                                .clone()
+                                .or(fresh)
+                                .unwrap_or_else(|| t.clone());
+                            // The new waiter first: whatever ends the task meanwhile reaches it.
+                            let (tx, next) = oneshot::channel();
+                            c.core.with(|g| g.waiters.insert(itt, tx))?;
+                            rx = next;
+                            match t.outbound(info, plain).await {
+                                Ok(wire) => {
+                                    // Refused when that connection is gone too: the next
+                                    // one asks again.
+                                    let _ = c.core.with_timer(|g| {
+                                        g.session.resubmit(
+                                            Instant::now(),
+                                            itt,
+                                            engine::Data::Write(wire),
+                                        )
+                                    })?;
+                                }
+                                Err(e) => {
+                                    c.core.with(|g| {
+                                        g.waiters.remove(&itt);
+                                        g.session.withdraw(itt);
+                                    })?;
+                                    return pending.finish(Err(e));
+                                }
+                            }
+                        }
+                    }
+                }
             }
             DataDir::Read(buf, len) => {
                 let wire_len = t.wire_len(len).ok_or_else(|| {
                     Error::InvalidRequest(format!("{len} bytes cannot be carried by the transform"))
                 })?;
-                let mut done = c
-                    .command_raw(
-                        lun,
-                        cdb,
-                        DataDir::Read(buf, wire_len),
-                        Some(itt),
-                        until,
-                        sent,
-                    )
-                    .await?;
+                let (itt, rx) = c.submit(
+                    lun,
+                    cdb,
+                    DataDir::Read(buf, wire_len),
+                    Some(itt),
+                    Binding::Free,
+                    until,
+                )?;
+                let (r, on) = c.wait_ended(itt, rx, until).await;
+                let mut done = r?;
+                // Opened with the keys of the connection it completed on (a reissued read
+                // completes on a later one).
+                let t = self.transform.clone().or(on).unwrap_or(t);
                 // A status without data (CHECK CONDITION, say) has nothing to open.
                 if !done.data.is_empty() {
                     observe::note(tr, itt, CommandEvent::OpenStart, 0, done.data.len() as u64);
                     done.data = t.inbound(info, done.data).await?;
                     observe::note(tr, itt, CommandEvent::OpenEnd, 0, done.data.len() as u64);
                 }
-                g.finish(Ok(done))
+                pending.finish(Ok(done))
             }
         }
     }
@@ -1471,6 +1705,16 @@ impl Session {
                 LinkState::Recovering { reason, .. } => reason.clone(),
                 _ => ConnectionLoss::Local(LocalClose::Recovering),
             };
+            // Commands kept for the next connection end with the session.
+            let _ = self.link.core.with(|g| {
+                g.session.end(
+                    Instant::now(),
+                    ConnectionError {
+                        by: Side::Initiator,
+                        reason: CloseReason::Logout,
+                    },
+                )
+            });
             return Err(Error::ConnectionLost(reason));
         };
         c.logout().await
@@ -1478,26 +1722,18 @@ impl Session {
 }
 
 impl Shared {
-    fn refuse_after_logout_request(&self) -> Result<()> {
-        if self.logout_asked.load(Ordering::Acquire) {
-            return Err(Error::LogoutRequested);
-        }
-        Ok(())
-    }
-
-    /// Submits one command to this connection's engine (ITT `itt`, or a fresh one) and waits
-    /// for it; `sent` says whether the target may have seen it (the engine took it and it did
-    /// not end with the connection still queued, `engine::Connection::never_sent`).
-    async fn command_raw(
+    /// Submits one command to the engine session (ITT `itt`, or a fresh one); its end (or a
+    /// request for its data again) comes on the returned receiver. While the connection is
+    /// lost and recovery is on, the engine keeps it for the next connection.
+    fn submit(
         &self,
         lun: u64,
         cdb: [u8; 16],
         dir: DataDir,
         itt: Option<u32>,
+        binding: Binding,
         until: Until<'_>,
-        sent: &mut bool,
-    ) -> Result<Passthrough> {
-        self.refuse_after_logout_request()?;
+    ) -> Result<(u32, oneshot::Receiver<Done>)> {
         let data = match dir {
             DataDir::None => engine::Data::None,
             DataDir::Write(b) => engine::Data::Write(b),
@@ -1515,66 +1751,69 @@ impl Shared {
             timed: until.timed(),
         };
         // One lock for the ITT (when the caller has none yet) and the submission.
-        let submitted = self.with_timer(|g| {
-            let r = match itt {
-                Some(itt) => g.engine.submit_as(Instant::now(), itt, cmd),
-                None => g.engine.submit(Instant::now(), cmd),
-            };
-            if let Ok(itt) = r {
-                g.waiters.insert(itt, tx);
+        let counters = &self.core.counters;
+        self.core.with_timer(|g| {
+            let itt = itt.unwrap_or_else(|| g.session.alloc_itt());
+            match g.session.submit_as(Instant::now(), itt, cmd, binding) {
+                Ok(itt) => {
+                    g.waiters.insert(itt, tx);
+                    Ok((itt, rx))
+                }
+                Err(proto::SubmitError::LogoutRequested) => Err(Error::LogoutRequested),
+                Err(proto::SubmitError::RecoveryTimedOut { after, lost }) => {
+                    Counters::bump(&counters.timed_out);
+                    Err(Error::RecoveryTimedOut {
+                        after,
+                        reason: g.conn.loss(lost),
+                    })
+                }
+                Err(proto::SubmitError::Closed(_)) => Err(g.conn.lost()),
+                Err(_) => Err(Error::InvalidRequest("transfer over 4 GiB".into())),
             }
-            r
-        })?;
-        let itt = match submitted {
-            Ok(itt) => {
-                *sent = true;
-                itt
-            }
-            Err(SubmitError::Closed(_)) => return Err(self.lost()),
-            Err(SubmitError::LogoutRequested) => return Err(Error::LogoutRequested),
-            Err(_) => return Err(Error::InvalidRequest("transfer over 4 GiB".into())),
-        };
-        // The engine ends it: with its status, or past the command timeout with
-        // TaskError::TimedOut or the connection's end (its escalation, RFC 7143 §11.5.1);
-        // or the caller aborts it.
-        let r = match until {
+        })?
+    }
+
+    /// Waits for command `itt` to end (or to need its data again). The engine ends it: with
+    /// its status, or past the command timeout with `TimedOut` or the connection's end (its
+    /// escalation, RFC 7143 §11.5.1), or a session recovery decision; or the caller aborts it.
+    async fn wait(&self, itt: u32, rx: oneshot::Receiver<Done>, until: Until<'_>) -> Done {
+        match until {
             Until::Abort(abort) => {
                 let mut rx = rx;
                 tokio::select! {
                     biased;
-                    r = &mut rx => match r {
-                        Ok(r) => self.answer(r),
-                        Err(_) => Err(self.lost()),
-                    },
-                    () = abort.cancelled() => self.abort_asked(itt, rx).await,
+                    r = &mut rx => r.unwrap_or_else(|_| Done::Ended(Err(self.lost()), None)),
+                    () = abort.cancelled() => Done::Ended(self.abort_asked(itt, rx).await, None),
                 }
             }
-            Until::Status | Until::Timeout => match rx.await {
-                Ok(r) => self.answer(r),
-                Err(_) => Err(self.lost()),
-            },
-        };
-        // Ended with the connection before it left the engine: the target never saw it.
-        if r.as_ref().is_err_and(Error::is_connection_loss)
-            && self
-                .with_quiet(|g| g.engine.never_sent(itt))
-                .unwrap_or(false)
-        {
-            *sent = false;
+            Until::Status | Until::Timeout => rx
+                .await
+                .unwrap_or_else(|_| Done::Ended(Err(self.lost()), None)),
         }
-        r
+    }
+
+    /// A command's end, as [`Shared::wait`] gives it, for a command whose data is not made
+    /// per connection (a `Rebind` cannot come for it).
+    async fn wait_ended(
+        &self,
+        itt: u32,
+        rx: oneshot::Receiver<Done>,
+        until: Until<'_>,
+    ) -> (Result<Passthrough>, Option<Arc<dyn PayloadTransform>>) {
+        match self.wait(itt, rx, until).await {
+            Done::Ended(r, t) => (r, t),
+            Done::Rebind(_) => (Err(self.lost()), None),
+        }
     }
 
     /// See [`Session::lun_reset`].
     async fn lun_reset(&self, lun: u64) -> Result<()> {
         self.refuse_after_logout_request()?;
         let (tx, rx) = oneshot::channel();
-        self.with_timer(|g| {
-            if g.engine.closed().is_some() {
-                return;
+        self.core.with_timer(|g| {
+            if let Some(itt) = g.session.lun_reset(Instant::now(), lun) {
+                g.tmf_waiters.insert(itt, tx);
             }
-            let itt = g.engine.lun_reset(Instant::now(), lun);
-            g.tmf_waiters.insert(itt, tx);
         })?;
         // The engine drops the connection when the answer does not come within TMF_TIMEOUT.
         match rx.await {
@@ -1584,48 +1823,52 @@ impl Shared {
         }
     }
 
+    fn refuse_after_logout_request(&self) -> Result<()> {
+        if self.st.logout_asked.load(Ordering::Acquire) {
+            return Err(Error::LogoutRequested);
+        }
+        Ok(())
+    }
+
     /// ABORT TASK asked by the caller ([`Until::Abort`]; RFC 7143 §11.5.1): a gateway
     /// forwarding its host's ABORT TASK. The task stays in the engine until the response, so
     /// its PDUs are still handled in order. Ends with [`Error::TaskAborted`] when the target
     /// ended the task (Function complete, or Task does not exist: it finished and its status
     /// crossed the abort), or with the command's own answer when that came first or the
-    /// target refused the abort (the command then runs to its end; §11.6.1).
-    async fn abort_asked(
-        &self,
-        itt: u32,
-        mut rx: oneshot::Receiver<engine::TaskResult>,
-    ) -> Result<Passthrough> {
+    /// target refused the abort (the command then runs to its end; §11.6.1). A command kept
+    /// for the next connection ends at once, never sent again.
+    async fn abort_asked(&self, itt: u32, mut rx: oneshot::Receiver<Done>) -> Result<Passthrough> {
         tracing::debug!(itt, "ABORT TASK asked by the caller");
         let (tx, mut tmf_rx) = oneshot::channel();
-        self.with_timer(|g| {
-            if let Some(t) = g.engine.abort(Instant::now(), itt) {
+        self.core.with_timer(|g| {
+            if let Some(t) = g.session.abort(Instant::now(), itt) {
                 g.tmf_waiters.insert(t, tx);
             }
         })?;
+        let ended = |d: std::result::Result<Done, oneshot::error::RecvError>| match d {
+            Ok(Done::Ended(r, _)) => r,
+            _ => Err(self.lost()),
+        };
         let first = tokio::select! {
             biased;
             r = &mut rx => Ok(r),
             t = &mut tmf_rx => Err(t),
         };
         match first {
-            Ok(Ok(r)) => self.answer(r),
-            Ok(Err(_)) => Err(self.lost()),
+            Ok(r) => ended(r),
             Err(Ok(response)) if ends_the_task(response) => {
                 Err(Error::TaskAborted("ABORT TASK".into()))
             }
             // Refused, or no TMF sent (the task had ended): the command's own answer.
-            Err(_) => match rx.await {
-                Ok(r) => self.answer(r),
-                Err(_) => Err(self.lost()),
-            },
+            Err(_) => ended(rx.await),
         }
     }
 
     /// See [`Session::logout`].
     async fn logout(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.with_timer(|g| {
-            let itt = g.engine.logout(Instant::now());
+        let sent = self.core.with_timer(|g| {
+            let itt = g.session.logout(Instant::now());
             if itt.is_some() {
                 g.closed_waiters.push(tx);
             }
@@ -1637,7 +1880,8 @@ impl Shared {
         match tokio::time::timeout(Duration::from_secs(5), rx).await {
             Ok(Ok(())) => {
                 let ok = self
-                    .with(|g| g.engine.closed())?
+                    .core
+                    .with(|g| g.session.connection().closed())?
                     .is_some_and(|e| e.reason == CloseReason::Logout);
                 if ok {
                     Ok(())
@@ -1655,11 +1899,11 @@ impl Shared {
 /// escalation, task management timeouts. It only passes the time in.
 async fn timer(shared: Arc<Shared>) {
     loop {
-        let woken = shared.wake_timer.notified();
+        let woken = shared.st.wake_timer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let Ok(deadline) = shared.with_quiet(|g| {
-            let d = g.engine.poll_timeout();
+        let Ok(deadline) = shared.with_io(true, |g| {
+            let d = g.session.poll_timeout();
             g.timer_at = d;
             d
         }) else {
@@ -1669,7 +1913,10 @@ async fn timer(shared: Arc<Shared>) {
             Some(d) => {
                 tokio::select! {
                     () = tokio::time::sleep_until(d.into()) => {
-                        if shared.with(|g| g.engine.handle_timeout(Instant::now())).is_err() {
+                        if shared
+                            .with_io(false, |g| g.session.handle_timeout(Instant::now()))
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -1708,21 +1955,21 @@ async fn writer_inner(
     let mut out = ipsan_tcp::vectored::Segments::default();
     let mut batch: Vec<Pdu> = Vec::with_capacity(512);
     loop {
-        let woken = shared.wake_writer.notified();
+        let woken = shared.st.wake_writer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let closed = shared
-            .with_quiet(|g| {
+            .with_io(true, |g| {
                 let mut bytes = 0usize;
                 // Batch what is queued so many small PDUs go out in one syscall.
                 while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
-                    let Some(p) = g.engine.poll_transmit() else {
+                    let Some(p) = g.session.poll_transmit() else {
                         break;
                     };
                     bytes += p.data.len();
                     batch.push(p);
                 }
-                g.engine.closed().is_some()
+                g.session.connection().closed().is_some()
             })
             .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
         if batch.is_empty() {
@@ -1732,7 +1979,7 @@ async fn writer_inner(
             woken.await;
             continue;
         }
-        let tr = shared.observer.get();
+        let tr = shared.core.observer.get();
         for mut pdu in batch.drain(..) {
             observe_sent(tr, &pdu);
             // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
@@ -1812,7 +2059,7 @@ async fn reader(
     shared: Arc<Shared>,
     mut opener: Option<ipsan_seal::RecordOpener>,
 ) {
-    let tr = shared.observer.get().cloned();
+    let tr = shared.core.observer.get().cloned();
     loop {
         loop {
             match codec.decode(&mut buf) {
@@ -1823,14 +2070,14 @@ async fn reader(
                             tracing::warn!(
                                 "{f}; nothing of it acted, dropping the connection and failing every command in flight"
                             );
-                            let _ = shared.forged.set(f.clone());
+                            let _ = shared.st.forged.set(f.clone());
                             shared.kill(ConnectionLoss::SealForgery(f));
                             return;
                         }
                     }
-                    observe_received(shared.observer.get().or(tr.as_ref()), &pdu);
+                    observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
                     if shared
-                        .with(|g| g.engine.handle_pdu(Instant::now(), pdu))
+                        .with_io(false, |g| g.session.handle_pdu(Instant::now(), pdu))
                         .is_err()
                     {
                         return;
@@ -1848,7 +2095,7 @@ async fn reader(
         }
         match rd.read_buf(&mut buf).await {
             Ok(0) => {
-                let _ = shared.with(|g| g.engine.peer_closed());
+                let _ = shared.with_io(false, |g| g.session.peer_closed(Instant::now()));
                 return;
             }
             Ok(_) => {}

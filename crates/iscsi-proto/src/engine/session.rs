@@ -163,7 +163,8 @@ pub enum SubmitError {
     /// No connection, and no recovery (or the session ended).
     #[error(transparent)]
     Closed(ConnectionError),
-    /// The target asked for a logout (AsyncEvent 1) and there is no recovery to wait for.
+    /// The target asked for a logout (AsyncEvent 1), or the connection ended with it, and
+    /// there is no recovery to wait for.
     #[error("the target requested a logout")]
     LogoutRequested,
     /// The connection was lost and none came within [`Config::recovery_timeout`].
@@ -175,6 +176,16 @@ pub enum SubmitError {
     /// More than 4 GiB, the reserved ITT, or an ITT in use.
     #[error("invalid command")]
     Invalid,
+}
+
+/// Why a submission finds no connection: the connection's end, or the logout the target
+/// asked for (AsyncEvent 1: the caller opens a new session).
+fn closed(e: ConnectionError) -> SubmitError {
+    if e.reason == CloseReason::LogoutRequested {
+        SubmitError::LogoutRequested
+    } else {
+        SubmitError::Closed(e)
+    }
 }
 
 /// What the driver must act on.
@@ -439,7 +450,7 @@ impl Session {
         binding: Binding,
     ) -> Result<u32, SubmitError> {
         if let Some(e) = self.ended {
-            return Err(SubmitError::Closed(e));
+            return Err(closed(e));
         }
         if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
             return Err(SubmitError::Invalid);
@@ -472,10 +483,10 @@ impl Session {
             }
         } else {
             if !recovery || self.logging_out {
-                return Err(match self.conn.closed() {
-                    Some(e) => SubmitError::Closed(e),
-                    None => SubmitError::LogoutRequested,
-                });
+                return Err(self
+                    .conn
+                    .closed()
+                    .map_or(SubmitError::LogoutRequested, closed));
             }
             if self.expired {
                 if let (Some((_, lost)), Some(after)) = (self.lost, self.cfg.recovery_timeout) {
@@ -1025,6 +1036,17 @@ mod tests {
             s.submit(t0, cmd(0x00, Data::None)),
             Err(SubmitError::Closed(_))
         ));
+    }
+
+    #[test]
+    fn without_recovery_a_logout_the_target_asked_for_refuses_new_commands_as_such() {
+        let t0 = Instant::now();
+        let mut s = Session::new(Config::default(), conn(t0, 1, 8));
+        s.close(t0, Side::Initiator, CloseReason::LogoutRequested);
+        assert_eq!(
+            s.submit(t0, cmd(0x00, Data::None)),
+            Err(SubmitError::LogoutRequested)
+        );
     }
 
     #[test]
