@@ -194,7 +194,9 @@ pub enum Event {
     /// A submitted command ended: exactly one per accepted submission, whatever the number
     /// of connections it took.
     Completed { itt: u32, result: SessionResult },
-    /// Task `itt` was in flight at a loss and was sent again on the new connection.
+    /// Task `itt` was in flight at a loss and goes again on the new connection: sent now,
+    /// or (a bound task) once the driver gives its data again after the [`Event::Rebind`]
+    /// that follows.
     Reissued { itt: u32 },
     /// Task `itt` ([`Binding::Bound`]) goes again on the new connection: make its data for
     /// it and hand it to [`Session::resubmit`] (or give up with [`Session::withdraw`]).
@@ -543,12 +545,7 @@ impl Session {
             timed: t.timed,
         };
         match self.conn.submit_as(now, itt, cmd) {
-            Ok(_) => {
-                t.state = State::OnConnection;
-                if sent {
-                    self.events.push_back(Event::Reissued { itt });
-                }
-            }
+            Ok(_) => t.state = State::OnConnection,
             Err(_) => t.state = State::Kept { sent },
         }
         self.pump(now);
@@ -679,6 +676,10 @@ impl Session {
             };
             if t.binding == Binding::Bound {
                 t.state = State::Rebinding { sent };
+                // Decided here: counted now, not when the driver's data comes.
+                if sent {
+                    self.events.push_back(Event::Reissued { itt });
+                }
                 self.events.push_back(Event::Rebind { itt });
                 continue;
             }
