@@ -7,7 +7,8 @@
 //!   Login Request to full feature phase, and in [`login::originator`] the initiator's, both
 //!   negotiating into [`params::SessionParams`] and both ending with the non-`Copy` proof of
 //!   authentication ([`login::Authenticated`]) the full-feature phase is built from.
-//! - [`engine`]: the full feature phase for both roles, sans-IO (see its `# Layout`).
+//! - [`engine`]: the full feature phase for both roles, and the initiator's session above its
+//!   connection (task table, session recovery's reissue policy), sans-IO (see its `# Layout`).
 //! - [`seq`]: serial number arithmetic and the command window (RFC 7143 §4.2.2, §4.2.2.1).
 
 pub mod chap;
