@@ -1358,45 +1358,32 @@ impl Session {
         self.link.core.counters.snapshot()
     }
 
-    /// A connection to send on: the current one, or (after `failed` ended) the next one,
-    /// waiting for it up to the recovery timeout.
-    async fn connection_until(&self, failed: Option<u64>, until: Until<'_>) -> Result<Arc<Shared>> {
+    /// The connection to submit to: the current one, or while the session recovers the next
+    /// one, waiting for it up to the recovery timeout; or the caller's abort.
+    async fn connection_until(&self, until: Until<'_>) -> Result<Arc<Shared>> {
         let Until::Abort(abort) = until else {
-            return self.connection(failed).await;
+            return self.connection().await;
         };
         tokio::select! {
             biased;
             () = abort.cancelled() => Err(Error::TaskAborted("ABORT TASK".into())),
-            c = self.connection(failed) => c,
+            c = self.connection() => c,
         }
     }
 
-    /// A connection to send on: the current one, or (after `failed` ended) the next one,
-    /// waiting for it up to the recovery timeout.
-    async fn connection(&self, failed: Option<u64>) -> Result<Arc<Shared>> {
+    /// The connection to submit to: the current one (a command submitted as it dies is kept
+    /// by the engine session for the next one, with recovery on), or while the session
+    /// recovers the next one, waiting for it up to the recovery timeout.
+    async fn connection(&self) -> Result<Arc<Shared>> {
         // The common case, without a receiver of its own.
         if let LinkState::Up(c) = &*self.link.state.borrow() {
-            if Some(c.st.generation) != failed {
-                return Ok(c.clone());
-            }
+            return Ok(c.clone());
         }
         let mut rx = self.link.state.subscribe();
         loop {
             let st = rx.borrow_and_update().clone();
             match st {
-                LinkState::Up(c) if Some(c.st.generation) != failed => return Ok(c),
-                // The supervisor has not seen the end yet.
-                LinkState::Up(c) => {
-                    if self.supervisor.is_none() {
-                        return Err(c.lost());
-                    }
-                    drop(c);
-                    if rx.changed().await.is_err() {
-                        return Err(Error::ConnectionLost(ConnectionLoss::Local(
-                            LocalClose::SessionClosed,
-                        )));
-                    }
-                }
+                LinkState::Up(c) => return Ok(c),
                 LinkState::Recovering { since, reason, .. } => {
                     let limit = self.link.recovery_timeout.unwrap_or_default();
                     let timed_out = || {
@@ -1457,7 +1444,7 @@ impl Session {
         dir: DataDir,
         until: Until<'_>,
     ) -> Result<Passthrough> {
-        let c = self.connection_until(None, until).await?;
+        let c = self.connection_until(until).await?;
         let tr = c.core.observer.get();
         let transform = self.transform.clone().or_else(|| c.st.transform.clone());
         if transform.is_none() && tr.is_none() {
@@ -1582,7 +1569,7 @@ impl Session {
     /// [`Error::TaskManagement`] if the target does not complete the reset, and drops the
     /// connection if it does not answer within [`TMF_TIMEOUT`].
     pub async fn lun_reset(&self) -> Result<()> {
-        let c = self.connection(None).await?;
+        let c = self.connection().await?;
         c.lun_reset(self.lun).await
     }
 

@@ -76,7 +76,7 @@ impl Session {
     /// LOGICAL UNIT RESET of LUN `lun` (the raw 8-byte LUN field), as [`Session::lun_reset`]
     /// does for the session's own LUN: a gateway forwards its host's resets with it.
     pub async fn lun_reset_to(&self, lun: u64) -> Result<()> {
-        let c = self.connection(None).await?;
+        let c = self.connection().await?;
         c.lun_reset(lun).await
     }
 }
