@@ -31,7 +31,6 @@
 //! asks (`Rebind`). A session is one connection at a time, each with its own engine
 //! connection and Seal keys.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -39,7 +38,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use iscsi_proto::engine::initiator::{self as engine, AbortedBy, TaskError};
 use iscsi_proto::engine::session::{self as proto, Binding, Failure};
-use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
+use iscsi_proto::engine::{CloseReason, ConnectionError, OwnTagMap, Side};
 use iscsi_wire::header::{LoginRequest, LogoutReason, LogoutRequest, TextRequest, TmfResponse};
 use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -199,9 +198,11 @@ enum Done {
 struct Inner {
     session: proto::Session,
     /// Callers waiting for a command's end, by ITT (a task keeps its ITT across connections).
-    waiters: HashMap<u32, oneshot::Sender<Done>>,
+    /// With each, the generation of the connection it was registered on: a command that ends
+    /// on that connection needs no transform from the completion (its caller has it).
+    waiters: OwnTagMap<(oneshot::Sender<Done>, u64)>,
     /// Callers waiting for a task management response, by the TMF's ITT.
-    tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
+    tmf_waiters: OwnTagMap<oneshot::Sender<TmfResponse>>,
     /// Callers waiting for the connection's end (logout).
     closed_waiters: Vec<oneshot::Sender<()>>,
     /// The deadline the current connection's timer task sleeps until (`None`: until woken).
@@ -378,20 +379,22 @@ impl Core {
                         }
                         _ => {}
                     }
-                    if let Some(tx) = waiters.remove(&itt) {
-                        let _ = tx.send(Done::Ended(
-                            self.answer(result, conn),
-                            conn.transform.clone(),
-                        ));
+                    if let Some((tx, generation)) = waiters.remove(&itt) {
+                        // The transform only when it ended on a later connection (a reissued
+                        // read): a clone of a shared `Arc` per command is a contended atomic.
+                        let moved = (generation != conn.generation)
+                            .then(|| conn.transform.clone())
+                            .flatten();
+                        let _ = tx.send(Done::Ended(self.answer(result, conn), moved));
                     }
                 }
                 proto::Event::Reissued { .. } => {
                     Counters::bump(&self.counters.reissued);
                 }
                 proto::Event::Rebind { itt } => {
-                    let sent = waiters
-                        .remove(&itt)
-                        .is_some_and(|tx| tx.send(Done::Rebind(conn.transform.clone())).is_ok());
+                    let sent = waiters.remove(&itt).is_some_and(|(tx, _)| {
+                        tx.send(Done::Rebind(conn.transform.clone())).is_ok()
+                    });
                     if !sent {
                         // Nobody to make its data again: it ends here.
                         session.withdraw(itt);
@@ -1260,8 +1263,8 @@ impl Session {
         let core = Arc::new(Core {
             inner: Mutex::new(Inner {
                 session,
-                waiters: HashMap::new(),
-                tmf_waiters: HashMap::new(),
+                waiters: OwnTagMap::default(),
+                tmf_waiters: OwnTagMap::default(),
                 closed_waiters: Vec::new(),
                 timer_at: None,
                 conn: st.clone(),
@@ -1508,7 +1511,10 @@ impl Session {
                                 .unwrap_or_else(|| t.clone());
                             // The new waiter first: whatever ends the task meanwhile reaches it.
                             let (tx, next) = oneshot::channel();
-                            c.core.with(|g| g.waiters.insert(itt, tx))?;
+                            c.core.with(|g| {
+                                let generation = g.conn.generation;
+                                g.waiters.insert(itt, (tx, generation))
+                            })?;
                             rx = next;
                             match t.outbound(info, plain).await {
                                 Ok(wire) => {
@@ -1743,7 +1749,9 @@ impl Shared {
             let itt = itt.unwrap_or_else(|| g.session.alloc_itt());
             match g.session.submit_as(Instant::now(), itt, cmd, binding) {
                 Ok(itt) => {
-                    g.waiters.insert(itt, tx);
+                    // The connection whose transform the caller holds (`self`), which may
+                    // already have been replaced: then the completion brings the new one.
+                    g.waiters.insert(itt, (tx, self.st.generation));
                     Ok((itt, rx))
                 }
                 Err(proto::SubmitError::LogoutRequested) => Err(Error::LogoutRequested),

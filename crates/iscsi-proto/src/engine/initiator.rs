@@ -20,7 +20,7 @@
 //! sequence out of order or past its buffer (no SNACK at ErrorRecoveryLevel 0), PDUs for
 //! tasks that never existed, unexpected opcodes — end the connection, and every task with it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -30,7 +30,7 @@ use iscsi_wire::header::{
 };
 use iscsi_wire::{Header, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 
-use super::{CloseReason, ConnectionError, Side, TagAllocator, Violation};
+use super::{CloseReason, ConnectionError, OwnTagMap, OwnTagSet, Side, TagAllocator, Violation};
 use crate::params::SessionParams;
 use crate::seq::{sn_le, sn_lt};
 
@@ -267,9 +267,9 @@ pub struct Connection {
     max_cmd_sn: u32,
     exp_stat_sn: u32,
     itt: TagAllocator,
-    tasks: HashMap<u32, Task>,
+    tasks: OwnTagMap<Task>,
     queued: VecDeque<u32>,
-    tmfs: HashMap<u32, (TmfKind, Instant)>,
+    tmfs: OwnTagMap<(TmfKind, Instant)>,
     ping: Option<(u32, Instant)>,
     next_ping: Option<Instant>,
     last_rx: Instant,
@@ -289,9 +289,9 @@ pub struct Connection {
     closed: Option<ConnectionError>,
     /// Commands that ended with the connection before their command PDU left the engine
     /// (see [`Connection::never_sent`]).
-    never_sent: HashSet<u32>,
+    never_sent: OwnTagSet,
     /// ITTs the session holds for tasks it will submit here (see [`Connection::reserve_itt`]).
-    reserved: HashSet<u32>,
+    reserved: OwnTagSet,
 }
 
 impl Connection {
@@ -304,9 +304,9 @@ impl Connection {
             max_cmd_sn: cfg.max_cmd_sn,
             exp_stat_sn: cfg.exp_stat_sn,
             itt: TagAllocator::default(),
-            tasks: HashMap::new(),
+            tasks: OwnTagMap::default(),
             queued: VecDeque::new(),
-            tmfs: HashMap::new(),
+            tmfs: OwnTagMap::default(),
             ping: None,
             next_ping: cfg.nop_interval.map(|i| now + i),
             last_rx: now,
@@ -321,8 +321,8 @@ impl Connection {
             max_pong_bytes: cfg.max_queued_pong_bytes,
             out: VecDeque::new(),
             events: VecDeque::new(),
-            never_sent: HashSet::new(),
-            reserved: HashSet::new(),
+            never_sent: OwnTagSet::default(),
+            reserved: OwnTagSet::default(),
             closed: None,
         }
     }

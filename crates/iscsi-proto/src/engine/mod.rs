@@ -32,6 +32,9 @@ pub mod r2t;
 pub mod session;
 pub mod target;
 
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
+
 use iscsi_wire::header::RejectReason;
 use iscsi_wire::{Opcode, RESERVED_TAG};
 
@@ -83,6 +86,52 @@ impl TagAllocator {
         t
     }
 }
+
+/// Hashes task tags that this side hands out itself ([`TagAllocator`]: the initiator's ITTs):
+/// one multiply instead of SipHash. A table keyed by them holds only tags we chose, so a peer
+/// cannot fill it with colliding keys (a peer's tags may be *looked up*, which costs a probe,
+/// never an entry). Tables keyed by the peer's tags (the target's tasks by the initiator's
+/// ITTs) keep the standard hasher.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OwnTags;
+
+/// The hasher of [`OwnTags`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OwnTagHasher(u64);
+
+impl BuildHasher for OwnTags {
+    type Hasher = OwnTagHasher;
+    fn build_hasher(&self) -> OwnTagHasher {
+        OwnTagHasher(0)
+    }
+}
+
+/// 2^64 ÷ φ, odd: consecutive tags land far apart in both the low bits (bucket) and the
+/// high bits (hashbrown's control byte).
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Hasher for OwnTagHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(GOLDEN);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(GOLDEN);
+    }
+
+    fn finish(&self) -> u64 {
+        // The product's low bits depend only on the tag's low bits; fold the well-mixed high
+        // half in.
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+/// A table keyed by tags this side allocated (see [`OwnTags`]).
+pub type OwnTagMap<V> = HashMap<u32, V, OwnTags>;
+/// A set of tags this side allocated (see [`OwnTags`]).
+pub type OwnTagSet = HashSet<u32, OwnTags>;
 
 /// Which side of the connection did something.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,5 +272,37 @@ mod tests {
         assert_eq!(a.next_tag(), 1);
         let mut a = TagAllocator::starting_at(0);
         assert_eq!(a.next_tag(), 1);
+    }
+
+    /// hashbrown picks the bucket from the hash's low bits and a control byte from its top 7:
+    /// consecutive tags (what [`TagAllocator`] hands out) must spread over both, or a table of
+    /// in-flight tasks degrades to linear probing. An identity hash fails the second check.
+    #[test]
+    fn own_tag_hashes_of_consecutive_tags_spread_over_buckets_and_control_bytes() {
+        let hash = |t: u32| OwnTags.hash_one(t);
+        let mut buckets = HashSet::new();
+        let mut control = [0u32; 128];
+        for t in 1..=4096u32 {
+            let h = hash(t);
+            buckets.insert(h & 4095);
+            control[(h >> 57) as usize] += 1;
+        }
+        // A random function fills ~63 % of 4096 buckets with 4096 keys.
+        assert!(
+            buckets.len() > 2500,
+            "{} of 4096 buckets used",
+            buckets.len()
+        );
+        let max = control.iter().copied().max().unwrap_or(0);
+        assert!(
+            max <= 3 * 4096 / 128,
+            "a control byte value taken {max} times of 4096"
+        );
+        // And the map works with it.
+        let mut m: OwnTagMap<u32> = OwnTagMap::default();
+        for t in 1..=1000u32 {
+            m.insert(t, t * 2);
+        }
+        assert!((1..=1000u32).all(|t| m.remove(&t) == Some(t * 2)) && m.is_empty());
     }
 }

@@ -32,7 +32,7 @@
 //! [`Session::resubmit`]). Everything else is sent again from what the session kept: the
 //! caller's `Bytes` (a reference, not a copy) or the read length.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -43,7 +43,7 @@ use super::initiator::{
     self, AbortedBy, Command, Completion, Connection, Data, SubmitError as ConnSubmitError,
     TaskError, TimeoutStep,
 };
-use super::{CloseReason, ConnectionError, Side, TagAllocator};
+use super::{CloseReason, ConnectionError, OwnTagMap, Side, TagAllocator};
 use crate::params::SessionParams;
 
 /// Whether a command may be sent again after a connection loss without changing what it
@@ -261,7 +261,7 @@ pub struct Session {
     conn: Connection,
     /// Connections attached after the first.
     generation: u64,
-    tasks: HashMap<u32, Task>,
+    tasks: OwnTagMap<Task>,
     next_order: u64,
     /// Since when there is no live connection, and why.
     lost: Option<(Instant, ConnectionError)>,
@@ -285,7 +285,7 @@ impl Session {
             itt: TagAllocator::starting_at(conn.next_itt()),
             conn,
             generation: 0,
-            tasks: HashMap::new(),
+            tasks: OwnTagMap::default(),
             next_order: 0,
             lost: None,
             expired: false,
