@@ -627,6 +627,10 @@ impl Connection {
                 _ => None,
             }));
         self.never_sent.extend(unsent);
+        // Nothing leaves a closed connection: what was queued is counted as never sent above
+        // and must stay so.
+        self.out.clear();
+        self.pong_bytes = 0;
         let mut itts: Vec<u32> = self.tasks.keys().copied().collect();
         itts.sort_unstable();
         for itt in itts {
@@ -1647,6 +1651,15 @@ mod tests {
             .unwrap();
         c.peer_closed();
         assert!(c.never_sent(itt));
+        // And it stays unsent: a closed connection hands the driver nothing more, or a writer
+        // still holding the socket could send a command that session recovery then sends
+        // again on the next connection (found by the engine_session fuzz target: a COMPARE AND
+        // WRITE on two connections).
+        assert!(
+            c.poll_transmit().is_none(),
+            "a PDU left a closed connection"
+        );
+        assert!(!c.has_transmit());
     }
 
     // ---- command timeout and its escalation, on a virtual clock ----
