@@ -1056,3 +1056,159 @@ fn engine_initiator(
         assert_eq!(c.tasks_in_flight(), 0);
     }
 }
+
+/// The initiator's engine session ([`iscsi_proto::engine::session`]) under arbitrary target
+/// PDUs, with connection losses and reattachments at points the input picks. Properties:
+/// every submitted command completes exactly once (the session ends at the close), a
+/// completion names a submitted ITT, COMPARE AND WRITE (not idempotent) is never sent on more
+/// than one connection, and nothing is left in the task table.
+pub fn engine_session(data: &[u8]) {
+    use iscsi_proto::engine::initiator::{Command, Config as ConnConfig, Connection, Data};
+    use iscsi_proto::engine::session::{Binding, Config, Event, Session};
+    use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
+    use iscsi_wire::{Codec, Header};
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+
+    let mut input = Input(data);
+    let sel = input.u8();
+    let params = engine_params(input.u8());
+    // PDUs per connection before the input cuts it (0: only when the engine ends it).
+    let per_conn = usize::from(input.u8() % 8);
+    let codec = Codec {
+        header_digest: false,
+        data_digest: false,
+        max_recv_data_segment_length: 65536,
+    };
+    let mut buf = BytesMut::from(input.rest());
+    let mut pdus = Vec::new();
+    while pdus.len() < 64 {
+        match codec.decode(&mut buf) {
+            Ok(Some(p)) => pdus.push(Ok(p)),
+            Ok(None) => break,
+            Err(e) => {
+                let intact = e.stream_intact();
+                pdus.push(Err(e));
+                if !intact {
+                    break;
+                }
+            }
+        }
+    }
+    let start = Instant::now();
+    let recovery = (sel & 1 == 1).then(|| Duration::from_secs(5 + u64::from(sel >> 4)));
+    let conn = |now| Connection::new(ConnConfig::new(params.clone(), 1, 8, 100), now);
+    let mut s = Session::new(
+        Config {
+            recovery_timeout: recovery,
+        },
+        conn(start),
+    );
+    let write = Bytes::from(vec![1u8; 20_000]);
+    let caw = Bytes::from(vec![2u8; 1024]);
+    let cdb = |op: u8| {
+        let mut c = [0u8; 16];
+        c[0] = op;
+        c
+    };
+    let cmds = [
+        (
+            cdb(0x88),
+            Data::Read {
+                buf: BytesMut::new(),
+                len: 8192,
+            },
+            Binding::Free,
+        ),
+        (cdb(0x8a), Data::Write(write.clone()), Binding::Free),
+        (cdb(0x8a), Data::Write(write.clone()), Binding::Bound),
+        (cdb(0x89), Data::Write(caw), Binding::Free),
+        (cdb(0x00), Data::None, Binding::Free),
+    ];
+    let mut done: HashMap<u32, u32> = HashMap::new();
+    let mut caw_itt = None;
+    for (cdb, data, binding) in cmds {
+        let itt = s.alloc_itt();
+        let cmd = Command {
+            lun: 0,
+            cdb,
+            data,
+            timed: false,
+        };
+        if s.submit_as(start, itt, cmd, binding).is_ok() {
+            done.insert(itt, 0);
+            if cdb[0] == 0x89 {
+                caw_itt = Some(itt);
+            }
+        }
+    }
+    // Connections on which the COMPARE AND WRITE command PDU left.
+    let mut caw_sent_on: Vec<u64> = Vec::new();
+    let mut drain = |s: &mut Session, now: Instant, done: &mut HashMap<u32, u32>| loop {
+        let mut any = false;
+        while let Some(out) = s.poll_transmit() {
+            any = true;
+            if let Header::ScsiCommand(c) = &out.header {
+                if Some(c.itt) == caw_itt && !caw_sent_on.contains(&s.generation()) {
+                    caw_sent_on.push(s.generation());
+                }
+            }
+        }
+        while let Some(e) = s.poll_event() {
+            any = true;
+            match e {
+                Event::Completed { itt, .. } => {
+                    let n = done.get_mut(&itt).expect("completion for a submitted ITT");
+                    *n += 1;
+                    assert_eq!(*n, 1, "ITT {itt:#x} completed twice");
+                }
+                Event::Rebind { itt } => {
+                    let _ = s.resubmit(now, itt, Data::Write(write.clone()));
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            break;
+        }
+    };
+    let mut on_conn = 0usize;
+    for (i, p) in pdus.into_iter().enumerate() {
+        let now = start + Duration::from_secs(i as u64);
+        match p {
+            Ok(p) => s.handle_pdu(now, p),
+            Err(_) => s.handle_wire_error(now),
+        }
+        s.handle_timeout(now);
+        drain(&mut s, now, &mut done);
+        on_conn += 1;
+        let cut = per_conn > 0 && on_conn >= per_conn;
+        if cut && s.connection().closed().is_none() {
+            s.peer_closed(now);
+            drain(&mut s, now, &mut done);
+        }
+        if s.connection().closed().is_some() && s.ended().is_none() && recovery.is_some() {
+            s.attach(now, conn(now));
+            on_conn = 0;
+            drain(&mut s, now, &mut done);
+        }
+    }
+    let end = start + Duration::from_secs(100);
+    s.end(
+        end,
+        ConnectionError {
+            by: Side::Initiator,
+            reason: CloseReason::Local,
+        },
+    );
+    drain(&mut s, end, &mut done);
+    assert!(
+        caw_sent_on.len() <= 1,
+        "COMPARE AND WRITE sent on {caw_sent_on:?}"
+    );
+    assert!(
+        done.values().all(|n| *n == 1),
+        "a command never completed: {done:?}"
+    );
+    assert_eq!(s.tasks_in_flight(), 0);
+}

@@ -113,6 +113,11 @@ fn engine_pdu_holds_on_corpus_and_random_inputs() {
 }
 
 #[test]
+fn engine_session_holds_on_corpus_and_random_inputs() {
+    run("engine_session", ipsan_fuzz::engine_session);
+}
+
+#[test]
 fn login_sm_never_admits_without_auth() {
     run("login_sm", ipsan_fuzz::login_sm);
 }
