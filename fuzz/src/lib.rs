@@ -872,25 +872,16 @@ impl iscsi_proto::engine::target::LunDirectory for FuzzLuns {
     }
 }
 
-/// Feeds arbitrary PDUs to the engine's `handle_pdu` in either role (the first byte picks the
-/// role and the parameters), with time advancing a second per PDU so pings and timeouts fire.
-/// Target: every R2T carries a real TTT (never 0xffffffff) within the command's data; StatSN
-/// runs in sequence; Data-In respects the initiator's MaxRecvDataSegmentLength and runs in
-/// DataSN and offset order. Initiator: every submitted command completes at most once, and
-/// exactly once when the connection has ended; Data-Out stays inside the write buffer and the
-/// target's MaxRecvDataSegmentLength.
-pub fn engine_pdu(data: &[u8]) {
-    use iscsi_wire::Codec;
-    use std::time::{Duration, Instant};
-    let mut input = Input(data);
-    let sel = input.u8();
-    let params = engine_params(input.u8());
-    let codec = Codec {
+/// Up to 64 PDUs decoded from `bytes` (no digests, 64 KiB segments) for the engine
+/// harnesses: a decode error is kept (the engine gets it as a wire error) and ends the stream
+/// when it is out of step.
+fn decode_pdus(bytes: &[u8]) -> Vec<Result<iscsi_wire::Pdu, iscsi_wire::WireError>> {
+    let codec = iscsi_wire::Codec {
         header_digest: false,
         data_digest: false,
         max_recv_data_segment_length: 65536,
     };
-    let mut buf = BytesMut::from(input.rest());
+    let mut buf = BytesMut::from(bytes);
     let mut pdus = Vec::new();
     while pdus.len() < 64 {
         match codec.decode(&mut buf) {
@@ -905,6 +896,22 @@ pub fn engine_pdu(data: &[u8]) {
             }
         }
     }
+    pdus
+}
+
+/// Feeds arbitrary PDUs to the engine's `handle_pdu` in either role (the first byte picks the
+/// role and the parameters), with time advancing a second per PDU so pings and timeouts fire.
+/// Target: every R2T carries a real TTT (never 0xffffffff) within the command's data; StatSN
+/// runs in sequence; Data-In respects the initiator's MaxRecvDataSegmentLength and runs in
+/// DataSN and offset order. Initiator: every submitted command completes at most once, and
+/// exactly once when the connection has ended; Data-Out stays inside the write buffer and the
+/// target's MaxRecvDataSegmentLength.
+pub fn engine_pdu(data: &[u8]) {
+    use std::time::{Duration, Instant};
+    let mut input = Input(data);
+    let sel = input.u8();
+    let params = engine_params(input.u8());
+    let pdus = decode_pdus(input.rest());
     let start = Instant::now();
     if sel & 0x80 == 0 {
         engine_target(params, start, pdus);
@@ -1066,7 +1073,7 @@ pub fn engine_session(data: &[u8]) {
     use iscsi_proto::engine::initiator::{Command, Config as ConnConfig, Connection, Data};
     use iscsi_proto::engine::session::{Binding, Config, Event, Session};
     use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
-    use iscsi_wire::{Codec, Header};
+    use iscsi_wire::Header;
     use std::collections::HashMap;
     use std::time::{Duration, Instant};
 
@@ -1075,26 +1082,7 @@ pub fn engine_session(data: &[u8]) {
     let params = engine_params(input.u8());
     // PDUs per connection before the input cuts it (0: only when the engine ends it).
     let per_conn = usize::from(input.u8() % 8);
-    let codec = Codec {
-        header_digest: false,
-        data_digest: false,
-        max_recv_data_segment_length: 65536,
-    };
-    let mut buf = BytesMut::from(input.rest());
-    let mut pdus = Vec::new();
-    while pdus.len() < 64 {
-        match codec.decode(&mut buf) {
-            Ok(Some(p)) => pdus.push(Ok(p)),
-            Ok(None) => break,
-            Err(e) => {
-                let intact = e.stream_intact();
-                pdus.push(Err(e));
-                if !intact {
-                    break;
-                }
-            }
-        }
-    }
+    let pdus = decode_pdus(input.rest());
     let start = Instant::now();
     let recovery = (sel & 1 == 1).then(|| Duration::from_secs(5 + u64::from(sel >> 4)));
     let conn = |now| Connection::new(ConnConfig::new(params.clone(), 1, 8, 100), now);
