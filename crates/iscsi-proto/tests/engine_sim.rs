@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use common::{cdb16, parse16, pattern, pick, Disk, Pipe, BLOCK, DISK_BLOCKS};
+use common::{
+    cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, Pipe, BLOCK, DISK_BLOCKS,
+};
 use ipsan_wan::rng::Rng;
 use ipsan_wan::{DirConfig, LossModel};
 use iscsi_proto::engine::initiator::{self, AbortedBy, Command, Data, TaskError};
@@ -367,22 +369,8 @@ fn run(seed: u64) -> Result<(), String> {
                         s.completions += 1;
                         match result {
                             Ok(c) => {
-                                if c.status != 0 {
-                                    return Err(format!("ITT {itt:#x}: status {:#x}", c.status));
-                                }
-                                if s.kind == Kind::Read {
-                                    let start = s.lba * BLOCK;
-                                    if c.data.len() as u64 != u64::from(s.blocks) * BLOCK {
-                                        return Err(format!("ITT {itt:#x}: short read"));
-                                    }
-                                    for (k, b) in c.data.iter().enumerate() {
-                                        if *b != pattern(start + k as u64) {
-                                            return Err(format!(
-                                                "ITT {itt:#x}: read byte {k} wrong"
-                                            ));
-                                        }
-                                    }
-                                }
+                                let read = (s.kind == Kind::Read).then_some((s.lba, s.blocks));
+                                check_good(itt, c.status, read, &c.data)?;
                             }
                             Err(TaskError::Aborted(AbortedBy::AbortTask)) if s.aborted => {}
                             Err(TaskError::Aborted(AbortedBy::LunReset)) if reset_sent => {}
@@ -468,32 +456,5 @@ fn run(seed: u64) -> Result<(), String> {
 
 #[test]
 fn every_command_completes_exactly_once_over_thousands_of_seeded_workloads() {
-    if let Ok(s) = std::env::var("ENGINE_SIM_SEED") {
-        let seed: u64 = s.parse().expect("ENGINE_SIM_SEED is a number");
-        if let Err(e) = run(seed) {
-            panic!("seed {seed}: {e}");
-        }
-        return;
-    }
-    let seeds: u64 = std::env::var("ENGINE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(500);
-    let mut failed = Vec::new();
-    for seed in 0..seeds {
-        if let Err(e) = run(seed) {
-            failed.push(format!("seed {seed}: {e}"));
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {seeds} workloads failed (replay one with ENGINE_SIM_SEED=<seed>):\n{}",
-        failed.len(),
-        failed
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    run_seeds("ENGINE_SIM_SEED", 500, run);
 }

@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use common::{cdb16, parse16, pattern, pick, Disk, Pipe, BLOCK, DISK_BLOCKS};
+use common::{
+    cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, Pipe, BLOCK, DISK_BLOCKS,
+};
 use ipsan_wan::rng::Rng;
 use ipsan_wan::{DirConfig, LossModel};
 use iscsi_proto::engine::initiator::{self, AbortedBy, Command, Data, TaskError};
@@ -542,22 +544,9 @@ fn run(seed: u64, seen: &mut Seen) -> Result<(), String> {
                         match result {
                             Ok(c) => {
                                 seen.ok += 1;
-                                if c.status != 0 {
-                                    return Err(format!("ITT {itt:#x}: status {:#x}", c.status));
-                                }
-                                if sub.kind == Kind::Read {
-                                    let start = sub.lba * BLOCK;
-                                    if c.data.len() as u64 != u64::from(sub.blocks) * BLOCK {
-                                        return Err(format!("ITT {itt:#x}: short read"));
-                                    }
-                                    for (k, b) in c.data.iter().enumerate() {
-                                        if *b != pattern(start + k as u64) {
-                                            return Err(format!(
-                                                "ITT {itt:#x}: read byte {k} wrong"
-                                            ));
-                                        }
-                                    }
-                                }
+                                let read =
+                                    (sub.kind == Kind::Read).then_some((sub.lba, sub.blocks));
+                                check_good(itt, c.status, read, &c.data)?;
                             }
                             // Ended at the loss, before the session reports the loss.
                             Err(Failure::NotReissued { opcode, .. })
@@ -690,35 +679,11 @@ fn run(seed: u64, seen: &mut Seen) -> Result<(), String> {
 fn every_command_completes_exactly_once_across_reconnections_and_none_runs_twice_unless_idempotent()
 {
     let mut seen = Seen::default();
-    if let Ok(v) = std::env::var("SESSION_SIM_SEED") {
-        let seed: u64 = v.parse().expect("SESSION_SIM_SEED is a number");
-        if let Err(e) = run(seed, &mut seen) {
-            panic!("seed {seed}: {e}");
-        }
+    let seeds = run_seeds("SESSION_SIM_SEED", 300, |seed| run(seed, &mut seen));
+    let Some(seeds) = seeds else {
         eprintln!("{seen:?}");
         return;
-    }
-    let seeds: u64 = std::env::var("SESSION_SIM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let mut failed = Vec::new();
-    for seed in 0..seeds {
-        if let Err(e) = run(seed, &mut seen) {
-            failed.push(format!("seed {seed}: {e}"));
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {seeds} workloads failed (replay one with SESSION_SIM_SEED=<seed>):\n{}",
-        failed.len(),
-        failed
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    };
     // The paths under test were taken, not skipped by an unlucky workload.
     eprintln!("{seen:?}");
     assert!(seen.losses >= seeds, "{seen:?}");

@@ -115,3 +115,61 @@ impl Pipe {
 pub fn pick(rng: &mut Rng, xs: &[u32]) -> u32 {
     xs[rng.below(xs.len() as u64) as usize]
 }
+
+/// The good status of command `itt` and, for a read of `blocks` at `lba`, its data: every byte
+/// the disk's pattern.
+pub fn check_good(
+    itt: u32,
+    status: u8,
+    read: Option<(u64, u32)>,
+    data: &[u8],
+) -> Result<(), String> {
+    if status != 0 {
+        return Err(format!("ITT {itt:#x}: status {status:#x}"));
+    }
+    if let Some((lba, blocks)) = read {
+        let start = lba * BLOCK;
+        if data.len() as u64 != u64::from(blocks) * BLOCK {
+            return Err(format!("ITT {itt:#x}: short read"));
+        }
+        if let Some(k) = (0..data.len()).find(|&k| data[k] != pattern(start + k as u64)) {
+            return Err(format!("ITT {itt:#x}: read byte {k} wrong"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `run` for seeds 0..`<VAR>S` (default `default`) and fails naming every failed seed;
+/// the number of seeds run. With `<VAR>` set, only that seed (a replay): `None`.
+pub fn run_seeds(
+    var: &str,
+    default: u64,
+    mut run: impl FnMut(u64) -> Result<(), String>,
+) -> Option<u64> {
+    if let Ok(s) = std::env::var(var) {
+        let seed: u64 = s.parse().unwrap_or_else(|_| panic!("{var} is a number"));
+        if let Err(e) = run(seed) {
+            panic!("seed {seed}: {e}");
+        }
+        return None;
+    }
+    let seeds: u64 = std::env::var(format!("{var}S"))
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    let failed: Vec<String> = (0..seeds)
+        .filter_map(|seed| run(seed).err().map(|e| format!("seed {seed}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {seeds} workloads failed (replay one with {var}=<seed>):\n{}",
+        failed.len(),
+        failed
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Some(seeds)
+}
