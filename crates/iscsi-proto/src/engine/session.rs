@@ -243,8 +243,6 @@ struct Task {
     lun: u64,
     cdb: [u8; 16],
     data: Kept,
-    /// Sent with the W bit without data kept (a bound write's data is made again).
-    write: bool,
     timed: bool,
     binding: Binding,
     state: State,
@@ -458,20 +456,18 @@ impl Session {
             return Err(SubmitError::Invalid);
         }
         let recovery = self.cfg.recovery_timeout.is_some();
+        if let Data::Write(b) = &cmd.data {
+            if u32::try_from(b.len()).is_err() {
+                return Err(SubmitError::Invalid);
+            }
+        }
         // What a reissue needs. Without recovery nothing is kept: no reference to the
-        // caller's buffer outlives the connection's.
-        let (data, write) = match &cmd.data {
-            Data::None => (Kept::None, false),
-            Data::Read { len, .. } => (Kept::Read(*len), false),
-            Data::Write(b) if recovery && binding == Binding::Free => {
-                (Kept::Write(b.clone()), true)
-            }
-            Data::Write(b) => {
-                if u32::try_from(b.len()).is_err() {
-                    return Err(SubmitError::Invalid);
-                }
-                (Kept::None, true)
-            }
+        // caller's buffer outlives the connection's. A bound write's data is made again
+        // ([`Event::Rebind`]).
+        let data = match &cmd.data {
+            Data::Read { len, .. } => Kept::Read(*len),
+            Data::Write(b) if recovery && binding == Binding::Free => Kept::Write(b.clone()),
+            Data::None | Data::Write(_) => Kept::None,
         };
         let (lun, cdb, timed) = (cmd.lun, cmd.cdb, cmd.timed);
         let live = self.conn.closed().is_none() && !self.conn.logout_requested();
@@ -495,11 +491,6 @@ impl Session {
                     return Err(SubmitError::RecoveryTimedOut { after, lost });
                 }
             }
-            if let Data::Write(b) = &cmd.data {
-                if u32::try_from(b.len()).is_err() {
-                    return Err(SubmitError::Invalid);
-                }
-            }
             // Kept for the next connection; a bound command's data is made again for it.
             State::Kept { sent: false }
         };
@@ -511,7 +502,6 @@ impl Session {
                 lun,
                 cdb,
                 data,
-                write,
                 timed,
                 binding,
                 state,
@@ -683,11 +673,9 @@ impl Session {
                 self.events.push_back(Event::Rebind { itt });
                 continue;
             }
+            // A free write's data is always kept with recovery on (a bound one took the
+            // `Rebind` path above), so `Kept::None` is a command without data.
             let data = match &t.data {
-                Kept::None if t.write => {
-                    // A free write's data is always kept with recovery on.
-                    Data::Write(Bytes::new())
-                }
                 Kept::None => Data::None,
                 // The first buffer went with the first connection's answer; a reissue
                 // allocates (only on this path).
@@ -835,6 +823,16 @@ mod tests {
         }
     }
 
+    fn read(op: u8, len: u32) -> Command {
+        cmd(
+            op,
+            Data::Read {
+                buf: BytesMut::new(),
+                len,
+            },
+        )
+    }
+
     fn cmd(op: u8, data: Data) -> Command {
         let mut cdb = [0u8; 16];
         cdb[0] = op;
@@ -888,18 +886,7 @@ mod tests {
         let caw = s
             .submit(t0, cmd(0x89, Data::Write(Bytes::from_static(&[7; 1024]))))
             .unwrap();
-        let read = s
-            .submit(
-                t0,
-                cmd(
-                    0x88,
-                    Data::Read {
-                        buf: BytesMut::new(),
-                        len: 512,
-                    },
-                ),
-            )
-            .unwrap();
+        let read = s.submit(t0, read(0x88, 512)).unwrap();
         assert_eq!(commands_sent(&mut s), vec![(caw, 0x89), (read, 0x88)]);
         s.peer_closed(t0);
         let done = completed(&mut s);
@@ -976,18 +963,7 @@ mod tests {
         s.peer_closed(t1);
         assert_eq!(s.poll_timeout(), Some(t1 + limit));
         // Submitted while detached: kept too.
-        let b = s
-            .submit(
-                t1,
-                cmd(
-                    0x28,
-                    Data::Read {
-                        buf: BytesMut::new(),
-                        len: 512,
-                    },
-                ),
-            )
-            .unwrap();
+        let b = s.submit(t1, read(0x28, 512)).unwrap();
         assert_ne!(a, b);
         s.handle_timeout(t1 + limit - Duration::from_millis(1));
         assert!(completed(&mut s).is_empty());
@@ -1015,18 +991,7 @@ mod tests {
     fn without_recovery_every_task_ends_with_the_connection() {
         let t0 = Instant::now();
         let mut s = Session::new(Config::default(), conn(t0, 1, 8));
-        let a = s
-            .submit(
-                t0,
-                cmd(
-                    0x88,
-                    Data::Read {
-                        buf: BytesMut::new(),
-                        len: 512,
-                    },
-                ),
-            )
-            .unwrap();
+        let a = s.submit(t0, read(0x88, 512)).unwrap();
         s.peer_closed(t0);
         assert_eq!(
             completed(&mut s),
@@ -1094,18 +1059,7 @@ mod tests {
     fn an_aborted_kept_task_ends_at_once_and_is_not_sent() {
         let t0 = Instant::now();
         let mut s = Session::new(recovering(Duration::from_secs(60)), conn(t0, 1, 8));
-        let a = s
-            .submit(
-                t0,
-                cmd(
-                    0x28,
-                    Data::Read {
-                        buf: BytesMut::new(),
-                        len: 512,
-                    },
-                ),
-            )
-            .unwrap();
+        let a = s.submit(t0, read(0x28, 512)).unwrap();
         commands_sent(&mut s);
         s.peer_closed(t0);
         assert_eq!(s.abort(t0, a), None);
@@ -1125,18 +1079,7 @@ mod tests {
     fn attach_quiet_lets_a_command_go_before_the_kept_ones() {
         let t0 = Instant::now();
         let mut s = Session::new(recovering(Duration::from_secs(60)), conn(t0, 1, 8));
-        let read = s
-            .submit(
-                t0,
-                cmd(
-                    0x88,
-                    Data::Read {
-                        buf: BytesMut::new(),
-                        len: 512,
-                    },
-                ),
-            )
-            .unwrap();
+        let read = s.submit(t0, read(0x88, 512)).unwrap();
         commands_sent(&mut s);
         s.peer_closed(t0);
         s.attach_quiet(t0, conn(t0, 1, 8));
