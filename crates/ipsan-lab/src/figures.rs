@@ -939,12 +939,23 @@ pub fn carrier_fits(aggs: &[Agg]) -> BTreeMap<(String, bool), (Option<Cost>, Opt
         .collect()
 }
 
+/// Whether a point's link loses, reorders or corrupts nothing: only such runs measure what
+/// carrying a byte costs. Under loss the flow is bound by its retransmissions, not by the
+/// CPU, and the processes' CPU (timers, retransmissions, the emulator's wake-ups) is spent
+/// per second rather than per byte: the 2.7 % loss runs of the pathologies plan moved
+/// 0.45 MB/s at several times the clean runs' CPU per byte, and as a per-byte cost that
+/// capped the clean points' prediction far below what they measured.
+fn unimpaired(a: &Agg) -> bool {
+    let p = &a.rec.point;
+    p.loss + p.reorder + p.corrupt == 0.0
+}
+
 /// Per (scheme, delay > 0), the plan's runs as (block, CPU-seconds per byte moved) of the
 /// emulator and of the initiator + target: what [`carrier_costs`] takes the medians of and
-/// [`carrier_fits`] fits.
+/// [`carrier_fits`] fits. Only runs on an [`unimpaired`] link count.
 fn carrier_samples(aggs: &[Agg]) -> BTreeMap<(String, bool), (Runs, Runs)> {
     let mut v: BTreeMap<(String, bool), (Runs, Runs)> = BTreeMap::new();
-    for a in aggs {
+    for a in aggs.iter().filter(|a| unimpaired(a)) {
         let r = &a.rec;
         let bytes_per_s = r.throughput_mb_s * 1e6;
         if !(bytes_per_s > 0.0 && r.cpu_emulator_pct.is_finite() && r.cpu_emulator_pct > 0.0) {
@@ -967,10 +978,13 @@ fn carrier_samples(aggs: &[Agg]) -> BTreeMap<(String, bool), (Runs, Runs)> {
 /// [`fit_cost`] of the sending and of the receiving host's charon CPU over the plan's IPsec
 /// points. `1 / s_per_byte` is the charon's rate per CPU-second on bulk data (ENC, DEC); the
 /// per-command part is ESP's cost for the command's small packets. Only where both fits are
-/// physical.
+/// physical, and only from runs on an [`unimpaired`] link.
 pub fn ipsec_fits(aggs: &[Agg]) -> BTreeMap<(Direction, String, bool), (Cost, Cost)> {
     let mut v: BTreeMap<(Direction, String, bool), (Runs, Runs)> = BTreeMap::new();
-    for a in aggs.iter().filter(|a| a.rec.point.scheme == Scheme::Ipsec) {
+    for a in aggs
+        .iter()
+        .filter(|a| a.rec.point.scheme == Scheme::Ipsec && unimpaired(a))
+    {
         let r = &a.rec;
         let bytes_per_s = r.throughput_mb_s * 1e6;
         let (send, recv) = match r.point.direction {
@@ -1139,10 +1153,13 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
 
 /// IPsec's per-packet crypto rates from its CPU accounting: per (direction, cipher), the
 /// median over the plan's IPsec runs of throughput ÷ the sending (receiving) host's charon
-/// CPU fraction.
+/// CPU fraction (runs on an [`unimpaired`] link only).
 pub fn ipsec_rates(aggs: &[Agg]) -> BTreeMap<(Direction, String), (f64, f64)> {
     let mut v: BTreeMap<(Direction, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    for a in aggs.iter().filter(|a| a.rec.point.scheme == Scheme::Ipsec) {
+    for a in aggs
+        .iter()
+        .filter(|a| a.rec.point.scheme == Scheme::Ipsec && unimpaired(a))
+    {
         let r = &a.rec;
         let (send, recv) = match r.point.direction {
             Direction::Write => (r.cpu_tunnel_ini_pct, r.cpu_tunnel_tgt_pct),
@@ -1669,6 +1686,40 @@ mod tests {
         // Cost per byte falling with block size (a negative per-command cost): not physical.
         let upside: Vec<(f64, f64)> = runs.iter().map(|(blk, _)| (*blk, a - 1e-5 / blk)).collect();
         assert_eq!(fit_cost(&upside), None);
+    }
+
+    /// A run on a lossy link (slow, its CPU spent per second rather than per byte) does not
+    /// enter the carrier costs or IPsec's charon rates; a clean run's costs stand alone.
+    #[test]
+    fn carrier_costs_come_from_unimpaired_runs_only() {
+        let mk = |scheme: Scheme, loss: f64, mb: f64, pct: f64| {
+            let mut r = rec(scheme, 10.0, 65536, 8, mb);
+            r.point.loss = loss;
+            r.cpu_emulator_pct = pct;
+            r.cpu_initiator_pct = pct;
+            r.cpu_target_pct = pct;
+            r.cpu_tunnel_ini_pct = pct;
+            r.cpu_tunnel_tgt_pct = pct;
+            r
+        };
+        // Clean: 10 % of a core at 10 MB/s = 10 ns/B. Lossy: 5 % at 0.5 MB/s = 100 ns/B.
+        let aggs = aggregate(&[
+            mk(Scheme::Plain, 0.0, 10.0, 10.0),
+            mk(Scheme::Plain, 0.027, 0.5, 5.0),
+            mk(Scheme::Ipsec, 0.0, 10.0, 10.0),
+            mk(Scheme::Ipsec, 0.027, 0.5, 5.0),
+        ]);
+        let costs = carrier_costs(&aggs);
+        for s in ["plain", "ipsec"] {
+            let (emu, stacks) = costs[&(s.to_string(), true)];
+            assert!((emu - 10e-9).abs() < 1e-12, "{s}: {emu}");
+            assert!((stacks - 20e-9).abs() < 1e-12, "{s}: {stacks}");
+        }
+        let (enc, dec) = ipsec_rates(&aggs)[&(Direction::Write, "3des-cbc-hmac-sha1".to_string())];
+        assert!(
+            (enc - 100e6).abs() < 1.0 && (dec - 100e6).abs() < 1.0,
+            "{enc} {dec}"
+        );
     }
 
     /// With fitted costs, small blocks are predicted lower and big ones higher than with the

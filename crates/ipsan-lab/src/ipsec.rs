@@ -21,10 +21,20 @@
 //! - **charon's UDP receive buffer** (`net.core.rmem_default`, 208 KiB) overflows under
 //!   AES-GCM load; the lab raises it to 7 MiB from outside as for wireguard-go
 //!   ([`crate::sockbuf`]).
+//! - **`ipsec0`'s queue** (txqueuelen 500) overflows: the TUN driver drops what does not
+//!   fit while charon catches up, and a 1 MiB write is ~750 packets in one burst (at 64 ms
+//!   2–9 % of the inner TCP's packets were lost there). The lab raises it to [`TUN_QUEUE`].
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The TUN device kernel-libipsec creates (one per namespace).
+pub const TUN_DEVICE: &str = "ipsec0";
+/// Its queue in packets: above the largest burst the lab's iSCSI connections send (8 MiB
+/// in flight at MTU 1400), so the tunnel queues, as kernel ESP's back-pressure would, instead
+/// of dropping.
+pub const TUN_QUEUE: u32 = 16384;
 
 /// Where Debian installs charon and its plugins.
 pub const CHARON: &str = "/usr/lib/ipsec/charon";

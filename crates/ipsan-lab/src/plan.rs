@@ -6,6 +6,8 @@
 //! run_time = "5s"          # how long each bench run lasts, at least…
 //! min_rtts = 60            # …this many calibrated round trips (64 ms each way: 7.7 s)
 //! steady = false          # true: throughput over each run's second half (bench's trace)
+//! fresh_link = false       # true: a new link for every repetition, repetitions round-robin
+//! queue = "1000"           # the bottleneck's queue when a rate is set: packets, or "64mb"
 //! tcp_buffer = "kernel"    # or a size ("16MiB"): SO_SNDBUF/SO_RCVBUF of the iSCSI
 //!                          # connection at both ends instead of the kernel's autotuning
 //! lun = "mem:512MiB"       # target LUN when backend = "mem" (null:… and file:… likewise)
@@ -293,6 +295,21 @@ pub struct PlanSpec {
     /// past TCP's slow start and depth auto's search, instead of over the whole run.
     #[serde(default)]
     pub steady: bool,
+    /// Bring the link (namespaces, WAN emulator, calibration) up anew for every repetition,
+    /// and run the repetitions round-robin over the plan's points (every point once, then
+    /// every point again) instead of back to back on one link. Repetitions on one link share
+    /// its state — where the scheduler put the emulator's threads, what the calibration
+    /// measured — so their spread understates how much a result varies from one run of the
+    /// plan to the next; and back-to-back repetitions of one point meet the same minute of
+    /// the host's load. Costs a link set-up and a calibration per repetition (a few seconds).
+    #[serde(default)]
+    pub fresh_link: bool,
+    /// The bottleneck queue of a rate-limited link, both directions: `1000` packets (the
+    /// default, as tc's) or a size in bytes (`64mb`; k and m are 1024 as in tc). Arrivals
+    /// beyond it are tail-dropped, so a queue shorter than what the iSCSI connection keeps in
+    /// flight makes Reno lose packets every few round trips.
+    #[serde(default)]
+    pub queue: Option<String>,
     /// `kernel` (default: the kernel's buffer autotuning) or a size: SO_SNDBUF and SO_RCVBUF
     /// of the iSCSI connection at both ends (`--tcp-sndbuf/--tcp-rcvbuf` of target and
     /// bench). On a long link the receiver's autotuning can keep a 64 KiB window for seconds
@@ -462,6 +479,10 @@ pub struct Plan {
     pub min_rtts: u32,
     /// Throughput over each run's second half (see [`PlanSpec::steady`]).
     pub steady: bool,
+    /// A new link per repetition, repetitions round-robin (see [`PlanSpec::fresh_link`]).
+    pub fresh_link: bool,
+    /// The bottleneck queue of rate-limited links (see [`PlanSpec::queue`]).
+    pub queue: ipsan_wan::config::QueueLimit,
     /// Socket buffers of the iSCSI connection in bytes, `None` for the kernel's autotuning
     /// (see [`PlanSpec::tcp_buffer`]).
     pub tcp_buffer: Option<u64>,
@@ -551,6 +572,12 @@ impl Plan {
                     ));
                 }
                 Some(n)
+            }
+        };
+        let queue = match spec.queue.as_deref().map(str::trim) {
+            None => ipsan_wan::config::QueueLimit::default(),
+            Some(q) => {
+                ipsan_wan::config::parse_queue("queue", q).map_err(|e| err(e.to_string()))?
             }
         };
         if spec.matrix.is_empty() {
@@ -689,6 +716,8 @@ impl Plan {
             max_depth,
             min_rtts,
             steady: spec.steady,
+            fresh_link: spec.fresh_link,
+            queue,
             tcp_buffer,
             points,
         })
@@ -776,6 +805,26 @@ mod tests {
         for name in BUILTIN.iter().chain(&["demo"]) {
             let p = Plan::load(name).unwrap();
             assert!(!p.points.is_empty(), "{name}");
+        }
+    }
+
+    /// The demo's 1 Gbit/s link has a queue deeper than what it keeps in flight; other plans
+    /// keep tc's 1000 packets; a queue of zero or a fraction is refused.
+    #[test]
+    fn accepts_a_queue_and_defaults_to_1000_packets() {
+        use ipsan_wan::config::QueueLimit;
+        let demo = Plan::load("demo").unwrap();
+        assert_eq!(demo.queue, QueueLimit::Bytes(64 << 20));
+        assert!(demo.points.iter().all(|p| p.rate_mbit == 1000.0));
+        assert_eq!(
+            Plan::load("quick").unwrap().queue,
+            QueueLimit::Packets(1000)
+        );
+        for bad in ["0", "1.5", "12 parsecs"] {
+            let toml =
+                format!("name = \"q\"\nqueue = \"{bad}\"\n[[matrix]]\nscheme = [\"plain\"]\n");
+            let e = Plan::parse("q", &toml).unwrap_err().why;
+            assert!(e.contains("queue"), "{bad}: {e}");
         }
     }
 
