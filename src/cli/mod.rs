@@ -36,7 +36,7 @@ pub enum Command {
     Bench(Box<bench::Args>),
     /// Inspect and change a running target through its control socket (docs/operate.md).
     Ctl(Box<ctl::Args>),
-    /// One-minute tour: plain vs seal vs WireGuard/TLS/esp-emu over emulated 8 and 64 ms links.
+    /// Two-minute tour: plain iSCSI vs seal vs real IPsec (strongSwan), 1 MiB writes over emulated 2 and 64 ms links at 1 Gbit/s.
     Demo(Box<demo::Args>),
     /// List the targets a portal offers (SendTargets).
     Discover(Box<discover::Args>),
