@@ -1,5 +1,5 @@
-//! `ipsan demo`: about a minute and a half of the `demo` plan (RAM LUN, emulated 2 ms and
-//! 64 ms links): plain iSCSI, seal and real IPsec (strongSwan), three repetitions each,
+//! `ipsan demo`: about two minutes of the `demo` plan (RAM LUN, emulated 2 ms and
+//! 64 ms links at 1 Gbit/s): plain iSCSI, seal and real IPsec (strongSwan), three repetitions each,
 //! throughput over each run's second half (past slow start), printed as medians with
 //! min–max and the seal ÷ IPsec ratio per delay, then the path of the HTML report.
 //! Without root it falls back to loopback and says what it skipped.
