@@ -1876,7 +1876,7 @@ mod tests {
     #[test]
     fn committed_paper_plans_ipsec_error_before_and_after() {
         let w = committed("lab-paper-write");
-        let r = committed("lab-paper-read");
+        let r = committed("lab-paper-read-2026-11-24");
         let (rw, rr) = (rates_from_records(&w), rates_from_records(&r));
         for (plan, rates) in [("write", &rw), ("read", &rr)] {
             for ((scheme, delayed), (emu, stacks)) in &rates.carrier_fit {
