@@ -26,7 +26,7 @@ lun = "mem:64MiB"
 delay = ["2ms"]
 block = ["1MiB"]
 scheme = ["ipsec"]
-depth = ["4"]
+depth = ["2"]
 cipher = ["3des-cbc-hmac-sha1", "aes-256-gcm"]
 "#;
 
