@@ -96,8 +96,22 @@ fn moves_iscsi_writes_through_strongswan_esp_and_cleans_up() {
         // Nothing on this path may drop: the emulated link is loss-free and the tunnel's
         // queues hold a burst (ipsec0's TUN ring dropped 2-9 % of 1 MiB bursts at its
         // default 500 packets, each drop a retransmission of the inner TCP).
-        let retrans = r.tcp.as_ref().and_then(|t| t["total_retrans"].as_u64());
-        assert_eq!(retrans, Some(0), "{}: {:?}", r.point.label(), r.tcp);
+        // (A tail-loss probe may resend a segment now and then on a loaded host, so the
+        // bound is 0.5 % of the bytes, far below what the drops cost.)
+        let tcp = r
+            .tcp
+            .as_ref()
+            .expect("bench reports the connection's TCP_INFO");
+        let (resent, sent) = (
+            tcp["bytes_retrans"].as_u64().unwrap_or(u64::MAX),
+            tcp["bytes_sent"].as_u64().unwrap_or(0),
+        );
+        eprintln!("{}: resent {resent} of {sent} bytes", r.point.label());
+        assert!(
+            resent.saturating_mul(200) < sent,
+            "{}: resent {resent} of {sent} bytes",
+            r.point.label()
+        );
     }
     // Nothing left: no charon from this run, no namespace.
     let scratch = out.join("scratch");
