@@ -90,26 +90,12 @@ pub fn rtt(s: &dyn Sockets, rounds: usize) -> std::io::Result<Rtt> {
 /// iperf3 moved 108–285).
 pub const SOCKET_BUFFER: usize = 32 << 20;
 
-/// [`SOCKET_BUFFER`] both ways on `socket`, through the project's socket settings (on a
-/// listener before `accept`, so the handshake announces a window scale to match).
-fn fixed_buffers(socket: &impl std::os::fd::AsFd) -> std::io::Result<()> {
-    let n = ipsan_tcp::BufSize::Bytes(SOCKET_BUFFER as u64);
-    ipsan_tcp::TcpSettings {
-        sndbuf: n,
-        rcvbuf: n,
-        ..ipsan_tcp::TcpSettings::default()
-    }
-    .apply(socket)
-    .map(drop)
-    .map_err(std::io::Error::other)
-}
-
 /// One bulk TCP stream for `duration`; returns the receiver's bytes/s over the second half
 /// (after slow start), the way the papers measured SOCKET "in a simple socket communication
 /// without iSCSI". Both ends have fixed [`SOCKET_BUFFER`]s.
 pub fn socket_throughput(s: &dyn Sockets, duration: Duration) -> std::io::Result<f64> {
     let l = s.listen()?;
-    fixed_buffers(&l)?;
+    crate::sockbuf::set_tcp_buffers(&l, SOCKET_BUFFER)?;
     let addr = l.local_addr()?;
     let half = duration / 2;
     let server = std::thread::spawn(move || -> std::io::Result<f64> {
@@ -138,7 +124,7 @@ pub fn socket_throughput(s: &dyn Sockets, duration: Duration) -> std::io::Result
         Ok(counted as f64 / secs)
     });
     let mut c = s.connect(addr)?;
-    fixed_buffers(&c)?;
+    crate::sockbuf::set_tcp_buffers(&c, SOCKET_BUFFER)?;
     c.set_write_timeout(Some(Duration::from_secs(10)))?;
     let buf = vec![0x5au8; 1 << 20];
     let t = Instant::now();

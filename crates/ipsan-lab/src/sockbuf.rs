@@ -115,11 +115,28 @@ fn pidfd_getfd(pidfd: &OwnedFd, target_fd: i32) -> std::io::Result<OwnedFd> {
     }
 }
 
-#[allow(unsafe_code)]
 fn set_force(fd: &OwnedFd, bytes: usize) -> std::io::Result<()> {
+    set_opts(fd, &[libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE], bytes)
+}
+
+/// Fixed receive and send buffers on one of our own sockets (`SO_RCVBUF`, `SO_SNDBUF`, up to
+/// `net.core.{r,w}mem_max`), which turns the kernel's autotuning off for it. Set on a
+/// listener, accepted connections inherit it and the handshake announces a window scale to
+/// match.
+pub fn set_tcp_buffers(fd: &impl std::os::fd::AsFd, bytes: usize) -> std::io::Result<()> {
+    set_opts(fd, &[libc::SO_RCVBUF, libc::SO_SNDBUF], bytes)
+}
+
+#[allow(unsafe_code)]
+fn set_opts(
+    fd: &impl std::os::fd::AsFd,
+    opts: &[libc::c_int],
+    bytes: usize,
+) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    let fd = fd.as_fd();
     let v: libc::c_int = bytes.min(libc::c_int::MAX as usize) as libc::c_int;
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE] {
+    for &opt in opts {
         // SAFETY: setsockopt with a valid fd, a pointer to a c_int that outlives the call
         // and its exact size.
         let r = unsafe {
