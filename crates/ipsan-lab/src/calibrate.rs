@@ -84,10 +84,14 @@ pub fn rtt(s: &dyn Sockets, rounds: usize) -> std::io::Result<Rtt> {
     })
 }
 
-/// Socket buffers of the SOCKET transfer: fixed, as the lab's fixed `tcp_buffer`, because
-/// the receiver's autotuning can hold a 64 KiB window for seconds on a delayed link (the
-/// Aiken plan's calibration measured 7.9 MB/s at 5 ms one way, 64 KiB per round trip, where
-/// iperf3 moved 108–285).
+/// Socket buffers asked for the SOCKET transfer: fixed, because the receiver's autotuning can
+/// hold a 64 KiB window for seconds on a delayed link (the Aiken plan's calibration measured
+/// 7.9 MB/s at 5 ms one way, 64 KiB per round trip, where iperf3 moved 108–285). Plain
+/// `SO_RCVBUF`/`SO_SNDBUF`, so the kernel caps them at `net.core.{r,w}mem_max` — host-wide,
+/// not settable inside the lab's namespaces: 4 MiB here, which the kernel doubles to 8 MiB.
+/// Not ipsan-tcp's `TcpSettings`, which forces past the cap: with real 32 MiB buffers the
+/// smoke plan's esp-emu calibration took minutes, and every committed run was calibrated
+/// with the capped ones.
 pub const SOCKET_BUFFER: usize = 32 << 20;
 
 /// One bulk TCP stream for `duration`; returns the receiver's bytes/s over the second half
