@@ -1112,7 +1112,7 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     };
     // What carrying a byte costs: measured for this scheme and delay class when the rates
     // have it; seal's processes also hold its crypto (already in 1/ENC + 1/DEC), so their
-    // stacks count at the best SOCKET. Per-byte + per-command where the plan's block sizes
+    // stacks are plain iSCSI's (below). Per-byte + per-command where the plan's block sizes
     // separate them ([`carrier_fits`]), else the per-byte median. Without measurements: the
     // emulator and both stacks at the best SOCKET, as before.
     let key = (p.scheme.to_string(), delayed);
