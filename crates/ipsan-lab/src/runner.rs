@@ -1163,15 +1163,26 @@ fn spread_throughput(lives: &[(f64, f64)], block: u64, from: f64, to: f64) -> Re
     Ok(bytes / (to - from) / 1e6)
 }
 
+/// The largest buffer a plain `SO_RCVBUF`/`SO_SNDBUF` gets: `net.core.{r,w}mem_max`, host-wide
+/// (not settable inside the lab's namespaces).
+fn max_socket_buffer() -> u64 {
+    let read = |n: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{n}"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(u64::MAX)
+    };
+    read("rmem_max").min(read("wmem_max"))
+}
+
 /// Aiken et al.'s network baseline: one iperf3 TCP stream from the initiator's namespace to
-/// the target's through the same emulated link, for the run's duration: Linux's own buffer
-/// autotuning (what the link can carry; fixed buffers, capped by the host-wide
-/// `net.core.rmem_max` at 4 MiB, held it to 131 MB/s at 20 ms one way where autotuning moved
-/// 250–305), with the first half of the run omitted (`-O`): slow start and the autotuning's
-/// ramp, which made single 3 s runs at 1–2 ms range 21–301 MB/s. On a link without a rate the
-/// emulator's forwarding thread is the bottleneck and the stream fills the TUN ring in front
-/// of it; those drops are in the record (`tun_dropped`, the kernels' `RetransSegs`) as for
-/// every other scheme.
+/// the target's through the same emulated link, for the run's duration, with the first half
+/// omitted (`-O`: slow start and the buffers' autotuning ramp), and the plan's `tcp_buffer`,
+/// if it has one, as iperf3's socket buffers (`-w`, as the iSCSI connections get it; Aiken et
+/// al. set 500,000 bytes on both hosts). The link's, TUN's and kernels' counters are recorded
+/// as for every other scheme. Without a rate the emulator's forwarding thread is the
+/// bottleneck, and an autotuned stream overfills the TUN ring in front of it (5–17 k drops in
+/// a 3 s run here; single runs moved 0.04–367 MB/s): the Aiken plan has Aiken's 100 Mbit/s.
 fn iperf3(ctx: &RunCtx<'_>, run_time: Duration, rec: &mut Record) -> Result<(), RunError> {
     let Some(link) = ctx.link else {
         return Err(RunError::Skip("iperf3 needs namespaces (root)".into()));
@@ -1205,6 +1216,18 @@ fn iperf3(ctx: &RunCtx<'_>, run_time: Duration, rec: &mut Record) -> Result<(), 
         &(secs - omit).to_string(),
         "-J",
     ]);
+    if let Some(n) = ctx.plan.tcp_buffer {
+        // iperf3 sets plain SO_SNDBUF/SO_RCVBUF, which the kernel caps at the host-wide
+        // net.core.{r,w}mem_max, and then exits because the buffer is not what it asked for.
+        let cap = max_socket_buffer();
+        if n > cap {
+            return Err(fail(format!(
+                "tcp_buffer {n} B is above net.core.rmem_max/wmem_max ({cap} B): iperf3 -w \
+                 cannot get it (the iSCSI connections force theirs past the cap)"
+            )));
+        }
+        c.args(["-w", &n.to_string()]);
+    }
     let self_before = proc_cpu_s(std::process::id());
     let counters = LinkCounters::start(ctx);
     let t = Instant::now();
