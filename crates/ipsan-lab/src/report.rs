@@ -616,7 +616,11 @@ fn ratios(aggs: &[Agg]) -> String {
         let mut abs: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
         let _ = writeln!(
             s,
-            "\nModel error (measured vs predicted) over {} points: median |error| {:.0} %, median signed {:+.0} %.\n",
+            "\nThe runner's own model (each run's `model_mb_s`: the papers' model with idle cores \
+             per host, their assumption, which two shared vCPUs do not meet), measured vs \
+             predicted over {} points: median |error| {:.0} %, median signed {:+.0} %. The model \
+             this report is judged by, with the CPU the runs got, is in \"The model on this \
+             machine\" below, where the plan has points it can price.\n",
             errs.len(),
             median(&mut abs),
             median(&mut errs)
