@@ -1875,7 +1875,7 @@ mod tests {
     /// docs/results/model-here.md quotes (`cargo test -p ipsan-lab committed -- --nocapture`).
     #[test]
     fn committed_paper_plans_ipsec_error_before_and_after() {
-        let w = committed("lab-paper-write");
+        let w = committed("lab-paper-write-2026-11-24");
         let r = committed("lab-paper-read-2026-11-24");
         let (rw, rr) = (rates_from_records(&w), rates_from_records(&r));
         for (plan, rates) in [("write", &rw), ("read", &rr)] {
@@ -2024,6 +2024,70 @@ mod tests {
         let (b, a) = oos(&r, &rr.clone().with_costs_from(&rw));
         eprintln!("read from write costs, out of sample: {b:.1} % -> {a:.1} %");
         assert!(a <= 22.0, "read from write: {b} -> {a}");
+    }
+
+    /// The quiet paper plans (2026-11-26: the full write and read matrices, nothing else
+    /// running): every scheme's median |error| in sample and out of sample, each plan priced
+    /// with the other plan's carrier costs and IPsec charon rates (seal's cipher rates are
+    /// per CPU-second and stored beside each plan's records, so they are the same kind in
+    /// both). Printed for docs/results/model-here.md; in sample every scheme is within the
+    /// issue's 15 % goal, and the out-of-sample errors are bounded where they stand so a
+    /// change that makes them worse fails.
+    #[test]
+    fn committed_quiet_paper_plans_in_and_out_of_sample() {
+        let dir = |n: &str| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../docs/results")
+                .join(n)
+        };
+        for n in ["lab-paper-write", "lab-paper-read"] {
+            assert!(dir(n).join(STORED_RATES).exists(), "{n}");
+        }
+        let (w, r) = (committed("lab-paper-write"), committed("lab-paper-read"));
+        let (rw, rr) = (
+            rates(&dir("lab-paper-write"), &w),
+            rates(&dir("lab-paper-read"), &r),
+        );
+        let cases = [
+            ("write, in sample", &w, rw.clone(), true),
+            (
+                "write, costs from read",
+                &w,
+                rw.clone().with_costs_from(&rr),
+                false,
+            ),
+            ("read, in sample", &r, rr.clone(), true),
+            (
+                "read, costs from write",
+                &r,
+                rr.clone().with_costs_from(&rw),
+                false,
+            ),
+        ];
+        let mut worst_out = 0.0f64;
+        for (name, aggs, rates, in_sample) in cases {
+            let e = errors(aggs, &rates);
+            assert!(
+                e.contains_key("ipsec") && e.contains_key("seal"),
+                "{name}: {e:?}"
+            );
+            for (k, (n, abs, signed)) in &e {
+                println!("{name}, {k}: {n} points, median |error| {abs:.1} % ({signed:+.1} %)");
+                if in_sample {
+                    assert!(*abs <= 15.0, "{name}, {k}: {abs:.1} %");
+                } else {
+                    worst_out = worst_out.max(*abs);
+                }
+            }
+        }
+        // Measured 2026-11-26: writes from the read plan's costs IPsec 6.0 %, seal 2.4 %,
+        // seal-seq 5.0 %; reads from the write plan's IPsec 18.5 % (+18.5 %), seal 1.5 %. The
+        // one miss of the 15 % goal is the asymmetry the loaded runs showed too: the papers'
+        // two-round-trip write command (command, R2T, Data-Out, status) costs the carriers
+        // more per command than a read (command, Data-In + status), so write-fitted costs
+        // over-charge reads. Bounded where it stands, so a change that makes it worse fails.
+        println!("worst out of sample: {worst_out:.1} %");
+        assert!(worst_out <= 20.0, "{worst_out:.1} %");
     }
 
     /// The quiet demo runs (AES-256-GCM, 1 MiB, 2 and 64 ms; seal's stored cipher rates):
