@@ -7,6 +7,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,6 +110,7 @@ pub fn socket_throughput(s: &dyn Sockets, duration: Duration) -> std::io::Result
     let l = s.listen()?;
     crate::sockbuf::set_tcp_buffers(&l, SOCKET_BUFFER)?;
     let addr = l.local_addr()?;
+    let half = duration / 2;
     let server = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut c, _) = l.accept()?;
         c.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -119,46 +121,65 @@ pub fn socket_throughput(s: &dyn Sockets, duration: Duration) -> std::io::Result
     let mut c = s.connect(addr)?;
     crate::sockbuf::set_tcp_buffers(&c, SOCKET_BUFFER)?;
     c.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let delivered = |c: &std::net::TcpStream| {
-        ipsan_tcp::tcp_info(c)
-            .map(|i| {
-                (
-                    Instant::now(),
-                    u64::from(i.delivered) * u64::from(i.snd_mss),
-                )
-            })
-            .map_err(|e| io_err("TCP_INFO", e))
+    // A sampler reads the sender's delivered count every few milliseconds from the half-way
+    // mark until the transfer ends: the window is the first reading at or after half-way to
+    // the last reading at which the count still grew (the send buffer keeps the link busy
+    // while it drains, so the drain counts at the link's rate). On a slow link a 1 MiB write
+    // can block past the end of `duration`, so readings between writes would miss it.
+    let probe = c.try_clone()?;
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || -> std::io::Result<Option<(f64, u64)>> {
+            let t = Instant::now();
+            let delivered = |c: &std::net::TcpStream| {
+                ipsan_tcp::tcp_info(c)
+                    .map(|i| u64::from(i.delivered) * u64::from(i.snd_mss))
+                    .map_err(|e| io_err("TCP_INFO", e))
+            };
+            while t.elapsed() < half && !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let (t0, b0) = (Instant::now(), delivered(&probe)?);
+            let (mut t1, mut b1) = (t0, b0);
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+                let b = delivered(&probe)?;
+                if b > b1 {
+                    (t1, b1) = (Instant::now(), b);
+                }
+            }
+            let secs = t1.duration_since(t0).as_secs_f64();
+            Ok((secs > 0.0 && b1 > b0).then(|| (secs, b1 - b0)))
+        })
     };
     let buf = vec![0x5au8; 1 << 20];
-    let half = duration / 2;
     let t = Instant::now();
-    let mut first: Option<(Instant, u64)> = None;
-    let mut last: Option<(Instant, u64)> = None;
-    while t.elapsed() < duration {
-        c.write_all(&buf)?;
-        if first.is_none() && t.elapsed() >= half {
-            first = Some(delivered(&c)?);
-        } else if first.is_some() {
-            last = Some(delivered(&c)?);
+    let sent = (|| -> std::io::Result<()> {
+        while t.elapsed() < duration {
+            c.write_all(&buf)?;
         }
-    }
-    c.shutdown(std::net::Shutdown::Write)?;
-    let mut sink = [0u8; 16];
-    let _ = c.read(&mut sink);
-    server
+        c.shutdown(std::net::Shutdown::Write)?;
+        let mut sink = [0u8; 16];
+        let _ = c.read(&mut sink);
+        Ok(())
+    })();
+    let received = server
         .join()
-        .map_err(|_| io_err("bulk receiver", "panicked"))??;
-    let (Some((t0, b0)), Some((t1, b1))) = (first, last) else {
-        return Err(io_err("bulk transfer", "ended before its second half"));
-    };
-    let secs = t1.duration_since(t0).as_secs_f64();
-    if secs <= 0.0 || b1 <= b0 {
+        .map_err(|_| io_err("bulk receiver", "panicked"));
+    done.store(true, Ordering::Relaxed);
+    let window = sampler
+        .join()
+        .map_err(|_| io_err("delivery sampler", "panicked"))??;
+    sent?;
+    received??;
+    let Some((secs, bytes)) = window else {
         return Err(io_err(
             "bulk transfer",
             "delivered nothing in its second half",
         ));
-    }
-    Ok((b1 - b0) as f64 / secs)
+    };
+    Ok(bytes as f64 / secs)
 }
 
 /// How many cores this process can get right now: `threads` threads spin for `duration`
