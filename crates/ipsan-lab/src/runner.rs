@@ -396,6 +396,23 @@ impl LabLink {
         }
     }
 
+    /// The largest buffer a plain `SO_RCVBUF`/`SO_SNDBUF` gets inside the namespaces:
+    /// `net.core.{r,w}mem_max` as read back when the link came up (host-wide, so the lab's
+    /// writes there may not have taken).
+    fn socket_buffer_cap(&self) -> u64 {
+        ["net.core.rmem_max", "net.core.wmem_max"]
+            .iter()
+            .map(|k| {
+                self.sysctls
+                    .iter()
+                    .find(|(name, _)| name == k)
+                    .and_then(|(_, v)| v.parse::<u64>().ok())
+                    .unwrap_or(u64::MAX)
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     fn tgt(&self) -> Ipv4Addr {
         self.link.addr(Side::Tgt)
     }
@@ -1163,26 +1180,14 @@ fn spread_throughput(lives: &[(f64, f64)], block: u64, from: f64, to: f64) -> Re
     Ok(bytes / (to - from) / 1e6)
 }
 
-/// The largest buffer a plain `SO_RCVBUF`/`SO_SNDBUF` gets: `net.core.{r,w}mem_max`, host-wide
-/// (not settable inside the lab's namespaces).
-fn max_socket_buffer() -> u64 {
-    let read = |n: &str| {
-        std::fs::read_to_string(format!("/proc/sys/net/core/{n}"))
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
-            .unwrap_or(u64::MAX)
-    };
-    read("rmem_max").min(read("wmem_max"))
-}
-
 /// Aiken et al.'s network baseline: one iperf3 TCP stream from the initiator's namespace to
 /// the target's through the same emulated link, for the run's duration, with the first half
 /// omitted (`-O`: slow start and the buffers' autotuning ramp), and the plan's `tcp_buffer`,
 /// if it has one, as iperf3's socket buffers (`-w`, as the iSCSI connections get it; Aiken et
 /// al. set 500,000 bytes on both hosts). The link's, TUN's and kernels' counters are recorded
 /// as for every other scheme. Without a rate the emulator's forwarding thread is the
-/// bottleneck, and an autotuned stream overfills the TUN ring in front of it (5–17 k drops in
-/// a 3 s run here; single runs moved 0.04–367 MB/s): the Aiken plan has Aiken's 100 Mbit/s.
+/// bottleneck, and an autotuned stream overfills the TUN ring in front of it (3–18 k drops in
+/// a 3 s run here; single runs moved 0.04–366 MB/s): the Aiken plan has Aiken's 100 Mbit/s.
 fn iperf3(ctx: &RunCtx<'_>, run_time: Duration, rec: &mut Record) -> Result<(), RunError> {
     let Some(link) = ctx.link else {
         return Err(RunError::Skip("iperf3 needs namespaces (root)".into()));
@@ -1219,7 +1224,7 @@ fn iperf3(ctx: &RunCtx<'_>, run_time: Duration, rec: &mut Record) -> Result<(), 
     if let Some(n) = ctx.plan.tcp_buffer {
         // iperf3 sets plain SO_SNDBUF/SO_RCVBUF, which the kernel caps at the host-wide
         // net.core.{r,w}mem_max, and then exits because the buffer is not what it asked for.
-        let cap = max_socket_buffer();
+        let cap = link.socket_buffer_cap();
         if n > cap {
             return Err(fail(format!(
                 "tcp_buffer {n} B is above net.core.rmem_max/wmem_max ({cap} B): iperf3 -w \
