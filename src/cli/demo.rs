@@ -1,5 +1,6 @@
 //! `ipsan demo`: about two minutes of the `demo` plan (RAM LUN, emulated 2 ms and
-//! 64 ms links at 1 Gbit/s): plain iSCSI, seal and real IPsec (strongSwan), three repetitions each,
+//! 64 ms links at 1 Gbit/s): plain iSCSI, seal and real IPsec (strongSwan), three repetitions each
+//! (seven for the CPU-bound IPsec cells at 2 ms),
 //! throughput over each run's second half (past slow start), printed as medians with
 //! min–max and the seal ÷ IPsec ratio per delay, then the path of the HTML report.
 //! Without root it falls back to loopback and says what it skipped.
@@ -50,11 +51,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let exe = std::env::current_exe().context("locating the ipsan binary")?;
     let cfg = RunConfig::new(exe, args.out.clone());
+    let most = plan.point_repetitions.iter().copied().max().unwrap_or(0);
+    let reps = if plan.uniform_repetitions() {
+        format!("{} repetitions each", plan.repetitions)
+    } else {
+        format!(
+            "{} repetitions each ({most} where the host's CPU is the limit)",
+            plan.repetitions
+        )
+    };
     eprintln!(
-        "ipsan demo: {} runs of {:?} or more (longer on slow links), {} repetitions each → {}",
+        "ipsan demo: {} runs of {:?} or more (longer on slow links), {reps} → {}",
         plan.run_count(),
         plan.run_time,
-        plan.repetitions,
         args.out.display()
     );
     let records = runner::run_plan(&plan, &cfg);

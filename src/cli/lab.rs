@@ -54,15 +54,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } => {
             let mut plan = Plan::load(&plan)?;
             if let Some(n) = repetitions {
-                plan.repetitions = n;
+                plan.set_repetitions(n);
             }
             if dry_run {
                 for (i, p) in plan.points.iter().enumerate() {
-                    println!("{i:4} {}", p.label());
+                    println!("{i:4} {} ×{}", p.label(), plan.repetitions_of(i));
                 }
                 println!(
-                    "{} points × {} repetitions, {:?} each",
+                    "{} points, {} runs ({} repetitions unless a table says otherwise), {:?} each",
                     plan.points.len(),
+                    plan.run_count(),
                     plan.repetitions,
                     plan.run_time
                 );

@@ -27,6 +27,7 @@
 //! backend = ["mem"]        # mem | null | file
 //! iscsi = ["ipsan"]        # ipsan (one round trip) | paper (InitialR2T=Yes, ImmediateData=No)
 //! cc = ["reno"]            # TCP congestion control inside the lab's namespaces
+//! repetitions = 7          # optional: this table's points get 7, not the plan's
 //!
 //! [timeline]               # optional: trace a short run per scheme and draw the
 //! delay = "8ms"            # per-command timeline (defaults shown)
@@ -38,7 +39,7 @@
 //! run_time = "1s"
 //! ```
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -221,6 +222,11 @@ pub struct MatrixSpec {
     iscsi: Vec<IscsiMode>,
     #[serde(default = "d_cc")]
     cc: Vec<String>,
+    /// Repetitions of this table's points, instead of the plan's (a point in two tables
+    /// gets the larger). For cells whose spread is the host's rather than the link's — a
+    /// CPU-bound tunnel on two shared vCPUs — without lengthening the rest of the plan.
+    #[serde(default)]
+    repetitions: Option<u32>,
 }
 
 fn d_direction() -> Vec<Direction> {
@@ -467,8 +473,10 @@ pub struct Plan {
     pub name: String,
     /// Description.
     pub description: String,
-    /// Repetitions per point.
+    /// Repetitions per point, unless its table says otherwise ([`Plan::repetitions_of`]).
     pub repetitions: u32,
+    /// Repetitions of each point, in the order of `points`.
+    pub point_repetitions: Vec<u32>,
     /// Each bench run's duration.
     pub run_time: Duration,
     /// LUN size in bytes.
@@ -583,10 +591,14 @@ impl Plan {
         if spec.matrix.is_empty() {
             return Err(err("no [[matrix]] table".into()));
         }
-        let mut points = Vec::new();
-        let mut seen = BTreeSet::new();
+        let mut points: Vec<(Point, u32)> = Vec::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         for (mi, m) in spec.matrix.iter().enumerate() {
             let ctx = |why: String| err(format!("matrix #{}: {why}", mi + 1));
+            let reps = m.repetitions.unwrap_or(spec.repetitions);
+            if reps == 0 || reps > 100 {
+                return Err(ctx("repetitions must be 1..=100".into()));
+            }
             let delays = m
                 .delay
                 .iter()
@@ -672,8 +684,19 @@ impl Plan {
                                                                     let key =
                                                                         serde_json::to_string(&p)
                                                                             .unwrap_or_default();
-                                                                    if seen.insert(key) {
-                                                                        points.push(p);
+                                                                    match seen.get(&key) {
+                                                                        Some(&i) => {
+                                                                            points[i].1 = points[i]
+                                                                                .1
+                                                                                .max(reps);
+                                                                        }
+                                                                        None => {
+                                                                            seen.insert(
+                                                                                key,
+                                                                                points.len(),
+                                                                            );
+                                                                            points.push((p, reps));
+                                                                        }
                                                                     }
                                                                 }
                                                             }
@@ -692,13 +715,14 @@ impl Plan {
         }
         // Group by link (stable), so each link comes up and is calibrated once.
         let mut order: Vec<String> = Vec::new();
-        for p in &points {
+        for (p, _) in &points {
             let k = p.link_key();
             if !order.contains(&k) {
                 order.push(k);
             }
         }
-        points.sort_by_key(|p| order.iter().position(|k| *k == p.link_key()));
+        points.sort_by_key(|(p, _)| order.iter().position(|k| *k == p.link_key()));
+        let (points, point_repetitions): (Vec<Point>, Vec<u32>) = points.into_iter().unzip();
         if points.len() > 5000 {
             return Err(err(format!("{} points is more than 5000", points.len())));
         }
@@ -711,6 +735,7 @@ impl Plan {
             name: spec.name,
             description: spec.description,
             repetitions: spec.repetitions,
+            point_repetitions,
             run_time,
             lun_bytes,
             max_depth,
@@ -734,7 +759,28 @@ impl Plan {
 
     /// Runs the plan would make, counting repetitions.
     pub fn run_count(&self) -> usize {
-        self.points.len() * self.repetitions as usize
+        self.point_repetitions.iter().map(|&r| r as usize).sum()
+    }
+
+    /// Repetitions of `points[i]`: its table's, or the plan's.
+    pub fn repetitions_of(&self, i: usize) -> u32 {
+        self.point_repetitions
+            .get(i)
+            .copied()
+            .unwrap_or(self.repetitions)
+    }
+
+    /// Every point gets `n` repetitions (`ipsan lab run --repetitions`), whatever its table said.
+    pub fn set_repetitions(&mut self, n: u32) {
+        self.repetitions = n;
+        self.point_repetitions = vec![n; self.points.len()];
+    }
+
+    /// Whether every point has the plan's repetitions (no table overrides them).
+    pub fn uniform_repetitions(&self) -> bool {
+        self.point_repetitions
+            .iter()
+            .all(|&r| r == self.repetitions)
     }
 }
 
@@ -943,5 +989,59 @@ mod tests {
         assert_eq!(p.points.len(), 4);
         assert_eq!(p.points[0].delay_ms, p.points[1].delay_ms);
         assert_eq!(p.points[2].delay_ms, p.points[3].delay_ms);
+    }
+
+    /// A table's `repetitions` overrides the plan's for its points only; a point in two
+    /// tables gets the larger; `--repetitions` (set_repetitions) overrides them all.
+    #[test]
+    fn a_table_may_repeat_its_points_more() {
+        let t = "name='x'
+repetitions=3
+[[matrix]]
+delay=['0ms','8ms']
+scheme=['plain']
+                 [[matrix]]
+delay=['8ms']
+scheme=['plain','seal']
+repetitions=7
+";
+        let mut p = Plan::parse("t", t).unwrap();
+        let reps = |p: &Plan, delay: f64, s: Scheme| {
+            let i = p
+                .points
+                .iter()
+                .position(|q| q.delay_ms == delay && q.scheme == s)
+                .unwrap();
+            p.repetitions_of(i)
+        };
+        assert_eq!(p.points.len(), 3);
+        assert_eq!(reps(&p, 0.0, Scheme::Plain), 3);
+        assert_eq!(reps(&p, 8.0, Scheme::Plain), 7);
+        assert_eq!(reps(&p, 8.0, Scheme::Seal), 7);
+        assert_eq!(p.run_count(), 17);
+        assert!(!p.uniform_repetitions());
+        p.set_repetitions(2);
+        assert_eq!((p.run_count(), p.repetitions_of(1)), (6, 2));
+        assert!(p.uniform_repetitions());
+        for bad in ["0", "101"] {
+            let t = format!("name='x'\n[[matrix]]\nrepetitions={bad}\n");
+            let e = Plan::parse("t", &t).unwrap_err();
+            assert!(e.why.contains("matrix #1: repetitions"), "{e}");
+        }
+    }
+
+    /// The demo repeats its CPU-bound cells (IPsec at 2 ms) seven times, the rest three.
+    #[test]
+    fn demo_repeats_the_cpu_bound_ipsec_cells_more() {
+        let p = Plan::load("demo").unwrap();
+        for (i, q) in p.points.iter().enumerate() {
+            let want = if q.scheme == Scheme::Ipsec && q.delay_ms == 2.0 {
+                7
+            } else {
+                3
+            };
+            assert_eq!(p.repetitions_of(i), want, "{}", q.label());
+        }
+        assert_eq!(p.run_count(), 32);
     }
 }

@@ -82,18 +82,19 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     let total = plan.run_count();
     let started = Instant::now();
     let mut done = 0usize;
-    let mut groups: Vec<(String, Vec<&Point>)> = Vec::new();
-    for p in &plan.points {
+    let mut groups: Vec<(String, Vec<(&Point, u32)>)> = Vec::new();
+    for (i, p) in plan.points.iter().enumerate() {
         let key = format!("{}|{}", p.link_key(), p.scheme == Scheme::EspEmu);
+        let entry = (p, plan.repetitions_of(i));
         match groups.last_mut() {
-            Some((k, v)) if *k == key => v.push(p),
-            _ => groups.push((key, vec![p])),
+            Some((k, v)) if *k == key => v.push(entry),
+            _ => groups.push((key, vec![entry])),
         }
     }
-    let groups: Vec<Vec<&Point>> = groups.into_iter().map(|(_, g)| g).collect();
+    let groups: Vec<Vec<(&Point, u32)>> = groups.into_iter().map(|(_, g)| g).collect();
     let mut enc_cache: BTreeMap<(String, u64), (f64, f64)> = BTreeMap::new();
-    for (points, reps) in passes(&groups, plan.repetitions, plan.fresh_link) {
-        let first = points[0];
+    for (points, reps) in passes(&groups, |&(_, n)| n, plan.fresh_link) {
+        let first = points[0].0;
         let impaired = first.delay_ms > 0.0
             || first.loss > 0.0
             || first.reorder > 0.0
@@ -116,8 +117,8 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
             Ok(l) => calibrate_link(l.as_ref(), first),
             Err(e) => Err(e.clone()),
         };
-        for &p in points {
-            for rep in reps.clone() {
+        for &(p, point_reps) in points {
+            for rep in reps.clone().take_while(|&r| r < point_reps) {
                 let t0 = Instant::now();
                 let label = p.label();
                 if cfg.progress {
@@ -185,16 +186,29 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
 }
 
 /// The passes over a plan's links: each brings one link up, runs its points' repetitions in
-/// the range, and takes the link down. By default one pass per link with every repetition
-/// (back to back); with `fresh_link`, one pass per link and repetition, the repetitions
-/// round-robin over the links ([`crate::plan::PlanSpec::fresh_link`]).
-fn passes<T>(groups: &[Vec<T>], reps: u32, fresh_link: bool) -> Vec<(&[T], Range<u32>)> {
+/// the range (a point stops at its own count, `reps(point)`), and takes the link down. By
+/// default one pass per link with every repetition (back to back); with `fresh_link`, one
+/// pass per link and repetition, the repetitions round-robin over the links
+/// ([`crate::plan::PlanSpec::fresh_link`]), and no pass for a link none of whose points
+/// wants that repetition.
+fn passes<T>(
+    groups: &[Vec<T>],
+    reps: impl Fn(&T) -> u32,
+    fresh_link: bool,
+) -> Vec<(&[T], Range<u32>)> {
+    let most = |g: &Vec<T>| g.iter().map(&reps).max().unwrap_or(0);
     if fresh_link {
-        (0..reps)
-            .flat_map(|rep| groups.iter().map(move |g| (g.as_slice(), rep..rep + 1)))
+        let all = groups.iter().map(most).max().unwrap_or(0);
+        (0..all)
+            .flat_map(|rep| {
+                groups
+                    .iter()
+                    .filter(move |g| most(g) > rep)
+                    .map(move |g| (g.as_slice(), rep..rep + 1))
+            })
             .collect()
     } else {
-        groups.iter().map(|g| (g.as_slice(), 0..reps)).collect()
+        groups.iter().map(|g| (g.as_slice(), 0..most(g))).collect()
     }
 }
 
@@ -1601,22 +1615,26 @@ pub fn help_mentions(exe: &Path, sub: &str, flag: &str) -> bool {
 mod tests {
     use super::*;
 
+    type Passes<'a> = Vec<(&'a [(&'a str, u32)], Range<u32>)>;
+
+    /// Each pass as its points' names joined with `+`, and its repetitions.
+    fn flat(v: Passes) -> Vec<(String, Range<u32>)> {
+        v.into_iter()
+            .map(|(g, r)| (g.iter().map(|p| p.0).collect::<Vec<_>>().join("+"), r))
+            .collect()
+    }
+
     /// Back to back: one pass per link with every repetition. Fresh links: a pass per link
     /// and repetition, every link's first repetition before any second one.
     #[test]
     fn passes_run_repetitions_back_to_back_or_round_robin() {
-        let groups = vec![vec!["a2ms", "b2ms"], vec!["a64ms"]];
-        let flat = |v: Vec<(&[&str], Range<u32>)>| {
-            v.into_iter()
-                .map(|(g, r)| (g.join("+"), r))
-                .collect::<Vec<_>>()
-        };
+        let groups = vec![vec![("a2ms", 3), ("b2ms", 3)], vec![("a64ms", 3)]];
         assert_eq!(
-            flat(passes(&groups, 3, false)),
+            flat(passes(&groups, |p| p.1, false)),
             [("a2ms+b2ms".to_string(), 0..3), ("a64ms".to_string(), 0..3)]
         );
         assert_eq!(
-            flat(passes(&groups, 2, true)),
+            flat(passes(&groups, |_| 2, true)),
             [
                 ("a2ms+b2ms".to_string(), 0..1),
                 ("a64ms".to_string(), 0..1),
@@ -1624,6 +1642,21 @@ mod tests {
                 ("a64ms".to_string(), 1..2),
             ]
         );
+    }
+
+    /// A table's own repetitions: its link's pass runs as many as its most-repeated point
+    /// wants; with fresh links, the links whose points are done get no more passes.
+    #[test]
+    fn passes_follow_each_points_own_repetitions() {
+        let groups = vec![vec![("a2ms", 3), ("b2ms", 5)], vec![("a64ms", 2)]];
+        assert_eq!(
+            flat(passes(&groups, |p| p.1, false)),
+            [("a2ms+b2ms".to_string(), 0..5), ("a64ms".to_string(), 0..2)]
+        );
+        let fresh = flat(passes(&groups, |p| p.1, true));
+        let count = |k: &str| fresh.iter().filter(|(g, _)| g == k).count();
+        assert_eq!((count("a2ms+b2ms"), count("a64ms")), (5, 2));
+        assert_eq!(fresh.last(), Some(&("a2ms+b2ms".to_string(), 4..5)));
     }
 
     #[test]
