@@ -302,27 +302,37 @@ fn crypto_s_per_byte(i: &Inputs, place: CryptoPlace) -> f64 {
 ///   runs elsewhere (plain, IPsec); for seal their CPU also holds the crypto, which
 ///   `1/ENC + 1/DEC` already counts, so the caller passes the stacks' cost at the best
 ///   calibrated SOCKET instead.
-/// - `per_command`: what every command costs on top of its bytes, whatever its size: its
-///   command, R2T and status PDUs and their ACKs cross the emulator, both stacks and (for
-///   IPsec) both charons as separate small packets, each paying a wake-up. Fitted from the
-///   runs' CPU accounting as `CPU-seconds = a·bytes + b·commands` over the plan's block
-///   sizes; charged as `b / BLOCK` per byte, so it weighs on small blocks. The write plan's
-///   IPsec runs with a delay: ~0.9 ms (emulator) + 0.4 ms (stacks) + 1 ms (charons) per
-///   command, about 4 extra packets per command.
+/// - `per_flight`: what each *flight* of a command costs on top of its bytes, whatever its
+///   size. A flight is one leg of the command's exchange (RFC 7143 §3.2.2 and §11.7.3):
+///   a read is two (the SCSI Command; its Data-In with the status collapsed into the last
+///   PDU), a write whose data all goes unsolicited is two (the command with its data; the
+///   response), and a write that waits for an R2T is four (command, R2T, Data-Out,
+///   response). Each flight starts as a separate small send that crosses the emulator, both
+///   stacks and (for IPsec) both charons on its own, paying a wake-up at each. Fitted from
+///   the runs' CPU accounting as `CPU-seconds = a·bytes + c·flights` over the plan's block
+///   sizes and charged as `c · flights / BLOCK` per byte, so it weighs on small blocks.
+///   Counted per command, the papers' four-flight write cost 1.9–3.1× a two-flight read on
+///   the quiet paper plans (charons, emulator, stacks); per flight the two plans agree
+///   within 0.9–1.5×. Their IPsec runs with a delay, per flight: emulator ~135 µs (write
+///   plan) / 90 µs (read plan), stacks ~120 / 80 µs, both charons ~215 / 230 µs
+///   (docs/results/model-here.md).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Carrier {
     /// Emulator CPU-seconds per payload byte.
     pub emulator_s_per_byte: f64,
     /// Initiator + target CPU-seconds per payload byte, crypto excluded.
     pub stacks_s_per_byte: f64,
-    /// CPU-seconds per command beyond its bytes (emulator, stacks and tunnels together).
+    /// CPU-seconds per flight beyond its bytes (emulator, stacks and tunnels together).
     #[serde(default)]
-    pub s_per_command: f64,
+    pub s_per_flight: f64,
+    /// Flights per command: 2 or 4 (see above).
+    #[serde(default)]
+    pub flights: f64,
 }
 
 /// The most `cores` cores can carry when every byte is sealed (`1/ENC`), opened (`1/DEC`;
 /// neither for [`CryptoPlace::None`]) and carried ([`Carrier`]) on them, a command of
-/// `BLOCK` bytes costing `per_command / BLOCK` per byte on top: the identity
+/// `BLOCK` bytes costing `per_flight · flights / BLOCK` per byte on top: the identity
 /// `throughput = cores / CPU-seconds per byte`, binding when the run is CPU-bound.
 pub fn cpu_bound(
     i: &Inputs,
@@ -335,7 +345,8 @@ pub fn cpu_bound(
     for (what, v) in [
         ("emulator cost", carrier.emulator_s_per_byte),
         ("stacks cost", carrier.stacks_s_per_byte),
-        ("per-command cost", carrier.s_per_command),
+        ("per-flight cost", carrier.s_per_flight),
+        ("flights per command", carrier.flights),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(ModelError {
@@ -348,7 +359,7 @@ pub fn cpu_bound(
     let per_byte = crypto
         + carrier.emulator_s_per_byte
         + carrier.stacks_s_per_byte
-        + carrier.s_per_command / i.block;
+        + carrier.s_per_flight * carrier.flights / i.block;
     if per_byte > 0.0 {
         Ok(cores / per_byte)
     } else {
@@ -572,12 +583,14 @@ mod carrier_tests {
         let none = Carrier {
             emulator_s_per_byte: 0.0,
             stacks_s_per_byte: 0.0,
-            s_per_command: 0.0,
+            s_per_flight: 0.0,
+            flights: 2.0,
         };
         let esp = Carrier {
             emulator_s_per_byte: 57e-9,
             stacks_s_per_byte: 8e-9,
-            s_per_command: 0.0,
+            s_per_flight: 0.0,
+            flights: 2.0,
         };
         let crypto_only = cpu_bound(&x, CryptoPlace::Packet, &none, 0.5).unwrap();
         let with = cpu_bound(&x, CryptoPlace::Packet, &esp, 0.5).unwrap();
@@ -595,7 +608,8 @@ mod carrier_tests {
         let c = Carrier {
             emulator_s_per_byte: 4e-9,
             stacks_s_per_byte: 2e-9,
-            s_per_command: 0.0,
+            s_per_flight: 0.0,
+            flights: 2.0,
         };
         // No crypto: ENC/DEC are ignored.
         let b = cpu_bound(&i(1.0), CryptoPlace::None, &c, 0.3).unwrap();
@@ -603,7 +617,8 @@ mod carrier_tests {
         let free = Carrier {
             emulator_s_per_byte: 0.0,
             stacks_s_per_byte: 0.0,
-            s_per_command: 0.0,
+            s_per_flight: 0.0,
+            flights: 2.0,
         };
         assert!(cpu_bound(&i(1.0), CryptoPlace::None, &free, 1.0)
             .unwrap()
@@ -615,21 +630,27 @@ mod carrier_tests {
         };
         assert!(cpu_bound(&i(1e6), CryptoPlace::Command, &bad, 1.0).is_err());
         let negative = Carrier {
-            s_per_command: -1e-6,
+            s_per_flight: -1e-6,
             ..c
         };
         assert!(cpu_bound(&i(1e6), CryptoPlace::Command, &negative, 1.0).is_err());
+        let flights = Carrier {
+            flights: f64::INFINITY,
+            ..c
+        };
+        assert!(cpu_bound(&i(1e6), CryptoPlace::Command, &flights, 1.0).is_err());
     }
 
-    /// A per-command cost weighs by 1/BLOCK: IPsec 3DES with a delay on the write plan
-    /// (charons ~90 ns/B, emulator ~48, stacks ~5, ~2.2 ms per command): at 16 KiB the
-    /// command costs 134 ns/B, as much as the bytes, at 1 MiB 2 ns/B.
+    /// A per-flight cost weighs by flights/BLOCK: IPsec 3DES with a delay on the write plan
+    /// (charons ~90 ns/B, emulator ~48, stacks ~5, four flights of ~0.55 ms per command): at
+    /// 16 KiB the command costs 134 ns/B, as much as the bytes, at 1 MiB 2 ns/B.
     #[test]
-    fn per_command_cost_weighs_on_small_blocks() {
+    fn per_flight_cost_weighs_on_small_blocks() {
         let c = Carrier {
             emulator_s_per_byte: 48e-9,
             stacks_s_per_byte: 5e-9,
-            s_per_command: 2.2e-3,
+            s_per_flight: 0.55e-3,
+            flights: 4.0,
         };
         let at = |block: f64| {
             let mut x = i(1.0 / 45e-9);
@@ -647,12 +668,21 @@ mod carrier_tests {
             (big - 0.5 / (per_byte + 2.2e-3 / 1_048_576.0)).abs() < 1.0,
             "{big}"
         );
+        // A two-flight command (a read) of the same size pays half as much per command.
+        let read = Carrier { flights: 2.0, ..c };
+        let mut x = i(1.0 / 45e-9);
+        x.block = 16_384.0;
+        let r = cpu_bound(&x, CryptoPlace::Packet, &read, 0.5).unwrap();
+        assert!(
+            (r - 0.5 / (per_byte + 1.1e-3 / 16_384.0)).abs() < 1.0,
+            "{r}"
+        );
         // Nearly half the small block's CPU goes to its command; the big block barely notices.
         assert!(small < 0.55 * 0.5 / per_byte && small > 0.45 * 0.5 / per_byte);
         assert!(big > 0.98 * 0.5 / per_byte);
-        // Zero per-command cost: the per-byte bound, any block.
+        // Zero per-flight cost: the per-byte bound, any block.
         let flat = Carrier {
-            s_per_command: 0.0,
+            s_per_flight: 0.0,
             ..c
         };
         let mut x = i(1.0 / 45e-9);
