@@ -1764,6 +1764,47 @@ mod tests {
         aggregate(&crate::results::read_all(&dir).unwrap())
     }
 
+    /// A committed plan's points and its rates, seal's cipher rates from the
+    /// `cipher-rates.json` stored beside them (so nothing is measured or written).
+    fn committed_with_rates(name: &str) -> (Vec<Agg>, Rates) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs/results")
+            .join(name);
+        assert!(dir.join(STORED_RATES).exists(), "{name}");
+        let aggs = committed(name);
+        let r = rates(&dir, &aggs);
+        (aggs, r)
+    }
+
+    /// Prints a plan's fitted carrier and charon costs (docs/results/model-here.md).
+    fn print_fits(label: &str, rates: &Rates) {
+        let show = |c: &Option<Cost>| match c {
+            Some(c) => format!(
+                "{:.1} ns/B + {:.0} µs/flight",
+                c.s_per_byte * 1e9,
+                c.s_per_flight * 1e6
+            ),
+            None => "no physical fit".into(),
+        };
+        let delay = |d: bool| if d { "> 0" } else { "0" };
+        for ((scheme, delayed), (emu, stacks)) in &rates.carrier_fit {
+            println!(
+                "{label}, {scheme}, delay {}: emulator {}, stacks {}",
+                delay(*delayed),
+                show(emu),
+                show(stacks)
+            );
+        }
+        for ((dir, cipher, delayed), (s, v)) in &rates.ipsec_fit {
+            println!(
+                "{label}, ipsec {cipher} {dir:?}, delay {}: sending charon {}, receiving {}",
+                delay(*delayed),
+                show(&Some(*s)),
+                show(&Some(*v))
+            );
+        }
+    }
+
     /// `fit_cost` recovers a per-byte and a per-flight cost from runs at several sizes of
     /// bytes per flight, and refuses what cannot be separated or is not physical.
     #[test]
@@ -1941,33 +1982,7 @@ mod tests {
         let r = committed("lab-paper-read-2026-11-24");
         let (rw, rr) = (rates_from_records(&w), rates_from_records(&r));
         for (plan, rates) in [("write", &rw), ("read", &rr)] {
-            for ((scheme, delayed), (emu, stacks)) in &rates.carrier_fit {
-                let show = |c: &Option<Cost>| match c {
-                    Some(c) => format!(
-                        "{:.1} ns/B + {:.0} µs/flight",
-                        c.s_per_byte * 1e9,
-                        c.s_per_flight * 1e6
-                    ),
-                    None => "no physical fit".into(),
-                };
-                println!(
-                    "{plan} plan, {scheme}, delay {}: emulator {}, stacks {}",
-                    if *delayed { "> 0" } else { "0" },
-                    show(emu),
-                    show(stacks)
-                );
-            }
-            for ((dir, cipher, delayed), (s, v)) in &rates.ipsec_fit {
-                println!(
-                    "{plan} plan, ipsec {cipher} {dir:?}, delay {}: sending charon {:.1} ns/B \
-                     + {:.0} µs/flight, receiving {:.1} ns/B + {:.0} µs/flight",
-                    if *delayed { "> 0" } else { "0" },
-                    s.s_per_byte * 1e9,
-                    s.s_per_flight * 1e6,
-                    v.s_per_byte * 1e9,
-                    v.s_per_flight * 1e6
-                );
-            }
+            print_fits(&format!("{plan} plan"), rates);
             // Every IPsec class of the paper plans separates: four block sizes each.
             for delayed in [false, true] {
                 let (e, st) = rates.carrier_fit[&("ipsec".to_string(), delayed)];
@@ -2062,45 +2077,10 @@ mod tests {
     /// change that makes them worse fails.
     #[test]
     fn committed_quiet_paper_plans_in_and_out_of_sample() {
-        let dir = |n: &str| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../docs/results")
-                .join(n)
-        };
-        for n in ["lab-paper-write", "lab-paper-read"] {
-            assert!(dir(n).join(STORED_RATES).exists(), "{n}");
-        }
-        let (w, r) = (committed("lab-paper-write"), committed("lab-paper-read"));
-        let (rw, rr) = (
-            rates(&dir("lab-paper-write"), &w),
-            rates(&dir("lab-paper-read"), &r),
-        );
-        for (plan, rates) in [("write", &rw), ("read", &rr)] {
-            let show = |c: &Option<Cost>| match c {
-                Some(c) => format!(
-                    "{:.1} ns/B + {:.0} µs/flight",
-                    c.s_per_byte * 1e9,
-                    c.s_per_flight * 1e6
-                ),
-                None => "no physical fit".into(),
-            };
-            for ((scheme, delayed), (emu, stacks)) in &rates.carrier_fit {
-                println!(
-                    "quiet {plan} plan, {scheme}, delay {}: emulator {}, stacks {}",
-                    if *delayed { "> 0" } else { "0" },
-                    show(emu),
-                    show(stacks)
-                );
-            }
-            for ((_, cipher, delayed), (s, v)) in &rates.ipsec_fit {
-                println!(
-                    "quiet {plan} plan, ipsec {cipher}, delay {}: charons {} sending, {} receiving",
-                    if *delayed { "> 0" } else { "0" },
-                    show(&Some(*s)),
-                    show(&Some(*v))
-                );
-            }
-        }
+        let (w, rw) = committed_with_rates("lab-paper-write");
+        let (r, rr) = committed_with_rates("lab-paper-read");
+        print_fits("quiet write plan", &rw);
+        print_fits("quiet read plan", &rr);
         let cases = [
             ("write, in sample", &w, rw.clone(), true),
             (
@@ -2152,19 +2132,8 @@ mod tests {
     /// flights). Prints every scheme for docs/results/model-here.md.
     #[test]
     fn committed_flights_plan_per_flight_against_per_command() {
-        let dir = |n: &str| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../docs/results")
-                .join(n)
-        };
-        for n in ["lab-flights", "lab-paper-write"] {
-            assert!(dir(n).join(STORED_RATES).exists(), "{n}");
-        }
-        let (f, w) = (committed("lab-flights"), committed("lab-paper-write"));
-        let (rf, rw) = (
-            rates(&dir("lab-flights"), &f),
-            rates(&dir("lab-paper-write"), &w),
-        );
+        let (f, rf) = committed_with_rates("lab-flights");
+        let (w, rw) = committed_with_rates("lab-paper-write");
         // Both flight counts occur for every scheme, at every delay.
         for a in &f {
             let n = flights(&a.rec);
@@ -2216,16 +2185,9 @@ mod tests {
     /// two points per scheme, so no bound is asserted beyond IPsec's bias shrinking.
     #[test]
     fn committed_demo_runs_error_before_and_after() {
-        let dir = |n: &str| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../docs/results")
-                .join(n)
-        };
         for (this, other) in [("lab-demo-5", "lab-demo-6"), ("lab-demo-6", "lab-demo-5")] {
-            // Stored rates exist for both, so nothing is measured or written.
-            assert!(dir(this).join(STORED_RATES).exists());
-            let (a, o) = (committed(this), committed(other));
-            let here = rates(&dir(this), &a);
+            let (a, here) = committed_with_rates(this);
+            let o = committed(other);
             let cases = [
                 ("in sample", here.clone()),
                 (
