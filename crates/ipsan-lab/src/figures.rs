@@ -789,30 +789,12 @@ pub struct Cost {
 /// (payload bytes per flight, CPU-seconds per byte) of a plan's runs, for [`fit_cost`].
 type Runs = Vec<(f64, f64)>;
 
-/// A command's flights ([`model::Carrier`]): two per round trip it waits for — a read or
-/// a write whose data all goes unsolicited makes one round trip (command; Data-In with the
-/// status, or the response), a write that waits for an R2T two (RFC 7143 §11.7.3, §11.8).
+/// A command's flights ([`model::Carrier`]): two per round trip it waits for
+/// ([`crate::plan::Point::round_trips`]) — a read or a write whose data all goes unsolicited makes one
+/// (command; Data-In with the status, or the response), a write that waits for an R2T two
+/// (RFC 7143 §11.7.3, §11.8).
 fn flights(r: &crate::results::Record) -> f64 {
-    2.0 * f64::from(round_trips(r))
-}
-
-/// Round trips per command: 2 for a write that waits for an R2T — the papers' write
-/// (InitialR2T=Yes, ImmediateData=No) always, ipsan's when the block is larger than
-/// FirstBurstLength — else 1.
-fn round_trips(r: &crate::results::Record) -> u32 {
-    let p = &r.point;
-    let two = match p.direction {
-        Direction::Read => false,
-        Direction::Write => match p.iscsi {
-            IscsiMode::Paper => true,
-            IscsiMode::Ipsan => p.block > r.first_burst.unwrap_or(256 * 1024),
-        },
-    };
-    if two {
-        2
-    } else {
-        1
-    }
+    2.0 * f64::from(r.point.round_trips(r.first_burst))
 }
 
 /// Least squares of `CPU-seconds = a·bytes + c·flights` over a plan's runs, in its per-byte
@@ -1155,7 +1137,7 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     let cpus = r.env.cpus.max(1) as u32;
     let pl = Pipeline {
         depth: r.depth_used.max(1),
-        round_trips: round_trips(r),
+        round_trips: p.round_trips(r.first_burst),
         crypto_workers: if p.scheme == Scheme::SealSeq { 1 } else { cpus },
         window: None,
         crypto,

@@ -446,6 +446,25 @@ impl Point {
         }
     }
 
+    /// Round trips per command (RFC 7143 §11.8, R2T): 2 for a write that waits for an R2T —
+    /// the papers' write (InitialR2T=Yes, ImmediateData=No) always, ipsan's when the block is
+    /// larger than the negotiated FirstBurstLength (`first_burst`; ipsan's default 256 KiB
+    /// when unknown) — else 1 (a read: command, then Data-In with the status).
+    pub fn round_trips(&self, first_burst: Option<u64>) -> u32 {
+        let waits_for_r2t = match self.direction {
+            Direction::Read => false,
+            Direction::Write => match self.iscsi {
+                IscsiMode::Paper => true,
+                IscsiMode::Ipsan => self.block > first_burst.unwrap_or(256 * 1024),
+            },
+        };
+        if waits_for_r2t {
+            2
+        } else {
+            1
+        }
+    }
+
     /// The link settings this point needs (points sharing them share a calibration).
     pub fn link_key(&self) -> String {
         format!(

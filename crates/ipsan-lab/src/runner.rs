@@ -20,7 +20,7 @@ use ipsan_wan::{DirConfig, ExtraStages, Link, LinkConfig, LossModel, Side};
 use crate::calibrate::{self, Loopback, Sockets};
 use crate::esp::{self, EspCounters};
 use crate::model::{self, CryptoPlace, Inputs, Pipeline};
-use crate::plan::{Backend, Depth, Direction, IscsiMode, Plan, Point, Scheme};
+use crate::plan::{Backend, Depth, IscsiMode, Plan, Point, Scheme};
 use crate::results::{Calibration, Environment, Record, Status};
 
 /// How to run a plan.
@@ -229,12 +229,12 @@ fn run_timeline(
     let Some(first) = tl.points.first() else {
         return Ok(());
     };
-    let short = Plan {
+    let mut short = Plan {
         run_time: tl.run_time,
-        repetitions: 1,
         timeline: None,
         ..plan.clone()
     };
+    short.set_repetitions(1);
     let link = if root {
         LabLink::up(first, cfg, plan.queue).map(Some)
     } else if first.delay_ms > 0.0 {
@@ -563,16 +563,9 @@ impl Drop for Procs {
 }
 
 fn model_pipeline(p: &Point, depth: u32, first_burst: Option<u64>, cpus: u32) -> Pipeline {
-    let two = match p.direction {
-        Direction::Read => false,
-        Direction::Write => match p.iscsi {
-            IscsiMode::Paper => true,
-            IscsiMode::Ipsan => p.block > first_burst.unwrap_or(256 * 1024),
-        },
-    };
     Pipeline {
         depth,
-        round_trips: if two { 2 } else { 1 },
+        round_trips: p.round_trips(first_burst),
         crypto_workers: if p.scheme == Scheme::SealSeq {
             1
         } else {
