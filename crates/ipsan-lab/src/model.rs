@@ -316,17 +316,15 @@ fn crypto_s_per_byte(i: &Inputs, place: CryptoPlace) -> f64 {
 ///   within 0.9–1.5×. Their IPsec runs with a delay, per flight: emulator ~135 µs (write
 ///   plan) / 90 µs (read plan), stacks ~120 / 80 µs, both charons ~215 / 230 µs
 ///   (docs/results/model-here.md).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Carrier {
     /// Emulator CPU-seconds per payload byte.
     pub emulator_s_per_byte: f64,
     /// Initiator + target CPU-seconds per payload byte, crypto excluded.
     pub stacks_s_per_byte: f64,
     /// CPU-seconds per flight beyond its bytes (emulator, stacks and tunnels together).
-    #[serde(default)]
     pub s_per_flight: f64,
     /// Flights per command: 2 or 4 (see above).
-    #[serde(default)]
     pub flights: f64,
 }
 

@@ -474,6 +474,24 @@ impl Point {
     }
 }
 
+/// Adds `p` with `reps` repetitions to the plan's points, once: a point already there (from
+/// another table; `seen` maps its JSON to its index) keeps the larger count.
+fn add_point(
+    points: &mut Vec<(Point, u32)>,
+    seen: &mut BTreeMap<String, usize>,
+    p: Point,
+    reps: u32,
+) {
+    let key = serde_json::to_string(&p).unwrap_or_default();
+    match seen.get(&key) {
+        Some(&i) => points[i].1 = points[i].1.max(reps),
+        None => {
+            seen.insert(key, points.len());
+            points.push((p, reps));
+        }
+    }
+}
+
 /// `65536` → `64KiB`.
 pub fn fmt_size(b: u64) -> String {
     if b >= 1 << 20 && b % (1 << 20) == 0 {
@@ -700,23 +718,12 @@ impl Plan {
                                                                         iscsi,
                                                                         cc: cc.clone(),
                                                                     };
-                                                                    let key =
-                                                                        serde_json::to_string(&p)
-                                                                            .unwrap_or_default();
-                                                                    match seen.get(&key) {
-                                                                        Some(&i) => {
-                                                                            points[i].1 = points[i]
-                                                                                .1
-                                                                                .max(reps);
-                                                                        }
-                                                                        None => {
-                                                                            seen.insert(
-                                                                                key,
-                                                                                points.len(),
-                                                                            );
-                                                                            points.push((p, reps));
-                                                                        }
-                                                                    }
+                                                                    add_point(
+                                                                        &mut points,
+                                                                        &mut seen,
+                                                                        p,
+                                                                        reps,
+                                                                    );
                                                                 }
                                                             }
                                                         }
