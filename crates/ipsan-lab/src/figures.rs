@@ -2054,9 +2054,8 @@ mod tests {
     /// running): every scheme's median |error| in sample and out of sample, each plan priced
     /// with the other plan's carrier costs and IPsec charon rates (seal's cipher rates are
     /// per CPU-second and stored beside each plan's records, so they are the same kind in
-    /// both). Printed for docs/results/model-here.md; in sample every scheme is within the
-    /// issue's 15 % goal, and the out-of-sample errors are bounded where they stand so a
-    /// change that makes them worse fails.
+    /// both). Printed for docs/results/model-here.md; every scheme is within the issue's
+    /// 15 % goal, in sample and out of sample.
     #[test]
     fn committed_quiet_paper_plans_in_and_out_of_sample() {
         let (w, rw) = committed_with_rates("lab-paper-write");
