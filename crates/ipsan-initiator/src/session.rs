@@ -2045,8 +2045,10 @@ fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
 }
 
 /// The one framed read of this connection: PDUs into the engine until it ends. In a sealed
-/// session every PDU is verified here before the engine sees it; one that fails drops the
-/// connection, and every command in flight fails with [`Error::SealForgery`].
+/// session nothing of a PDU beyond its lengths is read before its record tag verifies
+/// ([`ipsan_seal::read_pdu`], the same step as the target's); any failure (tag, digest,
+/// opcode, field, length) drops the connection, and every command in flight fails with
+/// [`Error::SealForgery`].
 async fn reader(
     mut rd: OwnedReadHalf,
     mut buf: BytesMut,
@@ -2057,19 +2059,17 @@ async fn reader(
     let tr = shared.core.observer.get().cloned();
     loop {
         loop {
-            match codec.decode(&mut buf) {
-                Ok(Some(mut pdu)) => {
-                    // ---- SEAL RECORD HOOK (framed read): nothing unverified reaches the engine ----
-                    if let Some(o) = &mut opener {
-                        if let Err(f) = o.verify(&mut pdu) {
-                            tracing::warn!(
-                                "{f}; nothing of it acted, dropping the connection and failing every command in flight"
-                            );
-                            let _ = shared.st.forged.set(f.clone());
-                            shared.kill(ConnectionLoss::SealForgery(f));
-                            return;
-                        }
-                    }
+            // ---- SEAL RECORD HOOK (framed read): nothing unverified reaches the engine ----
+            match ipsan_seal::read_pdu(&codec, opener.as_mut(), &mut buf) {
+                Err(ipsan_seal::ReadError::Sealed(f)) => {
+                    tracing::warn!(
+                        "{f}; nothing of it acted, dropping the connection and failing every command in flight"
+                    );
+                    let _ = shared.st.forged.set(f.clone());
+                    shared.kill(ConnectionLoss::SealForgery(f));
+                    return;
+                }
+                Ok(Some(pdu)) => {
                     observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
                     if shared
                         .with_io(false, |g| g.session.handle_pdu(Instant::now(), pdu))
@@ -2079,7 +2079,7 @@ async fn reader(
                     }
                 }
                 Ok(None) => break,
-                Err(e) => {
+                Err(ipsan_seal::ReadError::Wire(e)) => {
                     shared.kill(ConnectionLoss::Framing(e));
                     return;
                 }

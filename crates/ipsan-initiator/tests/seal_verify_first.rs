@@ -71,11 +71,8 @@ fn frame_len(buf: &[u8], hd: bool, dd: bool) -> Option<usize> {
     }
     let ahs = usize::from(buf[4]) * 4;
     let dsl = (usize::from(buf[5]) << 16) | (usize::from(buf[6]) << 8) | usize::from(buf[7]);
-    let n = 48
-        + ahs
-        + if hd { 4 } else { 0 }
-        + dsl.div_ceil(4) * 4
-        + if dd && dsl > 0 { 4 } else { 0 };
+    let n =
+        48 + ahs + if hd { 4 } else { 0 } + dsl.div_ceil(4) * 4 + if dd && dsl > 0 { 4 } else { 0 };
     (buf.len() >= n).then_some(n)
 }
 
@@ -136,8 +133,7 @@ async fn pump(
                 }
                 let hit = on
                     && !s.fired
-                    && s
-                        .rule
+                    && s.rule
                         .as_ref()
                         .is_some_and(|r| r.dir == dir && r.opcode == f[0] & 0x3f);
                 if hit {
@@ -299,8 +295,15 @@ fn rejects_an_injected_unknown_opcode_by_dropping_the_sealed_connection_without_
             !after.contains(&REJECT),
             "the target answered the injected PDU with a Reject: {after:02x?}"
         );
-        assert_eq!(first, Some(Dir::T2I), "the target did not drop the connection");
-        assert!(r.is_err(), "the WRITE behind the injected PDU reported success");
+        assert_eq!(
+            first,
+            Some(Dir::T2I),
+            "the target did not drop the connection"
+        );
+        assert!(
+            r.is_err(),
+            "the WRITE behind the injected PDU reported success"
+        );
         assert!(
             h.limit_stats().forged_pdus > forged_before,
             "the target did not count the injected PDU"
@@ -325,7 +328,9 @@ fn rejects_an_injected_unknown_opcode_by_dropping_the_sealed_connection_without_
 fn rejects_an_injected_bad_digest_pdu_with_a_victims_itt_toward_the_target() {
     bounded(60, async {
         let Setup { h, direct, st, via } = setup(SealPolicy::Required, DigestChoice::Both).await;
-        let s = Session::open(&via, &sealed(DigestChoice::Both)).await.unwrap();
+        let s = Session::open(&via, &sealed(DigestChoice::Both))
+            .await
+            .unwrap();
         assert!(s.params().header_digest && s.params().data_digest);
         let forged_before = h.limit_stats().forged_pdus;
         st.lock().unwrap().rule = Some(Inject {
@@ -352,7 +357,11 @@ fn rejects_an_injected_bad_digest_pdu_with_a_victims_itt_toward_the_target() {
             !after.contains(&REJECT),
             "the target answered the injected PDU with a Reject: {after:02x?}"
         );
-        assert_eq!(first, Some(Dir::T2I), "the target did not drop the connection");
+        assert_eq!(
+            first,
+            Some(Dir::T2I),
+            "the target did not drop the connection"
+        );
         assert!(r.is_err(), "the victim's WRITE reported success: {r:?}");
         assert!(
             h.limit_stats().forged_pdus > forged_before,
@@ -378,7 +387,9 @@ fn rejects_an_injected_bad_digest_pdu_with_a_victims_itt_toward_the_target() {
 fn rejects_an_injected_bad_digest_response_with_a_victims_itt_toward_the_initiator() {
     bounded(60, async {
         let Setup { h, direct, st, via } = setup(SealPolicy::Required, DigestChoice::Both).await;
-        let s = Session::open(&via, &sealed(DigestChoice::Both)).await.unwrap();
+        let s = Session::open(&via, &sealed(DigestChoice::Both))
+            .await
+            .unwrap();
         st.lock().unwrap().rule = Some(Inject {
             dir: Dir::T2I,
             opcode: 0x21,
@@ -434,7 +445,10 @@ fn accepts_the_reissued_read_after_dropping_a_connection_for_an_injected_data_in
         });
         let back = s.read(0, 128).await.unwrap();
         assert!(st.lock().unwrap().fired, "the relay never injected");
-        assert!(back.iter().all(|&x| x == A), "the READ returned foreign data");
+        assert!(
+            back.iter().all(|&x| x == A),
+            "the READ returned foreign data"
+        );
         let rs = s.recovery_stats();
         assert_eq!(rs.connection_losses, 1, "{rs:?}");
         assert_eq!(rs.recoveries, 1, "{rs:?}");

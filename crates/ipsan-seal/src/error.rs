@@ -26,8 +26,9 @@ pub enum SealError {
 
 /// A received PDU of a Seal session failed record protection (docs/seal.md §4a): it was
 /// forged, altered, replayed, reordered or injected, a PDU before it was dropped, or the login
-/// was altered (the record keys bind the whole login). Nothing of it may act: the receiver
-/// drops the connection, the initiator fails every command in flight. Public values only.
+/// was altered (the record keys bind the whole login); or it verified but cannot be used
+/// ([`Forgery::Unusable`]). Nothing of it may act: the receiver drops the connection without
+/// an answer, the initiator fails every command in flight. Public values only.
 #[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]
 #[non_exhaustive]
 pub enum Forgery {
@@ -53,6 +54,21 @@ pub enum Forgery {
     /// An earlier PDU already failed: the connection must be closed.
     #[error("seal: record layer already failed on this connection")]
     AlreadyFailed,
+    /// The PDU cannot be used: its framing failed before its tag could be checked (a
+    /// DataSegmentLength over MaxRecvDataSegmentLength), or its tag verified and then a
+    /// digest, its opcode or a header field did not (RFC 7143 §7.8, §11.17 would answer most
+    /// of these with a Reject; a sealed connection answers nothing and drops the connection).
+    #[error(
+        "seal: PDU #{counter} (opcode {opcode:#04x}) refused, dropping the connection: {error}"
+    )]
+    Unusable {
+        /// The receive counter the PDU was (or would have been) checked under.
+        counter: u64,
+        /// Its opcode (BHS byte 0).
+        opcode: u8,
+        /// What the codec found.
+        error: iscsi_wire::WireError,
+    },
 }
 
 /// Opening (authenticating and decrypting) a command's data failed. On any of these, no plaintext

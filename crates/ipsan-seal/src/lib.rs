@@ -22,7 +22,8 @@
 //! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
 //! - [`record`]: record protection, every PDU of a sealed session authenticated
-//!   ([`RecordSealer`], [`RecordOpener`]), and the [`LoginTranscript`] the keys bind.
+//!   ([`RecordSealer`], [`RecordOpener`]), the framed read of both roles ([`read_pdu`]:
+//!   verify, then decode), and the [`LoginTranscript`] the keys bind.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 
 mod buffers;
@@ -49,7 +50,7 @@ pub use negotiate::{
     SealPending, SealPolicy, TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
 };
 pub use pool::CryptoPool;
-pub use record::{LoginTranscript, RecordOpener, RecordSealer};
+pub use record::{read_pdu, LoginTranscript, ReadError, RecordOpener, RecordSealer};
 pub use replay::WINDOW as REPLAY_WINDOW;
 pub use schedule::{Psk, SessionIds, TranscriptHash};
 pub use session::{Role, SealSession, SealStats};

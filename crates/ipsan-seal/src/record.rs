@@ -1,8 +1,12 @@
 //! Record protection: every PDU of a sealed session is authenticated (docs/seal.md §4a).
 //!
 //! One sans-IO step between the PDU codec and the full-feature logic, the same for both roles:
-//! the framed write calls [`RecordSealer::protect`] on each outgoing PDU, the framed read calls
-//! [`RecordOpener::verify`] on each incoming PDU before anything acts on it.
+//! the framed write calls [`RecordSealer::protect`] on each outgoing PDU, the framed read of
+//! both roles is [`read_pdu`]: on a sealed connection it frames each incoming PDU (reading only
+//! its lengths), verifies its tag with [`RecordOpener::open`], and only then checks its digests
+//! and parses its header. Every failure is a [`Forgery`]: the connection is dropped, nothing
+//! is answered (no Reject, RFC 7143 §11.17, whose copy of an unverified header would carry an
+//! attacker's ITT back under a genuine tag).
 //!
 //! ```text
 //! PDU on the wire:  BHS (TotalAHSLength counts the Seal AHS) | other AHS | Seal AHS | data
@@ -30,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_lc_rs::{aead, digest, hmac};
 use bytes::BytesMut;
-use iscsi_wire::{Header, Pdu, BHS_LEN};
+use iscsi_wire::{Codec, Frame, Header, Pdu, WireError, BHS_LEN};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
@@ -349,11 +353,37 @@ impl std::fmt::Debug for RecordOpener {
 impl RecordOpener {
     /// Verifies `pdu` (as the codec decoded it: raw BHS, AHS with the Seal AHS last, data) and
     /// strips the Seal AHS, so the full-feature logic sees the PDU as the peer built it. On
-    /// error nothing of the PDU may be used; the event is counted in [`forged_pdus`].
+    /// error nothing of the PDU may be used; the event is counted in [`forged_pdus`]. The
+    /// codec has already parsed such a PDU: a connection's framed read uses [`read_pdu`].
     pub fn verify(&mut self, pdu: &mut Pdu) -> Result<(), Forgery> {
         let keep = self.verify_raw(pdu.raw_bhs(), &pdu.ahs, &pdu.data)?;
         pdu.ahs = pdu.ahs.slice(..keep);
         Ok(())
+    }
+
+    /// Verifies a PDU that the codec framed but did not interpret ([`Codec::frame`]), then
+    /// checks its digests and parses it with the Seal AHS stripped. Nothing of the PDU beyond
+    /// its lengths is read before the tag verifies; a digest, opcode or field error after that
+    /// is [`Forgery::Unusable`]. After any error the opener refuses everything.
+    pub fn open(&mut self, frame: Frame) -> Result<Pdu, Forgery> {
+        let keep = self.verify_raw(frame.bhs(), frame.ahs(), frame.data())?;
+        let opcode = frame.bhs()[0] & 0x3f;
+        frame
+            .decode_with_ahs(keep)
+            .map_err(|error| self.refuse(self.next.saturating_sub(1), opcode, error))
+    }
+
+    /// Fails the opener for a PDU that cannot be used (counted in [`forged_pdus`] like a forgery).
+    fn refuse(&mut self, counter: u64, opcode: u8, error: WireError) -> Forgery {
+        if !self.failed {
+            FORGED.fetch_add(1, Ordering::Relaxed);
+        }
+        self.failed = true;
+        Forgery::Unusable {
+            counter,
+            opcode,
+            error,
+        }
     }
 
     /// The byte-level core of [`RecordOpener::verify`]: returns how many AHS bytes precede
@@ -405,6 +435,45 @@ impl RecordOpener {
     #[must_use]
     pub fn received(&self) -> u64 {
         self.next
+    }
+}
+
+/// Why the framed read refused what it received ([`read_pdu`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// A plain connection's codec error, answered as RFC 7143 says: a Reject naming the
+    /// header when the stream is intact (§11.17), the end of the connection when it is not
+    /// (§7.8, [`WireError::stream_intact`]).
+    #[error(transparent)]
+    Wire(WireError),
+    /// A sealed connection's PDU failed (docs/seal.md §4a): nothing of it may be used or
+    /// answered; drop the connection.
+    #[error(transparent)]
+    Sealed(Forgery),
+}
+
+/// The next PDU off the front of `src`, `Ok(None)` when more bytes are needed: the framed read
+/// of both roles (the target's connection reader and the initiator's), so the order is decided
+/// here once. Without `record` (a plain connection, or a login) it is [`Codec::decode`]. With
+/// it, the PDU is framed from its lengths alone, its record tag is verified, and only then are
+/// its digests checked and its header parsed ([`RecordOpener::open`]); a DataSegmentLength
+/// over the limit, a missing or bad tag, a bad digest, an unknown opcode or a malformed field
+/// all come back as [`ReadError::Sealed`].
+pub fn read_pdu(
+    codec: &Codec,
+    record: Option<&mut RecordOpener>,
+    src: &mut BytesMut,
+) -> Result<Option<Pdu>, ReadError> {
+    let Some(record) = record else {
+        return codec.decode(src).map_err(ReadError::Wire);
+    };
+    match codec.frame(src) {
+        Ok(Some(frame)) => record.open(frame).map(Some).map_err(ReadError::Sealed),
+        Ok(None) => Ok(None),
+        Err(e) => {
+            let opcode = e.rejected_header().map_or(0, |b| b[0] & 0x3f);
+            Err(ReadError::Sealed(record.refuse(record.next, opcode, e)))
+        }
     }
 }
 
@@ -633,6 +702,180 @@ mod tests {
         rx.data = Bytes::from(d);
         let (_, mut o) = pair_for_test(Cipher::Aes256Gcm, 6);
         assert!(o.verify(&mut rx).is_ok());
+    }
+
+    fn digests() -> Codec {
+        Codec {
+            header_digest: true,
+            data_digest: true,
+            max_recv_data_segment_length: 8192,
+        }
+    }
+
+    fn sealed_wire(sealer: &mut RecordSealer, codec: &Codec, pdu: Pdu) -> BytesMut {
+        let mut pdu = pdu;
+        sealer.protect(&mut pdu).unwrap();
+        let mut wire = BytesMut::new();
+        codec.encode(&pdu, &mut wire).unwrap();
+        wire
+    }
+
+    /// A PDU with an opcode RFC 7143 does not define, tagged as a genuine peer would tag it.
+    fn tagged_unknown_opcode(sealer: &mut RecordSealer) -> BytesMut {
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[0] = 0x3d;
+        bhs[4] = (SEAL_AHS_LEN / 4) as u8;
+        let tag = sealer.tag(&bhs, &AHS_HEAD, &[]).unwrap();
+        let mut wire = BytesMut::from(&bhs[..]);
+        wire.extend_from_slice(&AHS_HEAD);
+        wire.extend_from_slice(&tag);
+        wire
+    }
+
+    #[test]
+    fn rejects_a_bare_unknown_opcode_on_a_sealed_connection_as_missing_its_tag() {
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[0] = 0x3d;
+        let (_, mut o) = pair_for_test(Cipher::Aes256Gcm, 9);
+        let mut wire = BytesMut::from(&bhs[..]);
+        let r = read_pdu(&Codec::default(), Some(&mut o), &mut wire);
+        assert!(
+            matches!(
+                r,
+                Err(ReadError::Sealed(Forgery::Missing {
+                    counter: 0,
+                    opcode: 0x3d
+                }))
+            ),
+            "{r:?}"
+        );
+        assert!(wire.is_empty(), "the frame was consumed");
+        // A plain connection keeps RFC 7143's answer: an error that leads to a Reject.
+        let mut wire = BytesMut::from(&bhs[..]);
+        let r = read_pdu(&Codec::default(), None, &mut wire);
+        assert!(
+            matches!(
+                &r,
+                Err(ReadError::Wire(WireError::UnsupportedOpcode { .. }))
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn rejects_a_bad_digest_on_an_unverified_pdu_as_a_forgery_not_a_digest_error() {
+        let codec = digests();
+        let (_, mut o) = pair_for_test(Cipher::Aes256Gcm, 10);
+        // Sealed under another key, then its data digest broken: the tag fails first.
+        let (mut other, _) = pair_for_test(Cipher::Aes256Gcm, 11);
+        let resp = Pdu::new(
+            ScsiResponse {
+                itt: 1,
+                ..ScsiResponse::default()
+            },
+            Bytes::from_static(&[0, 2, 0x70, 0]),
+        );
+        let mut wire = sealed_wire(&mut other, &codec, resp);
+        let n = wire.len();
+        wire[n - 1] ^= 1;
+        let r = read_pdu(&codec, Some(&mut o), &mut wire);
+        assert!(
+            matches!(
+                r,
+                Err(ReadError::Sealed(Forgery::BadTag { counter: 0, .. }))
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn rejects_a_verified_pdu_with_a_bad_digest_or_unknown_opcode_without_a_reject() {
+        let codec = digests();
+        // Data-Out's data is not MACed (a sealed transfer): its tag verifies, its digest not.
+        let (mut s, mut o) = pair_for_test(Cipher::Aes256Gcm, 12);
+        let dout = Pdu::new(
+            DataOut {
+                final_: true,
+                lun: 0,
+                itt: 1,
+                ttt: 0xffff_ffff,
+                exp_stat_sn: 0,
+                data_sn: 0,
+                buffer_offset: 0,
+            },
+            Bytes::from(vec![7u8; 64]),
+        );
+        let mut wire = sealed_wire(&mut s, &codec, dout);
+        wire[BHS_LEN + SEAL_AHS_LEN + 4] ^= 1;
+        let r = read_pdu(&codec, Some(&mut o), &mut wire);
+        assert!(
+            matches!(
+                &r,
+                Err(ReadError::Sealed(Forgery::Unusable {
+                    counter: 0,
+                    opcode: 0x05,
+                    error: WireError::DataDigest { .. }
+                }))
+            ),
+            "{r:?}"
+        );
+        // The opener is spent: the next genuine PDU is refused too.
+        let mut next = sealed_wire(&mut s, &codec, Pdu::new(NopIn::default(), Bytes::new()));
+        assert_eq!(
+            read_pdu(&codec, Some(&mut o), &mut next),
+            Err(ReadError::Sealed(Forgery::AlreadyFailed))
+        );
+        // A genuine peer's undefined opcode: the tag verifies, the PDU is still refused.
+        let (mut s, mut o) = pair_for_test(Cipher::Aes256Gcm, 13);
+        let mut wire = tagged_unknown_opcode(&mut s);
+        let r = read_pdu(&Codec::default(), Some(&mut o), &mut wire);
+        assert!(
+            matches!(
+                &r,
+                Err(ReadError::Sealed(Forgery::Unusable {
+                    opcode: 0x3d,
+                    error: WireError::UnsupportedOpcode { .. },
+                    ..
+                }))
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn rejects_an_oversized_data_segment_on_a_sealed_connection_before_buffering_it() {
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[0] = 0x05;
+        bhs[5] = 0xff;
+        let (_, mut o) = pair_for_test(Cipher::Aes256Gcm, 14);
+        let mut wire = BytesMut::from(&bhs[..]);
+        let r = read_pdu(&Codec::default(), Some(&mut o), &mut wire);
+        assert!(
+            matches!(
+                &r,
+                Err(ReadError::Sealed(Forgery::Unusable {
+                    error: WireError::DataSegmentTooLong { .. },
+                    ..
+                }))
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn accepts_sealed_pdus_with_digests_and_strips_the_seal_ahs() {
+        let codec = digests();
+        let (mut s, mut o) = pair_for_test(Cipher::ChaCha20Poly1305, 15);
+        let mut wire = BytesMut::new();
+        for itt in 0..3 {
+            wire.extend_from_slice(&sealed_wire(&mut s, &codec, cmd(itt, 0x2a)));
+        }
+        for itt in 0..3 {
+            let p = read_pdu(&codec, Some(&mut o), &mut wire).unwrap().unwrap();
+            assert!(p.ahs.is_empty());
+            assert_eq!(p.header.itt(), itt);
+        }
+        assert_eq!(read_pdu(&codec, Some(&mut o), &mut wire), Ok(None));
     }
 
     #[test]

@@ -35,7 +35,9 @@ use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
 use crate::remote::{ForwardError, RemoteNexus, RemoteSpec};
 use crate::seal_ext::{SealExtension, SealSlot, TranscriptSlot};
-use ipsan_seal::{CryptoPool, Direction, Forgery, RecordOpener, RecordSealer, SealSession};
+use ipsan_seal::{
+    CryptoPool, Direction, Forgery, ReadError, RecordOpener, RecordSealer, SealSession,
+};
 
 /// Settings every connection shares.
 #[derive(Debug)]
@@ -235,22 +237,22 @@ struct Reader {
 }
 
 impl Reader {
-    /// The next PDU, `Ok(None)` on a clean close. In a sealed session a PDU that fails record
-    /// protection is an error of kind `InvalidData` wrapping a [`Forgery`]: nothing of it
-    /// reaches the engine, and the connection must be dropped.
+    /// The next PDU, `Ok(None)` on a clean close. A plain connection's codec errors come back
+    /// as `Ok(Some(Err(_)))` for the engine to answer (RFC 7143 §7.8, §11.17). In a sealed
+    /// session nothing of a PDU beyond its lengths is read before its record tag verifies
+    /// ([`ipsan_seal::read_pdu`]), and every failure (tag, digest, opcode, field, length) is
+    /// an error of kind `InvalidData` wrapping a [`Forgery`]: nothing of it reaches the
+    /// engine, nothing is answered, and the connection must be dropped.
     async fn next(&mut self) -> std::io::Result<Option<Result<Pdu, WireError>>> {
         loop {
-            match self.codec.decode(&mut self.buf) {
-                Ok(Some(mut pdu)) => {
-                    // ---- SEAL RECORD HOOK (framed read): verify, strip the Seal AHS ----
-                    if let Some(r) = &mut self.record {
-                        r.verify(&mut pdu)
-                            .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
-                    }
-                    return Ok(Some(Ok(pdu)));
-                }
+            // ---- SEAL RECORD HOOK (framed read): verify, then decode ----
+            match ipsan_seal::read_pdu(&self.codec, self.record.as_mut(), &mut self.buf) {
+                Ok(Some(pdu)) => return Ok(Some(Ok(pdu))),
                 Ok(None) => {}
-                Err(e) => return Ok(Some(Err(e))),
+                Err(ReadError::Wire(e)) => return Ok(Some(Err(e))),
+                Err(ReadError::Sealed(f)) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, f))
+                }
             }
             if self.buf.capacity() - self.buf.len() < 64 * 1024 {
                 self.buf.reserve(256 * 1024);

@@ -53,6 +53,86 @@ impl Pdu {
     }
 }
 
+/// One whole PDU taken off the stream by [`Codec::frame`] and not yet interpreted: its BHS,
+/// AHS and data segment as raw bytes (slices of the receive buffer, not copies) and its
+/// digests unchecked. [`Frame::decode`] checks the digests and parses the header.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    raw: [u8; BHS_LEN],
+    /// The whole PDU: BHS, AHS, header digest, padded data, data digest.
+    bytes: Bytes,
+    ahs_len: usize,
+    header_digest: bool,
+    data_start: usize,
+    dsl: usize,
+    data_digest: bool,
+}
+
+impl Frame {
+    /// The BHS exactly as received.
+    #[must_use]
+    pub fn bhs(&self) -> &[u8; BHS_LEN] {
+        &self.raw
+    }
+
+    /// The Additional Header Segments, `TotalAHSLength * 4` bytes (RFC 7143 §11.2.2).
+    #[must_use]
+    pub fn ahs(&self) -> &[u8] {
+        &self.bytes[BHS_LEN..BHS_LEN + self.ahs_len]
+    }
+
+    /// The data segment without padding or digest.
+    #[must_use]
+    pub fn data(&self) -> &[u8] {
+        &self.bytes[self.data_start..self.data_start + self.dsl]
+    }
+
+    /// Checks the header and data digests (RFC 7143 §13.1) and parses the header into a
+    /// [`Pdu`]. On error the frame is gone from the stream: a digest or field error leaves
+    /// the stream in step ([`WireError::stream_intact`]), a header digest error does not.
+    pub fn decode(self) -> Result<Pdu, WireError> {
+        let ahs_len = self.ahs_len;
+        self.decode_with_ahs(ahs_len)
+    }
+
+    /// [`Frame::decode`], with the PDU's AHS cut to its first `keep` bytes (the digests still
+    /// cover all of it): what is left once record protection has checked and stripped the
+    /// Seal AHS at the end (docs/seal.md §4a).
+    pub fn decode_with_ahs(self, keep: usize) -> Result<Pdu, WireError> {
+        let frame = self.bytes;
+        let ahs_end = BHS_LEN + self.ahs_len;
+        if self.header_digest {
+            let expected = crc32c(&frame[..ahs_end]);
+            let got = digest_at(&frame, ahs_end);
+            if expected != got {
+                return Err(WireError::HeaderDigest { expected, got });
+            }
+        }
+        if self.data_digest {
+            let padded_end = self.data_start + pad4(self.dsl);
+            let expected = crc32c(&frame[self.data_start..padded_end]);
+            if expected != digest_at(&frame, padded_end) {
+                return Err(WireError::DataDigest {
+                    bhs: Box::new(self.raw),
+                    opcode: crate::Opcode(self.raw[0] & 0x3f),
+                });
+            }
+        }
+        let header = Header::parse(&self.raw)?;
+        Ok(Pdu {
+            header,
+            ahs: frame.slice(BHS_LEN..BHS_LEN + keep.min(self.ahs_len)),
+            data: frame.slice(self.data_start..self.data_start + self.dsl),
+            raw: self.raw,
+        })
+    }
+}
+
+/// The four digest bytes at `at` (least significant byte first, RFC 7143 §13.1).
+fn digest_at(frame: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([frame[at], frame[at + 1], frame[at + 2], frame[at + 3]])
+}
+
 /// An outgoing PDU that cannot be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -102,11 +182,26 @@ impl Default for Codec {
 
 impl Codec {
     /// Takes the next whole PDU off the front of `src`, or returns `Ok(None)` if more bytes are
-    /// needed (an incomplete PDU is normal control flow, not an error).
+    /// needed (an incomplete PDU is normal control flow, not an error). [`Codec::frame`], then
+    /// [`Frame::decode`].
     ///
     /// Errors for which [`WireError::stream_intact`] is true consumed the bad PDU, so the caller
     /// can answer with a Reject and keep reading.
     pub fn decode(&self, src: &mut BytesMut) -> Result<Option<Pdu>, WireError> {
+        match self.frame(src)? {
+            Some(f) => f.decode().map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes the next whole PDU off the front of `src` without interpreting it: only the
+    /// lengths that find its end are read (TotalAHSLength, DataSegmentLength; RFC 7143
+    /// §11.2.1), no digest is checked and no field is parsed. `Ok(None)`: more bytes are needed.
+    ///
+    /// The one error, [`WireError::DataSegmentTooLong`], is checked before any buffer is sized
+    /// by the length field; it consumes nothing and ends the connection. A sealed connection
+    /// verifies the frame's record tag before [`Frame::decode`] (docs/seal.md §4a).
+    pub fn frame(&self, src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
         if src.len() < BHS_LEN {
             src.reserve(BHS_LEN - src.len());
             return Ok(None);
@@ -131,37 +226,14 @@ impl Codec {
             src.reserve(total - src.len());
             return Ok(None);
         }
-        if self.header_digest {
-            let expected = crc32c(&src[..BHS_LEN + ahs_len]);
-            let at = BHS_LEN + ahs_len;
-            let got = u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]]);
-            if expected != got {
-                return Err(WireError::HeaderDigest { expected, got });
-            }
-        }
-        let frame = src.split_to(total).freeze();
-        if dd != 0 {
-            let padded_end = data_start + pad4(dsl);
-            let expected = crc32c(&frame[data_start..padded_end]);
-            let got = u32::from_le_bytes([
-                frame[padded_end],
-                frame[padded_end + 1],
-                frame[padded_end + 2],
-                frame[padded_end + 3],
-            ]);
-            if expected != got {
-                return Err(WireError::DataDigest {
-                    bhs: Box::new(raw),
-                    opcode: crate::Opcode(raw[0] & 0x3f),
-                });
-            }
-        }
-        let header = Header::parse(&raw)?;
-        Ok(Some(Pdu {
-            header,
-            ahs: frame.slice(BHS_LEN..BHS_LEN + ahs_len),
-            data: frame.slice(data_start..data_start + dsl),
+        Ok(Some(Frame {
             raw,
+            bytes: src.split_to(total).freeze(),
+            ahs_len,
+            header_digest: self.header_digest,
+            data_start,
+            dsl,
+            data_digest: dd != 0,
         }))
     }
 

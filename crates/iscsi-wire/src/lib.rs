@@ -20,7 +20,7 @@ pub mod header;
 pub mod opcode;
 pub mod text;
 
-pub use codec::{Codec, Pdu};
+pub use codec::{Codec, Frame, Pdu};
 pub use error::WireError;
 pub use header::Header;
 pub use opcode::Opcode;

@@ -531,6 +531,39 @@ fn detects_data_digest_corruption_and_keeps_stream() {
     );
 }
 
+/// `Codec::frame` reads only the lengths (RFC 7143 §11.2.1): a PDU with an undefined opcode,
+/// a bad header digest and a bad data digest is framed whole and handed out raw; the errors
+/// come from `Frame::decode`, which also cuts the AHS to what the caller keeps.
+#[test]
+fn frames_without_checking_digests_or_opcode_and_decode_checks_them() {
+    let codec = Codec {
+        header_digest: true,
+        data_digest: true,
+        max_recv_data_segment_length: 8192,
+    };
+    let ahs = Bytes::from_static(&[0, 5, 1, 0, 1, 2, 3, 4]);
+    let pdu = Pdu::with_ahs(NopOut::default(), ahs, Bytes::from_static(b"12345"));
+    let good = encode(&codec, &pdu);
+    let mut bad = good.clone();
+    bad[0] = 0x3d; // undefined opcode, and the header digest no longer matches
+    bad[48 + 8 + 4] ^= 1; // data byte: the data digest no longer matches
+    let mut wire = bad.clone();
+    wire.extend_from_slice(&good);
+    let mut buf = BytesMut::from(&wire[..]);
+    let f = codec.frame(&mut buf).unwrap().unwrap();
+    assert_eq!(f.bhs()[..], bad[..48]);
+    assert_eq!(f.ahs(), &bad[48..56]);
+    assert_eq!(f.data(), &bad[60..65]);
+    assert_eq!(buf.len(), good.len(), "the whole bad PDU was consumed");
+    assert!(matches!(f.decode(), Err(WireError::HeaderDigest { .. })));
+    let f = codec.frame(&mut buf).unwrap().unwrap();
+    let p = f.clone().decode_with_ahs(4).unwrap();
+    assert_eq!(&p.ahs[..], &[0, 5, 1, 0]);
+    assert_eq!(f.decode().unwrap(), pdu_without_raw(&codec, &pdu));
+    assert!(buf.is_empty());
+    assert!(codec.frame(&mut buf).unwrap().is_none());
+}
+
 fn dummy_data_out() -> DataOut {
     DataOut {
         final_: false,

@@ -416,7 +416,9 @@ impl Connection {
     }
 
     /// A PDU that could not be decoded: a Reject naming it when its header is intact, and the
-    /// end of the connection when the stream is out of step (§7.8, §11.17).
+    /// end of the connection when the stream is out of step (§7.8, §11.17). Plain connections
+    /// only: on a sealed one the driver drops the connection instead, without a Reject, since
+    /// the header was not verified (docs/seal.md §4a, `ipsan_seal::read_pdu`).
     pub fn handle_wire_error(&mut self, _now: Instant, e: &WireError) {
         if self.closed.is_some() {
             return;
