@@ -1203,6 +1203,29 @@ pub fn chap_from_flags(
 mod tests {
     use super::*;
 
+    /// A name with its own Seal secret gets only that one, however its letters are cased
+    /// (iSCSI names are case-folded); other names get the target-wide secret.
+    #[test]
+    fn rejects_target_wide_secret_for_names_with_their_own() {
+        let psk = |b: &[u8]| Psk::new(b.to_vec()).unwrap();
+        let s = SealSettings {
+            policy: SealPolicy::Allowed,
+            secret: Some(psk(b"target-wide-secret-0123")),
+            initiators: vec![(
+                "iqn.2026-11.x:host-a".into(),
+                psk(b"host-a-own-secret-0123"),
+            )],
+        };
+        for name in ["iqn.2026-11.x:host-a", "IQN.2026-11.X:HOST-A"] {
+            let (p, which) = s.secret_for(name).unwrap();
+            assert_eq!(which, SealSecret::Initiator, "{name}");
+            assert!(p.ct_eq(&psk(b"host-a-own-secret-0123")), "{name}");
+        }
+        let (p, which) = s.secret_for("iqn.2026-11.x:host-b").unwrap();
+        assert_eq!(which, SealSecret::TargetWide);
+        assert!(p.ct_eq(&psk(b"target-wide-secret-0123")));
+    }
+
     fn remote_toml(key: &Path, lun1_extra: &str) -> String {
         format!(
             r#"
