@@ -364,15 +364,40 @@ impl Default for SealSettings {
     }
 }
 
+/// Which configured secret a sealed login proved (docs/seal.md §2, "Whose secret"): the
+/// initiator's own, or the target-wide one. Ordered by what it proves: the target-wide secret
+/// is a group secret (any holder may claim any name that has no secret of its own), a
+/// per-initiator secret proves that one name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SealSecret {
+    /// `[target.seal] secret`: shared by every initiator without its own.
+    TargetWide,
+    /// `[[target.seal.initiator]]`: this initiator name's own secret.
+    Initiator,
+}
+
 impl SealSettings {
     /// The secret for `initiator`, if any.
     #[must_use]
     pub fn psk_for(&self, initiator: &str) -> Option<Psk> {
-        self.initiators
+        self.secret_for(initiator).map(|(p, _)| p)
+    }
+
+    /// The secret for `initiator` and which one it is. A name with its own secret gets only
+    /// that one: the target-wide secret never stands in for it, so its holders cannot claim
+    /// the name. Names match without regard to ASCII case: iSCSI names are case-folded
+    /// (RFC 7143 §4.2.7.2, RFC 3722), so `IQN.…:HOST-A` is `iqn.…:host-a` and must not fall
+    /// back to the target-wide secret.
+    #[must_use]
+    pub fn secret_for(&self, initiator: &str) -> Option<(Psk, SealSecret)> {
+        match self
+            .initiators
             .iter()
-            .find(|(n, _)| n == initiator)
-            .map(|(_, p)| p.clone())
-            .or_else(|| self.secret.clone())
+            .find(|(n, _)| n.eq_ignore_ascii_case(initiator))
+        {
+            Some((_, p)) => Some((p.clone(), SealSecret::Initiator)),
+            None => self.secret.clone().map(|p| (p, SealSecret::TargetWide)),
+        }
     }
 }
 
@@ -1177,6 +1202,29 @@ pub fn chap_from_flags(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name with its own Seal secret gets only that one, however its letters are cased
+    /// (iSCSI names are case-folded); other names get the target-wide secret.
+    #[test]
+    fn rejects_target_wide_secret_for_names_with_their_own() {
+        let psk = |b: &[u8]| Psk::new(b.to_vec()).unwrap();
+        let s = SealSettings {
+            policy: SealPolicy::Allowed,
+            secret: Some(psk(b"target-wide-secret-0123")),
+            initiators: vec![(
+                "iqn.2026-11.x:host-a".into(),
+                psk(b"host-a-own-secret-0123"),
+            )],
+        };
+        for name in ["iqn.2026-11.x:host-a", "IQN.2026-11.X:HOST-A"] {
+            let (p, which) = s.secret_for(name).unwrap();
+            assert_eq!(which, SealSecret::Initiator, "{name}");
+            assert!(p.ct_eq(&psk(b"host-a-own-secret-0123")), "{name}");
+        }
+        let (p, which) = s.secret_for("iqn.2026-11.x:host-b").unwrap();
+        assert_eq!(which, SealSecret::TargetWide);
+        assert!(p.ct_eq(&psk(b"target-wide-secret-0123")));
+    }
 
     fn remote_toml(key: &Path, lun1_extra: &str) -> String {
         format!(

@@ -114,21 +114,40 @@ pub async fn serve(
         "login complete"
     );
     let seal = lock(&slot).take().map(Arc::new);
+    let auth = session_slot
+        .as_ref()
+        .map(|s| s.auth().clone())
+        .unwrap_or_default();
+    let registered = shared.registry.register(
+        crate::registry::SessionInfo::new(
+            &params,
+            result.isid,
+            result.tsih,
+            peer,
+            local,
+            seal.clone(),
+        )
+        .with_auth(auth),
+    );
+    // Registered (or refused): the session counts itself now.
+    drop(session_slot);
     let crate::registry::Registration {
         cancel: session_cancel,
         stats,
         drained,
         reinstates,
-    } = shared.registry.register(crate::registry::SessionInfo::new(
-        &params,
-        result.isid,
-        result.tsih,
-        peer,
-        local,
-        seal.clone(),
-    ));
-    // Registered: the session counts itself now.
-    drop(session_slot);
+    } = match registered {
+        Ok(r) => r,
+        Err(e) => {
+            // A more strongly authenticated session with this key registered while this
+            // login was being answered: it stays, this connection goes.
+            warn!(%peer, "login refused after its answer: {e}; closing");
+            if let Some(r) = &remote {
+                r.close().await;
+            }
+            return;
+        }
+    };
 
     conn.codec = Codec {
         header_digest: params.header_digest,
@@ -314,7 +333,9 @@ async fn login_phase(
     transcript: &TranscriptSlot,
     peer: SocketAddr,
 ) -> std::io::Result<Option<LoggedIn>> {
-    let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone());
+    let secret_used = crate::seal_ext::SecretUsedSlot::default();
+    let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone())
+        .recording_secret(secret_used.clone());
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
     let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
@@ -353,22 +374,45 @@ async fn login_phase(
         lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
         let mut reply = login.handle(req, &pdu.data, &mut dir);
         let mut remote = None;
+        let mut session_slot = None;
         if let Outcome::FullFeature(result) = &reply.outcome {
+            // What this login proved, now that it proved everything it will: a session it
+            // would replace must not have proved more, and the session quota counts by
+            // strength (Registry::admit). Before the remote sessions: a refused login must
+            // not reinstate the host's sessions on the remote targets either.
+            let auth = crate::registry::Authentication {
+                chap_user: dir.chap_user(),
+                seal: if lock(slot).is_some() {
+                    *lock(&secret_used)
+                } else {
+                    None
+                },
+            };
+            let admitted = shared.registry.admit(
+                &result.params.initiator_name,
+                result.isid,
+                result.params.target_name.as_deref(),
+                &auth,
+            );
+            match admitted {
+                Ok(s) => session_slot = Some(s),
+                Err(f) => refuse(&mut reply, f),
+            }
+        }
+        if let (Outcome::FullFeature(result), Some(_)) = (&reply.outcome, &session_slot) {
             match open_remotes(shared, result).await {
                 Ok(r) => remote = r,
                 Err(why) => {
                     // RFC 7143 §11.13.5: 0x0301 "service unavailable", a target error the
                     // initiator retries later (as after a path failure).
                     warn!(%peer, initiator = %result.params.initiator_name, "{why}; refusing the login");
-                    reply.header.transit = false;
-                    reply.header.tsih = 0;
-                    reply.header.status_class = 0x03;
-                    reply.header.status_detail = 0x01;
-                    reply.data.clear();
-                    reply.outcome = Outcome::Failed(iscsi_proto::login::LoginFailure::new(
-                        iscsi_proto::login::LoginStatus::SERVICE_UNAVAILABLE,
-                        why,
-                    ));
+                    refuse(
+                        &mut reply,
+                        iscsi_proto::login::LoginFailure::new(
+                            iscsi_proto::login::LoginStatus::SERVICE_UNAVAILABLE,
+                            why,
+                        ),
+                    );
                 }
             }
         }
@@ -397,10 +441,21 @@ async fn login_phase(
                         .registry
                         .auth_success(&result.params.initiator_name, peer.ip());
                 }
-                return Ok(Some((*result, dir.take_slot(), remote)));
+                return Ok(Some((*result, session_slot, remote)));
             }
         }
     }
+}
+
+/// Turns the final (successful) Login Response of `reply` into a refusal with `f`'s status.
+fn refuse(reply: &mut iscsi_proto::login::Reply, f: iscsi_proto::login::LoginFailure) {
+    reply.header.transit = false;
+    reply.header.nsg = iscsi_wire::header::Stage(0);
+    reply.header.tsih = 0;
+    reply.header.status_class = f.status.class();
+    reply.header.status_detail = f.status.detail();
+    reply.data.clear();
+    reply.outcome = Outcome::Failed(f);
 }
 
 /// Counts an authentication failure (0x0201) against the initiator and its address, logs it

@@ -861,6 +861,7 @@ fn sessions(registry: &Registry) -> Value {
                 "since_unix": since,
                 "connections": 1,
                 "chap": i.chap,
+                "authenticated": i.auth.to_string(),
                 "seal": seal,
                 "params": i.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
                 "io": st.io.counts(),

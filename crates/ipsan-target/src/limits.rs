@@ -121,6 +121,9 @@ pub struct LimitStats {
     pub first_pdu_timeouts: AtomicU64,
     /// Sealed connections dropped because a PDU failed record protection (docs/seal.md §4a).
     pub forged_pdus: AtomicU64,
+    /// Logins refused (0x0201) because they would have replaced a session authenticated
+    /// more strongly (registry.rs, `Registry::admit`).
+    pub outranked_rejects: AtomicU64,
 }
 
 impl LimitStats {
@@ -135,6 +138,7 @@ impl LimitStats {
             address_limit_refusals: g(&self.address_limit_refusals),
             first_pdu_timeouts: g(&self.first_pdu_timeouts),
             forged_pdus: g(&self.forged_pdus),
+            outranked_rejects: g(&self.outranked_rejects),
         }
     }
 
@@ -153,6 +157,7 @@ pub struct LimitCounts {
     pub address_limit_refusals: u64,
     pub first_pdu_timeouts: u64,
     pub forged_pdus: u64,
+    pub outranked_rejects: u64,
 }
 
 /// The key a source address is counted under: the address for IPv4, the /64 for IPv6 (one

@@ -683,6 +683,11 @@ pub fn render(registry: &crate::registry::Registry) -> String {
             l.session_limit_rejects,
         ),
         (
+            "ipsan_outranked_login_rejects_total",
+            "Logins refused (0x0201) that would have replaced a more strongly authenticated session.",
+            l.outranked_rejects,
+        ),
+        (
             "ipsan_address_limit_refusals_total",
             "Connections closed at accept by max_connections_per_address.",
             l.address_limit_refusals,

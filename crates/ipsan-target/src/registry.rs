@@ -107,6 +107,78 @@ struct SessionKey {
     target: Option<String>,
 }
 
+/// What a session's login proved about its initiator name (docs/target.md, "Sessions keep
+/// their strength"): the CHAP user it answered for, and the Seal secret its keys came from.
+/// Neither is a secret; both are decided by the target's configuration at login.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Authentication {
+    /// The CHAP user (`CHAP_N`) the login proved the secret of, when the target required CHAP.
+    pub chap_user: Option<String>,
+    /// The Seal secret the login's keys were confirmed with, when the session is sealed.
+    pub seal: Option<crate::config::SealSecret>,
+}
+
+/// How strongly a login proved its initiator name, weakest first: nothing, CHAP (one secret
+/// per target, RFC 7143 §12.1.3), Seal with the target-wide (group) secret, Seal with the
+/// name's own secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Strength {
+    None,
+    Chap,
+    SealTargetWide,
+    SealOwn,
+}
+
+impl Authentication {
+    /// The strongest proof this login gave.
+    #[must_use]
+    pub fn strength(&self) -> Strength {
+        match (self.seal, &self.chap_user) {
+            (Some(crate::config::SealSecret::Initiator), _) => Strength::SealOwn,
+            (Some(crate::config::SealSecret::TargetWide), _) => Strength::SealTargetWide,
+            (None, Some(_)) => Strength::Chap,
+            (None, None) => Strength::None,
+        }
+    }
+
+    /// Whether a login that proved `self` may replace a session that proved `old` (session
+    /// reinstatement, RFC 7143 §6.3.5): it must prove everything `old` proved — the same
+    /// CHAP user, a Seal secret at least as specific — so it is never weaker and never
+    /// another identity.
+    #[must_use]
+    pub fn covers(&self, old: &Self) -> bool {
+        self.strength() >= old.strength()
+            && old
+                .chap_user
+                .as_ref()
+                .is_none_or(|u| self.chap_user.as_ref() == Some(u))
+            && self.seal >= old.seal
+    }
+}
+
+impl std::fmt::Display for Authentication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let seal = match self.seal {
+            Some(crate::config::SealSecret::Initiator) => "Seal (own secret)",
+            Some(crate::config::SealSecret::TargetWide) => "Seal (target-wide secret)",
+            None => "",
+        };
+        match (&self.chap_user, seal) {
+            (None, "") => f.write_str("no authentication"),
+            (None, s) => f.write_str(s),
+            (Some(u), "") => write!(f, "CHAP user {u:?}"),
+            (Some(u), s) => write!(f, "CHAP user {u:?} and {s}"),
+        }
+    }
+}
+
+/// A login refused by [`Registry::register`] because a session it would replace was
+/// authenticated more strongly (a race with another login; [`Registry::admit`] refuses the
+/// ordinary case before the login is answered).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Outranked(String);
+
 #[derive(Debug)]
 struct SessionEntry {
     tsih: u16,
@@ -146,6 +218,9 @@ pub struct SessionInfo {
     pub params: Vec<(String, String)>,
     /// Whether the login passed CHAP (set by [`Registry::register`] from the target).
     pub chap: bool,
+    /// What the login proved (the CHAP user, the Seal secret): a login replaces this session
+    /// only if it proves as much ([`Authentication::covers`]).
+    pub auth: Authentication,
     /// The Seal session (cipher, counters, key epochs are read from it), when negotiated.
     pub seal: Option<Arc<SealSession>>,
     pub since: SystemTime,
@@ -200,9 +275,17 @@ impl SessionInfo {
             local,
             params: p,
             chap: false,
+            auth: Authentication::default(),
             seal,
             since: SystemTime::now(),
         }
+    }
+
+    /// The same record with what its login proved.
+    #[must_use]
+    pub fn with_auth(mut self, auth: Authentication) -> Self {
+        self.auth = auth;
+        self
     }
 }
 
@@ -241,25 +324,40 @@ pub struct Registry {
 struct Sessions {
     by_key: HashMap<SessionKey, SessionEntry>,
     next_tsih: u16,
-    /// Logins past the session-count check that have not registered yet, per initiator.
-    pending: HashMap<String, usize>,
+    /// Logins past the session-count check that have not registered yet, per initiator and
+    /// strength.
+    pending: HashMap<(String, Strength), usize>,
 }
 
-/// A session slot taken by a login that passed `max_sessions_per_initiator`; it counts until
-/// the session registers or the login fails (dropped), so concurrent logins cannot overshoot.
+/// A session slot taken by a login that passed [`Registry::admit`]; it counts against
+/// `max_sessions_per_initiator` until the session registers or the login fails (dropped), so
+/// concurrent logins cannot overshoot.
 #[derive(Debug)]
 pub struct SessionSlot {
     registry: Arc<Registry>,
-    initiator: String,
+    /// (initiator, strength) counted in `pending`; `None` for a discovery session.
+    counted: Option<(String, Strength)>,
+    auth: Authentication,
+}
+
+impl SessionSlot {
+    /// What the login that took this slot proved (for [`SessionInfo::with_auth`]).
+    #[must_use]
+    pub fn auth(&self) -> &Authentication {
+        &self.auth
+    }
 }
 
 impl Drop for SessionSlot {
     fn drop(&mut self) {
+        let Some(key) = self.counted.take() else {
+            return;
+        };
         let mut s = crate::lock(&self.registry.sessions);
-        if let Some(n) = s.pending.get_mut(&self.initiator) {
+        if let Some(n) = s.pending.get_mut(&key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                s.pending.remove(&self.initiator);
+                s.pending.remove(&key);
             }
         }
     }
@@ -367,41 +465,88 @@ impl Registry {
         }
     }
 
-    /// Takes a session slot for `initiator`, or refuses with 0x0302 (Out of Resources,
-    /// RFC 7143 §11.13.5: "the target has insufficient session, connection, or other
-    /// resources") when it already holds `max_sessions_per_initiator` sessions. 0x0206 (too
-    /// many connections) is about connections within one session, so it does not fit. The
-    /// session this login reinstates (same initiator, ISID and target) is not counted.
-    fn reserve_session(
+    /// Admits a login that completed everything else, before it is answered: refuses it if
+    /// it would replace a session (same initiator, ISID and target: reinstatement, RFC 7143
+    /// §6.3.5) that proved more than it did ([`Authentication::covers`]), then takes a session
+    /// slot for it under `max_sessions_per_initiator`.
+    ///
+    /// A replacement that proves less gets 0x0201 (Authentication failure, RFC 7143
+    /// §11.13.5): the name is authorized for the target (the allow-list said so, 0x0202 would
+    /// be wrong), but the login did not authenticate as the identity that owns that I_T
+    /// nexus; as a 0x0201 it counts toward the failure backoff and lockout (limits.rs). The
+    /// old session is not touched.
+    ///
+    /// The quota counts, for a login of strength S, the initiator's sessions of strength S or
+    /// more: a sealed login is never refused because of plaintext or CHAP sessions under its
+    /// name (anyone may open those under `allowed`), a plaintext login counts everything. A
+    /// name holds at most `max_sessions_per_initiator` sessions per strength. A full quota
+    /// gets 0x0302 (Out of Resources: "the target has insufficient session, connection, or
+    /// other resources"); 0x0206 (too many connections) is about connections within one
+    /// session, so it does not fit. The session this login reinstates is not counted.
+    pub fn admit(
         self: &Arc<Self>,
         initiator: &str,
         isid: [u8; 6],
         target: Option<&str>,
+        auth: &Authentication,
     ) -> Result<SessionSlot, LoginFailure> {
         let max = self.limits.max_sessions_per_initiator;
+        let strength = auth.strength();
         let mut s = crate::lock(&self.sessions);
+        let key = SessionKey {
+            initiator: initiator.to_owned(),
+            isid,
+            target: target.map(str::to_owned),
+        };
+        if let Some(old) = s.by_key.get(&key) {
+            if !auth.covers(&old.info.auth) {
+                let why = format!(
+                    "would replace session TSIH {} authenticated by {}, with only {auth}",
+                    old.tsih, old.info.auth
+                );
+                drop(s);
+                LimitStats::bump(&self.stats.outranked_rejects);
+                return Err(LoginFailure::new(LoginStatus::AUTHENTICATION_FAILURE, why));
+            }
+        }
+        if target.is_none() {
+            // Discovery sessions are not counted (they end after SendTargets).
+            return Ok(SessionSlot {
+                registry: self.clone(),
+                counted: None,
+                auth: auth.clone(),
+            });
+        }
         let live = s
             .by_key
-            .keys()
-            .filter(|k| {
+            .iter()
+            .filter(|(k, e)| {
                 k.initiator == initiator
                     && k.target.is_some()
-                    && !(k.isid == isid && k.target.as_deref() == target)
+                    && **k != key
+                    && e.info.auth.strength() >= strength
             })
             .count();
-        let pending = s.pending.get(initiator).copied().unwrap_or(0);
+        let pending: usize = s
+            .pending
+            .iter()
+            .filter(|((i, st), _)| i == initiator && *st >= strength)
+            .map(|(_, n)| n)
+            .sum();
         if live + pending >= max {
             drop(s);
             LimitStats::bump(&self.stats.session_limit_rejects);
             return Err(LoginFailure::new(
                 LoginStatus::OUT_OF_RESOURCES,
-                format!("{initiator} already has {live} sessions (+{pending} logging in); max_sessions_per_initiator is {max}"),
+                format!("{initiator} already has {live} sessions (+{pending} logging in) at least as strongly authenticated; max_sessions_per_initiator is {max}"),
             ));
         }
-        *s.pending.entry(initiator.to_owned()).or_insert(0) += 1;
+        let counted = (initiator.to_owned(), strength);
+        *s.pending.entry(counted.clone()).or_insert(0) += 1;
         Ok(SessionSlot {
             registry: self.clone(),
-            initiator: initiator.to_owned(),
+            counted: Some(counted),
+            auth: auth.clone(),
         })
     }
 
@@ -429,7 +574,11 @@ impl Registry {
     /// Records a new session after login; reinstates (ends) an older one with the same key.
     /// Returns the token that ends this session, the counters it keeps and, for a
     /// reinstatement, the token that tells when the old session's commands are done.
-    pub fn register(&self, mut info: SessionInfo) -> Registration {
+    ///
+    /// Refuses (and leaves the older session running) when the older one proved more than
+    /// `info.auth` ([`Authentication::covers`]): [`Registry::admit`] refused that before the
+    /// login was answered, unless the older session registered in between.
+    pub fn register(&self, mut info: SessionInfo) -> Result<Registration, Outranked> {
         let target = info.target.as_deref().and_then(|t| self.target(t));
         info.chap = target
             .as_ref()
@@ -446,6 +595,17 @@ impl Registry {
         let tsih = info.tsih;
         let initiator = info.initiator.clone();
         let mut s = crate::lock(&self.sessions);
+        if let Some(old) = s.by_key.get(&key) {
+            if !info.auth.covers(&old.info.auth) {
+                let why = format!(
+                    "{initiator}: would replace session TSIH {} authenticated by {}, with only {}",
+                    old.tsih, old.info.auth, info.auth
+                );
+                drop(s);
+                LimitStats::bump(&self.stats.outranked_rejects);
+                return Err(Outranked(why));
+            }
+        }
         if let Some(old) = s.by_key.insert(
             key,
             SessionEntry {
@@ -463,19 +623,19 @@ impl Registry {
                 "session reinstatement"
             );
             old.cancel.cancel();
-            return Registration {
+            return Ok(Registration {
                 cancel,
                 stats,
                 drained,
                 reinstates: Some(old.drained),
-            };
+            });
         }
-        Registration {
+        Ok(Registration {
             cancel,
             stats,
             drained,
             reinstates: None,
-        }
+        })
     }
 
     /// Counts a finished login (`status` `None` for success) under its target, when that
@@ -711,8 +871,8 @@ pub struct LoginDirectory {
     declared: Mutex<Option<(String, Option<String>)>>,
     /// Whether the target (or discovery) this login asked for requires CHAP.
     chap: std::sync::atomic::AtomicBool,
-    /// Held from TSIH assignment until the session registers.
-    slot: Option<SessionSlot>,
+    /// The CHAP user the login must answer for (the policy it was given).
+    chap_user: Mutex<Option<String>>,
 }
 
 impl LoginDirectory {
@@ -723,7 +883,7 @@ impl LoginDirectory {
             peer,
             declared: Mutex::new(None),
             chap: std::sync::atomic::AtomicBool::new(false),
-            slot: None,
+            chap_user: Mutex::new(None),
         }
     }
 
@@ -739,13 +899,22 @@ impl LoginDirectory {
         self.chap.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The session slot taken for a new session (keep it until the session registers).
-    pub fn take_slot(&mut self) -> Option<SessionSlot> {
-        self.slot.take()
+    /// The CHAP user of the policy this login was given (it proved that user's secret once
+    /// the login completes), `None` without CHAP.
+    #[must_use]
+    pub fn chap_user(&self) -> Option<String> {
+        crate::lock(&self.chap_user).clone()
     }
 
     fn declare(&self, initiator: &str, target: Option<&str>) {
         *crate::lock(&self.declared) = Some((initiator.to_owned(), target.map(str::to_owned)));
+    }
+
+    fn require_chap(&self, auth: &Auth) {
+        if let Auth::Chap(p) = auth {
+            self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
+            *crate::lock(&self.chap_user) = Some(p.user.clone());
+        }
     }
 }
 
@@ -766,7 +935,7 @@ impl Directory for LoginDirectory {
             ));
         }
         if matches!(t.auth, Auth::Chap(_)) {
-            self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.require_chap(&t.auth);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
         Ok(TargetPolicy {
@@ -780,7 +949,7 @@ impl Directory for LoginDirectory {
         self.declare(initiator_name, None);
         let auth = self.registry.discovery_auth();
         if matches!(auth, Auth::Chap(_)) {
-            self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.require_chap(&auth);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
         Ok(TargetPolicy {
@@ -792,20 +961,13 @@ impl Directory for LoginDirectory {
 
     fn assign_tsih(
         &mut self,
-        isid: [u8; 6],
-        ini: &str,
+        _isid: [u8; 6],
+        _ini: &str,
         requested: u16,
     ) -> Result<u16, LoginFailure> {
         if requested == 0 {
-            let target = crate::lock(&self.declared)
-                .as_ref()
-                .and_then(|(_, t)| t.clone());
-            if target.is_some() {
-                self.slot = Some(
-                    self.registry
-                        .reserve_session(ini, isid, target.as_deref())?,
-                );
-            }
+            // The session quota and the strength check come once the login has proved
+            // everything it will (`Registry::admit`, from the connection).
             return Ok(self.registry.allocate_tsih());
         }
         // MaxConnections=1: a second connection for an existing session is refused.
@@ -1208,9 +1370,9 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
-        let old = r.register(info(1));
+        let old = r.register(info(1)).unwrap();
         assert!(old.reinstates.is_none());
-        let new = r.register(info(2));
+        let new = r.register(info(2)).unwrap();
         assert!(old.cancel.is_cancelled(), "the old session is told to end");
         let waits = new.reinstates.expect("a reinstatement");
         assert!(
@@ -1228,5 +1390,124 @@ mod tests {
             1,
         );
         assert_eq!(r.session_count(), 1);
+    }
+
+    fn registry(max_sessions: usize) -> Arc<Registry> {
+        let mut c = crate::Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.x:a\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+        )
+        .unwrap();
+        c.limits.max_sessions_per_initiator = max_sessions;
+        Arc::new(Registry::build(&c).unwrap())
+    }
+
+    const NONE: Authentication = Authentication {
+        chap_user: None,
+        seal: None,
+    };
+
+    fn chap(user: &str) -> Authentication {
+        Authentication {
+            chap_user: Some(user.into()),
+            seal: None,
+        }
+    }
+
+    fn sealed(which: crate::config::SealSecret) -> Authentication {
+        Authentication {
+            chap_user: None,
+            seal: Some(which),
+        }
+    }
+
+    /// The order of proofs: a replacement proves everything the old session proved.
+    #[test]
+    fn accepts_only_replacements_that_prove_as_much() {
+        use crate::config::SealSecret::{Initiator, TargetWide};
+        let both = Authentication {
+            chap_user: Some("alice".into()),
+            seal: Some(TargetWide),
+        };
+        for (new, old, ok) in [
+            (&NONE, &NONE, true),
+            (&chap("alice"), &NONE, true),
+            (&NONE, &chap("alice"), false),
+            (&chap("bob"), &chap("alice"), false),
+            (&chap("alice"), &chap("alice"), true),
+            (&sealed(TargetWide), &sealed(TargetWide), true),
+            (&sealed(Initiator), &sealed(TargetWide), true),
+            (&sealed(TargetWide), &sealed(Initiator), false),
+            (&NONE, &sealed(TargetWide), false),
+            (&chap("alice"), &sealed(TargetWide), false),
+            (&sealed(TargetWide), &both, false),
+            (&chap("alice"), &both, false),
+            (&both, &both, true),
+        ] {
+            assert_eq!(new.covers(old), ok, "{new} replacing {old}");
+        }
+    }
+
+    /// A login that would reinstate a sealed session without Seal is refused with 0x0201
+    /// before it is answered, and again at registration if it raced past that; the sealed
+    /// session is never told to end. The same proof reinstates it.
+    #[test]
+    fn rejects_a_weaker_reinstatement_and_leaves_the_old_session_running() {
+        let r = registry(8);
+        let own = sealed(crate::config::SealSecret::Initiator);
+        let old = r.register(info(1).with_auth(own.clone())).unwrap();
+        let isid = [0x80, 1, 2, 3, 4, 5];
+        let f = r
+            .admit("iqn.2026-11.x:ini", isid, Some("iqn.2026-11.x:a"), &NONE)
+            .unwrap_err();
+        assert_eq!(f.status, LoginStatus::AUTHENTICATION_FAILURE);
+        assert!(r.register(info(2)).is_err(), "the raced registration");
+        assert!(!old.cancel.is_cancelled(), "the sealed session runs on");
+        assert_eq!(r.stats.snapshot().outranked_rejects, 2);
+        // Another ISID is another session: no replacement, admitted.
+        let other = r.admit(
+            "iqn.2026-11.x:ini",
+            [0x80, 9, 9, 9, 9, 9],
+            Some("iqn.2026-11.x:a"),
+            &NONE,
+        );
+        assert!(other.is_ok());
+        let slot = r
+            .admit("iqn.2026-11.x:ini", isid, Some("iqn.2026-11.x:a"), &own)
+            .unwrap();
+        let new = r.register(info(3).with_auth(slot.auth().clone())).unwrap();
+        assert!(old.cancel.is_cancelled(), "the same proof reinstates");
+        assert!(new.reinstates.is_some());
+    }
+
+    /// The quota counts, for a login, the name's sessions at least as strong as it: weaker
+    /// sessions (and weaker logins in progress) never use up a stronger login's room.
+    #[test]
+    fn rejects_over_quota_only_among_sessions_at_least_as_strong() {
+        let r = registry(2);
+        let t = Some("iqn.2026-11.x:a");
+        let ini = "iqn.2026-11.x:ini";
+        let own = sealed(crate::config::SealSecret::Initiator);
+        for (i, tsih) in [(1u8, 1u16), (2, 2)] {
+            let mut x = info(tsih);
+            x.isid[5] = i;
+            r.register(x).unwrap();
+        }
+        let pending = r.admit(ini, [0x80, 0, 0, 0, 0, 3], t, &NONE);
+        assert_eq!(
+            pending.unwrap_err().status,
+            LoginStatus::OUT_OF_RESOURCES,
+            "plaintext counts every session"
+        );
+        let a = r.admit(ini, [0x80, 0, 0, 0, 0, 4], t, &own).unwrap();
+        let b = r.admit(ini, [0x80, 0, 0, 0, 0, 5], t, &own).unwrap();
+        assert_eq!(
+            r.admit(ini, [0x80, 0, 0, 0, 0, 6], t, &own)
+                .unwrap_err()
+                .status,
+            LoginStatus::OUT_OF_RESOURCES,
+            "sealed logins in progress count for sealed logins"
+        );
+        drop((a, b));
+        assert!(r.admit(ini, [0x80, 0, 0, 0, 0, 6], t, &own).is_ok());
     }
 }

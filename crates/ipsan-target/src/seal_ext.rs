@@ -12,6 +12,7 @@ use ipsan_seal::{
 use iscsi_proto::login::{Extension, ExtensionContext, LoginFailure, LoginStatus};
 use tracing::warn;
 
+use crate::config::SealSecret;
 use crate::registry::Registry;
 
 /// The confirmed Seal session of a login, handed to the connection once it reaches full
@@ -22,11 +23,17 @@ pub type SealSlot = Arc<Mutex<Option<SealSession>>>;
 /// (docs/seal.md §3: the key confirmations and the record keys bind the whole login).
 pub type TranscriptSlot = Arc<Mutex<LoginTranscript>>;
 
+/// Which configured secret this login's Seal negotiation was keyed with (set when the
+/// initiator's offer is answered; it proves something only once [`SealSlot`] holds the
+/// confirmed session). Registry strength checks read it (registry.rs, `Authentication`).
+pub type SecretUsedSlot = Arc<Mutex<Option<SealSecret>>>;
+
 pub struct SealExtension {
     registry: Arc<Registry>,
     neg: Option<TargetNegotiation>,
     slot: SealSlot,
     transcript: TranscriptSlot,
+    used: SecretUsedSlot,
 }
 
 impl std::fmt::Debug for SealExtension {
@@ -44,12 +51,21 @@ impl SealExtension {
             neg: None,
             slot,
             transcript,
+            used: SecretUsedSlot::default(),
         }
+    }
+
+    /// Records in `used` which secret the negotiation is keyed with.
+    #[must_use]
+    pub fn recording_secret(mut self, used: SecretUsedSlot) -> Self {
+        self.used = used;
+        self
     }
 
     fn negotiation(&mut self, ctx: &ExtensionContext<'_>) -> &mut TargetNegotiation {
         let registry = self.registry.clone();
         let target = ctx.target_name.and_then(|n| registry.target(n));
+        let used = self.used.clone();
         self.neg.get_or_insert_with(|| {
             let (policy, settings) = match &target {
                 Some(t) => (t.seal.policy, Some(t.seal.clone())),
@@ -61,7 +77,11 @@ impl SealExtension {
             };
             TargetNegotiation::new(
                 config,
-                Box::new(move |ini| settings.as_ref().and_then(|s| s.psk_for(ini))),
+                Box::new(move |ini| {
+                    let (psk, which) = settings.as_ref()?.secret_for(ini)?;
+                    *crate::lock(&used) = Some(which);
+                    Some(psk)
+                }),
             )
         })
     }
