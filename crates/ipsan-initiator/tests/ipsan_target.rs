@@ -84,6 +84,7 @@ fn accepts_chap_and_mutual_chap_and_refuses_wrong_secret() {
         let (h, url) = start(Some(("alice", &sf, Some(("tgt", &mf))))).await;
         let o = LoginOptions {
             chap: Some(chap("alice", "initiator-secret-1")),
+            chap_hosts: Vec::new(),
             mutual_chap: Some(chap("tgt", "target-secret-22222")),
             ..LoginOptions::default()
         };

@@ -456,6 +456,7 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
                     alias,
                     allow,
                     chap: None,
+                    chap_host: Vec::new(),
                     seal: None,
                     lun: luns
                         .into_iter()
