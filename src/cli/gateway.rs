@@ -58,6 +58,17 @@ pub struct Args {
     /// File holding the hosts' CHAP secret for --chap-user (mode 0600).
     #[arg(long, value_name = "FILE")]
     chap_secret_file: Option<PathBuf>,
+    /// Per-host CHAP on the listening side, bound to the name the host may claim (repeatable):
+    /// `INITIATOR-NAME,CHAP-USER,SECRET-FILE`. The remote session logs in under that name, so
+    /// a host can only reach what the array grants the name it authenticated as. Without
+    /// --chap-user, a name no --chap-host binds is refused.
+    #[arg(long, value_name = "NAME,USER,FILE")]
+    chap_host: Vec<String>,
+    /// Listen beyond loopback without authenticating hosts (no --chap-host, --chap-user or
+    /// --seal required): every host on the network may then claim any initiator name, and the
+    /// remote session logs in under it with the gateway's own credentials.
+    #[arg(long)]
+    insecure_no_host_auth: bool,
     /// Host names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
     #[arg(long, value_name = "IQN")]
     allow: Vec<String>,
@@ -94,6 +105,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| "allowed".to_owned()),
     };
+    check_host_auth(&args, &listen_policy)?;
     let wan_seal = args.conn.seal.clone();
     let url = ipsan_initiator::IscsiUrl::parse(&args.to).context("--to")?;
     let remote_iqn = url
@@ -132,6 +144,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             iqn,
             alias: None,
             allow: args.allow.clone(),
+            chap_host: config::chap_hosts_from_flags(&args.chap_host)?,
             chap: args.chap_user.as_ref().map(|u| FileChap {
                 user: u.clone(),
                 secret: None,
@@ -186,6 +199,46 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
     }
     super::target::serve(config, args.control, args.metrics, None, "gateway")
+}
+
+/// A gateway never widens access (issue 31): the remote session logs in under the name the
+/// host declares, with the gateway's credentials, so a listening side that authenticates
+/// nobody lets any host that reaches it claim any name the array admits. Refused beyond
+/// loopback unless `--insecure-no-host-auth`; shared credentials are warned about, as they
+/// let each holder claim every name no `--chap-host` binds.
+fn check_host_auth(args: &Args, listen_policy: &str) -> anyhow::Result<()> {
+    let shared = args.chap_user.is_some() || listen_policy == "required";
+    let per_host = !args.chap_host.is_empty();
+    let beyond_loopback: Vec<&str> = args
+        .listen
+        .iter()
+        .filter(|p| {
+            p.parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| !a.ip().is_loopback())
+        })
+        .map(String::as_str)
+        .collect();
+    if !shared && !per_host {
+        if beyond_loopback.is_empty() || args.insecure_no_host_auth {
+            if !beyond_loopback.is_empty() {
+                tracing::warn!(
+                    "--insecure-no-host-auth: hosts are not authenticated on {}; any host that reaches it may claim any initiator name and act as it on the remote target",
+                    beyond_loopback.join(", ")
+                );
+            }
+            return Ok(());
+        }
+        anyhow::bail!(
+            "refusing to listen on {} without authenticating hosts: the remote session logs in under whatever initiator name a host declares, with the gateway's own credentials, so any host that reaches the gateway could act as any host the remote target admits. Bind each host's name to its own CHAP credential (--chap-host NAME,USER,SECRET-FILE), or give --chap-user/--seal required, or pass --insecure-no-host-auth to accept the risk",
+            beyond_loopback.join(", ")
+        );
+    }
+    if shared && !per_host {
+        tracing::warn!(
+            "hosts share one credential on the listening side (--chap-user or --seal required): each holder may claim any initiator name and act as it on the remote target; bind names with --chap-host"
+        );
+    }
+    Ok(())
 }
 
 /// The remote target's LUNs, by REPORT LUNS over a session of the gateway's own
