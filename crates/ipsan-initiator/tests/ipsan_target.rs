@@ -27,6 +27,7 @@ async fn start(chap: Option<ChapArg<'_>>) -> (ServerHandle, IscsiUrl) {
             alias: None,
             allow: Vec::new(),
             chap,
+            chap_hosts: Vec::new(),
             seal: Default::default(),
             luns: tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
         }],
@@ -84,7 +85,6 @@ fn accepts_chap_and_mutual_chap_and_refuses_wrong_secret() {
         let (h, url) = start(Some(("alice", &sf, Some(("tgt", &mf))))).await;
         let o = LoginOptions {
             chap: Some(chap("alice", "initiator-secret-1")),
-            chap_hosts: Vec::new(),
             mutual_chap: Some(chap("tgt", "target-secret-22222")),
             ..LoginOptions::default()
         };
