@@ -12,7 +12,11 @@
 //! - such a host cannot take over `host-a`'s session (its ISID, read off the wire) through
 //!   the gateway: the victim's session keeps working on both legs;
 //! - `host-a` with its own credential writes and reads its data through the gateway;
-//! - `ipsan target --chap-host` binds names the same way without a gateway.
+//! - `ipsan target --chap-host` binds names the same way without a gateway;
+//! - a gateway that relays CHAP (`--chap-relay`, holding no secret at all) lets the array
+//!   authenticate every host with the host's own secret, mutual CHAP included: host-a gets
+//!   in, no credential / host-b's credential as host-a / host-b taking over host-a's ISID do
+//!   not, and a host expecting the array's mutual answer checks it itself.
 //!
 //! Every process is killed by a Drop guard; files live in a temporary directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -380,4 +384,148 @@ async fn accepts_only_the_bound_credential_on_a_target_with_per_host_chap() {
         .unwrap();
     write_read(&s, 0, 0x5a).await;
     s.logout().await.unwrap();
+}
+
+/// An array binding host-a and host-b to their own credentials (`--chap-host`).
+fn array_per_host(dir: &Path) -> (Proc, u16) {
+    let flags = per_host_flags(dir);
+    let mut args: Vec<&str> = vec![
+        "target",
+        "--portal",
+        "127.0.0.1:0",
+        "--iqn",
+        ARRAY,
+        "--lun",
+        "mem:16MiB",
+    ];
+    args.extend(flags.iter().map(String::as_str));
+    spawn_ipsan(&args, &dir.join("array.log"))
+}
+
+/// A gateway relaying CHAP to the array: no --password-file, no host secret.
+fn relay_gateway(dir: &Path, array_port: u16) -> (Proc, u16) {
+    let to = format!("iscsi://127.0.0.1:{array_port}/{ARRAY}/0");
+    spawn_ipsan(
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--to",
+            &to,
+            "--chap-relay",
+        ],
+        &dir.join("gateway.log"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_hosts_the_array_authenticates_through_a_relaying_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_array, array_port) = array_per_host(dir.path());
+    let (_gw, port) = relay_gateway(dir.path(), array_port);
+    let a = login(port, ARRAY, HOST_A, Some(("host-a", HA_SECRET)), None)
+        .await
+        .unwrap();
+    let b = login(port, ARRAY, HOST_B, Some(("host-b", HB_SECRET)), None)
+        .await
+        .unwrap();
+    write_read(&a, 32, 0x0a).await;
+    write_read(&b, 40, 0x0b).await;
+    a.logout().await.unwrap();
+    b.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_impersonation_and_isid_takeover_through_a_relaying_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_array, array_port) = array_per_host(dir.path());
+    let (_gw, port) = relay_gateway(dir.path(), array_port);
+    let isid = [0x80, 0x12, 0x34, 0x56, 0x00, 0x02];
+    let victim = login(port, ARRAY, HOST_A, Some(("host-a", HA_SECRET)), Some(isid))
+        .await
+        .unwrap();
+    write_read(&victim, 8, 0x44).await;
+
+    // No credential: the gateway insists on CHAP.
+    assert_refused(
+        login(port, ARRAY, HOST_A, None, None).await,
+        "no credential as host-a",
+    );
+    // host-b's own credential under host-a's name and ISID: the array refuses it, relayed.
+    assert_refused(
+        login(port, ARRAY, HOST_A, Some(("host-b", HB_SECRET)), Some(isid)).await,
+        "host-b's credential reinstating host-a's session",
+    );
+    // The victim's session is intact on both legs.
+    write_read(&victim, 16, 0x55).await;
+    let back = victim.read(8, 8).await.unwrap();
+    assert!(back.iter().all(|b| *b == 0x44), "earlier write lost");
+    victim.logout().await.unwrap();
+    let log = std::fs::read_to_string(dir.path().join("array.log")).unwrap();
+    assert!(
+        log.contains("authentication failed") || log.contains("did not verify"),
+        "the array judged the relayed response itself:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_mutual_chap_relayed_through_the_gateway_and_the_host_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let alice = secret_file(dir.path(), "alice.sec", ALICE);
+    let mutual = secret_file(
+        dir.path(),
+        "array-mutual.sec",
+        "array-mutual-secret-0123456",
+    );
+    let (_array, array_port) = spawn_ipsan(
+        &[
+            "target",
+            "--portal",
+            "127.0.0.1:0",
+            "--iqn",
+            ARRAY,
+            "--lun",
+            "mem:16MiB",
+            "--allow",
+            HOST_A,
+            "--chap-user",
+            "alice",
+            "--chap-secret-file",
+            alice.to_str().unwrap(),
+            "--mutual-user",
+            "array",
+            "--mutual-secret-file",
+            mutual.to_str().unwrap(),
+        ],
+        &dir.path().join("array.log"),
+    );
+    let (_gw, port) = relay_gateway(dir.path(), array_port);
+    let url = IscsiUrl::parse(&format!("iscsi://127.0.0.1:{port}/{ARRAY}/0")).unwrap();
+    let host = |target_secret: &str| {
+        let mut cfg = SessionConfig::default();
+        cfg.login.initiator_name = HOST_A.into();
+        cfg.login.chap = Some(ChapCredentials {
+            name: "alice".into(),
+            secret: ChapSecret::new(ALICE.as_bytes().to_vec()).unwrap(),
+        });
+        cfg.login.mutual_chap = Some(ChapCredentials {
+            name: "array".into(),
+            secret: ChapSecret::new(target_secret.as_bytes().to_vec()).unwrap(),
+        });
+        cfg
+    };
+    let s = Session::connect(&url, &host("array-mutual-secret-0123456"))
+        .await
+        .unwrap();
+    assert!(
+        s.params().target_authenticated,
+        "the array proved itself to the host"
+    );
+    write_read(&s, 48, 0x77).await;
+    s.logout().await.unwrap();
+    // A host expecting another secret from the array refuses the array's answer itself.
+    let Err(e) = Session::connect(&url, &host("some-other-secret-0123456")).await else {
+        panic!("a mutual answer with the wrong secret was accepted by the host");
+    };
+    assert!(e.to_string().contains("mutual CHAP"), "{e}");
 }

@@ -64,6 +64,12 @@ pub struct Args {
     /// --chap-user, a name no --chap-host binds is refused.
     #[arg(long, value_name = "NAME,USER,FILE")]
     chap_host: Vec<String>,
+    /// Relay each host's CHAP to the remote target (mutual CHAP too): the remote target
+    /// authenticates every host with the host's own secret, under the name it declares, and
+    /// the gateway holds no host secret. A CHAP user in --to (with --password-file) is then
+    /// used only for the REPORT LUNS at start.
+    #[arg(long, conflicts_with_all = ["chap_user", "chap_host"])]
+    chap_relay: bool,
     /// Listen beyond loopback without authenticating hosts (no --chap-host, --chap-user or
     /// --seal required): every host on the network may then claim any initiator name, and the
     /// remote session logs in under it with the gateway's own credentials.
@@ -134,8 +140,13 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             secret_file: wan_seal.as_ref().and(args.conn.secret_file.clone()),
             depth: args.depth.map(|d| d as usize),
             tcp_congestion: args.conn.tcp_congestion.clone(),
-            chap_user: url.user.clone(),
-            chap_secret_file: url.user.as_ref().and(args.conn.password_file.clone()),
+            chap_user: url.user.clone().filter(|_| !args.chap_relay),
+            chap_secret_file: url
+                .user
+                .as_ref()
+                .filter(|_| !args.chap_relay)
+                .and(args.conn.password_file.clone()),
+            chap_relay: args.chap_relay,
             ..FileLun::new(*id, format!("{base}/{id}"))
         })
         .collect();
@@ -208,7 +219,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
 /// let each holder claim every name no `--chap-host` binds.
 fn check_host_auth(args: &Args, listen_policy: &str) -> anyhow::Result<()> {
     let shared = args.chap_user.is_some() || listen_policy == "required";
-    let per_host = !args.chap_host.is_empty();
+    let per_host = !args.chap_host.is_empty() || args.chap_relay;
     let beyond_loopback: Vec<&str> = args
         .listen
         .iter()
@@ -229,7 +240,7 @@ fn check_host_auth(args: &Args, listen_policy: &str) -> anyhow::Result<()> {
             return Ok(());
         }
         anyhow::bail!(
-            "refusing to listen on {} without authenticating hosts: the remote session logs in under whatever initiator name a host declares, with the gateway's own credentials, so any host that reaches the gateway could act as any host the remote target admits. Bind each host's name to its own CHAP credential (--chap-host NAME,USER,SECRET-FILE), or give --chap-user/--seal required, or pass --insecure-no-host-auth to accept the risk",
+            "refusing to listen on {} without authenticating hosts: the remote session logs in under whatever initiator name a host declares, with the gateway's own credentials, so any host that reaches the gateway could act as any host the remote target admits. Let the remote target authenticate each host (--chap-relay), or bind each host's name to its own CHAP credential (--chap-host NAME,USER,SECRET-FILE), or give --chap-user/--seal required, or pass --insecure-no-host-auth to accept the risk",
             beyond_loopback.join(", ")
         );
     }

@@ -375,6 +375,11 @@ pub struct FileLun {
     /// iscsi: file holding that CHAP user's secret (mode 0600).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chap_secret_file: Option<PathBuf>,
+    /// iscsi: relay each host's CHAP to the remote target, which authenticates the host
+    /// with its own secret (docs/gateway.md); the gateway holds no host secret. Then every LUN
+    /// of the target reaches this one remote target and the target has no CHAP of its own.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub chap_relay: bool,
 }
 
 /// One LUN to serve.
@@ -508,6 +513,26 @@ pub struct HostChap {
 }
 
 impl TargetConfig {
+    /// How many distinct remote targets this target's LUNs reach.
+    fn remote_target_count(&self) -> usize {
+        let mut keys: Vec<String> = self
+            .luns
+            .iter()
+            .filter_map(|l| l.remote.as_ref().map(|r| r.target_key()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys.len()
+    }
+
+    /// Whether hosts authenticate by CHAP relayed to the remote target (`chap_relay`).
+    #[must_use]
+    pub fn chap_relay(&self) -> bool {
+        self.luns
+            .iter()
+            .any(|l| l.remote.as_ref().is_some_and(|r| r.chap_relay))
+    }
+
     /// A target with default policies (no CHAP, all initiators, Seal allowed without secret).
     #[must_use]
     pub fn new(iqn: impl Into<String>, luns: Vec<LunConfig>) -> Self {
@@ -848,13 +873,23 @@ fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, Co
             .map_err(|e| err(format!("{field}.tcp_congestion"), e.to_string()))?;
         session.tcp = Some(t);
     }
+    if l.chap_relay && l.chap_user.is_some() {
+        return Err(err(
+            format!("{field}.chap_relay"),
+            "a relayed login answers CHAP with the host's credential: no chap_user",
+        ));
+    }
     let source = format!(
         "{} seal={} depth={} tcp={} chap={}",
         l.backend,
         l.seal.as_deref().unwrap_or("off"),
         l.depth.map_or("window".to_owned(), |d| d.to_string()),
         l.tcp_congestion.as_deref().unwrap_or("kernel"),
-        l.chap_user.as_deref().unwrap_or("none"),
+        if l.chap_relay {
+            "relay"
+        } else {
+            l.chap_user.as_deref().unwrap_or("none")
+        },
     );
     Ok(crate::remote::RemoteSpec {
         url,
@@ -862,6 +897,7 @@ fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, Co
         seal,
         depth: l.depth,
         source,
+        chap_relay: l.chap_relay,
     })
 }
 
@@ -871,7 +907,8 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
         || l.depth.is_some()
         || l.tcp_congestion.is_some()
         || l.chap_user.is_some()
-        || l.chap_secret_file.is_some();
+        || l.chap_secret_file.is_some()
+        || l.chap_relay;
     if l.backend.starts_with("iscsi://") {
         let remote = remote_from(field, l)?;
         return Ok(LunConfig {
@@ -891,7 +928,7 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
     if remote_only {
         return Err(err(
             field.to_owned(),
-            "seal, secret_file, depth, tcp_congestion, chap_user and chap_secret_file apply to iscsi:// backends only",
+            "seal, secret_file, depth, tcp_congestion, chap_user, chap_secret_file and chap_relay apply to iscsi:// backends only",
         ));
     }
     let mut backend: BackendSpec = l
@@ -1070,6 +1107,26 @@ impl Config {
                     "a target needs at least one LUN",
                 ));
             }
+            let relays = t
+                .luns
+                .iter()
+                .filter(|l| l.remote.as_ref().is_some_and(|r| r.chap_relay))
+                .count();
+            if relays > 0 {
+                // The remote target authenticates every host: nothing else may be reachable.
+                if relays != t.luns.len() || t.remote_target_count() != 1 {
+                    return Err(err(
+                        format!("target[{i}].lun"),
+                        "with chap_relay, every LUN of the target reaches one remote target with chap_relay",
+                    ));
+                }
+                if t.chap.is_some() || !t.chap_hosts.is_empty() {
+                    return Err(err(
+                        format!("target[{i}].chap"),
+                        "a target whose LUNs relay CHAP to the remote target has no CHAP of its own",
+                    ));
+                }
+            }
             let mut ids = std::collections::HashSet::new();
             let mut remotes: std::collections::HashMap<String, &str> =
                 std::collections::HashMap::new();
@@ -1185,6 +1242,7 @@ impl FileLun {
             tcp_congestion: None,
             chap_user: None,
             chap_secret_file: None,
+            chap_relay: false,
         }
     }
 

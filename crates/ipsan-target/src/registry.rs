@@ -455,9 +455,9 @@ impl Registry {
     /// reinstatement, the token that tells when the old session's commands are done.
     pub fn register(&self, mut info: SessionInfo) -> Registration {
         let target = info.target.as_deref().and_then(|t| self.target(t));
-        info.chap = target
-            .as_ref()
-            .is_some_and(|t| matches!(t.auth_for(&info.initiator), Ok(Auth::Chap(_))));
+        info.chap = target.as_ref().is_some_and(|t| {
+            matches!(t.auth_for(&info.initiator), Ok(Auth::Chap(_) | Auth::Relay))
+        });
         let key = SessionKey {
             initiator: info.initiator.clone(),
             isid: info.isid,
@@ -696,7 +696,11 @@ fn build_target(
         iqn: t.iqn.clone(),
         alias: t.alias.clone(),
         allow: t.allow.clone(),
-        auth: t.chap.clone().map_or(Auth::None, Auth::Chap),
+        auth: if t.chap_relay() {
+            Auth::Relay
+        } else {
+            t.chap.clone().map_or(Auth::None, Auth::Chap)
+        },
         chap_hosts: t.chap_hosts.clone(),
         seal: t.seal.clone(),
         luns,
@@ -791,7 +795,7 @@ impl Directory for LoginDirectory {
             ));
         }
         let auth = t.auth_for(initiator_name)?;
-        if matches!(auth, Auth::Chap(_)) {
+        if !matches!(auth, Auth::None) {
             self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
