@@ -12,6 +12,9 @@
 //! # branch office: hosts log in plain to a local portal; the WAN leg is sealed
 //! ipsan gateway --listen 127.0.0.1:3260 --to iscsi://dc:3260/iqn.2026-11.org.ipsan:disk0 \
 //!     --seal aes-256-gcm --secret-file wan.key
+//! # hosts authenticated by the array itself: CHAP relayed, no secret on the gateway
+//! ipsan gateway --listen 10.0.0.2:3260 --chap-relay \
+//!     --to iscsi://10.0.0.5:3260/iqn.2003-01.org.linux-iscsi.array:lun1/0
 //! # data centre: a sealed front for a plain array
 //! ipsan gateway --listen 0.0.0.0:3260 --seal required --seal-secret-file wan.key \
 //!     --to iscsi://10.0.0.5:3260/iqn.2003-01.org.linux-iscsi.array:lun1
