@@ -529,3 +529,52 @@ async fn accepts_mutual_chap_relayed_through_the_gateway_and_the_host_checks_it(
     };
     assert!(e.to_string().contains("mutual CHAP"), "{e}");
 }
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A foreign initiator (QEMU's libiscsi, MD5 CHAP) through the relay: the array's verdict
+/// reaches it both ways.
+#[test]
+fn accepts_libiscsi_host_through_a_relaying_gateway_and_refuses_a_borrowed_name() {
+    if !have("qemu-img") {
+        println!("SKIP: qemu-img not installed (scripts/install-deps)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_array, array_port) = array_per_host(dir.path());
+    let (_gw, port) = relay_gateway(dir.path(), array_port);
+    let info = |user: &str, secret: &str| {
+        Command::new("timeout")
+            .args([
+                "60",
+                "qemu-img",
+                "info",
+                "--image-opts",
+                &format!("driver=iscsi,transport=tcp,portal=127.0.0.1:{port},target={ARRAY},lun=0,user={user},password={secret},initiator-name={HOST_A}"),
+            ])
+            .output()
+            .unwrap()
+    };
+    let ok = info("host-a", HA_SECRET);
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success() && out.contains("16 MiB"),
+        "host-a through the relay: {out}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let borrowed = info("host-b", HB_SECRET);
+    assert!(
+        !borrowed.status.success(),
+        "host-b's credential under host-a's name got in"
+    );
+    assert!(
+        String::from_utf8_lossy(&borrowed.stderr).contains("uthentication"),
+        "{}",
+        String::from_utf8_lossy(&borrowed.stderr)
+    );
+}
