@@ -578,3 +578,102 @@ fn accepts_libiscsi_host_through_a_relaying_gateway_and_refuses_a_borrowed_name(
         String::from_utf8_lossy(&borrowed.stderr)
     );
 }
+
+fn linuxvm() -> Option<PathBuf> {
+    [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/linuxvm"),
+        PathBuf::from("/work/shared/linuxvm"),
+    ]
+    .into_iter()
+    .find(|p| p.join("run.sh").exists())
+}
+
+/// The Linux kernel initiator (open-iscsi under QEMU, `../shared/linuxvm`) through a
+/// relaying gateway, with mutual CHAP relayed from an ipsan array that admits only it: the
+/// array authenticates the kernel, the kernel authenticates the array, the gateway holds no
+/// secret; the guest stores and verifies a filesystem, logs out and in again.
+#[test]
+fn linux_kernel_initiator_logs_in_with_mutual_chap_relayed_from_the_array() {
+    let Some(vm) = linuxvm() else {
+        println!("SKIP: ../shared/linuxvm not found");
+        return;
+    };
+    if !have("qemu-system-x86_64") {
+        println!("SKIP: qemu-system-x86_64 not installed (scripts/install-deps)");
+        return;
+    }
+    const GUEST: &str = "iqn.2005-03.org.open-iscsi:linuxvm";
+    let dir = tempfile::tempdir().unwrap();
+    let alice = secret_file(dir.path(), "alice.sec", ALICE);
+    let mutual = secret_file(
+        dir.path(),
+        "array-mutual.sec",
+        "array-mutual-secret-0123456",
+    );
+    let (_array, array_port) = spawn_ipsan(
+        &[
+            "target",
+            "--portal",
+            "127.0.0.1:0",
+            "--iqn",
+            ARRAY,
+            "--lun",
+            "mem:256MiB",
+            "--allow",
+            GUEST,
+            "--chap-user",
+            "alice",
+            "--chap-secret-file",
+            alice.to_str().unwrap(),
+            "--mutual-user",
+            "array",
+            "--mutual-secret-file",
+            mutual.to_str().unwrap(),
+        ],
+        &dir.path().join("array.log"),
+    );
+    let (_gw, port) = relay_gateway(dir.path(), array_port);
+    let log = dir.path().join("vm.log");
+    let mut child = Proc(
+        Command::new(vm.join("run.sh"))
+            .args([
+                "--chap-user",
+                "alice",
+                "--chap-secret-file",
+                alice.to_str().unwrap(),
+                "--mutual-user",
+                "array",
+                "--mutual-secret-file",
+                mutual.to_str().unwrap(),
+                &format!("127.0.0.1:{port}"),
+                ARRAY,
+            ])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(330),
+            "linuxvm did not finish within 330 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let out = std::fs::read_to_string(&log).unwrap();
+    for l in out.lines().filter(|l| l.contains("RESULT")) {
+        println!("{l}");
+    }
+    assert!(
+        status.success() && out.contains("RESULT ok"),
+        "linuxvm through the relaying gateway: {status}\n{out}"
+    );
+    // The gateway never held a secret: it was started without one, and the array judged.
+    let gw = std::fs::read_to_string(dir.path().join("gateway.log")).unwrap();
+    assert!(gw.contains("remote session open"), "{gw}");
+}
