@@ -12,6 +12,9 @@
 //! # branch office: hosts log in plain to a local portal; the WAN leg is sealed
 //! ipsan gateway --listen 127.0.0.1:3260 --to iscsi://dc:3260/iqn.2026-11.org.ipsan:disk0 \
 //!     --seal aes-256-gcm --secret-file wan.key
+//! # hosts authenticated by the array itself: CHAP relayed, no secret on the gateway
+//! ipsan gateway --listen 10.0.0.2:3260 --chap-relay \
+//!     --to iscsi://10.0.0.5:3260/iqn.2003-01.org.linux-iscsi.array:lun1/0
 //! # data centre: a sealed front for a plain array
 //! ipsan gateway --listen 0.0.0.0:3260 --seal required --seal-secret-file wan.key \
 //!     --to iscsi://10.0.0.5:3260/iqn.2003-01.org.linux-iscsi.array:lun1
@@ -58,6 +61,23 @@ pub struct Args {
     /// File holding the hosts' CHAP secret for --chap-user (mode 0600).
     #[arg(long, value_name = "FILE")]
     chap_secret_file: Option<PathBuf>,
+    /// Per-host CHAP on the listening side, bound to the name the host may claim (repeatable):
+    /// `INITIATOR-NAME,CHAP-USER,SECRET-FILE`. The remote session logs in under that name, so
+    /// a host can only reach what the array grants the name it authenticated as. Without
+    /// --chap-user, a name no --chap-host binds is refused.
+    #[arg(long, value_name = "NAME,USER,FILE")]
+    chap_host: Vec<String>,
+    /// Relay each host's CHAP to the remote target (mutual CHAP too): the remote target
+    /// authenticates every host with the host's own secret, under the name it declares, and
+    /// the gateway holds no host secret. A CHAP user in --to (with --password-file) is then
+    /// used only for the REPORT LUNS at start.
+    #[arg(long, conflicts_with_all = ["chap_user", "chap_host"])]
+    chap_relay: bool,
+    /// Listen beyond loopback without authenticating hosts (no --chap-host, --chap-user or
+    /// --seal required): every host on the network may then claim any initiator name, and the
+    /// remote session logs in under it with the gateway's own credentials.
+    #[arg(long)]
+    insecure_no_host_auth: bool,
     /// Host names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
     #[arg(long, value_name = "IQN")]
     allow: Vec<String>,
@@ -94,6 +114,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| "allowed".to_owned()),
     };
+    check_host_auth(&args, &listen_policy)?;
     let wan_seal = args.conn.seal.clone();
     let url = ipsan_initiator::IscsiUrl::parse(&args.to).context("--to")?;
     let remote_iqn = url
@@ -122,8 +143,13 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             secret_file: wan_seal.as_ref().and(args.conn.secret_file.clone()),
             depth: args.depth.map(|d| d as usize),
             tcp_congestion: args.conn.tcp_congestion.clone(),
-            chap_user: url.user.clone(),
-            chap_secret_file: url.user.as_ref().and(args.conn.password_file.clone()),
+            chap_user: url.user.clone().filter(|_| !args.chap_relay),
+            chap_secret_file: url
+                .user
+                .as_ref()
+                .filter(|_| !args.chap_relay)
+                .and(args.conn.password_file.clone()),
+            chap_relay: args.chap_relay,
             ..FileLun::new(*id, format!("{base}/{id}"))
         })
         .collect();
@@ -132,6 +158,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             iqn,
             alias: None,
             allow: args.allow.clone(),
+            chap_host: config::chap_hosts_from_flags(&args.chap_host)?,
             chap: args.chap_user.as_ref().map(|u| FileChap {
                 user: u.clone(),
                 secret: None,
@@ -186,6 +213,46 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
     }
     super::target::serve(config, args.control, args.metrics, None, "gateway")
+}
+
+/// A gateway never widens access (issue 31): the remote session logs in under the name the
+/// host declares, with the gateway's credentials, so a listening side that authenticates
+/// nobody lets any host that reaches it claim any name the array admits. Refused beyond
+/// loopback unless `--insecure-no-host-auth`; shared credentials are warned about, as they
+/// let each holder claim every name no `--chap-host` binds.
+fn check_host_auth(args: &Args, listen_policy: &str) -> anyhow::Result<()> {
+    let shared = args.chap_user.is_some() || listen_policy == "required";
+    let per_host = !args.chap_host.is_empty() || args.chap_relay;
+    let beyond_loopback: Vec<&str> = args
+        .listen
+        .iter()
+        .filter(|p| {
+            p.parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| !a.ip().is_loopback())
+        })
+        .map(String::as_str)
+        .collect();
+    if !shared && !per_host {
+        if beyond_loopback.is_empty() || args.insecure_no_host_auth {
+            if !beyond_loopback.is_empty() {
+                tracing::warn!(
+                    "--insecure-no-host-auth: hosts are not authenticated on {}; any host that reaches it may claim any initiator name and act as it on the remote target",
+                    beyond_loopback.join(", ")
+                );
+            }
+            return Ok(());
+        }
+        anyhow::bail!(
+            "refusing to listen on {} without authenticating hosts: the remote session logs in under whatever initiator name a host declares, with the gateway's own credentials, so any host that reaches the gateway could act as any host the remote target admits. Let the remote target authenticate each host (--chap-relay), or bind each host's name to its own CHAP credential (--chap-host NAME,USER,SECRET-FILE), or give --chap-user/--seal required, or pass --insecure-no-host-auth to accept the risk",
+            beyond_loopback.join(", ")
+        );
+    }
+    if shared && !per_host {
+        tracing::warn!(
+            "hosts share one credential on the listening side (--chap-user or --seal required): each holder may claim any initiator name and act as it on the remote target; bind names with --chap-host"
+        );
+    }
+    Ok(())
 }
 
 /// The remote target's LUNs, by REPORT LUNS over a session of the gateway's own

@@ -59,6 +59,12 @@ pub struct Args {
     /// File holding the target's mutual CHAP secret (mode 0600).
     #[arg(long, value_name = "FILE")]
     mutual_secret_file: Option<PathBuf>,
+    /// Per-host CHAP bound to a name, as LIO binds CHAP to an ACL (repeatable):
+    /// `INITIATOR-NAME,CHAP-USER,SECRET-FILE`. That name logs in only as that user with that
+    /// secret; the user may claim only the names given with it. Without --chap-user, a name
+    /// no --chap-host binds is refused.
+    #[arg(long, value_name = "NAME,USER,FILE", conflicts_with = "config")]
+    chap_host: Vec<String>,
     /// Initiator names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
     #[arg(long, value_name = "IQN")]
     allow: Vec<String>,
@@ -250,6 +256,7 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                     alias: None,
                     allow: args.allow.clone(),
                     chap,
+                    chap_host: config::chap_hosts_from_flags(&args.chap_host)?,
                     seal: Some(FileSeal {
                         policy: Some(seal_policy_name(args.seal).to_owned()),
                         secret: None,

@@ -39,7 +39,10 @@ pub mod url;
 
 pub use error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
 pub use iscsi_proto::chap::ChapSecret;
-pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
+pub use login::{
+    ChapCredentials, ChapRelay, DigestChoice, LoginOptions, Negotiated, OriginatorExtension,
+    RelayedChallenge, RelayedResponse, RelayedVerdict,
+};
 pub use observe::{CommandEvent, CommandObserver};
 pub use recovery::RecoveryStats;
 pub use session::{

@@ -41,6 +41,38 @@ pub trait OriginatorExtension: originator::OriginatorExtension {
     }
 }
 
+/// The remote leg's end of relayed CHAP ([`crate::Session::connect_relayed`], a gateway,
+/// docs/gateway.md): the host's CHAP_A offer, and channels that carry the target's challenge
+/// out, the host's answer in and the target's verdict out. The session holds no secret.
+#[derive(Debug)]
+pub struct ChapRelay {
+    /// The host's CHAP_A offer, in its order: what this login offers the target.
+    pub algorithms: Vec<iscsi_proto::chap::ChapAlgorithm>,
+    /// Gets the target's CHAP_A, CHAP_I and CHAP_C.
+    pub challenge: Option<tokio::sync::oneshot::Sender<RelayedChallenge>>,
+    /// Gives the host's answer.
+    pub response: Option<tokio::sync::oneshot::Receiver<RelayedResponse>>,
+    /// Gets the target's acceptance: its CHAP_N and CHAP_R when the host asked for mutual
+    /// CHAP. Dropped unsent when the target refused (the login then fails with its status).
+    pub accepted: Option<tokio::sync::oneshot::Sender<RelayedVerdict>>,
+}
+
+/// The target's CHAP_A, CHAP_I and CHAP_C, relayed to the host.
+pub type RelayedChallenge = (iscsi_proto::chap::ChapAlgorithm, u8, Vec<u8>);
+
+/// The target accepted the relayed response: its CHAP_N and CHAP_R if the host asked for
+/// mutual CHAP.
+pub type RelayedVerdict = Option<(String, Vec<u8>)>;
+
+/// The host's answer to a relayed challenge: CHAP_N, CHAP_R and, for mutual CHAP, its
+/// CHAP_I and CHAP_C.
+#[derive(Debug, Clone)]
+pub struct RelayedResponse {
+    pub name: String,
+    pub response: Vec<u8>,
+    pub mutual: Option<(u8, Vec<u8>)>,
+}
+
 /// A connection's record protection: the sealer for the framed write, the opener for the
 /// framed read.
 pub type RecordLayer = (ipsan_seal::RecordSealer, ipsan_seal::RecordOpener);

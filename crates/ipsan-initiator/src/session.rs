@@ -720,12 +720,26 @@ async fn login(
     opts: LoginOptions,
     kind: SessionKind,
     ext: Option<Box<dyn OriginatorExtension>>,
+    relay: Option<crate::login::ChapRelay>,
 ) -> Result<LoggedIn> {
     let isid = opts.isid.unwrap_or_else(random_isid);
     let itt = 0u32;
     let cmd_sn = 1u32;
     let mut exp_stat_sn = 0u32;
-    let (mut machine, mut step) = LoginMachine::start(opts, kind);
+    let (mut machine, mut step, mut relay) = match relay {
+        Some(r) => {
+            let opts = LoginOptions {
+                chap_algorithms: r.algorithms.clone(),
+                ..opts
+            };
+            let (m, s) = LoginMachine::start_relayed(opts, kind);
+            (m, s, Some(r))
+        }
+        None => {
+            let (m, s) = LoginMachine::start(opts, kind);
+            (m, s, None)
+        }
+    };
     if let Some(ext) = ext {
         machine.set_extension(ext, isid);
     }
@@ -815,8 +829,33 @@ async fn login(
             tsih: resp.tsih,
             keys,
         };
-        match machine.handle(reply)? {
+        let next = machine.handle(reply)?;
+        if let (Some(verdict), Some(r)) = (machine.take_relay_verdict(), relay.as_mut()) {
+            // The target accepted the relayed response: the host hears it now.
+            if let Some(tx) = r.accepted.take() {
+                let _ = tx.send(verdict);
+            }
+        }
+        match next {
             LoginNext::Send(s) => step = s,
+            LoginNext::RelayChallenge {
+                algorithm,
+                id,
+                challenge,
+            } => {
+                let r = relay
+                    .as_mut()
+                    .ok_or_else(|| Error::Login("relayed CHAP without a relay".into()))?;
+                let (Some(tx), Some(rx)) = (r.challenge.take(), r.response.take()) else {
+                    return Err(Error::Login("a second relayed CHAP challenge".into()));
+                };
+                tx.send((algorithm, id, challenge))
+                    .map_err(|_| Error::Login("relayed CHAP: the host is gone".into()))?;
+                let answer = rx
+                    .await
+                    .map_err(|_| Error::Login("relayed CHAP: the host did not answer".into()))?;
+                step = machine.relay_response(&answer.name, &answer.response, answer.mutual)?;
+            }
             LoginNext::Done(params) => {
                 // Seal's record layer is keyed from the whole transcript, this final
                 // response included (docs/seal.md §4a).
@@ -856,9 +895,10 @@ async fn connect_and_login(
             let stream = connect_tcp(url, cfg).await?;
             let mut conn = Conn::new(stream);
             let ext = cfg.extension.as_ref().map(|f| (f.0)());
-            let li = tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind, ext))
-                .await
-                .map_err(|_| Error::Timeout("login"))??;
+            let li =
+                tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind, ext, None))
+                    .await
+                    .map_err(|_| Error::Timeout("login"))??;
             Ok::<_, Error>((conn, li))
         }
     };
@@ -1250,6 +1290,30 @@ impl Session {
     /// [`SessionConfig::recovery_timeout`] set, a supervisor task recovers the session when
     /// its connection fails ([`crate::recovery`]).
     pub async fn connect(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
+        Self::connect_with(url, cfg, None).await
+    }
+
+    /// Connect and log in with relayed CHAP (a gateway's remote leg, docs/gateway.md): the
+    /// target's challenge goes out through `relay`, the host's answer comes back through it,
+    /// and the target's verdict goes out; `cfg.login.chap` is not used. Such a session has
+    /// no session recovery whatever `cfg` says: a new login needs the host to answer again.
+    pub async fn connect_relayed(
+        url: &IscsiUrl,
+        cfg: &SessionConfig,
+        relay: crate::login::ChapRelay,
+    ) -> Result<Self> {
+        let cfg = SessionConfig {
+            recovery_timeout: None,
+            ..cfg.clone()
+        };
+        Self::connect_with(url, &cfg, Some(relay)).await
+    }
+
+    async fn connect_with(
+        url: &IscsiUrl,
+        cfg: &SessionConfig,
+        relay: Option<crate::login::ChapRelay>,
+    ) -> Result<Self> {
         let target = url.require_target()?.to_owned();
         let lun = u64::from_be_bytes(scsi::encode_lun(u64::from(url.lun.unwrap_or(0))));
         // One ISID for the session's life: a reconnect with the same ISID and TSIH 0
@@ -1257,7 +1321,24 @@ impl Session {
         let mut cfg = cfg.clone();
         cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(random_isid));
         let recovery_timeout = cfg.recovery_timeout.filter(|d| !d.is_zero());
-        let fresh = login_connection(url, &cfg, &target).await?;
+        let fresh = match relay {
+            None => login_connection(url, &cfg, &target).await?,
+            Some(relay) => {
+                let stream = connect_tcp(url, &cfg).await?;
+                let mut conn = Conn::new(stream);
+                let ext = cfg.extension.as_ref().map(|f| (f.0)());
+                let kind = SessionKind::Normal {
+                    target_name: target.clone(),
+                };
+                let li = tokio::time::timeout(
+                    cfg.login_timeout,
+                    login(&mut conn, cfg.login.clone(), kind, ext, Some(relay)),
+                )
+                .await
+                .map_err(|_| Error::Timeout("login"))??;
+                Fresh { conn, li }
+            }
+        };
         let st = Arc::new(ConnState::new(0, fresh.li.transform.clone()));
         let session = proto::Session::new(proto::Config { recovery_timeout }, fresh.engine(&cfg));
         let core = Arc::new(Core {

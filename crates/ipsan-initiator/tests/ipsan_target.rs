@@ -27,6 +27,7 @@ async fn start(chap: Option<ChapArg<'_>>) -> (ServerHandle, IscsiUrl) {
             alias: None,
             allow: Vec::new(),
             chap,
+            chap_hosts: Vec::new(),
             seal: Default::default(),
             luns: tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
         }],

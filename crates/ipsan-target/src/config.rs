@@ -44,6 +44,11 @@
 //! mutual_user = "disk0"                            # optional mutual CHAP
 //! mutual_secret_file = "/etc/ipsan/disk0.secret"
 //!
+//! [[target.chap_host]]           # per-host CHAP bound to the names it may claim (as LIO's
+//! user = "host-a"                 # CHAP on an ACL): a host authenticating as host-a may log
+//! secret_file = "/etc/ipsan/host-a.secret"   # in only as these names, and these names
+//! names = ["iqn.1994-05.com.redhat:host-a"]  # only with this credential
+//!
 //! [target.seal]                  # Seal: encryption above SCSI (docs/seal.md)
 //! policy = "allowed"              # off | allowed (default) | required
 //! secret_file = "/etc/ipsan/seal.secret"          # default pre-shared secret for this target
@@ -192,10 +197,52 @@ pub struct FileTarget {
     pub allow: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chap: Option<FileChap>,
+    /// Per-host CHAP credentials, each bound to the initiator names it may claim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chap_host: Vec<FileChapHost>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seal: Option<FileSeal>,
     #[serde(default)]
     pub lun: Vec<FileLun>,
+}
+
+/// `[[target.chap_host]]`: one host's CHAP credential and the initiator names it may claim
+/// (LIO binds CHAP to an ACL the same way). A name listed here logs in only with this
+/// credential, never with the target's shared `[target.chap]` one.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileChapHost {
+    /// The CHAP name (CHAP_N) the host presents.
+    pub user: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+    /// The InitiatorNames this credential may claim (exact names).
+    pub names: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_user: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutual_secret_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithms: Option<Vec<String>>,
+}
+
+impl std::fmt::Debug for FileChapHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileChapHost")
+            .field("user", &self.user)
+            .field("secret", &redacted(&self.secret))
+            .field("secret_file", &self.secret_file)
+            .field("names", &self.names)
+            .field("mutual_user", &self.mutual_user)
+            .field("mutual_secret", &redacted(&self.mutual_secret))
+            .field("mutual_secret_file", &self.mutual_secret_file)
+            .field("algorithms", &self.algorithms)
+            .finish()
+    }
 }
 
 /// `[target.seal]`.
@@ -328,6 +375,11 @@ pub struct FileLun {
     /// iscsi: file holding that CHAP user's secret (mode 0600).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chap_secret_file: Option<PathBuf>,
+    /// iscsi: relay each host's CHAP to the remote target, which authenticates the host
+    /// with its own secret (docs/gateway.md); the gateway holds no host secret. Then every LUN
+    /// of the target reaches this one remote target and the target has no CHAP of its own.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub chap_relay: bool,
 }
 
 /// One LUN to serve.
@@ -470,11 +522,42 @@ pub struct TargetConfig {
     /// Initiator names allowed; `*` at the end matches any suffix. Empty allows all.
     pub allow: Vec<String>,
     pub chap: Option<ChapPolicy>,
+    /// Per-host CHAP bound to initiator names (`[[target.chap_host]]`, `--chap-host`).
+    pub chap_hosts: Vec<HostChap>,
     pub seal: SealSettings,
     pub luns: Vec<LunConfig>,
 }
 
+/// A CHAP credential bound to the initiator names its holder may claim, as LIO binds CHAP to
+/// an ACL. A login declaring one of `names` must answer CHAP as `policy.user` with its secret;
+/// the target's shared credential never authenticates these names.
+#[derive(Debug, Clone)]
+pub struct HostChap {
+    pub names: Vec<String>,
+    pub policy: ChapPolicy,
+}
+
 impl TargetConfig {
+    /// How many distinct remote targets this target's LUNs reach.
+    fn remote_target_count(&self) -> usize {
+        let mut keys: Vec<String> = self
+            .luns
+            .iter()
+            .filter_map(|l| l.remote.as_ref().map(|r| r.target_key()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys.len()
+    }
+
+    /// Whether hosts authenticate by CHAP relayed to the remote target (`chap_relay`).
+    #[must_use]
+    pub fn chap_relay(&self) -> bool {
+        self.luns
+            .iter()
+            .any(|l| l.remote.as_ref().is_some_and(|r| r.chap_relay))
+    }
+
     /// A target with default policies (no CHAP, all initiators, Seal allowed without secret).
     #[must_use]
     pub fn new(iqn: impl Into<String>, luns: Vec<LunConfig>) -> Self {
@@ -483,6 +566,7 @@ impl TargetConfig {
             alias: None,
             allow: Vec::new(),
             chap: None,
+            chap_hosts: Vec::new(),
             seal: SealSettings::default(),
             luns,
         }
@@ -643,6 +727,102 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
     })
 }
 
+/// The `[[target.chap_host]]` entries of `field`, checked: every name a valid iSCSI name bound
+/// to one credential only, every user name with one secret only.
+fn chap_hosts(field: &str, hosts: &[FileChapHost]) -> Result<Vec<HostChap>, ConfigError> {
+    let mut out: Vec<HostChap> = Vec::new();
+    let mut bound = std::collections::HashMap::new();
+    for (k, h) in hosts.iter().enumerate() {
+        let f = format!("{field}.chap_host[{k}]");
+        if h.names.is_empty() {
+            return Err(err(
+                format!("{f}.names"),
+                "list the initiator names this credential may claim",
+            ));
+        }
+        for n in &h.names {
+            check_iqn(&format!("{f}.names"), n)?;
+            if let Some(prev) = bound.insert(n.clone(), h.user.clone()) {
+                return Err(err(
+                    format!("{f}.names"),
+                    format!(
+                        "{n} is already bound to CHAP user {prev:?}: a name has one credential"
+                    ),
+                ));
+            }
+        }
+        if out.iter().any(|o| o.policy.user == h.user) {
+            return Err(err(
+                format!("{f}.user"),
+                format!(
+                    "CHAP user {:?} is configured twice: list all its names in one entry",
+                    h.user
+                ),
+            ));
+        }
+        let policy = chap_policy(
+            &f,
+            &FileChap {
+                user: h.user.clone(),
+                secret: h.secret.clone(),
+                secret_file: h.secret_file.clone(),
+                mutual_user: h.mutual_user.clone(),
+                mutual_secret: h.mutual_secret.clone(),
+                mutual_secret_file: h.mutual_secret_file.clone(),
+                algorithms: h.algorithms.clone(),
+            },
+        )?;
+        out.push(HostChap {
+            names: h.names.clone(),
+            policy,
+        });
+    }
+    Ok(out)
+}
+
+/// Parses `--chap-host NAME,USER,SECRET_FILE` flags into `[[target.chap_host]]` entries; one
+/// user given for several names becomes one entry listing them (its file must be the same).
+pub fn chap_hosts_from_flags(flags: &[String]) -> Result<Vec<FileChapHost>, ConfigError> {
+    let mut out: Vec<FileChapHost> = Vec::new();
+    for v in flags {
+        let mut it = v.splitn(3, ',');
+        let (Some(name), Some(user), Some(file)) = (it.next(), it.next(), it.next()) else {
+            return Err(err(
+                "--chap-host",
+                format!("{v:?}: expected INITIATOR-NAME,CHAP-USER,SECRET-FILE"),
+            ));
+        };
+        if user.is_empty() || file.is_empty() {
+            return Err(err(
+                "--chap-host",
+                format!("{v:?}: expected INITIATOR-NAME,CHAP-USER,SECRET-FILE"),
+            ));
+        }
+        let file = PathBuf::from(file);
+        if let Some(e) = out.iter_mut().find(|e| e.user == user) {
+            if e.secret_file.as_ref() != Some(&file) {
+                return Err(err(
+                    "--chap-host",
+                    format!("CHAP user {user:?} is given with two secret files"),
+                ));
+            }
+            e.names.push(name.to_owned());
+            continue;
+        }
+        out.push(FileChapHost {
+            user: user.to_owned(),
+            secret: None,
+            secret_file: Some(file),
+            names: vec![name.to_owned()],
+            mutual_user: None,
+            mutual_secret: None,
+            mutual_secret_file: None,
+            algorithms: None,
+        });
+    }
+    Ok(out)
+}
+
 /// The settings of a remote iSCSI LUN (`backend = "iscsi://host:port/iqn/lun"`).
 fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, ConfigError> {
     let url = ipsan_initiator::IscsiUrl::parse(&l.backend)
@@ -718,13 +898,23 @@ fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, Co
             .map_err(|e| err(format!("{field}.tcp_congestion"), e.to_string()))?;
         session.tcp = Some(t);
     }
+    if l.chap_relay && l.chap_user.is_some() {
+        return Err(err(
+            format!("{field}.chap_relay"),
+            "a relayed login answers CHAP with the host's credential: no chap_user",
+        ));
+    }
     let source = format!(
         "{} seal={} depth={} tcp={} chap={}",
         l.backend,
         l.seal.as_deref().unwrap_or("off"),
         l.depth.map_or("window".to_owned(), |d| d.to_string()),
         l.tcp_congestion.as_deref().unwrap_or("kernel"),
-        l.chap_user.as_deref().unwrap_or("none"),
+        if l.chap_relay {
+            "relay"
+        } else {
+            l.chap_user.as_deref().unwrap_or("none")
+        },
     );
     Ok(crate::remote::RemoteSpec {
         url,
@@ -732,6 +922,7 @@ fn remote_from(field: &str, l: &FileLun) -> Result<crate::remote::RemoteSpec, Co
         seal,
         depth: l.depth,
         source,
+        chap_relay: l.chap_relay,
     })
 }
 
@@ -741,7 +932,8 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
         || l.depth.is_some()
         || l.tcp_congestion.is_some()
         || l.chap_user.is_some()
-        || l.chap_secret_file.is_some();
+        || l.chap_secret_file.is_some()
+        || l.chap_relay;
     if l.backend.starts_with("iscsi://") {
         let remote = remote_from(field, l)?;
         return Ok(LunConfig {
@@ -761,7 +953,7 @@ fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigError> {
     if remote_only {
         return Err(err(
             field.to_owned(),
-            "seal, secret_file, depth, tcp_congestion, chap_user and chap_secret_file apply to iscsi:// backends only",
+            "seal, secret_file, depth, tcp_congestion, chap_user, chap_secret_file and chap_relay apply to iscsi:// backends only",
         ));
     }
     let mut backend: BackendSpec = l
@@ -887,6 +1079,7 @@ impl Config {
                 .as_ref()
                 .map(|ch| chap_policy(&format!("{field}.chap"), ch))
                 .transpose()?;
+            let chap_hosts = chap_hosts(&field, &t.chap_host)?;
             let luns = t
                 .lun
                 .iter()
@@ -904,6 +1097,7 @@ impl Config {
                 alias: t.alias.clone(),
                 allow: t.allow.clone(),
                 chap,
+                chap_hosts,
                 seal,
                 luns,
             });
@@ -937,6 +1131,26 @@ impl Config {
                     format!("target[{i}].lun"),
                     "a target needs at least one LUN",
                 ));
+            }
+            let relays = t
+                .luns
+                .iter()
+                .filter(|l| l.remote.as_ref().is_some_and(|r| r.chap_relay))
+                .count();
+            if relays > 0 {
+                // The remote target authenticates every host: nothing else may be reachable.
+                if relays != t.luns.len() || t.remote_target_count() != 1 {
+                    return Err(err(
+                        format!("target[{i}].lun"),
+                        "with chap_relay, every LUN of the target reaches one remote target with chap_relay",
+                    ));
+                }
+                if t.chap.is_some() || !t.chap_hosts.is_empty() {
+                    return Err(err(
+                        format!("target[{i}].chap"),
+                        "a target whose LUNs relay CHAP to the remote target has no CHAP of its own",
+                    ));
+                }
             }
             let mut ids = std::collections::HashSet::new();
             let mut remotes: std::collections::HashMap<String, &str> =
@@ -1053,6 +1267,7 @@ impl FileLun {
             tcp_congestion: None,
             chap_user: None,
             chap_secret_file: None,
+            chap_relay: false,
         }
     }
 
@@ -1251,6 +1466,72 @@ backend = "iscsi://10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0/1"
         std::fs::write(&k, "0123456789abcdef0123456789abcdef").unwrap();
         std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         k
+    }
+
+    fn chap_host_toml(entries: &str) -> String {
+        format!("[[target]]\niqn = \"iqn.2026-11.x:y\"\n{entries}[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n")
+    }
+
+    #[test]
+    fn accepts_per_host_chap_bound_to_names() {
+        let c = Config::from_toml(&chap_host_toml(
+            "[[target.chap_host]]\nuser = \"a\"\nsecret = \"secret-of-host-a\"\nnames = [\"iqn.2026-11.x:a\", \"iqn.2026-11.x:a2\"]\n[[target.chap_host]]\nuser = \"b\"\nsecret = \"secret-of-host-b\"\nnames = [\"iqn.2026-11.x:b\"]\n",
+        ))
+        .unwrap();
+        let h = &c.targets[0].chap_hosts;
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0].policy.user, "a");
+        assert_eq!(h[0].names, ["iqn.2026-11.x:a", "iqn.2026-11.x:a2"]);
+        assert!(c.targets[0].chap.is_none());
+        // The file form round-trips (ipsan ctl save).
+        let again = Config::from_toml(&c.source.unwrap().to_toml().unwrap()).unwrap();
+        assert_eq!(again.targets[0].chap_hosts.len(), 2);
+    }
+
+    #[test]
+    fn rejects_a_name_bound_twice_a_user_twice_and_no_names() {
+        let twice = Config::from_toml(&chap_host_toml(
+            "[[target.chap_host]]\nuser = \"a\"\nsecret = \"secret-of-host-a\"\nnames = [\"iqn.2026-11.x:a\"]\n[[target.chap_host]]\nuser = \"b\"\nsecret = \"secret-of-host-b\"\nnames = [\"iqn.2026-11.x:a\"]\n",
+        ))
+        .unwrap_err();
+        assert_eq!(twice.field, "target[0].chap_host[1].names");
+        let user = Config::from_toml(&chap_host_toml(
+            "[[target.chap_host]]\nuser = \"a\"\nsecret = \"secret-of-host-a\"\nnames = [\"iqn.2026-11.x:a\"]\n[[target.chap_host]]\nuser = \"a\"\nsecret = \"another-secret-a\"\nnames = [\"iqn.2026-11.x:b\"]\n",
+        ))
+        .unwrap_err();
+        assert_eq!(user.field, "target[0].chap_host[1].user");
+        let none = Config::from_toml(&chap_host_toml(
+            "[[target.chap_host]]\nuser = \"a\"\nsecret = \"secret-of-host-a\"\nnames = []\n",
+        ))
+        .unwrap_err();
+        assert_eq!(none.field, "target[0].chap_host[0].names");
+        let bad = Config::from_toml(&chap_host_toml(
+            "[[target.chap_host]]\nuser = \"a\"\nsecret = \"secret-of-host-a\"\nnames = [\"host-a\"]\n",
+        ))
+        .unwrap_err();
+        assert_eq!(bad.field, "target[0].chap_host[0].names");
+    }
+
+    #[test]
+    fn accepts_chap_host_flags_merging_one_users_names() {
+        let h = chap_hosts_from_flags(&[
+            "iqn.2026-11.x:a,ua,/k/a".into(),
+            "iqn.2026-11.x:a2,ua,/k/a".into(),
+            "iqn.2026-11.x:b,ub,/k/b,with,commas".into(),
+        ])
+        .unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0].names, ["iqn.2026-11.x:a", "iqn.2026-11.x:a2"]);
+        assert_eq!(
+            h[1].secret_file.as_deref(),
+            Some(Path::new("/k/b,with,commas"))
+        );
+        assert!(chap_hosts_from_flags(&["iqn.2026-11.x:a,ua".into()]).is_err());
+        assert!(chap_hosts_from_flags(&[
+            "iqn.2026-11.x:a,ua,/k/a".into(),
+            "iqn.2026-11.x:b,ua,/k/other".into()
+        ])
+        .is_err());
     }
 
     #[test]

@@ -324,6 +324,51 @@ async fn open_remotes(
     Ok(Some(nexus))
 }
 
+/// One step of relayed CHAP: the remote target's challenge for the host's CHAP_A offer
+/// (starting the remote login as the host), or its verdict on the host's answer.
+async fn relay_chap(
+    shared: &Shared,
+    relay: &mut Option<crate::remote::HostRelay>,
+    (initiator, target, isid): (String, Option<String>, [u8; 6]),
+    request: iscsi_proto::login::RelayRequest,
+) -> iscsi_proto::login::RelayAnswer {
+    use iscsi_proto::login::{LoginFailure, LoginStatus, RelayAnswer, RelayRequest};
+    match request {
+        RelayRequest::Challenge { algorithms } => {
+            let spec = target
+                .and_then(|t| shared.registry.target(&t))
+                .and_then(|t| t.remote_targets().into_iter().next());
+            let Some(spec) = spec else {
+                return RelayAnswer::Refused(LoginFailure::new(
+                    LoginStatus::TARGET_ERROR,
+                    "relayed CHAP: the target reaches no remote target",
+                ));
+            };
+            let (r, answer) = crate::remote::HostRelay::start(
+                spec,
+                (&initiator, isid),
+                shared.pool.clone(),
+                algorithms,
+                shared.login_timeout / 2,
+            )
+            .await;
+            *relay = Some(r);
+            answer
+        }
+        RelayRequest::Response {
+            name,
+            response,
+            mutual,
+        } => match relay.as_mut() {
+            Some(r) => r.respond(name, response, mutual).await,
+            None => RelayAnswer::Refused(LoginFailure::new(
+                LoginStatus::TARGET_ERROR,
+                "relayed CHAP: a response before a challenge",
+            )),
+        },
+    }
+}
+
 /// Runs the login; `Ok(None)` when it failed or the peer went away (already answered).
 async fn login_phase(
     conn: &mut Reader,
@@ -339,6 +384,7 @@ async fn login_phase(
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
     let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
+    let mut relay: Option<crate::remote::HostRelay> = None;
     let mut first = true;
     loop {
         let next = if first {
@@ -373,6 +419,13 @@ async fn login_phase(
         // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
         lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
         let mut reply = login.handle(req, &pdu.data, &mut dir);
+        if let Outcome::Relay(request) = reply.outcome {
+            // CHAP relayed to the remote target (a gateway, remote.rs HostRelay).
+            let (ini, tgt) = login.declared();
+            let who = (ini.to_owned(), tgt.map(str::to_owned), req.isid);
+            let answer = relay_chap(shared, &mut relay, who, request).await;
+            reply = login.relay_answer(answer, &mut dir);
+        }
         let mut remote = None;
         let mut session_slot = None;
         if let Outcome::FullFeature(result) = &reply.outcome {
@@ -400,7 +453,11 @@ async fn login_phase(
             }
         }
         if let (Outcome::FullFeature(result), Some(_)) = (&reply.outcome, &session_slot) {
-            match open_remotes(shared, result).await {
+            let opened = match relay.take() {
+                Some(r) => r.finish().await.map(Some),
+                None => open_remotes(shared, result).await,
+            };
+            match opened {
                 Ok(r) => remote = r,
                 Err(why) => {
                     // RFC 7143 §11.13.5: 0x0301 "service unavailable", a target error the
@@ -428,7 +485,7 @@ async fn login_phase(
         lock(transcript).add_sent(Direction::TargetToInitiator, &resp);
         wr.write_all(&out).await?;
         match reply.outcome {
-            Outcome::Continue => {}
+            Outcome::Continue | Outcome::Relay(_) => {}
             Outcome::Failed(f) => {
                 warn!(%peer, initiator = dir.initiator().as_deref().unwrap_or("(not declared)"), initiator_isid = %hex::encode(req.isid), status = format!("{:#06x}", f.status.0), "login refused: {}", f.reason);
                 let _ = wr.shutdown().await;

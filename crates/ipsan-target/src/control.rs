@@ -456,6 +456,7 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
                     alias,
                     allow,
                     chap: None,
+                    chap_host: Vec::new(),
                     seal: None,
                     lun: luns
                         .into_iter()
@@ -781,7 +782,7 @@ fn targets(registry: &Registry) -> Value {
                 iscsi_proto::login::Auth::Chap(c) => {
                     (Some(c.user.clone()), c.mutual.as_ref().map(|m| m.0.clone()))
                 }
-                iscsi_proto::login::Auth::None => (None, None),
+                iscsi_proto::login::Auth::None | iscsi_proto::login::Auth::Relay => (None, None),
             };
             json!({
                 "iqn": t.iqn,

@@ -30,7 +30,10 @@ pub struct Target {
     pub iqn: String,
     pub alias: Option<String>,
     pub allow: Vec<String>,
+    /// The shared credential: authenticates every name no `chap_hosts` entry binds.
     pub auth: Auth,
+    /// Per-host CHAP bound to initiator names (config.rs [`crate::config::HostChap`]).
+    pub chap_hosts: Vec<crate::config::HostChap>,
     pub seal: crate::config::SealSettings,
     pub luns: BTreeMap<u64, Arc<LogicalUnit>>,
     /// The stores behind the LUNs, flushed at shutdown.
@@ -86,6 +89,27 @@ impl Target {
             }
         }
         out
+    }
+
+    /// How a login declaring `initiator` must authenticate (RFC 7143 §12.1.3): with the CHAP
+    /// credential bound to that name if one is, else with the target's shared one. A name no
+    /// credential binds is refused when the target has per-host credentials and no shared
+    /// one: per-host CHAP never leaves a name without authentication.
+    pub fn auth_for(&self, initiator: &str) -> Result<Auth, LoginFailure> {
+        if let Some(h) = self
+            .chap_hosts
+            .iter()
+            .find(|h| h.names.iter().any(|n| n == initiator))
+        {
+            return Ok(Auth::Chap(h.policy.clone()));
+        }
+        if !self.chap_hosts.is_empty() && matches!(self.auth, Auth::None) {
+            return Err(LoginFailure::new(
+                LoginStatus::AUTHORIZATION_FAILURE,
+                format!("{initiator} has no CHAP credential bound on {}", self.iqn),
+            ));
+        }
+        Ok(self.auth.clone())
     }
 
     /// Whether `initiator` may log in (an empty allow-list admits everyone).
@@ -580,9 +604,9 @@ impl Registry {
     /// login was answered, unless the older session registered in between.
     pub fn register(&self, mut info: SessionInfo) -> Result<Registration, Outranked> {
         let target = info.target.as_deref().and_then(|t| self.target(t));
-        info.chap = target
-            .as_ref()
-            .is_some_and(|t| matches!(t.auth, Auth::Chap(_)));
+        info.chap = target.as_ref().is_some_and(|t| {
+            matches!(t.auth_for(&info.initiator), Ok(Auth::Chap(_) | Auth::Relay))
+        });
         let key = SessionKey {
             initiator: info.initiator.clone(),
             isid: info.isid,
@@ -832,7 +856,12 @@ fn build_target(
         iqn: t.iqn.clone(),
         alias: t.alias.clone(),
         allow: t.allow.clone(),
-        auth: t.chap.clone().map_or(Auth::None, Auth::Chap),
+        auth: if t.chap_relay() {
+            Auth::Relay
+        } else {
+            t.chap.clone().map_or(Auth::None, Auth::Chap)
+        },
+        chap_hosts: t.chap_hosts.clone(),
         seal: t.seal.clone(),
         luns,
         backends,
@@ -910,10 +939,16 @@ impl LoginDirectory {
         *crate::lock(&self.declared) = Some((initiator.to_owned(), target.map(str::to_owned)));
     }
 
+    /// Marks this login as one that must authenticate (CHAP here, or relayed to the remote
+    /// target) and records the CHAP user a local CHAP policy binds it to.
     fn require_chap(&self, auth: &Auth) {
-        if let Auth::Chap(p) = auth {
-            self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
-            *crate::lock(&self.chap_user) = Some(p.user.clone());
+        match auth {
+            Auth::None => {}
+            Auth::Chap(p) => {
+                self.chap.store(true, std::sync::atomic::Ordering::Relaxed);
+                *crate::lock(&self.chap_user) = Some(p.user.clone());
+            }
+            _ => self.chap.store(true, std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -934,12 +969,13 @@ impl Directory for LoginDirectory {
                 format!("{initiator_name} is not on {target_name}'s allow-list"),
             ));
         }
-        if matches!(t.auth, Auth::Chap(_)) {
-            self.require_chap(&t.auth);
+        let auth = t.auth_for(initiator_name)?;
+        if !matches!(auth, Auth::None) {
+            self.require_chap(&auth);
             self.registry.check_lockout(initiator_name, self.peer)?;
         }
         Ok(TargetPolicy {
-            auth: t.auth.clone(),
+            auth,
             portal_group_tag: PORTAL_GROUP_TAG,
             alias: t.alias.clone(),
         })
@@ -1235,7 +1271,13 @@ impl Registry {
                 (Auth::None, None) => false,
                 _ => true,
             };
-            if chap_changed {
+            let hosts_changed = o.chap_hosts.len() != t.chap_hosts.len()
+                || o.chap_hosts.iter().zip(&t.chap_hosts).any(|(a, b)| {
+                    a.names != b.names
+                        || a.policy.user != b.policy.user
+                        || !a.policy.secret.ct_eq(&b.policy.secret)
+                });
+            if chap_changed || hosts_changed {
                 report.changes.push(format!(
                     "target {} CHAP changed (new logins; sessions logged in stay)",
                     t.iqn

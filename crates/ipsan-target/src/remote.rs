@@ -51,6 +51,9 @@ pub struct RemoteSpec {
     /// The text this was configured from (`iscsi://…` and its settings), for comparisons
     /// and `ipsan ctl`.
     pub source: String,
+    /// Hosts authenticate to the remote target itself: their CHAP is relayed during their
+    /// login ([`RemoteNexus::open_relayed`]) and the gateway holds no host secret.
+    pub chap_relay: bool,
 }
 
 impl std::fmt::Debug for RemoteSpec {
@@ -157,9 +160,37 @@ impl RemoteNexus {
     /// Logs in to `spec`'s remote target as the host (its InitiatorName and ISID), unless a
     /// session to that target is open already.
     pub async fn open(&self, spec: &RemoteSpec) -> Result<(), Error> {
+        self.open_with(spec, None).await
+    }
+
+    /// Logs in to `spec`'s remote target as the host, answering its CHAP challenge with the
+    /// host's own answer (`relay`, driven by the host's login in conn.rs). The remote target
+    /// authenticates the host; the gateway sees the exchange, never a secret. No session
+    /// recovery: a new remote login needs the host to answer again, so a lost remote session
+    /// ends the host's session and the host logs in again.
+    pub async fn open_relayed(
+        &self,
+        spec: &RemoteSpec,
+        relay: ipsan_initiator::ChapRelay,
+    ) -> Result<(), Error> {
+        self.open_with(spec, Some(relay)).await
+    }
+
+    async fn open_with(
+        &self,
+        spec: &RemoteSpec,
+        relay: Option<ipsan_initiator::ChapRelay>,
+    ) -> Result<(), Error> {
         let _one_login = self.opening.lock().await;
         if self.get(spec).is_some() {
             return Ok(());
+        }
+        if spec.chap_relay && relay.is_none() {
+            // Only the host can answer the remote target's challenge.
+            return Err(Error::Login(
+                "CHAP is relayed for this remote target: only a host login opens its session"
+                    .into(),
+            ));
         }
         let mut cfg = spec.session.clone();
         cfg.login.initiator_name.clone_from(&self.initiator);
@@ -175,7 +206,14 @@ impl RemoteNexus {
             };
             cfg.extension = Some(req.factory());
         }
-        let session = Session::connect(&spec.url, &cfg).await?;
+        let session = match relay {
+            Some(relay) => {
+                cfg.login.chap = None;
+                cfg.login.mutual_chap = None;
+                Session::connect_relayed(&spec.url, &cfg, relay).await?
+            }
+            None => Session::connect(&spec.url, &cfg).await?,
+        };
         let p = session.params();
         info!(
             initiator = %self.initiator, isid = %hex::encode(self.isid), remote = %spec.target_key(),
@@ -310,6 +348,171 @@ impl RemoteNexus {
                     warn!(initiator = %self.initiator, remote = %key, "remote logout timed out; closed")
                 }
             }
+        }
+    }
+}
+
+/// The host's side of relayed CHAP during one host login (docs/gateway.md): the remote
+/// login runs beside the host's, as the host (its InitiatorName and ISID), and the host's
+/// login engine (`Auth::Relay`, iscsi-proto login.rs) asks this for the remote target's
+/// challenge and verdict. conn.rs `login_phase` drives it.
+pub struct HostRelay {
+    nexus: Option<Arc<RemoteNexus>>,
+    response: Option<tokio::sync::oneshot::Sender<ipsan_initiator::RelayedResponse>>,
+    accepted: Option<tokio::sync::oneshot::Receiver<ipsan_initiator::RelayedVerdict>>,
+    login: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+    limit: Duration,
+}
+
+impl std::fmt::Debug for HostRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRelay")
+            .field("nexus", &self.nexus)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the host hears when the remote login failed: the remote target's own refusal when it
+/// judged the host (class 02: authentication, authorization, ...), else "service
+/// unavailable", which initiators retry (RFC 7143 §11.13.5).
+fn relay_failure(e: &Error) -> iscsi_proto::login::LoginFailure {
+    use iscsi_proto::login::{LoginFailure, LoginStatus};
+    match e {
+        Error::LoginRefused {
+            class: 2, detail, ..
+        } => LoginFailure::new(
+            LoginStatus(0x0200 | u16::from(*detail)),
+            format!("remote target refused the host: {e}"),
+        ),
+        _ => LoginFailure::new(
+            LoginStatus::SERVICE_UNAVAILABLE,
+            format!("relayed login to the remote target failed: {e}"),
+        ),
+    }
+}
+
+impl HostRelay {
+    /// Starts the remote login for the host's CHAP_A offer `algorithms`; returns the relay
+    /// and the remote target's challenge (or why there is none), within `limit`.
+    pub async fn start(
+        spec: Arc<RemoteSpec>,
+        (initiator, isid): (&str, [u8; 6]),
+        pool: Arc<CryptoPool>,
+        algorithms: Vec<iscsi_proto::chap::ChapAlgorithm>,
+        limit: Duration,
+    ) -> (Self, iscsi_proto::login::RelayAnswer) {
+        use iscsi_proto::login::RelayAnswer;
+        let (ctx, crx) = tokio::sync::oneshot::channel();
+        let (rtx, rrx) = tokio::sync::oneshot::channel();
+        let (atx, arx) = tokio::sync::oneshot::channel();
+        let relay = ipsan_initiator::ChapRelay {
+            algorithms,
+            challenge: Some(ctx),
+            response: Some(rrx),
+            accepted: Some(atx),
+        };
+        let nexus = Arc::new(RemoteNexus::new(initiator, isid, pool));
+        let n = nexus.clone();
+        let login = tokio::spawn(async move { n.open_relayed(&spec, relay).await });
+        let mut me = Self {
+            nexus: Some(nexus),
+            response: Some(rtx),
+            accepted: Some(arx),
+            login: Some(login),
+            limit,
+        };
+        let answer = match tokio::time::timeout(limit, crx).await {
+            Ok(Ok((algorithm, id, challenge))) => RelayAnswer::Challenge {
+                algorithm,
+                id,
+                challenge,
+            },
+            Ok(Err(_)) => RelayAnswer::Refused(me.login_error().await),
+            Err(_) => RelayAnswer::Refused(iscsi_proto::login::LoginFailure::new(
+                iscsi_proto::login::LoginStatus::SERVICE_UNAVAILABLE,
+                format!("remote target: no CHAP challenge within {limit:?}"),
+            )),
+        };
+        (me, answer)
+    }
+
+    /// Carries the host's answer to the remote target; returns its verdict.
+    pub async fn respond(
+        &mut self,
+        name: String,
+        response: Vec<u8>,
+        mutual: Option<(u8, Vec<u8>)>,
+    ) -> iscsi_proto::login::RelayAnswer {
+        use iscsi_proto::login::{LoginFailure, LoginStatus, RelayAnswer};
+        let (Some(tx), Some(rx)) = (self.response.take(), self.accepted.take()) else {
+            return RelayAnswer::Refused(LoginFailure::new(
+                LoginStatus::TARGET_ERROR,
+                "relayed CHAP: a second response",
+            ));
+        };
+        if tx
+            .send(ipsan_initiator::RelayedResponse {
+                name,
+                response,
+                mutual,
+            })
+            .is_err()
+        {
+            return RelayAnswer::Refused(self.login_error().await);
+        }
+        match tokio::time::timeout(self.limit, rx).await {
+            Ok(Ok(mutual)) => RelayAnswer::Verified { mutual },
+            Ok(Err(_)) => RelayAnswer::Refused(self.login_error().await),
+            Err(_) => RelayAnswer::Refused(LoginFailure::new(
+                LoginStatus::SERVICE_UNAVAILABLE,
+                format!("remote target: no CHAP verdict within {:?}", self.limit),
+            )),
+        }
+    }
+
+    /// The host's login reached full feature phase: waits for the remote login to finish
+    /// (its operational stage); the nexus then holds the remote session.
+    pub async fn finish(mut self) -> Result<Arc<RemoteNexus>, String> {
+        let Some(login) = self.login.take() else {
+            return Err("relayed login not started".into());
+        };
+        match tokio::time::timeout(self.limit, login).await {
+            Ok(Ok(Ok(()))) => self
+                .nexus
+                .take()
+                .ok_or_else(|| "relayed login lost its nexus".to_owned()),
+            Ok(Ok(Err(e))) => Err(relay_failure(&e).reason),
+            Ok(Err(e)) => Err(format!("relayed login task: {e}")),
+            Err(_) => Err(format!(
+                "remote login did not finish within {:?}",
+                self.limit
+            )),
+        }
+    }
+
+    async fn login_error(&mut self) -> iscsi_proto::login::LoginFailure {
+        use iscsi_proto::login::{LoginFailure, LoginStatus};
+        let Some(login) = self.login.take() else {
+            return LoginFailure::new(LoginStatus::TARGET_ERROR, "relayed login not started");
+        };
+        match tokio::time::timeout(self.limit, login).await {
+            Ok(Ok(Err(e))) => relay_failure(&e),
+            _ => LoginFailure::new(
+                LoginStatus::SERVICE_UNAVAILABLE,
+                "relayed login to the remote target failed",
+            ),
+        }
+    }
+}
+
+impl Drop for HostRelay {
+    /// The host's login did not complete: the remote session, if it opened, is logged out.
+    fn drop(&mut self) {
+        if let Some(login) = self.login.take() {
+            login.abort();
+        }
+        if let (Some(nexus), Ok(rt)) = (self.nexus.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move { nexus.close().await });
         }
     }
 }

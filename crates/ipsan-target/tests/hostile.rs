@@ -22,6 +22,7 @@ async fn start() -> ServerHandle {
             alias: None,
             allow: Vec::new(),
             chap: None,
+            chap_hosts: Vec::new(),
             seal: Default::default(),
             luns: config::luns_from_specs(&["mem:16MiB".into()]).unwrap(),
         }],

@@ -48,6 +48,7 @@ fn target(iqn: &str, luns: &[&str]) -> TargetConfig {
         alias: None,
         allow: Vec::new(),
         chap: None,
+        chap_hosts: Vec::new(),
         seal: Default::default(),
         luns: config::luns_from_specs(&specs).unwrap(),
     }

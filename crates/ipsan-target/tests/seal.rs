@@ -31,6 +31,7 @@ async fn start(policy: SealPolicy) -> ServerHandle {
             alias: None,
             allow: Vec::new(),
             chap: None,
+            chap_hosts: Vec::new(),
             seal: SealSettings {
                 policy,
                 secret: Some(Psk::new(SECRET.to_vec()).unwrap()),

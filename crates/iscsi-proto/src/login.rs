@@ -15,11 +15,26 @@
 //!                                              FullFeature(LoginResult)
 //! ```
 //! Reaching operational negotiation or full feature phase needs an [`Authenticated`] value,
-//! which only a verified CHAP response or a target configured without authentication can
-//! produce, so no path skips authentication. The value is neither `Copy` nor `Clone` and only
+//! which only a verified CHAP response, a CHAP response another target verified for us
+//! ([`Auth::Relay`], below) or a target configured without authentication can produce, so no
+//! path skips authentication. The value is neither `Copy` nor `Clone` and only
 //! this module makes one: a [`LoginResult`] (and the originator's
 //! [`originator::Established`]) holds the one proof its login produced, so the full-feature
 //! phase, built from those, cannot exist without it.
+//!
+//! **Relayed CHAP** ([`Auth::Relay`], a gateway's listening side, docs/gateway.md): the
+//! engine does not judge the CHAP exchange itself but defers to its driver, which carries it
+//! to another target (RFC 7143 §12.1.3 unchanged on both legs):
+//!
+//! ```text
+//!   CHAP_A=<list>        ──► Outcome::Relay(Challenge{list})    driver: the remote target's
+//!   CHAP_A,CHAP_I,CHAP_C ◄── relay_answer(Challenge{a, i, c})     CHAP_A/I/C for that list
+//!   CHAP_N,CHAP_R[,I,C]  ──► Outcome::Relay(Response{n, r, ..})  driver: the remote target's
+//!   [CHAP_N,CHAP_R]      ◄── relay_answer(Verified{mutual})        verdict (and mutual answer)
+//! ```
+//!
+//! Only `Verified` (the remote target accepted the response) produces the proof; `Refused`
+//! fails the login with the status given.
 //!
 //! The originator's side lives in [`originator`], folding the target's answers into the same
 //! [`SessionParams`].
@@ -88,6 +103,39 @@ pub enum Auth {
     None,
     /// CHAP (RFC 7143 §12.1.3), one-way or mutual.
     Chap(ChapPolicy),
+    /// CHAP, judged by another target: the driver relays the challenge, the response and the
+    /// verdict ([`RelayRequest`], [`RelayAnswer`]); this engine holds no secret.
+    Relay,
+}
+
+/// What a login under [`Auth::Relay`] needs from its driver ([`Outcome::Relay`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayRequest {
+    /// The initiator offered these CHAP algorithms (CHAP_A, its order): answer with
+    /// [`RelayAnswer::Challenge`], the other target's choice and challenge for this offer.
+    Challenge { algorithms: Vec<ChapAlgorithm> },
+    /// The initiator's answer to that challenge (CHAP_N, CHAP_R) and, for mutual CHAP, its
+    /// own challenge (CHAP_I, CHAP_C): answer with the other target's verdict.
+    Response {
+        name: String,
+        response: Vec<u8>,
+        mutual: Option<(u8, Vec<u8>)>,
+    },
+}
+
+/// The driver's answer to a [`RelayRequest`], given to [`TargetLogin::relay_answer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayAnswer {
+    /// The other target's CHAP_A, CHAP_I and CHAP_C.
+    Challenge {
+        algorithm: ChapAlgorithm,
+        id: u8,
+        challenge: Vec<u8>,
+    },
+    /// The other target accepted the response; for mutual CHAP, its CHAP_N and CHAP_R.
+    Verified { mutual: Option<(String, Vec<u8>)> },
+    /// The other target refused (or could not be asked): the login fails with this.
+    Refused(LoginFailure),
 }
 
 /// CHAP credentials a target checks, and optionally the ones it answers with (mutual CHAP).
@@ -237,6 +285,17 @@ enum SecurityState {
         id: u8,
         challenge: Vec<u8>,
     },
+    /// Relayed CHAP: waiting for the driver's challenge for the initiator's CHAP_A offer.
+    RelayAwaitChallenge {
+        offered: Vec<ChapAlgorithm>,
+    },
+    /// Relayed CHAP: the challenge went out, waiting for CHAP_N/CHAP_R.
+    RelayExpectResponse,
+    /// Relayed CHAP: waiting for the driver's verdict; `mutual`: the initiator asked for
+    /// mutual CHAP, so an accepting verdict must carry the other target's answer.
+    RelayAwaitVerdict {
+        mutual: bool,
+    },
     Verified(Authenticated),
 }
 
@@ -278,6 +337,10 @@ pub enum Outcome {
     Failed(LoginFailure),
     /// Full feature phase begins after this reply.
     FullFeature(Box<LoginResult>),
+    /// Relayed CHAP ([`Auth::Relay`]): nothing to send yet; get the answer to this request
+    /// and pass it to [`TargetLogin::relay_answer`], whose reply is the one to send. This
+    /// reply's header and data are placeholders and must not be sent.
+    Relay(RelayRequest),
 }
 
 /// Target-side login for one connection.
@@ -299,6 +362,10 @@ pub struct TargetLogin {
     negotiated: BTreeSet<String>,
     declared_mrdsl: bool,
     sent_tpgt: bool,
+    /// Relayed CHAP: the request the current PDU raised, then that PDU (its header and the
+    /// keys answered so far) while the driver gets the answer.
+    relay: Option<RelayRequest>,
+    deferred: Option<(LoginRequest, Vec<(String, String)>)>,
 }
 
 /// The longest login text we accept across continuations (RFC 7143 allows long values; this
@@ -324,24 +391,137 @@ impl TargetLogin {
             negotiated: BTreeSet::new(),
             declared_mrdsl: false,
             sent_tpgt: false,
+            relay: None,
+            deferred: None,
+        }
+    }
+
+    /// The InitiatorName and TargetName the first request declared (empty / `None` before).
+    #[must_use]
+    pub fn declared(&self) -> (&str, Option<&str>) {
+        (
+            &self.params.initiator_name,
+            self.params.target_name.as_deref(),
+        )
+    }
+
+    /// Continues a login that returned [`Outcome::Relay`] with the driver's answer; returns
+    /// the reply to send for the Login Request that raised it.
+    pub fn relay_answer(&mut self, answer: RelayAnswer, dir: &mut dyn Directory) -> Reply {
+        let Some((req, mut out)) = self.deferred.take() else {
+            // A driver bug, not the initiator's: nothing pending to answer.
+            self.state = State::Done;
+            let f = LoginFailure::new(LoginStatus::TARGET_ERROR, "no relayed CHAP step pending");
+            let mut header = self.bare_header(self.isid, 0, Stage::SECURITY_NEGOTIATION);
+            header.status_class = f.status.class();
+            header.status_detail = f.status.detail();
+            return Reply {
+                header,
+                data: Vec::new(),
+                outcome: Outcome::Failed(f),
+            };
+        };
+        let step = match (answer, std::mem::replace(&mut self.state, State::Done)) {
+            (
+                RelayAnswer::Challenge {
+                    algorithm,
+                    id,
+                    challenge,
+                },
+                State::Security(SecurityState::RelayAwaitChallenge { offered }),
+            ) => {
+                if !offered.contains(&algorithm) || !algorithm.is_supported() {
+                    Err(LoginFailure::new(
+                        LoginStatus::AUTHENTICATION_FAILURE,
+                        "relayed CHAP: the remote target chose an algorithm the initiator did not offer",
+                    ))
+                } else {
+                    out.push(("CHAP_A".into(), algorithm.0.to_string()));
+                    out.push(("CHAP_I".into(), id.to_string()));
+                    out.push(("CHAP_C".into(), chap::encode_binary(&challenge)));
+                    self.state = State::Security(SecurityState::RelayExpectResponse);
+                    self.conclude(&req, out, dir)
+                }
+            }
+            (
+                RelayAnswer::Verified { mutual },
+                State::Security(SecurityState::RelayAwaitVerdict { mutual: asked }),
+            ) => match (asked, mutual) {
+                (true, Some((name, r))) => {
+                    out.push(("CHAP_N".into(), name));
+                    out.push(("CHAP_R".into(), chap::encode_binary(&r)));
+                    self.state = State::Security(SecurityState::Verified(Authenticated(())));
+                    self.conclude(&req, out, dir)
+                }
+                (false, None) => {
+                    self.state = State::Security(SecurityState::Verified(Authenticated(())));
+                    self.conclude(&req, out, dir)
+                }
+                _ => Err(LoginFailure::new(
+                    LoginStatus::AUTHENTICATION_FAILURE,
+                    "relayed CHAP: mutual CHAP answer missing or unasked",
+                )),
+            },
+            (RelayAnswer::Refused(f), _) => Err(f),
+            _ => Err(LoginFailure::new(
+                LoginStatus::TARGET_ERROR,
+                "relayed CHAP: answer out of sequence",
+            )),
+        };
+        match step {
+            Ok(r) => r,
+            Err(f) => self.fail(&req, f),
+        }
+    }
+
+    fn fail(&mut self, req: &LoginRequest, failure: LoginFailure) -> Reply {
+        self.state = State::Done;
+        self.relay = None;
+        self.deferred = None;
+        let mut header = self.response_header(req, false, req.csg, req.csg);
+        header.status_class = failure.status.class();
+        header.status_detail = failure.status.detail();
+        Reply {
+            header,
+            data: Vec::new(),
+            outcome: Outcome::Failed(failure),
         }
     }
 
     /// Handles one Login Request and its data segment.
     pub fn handle(&mut self, req: &LoginRequest, data: &[u8], dir: &mut dyn Directory) -> Reply {
+        if self.deferred.is_some() {
+            return self.fail(
+                req,
+                LoginFailure::new(
+                    LoginStatus::TARGET_ERROR,
+                    "Login Request while a relayed CHAP step is pending",
+                ),
+            );
+        }
         match self.step(req, data, dir) {
             Ok(reply) => reply,
-            Err(failure) => {
-                self.state = State::Done;
-                let mut header = self.response_header(req, false, req.csg, req.csg);
-                header.status_class = failure.status.class();
-                header.status_detail = failure.status.detail();
-                Reply {
-                    header,
-                    data: Vec::new(),
-                    outcome: Outcome::Failed(failure),
-                }
-            }
+            Err(failure) => self.fail(req, failure),
+        }
+    }
+
+    /// A header that consumes no StatSN: the placeholder of an [`Outcome::Relay`] reply.
+    fn bare_header(&self, isid: [u8; 6], itt: u32, csg: Stage) -> LoginResponse {
+        LoginResponse {
+            transit: false,
+            continue_: false,
+            csg,
+            nsg: Stage(0),
+            version_max: 0,
+            version_active: 0,
+            isid,
+            tsih: self.tsih,
+            itt,
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.cmd_sn,
+            max_cmd_sn: self.cmd_sn,
+            status_class: 0,
+            status_detail: 0,
         }
     }
 
@@ -467,7 +647,26 @@ impl TargetLogin {
             Stage::SECURITY_NEGOTIATION => self.security_keys(&keys, &mut out)?,
             _ => self.operational_keys(&keys, &mut out)?,
         }
+        if let Some(r) = self.relay.take() {
+            // The rest of this PDU waits for the driver's answer (relay_answer).
+            self.deferred = Some((req.clone(), out));
+            let header = self.bare_header(req.isid, req.itt, req.csg);
+            return Ok(Reply {
+                header,
+                data: Vec::new(),
+                outcome: Outcome::Relay(r),
+            });
+        }
+        self.conclude(req, out, dir)
+    }
 
+    /// The end of one request: stage transition, full feature phase, the reply.
+    fn conclude(
+        &mut self,
+        req: &LoginRequest,
+        mut out: Vec<(String, String)>,
+        dir: &mut dyn Directory,
+    ) -> Result<Reply, LoginFailure> {
         // Decide whether to transit.
         let mut transit = false;
         if req.transit {
@@ -628,7 +827,7 @@ impl TargetLogin {
                 "AuthMethod" => {
                     let mine = match auth {
                         Auth::None => "None",
-                        Auth::Chap(_) => "CHAP",
+                        Auth::Chap(_) | Auth::Relay => "CHAP",
                     };
                     let spec = params::spec("AuthMethod").ok_or_else(|| auth_fail("table"))?;
                     let answer = params::resolve(spec, v, mine).map_err(|e| {
@@ -643,6 +842,26 @@ impl TargetLogin {
                         SecurityState::NoAuth(Authenticated(()))
                     });
                     out.push((k.clone(), answer));
+                }
+                "CHAP_A" if matches!(auth, Auth::Relay) => {
+                    if !matches!(
+                        self.state,
+                        State::Security(SecurityState::ChapExpectAlgorithm)
+                    ) {
+                        return Err(auth_fail("CHAP_A out of sequence"));
+                    }
+                    let offered: Vec<ChapAlgorithm> = ChapAlgorithm::parse_list(v)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|a| a.is_supported())
+                        .collect();
+                    if offered.is_empty() {
+                        return Err(auth_fail("no acceptable CHAP algorithm"));
+                    }
+                    self.relay = Some(RelayRequest::Challenge {
+                        algorithms: offered.clone(),
+                    });
+                    self.state = State::Security(SecurityState::RelayAwaitChallenge { offered });
                 }
                 "CHAP_A" => {
                     let Auth::Chap(policy) = &auth else {
@@ -678,7 +897,34 @@ impl TargetLogin {
                 _ => operational.push((k.clone(), v.clone())),
             }
         }
-        if chap_n.is_some() || chap_r.is_some() {
+        if matches!(auth, Auth::Relay) && (chap_n.is_some() || chap_r.is_some()) {
+            if !matches!(
+                self.state,
+                State::Security(SecurityState::RelayExpectResponse)
+            ) {
+                return Err(auth_fail("CHAP response out of sequence"));
+            }
+            let (name, resp) = chap_n
+                .zip(chap_r)
+                .ok_or_else(|| auth_fail("CHAP_N or CHAP_R missing"))?;
+            let response = chap::decode_binary(resp).map_err(|_| auth_fail("malformed CHAP_R"))?;
+            let mutual = match (chap_i, chap_c) {
+                (Some(i), Some(c)) => Some((
+                    chap::parse_identifier(i).map_err(|_| auth_fail("malformed CHAP_I"))?,
+                    chap::decode_binary(c).map_err(|_| auth_fail("malformed CHAP_C"))?,
+                )),
+                (None, None) => None,
+                _ => return Err(auth_fail("CHAP_I and CHAP_C must come together")),
+            };
+            self.state = State::Security(SecurityState::RelayAwaitVerdict {
+                mutual: mutual.is_some(),
+            });
+            self.relay = Some(RelayRequest::Response {
+                name: name.to_owned(),
+                response,
+                mutual,
+            });
+        } else if chap_n.is_some() || chap_r.is_some() {
             let Auth::Chap(policy) = &auth else {
                 return Err(auth_fail("CHAP response without AuthMethod=CHAP"));
             };

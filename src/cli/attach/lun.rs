@@ -281,6 +281,7 @@ mod tests {
                 alias: None,
                 allow: Vec::new(),
                 chap: None,
+                chap_hosts: Vec::new(),
                 seal: Default::default(),
                 luns: tconfig::luns_from_specs(&["mem:4MiB".to_owned()]).unwrap(),
             }],

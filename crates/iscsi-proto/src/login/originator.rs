@@ -239,6 +239,13 @@ pub struct LoginReply {
 pub enum LoginNext {
     Send(LoginStep),
     Done(Box<Established>),
+    /// Relayed CHAP ([`LoginMachine::start_relayed`]): the target's challenge, to be answered
+    /// by whoever holds the secret; continue with [`LoginMachine::relay_response`].
+    RelayChallenge {
+        algorithm: ChapAlgorithm,
+        id: u8,
+        challenge: Vec<u8>,
+    },
 }
 
 #[derive(Debug)]
@@ -246,6 +253,10 @@ enum ChapState {
     NotStarted,
     /// Sent CHAP_A, waiting for CHAP_A/I/C.
     SentAlgorithms,
+    /// Relayed CHAP: the challenge went to the driver, waiting for its response.
+    RelayAwaitResponse {
+        alg: ChapAlgorithm,
+    },
     /// Sent CHAP_N/R (and our challenge when mutual), waiting for the target's answer.
     SentResponse {
         alg: ChapAlgorithm,
@@ -300,6 +311,10 @@ pub struct LoginMachine<X: ?Sized + OriginatorExtension = dyn OriginatorExtensio
     sent_operational: bool,
     ext: Option<Box<X>>,
     isid: [u8; 6],
+    /// Relayed CHAP: the response comes from the driver and the target's verdict goes back
+    /// to it (`relay_verdict`: `Some` once the target accepted, with its mutual answer).
+    relay: bool,
+    relay_verdict: Option<Option<(String, Vec<u8>)>>,
 }
 
 /// An originator-side login extension for vendor `X-` keys (RFC 7143 §13.5), the mirror of
@@ -375,6 +390,8 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             sent_operational: false,
             ext: None,
             isid: [0; 6],
+            relay: false,
+            relay_verdict: None,
         };
         let step = LoginStep {
             csg: Stage::SECURITY_NEGOTIATION,
@@ -383,6 +400,73 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             keys,
         };
         (m, step)
+    }
+
+    /// Start a login whose CHAP is relayed (a gateway's remote leg, docs/gateway.md): we offer
+    /// `opts.chap_algorithms` (the host's CHAP_A list) and hold no secret; the target's
+    /// challenge comes out as [`LoginNext::RelayChallenge`], the host's answer goes in through
+    /// [`Self::relay_response`], and the target's acceptance (with its mutual CHAP answer, if
+    /// the host asked for one) is [`Self::take_relay_verdict`]. A target that does not
+    /// require CHAP fails the login: relaying nothing would authenticate nobody.
+    pub fn start_relayed(mut opts: LoginOptions, kind: SessionKind) -> (Self, LoginStep) {
+        opts.chap = None;
+        opts.mutual_chap = None;
+        let (mut m, mut step) = Self::start(opts, kind);
+        m.relay = true;
+        step.transit = false;
+        for (k, v) in &mut step.keys {
+            if k == KEY_AUTH {
+                *v = "CHAP".into();
+            }
+        }
+        (m, step)
+    }
+
+    /// Relayed CHAP: the answer to the challenge [`LoginNext::RelayChallenge`] gave (CHAP_N,
+    /// CHAP_R and, for mutual CHAP, the host's CHAP_I and CHAP_C); returns the request.
+    pub fn relay_response(
+        &mut self,
+        name: &str,
+        response: &[u8],
+        mutual: Option<(u8, Vec<u8>)>,
+    ) -> Result<LoginStep> {
+        let ChapState::RelayAwaitResponse { alg } =
+            std::mem::replace(&mut self.chap, ChapState::Done)
+        else {
+            return Err(OriginatorError::Auth(
+                "relayed CHAP response out of sequence".into(),
+            ));
+        };
+        let mut keys = vec![
+            ("CHAP_N".to_owned(), name.to_owned()),
+            ("CHAP_R".to_owned(), chap::encode_binary(response)),
+        ];
+        let (our_id, our_challenge) = match mutual {
+            Some((id, c)) => {
+                keys.push(("CHAP_I".to_owned(), id.to_string()));
+                keys.push(("CHAP_C".to_owned(), chap::encode_binary(&c)));
+                (Some(id), Some(c))
+            }
+            None => (None, None),
+        };
+        self.chap_algorithm = Some(alg.0);
+        self.chap = ChapState::SentResponse {
+            alg,
+            our_id,
+            our_challenge,
+        };
+        Ok(LoginStep {
+            csg: Stage::SECURITY_NEGOTIATION,
+            nsg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            transit: true,
+            keys,
+        })
+    }
+
+    /// Relayed CHAP: `Some` once the target accepted the relayed response (taken once), with
+    /// its CHAP_N and CHAP_R when the host asked for mutual CHAP.
+    pub fn take_relay_verdict(&mut self) -> Option<Option<(String, Vec<u8>)>> {
+        self.relay_verdict.take()
     }
 
     /// Attach an extension; `isid` is the session's ISID (it binds extension keys to the
@@ -452,7 +536,7 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             ChapState::NotStarted => {
                 match keys.get(KEY_AUTH).copied() {
                     Some("CHAP") => {
-                        if self.opts.chap.is_none() {
+                        if self.opts.chap.is_none() && !self.relay {
                             return Err(OriginatorError::Auth(
                                 "target requires CHAP but no credentials were given".into(),
                             ));
@@ -468,6 +552,11 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                             )],
                         }));
                     }
+                    Some("None") if self.relay => {
+                        return Err(OriginatorError::Auth(
+                            "relayed CHAP: the target chose no authentication".into(),
+                        ));
+                    }
                     Some("None") | None => {
                         if self.opts.mutual_chap.is_some() {
                             return Err(OriginatorError::Auth(
@@ -475,7 +564,8 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                                     .into(),
                             ));
                         }
-                        if !keys.contains_key(KEY_AUTH) && self.opts.chap.is_some() {
+                        if !keys.contains_key(KEY_AUTH) && (self.opts.chap.is_some() || self.relay)
+                        {
                             // Target ignored AuthMethod; keep waiting for it.
                             self.chap = ChapState::NotStarted;
                         } else {
@@ -491,6 +581,28 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                 }
             }
             ChapState::SentAlgorithms => return self.answer_challenge(&keys),
+            ChapState::RelayAwaitResponse { .. } => {
+                return Err(OriginatorError::Auth(
+                    "a Login Response while the relayed CHAP response is pending".into(),
+                ))
+            }
+            ChapState::SentResponse {
+                our_id: Some(_), ..
+            } if self.relay => {
+                // Relayed mutual CHAP: the host, not us, checks the target's answer.
+                let name = keys.get("CHAP_N").copied().ok_or_else(|| {
+                    OriginatorError::Auth("mutual CHAP: target sent no CHAP_N".into())
+                })?;
+                let r = keys.get("CHAP_R").copied().ok_or_else(|| {
+                    OriginatorError::Auth("mutual CHAP: target sent no CHAP_R".into())
+                })?;
+                self.relay_verdict = Some(Some((name.to_owned(), chap::decode_binary(r)?)));
+                self.phase = Phase::Security(Some(Authenticated(())));
+            }
+            ChapState::SentResponse { .. } if self.relay => {
+                self.relay_verdict = Some(None);
+                self.phase = Phase::Security(Some(Authenticated(())));
+            }
             ChapState::SentResponse {
                 alg,
                 our_id,
@@ -544,6 +656,9 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
     }
 
     fn answer_challenge(&mut self, keys: &HashMap<&str, &str>) -> Result<LoginNext> {
+        if self.relay {
+            return self.relay_challenge(keys);
+        }
         let creds = self
             .opts
             .chap
@@ -602,6 +717,36 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             transit: true,
             keys: out,
         }))
+    }
+
+    /// Relayed CHAP: the target's challenge, checked as ours would be, goes to the driver.
+    fn relay_challenge(&mut self, keys: &HashMap<&str, &str>) -> Result<LoginNext> {
+        let a = keys
+            .get("CHAP_A")
+            .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_A".into()))?;
+        let algorithm = match ChapAlgorithm::parse_list(a)?.as_slice() {
+            [one] if self.opts.chap_algorithms.contains(one) && one.is_supported() => *one,
+            _ => {
+                return Err(OriginatorError::Auth(format!(
+                    "target chose CHAP_A={a}, which we did not offer"
+                )))
+            }
+        };
+        let id = chap::parse_identifier(
+            keys.get("CHAP_I")
+                .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_I".into()))?,
+        )?;
+        let challenge = chap::decode_binary(
+            keys.get("CHAP_C")
+                .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_C".into()))?,
+        )?;
+        self.record.accept_incoming(&challenge)?;
+        self.chap = ChapState::RelayAwaitResponse { alg: algorithm };
+        Ok(LoginNext::RelayChallenge {
+            algorithm,
+            id,
+            challenge,
+        })
     }
 
     fn operational_step(&mut self) -> Result<LoginStep> {

@@ -4,6 +4,7 @@ use iscsi_wire::text;
 #[derive(Debug, Default)]
 struct Dir {
     chap: Option<ChapPolicy>,
+    relay: bool,
     next_tsih: u16,
 }
 
@@ -13,7 +14,11 @@ impl Directory for Dir {
             return Err(LoginFailure::new(LoginStatus::NOT_FOUND, "no such target"));
         }
         Ok(TargetPolicy {
-            auth: self.chap.clone().map_or(Auth::None, Auth::Chap),
+            auth: if self.relay {
+                Auth::Relay
+            } else {
+                self.chap.clone().map_or(Auth::None, Auth::Chap)
+            },
             portal_group_tag: 1,
             alias: None,
         })
@@ -122,6 +127,7 @@ fn chap_dir(mutual: bool) -> Dir {
             }),
             algorithms: vec![ChapAlgorithm::SHA256, ChapAlgorithm::MD5],
         }),
+        relay: false,
         next_tsih: 0,
     }
 }
@@ -313,4 +319,272 @@ fn rejects_out_of_range_values_without_failing() {
         panic!()
     };
     assert_eq!(res.params.max_burst_length, 262_144, "default kept");
+}
+
+/// Relayed CHAP, the gateway's listening side: the engine asks its driver for the challenge
+/// and the verdict; the proof exists only after `Verified`.
+fn relay_until_response(dir: &mut Dir, l: &mut TargetLogin, mutual: bool) -> RelayRequest {
+    let first = b"InitiatorName=iqn.test:ini\0TargetName=iqn.2026-11.org.ipsan:disk0\0AuthMethod=CHAP,None\0";
+    let r = l.handle(&req(0, 1, false), first, dir);
+    assert!(matches!(r.outcome, Outcome::Continue));
+    assert_eq!(get(&keys(&r), "AuthMethod"), Some("CHAP"));
+    let r = l.handle(&req(0, 1, false), b"CHAP_A=7,99,5\0", dir);
+    let Outcome::Relay(RelayRequest::Challenge { algorithms }) = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    // Unknown numbers are not passed on.
+    assert_eq!(algorithms, [ChapAlgorithm::SHA256, ChapAlgorithm::MD5]);
+    let r = l.relay_answer(
+        RelayAnswer::Challenge {
+            algorithm: ChapAlgorithm::SHA256,
+            id: 42,
+            challenge: vec![7; 32],
+        },
+        dir,
+    );
+    assert!(matches!(r.outcome, Outcome::Continue), "{:?}", r.outcome);
+    let k = keys(&r);
+    assert_eq!(get(&k, "CHAP_A"), Some("7"));
+    assert_eq!(get(&k, "CHAP_I"), Some("42"));
+    assert_eq!(
+        get(&k, "CHAP_C"),
+        Some(chap::encode_binary(&[7; 32]).as_str())
+    );
+    let mut answer = format!("CHAP_N=host\0CHAP_R={}\0", chap::encode_binary(&[1; 32]));
+    if mutual {
+        answer.push_str(&format!(
+            "CHAP_I=9\0CHAP_C={}\0",
+            chap::encode_binary(&[3; 32])
+        ));
+    }
+    let r = l.handle(&req(0, 1, true), answer.as_bytes(), dir);
+    let Outcome::Relay(request) = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    request
+}
+
+#[test]
+fn accepts_relayed_chap_only_with_the_remote_verdict() {
+    let mut dir = Dir {
+        relay: true,
+        ..Dir::default()
+    };
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    let request = relay_until_response(&mut dir, &mut l, false);
+    assert_eq!(
+        request,
+        RelayRequest::Response {
+            name: "host".into(),
+            response: vec![1; 32],
+            mutual: None
+        }
+    );
+    let r = l.relay_answer(RelayAnswer::Verified { mutual: None }, &mut dir);
+    assert!(matches!(r.outcome, Outcome::Continue), "{:?}", r.outcome);
+    assert!(r.header.transit && r.header.nsg == Stage::LOGIN_OPERATIONAL_NEGOTIATION);
+    let r = l.handle(&req(1, 3, true), b"HeaderDigest=None\0", &mut dir);
+    assert!(
+        matches!(r.outcome, Outcome::FullFeature(_)),
+        "{:?}",
+        r.outcome
+    );
+}
+
+#[test]
+fn rejects_relayed_chap_the_remote_target_refused() {
+    let mut dir = Dir {
+        relay: true,
+        ..Dir::default()
+    };
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    relay_until_response(&mut dir, &mut l, false);
+    let r = l.relay_answer(
+        RelayAnswer::Refused(LoginFailure::new(
+            LoginStatus::AUTHENTICATION_FAILURE,
+            "remote said no",
+        )),
+        &mut dir,
+    );
+    assert!(matches!(r.outcome, Outcome::Failed(_)));
+    assert_eq!((r.header.status_class, r.header.status_detail), (2, 1));
+}
+
+#[test]
+fn rejects_moving_on_while_relayed_chap_is_pending_or_without_mutual_answer() {
+    let mut dir = Dir {
+        relay: true,
+        ..Dir::default()
+    };
+    // Pending verdict: the initiator's next request (operational stage) is refused.
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    relay_until_response(&mut dir, &mut l, false);
+    let r = l.handle(&req(1, 3, true), b"HeaderDigest=None\0", &mut dir);
+    assert!(matches!(r.outcome, Outcome::Failed(_)), "{:?}", r.outcome);
+
+    // Mutual CHAP asked: a verdict without the remote's answer fails the login.
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    let RelayRequest::Response { mutual, .. } = relay_until_response(&mut dir, &mut l, true) else {
+        panic!()
+    };
+    assert_eq!(mutual, Some((9, vec![3; 32])));
+    let r = l.relay_answer(RelayAnswer::Verified { mutual: None }, &mut dir);
+    assert_eq!((r.header.status_class, r.header.status_detail), (2, 1));
+
+    // Skipping CHAP: operational stage straight after AuthMethod=CHAP is refused.
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    let first =
+        b"InitiatorName=iqn.test:ini\0TargetName=iqn.2026-11.org.ipsan:disk0\0AuthMethod=CHAP\0";
+    l.handle(&req(0, 1, false), first, &mut dir);
+    let r = l.handle(&req(1, 3, true), b"HeaderDigest=None\0", &mut dir);
+    assert_eq!((r.header.status_class, r.header.status_detail), (2, 1));
+}
+
+mod relay_chain {
+    //! The whole relay, sans IO: a host's originator (with the secret) → a gateway's target
+    //! login under `Auth::Relay` → the gateway's relayed originator (no secret) → an array's
+    //! target login with CHAP. The array alone judges the host's secret.
+    use super::*;
+    use crate::login::originator::{
+        ChapCredentials, LoginMachine, LoginNext, LoginOptions, LoginReply, LoginStep,
+        OriginatorExtension, SessionKind,
+    };
+
+    type Machine = LoginMachine<dyn OriginatorExtension>;
+    const TARGET: &str = "iqn.2026-11.org.ipsan:disk0";
+
+    fn request(step: &LoginStep) -> (LoginRequest, Vec<u8>) {
+        let mut r = req(step.csg.0, step.nsg.0, step.transit);
+        if !step.transit {
+            r.nsg = Stage(0);
+        }
+        (r, iscsi_wire::text::encode(&step.keys).to_vec())
+    }
+
+    fn reply(r: &Reply) -> LoginReply {
+        LoginReply {
+            transit: r.header.transit,
+            csg: r.header.csg,
+            nsg: r.header.nsg,
+            status_class: r.header.status_class,
+            status_detail: r.header.status_detail,
+            tsih: r.header.tsih,
+            keys: text::parse(&r.data).unwrap(),
+        }
+    }
+
+    /// Runs the chain; returns the host's result (Ok: logged in, with whether the target
+    /// proved itself) and how many CHAP verdicts the array gave.
+    fn run(host_secret: &[u8], mutual: bool) -> Result<bool, (u8, u8)> {
+        let mut array_dir = chap_dir(mutual);
+        let mut gw_dir = Dir {
+            relay: true,
+            ..Dir::default()
+        };
+        let opts = LoginOptions {
+            initiator_name: "iqn.test:ini".into(),
+            chap: Some(ChapCredentials {
+                name: "alice".into(),
+                secret: ChapSecret::new(host_secret.to_vec()).unwrap(),
+            }),
+            mutual_chap: mutual.then(|| ChapCredentials {
+                name: "target".into(),
+                secret: ChapSecret::new(b"target-secret-16".to_vec()).unwrap(),
+            }),
+            ..LoginOptions::default()
+        };
+        let kind = SessionKind::Normal {
+            target_name: TARGET.into(),
+        };
+        let (mut host, mut step) = Machine::start(opts, kind.clone());
+        let mut gw_target = TargetLogin::new(TargetOffer::default(), None);
+        let mut array = TargetLogin::new(TargetOffer::default(), None);
+        let mut remote: Option<Machine> = None;
+        for _ in 0..16 {
+            let (rq, data) = request(&step);
+            let mut r = gw_target.handle(&rq, &data, &mut gw_dir);
+            if let Outcome::Relay(req) = r.outcome {
+                let answer = match req {
+                    RelayRequest::Challenge { algorithms } => {
+                        let (mut m, mut s) = Machine::start_relayed(
+                            LoginOptions {
+                                initiator_name: "iqn.test:ini".into(),
+                                chap_algorithms: algorithms,
+                                ..LoginOptions::default()
+                            },
+                            kind.clone(),
+                        );
+                        let answer = loop {
+                            let (rq, data) = request(&s);
+                            let ar = array.handle(&rq, &data, &mut array_dir);
+                            match m.handle(reply(&ar)).unwrap() {
+                                LoginNext::Send(next) => s = next,
+                                LoginNext::RelayChallenge {
+                                    algorithm,
+                                    id,
+                                    challenge,
+                                } => {
+                                    break RelayAnswer::Challenge {
+                                        algorithm,
+                                        id,
+                                        challenge,
+                                    }
+                                }
+                                LoginNext::Done(_) => panic!("array skipped CHAP"),
+                            }
+                        };
+                        remote = Some(m);
+                        answer
+                    }
+                    RelayRequest::Response {
+                        name,
+                        response,
+                        mutual,
+                    } => {
+                        let m = remote.as_mut().unwrap();
+                        let s = m.relay_response(&name, &response, mutual).unwrap();
+                        let (rq, data) = request(&s);
+                        let ar = array.handle(&rq, &data, &mut array_dir);
+                        match m.handle(reply(&ar)) {
+                            Ok(_) => RelayAnswer::Verified {
+                                mutual: m.take_relay_verdict().unwrap(),
+                            },
+                            Err(_) => RelayAnswer::Refused(LoginFailure::new(
+                                LoginStatus(
+                                    u16::from(ar.header.status_class) << 8
+                                        | u16::from(ar.header.status_detail),
+                                ),
+                                "refused by the array",
+                            )),
+                        }
+                    }
+                };
+                r = gw_target.relay_answer(answer, &mut gw_dir);
+            }
+            match host.handle(reply(&r)) {
+                Ok(LoginNext::Send(s)) => step = s,
+                Ok(LoginNext::Done(e)) => return Ok(e.target_authenticated),
+                Ok(LoginNext::RelayChallenge { .. }) => panic!("host is not relaying"),
+                Err(_) => return Err((r.header.status_class, r.header.status_detail)),
+            }
+        }
+        panic!("login did not end");
+    }
+
+    #[test]
+    fn accepts_host_whose_secret_the_array_verifies_through_the_relay() {
+        assert_eq!(run(b"sixteen-byte-sec", false), Ok(false));
+    }
+
+    #[test]
+    fn accepts_mutual_chap_relayed_both_ways() {
+        // The host checks the array's answer itself: the gateway holds neither secret.
+        assert_eq!(run(b"sixteen-byte-sec", true), Ok(true));
+    }
+
+    #[test]
+    fn rejects_host_with_a_wrong_secret_as_the_array_does() {
+        assert_eq!(run(b"not-the-secret!!", false), Err((2, 1)));
+        assert_eq!(run(b"not-the-secret!!", true), Err((2, 1)));
+    }
 }
