@@ -36,6 +36,10 @@ pub struct ConnArgs {
     /// Mutual CHAP: environment variable holding the target's secret.
     #[arg(long, value_name = "VAR")]
     pub target_password_env: Option<String>,
+    /// CHAP algorithms to offer, in order (comma-separated: sha256, sha3-256, sha1, md5).
+    /// Default: sha256,sha3-256,sha1; MD5 only when listed here. Never narrowed on a refusal.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub chap_algorithms: Vec<String>,
     /// Start from RFC 7143's conservative defaults (InitialR2T=Yes, 8 KiB segments, 256 KiB
     /// bursts, one R2T) instead of the fast ones; flags below still override.
     #[arg(long)]
@@ -205,6 +209,17 @@ impl ConnArgs {
                 name: user.clone(),
                 secret,
             });
+        }
+        if !self.chap_algorithms.is_empty() {
+            login.chap_algorithms = self
+                .chap_algorithms
+                .iter()
+                .map(|n| {
+                    ipsan_initiator::ChapAlgorithm::from_name(n).with_context(|| {
+                        format!("--chap-algorithms: unknown {n:?}; expected sha256, sha3-256, sha1 or md5")
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?;
         }
         if let Some(tu) = &self.target_user {
             let secret = if let Some(f) = &self.target_password_file {

@@ -53,6 +53,15 @@ pub struct Args {
     /// File holding the CHAP secret for --chap-user (mode 0600: a file others can read is refused).
     #[arg(long, value_name = "FILE", requires = "chap_user")]
     chap_secret_file: Option<PathBuf>,
+    /// CHAP algorithms accepted for --chap-user (comma-separated: sha256, sha3-256, sha1, md5).
+    /// Default: sha256,sha3-256,sha1; MD5 only when listed (e.g. for libiscsi 1.19).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        requires = "chap_user"
+    )]
+    chap_algorithms: Vec<String>,
     /// Mutual CHAP: the name the target answers with.
     #[arg(long, requires_all = ["chap_user", "mutual_secret_file"])]
     mutual_user: Option<String>,
@@ -255,6 +264,9 @@ fn refuse_target_flags_beside_config(args: &Args, path: &std::path::Path) -> any
     if args.chap_secret_file.is_some() {
         refused.push("--chap-secret-file (set [target.chap])");
     }
+    if !args.chap_algorithms.is_empty() {
+        refused.push("--chap-algorithms (set `algorithms` in [target.chap])");
+    }
     if args.mutual_user.is_some() || args.mutual_secret_file.is_some() {
         refused.push("--mutual-user/--mutual-secret-file (set [target.chap])");
     }
@@ -292,7 +304,8 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
                 mutual_user: args.mutual_user.clone(),
                 mutual_secret: None,
                 mutual_secret_file: args.mutual_secret_file.clone(),
-                algorithms: None,
+                algorithms: (!args.chap_algorithms.is_empty())
+                    .then(|| args.chap_algorithms.clone()),
             });
             FileConfig {
                 target: vec![FileTarget {

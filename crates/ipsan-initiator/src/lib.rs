@@ -38,7 +38,7 @@ pub mod transform;
 pub mod url;
 
 pub use error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
-pub use iscsi_proto::chap::ChapSecret;
+pub use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
 pub use login::{ChapCredentials, DigestChoice, LoginOptions, Negotiated, OriginatorExtension};
 pub use observe::{CommandEvent, CommandObserver};
 pub use recovery::RecoveryStats;

@@ -238,7 +238,7 @@ pub struct FileChap {
     pub mutual_secret: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mutual_secret_file: Option<PathBuf>,
-    /// CHAP_A algorithms accepted, strongest first (default: SHA3-256, SHA-256, SHA-1, MD5).
+    /// CHAP_A algorithms accepted (default: SHA-256, SHA3-256, SHA-1; MD5 only when listed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub algorithms: Option<Vec<String>>,
 }
@@ -595,18 +595,18 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
         }
     }
     let algorithms = match &c.algorithms {
-        None => ChapAlgorithm::ALL.to_vec(),
+        None => ChapAlgorithm::DEFAULT.to_vec(),
         Some(names) => names
             .iter()
-            .map(|n| match n.to_ascii_lowercase().as_str() {
-                "md5" | "5" => Ok(ChapAlgorithm::MD5),
-                "sha1" | "sha-1" | "6" => Ok(ChapAlgorithm::SHA1),
-                "sha256" | "sha-256" | "7" => Ok(ChapAlgorithm::SHA256),
-                "sha3-256" | "sha3_256" | "8" => Ok(ChapAlgorithm::SHA3_256),
-                other => Err(err(
-                    format!("{field}.algorithms"),
-                    format!("unknown CHAP algorithm {other:?}"),
-                )),
+            .map(|n| {
+                ChapAlgorithm::from_name(n).ok_or_else(|| {
+                    err(
+                        format!("{field}.algorithms"),
+                        format!(
+                            "unknown CHAP algorithm {n:?}: expected sha256, sha3-256, sha1 or md5"
+                        ),
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()?,
     };
