@@ -249,7 +249,7 @@ impl ConnArgs {
                 let cipher = ipsan_seal::Cipher::from_name(name).with_context(|| {
                     format!("--seal {name}: expected aes-256-gcm, chacha20-poly1305, 3des-cbc-hmac-sha1 or none")
                 })?;
-                let psk = ipsan_seal::Psk::from_file(path)
+                let psk = ipsan_initiator::psk_from_file(path)
                     .with_context(|| format!("--secret-file {}", path.display()))?;
                 let workers = self.crypto_workers.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)

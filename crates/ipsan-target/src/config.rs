@@ -376,10 +376,9 @@ impl SealSettings {
     }
 }
 
-/// Reads a Seal pre-shared secret from a file.
+/// Reads a Seal pre-shared secret from a file (mode checked: [`check_secret_file`]).
 pub fn seal_secret_from_file(field: &str, path: &Path) -> Result<Psk, ConfigError> {
-    check_secret_file(field, path)?;
-    Psk::from_file(path).map_err(|e| err(field, e.to_string()))
+    ipsan_initiator::psk_from_file(path).map_err(|e| err(field, e.to_string()))
 }
 
 fn seal_psk(field: &str, inline: Option<&str>, file: Option<&Path>) -> Result<Psk, ConfigError> {
@@ -968,11 +967,53 @@ impl FileConfig {
         })
     }
 
-    /// Reads and parses a file.
+    /// Reads and parses a file. A file holding inline secrets (`secret`, `mutual_secret`) is
+    /// refused when anyone but its owner may read or write it, as a secret file would be.
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| err(path.display().to_string(), e.to_string()))?;
-        Self::parse(&text)
+        let f = Self::parse(&text)?;
+        if let Some(field) = f.inline_secret_field() {
+            iscsi_proto::secret_file::check_mode(path).map_err(|e| {
+                err(
+                    field,
+                    format!(
+                        "an inline secret in a file others can access: {e} (or use secret_file)"
+                    ),
+                )
+            })?;
+        }
+        Ok(f)
+    }
+
+    /// The first field holding an inline secret, if any.
+    fn inline_secret_field(&self) -> Option<String> {
+        let chap = |c: &Option<FileChap>, at: &str| {
+            c.as_ref().and_then(|c| {
+                if c.secret.is_some() {
+                    Some(format!("{at}.chap.secret"))
+                } else if c.mutual_secret.is_some() {
+                    Some(format!("{at}.chap.mutual_secret"))
+                } else {
+                    None
+                }
+            })
+        };
+        chap(&self.discovery.chap, "discovery").or_else(|| {
+            self.target.iter().enumerate().find_map(|(i, t)| {
+                let at = format!("target[{i}]");
+                chap(&t.chap, &at).or_else(|| {
+                    let s = t.seal.as_ref()?;
+                    if s.secret.is_some() {
+                        return Some(format!("{at}.seal.secret"));
+                    }
+                    s.initiator
+                        .iter()
+                        .position(|n| n.secret.is_some())
+                        .map(|j| format!("{at}.seal.initiator[{j}].secret"))
+                })
+            })
+        })
     }
 
     /// The TOML text (`ipsan ctl save`): what was given, secrets as given (file references
@@ -991,21 +1032,7 @@ impl FileConfig {
 /// Refuses a secret file that anyone but its owner can read or write (a CHAP or Seal secret
 /// readable by the group or the world is no secret). `chmod 600 FILE` fixes it.
 pub fn check_secret_file(field: &str, path: &Path) -> Result<(), ConfigError> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta =
-        std::fs::metadata(path).map_err(|e| err(field, format!("{}: {e}", path.display())))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(err(
-            field,
-            format!(
-                "{} has mode {mode:04o}: a secret file must not be readable or writable by group or others (chmod 600 {})",
-                path.display(),
-                path.display()
-            ),
-        ));
-    }
-    Ok(())
+    iscsi_proto::secret_file::check_mode(path).map_err(|e| err(field, e.to_string()))
 }
 
 impl FileLun {

@@ -77,6 +77,9 @@ pub enum ChapError {
     /// The secret was empty.
     #[error("CHAP secret is empty")]
     EmptySecret,
+    /// A secret file anyone but its owner may read or write (the message says how to fix it).
+    #[error("{0}")]
+    SecretFile(String),
     /// The secret is shorter than [`MIN_SECRET_LEN`].
     #[error("CHAP secret is {0} bytes; at least {min} are required (RFC 7143 §12.1.3: 96 bits)", min = MIN_SECRET_LEN)]
     ShortSecret(usize),
@@ -220,8 +223,18 @@ impl ChapSecret {
     }
 
     /// A secret read from a file; one trailing newline (`\n` or `\r\n`) is dropped so that
-    /// `echo secret > file` works. The error names the path, never the contents.
+    /// `echo secret > file` works. A file the group or others may read or write is refused
+    /// ([`crate::secret_file::check_mode`]). The error names the path, never the contents.
     pub fn from_file(path: &Path) -> Result<Self, ChapError> {
+        crate::secret_file::check_mode(path).map_err(|e| match e {
+            crate::secret_file::SecretFileError::Unreadable { .. } => ChapError::SecretSource {
+                source_name: path.display().to_string(),
+                reason: "cannot be read".into(),
+            },
+            mode @ crate::secret_file::SecretFileError::Mode { .. } => {
+                ChapError::SecretFile(mode.to_string())
+            }
+        })?;
         let mut bytes = std::fs::read(path).map_err(|e| ChapError::SecretSource {
             source_name: path.display().to_string(),
             reason: e.kind().to_string(),
@@ -601,8 +614,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         std::fs::write(&p, b"hunter2hunter2\r\n").unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let s = ChapSecret::from_file(&p).unwrap();
         assert_eq!(s.expose(), b"hunter2hunter2");
+        // The same file readable by the group is refused, naming the fix, not the secret.
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+        let e = ChapSecret::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("chmod 600") && !e.contains("hunter2"), "{e}");
         let missing = ChapSecret::from_file(&dir.path().join("nope")).unwrap_err();
         assert!(matches!(missing, ChapError::SecretSource { .. }));
     }
