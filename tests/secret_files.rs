@@ -184,3 +184,55 @@ fn accepts_a_config_file_without_inline_secrets_readable_by_the_group() {
     let (_, err) = run(&["target", "--config", cfg.to_str().unwrap()]);
     assert_eq!(err, "started", "refused: {err}");
 }
+
+/// Issue 31: nothing kept a process holding secrets from dumping core. `ipsan target` now
+/// sets RLIMIT_CORE to 0 and PR_SET_DUMPABLE to 0 at start: its `/proc/PID/limits` says 0,
+/// and (checked when the test runs as root, starting the target as `nobody`) its `/proc/PID`
+/// belongs to root, which is what a non-dumpable process looks like from outside.
+#[test]
+fn target_process_forbids_core_dumps() {
+    use std::io::BufRead as _;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let mut cmd = Command::new(BIN);
+    cmd.args(["target", "--portal", "127.0.0.1:0", "--lun", "mem:1MiB"])
+        .current_dir("/")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if root {
+        cmd.uid(65534).gid(65534);
+    }
+    let mut child = cmd.spawn().unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let out = child.stdout.take().unwrap();
+    let child = Kill(child);
+    let mut lines = std::io::BufReader::new(out).lines();
+    let started = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains(": listening on "));
+    assert!(started, "target did not start");
+    let pid = child.0.id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .unwrap();
+    let fields: Vec<&str> = core.split_whitespace().collect();
+    assert_eq!(&fields[4..6], &["0", "0"], "{core}");
+    if root {
+        let owner = std::fs::metadata(format!("/proc/{pid}/status"))
+            .unwrap()
+            .uid();
+        assert_eq!(owner, 0, "/proc/{pid} of a dumpable process runs as nobody");
+    } else {
+        println!("not root: the PR_SET_DUMPABLE part is not checked");
+    }
+}

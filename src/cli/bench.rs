@@ -240,6 +240,9 @@ impl ConnArgs {
                 secret,
             });
         }
+        if login.chap.is_some() || self.secret_file.is_some() {
+            super::hold_secrets();
+        }
         anyhow::ensure!(
             self.seal.is_none() || self.secret_file.is_some(),
             "--seal needs --secret-file (Seal's pre-shared secret)"
