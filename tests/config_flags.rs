@@ -261,3 +261,81 @@ fn accepts_allow_and_seal_required_from_the_file() {
         "{lines:?}"
     );
 }
+
+/// Starts `ipsan target ARGS` and returns it with its portal.
+fn start(args: &[&str]) -> (Killed, String) {
+    let mut child = Killed(
+        Command::new(BIN)
+            .arg("target")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = child.0.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let portal = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("ipsan target: listening on ")
+                .map(str::to_owned)
+        })
+        .expect("target did not start");
+    // Keep draining stdout so the target never blocks on it.
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    (child, portal)
+}
+
+fn discover(portal: &str) -> (bool, String) {
+    let o = Command::new(BIN)
+        .args(["discover", &format!("iscsi://{portal}")])
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// Discovery is never sealed (docs/seal.md §7): what it shows can be turned off, from the
+/// command line and from the file, and is served by default.
+#[test]
+fn rejects_discovery_logins_when_discovery_is_turned_off() {
+    let (_t, portal) = start(&["--portal", "127.0.0.1:0", "--lun", "mem:1MiB"]);
+    let (ok, out) = discover(&portal);
+    assert!(ok && out.contains("iqn.2026-11.org.ipsan:disk0"), "{out}");
+
+    let (_t, portal) = start(&[
+        "--portal",
+        "127.0.0.1:0",
+        "--lun",
+        "mem:1MiB",
+        "--no-discovery",
+    ]);
+    let (ok, out) = discover(&portal);
+    assert!(!ok, "discovery served with --no-discovery: {out}");
+    assert!(!out.contains("iqn.2026-11.org.ipsan:disk0"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("[discovery]\nenabled = false\n\n{text}")).unwrap();
+    let (_t, portal) = start(&["--config", cfg.to_str().unwrap()]);
+    let (ok, out) = discover(&portal);
+    assert!(
+        !ok,
+        "discovery served with [discovery] enabled = false: {out}"
+    );
+    assert!(!out.contains(IQN), "{out}");
+}
+
+#[test]
+fn rejects_no_discovery_beside_config() {
+    assert_refused(&["--no-discovery"], "--no-discovery");
+}

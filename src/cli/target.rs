@@ -72,6 +72,11 @@ pub struct Args {
     /// With --config the file decides (`allow` of each target); giving it there is an error.
     #[arg(long, value_name = "IQN")]
     allow: Vec<String>,
+    /// Refuse SendTargets discovery sessions (0x0209). Discovery is never sealed, even under
+    /// `--seal required`: it lists the targets an initiator name may use in the clear
+    /// (docs/seal.md §1). With --config: `[discovery] enabled = false`.
+    #[arg(long)]
+    no_discovery: bool,
     /// Commands in flight per session (the CmdSN window).
     #[arg(long)]
     queue_depth: Option<u32>,
@@ -264,6 +269,9 @@ fn refuse_target_flags_beside_config(args: &Args, path: &std::path::Path) -> any
     if args.chap_secret_file.is_some() {
         refused.push("--chap-secret-file (set [target.chap])");
     }
+    if args.no_discovery {
+        refused.push("--no-discovery (set `enabled = false` in [discovery])");
+    }
     if !args.chap_algorithms.is_empty() {
         refused.push("--chap-algorithms (set `algorithms` in [target.chap])");
     }
@@ -328,6 +336,10 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
                         .map(|(i, s)| FileLun::new(i as u64, s.clone()))
                         .collect(),
                 }],
+                discovery: config::FileDiscovery {
+                    enabled: args.no_discovery.then_some(false),
+                    ..config::FileDiscovery::default()
+                },
                 ..FileConfig::default()
             }
         }

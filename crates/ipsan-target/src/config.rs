@@ -173,11 +173,17 @@ pub struct FileAuthBackoff {
 pub struct FileDiscovery {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chap: Option<FileChap>,
+    /// SendTargets discovery sessions (default true). Discovery is never sealed: it shows
+    /// anyone who can claim an allowed initiator name (or holds the discovery CHAP secret)
+    /// the names of the targets that name may use, in the clear (docs/seal.md §1). `false`
+    /// refuses every discovery login with 0x0209 (session type not supported).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
 }
 
 impl FileDiscovery {
     fn is_empty(&self) -> bool {
-        self.chap.is_none()
+        self.chap.is_none() && self.enabled.is_none()
     }
 }
 
@@ -481,6 +487,8 @@ pub struct Config {
     /// nodelay, window_clamp; docs/tcp.md). `None`: kernel defaults with TCP_NODELAY.
     pub tcp: Option<ipsan_tcp::TcpSettings>,
     pub discovery_chap: Option<ChapPolicy>,
+    /// Whether discovery sessions are served (`[discovery] enabled`, default true).
+    pub discovery_enabled: bool,
     pub targets: Vec<TargetConfig>,
     /// Sessions per initiator, connections per address, CHAP failure backoff.
     pub limits: crate::limits::Limits,
@@ -502,6 +510,7 @@ impl Default for Config {
                 .map_or(2, std::num::NonZeroUsize::get),
             tcp: None,
             discovery_chap: None,
+            discovery_enabled: true,
             targets: Vec::new(),
             limits: crate::limits::Limits::default(),
             source: None,
@@ -850,6 +859,7 @@ impl Config {
             c.tcp = Some(t.clone());
         }
         limits_from(&f.server, &mut c.limits)?;
+        c.discovery_enabled = f.discovery.enabled.unwrap_or(true);
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);
         }
