@@ -229,6 +229,8 @@ iqn = "{C}"
 [target.chap]
 user = "carol"
 secret_file = "{{dir}}/c.secret"
+# libiscsi 1.19 (iscsi-readcapacity16 below) offers CHAP_A=5 only: MD5 is opt-in.
+algorithms = ["sha256", "md5"]
 [[target.lun]]
 id = 0
 backend = "file:{{dir}}/c0.img,size=32MiB"

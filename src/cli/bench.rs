@@ -36,6 +36,10 @@ pub struct ConnArgs {
     /// Mutual CHAP: environment variable holding the target's secret.
     #[arg(long, value_name = "VAR")]
     pub target_password_env: Option<String>,
+    /// CHAP algorithms to offer, in order (comma-separated: sha256, sha3-256, sha1, md5).
+    /// Default: sha256,sha3-256,sha1; MD5 only when listed here. Never narrowed on a refusal.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub chap_algorithms: Vec<String>,
     /// Start from RFC 7143's conservative defaults (InitialR2T=Yes, 8 KiB segments, 256 KiB
     /// bursts, one R2T) instead of the fast ones; flags below still override.
     #[arg(long)]
@@ -206,6 +210,17 @@ impl ConnArgs {
                 secret,
             });
         }
+        if !self.chap_algorithms.is_empty() {
+            login.chap_algorithms = self
+                .chap_algorithms
+                .iter()
+                .map(|n| {
+                    ipsan_initiator::ChapAlgorithm::from_name(n).with_context(|| {
+                        format!("--chap-algorithms: unknown {n:?}; expected sha256, sha3-256, sha1 or md5")
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?;
+        }
         if let Some(tu) = &self.target_user {
             let secret = if let Some(f) = &self.target_password_file {
                 ChapSecret::from_file(f)?
@@ -225,6 +240,9 @@ impl ConnArgs {
                 secret,
             });
         }
+        if login.chap.is_some() || self.secret_file.is_some() {
+            super::hold_secrets();
+        }
         anyhow::ensure!(
             self.seal.is_none() || self.secret_file.is_some(),
             "--seal needs --secret-file (Seal's pre-shared secret)"
@@ -234,7 +252,7 @@ impl ConnArgs {
                 let cipher = ipsan_seal::Cipher::from_name(name).with_context(|| {
                     format!("--seal {name}: expected aes-256-gcm, chacha20-poly1305, 3des-cbc-hmac-sha1 or none")
                 })?;
-                let psk = ipsan_seal::Psk::from_file(path)
+                let psk = ipsan_initiator::psk_from_file(path)
                     .with_context(|| format!("--secret-file {}", path.display()))?;
                 let workers = self.crypto_workers.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)

@@ -58,18 +58,36 @@ pub enum Command {
 
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Attach(args) => attach::run(*args),
+        Command::Attach(args) => {
+            hold_secrets();
+            attach::run(*args)
+        }
         Command::Bench(args) => bench::run(*args),
         Command::Ctl(args) => ctl::run(*args),
         Command::Demo(args) => demo::run(*args),
         Command::Discover(args) => discover::run(*args),
-        Command::Gateway(args) => gateway::run(*args),
+        Command::Gateway(args) => {
+            hold_secrets();
+            gateway::run(*args)
+        }
         Command::Inquiry(args) => inquiry::run(*args),
         Command::Lab(args) => lab::run(*args),
         Command::Model(args) => model::run(*args),
-        Command::Target(args) => target::run(*args),
+        Command::Target(args) => {
+            hold_secrets();
+            target::run(*args)
+        }
         Command::Tcp(args) => tcp::run(*args),
         Command::Wan(args) => wan::run(*args),
+    }
+}
+
+/// The long-running subcommands that hold secrets (target, gateway, attach; bench and the
+/// other initiators once they have a secret, [`bench::ConnArgs::config`]) forbid core dumps
+/// first: no core file with keys in it, no same-user ptrace or `/proc/PID/mem`.
+pub(crate) fn hold_secrets() {
+    if let Err(e) = ipsan_seal::process::forbid_core_dumps() {
+        tracing::warn!("cannot forbid core dumps (PR_SET_DUMPABLE, RLIMIT_CORE): {e}");
     }
 }
 

@@ -51,13 +51,22 @@ pub struct Args {
     #[arg(long, requires = "chap_secret_file")]
     chap_user: Option<String>,
     /// File holding the CHAP secret for --chap-user (mode 0600: a file others can read is refused).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "chap_user")]
     chap_secret_file: Option<PathBuf>,
+    /// CHAP algorithms accepted for --chap-user (comma-separated: sha256, sha3-256, sha1, md5).
+    /// Default: sha256,sha3-256,sha1; MD5 only when listed (e.g. for libiscsi 1.19).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        requires = "chap_user"
+    )]
+    chap_algorithms: Vec<String>,
     /// Mutual CHAP: the name the target answers with.
     #[arg(long, requires_all = ["chap_user", "mutual_secret_file"])]
     mutual_user: Option<String>,
     /// File holding the target's mutual CHAP secret (mode 0600).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "mutual_user")]
     mutual_secret_file: Option<PathBuf>,
     /// Per-host CHAP bound to a name, as LIO binds CHAP to an ACL (repeatable):
     /// `INITIATOR-NAME,CHAP-USER,SECRET-FILE`. That name logs in only as that user with that
@@ -66,14 +75,21 @@ pub struct Args {
     #[arg(long, value_name = "NAME,USER,FILE", conflicts_with = "config")]
     chap_host: Vec<String>,
     /// Initiator names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
+    /// With --config the file decides (`allow` of each target); giving it there is an error.
     #[arg(long, value_name = "IQN")]
     allow: Vec<String>,
+    /// Refuse SendTargets discovery sessions (0x0209). Discovery is never sealed, even under
+    /// `--seal required`: it lists the targets an initiator name may use in the clear
+    /// (docs/seal.md §1). With --config: `[discovery] enabled = false`.
+    #[arg(long)]
+    no_discovery: bool,
     /// Commands in flight per session (the CmdSN window).
     #[arg(long)]
     queue_depth: Option<u32>,
-    /// Seal (encryption above SCSI, docs/seal.md): off | allowed | required.
-    #[arg(long, default_value = "allowed")]
-    seal: ipsan_seal::SealPolicy,
+    /// Seal (encryption above SCSI, docs/seal.md): off | allowed | required. Default: allowed.
+    /// With --config the file decides (`[target.seal] policy`); giving it there is an error.
+    #[arg(long)]
+    seal: Option<ipsan_seal::SealPolicy>,
     /// Seal pre-shared secret for the command line's target, mode 0600 (per-initiator secrets: --config).
     #[arg(long, value_name = "FILE")]
     seal_secret_file: Option<PathBuf>,
@@ -113,7 +129,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .as_deref()
         .map(std::path::absolute)
         .transpose()?;
-    let config = build_config(args)?;
+    let (config, overrides) = build_config(args)?;
+    if let Some(path) = &config_path {
+        // Say which flags changed what the file says (docs/target.md, "Flags beside --config").
+        if overrides.is_empty() {
+            announce!("ipsan target: configuration {}", path.display());
+        } else {
+            announce!(
+                "ipsan target: configuration {}, with {} from the command line",
+                path.display(),
+                overrides.join(", ")
+            );
+        }
+    }
     serve(config, control_path, metrics_addr, config_path, "target")
 }
 
@@ -229,11 +257,53 @@ async fn reload_on_sighup(
     }
 }
 
+/// The flags that restrict a target (who may log in, how) and so belong to the file beside
+/// `--config`: each is refused there rather than dropped, since a dropped restriction
+/// silently widens access (issue 31, item 5). `--iqn`, `--lun` and `--chap-user` are refused
+/// by clap (`conflicts_with_all`).
+fn refuse_target_flags_beside_config(args: &Args, path: &std::path::Path) -> anyhow::Result<()> {
+    let mut refused = Vec::new();
+    if !args.allow.is_empty() {
+        refused.push("--allow (set `allow = [\"IQN\", ...]` in each [[target]])");
+    }
+    if args.seal.is_some() {
+        refused.push("--seal (set `policy` in each [target.seal])");
+    }
+    if args.seal_secret_file.is_some() {
+        refused.push("--seal-secret-file (set `secret_file` in each [target.seal])");
+    }
+    if args.chap_secret_file.is_some() {
+        refused.push("--chap-secret-file (set [target.chap])");
+    }
+    if args.no_discovery {
+        refused.push("--no-discovery (set `enabled = false` in [discovery])");
+    }
+    if !args.chap_algorithms.is_empty() {
+        refused.push("--chap-algorithms (set `algorithms` in [target.chap])");
+    }
+    if args.mutual_user.is_some() || args.mutual_secret_file.is_some() {
+        refused.push("--mutual-user/--mutual-secret-file (set [target.chap])");
+    }
+    anyhow::ensure!(
+        refused.is_empty(),
+        "--config {}: the file decides every target's access and Seal, so these flags would not apply: {}; \
+         put them in the file instead (docs/target.md)",
+        path.display(),
+        refused.join("; ")
+    );
+    Ok(())
+}
+
 /// The configuration, always through its file form so that flags, files, `ipsan ctl` edits
-/// and reloads are validated by the same code and `ipsan ctl save` can write it back.
-fn build_config(args: Args) -> anyhow::Result<Config> {
+/// and reloads are validated by the same code and `ipsan ctl save` can write it back. Beside
+/// `--config`, also the flags that changed the file's settings, for the startup line.
+fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
+    let mut overrides = Vec::new();
     let mut file = match &args.config {
-        Some(path) => FileConfig::read(path)?,
+        Some(path) => {
+            refuse_target_flags_beside_config(&args, path)?;
+            FileConfig::read(path)?
+        }
         None => {
             config::check_iqn("--iqn", &args.iqn)?;
             let specs = if args.lun.is_empty() {
@@ -248,7 +318,8 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                 mutual_user: args.mutual_user.clone(),
                 mutual_secret: None,
                 mutual_secret_file: args.mutual_secret_file.clone(),
-                algorithms: None,
+                algorithms: (!args.chap_algorithms.is_empty())
+                    .then(|| args.chap_algorithms.clone()),
             });
             FileConfig {
                 target: vec![FileTarget {
@@ -258,7 +329,10 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                     chap,
                     chap_host: config::chap_hosts_from_flags(&args.chap_host)?,
                     seal: Some(FileSeal {
-                        policy: Some(seal_policy_name(args.seal).to_owned()),
+                        policy: Some(
+                            seal_policy_name(args.seal.unwrap_or(ipsan_seal::SealPolicy::Allowed))
+                                .to_owned(),
+                        ),
                         secret: None,
                         secret_file: args.seal_secret_file.clone(),
                         initiator: Vec::new(),
@@ -269,23 +343,41 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                         .map(|(i, s)| FileLun::new(i as u64, s.clone()))
                         .collect(),
                 }],
+                discovery: config::FileDiscovery {
+                    enabled: args.no_discovery.then_some(false),
+                    ..config::FileDiscovery::default()
+                },
                 ..FileConfig::default()
             }
         }
     };
     // --ceph-conf / --ceph-id apply to every rbd: LUN that does not name its own.
+    let mut ceph_applied = (false, false);
     for l in file.target.iter_mut().flat_map(|t| t.lun.iter_mut()) {
         if l.backend.starts_with("rbd:") {
-            if l.conf.is_none() {
+            if l.conf.is_none() && args.ceph_conf.is_some() {
                 l.conf.clone_from(&args.ceph_conf);
+                ceph_applied.0 = true;
             }
-            if l.ceph_id.is_none() {
+            if l.ceph_id.is_none() && args.ceph_id.is_some() {
                 l.ceph_id.clone_from(&args.ceph_id);
+                ceph_applied.1 = true;
             }
         }
     }
+    if ceph_applied.0 {
+        overrides.push("--ceph-conf (rbd: LUNs without `conf`)".to_owned());
+    }
+    if ceph_applied.1 {
+        overrides.push("--ceph-id (rbd: LUNs without `ceph_id`)".to_owned());
+    }
+    if args.config.is_some() && args.ceph_id.is_some() && !ceph_applied.1 {
+        // Only rbd: LUNs take it; beside a file without one it would do nothing.
+        anyhow::bail!("--ceph-id: no rbd: LUN of the --config file lacks its own `ceph_id`; it would not apply");
+    }
     if let Some(id) = args.relative_port_id {
         file.server.relative_port_id = Some(id);
+        overrides.push(format!("--relative-port-id {id}"));
     }
     if !args.portal.is_empty() {
         for p in &args.portal {
@@ -293,6 +385,7 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
                 .with_context(|| format!("--portal {p}: expected ADDR:PORT"))?;
         }
         file.server.portals = Some(args.portal.clone());
+        overrides.push(format!("--portal {}", args.portal.join(" --portal ")));
     }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(
@@ -300,6 +393,7 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             "--queue-depth: must be in 1..=4096"
         );
         file.server.queue_depth = Some(d);
+        overrides.push(format!("--queue-depth {d}"));
     }
     if args.tcp_congestion.is_some() || args.tcp_sndbuf.is_some() || args.tcp_rcvbuf.is_some() {
         let mut t = file.server.tcp.clone().unwrap_or_default();
@@ -314,6 +408,7 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
         }
         t.validate().map_err(|e| anyhow::anyhow!("--tcp-*: {e}"))?;
         file.server.tcp = Some(t);
+        overrides.push("--tcp-* (server.tcp)".to_owned());
     }
     if let Some(n) = args.crypto_workers {
         anyhow::ensure!(
@@ -321,8 +416,12 @@ fn build_config(args: Args) -> anyhow::Result<Config> {
             "--crypto-workers: must be in 1..=256"
         );
         file.server.crypto_workers = Some(n);
+        overrides.push(format!("--crypto-workers {n}"));
     }
-    Ok(Config::from_file_config(&file)?)
+    if args.config.is_none() {
+        overrides.clear();
+    }
+    Ok((Config::from_file_config(&file)?, overrides))
 }
 
 pub(super) fn seal_policy_name(p: ipsan_seal::SealPolicy) -> &'static str {

@@ -38,7 +38,27 @@ pub mod transform;
 pub mod url;
 
 pub use error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
-pub use iscsi_proto::chap::ChapSecret;
+pub use iscsi_proto::secret_file;
+
+/// A Seal pre-shared secret file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PskFileError {
+    /// Readable or writable by someone other than its owner, or missing.
+    #[error(transparent)]
+    Mode(#[from] secret_file::SecretFileError),
+    /// Unreadable or not a usable secret.
+    #[error(transparent)]
+    Secret(#[from] ipsan_seal::SecretError),
+}
+
+/// Reads a Seal pre-shared secret from `path`: the one loader every subcommand uses, so every
+/// secret file passes the same mode check ([`secret_file::check_mode`]) before
+/// [`ipsan_seal::Psk::from_file`] reads (and judges) it.
+pub fn psk_from_file(path: &std::path::Path) -> std::result::Result<ipsan_seal::Psk, PskFileError> {
+    secret_file::check_mode(path)?;
+    Ok(ipsan_seal::Psk::from_file(path)?)
+}
+pub use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
 pub use login::{
     ChapCredentials, ChapRelay, DigestChoice, LoginOptions, Negotiated, OriginatorExtension,
     RelayedChallenge, RelayedResponse, RelayedVerdict,

@@ -880,54 +880,40 @@ async fn login(
 
 /// Connect and log in, bounded by the login timeout.
 ///
-/// CHAP fallback: tgtd 1.0.85 picks CHAP_A=7 (SHA-256) from our offer but then cannot decode a
-/// 32-byte CHAP_R and fails the login with "initiator error". When a login that offered the
-/// 32-byte algorithms fails that way, we retry once offering only SHA-1 and MD5. (CHAP in the
-/// clear is open to an active attacker whatever the hash; this is no real downgrade.)
+/// No CHAP fallback: a refused login is not retried with a narrower algorithm list, since a
+/// forged "authentication failure" (anyone on the path can send one) would otherwise steer
+/// the next login to SHA-1/MD5 (issue 31). A target that picks an algorithm it cannot finish
+/// (tgtd 1.0.85 takes CHAP_A=7 but cannot read a 32-byte CHAP_R) is reached by offering the
+/// algorithms it can do explicitly ([`LoginOptions::chap_algorithms`], `--chap-algorithms
+/// sha1,md5` for tgtd).
 async fn connect_and_login(
     url: &IscsiUrl,
     cfg: &SessionConfig,
     kind: SessionKind,
 ) -> Result<(Conn, LoggedIn)> {
-    let attempt = |opts: LoginOptions| {
-        let kind = kind.clone();
-        async move {
-            let stream = connect_tcp(url, cfg).await?;
-            let mut conn = Conn::new(stream);
-            let ext = cfg.extension.as_ref().map(|f| (f.0)());
-            let li =
-                tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind, ext, None))
-                    .await
-                    .map_err(|_| Error::Timeout("login"))??;
-            Ok::<_, Error>((conn, li))
-        }
-    };
+    let stream = connect_tcp(url, cfg).await?;
+    let mut conn = Conn::new(stream);
+    let ext = cfg.extension.as_ref().map(|f| (f.0)());
     let opts = cfg.login.clone();
-    let wide = opts
-        .chap_algorithms
-        .iter()
-        .any(|a| a.digest_len().is_some_and(|l| l > 20));
-    match attempt(opts.clone()).await {
-        Err(Error::LoginRefused {
-            class: 2,
-            detail: 0,
-            ..
-        }) if opts.chap.is_some() && wide => {
-            let mut narrow = opts;
-            narrow
-                .chap_algorithms
-                .retain(|a| a.digest_len().is_some_and(|l| l <= 20));
-            if narrow.chap_algorithms.is_empty() {
-                narrow.chap_algorithms = vec![
-                    iscsi_proto::chap::ChapAlgorithm::SHA1,
-                    iscsi_proto::chap::ChapAlgorithm::MD5,
-                ];
-            }
-            tracing::warn!("login with SHA-256-class CHAP refused; retrying with SHA-1/MD5");
-            attempt(narrow).await
+    let chap = opts.chap.is_some();
+    let li = tokio::time::timeout(cfg.login_timeout, login(&mut conn, opts, kind, ext, None))
+        .await
+        .map_err(|_| Error::Timeout("login"))?;
+    if let Err(Error::LoginRefused {
+        class: 2,
+        detail: 0,
+        ..
+    }) = &li
+    {
+        if chap {
+            tracing::warn!(
+                "login refused (initiator error) after CHAP; if the target cannot do the \
+                 algorithm it picked (tgtd: SHA-256), offer the ones it can explicitly \
+                 (tgtd 1.0.85: --chap-algorithms sha1,md5)"
+            );
         }
-        r => r,
     }
+    Ok((conn, li?))
 }
 
 /// A target found by SendTargets discovery (RFC 7143 Appendix C).

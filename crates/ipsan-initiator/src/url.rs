@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn accepts_full_libiscsi_url() {
         let u = IscsiUrl::parse(
-            "iscsi://alice%s3cret-pass@127.0.0.1:3261/iqn.2026-11.org.ipsan:disk0/3",
+            "iscsi://alice%s3cret-pass-12@127.0.0.1:3261/iqn.2026-11.org.ipsan:disk0/3",
         )
         .unwrap();
         assert_eq!(u.host, "127.0.0.1");
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(u.target.as_deref(), Some("iqn.2026-11.org.ipsan:disk0"));
         assert_eq!(u.lun, Some(3));
         assert_eq!(u.user.as_deref(), Some("alice"));
-        assert_eq!(u.password().unwrap().expose(), b"s3cret-pass");
+        assert_eq!(u.password().unwrap().expose(), b"s3cret-pass-12");
     }
 
     #[test]
@@ -322,7 +322,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("pw");
         std::fs::write(&p, "from-file-secret\n").unwrap();
-        let u = IscsiUrl::parse("iscsi://u%inline@h/iqn.x/0")
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let u = IscsiUrl::parse("iscsi://u%inline-secret@h/iqn.x/0")
             .unwrap()
             .with_secret_from(Some(&p), None)
             .unwrap();

@@ -1497,3 +1497,49 @@ fn gateway_forwards_a_lun_reset_and_answers_the_host_with_the_remote_outcome() {
         still_serves(&s).await;
     });
 }
+
+/// Issue 31: a refusal forged by anyone on the path ("initiator error" or "authentication
+/// failure" in answer to the CHAP_A offer) made the initiator log in again offering only
+/// SHA-1 and MD5. Now every connection offers the same list, SHA-256 first and no MD5, and
+/// the refusal is the answer.
+#[test]
+fn rejects_a_chap_downgrade_after_a_forged_refusal() {
+    bounded(30, async {
+        for detail in [0u8, 1] {
+            let offers = Arc::new(Mutex::new(Vec::<String>::new()));
+            let rec = offers.clone();
+            let e = login_against(
+                move |r, sent, ctx| {
+                    if let Some((_, v)) = sent.iter().find(|(k, _)| k == "CHAP_A") {
+                        rec.lock().unwrap().push(v.clone());
+                        // The forged refusal, in place of the target's challenge.
+                        return vec![login_response(r, ctx, &[], 2, detail)];
+                    }
+                    let mut resp = r.clone();
+                    resp.transit = false;
+                    vec![login_response(
+                        &resp,
+                        ctx,
+                        &kv(&[("AuthMethod", "CHAP")]),
+                        0,
+                        0,
+                    )]
+                },
+                LoginOptions {
+                    chap: Some(ChapCredentials {
+                        name: "iqn.2026-11.org.ipsan:initiator".into(),
+                        secret: ChapSecret::new(b"0123456789abcdef".to_vec()).unwrap(),
+                    }),
+                    ..LoginOptions::default()
+                },
+            )
+            .await;
+            assert!(
+                matches!(e, Error::LoginRefused { class: 2, detail: d, .. } if d == detail),
+                "{e:?}"
+            );
+            let offers = offers.lock().unwrap().clone();
+            assert_eq!(offers, vec!["7,8,6".to_owned()], "detail {detail}");
+        }
+    });
+}

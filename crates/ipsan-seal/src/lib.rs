@@ -33,6 +33,7 @@ pub mod error;
 pub mod frame;
 pub mod negotiate;
 pub mod pool;
+pub mod process;
 pub mod record;
 mod replay;
 pub mod schedule;

@@ -178,11 +178,17 @@ pub struct FileAuthBackoff {
 pub struct FileDiscovery {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chap: Option<FileChap>,
+    /// SendTargets discovery sessions (default true). Discovery is never sealed: it shows
+    /// anyone who can claim an allowed initiator name (or holds the discovery CHAP secret)
+    /// the names of the targets that name may use, in the clear (docs/seal.md §1). `false`
+    /// refuses every discovery login with 0x0209 (session type not supported).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
 }
 
 impl FileDiscovery {
     fn is_empty(&self) -> bool {
-        self.chap.is_none()
+        self.chap.is_none() && self.enabled.is_none()
     }
 }
 
@@ -285,7 +291,7 @@ pub struct FileChap {
     pub mutual_secret: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mutual_secret_file: Option<PathBuf>,
-    /// CHAP_A algorithms accepted, strongest first (default: SHA3-256, SHA-256, SHA-1, MD5).
+    /// CHAP_A algorithms accepted (default: SHA-256, SHA3-256, SHA-1; MD5 only when listed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub algorithms: Option<Vec<String>>,
 }
@@ -453,10 +459,9 @@ impl SealSettings {
     }
 }
 
-/// Reads a Seal pre-shared secret from a file.
+/// Reads a Seal pre-shared secret from a file (mode checked: [`check_secret_file`]).
 pub fn seal_secret_from_file(field: &str, path: &Path) -> Result<Psk, ConfigError> {
-    check_secret_file(field, path)?;
-    Psk::from_file(path).map_err(|e| err(field, e.to_string()))
+    ipsan_initiator::psk_from_file(path).map_err(|e| err(field, e.to_string()))
 }
 
 fn seal_psk(field: &str, inline: Option<&str>, file: Option<&Path>) -> Result<Psk, ConfigError> {
@@ -591,6 +596,8 @@ pub struct Config {
     /// nodelay, window_clamp; docs/tcp.md). `None`: kernel defaults with TCP_NODELAY.
     pub tcp: Option<ipsan_tcp::TcpSettings>,
     pub discovery_chap: Option<ChapPolicy>,
+    /// Whether discovery sessions are served (`[discovery] enabled`, default true).
+    pub discovery_enabled: bool,
     pub targets: Vec<TargetConfig>,
     /// Sessions per initiator, connections per address, CHAP failure backoff.
     pub limits: crate::limits::Limits,
@@ -612,6 +619,7 @@ impl Default for Config {
                 .map_or(2, std::num::NonZeroUsize::get),
             tcp: None,
             discovery_chap: None,
+            discovery_enabled: true,
             targets: Vec::new(),
             limits: crate::limits::Limits::default(),
             source: None,
@@ -704,18 +712,18 @@ fn chap_policy(field: &str, c: &FileChap) -> Result<ChapPolicy, ConfigError> {
         }
     }
     let algorithms = match &c.algorithms {
-        None => ChapAlgorithm::ALL.to_vec(),
+        None => ChapAlgorithm::DEFAULT.to_vec(),
         Some(names) => names
             .iter()
-            .map(|n| match n.to_ascii_lowercase().as_str() {
-                "md5" | "5" => Ok(ChapAlgorithm::MD5),
-                "sha1" | "sha-1" | "6" => Ok(ChapAlgorithm::SHA1),
-                "sha256" | "sha-256" | "7" => Ok(ChapAlgorithm::SHA256),
-                "sha3-256" | "sha3_256" | "8" => Ok(ChapAlgorithm::SHA3_256),
-                other => Err(err(
-                    format!("{field}.algorithms"),
-                    format!("unknown CHAP algorithm {other:?}"),
-                )),
+            .map(|n| {
+                ChapAlgorithm::from_name(n).ok_or_else(|| {
+                    err(
+                        format!("{field}.algorithms"),
+                        format!(
+                            "unknown CHAP algorithm {n:?}: expected sha256, sha3-256, sha1 or md5"
+                        ),
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()?,
     };
@@ -1068,6 +1076,7 @@ impl Config {
             c.tcp = Some(t.clone());
         }
         limits_from(&f.server, &mut c.limits)?;
+        c.discovery_enabled = f.discovery.enabled.unwrap_or(true);
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);
         }
@@ -1207,11 +1216,53 @@ impl FileConfig {
         })
     }
 
-    /// Reads and parses a file.
+    /// Reads and parses a file. A file holding inline secrets (`secret`, `mutual_secret`) is
+    /// refused when anyone but its owner may read or write it, as a secret file would be.
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| err(path.display().to_string(), e.to_string()))?;
-        Self::parse(&text)
+        let f = Self::parse(&text)?;
+        if let Some(field) = f.inline_secret_field() {
+            iscsi_proto::secret_file::check_mode(path).map_err(|e| {
+                err(
+                    field,
+                    format!(
+                        "an inline secret in a file others can access: {e} (or use secret_file)"
+                    ),
+                )
+            })?;
+        }
+        Ok(f)
+    }
+
+    /// The first field holding an inline secret, if any.
+    fn inline_secret_field(&self) -> Option<String> {
+        let chap = |c: &Option<FileChap>, at: &str| {
+            c.as_ref().and_then(|c| {
+                if c.secret.is_some() {
+                    Some(format!("{at}.chap.secret"))
+                } else if c.mutual_secret.is_some() {
+                    Some(format!("{at}.chap.mutual_secret"))
+                } else {
+                    None
+                }
+            })
+        };
+        chap(&self.discovery.chap, "discovery").or_else(|| {
+            self.target.iter().enumerate().find_map(|(i, t)| {
+                let at = format!("target[{i}]");
+                chap(&t.chap, &at).or_else(|| {
+                    let s = t.seal.as_ref()?;
+                    if s.secret.is_some() {
+                        return Some(format!("{at}.seal.secret"));
+                    }
+                    s.initiator
+                        .iter()
+                        .position(|n| n.secret.is_some())
+                        .map(|j| format!("{at}.seal.initiator[{j}].secret"))
+                })
+            })
+        })
     }
 
     /// The TOML text (`ipsan ctl save`): what was given, secrets as given (file references
@@ -1230,21 +1281,7 @@ impl FileConfig {
 /// Refuses a secret file that anyone but its owner can read or write (a CHAP or Seal secret
 /// readable by the group or the world is no secret). `chmod 600 FILE` fixes it.
 pub fn check_secret_file(field: &str, path: &Path) -> Result<(), ConfigError> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta =
-        std::fs::metadata(path).map_err(|e| err(field, format!("{}: {e}", path.display())))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(err(
-            field,
-            format!(
-                "{} has mode {mode:04o}: a secret file must not be readable or writable by group or others (chmod 600 {})",
-                path.display(),
-                path.display()
-            ),
-        ));
-    }
-    Ok(())
+    iscsi_proto::secret_file::check_mode(path).map_err(|e| err(field, e.to_string()))
 }
 
 impl FileLun {

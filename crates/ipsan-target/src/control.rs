@@ -694,37 +694,91 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
     }
 }
 
-/// Writes `text` to `path` atomically (a temporary file renamed over it), mode 0600: a
-/// configuration may hold inline secrets.
+/// Writes `text` to `path` atomically, mode 0600: a configuration may hold inline secrets.
+/// The temporary file beside it gets a fresh name and is created with `O_CREAT|O_EXCL`
+/// (`create_new`), so nothing planted at a predictable name (a symlink to another file, a
+/// file someone else can read) is followed or reused; it is then renamed over `path`.
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("toml.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(b"# Written by `ipsan ctl save`: the running configuration (docs/target.md).\n")?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let base = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "config".to_owned());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut attempt = 0u32;
+    let (tmp, mut f) = loop {
+        let tmp = dir.join(format!(
+            ".{base}.{}.{nanos:08x}{attempt}.tmp",
+            std::process::id()
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let written = (|| {
+        f.write_all(
+            b"# Written by `ipsan ctl save`: the running configuration (docs/target.md).\n",
+        )?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
-/// The TOML with inline `secret = "..."` values replaced (for `config`, which is shown).
-fn redact_inline_secrets(text: &str) -> String {
-    text.lines()
-        .map(|l| {
-            let k = l.trim_start();
-            if k.starts_with("secret =") || k.starts_with("mutual_secret =") {
-                let key = k.split('=').next().unwrap_or("").trim();
-                format!("{key} = \"<redacted>\"")
-            } else {
-                l.to_owned()
+/// Whether a configuration key names a secret value (not a file reference to one).
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    (k.contains("secret") || k.contains("password") || k.contains("psk") || k == "key")
+        && !k.ends_with("_file")
+}
+
+/// Replaces every secret-bearing value in `v` (any depth, arrays of tables too).
+fn redact_value(v: &mut toml::Value) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, val) in t.iter_mut() {
+                if is_secret_key(k) {
+                    *val = toml::Value::String("<redacted>".to_owned());
+                } else {
+                    redact_value(val);
+                }
             }
-        })
-        .map(|l| l + "\n")
-        .collect()
+        }
+        toml::Value::Array(a) => a.iter_mut().for_each(redact_value),
+        _ => {}
+    }
+}
+
+/// The TOML with every inline secret replaced by `<redacted>` (for `config`, which is shown):
+/// parsed and rewritten structurally, so no quoting (a multi-line string, an escaped quote)
+/// lets part of a secret through. Text that does not parse is withheld whole.
+fn redact_inline_secrets(text: &str) -> String {
+    let Ok(mut v) = text.parse::<toml::Table>().map(toml::Value::Table) else {
+        return "# <redacted: the running configuration did not parse>\n".to_owned();
+    };
+    redact_value(&mut v);
+    toml::to_string(&v).unwrap_or_else(|_| {
+        "# <redacted: the running configuration did not serialize>\n".to_owned()
+    })
 }
 
 fn portals(registry: &Registry) -> Vec<String> {
@@ -976,6 +1030,64 @@ mod tests {
             !format!("{r:?}").contains("inline-secret"),
             "secret in Debug"
         );
+    }
+
+    #[test]
+    fn redacts_a_multi_line_inline_secret_from_the_shown_config() {
+        // A secret holding a newline serializes as a TOML multi-line string; the old
+        // line-based redaction replaced its first line only and showed the rest.
+        let r = Registry::build(
+            &crate::Config::from_toml(
+                "[[target]]\niqn = \"iqn.2026-11.x:a\"\n[target.chap]\nuser = \"u\"\nsecret = \"\"\"\nfirst-line-of-it\nleaked-second-line-9\"\"\"\nmutual_user = \"t\"\nmutual_secret = \"mutual-one\\\"quoted\\nmore-mutual-9\"\n[target.seal]\nsecret = \"seal-line-1\\nseal-line-2-0123456789\"\n[[target.seal.initiator]]\nname = \"iqn.2026-11.x:h\"\nsecret = \"host-line-1\\nhost-line-2-0123456789\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let v = handle_line(&r, br#"{"method":"config"}"#);
+        let toml = v["result"]["toml"].as_str().unwrap();
+        for part in [
+            "first-line-of-it",
+            "leaked-second-line",
+            "mutual-one",
+            "quoted",
+            "more-mutual",
+            "seal-line",
+            "host-line",
+        ] {
+            assert!(!toml.contains(part), "{part} shown: {toml}");
+        }
+        assert_eq!(toml.matches("<redacted>").count(), 4, "{toml}");
+        // Still the configuration: names and the LUN are shown.
+        assert!(
+            toml.contains("iqn.2026-11.x:h") && toml.contains("mem:4MiB"),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn save_does_not_follow_a_symlink_planted_at_the_temporary_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me").unwrap();
+        let path = dir.path().join("ipsan.toml");
+        // The names the old code and a careless new one would use.
+        for name in ["ipsan.toml.tmp", ".ipsan.toml.tmp"] {
+            std::os::unix::fs::symlink(&victim, dir.path().join(name)).unwrap();
+        }
+        write_private(&path, "[server]\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(std::fs::read_to_string(&path).unwrap().contains("[server]"));
+        // No temporary file is left behind.
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp") && !n.contains("ipsan.toml.tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[tokio::test]

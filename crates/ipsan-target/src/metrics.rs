@@ -2,8 +2,11 @@
 //!
 //! Everything here is lock-free on the command path: a connection holds an
 //! `Arc<SessionStats>`, and each command bumps a few atomics on it and on its LUN's
-//! [`IoStats`]. Labels are bounded: target and LUN come from the configuration, a session's
-//! from its login (at most `max_connections` of them); never a label per command.
+//! [`IoStats`]. Labels are bounded: target and LUN come from the configuration; a session's
+//! `initiator` comes from the wire, so it is cut to [`MAX_LABEL_BYTES`] (a hash of the whole
+//! name keeps cut names apart), and at most [`MAX_SESSION_SERIES`] sessions get series of
+//! their own, the rest of each target's summed under `initiator="other"`; never a label per
+//! command.
 //!
 //! Names follow Prometheus conventions: base units in the name (`_bytes`, `_seconds`),
 //! `_total` on counters, one `op` label (`read`, `write`, `other`) rather than a name per
@@ -22,6 +25,33 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 10.0,
 ];
+
+/// Sessions with series of their own (the lowest TSIHs); the others of each target are summed
+/// into one set of series labelled `initiator="other",tsih="other"`. With ~75 series per
+/// session, this keeps a scrape under a few MiB however many sessions log in.
+pub const MAX_SESSION_SERIES: usize = 64;
+
+/// The longest `initiator` label value, in bytes. iSCSI names may be 223 bytes (RFC 7143
+/// §4.2.7.1) and the login accepts text values up to 8,192 bytes; longer ones are cut and
+/// suffixed `~` and 16 hex digits of a hash of the whole name.
+pub const MAX_LABEL_BYTES: usize = 64;
+
+/// `v` cut to [`MAX_LABEL_BYTES`] (at a character boundary), with a hash of the whole of it.
+#[must_use]
+pub fn bounded_label(v: &str) -> std::borrow::Cow<'_, str> {
+    if v.len() <= MAX_LABEL_BYTES {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    // FNV-1a 64: keeps distinct long names apart in the series; not a security boundary.
+    let h = v.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let mut cut = MAX_LABEL_BYTES - 17;
+    while !v.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}~{h:016x}", &v[..cut]))
+}
 
 /// Names of the 16 SCSI sense keys (SPC-4 Table 48), the `sense_key` label.
 pub const SENSE_KEYS: [&str; 16] = [
@@ -63,6 +93,16 @@ impl Histogram {
             u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+    }
+
+    /// Adds the observations of `o` (summing sessions into `other`).
+    fn add(&self, o: &Histogram) {
+        for (a, b) in self.buckets.iter().zip(&o.buckets) {
+            a.fetch_add(b.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.count.fetch_add(o.count(), Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(o.sum_ns.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Observations so far.
@@ -179,6 +219,28 @@ impl IoStats {
         }
     }
 
+    /// Adds the counters of `o` (summing sessions into `other`).
+    fn add(&self, o: &IoStats) {
+        let add = |a: &AtomicU64, b: &AtomicU64| {
+            a.fetch_add(b.load(Ordering::Relaxed), Ordering::Relaxed);
+        };
+        for (a, b) in self.bytes.iter().zip(&o.bytes) {
+            add(a, b);
+        }
+        for (a, b) in self.commands.iter().zip(&o.commands) {
+            add(a, b);
+        }
+        self.in_flight
+            .fetch_add(o.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
+        for (a, b) in self.latency.iter().zip(&o.latency) {
+            a.add(b);
+        }
+        for (a, b) in self.sense.iter().zip(&o.sense) {
+            add(a, b);
+        }
+        add(&self.other_status, &o.other_status);
+    }
+
     /// A plain copy.
     pub fn counts(&self) -> IoCounts {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -250,6 +312,21 @@ impl CommandTimer {
 }
 
 impl SessionStats {
+    /// Adds the counters of `o` (summing sessions into `other`).
+    fn add(&self, o: &SessionStats) {
+        self.io.add(&o.io);
+        for (a, b) in [
+            (&self.r2ts, &o.r2ts),
+            (&self.digest_errors, &o.digest_errors),
+            (&self.pdu_errors, &o.pdu_errors),
+            (&self.seal_open_failures, &o.seal_open_failures),
+            (&self.seal_forgeries, &o.seal_forgeries),
+            (&self.seal_replays, &o.seal_replays),
+        ] {
+            a.fetch_add(b.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn new(luns: Option<Arc<LunTable>>) -> Self {
         Self {
             luns,
@@ -596,51 +673,24 @@ pub fn render(registry: &crate::registry::Registry) -> String {
             }
         }
     }
-    for s in &sessions {
+    // The first MAX_SESSION_SERIES sessions (lowest TSIH) have series of their own; the rest
+    // are summed per target (targets come from the configuration: bounded).
+    let mut others: BTreeMap<&str, SessionStats> = BTreeMap::new();
+    for (n, s) in sessions.iter().enumerate() {
         let i = &s.info;
+        let target = i.target.as_deref().unwrap_or("");
+        if n >= MAX_SESSION_SERIES {
+            others.entry(target).or_default().add(&s.stats);
+            continue;
+        }
         let tsih = i.tsih.to_string();
+        let initiator = bounded_label(&i.initiator);
         let labels = [
-            ("target", i.target.as_deref().unwrap_or("")),
-            ("initiator", i.initiator.as_str()),
+            ("target", target),
+            ("initiator", initiator.as_ref()),
             ("tsih", tsih.as_str()),
         ];
-        e.io("ipsan_session", "session", &labels, &s.stats.io);
-        let st = &s.stats;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        for (name, help, v) in [
-            (
-                "ipsan_session_r2ts_total",
-                "R2T PDUs sent to the session.",
-                g(&st.r2ts),
-            ),
-            (
-                "ipsan_session_digest_errors_total",
-                "PDUs of the session that failed a CRC32C header or data digest.",
-                g(&st.digest_errors),
-            ),
-            (
-                "ipsan_session_pdu_errors_total",
-                "PDUs of the session rejected as malformed (other than digests).",
-                g(&st.pdu_errors),
-            ),
-            (
-                "ipsan_session_seal_open_failures_total",
-                "Seal data-out the target refused to open (any reason).",
-                g(&st.seal_open_failures),
-            ),
-            (
-                "ipsan_session_seal_forgeries_total",
-                "Seal chunks whose tag did not verify: modified, relocated or forged data.",
-                g(&st.seal_forgeries),
-            ),
-            (
-                "ipsan_session_seal_replays_total",
-                "Seal chunks refused as replays.",
-                g(&st.seal_replays),
-            ),
-        ] {
-            e.sample(name, help, "counter", &labels, v);
-        }
+        session_series(&mut e, &labels, &s.stats);
         if let Some(seal) = &i.seal {
             let (send, recv) = seal.key_epochs();
             for (dir, v) in [("send", send), ("receive", recv)] {
@@ -656,6 +706,21 @@ pub fn render(registry: &crate::registry::Registry) -> String {
             }
         }
     }
+    for (target, st) in &others {
+        let labels = [
+            ("target", *target),
+            ("initiator", "other"),
+            ("tsih", "other"),
+        ];
+        session_series(&mut e, &labels, st);
+    }
+    e.sample(
+        "ipsan_session_series_aggregated",
+        "Sessions counted under initiator=\"other\" rather than series of their own (beyond the first 64).",
+        "gauge",
+        &[],
+        sessions.len().saturating_sub(MAX_SESSION_SERIES) as f64,
+    );
     for (target, result, n) in registry.metrics.logins() {
         e.sample(
             "ipsan_logins_total",
@@ -728,6 +793,46 @@ pub fn render(registry: &crate::registry::Registry) -> String {
         registry.session_count() as f64,
     );
     e.render()
+}
+
+/// The counters of one session (or of the sessions summed under `other`).
+fn session_series(e: &mut Exposition, labels: &[(&str, &str)], st: &SessionStats) {
+    e.io("ipsan_session", "session", labels, &st.io);
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    for (name, help, v) in [
+        (
+            "ipsan_session_r2ts_total",
+            "R2T PDUs sent to the session.",
+            g(&st.r2ts),
+        ),
+        (
+            "ipsan_session_digest_errors_total",
+            "PDUs of the session that failed a CRC32C header or data digest.",
+            g(&st.digest_errors),
+        ),
+        (
+            "ipsan_session_pdu_errors_total",
+            "PDUs of the session rejected as malformed (other than digests).",
+            g(&st.pdu_errors),
+        ),
+        (
+            "ipsan_session_seal_open_failures_total",
+            "Seal data-out the target refused to open (any reason).",
+            g(&st.seal_open_failures),
+        ),
+        (
+            "ipsan_session_seal_forgeries_total",
+            "Seal chunks whose tag did not verify: modified, relocated or forged data.",
+            g(&st.seal_forgeries),
+        ),
+        (
+            "ipsan_session_seal_replays_total",
+            "Seal chunks refused as replays.",
+            g(&st.seal_replays),
+        ),
+    ] {
+        e.sample(name, help, "counter", labels, v);
+    }
 }
 
 /// Serves `GET /metrics` on `listener` until `stop`: a minimal HTTP/1.1 responder (one
@@ -815,6 +920,80 @@ pub async fn serve_http(
 mod tests {
     use super::*;
     use ipsan_scsi::{Sense, SenseKey};
+
+    /// Issue 31: 1,024 sessions whose initiator names are 8,192 bytes each (what a login
+    /// accepts) made a scrape of about 0.7 GB. Now labels are at most MAX_LABEL_BYTES and
+    /// sessions past MAX_SESSION_SERIES are summed under `other`: the scrape stays under
+    /// 1 MiB (0.83 MB measured), and its size does not grow with the number of sessions past 64.
+    #[test]
+    fn bounds_the_scrape_at_1024_sessions_with_8192_byte_initiator_names() {
+        let r = crate::registry::Registry::build(
+            &crate::Config::from_toml(
+                "[[target]]\niqn = \"iqn.2026-11.x:a\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let mut regs = Vec::new();
+        let w = [0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+        for n in 0..1024u16 {
+            let mut name = format!("iqn.2026-11.x:{n:04}-");
+            name.push_str(&"n".repeat(8192 - name.len()));
+            let params = iscsi_proto::params::SessionParams {
+                initiator_name: name,
+                target_name: Some("iqn.2026-11.x:a".into()),
+                ..Default::default()
+            };
+            let reg = r.register(crate::registry::SessionInfo::new(
+                &params,
+                [0x80, 0, 0, 0, (n >> 8) as u8, n as u8],
+                n + 1,
+                "127.0.0.1:1".parse().unwrap(),
+                None,
+                None,
+            ));
+            // One WRITE per session: the "other" series must sum them.
+            reg.stats.start(0).done(&w, ScsiStatus::GOOD, None);
+            regs.push(reg);
+        }
+        let text = render(&r);
+        println!("scrape at 1,024 sessions: {} bytes", text.len());
+        assert!(
+            text.len() < 1 << 20,
+            "scrape of {} bytes at 1,024 sessions",
+            text.len()
+        );
+        let longest = text.lines().map(str::len).max().unwrap();
+        assert!(longest < 400, "a line of {longest} bytes");
+        // Names are cut, and two names that share their first bytes stay apart.
+        let own: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("ipsan_session_r2ts_total{"))
+            .collect();
+        assert_eq!(own.len(), MAX_SESSION_SERIES + 1, "64 sessions and other");
+        assert!(
+            text.contains("ipsan_session_series_aggregated 960"),
+            "{}",
+            &text[..2000]
+        );
+        let other = "ipsan_session_commands_total{target=\"iqn.2026-11.x:a\",initiator=\"other\",tsih=\"other\",op=\"write\"} 960";
+        assert!(text.contains(other), "other does not sum the 960 sessions");
+        assert!(text.contains(
+            "ipsan_lun_commands_total{target=\"iqn.2026-11.x:a\",lun=\"0\",op=\"write\"} 1024"
+        ));
+    }
+
+    #[test]
+    fn cuts_long_label_values_keeping_distinct_names_apart() {
+        let short = "iqn.2026-11.x:host";
+        assert_eq!(bounded_label(short), short);
+        let a = format!("iqn.2026-11.x:{}a", "é".repeat(100));
+        let b = format!("iqn.2026-11.x:{}b", "é".repeat(100));
+        let (la, lb) = (bounded_label(&a), bounded_label(&b));
+        assert!(la.len() <= MAX_LABEL_BYTES && lb.len() <= MAX_LABEL_BYTES);
+        assert_ne!(la, lb);
+        assert!(la.starts_with("iqn.2026-11.x:é"));
+    }
 
     #[test]
     fn counts_bytes_from_the_cdb_and_errors_by_sense_key() {

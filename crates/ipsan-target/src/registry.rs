@@ -326,6 +326,8 @@ pub struct Registry {
     /// The live target list, swapped whole by [`Registry::apply`].
     targets: RwLock<Arc<Vec<Arc<Target>>>>,
     discovery_auth: RwLock<Auth>,
+    /// `[discovery] enabled`: when false, discovery logins are refused (0x0209).
+    discovery_enabled: std::sync::atomic::AtomicBool,
     sessions: Mutex<Sessions>,
     /// Counters that outlive sessions (metrics.rs).
     pub metrics: Metrics,
@@ -421,6 +423,7 @@ impl Registry {
             discovery_auth: RwLock::new(
                 config.discovery_chap.clone().map_or(Auth::None, Auth::Chap),
             ),
+            discovery_enabled: std::sync::atomic::AtomicBool::new(config.discovery_enabled),
             sessions: Mutex::new(Sessions::default()),
             metrics: Metrics::default(),
             running: Mutex::new(config.source.clone()),
@@ -983,6 +986,16 @@ impl Directory for LoginDirectory {
 
     fn discovery(&self, initiator_name: &str) -> Result<TargetPolicy, LoginFailure> {
         self.declare(initiator_name, None);
+        if !self
+            .registry
+            .discovery_enabled
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(LoginFailure::new(
+                LoginStatus::SESSION_TYPE_NOT_SUPPORTED,
+                "discovery sessions are disabled ([discovery] enabled = false)",
+            ));
+        }
         let auth = self.registry.discovery_auth();
         if matches!(auth, Auth::Chap(_)) {
             self.require_chap(&auth);
@@ -1326,6 +1339,8 @@ impl Registry {
         *crate::write(&self.targets) = Arc::new(built.clone());
         *crate::write(&self.discovery_auth) =
             cfg.discovery_chap.clone().map_or(Auth::None, Auth::Chap);
+        self.discovery_enabled
+            .store(cfg.discovery_enabled, std::sync::atomic::Ordering::Relaxed);
 
         // Tell whom it concerns.
         for (t, plan) in built.iter().zip(&plans) {

@@ -178,7 +178,10 @@ async fn chap_admits_the_right_secret_and_refuses_a_wrong_one() {
     std::fs::write(&secret, "correct-horse-battery").unwrap();
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let mut tc = target("iqn.2026-11.org.ipsan:chap", &["mem:8MiB"]);
-    tc.chap = Some(config::chap_from_flags("alice", &secret, None).unwrap());
+    let mut chap = config::chap_from_flags("alice", &secret, None).unwrap();
+    // libiscsi 1.19 offers CHAP_A=5 only: MD5 is opted in explicitly (off by default).
+    chap.algorithms.push(iscsi_proto::chap::ChapAlgorithm::MD5);
+    tc.chap = Some(chap);
     let t = start(vec![tc]).await;
     let addr = t.addrs[0];
 

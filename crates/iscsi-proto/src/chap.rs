@@ -36,6 +36,13 @@ use zeroize::{Zeroize, ZeroizeOnDrop};
 /// maximum length of a binary value in a text key; targets in the field use 16–1024 bytes.
 pub const MAX_CHALLENGE_LEN: usize = 1024;
 
+/// The shortest CHAP secret accepted, in bytes. RFC 7143 §12.1.3 asks for IPsec whenever a
+/// secret has fewer than 96 random bits; 12 bytes is that much when random (`ipsan keygen`,
+/// `openssl rand -base64 16`) and is also the Microsoft initiator's minimum, so no peer we
+/// interoperate with needs less. Below it, an eavesdropper's offline search of a recorded
+/// exchange is cheap whatever the hash.
+pub const MIN_SECRET_LEN: usize = 12;
+
 /// How many issued challenges a [`ChallengeRecord`] remembers, and how many received ones.
 const RECORD_DEPTH: usize = 64;
 
@@ -70,6 +77,12 @@ pub enum ChapError {
     /// The secret was empty.
     #[error("CHAP secret is empty")]
     EmptySecret,
+    /// A secret file anyone but its owner may read or write (the message says how to fix it).
+    #[error("{0}")]
+    SecretFile(String),
+    /// The secret is shorter than [`MIN_SECRET_LEN`].
+    #[error("CHAP secret is {0} bytes; at least {min} are required (RFC 7143 §12.1.3: 96 bits)", min = MIN_SECRET_LEN)]
+    ShortSecret(usize),
     /// The secret could not be read; the message names the source, never the contents.
     #[error("cannot read CHAP secret from {source_name}: {reason}")]
     SecretSource {
@@ -88,7 +101,8 @@ pub enum ChapError {
 pub struct ChapAlgorithm(pub u32);
 
 impl ChapAlgorithm {
-    /// MD5 (RFC 1994). Still the only one every target implements.
+    /// MD5 (RFC 1994). Still the only one every target implements (libiscsi 1.19 offers
+    /// nothing else); broken as a hash, so offered or accepted only when configured.
     pub const MD5: ChapAlgorithm = ChapAlgorithm(5);
     /// SHA-1.
     pub const SHA1: ChapAlgorithm = ChapAlgorithm(6);
@@ -97,8 +111,25 @@ impl ChapAlgorithm {
     /// SHA3-256.
     pub const SHA3_256: ChapAlgorithm = ChapAlgorithm(8);
 
-    /// Every algorithm we implement, strongest first (the order we offer them in).
+    /// Every algorithm we implement, strongest first.
     pub const ALL: [ChapAlgorithm; 4] = [Self::SHA3_256, Self::SHA256, Self::SHA1, Self::MD5];
+
+    /// What we offer and accept unless told otherwise: SHA-256 first (the most widely
+    /// implemented of the 32-byte ones: open-iscsi, LIO, Windows), then SHA3-256 and SHA-1.
+    /// MD5 only when configured (RFC 7143 §12.1.3 keeps it mandatory to implement, not to use).
+    pub const DEFAULT: [ChapAlgorithm; 3] = [Self::SHA256, Self::SHA3_256, Self::SHA1];
+
+    /// An algorithm by name or number: `md5`/`5`, `sha1`/`sha-1`/`6`, `sha256`/`sha-256`/`7`,
+    /// `sha3-256`/`8` (configuration files and flags).
+    pub fn from_name(name: &str) -> Option<ChapAlgorithm> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "md5" | "5" => Some(Self::MD5),
+            "sha1" | "sha-1" | "6" => Some(Self::SHA1),
+            "sha256" | "sha-256" | "7" => Some(Self::SHA256),
+            "sha3-256" | "sha3_256" | "8" => Some(Self::SHA3_256),
+            _ => None,
+        }
+    }
 
     /// Digest length in bytes, or `None` for an algorithm we do not implement.
     pub fn digest_len(self) -> Option<usize> {
@@ -176,18 +207,34 @@ impl fmt::Display for ChapAlgorithm {
 pub struct ChapSecret(Vec<u8>);
 
 impl ChapSecret {
-    /// A secret from raw bytes. Refuses an empty secret.
+    /// A secret from raw bytes. Refuses an empty secret and one shorter than
+    /// [`MIN_SECRET_LEN`].
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, ChapError> {
-        let bytes = bytes.into();
+        let mut bytes = bytes.into();
         if bytes.is_empty() {
             return Err(ChapError::EmptySecret);
+        }
+        if bytes.len() < MIN_SECRET_LEN {
+            let n = bytes.len();
+            bytes.zeroize();
+            return Err(ChapError::ShortSecret(n));
         }
         Ok(Self(bytes))
     }
 
     /// A secret read from a file; one trailing newline (`\n` or `\r\n`) is dropped so that
-    /// `echo secret > file` works. The error names the path, never the contents.
+    /// `echo secret > file` works. A file the group or others may read or write is refused
+    /// ([`crate::secret_file::check_mode`]). The error names the path, never the contents.
     pub fn from_file(path: &Path) -> Result<Self, ChapError> {
+        crate::secret_file::check_mode(path).map_err(|e| match e {
+            crate::secret_file::SecretFileError::Unreadable { .. } => ChapError::SecretSource {
+                source_name: path.display().to_string(),
+                reason: "cannot be read".into(),
+            },
+            mode @ crate::secret_file::SecretFileError::Mode { .. } => {
+                ChapError::SecretFile(mode.to_string())
+            }
+        })?;
         let mut bytes = std::fs::read(path).map_err(|e| ChapError::SecretSource {
             source_name: path.display().to_string(),
             reason: e.kind().to_string(),
@@ -467,10 +514,10 @@ mod tests {
     fn md5_response_matches_rfc1994_construction() {
         let r = response(ChapAlgorithm::MD5, 0x2a, &secret(), &challenge16()).unwrap();
         assert_eq!(hex::encode(r), "eebb93880d82b6fe4802eff71ecc473b");
-        // hashlib.md5(b"\x01" + b"secret" + b"\xde\xad\xbe\xef").hexdigest()
-        let s = ChapSecret::new(b"secret".to_vec()).unwrap();
+        // hashlib.md5(b"\x01" + b"twelve-bytes" + b"\xde\xad\xbe\xef").hexdigest()
+        let s = ChapSecret::new(b"twelve-bytes".to_vec()).unwrap();
         let r = response(ChapAlgorithm::MD5, 1, &s, &[0xde, 0xad, 0xbe, 0xef]).unwrap();
-        assert_eq!(hex::encode(r), "816e5cad18ced100f1b4bc86d990f6bc");
+        assert_eq!(hex::encode(r), "be73f26040db7a6888cb6377853f71ac");
     }
 
     #[test]
@@ -538,12 +585,42 @@ mod tests {
     }
 
     #[test]
+    fn rejects_secrets_shorter_than_96_bits() {
+        assert_eq!(
+            ChapSecret::new(b"eleven-byte".to_vec()).err(),
+            Some(ChapError::ShortSecret(11))
+        );
+        assert!(ChapSecret::new(b"twelve-bytes".to_vec()).is_ok());
+        let e = ChapSecret::new(b"eleven-byte".to_vec())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("12") && !e.contains("eleven"), "{e}");
+    }
+
+    #[test]
+    fn default_offer_prefers_sha256_and_leaves_md5_out() {
+        assert_eq!(ChapAlgorithm::DEFAULT[0], ChapAlgorithm::SHA256);
+        assert!(!ChapAlgorithm::DEFAULT.contains(&ChapAlgorithm::MD5));
+        assert_eq!(ChapAlgorithm::from_name("MD5"), Some(ChapAlgorithm::MD5));
+        assert_eq!(
+            ChapAlgorithm::from_name("sha-256"),
+            Some(ChapAlgorithm::SHA256)
+        );
+        assert_eq!(ChapAlgorithm::from_name("sha512"), None);
+    }
+
+    #[test]
     fn secret_from_file_drops_one_trailing_newline() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         std::fs::write(&p, b"hunter2hunter2\r\n").unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let s = ChapSecret::from_file(&p).unwrap();
         assert_eq!(s.expose(), b"hunter2hunter2");
+        // The same file readable by the group is refused, naming the fix, not the secret.
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+        let e = ChapSecret::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("chmod 600") && !e.contains("hunter2"), "{e}");
         let missing = ChapSecret::from_file(&dir.path().join("nope")).unwrap_err();
         assert!(matches!(missing, ChapError::SecretSource { .. }));
     }

@@ -15,4 +15,5 @@ pub mod chap;
 pub mod engine;
 pub mod login;
 pub mod params;
+pub mod secret_file;
 pub mod seq;

@@ -140,7 +140,9 @@ pub struct LoginOptions {
     pub chap: Option<ChapCredentials>,
     /// Mutual CHAP: the name and secret the target must prove.
     pub mutual_chap: Option<ChapCredentials>,
-    /// CHAP algorithms offered, in preference order.
+    /// CHAP algorithms offered, in preference order (default [`ChapAlgorithm::DEFAULT`]:
+    /// SHA-256 first, no MD5). The same list on every attempt: nothing a peer answers
+    /// narrows it (RFC 7143 §12.1.3).
     pub chap_algorithms: Vec<ChapAlgorithm>,
     /// The ISID to log in with (RFC 7143 §11.12.5); `None`: a random one per login. Logging in
     /// with the ISID of a live session reinstates it (RFC 7143 §6.3.5).
@@ -160,7 +162,7 @@ impl Default for LoginOptions {
             max_outstanding_r2t: 16,
             chap: None,
             mutual_chap: None,
-            chap_algorithms: ChapAlgorithm::ALL.to_vec(),
+            chap_algorithms: ChapAlgorithm::DEFAULT.to_vec(),
             isid: None,
         }
     }
@@ -1195,7 +1197,7 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!(get(&a, "CHAP_A"), Some("8,7,6,5"));
+        assert_eq!(get(&a, "CHAP_A"), Some("7,8,6"));
         let tc = [9u8; 16];
         let LoginNext::Send(r) = m
             .handle(reply(
@@ -1203,7 +1205,7 @@ mod tests {
                 OP,
                 false,
                 &[
-                    ("CHAP_A", "5"),
+                    ("CHAP_A", "7"),
                     ("CHAP_I", "3"),
                     ("CHAP_C", &chap::encode_binary(&tc)),
                 ],
@@ -1213,17 +1215,17 @@ mod tests {
             panic!()
         };
         let resp = chap::decode_binary(get(&r, "CHAP_R").unwrap()).unwrap();
-        assert!(chap::verify(ChapAlgorithm::MD5, 3, &secret, &tc, &resp));
+        assert!(chap::verify(ChapAlgorithm::SHA256, 3, &secret, &tc, &resp));
         let our_id = chap::parse_identifier(get(&r, "CHAP_I").unwrap()).unwrap();
         let our_c = chap::decode_binary(get(&r, "CHAP_C").unwrap()).unwrap();
         // A wrong mutual answer is refused.
         let (mut m2, _) = <LoginMachine>::start(m.opts.clone(), SessionKind::Discovery);
         m2.chap = ChapState::SentResponse {
-            alg: ChapAlgorithm::MD5,
+            alg: ChapAlgorithm::SHA256,
             our_id: Some(our_id),
             our_challenge: Some(our_c.clone()),
         };
-        let wrong = chap::response(ChapAlgorithm::MD5, our_id, &secret, &our_c).unwrap();
+        let wrong = chap::response(ChapAlgorithm::SHA256, our_id, &secret, &our_c).unwrap();
         assert!(m2
             .handle(reply(
                 SEC,
@@ -1233,7 +1235,7 @@ mod tests {
             ))
             .is_err());
         // The right one is accepted and login moves on.
-        let right = chap::response(ChapAlgorithm::MD5, our_id, &tsecret, &our_c).unwrap();
+        let right = chap::response(ChapAlgorithm::SHA256, our_id, &tsecret, &our_c).unwrap();
         let next = m
             .handle(reply(
                 SEC,
