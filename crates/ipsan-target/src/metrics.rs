@@ -944,14 +944,16 @@ mod tests {
                 target_name: Some("iqn.2026-11.x:a".into()),
                 ..Default::default()
             };
-            let reg = r.register(crate::registry::SessionInfo::new(
-                &params,
-                [0x80, 0, 0, 0, (n >> 8) as u8, n as u8],
-                n + 1,
-                "127.0.0.1:1".parse().unwrap(),
-                None,
-                None,
-            ));
+            let reg = r
+                .register(crate::registry::SessionInfo::new(
+                    &params,
+                    [0x80, 0, 0, 0, (n >> 8) as u8, n as u8],
+                    n + 1,
+                    "127.0.0.1:1".parse().unwrap(),
+                    None,
+                    None,
+                ))
+                .unwrap();
             // One WRITE per session: the "other" series must sum them.
             reg.stats.start(0).done(&w, ScsiStatus::GOOD, None);
             regs.push(reg);
