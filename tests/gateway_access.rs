@@ -397,6 +397,9 @@ fn array_per_host(dir: &Path) -> (Proc, u16) {
         ARRAY,
         "--lun",
         "mem:16MiB",
+        // QEMU's libiscsi offers MD5 only: opted in, as docs/target.md says.
+        "--chap-algorithms",
+        "sha256,sha1,md5",
     ];
     args.extend(flags.iter().map(String::as_str));
     spawn_ipsan(&args, &dir.join("array.log"))
@@ -629,6 +632,9 @@ fn linux_kernel_initiator_logs_in_with_mutual_chap_relayed_from_the_array() {
             "array",
             "--mutual-secret-file",
             mutual.to_str().unwrap(),
+            // open-iscsi's default CHAP offer is MD5: opted in, as docs/target.md says.
+            "--chap-algorithms",
+            "sha256,sha1,md5",
         ],
         &dir.path().join("array.log"),
     );

@@ -53,14 +53,10 @@ pub struct Args {
     /// File holding the CHAP secret for --chap-user (mode 0600: a file others can read is refused).
     #[arg(long, value_name = "FILE", requires = "chap_user")]
     chap_secret_file: Option<PathBuf>,
-    /// CHAP algorithms accepted for --chap-user (comma-separated: sha256, sha3-256, sha1, md5).
-    /// Default: sha256,sha3-256,sha1; MD5 only when listed (e.g. for libiscsi 1.19).
-    #[arg(
-        long,
-        value_name = "LIST",
-        value_delimiter = ',',
-        requires = "chap_user"
-    )]
+    /// CHAP algorithms accepted for --chap-user and every --chap-host (comma-separated: sha256,
+    /// sha3-256, sha1, md5). Default: sha256,sha3-256,sha1; MD5 only when listed (e.g. for
+    /// libiscsi 1.19 or open-iscsi's default).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
     chap_algorithms: Vec<String>,
     /// Mutual CHAP: the name the target answers with.
     #[arg(long, requires_all = ["chap_user", "mutual_secret_file"])]
@@ -311,6 +307,18 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
             } else {
                 args.lun.clone()
             };
+            anyhow::ensure!(
+                args.chap_algorithms.is_empty()
+                    || args.chap_user.is_some()
+                    || !args.chap_host.is_empty(),
+                "--chap-algorithms applies to --chap-user or --chap-host; give one of them"
+            );
+            let algorithms =
+                (!args.chap_algorithms.is_empty()).then(|| args.chap_algorithms.clone());
+            let mut chap_hosts = config::chap_hosts_from_flags(&args.chap_host)?;
+            for h in &mut chap_hosts {
+                h.algorithms.clone_from(&algorithms);
+            }
             let chap = args.chap_user.as_ref().map(|u| FileChap {
                 user: u.clone(),
                 secret: None,
@@ -318,8 +326,7 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
                 mutual_user: args.mutual_user.clone(),
                 mutual_secret: None,
                 mutual_secret_file: args.mutual_secret_file.clone(),
-                algorithms: (!args.chap_algorithms.is_empty())
-                    .then(|| args.chap_algorithms.clone()),
+                algorithms: algorithms.clone(),
             });
             FileConfig {
                 target: vec![FileTarget {
@@ -327,7 +334,7 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
                     alias: None,
                     allow: args.allow.clone(),
                     chap,
-                    chap_host: config::chap_hosts_from_flags(&args.chap_host)?,
+                    chap_host: chap_hosts,
                     seal: Some(FileSeal {
                         policy: Some(
                             seal_policy_name(args.seal.unwrap_or(ipsan_seal::SealPolicy::Allowed))
