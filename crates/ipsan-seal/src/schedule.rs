@@ -1,21 +1,26 @@
-//! Pre-shared secrets and the key schedule (documented in `docs/seal.md`).
+//! Pre-shared secrets and the key schedule (documented in `docs/seal.md` §3).
 //!
 //! ```text
-//! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = PSK)                        RFC 5869 §2.2
-//! context  = lp("ipsan-seal v3") || lp(cipher) || u32(chunk) || lp(InitiatorName)
+//! CI       = lv_cat("ipsan-seal v4", InitiatorName, TargetName, ISID)
+//! Ya, Yb, ISK = CPace(PRS = PSK, CI, sid = Ni)        (crate::cpace, draft-irtf-cfrg-cpace)
+//! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = ISK)                        RFC 5869 §2.2
+//! context  = lp("ipsan-seal v4") || lp(cipher) || u32(chunk) || lp(InitiatorName)
 //!            || lp(TargetName) || ISID(6) || lp(offer as sent by the initiator)
 //! K_label  = HKDF-Expand(PRK, lp(label) || context, L)                       RFC 5869 §2.3
 //! labels   : "i2t key", "i2t iv", "t2i key", "t2i iv", "confirm", "record"
 //! confirm_t = HMAC-SHA256(K_confirm, "target" || H_t)
 //! confirm_i = HMAC-SHA256(K_confirm, "initiator" || H_i)
 //! ```
-//! `H_t`/`H_i` are login transcript hashes ([`crate::record::LoginTranscript`]): every byte of
-//! every Login PDU exchanged before the PDU that carries the confirmation, so a relay that
-//! edits any login key (not only Seal's) fails key confirmation. `K("record")` is the root of
-//! the per-PDU record keys, which also bind the whole transcript (docs/seal.md §3, §4a).
-//! `lp(x)` is a 2-byte big-endian length followed by `x`. `Ni`/`Nt` are the 32-byte random values
-//! of `X-org.ipsan.SealNonce`. Binding the offer as sent makes a stripped offer (a downgrade to a
-//! weaker cipher) fail key confirmation.
+//! The PSK enters only as CPace's password: nothing sent on the wire is a function of the PSK
+//! and public values alone, so neither a recorded login nor the target's answer to a probe
+//! lets anyone test a guess offline (v3 keyed HKDF with the PSK directly, and `confirm_t` was
+//! a dictionary oracle). `H_t`/`H_i` are login transcript hashes
+//! ([`crate::record::LoginTranscript`]): every byte of every Login PDU exchanged before the PDU
+//! that carries the confirmation, so a relay that edits any login key (not only Seal's) fails
+//! key confirmation. `K("record")` is the root of the per-PDU record keys, which also bind the
+//! whole transcript (docs/seal.md §3, §4a). `lp(x)` is a 2-byte big-endian length followed by
+//! `x`. `Ni`/`Nt` are the 32-byte random values of `X-org.ipsan.SealNonce`. Binding the offer
+//! as sent makes a stripped offer (a downgrade to a weaker cipher) fail key confirmation.
 
 use std::fmt;
 use std::path::Path;
@@ -91,8 +96,9 @@ pub struct SessionIds {
 
 pub(crate) const NONCE_LEN: usize = 32;
 /// The schedule's version label. v3: confirmations bind the login transcript and every PDU is
-/// authenticated by the record layer, so a v2 peer fails key confirmation at login.
-pub(crate) const SCHEDULE_LABEL: &[u8] = b"ipsan-seal v3";
+/// authenticated by the record layer. v4: the PSK enters only through CPace (a v3 peer sends
+/// no `X-org.ipsan.SealShare` and fails the login with "missing parameter").
+pub(crate) const SCHEDULE_LABEL: &[u8] = b"ipsan-seal v4";
 /// Length of a login transcript hash (SHA-256).
 pub const TRANSCRIPT_HASH_LEN: usize = 32;
 /// A login transcript hash ([`crate::record::LoginTranscript::hash`]).
@@ -112,6 +118,18 @@ fn lp(out: &mut Vec<u8>, x: &[u8]) {
     let n = u16::try_from(x.len()).unwrap_or(u16::MAX);
     out.extend_from_slice(&n.to_be_bytes());
     out.extend_from_slice(&x[..usize::from(n)]);
+}
+
+/// CPace's channel identifier (draft-irtf-cfrg-cpace §3.1): the schedule label and the
+/// identities the keys are bound to, so a share made for one initiator/target/ISID pairing
+/// fits no other.
+pub(crate) fn cpace_ci(ids: &SessionIds) -> Vec<u8> {
+    crate::cpace::lv_cat(&[
+        SCHEDULE_LABEL,
+        ids.initiator_name.as_bytes(),
+        ids.target_name.as_bytes(),
+        &ids.isid,
+    ])
 }
 
 /// Everything both sides agree on, from which the keys are derived.
@@ -170,7 +188,11 @@ pub(crate) fn hkdf_sha256(
         .map_err(|_| NegotiationError::Crypto)
 }
 
-pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, NegotiationError> {
+/// The session keys from CPace's ISK and the transcript (the PSK is not an input here).
+pub(crate) fn derive(
+    isk: &crate::cpace::Isk,
+    t: &Transcript<'_>,
+) -> Result<Derived, NegotiationError> {
     let mut salt = [0u8; 2 * NONCE_LEN];
     salt[..NONCE_LEN].copy_from_slice(t.nonce_i);
     salt[NONCE_LEN..].copy_from_slice(t.nonce_t);
@@ -187,7 +209,7 @@ pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, Negotiati
     let expand = |label: &str, out: &mut [u8]| -> Result<(), NegotiationError> {
         let mut l = Vec::with_capacity(2 + label.len());
         lp(&mut l, label.as_bytes());
-        hkdf_sha256(&salt, psk.expose(), &[l.as_slice(), ctx.as_slice()], out)
+        hkdf_sha256(&salt, &isk[..], &[l.as_slice(), ctx.as_slice()], out)
     };
 
     let key_len = t.cipher.key_len();
