@@ -106,9 +106,7 @@ pub struct Party {
 
 impl std::fmt::Debug for Party {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Party")
-            .field("share", &hex::encode(self.share))
-            .finish_non_exhaustive()
+        f.write_str("Party(<redacted>)")
     }
 }
 
