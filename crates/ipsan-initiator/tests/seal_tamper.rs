@@ -750,7 +750,10 @@ fn an_edited_login_key_fails_the_login_or_the_first_command() {
         // Each refused login got the target's Seal answer without proving the secret: to the
         // target a failed guess, counted toward the lockout (docs/seal.md §2), which now covers
         // this name from here; the last case logs in under another name.
-        assert!(h.limit_stats().auth_failures >= 4, "refused logins not counted");
+        assert!(
+            h.limit_stats().auth_failures >= 4,
+            "refused logins not counted"
+        );
         let mut other = sealed(Cipher::Aes256Gcm);
         other.login.initiator_name.push_str("-final");
         // The final Login Response: flip MaxCmdSN (no confirmation follows it): the login

@@ -459,7 +459,10 @@ impl SealAnswer {
             (KEY_SEAL.to_owned(), cipher.name().to_owned()),
             (KEY_CHUNK.to_owned(), chunk.to_string()),
             (KEY_NONCE.to_owned(), schedule::to_hex_constant(&nonce_t)),
-            (KEY_SHARE.to_owned(), schedule::to_hex_constant(party.share())),
+            (
+                KEY_SHARE.to_owned(),
+                schedule::to_hex_constant(party.share()),
+            ),
             (
                 KEY_CONFIRM.to_owned(),
                 schedule::to_hex_constant(&*d.confirm.target(transcript)),

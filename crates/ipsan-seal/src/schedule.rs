@@ -60,7 +60,8 @@ impl Psk {
         Ok(Psk(bytes))
     }
 
-    /// Reads a secret file: its bytes, without trailing whitespace/newlines.
+    /// Reads a secret file: its bytes, without trailing whitespace/newlines. A secret that
+    /// looks guessable ([`weak_secret_warning`]) is logged as a warning (never its content).
     pub fn from_file(path: &Path) -> Result<Psk, SecretError> {
         let mut raw = Zeroizing::new(std::fs::read(path).map_err(|source| SecretError::Io {
             path: path.to_owned(),
@@ -69,12 +70,100 @@ impl Psk {
         while raw.last().is_some_and(|b| b.is_ascii_whitespace()) {
             raw.pop();
         }
+        if let Some(w) = weak_secret_warning(&raw) {
+            tracing::warn!(path = %path.display(), "{w}");
+        }
         Psk::new(std::mem::take(&mut *raw))
+    }
+
+    /// A fresh 256-bit secret from the system RNG as 64 lowercase hex digits, the form
+    /// `ipsan keygen` writes and [`Psk::from_file`] reads (the 64 characters are the secret).
+    pub fn generate_hex() -> Result<Zeroizing<String>, SecretError> {
+        use aws_lc_rs::rand::{SecureRandom, SystemRandom};
+        let mut bytes = Zeroizing::new([0u8; 32]);
+        SystemRandom::new()
+            .fill(&mut bytes[..])
+            .map_err(|_| SecretError::Random)?;
+        Ok(Zeroizing::new(hex::encode(&bytes[..])))
     }
 
     pub(crate) fn expose(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// Below this estimate (bits) a secret gets [`weak_secret_warning`].
+pub const WEAK_SECRET_BITS: f64 = 80.0;
+
+/// A rough entropy estimate of a secret in bits, for a warning only (never a guarantee). The
+/// secret is first cut to its shortest repeating unit (`Summer2024!Summer2024!` counts as
+/// `Summer2024!`); then each run of three or more ASCII letters counts as one dictionary word,
+/// min(14 bits (a ~16k-word list), +1 if it has capitals; its length × log2(pool)), and every
+/// other byte log2(pool), where the pool is the sum of the character classes present (26 lower,
+/// 26 upper, 10 digits, 33 ASCII punctuation and space, 128 for any other byte). A zxcvbn-like
+/// lower bound on what a guesser must try, not a measurement.
+#[must_use]
+pub fn estimated_entropy_bits(secret: &[u8]) -> f64 {
+    let period = (1..=secret.len())
+        .find(|&p| (p..secret.len()).all(|i| secret[i] == secret[i - p]))
+        .unwrap_or(secret.len());
+    let unit = &secret[..period];
+    let has = |f: fn(&u8) -> bool| unit.iter().any(f);
+    let mut pool = 0.0;
+    for (present, size) in [
+        (has(u8::is_ascii_lowercase), 26.0),
+        (has(u8::is_ascii_uppercase), 26.0),
+        (has(u8::is_ascii_digit), 10.0),
+        (has(|b| b.is_ascii_punctuation() || *b == b' '), 33.0),
+        (
+            has(|b| !(b.is_ascii_alphanumeric() || b.is_ascii_punctuation() || *b == b' ')),
+            128.0,
+        ),
+    ] {
+        if present {
+            pool += size;
+        }
+    }
+    let per_char = f64::log2(f64::max(pool, 2.0));
+    let mut bits = 0.0;
+    let mut i = 0;
+    while i < unit.len() {
+        let run = unit[i..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
+        if run >= 3 {
+            let word = &unit[i..i + run];
+            let caps = if word.iter().any(u8::is_ascii_uppercase) {
+                1.0
+            } else {
+                0.0
+            };
+            bits += f64::min(14.0 + caps, run as f64 * per_char);
+            i += run;
+        } else {
+            bits += per_char;
+            i += 1;
+        }
+    }
+    bits
+}
+
+/// The warning for a secret whose [`estimated_entropy_bits`] is below [`WEAK_SECRET_BITS`]:
+/// it names the risk that remains with CPace (online guessing, one refused login per guess,
+/// slowed only by the lockout) and the remedy. Never contains the secret.
+#[must_use]
+pub fn weak_secret_warning(secret: &[u8]) -> Option<String> {
+    let bits = estimated_entropy_bits(secret);
+    (bits < WEAK_SECRET_BITS).then(|| {
+        format!(
+            "seal: this pre-shared secret looks low-entropy (about {bits:.0} bits by a \
+             character-class and word estimate, under {WEAK_SECRET_BITS:.0}): no recording or \
+             probe tests it offline, but each online guess costs an attacker only one refused \
+             login, slowed by the lockout ([server.auth_backoff]); a word list can still get \
+             there. Use a random secret (`ipsan keygen --out FILE`)"
+        )
+    })
 }
 
 impl fmt::Debug for Psk {
@@ -277,6 +366,41 @@ mod tests {
         let p = Psk::from_file(&dir).unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert_eq!(p.expose(), b"0123456789abcdef");
+    }
+
+    #[test]
+    fn warns_about_human_chosen_secrets_and_not_about_generated_ones() {
+        for weak in [
+            "Summer2024!Summer2024!",
+            "correct horse battery staple",
+            "aaaaaaaaaaaaaaaaaaaaaaaa",
+            "0123456789abcdef",
+            "PasswordPassword1",
+        ] {
+            let w = weak_secret_warning(weak.as_bytes());
+            assert!(
+                w.is_some(),
+                "{weak}: {}",
+                estimated_entropy_bits(weak.as_bytes())
+            );
+            let w = w.unwrap();
+            assert!(!w.contains(weak) && w.contains("online guess"), "{w}");
+        }
+        for _ in 0..20 {
+            let g = Psk::generate_hex().unwrap();
+            assert_eq!(g.len(), 64);
+            assert!(
+                weak_secret_warning(g.as_bytes()).is_none(),
+                "{}",
+                estimated_entropy_bits(g.as_bytes())
+            );
+        }
+        assert!(weak_secret_warning(&[
+            0x5a, 0x13, 0xf7, 0x88, 0x01, 0xc4, 0x9e, 0x3b, 0x70, 0x2d, 0xe1, 0x46, 0xbb, 0x0f,
+            0x92, 0x6c
+        ])
+        .is_none());
+        assert!(weak_secret_warning(b"kT9#vQ2!mZ7$wR4&xP8").is_none());
     }
 
     #[test]

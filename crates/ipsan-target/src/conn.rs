@@ -87,7 +87,15 @@ pub async fn serve(
     let guess = GuessSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared, &slot, &transcript, &guess, peer),
+        login_phase(
+            &mut conn,
+            &mut wr,
+            &shared,
+            &slot,
+            &transcript,
+            &guess,
+            peer,
+        ),
     );
     let (result, session_slot, remote) = tokio::select! {
         r = login => match r {

@@ -111,8 +111,7 @@ impl Client {
     }
 
     async fn send(&mut self, pdu: Pdu) {
-        self.transcript
-            .add_sent(Direction::InitiatorToTarget, &pdu);
+        self.transcript.add_sent(Direction::InitiatorToTarget, &pdu);
         let mut out = BytesMut::new();
         self.codec.encode(&pdu, &mut out).unwrap();
         self.s.write_all(&out).await.unwrap();
@@ -459,6 +458,10 @@ async fn active_probe_tests_one_guess_and_is_counted_by_the_lockout() {
     assert_eq!((class, detail), (3, 1), "locked out after three guesses");
     assert!(keys.iter().all(|(k, _)| k != KEY_SHARE && k != KEY_CONFIRM));
     assert_eq!(h.limit_stats().lockout_rejects, 1);
-    assert_eq!(h.limit_stats().auth_failures, 3, "a refused login is no guess");
+    assert_eq!(
+        h.limit_stats().auth_failures,
+        3,
+        "a refused login is no guess"
+    );
     h.shutdown().await.unwrap();
 }
