@@ -52,3 +52,48 @@ fn accepts_stdout_and_never_repeats_a_secret() {
     assert_eq!(a.trim_end().len(), 64);
     assert_ne!(a, b);
 }
+
+/// Where a secret file is loaded (`Psk::from_file`, here through `ipsan inquiry --secret-file`)
+/// a human-chosen secret gets a warning that names the remaining risk and never shows the
+/// secret; a `keygen` secret loads without one.
+#[test]
+fn warns_when_a_loaded_secret_looks_human_chosen() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let weak = dir.path().join("weak.key");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&weak)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"Summer2024!Summer2024!\n").unwrap();
+    let strong = dir.path().join("strong.key");
+    assert!(keygen(&["--out", strong.to_str().unwrap()])
+        .status
+        .success());
+    let load = |path: &std::path::Path| {
+        // Nothing listens on port 1: the secret is loaded, then the connection fails.
+        let out = Command::new(BIN)
+            .args([
+                "inquiry",
+                "iscsi://127.0.0.1:1/iqn.2026-11.org.ipsan:nobody/0",
+                "--seal",
+                "aes-256-gcm",
+                "--secret-file",
+                path.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = load(&weak);
+    assert!(
+        err.contains("looks low-entropy") && err.contains("online guess"),
+        "{err}"
+    );
+    assert!(!err.contains("Summer2024"), "the secret leaked: {err}");
+    let err = load(&strong);
+    assert!(!err.contains("low-entropy"), "{err}");
+}
