@@ -460,6 +460,52 @@ fn main() {
         write("seal_record", &format!("stream-mode{mode}"), &v);
     }
 
+    // ---- seal_login: a real initiator offer (another secret) and a confirmation to the
+    // target; the genuine answer, one edit of it, and a made-up answer to the initiator.
+    {
+        use ipsan_seal::{Cipher, Psk, SealOffer, SessionIds};
+        let ids = SessionIds {
+            initiator_name: "iqn.2026-11.org.ipsan:fuzz-i".into(),
+            target_name: "iqn.2026-11.org.ipsan:fuzz-t".into(),
+            isid: [0x80, 0, 0, 0, 0, 1],
+        };
+        let o = SealOffer::new(
+            vec![Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305],
+            65536,
+            Psk::new(b"a guess of the pre-shared secret".to_vec()).unwrap(),
+            ids,
+        )
+        .unwrap();
+        let text = |keys: &[(String, String)]| -> Vec<u8> {
+            keys.iter()
+                .flat_map(|(k, v)| format!("{k}={v}\0").into_bytes())
+                .collect()
+        };
+        for (name, sel) in [("target-allowed", 2u8), ("target-required", 4)] {
+            let mut v = vec![sel];
+            v.extend_from_slice(&text(&o.keys()));
+            v.push(0xff);
+            v.extend_from_slice(
+                format!("X-org.ipsan.SealConfirm=0x{}\0", "00".repeat(32)).as_bytes(),
+            );
+            write("seal_login", name, &v);
+        }
+        let mut identity = vec![2u8];
+        identity.extend_from_slice(&text(&o.keys()).into_iter().collect::<Vec<u8>>());
+        let share = format!("X-org.ipsan.SealShare=0x{}", "00".repeat(32));
+        let mut t = String::from_utf8(identity[1..].to_vec()).unwrap();
+        let start = t.find("X-org.ipsan.SealShare=").unwrap();
+        t.replace_range(start..start + share.len(), &share);
+        identity.truncate(1);
+        identity.extend_from_slice(t.as_bytes());
+        write("seal_login", "target-identity-share", &identity);
+        write("seal_login", "initiator-genuine", &[1]);
+        write("seal_login", "initiator-one-edit", &[3, 0, 40, b'1']);
+        let mut made_up = vec![9u8];
+        made_up.extend_from_slice(b"X-org.ipsan.Seal=aes-256-gcm\0X-org.ipsan.SealChunk=65536\0");
+        write("seal_login", "initiator-made-up", &made_up);
+    }
+
     // ---- wan_model: Aiken et al.'s pathologies (2.7 % loss, 2 % reorder, 0.02 % corruption)
     // with a rate limit and a queue, then a packet train.
     let mut v = vec![

@@ -13,6 +13,7 @@
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
 //! | [`engine_pdu`] | `iscsi_proto::engine::{target, initiator}::Connection::handle_pdu` (RFC 7143 §4.2, §11) | target: R2Ts never carry the reserved TTT, StatSN runs in sequence, Data-In respects MaxRecvDataSegmentLength, DataSN and offsets; initiator: every command completes at most once (exactly once after the connection ends), Data-Out stays in the buffer and under the target's MaxRecvDataSegmentLength |
 //! | [`seal_record`] | `ipsan_seal::record` (docs/seal.md §4a) | a sealed PDU stream after one bit flip, drop, duplicate or swap, read by `read_pdu` (verify, then decode): every PDU the opener accepts is the genuine PDU at that position (header, AHS and every MACed byte); arbitrary frames never verify under a fresh opener |
+//! | [`seal_login`] | `ipsan_seal::negotiate` with CPace (docs/seal.md §2-§3) | target: arbitrary Seal login keys (offers, shares, confirmations, in any order) never yield a sealed session, and no answer carries the secret; initiator: a genuine target answer after arbitrary edits is accepted only if every Seal value in it parses to the genuine one, and then both sides hold the same keys |
 //! | [`wan_model`] | `ipsan_wan::Impairment` (Dummynet pipe + netem pathologies) | release never precedes arrival; in-order packets leave in order; the queue never exceeds its limit; corruption flips exactly one bit |
 //!
 //! The same functions run as plain `cargo test` over the seed corpus and seeded random inputs
@@ -523,6 +524,135 @@ fn allocation_length(cdb: &[u8]) -> Option<u64> {
         0xa0 => be(6..10),
         _ => None,
     }
+}
+
+// ------------------------------------------------------------------------------- seal login
+
+/// The secret both honest sides hold in [`seal_login`].
+const LOGIN_SECRET: &[u8] = b"fuzz-pre-shared-secret-0123456789";
+
+/// The Seal login exchange (CPace under the key schedule) with arbitrary keys on either side;
+/// see the module table. Byte 0: bit 0 picks the side (0: fuzz the initiator's requests to a
+/// real target, 1: fuzz the real target's answer to a real initiator), bits 1-2 the policy or
+/// cipher. Target side: the rest is up to three text segments separated by 0xff, each the
+/// Seal keys of one Login Request. Initiator side: (offset u16, byte) edits of the genuine
+/// answer's text, or (if bit 3) the rest as the whole answer.
+pub fn seal_login(data: &[u8]) {
+    use ipsan_seal::negotiate::{KEY_CHUNK, KEY_CONFIRM, KEY_NONCE, KEY_SEAL, KEY_SHARE};
+    use ipsan_seal::{
+        AnswerOutcome, Cipher, LoginTranscript, Psk, SealAnswer, SealOffer, SealPolicy, SessionIds,
+        TargetNegotiation, TargetSealConfig,
+    };
+    let mut inp = Input(data);
+    let sel = inp.u8();
+    let ids = SessionIds {
+        initiator_name: "iqn.2026-11.org.ipsan:fuzz-i".into(),
+        target_name: "iqn.2026-11.org.ipsan:fuzz-t".into(),
+        isid: [0x80, 0, 0, 0, 0, 1],
+    };
+    let psk = || Psk::new(LOGIN_SECRET.to_vec()).expect("long enough");
+    if sel & 1 == 0 {
+        let policy = [SealPolicy::Off, SealPolicy::Allowed, SealPolicy::Required]
+            [usize::from(sel >> 1 & 3) % 3];
+        let mut t = TargetNegotiation::new(
+            TargetSealConfig {
+                policy,
+                ..TargetSealConfig::default()
+            },
+            Box::new(move |_| Some(psk())),
+        );
+        let transcript = LoginTranscript::new();
+        let hex_secret = hex::encode(LOGIN_SECRET);
+        for seg in inp.rest().split(|b| *b == 0xff).take(3) {
+            let Ok(keys) = iscsi_wire::text::parse(seg) else {
+                break;
+            };
+            let keys: Vec<_> = keys
+                .into_iter()
+                .filter(|(k, _)| ipsan_seal::is_seal_key(k))
+                .collect();
+            match t.respond(&keys, &ids, &transcript) {
+                Ok(out) => {
+                    for (_, v) in &out {
+                        assert!(
+                            !v.as_bytes()
+                                .windows(LOGIN_SECRET.len())
+                                .any(|w| w == LOGIN_SECRET)
+                                && !v.contains(&hex_secret),
+                            "an answer carries the secret"
+                        );
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if t.finish(&ids).is_ok() {
+            assert!(
+                t.take_session().is_none(),
+                "a sealed session for a peer that never knew the CPace scalar"
+            );
+        }
+        return;
+    }
+    // Initiator side: a real offer, the real target's answer, then edits.
+    let cipher =
+        [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305, Cipher::None][usize::from(sel >> 1 & 3) % 3];
+    let Ok(offer) = SealOffer::new(vec![cipher], 65536, psk(), ids.clone()) else {
+        return;
+    };
+    let Ok(AnswerOutcome::Pending(pending)) =
+        SealAnswer::handle_offer(&TargetSealConfig::default(), &offer.keys(), &ids, |_| {
+            Some(psk())
+        })
+    else {
+        panic!("the real target refused a real offer");
+    };
+    let genuine = pending.keys().to_vec();
+    let mut text: Vec<u8> = genuine
+        .iter()
+        .flat_map(|(k, v)| format!("{k}={v}\0").into_bytes())
+        .collect();
+    if sel & 8 != 0 {
+        text = inp.rest().to_vec();
+    } else {
+        while !inp.0.is_empty() && !text.is_empty() {
+            let at = usize::from(inp.u16()) % text.len();
+            text[at] = inp.u8();
+        }
+    }
+    let Ok(answer) = iscsi_wire::text::parse(&text) else {
+        return;
+    };
+    let Ok((session, confirm)) = offer.handle_answer(&answer) else {
+        return;
+    };
+    // Accepted: every Seal value must be the genuine one (RFC 7143 §6.1 lets the hex digits
+    // change case and the number gain leading zeros, nothing else).
+    let last = |keys: &[(String, String)], k: &str| {
+        keys.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let hexv = |v: String| hex::decode(v.get(2..).unwrap_or("")).ok();
+    assert_eq!(last(&answer, KEY_SEAL), last(&genuine, KEY_SEAL));
+    assert_eq!(
+        last(&answer, KEY_CHUNK).parse::<u32>().ok(),
+        last(&genuine, KEY_CHUNK).parse::<u32>().ok()
+    );
+    for k in [KEY_NONCE, KEY_SHARE, KEY_CONFIRM] {
+        assert_eq!(
+            hexv(last(&answer, k)),
+            hexv(last(&genuine, k)),
+            "{k} accepted though edited"
+        );
+    }
+    let target = pending
+        .handle_confirm(&confirm)
+        .expect("the target accepts the initiator's confirmation");
+    assert_eq!(session.cipher(), target.cipher());
+    assert_eq!(session.chunk_size(), target.chunk_size());
 }
 
 // -------------------------------------------------------------------------------- seal open

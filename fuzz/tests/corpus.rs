@@ -138,6 +138,11 @@ fn seal_open_refuses_forged_mutated_relocated_and_replayed_data() {
 }
 
 #[test]
+fn seal_login_never_seals_without_the_secret_nor_accepts_an_edited_answer() {
+    run("seal_login", ipsan_fuzz::seal_login);
+}
+
+#[test]
 fn seal_record_accepts_only_the_genuine_pdu_stream() {
     run("seal_record", ipsan_fuzz::seal_record);
 }

@@ -8,6 +8,7 @@ mod discover;
 mod gateway;
 mod inquiry;
 mod journal;
+mod keygen;
 mod lab;
 mod model;
 mod notify;
@@ -44,6 +45,8 @@ pub enum Command {
     Gateway(Box<gateway::Args>),
     /// Print a LUN's INQUIRY data and capacity.
     Inquiry(Box<inquiry::Args>),
+    /// A 256-bit random pre-shared secret for Seal, as hex (O_EXCL, mode 0600 with --out).
+    Keygen(keygen::Args),
     /// The papers' experiments end to end: plans, baselines, CPU, model, plots, report.
     Lab(Box<lab::Args>),
     /// The papers' throughput model (2008 Eq. 3-6, 2006 Eq. 2-3) generalised to depth k.
@@ -71,6 +74,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
             gateway::run(*args)
         }
         Command::Inquiry(args) => inquiry::run(*args),
+        Command::Keygen(args) => keygen::run(args),
         Command::Lab(args) => lab::run(*args),
         Command::Model(args) => model::run(*args),
         Command::Target(args) => {

@@ -747,6 +747,15 @@ fn an_edited_login_key_fails_the_login_or_the_first_command() {
             };
             assert!(bound, "{rule:?}: failed for another reason: {e}");
         }
+        // Each refused login got the target's Seal answer without proving the secret: to the
+        // target a failed guess, counted toward the lockout (docs/seal.md §2), which now covers
+        // this name from here; the last case logs in under another name.
+        assert!(
+            h.limit_stats().auth_failures >= 4,
+            "refused logins not counted"
+        );
+        let mut other = sealed(Cipher::Aes256Gcm);
+        other.login.initiator_name.push_str("-final");
         // The final Login Response: flip MaxCmdSN (no confirmation follows it): the login
         // completes, the first command (READ CAPACITY) fails before it executes, the target
         // counts it.
@@ -759,7 +768,7 @@ fn an_edited_login_key_fails_the_login_or_the_first_command() {
             }),
             ..Shared::default()
         };
-        let r = Session::open(&url, &sealed(Cipher::Aes256Gcm)).await;
+        let r = Session::open(&url, &other).await;
         assert!(shared.lock().unwrap().fired, "final response never seen");
         assert!(
             r.is_err(),

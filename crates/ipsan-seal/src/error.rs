@@ -197,4 +197,7 @@ pub enum SecretError {
         /// The minimum.
         min: usize,
     },
+    /// The system random number generator failed (generating a secret).
+    #[error("seal: the system random number generator failed")]
+    Random,
 }

@@ -14,7 +14,9 @@
 //! # Layout
 //! - [`cipher`]: the four ciphers and per-direction chunk keys (AWS-LC AEADs, legacy 3DES).
 //! - `tdes`: 3DES-CBC + HMAC-SHA1-96 (legacy, for reproducing the papers).
-//! - [`schedule`]: pre-shared secrets ([`Psk`]) and the HKDF-SHA256 key schedule.
+//! - [`cpace`]: CPace (draft-irtf-cfrg-cpace, ristretto255/SHA-512), the PAKE the PSK enters.
+//! - [`schedule`]: pre-shared secrets ([`Psk`]) and the HKDF-SHA256 key schedule over the
+//!   CPace output.
 //! - [`negotiate`]: the login keys, [`SealOffer`] (initiator) and [`SealAnswer`] /
 //!   [`SealPending`] (target).
 //! - [`frame`]: [`Binding`], the chunk layout and associated data, `sealed_len`/`plain_len`.
@@ -29,6 +31,7 @@
 mod buffers;
 pub mod cdb;
 pub mod cipher;
+pub mod cpace;
 pub mod error;
 pub mod frame;
 pub mod negotiate;

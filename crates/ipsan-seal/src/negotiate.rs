@@ -7,21 +7,28 @@
 //!   X-org.ipsan.Seal=aes-256-gcm,chacha20-poly1305  ->  (list: target picks the first it accepts,
 //!   X-org.ipsan.SealChunk=65536                     ->   RFC 7143 §6.2.1)
 //!   X-org.ipsan.SealNonce=0x<32 random bytes>       ->
+//!   X-org.ipsan.SealShare=0x<CPace Ya, 32 bytes>    ->
 //!                                                   <-  X-org.ipsan.Seal=aes-256-gcm
 //!                                                   <-  X-org.ipsan.SealChunk=65536 (minimum)
 //!                                                   <-  X-org.ipsan.SealNonce=0x<32 random bytes>
+//!                                                   <-  X-org.ipsan.SealShare=0x<CPace Yb>
 //!                                                   <-  X-org.ipsan.SealConfirm=0x<HMAC> (T=0)
 //!   X-org.ipsan.SealConfirm=0x<HMAC>                ->  verified before the target sets T=1
 //! ```
-//! The initiator verifies the target's confirmation (the target knows the secret and saw the offer
-//! unaltered); the target verifies the initiator's before it lets the login reach full feature
-//! phase, so a wrong pre-shared secret fails the LOGIN with "Authorization failure" (0x0202), not
-//! the first write. Keys and values are plain `(String, String)` pairs; the login engine carries
-//! them without interpreting them.
+//! The pre-shared secret is CPace's password ([`crate::cpace`]): the keys come from the CPace
+//! output, so neither a recorded login nor the target's answer to a probe lets anyone test a
+//! guess offline; a prober learns only whether the one secret it used for its share was right,
+//! at the cost of a refused login. No round trip is added: the shares ride with the offer and
+//! the answer. The initiator verifies the target's confirmation (the target knows the secret
+//! and saw the offer unaltered); the target verifies the initiator's before it lets the login
+//! reach full feature phase, so a wrong pre-shared secret fails the LOGIN with "Authorization
+//! failure" (0x0202), not the first write. Keys and values are plain `(String, String)` pairs;
+//! the login engine carries them without interpreting them.
 
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 
 use crate::cipher::Cipher;
+use crate::cpace::{Party, SHARE_LEN};
 use crate::error::NegotiationError;
 use crate::frame::Framing;
 use crate::record::LoginTranscript;
@@ -34,6 +41,8 @@ pub const KEY_SEAL: &str = "X-org.ipsan.Seal";
 pub const KEY_CHUNK: &str = "X-org.ipsan.SealChunk";
 /// Each side's fresh 32-byte random value, as an RFC 7143 §6.1 hex-constant.
 pub const KEY_NONCE: &str = "X-org.ipsan.SealNonce";
+/// Each side's CPace share (a 32-byte ristretto255 element), as a hex-constant.
+pub const KEY_SHARE: &str = "X-org.ipsan.SealShare";
 /// Key confirmation: HMAC-SHA256 under the derived confirmation key, hex-constant.
 pub const KEY_CONFIRM: &str = "X-org.ipsan.SealConfirm";
 
@@ -112,6 +121,37 @@ fn parse_nonce(v: Option<&str>) -> Result<[u8; NONCE_LEN], NegotiationError> {
     })
 }
 
+fn parse_share(v: Option<&str>) -> Result<[u8; SHARE_LEN], NegotiationError> {
+    let v = v.ok_or(NegotiationError::MissingKey(KEY_SHARE))?;
+    let bytes = schedule::from_hex_constant(v).ok_or(NegotiationError::Malformed {
+        key: KEY_SHARE,
+        why: "not a 0x hex-constant",
+    })?;
+    bytes.try_into().map_err(|_| NegotiationError::Malformed {
+        key: KEY_SHARE,
+        why: "must be 32 bytes",
+    })
+}
+
+const INVALID_SHARE: NegotiationError = NegotiationError::Malformed {
+    key: KEY_SHARE,
+    why: "not a valid ristretto255 element, or the identity",
+};
+
+/// One side of CPace for this login: the PSK is the password, `sid` the initiator's nonce.
+fn cpace_party(
+    psk: &Psk,
+    ids: &SessionIds,
+    nonce_i: &[u8; NONCE_LEN],
+) -> Result<Party, NegotiationError> {
+    Ok(Party::new(
+        psk.expose(),
+        &schedule::cpace_ci(ids),
+        nonce_i,
+        fresh_nonce()?,
+    ))
+}
+
 fn fresh_nonce() -> Result<[u8; NONCE_LEN], NegotiationError> {
     let mut n = [0u8; NONCE_LEN];
     SystemRandom::new()
@@ -128,7 +168,8 @@ pub struct SealOffer {
     offer: String,
     chunk: u32,
     nonce: [u8; NONCE_LEN],
-    psk: Psk,
+    /// This login's CPace scalar and share (the PSK itself is not kept).
+    cpace: Party,
     ids: SessionIds,
 }
 
@@ -169,12 +210,13 @@ impl SealOffer {
             .map(|c| c.name())
             .collect::<Vec<_>>()
             .join(",");
+        let cpace = cpace_party(&psk, &ids, &nonce)?;
         Ok(SealOffer {
             ciphers,
             offer,
             chunk,
             nonce,
-            psk,
+            cpace,
             ids,
         })
     }
@@ -185,6 +227,10 @@ impl SealOffer {
             (KEY_SEAL.to_owned(), self.offer.clone()),
             (KEY_CHUNK.to_owned(), self.chunk.to_string()),
             (KEY_NONCE.to_owned(), schedule::to_hex_constant(&self.nonce)),
+            (
+                KEY_SHARE.to_owned(),
+                schedule::to_hex_constant(self.cpace.share()),
+            ),
         ]
     }
 
@@ -231,6 +277,7 @@ impl SealOffer {
             });
         }
         let nonce_t = parse_nonce(get(answer, KEY_NONCE))?;
+        let share_t = parse_share(get(answer, KEY_SHARE))?;
         let confirm_t = get(answer, KEY_CONFIRM)
             .ok_or(NegotiationError::MissingKey(KEY_CONFIRM))
             .and_then(|v| {
@@ -239,8 +286,12 @@ impl SealOffer {
                     why: "not a 0x hex-constant",
                 })
             })?;
+        let isk = self
+            .cpace
+            .initiator_isk(&self.nonce, &share_t)
+            .map_err(|_| INVALID_SHARE)?;
         let d = schedule::derive(
-            &self.psk,
+            &isk,
             &Transcript {
                 cipher,
                 chunk_size: chunk,
@@ -386,9 +437,15 @@ impl SealAnswer {
             .min(config.max_chunk)
             .min(cipher.max_chunk());
         let nonce_i = parse_nonce(get(offer, KEY_NONCE))?;
+        let share_i = parse_share(get(offer, KEY_SHARE))?;
         let nonce_t = fresh_nonce()?;
+        let party = cpace_party(&psk, ids, &nonce_i)?;
+        drop(psk);
+        let isk = party
+            .responder_isk(&nonce_i, &share_i)
+            .map_err(|_| INVALID_SHARE)?;
         let d = schedule::derive(
-            &psk,
+            &isk,
             &Transcript {
                 cipher,
                 chunk_size: chunk,
@@ -402,6 +459,10 @@ impl SealAnswer {
             (KEY_SEAL.to_owned(), cipher.name().to_owned()),
             (KEY_CHUNK.to_owned(), chunk.to_string()),
             (KEY_NONCE.to_owned(), schedule::to_hex_constant(&nonce_t)),
+            (
+                KEY_SHARE.to_owned(),
+                schedule::to_hex_constant(party.share()),
+            ),
             (
                 KEY_CONFIRM.to_owned(),
                 schedule::to_hex_constant(&*d.confirm.target(transcript)),
@@ -479,7 +540,10 @@ impl SealPending {
 
 /// Whether `key` is one of Seal's login keys (for the login engine's extension dispatch).
 pub fn is_seal_key(key: &str) -> bool {
-    matches!(key, KEY_SEAL | KEY_CHUNK | KEY_NONCE | KEY_CONFIRM)
+    matches!(
+        key,
+        KEY_SEAL | KEY_CHUNK | KEY_NONCE | KEY_SHARE | KEY_CONFIRM
+    )
 }
 
 /// Looks up the pre-shared secret for an InitiatorName on this target.
@@ -611,6 +675,13 @@ impl TargetNegotiation {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// Whether this target has answered an offer (sent its CPace share and confirmation) and
+    /// the initiator has not yet proven the secret: a login that ends in this state, refused or
+    /// abandoned, was a password guess and must count toward the lockout (docs/seal.md §2).
+    pub fn awaiting_confirmation(&self) -> bool {
+        matches!(self.state, TargetState::Pending(_))
     }
 
     /// The confirmed session after a successful login (`None`: plaintext session).

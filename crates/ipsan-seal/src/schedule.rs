@@ -1,21 +1,26 @@
-//! Pre-shared secrets and the key schedule (documented in `docs/seal.md`).
+//! Pre-shared secrets and the key schedule (documented in `docs/seal.md` §3).
 //!
 //! ```text
-//! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = PSK)                        RFC 5869 §2.2
-//! context  = lp("ipsan-seal v3") || lp(cipher) || u32(chunk) || lp(InitiatorName)
+//! CI       = lv_cat("ipsan-seal v4", InitiatorName, TargetName, ISID)
+//! Ya, Yb, ISK = CPace(PRS = PSK, CI, sid = Ni)        (crate::cpace, draft-irtf-cfrg-cpace)
+//! PRK      = HKDF-Extract(salt = Ni || Nt, IKM = ISK)                        RFC 5869 §2.2
+//! context  = lp("ipsan-seal v4") || lp(cipher) || u32(chunk) || lp(InitiatorName)
 //!            || lp(TargetName) || ISID(6) || lp(offer as sent by the initiator)
 //! K_label  = HKDF-Expand(PRK, lp(label) || context, L)                       RFC 5869 §2.3
 //! labels   : "i2t key", "i2t iv", "t2i key", "t2i iv", "confirm", "record"
 //! confirm_t = HMAC-SHA256(K_confirm, "target" || H_t)
 //! confirm_i = HMAC-SHA256(K_confirm, "initiator" || H_i)
 //! ```
-//! `H_t`/`H_i` are login transcript hashes ([`crate::record::LoginTranscript`]): every byte of
-//! every Login PDU exchanged before the PDU that carries the confirmation, so a relay that
-//! edits any login key (not only Seal's) fails key confirmation. `K("record")` is the root of
-//! the per-PDU record keys, which also bind the whole transcript (docs/seal.md §3, §4a).
-//! `lp(x)` is a 2-byte big-endian length followed by `x`. `Ni`/`Nt` are the 32-byte random values
-//! of `X-org.ipsan.SealNonce`. Binding the offer as sent makes a stripped offer (a downgrade to a
-//! weaker cipher) fail key confirmation.
+//! The PSK enters only as CPace's password: nothing sent on the wire is a function of the PSK
+//! and public values alone, so neither a recorded login nor the target's answer to a probe
+//! lets anyone test a guess offline (v3 keyed HKDF with the PSK directly, and `confirm_t` was
+//! a dictionary oracle). `H_t`/`H_i` are login transcript hashes
+//! ([`crate::record::LoginTranscript`]): every byte of every Login PDU exchanged before the PDU
+//! that carries the confirmation, so a relay that edits any login key (not only Seal's) fails
+//! key confirmation. `K("record")` is the root of the per-PDU record keys, which also bind the
+//! whole transcript (docs/seal.md §3, §4a). `lp(x)` is a 2-byte big-endian length followed by
+//! `x`. `Ni`/`Nt` are the 32-byte random values of `X-org.ipsan.SealNonce`. Binding the offer
+//! as sent makes a stripped offer (a downgrade to a weaker cipher) fail key confirmation.
 
 use std::fmt;
 use std::path::Path;
@@ -55,7 +60,8 @@ impl Psk {
         Ok(Psk(bytes))
     }
 
-    /// Reads a secret file: its bytes, without trailing whitespace/newlines.
+    /// Reads a secret file: its bytes, without trailing whitespace/newlines. A secret that
+    /// looks guessable ([`weak_secret_warning`]) is logged as a warning (never its content).
     pub fn from_file(path: &Path) -> Result<Psk, SecretError> {
         let mut raw = Zeroizing::new(std::fs::read(path).map_err(|source| SecretError::Io {
             path: path.to_owned(),
@@ -64,12 +70,100 @@ impl Psk {
         while raw.last().is_some_and(|b| b.is_ascii_whitespace()) {
             raw.pop();
         }
+        if let Some(w) = weak_secret_warning(&raw) {
+            tracing::warn!(path = %path.display(), "{w}");
+        }
         Psk::new(std::mem::take(&mut *raw))
+    }
+
+    /// A fresh 256-bit secret from the system RNG as 64 lowercase hex digits, the form
+    /// `ipsan keygen` writes and [`Psk::from_file`] reads (the 64 characters are the secret).
+    pub fn generate_hex() -> Result<Zeroizing<String>, SecretError> {
+        use aws_lc_rs::rand::{SecureRandom, SystemRandom};
+        let mut bytes = Zeroizing::new([0u8; 32]);
+        SystemRandom::new()
+            .fill(&mut bytes[..])
+            .map_err(|_| SecretError::Random)?;
+        Ok(Zeroizing::new(hex::encode(&bytes[..])))
     }
 
     pub(crate) fn expose(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// Below this estimate (bits) a secret gets [`weak_secret_warning`].
+pub const WEAK_SECRET_BITS: f64 = 80.0;
+
+/// A rough entropy estimate of a secret in bits, for a warning only (never a guarantee). The
+/// secret is first cut to its shortest repeating unit (`Summer2024!Summer2024!` counts as
+/// `Summer2024!`); then each run of three or more ASCII letters counts as one dictionary word,
+/// min(14 bits (a ~16k-word list), +1 if it has capitals; its length × log2(pool)), and every
+/// other byte log2(pool), where the pool is the sum of the character classes present (26 lower,
+/// 26 upper, 10 digits, 33 ASCII punctuation and space, 128 for any other byte). A zxcvbn-like
+/// lower bound on what a guesser must try, not a measurement.
+#[must_use]
+pub fn estimated_entropy_bits(secret: &[u8]) -> f64 {
+    let period = (1..=secret.len())
+        .find(|&p| (p..secret.len()).all(|i| secret[i] == secret[i - p]))
+        .unwrap_or(secret.len());
+    let unit = &secret[..period];
+    let has = |f: fn(&u8) -> bool| unit.iter().any(f);
+    let mut pool = 0.0;
+    for (present, size) in [
+        (has(u8::is_ascii_lowercase), 26.0),
+        (has(u8::is_ascii_uppercase), 26.0),
+        (has(u8::is_ascii_digit), 10.0),
+        (has(|b| b.is_ascii_punctuation() || *b == b' '), 33.0),
+        (
+            has(|b| !(b.is_ascii_alphanumeric() || b.is_ascii_punctuation() || *b == b' ')),
+            128.0,
+        ),
+    ] {
+        if present {
+            pool += size;
+        }
+    }
+    let per_char = f64::log2(f64::max(pool, 2.0));
+    let mut bits = 0.0;
+    let mut i = 0;
+    while i < unit.len() {
+        let run = unit[i..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
+        if run >= 3 {
+            let word = &unit[i..i + run];
+            let caps = if word.iter().any(u8::is_ascii_uppercase) {
+                1.0
+            } else {
+                0.0
+            };
+            bits += f64::min(14.0 + caps, run as f64 * per_char);
+            i += run;
+        } else {
+            bits += per_char;
+            i += 1;
+        }
+    }
+    bits
+}
+
+/// The warning for a secret whose [`estimated_entropy_bits`] is below [`WEAK_SECRET_BITS`]:
+/// it names the risk that remains with CPace (online guessing, one refused login per guess,
+/// slowed only by the lockout) and the remedy. Never contains the secret.
+#[must_use]
+pub fn weak_secret_warning(secret: &[u8]) -> Option<String> {
+    let bits = estimated_entropy_bits(secret);
+    (bits < WEAK_SECRET_BITS).then(|| {
+        format!(
+            "seal: this pre-shared secret looks low-entropy (about {bits:.0} bits by a \
+             character-class and word estimate, under {WEAK_SECRET_BITS:.0}): no recording or \
+             probe tests it offline, but each online guess costs an attacker only one refused \
+             login, slowed by the lockout ([server.auth_backoff]); a word list can still get \
+             there. Use a random secret (`ipsan keygen --out FILE`)"
+        )
+    })
 }
 
 impl fmt::Debug for Psk {
@@ -91,8 +185,9 @@ pub struct SessionIds {
 
 pub(crate) const NONCE_LEN: usize = 32;
 /// The schedule's version label. v3: confirmations bind the login transcript and every PDU is
-/// authenticated by the record layer, so a v2 peer fails key confirmation at login.
-pub(crate) const SCHEDULE_LABEL: &[u8] = b"ipsan-seal v3";
+/// authenticated by the record layer. v4: the PSK enters only through CPace (a v3 peer sends
+/// no `X-org.ipsan.SealShare` and fails the login with "missing parameter").
+pub(crate) const SCHEDULE_LABEL: &[u8] = b"ipsan-seal v4";
 /// Length of a login transcript hash (SHA-256).
 pub const TRANSCRIPT_HASH_LEN: usize = 32;
 /// A login transcript hash ([`crate::record::LoginTranscript::hash`]).
@@ -112,6 +207,18 @@ fn lp(out: &mut Vec<u8>, x: &[u8]) {
     let n = u16::try_from(x.len()).unwrap_or(u16::MAX);
     out.extend_from_slice(&n.to_be_bytes());
     out.extend_from_slice(&x[..usize::from(n)]);
+}
+
+/// CPace's channel identifier (draft-irtf-cfrg-cpace §3.1): the schedule label and the
+/// identities the keys are bound to, so a share made for one initiator/target/ISID pairing
+/// fits no other.
+pub(crate) fn cpace_ci(ids: &SessionIds) -> Vec<u8> {
+    crate::cpace::lv_cat(&[
+        SCHEDULE_LABEL,
+        ids.initiator_name.as_bytes(),
+        ids.target_name.as_bytes(),
+        &ids.isid,
+    ])
 }
 
 /// Everything both sides agree on, from which the keys are derived.
@@ -170,7 +277,11 @@ pub(crate) fn hkdf_sha256(
         .map_err(|_| NegotiationError::Crypto)
 }
 
-pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, NegotiationError> {
+/// The session keys from CPace's ISK and the transcript (the PSK is not an input here).
+pub(crate) fn derive(
+    isk: &crate::cpace::Isk,
+    t: &Transcript<'_>,
+) -> Result<Derived, NegotiationError> {
     let mut salt = [0u8; 2 * NONCE_LEN];
     salt[..NONCE_LEN].copy_from_slice(t.nonce_i);
     salt[NONCE_LEN..].copy_from_slice(t.nonce_t);
@@ -187,7 +298,7 @@ pub(crate) fn derive(psk: &Psk, t: &Transcript<'_>) -> Result<Derived, Negotiati
     let expand = |label: &str, out: &mut [u8]| -> Result<(), NegotiationError> {
         let mut l = Vec::with_capacity(2 + label.len());
         lp(&mut l, label.as_bytes());
-        hkdf_sha256(&salt, psk.expose(), &[l.as_slice(), ctx.as_slice()], out)
+        hkdf_sha256(&salt, &isk[..], &[l.as_slice(), ctx.as_slice()], out)
     };
 
     let key_len = t.cipher.key_len();
@@ -255,6 +366,41 @@ mod tests {
         let p = Psk::from_file(&dir).unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert_eq!(p.expose(), b"0123456789abcdef");
+    }
+
+    #[test]
+    fn warns_about_human_chosen_secrets_and_not_about_generated_ones() {
+        for weak in [
+            "Summer2024!Summer2024!",
+            "correct horse battery staple",
+            "aaaaaaaaaaaaaaaaaaaaaaaa",
+            "0123456789abcdef",
+            "PasswordPassword1",
+        ] {
+            let w = weak_secret_warning(weak.as_bytes());
+            assert!(
+                w.is_some(),
+                "{weak}: {}",
+                estimated_entropy_bits(weak.as_bytes())
+            );
+            let w = w.unwrap();
+            assert!(!w.contains(weak) && w.contains("online guess"), "{w}");
+        }
+        for _ in 0..20 {
+            let g = Psk::generate_hex().unwrap();
+            assert_eq!(g.len(), 64);
+            assert!(
+                weak_secret_warning(g.as_bytes()).is_none(),
+                "{}",
+                estimated_entropy_bits(g.as_bytes())
+            );
+        }
+        assert!(weak_secret_warning(&[
+            0x5a, 0x13, 0xf7, 0x88, 0x01, 0xc4, 0x9e, 0x3b, 0x70, 0x2d, 0xe1, 0x46, 0xbb, 0x0f,
+            0x92, 0x6c
+        ])
+        .is_none());
+        assert!(weak_secret_warning(b"kT9#vQ2!mZ7$wR4&xP8").is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 mod support;
 use support::keys::{ids, pair, psk, SECRET};
 
-use ipsan_seal::negotiate::{KEY_CHUNK, KEY_CONFIRM, KEY_NONCE, KEY_SEAL};
+use ipsan_seal::negotiate::{KEY_CHUNK, KEY_CONFIRM, KEY_NONCE, KEY_SEAL, KEY_SHARE};
 use ipsan_seal::{
     AnswerOutcome, Binding, Cipher, Direction, LoginTranscript, NegotiationError, SealAnswer,
     SealOffer, SealPolicy, TargetSealConfig,
@@ -179,6 +179,62 @@ fn rejects_malformed_nonce_and_chunk() {
             "{key}={bad}: {e}"
         );
     }
+}
+
+/// Schedule v4: a missing CPace share (a v3 initiator) is a missing parameter (0x0207); a share
+/// that is not a ristretto255 encoding, or is the identity (which would make the shared
+/// point known to anyone, draft-irtf-cfrg-cpace §6.2 "MUST abort"), is refused on both sides.
+#[test]
+fn rejects_missing_invalid_and_identity_cpace_shares() {
+    let o = offer(vec![Cipher::Aes256Gcm]);
+    let without: Vec<_> = o
+        .keys()
+        .into_iter()
+        .filter(|(k, _)| k != KEY_SHARE)
+        .collect();
+    let e = SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &without, &ids(), |_| {
+        Some(psk(SECRET))
+    })
+    .unwrap_err();
+    assert_eq!(e, NegotiationError::MissingKey(KEY_SHARE));
+    assert_eq!(e.login_status(), (0x02, 0x07));
+    let identity = format!("0x{}", "00".repeat(32));
+    let not_a_point = format!("0x{}", "ff".repeat(32));
+    for bad in [identity.as_str(), not_a_point.as_str(), "0x0102", "zz"] {
+        let mut keys = o.keys();
+        for (k, v) in &mut keys {
+            if k == KEY_SHARE {
+                *v = bad.into();
+            }
+        }
+        let e = SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &keys, &ids(), |_| {
+            Some(psk(SECRET))
+        })
+        .unwrap_err();
+        assert!(
+            matches!(e, NegotiationError::Malformed { key, .. } if key == KEY_SHARE),
+            "{bad}: {e}"
+        );
+    }
+    // The initiator refuses an identity share in the answer.
+    let AnswerOutcome::Pending(p) =
+        SealAnswer::handle_offer(&cfg(SealPolicy::Allowed), &o.keys(), &ids(), |_| {
+            Some(psk(SECRET))
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let mut answer = p.keys().to_vec();
+    for (k, v) in &mut answer {
+        if k == KEY_SHARE {
+            *v = identity.clone();
+        }
+    }
+    assert!(matches!(
+        o.handle_answer(&answer).unwrap_err(),
+        NegotiationError::Malformed { key, .. } if key == KEY_SHARE
+    ));
 }
 
 #[test]

@@ -34,7 +34,7 @@ use tracing::{debug, info, trace, warn};
 use crate::lock;
 use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
 use crate::remote::{ForwardError, RemoteNexus, RemoteSpec};
-use crate::seal_ext::{SealExtension, SealSlot, TranscriptSlot};
+use crate::seal_ext::{GuessSlot, SealExtension, SealSlot, TranscriptSlot};
 use ipsan_seal::{
     CryptoPool, Direction, Forgery, ReadError, RecordOpener, RecordSealer, SealSession,
 };
@@ -86,16 +86,33 @@ pub async fn serve(
     let mut wr = wr;
     let slot = SealSlot::default();
     let transcript = TranscriptSlot::default();
+    let guess = GuessSlot::default();
     let login = tokio::time::timeout(
         shared.login_timeout,
-        login_phase(&mut conn, &mut wr, &shared, &slot, &transcript, peer),
+        login_phase(
+            &mut conn,
+            &mut wr,
+            &shared,
+            &slot,
+            &transcript,
+            &guess,
+            peer,
+        ),
     );
     let (result, session_slot, remote) = tokio::select! {
         r = login => match r {
             Ok(Ok(Some(result))) => result,
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => { debug!(%peer, "connection closed during login: {e}"); return; }
-            Err(_) => { warn!(%peer, "login did not complete within {:?}; closing", shared.login_timeout); return; }
+            Ok(Ok(None)) => { abandoned_seal_guess(&shared, peer, &guess); return; }
+            Ok(Err(e)) => {
+                debug!(%peer, "connection closed during login: {e}");
+                abandoned_seal_guess(&shared, peer, &guess);
+                return;
+            }
+            Err(_) => {
+                warn!(%peer, "login did not complete within {:?}; closing", shared.login_timeout);
+                abandoned_seal_guess(&shared, peer, &guess);
+                return;
+            }
         },
         () = shutdown.cancelled() => return,
     };
@@ -376,11 +393,13 @@ async fn login_phase(
     shared: &Shared,
     slot: &SealSlot,
     transcript: &TranscriptSlot,
+    guess: &GuessSlot,
     peer: SocketAddr,
 ) -> std::io::Result<Option<LoggedIn>> {
     let secret_used = crate::seal_ext::SecretUsedSlot::default();
     let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone())
-        .recording_secret(secret_used.clone());
+        .recording_secret(secret_used.clone())
+        .with_guess_limit(peer.ip(), guess.clone());
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let codec = Codec::default();
     let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
@@ -475,7 +494,8 @@ async fn login_phase(
         }
         if let Outcome::Failed(f) = &reply.outcome {
             shared.registry.count_login(&dir, Some(f.status.0));
-            auth_failure_backoff(shared, &dir, peer, f).await;
+            let seal_guess = lock(guess).take().is_some();
+            auth_failure_backoff(shared, &dir, peer, f, seal_guess).await;
         }
         let mut out = BytesMut::new();
         let resp = Pdu::new(reply.header, Bytes::from(reply.data));
@@ -493,7 +513,8 @@ async fn login_phase(
             }
             Outcome::FullFeature(result) => {
                 shared.registry.count_login(&dir, None);
-                if dir.chap_required() {
+                // CHAP passed, or the Seal secret proven (its confirmation verified).
+                if dir.chap_required() || lock(slot).is_some() {
                     shared
                         .registry
                         .auth_success(&result.params.initiator_name, peer.ip());
@@ -515,16 +536,19 @@ fn refuse(reply: &mut iscsi_proto::login::Reply, f: iscsi_proto::login::LoginFai
     reply.outcome = Outcome::Failed(f);
 }
 
-/// Counts an authentication failure (0x0201) against the initiator and its address, logs it
-/// (who, from where, how many, the lockout; never the secret or the response) and holds the
-/// failing response back by the backoff's delay (crates/ipsan-target/src/limits.rs).
+/// Counts an authentication failure (0x0201, or any refusal after the target answered a Seal
+/// offer without the initiator proving the secret: a failed guess of the PSK) against the
+/// initiator and its address, logs it (who, from where, how many, the lockout; never the
+/// secret or the response) and holds the failing response back by the backoff's delay
+/// (crates/ipsan-target/src/limits.rs).
 async fn auth_failure_backoff(
     shared: &Shared,
     dir: &LoginDirectory,
     peer: SocketAddr,
     f: &iscsi_proto::login::LoginFailure,
+    seal_guess: bool,
 ) {
-    if f.status != iscsi_proto::login::LoginStatus::AUTHENTICATION_FAILURE {
+    if f.status != iscsi_proto::login::LoginStatus::AUTHENTICATION_FAILURE && !seal_guess {
         return;
     }
     let Some(initiator) = dir.initiator() else {
@@ -539,11 +563,31 @@ async fn auth_failure_backoff(
         failures_name = v.failures_name,
         lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
         delay_ms = v.delay.as_millis(),
+        seal_guess,
         "authentication failed{}",
         if v.lockout.is_some() { "; locked out" } else { "" }
     );
     // Never hold the answer past the login timeout (it would be dropped unanswered).
     tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
+}
+
+/// A login that ended (peer gone, timeout, malformed PDU) after the target answered a Seal
+/// offer and before the initiator proved the secret: a prober took the answer, which tells it
+/// whether its one guess was right (docs/seal.md §2). Counted like a refused guess.
+fn abandoned_seal_guess(shared: &Shared, peer: SocketAddr, guess: &GuessSlot) {
+    let Some(initiator) = lock(guess).take() else {
+        return;
+    };
+    let v = shared.registry.auth_failure(&initiator, peer.ip());
+    warn!(
+        %peer,
+        initiator = %initiator,
+        failures_name_here = v.failures_name_here,
+        failures_address = v.failures_address,
+        lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
+        "seal: login abandoned after the target's answer, secret never proven; counted as an authentication failure{}",
+        if v.lockout.is_some() { "; locked out" } else { "" }
+    );
 }
 
 /// CHECK CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h): the answer when this

@@ -468,8 +468,8 @@ impl Registry {
     }
 
     /// Refuses a login that a running lockout covers (0x0301, RFC 7143 §11.13.5), before any
-    /// CHAP is run.
-    fn check_lockout(&self, initiator: &str, ip: IpAddr) -> Result<(), LoginFailure> {
+    /// CHAP is run or any Seal offer is answered.
+    pub(crate) fn check_lockout(&self, initiator: &str, ip: IpAddr) -> Result<(), LoginFailure> {
         let locked = crate::lock(&self.auth).check(initiator, ip, Instant::now());
         match locked {
             None => Ok(()),

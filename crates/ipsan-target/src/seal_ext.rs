@@ -2,9 +2,16 @@
 //!
 //! The target named in the login decides the policy and the pre-shared secret, so the
 //! negotiation is created on first use; discovery sessions never seal.
+//!
+//! Every Seal offer is one online guess of the pre-shared secret (CPace, docs/seal.md §2-§3):
+//! a running lockout refuses it before the target answers, and a login that received the
+//! target's answer but never proved the secret (refused, or abandoned by a prober that takes
+//! the answer and disconnects) counts as an authentication failure ([`GuessSlot`], conn.rs).
 
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use ipsan_seal::negotiate::KEY_SEAL;
 use ipsan_seal::{
     is_seal_key, LoginTranscript, SealPolicy, SealSession, SessionIds, TargetNegotiation,
     TargetSealConfig,
@@ -28,12 +35,19 @@ pub type TranscriptSlot = Arc<Mutex<LoginTranscript>>;
 /// confirmed session). Registry strength checks read it (registry.rs, `Authentication`).
 pub type SecretUsedSlot = Arc<Mutex<Option<SealSecret>>>;
 
+/// The initiator name while the target's Seal answer is out and the initiator has not proven
+/// the secret: if the login ends so, it was a failed guess and counts toward the lockout.
+pub type GuessSlot = Arc<Mutex<Option<String>>>;
+
 pub struct SealExtension {
     registry: Arc<Registry>,
     neg: Option<TargetNegotiation>,
     slot: SealSlot,
     transcript: TranscriptSlot,
     used: SecretUsedSlot,
+    /// The initiator's address (lockouts are per name and address, limits.rs).
+    peer: Option<IpAddr>,
+    guess: GuessSlot,
 }
 
 impl std::fmt::Debug for SealExtension {
@@ -52,6 +66,8 @@ impl SealExtension {
             slot,
             transcript,
             used: SecretUsedSlot::default(),
+            peer: None,
+            guess: GuessSlot::default(),
         }
     }
 
@@ -60,6 +76,22 @@ impl SealExtension {
     pub fn recording_secret(mut self, used: SecretUsedSlot) -> Self {
         self.used = used;
         self
+    }
+
+    /// Subjects Seal offers from `peer` to the authentication lockout and reports unproven
+    /// answers in `guess`.
+    #[must_use]
+    pub fn with_guess_limit(mut self, peer: IpAddr, guess: GuessSlot) -> Self {
+        self.peer = Some(peer);
+        self.guess = guess;
+        self
+    }
+
+    /// Whether the login's target would answer a Seal offer.
+    fn seals(&self, ctx: &ExtensionContext<'_>) -> bool {
+        ctx.target_name
+            .and_then(|n| self.registry.target(n))
+            .is_some_and(|t| t.seal.policy != SealPolicy::Off)
     }
 
     fn negotiation(&mut self, ctx: &ExtensionContext<'_>) -> &mut TargetNegotiation {
@@ -115,10 +147,23 @@ impl Extension for SealExtension {
         ctx: &ExtensionContext<'_>,
     ) -> Result<Vec<(String, String)>, LoginFailure> {
         let ids = ids(ctx);
+        if let Some(peer) = self.peer {
+            if keys.iter().any(|(k, _)| k == KEY_SEAL) && self.seals(ctx) {
+                // An offer is a guess: a running lockout refuses it before any answer.
+                self.registry.check_lockout(ctx.initiator_name, peer)?;
+            }
+        }
         let transcript = crate::lock(&self.transcript).clone();
-        self.negotiation(ctx)
+        let guess = self.guess.clone();
+        let neg = self.negotiation(ctx);
+        let out = neg
             .respond(keys, &ids, &transcript)
-            .map_err(|e| failure(&e))
+            .map_err(|e| failure(&e))?;
+        // Answered (share and confirmation sent): a guess until the initiator confirms.
+        *crate::lock(&guess) = neg
+            .awaiting_confirmation()
+            .then(|| ids.initiator_name.clone());
+        Ok(out)
     }
 
     fn finish(
