@@ -297,6 +297,9 @@ pub fn login_sm(data: &[u8]) {
                 assert!(p.first_burst_length <= p.max_burst_length);
                 assert!(!p.initiator_name.is_empty(), "InitiatorName is required");
             }
+            // This directory configures no relayed CHAP (`Auth::Relay`), so the engine must
+            // never ask the driver to relay.
+            Outcome::Relay(_) => panic!("CHAP relay requested by a target that relays nothing"),
         }
     }
 }
@@ -404,6 +407,10 @@ pub fn initiator_login(data: &[u8]) {
                 return;
             }
             Ok(LoginNext::Send(step)) => no_secret(&step.keys),
+            // Only a login started with `start_relayed` hands a challenge to its caller.
+            Ok(LoginNext::RelayChallenge { .. }) => {
+                panic!("a relay challenge from a login that was not started relayed")
+            }
             Ok(LoginNext::Done(done)) => {
                 let n = &done.params;
                 assert!(
