@@ -248,6 +248,8 @@ fn rejects_gateway_beyond_loopback_without_host_auth() {
     let chap_host = format!("{HOST_B},host-b,{}", b.display());
     for extra in [
         vec!["--insecure-no-host-auth"],
+        // `ipsan target`'s name for it.
+        vec!["--insecure-no-auth"],
         vec!["--chap-host", chap_host.as_str()],
         vec![
             "--chap-user",

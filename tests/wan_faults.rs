@@ -89,7 +89,16 @@ impl Lab {
         let mut child = lab
             .link
             .command(Side::Tgt, BIN)
-            .args(["target", "--portal", &portal, "--lun", "mem:256MiB"])
+            // The test's own namespace, reached by its own initiator alone: no host
+            // authentication, said explicitly (refused beyond loopback otherwise).
+            .args([
+                "target",
+                "--portal",
+                &portal,
+                "--lun",
+                "mem:256MiB",
+                "--insecure-no-auth",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

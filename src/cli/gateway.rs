@@ -75,8 +75,9 @@ pub struct Args {
     chap_relay: bool,
     /// Listen beyond loopback without authenticating hosts (no --chap-host, --chap-user or
     /// --seal required): every host on the network may then claim any initiator name, and the
-    /// remote session logs in under it with the gateway's own credentials.
-    #[arg(long)]
+    /// remote session logs in under it with the gateway's own credentials. `ipsan target`
+    /// calls it --insecure-no-auth, which is accepted here too.
+    #[arg(long, alias = "insecure-no-auth")]
     insecure_no_host_auth: bool,
     /// Host names allowed to log in (repeatable; `*` suffix wildcard). Default: all.
     #[arg(long, value_name = "IQN")]
@@ -194,6 +195,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         file.server.crypto_workers = Some(n);
     }
     let mut config = Config::from_file_config(&file)?;
+    // The target's own check (ipsan_target::exposure) runs again at bind; the flag that
+    // passed `check_host_auth` above passes it too.
+    config.insecure_no_auth = args.insecure_no_host_auth;
     // The file form carries the essentials; the remote sessions get every --to flag (digests,
     // bursts, keepalive, buffers) from the same code `ipsan bench` uses. Seal stays the file
     // form's: the target's crypto pool serves both sides.
@@ -228,7 +232,7 @@ fn check_host_auth(args: &Args, listen_policy: &str) -> anyhow::Result<()> {
         .iter()
         .filter(|p| {
             p.parse::<std::net::SocketAddr>()
-                .is_ok_and(|a| !a.ip().is_loopback())
+                .is_ok_and(|a| ipsan_target::exposure::beyond_loopback(&a))
         })
         .map(String::as_str)
         .collect();

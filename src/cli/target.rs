@@ -92,6 +92,13 @@ pub struct Args {
     /// Threads that seal and open data (default: one per CPU).
     #[arg(long)]
     crypto_workers: Option<usize>,
+    /// Serve targets that authenticate no host (no CHAP, per-host CHAP, relayed CHAP or
+    /// `--seal required` with a secret) on portals beyond loopback, with a warning. Without
+    /// it such a target is refused at start and on reloads: any host that reaches the portal
+    /// could log in under any initiator name (docs/target.md, "Listening beyond loopback").
+    /// With --config also `[server] insecure_no_auth = true`.
+    #[arg(long)]
+    insecure_no_auth: bool,
     /// TCP congestion control for every connection: cubic | bbr | reno | ipsan_sf |
     /// ipsan_sf_ss (after `ipsan tcp load`). Default: the kernel's.
     #[arg(long, value_name = "NAME")]
@@ -428,7 +435,15 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
     if args.config.is_none() {
         overrides.clear();
     }
-    Ok((Config::from_file_config(&file)?, overrides))
+    let mut config = Config::from_file_config(&file)?;
+    if args.insecure_no_auth {
+        // Not written into the file form: `ipsan ctl save` keeps the file's own choice.
+        config.insecure_no_auth = true;
+        if args.config.is_some() {
+            overrides.push("--insecure-no-auth".to_owned());
+        }
+    }
+    Ok((config, overrides))
 }
 
 pub(super) fn seal_policy_name(p: ipsan_seal::SealPolicy) -> &'static str {

@@ -148,6 +148,10 @@ pub struct FileServer {
     pub tcp: Option<ipsan_tcp::TcpSettings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auth_backoff: Option<FileAuthBackoff>,
+    /// Serve targets that authenticate no host on portals beyond loopback, with a warning
+    /// (default false: refused, [`crate::exposure`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insecure_no_auth: Option<bool>,
 }
 
 /// `[server.auth_backoff]`.
@@ -601,6 +605,10 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
     /// Sessions per initiator, connections per address, CHAP failure backoff.
     pub limits: crate::limits::Limits,
+    /// `[server] insecure_no_auth` / `--insecure-no-auth`: serve targets that authenticate no
+    /// host beyond loopback, with a warning, instead of refusing to start
+    /// ([`crate::exposure`]).
+    pub insecure_no_auth: bool,
     /// The file form this was validated from (`None` when built in code): what `ipsan ctl`
     /// edits and `ipsan ctl save` writes.
     pub source: Option<FileConfig>,
@@ -622,6 +630,7 @@ impl Default for Config {
             discovery_enabled: true,
             targets: Vec::new(),
             limits: crate::limits::Limits::default(),
+            insecure_no_auth: false,
             source: None,
         }
     }
@@ -1076,6 +1085,7 @@ impl Config {
             c.tcp = Some(t.clone());
         }
         limits_from(&f.server, &mut c.limits)?;
+        c.insecure_no_auth = f.server.insecure_no_auth.unwrap_or(false);
         c.discovery_enabled = f.discovery.enabled.unwrap_or(true);
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);

@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML file and command-line settings, validated up front.
+//! - [`exposure`]: a listener beyond loopback authenticates: the check at start and on
+//!   every live change.
 //! - [`limits`]: CHAP failure backoff, sessions per initiator, connections per address (pure).
 //! - [`registry`]: targets, LUNs, ACLs, and the logged-in sessions (TSIH, reinstatement);
 //!   live changes applied atomically ([`registry::Registry::apply`]).
@@ -21,6 +23,7 @@
 pub mod config;
 mod conn;
 pub mod control;
+pub mod exposure;
 pub mod limits;
 pub mod metrics;
 pub mod registry;

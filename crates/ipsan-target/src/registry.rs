@@ -338,6 +338,9 @@ pub struct Registry {
     pub config_path: Mutex<Option<std::path::PathBuf>>,
     /// The portals actually bound (port 0 resolved), set by the server.
     pub portals: RwLock<Vec<SocketAddr>>,
+    /// `insecure_no_auth` as started: live changes are checked against it and the bound
+    /// portals ([`crate::exposure`]; a changed `[server]` needs a restart).
+    insecure_no_auth: bool,
     /// Login limits (docs/robustness.md, Security).
     pub limits: Limits,
     /// What the limits refused.
@@ -429,6 +432,7 @@ impl Registry {
             running: Mutex::new(config.source.clone()),
             config_path: Mutex::new(None),
             portals: RwLock::new(config.portals.clone()),
+            insecure_no_auth: config.insecure_no_auth,
             limits: config.limits.clone(),
             stats: LimitStats::default(),
             auth: Mutex::new(AuthLimiter::new(config.limits.auth.clone())),
@@ -1145,6 +1149,25 @@ impl Registry {
     ) -> Result<ChangeReport, ChangeError> {
         use std::collections::BTreeSet;
         let cfg = Config::from_file_config(new_file)?;
+        // A listener beyond loopback authenticates: no change may add a target that
+        // authenticates no host, or take the last authentication from one, while a bound
+        // portal is beyond loopback (crate::exposure; `insecure_no_auth` as started).
+        let portals = crate::read(&self.portals).clone();
+        match crate::exposure::check(&cfg, &portals, self.insecure_no_auth) {
+            Err(e) => {
+                return Err(refused(
+                    format!("target {}", e.targets.join(", ")),
+                    e.to_string(),
+                ))
+            }
+            Ok(warnings) => {
+                for w in warnings {
+                    if matches!(w, crate::exposure::ExposureWarning::Insecure { .. }) {
+                        tracing::warn!("{w}");
+                    }
+                }
+            }
+        }
         let old = self.targets();
         let sessions = self.sessions();
         let in_use = |iqn: &str| {

@@ -32,6 +32,8 @@ pub enum ServerError {
     Build(#[from] BuildError),
     #[error("cannot start the crypto workers: {source}")]
     Pool { source: std::io::Error },
+    #[error(transparent)]
+    Exposed(#[from] crate::exposure::ExposureError),
 }
 
 /// Binds a portal. TCP settings go on the listening socket before `listen`, so accepted
@@ -65,6 +67,10 @@ pub struct Server {
 impl Server {
     /// Opens every LUN backend and binds every portal.
     pub async fn bind(config: &Config) -> Result<Self, ServerError> {
+        // Before anything is opened or bound: a listener beyond loopback authenticates.
+        for w in crate::exposure::check(config, &config.portals, config.insecure_no_auth)? {
+            tracing::warn!("{w}");
+        }
         let registry = Registry::build(config)?;
         let mut listeners = Vec::new();
         for &addr in &config.portals {

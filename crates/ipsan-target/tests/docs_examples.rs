@@ -35,3 +35,38 @@ fn accepts_every_example_in_docs_target_md() {
         }
     }
 }
+
+/// A listener beyond loopback authenticates: no example teaches a configuration the target
+/// refuses to start (docs/target.md, "Listening beyond loopback"). Checked on the file form,
+/// since most examples name secret files that do not exist here.
+#[test]
+fn accepts_no_example_beyond_loopback_without_host_auth() {
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/target.md"))
+        .unwrap();
+    let mut beyond = 0;
+    for b in toml_blocks(&md) {
+        let f = FileConfig::parse(&b).unwrap();
+        let portals = f.server.portals.clone().unwrap_or_default();
+        if !portals
+            .iter()
+            .any(|p| ipsan_target::exposure::beyond_loopback(&p.parse().unwrap()))
+            || f.server.insecure_no_auth == Some(true)
+        {
+            continue;
+        }
+        beyond += 1;
+        for t in &f.target {
+            let sealed = t.seal.as_ref().is_some_and(|s| {
+                s.policy.as_deref() == Some("required")
+                    && (s.secret.is_some() || s.secret_file.is_some() || !s.initiator.is_empty())
+            });
+            let relayed = t.lun.iter().any(|l| l.chap_relay);
+            assert!(
+                t.chap.is_some() || !t.chap_host.is_empty() || sealed || relayed,
+                "{} authenticates no host beyond loopback:\n{b}",
+                t.iqn
+            );
+        }
+    }
+    assert!(beyond >= 3, "examples beyond loopback not found");
+}
