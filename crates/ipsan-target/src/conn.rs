@@ -554,19 +554,12 @@ async fn auth_failure_backoff(
     let Some(initiator) = dir.initiator() else {
         return;
     };
-    let v = shared.registry.auth_failure(&initiator, peer.ip());
-    warn!(
-        %peer,
-        initiator = %initiator,
-        failures_name_here = v.failures_name_here,
-        failures_address = v.failures_address,
-        failures_name = v.failures_name,
-        lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
-        delay_ms = v.delay.as_millis(),
-        seal_guess,
-        "authentication failed{}",
-        if v.lockout.is_some() { "; locked out" } else { "" }
-    );
+    let what = if seal_guess {
+        "authentication failed (a Seal guess: the secret was never proven)"
+    } else {
+        "authentication failed"
+    };
+    let v = count_auth_failure(shared, &initiator, peer, what);
     // Never hold the answer past the login timeout (it would be dropped unanswered).
     tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
 }
@@ -578,16 +571,35 @@ fn abandoned_seal_guess(shared: &Shared, peer: SocketAddr, guess: &GuessSlot) {
     let Some(initiator) = lock(guess).take() else {
         return;
     };
-    let v = shared.registry.auth_failure(&initiator, peer.ip());
+    count_auth_failure(
+        shared,
+        &initiator,
+        peer,
+        "seal: login abandoned after the target's answer, secret never proven; counted as an authentication failure",
+    );
+}
+
+/// Counts one failed authentication of `initiator` from `peer` (limits.rs) and logs it with
+/// `what`: who, from where, how many, the lockout; never the secret or the response.
+fn count_auth_failure(
+    shared: &Shared,
+    initiator: &str,
+    peer: SocketAddr,
+    what: &str,
+) -> crate::limits::FailureVerdict {
+    let v = shared.registry.auth_failure(initiator, peer.ip());
     warn!(
         %peer,
         initiator = %initiator,
         failures_name_here = v.failures_name_here,
         failures_address = v.failures_address,
+        failures_name = v.failures_name,
         lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
-        "seal: login abandoned after the target's answer, secret never proven; counted as an authentication failure{}",
+        delay_ms = v.delay.as_millis(),
+        "{what}{}",
         if v.lockout.is_some() { "; locked out" } else { "" }
     );
+    v
 }
 
 /// CHECK CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h): the answer when this

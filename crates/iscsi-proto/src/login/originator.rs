@@ -661,32 +661,15 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
         if self.relay {
             return self.relay_challenge(keys);
         }
+        if self.opts.chap.is_none() {
+            return Err(OriginatorError::Auth("no CHAP credentials".into()));
+        }
+        let (alg, id, challenge) = self.target_challenge(keys)?;
         let creds = self
             .opts
             .chap
             .as_ref()
             .ok_or_else(|| OriginatorError::Auth("no CHAP credentials".into()))?;
-        let a = keys
-            .get("CHAP_A")
-            .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_A".into()))?;
-        let alg = ChapAlgorithm::parse_list(a)?;
-        let alg = match alg.as_slice() {
-            [one] if self.opts.chap_algorithms.contains(one) => *one,
-            _ => {
-                return Err(OriginatorError::Auth(format!(
-                    "target chose CHAP_A={a}, which we did not offer"
-                )))
-            }
-        };
-        let id = chap::parse_identifier(
-            keys.get("CHAP_I")
-                .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_I".into()))?,
-        )?;
-        let challenge = chap::decode_binary(
-            keys.get("CHAP_C")
-                .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_C".into()))?,
-        )?;
-        self.record.accept_incoming(&challenge)?;
         let r = chap::response(alg, id, &creds.secret, &challenge)?;
         let mut out = vec![
             ("CHAP_N".to_owned(), creds.name.clone()),
@@ -721,8 +704,13 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
         }))
     }
 
-    /// Relayed CHAP: the target's challenge, checked as ours would be, goes to the driver.
-    fn relay_challenge(&mut self, keys: &HashMap<&str, &str>) -> Result<LoginNext> {
+    /// The target's CHAP challenge (RFC 7143 §12.1.3): the one algorithm it chose, which must
+    /// be one we offered and can compute, its identifier, and a challenge that is not a
+    /// reflection of one we issued. Shared by the answering and the relaying paths.
+    fn target_challenge(
+        &mut self,
+        keys: &HashMap<&str, &str>,
+    ) -> Result<(ChapAlgorithm, u8, Vec<u8>)> {
         let a = keys
             .get("CHAP_A")
             .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_A".into()))?;
@@ -743,6 +731,12 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                 .ok_or_else(|| OriginatorError::Auth("target sent no CHAP_C".into()))?,
         )?;
         self.record.accept_incoming(&challenge)?;
+        Ok((algorithm, id, challenge))
+    }
+
+    /// Relayed CHAP: the target's challenge, checked as ours would be, goes to the driver.
+    fn relay_challenge(&mut self, keys: &HashMap<&str, &str>) -> Result<LoginNext> {
+        let (algorithm, id, challenge) = self.target_challenge(keys)?;
         self.chap = ChapState::RelayAwaitResponse { alg: algorithm };
         Ok(LoginNext::RelayChallenge {
             algorithm,
