@@ -226,6 +226,17 @@ fn logout_all_asks_with_async_event_1_and_now_ends_sessions_at_once() {
             .unwrap();
         assert_eq!(v["result"]["sessions_dropped"], 1, "{v}");
         assert!(!s.logout_requested());
+        // `now` cancels the session; its connection task closes the socket and unregisters it
+        // a moment later (a READ sent in that moment was seen served once in CI). Once the
+        // target no longer lists it, the initiator must find it ended.
+        let gone = std::time::Instant::now();
+        while !reg.sessions().is_empty() {
+            assert!(
+                gone.elapsed() < std::time::Duration::from_secs(5),
+                "the dropped session is still registered after 5 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         assert!(s.read(0, 1).await.is_err(), "ended session still served");
         h.shutdown().await.unwrap();
     });
