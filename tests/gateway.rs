@@ -21,64 +21,19 @@
 
 mod common;
 
-use common::Relay;
-use std::io::{BufRead, BufReader};
+use common::{spawn_ipsan, Proc, Relay, BIN};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipsan");
 const IQN: &str = "iqn.2026-11.org.ipsan:gwtest";
 
 /// A child process killed when dropped.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn have(tool: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-/// Runs `ipsan` with `args` (stderr to `log`), waits for its "listening on" line and returns
-/// it with its port. Stdout keeps being drained so the process never blocks on it.
-fn spawn_ipsan(args: &[&str], log: &Path) -> (Proc, u16) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let child = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains("listening on") => {
-                let port = l.rsplit(':').next().unwrap().trim().parse().unwrap();
-                return (child, port);
-            }
-            Ok(_) => {}
-            Err(_) => panic!(
-                "ipsan {args:?}: no 'listening on' line within 30 s:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            ),
-        }
-    }
 }
 
 fn key_file(dir: &Path) -> PathBuf {

@@ -21,16 +21,16 @@
 //! Every process is killed by a Drop guard; files live in a temporary directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::{spawn_ipsan, Proc, BIN};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ipsan_initiator::{ChapCredentials, ChapSecret, Error, IscsiUrl, Session, SessionConfig};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipsan");
 const ARRAY: &str = "iqn.2026-11.ex:array";
 const HOST_A: &str = "iqn.2026-11.ex:host-a";
 const HOST_B: &str = "iqn.2026-11.ex:host-b";
@@ -40,48 +40,6 @@ const HB_SECRET: &str = "host-b-own-secret-0123456789";
 const SHARED: &str = "shared-host-secret-0123456789";
 
 /// A child process killed when dropped.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Runs `ipsan` with `args` (stderr to `log`), waits for its "listening on" line and returns
-/// it with its port.
-fn spawn_ipsan(args: &[&str], log: &Path) -> (Proc, u16) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let child = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains("listening on") => {
-                let port = l.rsplit(':').next().unwrap().trim().parse().unwrap();
-                return (child, port);
-            }
-            Ok(_) => {}
-            Err(_) => panic!(
-                "ipsan {args:?}: no 'listening on' line within 30 s:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            ),
-        }
-    }
-}
-
 fn secret_file(dir: &Path, name: &str, secret: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, format!("{secret}\n")).unwrap();

@@ -1,13 +1,17 @@
 //! Helpers shared by the root package's integration tests.
 //!
 //! `Relay`: a loopback TCP relay a test can cut, standing for a WAN link that fails (the
-//! connection dies both ways, reconnects are refused while it is down).
+//! connection dies both ways, reconnects are refused while it is down). `spawn_ipsan`: the
+//! `ipsan` binary started and waited for until it listens, killed when its `Proc` drops.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A loopback TCP relay to `port` that the test can cut (every relayed connection shut
 /// down, both ways) and hold down (new connections closed at once).
@@ -81,5 +85,52 @@ impl Drop for Relay {
             let _ = c.shutdown(Shutdown::Both);
         }
         let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// The `ipsan` binary of this package.
+pub const BIN: &str = env!("CARGO_BIN_EXE_ipsan");
+
+/// A child process killed and reaped when dropped (a failing test leaves nothing running).
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `ipsan` with `args` (stderr to `log`), waits for its "listening on" line and returns
+/// it with its port. Stdout keeps being drained so the process never blocks on it.
+pub fn spawn_ipsan(args: &[&str], log: &Path) -> (Proc, u16) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let child = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains("listening on") => {
+                let port = l.rsplit(':').next().unwrap().trim().parse().unwrap();
+                return (child, port);
+            }
+            Ok(_) => {}
+            Err(_) => panic!(
+                "ipsan {args:?}: no 'listening on' line within 30 s:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ),
+        }
     }
 }
