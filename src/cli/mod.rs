@@ -53,7 +53,7 @@ pub enum Command {
     Model(Box<model::Args>),
     /// Serve LUNs over iSCSI (RFC 7143).
     Target(Box<target::Args>),
-    /// Storage-friendly TCP: load/unload/list the BPF congestion controls (papers/002).
+    /// Storage-friendly TCP: load/unload/list the BPF congestion controls (the iFCP paper, Muknahallipatna et al.).
     Tcp(Box<tcp::Args>),
     /// Packet-level WAN emulator between two network namespaces.
     Wan(Box<wan::Args>),

@@ -1,5 +1,5 @@
 //! `ipsan tcp`: register, remove and list the storage-friendly congestion controls
-//! (`ipsan_sf`, `ipsan_sf_ss`; papers/002 §4), and check what a socket gets.
+//! (`ipsan_sf`, `ipsan_sf_ss`; the iFCP paper (Muknahallipatna et al.) §4), and check what a socket gets.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ pub enum TcpCommand {
         rcvbuf: ipsan_tcp::BufSize,
     },
     /// Bulk sender: one connection, prints a JSON result with throughput, the settings in
-    /// force and TCP_INFO (papers/002 experiments).
+    /// force and TCP_INFO (the iFCP paper's experiments, Muknahallipatna et al.).
     Send {
         /// Where the sink listens (ip:port).
         #[arg(long)]

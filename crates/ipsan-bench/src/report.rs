@@ -145,7 +145,7 @@ pub struct Report {
     pub recovery: Option<ipsan_initiator::RecoveryStats>,
 }
 
-/// TCP as the kernel ran it for this measurement (papers/002: the WAN leg's window and
+/// TCP as the kernel ran it for this measurement (the iFCP paper, Muknahallipatna et al.: the WAN leg's window and
 /// congestion control set the ceiling, so every result says what they were).
 #[derive(Debug, Clone, Serialize)]
 pub struct TcpReport {

@@ -164,7 +164,7 @@ fn series_name(r: &Record) -> String {
     format!("{}{} {}{}", p.scheme, cipher, depth, iscsi)
 }
 
-/// The papers' own numbers the report quotes (from `../shared/papers`).
+/// The papers' own numbers the report quotes (docs/lab.md, "The papers", cites them by title).
 pub const PAPERS: &str = "\
 | source | what | paper's number |
 |---|---|---|

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR GPL-2.0
 //
 // ipsan storage-friendly congestion controls, after Muknahallipatna et al., "Storage Friendly TCP
-// Performance in Distributed SAN" (the iFCP paper, papers/002), section 4:
+// Performance in Distributed SAN" (the iFCP paper, Muknahallipatna et al.), section 4:
 //
 //   ipsan_sf     Reno (RFC 5681), except that on fast retransmit the slow-start threshold is 7/8
 //                of cwnd instead of 1/2 ("reduce the current cwnd ... by only 1/8th").

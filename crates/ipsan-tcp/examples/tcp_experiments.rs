@@ -1,4 +1,4 @@
-//! The storage-friendly TCP experiments of issue 7 (after papers/002), run through ipsan's WAN
+//! The storage-friendly TCP experiments of issue 7 (after the iFCP paper (Muknahallipatna et al.)), run through ipsan's WAN
 //! emulator (`ipsan-wan`: two namespaces joined by the TUN forwarder; this kernel has no netem
 //! and no fq, so there is no in-kernel delay).
 //!
@@ -6,10 +6,10 @@
 //! cargo run --release -p ipsan-tcp --example tcp_experiments -- [window|loss|fairness|iscsi|all] [--quick] [--seed N] [--out DIR]
 //! ```
 //! - `window`: 1 Gbit/s, receive window pinned to 8 MiB (`TCP_WINDOW_CLAMP`), RTT 80..200 ms;
-//!   throughput should follow window/RTT (papers/002 Table 1).
+//!   throughput should follow window/RTT (the iFCP paper (Muknahallipatna et al.) Table 1).
 //! - `loss`: 25 ms RTT (12.5 ms each way), 900 Mbit/s offered (90 % of 1 Gbit/s, paced with
 //!   `SO_MAX_PACING_RATE`), Bernoulli loss 0..1/1000 on the data direction, for reno, ipsan_sf,
-//!   ipsan_sf_ss, cubic and bbr (papers/002 Fig. 10).
+//!   ipsan_sf_ss, cubic and bbr (the iFCP paper (Muknahallipatna et al.) Fig. 10).
 //! - `iscsi`: the loss sweep again with an iSCSI write stream through ipsan (`ipsan target`
 //!   with a null LUN in the target namespace, `ipsan bench --rw write` in the initiator's).
 //!   Neither selects an algorithm per socket yet, so the initiator namespace's default

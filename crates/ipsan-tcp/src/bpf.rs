@@ -1,6 +1,6 @@
 //! The storage-friendly congestion controls as BPF `struct_ops` (`tcp_congestion_ops`).
 //!
-//! `bpf/ipsan_sf.bpf.c` defines, after the iFCP paper (papers/002 §4, Fig. 7 and Fig. 10):
+//! `bpf/ipsan_sf.bpf.c` defines, after the iFCP paper (Muknahallipatna et al. §4, Fig. 7 and Fig. 10):
 //! - `ipsan_sf`: Reno (RFC 5681), but on fast retransmit ssthresh = 7/8 of cwnd instead of 1/2;
 //! - `ipsan_sf_ss`: the same cut, with congestion avoidance disabled (cwnd keeps growing
 //!   exponentially up to the peer's receive window).

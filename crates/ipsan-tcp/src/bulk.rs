@@ -1,5 +1,5 @@
 //! A bulk TCP sender and sink, for measuring what a congestion control and window achieve on a
-//! path (the papers/002 experiments: Table 1's window/RTT ceiling, Fig. 10's loss sweep).
+//! path (the iFCP paper's experiments: Table 1's window/RTT ceiling, Fig. 10's loss sweep).
 //!
 //! Unlike a generic tool, every result carries the settings read back from the socket
 //! ([`InForce`]) and the sender's `TCP_INFO` at the start and end of the measured interval, so
@@ -28,7 +28,7 @@ pub struct SendOptions {
     pub duration: Duration,
     /// Warm-up before the measured interval (slow start, buffer autotuning).
     pub omit: Duration,
-    /// Offered load: `SO_MAX_PACING_RATE` in bits/s (papers/002 drove 90 % of line rate).
+    /// Offered load: `SO_MAX_PACING_RATE` in bits/s (the iFCP paper (Muknahallipatna et al.) drove 90 % of line rate).
     pub rate_bps: Option<u64>,
     /// Give up connecting after this long.
     pub connect_timeout: Duration,

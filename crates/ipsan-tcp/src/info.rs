@@ -59,7 +59,7 @@ pub struct TcpInfoSnapshot {
     pub delivered: u32,
     /// Time spent with data in flight.
     pub busy_time_us: u64,
-    /// Time limited by the peer's receive window: the papers/002 Table 1 limit.
+    /// Time limited by the peer's receive window: Table 1's limit in the iFCP paper (Muknahallipatna et al.).
     pub rwnd_limited_us: u64,
     /// Time limited by our send buffer.
     pub sndbuf_limited_us: u64,

@@ -1,7 +1,8 @@
 //! ipsan-tcp: storage-friendly TCP for ipsan's WAN leg.
 //!
-//! The iFCP paper (Muknahallipatna et al., *Storage Friendly TCP Performance in Distributed SAN*,
-//! papers/002) shows that on a long, lossy link the TCP stack sets the ceiling: throughput is
+//! The iFCP paper (Muknahallipatna et al., *Experimental and Theoretical Analysis of Storage
+//! Friendly TCP Performance in Distributed Storage Area Network*) shows that on a long, lossy
+//! link the TCP stack sets the ceiling: throughput is
 //! capped at window/RTT (its Table 1) and Reno's halving on every loss costs most of the link
 //! (its Fig. 10). This crate gives ipsan's runtimes the kernel knobs to act on that, per socket.
 //!
@@ -14,7 +15,7 @@
 //!   `ipsan_sf_ss` (BPF `struct_ops` `tcp_congestion_ops`, source in `bpf/ipsan_sf.bpf.c`,
 //!   built by `build.rs`), and lists what the kernel offers.
 //! - [`bulk`]: a bulk sender and sink that report throughput with the settings and `TCP_INFO`
-//!   behind it (the papers/002 experiments), and Jain's fairness index.
+//!   behind it (the iFCP paper's experiments), and Jain's fairness index.
 //! - [`error`]: the crate's one error type, [`TcpError`].
 //!
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio

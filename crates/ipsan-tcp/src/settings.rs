@@ -1,6 +1,6 @@
 //! Per-connection TCP settings: congestion control, socket buffers and `TCP_NODELAY`.
 //!
-//! The iFCP paper (papers/002, §3 and Table 1) shows that a single connection's throughput is
+//! The iFCP paper (Muknahallipatna et al., §3 and Table 1) shows that a single connection's throughput is
 //! capped at window/RTT: 8 MB over 100 ms RTT is 80 MB/s whatever the link. So the buffers
 //! have to cover the bandwidth-delay product, and the congestion control has to be chosen per
 //! socket (this machine's default is BBR; ipsan never relies on the system default).
@@ -153,7 +153,7 @@ pub struct Link {
 }
 
 impl Link {
-    /// Bandwidth-delay product in bytes (papers/002 eq. (1) read backwards: the window needed
+    /// Bandwidth-delay product in bytes (the iFCP paper (Muknahallipatna et al.) eq. (1) read backwards: the window needed
     /// to fill `bandwidth` at `rtt`).
     pub fn bdp_bytes(&self) -> u64 {
         let bits = u128::from(self.bandwidth_bps) * self.rtt.as_micros() / 1_000_000;
@@ -192,7 +192,7 @@ pub struct TcpSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodelay: Option<bool>,
     /// `TCP_WINDOW_CLAMP`: the most this socket advertises as receive window, bytes, as
-    /// papers/002 Table 1 assumes (8 MB); the buffer must still be larger. On Linux 6.18 the
+    /// the iFCP paper (Muknahallipatna et al.) Table 1 assumes (8 MB); the buffer must still be larger. On Linux 6.18 the
     /// clamp fixes the window scale at the SYN but the window still grew to 65535 << wscale,
     /// so to pin it exactly use a value of that form (8388480 = 65535 << 7, docs/tcp.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
