@@ -3,7 +3,7 @@
 //! `SKIPPED: <reason>` and returns. Each test uses its own link name (test name + pid), so
 //! tests run in parallel, and `Link`'s Drop (plus a guard here) removes the namespaces even
 //! when an assertion fails. Runs are kept to a few seconds; longer runs are in
-//! `scripts/bench-wan`.
+//! `scripts/bench wan`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use ipsan_wan::{link, DirConfig, Engine, Link, LinkConfig, LinkError, LossModel, Side};
@@ -19,7 +19,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `IPSAN_WAN_LONG=1` (scripts/bench-wan) multiplies sample counts and run times for the
+/// `IPSAN_WAN_LONG=1` (scripts/bench wan) multiplies sample counts and run times for the
 /// evidence runs; CI uses the short defaults.
 fn scale() -> usize {
     if std::env::var_os("IPSAN_WAN_LONG").is_some() {
