@@ -1,4 +1,5 @@
-//! Every path into `docs/results/` that a Markdown file of the repository quotes exists, and
+//! Every path into `docs/results/` that a Markdown file, a source file, a plan or a script of
+//! the repository quotes exists, and
 //! every relative link in README.md and docs/*.md resolves (issue 32: superseded runs left the
 //! tree, so a doc that still points at one must fail here, not in a reader's browser).
 //!
@@ -15,14 +16,20 @@ fn root() -> PathBuf {
 
 /// Every `*.md` under `dir` (recursively), skipping build output.
 fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_ending(dir, &[".md"], out);
+}
+
+/// Every file under `dir` (recursively) whose name ends in one of `ends` ("" = any), skipping
+/// build output and hidden directories.
+fn files_ending(dir: &Path, ends: &[&str], out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         let name = p.file_name().unwrap().to_string_lossy().to_string();
         if p.is_dir() {
             if !name.starts_with('.') && name != "target" && !name.starts_with("target-") {
-                markdown_files(&p, out);
+                files_ending(&p, ends, out);
             }
-        } else if name.ends_with(".md") {
+        } else if ends.iter().any(|e| name.ends_with(e)) {
             out.push(p);
         }
     }
@@ -82,10 +89,18 @@ fn every_quoted_results_path_exists() {
     let root = root();
     let mut files = vec![root.join("README.md"), root.join("DEVELOPERS.md")];
     markdown_files(&root.join("docs"), &mut files);
-    markdown_files(&root.join("crates"), &mut files);
+    // Code, plans and scripts quote results too (doc comments, default paths).
+    files_ending(&root.join("crates"), &[".md", ".rs", ".toml"], &mut files);
+    files_ending(&root.join("src"), &[".rs"], &mut files);
+    files_ending(&root.join("scripts"), &[""], &mut files);
+    files_ending(&root.join("tests"), &[".rs"], &mut files);
+    // This file names a removed run on purpose.
+    files.retain(|f| !f.ends_with("tests/results_links.rs"));
     let mut missing = Vec::new();
     for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue; // not text
+        };
         for p in quoted_results_paths(&text) {
             if !root.join(&p).exists() {
                 missing.push(format!("{}: {p}", f.strip_prefix(&root).unwrap().display()));
