@@ -1,7 +1,7 @@
 //! Every path into `docs/results/` that a Markdown file, a source file, a plan or a script of
-//! the repository quotes exists, and
-//! every relative link in README.md and docs/*.md resolves (issue 32: superseded runs left the
-//! tree, so a doc that still points at one must fail here, not in a reader's browser).
+//! the repository quotes exists, and every relative link in README.md and docs/*.md resolves
+//! (issue 32: superseded runs left the tree, so a doc that still points at one must fail here,
+//! not in a reader's browser).
 //!
 //! Paths quoted in a `git log`/`git show`/`git ls-tree` command name history on purpose and are
 //! not checked; neither are templates (`<run>`, `*`).
