@@ -32,7 +32,7 @@ pub mod sense;
 
 pub use aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
 pub use backend::{open, Backend, BackendError, BackendKind, BackendSpec, Extent};
-pub use cdb::{CommandInfo, DataDirection};
+pub use cdb::{CommandInfo, DataDirection, Family};
 pub use lu::{
     Limits, LogicalUnit, LuConfig, LuError, NexusId, OwnedRequest, ResetKind, ScsiRequest,
     ScsiResponse,

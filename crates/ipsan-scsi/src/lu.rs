@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::aio::{self, Engine, IoError, IoOp, IoRequest};
 use crate::backend::Backend;
-use crate::cdb::{self, op, BlockIo, Command, CommandInfo, DataDirection};
+use crate::cdb::{self, op, BlockIo, Command, CommandInfo};
 use crate::sense::{ScsiStatus, Sense};
 use crate::{inquiry, lun, mode, opcodes, pr};
 
@@ -388,76 +388,41 @@ impl LogicalUnit {
     /// Direction and Data-Out length of a CDB, before any data arrives. Errors are the
     /// CHECK CONDITION the command will get anyway, so the iSCSI layer may answer at once.
     pub fn command_info(&self, cdb: &[u8]) -> Result<CommandInfo, Sense> {
-        let cmd = cdb::parse(cdb)?;
-        if self.cfg.read_only
-            && matches!(
-                cmd,
-                Command::Write(_)
-                    | Command::WriteAndVerify { .. }
-                    | Command::WriteSame { .. }
-                    | Command::Unmap { .. }
-                    | Command::CompareAndWrite(_)
-                    | Command::OrWrite(_)
-            )
-        {
+        let info = cdb::decode(cdb, self.cfg.block_size)?;
+        if self.cfg.read_only && info.command.writes_medium() {
             // Known before any data moves: no point soliciting Data-Out (SBC-4 §4.11).
             return Err(Sense::write_protected());
         }
-        let bs = u64::from(self.cfg.block_size);
-        let write = |n: u64| CommandInfo {
-            direction: if n == 0 {
-                DataDirection::None
-            } else {
-                DataDirection::Write
-            },
-            data_out_len: n,
-        };
-        let read = CommandInfo {
-            direction: DataDirection::Read,
-            data_out_len: 0,
-        };
-        let none = CommandInfo {
-            direction: DataDirection::None,
-            data_out_len: 0,
-        };
-        Ok(match cmd {
-            Command::Write(io) | Command::OrWrite(io) => write(u64::from(io.blocks) * bs),
-            Command::WriteAndVerify { io, .. } => write(u64::from(io.blocks) * bs),
-            Command::Verify { io, bytchk } => match bytchk {
-                1 => write(u64::from(io.blocks) * bs),
-                3 if io.blocks > 0 => write(bs),
-                _ => none,
-            },
-            Command::WriteSame { ndob, .. } => write(if ndob { 0 } else { bs }),
-            Command::CompareAndWrite(io) => write(2 * u64::from(io.blocks) * bs),
-            Command::Unmap { param_len, .. } | Command::ModeSelect { param_len, .. } => {
-                write(u64::from(param_len))
-            }
-            Command::PersistentReserveOut(p) => write(u64::from(p.param_len)),
-            Command::TestUnitReady
-            | Command::SynchronizeCache { .. }
-            | Command::PreFetch { .. }
-            | Command::StartStopUnit { .. }
-            | Command::PreventAllow { .. }
-            | Command::Reserve6
-            | Command::Release6 => none,
-            _ => read,
-        })
+        Ok(info)
     }
 
-    /// Executes one command to completion (blocking).
+    /// Executes one command to completion (blocking). Parses the CDB once; a caller that
+    /// holds the typed command already calls [`LogicalUnit::execute_decoded`].
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        if let Some(r) = self.precheck(req.nexus, req.cdb) {
+        let opcode = req.cdb.first().copied().unwrap_or(0xFF);
+        self.execute_command(req, opcode, cdb::parse(req.cdb))
+    }
+
+    /// [`LogicalUnit::execute`] of a command decoded before ([`LogicalUnit::command_info`]
+    /// on `req.cdb`): nothing parses the CDB again.
+    pub fn execute_decoded(&self, req: &ScsiRequest<'_>, info: &CommandInfo) -> ScsiResponse {
+        self.execute_command(req, info.opcode, Ok(info.command))
+    }
+
+    fn execute_command(
+        &self,
+        req: &ScsiRequest<'_>,
+        opcode: u8,
+        cmd: Result<Command, Sense>,
+    ) -> ScsiResponse {
+        if let Some(r) = self.precheck_parsed(req.nexus, opcode, cmd.as_ref()) {
             return r;
         }
-        let cmd = match cdb::parse(req.cdb) {
-            Ok(c) => c,
-            Err(s) => return ScsiResponse::check(s),
+        let r = match cmd {
+            Ok(cmd) => self.dispatch(req, cmd),
+            Err(s) => Err(s),
         };
-        match self.dispatch(req, cmd) {
-            Ok(r) => r,
-            Err(s) => ScsiResponse::check(s),
-        }
+        r.unwrap_or_else(ScsiResponse::check)
     }
 
     /// The checks that come before a command may touch the medium: a pending unit attention
@@ -467,8 +432,18 @@ impl LogicalUnit {
     /// write whose EDTL covers no whole block) must call it first, or it would report GOOD
     /// to an initiator that holds no access.
     pub fn precheck(&self, nexus: &NexusId, cdb: &[u8]) -> Option<ScsiResponse> {
-        self.follow_capacity();
         let opcode = cdb.first().copied().unwrap_or(0xFF);
+        self.precheck_parsed(nexus, opcode, cdb::parse(cdb).as_ref())
+    }
+
+    /// [`LogicalUnit::precheck`] of a command parsed before (`Err`: the CDB's own sense).
+    fn precheck_parsed(
+        &self,
+        nexus: &NexusId,
+        opcode: u8,
+        cmd: Result<&Command, &Sense>,
+    ) -> Option<ScsiResponse> {
+        self.follow_capacity();
         // Unit attention (SAM-5 §5.14): reported once, before anything else, except to
         // INQUIRY, REPORT LUNS and REQUEST SENSE.
         {
@@ -487,11 +462,11 @@ impl LogicalUnit {
                 }
             }
         }
-        let cmd = match cdb::parse(cdb) {
+        let cmd = match cmd {
             Ok(c) => c,
-            Err(s) => return Some(ScsiResponse::check(s)),
+            Err(s) => return Some(ScsiResponse::check(s.clone())),
         };
-        match self.access_allowed(nexus, &cmd) {
+        match self.access_allowed(nexus, cmd) {
             Ok(true) => None,
             Ok(false) => Some(ScsiResponse::status(ScsiStatus::RESERVATION_CONFLICT)),
             Err(s) => Some(ScsiResponse::check(s)),
@@ -608,25 +583,10 @@ impl LogicalUnit {
     /// blocking pool.
     pub fn runs_async(&self, cdb: &[u8]) -> bool {
         self.engine() == Engine::Async
-            && matches!(
-                cdb.first().copied(),
-                Some(
-                    op::READ_6
-                        | op::READ_10
-                        | op::READ_12
-                        | op::READ_16
-                        | op::WRITE_6
-                        | op::WRITE_10
-                        | op::WRITE_12
-                        | op::WRITE_16
-                        | op::SYNCHRONIZE_CACHE_10
-                        | op::SYNCHRONIZE_CACHE_16
-                        | op::UNMAP
-                        | op::WRITE_SAME_10
-                        | op::WRITE_SAME_16
-                        | op::COMPARE_AND_WRITE
-                )
-            )
+            && cdb
+                .first()
+                .and_then(|&o| cdb::entry(o))
+                .is_some_and(|e| async_family(e.family))
     }
 
     /// Executes one command through the backend's submit/complete interface: the future
@@ -634,10 +594,32 @@ impl LogicalUnit {
     /// ranges) are those of [`LogicalUnit::execute`]; commands [`LogicalUnit::runs_async`]
     /// does not cover run synchronously here, so call it only for those it does.
     pub async fn execute_async(&self, req: OwnedRequest) -> ScsiResponse {
-        if let Some(r) = self.precheck(&req.nexus, &req.cdb) {
+        let opcode = req.cdb.first().copied().unwrap_or(0xFF);
+        let cmd = cdb::parse(&req.cdb);
+        self.execute_async_command(req, opcode, cmd).await
+    }
+
+    /// [`LogicalUnit::execute_async`] of a command decoded before
+    /// ([`LogicalUnit::command_info`] on `req.cdb`): nothing parses the CDB again.
+    pub async fn execute_async_decoded(
+        &self,
+        req: OwnedRequest,
+        info: &CommandInfo,
+    ) -> ScsiResponse {
+        self.execute_async_command(req, info.opcode, Ok(info.command))
+            .await
+    }
+
+    async fn execute_async_command(
+        &self,
+        req: OwnedRequest,
+        opcode: u8,
+        cmd: Result<Command, Sense>,
+    ) -> ScsiResponse {
+        if let Some(r) = self.precheck_parsed(&req.nexus, opcode, cmd.as_ref()) {
             return r;
         }
-        let cmd = match cdb::parse(&req.cdb) {
+        let cmd = match cmd {
             Ok(c) => c,
             Err(s) => return ScsiResponse::check(s),
         };
@@ -1493,6 +1475,16 @@ impl LogicalUnit {
         v[20] = if mapped { 0 } else { 1 }; // PROVISIONING STATUS (SBC-4 table 48)
         Ok(v)
     }
+}
+
+/// The families [`LogicalUnit::execute_async`] completes through the backend's
+/// submit/complete interface.
+fn async_family(f: cdb::Family) -> bool {
+    use cdb::Family as F;
+    matches!(
+        f,
+        F::Read | F::Write | F::SynchronizeCache | F::Unmap | F::WriteSame | F::CompareAndWrite
+    )
 }
 
 fn backend_unmap_granularity(kind: &str) -> u64 {

@@ -286,12 +286,10 @@ fn command_info_reports_direction_and_data_out_length() {
         v.resize(16, 0);
         lu.command_info(&v).unwrap()
     };
+    let write: CommandInfo = w(&rw10(0x2A, 0, 0, 8));
     assert_eq!(
-        w(&rw10(0x2A, 0, 0, 8)),
-        CommandInfo {
-            direction: DataDirection::Write,
-            data_out_len: 8 * 512
-        }
+        (write.direction, write.data_out_len, write.extent),
+        (DataDirection::Write, 8 * 512, (0, 8))
     );
     assert_eq!(w(&rw10(0x28, 0, 0, 8)).direction, DataDirection::Read);
     assert_eq!(w(&[0x00]).direction, DataDirection::None);
