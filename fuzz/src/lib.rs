@@ -1232,6 +1232,7 @@ pub fn engine_session(data: &[u8]) {
     let mut s = Session::new(
         Config {
             recovery_timeout: recovery,
+            idempotent: ipsan_scsi::cdb::is_idempotent,
         },
         conn(start),
     );

@@ -1326,7 +1326,14 @@ impl Session {
             }
         };
         let st = Arc::new(ConnState::new(0, fresh.li.transform.clone()));
-        let session = proto::Session::new(proto::Config { recovery_timeout }, fresh.engine(&cfg));
+        let session = proto::Session::new(
+            proto::Config {
+                recovery_timeout,
+                // What may go again after a loss is the SCSI layer's call (SAM-5 §5.6).
+                idempotent: crate::recovery::is_idempotent,
+            },
+            fresh.engine(&cfg),
+        );
         let core = Arc::new(Core {
             inner: Mutex::new(Inner {
                 session,
