@@ -6,23 +6,12 @@ pub use ipsan_scsi::{encode_lun, ScsiStatus, Sense, SenseKey};
 
 /// READ(16) (SBC-4 §5.16). We always use the 16-byte form: no 2 TiB ceiling, one code path.
 pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x88, lba, blocks, false)
+    ipsan_scsi::cdb::build_read(lba, blocks)
 }
 
 /// WRITE(16) (SBC-4 §5.40), optionally with FUA (force unit access).
 pub fn write16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    rw16(0x8a, lba, blocks, fua)
-}
-
-fn rw16(op: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    if fua {
-        c[1] = 0x08;
-    }
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
+    ipsan_scsi::cdb::build_write(lba, blocks, fua)
 }
 
 /// SYNCHRONIZE CACHE(10) over the whole medium (SBC-4 §5.24).
@@ -166,8 +155,8 @@ mod tests {
         assert_eq!(&c[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&c[10..14], &[0, 0, 0, 16]);
         assert_eq!(read16(0, 1)[0], 0x88);
-        assert_eq!(ipsan_seal::cdb::extent(&c), (0x0102_0304_0506_0708, 16));
-        assert_eq!(ipsan_seal::cdb::extent(&inquiry(96)), (0, 0));
+        assert_eq!(ipsan_scsi::cdb::extent(&c), (0x0102_0304_0506_0708, 16));
+        assert_eq!(ipsan_scsi::cdb::extent(&inquiry(96)), (0, 0));
     }
 
     #[test]

@@ -1539,8 +1539,9 @@ impl Session {
             let (itt, rx) = c.submit(lun, cdb, dir, Some(itt), Binding::Free, until)?;
             return pending.finish(c.wait_ended(itt, rx, until).await.0);
         };
-        // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
-        let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
+        // The same extent rule the target binds with (ipsan_scsi::cdb::extent), for every CDB
+        // form.
+        let (lba, blocks) = ipsan_scsi::cdb::extent(&cdb);
         let info = CommandInfo {
             lun,
             lba,

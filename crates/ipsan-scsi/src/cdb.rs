@@ -320,6 +320,15 @@ pub fn entry(opcode: u8) -> Option<&'static OpEntry> {
     OPS.get(usize::from(INDEX[usize::from(opcode)]))
 }
 
+/// The family of the opcode in `cdb[0]` ([`Family::Other`] for an empty CDB or an opcode not
+/// in the table).
+#[must_use]
+pub fn family(cdb: &[u8]) -> Family {
+    cdb.first()
+        .and_then(|&o| entry(o))
+        .map_or(Family::Other, |e| e.family)
+}
+
 /// Whether a command with this opcode may be sent again after a connection loss
 /// ([`OpEntry::idempotent`]); `false` for opcodes not in the table.
 #[must_use]
