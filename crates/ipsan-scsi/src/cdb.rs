@@ -541,6 +541,8 @@ pub enum Command {
         unmap: bool,
         /// Anchor (unsupported, rejected).
         anchor: bool,
+        /// PBDATA or LBDATA (byte 1 bits 2..1; unsupported, rejected, SBC-3 §5.42).
+        lbdata: bool,
         /// No data-out buffer: the block is zeros (16-byte form only).
         ndob: bool,
     },
@@ -912,6 +914,7 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 io,
                 unmap: cdb[1] & 0x08 != 0,
                 anchor: cdb[1] & 0x10 != 0,
+                lbdata: cdb[1] & 0x06 != 0,
                 ndob,
             }
         }
@@ -1454,6 +1457,7 @@ mod tests {
                 },
                 unmap: true,
                 anchor: false,
+                lbdata: false,
                 ndob: true
             }
         );
@@ -1462,10 +1466,13 @@ mod tests {
             c,
             Command::WriteSame {
                 anchor: true,
+                lbdata: false,
                 ndob: false,
                 ..
             }
         ));
+        let c = parse(&[0x41, 0x04, 0, 0, 0, 1, 0, 0, 2, 0]).unwrap();
+        assert!(matches!(c, Command::WriteSame { lbdata: true, .. }));
     }
 
     #[test]

@@ -109,9 +109,10 @@ impl LogicalUnit {
                 io,
                 unmap,
                 anchor,
+                lbdata,
                 ndob,
             } => {
-                self.write_same(req, io, unmap, anchor, ndob)?;
+                self.write_same(req, io, unmap, (anchor, lbdata, ndob))?;
                 ok(Bytes::new())
             }
             Command::Unmap { anchor, param_len } => {
@@ -193,7 +194,9 @@ impl LogicalUnit {
                 };
                 ok(truncate(v, alloc))
             }
-            Command::ReportLuns { .. } => Ok(lun::report_luns(&[req.lun], req.cdb)),
+            Command::ReportLuns { select, alloc } => {
+                Ok(lun::report_luns_decoded(&[req.lun], select, alloc))
+            }
             Command::ReportSupportedOpcodes {
                 rctd,
                 options,

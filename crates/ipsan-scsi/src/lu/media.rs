@@ -120,13 +120,12 @@ impl LogicalUnit {
         &self,
         req: &ScsiRequest<'_>,
         io: BlockIo,
-        anchor: bool,
-        ndob: bool,
+        (anchor, lbdata, ndob): (bool, bool, bool),
     ) -> Result<(Vec<u8>, u64, u64), Sense> {
         if anchor {
             return Err(Sense::invalid_field_in_cdb_at(1, Some(4)));
         }
-        if req.cdb[1] & 0x06 != 0 {
+        if lbdata {
             // PBDATA / LBDATA (SBC-3 §5.42): not supported.
             return Err(Sense::invalid_field_in_cdb_at(1, Some(2)));
         }
@@ -158,10 +157,9 @@ impl LogicalUnit {
         req: &ScsiRequest<'_>,
         io: BlockIo,
         unmap: bool,
-        anchor: bool,
-        ndob: bool,
+        flags: (bool, bool, bool),
     ) -> Result<(), Sense> {
-        let (block, off, len) = self.write_same_plan(req, io, anchor, ndob)?;
+        let (block, off, len) = self.write_same_plan(req, io, flags)?;
         let bs = block.len();
         let zero = block.iter().all(|&b| b == 0);
         {

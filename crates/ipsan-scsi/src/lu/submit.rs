@@ -55,8 +55,12 @@ impl LogicalUnit {
                 io,
                 unmap,
                 anchor,
+                lbdata,
                 ndob,
-            } => self.write_same_async(&req, io, unmap, anchor, ndob).await,
+            } => {
+                self.write_same_async(&req, io, unmap, (anchor, lbdata, ndob))
+                    .await
+            }
             Command::CompareAndWrite(io) => self.compare_and_write_async(&req, io).await,
             other => self.dispatch(&req.borrowed(), other),
         };
@@ -200,10 +204,9 @@ impl LogicalUnit {
         req: &OwnedRequest,
         io: BlockIo,
         unmap: bool,
-        anchor: bool,
-        ndob: bool,
+        flags: (bool, bool, bool),
     ) -> Result<ScsiResponse, Sense> {
-        let (block, off, len) = self.write_same_plan(&req.borrowed(), io, anchor, ndob)?;
+        let (block, off, len) = self.write_same_plan(&req.borrowed(), io, flags)?;
         let zero = block.iter().all(|&b| b == 0);
         if unmap && self.thin {
             self.io_sense(req.tag, IoOp::Discard { offset: off, len })
