@@ -5,8 +5,8 @@
 //! # Layout
 //! - [`sense`]: sense keys, sense data (fixed/descriptor format) built by the target and parsed
 //!   by the initiator, status codes (SPC-4 §4.5).
-//! - [`cdb`]: the one opcode table ([`cdb::OPS`]: name, family, extent field, idempotency)
-//!   and CDB decoding, once, into the typed command [`CommandInfo`] (the decoded
+//! - [`cdb`]: the one opcode table ([`cdb::OPS`] in `cdb/table.rs`: name, family, extent
+//!   field, idempotency) and CDB decoding, once, into the typed command [`CommandInfo`] (the decoded
 //!   [`cdb::Command`], direction, transfer lengths, extent, FUA/DPO/IMMED) that the iSCSI
 //!   layer, Seal, recovery, metrics and the LU read; bad fields become [`Sense`].
 //! - [`aio`]: the submit/complete form of the backend interface ([`aio::Engine`],
