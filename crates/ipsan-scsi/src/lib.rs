@@ -15,8 +15,9 @@
 //! - [`backend`]: the [`Backend`] trait and the `mem`, `file` and `null` stores, plus the
 //!   `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` spec parser.
 //! - [`lu`]: [`LogicalUnit`] — command execution (SBC-4), unit attentions, resets; split into
-//!   `lu/dispatch.rs` (command → handler), `lu/media.rs` (blocking medium access) and
-//!   `lu/submit.rs` (the submit/complete path).
+//!   `lu/dispatch.rs` (command → handler), `lu/path.rs` (the data path, once, for the blocking
+//!   and the submit/complete forms), `lu/media.rs` (checks, VERIFY, ORWRITE, GET LBA STATUS)
+//!   and `lu/submit.rs` (`execute_async`).
 //! - [`inquiry`]: standard INQUIRY data and VPD pages 00h/80h/83h/B0h/B1h/B2h.
 //! - [`mode`]: MODE SENSE / MODE SELECT with the caching, control and IEC pages.
 //! - [`opcodes`]: REPORT SUPPORTED OPERATION CODES table.

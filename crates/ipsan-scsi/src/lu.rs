@@ -10,10 +10,12 @@
 //! [`Command`]. This file holds the LU's state, its front door (`execute`, `precheck`) and
 //! resets; the rest is split by concern:
 //! - `dispatch`: one decoded command to its SPC-4/SBC-4 handler.
-//! - `media`: the blocking medium access (READ, WRITE, VERIFY, WRITE SAME, UNMAP, COMPARE AND
-//!   WRITE, ORWRITE, GET LBA STATUS) with its range and transfer checks.
-//! - `submit`: the same data-path commands through the backend's submit/complete interface
-//!   ([`LogicalUnit::execute_async`]).
+//! - `path`: the data path (READ, WRITE, WRITE AND VERIFY, SYNCHRONIZE CACHE, UNMAP, WRITE
+//!   SAME, COMPARE AND WRITE), written once over a port to the backend: its blocking methods
+//!   (`execute`, one poll, no allocation) or its submit/complete interface (`execute_async`).
+//! - `media`: the range, transfer and parameter checks, and the commands only the blocking
+//!   form runs (VERIFY, ORWRITE, GET LBA STATUS).
+//! - `submit`: [`LogicalUnit::execute_async`] and the backend submissions it awaits.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,6 +31,7 @@ use crate::{inquiry, pr};
 
 mod dispatch;
 mod media;
+mod path;
 mod submit;
 
 use media::data_out;

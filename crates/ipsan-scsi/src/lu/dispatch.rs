@@ -1,10 +1,8 @@
 //! [`LogicalUnit`]'s command dispatch: one decoded [`Command`] to its SPC-4/SBC-4 handler.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 
-use super::{data_out, truncate, LogicalUnit, ScsiRequest, ScsiResponse};
+use super::{data_out, path, truncate, LogicalUnit, ScsiRequest, ScsiResponse};
 use crate::cdb::Command;
 use crate::sense::{ScsiStatus, Sense};
 use crate::{inquiry, lun, mode, opcodes, pr};
@@ -84,65 +82,25 @@ impl LogicalUnit {
                 }
                 ok(truncate(v, alloc))
             }
-            Command::Read(io) => self.read(io, req.tailroom).map(ScsiResponse::good),
-            Command::Write(io) => {
-                self.check_writable()?;
-                self.check_range(io.lba, u64::from(io.blocks))?;
-                let data = data_out(req, self.bytes(io.blocks))?;
-                self.write(io, data)?;
-                ok(Bytes::new())
-            }
-            Command::WriteAndVerify { io, .. } => {
-                self.check_writable()?;
-                self.check_range(io.lba, u64::from(io.blocks))?;
-                let data = data_out(req, self.bytes(io.blocks))?;
-                // Verification after our own write would compare the same bytes; the
-                // write path already reports medium errors.
-                self.write(io, data)?;
-                ok(Bytes::new())
+            c @ (Command::Read(_)
+            | Command::Write(_)
+            | Command::WriteAndVerify { .. }
+            | Command::SynchronizeCache { .. }
+            | Command::Unmap { .. }
+            | Command::WriteSame { .. }
+            | Command::CompareAndWrite(_)) => {
+                let preq = path::PathRequest {
+                    view: *req,
+                    shared: None,
+                };
+                path::drive(self.data_path(&path::Blocking, &preq, c))
             }
             Command::Verify { io, bytchk } => {
                 self.verify(req, io, bytchk)?;
                 ok(Bytes::new())
             }
-            Command::WriteSame {
-                io,
-                unmap,
-                anchor,
-                lbdata,
-                ndob,
-            } => {
-                self.write_same(req, io, unmap, (anchor, lbdata, ndob))?;
-                ok(Bytes::new())
-            }
-            Command::Unmap { anchor, param_len } => {
-                self.unmap(req, anchor, param_len)?;
-                ok(Bytes::new())
-            }
-            Command::CompareAndWrite(io) => {
-                self.compare_and_write(req, io)?;
-                ok(Bytes::new())
-            }
             Command::OrWrite(io) => {
                 self.or_write(req, io)?;
-                ok(Bytes::new())
-            }
-            Command::SynchronizeCache { lba, blocks, immed } => {
-                self.check_range(lba, u64::from(blocks))?;
-                if immed {
-                    let b = Arc::clone(&self.backend);
-                    // IMMED (SBC-4 §5.26): GOOD once the command is validated; the flush
-                    // runs on. A failure there has nobody to report to but the log.
-                    std::thread::spawn(move || {
-                        if let Err(e) = b.flush() {
-                            tracing::warn!(error = %e, "background SYNCHRONIZE CACHE failed");
-                        }
-                    });
-                } else {
-                    self.backend
-                        .flush()
-                        .map_err(|e| Sense::from_write_error(&e))?;
-                }
                 ok(Bytes::new())
             }
             Command::PreFetch { lba, blocks, .. } => {

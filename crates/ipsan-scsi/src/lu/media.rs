@@ -1,10 +1,8 @@
-//! [`LogicalUnit`]'s blocking medium access (SBC-4): range and transfer checks, READ, WRITE,
-//! VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE, ORWRITE and GET LBA STATUS on the backend's
-//! blocking methods.
+//! [`LogicalUnit`]'s checks of the block commands (range, transfer length, write protection,
+//! WRITE SAME and UNMAP parameters) and the commands only the blocking form runs: VERIFY,
+//! ORWRITE and GET LBA STATUS (SBC-4). The data path itself is `path.rs`.
 
-use bytes::{Bytes, BytesMut};
-
-use super::{read_tailroom, LogicalUnit, ScsiRequest};
+use super::{LogicalUnit, ScsiRequest};
 use crate::cdb::BlockIo;
 use crate::sense::Sense;
 
@@ -39,33 +37,6 @@ impl LogicalUnit {
             return Err(Sense::write_protected());
         }
         Ok(())
-    }
-
-    pub(super) fn read(&self, io: BlockIo, tailroom: bool) -> Result<Bytes, Sense> {
-        self.check_range(io.lba, u64::from(io.blocks))?;
-        self.check_transfer(io.blocks)?;
-        let len = self.bytes(io.blocks) as usize;
-        let room = if tailroom { read_tailroom(len) } else { 0 };
-        let mut buf = BytesMut::with_capacity(len.saturating_add(room));
-        self.backend
-            .read_append(&mut buf, len, self.offset(io.lba))
-            .map_err(|e| Sense::from_read_error(&e))?;
-        Ok(buf.freeze())
-    }
-
-    /// Writes validated data; flushes for FUA or when the write cache is off.
-    pub(super) fn write(&self, io: BlockIo, data: &[u8]) -> Result<(), Sense> {
-        self.check_transfer(io.blocks)?;
-        if io.blocks == 0 {
-            return Ok(());
-        }
-        {
-            let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
-            self.backend
-                .write_at(data, self.offset(io.lba))
-                .map_err(|e| Sense::from_write_error(&e))?;
-        }
-        self.flush_if_needed(io.fua)
     }
 
     pub(super) fn flush_if_needed(&self, fua: bool) -> Result<(), Sense> {
@@ -152,44 +123,6 @@ impl LogicalUnit {
         Ok((block, self.offset(io.lba), blocks * bs as u64))
     }
 
-    pub(super) fn write_same(
-        &self,
-        req: &ScsiRequest<'_>,
-        io: BlockIo,
-        unmap: bool,
-        flags: (bool, bool, bool),
-    ) -> Result<(), Sense> {
-        let (block, off, len) = self.write_same_plan(req, io, flags)?;
-        let bs = block.len();
-        let zero = block.iter().all(|&b| b == 0);
-        {
-            let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
-            // UNMAP set on a thin LU deallocates whatever the data block holds: reads then
-            // return zeros (LBPRZ), which libiscsi's unmap tests check (SBC-3 §5.43).
-            if unmap && self.thin {
-                self.backend
-                    .unmap(off, len)
-                    .map_err(|e| Sense::from_write_error(&e))?;
-            } else if zero {
-                self.backend
-                    .write_zeroes(off, len)
-                    .map_err(|e| Sense::from_write_error(&e))?;
-            } else {
-                let per = ((1usize << 20) / bs).max(1);
-                let pattern: Vec<u8> = block.iter().copied().cycle().take(per * bs).collect();
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(pattern.len() as u64) as usize;
-                    self.backend
-                        .write_at(&pattern[..n], off + done)
-                        .map_err(|e| Sense::from_write_error(&e))?;
-                    done += n as u64;
-                }
-            }
-        }
-        self.flush_if_needed(false)
-    }
-
     /// The checks of UNMAP (SBC-4 §5.28) and its descriptors; `None`: nothing to do.
     pub(super) fn unmap_list(
         &self,
@@ -235,58 +168,6 @@ impl LogicalUnit {
             return Err(Sense::invalid_field_in_parameter_list());
         }
         Ok(Some(list))
-    }
-
-    pub(super) fn unmap(
-        &self,
-        req: &ScsiRequest<'_>,
-        anchor: bool,
-        param_len: u32,
-    ) -> Result<(), Sense> {
-        let Some(list) = self.unmap_list(req, anchor, param_len)? else {
-            return Ok(());
-        };
-        let _shared = self.io_lock.read().unwrap_or_else(|p| p.into_inner());
-        for (lba, n) in list {
-            if n > 0 {
-                self.backend
-                    .unmap(self.offset(lba), self.bytes(n))
-                    .map_err(|e| Sense::from_write_error(&e))?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) fn compare_and_write(
-        &self,
-        req: &ScsiRequest<'_>,
-        io: BlockIo,
-    ) -> Result<(), Sense> {
-        if self.limits.max_compare_and_write == 0 {
-            return Err(Sense::invalid_opcode());
-        }
-        self.check_writable()?;
-        if io.blocks > u32::from(self.limits.max_compare_and_write) {
-            return Err(Sense::invalid_field_in_cdb_at(13, None));
-        }
-        self.check_range(io.lba, u64::from(io.blocks))?;
-        let n = self.bytes(io.blocks) as usize;
-        let data = data_out(req, 2 * n as u64)?;
-        let (verify, write) = data.split_at(n);
-        {
-            let _excl = self.io_lock.write().unwrap_or_else(|p| p.into_inner());
-            let mut cur = vec![0u8; n];
-            self.backend
-                .read_at(&mut cur, self.offset(io.lba))
-                .map_err(|e| Sense::from_read_error(&e))?;
-            if let Some(off) = first_difference(&cur, verify) {
-                return Err(Sense::miscompare(off as u64));
-            }
-            self.backend
-                .write_at(write, self.offset(io.lba))
-                .map_err(|e| Sense::from_write_error(&e))?;
-        }
-        self.flush_if_needed(io.fua)
     }
 
     /// ORWRITE(16): read-OR-write under the exclusive I/O lock, so no other write lands
