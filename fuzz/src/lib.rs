@@ -9,7 +9,7 @@
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
 //! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
-//! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `LogicalUnit::execute` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows or the LU's size |
+//! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `cdb::decode`, `LogicalUnit::execute`, `execute_decoded` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows, the typed command's `data_in_len` or the LU's size; the typed command's extent is Seal's; `execute_decoded` answers as `execute` |
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
 //! | [`engine_pdu`] | `iscsi_proto::engine::{target, initiator}::Connection::handle_pdu` (RFC 7143 §4.2, §11) | target: R2Ts never carry the reserved TTT, StatSN runs in sequence, Data-In respects MaxRecvDataSegmentLength, DataSN and offsets; initiator: every command completes at most once (exactly once after the connection ends), Data-Out stays in the buffer and under the target's MaxRecvDataSegmentLength |
 //! | [`seal_record`] | `ipsan_seal::record` (docs/seal.md §4a) | a sealed PDU stream after one bit flip, drop, duplicate or swap, read by `read_pdu` (verify, then decode): every PDU the opener accepts is the genuine PDU at that position (header, AHS and every MACed byte); arbitrary frames never verify under a fresh opener |
@@ -450,7 +450,7 @@ fn hex_lower(b: &[u8]) -> String {
 /// for (the target's contract); see the module table.
 pub fn cdb_dispatch(data: &[u8]) {
     use ipsan_scsi::lu::{LuConfig, ScsiRequest};
-    use ipsan_scsi::{DataDirection, LogicalUnit, NexusId, ScsiStatus};
+    use ipsan_scsi::{DataDirection, LogicalUnit, NexusId};
     let mut inp = Input(data);
     let sel = inp.u8();
     let cdb_len = [6usize, 10, 12, 16, 32][usize::from(sel % 5)];
@@ -467,7 +467,18 @@ pub fn cdb_dispatch(data: &[u8]) {
     let Ok(lu) = LogicalUnit::new(backend, cfg) else {
         return;
     };
-    let need = match lu.command_info(&cdb) {
+    let info = lu.command_info(&cdb);
+    // The typed command agrees with the lenient readers Seal and the metrics use, and with
+    // the one opcode table.
+    if let Ok(info) = &info {
+        assert_eq!(info.opcode, cdb[0]);
+        assert_eq!(info.extent, ipsan_scsi::cdb::extent(&cdb), "Seal's extent");
+        assert_eq!(ipsan_scsi::cdb::entry(cdb[0]), Some(info.op));
+        assert_eq!(info.family(), ipsan_scsi::cdb::family(&cdb));
+        assert!(info.data_out_len == 0 || info.direction == DataDirection::Write);
+        assert!(info.data_in_len == 0 || info.direction == DataDirection::Read);
+    }
+    let need = match &info {
         Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
         Ok(_) => 0,
         Err(_) => 0,
@@ -483,13 +494,38 @@ pub fn cdb_dispatch(data: &[u8]) {
         }
     }
     let nexus = NexusId("iqn.2026-11.org.ipsan:fuzz,i,0x800000000001".into());
-    let resp = lu.execute(&ScsiRequest {
+    let req = ScsiRequest {
         cdb: &cdb,
         data_out: &data_out,
         nexus: &nexus,
         lun: 0,
         tailroom: false,
-    });
+    };
+    // A command decoded once answers as one the LU parses itself (on a twin LU: the command
+    // may change what it stores).
+    if let (Ok(info), Ok(twin)) = (
+        &info,
+        LogicalUnit::new(
+            Arc::new(ipsan_scsi::backend::MemBackend::new(1 << 20)),
+            lu.config().clone(),
+        ),
+    ) {
+        let decoded = twin.execute_decoded(&req, info);
+        let parsed = lu.execute(&req);
+        assert_eq!(decoded, parsed, "execute_decoded and execute differ");
+        return check_answer(&cdb, Some(info), &parsed);
+    }
+    let resp = lu.execute(&req);
+    check_answer(&cdb, info.as_ref().ok(), &resp);
+}
+
+/// What every answer of the LU to `cdb` must satisfy.
+fn check_answer(
+    cdb: &[u8],
+    info: Option<&ipsan_scsi::CommandInfo>,
+    resp: &ipsan_scsi::ScsiResponse,
+) {
+    use ipsan_scsi::ScsiStatus;
     assert_eq!(
         resp.status == ScsiStatus::CHECK_CONDITION,
         resp.sense.is_some(),
@@ -504,7 +540,16 @@ pub fn cdb_dispatch(data: &[u8]) {
     if resp.status != ScsiStatus::GOOD {
         return;
     }
-    if let Some(alloc) = allocation_length(&cdb) {
+    if let Some(info) = info {
+        assert!(
+            resp.data_in.len() as u64 <= info.data_in_len,
+            "opcode {:#04x}: {} bytes of Data-In over the {} the typed command allows",
+            cdb[0],
+            resp.data_in.len(),
+            info.data_in_len
+        );
+    }
+    if let Some(alloc) = allocation_length(cdb) {
         assert!(
             resp.data_in.len() as u64 <= alloc,
             "opcode {:#04x}: {} bytes of Data-In over the {} the CDB allows",
@@ -1232,6 +1277,7 @@ pub fn engine_session(data: &[u8]) {
     let mut s = Session::new(
         Config {
             recovery_timeout: recovery,
+            idempotent: ipsan_scsi::cdb::is_idempotent,
         },
         conn(start),
     );

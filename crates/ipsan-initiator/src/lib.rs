@@ -16,9 +16,9 @@
 //!   commands a recovered session sends again. `session/passthrough.rs`:
 //!   [`Session::command_to`], any CDB to any LUN answered with the target's status, raw
 //!   sense, data and residual unchanged (a gateway's remote leg).
-//! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
-//!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
-//!   RFC 7143 §6.3.5).
+//! - [`recovery`]: session recovery's driver side (reconnect backoff, counters), the reissue
+//!   policy it gives the engine (`is_idempotent`, from ipsan-scsi's opcode table) and the
+//!   not-reissued sense (RFC 7143 §6.3.5).
 //! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
 //! - [`observe`]: the opt-in per-command observer hook ([`CommandObserver`]); the benchmark's
 //!   trace (`ipsan-bench`) is one observer.

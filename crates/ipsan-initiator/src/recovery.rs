@@ -31,10 +31,10 @@ pub const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest wait between reconnect attempts.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Whether a command may be sent again after a connection loss: the session engine's policy
-/// (`iscsi_proto::engine::session::is_idempotent`), which decides what a recovering
+/// Whether a command may be sent again after a connection loss: the SCSI layer's opcode table
+/// (`ipsan_scsi::cdb::OPS`), which the session engine is given to decide what a recovering
 /// session sends again.
-pub use iscsi_proto::engine::session::is_idempotent;
+pub use ipsan_scsi::cdb::is_idempotent;
 
 /// The SCSI answer a command that was in flight at a connection loss and is not idempotent
 /// fails with: CHECK CONDITION, sense key ABORTED COMMAND, ASC/ASCQ 4Bh/07h CONNECTION LOST

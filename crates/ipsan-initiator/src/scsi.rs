@@ -4,25 +4,16 @@
 // Sense data, status codes and LUN encoding are ipsan-scsi's, shared with the target.
 pub use ipsan_scsi::{encode_lun, ScsiStatus, Sense, SenseKey};
 
+use ipsan_scsi::cdb::op;
+
 /// READ(16) (SBC-4 §5.16). We always use the 16-byte form: no 2 TiB ceiling, one code path.
 pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x88, lba, blocks, false)
+    ipsan_scsi::cdb::build_read(lba, blocks)
 }
 
 /// WRITE(16) (SBC-4 §5.40), optionally with FUA (force unit access).
 pub fn write16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    rw16(0x8a, lba, blocks, fua)
-}
-
-fn rw16(op: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    if fua {
-        c[1] = 0x08;
-    }
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
+    ipsan_scsi::cdb::build_write(lba, blocks, fua)
 }
 
 /// SYNCHRONIZE CACHE(10) over the whole medium (SBC-4 §5.24).
@@ -33,14 +24,14 @@ pub fn test_unit_ready() -> [u8; 16] {
 
 pub fn sync_cache10() -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x35;
+    c[0] = op::SYNCHRONIZE_CACHE_10;
     c
 }
 
 /// INQUIRY, standard data (SPC-5 §6.7).
 pub fn inquiry(alloc: u16) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x12;
+    c[0] = op::INQUIRY;
     c[3..5].copy_from_slice(&alloc.to_be_bytes());
     c
 }
@@ -48,8 +39,8 @@ pub fn inquiry(alloc: u16) -> [u8; 16] {
 /// READ CAPACITY(16) (SBC-4 §5.20).
 pub fn read_capacity16() -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x9e;
-    c[1] = 0x10;
+    c[0] = op::SERVICE_ACTION_IN_16;
+    c[1] = op::SA_READ_CAPACITY_16;
     c[10..14].copy_from_slice(&32u32.to_be_bytes());
     c
 }
@@ -57,14 +48,14 @@ pub fn read_capacity16() -> [u8; 16] {
 /// READ CAPACITY(10) (SBC-4 §5.18), the fallback for targets without (16).
 pub fn read_capacity10() -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x25;
+    c[0] = op::READ_CAPACITY_10;
     c
 }
 
 /// REPORT LUNS (SPC-5 §6.33).
 pub fn report_luns(alloc: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0xa0;
+    c[0] = op::REPORT_LUNS;
     c[6..10].copy_from_slice(&alloc.to_be_bytes());
     c
 }
@@ -166,8 +157,21 @@ mod tests {
         assert_eq!(&c[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&c[10..14], &[0, 0, 0, 16]);
         assert_eq!(read16(0, 1)[0], 0x88);
-        assert_eq!(ipsan_seal::cdb::extent(&c), (0x0102_0304_0506_0708, 16));
-        assert_eq!(ipsan_seal::cdb::extent(&inquiry(96)), (0, 0));
+        assert_eq!(ipsan_scsi::cdb::extent(&c), (0x0102_0304_0506_0708, 16));
+        assert_eq!(ipsan_scsi::cdb::extent(&inquiry(96)), (0, 0));
+    }
+
+    #[test]
+    fn every_built_cdb_decodes_as_the_command_it_names() {
+        let name = |c: [u8; 16]| ipsan_scsi::cdb::decode(&c, 512).unwrap().name();
+        assert_eq!(name(read16(1, 2)), "READ(16)");
+        assert_eq!(name(write16(1, 2, false)), "WRITE(16)");
+        assert_eq!(name(test_unit_ready()), "TEST UNIT READY");
+        assert_eq!(name(sync_cache10()), "SYNCHRONIZE CACHE(10)");
+        assert_eq!(name(inquiry(96)), "INQUIRY");
+        assert_eq!(name(read_capacity16()), "SERVICE ACTION IN(16)");
+        assert_eq!(name(read_capacity10()), "READ CAPACITY(10)");
+        assert_eq!(name(report_luns(4096)), "REPORT LUNS");
     }
 
     #[test]

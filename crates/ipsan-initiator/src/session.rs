@@ -1326,7 +1326,14 @@ impl Session {
             }
         };
         let st = Arc::new(ConnState::new(0, fresh.li.transform.clone()));
-        let session = proto::Session::new(proto::Config { recovery_timeout }, fresh.engine(&cfg));
+        let session = proto::Session::new(
+            proto::Config {
+                recovery_timeout,
+                // What may go again after a loss is the SCSI layer's call (SAM-5 §5.6).
+                idempotent: crate::recovery::is_idempotent,
+            },
+            fresh.engine(&cfg),
+        );
         let core = Arc::new(Core {
             inner: Mutex::new(Inner {
                 session,
@@ -1532,8 +1539,9 @@ impl Session {
             let (itt, rx) = c.submit(lun, cdb, dir, Some(itt), Binding::Free, until)?;
             return pending.finish(c.wait_ended(itt, rx, until).await.0);
         };
-        // The same extent rule the target binds with (ipsan_seal::cdb), for every CDB form.
-        let (lba, blocks) = ipsan_seal::cdb::extent(&cdb);
+        // The same extent rule the target binds with (ipsan_scsi::cdb::extent), for every CDB
+        // form.
+        let (lba, blocks) = ipsan_scsi::cdb::extent(&cdb);
         let info = CommandInfo {
             lun,
             lba,

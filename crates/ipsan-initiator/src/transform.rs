@@ -22,10 +22,10 @@ use crate::error::Result;
 pub struct CommandInfo {
     /// The 8-byte LUN field as sent in the BHS (SAM-5 §4.7 encoding).
     pub lun: u64,
-    /// Starting LBA of the CDB's extent ([`ipsan_seal::cdb::extent`], the rule the target binds
+    /// Starting LBA of the CDB's extent ([`ipsan_scsi::cdb::extent`], the rule the target binds
     /// with too); 0 for commands that address no block range.
     pub lba: u64,
-    /// Blocks of the CDB's extent ([`ipsan_seal::cdb::extent`]); 0 for commands that address
+    /// Blocks of the CDB's extent ([`ipsan_scsi::cdb::extent`]); 0 for commands that address
     /// no block range.
     pub blocks: u32,
     /// CDB operation code.

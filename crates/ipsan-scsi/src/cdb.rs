@@ -68,13 +68,132 @@ pub enum DataDirection {
     Write,
 }
 
-/// What the iSCSI layer must know before the data arrives.
+/// The typed command: a CDB parsed once ([`decode`]) with everything the layers above ask
+/// of it: the iSCSI layer (direction, transfer lengths before the data arrives), Seal (the
+/// extent it binds), session recovery (idempotency), metrics (the kind and name), and the LU
+/// (the decoded [`Command`], so nothing parses again).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CommandInfo {
+    /// The decoded command.
+    pub command: Command,
+    /// Operation code (CDB byte 0).
+    pub opcode: u8,
+    /// Service action, for the opcodes that carry one (SERVICE ACTION IN(16), MAINTENANCE
+    /// IN, PERSISTENT RESERVE IN/OUT).
+    pub service_action: Option<u8>,
     /// Transfer direction.
     pub direction: DataDirection,
     /// Bytes the CDB wants from the initiator (0 unless `direction` is `Write`).
     pub data_out_len: u64,
+    /// Bytes the CDB may return at most: the blocks of a READ, or the allocation length
+    /// (0 unless `direction` is `Read`).
+    pub data_in_len: u64,
+    /// The block extent the CDB addresses as `(lba, blocks)` ([`extent`]: `(0, 0)` for a
+    /// command that is not a [`Family::is_media_access`]).
+    pub extent: (u64, u32),
+    /// Immediate: the command may complete before the operation does (SYNCHRONIZE CACHE,
+    /// PRE-FETCH, START STOP UNIT).
+    pub immed: bool,
+    /// Force unit access.
+    pub fua: bool,
+    /// Disable page out.
+    pub dpo: bool,
+    /// What the opcode table says of the opcode.
+    pub op: &'static OpEntry,
+}
+
+impl CommandInfo {
+    /// Whether the command may be sent again after a session recovery ([`OpEntry::idempotent`]).
+    #[must_use]
+    pub fn idempotent(&self) -> bool {
+        self.op.idempotent
+    }
+
+    /// The opcode's family ([`Family`]).
+    #[must_use]
+    pub fn family(&self) -> Family {
+        self.op.family
+    }
+
+    /// The command's name, e.g. `"WRITE(16)"`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        self.op.name
+    }
+
+    /// Whether it reads or writes blocks of the medium with data ([`Family::is_media_access`]).
+    #[must_use]
+    pub fn is_media_access(&self) -> bool {
+        self.op.family.is_media_access()
+    }
+}
+
+mod table;
+
+pub use table::{entry, extent, family, is_idempotent, Family, Field, OpEntry, OPS};
+
+/// Parses `cdb` once into the typed command, with transfer lengths counted in blocks of
+/// `block_size` bytes.
+pub fn decode(cdb: &[u8], block_size: u32) -> Result<CommandInfo, Sense> {
+    let command = parse(cdb)?;
+    let opcode = cdb.first().copied().unwrap_or(0);
+    let Some(op) = entry(opcode) else {
+        return Err(Sense::invalid_opcode());
+    };
+    let bs = u64::from(block_size);
+    let (direction, data_out_len, data_in_len) = command.transfer(bs);
+    let service_action = match opcode {
+        op::SERVICE_ACTION_IN_16
+        | op::MAINTENANCE_IN
+        | op::PERSISTENT_RESERVE_IN
+        | op::PERSISTENT_RESERVE_OUT => Some(cdb[1] & 0x1F),
+        _ => None,
+    };
+    let (fua, dpo) = command
+        .block_io()
+        .map_or((false, false), |io| (io.fua, io.dpo));
+    let immed = matches!(
+        command,
+        Command::SynchronizeCache { immed: true, .. }
+            | Command::PreFetch { immed: true, .. }
+            | Command::StartStopUnit { immed: true, .. }
+    );
+    Ok(CommandInfo {
+        command,
+        opcode,
+        service_action,
+        direction,
+        data_out_len,
+        data_in_len,
+        extent: extent(cdb),
+        immed,
+        fua,
+        dpo,
+        op,
+    })
+}
+
+/// READ(16) (SBC-4 §5.16): the 16-byte form, no 2 TiB ceiling.
+#[must_use]
+pub fn build_read(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(op::READ_16, lba, blocks, false)
+}
+
+/// WRITE(16) (SBC-4 §5.40), with FUA (force unit access) when asked.
+#[must_use]
+pub fn build_write(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+    rw16(op::WRITE_16, lba, blocks, fua)
+}
+
+fn rw16(opcode: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = opcode;
+    if fua {
+        c[1] = 0x08;
+    }
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
 }
 
 /// Fields shared by the block I/O commands (READ/WRITE/VERIFY/WRITE AND VERIFY/CAW).
@@ -104,7 +223,7 @@ pub struct PrOut {
 }
 
 /// A decoded CDB.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub enum Command {
     /// TEST UNIT READY (SPC-4 §6.47).
@@ -179,6 +298,8 @@ pub enum Command {
         unmap: bool,
         /// Anchor (unsupported, rejected).
         anchor: bool,
+        /// PBDATA or LBDATA (byte 1 bits 2..1; unsupported, rejected, SBC-3 §5.42).
+        lbdata: bool,
         /// No data-out buffer: the block is zeros (16-byte form only).
         ndob: bool,
     },
@@ -289,6 +410,85 @@ pub enum Command {
     },
     /// PERSISTENT RESERVE OUT (SPC-4 §6.16).
     PersistentReserveOut(PrOut),
+}
+
+impl Command {
+    /// The block range of READ, WRITE, VERIFY, WRITE AND VERIFY, WRITE SAME, COMPARE AND
+    /// WRITE and ORWRITE.
+    #[must_use]
+    pub fn block_io(&self) -> Option<BlockIo> {
+        match *self {
+            Command::Read(io)
+            | Command::Write(io)
+            | Command::CompareAndWrite(io)
+            | Command::OrWrite(io)
+            | Command::Verify { io, .. }
+            | Command::WriteAndVerify { io, .. }
+            | Command::WriteSame { io, .. } => Some(io),
+            _ => None,
+        }
+    }
+
+    /// Direction, Data-Out bytes and the most Data-In bytes, with blocks of `bs` bytes.
+    fn transfer(&self, bs: u64) -> (DataDirection, u64, u64) {
+        let write = |n: u64| {
+            let d = if n == 0 {
+                DataDirection::None
+            } else {
+                DataDirection::Write
+            };
+            (d, n, 0)
+        };
+        let read = |n: u64| (DataDirection::Read, 0, n);
+        let none = (DataDirection::None, 0, 0);
+        match *self {
+            Command::Write(io) | Command::OrWrite(io) => write(u64::from(io.blocks) * bs),
+            Command::WriteAndVerify { io, .. } => write(u64::from(io.blocks) * bs),
+            Command::Verify { io, bytchk } => match bytchk {
+                1 => write(u64::from(io.blocks) * bs),
+                3 if io.blocks > 0 => write(bs),
+                _ => none,
+            },
+            Command::WriteSame { ndob, .. } => write(if ndob { 0 } else { bs }),
+            Command::CompareAndWrite(io) => write(2 * u64::from(io.blocks) * bs),
+            Command::Unmap { param_len, .. } | Command::ModeSelect { param_len, .. } => {
+                write(u64::from(param_len))
+            }
+            Command::PersistentReserveOut(p) => write(u64::from(p.param_len)),
+            Command::TestUnitReady
+            | Command::SynchronizeCache { .. }
+            | Command::PreFetch { .. }
+            | Command::StartStopUnit { .. }
+            | Command::PreventAllow { .. }
+            | Command::Reserve6
+            | Command::Release6 => none,
+            Command::Read(io) => read(u64::from(io.blocks) * bs),
+            Command::ReadCapacity10 => read(8),
+            Command::RequestSense { alloc, .. }
+            | Command::Inquiry { alloc, .. }
+            | Command::ModeSense { alloc, .. }
+            | Command::ReadCapacity16 { alloc }
+            | Command::GetLbaStatus { alloc, .. }
+            | Command::ReadDefectData { alloc, .. }
+            | Command::ReportLuns { alloc, .. }
+            | Command::ReportSupportedOpcodes { alloc, .. }
+            | Command::PersistentReserveIn { alloc, .. } => read(u64::from(alloc)),
+        }
+    }
+
+    /// Whether it changes the medium (refused on a read-only LU, SBC-4 §4.11).
+    #[must_use]
+    pub fn writes_medium(&self) -> bool {
+        matches!(
+            self,
+            Command::Write(_)
+                | Command::WriteAndVerify { .. }
+                | Command::WriteSame { .. }
+                | Command::Unmap { .. }
+                | Command::CompareAndWrite(_)
+                | Command::OrWrite(_)
+        )
+    }
 }
 
 fn be16(b: &[u8]) -> u32 {
@@ -471,6 +671,7 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 io,
                 unmap: cdb[1] & 0x08 != 0,
                 anchor: cdb[1] & 0x10 != 0,
+                lbdata: cdb[1] & 0x06 != 0,
                 ndob,
             }
         }
@@ -604,6 +805,39 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decodes_a_write_once_into_everything_the_layers_ask() {
+        let cdb = build_write(0x0102_0304_0506_0708, 16, true);
+        let c = decode(&cdb, 4096).unwrap();
+        assert_eq!(c.opcode, op::WRITE_16);
+        assert_eq!(c.name(), "WRITE(16)");
+        assert_eq!(c.direction, DataDirection::Write);
+        assert_eq!(c.data_out_len, 16 * 4096);
+        assert_eq!(c.data_in_len, 0);
+        assert_eq!(c.extent, (0x0102_0304_0506_0708, 16));
+        assert!(c.fua && !c.dpo && !c.immed);
+        assert!(c.idempotent() && c.is_media_access());
+        assert_eq!(c.family(), Family::Write);
+        let r = decode(&build_read(7, 2), 512).unwrap();
+        assert_eq!(
+            (r.direction, r.data_in_len, r.extent),
+            (DataDirection::Read, 1024, (7, 2))
+        );
+        let sync = decode(&[0x35, 0x02, 0, 0, 0, 9, 0, 0, 1, 0], 512).unwrap();
+        assert!(sync.immed && !sync.is_media_access());
+        assert_eq!(
+            sync.extent,
+            (0, 0),
+            "Seal binds no extent for SYNCHRONIZE CACHE"
+        );
+        let caw = decode(&pad(&[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1]), 512).unwrap();
+        assert!(!caw.idempotent());
+        assert_eq!(caw.data_out_len, 1024);
+        let pr = decode(&[0x5E, 0x01, 0, 0, 0, 0, 0, 0, 8, 0], 512).unwrap();
+        assert_eq!(pr.service_action, Some(1));
+        assert!(decode(&pad(&[0x04]), 512).is_err());
+    }
 
     fn pad(b: &[u8]) -> Vec<u8> {
         let mut v = b.to_vec();
@@ -793,6 +1027,7 @@ mod tests {
                 },
                 unmap: true,
                 anchor: false,
+                lbdata: false,
                 ndob: true
             }
         );
@@ -801,10 +1036,13 @@ mod tests {
             c,
             Command::WriteSame {
                 anchor: true,
+                lbdata: false,
                 ndob: false,
                 ..
             }
         ));
+        let c = parse(&[0x41, 0x04, 0, 0, 0, 1, 0, 0, 2, 0]).unwrap();
+        assert!(matches!(c, Command::WriteSame { lbdata: true, .. }));
     }
 
     #[test]

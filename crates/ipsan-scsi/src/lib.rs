@@ -5,13 +5,19 @@
 //! # Layout
 //! - [`sense`]: sense keys, sense data (fixed/descriptor format) built by the target and parsed
 //!   by the initiator, status codes (SPC-4 §4.5).
-//! - [`cdb`]: CDB decoding into a typed [`cdb::Command`]; bad fields become [`Sense`].
+//! - [`cdb`]: the one opcode table ([`cdb::OPS`] in `cdb/table.rs`: name, family, extent
+//!   field, idempotency) and CDB decoding, once, into the typed command [`CommandInfo`] (the decoded
+//!   [`cdb::Command`], direction, transfer lengths, extent, FUA/DPO/IMMED) that the iSCSI
+//!   layer, Seal, recovery, metrics and the LU read; bad fields become [`Sense`].
 //! - [`aio`]: the submit/complete form of the backend interface ([`aio::Engine`],
 //!   [`aio::IoRequest`], completions), and a runtime-agnostic future over it.
 //! - [`rbd`]: the `rbd:pool/image` backend (Ceph RBD via librbd loaded at run time).
 //! - [`backend`]: the [`Backend`] trait and the `mem`, `file` and `null` stores, plus the
 //!   `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` spec parser.
-//! - [`lu`]: [`LogicalUnit`] — command execution (SBC-4), unit attentions, resets.
+//! - [`lu`]: [`LogicalUnit`] — command execution (SBC-4), unit attentions, resets; split into
+//!   `lu/dispatch.rs` (command → handler), `lu/path.rs` (the data path, once, for the blocking
+//!   and the submit/complete forms), `lu/media.rs` (checks, VERIFY, ORWRITE, GET LBA STATUS)
+//!   and `lu/submit.rs` (`execute_async`).
 //! - [`inquiry`]: standard INQUIRY data and VPD pages 00h/80h/83h/B0h/B1h/B2h.
 //! - [`mode`]: MODE SENSE / MODE SELECT with the caching, control and IEC pages.
 //! - [`opcodes`]: REPORT SUPPORTED OPERATION CODES table.
@@ -32,7 +38,7 @@ pub mod sense;
 
 pub use aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
 pub use backend::{open, Backend, BackendError, BackendKind, BackendSpec, Extent};
-pub use cdb::{CommandInfo, DataDirection};
+pub use cdb::{CommandInfo, DataDirection, Family};
 pub use lu::{
     Limits, LogicalUnit, LuConfig, LuError, NexusId, OwnedRequest, ResetKind, ScsiRequest,
     ScsiResponse,

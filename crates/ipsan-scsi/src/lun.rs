@@ -36,6 +36,11 @@ pub fn report_luns(luns: &[u64], cdb: &[u8]) -> ScsiResponse {
     }
     let select = cdb[2];
     let alloc = u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]);
+    report_luns_decoded(luns, select, alloc)
+}
+
+/// [`report_luns`] of a decoded REPORT LUNS (`cdb::Command::ReportLuns`).
+pub fn report_luns_decoded(luns: &[u64], select: u8, alloc: u32) -> ScsiResponse {
     // SPC-4 §6.33: allocation length below 16 is an error.
     if alloc < 16 {
         return ScsiResponse::check(Sense::invalid_field_in_cdb_at(6, None));

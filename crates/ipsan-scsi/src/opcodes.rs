@@ -177,6 +177,16 @@ mod tests {
     }
 
     #[test]
+    fn reports_exactly_the_opcodes_of_the_one_opcode_table() {
+        let mut listed: Vec<u8> = TABLE.iter().map(|e| e.opcode).collect();
+        listed.dedup();
+        let known: Vec<u8> = crate::cdb::OPS.iter().map(|e| e.opcode).collect();
+        let mut known_sorted = known.clone();
+        known_sorted.sort_unstable();
+        assert_eq!(listed, known_sorted);
+    }
+
+    #[test]
     fn every_listed_opcode_parses() {
         for e in TABLE {
             let mut cdb = vec![0u8; 16];

@@ -278,6 +278,51 @@ fn maps_enospc_to_space_allocation_failed_write_protect() {
     );
 }
 
+/// The typed command is the LU's only reading of a command: `execute_decoded` runs the
+/// decoded command and never parses the CDB bytes again (here a garbage CDB rides along).
+#[test]
+fn accepts_a_decoded_command_without_parsing_its_cdb_again() {
+    let (lu, _) = lu();
+    good(&run(&lu, &rw10(0x2A, 0, 3, 1), &[0x5A; 512]));
+    let mut read = rw10(0x28, 0, 3, 1);
+    read.resize(16, 0);
+    let info = lu.command_info(&read).unwrap();
+    let garbage = [0xFFu8; 16];
+    assert!(
+        lu.command_info(&garbage).is_err(),
+        "the bytes alone are refused"
+    );
+    let r = lu.execute_decoded(
+        &ScsiRequest {
+            cdb: &garbage,
+            data_out: &[],
+            nexus: &a(),
+            lun: 0,
+            tailroom: false,
+        },
+        &info,
+    );
+    good(&r);
+    assert_eq!(
+        &r.data_in[..],
+        &[0x5A; 512][..],
+        "the decoded READ(10) of LBA 3 ran"
+    );
+    // The submit/complete path too.
+    let r = ipsan_scsi::aio::block_on(lu.execute_async_decoded(
+        ipsan_scsi::OwnedRequest {
+            cdb: garbage.to_vec(),
+            data_out: bytes::Bytes::new(),
+            nexus: a(),
+            lun: 0,
+            tag: 1,
+        },
+        &info,
+    ));
+    good(&r);
+    assert_eq!(&r.data_in[..], &[0x5A; 512][..]);
+}
+
 #[test]
 fn command_info_reports_direction_and_data_out_length() {
     let (lu, _) = lu();
@@ -286,12 +331,10 @@ fn command_info_reports_direction_and_data_out_length() {
         v.resize(16, 0);
         lu.command_info(&v).unwrap()
     };
+    let write: CommandInfo = w(&rw10(0x2A, 0, 0, 8));
     assert_eq!(
-        w(&rw10(0x2A, 0, 0, 8)),
-        CommandInfo {
-            direction: DataDirection::Write,
-            data_out_len: 8 * 512
-        }
+        (write.direction, write.data_out_len, write.extent),
+        (DataDirection::Write, 8 * 512, (0, 8))
     );
     assert_eq!(w(&rw10(0x28, 0, 0, 8)).direction, DataDirection::Read);
     assert_eq!(w(&[0x00]).direction, DataDirection::None);

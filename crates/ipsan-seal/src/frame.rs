@@ -52,6 +52,22 @@ pub struct Binding {
     pub task_tag: u32,
 }
 
+impl Binding {
+    /// The binding of one command's data: the PDU's 8-byte LUN field, its task tag, and the
+    /// CDB's opcode and `(lba, blocks)` extent. Both sides read the extent from the CDB with
+    /// the same rule, `ipsan_scsi::cdb::extent` (docs/seal.md §4); Seal itself knows no CDB.
+    #[must_use]
+    pub fn of_command(lun: u64, task_tag: u32, opcode: u8, (lba, blocks): (u64, u32)) -> Self {
+        Binding {
+            lun,
+            lba,
+            blocks,
+            opcode,
+            task_tag,
+        }
+    }
+}
+
 /// Bytes of associated data per chunk.
 pub(crate) const AAD_LEN: usize = 48;
 /// Version of this framing, bound into the AAD.

@@ -19,7 +19,8 @@
 //!   CPace output.
 //! - [`negotiate`]: the login keys, [`SealOffer`] (initiator) and [`SealAnswer`] /
 //!   [`SealPending`] (target).
-//! - [`frame`]: [`Binding`], the chunk layout and associated data, `sealed_len`/`plain_len`.
+//! - [`frame`]: [`Binding`] (a command's LUN, tag, opcode and the extent `ipsan_scsi::cdb::extent`
+//!   reads from its CDB), the chunk layout and associated data, `sealed_len`/`plain_len`.
 //! - `replay`: the anti-replay window.
 //! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
@@ -29,7 +30,6 @@
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 
 mod buffers;
-pub mod cdb;
 pub mod cipher;
 pub mod cpace;
 pub mod error;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use ipsan_scsi::cdb::{self, op};
 use ipsan_scsi::{
     decode_lun, no_such_lun, report_luns, DataDirection, LogicalUnit, NexusId, OwnedRequest,
     ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, Sense, SenseKey,
@@ -729,11 +730,8 @@ fn runs_inline(exec: &Exec, cdb: &[u8]) -> bool {
     let Exec::Lu(lu, true) = exec else {
         return false;
     };
-    let rw = matches!(
-        cdb.first(),
-        Some(0x08 | 0x0a | 0x28 | 0x2a | 0x88 | 0x8a | 0xa8 | 0xaa)
-    );
-    let (_, blocks) = ipsan_seal::cdb::extent(cdb);
+    let rw = cdb::family(cdb).is_read_or_write();
+    let (_, blocks) = cdb::extent(cdb);
     rw && u64::from(blocks) * u64::from(lu.block_size()) <= INLINE_MAX_BYTES
 }
 
@@ -1190,8 +1188,9 @@ impl Session {
             // REPORT LUNS goes to the remote target only when this target mirrors it;
             // otherwise it lists this target's LUNs, local and remote (SPC-4 §6.33).
             None => match target.as_ref().and_then(|t| {
-                t.remote_route(lun)
-                    .filter(|_| x.cdb.first() != Some(&0xa0) || t.mirrored_remote().is_some())
+                t.remote_route(lun).filter(|_| {
+                    x.cdb.first() != Some(&op::REPORT_LUNS) || t.mirrored_remote().is_some()
+                })
             }) {
                 Some((spec, remote_lun)) => Exec::Remote(spec, remote_lun),
                 None => Exec::NoLun,
@@ -1233,7 +1232,12 @@ impl Session {
             (
                 s,
                 self.shared.pool.clone(),
-                ipsan_seal::cdb::binding(x.lun, itt, &cdb),
+                ipsan_seal::Binding::of_command(
+                    x.lun,
+                    itt,
+                    cdb.first().copied().unwrap_or(0),
+                    cdb::extent(&cdb),
+                ),
             )
         });
         // A Seal counter at its hard limit: this command fails, then the connection closes.
@@ -1312,7 +1316,7 @@ impl Session {
                 let run = move || match exec {
                     // REPORT LUNS answers for the whole target, whichever LUN it addressed
                     // (SPC-4 §6.33).
-                    _ if cdb.first() == Some(&0xa0) => {
+                    _ if cdb.first() == Some(&op::REPORT_LUNS) => {
                         let luns: Vec<u64> = target
                             .map(|t| t.luns.keys().chain(t.remotes.keys()).copied().collect())
                             .unwrap_or_default();
@@ -1408,12 +1412,11 @@ impl Session {
         // A READ sent with the W bit (libiscsi's Read*Invalid): ipsan's initiator carries
         // no bidirectional command, and Data-In for a write would end the remote connection;
         // forwarded as the read it is, its data-out dropped (a target reads no data for it).
-        let (need, data_out, read, write) =
-            if write && matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88)) {
-                (0, Bytes::new(), true, false)
-            } else {
-                (need, data_out, read, write)
-            };
+        let (need, data_out, read, write) = if write && cdb::family(cdb) == cdb::Family::Read {
+            (0, Bytes::new(), true, false)
+        } else {
+            (need, data_out, read, write)
+        };
         // The host's EDTL counts sealed bytes in a sealed session: read the plaintext.
         let read_len = match (&self.seal, need) {
             (_, n) if n > 0 => 0,
@@ -1507,15 +1510,12 @@ fn overflow_write(exec: &Exec, cdb: &mut [u8], edtl: u32) -> Option<Option<usize
     let Exec::Lu(lu, _) = exec else { return None };
     let bs = lu.block_size().max(1);
     let blocks = edtl / bs;
-    let field = match cdb.first()? {
-        0x2a | 0x2e => 7..9,
-        0xaa | 0xae => 6..10,
-        0x8a | 0x8e => 10..14,
-        // WRITE(6) counts 1..=255 blocks (0 means 256).
-        0x0a if (1..=255).contains(&blocks) => 4..5,
-        0x0a if blocks == 0 => return Some(None),
-        _ => return None,
-    };
+    let e = cdb::entry(*cdb.first()?).filter(|e| e.family.is_block_write())?;
+    let field = e.field.count_bytes()?;
+    // WRITE(6) counts 1..=255 blocks (0 means 256).
+    if e.field == cdb::Field::Six && !(1..=255).contains(&blocks) {
+        return (blocks == 0).then_some(None);
+    }
     if cdb.len() < field.end {
         return None;
     }

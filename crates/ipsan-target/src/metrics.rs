@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ipsan_scsi::{ScsiStatus, SenseKey};
+use ipsan_scsi::{cdb, ScsiStatus, SenseKey};
 
 /// Upper bounds of the latency histogram buckets, seconds (a LAN SSD to a 64 ms WAN link).
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -151,10 +151,13 @@ impl Op {
     /// is `other`.
     #[must_use]
     pub fn of(cdb: &[u8]) -> Op {
-        match cdb.first() {
-            Some(0x08 | 0x28 | 0xa8 | 0x88) => Op::Read,
-            Some(0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e) => Op::Write,
-            _ => Op::Other,
+        let family = cdb::family(cdb);
+        if family == cdb::Family::Read {
+            Op::Read
+        } else if family.is_block_write() {
+            Op::Write
+        } else {
+            Op::Other
         }
     }
 
@@ -299,7 +302,7 @@ impl CommandTimer {
         let op = Op::of(cdb);
         let bytes = match (&self.lun, op) {
             (Some(l), Op::Read | Op::Write) => {
-                let (_, blocks) = ipsan_seal::cdb::extent(cdb);
+                let (_, blocks) = cdb::extent(cdb);
                 u64::from(blocks) * u64::from(l.block_size)
             }
             _ => 0,

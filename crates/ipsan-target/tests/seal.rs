@@ -313,9 +313,7 @@ async fn sealed_write_and_read_round_trip_without_plaintext_on_the_wire() {
     let mut buf = BytesMut::with_capacity(session.sealed_len(plain.len()).unwrap());
     buf.extend_from_slice(&plain);
     let cdb = Client::cdb10(0x2a, 64, 16);
-    let sealed = session
-        .seal(&ipsan_seal::cdb::binding(0, itt, &cdb), buf)
-        .unwrap();
+    let sealed = session.seal(&bind(0, itt, &cdb), buf).unwrap();
     assert!(!contains(&sealed, MARKER), "the client sends no plaintext");
     assert_eq!(
         c.write(64, sealed).await,
@@ -332,10 +330,7 @@ async fn sealed_write_and_read_round_trip_without_plaintext_on_the_wire() {
     );
     let cdb = Client::cdb10(0x28, 64, 16);
     let opened = session
-        .open(
-            &ipsan_seal::cdb::binding(0, itt, &cdb),
-            BytesMut::from(&got[..]),
-        )
+        .open(&bind(0, itt, &cdb), BytesMut::from(&got[..]))
         .unwrap();
     assert_eq!(&opened[..], &plain[..], "read back what was written");
     t.shutdown().await.unwrap();
@@ -355,11 +350,7 @@ async fn tampered_sealed_write_is_refused_and_leaves_the_lun_unchanged() {
         buf.extend_from_slice(data);
         session
             .seal(
-                &ipsan_seal::cdb::binding(
-                    0,
-                    itt,
-                    &Client::cdb10(0x2a, lba, (data.len() / 512) as u16),
-                ),
+                &bind(0, itt, &Client::cdb10(0x2a, lba, (data.len() / 512) as u16)),
                 buf,
             )
             .unwrap()
@@ -388,7 +379,7 @@ async fn tampered_sealed_write_is_refused_and_leaves_the_lun_unchanged() {
     let got = c.read(8, 8, edtl).await;
     let plain = session
         .open(
-            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x28, 8, 8)),
+            &bind(0, itt, &Client::cdb10(0x28, 8, 8)),
             BytesMut::from(&got[..]),
         )
         .unwrap();
@@ -431,10 +422,7 @@ async fn rejects_an_injected_write_same_ndob_and_keeps_the_lun() {
     buf.extend_from_slice(&old);
     let itt = c.itt + 1;
     let sealed = session
-        .seal(
-            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x2a, 0, 8)),
-            buf,
-        )
+        .seal(&bind(0, itt, &Client::cdb10(0x2a, 0, 8)), buf)
         .unwrap();
     assert_eq!(c.write(0, sealed).await.0, 0);
 
@@ -466,10 +454,15 @@ async fn rejects_an_injected_write_same_ndob_and_keeps_the_lun() {
     let got = c.read(0, 8, edtl).await;
     let plain = session
         .open(
-            &ipsan_seal::cdb::binding(0, itt, &Client::cdb10(0x28, 0, 8)),
+            &bind(0, itt, &Client::cdb10(0x28, 0, 8)),
             BytesMut::from(&got[..]),
         )
         .unwrap();
     assert_eq!(&plain[..], &old[..], "the LUN was wiped");
     t.shutdown().await.unwrap();
+}
+
+/// The binding both sides compute for a command's data (docs/seal.md §4).
+fn bind(lun: u64, itt: u32, cdb: &[u8]) -> ipsan_seal::Binding {
+    ipsan_seal::Binding::of_command(lun, itt, cdb[0], ipsan_scsi::cdb::extent(cdb))
 }

@@ -26,10 +26,11 @@ use bytes::{Bytes, BytesMut};
 use common::{
     cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, Pipe, BLOCK, DISK_BLOCKS,
 };
+use ipsan_scsi::cdb::is_idempotent;
 use ipsan_wan::rng::Rng;
 use ipsan_wan::{DirConfig, LossModel};
 use iscsi_proto::engine::initiator::{self, AbortedBy, Command, Data, TaskError};
-use iscsi_proto::engine::session::{self, is_idempotent, Binding, Failure, Session, SubmitError};
+use iscsi_proto::engine::session::{self, Binding, Failure, Session, SubmitError};
 use iscsi_proto::engine::target::{self, Response};
 use iscsi_proto::engine::CloseReason;
 use iscsi_proto::params::SessionParams;
@@ -228,6 +229,7 @@ fn run(seed: u64, seen: &mut Seen) -> Result<(), String> {
     let mut s = Session::new(
         session::Config {
             recovery_timeout: Some(recovery),
+            idempotent: is_idempotent,
         },
         ini,
     );

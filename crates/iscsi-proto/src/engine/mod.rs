@@ -17,7 +17,7 @@
 //! - [`session`]: the initiator's session above its connection: the task table that outlives
 //!   one connection (each task's CDB, LUN and data as `Bytes`), ITTs unique across the
 //!   session's connections, and session recovery's reissue policy (RFC 7143 §6.3.5: which
-//!   commands in flight at a loss go again on the next connection, [`session::is_idempotent`],
+//!   commands in flight at a loss go again on the next connection, [`session::Config::idempotent`],
 //!   and what the others end with); it drives one [`initiator::Connection`] at a time.
 //! - [`r2t`]: the target's bookkeeping of one write's data phase (R2TSN, DataSN, offsets,
 //!   MaxOutstandingR2T, burst limits).

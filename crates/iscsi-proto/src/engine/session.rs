@@ -4,7 +4,7 @@
 //! ```text
 //!  submit ─► task table (ITT, CDB, LUN, the caller's data as `Bytes`) ─► Connection::submit_as
 //!  connection ends (Connection::closed) ─► per unfinished task:
-//!      never left the engine, or idempotent (is_idempotent) ─► kept, waits for attach
+//!      never left the engine, or idempotent (Config::idempotent) ─► kept, waits for attach
 //!      sent and not idempotent ─► Completed(NotReissued): may or may not have run
 //!      an ABORT TASK was asked for it ─► Completed(Aborted)
 //!  attach(new Connection) (after the driver's reinstating login, §6.3.5)
@@ -17,7 +17,8 @@
 //! target end the old session and its tasks before the new session's commands run, so a
 //! command that may have run once can be sent again when running it twice leaves the same
 //! state as running it once (SAM-5 §5.6: a command whose status never came may or may not
-//! have been executed). [`is_idempotent`] is that policy; the rest end with
+//! have been executed). Which commands those are the driver says ([`Config::idempotent`], from
+//! the SCSI layer's opcode table); the rest end with
 //! [`Failure::NotReissued`] and a retryable sense ([`NOT_REISSUED_SENSE`]) for a SCSI layer
 //! above to decide.
 //!
@@ -46,54 +47,12 @@ use super::initiator::{
 use super::{CloseReason, ConnectionError, OwnTagMap, Side, TagAllocator};
 use crate::params::SessionParams;
 
-/// Whether a command may be sent again after a connection loss without changing what it
-/// does: it may already have run once, in full or in part, on the old session (SAM-5 §5.6).
-///
-/// Reads and inquiries change nothing; a WRITE, WRITE SAME or UNMAP of the same data to the
-/// same blocks leaves the medium as one run does (the target's reinstatement makes sure the
-/// old copy finished or was aborted before the new one runs, RFC 7143 §6.3.5); SYNCHRONIZE
-/// CACHE, VERIFY and PRE-FETCH may run any number of times. Not idempotent, so never sent
-/// twice: COMPARE AND WRITE (0x89: the second run compares against its own write),
-/// PERSISTENT RESERVE OUT (0x5F: REGISTER AND IGNORE, PREEMPT, ... change keys), RESERVE and
-/// RELEASE (0x16/0x56/0x17/0x57), REQUEST SENSE (it consumes what it reports), and every
-/// opcode not listed here.
+/// The default reissue policy ([`Config::idempotent`]): no command that the target may have
+/// seen is sent again. Which commands may run twice is the SCSI layer's knowledge
+/// (`ipsan_scsi::cdb::is_idempotent`, SAM-5 §5.6), passed in by the driver.
 #[must_use]
-pub fn is_idempotent(opcode: u8) -> bool {
-    matches!(
-        opcode,
-        0x00 // TEST UNIT READY
-            | 0x08 // READ(6)
-            | 0x0A // WRITE(6)
-            | 0x12 // INQUIRY
-            | 0x1A // MODE SENSE(6)
-            | 0x1B // START STOP UNIT
-            | 0x1E // PREVENT ALLOW MEDIUM REMOVAL
-            | 0x25 // READ CAPACITY(10)
-            | 0x28 // READ(10)
-            | 0x2A // WRITE(10)
-            | 0x2E // WRITE AND VERIFY(10)
-            | 0x2F // VERIFY(10)
-            | 0x34 // PRE-FETCH(10)
-            | 0x35 // SYNCHRONIZE CACHE(10)
-            | 0x41 // WRITE SAME(10)
-            | 0x42 // UNMAP
-            | 0x5A // MODE SENSE(10)
-            | 0x5E // PERSISTENT RESERVE IN
-            | 0x88 // READ(16)
-            | 0x8A // WRITE(16)
-            | 0x8E // WRITE AND VERIFY(16)
-            | 0x8F // VERIFY(16)
-            | 0x90 // PRE-FETCH(16)
-            | 0x91 // SYNCHRONIZE CACHE(16)
-            | 0x93 // WRITE SAME(16)
-            | 0x9E // SERVICE ACTION IN(16): READ CAPACITY(16), GET LBA STATUS
-            | 0xA0 // REPORT LUNS
-            | 0xA3 // MAINTENANCE IN: REPORT TARGET PORT GROUPS, REPORT SUPPORTED OPCODES
-            | 0xA8 // READ(12)
-            | 0xAA // WRITE(12)
-            | 0xAE // WRITE AND VERIFY(12)
-            | 0xAF // VERIFY(12)
-    )
+pub fn never_idempotent(_opcode: u8) -> bool {
+    false
 }
 
 /// The SCSI answer for a command that was in flight at a connection loss and is not
@@ -110,13 +69,28 @@ pub fn is_idempotent(opcode: u8) -> bool {
 pub const NOT_REISSUED_SENSE: (u8, u8, u8) = (0x0B, 0x4B, 0x07);
 
 /// Settings of a session.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Session recovery: when the connection ends, keep the unfinished tasks that may be
     /// sent again for a new connection ([`Session::attach`]) for up to this long, then end
     /// them with [`Failure::RecoveryTimedOut`]. `None`: no recovery; every unfinished task
     /// ends with the connection ([`TaskError::ConnectionLost`]).
     pub recovery_timeout: Option<Duration>,
+    /// Whether a command with this opcode (CDB byte 0) may be sent again after a connection
+    /// loss without changing what it does: it may already have run once, in full or in part
+    /// (SAM-5 §5.6). The others, once sent, end with [`Failure::NotReissued`]. The engine
+    /// knows no CDB: the driver passes the SCSI layer's answer (`ipsan_scsi::cdb::
+    /// is_idempotent`); the default, [`never_idempotent`], reissues only what was never sent.
+    pub idempotent: fn(u8) -> bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            recovery_timeout: None,
+            idempotent: never_idempotent,
+        }
+    }
 }
 
 /// How a command's data relates to the connection it is sent on.
@@ -138,7 +112,7 @@ pub enum Failure {
     /// [`TaskError::ConnectionLost`] unless the session itself ended.
     #[error(transparent)]
     Task(TaskError),
-    /// In flight when the connection ended and not idempotent ([`is_idempotent`]): not sent
+    /// In flight when the connection ended and not idempotent ([`Config::idempotent`]): not sent
     /// again, it may or may not have run. Hand a host [`NOT_REISSUED_SENSE`].
     #[error("command {opcode:#04x} was in flight when the connection ended ({lost}); not idempotent, so not sent again")]
     NotReissued { opcode: u8, lost: ConnectionError },
@@ -785,7 +759,7 @@ impl Session {
             // The target never saw it: it goes on the next connection whatever it does.
             t.state = State::Kept { sent: false };
             return;
-        } else if is_idempotent(t.cdb[0]) {
+        } else if (self.cfg.idempotent)(t.cdb[0]) {
             t.state = State::Kept { sent: true };
             return;
         } else {
@@ -817,9 +791,11 @@ mod tests {
         Connection::new(cfg, now)
     }
 
+    /// Recovery on, with the SCSI layer's reissue policy as ipsan's initiator passes it.
     fn recovering(limit: Duration) -> Config {
         Config {
             recovery_timeout: Some(limit),
+            idempotent: ipsan_scsi::cdb::is_idempotent,
         }
     }
 
@@ -869,14 +845,29 @@ mod tests {
     };
 
     #[test]
-    fn reads_and_writes_are_idempotent_but_compare_and_write_and_reservations_are_not() {
-        for op in [0x28, 0x2A, 0x88, 0x8A, 0x93, 0x42, 0x35, 0x12, 0x9E, 0x00] {
-            assert!(is_idempotent(op), "{op:#04x}");
-        }
-        for op in [0x89, 0x5F, 0x16, 0x56, 0x17, 0x57, 0x03, 0x83, 0xFF] {
-            assert!(!is_idempotent(op), "{op:#04x}");
-        }
+    fn rejects_reissuing_a_sent_read_without_a_policy_that_calls_it_idempotent() {
         assert_eq!(NOT_REISSUED_SENSE, (0x0B, 0x4B, 0x07));
+        let t0 = Instant::now();
+        let cfg = Config {
+            recovery_timeout: Some(Duration::from_secs(60)),
+            ..Config::default()
+        };
+        let mut s = Session::new(cfg, conn(t0, 1, 8));
+        let r = s.submit(t0, read(0x88, 512)).unwrap();
+        assert_eq!(commands_sent(&mut s), vec![(r, 0x88)]);
+        s.peer_closed(t0);
+        assert_eq!(
+            completed(&mut s),
+            vec![(
+                r,
+                Err(Failure::NotReissued {
+                    opcode: 0x88,
+                    lost: LOST
+                })
+            )],
+            "the engine decides nothing about CDBs: the default policy reissues nothing sent"
+        );
+        assert_eq!(s.tasks_kept(), 0);
     }
 
     #[test]
