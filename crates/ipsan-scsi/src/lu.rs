@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use crate::aio::{self, Engine, IoError, IoOp, IoRequest};
 use crate::backend::Backend;
 use crate::cdb::{self, op, BlockIo, Command, CommandInfo, DataDirection};
+use crate::pr::BackendPr as _;
 use crate::sense::{ScsiStatus, Sense};
 use crate::{inquiry, lun, mode, opcodes, pr};
 
@@ -679,11 +680,9 @@ impl LogicalUnit {
     }
 
     async fn io_sense(&self, tag: u64, op: IoOp) -> Result<Option<BytesMut>, Sense> {
-        self.io(tag, op).await.map_err(|(e, write)| match e {
-            IoError::Miscompare { offset } => Sense::miscompare(offset),
-            IoError::Io(e) if write => Sense::from_write_error(&e),
-            IoError::Io(e) => Sense::from_read_error(&e),
-        })
+        self.io(tag, op)
+            .await
+            .map_err(|(e, write)| Sense::from_block_error(&e, write))
     }
 
     async fn flush_if_needed_async(&self, tag: u64, fua: bool) -> Result<(), Sense> {
