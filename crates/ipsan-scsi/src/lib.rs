@@ -16,6 +16,7 @@
 //! - [`pr`]: RESERVE(6)/RELEASE(6) and PERSISTENT RESERVE IN/OUT; the state in memory or in
 //!   a backend's shared record ([`ipsan_block::SharedRecord`], an RBD image's object).
 //! - [`lun`]: target-level helpers: REPORT LUNS, unknown-LUN answers, LUN encoding.
+//! - [`response`]: [`NexusId`] and [`ScsiResponse`], shared by the handlers below `lu`.
 
 pub mod cdb;
 pub mod inquiry;
@@ -24,6 +25,7 @@ pub mod lun;
 pub mod mode;
 pub mod opcodes;
 pub mod pr;
+pub mod response;
 pub mod sense;
 
 pub use ipsan_block::{aio, rbd};

@@ -15,13 +15,10 @@ use crate::aio::{self, Engine, IoError, IoOp, IoRequest};
 use crate::backend::Backend;
 use crate::cdb::{self, op, BlockIo, Command, CommandInfo, DataDirection};
 use crate::pr::BackendPr as _;
+use crate::response::truncate;
+pub use crate::response::{NexusId, ScsiResponse};
 use crate::sense::{ScsiStatus, Sense};
 use crate::{inquiry, lun, mode, opcodes, pr};
-
-/// Identifies an I_T nexus (SAM-5 §4.6): `"iqn.initiator,i,0x<isid>"` — the key for unit
-/// attentions and reservations.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct NexusId(pub String);
 
 /// Which reset happened (SAM-5 §6.3 task management functions, §6.3.x power on).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -78,44 +75,6 @@ impl OwnedRequest {
             lun: self.lun,
             // The async path reads into buffers of its own (`read_async`).
             tailroom: false,
-        }
-    }
-}
-
-/// The outcome of one command.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ScsiResponse {
-    /// SCSI status.
-    pub status: ScsiStatus,
-    /// Sense data when `status` is CHECK CONDITION.
-    pub sense: Option<Sense>,
-    /// Data-In, already truncated to the CDB's allocation length.
-    pub data_in: Bytes,
-}
-
-impl ScsiResponse {
-    /// GOOD with Data-In.
-    pub fn good(data_in: Bytes) -> Self {
-        Self {
-            status: ScsiStatus::GOOD,
-            sense: None,
-            data_in,
-        }
-    }
-    /// CHECK CONDITION with sense.
-    pub fn check(sense: Sense) -> Self {
-        Self {
-            status: ScsiStatus::CHECK_CONDITION,
-            sense: Some(sense),
-            data_in: Bytes::new(),
-        }
-    }
-    /// A bare status (RESERVATION CONFLICT, BUSY...).
-    pub fn status(status: ScsiStatus) -> Self {
-        Self {
-            status,
-            sense: None,
-            data_in: Bytes::new(),
         }
     }
 }
@@ -278,12 +237,6 @@ pub struct LogicalUnit {
     pr: Arc<dyn pr::PrStore>,
     io_lock: RwLock<()>,
     state: Mutex<State>,
-}
-
-/// Truncates Data-In to the allocation length (SPC-4 §4.2.5.6).
-pub(crate) fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
-    v.truncate(alloc as usize);
-    Bytes::from(v)
 }
 
 impl LogicalUnit {

@@ -2,7 +2,8 @@
 //! control (0Ah, SPC-4 §7.5.8) and informational exceptions control (1Ch, SPC-4 §7.5.14)
 //! pages. Only WCE is changeable; nothing can be saved.
 
-use crate::lu::{LogicalUnit, NexusId};
+use crate::lu::LogicalUnit;
+use crate::response::NexusId;
 use crate::sense::Sense;
 
 /// Page control values (SPC-4 table 99).

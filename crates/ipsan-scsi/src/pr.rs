@@ -16,7 +16,7 @@ use bytes::Bytes;
 use ipsan_block::{Backend, SharedRecord};
 
 use crate::cdb::{Command, PrOut};
-use crate::lu::{NexusId, ScsiResponse};
+use crate::response::{NexusId, ScsiResponse};
 use crate::sense::{ScsiStatus, Sense};
 
 /// Reservation types (SPC-4 table 185).
