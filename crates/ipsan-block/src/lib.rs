@@ -10,10 +10,10 @@
 //!   module.
 //! - [`backend`]: the [`Backend`] trait, the [`SharedRecord`] a store several servers export
 //!   keeps next to its data (the SCSI front end's reservations), [`BackendError`] and
-//!   [`run_blocking`](backend::run_blocking).
+//!   [`run_blocking`].
 //! - [`aio`]: the submit/complete form over any backend: [`submit`] (a runtime-agnostic
 //!   future), [`wait`], [`block_on`].
-//! - [`mem`], [`file`], [`null`]: the local stores.
+//! - [`mem`], [`file`](mod@file), [`null`]: the local stores.
 //! - [`rbd`]: `rbd:pool/image` (Ceph RBD through librbd loaded at run time); `rbd/ffi.rs`
 //!   and `rbd/ffi/image.rs` hold the crate's only FFI, `rbd/record.rs` the shared record.
 //! - [`spec`]: the `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` / `rbd:pool/image`

@@ -93,7 +93,8 @@ pub struct IoRequest {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IoError {
-    /// The store failed (errno or kind says how; a front end maps it, e.g. `ipsan_scsi::Sense::from_block_error`).
+    /// The store failed (errno or kind says how; a front end maps it, e.g.
+    /// `ipsan_scsi::Sense::from_block_error`).
     #[error("{0}")]
     Io(#[from] io::Error),
     /// COMPARE AND WRITE found different data: `offset` is the first differing byte,

@@ -1,17 +1,24 @@
-//! `rbd:pool[/namespace]/image`: a Ceph RBD image as a LUN, through librbd's asynchronous
-//! API (`rbd_aio_*`), so commands in flight hold no thread ([`Engine::Async`]).
+//! `rbd:pool[/namespace]/image`: a Ceph RBD image as a block store, through librbd's
+//! asynchronous API (`rbd_aio_*`), so requests in flight hold no thread ([`Engine::Async`]).
+//!
+//! # Layout
+//! - this file: [`RbdSpec`], [`RbdBackend`] (open, submit, the watch and reopen threads);
+//! - `record.rs`: the image's [`SharedRecord`] (a RADOS object next to it) and its cache;
+//! - `ffi.rs`, `ffi/image.rs`: the only `unsafe` code — librados/librbd via `dlopen`.
 //!
 //! librbd and librados are loaded at run time (`dlopen` of `librbd.so.1` and
 //! `librados.so.2`): ipsan builds without `librbd-dev`, and a machine without `librbd1`
 //! gets "RBD unavailable" when an `rbd:` LUN is opened, not a link error at start.
 //!
-//! Semantics (docs/rbd.md): the LUN's size is the image's, refreshed when librbd's header
-//! watch fires (the LU raises CAPACITY DATA HAS CHANGED); UNMAP and WRITE SAME(UNMAP) become
-//! `rbd_aio_write_zeroes` (a discard that also zeroes partial objects, so LBPRZ holds);
-//! SYNCHRONIZE CACHE and FUA become `rbd_aio_flush`; COMPARE AND WRITE becomes
-//! `rbd_aio_compare_and_write`, atomic in the OSD, so it holds across several targets
-//! serving one image. Operations are bounded by `rados_osd_op_timeout` (default 30 s here,
-//! librados' own default is "forever"), and a timeout becomes a retryable NOT READY sense.
+//! Semantics (docs/rbd.md has the SCSI view): the store's size is the image's, refreshed
+//! when librbd's header watch fires (a SCSI LU then raises CAPACITY DATA HAS CHANGED);
+//! [`IoOp::Discard`] and [`IoOp::WriteZeroes`] become `rbd_aio_write_zeroes` (a discard that
+//! also zeroes partial objects, so reads of a discarded range return zeros); [`IoOp::Flush`]
+//! becomes `rbd_aio_flush`; [`IoOp::CompareAndWrite`] becomes `rbd_aio_compare_and_write`,
+//! atomic in the OSD, so it holds across several servers of one image. Operations are bounded
+//! by `rados_osd_op_timeout` (default 30 s here, librados' own default is "forever"); a
+//! timeout is an `ETIMEDOUT` error, which the SCSI front end answers with a retryable NOT
+//! READY.
 
 use std::fmt;
 use std::io;
