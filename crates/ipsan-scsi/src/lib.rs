@@ -10,6 +10,8 @@
 //!   from the `ipsan-block` crate under the paths they had when they lived here. A backend
 //!   failure ([`IoError`]) becomes sense in one place, [`Sense::from_block_error`].
 //! - [`lu`]: [`LogicalUnit`] — command execution (SBC-4), unit attentions, resets.
+//! - [`config`]: [`LuConfig`], [`Limits`], and [`config::Unit`], the view of the LU the SPC
+//!   handlers below get (so they never import `lu`).
 //! - [`inquiry`]: standard INQUIRY data and VPD pages 00h/80h/83h/B0h/B1h/B2h.
 //! - [`mode`]: MODE SENSE / MODE SELECT with the caching, control and IEC pages.
 //! - [`opcodes`]: REPORT SUPPORTED OPERATION CODES table.
@@ -19,6 +21,7 @@
 //! - [`response`]: [`NexusId`] and [`ScsiResponse`], shared by the handlers below `lu`.
 
 pub mod cdb;
+pub mod config;
 pub mod inquiry;
 pub mod lu;
 pub mod lun;
