@@ -32,8 +32,10 @@
 //! completed from the session's task ([`Engine::Async`]); the remote CHECK CONDITION maps
 //! back to an [`IoError`] (MISCOMPARE → [`IoError::Miscompare`], the rest → `io::Error`
 //! with its kind). It implements this crate's trait but lives above `ipsan-initiator` — in
-//! `ipsan-target` or a gateway crate — since `ipsan-initiator` depends on `ipsan-scsi`, which
-//! depends on this crate: here it would close a dependency cycle.
+//! `ipsan-target` — since `ipsan-initiator` depends on `ipsan-scsi`, which depends on this
+//! crate: here it would close a dependency cycle. That backend is
+//! `ipsan_target::remote_block::RemoteBlock` (`crates/ipsan-target/tests/remote_block.rs`
+//! runs every operation against a real target, and a SCSI LU on top of it).
 
 pub mod aio;
 pub mod backend;
