@@ -2,7 +2,8 @@
 //! §6.6): 00h supported pages, 80h unit serial number, 83h device identification, B0h block
 //! limits, B1h block device characteristics, B2h logical block provisioning.
 
-use crate::lu::{LogicalUnit, LuConfig};
+pub use crate::config::device_id_from;
+use crate::config::{LuConfig, Unit};
 use crate::sense::Sense;
 
 /// VPD pages we answer, ascending (SPC-4 §7.8.18 requires ascending order).
@@ -39,19 +40,6 @@ pub fn standard(cfg: &LuConfig) -> Vec<u8> {
     v.resize(96, 0);
     v[4] = (v.len() - 5) as u8;
     v
-}
-
-/// A 16-byte NAA 6h (IEEE Registered Extended) identifier derived from `seed` with 128-bit
-/// FNV-1a: stable for a given serial, not globally registered.
-pub fn device_id_from(seed: &[u8]) -> [u8; 16] {
-    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
-    for &b in seed {
-        h ^= u128::from(b);
-        h = h.wrapping_mul(0x0000000001000000000000000000013B);
-    }
-    let mut id = h.to_be_bytes();
-    id[0] = 0x60 | (id[0] & 0x0F);
-    id
 }
 
 /// A designation descriptor (SPC-4 §7.8.6.1, table 459).
@@ -107,7 +95,7 @@ fn page(code: u8, body: Vec<u8>) -> Vec<u8> {
 }
 
 /// A VPD page, or INVALID FIELD IN CDB for one we do not have.
-pub fn vpd(lu: &LogicalUnit, code: u8) -> Result<Vec<u8>, Sense> {
+pub fn vpd(lu: &dyn Unit, code: u8) -> Result<Vec<u8>, Sense> {
     let cfg = lu.config();
     let lim = lu.limits();
     let body = match code {

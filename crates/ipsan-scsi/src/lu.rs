@@ -26,8 +26,13 @@ use bytes::Bytes;
 use crate::aio::Engine;
 use crate::backend::Backend;
 use crate::cdb::{self, op, Command, CommandInfo};
+use crate::config::Unit;
+pub use crate::config::{Limits, LuConfig};
+use crate::pr::BackendPr as _;
+use crate::response::truncate;
+pub use crate::response::{NexusId, ScsiResponse};
 use crate::sense::{ScsiStatus, Sense};
-use crate::{inquiry, pr};
+use crate::pr;
 
 mod dispatch;
 mod media;
@@ -36,11 +41,6 @@ mod submit;
 
 use media::data_out;
 use submit::async_family;
-
-/// Identifies an I_T nexus (SAM-5 §4.6): `"iqn.initiator,i,0x<isid>"` — the key for unit
-/// attentions and reservations.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct NexusId(pub String);
 
 /// Which reset happened (SAM-5 §6.3 task management functions, §6.3.x power on).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -101,100 +101,6 @@ impl OwnedRequest {
     }
 }
 
-/// The outcome of one command.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ScsiResponse {
-    /// SCSI status.
-    pub status: ScsiStatus,
-    /// Sense data when `status` is CHECK CONDITION.
-    pub sense: Option<Sense>,
-    /// Data-In, already truncated to the CDB's allocation length.
-    pub data_in: Bytes,
-}
-
-impl ScsiResponse {
-    /// GOOD with Data-In.
-    pub fn good(data_in: Bytes) -> Self {
-        Self {
-            status: ScsiStatus::GOOD,
-            sense: None,
-            data_in,
-        }
-    }
-    /// CHECK CONDITION with sense.
-    pub fn check(sense: Sense) -> Self {
-        Self {
-            status: ScsiStatus::CHECK_CONDITION,
-            sense: Some(sense),
-            data_in: Bytes::new(),
-        }
-    }
-    /// A bare status (RESERVATION CONFLICT, BUSY...).
-    pub fn status(status: ScsiStatus) -> Self {
-        Self {
-            status,
-            sense: None,
-            data_in: Bytes::new(),
-        }
-    }
-}
-
-/// Static description of a logical unit.
-#[derive(Clone, Debug)]
-pub struct LuConfig {
-    /// Logical block size: 512 or 4096.
-    pub block_size: u32,
-    /// T10 vendor identification (8 ASCII chars used), e.g. `IPSAN`.
-    pub vendor: String,
-    /// Product identification (16 chars used).
-    pub product: String,
-    /// Product revision level (4 chars used).
-    pub revision: String,
-    /// Unit serial number (VPD 80h), printable ASCII.
-    pub serial: String,
-    /// 16-byte NAA IEEE Registered Extended designator (VPD 83h); the top nibble is forced
-    /// to 6h.
-    pub device_id: [u8; 16],
-    /// Advertise thin provisioning (LBPME, UNMAP, WRITE SAME with UNMAP) when the backend
-    /// can deallocate.
-    pub thin_provisioning: bool,
-    /// Volatile write cache enabled (caching mode page WCE). With `false` every write is
-    /// flushed before GOOD.
-    pub write_cache: bool,
-    /// Reject writes with DATA PROTECT / WRITE PROTECTED.
-    pub read_only: bool,
-    /// Extra designation descriptors for VPD 83h (complete descriptors, e.g. from
-    /// [`inquiry::target_port_designator`]) — the target adds port identifiers here.
-    pub extra_designators: Vec<Vec<u8>>,
-    /// Report POWER ON OCCURRED (29h/01h) to each I_T nexus on its first command (SAM-5).
-    pub power_on_ua: bool,
-    /// The RELATIVE TARGET PORT IDENTIFIER of the port commands arrive through: part of
-    /// the I_T nexus reservations are kept for (two targets serving one shared image are two
-    /// ports of one device).
-    pub relative_port: u16,
-}
-
-impl LuConfig {
-    /// Defaults for an LU with the given serial number: 512-byte blocks, vendor `IPSAN`,
-    /// thin provisioning and write cache on, device id derived from the serial.
-    pub fn with_serial(serial: &str) -> Self {
-        Self {
-            block_size: 512,
-            vendor: "IPSAN".into(),
-            product: "ipsan disk".into(),
-            revision: "0001".into(),
-            serial: serial.into(),
-            device_id: inquiry::device_id_from(serial.as_bytes()),
-            thin_provisioning: true,
-            write_cache: true,
-            read_only: false,
-            extra_designators: Vec::new(),
-            power_on_ua: false,
-            relative_port: 1,
-        }
-    }
-}
-
 /// Why a logical unit could not be created.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -213,27 +119,6 @@ pub enum LuError {
     /// A text field holds characters INQUIRY may not carry (SPC-4 §4.3.1).
     #[error("{0} must be printable ASCII")]
     NotAscii(&'static str),
-}
-
-/// Limits advertised in the Block Limits VPD page (SBC-4 §6.6.4) and enforced here.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// MAXIMUM TRANSFER LENGTH in blocks.
-    pub max_transfer: u32,
-    /// OPTIMAL TRANSFER LENGTH in blocks: see [`optimal_transfer`].
-    pub opt_transfer: u32,
-    /// MAXIMUM COMPARE AND WRITE LENGTH in blocks.
-    pub max_compare_and_write: u8,
-    /// MAXIMUM UNMAP LBA COUNT.
-    pub max_unmap_lba: u32,
-    /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
-    pub max_unmap_descriptors: u32,
-    /// OPTIMAL UNMAP GRANULARITY in blocks.
-    pub unmap_granularity: u32,
-    /// MAXIMUM WRITE SAME LENGTH in blocks.
-    pub max_write_same: u64,
-    /// OPTIMAL TRANSFER LENGTH GRANULARITY in blocks.
-    pub opt_granularity: u16,
 }
 
 /// The largest transfer Linux's sd driver takes as optimal: sd.c (`sd_validate_opt_xfer_size`)
@@ -297,12 +182,6 @@ pub struct LogicalUnit {
     pr: Arc<dyn pr::PrStore>,
     io_lock: RwLock<()>,
     state: Mutex<State>,
-}
-
-/// Truncates Data-In to the allocation length (SPC-4 §4.2.5.6).
-pub(crate) fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
-    v.truncate(alloc as usize);
-    Bytes::from(v)
 }
 
 impl LogicalUnit {
@@ -395,9 +274,6 @@ impl LogicalUnit {
     }
     pub(crate) fn set_write_cache(&self, on: bool) {
         self.write_cache.store(on, Ordering::Relaxed);
-    }
-    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
@@ -707,5 +583,43 @@ fn backend_unmap_granularity(kind: &str) -> u64 {
     match kind {
         "mem" => 1 << 20,
         _ => 4096,
+    }
+}
+
+/// The view the SPC handlers (`inquiry`, `mode`, `opcodes`) have of the LU that calls them.
+impl Unit for LogicalUnit {
+    fn config(&self) -> &LuConfig {
+        LogicalUnit::config(self)
+    }
+    fn limits(&self) -> Limits {
+        LogicalUnit::limits(self)
+    }
+    fn thin(&self) -> bool {
+        LogicalUnit::thin(self)
+    }
+    fn num_blocks(&self) -> u64 {
+        LogicalUnit::num_blocks(self)
+    }
+    fn block_size(&self) -> u32 {
+        LogicalUnit::block_size(self)
+    }
+    fn write_cache(&self) -> bool {
+        LogicalUnit::write_cache(self)
+    }
+    fn refuses_reservations(&self) -> bool {
+        LogicalUnit::refuses_reservations(self)
+    }
+    fn change_write_cache(&self, wce: bool, by: &NexusId) -> Result<(), Sense> {
+        if !wce {
+            // Turning the cache off: what it holds must reach the medium now.
+            self.backend
+                .flush()
+                .map_err(|e| Sense::from_write_error(&e))?;
+        }
+        self.set_write_cache(wce);
+        let mut st = self.state();
+        // MODE PARAMETERS CHANGED for everyone else (SPC-4 §6.9).
+        Self::ua_others(&mut st, Some(by), 0x2A, 0x01);
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! (SPC-4 §6.6.2, SAM-5 §5.11), and single level LUN encoding (SAM-5 §4.7).
 
 use crate::cdb::op;
-use crate::lu::{truncate, ScsiResponse};
+use crate::response::{truncate, ScsiResponse};
 use crate::sense::Sense;
 
 /// Encodes a LUN with SAM-5 single level addressing: peripheral device addressing (00b)

@@ -2,7 +2,8 @@
 //! control (0Ah, SPC-4 §7.5.8) and informational exceptions control (1Ch, SPC-4 §7.5.14)
 //! pages. Only WCE is changeable; nothing can be saved.
 
-use crate::lu::{LogicalUnit, NexusId};
+use crate::config::Unit;
+use crate::response::NexusId;
 use crate::sense::Sense;
 
 /// Page control values (SPC-4 table 99).
@@ -17,7 +18,7 @@ const PAGE_IEC: u8 = 0x1C;
 const PAGE_ALL: u8 = 0x3F;
 
 /// The page in the given page control form, including its 2-byte header.
-fn page(lu: &LogicalUnit, code: u8, pc: u8) -> Option<Vec<u8>> {
+fn page(lu: &dyn Unit, code: u8, pc: u8) -> Option<Vec<u8>> {
     let mut p = match code {
         PAGE_CACHING => {
             let mut p = vec![0u8; 20];
@@ -61,7 +62,7 @@ fn page(lu: &LogicalUnit, code: u8, pc: u8) -> Option<Vec<u8>> {
 
 /// MODE SENSE(6)/(10) parameter data.
 pub fn sense(
-    lu: &LogicalUnit,
+    lu: &dyn Unit,
     ten: bool,
     dbd: bool,
     llbaa: bool,
@@ -125,7 +126,7 @@ pub fn sense(
 /// MODE SELECT(6)/(10): validates the whole list before changing anything; only the caching
 /// page's WCE may differ from the current values.
 pub fn select(
-    lu: &LogicalUnit,
+    lu: &dyn Unit,
     nexus: &NexusId,
     ten: bool,
     _pf: bool,
@@ -218,16 +219,7 @@ pub fn select(
     }
     if let Some(wce) = new_wce {
         if wce != lu.write_cache() {
-            if !wce {
-                // Turning the cache off: what it holds must reach the medium now.
-                lu.backend()
-                    .flush()
-                    .map_err(|e| Sense::from_write_error(&e))?;
-            }
-            lu.set_write_cache(wce);
-            let mut st = lu.state();
-            // MODE PARAMETERS CHANGED for everyone else (SPC-4 §6.9).
-            LogicalUnit::ua_others(&mut st, Some(nexus), 0x2A, 0x01);
+            lu.change_write_cache(wce, nexus)?;
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! REPORT SUPPORTED OPERATION CODES (SPC-4 §6.35): the table of what `cdb::parse` accepts,
 //! with the CDB usage bitmaps (bits a client may set) and command timeout descriptors.
 
-use crate::lu::LogicalUnit;
+use crate::config::Unit;
 use crate::sense::Sense;
 
 /// One supported command.
@@ -103,7 +103,7 @@ fn has_service_actions(opcode: u8) -> bool {
 
 /// REPORT SUPPORTED OPERATION CODES parameter data (before allocation-length truncation).
 pub fn report(
-    lu: &LogicalUnit,
+    lu: &dyn Unit,
     rctd: bool,
     options: u8,
     opcode: u8,

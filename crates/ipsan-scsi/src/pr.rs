@@ -13,9 +13,10 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use ipsan_block::{Backend, SharedRecord};
 
 use crate::cdb::{Command, PrOut};
-use crate::lu::{NexusId, ScsiResponse};
+use crate::response::{NexusId, ScsiResponse};
 use crate::sense::{ScsiStatus, Sense};
 
 /// Reservation types (SPC-4 table 185).
@@ -111,6 +112,65 @@ impl PrStore for MemPrStore {
         }
         *g = (Arc::new(new.clone()), expected.wrapping_add(1));
         Ok(true)
+    }
+}
+
+/// The state in a backend's [`SharedRecord`] (an RBD image's record object), which every
+/// target serving the store sees: [`PrState::encode`]'s text as the record's bytes. The
+/// decoded state is kept while the record hands back the same bytes, so the access check of
+/// every command decodes only after a change.
+#[derive(Debug)]
+pub struct RecordPrStore {
+    record: Arc<dyn SharedRecord>,
+    /// The record's last contents and the state decoded from them.
+    decoded: Mutex<Option<Decoded>>,
+}
+
+type Decoded = (Arc<[u8]>, Arc<PrState>);
+
+impl RecordPrStore {
+    /// Reservations kept in `record`.
+    pub fn new(record: Arc<dyn SharedRecord>) -> Self {
+        Self {
+            record,
+            decoded: Mutex::new(None),
+        }
+    }
+}
+
+impl PrStore for RecordPrStore {
+    fn current(&self) -> io::Result<Arc<PrState>> {
+        let bytes = self.record.current()?;
+        let mut g = self.decoded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((b, st)) = g.as_ref() {
+            if Arc::ptr_eq(b, &bytes) {
+                return Ok(st.clone());
+            }
+        }
+        let st = Arc::new(PrState::decode(&bytes)?);
+        *g = Some((bytes, st.clone()));
+        Ok(st)
+    }
+    fn load(&self) -> io::Result<(Arc<PrState>, u64)> {
+        let (bytes, version) = self.record.load()?;
+        Ok((Arc::new(PrState::decode(&bytes)?), version))
+    }
+    fn store(&self, new: &PrState, expected: u64) -> io::Result<bool> {
+        self.record.store(&new.encode(), expected)
+    }
+}
+
+/// Where a backend keeps reservations: in its [`SharedRecord`] when it has one (a store
+/// several targets serve), else `None` (the LU keeps them in memory, [`MemPrStore`]).
+pub trait BackendPr {
+    /// The backend's shared reservation store, if any.
+    fn pr_store(&self) -> Option<Arc<dyn PrStore>>;
+}
+
+impl<B: Backend + ?Sized> BackendPr for B {
+    fn pr_store(&self) -> Option<Arc<dyn PrStore>> {
+        self.shared_record()
+            .map(|r| Arc::new(RecordPrStore::new(r)) as Arc<dyn PrStore>)
     }
 }
 
@@ -607,5 +667,28 @@ mod tests {
             "stale version accepted"
         );
         assert_eq!(*m.current().unwrap(), s1);
+    }
+
+    #[test]
+    fn record_store_sees_another_ports_change_and_rejects_a_stale_one() {
+        let rec: Arc<dyn SharedRecord> = Arc::new(ipsan_block::MemRecord::default());
+        let (gw1, gw2) = (RecordPrStore::new(rec.clone()), RecordPrStore::new(rec));
+        let before = gw2.current().unwrap();
+        assert_eq!(*before, PrState::default());
+        assert!(
+            Arc::ptr_eq(&before, &gw2.current().unwrap()),
+            "decoded again"
+        );
+        let (s0, v0) = gw1.load().unwrap();
+        let mut s1 = (*s0).clone();
+        assert!(s1.reserve6(&it("iqn.a", 1)));
+        assert!(gw1.store(&s1, v0).unwrap());
+        assert_eq!(
+            *gw2.current().unwrap(),
+            s1,
+            "gw2 kept a stale decoded state"
+        );
+        assert!(!gw2.store(&PrState::default(), v0).unwrap());
+        assert_eq!(gw2.load().unwrap(), (Arc::new(s1), v0 + 1));
     }
 }

@@ -424,6 +424,18 @@ impl Sense {
     pub fn from_read_error(e: &std::io::Error) -> Self {
         Self::unreachable(e).unwrap_or(Self::unrecovered_read_error())
     }
+    /// The one map from a block-layer failure ([`ipsan_block::IoError`]) to sense, for
+    /// every command that reached a backend: MISCOMPARE (SBC-4 §5.3) for a compare that
+    /// failed, else the write or read error sense of the store's `io::Error`.
+    pub fn from_block_error(e: &ipsan_block::IoError, write: bool) -> Self {
+        match e {
+            ipsan_block::IoError::Miscompare { offset } => Self::miscompare(*offset),
+            ipsan_block::IoError::Io(e) if write => Self::from_write_error(e),
+            ipsan_block::IoError::Io(e) => Self::from_read_error(e),
+            // `IoError` is non-exhaustive: a failure this crate does not know yet.
+            _ => Self::internal_target_failure(),
+        }
+    }
     /// Sense for a failure to read or update the persistent reservation state kept in a
     /// shared store ([`crate::pr::PrStore`]): retryable NOT READY when the store cannot be
     /// reached, else INTERNAL TARGET FAILURE.
@@ -511,6 +523,27 @@ mod tests {
         assert_eq!((s.asc, s.ascq), (0x27, 0x07));
         let e = std::io::Error::from_raw_os_error(libc::EIO);
         assert_eq!(Sense::from_write_error(&e), Sense::write_error());
+    }
+
+    #[test]
+    fn block_errors_map_to_miscompare_write_and_read_sense() {
+        use ipsan_block::IoError;
+        let m = Sense::from_block_error(&IoError::Miscompare { offset: 300 }, true);
+        assert_eq!(m, Sense::miscompare(300));
+        let full = || IoError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(
+            Sense::from_block_error(&full(), true),
+            Sense::space_allocation_failed_write_protect()
+        );
+        assert_eq!(
+            Sense::from_block_error(&full(), false),
+            Sense::unrecovered_read_error()
+        );
+        let gone = IoError::Io(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        assert_eq!(
+            Sense::from_block_error(&gone, false),
+            Sense::not_ready_becoming_ready()
+        );
     }
 
     #[test]

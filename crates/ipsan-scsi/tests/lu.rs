@@ -1450,12 +1450,12 @@ fn async_backend_runs_the_data_path_through_submit_and_complete() {
     assert_eq!(lu.num_blocks(), 2 * SIZE / BS as u64);
 }
 
-/// A store two targets serve (an RBD image, here RAM) with one reservation store shared by
-/// both: what the RBD backend provides with a RADOS object.
+/// A store two targets serve (an RBD image, here RAM) with one shared record both keep
+/// their reservations in: what the RBD backend provides with a RADOS object.
 #[derive(Debug)]
 struct SharedStore {
     inner: MemBackend,
-    pr: Arc<ipsan_scsi::pr::MemPrStore>,
+    pr: Arc<ipsan_scsi::backend::MemRecord>,
 }
 
 impl Backend for SharedStore {
@@ -1483,7 +1483,7 @@ impl Backend for SharedStore {
     fn identity(&self) -> Option<String> {
         Some("shared:0".into())
     }
-    fn pr_store(&self) -> Option<Arc<dyn ipsan_scsi::pr::PrStore>> {
+    fn shared_record(&self) -> Option<Arc<dyn ipsan_scsi::backend::SharedRecord>> {
         Some(self.pr.clone())
     }
 }

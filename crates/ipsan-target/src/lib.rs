@@ -13,6 +13,8 @@
 //!   exposition (`--metrics`).
 //! - [`remote`]: remote iSCSI LUNs, a gateway's pass-through (docs/gateway.md): one remote
 //!   session per host session, through ipsan's initiator, commands forwarded unchanged.
+//! - [`remote_block`]: a remote iSCSI LUN as a block store (`ipsan_block::Backend`, READ/WRITE
+//!   through ipsan's initiator), for front ends that do not forward SCSI (NVMe namespaces).
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
 //! - `conn`: one connection — the login phase, then the tokio driver of the full feature phase:
 //!   one framed read into `iscsi_proto::engine::target`, one writer draining its PDUs, and
@@ -28,6 +30,7 @@ pub mod limits;
 pub mod metrics;
 pub mod registry;
 pub mod remote;
+pub mod remote_block;
 mod seal_ext;
 pub mod server;
 

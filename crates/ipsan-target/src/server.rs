@@ -200,7 +200,7 @@ impl Server {
         // from exiting. A tokio blocking task would, since the runtime waits for those when it
         // is dropped. (The RBD flush seen hanging in CI waited for the image's exclusive lock,
         // held by another target's client whose close had deadlocked inside a librbd
-        // callback; fixed in rbd.rs.)
+        // callback; fixed in ipsan-block's rbd/mod.rs.)
         // Nothing acknowledged is lost by not waiting: a file's dirty pages stay with the
         // kernel, and RBD writes are acknowledged by the cluster (no librbd cache by default).
         let shared = self.shared.clone();

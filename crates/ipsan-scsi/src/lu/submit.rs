@@ -76,11 +76,9 @@ impl LogicalUnit {
     }
 
     pub(super) async fn io_sense(&self, tag: u64, op: IoOp) -> Result<Option<BytesMut>, Sense> {
-        self.io(tag, op).await.map_err(|(e, write)| match e {
-            IoError::Miscompare { offset } => Sense::miscompare(offset),
-            IoError::Io(e) if write => Sense::from_write_error(&e),
-            IoError::Io(e) => Sense::from_read_error(&e),
-        })
+        self.io(tag, op)
+            .await
+            .map_err(|(e, write)| Sense::from_block_error(&e, write))
     }
 }
 
