@@ -36,11 +36,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use iscsi_proto::discovery::{self, Discovery, DiscoveryEvent};
 use iscsi_proto::engine::initiator::{self as engine, AbortedBy, TaskError};
 use iscsi_proto::engine::session::{self as proto, Binding, Failure};
 use iscsi_proto::engine::{CloseReason, ConnectionError, OwnTagMap, Side};
-use iscsi_wire::header::{LoginRequest, LogoutReason, LogoutRequest, TextRequest, TmfResponse};
-use iscsi_wire::{Codec, Header, Pdu, RESERVED_TAG};
+use iscsi_proto::login::originator::{self, LoginDone, LoginExchange, LoginProgress};
+use iscsi_proto::params::SessionParams;
+use iscsi_wire::header::TmfResponse;
+use iscsi_wire::{Codec, Header, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -50,9 +53,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::conn::Conn;
 use crate::error::{ConnectionLoss, Error, IoOp, LocalClose, Result};
-use crate::login::{
-    LoginMachine, LoginNext, LoginOptions, LoginReply, Negotiated, OriginatorExtension, SessionKind,
-};
+use crate::login::{LoginMachine, LoginOptions, Negotiated, OriginatorExtension, SessionKind};
 use crate::observe::{self, CommandEvent, CommandObserver, Observer};
 use crate::recovery::{self, Backoff, Counters, RecoveryStats};
 use crate::scsi::{self, Capacity, Inquiry, Sense, SenseKey};
@@ -639,36 +640,6 @@ impl Drop for Unpublished {
     }
 }
 
-/// The engine's view of what login negotiated.
-fn engine_params(p: &Negotiated) -> iscsi_proto::params::SessionParams {
-    iscsi_proto::params::SessionParams {
-        header_digest: p.header_digest,
-        data_digest: p.data_digest,
-        initial_r2t: p.initial_r2t,
-        immediate_data: p.immediate_data,
-        initiator_max_recv_data_segment_length: p.max_recv_data_segment_length,
-        target_max_recv_data_segment_length: p.target_max_recv_data_segment_length,
-        max_burst_length: p.max_burst_length,
-        first_burst_length: p.first_burst_length,
-        max_outstanding_r2t: p.max_outstanding_r2t,
-        data_pdu_in_order: p.data_pdu_in_order,
-        data_sequence_in_order: p.data_sequence_in_order,
-        error_recovery_level: p.error_recovery_level,
-        max_connections: p.max_connections,
-        ..iscsi_proto::params::SessionParams::default()
-    }
-}
-
-fn random_isid() -> [u8; 6] {
-    use rand::RngCore;
-    let mut isid = [0u8; 6];
-    rand::rngs::OsRng.fill_bytes(&mut isid);
-    // RFC 7143 §11.12.5: T=01b (EN format would need an enterprise number); we use the
-    // "random" qualifier format T=10b.
-    isid[0] = 0x80 | (isid[0] & 0x3f);
-    isid
-}
-
 async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
     let addr = url.socket_addr_string();
     let connect = async {
@@ -701,20 +672,21 @@ async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
     Ok(stream)
 }
 
-/// Sequence state after login.
+/// What login leaves for the full feature phase.
 struct LoggedIn {
     params: Negotiated,
+    /// The values in force as login negotiated them: what the engine runs on.
+    session_params: SessionParams,
     /// Installed before the first command (Seal: every command's data is sealed).
     transform: Option<Arc<dyn PayloadTransform>>,
     /// Seal's record protection for every PDU of the connection (docs/seal.md §4a).
     record: Option<crate::login::RecordLayer>,
-    cmd_sn: u32,
-    exp_cmd_sn: u32,
-    max_cmd_sn: u32,
-    exp_stat_sn: u32,
+    done: LoginDone,
 }
 
-/// Run the login exchange on `conn` (RFC 7143 §6.3).
+/// Runs the login exchange on `conn` (RFC 7143 §6.3): iscsi-proto's [`LoginExchange`]
+/// builds every Login Request and reads every response; here PDUs go out and come in, and
+/// relayed CHAP's challenge and answer travel over the relay's channels.
 async fn login(
     conn: &mut Conn,
     opts: LoginOptions,
@@ -722,11 +694,8 @@ async fn login(
     ext: Option<Box<dyn OriginatorExtension>>,
     relay: Option<crate::login::ChapRelay>,
 ) -> Result<LoggedIn> {
-    let isid = opts.isid.unwrap_or_else(random_isid);
-    let itt = 0u32;
-    let cmd_sn = 1u32;
-    let mut exp_stat_sn = 0u32;
-    let (mut machine, mut step, mut relay) = match relay {
+    let isid = opts.isid.unwrap_or_else(originator::random_isid);
+    let (mut machine, first, mut relay) = match relay {
         Some(r) => {
             let opts = LoginOptions {
                 chap_algorithms: r.algorithms.clone(),
@@ -743,102 +712,22 @@ async fn login(
     if let Some(ext) = ext {
         machine.set_extension(ext, isid);
     }
-    // Every Login PDU, both ways: Seal binds the whole login (docs/seal.md §3).
-    let mut transcript = ipsan_seal::LoginTranscript::new();
-    let mut first = true;
+    let mut x = LoginExchange::new(machine, first, isid);
     loop {
-        let data = iscsi_wire::text::encode(&step.keys).freeze();
-        let req = LoginRequest {
-            transit: step.transit,
-            continue_: false,
-            csg: step.csg,
-            nsg: if step.transit {
-                step.nsg
-            } else {
-                iscsi_wire::header::Stage(0)
-            },
-            version_max: 0,
-            version_min: 0,
-            isid,
-            tsih: 0,
-            itt,
-            cid: 0,
-            cmd_sn,
-            exp_stat_sn: if first { 0 } else { exp_stat_sn },
-        };
-        first = false;
-        conn.send_login(req, data, &mut transcript).await?;
-        // A response may be split over several PDUs with C=1 (RFC 7143 §6.3, §11.13.3).
-        let mut text = BytesMut::new();
-        let resp = loop {
-            let pdu = conn.recv().await?;
-            transcript.add_received(ipsan_seal::Direction::TargetToInitiator, &pdu);
-            let Header::LoginResponse(r) = pdu.header else {
-                return Err(Error::Protocol(format!(
-                    "expected a Login Response, got {:?}",
-                    pdu.header.opcode()
-                )));
-            };
-            exp_stat_sn = r.stat_sn.wrapping_add(1);
-            text.extend_from_slice(&pdu.data);
-            if text.len() > 64 * 1024 {
-                return Err(Error::Protocol("login text over 64 KiB".into()));
-            }
-            if !r.continue_ || r.status_class != 0 {
-                break r;
-            }
-            let more = LoginRequest {
-                transit: false,
-                continue_: false,
-                csg: step.csg,
-                nsg: iscsi_wire::header::Stage(0),
-                version_max: 0,
-                version_min: 0,
-                isid,
-                tsih: 0,
-                itt,
-                cid: 0,
-                cmd_sn,
-                exp_stat_sn,
-            };
-            conn.send_login(more, Bytes::new(), &mut transcript).await?;
-        };
-        if let Some(e) = machine.extension_mut() {
-            e.observe_transcript(&transcript);
+        while let Some(pdu) = x.poll_transmit() {
+            conn.send_pdu(&pdu).await?;
         }
-        let keys = iscsi_wire::text::parse(&text)?;
-        for (k, v) in &keys {
-            // CHAP_R/CHAP_C are not secrets, but there is no reason to put them in logs.
-            let shown = if k.starts_with("CHAP_R") || k.starts_with("CHAP_C") {
-                "…"
-            } else {
-                v
-            };
-            tracing::debug!(
-                stage = resp.csg.0,
-                transit = resp.transit,
-                "login key {k}={shown}"
-            );
-        }
-        let reply = LoginReply {
-            transit: resp.transit,
-            csg: resp.csg,
-            nsg: resp.nsg,
-            status_class: resp.status_class,
-            status_detail: resp.status_detail,
-            tsih: resp.tsih,
-            keys,
-        };
-        let next = machine.handle(reply)?;
-        if let (Some(verdict), Some(r)) = (machine.take_relay_verdict(), relay.as_mut()) {
+        let pdu = conn.recv().await?;
+        let progress = x.handle_pdu(&pdu)?;
+        if let (Some(verdict), Some(r)) = (x.take_relay_verdict(), relay.as_mut()) {
             // The target accepted the relayed response: the host hears it now.
             if let Some(tx) = r.accepted.take() {
                 let _ = tx.send(verdict);
             }
         }
-        match next {
-            LoginNext::Send(s) => step = s,
-            LoginNext::RelayChallenge {
+        match progress {
+            LoginProgress::Send => {}
+            LoginProgress::RelayChallenge {
                 algorithm,
                 id,
                 challenge,
@@ -854,24 +743,24 @@ async fn login(
                 let answer = rx
                     .await
                     .map_err(|_| Error::Login("relayed CHAP: the host did not answer".into()))?;
-                step = machine.relay_response(&answer.name, &answer.response, answer.mutual)?;
+                x.relay_response(&answer.name, &answer.response, answer.mutual)?;
             }
-            LoginNext::Done(params) => {
+            LoginProgress::Done(done) => {
                 // Seal's record layer is keyed from the whole transcript, this final
                 // response included (docs/seal.md §4a).
-                let record = machine
+                let record = x
                     .extension_mut()
                     .and_then(|e| e.record_layer())
                     .transpose()
                     .map_err(Error::Login)?;
+                let params = Negotiated::from_login(&done.established);
+                tracing::debug!(?params, "login done");
                 return Ok(LoggedIn {
-                    params: Negotiated::from_login(&params),
+                    params,
+                    session_params: done.established.params.clone(),
                     record,
-                    transform: machine.extension_mut().and_then(|e| e.transform()),
-                    cmd_sn: resp.exp_cmd_sn,
-                    exp_cmd_sn: resp.exp_cmd_sn,
-                    max_cmd_sn: resp.max_cmd_sn,
-                    exp_stat_sn,
+                    transform: x.extension_mut().and_then(|e| e.transform()),
+                    done,
                 });
             }
         }
@@ -916,7 +805,7 @@ async fn connect_and_login(
     Ok((conn, li?))
 }
 
-/// A target found by SendTargets discovery (RFC 7143 Appendix C).
+/// A target found by SendTargets discovery (RFC 7143 Appendix D).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DiscoveredTarget {
     pub name: String,
@@ -924,87 +813,61 @@ pub struct DiscoveredTarget {
     pub addresses: Vec<String>,
 }
 
+impl From<discovery::DiscoveredTarget> for DiscoveredTarget {
+    fn from(t: discovery::DiscoveredTarget) -> Self {
+        Self {
+            name: t.name,
+            addresses: t.addresses,
+        }
+    }
+}
+
 /// Discovery results as pretty JSON (`[{"name": ..., "addresses": [...]}]`).
 pub fn targets_json(t: &[DiscoveredTarget]) -> std::result::Result<String, serde_json::Error> {
     serde_json::to_string_pretty(t)
 }
 
-/// Log into a discovery session, ask `SendTargets=All`, log out.
+/// Log into a discovery session, ask `SendTargets=All`, log out: iscsi-proto's
+/// [`Discovery`] builds the requests and reads the answers; here PDUs go out and come in.
 pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>> {
     let fut = async {
         let (mut conn, li) = connect_and_login(url, cfg, SessionKind::Discovery).await?;
-        conn.codec.header_digest = li.params.header_digest;
-        conn.codec.data_digest = li.params.data_digest;
-        conn.codec.max_recv_data_segment_length = li.params.max_recv_data_segment_length;
-        let mut exp_stat_sn = li.exp_stat_sn;
-        let mut cmd_sn = li.cmd_sn;
-        let itt = 1u32;
-        let mut ttt = RESERVED_TAG;
-        let mut data = iscsi_wire::text::encode(&[("SendTargets", "All")]).freeze();
-        let mut text = BytesMut::new();
-        loop {
-            let req = TextRequest {
-                immediate: false,
-                final_: true,
-                continue_: false,
-                lun: 0,
-                itt,
-                ttt,
-                cmd_sn,
-                exp_stat_sn,
-            };
-            conn.send(req, std::mem::take(&mut data)).await?;
-            let pdu = conn.recv().await?;
-            let Header::TextResponse(r) = pdu.header else {
-                return Err(Error::Protocol(format!(
-                    "expected a Text Response, got {:?}",
-                    pdu.header.opcode()
-                )));
-            };
-            exp_stat_sn = r.stat_sn.wrapping_add(1);
-            text.extend_from_slice(&pdu.data);
-            if text.len() > 1024 * 1024 {
-                return Err(Error::Protocol("SendTargets answer over 1 MiB".into()));
+        conn.codec = codec_for(&li.params);
+        let mut d = Discovery::new(li.done.exp_cmd_sn, li.done.exp_stat_sn);
+        let targets = loop {
+            while let Some(pdu) = d.poll_transmit() {
+                conn.send_pdu(&pdu).await?;
             }
-            if r.final_ && !r.continue_ {
-                break;
+            if let DiscoveryEvent::Targets(t) = d.handle_pdu(&conn.recv().await?)? {
+                break t;
             }
-            // Continue: empty Text Request echoing the target's TTT (RFC 7143 §11.10.4).
-            ttt = r.ttt;
-            cmd_sn = cmd_sn.wrapping_add(1);
-        }
-        cmd_sn = cmd_sn.wrapping_add(1);
-        let mut out: Vec<DiscoveredTarget> = Vec::new();
-        for (k, v) in iscsi_wire::text::parse(&text)? {
-            match k.as_str() {
-                "TargetName" => out.push(DiscoveredTarget {
-                    name: v,
-                    addresses: Vec::new(),
-                }),
-                "TargetAddress" => {
-                    if let Some(t) = out.last_mut() {
-                        t.addresses.push(v);
-                    }
-                }
-                _ => {}
-            }
-        }
-        let req = LogoutRequest {
-            immediate: true,
-            reason: LogoutReason::CLOSE_SESSION,
-            itt: 2,
-            cid: 0,
-            cmd_sn,
-            exp_stat_sn,
         };
-        conn.send(req, Bytes::new()).await?;
+        while let Some(pdu) = d.poll_transmit() {
+            conn.send_pdu(&pdu).await?;
+        }
         // Best effort: the answer to a discovery logout changes nothing for the caller.
-        let _ = tokio::time::timeout(Duration::from_secs(2), conn.recv()).await;
-        Ok(out)
+        let _ = tokio::time::timeout(discovery::LOGOUT_GRACE, async {
+            while !d.is_done() {
+                d.handle_pdu(&conn.recv().await?)?;
+            }
+            Ok::<_, Error>(())
+        })
+        .await;
+        Ok(targets.into_iter().map(DiscoveredTarget::from).collect())
     };
     tokio::time::timeout(cfg.login_timeout, fut)
         .await
         .map_err(|_| Error::Timeout("discovery"))?
+}
+
+/// The codec for the values a login negotiated (digests, RFC 7143 §13.1; what we declared
+/// we receive, §13.12).
+fn codec_for(params: &Negotiated) -> Codec {
+    Codec {
+        header_digest: params.header_digest,
+        data_digest: params.data_digest,
+        max_recv_data_segment_length: params.max_recv_data_segment_length,
+    }
 }
 
 /// A logged-in connection whose full feature phase has not started.
@@ -1031,12 +894,12 @@ impl Fresh {
     fn engine(&self, cfg: &SessionConfig) -> engine::Connection {
         let li = &self.li;
         let mut ecfg = engine::Config::new(
-            engine_params(&li.params),
-            li.cmd_sn,
-            li.max_cmd_sn,
-            li.exp_stat_sn,
+            li.session_params.clone(),
+            li.done.exp_cmd_sn,
+            li.done.max_cmd_sn,
+            li.done.exp_stat_sn,
         );
-        ecfg.exp_cmd_sn = li.exp_cmd_sn;
+        ecfg.exp_cmd_sn = li.done.exp_cmd_sn;
         ecfg.nop_interval = cfg.nop_interval;
         ecfg.nop_timeout = cfg.nop_timeout;
         ecfg.tmf_timeout = TMF_TIMEOUT;
@@ -1050,11 +913,7 @@ impl Fresh {
     fn start(self, core: Arc<Core>, st: Arc<ConnState>) -> Arc<Shared> {
         let Fresh { conn, li } = self;
         let params = li.params.clone();
-        let codec = Codec {
-            header_digest: params.header_digest,
-            data_digest: params.data_digest,
-            max_recv_data_segment_length: params.max_recv_data_segment_length,
-        };
+        let codec = codec_for(&params);
         let Conn { stream, rbuf, .. } = conn;
         let socket = {
             use std::os::fd::AsFd;
@@ -1305,7 +1164,7 @@ impl Session {
         // One ISID for the session's life: a reconnect with the same ISID and TSIH 0
         // reinstates it (RFC 7143 §6.3.5).
         let mut cfg = cfg.clone();
-        cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(random_isid));
+        cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(originator::random_isid));
         let recovery_timeout = cfg.recovery_timeout.filter(|d| !d.is_zero());
         let fresh = match relay {
             None => login_connection(url, &cfg, &target).await?,
