@@ -4,6 +4,8 @@
 
 use crate::sense::Sense;
 
+pub mod build;
+
 /// Operation codes this crate knows (SPC-4 Annex D, SBC-4 table 14).
 #[allow(missing_docs)]
 pub mod op {
