@@ -4,6 +4,8 @@
 
 use super::*;
 
+/// TCP connect to the URL's portal, with the configured per-socket settings applied before
+/// the SYN, bounded by the connect timeout.
 pub(super) async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
     let addr = url.socket_addr_string();
     let connect = async {
