@@ -12,6 +12,9 @@
 //! FullFeaturePhase (3)                   `Established` (needs the proof)
 //! ```
 //!
+//! [`LoginExchange`] wraps the machine at the PDU level (the Login Requests, the C bit,
+//! StatSN), so a driver only moves PDUs.
+//!
 //! The results follow the key table of RFC 7143 §13: booleans combine with AND
 //! (ImmediateData) or OR (InitialR2T, DataPDUInOrder, DataSequenceInOrder), numbers with min
 //! (burst lengths, MaxOutstandingR2T, ErrorRecoveryLevel); MaxRecvDataSegmentLength is
@@ -58,8 +61,8 @@ pub enum OriginatorError {
     /// A PDU other than a Login Response arrived during login (RFC 7143 §6.3).
     #[error("expected a Login Response, got {got}")]
     UnexpectedPdu { got: String },
-    /// A response's text, continued over several PDUs, grew past what we accept
-    /// ([`LOGIN_TEXT_LIMIT`], RFC 7143 §6.3 lets a side cap it).
+    /// A response's text, continued over several PDUs (RFC 7143 §6.1, §11.13.3), grew past
+    /// the bound we set ([`LOGIN_TEXT_LIMIT`]).
     #[error("login text over {} KiB", .limit / 1024)]
     TextTooLong { limit: usize },
     /// A response's text is not a valid key=value list (RFC 7143 §6.1).

@@ -26,8 +26,9 @@ use crate::chap::ChapAlgorithm;
 
 type Result<T, E = OriginatorError> = std::result::Result<T, E>;
 
-/// The most text one Login Response may carry over all its continued PDUs: 64 KiB (the
-/// key=value list of a login is small; RFC 7143 §6.3 lets either side bound it).
+/// The most text one Login Response may carry over all its continued PDUs: 64 KiB, a bound of
+/// ours (the key=value list of a login is small; without a bound a target could continue it
+/// forever, RFC 7143 §11.13.3).
 pub const LOGIN_TEXT_LIMIT: usize = 64 * 1024;
 
 /// A random ISID in the "random" qualifier format, T=10b (RFC 7143 §11.12.5; the EN format
