@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
-//! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
+//! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` through `LoginExchange` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
 //! | [`cdb_dispatch`] | `ipsan_scsi::cdb::parse`, `cdb::decode`, `LogicalUnit::execute`, `execute_decoded` (SPC-4, SBC-4) | CHECK CONDITION iff sense; Data-In never exceeds the allocation length the CDB allows, the typed command's `data_in_len` or the LU's size; the typed command's extent is Seal's; `execute_decoded` answers as `execute` |
 //! | [`seal_open`] | `ipsan_seal::SealSession::open` | nothing but what the peer sealed under the same binding opens: arbitrary bytes, a flipped bit, another binding or a replay are all refused |
@@ -311,8 +311,8 @@ const INI_SECRET: &[u8] = b"fuzz-initiator-secret";
 const INI_MUTUAL_SECRET: &[u8] = b"fuzz-mutual-target-secret";
 
 /// The initiator's side of login: [`iscsi_proto::login::originator::LoginMachine`] (RFC 7143 §6.3,
-/// §12.1.3) fed arbitrary Login Responses, reassembled over the C bit the way
-/// `session::login` does. The first byte picks the options: bits 0–1 CHAP (none, one-way,
+/// §12.1.3) fed arbitrary Login Responses through `LoginExchange`, the PDU layer the initiator
+/// logs in with (C-bit reassembly, the 64 KiB text cap, the requests it would send). The first byte picks the options: bits 0–1 CHAP (none, one-way,
 /// mutual, mutual), bits 2–3 the digests we insist on, bit 4 a discovery session.
 ///
 /// Properties: with mutual CHAP the login never completes (the target would have to answer
@@ -323,10 +323,10 @@ const INI_MUTUAL_SECRET: &[u8] = b"fuzz-mutual-target-secret";
 pub fn initiator_login(data: &[u8]) {
     use iscsi_proto::chap::ChapSecret;
     use iscsi_proto::login::originator::{
-        ChapCredentials, DigestChoice, LoginMachine, LoginNext, LoginOptions, LoginReply,
+        ChapCredentials, DigestChoice, LoginExchange, LoginMachine, LoginOptions, LoginProgress,
         SessionKind,
     };
-    use iscsi_wire::{Codec, Header};
+    use iscsi_wire::Codec;
     let Some((&sel, stream)) = data.split_first() else {
         return;
     };
@@ -368,51 +368,32 @@ pub fn initiator_login(data: &[u8]) {
             }
         }
     };
-    let (mut machine, first) = <LoginMachine>::start(opts.clone(), kind);
-    no_secret(&first.keys);
+    let (machine, first) = <LoginMachine>::start(opts.clone(), kind);
+    // The initiator's own PDU layer: C-bit reassembly, the 64 KiB text cap, the requests.
+    let mut x = LoginExchange::new(machine, first, [0x80, 0, 0, 0, 0, 1]);
     // Login PDUs are limited to 8192 bytes until the operational values apply (§13.12).
     let codec = Codec::default();
     let mut buf = BytesMut::from(stream);
-    let mut text = BytesMut::new();
     for _ in 0..64 {
+        while let Some(req) = x.poll_transmit() {
+            let keys = iscsi_wire::text::parse(&req.data).expect("our request text parses");
+            no_secret(&keys);
+        }
         let Ok(Some(pdu)) = codec.decode(&mut buf) else {
             return;
         };
-        let Header::LoginResponse(r) = pdu.header else {
-            return; // session::login fails the login here
-        };
-        text.extend_from_slice(&pdu.data);
-        if text.len() > 64 * 1024 {
-            return;
-        }
-        if r.continue_ && r.status_class == 0 {
-            continue;
-        }
-        let Ok(keys) = iscsi_wire::text::parse(&text) else {
-            return;
-        };
-        text.clear();
-        let reply = LoginReply {
-            transit: r.transit,
-            csg: r.csg,
-            nsg: r.nsg,
-            status_class: r.status_class,
-            status_detail: r.status_detail,
-            tsih: r.tsih,
-            keys,
-        };
-        match machine.handle(reply) {
+        match x.handle_pdu(&pdu) {
             Err(e) => {
                 let _ = e.to_string();
                 return;
             }
-            Ok(LoginNext::Send(step)) => no_secret(&step.keys),
+            Ok(LoginProgress::Send) => {}
             // Only a login started with `start_relayed` hands a challenge to its caller.
-            Ok(LoginNext::RelayChallenge { .. }) => {
+            Ok(LoginProgress::RelayChallenge { .. }) => {
                 panic!("a relay challenge from a login that was not started relayed")
             }
-            Ok(LoginNext::Done(done)) => {
-                let n = &done.params;
+            Ok(LoginProgress::Done(done)) => {
+                let n = &done.established.params;
                 assert!(
                     !mutual,
                     "mutual CHAP login completed without the target's proof"

@@ -1,8 +1,9 @@
 //! A framed connection used before full feature phase (login, discovery text exchange,
 //! logout of a discovery session), where one request is answered by one response and nothing
-//! is pipelined.
+//! is pipelined. The PDUs are iscsi-proto's (`LoginExchange`, `Discovery`); this only frames
+//! them.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use iscsi_wire::{Codec, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -26,28 +27,8 @@ impl Conn {
         }
     }
 
-    /// Sends one Login PDU and adds it to `transcript` (Seal binds every Login PDU,
-    /// docs/seal.md §3).
-    pub(crate) async fn send_login(
-        &mut self,
-        header: impl Into<iscsi_wire::Header>,
-        data: Bytes,
-        transcript: &mut ipsan_seal::LoginTranscript,
-    ) -> Result<()> {
-        let pdu = Pdu::new(header, data);
-        transcript.add_sent(ipsan_seal::Direction::InitiatorToTarget, &pdu);
-        self.send_pdu(&pdu).await
-    }
-
-    pub(crate) async fn send(
-        &mut self,
-        header: impl Into<iscsi_wire::Header>,
-        data: Bytes,
-    ) -> Result<()> {
-        self.send_pdu(&Pdu::new(header, data)).await
-    }
-
-    async fn send_pdu(&mut self, pdu: &Pdu) -> Result<()> {
+    /// Writes one PDU (built by iscsi-proto's login and discovery machines).
+    pub(crate) async fn send_pdu(&mut self, pdu: &Pdu) -> Result<()> {
         let mut out = BytesMut::with_capacity(64 + pdu.data.len());
         self.codec.encode(pdu, &mut out)?;
         self.stream.write_all(&out).await?;

@@ -5,21 +5,27 @@
 //! # Layout
 //! - [`url`]: `iscsi://[user[%password]@]host[:port]/target-iqn/lun` URLs (libiscsi syntax).
 //! - [`login`]: the originator's login: iscsi-proto's state machine
-//!   (`iscsi_proto::login::originator`, CHAP and mutual CHAP included) with this initiator's
-//!   extension trait (Seal's transform) and the [`Negotiated`] view `ipsan bench` reports;
-//!   `session` drives it over the socket.
+//!   (`iscsi_proto::login::originator`, CHAP and mutual CHAP included; its PDUs built and
+//!   read by `originator::LoginExchange`) with this initiator's extension trait (Seal's
+//!   transform and record layer) and the [`Negotiated`] view `ipsan bench` reports;
+//!   `session/login.rs` moves its PDUs over the socket.
 //! - [`seal`]: Seal's login extension and the payload transform that seals and opens data.
-//! - [`session`]: the tokio driver of iscsi-proto's sans-IO engine (`engine::session` over
-//!   `engine::initiator`): connect, login, SendTargets discovery, the socket reader and
-//!   writer, timers, reconnect with backoff, waking the callers; the engine holds the task
-//!   table, the CmdSN window, R2T answering, Data-In reassembly, keepalive, logout and which
-//!   commands a recovered session sends again. `session/passthrough.rs`:
-//!   [`Session::command_to`], any CDB to any LUN answered with the target's status, raw
-//!   sense, data and residual unchanged (a gateway's remote leg).
-//! - [`recovery`]: session recovery's driver side (reconnect backoff, counters), the reissue
-//!   policy it gives the engine (`is_idempotent`, from ipsan-scsi's opcode table) and the
-//!   not-reissued sense (RFC 7143 §6.3.5).
-//! - [`scsi`]: CDBs we build and the answers we decode (sense, INQUIRY, READ CAPACITY, ...).
+//! - [`session`]: the tokio driver of iscsi-proto's sans-IO machines: sockets, timers,
+//!   wake-ups. The engine (`engine::session` over `engine::initiator`) holds the task table,
+//!   the CmdSN window, R2T answering, Data-In reassembly, keepalive, logout and which commands
+//!   a recovered session sends again; `LoginExchange` and `iscsi_proto::discovery` build the
+//!   login, SendTargets and discovery-logout PDUs. One concern per file: `session.rs` (types,
+//!   event dispatch), `session/login.rs` (connect, login), `session/discover.rs`
+//!   (SendTargets), `session/open.rs` (open, accessors, logout), `session/io.rs` (commands,
+//!   the payload transform around them, SCSI helpers), `session/reconnect.rs` (recovery
+//!   supervisor), `session/framed.rs` (framed reader, writer, timer) and
+//!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
+//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
+//! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
+//!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
+//!   RFC 7143 §6.3.5).
+//! - [`scsi`]: the CDBs we send (built by `ipsan_scsi::cdb::build`) and the answers we decode
+//!   (sense, INQUIRY, READ CAPACITY, ...).
 //! - [`observe`]: the opt-in per-command observer hook ([`CommandObserver`]); the benchmark's
 //!   trace (`ipsan-bench`) is one observer.
 //! - [`transform`]: the payload hook where Seal encrypts writes and decrypts reads.

@@ -1,6 +1,7 @@
 //! The originator's login. The state machine is iscsi-proto's
 //! (`iscsi_proto::login::originator`, next to the target's, negotiating into the same
-//! `SessionParams`); the tokio I/O that drives it is `session::login`. This module adds what
+//! `SessionParams`, its PDUs built by `originator::LoginExchange`); the tokio I/O that moves
+//! them is `session::login`. This module adds what
 //! only this initiator needs: the login extension trait with the payload transform it hands
 //! to the session (Seal), and [`Negotiated`], the flat view of the values in force that
 //! `ipsan bench` reports in its JSON.
@@ -20,20 +21,16 @@ pub use iscsi_proto::login::originator::{
 };
 
 /// A login extension for vendor `X-` keys (RFC 7143 §13.5): iscsi-proto's
-/// [`originator::OriginatorExtension`], plus what only the I/O driver can give it or take
-/// from it: the bytes of every Login PDU (the sans-IO machine sees parsed keys only) and,
-/// once the login succeeded, the payload transform (docs/seal.md §2) and the record layer
-/// (§4a) the session installs.
+/// [`originator::OriginatorExtension`] (which also sees every Login PDU as
+/// [`originator::LoginExchange`] sends and receives it: Seal binds the whole login,
+/// docs/seal.md §3), plus what the session installs once the login succeeded: the payload
+/// transform (docs/seal.md §2) and the record layer (§4a).
 pub trait OriginatorExtension: originator::OriginatorExtension {
     /// After a successful login: the payload transform the session must apply to every
     /// command's data from its first command on (Seal's sealing), if any.
     fn transform(&mut self) -> Option<Arc<dyn PayloadTransform>> {
         None
     }
-    /// Every Login PDU of this login so far (the response about to be handled included), given
-    /// by the driver before each response goes to the machine: Seal binds the whole login
-    /// (docs/seal.md §3).
-    fn observe_transcript(&mut self, _transcript: &ipsan_seal::LoginTranscript) {}
     /// After a successful login: the record protection every PDU of the connection must go
     /// through (Seal, docs/seal.md §4a), if any.
     fn record_layer(&mut self) -> Option<std::result::Result<RecordLayer, String>> {
@@ -161,10 +158,25 @@ impl From<OriginatorError> for Error {
                 message: crate::error::login_status_message(class, detail),
             },
             OriginatorError::Chap(c) => Error::Chap(c),
-            e @ (OriginatorError::WrongStage { .. } | OriginatorError::SkippedOperational) => {
-                Error::Protocol(e.to_string())
-            }
+            OriginatorError::Text(w) => Error::Wire(w),
+            e @ (OriginatorError::WrongStage { .. }
+            | OriginatorError::SkippedOperational
+            | OriginatorError::UnexpectedPdu { .. }
+            | OriginatorError::TextTooLong { .. }) => Error::Protocol(e.to_string()),
             other => Error::Login(other.to_string()),
+        }
+    }
+}
+
+impl From<iscsi_proto::discovery::DiscoveryError> for Error {
+    /// A rejected request keeps its reason, text that does not parse is a wire error; every
+    /// other bad answer broke the protocol.
+    fn from(e: iscsi_proto::discovery::DiscoveryError) -> Self {
+        use iscsi_proto::discovery::DiscoveryError;
+        match e {
+            DiscoveryError::Rejected(r) => Error::Rejected(r),
+            DiscoveryError::Text(w) => Error::Wire(w),
+            other => Error::Protocol(other.to_string()),
         }
     }
 }

@@ -1,64 +1,15 @@
-//! The SCSI side of the initiator: CDBs it builds (SBC-4, SPC-5) and what it decodes from the
-//! target's answers (sense data, INQUIRY, READ CAPACITY, REPORT LUNS).
+//! The SCSI side of the initiator: the CDBs it sends (SBC-4, SPC-5; built by
+//! `ipsan_scsi::cdb::build`) and what it decodes from the target's answers (sense data,
+//! INQUIRY, READ CAPACITY, REPORT LUNS).
 
 // Sense data, status codes and LUN encoding are ipsan-scsi's, shared with the target.
 pub use ipsan_scsi::{encode_lun, ScsiStatus, Sense, SenseKey};
 
-use ipsan_scsi::cdb::op;
-
-/// READ(16) (SBC-4 §5.16). We always use the 16-byte form: no 2 TiB ceiling, one code path.
-pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    ipsan_scsi::cdb::build_read(lba, blocks)
-}
-
-/// WRITE(16) (SBC-4 §5.40), optionally with FUA (force unit access).
-pub fn write16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    ipsan_scsi::cdb::build_write(lba, blocks, fua)
-}
-
-/// SYNCHRONIZE CACHE(10) over the whole medium (SBC-4 §5.24).
-/// TEST UNIT READY (SPC-4 §6.47).
-pub fn test_unit_ready() -> [u8; 16] {
-    [0u8; 16]
-}
-
-pub fn sync_cache10() -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op::SYNCHRONIZE_CACHE_10;
-    c
-}
-
-/// INQUIRY, standard data (SPC-5 §6.7).
-pub fn inquiry(alloc: u16) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op::INQUIRY;
-    c[3..5].copy_from_slice(&alloc.to_be_bytes());
-    c
-}
-
-/// READ CAPACITY(16) (SBC-4 §5.20).
-pub fn read_capacity16() -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op::SERVICE_ACTION_IN_16;
-    c[1] = op::SA_READ_CAPACITY_16;
-    c[10..14].copy_from_slice(&32u32.to_be_bytes());
-    c
-}
-
-/// READ CAPACITY(10) (SBC-4 §5.18), the fallback for targets without (16).
-pub fn read_capacity10() -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op::READ_CAPACITY_10;
-    c
-}
-
-/// REPORT LUNS (SPC-5 §6.33).
-pub fn report_luns(alloc: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op::REPORT_LUNS;
-    c[6..10].copy_from_slice(&alloc.to_be_bytes());
-    c
-}
+// The CDBs we send are built by ipsan-scsi, beside the decoder the target parses them with.
+pub use ipsan_scsi::cdb::build::{
+    inquiry, read16, read_capacity10, read_capacity16, report_luns, sync_cache10, test_unit_ready,
+    write16,
+};
 
 /// Standard INQUIRY data, the parts people look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,13 +101,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn builds_rw16_cdbs() {
+    fn seal_binds_the_extent_of_the_cdbs_we_send() {
         let c = write16(0x0102_0304_0506_0708, 16, true);
-        assert_eq!(c[0], 0x8a);
+        assert_eq!(c[0], ipsan_scsi::cdb::op::WRITE_16);
         assert_eq!(c[1], 0x08);
         assert_eq!(&c[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&c[10..14], &[0, 0, 0, 16]);
-        assert_eq!(read16(0, 1)[0], 0x88);
+        assert_eq!(read16(0, 1)[0], ipsan_scsi::cdb::op::READ_16);
         assert_eq!(ipsan_scsi::cdb::extent(&c), (0x0102_0304_0506_0708, 16));
         assert_eq!(ipsan_scsi::cdb::extent(&inquiry(96)), (0, 0));
     }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_seal::{
-    is_seal_key, Binding, Cipher, CryptoPool, InitiatorNegotiation, LoginTranscript, Psk,
-    SealSession, SessionIds,
+    is_seal_key, Binding, Cipher, CryptoPool, Direction, InitiatorNegotiation, LoginTranscript,
+    Psk, SealSession, SessionIds,
 };
 use iscsi_proto::login::ExtensionContext;
 
@@ -62,7 +62,7 @@ struct SealOriginator {
     neg: InitiatorNegotiation,
     pool: Option<Arc<CryptoPool>>,
     session: Option<Arc<SealSession>>,
-    /// The login so far, as the login loop last handed it over.
+    /// Every Login PDU so far, as the login exchange showed them.
     transcript: LoginTranscript,
 }
 
@@ -110,6 +110,16 @@ impl originator::OriginatorExtension for SealOriginator {
     fn needs_second_request(&self) -> bool {
         true
     }
+
+    fn observe_pdu(&mut self, dir: originator::PduDir, pdu: &iscsi_wire::Pdu) {
+        match dir {
+            originator::PduDir::Sent => self.transcript.add_sent(Direction::InitiatorToTarget, pdu),
+            originator::PduDir::Received => {
+                self.transcript
+                    .add_received(Direction::TargetToInitiator, pdu);
+            }
+        }
+    }
 }
 
 impl OriginatorExtension for SealOriginator {
@@ -119,10 +129,6 @@ impl OriginatorExtension for SealOriginator {
             session,
             pool: self.pool.clone(),
         }))
-    }
-
-    fn observe_transcript(&mut self, transcript: &LoginTranscript) {
-        self.transcript = transcript.clone();
     }
 
     fn record_layer(&mut self) -> Option<std::result::Result<RecordLayer, String>> {

@@ -4,6 +4,8 @@
 
 use crate::sense::Sense;
 
+pub mod build;
+
 /// Operation codes this crate knows (SPC-4 Annex D, SBC-4 table 14).
 #[allow(missing_docs)]
 pub mod op {
@@ -171,29 +173,6 @@ pub fn decode(cdb: &[u8], block_size: u32) -> Result<CommandInfo, Sense> {
         dpo,
         op,
     })
-}
-
-/// READ(16) (SBC-4 §5.16): the 16-byte form, no 2 TiB ceiling.
-#[must_use]
-pub fn build_read(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(op::READ_16, lba, blocks, false)
-}
-
-/// WRITE(16) (SBC-4 §5.40), with FUA (force unit access) when asked.
-#[must_use]
-pub fn build_write(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    rw16(op::WRITE_16, lba, blocks, fua)
-}
-
-fn rw16(opcode: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = opcode;
-    if fua {
-        c[1] = 0x08;
-    }
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
 }
 
 /// Fields shared by the block I/O commands (READ/WRITE/VERIFY/WRITE AND VERIFY/CAW).
@@ -808,7 +787,7 @@ mod tests {
 
     #[test]
     fn decodes_a_write_once_into_everything_the_layers_ask() {
-        let cdb = build_write(0x0102_0304_0506_0708, 16, true);
+        let cdb = build::write16(0x0102_0304_0506_0708, 16, true);
         let c = decode(&cdb, 4096).unwrap();
         assert_eq!(c.opcode, op::WRITE_16);
         assert_eq!(c.name(), "WRITE(16)");
@@ -819,7 +798,7 @@ mod tests {
         assert!(c.fua && !c.dpo && !c.immed);
         assert!(c.idempotent() && c.is_media_access());
         assert_eq!(c.family(), Family::Write);
-        let r = decode(&build_read(7, 2), 512).unwrap();
+        let r = decode(&build::read16(7, 2), 512).unwrap();
         assert_eq!(
             (r.direction, r.data_in_len, r.extent),
             (DataDirection::Read, 1024, (7, 2))

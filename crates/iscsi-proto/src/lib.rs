@@ -7,11 +7,15 @@
 //!   Login Request to full feature phase, and in [`login::originator`] the initiator's, both
 //!   negotiating into [`params::SessionParams`] and both ending with the non-`Copy` proof of
 //!   authentication ([`login::Authenticated`]) the full-feature phase is built from.
+//! - [`discovery`]: the originator's discovery session after login (SendTargets over Text
+//!   Requests with continuation and TTT, then Logout; RFC 7143 §11.10–§11.15, Appendix D).
+//!   The originator's login as PDUs is [`login::originator::LoginExchange`].
 //! - [`engine`]: the full feature phase for both roles, and the initiator's session above its
 //!   connection (task table, session recovery's reissue policy), sans-IO (see its `# Layout`).
 //! - [`seq`]: serial number arithmetic and the command window (RFC 7143 §4.2.2, §4.2.2.1).
 
 pub mod chap;
+pub mod discovery;
 pub mod engine;
 pub mod login;
 pub mod params;

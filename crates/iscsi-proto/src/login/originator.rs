@@ -12,6 +12,9 @@
 //! FullFeaturePhase (3)                   `Established` (needs the proof)
 //! ```
 //!
+//! [`LoginExchange`] wraps the machine at the PDU level (the Login Requests, the C bit,
+//! StatSN), so a driver only moves PDUs.
+//!
 //! The results follow the key table of RFC 7143 §13: booleans combine with AND
 //! (ImmediateData) or OR (InitialR2T, DataPDUInOrder, DataSequenceInOrder), numbers with min
 //! (burst lengths, MaxOutstandingR2T, ErrorRecoveryLevel); MaxRecvDataSegmentLength is
@@ -24,6 +27,9 @@ use iscsi_wire::header::Stage;
 use super::{Authenticated, ExtensionContext};
 use crate::chap::{self, ChallengeRecord, ChapAlgorithm, ChapError, ChapSecret};
 use crate::params::{SessionParams, SessionType, Side};
+
+mod exchange;
+pub use exchange::{random_isid, LoginDone, LoginExchange, LoginProgress, LOGIN_TEXT_LIMIT};
 
 /// Why the originator's login failed. Each is a connection-scope failure: the caller drops
 /// the connection (RFC 7143 §6.3).
@@ -52,6 +58,16 @@ pub enum OriginatorError {
     /// A CHAP value was malformed or a challenge was reflected (RFC 7143 §12.1.3).
     #[error(transparent)]
     Chap(#[from] ChapError),
+    /// A PDU other than a Login Response arrived during login (RFC 7143 §6.3).
+    #[error("expected a Login Response, got {got}")]
+    UnexpectedPdu { got: String },
+    /// A response's text, continued over several PDUs (RFC 7143 §6.1, §11.13.3), grew past
+    /// the bound we set ([`LOGIN_TEXT_LIMIT`]).
+    #[error("login text over {} KiB", .limit / 1024)]
+    TextTooLong { limit: usize },
+    /// A response's text is not a valid key=value list (RFC 7143 §6.1).
+    #[error("login text: {0}")]
+    Text(#[from] iscsi_wire::WireError),
 }
 
 type Result<T, E = OriginatorError> = std::result::Result<T, E>;
@@ -340,6 +356,19 @@ pub trait OriginatorExtension: Send + std::fmt::Debug {
     fn needs_second_request(&self) -> bool {
         false
     }
+    /// Every Login PDU of this login, in order, as [`LoginExchange`] sends (`Sent`) or
+    /// receives (`Received`) it — a received response before the machine handles it. Seal
+    /// binds the whole login to its keys (docs/seal.md §3).
+    fn observe_pdu(&mut self, _dir: PduDir, _pdu: &iscsi_wire::Pdu) {}
+}
+
+/// Which way a Login PDU went, from the originator's side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PduDir {
+    /// Initiator to target: as the codec will write it.
+    Sent,
+    /// Target to initiator: as it was read.
+    Received,
 }
 
 const KEY_AUTH: &str = "AuthMethod";

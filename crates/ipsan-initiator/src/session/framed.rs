@@ -1,0 +1,220 @@
+//! The connection's tasks, as they were: the framed reader (decode, open the record, hand the
+//! PDU to the engine), the framed writer (batch `poll_transmit`, seal the record, vectored
+//! write) and the timer that passes the time in to the engine.
+
+use super::*;
+
+/// Runs the engine's timers: NOP-Out keepalive and its timeout, command timeouts and their
+/// escalation, task management timeouts. It only passes the time in.
+pub(super) async fn timer(shared: Arc<Shared>) {
+    loop {
+        let woken = shared.st.wake_timer.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let Ok(deadline) = shared.with_io(true, |g| {
+            let d = g.session.poll_timeout();
+            g.timer_at = d;
+            d
+        }) else {
+            return;
+        };
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(d.into()) => {
+                        if shared
+                            .with_io(false, |g| g.session.handle_timeout(Instant::now()))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    () = &mut woken => {}
+                }
+            }
+            None => woken.await,
+        }
+    }
+}
+
+/// The one framed write of this connection: drains the engine's PDUs (ExpStatSN stamped as
+/// they leave it) into the socket, batching what is queued into vectored writes. In a sealed
+/// session every PDU is record-protected here, in wire order (docs/seal.md §4a).
+pub(super) async fn writer(
+    wr: OwnedWriteHalf,
+    codec: Codec,
+    shared: Arc<Shared>,
+    sealer: Option<ipsan_seal::RecordSealer>,
+) {
+    if let Err(e) = writer_inner(wr, codec, &shared, sealer).await {
+        shared.kill(e);
+    }
+}
+
+pub(super) async fn writer_inner(
+    mut wr: OwnedWriteHalf,
+    codec: Codec,
+    shared: &Shared,
+    mut sealer: Option<ipsan_seal::RecordSealer>,
+) -> std::result::Result<(), ConnectionLoss> {
+    let io = |e: std::io::Error| ConnectionLoss::Io {
+        op: IoOp::Send,
+        kind: e.kind(),
+    };
+    let mut out = ipsan_tcp::vectored::Segments::default();
+    let mut batch: Vec<Pdu> = Vec::with_capacity(512);
+    loop {
+        let woken = shared.st.wake_writer.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let closed = shared
+            .with_io(true, |g| {
+                let mut bytes = 0usize;
+                // Batch what is queued so many small PDUs go out in one syscall.
+                while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
+                    let Some(p) = g.session.poll_transmit() else {
+                        break;
+                    };
+                    bytes += p.data.len();
+                    batch.push(p);
+                }
+                g.session.connection().closed().is_some()
+            })
+            .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
+        if batch.is_empty() {
+            if closed {
+                break;
+            }
+            woken.await;
+            continue;
+        }
+        let tr = shared.core.observer.get();
+        for mut pdu in batch.drain(..) {
+            observe_sent(tr, &pdu);
+            // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
+            if let Some(s) = &mut sealer {
+                s.protect(&mut pdu).map_err(|e| {
+                    tracing::warn!("seal: cannot protect a PDU: {e}; dropping the connection");
+                    ConnectionLoss::SealExhausted
+                })?;
+            }
+            let trailer = codec
+                .encode_head(&pdu, out.head())
+                .map_err(ConnectionLoss::Encode)?;
+            out.push_data(pdu.data, trailer.as_bytes());
+        }
+        out.write_to(&mut wr).await.map_err(io)?;
+    }
+    let _ = wr.shutdown().await;
+    Ok(())
+}
+
+/// Observer events for a PDU leaving (see [`crate::observe`]).
+pub(super) fn observe_sent(tr: Option<&Observer>, pdu: &Pdu) {
+    let Some(tr) = tr else { return };
+    match &pdu.header {
+        Header::ScsiCommand(c) => {
+            tr.on_event(c.itt, CommandEvent::CmdSent, 0, pdu.data.len() as u64)
+        }
+        Header::DataOut(d) if d.final_ => tr.on_event(
+            d.itt,
+            CommandEvent::DataOut,
+            u64::from(d.buffer_offset),
+            pdu.data.len() as u64,
+        ),
+        _ => {}
+    }
+}
+
+/// Observer events for a PDU arriving (see [`crate::observe`]).
+pub(super) fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
+    let Some(tr) = tr else { return };
+    match &pdu.header {
+        Header::DataIn(h) => {
+            let len = pdu.data.len() as u64;
+            if h.buffer_offset == 0 {
+                tr.on_event(h.itt, CommandEvent::DataInFirst, 0, len);
+            }
+            if h.final_ || h.status_present {
+                tr.on_event(
+                    h.itt,
+                    CommandEvent::DataInLast,
+                    u64::from(h.buffer_offset),
+                    len,
+                );
+            }
+            if h.status_present {
+                tr.on_event(h.itt, CommandEvent::Status, 0, 0);
+            }
+        }
+        Header::ScsiResponse(h) => tr.on_event(h.itt, CommandEvent::Status, 0, 0),
+        Header::R2t(h) => tr.on_event(
+            h.itt,
+            CommandEvent::R2t,
+            u64::from(h.buffer_offset),
+            u64::from(h.desired_data_transfer_length),
+        ),
+        _ => {}
+    }
+}
+
+/// The one framed read of this connection: PDUs into the engine until it ends. In a sealed
+/// session nothing of a PDU beyond its lengths is read before its record tag verifies
+/// ([`ipsan_seal::read_pdu`], the same step as the target's); any failure (tag, digest,
+/// opcode, field, length) drops the connection, and every command in flight fails with
+/// [`Error::SealForgery`].
+pub(super) async fn reader(
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    codec: Codec,
+    shared: Arc<Shared>,
+    mut opener: Option<ipsan_seal::RecordOpener>,
+) {
+    let tr = shared.core.observer.get().cloned();
+    loop {
+        loop {
+            // ---- SEAL RECORD HOOK (framed read): nothing unverified reaches the engine ----
+            match ipsan_seal::read_pdu(&codec, opener.as_mut(), &mut buf) {
+                Err(ipsan_seal::ReadError::Sealed(f)) => {
+                    tracing::warn!(
+                        "{f}; nothing of it acted, dropping the connection and failing every command in flight"
+                    );
+                    let _ = shared.st.forged.set(f.clone());
+                    shared.kill(ConnectionLoss::SealForgery(f));
+                    return;
+                }
+                Ok(Some(pdu)) => {
+                    observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
+                    if shared
+                        .with_io(false, |g| g.session.handle_pdu(Instant::now(), pdu))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(ipsan_seal::ReadError::Wire(e)) => {
+                    shared.kill(ConnectionLoss::Framing(e));
+                    return;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) => {
+                let _ = shared.with_io(false, |g| g.session.peer_closed(Instant::now()));
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                shared.kill(ConnectionLoss::Io {
+                    op: IoOp::Receive,
+                    kind: e.kind(),
+                });
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! A command's data through the payload transform (Seal, docs/seal.md §2): a write's data is
+//! sealed under the connection's keys and the command's ITT before it is submitted, and sealed
+//! again from the caller's plaintext when the engine rebinds the task to a new connection
+//! (`Done::Rebind`, a reissue after session recovery); a read's data is opened with the keys of
+//! the connection it completed on. The engine decides when a task is rebound; this file only
+//! runs the crypto, which is asynchronous (a worker pool) and so stays out of the engine.
+
+use super::*;
+
+impl Session {
+    /// A write through the transform `t`; see the module doc.
+    pub(super) async fn sealed_write(
+        &self,
+        c: &Shared,
+        t: Arc<dyn PayloadTransform>,
+        info: CommandInfo,
+        cdb: [u8; 16],
+        plain: Bytes,
+        until: Until<'_>,
+    ) -> Result<Passthrough> {
+        let tr = c.core.observer.get();
+        let (lun, itt) = (info.lun, info.itt);
+        // Sealed under this connection's keys and the ITT: a reissue on another connection
+        // seals the caller's plaintext again (Event::Rebind). The engine does not keep the
+        // sealed copy; we keep the plaintext (a reference).
+        observe::note(tr, itt, CommandEvent::SealStart, 0, plain.len() as u64);
+        // Without recovery no reissue comes: no second reference to the plaintext.
+        let keep = self.link.recovery_timeout.map(|_| plain.clone());
+        let wire = t.outbound(info, plain).await?;
+        observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
+        let (itt, mut rx) = c.submit(
+            lun,
+            cdb,
+            DataDir::Write(wire),
+            Some(itt),
+            Binding::Bound,
+            until,
+        )?;
+        loop {
+            match c.wait(itt, rx, until).await {
+                Done::Ended(r, _) => return r,
+                Done::Rebind(fresh) => {
+                    let Some(plain) = keep.clone() else {
+                        return Err(c.lost());
+                    };
+                    let t = self
+                        .transform
+                        .clone()
+                        .or(fresh)
+                        .unwrap_or_else(|| t.clone());
+                    // The new waiter first: whatever ends the task meanwhile reaches it.
+                    let (tx, next) = oneshot::channel();
+                    c.core.with(|g| {
+                        let generation = g.conn.generation;
+                        g.waiters.insert(itt, (tx, generation))
+                    })?;
+                    rx = next;
+                    match t.outbound(info, plain).await {
+                        Ok(wire) => {
+                            // Refused when that connection is gone too: the next one asks
+                            // again.
+                            let _ = c.core.with_timer(|g| {
+                                g.session
+                                    .resubmit(Instant::now(), itt, engine::Data::Write(wire))
+                            })?;
+                        }
+                        Err(e) => {
+                            c.core.with(|g| {
+                                g.waiters.remove(&itt);
+                                g.session.withdraw(itt);
+                            })?;
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A read through the transform `t` of `len` plaintext bytes into `buf`; see the module
+    /// doc.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn sealed_read(
+        &self,
+        c: &Shared,
+        t: Arc<dyn PayloadTransform>,
+        info: CommandInfo,
+        cdb: [u8; 16],
+        buf: BytesMut,
+        len: usize,
+        until: Until<'_>,
+    ) -> Result<Passthrough> {
+        let tr = c.core.observer.get();
+        let itt = info.itt;
+        let wire_len = t.wire_len(len).ok_or_else(|| {
+            Error::InvalidRequest(format!("{len} bytes cannot be carried by the transform"))
+        })?;
+        let (itt, rx) = c.submit(
+            info.lun,
+            cdb,
+            DataDir::Read(buf, wire_len),
+            Some(itt),
+            Binding::Free,
+            until,
+        )?;
+        let (r, on) = c.wait_ended(itt, rx, until).await;
+        let mut done = r?;
+        // Opened with the keys of the connection it completed on (a reissued read completes
+        // on a later one).
+        let t = self.transform.clone().or(on).unwrap_or(t);
+        // A status without data (CHECK CONDITION, say) has nothing to open.
+        if !done.data.is_empty() {
+            observe::note(tr, itt, CommandEvent::OpenStart, 0, done.data.len() as u64);
+            done.data = t.inbound(info, done.data).await?;
+            observe::note(tr, itt, CommandEvent::OpenEnd, 0, done.data.len() as u64);
+        }
+        Ok(done)
+    }
+}
