@@ -578,27 +578,22 @@ impl Session {
         };
         let kind = match function {
             TmfFunction::LOGICAL_UNIT_RESET => {
-                if let Some(lu) = t.luns.get(&lun) {
-                    lu.reset(ResetKind::LogicalUnit, &self.nexus);
-                    if let Some(itt) = answer {
-                        self.reset_done(itt, TmfResponse::FUNCTION_COMPLETE);
-                    }
-                } else if let (Some((spec, remote_lun)), Some(nexus)) =
-                    (t.remote_route(lun), self.remote.clone())
-                {
-                    // Forwarded: the remote LU resets, its tasks for this host end (their
-                    // answers here are suppressed by the engine) and other hosts get their
-                    // unit attention from the remote target. The host's response says how
-                    // the remote reset went (RFC 7143 §11.6.1).
-                    let s = self.clone();
-                    tokio::spawn(async move {
-                        let r = nexus.lun_reset(&spec, remote_lun).await;
+                let unit = unit::Unit::resolve(Some(&*t), lun, &[]);
+                match unit.lun_reset(&self.nexus, self.remote.as_ref()) {
+                    unit::Reset::Now(r) => {
                         if let Some(itt) = answer {
-                            s.reset_done(itt, r);
+                            self.reset_done(itt, r);
                         }
-                    });
-                } else if let Some(itt) = answer {
-                    self.reset_done(itt, TmfResponse::LUN_DOES_NOT_EXIST);
+                    }
+                    unit::Reset::Forwarded(f) => {
+                        let s = self.clone();
+                        tokio::spawn(async move {
+                            let r = f.await;
+                            if let Some(itt) = answer {
+                                s.reset_done(itt, r);
+                            }
+                        });
+                    }
                 }
                 return;
             }

@@ -27,6 +27,7 @@
 //!     in plaintext bytes, the same for every session and unit;
 //!   - `conn/unit.rs`: the one LU interface the driver calls (`Unit::submit`): an emulated LU
 //!     (ipsan-scsi) or a pass-through remote LUN (`remote`).
+//!
 //!   The protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text and
 //!   SendTargets, login refusals, logout, keepalive) lives in `iscsi-proto`.
 //! - `seal_ext`: Seal's login extension (the offer, the transcript it binds, the guess limit).

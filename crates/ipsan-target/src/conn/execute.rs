@@ -124,7 +124,6 @@ impl Session {
             }
             residual = Some(residual::residual(x.transfer, edtl));
         }
-        let local = unit.block_size().is_some();
         // A host's ABORT TASK may have come before this (registered cancelled).
         // The remote session is gone: this host's session ends after this answer.
         let mut lost = false;
@@ -158,11 +157,11 @@ impl Session {
                 done.resp
             }
         };
-        if let (Some(_), true) = (&seal, local && x.transfer == 0) {
-            // A sealed read: the plaintext is cut to the plaintext EDTL before it is sealed
-            // (sealed data cannot be cut after), and an overflow reported in plaintext bytes.
-            // An underflow the engine measures in the bytes it sends, which the initiator
-            // cuts its Data-In by.
+        if let (Some(_), true) = (&seal, !remote && x.transfer == 0) {
+            // A sealed read answered here: the plaintext is cut to the plaintext EDTL before
+            // it is sealed (sealed data cannot be cut after), and an overflow reported in
+            // plaintext bytes. An underflow the engine measures in the bytes it sends, which
+            // the initiator cuts its Data-In by. (A remote unit read only `read_len`.)
             let produced = resp.data_in.len() as u64;
             if produced > edtl {
                 resp.data_in

@@ -4,14 +4,17 @@
 //! remote target's LUN (remote.rs, a gateway). Data-out arrives in plaintext and data-in
 //! leaves in plaintext: Seal and the residual rules stay in `execute.rs`, the same for both.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ipsan_scsi::{
-    no_such_lun, report_luns, LogicalUnit, NexusId, OwnedRequest, ScsiRequest, ScsiResponse, Sense,
-    SenseKey,
+    no_such_lun, report_luns, LogicalUnit, NexusId, OwnedRequest, ResetKind, ScsiRequest,
+    ScsiResponse, Sense, SenseKey,
 };
 use iscsi_proto::engine::target as engine;
+use iscsi_wire::header::TmfResponse;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -81,6 +84,14 @@ impl Done {
             lost: false,
         }
     }
+}
+
+/// How a LOGICAL UNIT RESET of a unit ends ([`Unit::lun_reset`]).
+pub(super) enum Reset {
+    /// Done here: the TMF response.
+    Now(TmfResponse),
+    /// Forwarded to the remote LU: the response once the remote target answered.
+    Forwarded(Pin<Box<dyn Future<Output = TmfResponse> + Send>>),
 }
 
 /// The largest READ/WRITE run inline on a memory-speed backend.
@@ -187,6 +198,26 @@ impl Unit {
                     })
                 })
             }
+        }
+    }
+
+    /// LOGICAL UNIT RESET (SAM-5 §7.7). An emulated LU resets now. A remote LU is reset
+    /// through this host's remote session: its tasks for this host end (their answers here
+    /// are suppressed by the engine), other hosts get their unit attention from the remote
+    /// target, and the response says how the remote reset went (RFC 7143 §11.6.1).
+    pub(super) fn lun_reset(self, nexus: &NexusId, remote: Option<&Arc<RemoteNexus>>) -> Reset {
+        match (self, remote) {
+            (Self::Emulated(lu, _), _) => {
+                lu.reset(ResetKind::LogicalUnit, nexus);
+                Reset::Now(TmfResponse::FUNCTION_COMPLETE)
+            }
+            (Self::Remote(spec, remote_lun), Some(r)) => {
+                let r = r.clone();
+                Reset::Forwarded(Box::pin(
+                    async move { r.lun_reset(&spec, remote_lun).await },
+                ))
+            }
+            _ => Reset::Now(TmfResponse::LUN_DOES_NOT_EXIST),
         }
     }
 

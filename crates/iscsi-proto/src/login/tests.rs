@@ -135,7 +135,9 @@ fn refuses_a_final_step_with_service_unavailable_built_by_the_login() {
         (r.header.stat_sn, r.header.itt, r.header.isid),
         (stat_sn, itt, isid)
     );
-    assert!(matches!(r.outcome, Outcome::Failed(ref f) if f.status == LoginStatus::SERVICE_UNAVAILABLE));
+    assert!(
+        matches!(r.outcome, Outcome::Failed(ref f) if f.status == LoginStatus::SERVICE_UNAVAILABLE)
+    );
     // The login is over: a further request fails.
     let again = l.handle(&req(1, 3, true), first, &mut dir);
     assert!(matches!(again.outcome, Outcome::Failed(_)));
