@@ -1,11 +1,14 @@
 //! One iSCSI connection (RFC 7143): the login phase, then full feature phase.
 //!
 //! After login the protocol lives in the sans-IO engine, `iscsi_proto::engine::target`; this
-//! file is its tokio driver. One framed read (`Reader::next`) feeds `handle_pdu`; one writer
-//! task (`writer_task`) drains `poll_transmit`, whose PDUs carry StatSN, ExpCmdSN and MaxCmdSN
-//! stamped as they leave, so status numbers are handed out in the order the initiator sees
-//! them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently (`execute`, the
-//! one place a command reaches the logical unit) and complete in any order.
+//! file is its tokio driver: sockets, timers and wake-ups. One framed read
+//! (`ipsan_transport::FrameReader`) feeds `handle_pdu`; one writer task (`writer_task`, through
+//! `ipsan_transport::FrameWriter`) drains `poll_transmit`, whose PDUs carry StatSN, ExpCmdSN
+//! and MaxCmdSN stamped as they leave, so status numbers are handed out in the order the
+//! initiator sees them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently
+//! (`execute.rs`, the one place a command reaches a logical unit, through `unit.rs`) and
+//! complete in any order. The login phase is `login.rs`; what the engine asks about LUNs and
+//! targets while PDUs arrive is `luns.rs`.
 
 use std::collections::HashMap;
 use std::future::Future;
