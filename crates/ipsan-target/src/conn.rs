@@ -1,11 +1,14 @@
 //! One iSCSI connection (RFC 7143): the login phase, then full feature phase.
 //!
 //! After login the protocol lives in the sans-IO engine, `iscsi_proto::engine::target`; this
-//! file is its tokio driver. One framed read (`Reader::next`) feeds `handle_pdu`; one writer
-//! task (`writer_task`) drains `poll_transmit`, whose PDUs carry StatSN, ExpCmdSN and MaxCmdSN
-//! stamped as they leave, so status numbers are handed out in the order the initiator sees
-//! them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently (`execute`, the
-//! one place a command reaches the logical unit) and complete in any order.
+//! file is its tokio driver: sockets, timers and wake-ups. One framed read
+//! (`ipsan_transport::FrameReader`) feeds `handle_pdu`; one writer task (`writer_task`, through
+//! `ipsan_transport::FrameWriter`) drains `poll_transmit`, whose PDUs carry StatSN, ExpCmdSN
+//! and MaxCmdSN stamped as they leave, so status numbers are handed out in the order the
+//! initiator sees them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently
+//! (`execute.rs`, the one place a command reaches a logical unit, through `unit.rs`) and
+//! complete in any order. The login phase is `login.rs`; what the engine asks about LUNs and
+//! targets while PDUs arrive is `luns.rs`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,31 +17,32 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use ipsan_scsi::cdb::{self, op};
-use ipsan_scsi::{
-    decode_lun, no_such_lun, report_luns, DataDirection, LogicalUnit, NexusId, OwnedRequest,
-    ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, Sense, SenseKey,
-};
+use ipsan_scsi::{decode_lun, NexusId, ResetKind};
+use ipsan_seal::{CryptoPool, SealSession};
+use ipsan_transport::{FrameReader, FrameWriter};
 use iscsi_proto::engine::target as engine;
-use iscsi_proto::login::{Outcome, TargetLogin, TargetOffer};
-use iscsi_proto::params::{SessionParams, NOT_UNDERSTOOD, REJECT};
+use iscsi_proto::login::TargetOffer;
+use iscsi_proto::params::SessionParams;
 use iscsi_wire::header::{TmfFunction, TmfResponse};
-use iscsi_wire::{Codec, Header, Pdu, WireError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use iscsi_wire::{Codec, Header, Pdu};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 
+mod execute;
+mod login;
+mod luns;
+mod unit;
+
+use login::{abandoned_seal_guess, login_phase};
+use luns::{engine_response, Luns};
+
 use crate::lock;
-use crate::registry::{LoginDirectory, Registry, Target, PORTAL_GROUP_TAG};
-use crate::remote::{ForwardError, RemoteNexus, RemoteSpec};
-use crate::seal_ext::{GuessSlot, SealExtension, SealSlot, TranscriptSlot};
-use ipsan_seal::{
-    CryptoPool, Direction, Forgery, ReadError, RecordOpener, RecordSealer, SealSession,
-};
+use crate::registry::{Registry, Target};
+use crate::remote::{RemoteNexus, RemoteSpec};
+use crate::seal_ext::{GuessSlot, SealSlot, TranscriptSlot};
 
 /// Settings every connection shares.
 #[derive(Debug)]
@@ -78,13 +82,8 @@ pub async fn serve(
     }
     let local = stream.local_addr().ok();
     let (rd, wr) = stream.into_split();
-    let mut conn = Reader {
-        rd,
-        buf: BytesMut::with_capacity(256 * 1024),
-        codec: Codec::default(),
-        record: None,
-    };
-    let mut wr = wr;
+    let mut conn = FrameReader::new(rd);
+    let mut wr = FrameWriter::new(wr);
     let slot = SealSlot::default();
     let transcript = TranscriptSlot::default();
     let guess = GuessSlot::default();
@@ -173,15 +172,15 @@ pub async fn serve(
         max_recv_data_segment_length: shared.offer.max_recv_data_segment_length,
     };
     // Seal record protection (docs/seal.md §4a): keys bound to the whole login transcript.
-    // The record step sits between the codec and the engine: the writer protects what
-    // `poll_transmit` hands out, `Reader::next` verifies before `handle_pdu` sees anything.
-    // The Seal session is the one taken out of its slot for `register` above.
-    let mut sealer = None;
+    // The record step sits between the codec and the engine (ipsan-transport): the writer
+    // protects what `poll_transmit` hands out, the reader verifies before `handle_pdu` sees
+    // anything. The Seal session is the one taken out of its slot for `register` above.
+    wr.codec = conn.codec.clone();
     if let Some(s) = &seal {
         let hash = lock(&transcript).hash();
         match s.record_layer(&hash) {
             Ok((w, r)) => {
-                sealer = Some(w);
+                wr.sealer = Some(w);
                 conn.record = Some(r);
             }
             Err(e) => {
@@ -230,7 +229,7 @@ pub async fn serve(
         }
         debug!(%peer, "reinstated session's commands are done; serving");
     }
-    let writer = tokio::spawn(writer_task(wr, conn.codec.clone(), session.clone(), sealer));
+    let writer = tokio::spawn(writer_task(wr, session.clone()));
     let end = session.run(&mut conn, &shutdown, &session_cancel).await;
     debug!(%peer, "session ending: {end}");
     if let Some(t) = session.target() {
@@ -265,356 +264,6 @@ pub async fn serve(
     info!(%peer, tsih = result.tsih, "session closed");
 }
 
-struct Reader {
-    rd: OwnedReadHalf,
-    buf: BytesMut,
-    codec: Codec,
-    /// Seal record protection of a sealed session's full feature phase (docs/seal.md §4a).
-    record: Option<RecordOpener>,
-}
-
-impl Reader {
-    /// The next PDU, `Ok(None)` on a clean close. A plain connection's codec errors come back
-    /// as `Ok(Some(Err(_)))` for the engine to answer (RFC 7143 §7.8, §11.17). In a sealed
-    /// session nothing of a PDU beyond its lengths is read before its record tag verifies
-    /// ([`ipsan_seal::read_pdu`]), and every failure (tag, digest, opcode, field, length) is
-    /// an error of kind `InvalidData` wrapping a [`Forgery`]: nothing of it reaches the
-    /// engine, nothing is answered, and the connection must be dropped.
-    async fn next(&mut self) -> std::io::Result<Option<Result<Pdu, WireError>>> {
-        loop {
-            // ---- SEAL RECORD HOOK (framed read): verify, then decode ----
-            match ipsan_seal::read_pdu(&self.codec, self.record.as_mut(), &mut self.buf) {
-                Ok(Some(pdu)) => return Ok(Some(Ok(pdu))),
-                Ok(None) => {}
-                Err(ReadError::Wire(e)) => return Ok(Some(Err(e))),
-                Err(ReadError::Sealed(f)) => {
-                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, f))
-                }
-            }
-            if self.buf.capacity() - self.buf.len() < 64 * 1024 {
-                self.buf.reserve(256 * 1024);
-            }
-            if self.rd.read_buf(&mut self.buf).await? == 0 {
-                return Ok(None);
-            }
-        }
-    }
-}
-
-/// A completed login and the session slot it holds until the session registers.
-type LoggedIn = (
-    iscsi_proto::login::LoginResult,
-    Option<crate::registry::SessionSlot>,
-    Option<Arc<RemoteNexus>>,
-);
-
-/// A normal session's remote sessions (a gateway's target, remote.rs): logged in, as the
-/// host, to every remote target the session's target reaches, before the host's login is
-/// answered. `Err` says why one could not be reached; the host's login is then refused.
-async fn open_remotes(
-    shared: &Shared,
-    result: &iscsi_proto::login::LoginResult,
-) -> Result<Option<Arc<RemoteNexus>>, String> {
-    let Some(target) = result
-        .params
-        .target_name
-        .as_deref()
-        .and_then(|n| shared.registry.target(n))
-    else {
-        return Ok(None);
-    };
-    let nexus = Arc::new(RemoteNexus::new(
-        &result.params.initiator_name,
-        result.isid,
-        shared.pool.clone(),
-    ));
-    for spec in target.remote_targets() {
-        // Within the host's login timeout, so the host hears why.
-        let limit = shared.login_timeout / 2;
-        let why = match tokio::time::timeout(limit, nexus.open(&spec)).await {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {limit:?}"),
-        };
-        nexus.close().await;
-        return Err(format!("remote target {}: {why}", spec.target_key()));
-    }
-    Ok(Some(nexus))
-}
-
-/// One step of relayed CHAP: the remote target's challenge for the host's CHAP_A offer
-/// (starting the remote login as the host), or its verdict on the host's answer.
-async fn relay_chap(
-    shared: &Shared,
-    relay: &mut Option<crate::remote::HostRelay>,
-    (initiator, target, isid): (String, Option<String>, [u8; 6]),
-    request: iscsi_proto::login::RelayRequest,
-) -> iscsi_proto::login::RelayAnswer {
-    use iscsi_proto::login::{LoginFailure, LoginStatus, RelayAnswer, RelayRequest};
-    match request {
-        RelayRequest::Challenge { algorithms } => {
-            let spec = target
-                .and_then(|t| shared.registry.target(&t))
-                .and_then(|t| t.remote_targets().into_iter().next());
-            let Some(spec) = spec else {
-                return RelayAnswer::Refused(LoginFailure::new(
-                    LoginStatus::TARGET_ERROR,
-                    "relayed CHAP: the target reaches no remote target",
-                ));
-            };
-            let (r, answer) = crate::remote::HostRelay::start(
-                spec,
-                (&initiator, isid),
-                shared.pool.clone(),
-                algorithms,
-                shared.login_timeout / 2,
-            )
-            .await;
-            *relay = Some(r);
-            answer
-        }
-        RelayRequest::Response {
-            name,
-            response,
-            mutual,
-        } => match relay.as_mut() {
-            Some(r) => r.respond(name, response, mutual).await,
-            None => RelayAnswer::Refused(LoginFailure::new(
-                LoginStatus::TARGET_ERROR,
-                "relayed CHAP: a response before a challenge",
-            )),
-        },
-    }
-}
-
-/// Runs the login; `Ok(None)` when it failed or the peer went away (already answered).
-async fn login_phase(
-    conn: &mut Reader,
-    wr: &mut OwnedWriteHalf,
-    shared: &Shared,
-    slot: &SealSlot,
-    transcript: &TranscriptSlot,
-    guess: &GuessSlot,
-    peer: SocketAddr,
-) -> std::io::Result<Option<LoggedIn>> {
-    let secret_used = crate::seal_ext::SecretUsedSlot::default();
-    let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone())
-        .recording_secret(secret_used.clone())
-        .with_guess_limit(peer.ip(), guess.clone());
-    let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
-    let codec = Codec::default();
-    let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
-    let mut relay: Option<crate::remote::HostRelay> = None;
-    let mut first = true;
-    loop {
-        let next = if first {
-            // A connection that does not even send its first Login Request soon is closed
-            // long before login_timeout, so idle connections cannot hold every slot.
-            let limit = shared.registry.limits.first_pdu_timeout;
-            match tokio::time::timeout(limit, conn.next()).await {
-                Ok(n) => n?,
-                Err(_) => {
-                    crate::limits::LimitStats::bump(&shared.registry.stats.first_pdu_timeouts);
-                    debug!(%peer, "no Login Request within {limit:?}; closing");
-                    return Ok(None);
-                }
-            }
-        } else {
-            conn.next().await?
-        };
-        first = false;
-        let pdu = match next {
-            None => return Ok(None),
-            Some(Ok(pdu)) => pdu,
-            Some(Err(e)) => {
-                debug!("malformed PDU during login: {e}");
-                return Ok(None);
-            }
-        };
-        let Header::LoginRequest(req) = &pdu.header else {
-            // RFC 7143 §6.3: only Login Requests until full feature phase.
-            debug!("{:?} during login; closing", pdu.header.opcode());
-            return Ok(None);
-        };
-        // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
-        lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
-        let mut reply = login.handle(req, &pdu.data, &mut dir);
-        if let Outcome::Relay(request) = reply.outcome {
-            // CHAP relayed to the remote target (a gateway, remote.rs HostRelay).
-            let (ini, tgt) = login.declared();
-            let who = (ini.to_owned(), tgt.map(str::to_owned), req.isid);
-            let answer = relay_chap(shared, &mut relay, who, request).await;
-            reply = login.relay_answer(answer, &mut dir);
-        }
-        let mut remote = None;
-        let mut session_slot = None;
-        if let Outcome::FullFeature(result) = &reply.outcome {
-            // What this login proved, now that it proved everything it will: a session it
-            // would replace must not have proved more, and the session quota counts by
-            // strength (Registry::admit). Before the remote sessions: a refused login must
-            // not reinstate the host's sessions on the remote targets either.
-            let auth = crate::registry::Authentication {
-                chap_user: dir.chap_user(),
-                seal: if lock(slot).is_some() {
-                    *lock(&secret_used)
-                } else {
-                    None
-                },
-            };
-            let admitted = shared.registry.admit(
-                &result.params.initiator_name,
-                result.isid,
-                result.params.target_name.as_deref(),
-                &auth,
-            );
-            match admitted {
-                Ok(s) => session_slot = Some(s),
-                Err(f) => refuse(&mut reply, f),
-            }
-        }
-        if let (Outcome::FullFeature(result), Some(_)) = (&reply.outcome, &session_slot) {
-            let opened = match relay.take() {
-                Some(r) => r.finish().await.map(Some),
-                None => open_remotes(shared, result).await,
-            };
-            match opened {
-                Ok(r) => remote = r,
-                Err(why) => {
-                    // RFC 7143 §11.13.5: 0x0301 "service unavailable", a target error the
-                    // initiator retries later (as after a path failure).
-                    warn!(%peer, initiator = %result.params.initiator_name, "{why}; refusing the login");
-                    refuse(
-                        &mut reply,
-                        iscsi_proto::login::LoginFailure::new(
-                            iscsi_proto::login::LoginStatus::SERVICE_UNAVAILABLE,
-                            why,
-                        ),
-                    );
-                }
-            }
-        }
-        if let Outcome::Failed(f) = &reply.outcome {
-            shared.registry.count_login(&dir, Some(f.status.0));
-            let seal_guess = lock(guess).take().is_some();
-            auth_failure_backoff(shared, &dir, peer, f, seal_guess).await;
-        }
-        let mut out = BytesMut::new();
-        let resp = Pdu::new(reply.header, Bytes::from(reply.data));
-        if codec.encode(&resp, &mut out).is_err() {
-            return Ok(None);
-        }
-        lock(transcript).add_sent(Direction::TargetToInitiator, &resp);
-        wr.write_all(&out).await?;
-        match reply.outcome {
-            Outcome::Continue | Outcome::Relay(_) => {}
-            Outcome::Failed(f) => {
-                warn!(%peer, initiator = dir.initiator().as_deref().unwrap_or("(not declared)"), initiator_isid = %hex::encode(req.isid), status = format!("{:#06x}", f.status.0), "login refused: {}", f.reason);
-                let _ = wr.shutdown().await;
-                return Ok(None);
-            }
-            Outcome::FullFeature(result) => {
-                shared.registry.count_login(&dir, None);
-                // CHAP passed, or the Seal secret proven (its confirmation verified).
-                if dir.chap_required() || lock(slot).is_some() {
-                    shared
-                        .registry
-                        .auth_success(&result.params.initiator_name, peer.ip());
-                }
-                return Ok(Some((*result, session_slot, remote)));
-            }
-        }
-    }
-}
-
-/// Turns the final (successful) Login Response of `reply` into a refusal with `f`'s status.
-fn refuse(reply: &mut iscsi_proto::login::Reply, f: iscsi_proto::login::LoginFailure) {
-    reply.header.transit = false;
-    reply.header.nsg = iscsi_wire::header::Stage(0);
-    reply.header.tsih = 0;
-    reply.header.status_class = f.status.class();
-    reply.header.status_detail = f.status.detail();
-    reply.data.clear();
-    reply.outcome = Outcome::Failed(f);
-}
-
-/// Counts an authentication failure (0x0201, or any refusal after the target answered a Seal
-/// offer without the initiator proving the secret: a failed guess of the PSK) against the
-/// initiator and its address, logs it (who, from where, how many, the lockout; never the
-/// secret or the response) and holds the failing response back by the backoff's delay
-/// (crates/ipsan-target/src/limits.rs).
-async fn auth_failure_backoff(
-    shared: &Shared,
-    dir: &LoginDirectory,
-    peer: SocketAddr,
-    f: &iscsi_proto::login::LoginFailure,
-    seal_guess: bool,
-) {
-    if f.status != iscsi_proto::login::LoginStatus::AUTHENTICATION_FAILURE && !seal_guess {
-        return;
-    }
-    let Some(initiator) = dir.initiator() else {
-        return;
-    };
-    let what = if seal_guess {
-        "authentication failed (a Seal guess: the secret was never proven)"
-    } else {
-        "authentication failed"
-    };
-    let v = count_auth_failure(shared, &initiator, peer, what);
-    // Never hold the answer past the login timeout (it would be dropped unanswered).
-    tokio::time::sleep(v.delay.min(shared.login_timeout / 2)).await;
-}
-
-/// A login that ended (peer gone, timeout, malformed PDU) after the target answered a Seal
-/// offer and before the initiator proved the secret: a prober took the answer, which tells it
-/// whether its one guess was right (docs/seal.md §2). Counted like a refused guess.
-fn abandoned_seal_guess(shared: &Shared, peer: SocketAddr, guess: &GuessSlot) {
-    let Some(initiator) = lock(guess).take() else {
-        return;
-    };
-    count_auth_failure(
-        shared,
-        &initiator,
-        peer,
-        "seal: login abandoned after the target's answer, secret never proven; counted as an authentication failure",
-    );
-}
-
-/// Counts one failed authentication of `initiator` from `peer` (limits.rs) and logs it with
-/// `what`: who, from where, how many, the lockout; never the secret or the response.
-fn count_auth_failure(
-    shared: &Shared,
-    initiator: &str,
-    peer: SocketAddr,
-    what: &str,
-) -> crate::limits::FailureVerdict {
-    let v = shared.registry.auth_failure(initiator, peer.ip());
-    warn!(
-        %peer,
-        initiator = %initiator,
-        failures_name_here = v.failures_name_here,
-        failures_address = v.failures_address,
-        failures_name = v.failures_name,
-        lockout_ms = v.lockout.map_or(0, |d| d.as_millis()),
-        delay_ms = v.delay.as_millis(),
-        "{what}{}",
-        if v.lockout.is_some() { "; locked out" } else { "" }
-    );
-    v
-}
-
-/// CHECK CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h): the answer when this
-/// side cannot seal data-in, or when data-out's Seal counters run past the session's limit.
-fn seal_security_error() -> ScsiResponse {
-    ScsiResponse::check(Sense::new(SenseKey::ABORTED_COMMAND, 0x74, 0x00))
-}
-
-/// The answer to data-out whose Seal counters run past the session's limit
-/// ([`seal_security_error`]); `None` for other open failures.
-fn seal_limit_response(e: &ipsan_seal::OpenError) -> Option<ScsiResponse> {
-    matches!(e, ipsan_seal::OpenError::CounterLimit { .. }).then(seal_security_error)
-}
-
 /// Seconds an initiator has to log out after AsyncEvent 1 (RFC 7143 §11.9.1 Parameter3).
 const LOGOUT_WAIT_SECS: u16 = 10;
 
@@ -630,15 +279,7 @@ const INLINE_MAX: u32 = 64 << 10;
 /// stamped as they leave the engine) into the socket, many PDUs per syscall, until the
 /// connection is over and everything queued has left. In a sealed session every PDU is
 /// record-protected here, after the engine stamped it, in wire order (docs/seal.md §4a).
-async fn writer_task(
-    wr: OwnedWriteHalf,
-    codec: Codec,
-    session: Arc<Session>,
-    mut sealer: Option<RecordSealer>,
-) {
-    let mut wr = wr;
-    // A READ's Data-In goes to the socket as it is, by vectored write (`Segments`).
-    let mut out = ipsan_tcp::vectored::Segments::default();
+async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>) {
     let mut batch: Vec<Pdu> = Vec::with_capacity(64);
     loop {
         let notified = session.wake_writer.notified();
@@ -662,32 +303,21 @@ async fn writer_task(
             continue;
         }
         let mut failed = false;
-        for mut pdu in batch.drain(..) {
+        for pdu in batch.drain(..) {
             if matches!(pdu.header, Header::R2t(_)) {
                 session.stats.r2ts(1);
             }
             trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "send");
-            // ---- SEAL RECORD HOOK (framed write): after stamping, in wire order ----
-            if let Some(s) = &mut sealer {
-                if let Err(e) = s.protect(&mut pdu) {
-                    warn!("seal: cannot protect a PDU: {e}; closing the connection");
+            if let Err(e) = wr.push(pdu) {
+                warn!("{e}");
+                if e.fatal() {
                     failed = true;
                     break;
                 }
             }
-            let Ok(trailer) = codec.encode_head(&pdu, out.head()) else {
-                warn!("cannot encode {:?}", pdu.header.opcode());
-                if sealer.is_some() {
-                    // Its record counter is spent: the next PDU could not verify.
-                    failed = true;
-                    break;
-                }
-                continue;
-            };
-            out.push_data(pdu.data, trailer.as_bytes());
         }
         // What was encoded before a failure still goes out (a status, say).
-        if let Err(e) = out.write_to(&mut wr).await {
+        if let Err(e) = wr.flush().await {
             debug!("write failed: {e}");
             writer_failed(&session);
             return;
@@ -707,105 +337,6 @@ fn writer_failed(session: &Session) {
     lock(&session.engine).peer_closed();
     session.wake_reader.notify_one();
     session.written.notify_waiters();
-}
-
-/// Who runs a command.
-#[derive(Clone, Debug)]
-enum Exec {
-    /// The LU, and whether its backend works at memory speed (`mem`, `null`): small reads
-    /// and writes then run inline instead of hopping to the blocking pool, which is most of a
-    /// depth-1 command's latency on loopback.
-    Lu(Arc<LogicalUnit>, bool),
-    /// A remote iSCSI LUN (remote.rs): the command is forwarded with its CDB and data, and
-    /// the remote status, sense, data and residual come back unchanged. The remote LUN number.
-    Remote(Arc<RemoteSpec>, u64),
-    NoLun,
-}
-
-/// The largest READ/WRITE run inline on a memory-speed backend.
-const INLINE_MAX_BYTES: u64 = 1 << 20;
-
-/// Whether `cdb` is a READ/WRITE small enough to run on the network task for `exec`.
-fn runs_inline(exec: &Exec, cdb: &[u8]) -> bool {
-    let Exec::Lu(lu, true) = exec else {
-        return false;
-    };
-    let rw = cdb::family(cdb).is_read_or_write();
-    let (_, blocks) = cdb::extent(cdb);
-    rw && u64::from(blocks) * u64::from(lu.block_size()) <= INLINE_MAX_BYTES
-}
-
-/// Whether `cdb` goes through the LU's submit/complete path (`LogicalUnit::runs_async`).
-fn runs_async(exec: &Exec, cdb: &[u8]) -> bool {
-    matches!(exec, Exec::Lu(lu, _) if lu.runs_async(cdb))
-}
-
-/// What the engine asks about LUNs while a command arrives: which exist, and how many data-out
-/// bytes a CDB needs (in a Seal session, the sealed size).
-struct Luns<'a> {
-    target: Option<&'a Target>,
-    seal: Option<&'a SealSession>,
-}
-
-impl Luns<'_> {
-    fn lu(&self, raw: u64) -> Option<&Arc<LogicalUnit>> {
-        self.target
-            .and_then(|t| t.luns.get(&decode_lun(raw.to_be_bytes())))
-    }
-}
-
-fn engine_response(r: ScsiResponse) -> engine::Response {
-    engine::Response {
-        status: r.status.0,
-        sense: r.sense.map(|s| Bytes::from(s.to_fixed())),
-        data_in: r.data_in,
-    }
-}
-
-impl engine::LunDirectory for Luns<'_> {
-    fn exists(&self, lun: u64) -> bool {
-        self.lu(lun).is_some() || self.passthrough(lun)
-    }
-
-    fn passthrough(&self, lun: u64) -> bool {
-        self.target
-            .is_some_and(|t| t.remote_route(decode_lun(lun.to_be_bytes())).is_some())
-    }
-
-    fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
-        let mut early = None;
-        let need = match self.lu(lun) {
-            Some(lu) => match lu.command_info(cdb) {
-                Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
-                Ok(_) => 0,
-                Err(sense) => {
-                    early = Some(engine_response(ScsiResponse::check(sense)));
-                    0
-                }
-            },
-            None => 0,
-        };
-        // In a Seal session data travels sealed: EDTL and every offset count sealed bytes, and
-        // a length that is not exactly the sealed size of what the CDB needs is refused
-        // (sealed data cannot be truncated).
-        let need = match (self.seal, need) {
-            (Some(seal), n) if n > 0 && early.is_none() => {
-                match seal.sealed_len(usize::try_from(n).unwrap_or(usize::MAX)) {
-                    Some(sealed) if sealed as u64 == u64::from(edtl) => sealed as u64,
-                    _ => {
-                        early = Some(engine_response(ScsiResponse::check(Sense::new(
-                            SenseKey::ILLEGAL_REQUEST,
-                            0x0e,
-                            0x03,
-                        ))));
-                        u64::from(edtl)
-                    }
-                }
-            }
-            (_, n) => n,
-        };
-        engine::Sizing { need, early }
-    }
 }
 
 /// One session's connection: the engine and what the driver adds around it.
@@ -851,7 +382,7 @@ impl Session {
     /// its events, and after the end waits (bounded) for commands still running.
     async fn run(
         self: &Arc<Self>,
-        conn: &mut Reader,
+        conn: &mut FrameReader<OwnedReadHalf>,
         shutdown: &CancellationToken,
         session_cancel: &CancellationToken,
     ) -> String {
@@ -903,13 +434,10 @@ impl Session {
             let luns = Luns {
                 target: target.as_deref(),
                 seal: self.seal.as_deref(),
+                registry: &self.shared.registry,
+                local: self.local,
             };
-            if let Some(f) = next
-                .as_ref()
-                .err()
-                .and_then(|e| e.get_ref())
-                .and_then(|x| x.downcast_ref::<Forgery>())
-            {
+            if let Some(f) = next.as_ref().err().and_then(ipsan_transport::forgery) {
                 // Nothing of a forged PDU reaches the engine: the connection is dropped.
                 crate::limits::LimitStats::bump(&self.shared.registry.stats.forged_pdus);
                 warn!(
@@ -1015,11 +543,6 @@ impl Session {
                     answer,
                 } => self.reset(function, lun, answer),
                 engine::Event::Abort { itts } => self.abort_forwarded(&itts),
-                engine::Event::Text { itt, lun, keys } => {
-                    let answer = self.text_answer(&keys);
-                    lock(&self.engine).text_response(itt, lun, &answer);
-                    self.wake_writer.notify_one();
-                }
                 engine::Event::Closed(e) => {
                     self.wake_writer.notify_one();
                     return Some(e.to_string());
@@ -1058,27 +581,22 @@ impl Session {
         };
         let kind = match function {
             TmfFunction::LOGICAL_UNIT_RESET => {
-                if let Some(lu) = t.luns.get(&lun) {
-                    lu.reset(ResetKind::LogicalUnit, &self.nexus);
-                    if let Some(itt) = answer {
-                        self.reset_done(itt, TmfResponse::FUNCTION_COMPLETE);
-                    }
-                } else if let (Some((spec, remote_lun)), Some(nexus)) =
-                    (t.remote_route(lun), self.remote.clone())
-                {
-                    // Forwarded: the remote LU resets, its tasks for this host end (their
-                    // answers here are suppressed by the engine) and other hosts get their
-                    // unit attention from the remote target. The host's response says how
-                    // the remote reset went (RFC 7143 §11.6.1).
-                    let s = self.clone();
-                    tokio::spawn(async move {
-                        let r = nexus.lun_reset(&spec, remote_lun).await;
+                let unit = unit::Unit::resolve(Some(&*t), lun, &[]);
+                match unit.lun_reset(&self.nexus, self.remote.as_ref()) {
+                    unit::Reset::Now(r) => {
                         if let Some(itt) = answer {
-                            s.reset_done(itt, r);
+                            self.reset_done(itt, r);
                         }
-                    });
-                } else if let Some(itt) = answer {
-                    self.reset_done(itt, TmfResponse::LUN_DOES_NOT_EXIST);
+                    }
+                    unit::Reset::Forwarded(f) => {
+                        let s = self.clone();
+                        tokio::spawn(async move {
+                            let r = f.await;
+                            if let Some(itt) = answer {
+                                s.reset_done(itt, r);
+                            }
+                        });
+                    }
                 }
                 return;
             }
@@ -1108,422 +626,4 @@ impl Session {
         lock(&self.engine).reset_done(itt, response);
         self.wake_writer.notify_one();
     }
-
-    fn text_answer(&self, keys: &[(String, String)]) -> Vec<(String, String)> {
-        let mut answer: Vec<(String, String)> = Vec::new();
-        for (k, v) in keys {
-            match k.as_str() {
-                "SendTargets" => self.send_targets(v, &mut answer),
-                // Declarative, applied by the engine (RFC 7143 §13.12).
-                "MaxRecvDataSegmentLength" => {}
-                _ if iscsi_proto::params::spec(k).is_some() => {
-                    answer.push((k.clone(), REJECT.into()))
-                }
-                _ => answer.push((k.clone(), NOT_UNDERSTOOD.into())),
-            }
-        }
-        answer
-    }
-
-    /// SendTargets (RFC 7143 Appendix C): every target this initiator may use, with the
-    /// portal it connected to. `All` lists every target; an empty value (normal sessions) or a
-    /// name lists that one.
-    fn send_targets(&self, value: &str, answer: &mut Vec<(String, String)>) {
-        let ini = &self.params.initiator_name;
-        let address = self.local.map(|a| match a {
-            SocketAddr::V4(v4) => format!("{v4},{PORTAL_GROUP_TAG}"),
-            SocketAddr::V6(v6) => format!("[{}]:{},{PORTAL_GROUP_TAG}", v6.ip(), v6.port()),
-        });
-        for t in self.shared.registry.targets().iter() {
-            let wanted = match value {
-                "All" => true,
-                "" => self.params.target_name.as_deref() == Some(t.iqn.as_str()),
-                name => name == t.iqn,
-            };
-            if wanted && t.allows(ini) {
-                answer.push(("TargetName".into(), t.iqn.clone()));
-                if let Some(a) = &address {
-                    answer.push(("TargetAddress".into(), a.clone()));
-                }
-            }
-        }
-    }
-
-    /// Whether LUN `lun`'s backend works at memory speed.
-    fn fast_backend(t: &Target, lun: u64) -> bool {
-        t.backends
-            .iter()
-            .any(|(id, b)| *id == lun && b.engine() == ipsan_scsi::Engine::Inline)
-    }
-
-    /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
-    /// unit attentions, CDB checks and reservations still apply (SPC-4 §5.13), so an
-    /// initiator without access gets its RESERVATION CONFLICT rather than GOOD.
-    fn without_blocks(&self, exec: &Exec, cdb: &[u8]) -> ScsiResponse {
-        match exec {
-            Exec::Lu(lu, _) => lu
-                .precheck(&self.nexus, cdb)
-                .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
-            Exec::Remote(..) => ScsiResponse::good(Bytes::new()),
-            Exec::NoLun => no_such_lun(cdb),
-        }
-    }
-
-    /// Runs one command whose data phase is over and hands its answer to the engine: the one
-    /// place a command reaches the logical unit. Seal opens data-out before the backend sees
-    /// it and seals data-in after.
-    async fn execute(self: Arc<Self>, x: engine::Execute) {
-        let itt = x.itt;
-        let lun = decode_lun(x.lun.to_be_bytes());
-        let target = self.target();
-        let timer = self.stats.start(lun);
-        let exec = match target.as_ref().and_then(|t| t.luns.get(&lun)) {
-            // One registry lookup per command (`target`), not one per question.
-            Some(lu) => Exec::Lu(
-                lu.clone(),
-                target
-                    .as_deref()
-                    .is_some_and(|t| Self::fast_backend(t, lun)),
-            ),
-            // REPORT LUNS goes to the remote target only when this target mirrors it;
-            // otherwise it lists this target's LUNs, local and remote (SPC-4 §6.33).
-            None => match target.as_ref().and_then(|t| {
-                t.remote_route(lun).filter(|_| {
-                    x.cdb.first() != Some(&op::REPORT_LUNS) || t.mirrored_remote().is_some()
-                })
-            }) {
-                Some((spec, remote_lun)) => Exec::Remote(spec, remote_lun),
-                None => Exec::NoLun,
-            },
-        };
-        let remote_exec = matches!(exec, Exec::Remote(..));
-        // A remote LUN's residual is the remote target's (None: computed by the engine).
-        let mut residual: Option<i64> = None;
-        // The remote session is gone: this host's session ends after this answer.
-        let mut remote_lost = false;
-        let mut cdb = x.cdb;
-        let mut data_out = x.data_out;
-        let mut pre: Option<ScsiResponse> = None;
-        let mut early = x.early;
-        if early.is_none() && x.write_without_w {
-            // A data-out command sent without the W bit: EDTL 0, all of it overflows.
-            pre = Some(match overflow_write(&exec, &mut cdb, 0) {
-                Some(_) => self.without_blocks(&exec, &cdb),
-                None => ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03)),
-            });
-        } else if early.is_none() && x.need > 0 && u64::from(x.edtl) < x.need {
-            // iSCSI overflow on a write: EDTL shorter than the CDB's transfer.
-            match overflow_write(&exec, &mut cdb, x.edtl) {
-                // FCP-4 option (a): transfer and write only the whole blocks EDTL covers.
-                Some(Some(bytes)) => data_out.truncate(bytes),
-                Some(None) => pre = Some(self.without_blocks(&exec, &cdb)),
-                // Not a block write: nothing is written (option b), INVALID FIELD IN COMMAND
-                // INFORMATION UNIT.
-                None => {
-                    pre = Some(ScsiResponse::check(Sense::new(
-                        SenseKey::ILLEGAL_REQUEST,
-                        0x0e,
-                        0x03,
-                    )))
-                }
-            }
-        }
-        let seal = self.seal.clone().map(|s| {
-            (
-                s,
-                self.shared.pool.clone(),
-                ipsan_seal::Binding::of_command(
-                    x.lun,
-                    itt,
-                    cdb.first().copied().unwrap_or(0),
-                    cdb::extent(&cdb),
-                ),
-            )
-        });
-        // A Seal counter at its hard limit: this command fails, then the connection closes.
-        let mut seal_exhausted = false;
-        if let (Some((session, pool, binding)), None, None, false) =
-            (&seal, &early, &pre, data_out.is_empty())
-        {
-            // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
-            // The write buffer is uniquely owned: open it in place, no copy.
-            let buf = std::mem::take(&mut data_out)
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            match Box::pin(pool.open(session, *binding, buf)).await {
-                Ok(plain) => data_out = plain,
-                Err(e) => {
-                    self.stats.seal_open_failed(&e);
-                    warn!(
-                        itt,
-                        lun,
-                        lba = binding.lba,
-                        blocks = binding.blocks,
-                        opcode = binding.opcode,
-                        "seal: data-out refused: {e}"
-                    );
-                    pre = Some(ScsiResponse::check(Sense::new(
-                        SenseKey(ipsan_seal::sense::SENSE_KEY),
-                        ipsan_seal::sense::ASC,
-                        ipsan_seal::sense::ASCQ,
-                    )));
-                    if let Some(r) = seal_limit_response(&e) {
-                        pre = Some(r);
-                        seal_exhausted = true;
-                    }
-                }
-            }
-        }
-        let mut resp = match (early.take(), pre) {
-            (Some(r), _) => r,
-            (None, Some(r)) => engine_response(r),
-            (None, None) if matches!(exec, Exec::Remote(..)) => {
-                // Boxed (as every rarely taken sub-future here): an inline future would make
-                // every command's task as large as the largest path, copied at each spawn.
-                let (r, res, lost) = Box::pin(self.forward(
-                    itt,
-                    &exec,
-                    &cdb,
-                    data_out,
-                    (x.need, x.edtl, x.read, x.write),
-                ))
-                .await;
-                residual = res;
-                remote_lost = lost;
-                r
-            }
-            // An async backend (RBD) completes data-path commands through callbacks: the task
-            // awaits them and holds no thread (ipsan_scsi::aio).
-            (None, None) if runs_async(&exec, &cdb) => match &exec {
-                Exec::Lu(lu, _) => engine_response(
-                    Box::pin(lu.execute_async(OwnedRequest {
-                        cdb: cdb.clone(),
-                        data_out,
-                        nexus: self.nexus.clone(),
-                        lun,
-                        tag: u64::from(itt),
-                    }))
-                    .await,
-                ),
-                Exec::Remote(..) | Exec::NoLun => engine_response(no_such_lun(&cdb)),
-            },
-            (None, None) => {
-                let cdb = cdb.clone();
-                let nexus = self.nexus.clone();
-                let inline = runs_inline(&exec, &cdb);
-                // Room to seal a READ's buffer in place, in sealed sessions only.
-                let tailroom = seal.is_some();
-                let run = move || match exec {
-                    // REPORT LUNS answers for the whole target, whichever LUN it addressed
-                    // (SPC-4 §6.33).
-                    _ if cdb.first() == Some(&op::REPORT_LUNS) => {
-                        let luns: Vec<u64> = target
-                            .map(|t| t.luns.keys().chain(t.remotes.keys()).copied().collect())
-                            .unwrap_or_default();
-                        report_luns(&luns, &cdb)
-                    }
-                    Exec::Lu(lu, _) => lu.execute(&ScsiRequest {
-                        cdb: &cdb,
-                        data_out: &data_out,
-                        nexus: &nexus,
-                        lun,
-                        tailroom,
-                    }),
-                    Exec::Remote(..) | Exec::NoLun => no_such_lun(&cdb),
-                };
-                let r = if inline {
-                    run()
-                } else {
-                    tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
-                        ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
-                    })
-                };
-                engine_response(r)
-            }
-        };
-        if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
-            // The device server leaves room past the data (`read_tailroom`): seal its
-            // buffer in place, no copy. Otherwise (shared, or too little room) seal a copy,
-            // encrypted out of place on the crypto workers into a reused buffer.
-            let plain = std::mem::take(&mut resp.data_in);
-            let room = session.sealed_len(plain.len()).unwrap_or(usize::MAX);
-            let sealed = match plain.try_into_mut() {
-                Ok(buf) if buf.capacity() >= room => {
-                    Box::pin(pool.seal(session, *binding, buf)).await
-                }
-                Ok(buf) => Box::pin(pool.seal_copy(session, *binding, buf.freeze())).await,
-                Err(shared) => Box::pin(pool.seal_copy(session, *binding, shared)).await,
-            };
-            match sealed {
-                Ok(sealed) => resp.data_in = sealed,
-                Err(e) => {
-                    warn!(itt, "seal: cannot seal data-in: {e}");
-                    resp = engine_response(seal_security_error());
-                    seal_exhausted = e == ipsan_seal::SealError::CounterExhausted;
-                }
-            }
-        }
-        timer.done(
-            &cdb,
-            ScsiStatus(resp.status),
-            resp.sense
-                .as_ref()
-                .and_then(|s| s.get(2))
-                .map(|k| SenseKey(k & 0x0f)),
-        );
-        let closed = {
-            let mut e = lock(&self.engine);
-            e.complete_with_residual(itt, resp, residual);
-            if remote_exec {
-                // Under the engine lock: an abort sees the task running or the token gone.
-                lock(&self.forwarded).remove(&itt);
-            }
-            if let Some((session, _, _)) = &seal {
-                self.seal_counter_watch(&mut e, session, seal_exhausted);
-            }
-            if remote_lost {
-                e.close_locally();
-            }
-            e.closed().is_some()
-        };
-        self.wake_writer.notify_one();
-        if closed {
-            // Closed here (Seal limits): the reader must see the event.
-            self.wake_reader.notify_one();
-        }
-    }
-
-    /// A command to a remote LUN (`Exec::Remote`): forwarded with its CDB and data-out
-    /// (already opened if this session is sealed), answered with the remote target's status,
-    /// sense, data and residual. Returns the answer, the residual to report, and whether the
-    /// remote session is lost (the host's session then ends, so its initiator logs in again
-    /// as after a path failure: RFC 7143 §6.3.5, open-iscsi's replacement_timeout).
-    async fn forward(
-        &self,
-        itt: u32,
-        exec: &Exec,
-        cdb: &[u8],
-        data_out: Bytes,
-        (need, edtl, read, write): (u64, u32, bool, bool),
-    ) -> (engine::Response, Option<i64>, bool) {
-        let (Exec::Remote(spec, remote_lun), Some(nexus)) = (exec, &self.remote) else {
-            return (engine_response(no_such_lun(cdb)), None, false);
-        };
-        // A READ sent with the W bit (libiscsi's Read*Invalid): ipsan's initiator carries
-        // no bidirectional command, and Data-In for a write would end the remote connection;
-        // forwarded as the read it is, its data-out dropped (a target reads no data for it).
-        let (need, data_out, read, write) = if write && cdb::family(cdb) == cdb::Family::Read {
-            (0, Bytes::new(), true, false)
-        } else {
-            (need, data_out, read, write)
-        };
-        // The host's EDTL counts sealed bytes in a sealed session: read the plaintext.
-        let read_len = match (&self.seal, need) {
-            (_, n) if n > 0 => 0,
-            (Some(seal), _) => match seal.plain_len(edtl as usize) {
-                Some(n) => n,
-                None => {
-                    let r = ScsiResponse::check(Sense::new(SenseKey::ILLEGAL_REQUEST, 0x0e, 0x03));
-                    return (engine_response(r), None, false);
-                }
-            },
-            (None, _) => edtl as usize,
-        };
-        // A host's ABORT TASK may have come before this (registered cancelled).
-        let abort = lock(&self.forwarded).entry(itt).or_default().clone();
-        match nexus
-            .forward(
-                (spec, *remote_lun),
-                cdb,
-                data_out,
-                read_len,
-                (read, write),
-                &abort,
-            )
-            .await
-        {
-            Ok(p) => {
-                // A write's residual and a read's overflow are the remote target's. A read's
-                // underflow the engine measures from the Data-In it sends: in a sealed
-                // session (here or on the remote leg) the remote's count is in other units.
-                let residual = (need > 0 || p.residual < 0).then_some(p.residual);
-                let r = engine::Response {
-                    status: p.status,
-                    sense: p.sense,
-                    data_in: p.data.freeze(),
-                };
-                (r, residual, false)
-            }
-            Err(e) => {
-                let lost = matches!(e, ForwardError::Lost(_));
-                warn!(initiator = %self.params.initiator_name, lun = remote_lun, remote = %spec.target_key(), opcode = cdb.first().copied().unwrap_or(0), "{e}");
-                let sense = match e {
-                    // LOGICAL UNIT COMMUNICATION FAILURE: retryable, the host decides.
-                    ForwardError::Lost(_) | ForwardError::Aborted(_) => {
-                        Sense::new(SenseKey::ABORTED_COMMAND, 0x08, 0x00)
-                    }
-                    // INVALID COMMAND OPERATION CODE (a CDB the remote leg cannot carry).
-                    ForwardError::Refused(_) => Sense::new(SenseKey::ILLEGAL_REQUEST, 0x20, 0x00),
-                };
-                (engine_response(ScsiResponse::check(sense)), None, lost)
-            }
-        }
-    }
-
-    /// After a sealed command: at the hard counter limit close the connection (the command has
-    /// its CHECK CONDITION); past the high-water mark ask once for a logout with an
-    /// Asynchronous Message, AsyncEvent 1 "target requests logout" (RFC 7143 §11.9.1), so the
-    /// initiator logs in again and both sides derive fresh keys (docs/seal.md).
-    fn seal_counter_watch(
-        &self,
-        e: &mut engine::Connection,
-        session: &SealSession,
-        exhausted: bool,
-    ) {
-        let (sent, received) = session.counters_used();
-        if exhausted {
-            warn!(
-                sent,
-                received,
-                limit = session.counter_limit(),
-                "seal: counter limit reached; closing the connection"
-            );
-            e.close_locally();
-            return;
-        }
-        if session.rekey_due() && !self.rekey_asked.swap(true, Ordering::AcqRel) {
-            info!(
-                sent,
-                received,
-                mark = session.rekey_mark(),
-                "seal: counters past the re-key mark; asking the initiator to log out (AsyncEvent 1)"
-            );
-            e.request_logout(LOGOUT_WAIT_SECS);
-        }
-    }
-}
-
-/// For a block write (WRITE, WRITE AND VERIFY) whose EDTL covers less than its transfer
-/// length, rewrites the CDB to the whole blocks EDTL covers: `Some(Some(bytes))` to write,
-/// `Some(None)` when not one whole block is covered. `None` for other commands.
-fn overflow_write(exec: &Exec, cdb: &mut [u8], edtl: u32) -> Option<Option<usize>> {
-    let Exec::Lu(lu, _) = exec else { return None };
-    let bs = lu.block_size().max(1);
-    let blocks = edtl / bs;
-    let e = cdb::entry(*cdb.first()?).filter(|e| e.family.is_block_write())?;
-    let field = e.field.count_bytes()?;
-    // WRITE(6) counts 1..=255 blocks (0 means 256).
-    if e.field == cdb::Field::Six && !(1..=255).contains(&blocks) {
-        return (blocks == 0).then_some(None);
-    }
-    if cdb.len() < field.end {
-        return None;
-    }
-    if blocks == 0 {
-        return Some(None);
-    }
-    let bytes = blocks.to_be_bytes();
-    let width = field.len();
-    cdb[field].copy_from_slice(&bytes[4 - width..]);
-    Some(Some((blocks * bs) as usize))
 }

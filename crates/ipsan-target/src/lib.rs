@@ -16,11 +16,23 @@
 //! - [`remote_block`]: a remote iSCSI LUN as a block store (`ipsan_block::Backend`, READ/WRITE
 //!   through ipsan's initiator), for front ends that do not forward SCSI (NVMe namespaces).
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
-//! - `conn`: one connection — the login phase, then the tokio driver of the full feature phase:
-//!   one framed read into `iscsi_proto::engine::target`, one writer draining its PDUs, and
-//!   `execute`, where commands reach the logical units (Seal opens and seals there). The
-//!   protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text, logout,
-//!   keepalive) lives in the engine.
+//! - `conn`: one connection, the tokio driver of `iscsi_proto::engine::target`: sockets,
+//!   timers and wake-ups. One framed read into the engine and one writer draining its PDUs,
+//!   both through `ipsan_transport` (read, verify the Seal record, decode; protect, encode,
+//!   vectored write); the session's wake-ups, task management and logout requests. Beside it:
+//!   - `conn/login.rs`: the login phase through `iscsi_proto::login::TargetLogin` (relayed
+//!     CHAP, a gateway's remote sessions, admission, the authentication-failure backoff);
+//!   - `conn/luns.rs`: what the engine asks the driver (`LunDirectory`: which LUNs exist, how
+//!     many bytes a CDB needs; `text::Directory`: what SendTargets lists, from the registry);
+//!   - `conn/execute.rs`: one command from the engine's `Execute` to its answer: Seal opens
+//!     data-out and seals data-in, the overflow/underflow rules (`engine::residual`) apply
+//!     in plaintext bytes, the same for every session and unit;
+//!   - `conn/unit.rs`: the one LU interface the driver calls (`Unit::submit`): an emulated LU
+//!     (ipsan-scsi) or a pass-through remote LUN (`remote`).
+//!
+//!   The protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text and
+//!   SendTargets, login refusals, logout, keepalive) lives in `iscsi-proto`.
+//! - `seal_ext`: Seal's login extension (the offer, the transcript it binds, the guess limit).
 
 pub mod config;
 mod conn;

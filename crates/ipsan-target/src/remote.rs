@@ -355,7 +355,7 @@ impl RemoteNexus {
 /// The host's side of relayed CHAP during one host login (docs/gateway.md): the remote
 /// login runs beside the host's, as the host (its InitiatorName and ISID), and the host's
 /// login engine (`Auth::Relay`, iscsi-proto login.rs) asks this for the remote target's
-/// challenge and verdict. conn.rs `login_phase` drives it.
+/// challenge and verdict. conn/login.rs `login_phase` drives it.
 pub struct HostRelay {
     nexus: Option<Arc<RemoteNexus>>,
     response: Option<tokio::sync::oneshot::Sender<ipsan_initiator::RelayedResponse>>,

@@ -6,7 +6,7 @@
 //! Every Seal offer is one online guess of the pre-shared secret (CPace, docs/seal.md §2-§3):
 //! a running lockout refuses it before the target answers, and a login that received the
 //! target's answer but never proved the secret (refused, or abandoned by a prober that takes
-//! the answer and disconnects) counts as an authentication failure ([`GuessSlot`], conn.rs).
+//! the answer and disconnects) counts as an authentication failure ([`GuessSlot`], conn/login.rs).
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

@@ -280,6 +280,57 @@ impl Client {
         }
     }
 
+    /// One command with its data-out all immediate; returns the status, the residual
+    /// (positive: underflow, negative: overflow; RFC 7143 §11.4.5.1) and the Data-In.
+    async fn command(&mut self, cdb: [u8; 16], edtl: u32, data_out: Bytes) -> (u8, i64, Bytes) {
+        let itt = self.next_itt();
+        let write = !data_out.is_empty();
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: !write,
+            write,
+            attr: TaskAttr::SIMPLE,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: edtl,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb,
+        };
+        self.cmd_sn += 1;
+        self.send(&Pdu::new(cmd, data_out)).await;
+        let residual = |under: bool, over: bool, count: u32| match (under, over) {
+            (true, _) => i64::from(count),
+            (_, true) => -i64::from(count),
+            _ => 0,
+        };
+        let mut data_in = BytesMut::new();
+        loop {
+            match self.recv().await {
+                Some(Pdu {
+                    header: Header::DataIn(d),
+                    data,
+                    ..
+                }) => {
+                    data_in.extend_from_slice(&data);
+                    if d.status_present {
+                        let r = residual(d.underflow, d.overflow, d.residual_count);
+                        return (d.status, r, data_in.freeze());
+                    }
+                }
+                Some(Pdu {
+                    header: Header::ScsiResponse(r),
+                    ..
+                }) => {
+                    let res = residual(r.underflow, r.overflow, r.residual_count);
+                    return (r.status, res, data_in.freeze());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     fn next_itt(&mut self) -> u32 {
         self.itt += 1;
         self.itt
@@ -459,6 +510,109 @@ async fn rejects_an_injected_write_same_ndob_and_keeps_the_lun() {
         )
         .unwrap();
     assert_eq!(&plain[..], &old[..], "the LUN was wiped");
+    t.shutdown().await.unwrap();
+}
+
+/// Issue 32: a sealed session applies the overflow rules a plain one does (RFC 7143
+/// §11.4.5.1), in plaintext bytes: a WRITE(10) of 4 blocks whose EDTL seals 2 blocks and 100
+/// bytes writes the 2 whole blocks (FCP-4 option (a)), reports an overflow of 924 bytes and
+/// leaves the rest of the extent alone. Before, the target refused any EDTL that was not the
+/// sealed size of the CDB's transfer, so a plain host behind a gateway failed libiscsi's
+/// residual tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_a_sealed_write_overflow_and_writes_only_the_whole_blocks_edtl_covers() {
+    let t = start(SealPolicy::Required).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let plain = payload();
+    let cdb = Client::cdb10(0x2a, 300, 4);
+    let itt = c.itt + 1;
+    let sealed = session
+        .seal(
+            &bind(0, itt, &cdb),
+            BytesMut::from(&plain[..1124]),
+        )
+        .unwrap();
+    let edtl = sealed.len() as u32;
+    let (status, residual, _) = c.command(cdb, edtl, sealed).await;
+    assert_eq!((status, residual), (0, -924), "GOOD, overflow 2048 - 1124");
+
+    // Read the 4 blocks back whole: 2 written, 2 still zero.
+    let cdb = Client::cdb10(0x28, 300, 4);
+    let itt = c.itt + 1;
+    let edtl = session.sealed_len(2048).unwrap() as u32;
+    let (status, residual, got) = c.command(cdb, edtl, Bytes::new()).await;
+    assert_eq!((status, residual), (0, 0));
+    let opened = session
+        .open(
+            &bind(0, itt, &cdb),
+            BytesMut::from(&got[..]),
+        )
+        .unwrap();
+    assert_eq!(
+        &opened[..1024],
+        &plain[..1024],
+        "the whole blocks EDTL covered"
+    );
+    assert!(opened[1024..].iter().all(|b| *b == 0), "nothing past them");
+    t.shutdown().await.unwrap();
+}
+
+/// Issue 32: a sealed WRITE(10) of 1 block whose EDTL seals 2 blocks writes the one block
+/// and reports an underflow of 512 plaintext bytes, as a plain session does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_a_sealed_write_underflow_and_reports_it_in_plaintext_bytes() {
+    let t = start(SealPolicy::Required).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let plain = payload();
+    let cdb = Client::cdb10(0x2a, 400, 1);
+    let itt = c.itt + 1;
+    let sealed = session
+        .seal(
+            &bind(0, itt, &cdb),
+            BytesMut::from(&plain[..1024]),
+        )
+        .unwrap();
+    let edtl = sealed.len() as u32;
+    let (status, residual, _) = c.command(cdb, edtl, sealed).await;
+    assert_eq!((status, residual), (0, 512), "GOOD, underflow 1024 - 512");
+    t.shutdown().await.unwrap();
+}
+
+/// Issue 32: a sealed READ(10) of 2 blocks whose EDTL seals 200 bytes gets those 200 bytes,
+/// sealed so they open (the plaintext is cut before sealing, never the sealed data after),
+/// and an overflow of 824 plaintext bytes. Before, the target sealed all 1024 bytes and cut
+/// the sealed data to EDTL: nothing the initiator could open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_a_sealed_read_overflow_cut_in_plaintext_before_sealing() {
+    let t = start(SealPolicy::Required).await;
+    let mut c = Client::connect(t.addrs[0]).await;
+    let session = c.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let plain = payload();
+    let cdb = Client::cdb10(0x2a, 500, 2);
+    let itt = c.itt + 1;
+    let sealed = session
+        .seal(
+            &bind(0, itt, &cdb),
+            BytesMut::from(&plain[..1024]),
+        )
+        .unwrap();
+    let edtl = sealed.len() as u32;
+    assert_eq!(c.command(cdb, edtl, sealed).await.0, 0);
+
+    let cdb = Client::cdb10(0x28, 500, 2);
+    let itt = c.itt + 1;
+    let edtl = session.sealed_len(200).unwrap() as u32;
+    let (status, residual, got) = c.command(cdb, edtl, Bytes::new()).await;
+    assert_eq!((status, residual), (0, -824), "GOOD, overflow 1024 - 200");
+    let opened = session
+        .open(
+            &bind(0, itt, &cdb),
+            BytesMut::from(&got[..]),
+        )
+        .expect("the Data-In opens");
+    assert_eq!(&opened[..], &plain[..200]);
     t.shutdown().await.unwrap();
 }
 

@@ -474,6 +474,32 @@ impl TargetLogin {
         }
     }
 
+    /// Turns a reply this login produced into a refusal with `failure`'s status (RFC 7143
+    /// §11.13.5): for the driver that learns only after the final step that the session
+    /// cannot start (a quota, a remote target out of reach: 0x0301 "service unavailable",
+    /// which the initiator retries later). The refusal keeps the reply's StatSN and ITT,
+    /// carries no keys and no TSIH, and the login is over.
+    #[must_use]
+    pub fn refuse(&mut self, reply: Reply, failure: LoginFailure) -> Reply {
+        self.state = State::Done;
+        self.relay = None;
+        self.deferred = None;
+        let header = LoginResponse {
+            transit: false,
+            continue_: false,
+            nsg: Stage(0),
+            tsih: 0,
+            status_class: failure.status.class(),
+            status_detail: failure.status.detail(),
+            ..reply.header
+        };
+        Reply {
+            header,
+            data: Vec::new(),
+            outcome: Outcome::Failed(failure),
+        }
+    }
+
     fn fail(&mut self, req: &LoginRequest, failure: LoginFailure) -> Reply {
         self.state = State::Done;
         self.relay = None;

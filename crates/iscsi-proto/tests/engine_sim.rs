@@ -352,9 +352,7 @@ fn run(seed: u64) -> Result<(), String> {
                         let lat = Duration::from_micros(rng.below(2000));
                         backend.insert((now + lat, x.itt), x);
                     }
-                    target::Event::Reset { .. }
-                    | target::Event::Abort { .. }
-                    | target::Event::Text { .. } => {}
+                    target::Event::Reset { .. } | target::Event::Abort { .. } => {}
                     target::Event::Closed(c) => tgt_closed = Some(c),
                 }
                 moved = true;

@@ -19,6 +19,11 @@
 //!   session's connections, and session recovery's reissue policy (RFC 7143 §6.3.5: which
 //!   commands in flight at a loss go again on the next connection, [`session::Config::idempotent`],
 //!   and what the others end with); it drives one [`initiator::Connection`] at a time.
+//! - [`residual`]: the target's overflow and underflow rules (RFC 7143 §11.4.5.1): which
+//!   bytes of an overflowing write are written (the CDB's transfer length rewritten), and the
+//!   residual a status reports; every path of the target driver applies them from here.
+//! - [`text`]: the target's answers to Text Requests: SendTargets from a [`text::Directory`]
+//!   the driver implements, Reject / NotUnderstood for other keys.
 //! - [`r2t`]: the target's bookkeeping of one write's data phase (R2TSN, DataSN, offsets,
 //!   MaxOutstandingR2T, burst limits).
 //! - This module: what both roles share: tags, errors typed by scope, sense bytes.
@@ -29,8 +34,10 @@
 
 pub mod initiator;
 pub mod r2t;
+pub mod residual;
 pub mod session;
 pub mod target;
+pub mod text;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};

@@ -44,15 +44,24 @@ pub trait LunDirectory {
     fn passthrough(&self, _lun: u64) -> bool {
         false
     }
+    /// The targets and portals SendTargets lists ([`super::text`]); `None` lists none.
+    fn directory(&self) -> Option<&dyn super::text::Directory> {
+        None
+    }
 }
 
 /// The data-out a command needs, as the device server sees it.
 #[derive(Clone, Debug, Default)]
 pub struct Sizing {
-    /// Bytes of data-out the CDB transfers (the target solicits at most this many).
+    /// Bytes of data-out the target solicits and collects: at most this many.
     pub need: u64,
     /// A response decided before execution; sent once the data phase ends.
     pub early: Option<Response>,
+    /// Bytes of data-out the CDB transfers as the device server counts them, when that is
+    /// not `need`: in a Seal session the wire carries sealed bytes, so the driver collects
+    /// the whole sealed EDTL (`need`) and applies the overflow rules ([`super::residual`])
+    /// to the plaintext, against this. `None`: `need`.
+    pub transfer: Option<u64>,
 }
 
 /// A command's answer from the device server.
@@ -103,8 +112,10 @@ pub struct Execute {
     /// The data-out received, at most `min(EDTL, need)` bytes.
     pub data_out: Bytes,
     pub edtl: u32,
-    /// What the CDB needs (see [`Sizing::need`]).
+    /// What the target collected for the CDB (see [`Sizing::need`]).
     pub need: u64,
+    /// What the CDB transfers as the device server counts them (see [`Sizing::transfer`]).
+    pub transfer: u64,
     /// The answer decided before execution, if any: send it instead of running the command.
     pub early: Option<Response>,
     /// A data-out command sent without the W bit (EDTL counts as 0 for it).
@@ -138,13 +149,6 @@ pub enum Event {
     /// (with [`Connection::complete`], whatever the outcome), so the initiator never sees a
     /// status after the abort's response.
     Abort { itts: Vec<u32> },
-    /// A Text Request (after its continuations): answer with [`Connection::text_response`].
-    /// `MaxRecvDataSegmentLength` in it is applied already (declarative, §13.12).
-    Text {
-        itt: u32,
-        lun: u64,
-        keys: Vec<(String, String)>,
-    },
     /// The connection is over: flush what [`Connection::poll_transmit`] still yields, then
     /// close the socket.
     Closed(ConnectionError),
@@ -196,6 +200,7 @@ enum TaskState {
 struct Collect {
     cdb: Vec<u8>,
     need: u64,
+    transfer: u64,
     early: Option<Response>,
     write: WriteState,
     /// The command's R bit (a bidirectional command).
@@ -451,7 +456,7 @@ impl Connection {
             Header::DataOut(h) if !discovery => self.on_data_out(&h, &pdu.data, &raw),
             Header::TaskMgmtRequest(h) if !discovery => self.on_tmf(dir, &h),
             Header::NopOut(h) => self.on_nop_out(&h, pdu.data),
-            Header::TextRequest(h) => self.on_text(&h, &pdu.data, &raw),
+            Header::TextRequest(h) => self.on_text(dir, &h, &pdu.data, &raw),
             Header::LogoutRequest(h) => self.on_logout(now, &h),
             // SNACK needs ErrorRecoveryLevel > 0 (§11.16); everything else is not ours.
             _ => self.reject(RejectReason::PROTOCOL_ERROR, &raw),
@@ -494,8 +499,8 @@ impl Connection {
         true
     }
 
-    /// The answer to an [`Event::Text`] (one final Text Response).
-    pub fn text_response(&mut self, itt: u32, lun: u64, answer: &[(String, String)]) {
+    /// The answer to a Text Request (one final Text Response).
+    fn text_response(&mut self, itt: u32, lun: u64, answer: &[(String, String)]) {
         let body = iscsi_wire::text::encode(answer).freeze();
         self.send_with(
             TextResponse {
@@ -593,10 +598,15 @@ impl Connection {
             return refuse(self, RejectReason::PROTOCOL_ERROR);
         };
         let edtl = cmd.expected_data_transfer_length;
-        let Sizing { need, mut early } = if dir.passthrough(cmd.lun) {
+        let Sizing {
+            need,
+            mut early,
+            transfer,
+        } = if dir.passthrough(cmd.lun) {
             Sizing {
                 need: if cmd.write { u64::from(edtl) } else { 0 },
                 early: None,
+                transfer: None,
             }
         } else {
             dir.size(cmd.lun, &cdb, edtl)
@@ -608,6 +618,7 @@ impl Connection {
         } else {
             need
         };
+        let transfer = transfer.unwrap_or(need);
         if !cmd.write {
             if !data.is_empty() {
                 // Immediate data on a command without the W bit (§11.3.1).
@@ -630,6 +641,7 @@ impl Connection {
                 data_out: Bytes::new(),
                 edtl,
                 need,
+                transfer,
                 early,
                 write_without_w: need > 0,
                 read: cmd.read,
@@ -652,6 +664,7 @@ impl Connection {
                 state: TaskState::Collecting(Box::new(Collect {
                     cdb,
                     need,
+                    transfer,
                     early,
                     write,
                     read: cmd.read,
@@ -709,6 +722,7 @@ impl Connection {
             data_out: c.write.into_data(),
             edtl,
             need: c.need,
+            transfer: c.transfer,
             early: fail.or(c.early),
             write_without_w: false,
             read: c.read,
@@ -939,7 +953,7 @@ impl Connection {
         );
     }
 
-    fn on_text(&mut self, h: &TextRequest, data: &[u8], raw: &[u8; 48]) {
+    fn on_text(&mut self, dir: &dyn LunDirectory, h: &TextRequest, data: &[u8], raw: &[u8; 48]) {
         if !self.admit(h.cmd_sn, h.immediate, false) {
             return;
         }
@@ -974,11 +988,13 @@ impl Connection {
                 self.params.apply(k, v, crate::params::Side::Initiator);
             }
         }
-        self.events.push_back(Event::Text {
-            itt: h.itt,
-            lun: h.lun,
-            keys,
-        });
+        let answer = super::text::answer(
+            &keys,
+            &self.params.initiator_name,
+            self.params.target_name.as_deref(),
+            dir.directory(),
+        );
+        self.text_response(h.itt, h.lun, &answer);
     }
 
     fn on_logout(&mut self, now: Instant, h: &LogoutRequest) {
@@ -1201,7 +1217,11 @@ mod tests {
             } else {
                 0
             };
-            Sizing { need, early: None }
+            Sizing {
+                need,
+                early: None,
+                transfer: None,
+            }
         }
     }
 

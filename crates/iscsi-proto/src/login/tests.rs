@@ -114,6 +114,35 @@ fn accepts_login_straight_into_operational_stage() {
     );
 }
 
+#[test]
+fn refuses_a_final_step_with_service_unavailable_built_by_the_login() {
+    let mut dir = Dir::default();
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    let first = b"InitiatorName=iqn.test:ini\0TargetName=iqn.2026-11.org.ipsan:disk0\0";
+    let r = l.handle(&req(1, 3, true), first, &mut dir);
+    assert!(matches!(r.outcome, Outcome::FullFeature(_)));
+    let (stat_sn, itt, isid) = (r.header.stat_sn, r.header.itt, r.header.isid);
+    let r = l.refuse(
+        r,
+        LoginFailure::new(LoginStatus::SERVICE_UNAVAILABLE, "remote target down"),
+    );
+    // RFC 7143 §11.13.5: 0x0301, no transit, no TSIH, no keys; the same StatSN and ITT.
+    assert_eq!((r.header.status_class, r.header.status_detail), (3, 1));
+    assert!(!r.header.transit && r.header.nsg == Stage(0));
+    assert_eq!(r.header.tsih, 0);
+    assert!(r.data.is_empty());
+    assert_eq!(
+        (r.header.stat_sn, r.header.itt, r.header.isid),
+        (stat_sn, itt, isid)
+    );
+    assert!(
+        matches!(r.outcome, Outcome::Failed(ref f) if f.status == LoginStatus::SERVICE_UNAVAILABLE)
+    );
+    // The login is over: a further request fails.
+    let again = l.handle(&req(1, 3, true), first, &mut dir);
+    assert!(matches!(again.outcome, Outcome::Failed(_)));
+}
+
 fn chap_dir(mutual: bool) -> Dir {
     Dir {
         chap: Some(ChapPolicy {

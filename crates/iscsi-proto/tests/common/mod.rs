@@ -54,7 +54,11 @@ impl LunDirectory for Disk {
             0x89 => 2 * u64::from(parse16(cdb).1) * BLOCK,
             _ => 0,
         };
-        Sizing { need, early: None }
+        Sizing {
+            need,
+            early: None,
+            transfer: None,
+        }
     }
 }
 

@@ -1,0 +1,111 @@
+//! What the target engine asks the driver while PDUs arrive ([`engine::LunDirectory`]): which
+//! LUNs exist and which are pass-throughs, how many data-out bytes a CDB needs (sealed bytes in
+//! a Seal session), and which targets and portals SendTargets lists ([`engine_text::Directory`],
+//! from the registry).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ipsan_scsi::{decode_lun, DataDirection, LogicalUnit, ScsiResponse};
+use ipsan_seal::SealSession;
+use iscsi_proto::engine::residual;
+use iscsi_proto::engine::target as engine;
+use iscsi_proto::engine::text as engine_text;
+
+use crate::registry::{Registry, Target, PORTAL_GROUP_TAG};
+
+/// What the engine asks about LUNs while a command arrives: which exist, and how many data-out
+/// bytes a CDB needs (in a Seal session, the sealed size); and which targets SendTargets lists.
+pub(super) struct Luns<'a> {
+    pub target: Option<&'a Target>,
+    pub seal: Option<&'a SealSession>,
+    pub registry: &'a Registry,
+    /// The portal this connection came in on: the address SendTargets gives.
+    pub local: Option<SocketAddr>,
+}
+
+impl engine_text::Directory for Luns<'_> {
+    fn targets(&self, initiator: &str) -> Vec<engine_text::Listed> {
+        self.registry
+            .targets()
+            .iter()
+            .filter(|t| t.allows(initiator))
+            .map(|t| engine_text::Listed {
+                name: t.iqn.clone(),
+                portals: self
+                    .local
+                    .map(|a| (a, PORTAL_GROUP_TAG))
+                    .into_iter()
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+impl Luns<'_> {
+    fn lu(&self, raw: u64) -> Option<&Arc<LogicalUnit>> {
+        self.target
+            .and_then(|t| t.luns.get(&decode_lun(raw.to_be_bytes())))
+    }
+}
+
+/// A device server's answer as the engine takes it.
+pub(super) fn engine_response(r: ScsiResponse) -> engine::Response {
+    engine::Response {
+        status: r.status.0,
+        sense: r.sense.map(|s| Bytes::from(s.to_fixed())),
+        data_in: r.data_in,
+    }
+}
+
+impl engine::LunDirectory for Luns<'_> {
+    fn exists(&self, lun: u64) -> bool {
+        self.lu(lun).is_some() || self.passthrough(lun)
+    }
+
+    fn directory(&self) -> Option<&dyn engine_text::Directory> {
+        Some(self)
+    }
+
+    fn passthrough(&self, lun: u64) -> bool {
+        self.target
+            .is_some_and(|t| t.remote_route(decode_lun(lun.to_be_bytes())).is_some())
+    }
+
+    fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
+        let mut early = None;
+        let need = match self.lu(lun) {
+            Some(lu) => match lu.command_info(cdb) {
+                Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
+                Ok(_) => 0,
+                Err(sense) => {
+                    early = Some(engine_response(ScsiResponse::check(sense)));
+                    0
+                }
+            },
+            None => 0,
+        };
+        // In a Seal session data travels sealed: EDTL and every offset count sealed bytes.
+        // Sealed data cannot be cut, so a write's whole sealed EDTL is collected, opened, and
+        // the overflow rules applied to the plaintext against what the CDB transfers
+        // (`transfer`, iscsi_proto::engine::residual), as in a plain session. An EDTL that is
+        // no sealed length of any plaintext is refused (INVALID FIELD IN COMMAND IU).
+        let Some(seal) = self.seal.filter(|_| early.is_none() && edtl > 0) else {
+            return engine::Sizing {
+                need,
+                early,
+                transfer: None,
+            };
+        };
+        if seal.plain_len(edtl as usize).is_none() {
+            let (k, asc, ascq) = residual::REFUSED_SENSE;
+            early = Some(engine::Response::check(k, asc, ascq));
+        }
+        engine::Sizing {
+            need: if need > 0 { u64::from(edtl) } else { 0 },
+            early,
+            transfer: Some(need),
+        }
+    }
+}
