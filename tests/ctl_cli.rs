@@ -126,17 +126,32 @@ fn rejects_a_control_socket_directory_open_to_others_and_creates_a_missing_one_0
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
     let sock = open.join("control.sock");
-    let o = ipsan(&[
-        "target",
-        "--portal",
-        "127.0.0.1:0",
-        "--lun",
-        "mem:1MiB",
-        "--control",
-        sock.to_str().unwrap(),
-    ]);
-    assert!(!o.status.success(), "a 0755 socket directory was accepted");
-    let err = String::from_utf8_lossy(&o.stderr);
+    let log = dir.path().join("refused.log");
+    let mut child = Proc(
+        Command::new(BIN)
+            .args(["target", "--portal", "127.0.0.1:0", "--lun", "mem:1MiB"])
+            .arg("--control")
+            .arg(&sock)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // Refused at start: it must exit, and not successfully (bounded: a target that accepted
+    // the directory would serve until killed).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a 0755 socket directory was accepted: the target is serving"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&log).unwrap();
     assert!(
         err.contains("mode 0755") && err.contains("chmod 700"),
         "{err}"
