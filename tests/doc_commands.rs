@@ -322,9 +322,9 @@ fn find_ipsan(ws: &[String], out: &mut Vec<Vec<String>>) {
     // Environment assignments and wrappers before the command word.
     while k < ws.len() {
         let w = &ws[k];
-        if w.contains('=') && !w.starts_with('-') && !w.starts_with('=') {
-            k += 1;
-        } else if matches!(w.as_str(), "sudo" | "exec" | "time" | "env" | "nohup") {
+        if (w.contains('=') && !w.starts_with('-') && !w.starts_with('='))
+            || matches!(w.as_str(), "sudo" | "exec" | "time" | "env" | "nohup")
+        {
             k += 1;
         } else if w == "timeout" {
             k += 2;

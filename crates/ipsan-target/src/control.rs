@@ -1131,6 +1131,12 @@ mod tests {
     #[tokio::test]
     async fn refuses_to_replace_a_file_that_is_not_a_socket() {
         let dir = tempfile::tempdir().unwrap();
+        // A private directory, so the file is what is refused (check_private_dir).
+        std::fs::set_permissions(
+            dir.path(),
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+        )
+        .unwrap();
         let p = dir.path().join("precious.toml");
         std::fs::write(&p, "keep me").unwrap();
         let e = Control::bind(&p, std::sync::Arc::new(registry())).unwrap_err();
