@@ -39,6 +39,9 @@ fn keep_freed_memory_briefly() {
 fn main() -> std::process::ExitCode {
     keep_freed_memory_briefly();
     let args = cli::Cli::parse();
+    if args.check_args {
+        return std::process::ExitCode::SUCCESS;
+    }
     cli::init_tracing(args.verbose);
     match cli::run(args.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 /// configuration back to TOML. Protocol and methods: docs/operate.md.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The target's control socket.
-    #[arg(long, value_name = "PATH", default_value = control::DEFAULT_CONTROL_PATH, env = "IPSAN_CONTROL")]
+    /// The target's control socket (before or after the subcommand).
+    #[arg(long, value_name = "PATH", default_value = control::DEFAULT_CONTROL_PATH, env = "IPSAN_CONTROL", global = true)]
     control: PathBuf,
-    /// Print the raw JSON answer instead of text.
-    #[arg(long)]
+    /// Print the raw JSON answer instead of text (before or after the subcommand).
+    #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     command: Cmd,
@@ -249,12 +249,62 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     match &args.command {
+        Cmd::Status => print_status(&result),
         Cmd::Targets => print_targets(&result),
         Cmd::Sessions => print_sessions(&result),
+        Cmd::Portals => print_list(&result),
         Cmd::Config => print!("{}", result["toml"].as_str().unwrap_or_default()),
+        Cmd::Save { .. } => println!(
+            "saved {} bytes to {}",
+            result["bytes"],
+            result["path"].as_str().unwrap_or_default()
+        ),
+        // `call` is the raw protocol: its answer is shown as it came.
+        Cmd::Call { .. } => println!("{}", serde_json::to_string_pretty(&result)?),
         _ => print_generic(&result),
     }
     Ok(())
+}
+
+/// A JSON value as text: strings without quotes, lists comma-separated, `-` for null.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        Value::Array(a) if a.is_empty() => "none".to_owned(),
+        Value::Array(a) => a.iter().map(text).collect::<Vec<_>>().join(", "),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| format!("{k}={}", text(v)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    }
+}
+
+fn print_status(v: &Value) {
+    println!("ipsan target {}", text(&v["version"]));
+    println!("portals: {}", text(&v["portals"]));
+    println!(
+        "targets={} luns={} sessions={}",
+        v["targets"], v["luns"], v["sessions"]
+    );
+    println!(
+        "config: {}{}",
+        text(&v["config_path"]),
+        if v["editable"].as_bool() == Some(true) {
+            " (editable)"
+        } else {
+            ""
+        }
+    );
+    println!("limits: {}", text(&v["limits"]));
+}
+
+fn print_list(v: &Value) {
+    for item in v.as_array().into_iter().flatten() {
+        println!("{}", text(item));
+    }
 }
 
 /// Paths go to the target as absolute paths (it does not share our working directory).
@@ -293,10 +343,14 @@ fn print_generic(v: &Value) {
         }
         return;
     }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
+    match v.as_object() {
+        Some(o) => {
+            for (k, v) in o {
+                println!("{k}: {}", text(v));
+            }
+        }
+        None => println!("{}", text(v)),
+    }
 }
 
 fn print_targets(v: &Value) {

@@ -26,6 +26,12 @@ use std::sync::Arc;
 use anyhow::Context;
 use ipsan_target::config::{self, Config, FileChap, FileConfig, FileLun, FileSeal, FileTarget};
 
+/// `--seal`'s help here: the flag is `ipsan bench`'s, but the gateway also takes a policy
+/// (the parser in `run`).
+const SEAL_HELP: &str = "Either the Seal cipher of the remote leg (with --secret-file): \
+aes-256-gcm | chacha20-poly1305 | 3des-cbc-hmac-sha1 | none; or the Seal policy of the \
+listening side (with --seal-secret-file): off | allowed | required, the same as --listen-seal";
+
 /// Serve a remote iSCSI target's LUNs to hosts: plain or sealed on either side.
 ///
 /// `--seal` names the Seal cipher of the remote leg (aes-256-gcm, chacha20-poly1305, ...,
@@ -33,6 +39,9 @@ use ipsan_target::config::{self, Config, FileChap, FileConfig, FileLun, FileSeal
 /// (with --seal-secret-file). Prints `ipsan gateway: listening on ADDR` and one
 /// `ipsan gateway: serving iscsi://…` line per LUN once ready, as `ipsan target` does.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("seal", |a| {
+    a.value_name("CIPHER|POLICY").help(SEAL_HELP).long_help(SEAL_HELP)
+}))]
 pub struct Args {
     /// Address hosts log in to (repeatable). Port 0 picks a free port.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:3260")]

@@ -16,10 +16,9 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Cmd {
-    /// Run a plan (quick, smoke, paper-write, paper-read, pathologies, or a TOML file).
+    /// Run a plan: a built-in one (`ipsan lab plans`) or a TOML file.
     Run {
-        /// Built-in plan name or path to a plan TOML.
-        #[arg(long, default_value = "quick")]
+        #[arg(long, default_value = "quick", help = plan_help())]
         plan: String,
         /// Output directory (results.csv/json, plots, report.md/html).
         #[arg(long, default_value = "results/quick")]
@@ -41,6 +40,14 @@ pub enum Cmd {
     },
     /// List the built-in plans.
     Plans,
+}
+
+/// `--plan`'s help, from the plan table itself so it names every built-in plan.
+fn plan_help() -> String {
+    format!(
+        "Built-in plan ({}) or path to a plan TOML.",
+        ipsan_lab::plan::BUILTIN.join(", ")
+    )
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -25,6 +25,10 @@ pub struct Cli {
     /// More log detail: -v for per-PDU traces, -vv for everything.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Parse the command line and exit (0 if clap accepts it) without running anything:
+    /// tests/doc_commands.rs checks every `ipsan` command in the docs with it.
+    #[arg(long, hide = true, global = true)]
+    pub check_args: bool,
     #[command(subcommand)]
     pub command: Command,
 }

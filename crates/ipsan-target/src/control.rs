@@ -118,6 +118,37 @@ fn own_uid() -> std::io::Result<u32> {
     Ok(UnixStream::from_std(a)?.peer_cred()?.uid())
 }
 
+/// The control socket's directory must be owned by the target's user and closed to group and
+/// others (mode 0700 or stricter), as docs/operate.md promises: otherwise someone else could
+/// replace the socket between two starts, or see it at all. An existing directory that is
+/// not is refused with the fix in the message, never chmod-ed: it may be shared (`/tmp`).
+pub fn check_private_dir(dir: &Path, own_uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir)?;
+    let mode = meta.mode() & 0o7777;
+    if meta.uid() != own_uid {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "the control socket's directory {} belongs to uid {}, not to this process (uid {own_uid}): choose a socket in a directory of your own, e.g. {DEFAULT_CONTROL_PATH} (created mode 0700)",
+                dir.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    if mode & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "the control socket's directory {} has mode {mode:04o}: group and others must have no access (chmod 700 {}), or choose a socket in a directory that does not exist yet (it is created mode 0700)",
+                dir.display(),
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A bound control socket.
 #[derive(Debug)]
 pub struct Control {
@@ -128,18 +159,24 @@ pub struct Control {
 }
 
 impl Control {
-    /// Creates the socket at `path` (its directory is created 0700 if missing; a stale
-    /// socket left by a crashed target is replaced, a live one is an error).
+    /// Creates the socket at `path`. Its directory is created 0700 if missing; an existing
+    /// one must be ours and closed to group and others ([`check_private_dir`]): it is refused,
+    /// never chmod-ed (it may be shared, like /tmp). A stale socket left by a crashed target is
+    /// replaced, a live one is an error.
     pub fn bind(path: &Path, registry: Arc<Registry>) -> std::io::Result<Self> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.exists() {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)?;
-            }
+        let own_uid = own_uid()?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
         }
+        check_private_dir(dir, own_uid)?;
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if !meta.file_type().is_socket() {
@@ -167,7 +204,7 @@ impl Control {
             listener,
             path: path.to_owned(),
             registry,
-            own_uid: own_uid()?,
+            own_uid,
         })
     }
 
@@ -682,10 +719,10 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
             let text = f
                 .to_toml()
                 .map_err(|e| RpcError::new(-32603, e.to_string()))?;
-            write_private(&path, &text)
+            let bytes = write_private(&path, &text)
                 .map_err(|e| RpcError::new(code::REFUSED, format!("{}: {e}", path.display())))?;
-            info!(path = %path.display(), "control: running configuration saved");
-            Ok(json!({ "path": path.display().to_string(), "bytes": text.len() }))
+            info!(path = %path.display(), bytes, "control: running configuration saved");
+            Ok(json!({ "path": path.display().to_string(), "bytes": bytes }))
         }
         _ => Err(RpcError::new(
             code::METHOD_NOT_FOUND,
@@ -698,7 +735,7 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
 /// The temporary file beside it gets a fresh name and is created with `O_CREAT|O_EXCL`
 /// (`create_new`), so nothing planted at a predictable name (a symlink to another file, a
 /// file someone else can read) is followed or reused; it is then renamed over `path`.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+fn write_private(path: &Path, text: &str) -> std::io::Result<usize> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -730,13 +767,14 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
             Err(e) => return Err(e),
         }
     };
+    const HEADER: &[u8] =
+        b"# Written by `ipsan ctl save`: the running configuration (docs/target.md).\n";
     let written = (|| {
-        f.write_all(
-            b"# Written by `ipsan ctl save`: the running configuration (docs/target.md).\n",
-        )?;
+        f.write_all(HEADER)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        Ok(HEADER.len() + text.len())
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -988,7 +1026,7 @@ pub fn request(path: &Path, method: &str, params: Value) -> Result<Value, Client
 /// Errors of [`request`].
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to the control socket {path}: {source} (is `ipsan target --control` running, and are you root?)")]
+    #[error("cannot connect to the control socket {path}: {source}. Is `ipsan target --control {path}` running, and are you root or its user? `ipsan ctl` uses --control PATH, else $IPSAN_CONTROL, else /run/ipsan/control.sock")]
     Connect {
         path: PathBuf,
         source: std::io::Error,
@@ -1093,6 +1131,12 @@ mod tests {
     #[tokio::test]
     async fn refuses_to_replace_a_file_that_is_not_a_socket() {
         let dir = tempfile::tempdir().unwrap();
+        // A private directory, so the file is what is refused (check_private_dir).
+        std::fs::set_permissions(
+            dir.path(),
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+        )
+        .unwrap();
         let p = dir.path().join("precious.toml");
         std::fs::write(&p, "keep me").unwrap();
         let e = Control::bind(&p, std::sync::Arc::new(registry())).unwrap_err();

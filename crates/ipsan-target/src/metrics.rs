@@ -423,6 +423,11 @@ pub struct Metrics {
     pub control_errors: AtomicU64,
     /// Configuration changes applied (ctl edits and reloads).
     pub config_changes: AtomicU64,
+    /// Configuration changes refused because the result did not validate (a file error).
+    pub config_changes_invalid: AtomicU64,
+    /// Configuration changes refused although valid (in use without force, not online,
+    /// no file form to edit).
+    pub config_changes_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -765,13 +770,21 @@ pub fn render(registry: &crate::registry::Registry) -> String {
             "Connections closed for sending no Login Request in time.",
             l.first_pdu_timeouts,
         ),
-        (
-            "ipsan_config_changes_total",
-            "Configuration changes applied (ipsan ctl, reloads).",
-            registry.metrics.config_changes.load(Ordering::Relaxed),
-        ),
     ] {
         e.sample(name, help, "counter", &[], v as f64);
+    }
+    for (result, v) in [
+        ("applied", &registry.metrics.config_changes),
+        ("invalid", &registry.metrics.config_changes_invalid),
+        ("refused", &registry.metrics.config_changes_refused),
+    ] {
+        e.sample(
+            "ipsan_config_changes_total",
+            "Configuration changes (ipsan ctl, reloads, SIGHUP), by result: applied, invalid (did not validate), refused (valid but in use without --force, or not possible online).",
+            "counter",
+            &[("result", result)],
+            v.load(Ordering::Relaxed) as f64,
+        );
     }
     for (result, v) in [
         ("ok", registry.metrics.control_ok.load(Ordering::Relaxed)),

@@ -1122,14 +1122,21 @@ impl Registry {
         edit: impl FnOnce(&mut FileConfig) -> Result<(), ChangeError>,
     ) -> Result<ChangeReport, ChangeError> {
         let mut running = crate::lock(&self.running);
-        let current = running.as_ref().ok_or(ChangeError::NoSource)?;
-        let mut next = current.clone();
-        edit(&mut next)?;
-        let report = self.apply_locked(current, &next, force)?;
+        let r = (|| {
+            let current = running.as_ref().ok_or(ChangeError::NoSource)?;
+            let mut next = current.clone();
+            edit(&mut next)?;
+            let report = self.apply_locked(current, &next, force)?;
+            Ok((next, report))
+        })();
+        let counter = match &r {
+            Ok(_) => &self.metrics.config_changes,
+            Err(ChangeError::Config(_)) => &self.metrics.config_changes_invalid,
+            Err(_) => &self.metrics.config_changes_refused,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (next, report) = r?;
         *running = Some(next);
-        self.metrics
-            .config_changes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(report)
     }
 
