@@ -10,7 +10,7 @@ pub const CQE_LEN: usize = 16;
 /// Length of an SGL descriptor.
 pub const SGL_LEN: usize = 16;
 
-/// CDW0.PSDT for SGLs, as NVMe over Fabrics requires (NVMe Base 2.0 §4.2, Figure 88: 01b in
+/// CDW0.PSDT for SGLs, as NVMe over Fabrics requires (NVMe Base 2.0 §4.2: 01b in
 /// bits 7:6 of the flags byte).
 pub const PSDT_SGL: u8 = 0x40;
 /// The PSDT bits of the flags byte.
@@ -19,7 +19,7 @@ pub const PSDT_MASK: u8 = 0xc0;
 pub const FUSE_MASK: u8 = 0x03;
 
 /// SGL identifier (byte 15) of a Data Block descriptor with the Offset subtype: data in the
-/// capsule, `address` an offset into it (NVMe Base 2.0 §4.3.2 Figure 113; NVMe/TCP 1.0 §3.3.1).
+/// capsule, `address` an offset into it (NVMe Base 2.0 §4.3.2; NVMe/TCP 1.0 §3.3.1).
 pub const SGL_ID_IN_CAPSULE: u8 = 0x01;
 /// SGL identifier of a Transport SGL Data Block with the transport-specific subtype Ah: data
 /// moved by H2CData/C2HData, address zero (NVMe/TCP 1.0 §3.4.1).
@@ -85,7 +85,7 @@ impl Sgl {
     }
 }
 
-/// A 64-byte submission queue entry (NVMe Base 2.0 §4.2, Figure 88), kept with every dword so
+/// A 64-byte submission queue entry (NVMe Base 2.0 §4.2), kept with every dword so
 /// that it re-encodes byte for byte; [`crate::fabrics`] interprets the Fabrics ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sqe {
@@ -220,7 +220,7 @@ impl Sqe {
     }
 }
 
-/// A completion status: Status Code Type and Status Code (NVMe Base 2.0 §4.6.1, Figure 93).
+/// A completion status: Status Code Type and Status Code (NVMe Base 2.0 §4.6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Status {
     /// SCT, 3 bits.
@@ -255,7 +255,7 @@ impl Status {
         Self { sct: SCT_MEDIA, sc }
     }
 
-    // Generic command status (NVMe Base 2.0 §4.6.1.2.1, Figures 95-96).
+    // Generic command status (NVMe Base 2.0 §4.6.1.2.1).
     pub const SUCCESS: Self = Self::g(0x00);
     pub const INVALID_OPCODE: Self = Self::g(0x01);
     pub const INVALID_FIELD: Self = Self::g(0x02);
@@ -278,7 +278,7 @@ impl Status {
     pub const NAMESPACE_NOT_READY: Self = Self::g(0x82);
     pub const RESERVATION_CONFLICT: Self = Self::g(0x83);
 
-    // Command specific status (NVMe Base 2.0 §4.6.1.2.2, Figure 97).
+    // Command specific status (NVMe Base 2.0 §4.6.1.2.2).
     pub const INVALID_COMPLETION_QUEUE: Self = Self::cs(0x00);
     pub const INVALID_QUEUE_IDENTIFIER: Self = Self::cs(0x01);
     pub const INVALID_QUEUE_SIZE: Self = Self::cs(0x02);
@@ -288,7 +288,7 @@ impl Status {
     pub const FEATURE_NOT_CHANGEABLE: Self = Self::cs(0x0e);
     pub const FEATURE_NOT_NAMESPACE_SPECIFIC: Self = Self::cs(0x0f);
 
-    // Fabrics command status (NVMe over Fabrics 1.1 §2.2.1, Figure 6; SCT 1h).
+    // Fabrics command status (NVMe over Fabrics 1.1 §2.2.1; SCT 1h).
     pub const CONNECT_INCOMPATIBLE_FORMAT: Self = Self::cs(0x80);
     pub const CONNECT_CONTROLLER_BUSY: Self = Self::cs(0x81);
     pub const CONNECT_INVALID_PARAMETERS: Self = Self::cs(0x82);
@@ -298,7 +298,7 @@ impl Status {
     pub const DISCOVER_RESTART: Self = Self::cs(0x90);
     pub const AUTHENTICATION_REQUIRED: Self = Self::cs(0x91);
 
-    // Media and data integrity errors (NVMe Base 2.0 §4.6.1.2.3, Figure 98).
+    // Media and data integrity errors (NVMe Base 2.0 §4.6.1.2.3).
     pub const WRITE_FAULT: Self = Self::media(0x80);
     pub const UNRECOVERED_READ_ERROR: Self = Self::media(0x81);
     pub const COMPARE_FAILURE: Self = Self::media(0x85);
@@ -311,7 +311,7 @@ impl Status {
     }
 }
 
-/// A 16-byte completion queue entry (NVMe Base 2.0 §4.6, Figures 90-93).
+/// A 16-byte completion queue entry (NVMe Base 2.0 §4.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cqe {
     /// DW0, command specific (Connect: CNTLID and AUTHREQ; Property Get: the value's low half).

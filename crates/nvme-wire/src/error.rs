@@ -1,15 +1,15 @@
 //! Errors found while framing or parsing NVMe/TCP PDUs and queue entries.
 //!
-//! A PDU error is a *fatal transport error* (NVMe/TCP 1.0 §3.6.2.3-§3.6.2.4, §3.8): the receiver
+//! A PDU error is a *fatal transport error* (NVMe/TCP 1.0 §3.6.2.4-§3.6.2.5, §3.8): the receiver
 //! sends a C2HTermReq (controller) or H2CTermReq (host) carrying [`WireError::fes`] and
 //! [`WireError::fei`] and closes the connection. Two kinds are not fatal: a data digest error
-//! completes the command with Transient Transport Error (NVMe/TCP 1.0 §3.6.2.2... §3.8), and an
-//! invalid command field is answered in the completion with [`WireError::status`].
+//! completes the command with Transient Transport Error (NVMe/TCP 1.0 §3.6.1), and an invalid
+//! command field is answered in the completion with [`WireError::status`].
 
 use crate::entry::Status;
 use crate::pdu::PduType;
 
-/// Fatal Error Status of a termination request (NVMe/TCP 1.0 §3.6.2.3, Figure 27).
+/// Fatal Error Status of a termination request (NVMe/TCP 1.0 §3.6.2.4-§3.6.2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Fes {
@@ -111,7 +111,7 @@ impl WireError {
     }
 
     /// The Fatal Error Information: the byte offset of the offending header field for FES 01h
-    /// and 06h (NVMe/TCP 1.0 §3.6.2.3, Figure 28), zero otherwise.
+    /// and 06h (NVMe/TCP 1.0 §3.6.2.4-§3.6.2.5), zero otherwise.
     #[must_use]
     pub fn fei(&self) -> u32 {
         match self {

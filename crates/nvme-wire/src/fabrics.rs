@@ -3,7 +3,7 @@
 //! Authentication Send/Receive (the DH-HMAC-CHAP messages they carry come later).
 //!
 //! A Fabrics command is an SQE with opcode 7Fh and FCTYPE in byte 4 (NVMe over Fabrics 1.1
-//! §2.1, Figure 9). Its bytes 5..24 are reserved; the flags byte and SGL1 are checked with every
+//! §2.1). Its bytes 5..24 are reserved; the flags byte and SGL1 are checked with every
 //! other command by [`Sqe::check_tcp`].
 
 use crate::entry::{Sgl, Sqe, Status};
@@ -12,7 +12,7 @@ use crate::error::WireError;
 /// The Fabrics command opcode.
 pub const OPCODE_FABRICS: u8 = 0x7f;
 
-/// FCTYPE values (NVMe over Fabrics 1.1 §3, Figure 10).
+/// FCTYPE values (NVMe over Fabrics 1.1 §3).
 pub const FCTYPE_PROPERTY_SET: u8 = 0x00;
 pub const FCTYPE_CONNECT: u8 = 0x01;
 pub const FCTYPE_PROPERTY_GET: u8 = 0x04;
@@ -24,7 +24,7 @@ pub const SECP_NVME_AUTH: u8 = 0xe9;
 /// SPSP0/SPSP1 of DH-HMAC-CHAP (TP 8006): 01h each.
 pub const SPSP_DHCHAP: u8 = 0x01;
 
-/// Length of the Connect command's data (NVMe over Fabrics 1.1 §3.3, Figure 20).
+/// Length of the Connect command's data (NVMe over Fabrics 1.1 §3.3).
 pub const CONNECT_DATA_LEN: usize = 1024;
 /// NQN fields are 256 bytes, NUL-terminated UTF-8 of at most 223 bytes (NVMe Base 2.0 §4.5).
 pub const NQN_FIELD_LEN: usize = 256;
@@ -34,13 +34,13 @@ pub const NQN_MAX_LEN: usize = 223;
 /// CNTLID FFFFh in an admin queue Connect: the dynamic controller model, any controller.
 pub const CNTLID_DYNAMIC: u16 = 0xffff;
 
-/// Connect response DW0 bits 31:16, AUTHREQ (NVMe over Fabrics 1.1 §3.3, Figure 21;
+/// Connect response DW0 bits 31:16, AUTHREQ (NVMe over Fabrics 1.1 §3.3;
 /// TP 8006): bit 17 ATR, authentication transaction required.
 pub const AUTHREQ_ATR: u32 = 1 << 17;
 /// Bit 18 ASCR: authentication and secure channel (TLS) concatenation required (TP 8011).
 pub const AUTHREQ_ASCR: u32 = 1 << 18;
 
-/// Controller properties (NVMe Base 2.0 §3.1.4, Figure 35; NVMe over Fabrics 1.1 §3.4).
+/// Controller properties (NVMe Base 2.0 §3.1.4; NVMe over Fabrics 1.1 §3.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Property {
     /// 00h, Controller Capabilities, 8 bytes.
@@ -96,7 +96,7 @@ impl Property {
     }
 }
 
-/// Connect (NVMe over Fabrics 1.1 §3.3, Figure 19).
+/// Connect (NVMe over Fabrics 1.1 §3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Connect {
     /// RECFMT, 0 for this revision.
@@ -111,7 +111,7 @@ pub struct Connect {
     pub kato: u32,
 }
 
-/// Property Get (NVMe over Fabrics 1.1 §3.4, Figure 24); the value comes back in DW0/DW1.
+/// Property Get (NVMe over Fabrics 1.1 §3.4); the value comes back in DW0/DW1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PropertyGet {
     /// ATTRIB.SIZE: an 8-byte property.
@@ -119,7 +119,7 @@ pub struct PropertyGet {
     pub property: Property,
 }
 
-/// Property Set (NVMe over Fabrics 1.1 §3.5, Figure 26).
+/// Property Set (NVMe over Fabrics 1.1 §3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PropertySet {
     pub size8: bool,
@@ -315,7 +315,7 @@ impl FabricsCommand {
     }
 }
 
-/// The Connect command's data (NVMe over Fabrics 1.1 §3.3, Figure 20).
+/// The Connect command's data (NVMe over Fabrics 1.1 §3.3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectData {
     /// HOSTID, the host identifier (a UUID).
@@ -401,7 +401,7 @@ impl ConnectData {
     }
 }
 
-/// The Connect response's DW0 (NVMe over Fabrics 1.1 §3.3, Figure 21).
+/// The Connect response's DW0 (NVMe over Fabrics 1.1 §3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectResponse {
     /// CNTLID the controller allocated (admin queue).

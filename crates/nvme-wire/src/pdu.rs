@@ -21,10 +21,10 @@ use crate::{CH_LEN, DIGEST_LEN};
 pub const FLAG_HDGSTF: u8 = 0x01;
 /// FLAGS bit 1, DDGSTF: the PDU carries a data digest.
 pub const FLAG_DDGSTF: u8 = 0x02;
-/// FLAGS bit 2, LAST_PDU: the last H2CData/C2HData PDU of a transfer (§3.6.2.7, §3.6.2.8).
+/// FLAGS bit 2, LAST_PDU: the last H2CData/C2HData PDU of a transfer (§3.6.2.8, §3.6.2.9).
 pub const FLAG_LAST_PDU: u8 = 0x04;
 /// FLAGS bit 3, SUCCESS: C2HData only; the command completed and no CapsuleResp follows
-/// (§3.6.2.8). Requires LAST_PDU.
+/// (§3.6.2.9). Requires LAST_PDU.
 pub const FLAG_SUCCESS: u8 = 0x08;
 
 /// ICReq/ICResp PFV: the only version NVMe/TCP 1.0 defines.
@@ -37,7 +37,7 @@ pub const MIN_MAXH2CDATA: u32 = 4096;
 /// PLEN is at most 24 + 128 = 152 (§3.6.2.4).
 pub const MAX_TERM_DATA: usize = 128;
 
-/// PDU-Type, byte 0 of the common header (§3.6.2.1, Figure 16).
+/// PDU-Type, byte 0 of the common header (§3.6.2.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum PduType {
@@ -70,7 +70,7 @@ impl PduType {
         })
     }
 
-    /// HLEN, fixed per type (§3.6.2.2-§3.6.2.9).
+    /// HLEN, fixed per type (§3.6.2.2-§3.6.2.10).
     #[must_use]
     pub const fn hlen(self) -> usize {
         match self {
@@ -90,6 +90,19 @@ impl PduType {
             Self::CapsuleCmd => FLAG_HDGSTF | FLAG_DDGSTF,
             Self::H2cData => FLAG_HDGSTF | FLAG_DDGSTF | FLAG_LAST_PDU,
             Self::C2hData => FLAG_HDGSTF | FLAG_DDGSTF | FLAG_LAST_PDU | FLAG_SUCCESS,
+        }
+    }
+
+    /// The largest PLEN this type can have: fixed for the PDUs without data (header and
+    /// digest; a termination request's 152 bytes), the receiver's `max_pdu_len` for those
+    /// carrying data.
+    #[must_use]
+    pub const fn max_plen(self, max_pdu_len: u32) -> u32 {
+        match self {
+            Self::IcReq | Self::IcResp => 128,
+            Self::H2cTermReq | Self::C2hTermReq => 24 + MAX_TERM_DATA as u32,
+            Self::CapsuleResp | Self::R2t => self.hlen() as u32 + DIGEST_LEN as u32,
+            Self::CapsuleCmd | Self::H2cData | Self::C2hData => max_pdu_len,
         }
     }
 
@@ -289,8 +302,10 @@ pub struct Codec {
     pub rx_pda: u8,
     /// The PDA the peer announced: how we align the data we send.
     pub tx_pda: u8,
-    /// Largest PLEN accepted, digests and padding included (for a controller: the in-capsule
-    /// data size or MAXH2CDATA plus headers, whichever is larger).
+    /// Largest PLEN accepted for the PDUs that carry data (CapsuleCmd, H2CData, C2HData),
+    /// digests and padding included (for a controller: the in-capsule data size or MAXH2CDATA
+    /// plus headers, whichever is larger). The other PDUs have fixed limits
+    /// ([`PduType::max_plen`]).
     pub max_pdu_len: u32,
 }
 
@@ -350,11 +365,12 @@ impl Codec {
         if usize::from(ch.hlen) != ty.hlen() {
             return Err(bad(2, "HLEN does not match the PDU type"));
         }
-        if ch.plen > self.max_pdu_len {
+        let max = ty.max_plen(self.max_pdu_len);
+        if ch.plen > max {
             return Err(WireError::PduTooLong {
                 pdu_type: ch.pdu_type,
                 plen: u64::from(ch.plen),
-                max: self.max_pdu_len,
+                max,
             });
         }
         let plen = usize::try_from(ch.plen).map_err(|_| bad(4, "PLEN too large"))?;
@@ -483,8 +499,9 @@ impl Codec {
                     if pdo != data_offset(hlen, hdgst, self.rx_pda) {
                         return Err(bad(3, "PDO is not the aligned offset after the header"));
                     }
-                    if plen < pdo + dd {
-                        return Err(bad(4, "PLEN shorter than PDO and the data digest"));
+                    if plen <= pdo + dd {
+                        // Data PDUs carry at least one byte; a capsule without data has no PDO.
+                        return Err(bad(4, "no data between PDO and PLEN"));
                     }
                     if !all_zero(&b[hlen + hd..pdo]) {
                         return Err(bad(3, "padding before the data is not zero"));
@@ -648,7 +665,7 @@ impl Codec {
     ///
     /// # Errors
     /// [`WireError::Length`] when the data does not fit the PDU (PLEN is 32 bits; a termination
-    /// request carries at most 128 bytes).
+    /// request carries at most 128 bytes) or H2CData/C2HData has none.
     pub fn encode(&self, pdu: &Pdu, dst: &mut BytesMut) -> Result<(), WireError> {
         let ty = pdu.pdu_type();
         let hlen = ty.hlen();
@@ -657,6 +674,13 @@ impl Codec {
         let ddgst = ty.digested() && self.data_digest && !data.is_empty();
         let hd = if hdgst { DIGEST_LEN } else { 0 };
         let dd = if ddgst { DIGEST_LEN } else { 0 };
+        if data.is_empty() && matches!(ty, PduType::H2cData | PduType::C2hData) {
+            return Err(WireError::Length {
+                what: "H2CData/C2HData data (DATAL > 0)",
+                expected: 1,
+                got: 0,
+            });
+        }
         let pdo = match ty {
             PduType::CapsuleCmd | PduType::H2cData | PduType::C2hData if !data.is_empty() => {
                 data_offset(hlen, hdgst, self.tx_pda)

@@ -384,6 +384,17 @@ fn rejects_plen_over_the_configured_maximum_from_the_common_header_alone() {
     let e = c.frame(&ch).unwrap_err();
     assert!(matches!(e, WireError::PduTooLong { .. }), "{e}");
     assert_eq!((e.fes(), e.fei()), (Some(Fes::InvalidHeaderField), 4));
+    // PDUs without data have fixed limits whatever the configured maximum: an ICReq of 129
+    // bytes and a termination request of 153 are refused from their common header, a 152-byte
+    // termination request is framed even by a receiver whose data PDUs are limited to 128.
+    let tiny = Codec::new(128);
+    assert!(tiny.frame(&hex("00 00 80 00 | 81 00 00 00")).is_err());
+    assert!(tiny.frame(&hex("03 00 18 00 | 99 00 00 00")).is_err());
+    assert_eq!(
+        tiny.frame(&hex("03 00 18 00 | 98 00 00 00")).unwrap(),
+        Some(152)
+    );
+    assert!(tiny.frame(&hex("05 00 18 00 | 1d 00 00 00")).is_err());
     // For H2CData it is more data than MAXH2CDATA: FES 05h.
     let ch = hex("06 00 18 18 | 01 10 00 00");
     let e = Codec::new(4096).frame(&ch).unwrap_err();
@@ -572,12 +583,30 @@ fn rejects_datal_that_disagrees_with_plen_or_is_zero() {
     let mut b = h2c_bytes(&c);
     b[16] ^= 1;
     assert_invalid_at(&c, &b, 16);
-    // DATAL 0 with no data at all.
+    // DATAL 0 with no data at all: refused whether PDO is 0 or points at PLEN.
     let mut b =
         hex("07 00 18 00 | 18 00 00 00 | 01 00 | 00 00 | 00 00 00 00 | 00 00 00 00 | 00 00 00 00");
-    assert!(dec(&c, &b).is_err());
+    assert_invalid_at(&c, &b, 3);
     b[3] = 0x18;
+    assert_invalid_at(&c, &b, 4);
+    // DATAL 0 with four data bytes behind it.
+    b[4] = 0x1c;
+    b.extend_from_slice(&[1, 2, 3, 4]);
     assert_invalid_at(&c, &b, 16);
+}
+
+#[test]
+fn rejects_a_capsule_whose_pdo_leaves_no_data() {
+    // PDO set and DDGSTF set but PLEN ends right after the digest: no data at all. Accepting
+    // it would also break the fuzz harness's property that a decoded PDU re-encodes to the same
+    // bytes (it would come back as a capsule without data).
+    let c = codec(false, true);
+    let mut b = enc(&c, &every_pdu()[4]); // 72 bytes, no data
+    b[1] |= 0x02;
+    b[3] = 72;
+    b.extend_from_slice(&nvme_wire::digest::crc32c(&[]).to_le_bytes());
+    b[4] = 76;
+    assert_invalid_at(&c, &b, 4);
 }
 
 #[test]
