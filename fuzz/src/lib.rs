@@ -6,6 +6,7 @@
 //! | harness | component | properties |
 //! |---|---|---|
 //! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
+//! | [`nvme_pdu`] | `nvme_wire::pdu::Codec` (NVMe/TCP 1.0 §3.6.2), `entry::Sqe::check_tcp`, `fabrics` | consumes exactly PLEN or nothing; a decoded PDU re-encodes to the same bytes (and so do Fabrics commands and Connect data inside capsules); a fatal error yields a termination request that round-trips; a non-fatal one consumed its PDU and names a completion status |
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
 //! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` through `LoginExchange` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
@@ -1369,4 +1370,89 @@ pub fn engine_session(data: &[u8]) {
         "a command never completed: {done:?}"
     );
     assert_eq!(s.tasks_in_flight(), 0);
+}
+
+// ------------------------------------------------------------------------- NVMe/TCP PDUs
+
+/// Frames NVMe/TCP PDUs out of arbitrary bytes with digests, PDA and PLEN limit chosen by the
+/// first byte; see the module table for the properties.
+pub fn nvme_pdu(data: &[u8]) {
+    use nvme_wire::fabrics::{ConnectData, FabricsCommand, CONNECT_DATA_LEN, OPCODE_FABRICS};
+    use nvme_wire::pdu::{Codec, Pdu, TermReq};
+    let Some((&sel, stream)) = data.split_first() else {
+        return;
+    };
+    let pda = [0u8, 1, 3, 31][usize::from(sel >> 2 & 3)];
+    let codec = Codec {
+        header_digest: sel & 1 != 0,
+        data_digest: sel & 2 != 0,
+        rx_pda: pda,
+        tx_pda: pda,
+        max_pdu_len: match sel >> 4 & 3 {
+            0 => 128,
+            1 => 8192,
+            2 => 65_536 + 256,
+            _ => 1 << 24,
+        },
+    };
+    let mut buf = BytesMut::from(stream);
+    // Each round consumes a whole PDU or stops, so this is bounded by the input length.
+    loop {
+        let before = buf.len();
+        let framed = codec.frame(&buf);
+        match codec.decode_from(&mut buf) {
+            Ok(None) => {
+                assert_eq!(buf.len(), before, "an incomplete PDU consumed bytes");
+                let needed = codec.needed(&buf).expect("framed before");
+                assert!(needed > 0, "a whole PDU was left undecoded");
+                break;
+            }
+            Ok(Some(pdu)) => {
+                let used = before - buf.len();
+                assert_eq!(framed, Ok(Some(used)), "consumed other than PLEN");
+                // Data PDUs within the configured limit, the others within their fixed ones.
+                assert!(used as u64 <= u64::from(codec.max_pdu_len.max(152)));
+                // What decodes re-encodes to the very same bytes.
+                let original = &stream[stream.len() - before..][..used];
+                let again = codec.to_bytes(&pdu).expect("a decoded PDU encodes");
+                assert_eq!(&again[..], original, "re-encoding differs: {pdu:?}");
+                if let Pdu::CapsuleCmd(c) = &pdu {
+                    let _ = c.sqe.check_tcp(c.data.len());
+                    if c.sqe.opcode == OPCODE_FABRICS {
+                        if let Ok(f) = FabricsCommand::decode(&c.sqe) {
+                            assert_eq!(f.to_sqe(), c.sqe, "Fabrics command round trip");
+                        }
+                        if c.data.len() == CONNECT_DATA_LEN {
+                            if let Ok(d) = ConnectData::decode(&c.data) {
+                                let b = d.encode().expect("decoded Connect data encodes");
+                                assert_eq!(&b[..], &c.data[..], "Connect data round trip");
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                // A fatal error carries a termination request that itself round-trips.
+                if let Some(fes) = e.fes() {
+                    let header = &stream[stream.len() - before..];
+                    let t = TermReq::for_error(&e, &header[..header.len().min(200)])
+                        .expect("fatal errors have a termination request");
+                    assert_eq!(t.fes, fes);
+                    let w = codec
+                        .to_bytes(&Pdu::C2hTermReq(t.clone()))
+                        .expect("encodes");
+                    assert_eq!(codec.decode(w).expect("decodes"), Pdu::C2hTermReq(t));
+                    break;
+                }
+                assert!(
+                    e.status().is_some(),
+                    "non-fatal error without a status: {e}"
+                );
+                assert!(
+                    buf.len() < before,
+                    "a non-fatal error did not consume the PDU"
+                );
+            }
+        }
+    }
 }

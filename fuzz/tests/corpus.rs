@@ -103,6 +103,11 @@ fn pdu_decode_holds_on_corpus_and_random_inputs() {
 }
 
 #[test]
+fn nvme_pdu_holds_on_corpus_and_random_inputs() {
+    run("nvme_pdu", ipsan_fuzz::nvme_pdu);
+}
+
+#[test]
 fn text_negotiate_holds_on_corpus_and_random_inputs() {
     run("text_negotiate", ipsan_fuzz::text_negotiate);
 }
