@@ -18,7 +18,8 @@
 //!   event dispatch), `session/login.rs` (connect, login), `session/discover.rs`
 //!   (SendTargets), `session/open.rs` (open, accessors, logout), `session/io.rs` (commands,
 //!   the payload transform around them, SCSI helpers), `session/reconnect.rs` (recovery
-//!   supervisor), `session/framed.rs` (framed reader, writer, timer) and
+//!   supervisor), `session/framed.rs` (reader, writer and timer tasks over
+//!   `ipsan-transport`'s `FrameReader`/`FrameWriter`, the framing the target uses too) and
 //!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
 //!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
 //! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the

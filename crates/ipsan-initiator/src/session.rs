@@ -16,7 +16,8 @@
 //! - `open.rs`: open/connect, what a session reports, which connection a command goes to,
 //!   logout. `io.rs`: commands (the payload transform around each), the SCSI helpers,
 //!   submission and waiting. `passthrough.rs`: any CDB, answered unchanged.
-//! - `reconnect.rs`: the recovery supervisor. `framed.rs`: the framed reader, writer and timer.
+//! - `reconnect.rs`: the recovery supervisor. `framed.rs`: the reader, writer and timer tasks
+//!   over `ipsan-transport`'s framed halves (the target's framing, not a copy).
 //!
 //! # Shape
 //! ```text
@@ -27,8 +28,9 @@
 //!                     timer task: handle_timeout (keepalive, command and TMF timeouts)
 //!  engine events ──► waiting callers (completion, TMF answer, connection end)
 //! ```
-//! One framed read (`reader`) and one framed write (`writer`) per connection: the points where
-//! a per-PDU protection step hooks in. Kamisaka et al. overlap round trips with forked
+//! One framed read (`reader`, over `ipsan_transport::FrameReader`) and one framed write
+//! (`writer`, over `ipsan_transport::FrameWriter`) per connection: where the Seal record step
+//! sits (docs/seal.md §4a), the same code as the target's. Kamisaka et al. overlap round trips with forked
 //! processes each doing one synchronous command; here any number of tasks share one session,
 //! each command tagged by its ITT, and the target's MaxCmdSN is the only limit.
 //!
@@ -56,7 +58,6 @@ use iscsi_proto::login::originator::{self, LoginDone, LoginExchange, LoginProgre
 use iscsi_proto::params::SessionParams;
 use iscsi_wire::header::TmfResponse;
 use iscsi_wire::{Codec, Header, Pdu};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch, Notify};

@@ -8,9 +8,17 @@
 //! its record tag verifies ([`ipsan_seal::read_pdu`]), and every PDU is protected after the
 //! engine stamped it, in wire order: the record counters of the two sides advance together.
 //!
+//! Users: the target's connection (`ipsan-target` `conn.rs`, `conn/login.rs`) and the
+//! initiator's session (`ipsan-initiator` `conn.rs` for login and discovery, then
+//! `session/framed.rs`'s reader and writer tasks). A connection keeps one reader and one
+//! writer from its first login PDU on; the full feature phase sets the negotiated
+//! [`Codec`] and the record step on them, so bytes buffered past the last login response
+//! are read under the new codec, not lost (digests start after login, RFC 7143 §13.1).
+//!
 //! # Layout
 //! - [`FrameReader`]: one framed read side (buffer, codec, the record opener).
 //! - [`FrameWriter`]: one framed write side (codec, the record sealer, a vectored batch).
+//! - [`forgery`], [`PushError`]: what a sealed read or a push failed with.
 
 use bytes::BytesMut;
 use ipsan_seal::{Forgery, ReadError, RecordOpener, RecordSealer};
@@ -37,6 +45,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             codec: Codec::default(),
             record: None,
         }
+    }
+
+    /// The stream it reads from (to query the socket under it).
+    pub fn get_ref(&self) -> &R {
+        &self.rd
     }
 
     /// The next PDU, `Ok(None)` on a clean close. A plain connection's codec errors come back
@@ -116,6 +129,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         }
     }
 
+    /// The stream it writes to (to query the socket under it).
+    pub fn get_ref(&self) -> &W {
+        &self.wr
+    }
+
     /// Protects (sealed) and encodes one PDU into the batch [`FrameWriter::flush`] writes.
     pub fn push(&mut self, mut pdu: Pdu) -> Result<(), PushError> {
         if let Some(s) = &mut self.sealer {
@@ -177,5 +195,60 @@ mod tests {
             r.next().await.unwrap().is_none(),
             "a clean close after them"
         );
+    }
+
+    /// The initiator's use: one reader and writer from the login on, the codec switched to
+    /// the negotiated digests after the last login PDU. A full feature phase PDU that came in
+    /// the same segment as the login response is still in the reader's buffer and decodes
+    /// under the new codec.
+    #[tokio::test]
+    async fn accepts_a_pdu_buffered_past_the_login_under_the_switched_codec() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut w = FrameWriter::new(a);
+        let nop = |itt| NopOut {
+            itt,
+            ..NopOut::default()
+        };
+        w.push(Pdu::new(nop(1), Bytes::from_static(b"login")))
+            .unwrap();
+        let digests = Codec {
+            header_digest: true,
+            data_digest: true,
+            ..Codec::default()
+        };
+        w.codec = digests.clone();
+        w.push(Pdu::new(nop(2), Bytes::from(vec![7u8; 5000])))
+            .unwrap();
+        // Both in one write: the reader's first read takes both.
+        w.flush().await.unwrap();
+        w.shutdown().await.unwrap();
+        let mut r = FrameReader::new(b);
+        let first = r.next().await.unwrap().unwrap().unwrap();
+        assert_eq!(first.header.itt(), 1);
+        r.codec = digests;
+        let second = r.next().await.unwrap().unwrap().unwrap();
+        assert_eq!(second.header.itt(), 2);
+        assert_eq!(&second.data[..], &[7u8; 5000][..]);
+        assert!(r.next().await.unwrap().is_none());
+    }
+
+    /// The codec's errors on a plain connection reach the caller as a PDU error, not as an
+    /// I/O error (the initiator drops the connection on it; the target answers a Reject).
+    #[tokio::test]
+    async fn rejects_a_pdu_whose_header_digest_is_wrong_as_a_wire_error() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut w = FrameWriter::new(a);
+        // Sent without digests, read expecting them: the 4 bytes after the first BHS are
+        // the start of its data, not its CRC32C (a second PDU so the stream is long enough).
+        for _ in 0..2 {
+            w.push(Pdu::new(NopOut::default(), Bytes::from(vec![1u8; 64])))
+                .unwrap();
+        }
+        w.flush().await.unwrap();
+        w.shutdown().await.unwrap();
+        let mut r = FrameReader::new(b);
+        r.codec.header_digest = true;
+        let got = r.next().await.unwrap();
+        assert!(matches!(got, Some(Err(_))), "{got:?}");
     }
 }

@@ -30,18 +30,18 @@ pub fn targets_json(t: &[DiscoveredTarget]) -> std::result::Result<String, serde
 pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>> {
     let fut = async {
         let (mut conn, li) = connect_and_login(url, cfg, SessionKind::Discovery).await?;
-        conn.codec = codec_for(&li.params);
+        conn.set_codec(&codec_for(&li.params));
         let mut d = Discovery::new(li.done.exp_cmd_sn, li.done.exp_stat_sn);
         let targets = loop {
             while let Some(pdu) = d.poll_transmit() {
-                conn.send_pdu(&pdu).await?;
+                conn.send_pdu(pdu).await?;
             }
             if let DiscoveryEvent::Targets(t) = d.handle_pdu(&conn.recv().await?)? {
                 break t;
             }
         };
         while let Some(pdu) = d.poll_transmit() {
-            conn.send_pdu(&pdu).await?;
+            conn.send_pdu(pdu).await?;
         }
         // Best effort: the answer to a discovery logout changes nothing for the caller.
         let _ = tokio::time::timeout(discovery::LOGOUT_GRACE, async {

@@ -1,8 +1,10 @@
-//! The connection's tasks, as they were: the framed reader (decode, open the record, hand the
-//! PDU to the engine), the framed writer (batch `poll_transmit`, seal the record, vectored
-//! write) and the timer that passes the time in to the engine.
+//! The connection's tasks: the reader (PDUs from `ipsan-transport`'s [`FrameReader`] — read,
+//! verify the Seal record, decode — into the engine), the writer (batch `poll_transmit` into
+//! its [`FrameWriter`] — protect, encode, vectored write) and the timer that passes the time
+//! in to the engine. The framing itself is the target's too: one implementation.
 
 use super::*;
+use ipsan_transport::{FrameReader, FrameWriter, PushError};
 
 /// Runs the engine's timers: NOP-Out keepalive and its timeout, command timeouts and their
 /// escalation, task management timeouts. It only passes the time in.
@@ -38,30 +40,19 @@ pub(super) async fn timer(shared: Arc<Shared>) {
 }
 
 /// The one framed write of this connection: drains the engine's PDUs (ExpStatSN stamped as
-/// they leave it) into the socket, batching what is queued into vectored writes. In a sealed
-/// session every PDU is record-protected here, in wire order (docs/seal.md §4a).
-pub(super) async fn writer(
-    wr: OwnedWriteHalf,
-    codec: Codec,
-    shared: Arc<Shared>,
-    sealer: Option<ipsan_seal::RecordSealer>,
-) {
-    if let Err(e) = writer_inner(wr, codec, &shared, sealer).await {
+/// they leave it) into `ipsan-transport`'s [`FrameWriter`], batching what is queued into
+/// vectored writes. In a sealed session the writer record-protects every PDU, in wire order
+/// (docs/seal.md §4a).
+pub(super) async fn writer(wr: FrameWriter<OwnedWriteHalf>, shared: Arc<Shared>) {
+    if let Err(e) = writer_inner(wr, &shared).await {
         shared.kill(e);
     }
 }
 
-pub(super) async fn writer_inner(
-    mut wr: OwnedWriteHalf,
-    codec: Codec,
+async fn writer_inner(
+    mut wr: FrameWriter<OwnedWriteHalf>,
     shared: &Shared,
-    mut sealer: Option<ipsan_seal::RecordSealer>,
 ) -> std::result::Result<(), ConnectionLoss> {
-    let io = |e: std::io::Error| ConnectionLoss::Io {
-        op: IoOp::Send,
-        kind: e.kind(),
-    };
-    let mut out = ipsan_tcp::vectored::Segments::default();
     let mut batch: Vec<Pdu> = Vec::with_capacity(512);
     loop {
         let woken = shared.st.wake_writer.notified();
@@ -89,21 +80,21 @@ pub(super) async fn writer_inner(
             continue;
         }
         let tr = shared.core.observer.get();
-        for mut pdu in batch.drain(..) {
+        for pdu in batch.drain(..) {
             observe_sent(tr, &pdu);
-            // ---- SEAL RECORD HOOK (framed write): one tag per PDU, in wire order ----
-            if let Some(s) = &mut sealer {
-                s.protect(&mut pdu).map_err(|e| {
+            wr.push(pdu).map_err(|e| match e {
+                PushError::Protect(e) => {
                     tracing::warn!("seal: cannot protect a PDU: {e}; dropping the connection");
                     ConnectionLoss::SealExhausted
-                })?;
-            }
-            let trailer = codec
-                .encode_head(&pdu, out.head())
-                .map_err(ConnectionLoss::Encode)?;
-            out.push_data(pdu.data, trailer.as_bytes());
+                }
+                // Fatal plain or sealed: the engine already counted it as sent.
+                PushError::Encode(e, _) => ConnectionLoss::Encode(e),
+            })?;
         }
-        out.write_to(&mut wr).await.map_err(io)?;
+        wr.flush().await.map_err(|e| ConnectionLoss::Io {
+            op: IoOp::Send,
+            kind: e.kind(),
+        })?;
     }
     let _ = wr.shutdown().await;
     Ok(())
@@ -158,61 +149,46 @@ pub(super) fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
     }
 }
 
-/// The one framed read of this connection: PDUs into the engine until it ends. In a sealed
-/// session nothing of a PDU beyond its lengths is read before its record tag verifies
-/// ([`ipsan_seal::read_pdu`], the same step as the target's); any failure (tag, digest,
-/// opcode, field, length) drops the connection, and every command in flight fails with
-/// [`Error::SealForgery`].
-pub(super) async fn reader(
-    mut rd: OwnedReadHalf,
-    mut buf: BytesMut,
-    codec: Codec,
-    shared: Arc<Shared>,
-    mut opener: Option<ipsan_seal::RecordOpener>,
-) {
+/// The one framed read of this connection: PDUs from `ipsan-transport`'s [`FrameReader`]
+/// into the engine until it ends. In a sealed session nothing of a PDU beyond its lengths is
+/// read before its record tag verifies (the same step as the target's); any failure (tag,
+/// digest, opcode, field, length) drops the connection, and every command in flight fails
+/// with [`Error::SealForgery`]. A plain connection's framing error drops it too (the
+/// initiator answers no Reject).
+pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
     let tr = shared.core.observer.get().cloned();
     loop {
-        loop {
-            // ---- SEAL RECORD HOOK (framed read): nothing unverified reaches the engine ----
-            match ipsan_seal::read_pdu(&codec, opener.as_mut(), &mut buf) {
-                Err(ipsan_seal::ReadError::Sealed(f)) => {
+        match rd.next().await {
+            Ok(Some(Ok(pdu))) => {
+                observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
+                if shared
+                    .with_io(false, |g| g.session.handle_pdu(Instant::now(), pdu))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Ok(Some(Err(e))) => {
+                shared.kill(ConnectionLoss::Framing(e));
+                return;
+            }
+            Ok(None) => {
+                let _ = shared.with_io(false, |g| g.session.peer_closed(Instant::now()));
+                return;
+            }
+            Err(e) => {
+                if let Some(f) = ipsan_transport::forgery(&e) {
                     tracing::warn!(
                         "{f}; nothing of it acted, dropping the connection and failing every command in flight"
                     );
                     let _ = shared.st.forged.set(f.clone());
-                    shared.kill(ConnectionLoss::SealForgery(f));
-                    return;
+                    shared.kill(ConnectionLoss::SealForgery(f.clone()));
+                } else {
+                    shared.kill(ConnectionLoss::Io {
+                        op: IoOp::Receive,
+                        kind: e.kind(),
+                    });
                 }
-                Ok(Some(pdu)) => {
-                    observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
-                    if shared
-                        .with_io(false, |g| g.session.handle_pdu(Instant::now(), pdu))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Ok(None) => break,
-                Err(ipsan_seal::ReadError::Wire(e)) => {
-                    shared.kill(ConnectionLoss::Framing(e));
-                    return;
-                }
-            }
-        }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
-        }
-        match rd.read_buf(&mut buf).await {
-            Ok(0) => {
-                let _ = shared.with_io(false, |g| g.session.peer_closed(Instant::now()));
-                return;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                shared.kill(ConnectionLoss::Io {
-                    op: IoOp::Receive,
-                    kind: e.kind(),
-                });
                 return;
             }
         }

@@ -81,7 +81,7 @@ pub(super) async fn login(
     let mut x = LoginExchange::new(machine, first, isid);
     loop {
         while let Some(pdu) = x.poll_transmit() {
-            conn.send_pdu(&pdu).await?;
+            conn.send_pdu(pdu).await?;
         }
         let pdu = conn.recv().await?;
         let progress = x.handle_pdu(&pdu)?;
@@ -228,24 +228,29 @@ impl Fresh {
     pub(super) fn start(self, core: Arc<Core>, st: Arc<ConnState>) -> Arc<Shared> {
         let Fresh { conn, li } = self;
         let params = li.params.clone();
-        let codec = codec_for(&params);
-        let Conn { stream, rbuf, .. } = conn;
+        let Conn { mut rd, mut wr } = conn;
         let socket = {
             use std::os::fd::AsFd;
-            stream.as_fd().try_clone_to_owned().ok()
+            rd.get_ref().as_ref().as_fd().try_clone_to_owned().ok()
         };
-        let (rd, wr) = stream.into_split();
         let shared = Arc::new(Shared {
             core,
             st,
             params,
             socket,
         });
-        // The writer first: a closing engine stops the others but lets the writer flush.
-        // The record step sits between the codec and the engine (docs/seal.md §4a).
+        // The negotiated digests, and the record step between the codec and the engine
+        // (docs/seal.md §4a), on the same framed halves the login used: whatever the target
+        // sent after its last login response is still in the reader's buffer.
+        let codec = codec_for(&shared.params);
         let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
-        let w = tokio::spawn(writer(wr, codec.clone(), shared.clone(), sealer));
-        let r = tokio::spawn(reader(rd, rbuf, codec, shared.clone(), opener));
+        rd.codec = codec.clone();
+        rd.record = opener;
+        wr.codec = codec;
+        wr.sealer = sealer;
+        // The writer first: a closing engine stops the others but lets the writer flush.
+        let w = tokio::spawn(writer(wr, shared.clone()));
+        let r = tokio::spawn(reader(rd, shared.clone()));
         let k = tokio::spawn(timer(shared.clone()));
         if let Ok(mut t) = shared.st.io_tasks.lock() {
             *t = vec![w.abort_handle(), r.abort_handle(), k.abort_handle()];
