@@ -28,11 +28,11 @@ use crate::backend::Backend;
 use crate::cdb::{self, op, Command, CommandInfo};
 use crate::config::Unit;
 pub use crate::config::{Limits, LuConfig};
+use crate::pr;
 use crate::pr::BackendPr as _;
 use crate::response::truncate;
 pub use crate::response::{NexusId, ScsiResponse};
 use crate::sense::{ScsiStatus, Sense};
-use crate::pr;
 
 mod dispatch;
 mod media;

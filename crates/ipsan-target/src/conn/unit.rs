@@ -246,12 +246,11 @@ async fn forward(spec: &Arc<RemoteSpec>, remote_lun: u64, cmd: Submit<'_>) -> Do
     // A READ sent with the W bit (libiscsi's Read*Invalid): ipsan's initiator carries no
     // bidirectional command, and Data-In for a write would end the remote connection;
     // forwarded as the read it is, its data-out dropped (a target reads no data for it).
-    let (need, data_out, read, write) =
-        if f.write && cdb::family(cdb) == cdb::Family::Read {
-            (0, Bytes::new(), true, false)
-        } else {
-            (f.need, cmd.data_out, f.read, f.write)
-        };
+    let (need, data_out, read, write) = if f.write && cdb::family(cdb) == cdb::Family::Read {
+        (0, Bytes::new(), true, false)
+    } else {
+        (f.need, cmd.data_out, f.read, f.write)
+    };
     let read_len = if need > 0 { 0 } else { f.read_len };
     match nexus
         .forward(
