@@ -34,6 +34,37 @@ enum Behaviour {
     /// unsolicited NOP-In (no answer wanted) every 100 ms for this many milliseconds: a
     /// session whose ping is stuck behind data on a slow link, still talking.
     Chatter(u64),
+    /// Send a NOP-In ping (TTT [`PING_TTT`]) in the same write as the final login response,
+    /// and answer reads (all their data, GOOD) only once the initiator's NOP-Out answered it.
+    PingWithLogin,
+}
+
+/// The target transfer tag of [`Behaviour::PingWithLogin`]'s ping.
+const PING_TTT: u32 = 0x5eed;
+
+/// One Data-In with all `len` bytes (7s) and GOOD status for command `c`.
+fn data_in(
+    c: &iscsi_wire::header::ScsiCommand,
+    len: usize,
+    stat_sn: u32,
+    codec: &Codec,
+) -> BytesMut {
+    let h = DataIn {
+        final_: true,
+        status_present: true,
+        status: 0,
+        itt: c.itt,
+        ttt: u32::MAX,
+        stat_sn,
+        exp_cmd_sn: c.cmd_sn.wrapping_add(1),
+        max_cmd_sn: c.cmd_sn.wrapping_add(64),
+        ..DataIn::default()
+    };
+    let mut out = BytesMut::new();
+    codec
+        .encode(&Pdu::new(h, vec![7u8; len].into()), &mut out)
+        .unwrap();
+    out
 }
 
 async fn read_pdu(s: &mut OwnedReadHalf, buf: &mut BytesMut, codec: &Codec) -> Option<Pdu> {
@@ -55,6 +86,8 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
     let mut buf = BytesMut::new();
     let mut stat_sn = 0u32;
     let mut commands = 0usize;
+    let mut pinged = false;
+    let mut pending = None;
     while let Some(pdu) = read_pdu(&mut rd, &mut buf, &codec).await {
         match pdu.header {
             Header::LoginRequest(r) => {
@@ -83,6 +116,22 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
                 let mut out = BytesMut::new();
                 let data = iscsi_wire::text::encode(keys).freeze();
                 codec.encode(&Pdu::new(resp, data), &mut out).unwrap();
+                if let (Behaviour::PingWithLogin, true, Stage::FULL_FEATURE_PHASE) =
+                    (behaviour, r.transit, r.nsg)
+                {
+                    // Glued to the login response: one segment carries both.
+                    let ping = iscsi_wire::header::NopIn {
+                        lun: 0,
+                        itt: u32::MAX,
+                        ttt: PING_TTT,
+                        stat_sn,
+                        exp_cmd_sn: r.cmd_sn,
+                        max_cmd_sn: r.cmd_sn.wrapping_add(63),
+                    };
+                    codec
+                        .encode(&Pdu::new(ping, Bytes::new()), &mut out)
+                        .unwrap();
+                }
                 wr.lock().await.write_all(&out).await.unwrap();
             }
             Header::ScsiCommand(c) => {
@@ -154,13 +203,32 @@ async fn fake_target(l: TcpListener, behaviour: Behaviour) {
                         .unwrap();
                     wr.lock().await.write_all(&out).await.unwrap();
                 }
+                if let Behaviour::PingWithLogin = behaviour {
+                    if pinged {
+                        let len = c.expected_data_transfer_length as usize;
+                        let out = data_in(&c, len, stat_sn, &codec);
+                        stat_sn += 1;
+                        wr.lock().await.write_all(&out).await.unwrap();
+                    } else {
+                        pending = Some(c);
+                    }
+                }
                 if let Behaviour::CloseAfterCommands(n) = behaviour {
                     if commands >= n {
                         return; // drops the socket with commands in flight
                     }
                 }
             }
-            _ => {} // NOP-Outs and everything else: never answered
+            Header::NopOut(n) if n.ttt == PING_TTT => {
+                pinged = true;
+                if let Some(c) = pending.take() {
+                    let len = c.expected_data_transfer_length as usize;
+                    let out = data_in(&c, len, stat_sn, &codec);
+                    stat_sn += 1;
+                    wr.lock().await.write_all(&out).await.unwrap();
+                }
+            }
+            _ => {} // other NOP-Outs and everything else: never answered
         }
     }
 }
@@ -397,5 +465,29 @@ fn overlaps_round_trips_with_many_commands_in_flight() {
             parallel < Duration::from_millis(600),
             "16 commands in flight took {parallel:?}: they did not overlap"
         );
+    });
+}
+
+/// The login's framed reader is the full feature phase's: a ping the target sent in the same
+/// segment as its final login response is not lost between the two (the initiator answers
+/// it, and only then does this target answer the read).
+#[test]
+fn accepts_a_ping_glued_to_the_final_login_response() {
+    bounded(20, async {
+        let url = start(Behaviour::PingWithLogin).await;
+        let cfg = SessionConfig {
+            nop_interval: None,
+            ..SessionConfig::default()
+        };
+        let s = Session::connect(&url, &cfg).await.unwrap();
+        let c = tokio::time::timeout(
+            Duration::from_secs(5),
+            s.command(scsi::read16(0, 8), DataDir::Read(BytesMut::new(), 4096)),
+        )
+        .await
+        .expect("the read is answered only after the glued ping was: the ping was lost")
+        .unwrap();
+        assert_eq!(c.data.len(), 4096);
+        assert!(c.data.iter().all(|&b| b == 7));
     });
 }
