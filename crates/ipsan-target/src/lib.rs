@@ -10,7 +10,9 @@
 //! - [`control`]: the control socket (`ipsan ctl`): line-delimited JSON over a root-only
 //!   Unix socket.
 //! - [`metrics`]: per-target, per-LUN and per-session counters and the Prometheus text
-//!   exposition (`--metrics`).
+//!   format; no dependency on the registry that holds them.
+//! - [`scrape`]: the whole target's exposition from the [`registry`] and the HTTP endpoint
+//!   (`--metrics`).
 //! - [`remote`]: remote iSCSI LUNs, a gateway's pass-through (docs/gateway.md): one remote
 //!   session per host session, through ipsan's initiator, commands forwarded unchanged.
 //! - [`server`]: listeners, the accept loop, connection limits and graceful shutdown.
@@ -28,6 +30,7 @@ pub mod limits;
 pub mod metrics;
 pub mod registry;
 pub mod remote;
+pub mod scrape;
 mod seal_ext;
 pub mod server;
 
