@@ -1,0 +1,389 @@
+//! Live changes (`ipsan ctl`, SIGHUP reloads): a new file form validated as a file is, every
+//! change planned and checked before anything changes, then swapped in at once; hosts get
+//! REPORTED LUNS DATA HAS CHANGED, sessions no longer allowed end, removed LUNs are flushed.
+
+use std::sync::Arc;
+
+use ipsan_scsi::LogicalUnit;
+use iscsi_proto::login::Auth;
+
+use super::{build_target, Registry, Target};
+use crate::config::{Config, FileConfig, LunConfig};
+
+/// Why a configuration change was refused; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The new configuration does not validate (the field is named, as for a file).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The change is valid but would hurt running sessions without `force`, or cannot be
+    /// done online.
+    #[error("{field}: {why}")]
+    Refused { field: String, why: String },
+    /// The target was built in code, without a file form to edit.
+    #[error("this target was not started from a configuration file form; nothing to edit")]
+    NoSource,
+}
+
+fn refused(field: impl Into<String>, why: impl Into<String>) -> ChangeError {
+    ChangeError::Refused {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+/// What an applied change did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ChangeReport {
+    /// One line per change (target added, LUN resized, …).
+    pub changes: Vec<String>,
+    /// Sessions ended by the change (removed targets, initiators no longer allowed).
+    pub sessions_dropped: usize,
+    /// Settings that changed in the file but only take effect at the next start.
+    pub restart_needed: Vec<String>,
+}
+
+/// Whether two LUN configurations differ at most in size (a resize, not a replacement).
+fn same_but_size(a: &LunConfig, b: &LunConfig) -> bool {
+    let unsized_ = |l: &LunConfig| ipsan_scsi::BackendSpec {
+        size: None,
+        ..l.backend.clone()
+    };
+    a.id == b.id
+        && unsized_(a) == unsized_(b)
+        && a.block_size == b.block_size
+        && a.read_only == b.read_only
+        && a.write_cache == b.write_cache
+        && a.serial == b.serial
+}
+
+/// Whether two Seal settings are the same (secrets compared in constant time).
+fn same_seal(a: &crate::config::SealSettings, b: &crate::config::SealSettings) -> bool {
+    let same_psk = |x: &Option<ipsan_seal::Psk>, y: &Option<ipsan_seal::Psk>| match (x, y) {
+        (Some(x), Some(y)) => x.ct_eq(y),
+        (None, None) => true,
+        _ => false,
+    };
+    a.policy == b.policy
+        && same_psk(&a.secret, &b.secret)
+        && a.initiators.len() == b.initiators.len()
+        && a.initiators
+            .iter()
+            .zip(&b.initiators)
+            .all(|((n, p), (m, q))| n == m && p.ct_eq(q))
+}
+
+/// REPORTED LUNS DATA HAS CHANGED (SPC-4 §7.5.5 / Table 49: 3Fh/0Eh).
+const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
+
+impl Registry {
+    /// The running configuration in file form (`None` when built in code).
+    #[must_use]
+    pub fn running_config(&self) -> Option<FileConfig> {
+        crate::lock(&self.running).clone()
+    }
+
+    /// Edits the running configuration with `edit` and applies the result like a reload:
+    /// validated as a file is, then swapped in atomically. Changes are serialized.
+    pub fn change(
+        &self,
+        force: bool,
+        edit: impl FnOnce(&mut FileConfig) -> Result<(), ChangeError>,
+    ) -> Result<ChangeReport, ChangeError> {
+        let mut running = crate::lock(&self.running);
+        let current = running.as_ref().ok_or(ChangeError::NoSource)?;
+        let mut next = current.clone();
+        edit(&mut next)?;
+        let report = self.apply_locked(current, &next, force)?;
+        *running = Some(next);
+        self.metrics
+            .config_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Replaces the running configuration with `next` (a reload).
+    pub fn apply(&self, next: FileConfig, force: bool) -> Result<ChangeReport, ChangeError> {
+        self.change(force, |f| {
+            *f = next;
+            Ok(())
+        })
+    }
+
+    fn apply_locked(
+        &self,
+        old_file: &FileConfig,
+        new_file: &FileConfig,
+        force: bool,
+    ) -> Result<ChangeReport, ChangeError> {
+        use std::collections::BTreeSet;
+        let cfg = Config::from_file_config(new_file)?;
+        // A listener beyond loopback authenticates: no change may add a target that
+        // authenticates no host, or take the last authentication from one, while a bound
+        // portal is beyond loopback (crate::exposure; `insecure_no_auth` as started).
+        let portals = crate::read(&self.portals).clone();
+        match crate::exposure::check(&cfg, &portals, self.insecure_no_auth) {
+            Err(e) => {
+                return Err(refused(
+                    format!("target {}", e.targets.join(", ")),
+                    e.to_string(),
+                ))
+            }
+            Ok(warnings) => {
+                for w in warnings {
+                    if matches!(w, crate::exposure::ExposureWarning::Insecure { .. }) {
+                        tracing::warn!("{w}");
+                    }
+                }
+            }
+        }
+        let old = self.targets();
+        let sessions = self.sessions();
+        let in_use = |iqn: &str| {
+            sessions
+                .iter()
+                .filter(|s| s.info.target.as_deref() == Some(iqn))
+                .count()
+        };
+        let mut report = ChangeReport::default();
+        if old_file.server != new_file.server {
+            report
+                .restart_needed
+                .push("server (portals, limits, queue depth, TCP settings)".into());
+        }
+
+        // Plan and check everything before changing anything.
+        for t in old.iter() {
+            if !cfg.targets.iter().any(|n| n.iqn == t.iqn) {
+                let n = in_use(&t.iqn);
+                if n > 0 && !force {
+                    return Err(refused(
+                        format!("target {}", t.iqn),
+                        format!("{n} session(s) logged in; force to remove it and drop them"),
+                    ));
+                }
+                report.changes.push(format!("target {} removed", t.iqn));
+            }
+        }
+        struct Plan {
+            keep: BTreeSet<u64>,
+            gone: Vec<u64>,
+            grow: Vec<(Arc<LogicalUnit>, u64, String)>,
+        }
+        let mut plans = Vec::new();
+        for (i, t) in cfg.targets.iter().enumerate() {
+            let mut plan = Plan {
+                keep: BTreeSet::new(),
+                gone: Vec::new(),
+                grow: Vec::new(),
+            };
+            let Some(o) = old.iter().find(|x| x.iqn == t.iqn) else {
+                report.changes.push(format!(
+                    "target {} added with LUN(s) {:?}",
+                    t.iqn,
+                    t.luns.iter().map(|l| l.id).collect::<Vec<_>>()
+                ));
+                plans.push(plan);
+                continue;
+            };
+            let sessions_here = in_use(&t.iqn);
+            for (j, l) in t.luns.iter().enumerate() {
+                let field = format!("target[{i}].lun[{j}]");
+                match o.lun_configs.get(&l.id) {
+                    Some(ol) if same_but_size(ol, l) => {
+                        plan.keep.insert(l.id);
+                        let Some(lu) = o.luns.get(&l.id) else {
+                            continue;
+                        };
+                        let now = lu.num_blocks() * u64::from(lu.block_size());
+                        match l.backend.size {
+                            Some(want) if want < now => {
+                                return Err(refused(
+                                    format!("{field}.backend"),
+                                    format!("shrinking LUN {} from {now} to {want} bytes is refused: hosts may be using those blocks", l.id),
+                                ))
+                            }
+                            Some(want) if want > now => {
+                                if matches!(l.backend.kind, ipsan_scsi::BackendKind::Mem) {
+                                    return Err(refused(
+                                        format!("{field}.backend"),
+                                        "a mem LUN cannot be resized online (file and null LUNs can)",
+                                    ));
+                                }
+                                if want % u64::from(lu.block_size()) != 0 {
+                                    return Err(refused(
+                                        format!("{field}.backend"),
+                                        format!("{want} bytes is not a whole number of {}-byte blocks", lu.block_size()),
+                                    ));
+                                }
+                                plan.grow.push((lu.clone(), want, format!("{field}.backend")));
+                                report.changes.push(format!(
+                                    "target {} LUN {} resized from {now} to {want} bytes",
+                                    t.iqn, l.id
+                                ));
+                            }
+                            _ => {}
+                        }
+                    }
+                    Some(_) => {
+                        if sessions_here > 0 && !force {
+                            return Err(refused(
+                                field,
+                                format!("LUN {} is in use by {sessions_here} session(s) and this change replaces it (only the size can change online); force to replace it", l.id),
+                            ));
+                        }
+                        plan.gone.push(l.id);
+                        report
+                            .changes
+                            .push(format!("target {} LUN {} replaced", t.iqn, l.id));
+                    }
+                    None => report
+                        .changes
+                        .push(format!("target {} LUN {} added", t.iqn, l.id)),
+                }
+            }
+            for id in o.luns.keys() {
+                if t.luns.iter().any(|l| l.id == *id) {
+                    continue;
+                }
+                if sessions_here > 0 && !force {
+                    return Err(refused(
+                        format!("target[{i}].lun"),
+                        format!("LUN {id} is in use by {sessions_here} session(s); force to remove it (hosts get REPORTED LUNS DATA HAS CHANGED)"),
+                    ));
+                }
+                plan.gone.push(*id);
+                report
+                    .changes
+                    .push(format!("target {} LUN {id} removed", t.iqn));
+            }
+            if o.allow != t.allow {
+                report
+                    .changes
+                    .push(format!("target {} allow-list changed", t.iqn));
+            }
+            let chap_changed = match (&o.auth, &t.chap) {
+                (Auth::Chap(a), Some(b)) => {
+                    a.user != b.user
+                        || !a.secret.ct_eq(&b.secret)
+                        || a.mutual.as_ref().map(|m| &m.0) != b.mutual.as_ref().map(|m| &m.0)
+                        || match (&a.mutual, &b.mutual) {
+                            (Some(x), Some(y)) => !x.1.ct_eq(&y.1),
+                            (None, None) => false,
+                            _ => true,
+                        }
+                }
+                (Auth::None, None) => false,
+                _ => true,
+            };
+            let hosts_changed = o.chap_hosts.len() != t.chap_hosts.len()
+                || o.chap_hosts.iter().zip(&t.chap_hosts).any(|(a, b)| {
+                    a.names != b.names
+                        || a.policy.user != b.policy.user
+                        || !a.policy.secret.ct_eq(&b.policy.secret)
+                });
+            if chap_changed || hosts_changed {
+                report.changes.push(format!(
+                    "target {} CHAP changed (new logins; sessions logged in stay)",
+                    t.iqn
+                ));
+            }
+            if !same_seal(&o.seal, &t.seal) {
+                report.changes.push(format!(
+                    "target {} Seal settings changed (new logins; sessions logged in keep their keys)",
+                    t.iqn
+                ));
+            }
+            plans.push(plan);
+        }
+
+        // Open new backends (fallible, nothing visible yet).
+        let mut built = Vec::new();
+        for (i, (t, plan)) in cfg.targets.iter().zip(&plans).enumerate() {
+            let o = old.iter().find(|x| x.iqn == t.iqn);
+            let target = build_target(t, o.map(|o| (o.as_ref(), &plan.keep)), cfg.relative_port_id)
+                .map_err(|e| {
+                    let j = t.luns.iter().position(|l| l.id == e.lun).unwrap_or(0);
+                    refused(format!("target[{i}].lun[{j}].backend"), e.why)
+                })?;
+            built.push(target);
+        }
+        // Grow files (I/O; a failure here stops before the swap, earlier grows stay: a
+        // larger file is harmless and the LU reports its new size only once grown).
+        for plan in &plans {
+            for (lu, want, field) in &plan.grow {
+                lu.grow(*want)
+                    .map_err(|e| refused(field.clone(), format!("resize failed: {e}")))?;
+            }
+        }
+
+        // Commit: one swap.
+        for t in &built {
+            let mut table = crate::write(&t.lun_stats);
+            table.retain(|id, _| t.luns.contains_key(id));
+            for (id, lu) in &t.luns {
+                table
+                    .entry(*id)
+                    .or_insert_with(|| crate::metrics::lun_stats(lu.block_size()));
+            }
+        }
+        let built: Vec<Arc<Target>> = built.into_iter().map(Arc::new).collect();
+        *crate::write(&self.targets) = Arc::new(built.clone());
+        *crate::write(&self.discovery_auth) =
+            cfg.discovery_chap.clone().map_or(Auth::None, Auth::Chap);
+        self.discovery_enabled
+            .store(cfg.discovery_enabled, std::sync::atomic::Ordering::Relaxed);
+
+        // Tell whom it concerns.
+        for (t, plan) in built.iter().zip(&plans) {
+            if !plan.gone.is_empty() {
+                for lu in t.luns.values() {
+                    lu.unit_attention_all(REPORTED_LUNS_CHANGED.0, REPORTED_LUNS_CHANGED.1);
+                }
+            }
+        }
+        let removed: Vec<String> = old
+            .iter()
+            .filter(|o| !built.iter().any(|n| n.iqn == o.iqn))
+            .map(|o| o.iqn.clone())
+            .collect();
+        for iqn in &removed {
+            self.metrics.forget_target(iqn);
+        }
+        report.sessions_dropped = self.drop_sessions(|s| match s.target.as_deref() {
+            None => false,
+            Some(iqn) => match built.iter().find(|t| t.iqn == iqn) {
+                None => true,
+                Some(t) => !t.allows(&s.initiator),
+            },
+        });
+        // Flush what is no longer served (its last commands finish on their own Arcs).
+        for o in old.iter() {
+            for (id, backend) in &o.backends {
+                let still = built
+                    .iter()
+                    .find(|n| n.iqn == o.iqn)
+                    .and_then(|n| n.backends.iter().find(|(i, _)| i == id))
+                    .is_some_and(|(_, b)| Arc::ptr_eq(b, backend));
+                if !still {
+                    if let Err(e) = backend.flush() {
+                        tracing::warn!(target = %o.iqn, lun = id, "flush of a removed LUN failed: {e}");
+                    }
+                }
+            }
+        }
+        for c in &report.changes {
+            tracing::info!(change = %c, "configuration changed");
+        }
+        if report.sessions_dropped > 0 {
+            tracing::info!(
+                sessions = report.sessions_dropped,
+                "sessions ended by the change"
+            );
+        }
+        for r in &report.restart_needed {
+            tracing::warn!(setting = %r, "changed in the configuration; takes effect at restart");
+        }
+        Ok(report)
+    }
+}
