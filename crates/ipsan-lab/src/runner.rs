@@ -28,11 +28,10 @@ mod iperf3;
 mod link;
 mod process;
 
-use carrier::{ipsec, tls, wireguard};
 use iperf3::iperf3;
 use link::{calibrate_link, enc_dec, LabLink, LinkCounters};
-pub use process::{help_mentions, proc_cpu_s};
 use process::{free_port, run_bounded, spawn_watch, wait_line, Procs};
+pub use process::{help_mentions, proc_cpu_s};
 
 /// How to run a plan.
 #[derive(Debug, Clone)]
@@ -344,9 +343,6 @@ impl RunCtx<'_> {
             None => Command::new(program),
         }
     }
-    fn ns(&self, side: Side) -> Option<String> {
-        self.link.map(|l| l.link.netns(side))
-    }
     fn tgt_addr(&self) -> Ipv4Addr {
         self.link.map_or(Ipv4Addr::LOCALHOST, |l| l.tgt())
     }
@@ -396,42 +392,16 @@ fn fail(s: impl Into<String>) -> RunError {
     RunError::Fail(s.into())
 }
 
+/// One run: the model's inputs and starting depth, the target, the scheme's carrier, one
+/// `ipsan bench` with the CPU of every process and the link's counters around it, then the
+/// bench's result and the model's prediction for it.
 fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    let inputs = Inputs {
-        rtt_s: ctx.calib.rtt_ms / 1e3,
-        block: p.block as f64,
-        socket: ctx.calib.socket_mb_s * 1e6,
-        enc: ctx.enc.0,
-        dec: ctx.enc.1,
-    };
-    rec.enc_mb_s = ctx.enc.0 / 1e6;
-    rec.dec_mb_s = ctx.enc.1 / 1e6;
-    // `auto`: the model's estimate (rounded up when round-trip-bound); bench starts there and
-    // adapts (when it can).
-    let depth = match p.depth {
-        Depth::Fixed(n) => n,
-        Depth::Auto => model::auto_start(
-            &inputs,
-            &model_pipeline(p, 1, None, cpus),
-            ctx.plan.max_depth,
-        )
-        .map_err(|e| fail(format!("auto depth: {e}")))?,
-    };
+    let inputs = model_inputs(ctx, p, rec);
+    let depth = start_depth(ctx, p, &inputs, cpus)?;
     rec.depth_used = depth;
-    match p.scheme {
-        Scheme::Ipsec => {
-            if let Some(why) = crate::ipsec::unavailable() {
-                return Err(RunError::Skip(why));
-            }
-        }
-        Scheme::Seal | Scheme::SealSeq if !ctx.bench_has_seal => {
-            return Err(fail(
-                "ipsan bench has no --seal flag yet (seal is being integrated into the initiator); not faked",
-            ))
-        }
-        _ => {}
-    }
+    let carrier = carrier::of(p.scheme);
+    carrier.check(ctx)?;
     let run_time = ctx
         .plan
         .run_time_for(Duration::from_secs_f64(ctx.calib.rtt_ms.max(0.0) / 1e3));
@@ -440,18 +410,70 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         return iperf3(ctx, run_time, rec);
     }
     let mut procs = Procs(Vec::new(), Vec::new());
-    // --- target ---
-    let secret = ctx.scratch.join("seal.secret");
-    if p.scheme.is_seal() {
-        std::fs::write(
-            &secret,
-            b"ipsan lab run secret: 32+ bytes long, never reused\n",
-        )
-        .map_err(|e| fail(format!("writing the seal secret: {e}")))?;
-        // The target refuses secret files others can read.
-        std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|e| fail(format!("chmod 600 the seal secret: {e}")))?;
+    let target = start_target(ctx, p, carrier, depth, &mut procs)?;
+    let connect = carrier.connect(ctx, p, &mut procs, target)?;
+    let bench = Bench::new(ctx, p, carrier, connect, depth, run_time);
+    let out = measure(ctx, &procs, bench.cmd, run_time, rec)?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(fail(format!(
+            "bench exited with {}: {}",
+            out.status,
+            last.trim()
+        )));
     }
+    read_bench_result(ctx, p, &bench.json, &bench.steady_trace, depth, rec)?;
+    // Model prediction with the negotiated parameters.
+    let pipeline = model_pipeline(p, rec.depth_used, rec.first_burst, cpus);
+    if let Ok(pred) = model::predict(&inputs, &pipeline) {
+        rec.model_mb_s = pred.throughput / 1e6;
+        rec.model_limit = pred.limit.to_string();
+        rec.model_err_pct = (rec.throughput_mb_s / rec.model_mb_s - 1.0) * 100.0;
+    }
+    Ok(())
+}
+
+/// The model's inputs from the link's calibration (the cipher rates also go to the record).
+fn model_inputs(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Inputs {
+    rec.enc_mb_s = ctx.enc.0 / 1e6;
+    rec.dec_mb_s = ctx.enc.1 / 1e6;
+    Inputs {
+        rtt_s: ctx.calib.rtt_ms / 1e3,
+        block: p.block as f64,
+        socket: ctx.calib.socket_mb_s * 1e6,
+        enc: ctx.enc.0,
+        dec: ctx.enc.1,
+    }
+}
+
+/// The depth the run starts at: the point's, or for `auto` the model's estimate (rounded up
+/// when round-trip-bound); bench starts there and adapts (when it can).
+fn start_depth(ctx: &RunCtx<'_>, p: &Point, inputs: &Inputs, cpus: u32) -> Result<u32, RunError> {
+    match p.depth {
+        Depth::Fixed(n) => Ok(n),
+        Depth::Auto => model::auto_start(
+            inputs,
+            &model_pipeline(p, 1, None, cpus),
+            ctx.plan.max_depth,
+        )
+        .map_err(|e| fail(format!("auto depth: {e}"))),
+    }
+}
+
+/// Starts `ipsan target` with the plan's LUN, queue depth and socket buffers and the
+/// carrier's flags, and waits until it listens; returns its address.
+fn start_target(
+    ctx: &RunCtx<'_>,
+    p: &Point,
+    carrier: &dyn carrier::Carrier,
+    depth: u32,
+    procs: &mut Procs,
+) -> Result<SocketAddr, RunError> {
     let lun = match p.backend {
         Backend::Mem => format!("mem:{}", ctx.plan.lun_bytes),
         Backend::Null => format!("null:{}", ctx.plan.lun_bytes),
@@ -498,91 +520,109 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
             &n.to_string(),
         ]);
     }
-    if p.scheme.is_seal() {
-        tcmd.args(["--seal", "required", "--seal-secret-file"]);
-        tcmd.arg(&secret);
-    } else if ctx.link.is_some() {
-        // 0.0.0.0 inside the target namespace this run made, reached only by its own
-        // initiator namespace (or tunnel): no host authentication, said explicitly, as a
-        // target beyond loopback refuses to start without it (docs/target.md).
-        tcmd.arg("--insecure-no-auth");
-    }
+    carrier.target_args(ctx, p, &mut tcmd)?;
     let (target, lines) =
         spawn_watch(tcmd).map_err(|e| fail(format!("starting the target: {e}")))?;
     procs.0.push(("target".into(), target));
     wait_line(&lines, "listening on", Duration::from_secs(15))
         .map_err(|e| fail(format!("target did not start: {e}")))?;
-    // --- tunnel ---
-    let connect = match p.scheme {
-        Scheme::Wireguard => wireguard(ctx, &mut procs)?,
-        Scheme::Tls => tls(ctx, p, &mut procs)?,
-        Scheme::Ipsec => ipsec(ctx, p, &mut procs)?,
-        _ => SocketAddr::from((ctx.tgt_addr(), port)),
-    };
-    // --- bench ---
-    let json = ctx.scratch.join("bench.json");
-    let _ = std::fs::remove_file(&json);
-    let url = format!("iscsi://{connect}/{IQN}/0");
-    let live_auto = p.depth == Depth::Auto && ctx.bench_has_auto && p.scheme != Scheme::SealSeq;
-    let depth_arg = if live_auto {
-        "auto".to_string()
-    } else {
-        depth.to_string()
-    };
-    let mut b = ctx.command(Side::Ini, &ctx.cfg.exe.to_string_lossy());
-    b.args([
-        "bench",
-        &url,
-        "--rw",
-        p.direction.name(),
-        "--bs",
-        &p.block.to_string(),
-        "--depth",
-        &depth_arg,
-        "--time",
-        &format!("{}ms", run_time.as_millis()),
-        "--quiet",
-        "--json",
-    ]);
-    b.arg(&json);
-    if live_auto {
-        // bench's controller starts at the model's estimate and adapts from there.
+    Ok(SocketAddr::from((ctx.tgt_addr(), port)))
+}
+
+/// The `ipsan bench` command of a run and the files it writes.
+struct Bench {
+    cmd: Command,
+    /// Its JSON result.
+    json: PathBuf,
+    /// Its per-command trace for a steady plan's second-half throughput.
+    steady_trace: PathBuf,
+}
+
+impl Bench {
+    fn new(
+        ctx: &RunCtx<'_>,
+        p: &Point,
+        carrier: &dyn carrier::Carrier,
+        connect: SocketAddr,
+        depth: u32,
+        run_time: Duration,
+    ) -> Bench {
+        let json = ctx.scratch.join("bench.json");
+        let _ = std::fs::remove_file(&json);
+        let url = format!("iscsi://{connect}/{IQN}/0");
+        let live_auto = p.depth == Depth::Auto && ctx.bench_has_auto && p.scheme != Scheme::SealSeq;
+        let depth_arg = if live_auto {
+            "auto".to_string()
+        } else {
+            depth.to_string()
+        };
+        let mut b = ctx.command(Side::Ini, &ctx.cfg.exe.to_string_lossy());
         b.args([
-            "--depth-start",
-            &depth.to_string(),
-            "--max-depth",
-            &ctx.plan.max_depth.to_string(),
+            "bench",
+            &url,
+            "--rw",
+            p.direction.name(),
+            "--bs",
+            &p.block.to_string(),
+            "--depth",
+            &depth_arg,
+            "--time",
+            &format!("{}ms", run_time.as_millis()),
+            "--quiet",
+            "--json",
         ]);
+        b.arg(&json);
+        if live_auto {
+            // bench's controller starts at the model's estimate and adapts from there.
+            b.args([
+                "--depth-start",
+                &depth.to_string(),
+                "--max-depth",
+                &ctx.plan.max_depth.to_string(),
+            ]);
+        }
+        let steady_trace = ctx.scratch.join("steady.jsonl");
+        if let Some(t) = &ctx.trace {
+            b.arg("--trace").arg(t);
+        } else if ctx.plan.steady {
+            let _ = std::fs::remove_file(&steady_trace);
+            b.arg("--trace").arg(&steady_trace);
+        }
+        if let Some(n) = ctx.plan.tcp_buffer {
+            b.args([
+                "--tcp-sndbuf",
+                &n.to_string(),
+                "--tcp-rcvbuf",
+                &n.to_string(),
+            ]);
+        }
+        if p.iscsi == IscsiMode::Paper {
+            b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
+        }
+        carrier.bench_args(ctx, p, &mut b);
+        Bench {
+            cmd: b,
+            json,
+            steady_trace,
+        }
     }
-    let steady_trace = ctx.scratch.join("steady.jsonl");
-    if let Some(t) = &ctx.trace {
-        b.arg("--trace").arg(t);
-    } else if ctx.plan.steady {
-        let _ = std::fs::remove_file(&steady_trace);
-        b.arg("--trace").arg(&steady_trace);
-    }
-    if let Some(n) = ctx.plan.tcp_buffer {
-        b.args([
-            "--tcp-sndbuf",
-            &n.to_string(),
-            "--tcp-rcvbuf",
-            &n.to_string(),
-        ]);
-    }
-    if p.iscsi == IscsiMode::Paper {
-        b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
-    }
-    if p.scheme.is_seal() {
-        b.args(["--seal", &p.cipher, "--secret-file"]);
-        b.arg(&secret);
-        b.args(["--pipeline", if p.pipeline { "on" } else { "off" }]);
-    }
+}
+
+/// Runs `bench` (bounded), recording the CPU of the target, the tunnel processes per side
+/// and the lab itself (the emulator) over it, and the link's counters.
+fn measure(
+    ctx: &RunCtx<'_>,
+    procs: &Procs,
+    bench: Command,
+    run_time: Duration,
+    rec: &mut Record,
+) -> Result<std::process::Output, RunError> {
     let watched: Vec<(String, u32)> = procs.0.iter().map(|(n, c)| (n.clone(), c.id())).collect();
     let before: Vec<f64> = watched.iter().map(|(_, pid)| proc_cpu_s(*pid)).collect();
     let self_before = proc_cpu_s(std::process::id());
     let counters = LinkCounters::start(ctx);
     let t = Instant::now();
-    let out = run_bounded(b, run_time + Duration::from_secs(60))
+    let out = run_bounded(bench, run_time + Duration::from_secs(60))
         .map_err(|e| fail(format!("bench: {e}")))?;
     let wall = t.elapsed().as_secs_f64();
     rec.cpu_tunnel_ini_pct = 0.0;
@@ -607,20 +647,20 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         rec.esp_packets = crate::ipsec::sa_packets(*pid)
             .map_err(|e| fail(format!("reading the SA's counters: {e}")))?;
     }
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(fail(format!(
-            "bench exited with {}: {}",
-            out.status,
-            last.trim()
-        )));
-    }
-    let text = std::fs::read_to_string(&json).map_err(|e| fail(format!("bench JSON: {e}")))?;
+    Ok(out)
+}
+
+/// Bench's JSON result into the record: throughput (over the second half for a steady
+/// plan), latency, CPU, the depth `auto` chose and the negotiated parameters.
+fn read_bench_result(
+    ctx: &RunCtx<'_>,
+    p: &Point,
+    json: &Path,
+    steady_trace: &Path,
+    depth: u32,
+    rec: &mut Record,
+) -> Result<(), RunError> {
+    let text = std::fs::read_to_string(json).map_err(|e| fail(format!("bench JSON: {e}")))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| fail(format!("bench JSON: {e}")))?;
     let r = &v["result"];
@@ -635,7 +675,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
     rec.throughput_total_mb_s = rec.throughput_mb_s;
     if ctx.plan.steady && ctx.trace.is_none() {
         // No command in the second half leaves the whole run's rate, in both fields.
-        match second_half_throughput(&steady_trace, p.block) {
+        match second_half_throughput(steady_trace, p.block) {
             Ok(v) => rec.throughput_mb_s = v,
             Err(e) => tracing::info!("second-half throughput: {e}; keeping the whole run's"),
         }
@@ -670,18 +710,10 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
             })
             .unwrap_or_default();
     }
-    let depth = rec.depth_used;
     let n = &v["negotiated"];
     rec.initial_r2t = n["initial_r2t"].as_bool();
     rec.immediate_data = n["immediate_data"].as_bool();
     rec.first_burst = n["first_burst_length"].as_u64();
-    // Model prediction with the negotiated parameters.
-    if let Ok(pred) = model::predict(&inputs, &model_pipeline(p, depth, rec.first_burst, cpus)) {
-        rec.model_mb_s = pred.throughput / 1e6;
-        rec.model_limit = pred.limit.to_string();
-        rec.model_err_pct = (rec.throughput_mb_s / rec.model_mb_s - 1.0) * 100.0;
-    }
-    let _ = ctx.ns(Side::Ini);
     Ok(())
 }
 

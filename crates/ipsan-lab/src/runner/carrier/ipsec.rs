@@ -1,13 +1,35 @@
 //! The `ipsec` carrier: strongSwan's charon in each namespace (see [`crate::ipsec`]).
 
+use super::Carrier;
 use crate::runner::process::{run_quiet, side_name, wait_connect};
 use crate::runner::*;
+
+pub(super) struct Ipsec;
+
+impl Carrier for Ipsec {
+    fn check(&self, _ctx: &RunCtx<'_>) -> Result<(), RunError> {
+        match crate::ipsec::unavailable() {
+            Some(why) => Err(RunError::Skip(why)),
+            None => Ok(()),
+        }
+    }
+
+    fn connect(
+        &self,
+        ctx: &RunCtx<'_>,
+        p: &Point,
+        procs: &mut Procs,
+        _target: SocketAddr,
+    ) -> Result<SocketAddr, RunError> {
+        ipsec(ctx, p, procs)
+    }
+}
 
 /// Real IPsec: strongSwan's charon in each namespace (IKEv2 + PSK, userspace ESP in UDP,
 /// tunnel mode with host-to-host selectors; see [`crate::ipsec`]). Returns the target's
 /// address on the link: the iSCSI session goes to it as for `plain`, and charon's route
 /// through its TUN device carries it inside ESP.
-pub(in crate::runner) fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, RunError> {
+fn ipsec(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, RunError> {
     let Some(link) = ctx.link else {
         return Err(RunError::Skip("ipsec needs namespaces (root)".into()));
     };

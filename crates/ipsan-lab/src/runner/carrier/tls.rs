@@ -1,7 +1,22 @@
 //! The `tls` carrier: stunnel (TLS 1.3) in both namespaces.
 
+use super::Carrier;
 use crate::runner::process::{run_quiet, side_name, wait_connect};
 use crate::runner::*;
+
+pub(super) struct Tls;
+
+impl Carrier for Tls {
+    fn connect(
+        &self,
+        ctx: &RunCtx<'_>,
+        p: &Point,
+        procs: &mut Procs,
+        _target: SocketAddr,
+    ) -> Result<SocketAddr, RunError> {
+        tls(ctx, p, procs)
+    }
+}
 
 pub(in crate::runner) fn tls_cipher(seal_cipher: &str) -> (&'static str, &'static str) {
     if seal_cipher == "chacha20-poly1305" {
@@ -13,7 +28,7 @@ pub(in crate::runner) fn tls_cipher(seal_cipher: &str) -> (&'static str, &'stati
 
 /// stunnel (TLS 1.3) in both namespaces: the initiator talks to its local stunnel, which
 /// carries the session over TLS to the target side's stunnel.
-pub(in crate::runner) fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, RunError> {
+fn tls(ctx: &RunCtx<'_>, p: &Point, procs: &mut Procs) -> Result<SocketAddr, RunError> {
     let Some(link) = ctx.link else {
         return Err(RunError::Skip("tls needs namespaces (root)".into()));
     };

@@ -1,11 +1,26 @@
 //! The `wireguard` carrier: wireguard-go in both namespaces.
 
+use super::Carrier;
 use crate::runner::process::{run_quiet, side_name, wait_connect};
 use crate::runner::*;
 
+pub(super) struct Wireguard;
+
+impl Carrier for Wireguard {
+    fn connect(
+        &self,
+        ctx: &RunCtx<'_>,
+        _p: &Point,
+        procs: &mut Procs,
+        _target: SocketAddr,
+    ) -> Result<SocketAddr, RunError> {
+        wireguard(ctx, procs)
+    }
+}
+
 /// wireguard-go in both namespaces, peers over the emulated link; returns the target's
 /// address inside the tunnel.
-pub(in crate::runner) fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError> {
+fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError> {
     let Some(link) = ctx.link else {
         return Err(RunError::Skip("wireguard needs namespaces (root)".into()));
     };
