@@ -2,13 +2,14 @@
 //! change planned and checked before anything changes, then swapped in at once; hosts get
 //! REPORTED LUNS DATA HAS CHANGED, sessions no longer allowed end, removed LUNs are flushed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ipsan_scsi::LogicalUnit;
 use iscsi_proto::login::Auth;
 
 use super::{build_target, Registry, Target};
-use crate::config::{Config, FileConfig, LunConfig};
+use crate::config::{Config, FileConfig, LunConfig, TargetConfig};
 
 /// Why a configuration change was refused; nothing was changed.
 #[derive(Debug, thiserror::Error)]
@@ -110,41 +111,19 @@ impl Registry {
         })
     }
 
+    /// Applies `new_file` over `old_file`: validated, planned and checked whole (refused with
+    /// nothing changed), new backends opened and files grown, then one swap; then hosts are
+    /// told and what is no longer served is dropped and flushed.
     fn apply_locked(
         &self,
         old_file: &FileConfig,
         new_file: &FileConfig,
         force: bool,
     ) -> Result<ChangeReport, ChangeError> {
-        use std::collections::BTreeSet;
         let cfg = Config::from_file_config(new_file)?;
-        // A listener beyond loopback authenticates: no change may add a target that
-        // authenticates no host, or take the last authentication from one, while a bound
-        // portal is beyond loopback (crate::exposure; `insecure_no_auth` as started).
-        let portals = crate::read(&self.portals).clone();
-        match crate::exposure::check(&cfg, &portals, self.insecure_no_auth) {
-            Err(e) => {
-                return Err(refused(
-                    format!("target {}", e.targets.join(", ")),
-                    e.to_string(),
-                ))
-            }
-            Ok(warnings) => {
-                for w in warnings {
-                    if matches!(w, crate::exposure::ExposureWarning::Insecure { .. }) {
-                        tracing::warn!("{w}");
-                    }
-                }
-            }
-        }
+        self.check_exposure(&cfg)?;
         let old = self.targets();
-        let sessions = self.sessions();
-        let in_use = |iqn: &str| {
-            sessions
-                .iter()
-                .filter(|s| s.info.target.as_deref() == Some(iqn))
-                .count()
-        };
+        let in_use = InUse::now(self);
         let mut report = ChangeReport::default();
         if old_file.server != new_file.server {
             report
@@ -153,171 +132,45 @@ impl Registry {
         }
 
         // Plan and check everything before changing anything.
-        for t in old.iter() {
-            if !cfg.targets.iter().any(|n| n.iqn == t.iqn) {
-                let n = in_use(&t.iqn);
-                if n > 0 && !force {
-                    return Err(refused(
-                        format!("target {}", t.iqn),
-                        format!("{n} session(s) logged in; force to remove it and drop them"),
-                    ));
-                }
-                report.changes.push(format!("target {} removed", t.iqn));
-            }
-        }
-        struct Plan {
-            keep: BTreeSet<u64>,
-            gone: Vec<u64>,
-            grow: Vec<(Arc<LogicalUnit>, u64, String)>,
-        }
+        removed_targets(&old, &cfg, &in_use, force, &mut report)?;
         let mut plans = Vec::new();
         for (i, t) in cfg.targets.iter().enumerate() {
-            let mut plan = Plan {
-                keep: BTreeSet::new(),
-                gone: Vec::new(),
-                grow: Vec::new(),
-            };
-            let Some(o) = old.iter().find(|x| x.iqn == t.iqn) else {
-                report.changes.push(format!(
-                    "target {} added with LUN(s) {:?}",
-                    t.iqn,
-                    t.luns.iter().map(|l| l.id).collect::<Vec<_>>()
-                ));
-                plans.push(plan);
-                continue;
-            };
-            let sessions_here = in_use(&t.iqn);
-            for (j, l) in t.luns.iter().enumerate() {
-                let field = format!("target[{i}].lun[{j}]");
-                match o.lun_configs.get(&l.id) {
-                    Some(ol) if same_but_size(ol, l) => {
-                        plan.keep.insert(l.id);
-                        let Some(lu) = o.luns.get(&l.id) else {
-                            continue;
-                        };
-                        let now = lu.num_blocks() * u64::from(lu.block_size());
-                        match l.backend.size {
-                            Some(want) if want < now => {
-                                return Err(refused(
-                                    format!("{field}.backend"),
-                                    format!("shrinking LUN {} from {now} to {want} bytes is refused: hosts may be using those blocks", l.id),
-                                ))
-                            }
-                            Some(want) if want > now => {
-                                if matches!(l.backend.kind, ipsan_scsi::BackendKind::Mem) {
-                                    return Err(refused(
-                                        format!("{field}.backend"),
-                                        "a mem LUN cannot be resized online (file and null LUNs can)",
-                                    ));
-                                }
-                                if want % u64::from(lu.block_size()) != 0 {
-                                    return Err(refused(
-                                        format!("{field}.backend"),
-                                        format!("{want} bytes is not a whole number of {}-byte blocks", lu.block_size()),
-                                    ));
-                                }
-                                plan.grow.push((lu.clone(), want, format!("{field}.backend")));
-                                report.changes.push(format!(
-                                    "target {} LUN {} resized from {now} to {want} bytes",
-                                    t.iqn, l.id
-                                ));
-                            }
-                            _ => {}
-                        }
-                    }
-                    Some(_) => {
-                        if sessions_here > 0 && !force {
-                            return Err(refused(
-                                field,
-                                format!("LUN {} is in use by {sessions_here} session(s) and this change replaces it (only the size can change online); force to replace it", l.id),
-                            ));
-                        }
-                        plan.gone.push(l.id);
-                        report
-                            .changes
-                            .push(format!("target {} LUN {} replaced", t.iqn, l.id));
-                    }
-                    None => report
-                        .changes
-                        .push(format!("target {} LUN {} added", t.iqn, l.id)),
-                }
-            }
-            for id in o.luns.keys() {
-                if t.luns.iter().any(|l| l.id == *id) {
-                    continue;
-                }
-                if sessions_here > 0 && !force {
-                    return Err(refused(
-                        format!("target[{i}].lun"),
-                        format!("LUN {id} is in use by {sessions_here} session(s); force to remove it (hosts get REPORTED LUNS DATA HAS CHANGED)"),
-                    ));
-                }
-                plan.gone.push(*id);
-                report
-                    .changes
-                    .push(format!("target {} LUN {id} removed", t.iqn));
-            }
-            if o.allow != t.allow {
-                report
-                    .changes
-                    .push(format!("target {} allow-list changed", t.iqn));
-            }
-            let chap_changed = match (&o.auth, &t.chap) {
-                (Auth::Chap(a), Some(b)) => {
-                    a.user != b.user
-                        || !a.secret.ct_eq(&b.secret)
-                        || a.mutual.as_ref().map(|m| &m.0) != b.mutual.as_ref().map(|m| &m.0)
-                        || match (&a.mutual, &b.mutual) {
-                            (Some(x), Some(y)) => !x.1.ct_eq(&y.1),
-                            (None, None) => false,
-                            _ => true,
-                        }
-                }
-                (Auth::None, None) => false,
-                _ => true,
-            };
-            let hosts_changed = o.chap_hosts.len() != t.chap_hosts.len()
-                || o.chap_hosts.iter().zip(&t.chap_hosts).any(|(a, b)| {
-                    a.names != b.names
-                        || a.policy.user != b.policy.user
-                        || !a.policy.secret.ct_eq(&b.policy.secret)
-                });
-            if chap_changed || hosts_changed {
-                report.changes.push(format!(
-                    "target {} CHAP changed (new logins; sessions logged in stay)",
-                    t.iqn
-                ));
-            }
-            if !same_seal(&o.seal, &t.seal) {
-                report.changes.push(format!(
-                    "target {} Seal settings changed (new logins; sessions logged in keep their keys)",
-                    t.iqn
-                ));
-            }
-            plans.push(plan);
-        }
-
-        // Open new backends (fallible, nothing visible yet).
-        let mut built = Vec::new();
-        for (i, (t, plan)) in cfg.targets.iter().zip(&plans).enumerate() {
             let o = old.iter().find(|x| x.iqn == t.iqn);
-            let target = build_target(t, o.map(|o| (o.as_ref(), &plan.keep)), cfg.relative_port_id)
-                .map_err(|e| {
-                    let j = t.luns.iter().position(|l| l.id == e.lun).unwrap_or(0);
-                    refused(format!("target[{i}].lun[{j}].backend"), e.why)
-                })?;
-            built.push(target);
+            plans.push(plan_target(i, t, o, &in_use, force, &mut report)?);
         }
-        // Grow files (I/O; a failure here stops before the swap, earlier grows stay: a
-        // larger file is harmless and the LU reports its new size only once grown).
-        for plan in &plans {
-            for (lu, want, field) in &plan.grow {
-                lu.grow(*want)
-                    .map_err(|e| refused(field.clone(), format!("resize failed: {e}")))?;
+        let built = open_targets(&cfg, &old, &plans)?;
+        grow_files(&plans)?;
+
+        let built = self.swap_in(&cfg, built);
+        self.after_swap(&old, &built, &plans, &mut report);
+        log_report(&report);
+        Ok(report)
+    }
+
+    /// A listener beyond loopback authenticates: no change may add a target that
+    /// authenticates no host, or take the last authentication from one, while a bound
+    /// portal is beyond loopback (crate::exposure; `insecure_no_auth` as started).
+    fn check_exposure(&self, cfg: &Config) -> Result<(), ChangeError> {
+        let portals = crate::read(&self.portals).clone();
+        match crate::exposure::check(cfg, &portals, self.insecure_no_auth) {
+            Err(e) => Err(refused(
+                format!("target {}", e.targets.join(", ")),
+                e.to_string(),
+            )),
+            Ok(warnings) => {
+                for w in warnings {
+                    if matches!(w, crate::exposure::ExposureWarning::Insecure { .. }) {
+                        tracing::warn!("{w}");
+                    }
+                }
+                Ok(())
             }
         }
+    }
 
-        // Commit: one swap.
+    /// Commit: the new targets' LUN counters, then one swap of the target list and the
+    /// discovery settings.
+    fn swap_in(&self, cfg: &Config, built: Vec<Target>) -> Vec<Arc<Target>> {
         for t in &built {
             let mut table = crate::write(&t.lun_stats);
             table.retain(|id, _| t.luns.contains_key(id));
@@ -333,22 +186,29 @@ impl Registry {
             cfg.discovery_chap.clone().map_or(Auth::None, Auth::Chap);
         self.discovery_enabled
             .store(cfg.discovery_enabled, std::sync::atomic::Ordering::Relaxed);
+        built
+    }
 
-        // Tell whom it concerns.
-        for (t, plan) in built.iter().zip(&plans) {
+    /// Tells whom it concerns: REPORTED LUNS DATA HAS CHANGED where a LUN went, removed
+    /// targets' counters forgotten, sessions of removed targets (or of initiators no longer
+    /// allowed) ended, and backends no longer served flushed (their last commands finish on
+    /// their own Arcs).
+    fn after_swap(
+        &self,
+        old: &[Arc<Target>],
+        built: &[Arc<Target>],
+        plans: &[LunPlan],
+        report: &mut ChangeReport,
+    ) {
+        for (t, plan) in built.iter().zip(plans) {
             if !plan.gone.is_empty() {
                 for lu in t.luns.values() {
                     lu.unit_attention_all(REPORTED_LUNS_CHANGED.0, REPORTED_LUNS_CHANGED.1);
                 }
             }
         }
-        let removed: Vec<String> = old
-            .iter()
-            .filter(|o| !built.iter().any(|n| n.iqn == o.iqn))
-            .map(|o| o.iqn.clone())
-            .collect();
-        for iqn in &removed {
-            self.metrics.forget_target(iqn);
+        for o in old.iter().filter(|o| !built.iter().any(|n| n.iqn == o.iqn)) {
+            self.metrics.forget_target(&o.iqn);
         }
         report.sessions_dropped = self.drop_sessions(|s| match s.target.as_deref() {
             None => false,
@@ -357,8 +217,7 @@ impl Registry {
                 Some(t) => !t.allows(&s.initiator),
             },
         });
-        // Flush what is no longer served (its last commands finish on their own Arcs).
-        for o in old.iter() {
+        for o in old {
             for (id, backend) in &o.backends {
                 let still = built
                     .iter()
@@ -372,18 +231,251 @@ impl Registry {
                 }
             }
         }
-        for c in &report.changes {
-            tracing::info!(change = %c, "configuration changed");
+    }
+}
+
+/// Sessions logged in per target, as the change is planned.
+struct InUse(Vec<Option<String>>);
+
+impl InUse {
+    fn now(r: &Registry) -> InUse {
+        InUse(
+            r.sessions()
+                .into_iter()
+                .map(|s| s.info.target.clone())
+                .collect(),
+        )
+    }
+
+    fn count(&self, iqn: &str) -> usize {
+        self.0.iter().filter(|t| t.as_deref() == Some(iqn)).count()
+    }
+}
+
+/// What a change does to one target's LUNs.
+#[derive(Default)]
+struct LunPlan {
+    /// Kept as they are (same backend, perhaps grown).
+    keep: BTreeSet<u64>,
+    /// Removed or replaced: hosts get REPORTED LUNS DATA HAS CHANGED.
+    gone: Vec<u64>,
+    /// Grown: the LU, its new size in bytes, the field that asked.
+    grow: Vec<(Arc<LogicalUnit>, u64, String)>,
+}
+
+/// Targets the change removes: refused while sessions use one, unless `force`.
+fn removed_targets(
+    old: &[Arc<Target>],
+    cfg: &Config,
+    in_use: &InUse,
+    force: bool,
+    report: &mut ChangeReport,
+) -> Result<(), ChangeError> {
+    for t in old {
+        if !cfg.targets.iter().any(|n| n.iqn == t.iqn) {
+            let n = in_use.count(&t.iqn);
+            if n > 0 && !force {
+                return Err(refused(
+                    format!("target {}", t.iqn),
+                    format!("{n} session(s) logged in; force to remove it and drop them"),
+                ));
+            }
+            report.changes.push(format!("target {} removed", t.iqn));
         }
-        if report.sessions_dropped > 0 {
-            tracing::info!(
-                sessions = report.sessions_dropped,
-                "sessions ended by the change"
-            );
+    }
+    Ok(())
+}
+
+/// One target of the new configuration (`target[i]`) against the running one `o`: its LUNs
+/// kept, grown, replaced, added or removed, and its access changes reported.
+fn plan_target(
+    i: usize,
+    t: &TargetConfig,
+    o: Option<&Arc<Target>>,
+    in_use: &InUse,
+    force: bool,
+    report: &mut ChangeReport,
+) -> Result<LunPlan, ChangeError> {
+    let mut plan = LunPlan::default();
+    let Some(o) = o else {
+        report.changes.push(format!(
+            "target {} added with LUN(s) {:?}",
+            t.iqn,
+            t.luns.iter().map(|l| l.id).collect::<Vec<_>>()
+        ));
+        return Ok(plan);
+    };
+    let sessions_here = in_use.count(&t.iqn);
+    for (j, l) in t.luns.iter().enumerate() {
+        let field = format!("target[{i}].lun[{j}]");
+        match o.lun_configs.get(&l.id) {
+            Some(ol) if same_but_size(ol, l) => {
+                plan.keep.insert(l.id);
+                if let Some(lu) = o.luns.get(&l.id) {
+                    plan_resize(&t.iqn, &field, l, lu, &mut plan, report)?;
+                }
+            }
+            Some(_) => {
+                if sessions_here > 0 && !force {
+                    return Err(refused(
+                        field,
+                        format!("LUN {} is in use by {sessions_here} session(s) and this change replaces it (only the size can change online); force to replace it", l.id),
+                    ));
+                }
+                plan.gone.push(l.id);
+                report
+                    .changes
+                    .push(format!("target {} LUN {} replaced", t.iqn, l.id));
+            }
+            None => report
+                .changes
+                .push(format!("target {} LUN {} added", t.iqn, l.id)),
         }
-        for r in &report.restart_needed {
-            tracing::warn!(setting = %r, "changed in the configuration; takes effect at restart");
+    }
+    for id in o.luns.keys() {
+        if t.luns.iter().any(|l| l.id == *id) {
+            continue;
         }
-        Ok(report)
+        if sessions_here > 0 && !force {
+            return Err(refused(
+                format!("target[{i}].lun"),
+                format!("LUN {id} is in use by {sessions_here} session(s); force to remove it (hosts get REPORTED LUNS DATA HAS CHANGED)"),
+            ));
+        }
+        plan.gone.push(*id);
+        report
+            .changes
+            .push(format!("target {} LUN {id} removed", t.iqn));
+    }
+    report_access_changes(t, o, report);
+    Ok(plan)
+}
+
+/// A kept LUN whose size changes: growing a file or null LUN is planned, shrinking (hosts may
+/// use those blocks), resizing a mem LUN, or a size of partial blocks is refused.
+fn plan_resize(
+    iqn: &str,
+    field: &str,
+    l: &LunConfig,
+    lu: &Arc<LogicalUnit>,
+    plan: &mut LunPlan,
+    report: &mut ChangeReport,
+) -> Result<(), ChangeError> {
+    let now = lu.num_blocks() * u64::from(lu.block_size());
+    match l.backend.size {
+        Some(want) if want < now => Err(refused(
+            format!("{field}.backend"),
+            format!("shrinking LUN {} from {now} to {want} bytes is refused: hosts may be using those blocks", l.id),
+        )),
+        Some(want) if want > now => {
+            if matches!(l.backend.kind, ipsan_scsi::BackendKind::Mem) {
+                return Err(refused(
+                    format!("{field}.backend"),
+                    "a mem LUN cannot be resized online (file and null LUNs can)",
+                ));
+            }
+            if want % u64::from(lu.block_size()) != 0 {
+                return Err(refused(
+                    format!("{field}.backend"),
+                    format!("{want} bytes is not a whole number of {}-byte blocks", lu.block_size()),
+                ));
+            }
+            plan.grow.push((lu.clone(), want, format!("{field}.backend")));
+            report.changes.push(format!(
+                "target {iqn} LUN {} resized from {now} to {want} bytes",
+                l.id
+            ));
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Allow-list, CHAP and Seal changes: reported; they apply to new logins, and sessions
+/// logged in keep what they negotiated.
+fn report_access_changes(t: &TargetConfig, o: &Target, report: &mut ChangeReport) {
+    if o.allow != t.allow {
+        report
+            .changes
+            .push(format!("target {} allow-list changed", t.iqn));
+    }
+    let chap_changed = match (&o.auth, &t.chap) {
+        (Auth::Chap(a), Some(b)) => {
+            a.user != b.user
+                || !a.secret.ct_eq(&b.secret)
+                || a.mutual.as_ref().map(|m| &m.0) != b.mutual.as_ref().map(|m| &m.0)
+                || match (&a.mutual, &b.mutual) {
+                    (Some(x), Some(y)) => !x.1.ct_eq(&y.1),
+                    (None, None) => false,
+                    _ => true,
+                }
+        }
+        (Auth::None, None) => false,
+        _ => true,
+    };
+    let hosts_changed = o.chap_hosts.len() != t.chap_hosts.len()
+        || o.chap_hosts.iter().zip(&t.chap_hosts).any(|(a, b)| {
+            a.names != b.names
+                || a.policy.user != b.policy.user
+                || !a.policy.secret.ct_eq(&b.policy.secret)
+        });
+    if chap_changed || hosts_changed {
+        report.changes.push(format!(
+            "target {} CHAP changed (new logins; sessions logged in stay)",
+            t.iqn
+        ));
+    }
+    if !same_seal(&o.seal, &t.seal) {
+        report.changes.push(format!(
+            "target {} Seal settings changed (new logins; sessions logged in keep their keys)",
+            t.iqn
+        ));
+    }
+}
+
+/// Opens the new targets' backends (fallible, nothing visible yet); unchanged LUNs are kept.
+fn open_targets(
+    cfg: &Config,
+    old: &[Arc<Target>],
+    plans: &[LunPlan],
+) -> Result<Vec<Target>, ChangeError> {
+    let mut built = Vec::new();
+    for (i, (t, plan)) in cfg.targets.iter().zip(plans).enumerate() {
+        let o = old.iter().find(|x| x.iqn == t.iqn);
+        let target = build_target(t, o.map(|o| (o.as_ref(), &plan.keep)), cfg.relative_port_id)
+            .map_err(|e| {
+                let j = t.luns.iter().position(|l| l.id == e.lun).unwrap_or(0);
+                refused(format!("target[{i}].lun[{j}].backend"), e.why)
+            })?;
+        built.push(target);
+    }
+    Ok(built)
+}
+
+/// Grows files (I/O; a failure here stops before the swap, earlier grows stay: a larger file
+/// is harmless and the LU reports its new size only once grown).
+fn grow_files(plans: &[LunPlan]) -> Result<(), ChangeError> {
+    for plan in plans {
+        for (lu, want, field) in &plan.grow {
+            lu.grow(*want)
+                .map_err(|e| refused(field.clone(), format!("resize failed: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Logs what a change did and what waits for a restart.
+fn log_report(report: &ChangeReport) {
+    for c in &report.changes {
+        tracing::info!(change = %c, "configuration changed");
+    }
+    if report.sessions_dropped > 0 {
+        tracing::info!(
+            sessions = report.sessions_dropped,
+            "sessions ended by the change"
+        );
+    }
+    for r in &report.restart_needed {
+        tracing::warn!(setting = %r, "changed in the configuration; takes effect at restart");
     }
 }
