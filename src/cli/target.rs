@@ -182,7 +182,7 @@ pub(super) fn serve(
                 .with_context(|| format!("--metrics {addr}"))?;
             let bound = l.local_addr().unwrap_or(addr);
             announce!("ipsan {who}: metrics http://{bound}/metrics");
-            side.spawn(ipsan_target::metrics::serve_http(
+            side.spawn(ipsan_target::scrape::serve_http(
                 l,
                 registry.clone(),
                 stop.clone(),

@@ -14,13 +14,18 @@
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
 //! - [`report`]: `report.md` and `report.html` (pulldown-cmark), the headline and every point.
-//! - [`figures`]: the papers' figures and tables beside ours, with the papers' numbers.
+//! - [`figures`]: the papers' figures and tables beside ours, with the papers' numbers, one
+//!   file per figure family under `figures/`.
+//! - [`fit`]: the costs the model is priced with on this machine (calibrated cipher rates,
+//!   per-byte + per-flight carrier and charon costs fitted over a plan's runs) and
+//!   [`fit::model_here`], the model's prediction for a measured point.
 //! - [`plot`]: line charts (log axes, min–max bars, legend outside) and grouped bars.
 //! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files, read with
 //!   `ipsan_bench::trace`.
 pub mod calibrate;
 pub mod esp;
 pub mod figures;
+pub mod fit;
 pub mod guard;
 pub mod ipsec;
 pub mod model;

@@ -10,11 +10,38 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::RwLock;
 
-use aws_lc_rs::aead;
+use aws_lc_rs::{aead, hkdf};
 use zeroize::Zeroizing;
 
-use crate::schedule::hkdf_sha256;
+use crate::error::NegotiationError;
 use crate::tdes::TdesHmacSha1;
+
+/// HKDF-SHA256 (RFC 5869): extract with `salt` over `ikm`, then expand `info` into `out`. The
+/// one KDF under the chunk keys here, the key schedule and the record keys.
+pub(crate) fn hkdf_sha256(
+    salt: &[u8],
+    ikm: &[u8],
+    info: &[&[u8]],
+    out: &mut [u8],
+) -> Result<(), NegotiationError> {
+    hkdf::Salt::new(hkdf::HKDF_SHA256, salt)
+        .extract(ikm)
+        .expand(info, Len(out.len()))
+        .and_then(|okm| okm.fill(out))
+        .map_err(|_| NegotiationError::Crypto)
+}
+
+/// An HKDF output length (aws-lc-rs takes it as a key type).
+struct Len(usize);
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+/// Largest negotiable chunk size (16 MiB), the bound of every cipher but 3DES
+/// ([`Cipher::max_chunk`]).
+pub const MAX_CHUNK: u32 = 16 << 20;
 
 /// A Seal cipher, as named in the `X-org.ipsan.Seal` login key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,12 +101,12 @@ impl Cipher {
         }
     }
 
-    /// Largest chunk size this cipher may be used with: [`crate::negotiate::MAX_CHUNK`], or
+    /// Largest chunk size this cipher may be used with: [`MAX_CHUNK`], or
     /// for 3DES the size whose blocks still fit in one key epoch (4 MiB; docs/seal.md §4).
     pub const fn max_chunk(self) -> u32 {
         match self {
             Cipher::TripleDesCbcHmacSha1 => crate::tdes::MAX_CHUNK,
-            _ => crate::negotiate::MAX_CHUNK,
+            _ => MAX_CHUNK,
         }
     }
 

@@ -16,6 +16,15 @@
 
 use crate::cipher::Cipher;
 
+/// Which end of the iSCSI session this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Seals WRITE data (initiator→target), opens READ data.
+    Initiator,
+    /// Seals READ data (target→initiator), opens WRITE data.
+    Target,
+}
+
 /// Which way the data flows. Each direction has its own key, IV and counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {

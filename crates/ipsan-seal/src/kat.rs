@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use aws_lc_rs::aead;
 
+use crate::cipher::hkdf_sha256;
 use crate::cipher::{aead_open, aead_seal, Cipher, IV_LEN};
-use crate::schedule::hkdf_sha256;
 use crate::tdes::test_hooks;
 
 fn records(file: &str) -> Vec<HashMap<String, String>> {

@@ -12,15 +12,17 @@
 //! `ipsan-initiator`) carry the login keys and the sealed bytes.
 //!
 //! # Layout
-//! - [`cipher`]: the four ciphers and per-direction chunk keys (AWS-LC AEADs, legacy 3DES).
+//! - [`cipher`]: the four ciphers and per-direction chunk keys (AWS-LC AEADs, legacy 3DES), the
+//!   HKDF every key comes from, and the largest chunk.
 //! - `tdes`: 3DES-CBC + HMAC-SHA1-96 (legacy, for reproducing the papers).
 //! - [`cpace`]: CPace (draft-irtf-cfrg-cpace, ristretto255/SHA-512), the PAKE the PSK enters.
 //! - [`schedule`]: pre-shared secrets ([`Psk`]) and the HKDF-SHA256 key schedule over the
 //!   CPace output.
 //! - [`negotiate`]: the login keys, [`SealOffer`] (initiator) and [`SealAnswer`] /
 //!   [`SealPending`] (target).
-//! - [`frame`]: [`Binding`] (a command's LUN, tag, opcode and the extent `ipsan_scsi::cdb::extent`
-//!   reads from its CDB), the chunk layout and associated data, `sealed_len`/`plain_len`.
+//! - [`frame`]: [`Role`], [`Direction`], [`Binding`] (a command's LUN, tag, opcode and the
+//!   extent `ipsan_scsi::cdb::extent` reads from its CDB), the chunk layout and associated
+//!   data, `sealed_len`/`plain_len`.
 //! - `replay`: the anti-replay window.
 //! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
@@ -28,6 +30,10 @@
 //!   ([`RecordSealer`], [`RecordOpener`]), the framed read of both roles ([`read_pdu`]:
 //!   verify, then decode), and the [`LoginTranscript`] the keys bind.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
+//!
+//! Imports run one way: `cipher` (and its `tdes`) at the bottom, then `frame`, `schedule`,
+//! `record`, `session`, `negotiate`; no two modules import each other except `cipher` and
+//! `tdes`.
 
 mod buffers;
 pub mod cipher;

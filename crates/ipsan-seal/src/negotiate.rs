@@ -50,8 +50,7 @@ pub const KEY_CONFIRM: &str = "X-org.ipsan.SealConfirm";
 pub const DEFAULT_CHUNK: u32 = 65536;
 /// Smallest negotiable chunk size.
 pub const MIN_CHUNK: u32 = 512;
-/// Largest negotiable chunk size (16 MiB).
-pub const MAX_CHUNK: u32 = 16 << 20;
+pub use crate::cipher::MAX_CHUNK;
 
 /// Key/value pairs as carried in a login text segment.
 pub type TextPairs = Vec<(String, String)>;

@@ -38,11 +38,10 @@ use iscsi_wire::{Codec, Frame, Header, Pdu, WireError, BHS_LEN};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
-use crate::cipher::{epoch_key_material, Cipher, IV_LEN};
+use crate::cipher::{epoch_key_material, hkdf_sha256, Cipher, IV_LEN};
 use crate::error::{Forgery, NegotiationError, SealError};
-use crate::frame::Direction;
-use crate::schedule::{hkdf_sha256, TranscriptHash};
-use crate::session::Role;
+use crate::frame::{Direction, Role};
+use crate::schedule::TranscriptHash;
 
 /// AHSType of the Seal AHS (RFC 7143 §11.2.1.2 leaves 3-63 unassigned; RFC 3720 §10.2.2.1 set
 /// 60-63 aside for non-iSCSI extensions). Only ipsan peers that agreed to Seal send it.

@@ -25,11 +25,11 @@
 use std::fmt;
 use std::path::Path;
 
-use aws_lc_rs::{hkdf, hmac};
+use aws_lc_rs::hmac;
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
-use crate::cipher::{ChunkKey, Cipher, IV_LEN};
+use crate::cipher::{hkdf_sha256, ChunkKey, Cipher, IV_LEN};
 use crate::error::{NegotiationError, SecretError};
 
 /// A pre-shared secret for one target/initiator pair. `Debug` prints `<redacted>`; the bytes are
@@ -194,13 +194,6 @@ pub const TRANSCRIPT_HASH_LEN: usize = 32;
 pub type TranscriptHash = [u8; TRANSCRIPT_HASH_LEN];
 const CONFIRM_LEN: usize = 32;
 
-struct Len(usize);
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
-
 fn lp(out: &mut Vec<u8>, x: &[u8]) {
     // Names and offers are bounded by the 8192-byte text limit, so the length fits 16 bits;
     // clamp anyway so a longer value cannot alias a shorter one.
@@ -261,20 +254,6 @@ impl ConfirmKey {
     pub fn initiator(&self, transcript: &TranscriptHash) -> Zeroizing<[u8; CONFIRM_LEN]> {
         self.tag(b"initiator", transcript)
     }
-}
-
-/// HKDF-SHA256 (RFC 5869): extract with `salt` over `ikm`, then expand `info` into `out`.
-pub(crate) fn hkdf_sha256(
-    salt: &[u8],
-    ikm: &[u8],
-    info: &[&[u8]],
-    out: &mut [u8],
-) -> Result<(), NegotiationError> {
-    hkdf::Salt::new(hkdf::HKDF_SHA256, salt)
-        .extract(ikm)
-        .expand(info, Len(out.len()))
-        .and_then(|okm| okm.fill(out))
-        .map_err(|_| NegotiationError::Crypto)
 }
 
 /// The session keys from CPace's ISK and the transcript (the PSK is not an input here).

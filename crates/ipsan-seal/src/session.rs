@@ -12,14 +12,7 @@ use crate::error::{OpenError, SealError};
 use crate::frame::{aad, Binding, Direction, Framing, AAD_LEN, COUNTER_LEN};
 use crate::replay::ReplayWindow;
 
-/// Which end of the iSCSI session this is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Seals WRITE data (initiator→target), opens READ data.
-    Initiator,
-    /// Seals READ data (target→initiator), opens WRITE data.
-    Target,
-}
+pub use crate::frame::Role;
 
 /// Counters, for logs and the lab. All events, no secrets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,16 +1,20 @@
 //! The ipsan iSCSI target: a tokio runtime over the sans-IO protocol crates.
 //!
 //! # Layout
-//! - [`config`]: the TOML file and command-line settings, validated up front.
+//! - [`config`]: the TOML file and command-line settings, validated up front (`config/`: the
+//!   file form, its conversion section by section, the command-line flags).
 //! - [`exposure`]: a listener beyond loopback authenticates: the check at start and on
 //!   every live change.
 //! - [`limits`]: CHAP failure backoff, sessions per initiator, connections per address (pure).
 //! - [`registry`]: targets, LUNs, ACLs, and the logged-in sessions (TSIH, reinstatement);
-//!   live changes applied atomically ([`registry::Registry::apply`]).
+//!   live changes applied atomically ([`registry::Registry::apply`]; `registry/`: building a
+//!   target, the login directory, live changes one function per kind of change).
 //! - [`control`]: the control socket (`ipsan ctl`): line-delimited JSON over a root-only
 //!   Unix socket.
 //! - [`metrics`]: per-target, per-LUN and per-session counters and the Prometheus text
-//!   exposition (`--metrics`).
+//!   format; no dependency on the registry that holds them.
+//! - [`scrape`]: the whole target's exposition from the [`registry`] and the HTTP endpoint
+//!   (`--metrics`).
 //! - [`remote`]: remote iSCSI LUNs, a gateway's pass-through (docs/gateway.md): one remote
 //!   session per host session, through ipsan's initiator, commands forwarded unchanged.
 //! - [`remote_block`]: a remote iSCSI LUN as a block store (`ipsan_block::Backend`, READ/WRITE
@@ -43,6 +47,7 @@ pub mod metrics;
 pub mod registry;
 pub mod remote;
 pub mod remote_block;
+pub mod scrape;
 mod seal_ext;
 pub mod server;
 

@@ -1,0 +1,259 @@
+//! 2008 (000) Fig. 9–11 (throughput vs block size; improvement over IPsec as the mean over
+//! block sizes) and 2006 (001) Table 2 (read improvement per process count).
+
+use super::*;
+
+/// 2008 Fig. 9–10 (writes) and 2006 Fig. 4–6 (reads): throughput vs block size per delay.
+pub(super) fn throughput_vs_block(
+    dir: &Path,
+    aggs: &[Agg],
+    dirn: Direction,
+    fonts: bool,
+    out: &mut Out,
+) {
+    let mut delays: Vec<f64> = aggs
+        .iter()
+        .filter(|a| a.rec.point.direction == dirn && a.rec.point.scheme != Scheme::Iperf3)
+        .map(|a| a.rec.point.delay_ms)
+        .collect();
+    delays.sort_by(f64::total_cmp);
+    delays.dedup();
+    for d in delays {
+        let mut series: BTreeMap<(u8, u32, String), Vec<Pt>> = BTreeMap::new();
+        for a in aggs.iter().filter(|a| {
+            a.rec.point.direction == dirn
+                && same_delay(a.rec.point.delay_ms, d)
+                && a.rec.point.scheme != Scheme::Iperf3
+        }) {
+            let order = match a.rec.point.scheme {
+                Scheme::Ipsec => 0,
+                Scheme::SealSeq => 1,
+                Scheme::Seal => 2,
+                _ => 3,
+            };
+            let lun = match a.rec.point.backend {
+                Backend::Mem => "",
+                Backend::Null => ", null LUN",
+                Backend::File => ", file LUN",
+            };
+            series
+                .entry((order, a.rec.depth_used, format!("{}{lun}", paper_name(a))))
+                .or_default()
+                .push(pt(a.rec.point.block as f64, a));
+        }
+        // A block-size axis needs at least two block sizes in some series.
+        let spans = |v: &Vec<Pt>| v.iter().any(|p| p.x != v[0].x);
+        if !series.values().any(spans) {
+            continue;
+        }
+        let (what, figs) = match dirn {
+            Direction::Write => ("Write", "2008 Fig. 9–10"),
+            Direction::Read => ("Read", "2006 Fig. 4–6"),
+        };
+        let mut fig = Figure::new(
+            &format!("{what} throughput vs block size, {d} ms one way ({figs})"),
+            "block size (log scale)",
+            "MB/s (median, min–max bars)",
+            Axis::Log2Bytes,
+            Axis::Linear,
+        );
+        for (i, ((_, _, name), pts)) in series.into_iter().enumerate() {
+            fig.series.push(Series {
+                name,
+                color: i,
+                style: Style::Measured,
+                pts,
+            });
+        }
+        if dirn == Direction::Write {
+            for (pd, ipsec, op10) in FIG9_10 {
+                if same_delay(pd, d) {
+                    fig.series.push(Series {
+                        name: format!("paper: IPsec max {ipsec} MB/s"),
+                        color: BLACK_IDX,
+                        style: Style::HLine,
+                        pts: vec![Pt::at(f64::NAN, ipsec)],
+                    });
+                    fig.series.push(Series {
+                        name: format!("paper: OP-10 max {op10} MB/s"),
+                        color: 7,
+                        style: Style::HLine,
+                        pts: vec![Pt::at(f64::NAN, op10)],
+                    });
+                }
+            }
+        }
+        let stem = format!("throughput_vs_block_{}_{d}ms", dirn.name());
+        let _ = writeln!(out.md, "### {}\n", fig.title);
+        if fonts {
+            draw(dir, &stem, &fig, out);
+        }
+    }
+}
+
+/// 2008 Fig. 11 (writes, OP-n) and 2006 Table 2 (reads, 1–4 processes): seal over IPsec at
+/// one command, as the mean over block sizes of the per-block ratios, per delay.
+pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool, out: &mut Out) {
+    // (depth) → delay → [(block, ratio)]
+    let mut by: BTreeMap<u32, BTreeMap<i64, Vec<(u64, f64)>>> = BTreeMap::new();
+    for a in aggs.iter().filter(|a| {
+        a.rec.point.direction == dirn
+            && a.rec.point.scheme == Scheme::Seal
+            && matches!(a.rec.point.depth, Depth::Fixed(_))
+    }) {
+        if let Some(b) = ipsec_at(aggs, a) {
+            if b.median > 0.0 && a.median.is_finite() {
+                by.entry(a.rec.depth_used)
+                    .or_default()
+                    .entry((a.rec.point.delay_ms * 1000.0) as i64)
+                    .or_default()
+                    .push((a.rec.point.block, a.median / b.median));
+            }
+        }
+    }
+    if by.is_empty() {
+        return;
+    }
+    let mut delays: Vec<i64> = by.values().flat_map(|m| m.keys().copied()).collect();
+    delays.sort();
+    delays.dedup();
+    let names: Vec<String> = delays.iter().map(|d| ms(*d as f64 / 1000.0)).collect();
+    let idx = |d: f64| {
+        delays
+            .iter()
+            .position(|x| *x == (d * 1000.0) as i64)
+            .map(|i| i as f64)
+    };
+    let (title, unit, paper_ref) = match dirn {
+        Direction::Write => (
+            "Write improvement over IPsec @1, mean over block sizes (2008 Fig. 11)",
+            "OP",
+            "2008 (000) Fig. 11",
+        ),
+        Direction::Read => (
+            "Read improvement over IPsec @1, mean over block sizes (2006 Table 2)",
+            "processes",
+            "2006 (001) Table 2",
+        ),
+    };
+    let _ = writeln!(out.md, "### {title}\n");
+    let _ = writeln!(
+        out.md,
+        "The papers' metric: for each delay, the mean over the block sizes run of \
+         seal OP-n ÷ IPsec with one command in flight (same cipher, block and delay). \
+         Per-block ratios follow in brackets. Papers: {paper_ref}.\n"
+    );
+    let mut hdr = String::from("| delay |");
+    let mut sep = String::from("|---|");
+    for n in by.keys() {
+        let _ = write!(hdr, " {unit} {n} (ours) |");
+        sep.push_str("---|");
+        if dirn == Direction::Read && (1..=4).contains(n) {
+            let _ = write!(hdr, " paper |");
+            sep.push_str("---|");
+        }
+        if dirn == Direction::Write && *n == 10 {
+            let _ = write!(hdr, " paper OP-10 |");
+            sep.push_str("---|");
+        }
+    }
+    let _ = writeln!(out.md, "{hdr}\n{sep}");
+    let mut fig = Figure::new(
+        title,
+        "one-way delay",
+        "improvement ratio (×)",
+        Axis::Linear,
+        Axis::Linear,
+    );
+    fig.x_names = names;
+    for (i, (n, per)) in by.iter().enumerate() {
+        let mut pts = Vec::new();
+        for (d, v) in per {
+            let rs: Vec<f64> = v.iter().map(|x| x.1).collect();
+            let mean = rs.iter().sum::<f64>() / rs.len() as f64;
+            let lo = rs.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = rs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if let Some(x) = idx(*d as f64 / 1000.0) {
+                pts.push(Pt { x, y: mean, lo, hi });
+            }
+        }
+        fig.series.push(Series {
+            name: format!("seal {unit}-{n} (bars: min–max over blocks)"),
+            color: i,
+            style: Style::Measured,
+            pts,
+        });
+        if dirn == Direction::Read && (1..=4).contains(n) {
+            fig.series.push(Series {
+                name: format!("paper Table 2, {n} process(es)"),
+                color: i,
+                style: Style::Paper,
+                pts: TABLE2
+                    .iter()
+                    .filter_map(|(d, r)| idx(*d).map(|x| Pt::at(x, r[*n as usize - 1])))
+                    .collect(),
+            });
+        }
+        if dirn == Direction::Write && *n == 10 {
+            fig.series.push(Series {
+                name: "paper Fig. 11, OP-10 (text)".into(),
+                color: i,
+                style: Style::Paper,
+                pts: FIG11_OP10
+                    .iter()
+                    .filter_map(|(d, r)| idx(*d).map(|x| Pt::at(x, *r)))
+                    .collect(),
+            });
+        }
+    }
+    fig.series.push(Series {
+        name: "parity with IPsec (1×)".into(),
+        color: 7,
+        style: Style::HLine,
+        pts: vec![Pt::at(f64::NAN, 1.0)],
+    });
+    for d in &delays {
+        let df = *d as f64 / 1000.0;
+        let mut row = format!("| {} |", ms(df));
+        for (n, per) in &by {
+            match per.get(d) {
+                Some(v) => {
+                    let mean = v.iter().map(|x| x.1).sum::<f64>() / v.len() as f64;
+                    let blocks: Vec<String> = v
+                        .iter()
+                        .map(|(b, r)| format!("{} {:.2}", fmt_size(*b), r))
+                        .collect();
+                    let _ = write!(row, " **{mean:.2}×** ({}) |", blocks.join(", "));
+                }
+                None => row.push_str(" – |"),
+            }
+            if dirn == Direction::Read && (1..=4).contains(n) {
+                let p = TABLE2
+                    .iter()
+                    .find(|(pd, _)| same_delay(*pd, df))
+                    .map_or("–".into(), |(_, r)| format!("{:.2}×", r[*n as usize - 1]));
+                let _ = write!(row, " {p} |");
+            }
+            if dirn == Direction::Write && *n == 10 {
+                let p = FIG11_OP10
+                    .iter()
+                    .find(|(pd, _)| same_delay(*pd, df))
+                    .map_or(
+                        if df == 0.0 {
+                            "< 1×".to_string()
+                        } else {
+                            "–".into()
+                        },
+                        |(_, r)| format!("≈{r}×"),
+                    );
+                let _ = write!(row, " {p} |");
+            }
+        }
+        let _ = writeln!(out.md, "{row}");
+    }
+    let _ = writeln!(out.md);
+    if fonts {
+        let stem = format!("improvement_vs_delay_{}", dirn.name());
+        draw(dir, &stem, &fig, out);
+    }
+}
