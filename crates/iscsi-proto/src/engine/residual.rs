@@ -88,7 +88,10 @@ mod tests {
     #[test]
     fn accepts_a_write_whose_edtl_covers_its_transfer() {
         let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 2, 0];
-        assert_eq!(fit_write(&mut cdb, Some(7..9), 512, 1024, 1536), WriteFit::Whole);
+        assert_eq!(
+            fit_write(&mut cdb, Some(7..9), 512, 1024, 1536),
+            WriteFit::Whole
+        );
         assert_eq!(cdb[8], 2, "the CDB is left alone");
         assert_eq!(residual(1024, 1536), 512);
     }
@@ -116,9 +119,15 @@ mod tests {
     #[test]
     fn answers_a_block_write_whose_edtl_covers_no_block_without_writing() {
         let mut cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        assert_eq!(fit_write(&mut cdb, Some(7..9), 512, 512, 100), WriteFit::NoBlocks);
+        assert_eq!(
+            fit_write(&mut cdb, Some(7..9), 512, 512, 100),
+            WriteFit::NoBlocks
+        );
         let mut w6 = [0x0a, 0, 0, 0, 1, 0];
-        assert_eq!(fit_write(&mut w6, Some(4..5), 512, 512, 0), WriteFit::NoBlocks);
+        assert_eq!(
+            fit_write(&mut w6, Some(4..5), 512, 512, 0),
+            WriteFit::NoBlocks
+        );
         // WRITE(6)'s one-byte count cannot say 256 or more blocks.
         let mut w6 = [0x0a, 0, 0, 0, 0, 0];
         assert_eq!(
