@@ -528,10 +528,7 @@ async fn accepts_a_sealed_write_overflow_and_writes_only_the_whole_blocks_edtl_c
     let cdb = Client::cdb10(0x2a, 300, 4);
     let itt = c.itt + 1;
     let sealed = session
-        .seal(
-            &bind(0, itt, &cdb),
-            BytesMut::from(&plain[..1124]),
-        )
+        .seal(&bind(0, itt, &cdb), BytesMut::from(&plain[..1124]))
         .unwrap();
     let edtl = sealed.len() as u32;
     let (status, residual, _) = c.command(cdb, edtl, sealed).await;
@@ -544,10 +541,7 @@ async fn accepts_a_sealed_write_overflow_and_writes_only_the_whole_blocks_edtl_c
     let (status, residual, got) = c.command(cdb, edtl, Bytes::new()).await;
     assert_eq!((status, residual), (0, 0));
     let opened = session
-        .open(
-            &bind(0, itt, &cdb),
-            BytesMut::from(&got[..]),
-        )
+        .open(&bind(0, itt, &cdb), BytesMut::from(&got[..]))
         .unwrap();
     assert_eq!(
         &opened[..1024],
@@ -569,10 +563,7 @@ async fn accepts_a_sealed_write_underflow_and_reports_it_in_plaintext_bytes() {
     let cdb = Client::cdb10(0x2a, 400, 1);
     let itt = c.itt + 1;
     let sealed = session
-        .seal(
-            &bind(0, itt, &cdb),
-            BytesMut::from(&plain[..1024]),
-        )
+        .seal(&bind(0, itt, &cdb), BytesMut::from(&plain[..1024]))
         .unwrap();
     let edtl = sealed.len() as u32;
     let (status, residual, _) = c.command(cdb, edtl, sealed).await;
@@ -593,10 +584,7 @@ async fn accepts_a_sealed_read_overflow_cut_in_plaintext_before_sealing() {
     let cdb = Client::cdb10(0x2a, 500, 2);
     let itt = c.itt + 1;
     let sealed = session
-        .seal(
-            &bind(0, itt, &cdb),
-            BytesMut::from(&plain[..1024]),
-        )
+        .seal(&bind(0, itt, &cdb), BytesMut::from(&plain[..1024]))
         .unwrap();
     let edtl = sealed.len() as u32;
     assert_eq!(c.command(cdb, edtl, sealed).await.0, 0);
@@ -607,10 +595,7 @@ async fn accepts_a_sealed_read_overflow_cut_in_plaintext_before_sealing() {
     let (status, residual, got) = c.command(cdb, edtl, Bytes::new()).await;
     assert_eq!((status, residual), (0, -824), "GOOD, overflow 1024 - 200");
     let opened = session
-        .open(
-            &bind(0, itt, &cdb),
-            BytesMut::from(&got[..]),
-        )
+        .open(&bind(0, itt, &cdb), BytesMut::from(&got[..]))
         .expect("the Data-In opens");
     assert_eq!(&opened[..], &plain[..200]);
     t.shutdown().await.unwrap();
