@@ -1031,7 +1031,13 @@ impl iscsi_proto::engine::target::LunDirectory for FuzzLuns {
     fn exists(&self, lun: u64) -> bool {
         lun == 0
     }
-    fn size(&self, _lun: u64, cdb: &[u8], _edtl: u32) -> iscsi_proto::engine::target::Sizing {
+    fn size(
+        &self,
+        _itt: u32,
+        _lun: u64,
+        cdb: &[u8],
+        _edtl: u32,
+    ) -> iscsi_proto::engine::target::Sizing {
         // WRITE(10)-like: blocks in bytes 7..9, at most 128 KiB.
         let need = if cdb.first() == Some(&0x2a) {
             u64::from(u16::from_be_bytes([cdb[7], cdb[8]]).min(256)) * 512

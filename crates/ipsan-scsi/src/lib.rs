@@ -55,5 +55,5 @@ pub use lu::{
     Limits, LogicalUnit, LuConfig, LuError, NexusId, OwnedRequest, ResetKind, ScsiRequest,
     ScsiResponse,
 };
-pub use lun::{decode_lun, encode_lun, no_such_lun, report_luns};
+pub use lun::{decode_lun, encode_lun, no_such_lun, report_luns, report_luns_decoded};
 pub use sense::{ScsiStatus, Sense, SenseKey};

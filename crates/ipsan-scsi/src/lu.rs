@@ -182,6 +182,10 @@ pub struct LogicalUnit {
     pr: Arc<dyn pr::PrStore>,
     io_lock: RwLock<()>,
     state: Mutex<State>,
+    /// CDBs this LU parsed (debug builds): lets a transport's tests prove it hands over the
+    /// typed command it decoded rather than the bytes to parse again.
+    #[cfg(debug_assertions)]
+    parses: AtomicU64,
 }
 
 impl LogicalUnit {
@@ -245,6 +249,8 @@ impl LogicalUnit {
             cfg,
             io_lock: RwLock::new(()),
             state: Mutex::new(State::default()),
+            #[cfg(debug_assertions)]
+            parses: AtomicU64::new(0),
         })
     }
 
@@ -284,6 +290,7 @@ impl LogicalUnit {
     /// Direction and Data-Out length of a CDB, before any data arrives. Errors are the
     /// CHECK CONDITION the command will get anyway, so the iSCSI layer may answer at once.
     pub fn command_info(&self, cdb: &[u8]) -> Result<CommandInfo, Sense> {
+        self.counted_parse();
         let info = cdb::decode(cdb, self.cfg.block_size)?;
         if self.cfg.read_only && info.command.writes_medium() {
             // Known before any data moves: no point soliciting Data-Out (SBC-4 §4.11).
@@ -296,6 +303,7 @@ impl LogicalUnit {
     /// holds the typed command already calls [`LogicalUnit::execute_decoded`].
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
         let opcode = req.cdb.first().copied().unwrap_or(0xFF);
+        self.counted_parse();
         self.execute_command(req, opcode, cdb::parse(req.cdb))
     }
 
@@ -329,7 +337,29 @@ impl LogicalUnit {
     /// to an initiator that holds no access.
     pub fn precheck(&self, nexus: &NexusId, cdb: &[u8]) -> Option<ScsiResponse> {
         let opcode = cdb.first().copied().unwrap_or(0xFF);
+        self.counted_parse();
         self.precheck_parsed(nexus, opcode, cdb::parse(cdb).as_ref())
+    }
+
+    /// [`LogicalUnit::precheck`] of a command decoded before ([`LogicalUnit::command_info`]):
+    /// nothing parses the CDB again.
+    pub fn precheck_decoded(&self, nexus: &NexusId, info: &CommandInfo) -> Option<ScsiResponse> {
+        self.precheck_parsed(nexus, info.opcode, Ok(&info.command))
+    }
+
+    /// How many CDBs this LU parsed itself ([`LogicalUnit::command_info`], and
+    /// [`LogicalUnit::execute`], [`LogicalUnit::execute_async`] and
+    /// [`LogicalUnit::precheck`] of raw bytes); debug builds only.
+    #[cfg(debug_assertions)]
+    pub fn cdb_parses(&self) -> u64 {
+        self.parses.load(Ordering::Relaxed)
+    }
+
+    /// Counts one parse of a CDB (debug builds; nothing in release builds).
+    #[inline]
+    pub(crate) fn counted_parse(&self) {
+        #[cfg(debug_assertions)]
+        self.parses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// [`LogicalUnit::precheck`] of a command parsed before (`Err`: the CDB's own sense).
@@ -483,6 +513,11 @@ impl LogicalUnit {
                 .first()
                 .and_then(|&o| cdb::entry(o))
                 .is_some_and(|e| async_family(e.family))
+    }
+
+    /// [`LogicalUnit::runs_async`] of a decoded command.
+    pub fn runs_async_decoded(&self, info: &CommandInfo) -> bool {
+        self.engine() == Engine::Async && async_family(info.family())
     }
 
     /// Task management effects (SAM-5 §6.3): RESERVE(6) reservations and PREVENT holds are

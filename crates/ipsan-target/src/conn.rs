@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ipsan_scsi::{decode_lun, NexusId, ResetKind};
+use ipsan_scsi::{decode_lun, CommandInfo, NexusId, ResetKind};
 use ipsan_seal::{CryptoPool, SealSession};
 use ipsan_transport::{FrameReader, FrameWriter};
 use iscsi_proto::engine::target as engine;
@@ -61,6 +61,9 @@ pub struct Shared {
 const MAX_COMMAND_BYTES: u64 = 64 << 20;
 /// How long shutdown waits for running commands before closing anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Typed commands kept (`Session::decoded`) beyond twice the tasks in flight before those of
+/// ended tasks are dropped.
+const DECODED_SLACK: usize = 64;
 
 /// Serves one accepted TCP connection to its end. Errors are logged here; nothing propagates.
 pub async fn serve(
@@ -217,6 +220,7 @@ pub async fn serve(
         idle: Notify::new(),
         remote,
         forwarded: Mutex::new(HashMap::new()),
+        decoded: Mutex::new(HashMap::new()),
     });
     if let Some(old) = reinstates {
         // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
@@ -367,6 +371,10 @@ struct Session {
     /// Commands forwarded to a remote LUN and not completed, by ITT: cancelling one forwards
     /// the host's ABORT TASK to the remote session. Locked after `engine`, never before.
     forwarded: Mutex<HashMap<u32, CancellationToken>>,
+    /// The typed command of each local LU's command, by ITT: decoded once when the engine
+    /// sizes it (`Luns::size`) and taken back when it executes (`execute.rs`), so nothing
+    /// parses the CDB again. Locked after `engine` (or alone), never before.
+    decoded: Mutex<HashMap<u32, CommandInfo>>,
 }
 
 impl Session {
@@ -436,6 +444,7 @@ impl Session {
                 seal: self.seal.as_deref(),
                 registry: &self.shared.registry,
                 local: self.local,
+                decoded: &self.decoded,
             };
             if let Some(f) = next.as_ref().err().and_then(ipsan_transport::forgery) {
                 // Nothing of a forged PDU reaches the engine: the connection is dropped.
@@ -455,6 +464,12 @@ impl Session {
                     Ok(Some(Ok(pdu))) => {
                         trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
                         e.handle_pdu(now, &luns, pdu);
+                        // Typed commands of tasks that ended before they ran (aborted while
+                        // collecting data, refused after sizing) go; amortised, not per PDU.
+                        let mut kept = lock(&self.decoded);
+                        if kept.len() > 2 * e.tasks_in_flight() + DECODED_SLACK {
+                            kept.retain(|itt, _| e.has_task(*itt));
+                        }
                     }
                     Ok(Some(Err(err))) => {
                         warn!("rejected PDU: {err}");

@@ -27,12 +27,16 @@
 //!   - `conn/login.rs`: the login phase through `iscsi_proto::login::TargetLogin` (relayed
 //!     CHAP, a gateway's remote sessions, admission, the authentication-failure backoff);
 //!   - `conn/luns.rs`: what the engine asks the driver (`LunDirectory`: which LUNs exist, how
-//!     many bytes a CDB needs; `text::Directory`: what SendTargets lists, from the registry);
+//!     many bytes a CDB needs; `text::Directory`: what SendTargets lists, from the registry).
+//!     Sizing is the one parse of a local LU's CDB: its typed command (`ipsan_scsi::CommandInfo`)
+//!     is kept by ITT until the command executes;
 //!   - `conn/execute.rs`: one command from the engine's `Execute` to its answer: Seal opens
 //!     data-out and seals data-in, the overflow/underflow rules (`engine::residual`) apply
-//!     in plaintext bytes, the same for every session and unit;
+//!     in plaintext bytes, the same for every session and unit; Seal's binding, the WRITE
+//!     count field and the metrics kind read the typed command;
 //!   - `conn/unit.rs`: the one LU interface the driver calls (`Unit::submit`): an emulated LU
-//!     (ipsan-scsi) or a pass-through remote LUN (`remote`).
+//!     (ipsan-scsi), which executes the typed command without parsing the CDB again, or a
+//!     pass-through remote LUN (`remote`), which forwards the CDB unparsed.
 //!
 //!   The protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text and
 //!   SendTargets, login refusals, logout, keepalive) lives in `iscsi-proto`.

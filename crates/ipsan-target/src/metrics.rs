@@ -151,7 +151,12 @@ impl Op {
     /// is `other`.
     #[must_use]
     pub fn of(cdb: &[u8]) -> Op {
-        let family = cdb::family(cdb);
+        Op::of_family(cdb::family(cdb))
+    }
+
+    /// [`Op::of`] a command's family (a typed command's, `ipsan_scsi::CommandInfo::family`).
+    #[must_use]
+    pub fn of_family(family: cdb::Family) -> Op {
         if family == cdb::Family::Read {
             Op::Read
         } else if family.is_block_write() {
@@ -298,13 +303,15 @@ pub struct CommandTimer {
 impl CommandTimer {
     /// The command answered with `status` and, for CHECK CONDITION, sense key `key`.
     pub fn done(self, cdb: &[u8], status: ScsiStatus, key: Option<SenseKey>) {
+        self.done_as(Op::of(cdb), cdb::extent(cdb).1, status, key);
+    }
+
+    /// [`CommandTimer::done`] of a command already decoded: its kind and the blocks it
+    /// moves, read from the typed command rather than the CDB bytes.
+    pub fn done_as(self, op: Op, blocks: u32, status: ScsiStatus, key: Option<SenseKey>) {
         let took = self.t0.elapsed();
-        let op = Op::of(cdb);
         let bytes = match (&self.lun, op) {
-            (Some(l), Op::Read | Op::Write) => {
-                let (_, blocks) = cdb::extent(cdb);
-                u64::from(blocks) * u64::from(l.block_size)
-            }
+            (Some(l), Op::Read | Op::Write) => u64::from(blocks) * u64::from(l.block_size),
             _ => 0,
         };
         self.session.io.done(op, bytes, status, key, took);

@@ -16,6 +16,7 @@ impl LogicalUnit {
     /// does not cover run synchronously here, so call it only for those it does.
     pub async fn execute_async(&self, req: OwnedRequest) -> ScsiResponse {
         let opcode = req.cdb.first().copied().unwrap_or(0xFF);
+        self.counted_parse();
         let cmd = cdb::parse(&req.cdb);
         self.execute_async_command(req, opcode, cmd).await
     }

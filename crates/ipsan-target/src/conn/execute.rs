@@ -2,12 +2,17 @@
 //! answer: Seal opens data-out before the unit sees it, the overflow and underflow rules
 //! (`iscsi_proto::engine::residual`, RFC 7143 §11.4.5.1) apply in plaintext bytes, the same
 //! for every session and every unit, the [`Unit`] runs it, and Seal seals data-in after.
+//!
+//! The CDB was parsed once, when the engine sized the command (`luns.rs`); its typed command
+//! ([`ipsan_scsi::CommandInfo`]) comes back here by ITT and answers every question about the
+//! command (Seal's binding extent, the WRITE's count field, the metrics kind) and is what the
+//! LU executes. Only a pass-through's CDB, which nothing here decodes, is read as bytes.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use ipsan_scsi::{decode_lun, ScsiResponse, ScsiStatus, Sense, SenseKey};
+use ipsan_scsi::{cdb as scsi_cdb, decode_lun, ScsiResponse, ScsiStatus, Sense, SenseKey};
 use ipsan_seal::SealSession;
 use iscsi_proto::engine::residual;
 use iscsi_proto::engine::target as engine;
@@ -16,6 +21,7 @@ use tracing::{info, warn};
 use super::unit::{Forward, Submit, Unit};
 use super::{engine_response, Session, LOGOUT_WAIT_SECS};
 use crate::lock;
+use crate::metrics::Op;
 
 /// CHECK CONDITION, ABORTED COMMAND / SECURITY ERROR (0Bh/74h/00h): the answer when this
 /// side cannot seal data-in, or when data-out's Seal counters run past the session's limit.
@@ -53,17 +59,27 @@ impl Session {
         let mut data_out = x.data_out;
         let mut pre: Option<ScsiResponse> = None;
         let mut early = x.early;
-        // Bound to the CDB as the initiator sent it, before an overflow rewrites it.
+        // The typed command `Luns::size` decoded (taken whatever the unit, so none is left
+        // behind); a unit that parses no CDB has none. An LU that appeared after the command
+        // was sized decodes it now.
+        let kept = lock(&self.decoded).remove(&itt);
+        let mut info = None;
+        if let (Some(lu), None) = (unit.lu(), &early) {
+            match kept.map_or_else(|| lu.command_info(&cdb), Ok) {
+                Ok(i) => info = Some(i),
+                Err(sense) => pre = Some(ScsiResponse::check(sense)),
+            }
+        }
+        // Bound to the command as the initiator sent it, before an overflow rewrites it.
+        let (opcode, extent) = match &info {
+            Some(i) => (i.opcode, i.extent),
+            None => (cdb.first().copied().unwrap_or(0), scsi_cdb::extent(&cdb)),
+        };
         let seal = self.seal.clone().map(|s| {
             (
                 s,
                 self.shared.pool.clone(),
-                ipsan_seal::Binding::of_command(
-                    x.lun,
-                    itt,
-                    cdb.first().copied().unwrap_or(0),
-                    ipsan_scsi::cdb::extent(&cdb),
-                ),
+                ipsan_seal::Binding::of_command(x.lun, itt, opcode, extent),
             )
         });
         // A Seal counter at its hard limit: this command fails, then the connection closes.
@@ -121,16 +137,24 @@ impl Session {
         // for a unit that parses its CDBs (a pass-through's remote target applies its own).
         if let (Some(bs), None, None, true) = (unit.block_size(), &early, &pre, x.transfer > 0) {
             let transfer = usize::try_from(x.transfer).unwrap_or(usize::MAX);
-            // Where a block write's TRANSFER LENGTH sits: the SCSI layer's one opcode table.
-            let count = cdb
-                .first()
-                .and_then(|&o| ipsan_scsi::cdb::entry(o))
-                .filter(|e| e.family.is_block_write())
-                .and_then(|e| e.field.count_bytes());
+            // Where a block write's TRANSFER LENGTH sits: the typed command's table entry.
+            let count = info
+                .filter(|i| i.family().is_block_write())
+                .and_then(|i| i.op.field.count_bytes());
             match residual::fit_write(&mut cdb, count, bs, x.transfer, edtl) {
                 residual::WriteFit::Whole => data_out.truncate(transfer),
-                residual::WriteFit::Truncated { bytes } => data_out.truncate(bytes),
-                residual::WriteFit::NoBlocks => pre = Some(unit.checks_only(&self.nexus, &cdb)),
+                residual::WriteFit::Truncated { bytes } => {
+                    data_out.truncate(bytes);
+                    // The CDB now says fewer blocks: the typed command follows it, so the LU
+                    // writes the whole blocks EDTL covers and no more.
+                    match scsi_cdb::decode(&cdb, bs) {
+                        Ok(i) => info = Some(i),
+                        Err(sense) => pre = Some(ScsiResponse::check(sense)),
+                    }
+                }
+                residual::WriteFit::NoBlocks => {
+                    pre = Some(unit.checks_only(&self.nexus, &cdb, info.as_ref()));
+                }
                 residual::WriteFit::Refused => pre = Some(refused()),
             }
             residual = Some(residual::residual(x.transfer, edtl));
@@ -147,6 +171,7 @@ impl Session {
                     itt,
                     lun,
                     cdb: &cdb,
+                    info,
                     data_out,
                     nexus: &self.nexus,
                     tailroom: seal.is_some(),
@@ -202,8 +227,13 @@ impl Session {
                 }
             }
         }
-        timer.done(
-            &cdb,
+        let (op, blocks) = match &info {
+            Some(i) => (Op::of_family(i.family()), i.extent.1),
+            None => (Op::of(&cdb), scsi_cdb::extent(&cdb).1),
+        };
+        timer.done_as(
+            op,
+            blocks,
             ScsiStatus(resp.status),
             resp.sense
                 .as_ref()

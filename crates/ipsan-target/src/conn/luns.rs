@@ -1,13 +1,15 @@
 //! What the target engine asks the driver while PDUs arrive ([`engine::LunDirectory`]): which
 //! LUNs exist and which are pass-throughs, how many data-out bytes a CDB needs (sealed bytes in
 //! a Seal session), and which targets and portals SendTargets lists ([`engine_text::Directory`],
-//! from the registry).
+//! from the registry). Sizing a command decodes its CDB, the one parse of it: the typed
+//! command is kept by ITT for its execution (`execute.rs`).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use ipsan_scsi::{decode_lun, DataDirection, LogicalUnit, ScsiResponse};
+use ipsan_scsi::{decode_lun, CommandInfo, DataDirection, LogicalUnit, ScsiResponse};
 use ipsan_seal::SealSession;
 use iscsi_proto::engine::residual;
 use iscsi_proto::engine::target as engine;
@@ -23,6 +25,9 @@ pub(super) struct Luns<'a> {
     pub registry: &'a Registry,
     /// The portal this connection came in on: the address SendTargets gives.
     pub local: Option<SocketAddr>,
+    /// Where a sized command's typed command waits for its execution, by ITT
+    /// ([`engine::LunDirectory::size`]).
+    pub decoded: &'a Mutex<HashMap<u32, CommandInfo>>,
 }
 
 impl engine_text::Directory for Luns<'_> {
@@ -73,19 +78,31 @@ impl engine::LunDirectory for Luns<'_> {
             .is_some_and(|t| t.remote_route(decode_lun(lun.to_be_bytes())).is_some())
     }
 
-    fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
+    fn size(&self, itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
         let mut early = None;
-        let need = match self.lu(lun) {
+        // The one parse of the CDB: its typed command travels with the task by ITT. A CDB the
+        // LU refuses (or no LU) leaves nothing behind for the ITT (a task tag is unique
+        // among active tasks, RFC 7143 §11.2.1.8, so the entry is this command's).
+        let decoded = match self.lu(lun) {
             Some(lu) => match lu.command_info(cdb) {
-                Ok(info) if info.direction == DataDirection::Write => info.data_out_len,
-                Ok(_) => 0,
+                Ok(info) => Some(info),
                 Err(sense) => {
                     early = Some(engine_response(ScsiResponse::check(sense)));
-                    0
+                    None
                 }
             },
-            None => 0,
+            None => None,
         };
+        let need = decoded
+            .filter(|i| i.direction == DataDirection::Write)
+            .map_or(0, |i| i.data_out_len);
+        {
+            let mut kept = crate::lock(self.decoded);
+            match decoded {
+                Some(info) => kept.insert(itt, info),
+                None => kept.remove(&itt),
+            };
+        }
         // In a Seal session data travels sealed: EDTL and every offset count sealed bytes.
         // Sealed data cannot be cut, so a write's whole sealed EDTL is collected, opened, and
         // the overflow rules applied to the plaintext against what the CDB transfers

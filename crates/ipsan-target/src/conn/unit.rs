@@ -3,16 +3,21 @@
 //! emulated LU served here (ipsan-scsi's device server over a backend) or a pass-through to a
 //! remote target's LUN (remote.rs, a gateway). Data-out arrives in plaintext and data-in
 //! leaves in plaintext: Seal and the residual rules stay in `execute.rs`, the same for both.
+//!
+//! An emulated LU gets the typed command decoded when the command was sized
+//! ([`ipsan_scsi::CommandInfo`], `luns.rs`) and never parses the CDB again; every question
+//! asked here (REPORT LUNS?, async?, inline?) reads it. A pass-through forwards the CDB as the
+//! host sent it, unparsed.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ipsan_scsi::cdb::{self, op};
+use ipsan_scsi::cdb::{self, op, Command};
 use ipsan_scsi::{
-    no_such_lun, report_luns, LogicalUnit, NexusId, OwnedRequest, ResetKind, ScsiRequest,
-    ScsiResponse, Sense, SenseKey,
+    no_such_lun, report_luns, report_luns_decoded, CommandInfo, LogicalUnit, NexusId, OwnedRequest,
+    ResetKind, ScsiRequest, ScsiResponse, Sense, SenseKey,
 };
 use iscsi_proto::engine::target as engine;
 use iscsi_wire::header::TmfResponse;
@@ -43,6 +48,9 @@ pub(super) struct Submit<'a> {
     /// The LUN as this target numbers it.
     pub lun: u64,
     pub cdb: &'a [u8],
+    /// The typed command of `cdb` (decoded once, when the command was sized): what an
+    /// emulated LU executes. `None` for a unit that does not parse CDBs.
+    pub info: Option<CommandInfo>,
     /// Data-out in plaintext, already cut to what the device server takes.
     pub data_out: Bytes,
     pub nexus: &'a NexusId,
@@ -101,7 +109,8 @@ const INLINE_MAX_BYTES: u64 = 1 << 20;
 impl Unit {
     /// The unit LUN `lun` of `target` is, for `cdb`: REPORT LUNS goes to the remote target
     /// only when this target mirrors it; otherwise it lists this target's LUNs, local and
-    /// remote (SPC-4 §6.33).
+    /// remote (SPC-4 §6.33). (A remote route's CDB is never decoded here: its opcode byte
+    /// is the only thing read of it.)
     pub(super) fn resolve(target: Option<&Target>, lun: u64, cdb: &[u8]) -> Self {
         let Some(t) = target else {
             return Self::Missing;
@@ -122,6 +131,14 @@ impl Unit {
         }
     }
 
+    /// The emulated LU, the unit that parses its CDBs.
+    pub(super) fn lu(&self) -> Option<&Arc<LogicalUnit>> {
+        match self {
+            Self::Emulated(lu, _) => Some(lu),
+            Self::Remote(..) | Self::Missing => None,
+        }
+    }
+
     /// Whether commands are forwarded to another target.
     pub(super) fn is_remote(&self) -> bool {
         matches!(self, Self::Remote(..))
@@ -139,11 +156,18 @@ impl Unit {
     /// The answer to a block write whose EDTL covers no whole block: nothing to write, but
     /// unit attentions, CDB checks and reservations still apply (SPC-4 §5.13), so an
     /// initiator without access gets its RESERVATION CONFLICT rather than GOOD.
-    pub(super) fn checks_only(&self, nexus: &NexusId, cdb: &[u8]) -> ScsiResponse {
+    pub(super) fn checks_only(
+        &self,
+        nexus: &NexusId,
+        cdb: &[u8],
+        info: Option<&CommandInfo>,
+    ) -> ScsiResponse {
         match self {
-            Self::Emulated(lu, _) => lu
-                .precheck(nexus, cdb)
-                .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
+            Self::Emulated(lu, _) => match info {
+                Some(i) => lu.precheck_decoded(nexus, i),
+                None => lu.precheck(nexus, cdb),
+            }
+            .unwrap_or_else(|| ScsiResponse::good(Bytes::new())),
             Self::Remote(..) => ScsiResponse::good(Bytes::new()),
             Self::Missing => no_such_lun(cdb),
         }
@@ -159,38 +183,57 @@ impl Unit {
             // An async backend (RBD) completes data-path commands through callbacks: the task
             // awaits them and holds no thread (ipsan_scsi::aio).
             Self::Emulated(lu, _)
-                if cmd.cdb.first() != Some(&op::REPORT_LUNS) && lu.runs_async(cmd.cdb) =>
+                if cmd
+                    .info
+                    .is_some_and(|i| i.opcode != op::REPORT_LUNS && lu.runs_async_decoded(&i)) =>
             {
-                Done::local(
-                    Box::pin(lu.execute_async(OwnedRequest {
-                        cdb: cmd.cdb.to_vec(),
-                        data_out: cmd.data_out,
-                        nexus: cmd.nexus.clone(),
-                        lun: cmd.lun,
-                        tag: u64::from(cmd.itt),
-                    }))
-                    .await,
-                )
+                let req = OwnedRequest {
+                    cdb: cmd.cdb.to_vec(),
+                    data_out: cmd.data_out,
+                    nexus: cmd.nexus.clone(),
+                    lun: cmd.lun,
+                    tag: u64::from(cmd.itt),
+                };
+                Done::local(match cmd.info {
+                    Some(info) => Box::pin(lu.execute_async_decoded(req, &info)).await,
+                    None => Box::pin(lu.execute_async(req)).await,
+                })
             }
             unit => {
                 let cdb = cmd.cdb.to_vec();
                 let nexus = cmd.nexus.clone();
-                let (lun, tailroom, data_out) = (cmd.lun, cmd.tailroom, cmd.data_out);
-                let inline = unit.runs_inline(&cdb);
+                let (lun, tailroom, data_out, info) =
+                    (cmd.lun, cmd.tailroom, cmd.data_out, cmd.info);
+                let inline = unit.runs_inline(info.as_ref());
+                // A LUN without an LU (`Missing`) has no typed command: its opcode byte says.
+                let report = info.map_or(cdb.first() == Some(&op::REPORT_LUNS), |i| {
+                    i.opcode == op::REPORT_LUNS
+                });
                 let run = move || match unit {
-                    _ if cdb.first() == Some(&op::REPORT_LUNS) => {
+                    _ if report => {
                         let luns: Vec<u64> = target
                             .map(|t| t.luns.keys().chain(t.remotes.keys()).copied().collect())
                             .unwrap_or_default();
-                        report_luns(&luns, &cdb)
+                        match info.map(|i| i.command) {
+                            Some(Command::ReportLuns { select, alloc }) => {
+                                report_luns_decoded(&luns, select, alloc)
+                            }
+                            _ => report_luns(&luns, &cdb),
+                        }
                     }
-                    Self::Emulated(lu, _) => lu.execute(&ScsiRequest {
-                        cdb: &cdb,
-                        data_out: &data_out,
-                        nexus: &nexus,
-                        lun,
-                        tailroom,
-                    }),
+                    Self::Emulated(lu, _) => {
+                        let req = ScsiRequest {
+                            cdb: &cdb,
+                            data_out: &data_out,
+                            nexus: &nexus,
+                            lun,
+                            tailroom,
+                        };
+                        match &info {
+                            Some(i) => lu.execute_decoded(&req, i),
+                            None => lu.execute(&req),
+                        }
+                    }
                     Self::Remote(..) | Self::Missing => no_such_lun(&cdb),
                 };
                 Done::local(if inline {
@@ -224,14 +267,14 @@ impl Unit {
         }
     }
 
-    /// Whether `cdb` is a READ/WRITE small enough to run on the network task.
-    fn runs_inline(&self, cdb: &[u8]) -> bool {
-        let Self::Emulated(lu, true) = self else {
+    /// Whether the (typed) command is a READ/WRITE small enough to run on the network task.
+    fn runs_inline(&self, info: Option<&CommandInfo>) -> bool {
+        let (Self::Emulated(lu, true), Some(i)) = (self, info) else {
             return false;
         };
-        let rw = cdb::family(cdb).is_read_or_write();
-        let (_, blocks) = cdb::extent(cdb);
-        rw && u64::from(blocks) * u64::from(lu.block_size()) <= INLINE_MAX_BYTES
+        let (_, blocks) = i.extent;
+        i.family().is_read_or_write()
+            && u64::from(blocks) * u64::from(lu.block_size()) <= INLINE_MAX_BYTES
     }
 }
 

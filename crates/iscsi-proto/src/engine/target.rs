@@ -37,7 +37,15 @@ pub trait LunDirectory {
     fn exists(&self, lun: u64) -> bool;
     /// How many data-out bytes `cdb` needs for `lun` (0 for reads and non-data commands), and
     /// an answer decided before any data moves (bad CDB, a transfer the target refuses).
-    fn size(&self, lun: u64, cdb: &[u8], edtl: u32) -> Sizing;
+    ///
+    /// Asked once per SCSI Command of a LUN that is not a [`LunDirectory::passthrough`], before
+    /// its [`Event::Execute`] with the same `itt` (the Initiator Task Tag, unique among the
+    /// session's active tasks, RFC 7143 §11.2.1.8): a driver that parses the CDB here keeps
+    /// what it decoded under `itt` and takes it back at that event, so the command is parsed
+    /// once and the engine carries nothing of the driver's per command. A command refused
+    /// after this (or aborted before its data phase ends) gets no event; the ITT's next
+    /// command is sized again and replaces what was kept.
+    fn size(&self, itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> Sizing;
     /// Whether the LUN is a pass-through to another target (a gateway's remote LUN): no local
     /// device server parses the CDB, so its data-out is sized by EDTL when the W bit is set
     /// and by nothing otherwise, as pass-through targets do (RFC 7143 §11.3.1, §11.4.5).
@@ -301,6 +309,13 @@ impl Connection {
     #[must_use]
     pub fn tasks_in_flight(&self) -> usize {
         self.tasks.len()
+    }
+
+    /// Whether `itt` is a task of this connection (collecting data or running): a driver that
+    /// keeps something per ITT ([`LunDirectory::size`]) drops what no task holds any more.
+    #[must_use]
+    pub fn has_task(&self, itt: u32) -> bool {
+        self.tasks.contains_key(&itt)
     }
 
     /// Whether `itt` was handed to the driver ([`Event::Execute`]) and is not completed yet.
@@ -609,7 +624,7 @@ impl Connection {
                 transfer: None,
             }
         } else {
-            dir.size(cmd.lun, &cdb, edtl)
+            dir.size(cmd.itt, cmd.lun, &cdb, edtl)
         };
         let need = if need > self.max_command_bytes {
             // INVALID FIELD IN CDB: no buffer this large on a CDB's say-so.
@@ -1211,7 +1226,7 @@ mod tests {
         fn exists(&self, lun: u64) -> bool {
             lun == 0
         }
-        fn size(&self, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
+        fn size(&self, _itt: u32, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
             let need = if cdb[0] == 0x8a {
                 u64::from(u32::from_be_bytes([cdb[10], cdb[11], cdb[12], cdb[13]])) * 512
             } else {
@@ -1274,7 +1289,7 @@ mod tests {
         fn exists(&self, _lun: u64) -> bool {
             true
         }
-        fn size(&self, _lun: u64, _cdb: &[u8], _edtl: u32) -> Sizing {
+        fn size(&self, _itt: u32, _lun: u64, _cdb: &[u8], _edtl: u32) -> Sizing {
             unreachable!("a pass-through LUN is sized by EDTL")
         }
         fn passthrough(&self, _lun: u64) -> bool {

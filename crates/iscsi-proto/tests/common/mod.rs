@@ -47,7 +47,7 @@ impl LunDirectory for Disk {
     fn exists(&self, lun: u64) -> bool {
         lun == 0
     }
-    fn size(&self, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
+    fn size(&self, _itt: u32, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
         let need = match cdb[0] {
             0x8a => u64::from(parse16(cdb).1) * BLOCK,
             // COMPARE AND WRITE: the verify data, then the write data (SBC-4 §5.3).
