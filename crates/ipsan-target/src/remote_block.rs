@@ -16,6 +16,7 @@
 //! READY a `TimedOut` error (retryable NOT READY again at a SCSI front end); a lost session a
 //! `NotConnected` one.
 
+use ipsan_scsi::cdb::build;
 use std::fmt;
 use std::io;
 use std::sync::Arc;
@@ -53,10 +54,7 @@ impl RemoteBlock {
     /// requests will run on the current tokio runtime.
     pub async fn open(session: Arc<Session>, lun: u64) -> io::Result<Self> {
         let lun = u64::from_be_bytes(ipsan_scsi::encode_lun(lun));
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x9E;
-        cdb[1] = 0x10;
-        cdb[10..14].copy_from_slice(&32u32.to_be_bytes());
+        let cdb = build::read_capacity16();
         let d = exec(&session, lun, cdb, || DataDir::Read(BytesMut::new(), 32))
             .await
             .map_err(into_io)?;
@@ -173,14 +171,6 @@ fn extent(size: u64, bs: u64, offset: u64, len: u64) -> Result<(u64, u32), IoErr
     Ok((offset / bs, blocks))
 }
 
-fn cdb16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
 async fn run(
     session: Arc<Session>,
     lun: u64,
@@ -195,7 +185,7 @@ async fn run(
             mut buf,
         } => {
             let (lba, n) = extent(size, bs, offset, len as u64)?;
-            let d = exec(&session, lun, cdb16(0x88, lba, n), || {
+            let d = exec(&session, lun, build::read16(lba, n), || {
                 DataDir::Read(BytesMut::new(), len)
             })
             .await?;
@@ -210,13 +200,13 @@ async fn run(
         }
         IoOp::Write { offset, data } => {
             let (lba, n) = extent(size, bs, offset, data.len() as u64)?;
-            exec(&session, lun, cdb16(0x8A, lba, n), || {
+            exec(&session, lun, build::write16(lba, n, false), || {
                 DataDir::Write(data.clone())
             })
             .await
             .map(|_| None)
         }
-        IoOp::Flush => exec(&session, lun, cdb16(0x91, 0, 0), || DataDir::None)
+        IoOp::Flush => exec(&session, lun, build::sync_cache16(0, 0), || DataDir::None)
             .await
             .map(|_| None),
         IoOp::Discard { offset, len } => {
@@ -230,17 +220,16 @@ async fn run(
             p.extend_from_slice(&n.to_be_bytes());
             p.extend_from_slice(&[0; 4]);
             let p = Bytes::from(p);
-            let mut c = [0u8; 16];
-            c[0] = 0x42;
-            c[7..9].copy_from_slice(&24u16.to_be_bytes());
-            exec(&session, lun, c, || DataDir::Write(p.clone()))
-                .await
-                .map(|_| None)
+            exec(&session, lun, build::unmap(24), || {
+                DataDir::Write(p.clone())
+            })
+            .await
+            .map(|_| None)
         }
         IoOp::WriteZeroes { offset, len } => {
             let (lba, n) = extent(size, bs, offset, len)?;
             let zeros = Bytes::from(vec![0u8; bs as usize]);
-            exec(&session, lun, cdb16(0x93, lba, n), || {
+            exec(&session, lun, build::write_same16(lba, n), || {
                 DataDir::Write(zeros.clone())
             })
             .await
@@ -268,13 +257,11 @@ async fn run(
             both.extend_from_slice(&compare);
             both.extend_from_slice(&write);
             let both = both.freeze();
-            let mut c = [0u8; 16];
-            c[0] = 0x89;
-            c[2..10].copy_from_slice(&lba.to_be_bytes());
-            c[13] = n;
-            exec(&session, lun, c, || DataDir::Write(both.clone()))
-                .await
-                .map(|_| None)
+            exec(&session, lun, build::compare_and_write(lba, n), || {
+                DataDir::Write(both.clone())
+            })
+            .await
+            .map(|_| None)
         }
     }
 }

@@ -27,6 +27,38 @@ fn rw16(opcode: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
     c
 }
 
+/// SYNCHRONIZE CACHE(16) (SBC-4 §5.25) over `blocks` from `lba` (0 blocks: to the end).
+#[must_use]
+pub fn sync_cache16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(op::SYNCHRONIZE_CACHE_16, lba, blocks, false)
+}
+
+/// WRITE SAME(16) (SBC-4 §5.43): one block of data-out written over the extent.
+#[must_use]
+pub fn write_same16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(op::WRITE_SAME_16, lba, blocks, false)
+}
+
+/// UNMAP (SBC-4 §5.28) with a parameter list of `list_len` bytes.
+#[must_use]
+pub fn unmap(list_len: u16) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op::UNMAP;
+    c[7..9].copy_from_slice(&list_len.to_be_bytes());
+    c
+}
+
+/// COMPARE AND WRITE (SBC-4 §5.3) of `blocks` (1..=255) from `lba`: data-out is the compare
+/// blocks, then the write blocks.
+#[must_use]
+pub fn compare_and_write(lba: u64, blocks: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op::COMPARE_AND_WRITE;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = blocks;
+    c
+}
+
 /// TEST UNIT READY (SPC-5 §6.47).
 #[must_use]
 pub fn test_unit_ready() -> [u8; 16] {
@@ -135,5 +167,18 @@ mod tests {
         assert_eq!(opcode(&read16(7, 8)), op::READ_16);
         assert_eq!(opcode(&write16(7, 8, true)), op::WRITE_16);
         assert_eq!(opcode(&[]), op::TEST_UNIT_READY);
+        assert!(matches!(
+            parse(&sync_cache16(0, 0)),
+            Ok(Command::SynchronizeCache { .. })
+        ));
+        assert!(matches!(
+            parse(&write_same16(7, 8)),
+            Ok(Command::WriteSame { .. })
+        ));
+        assert!(matches!(parse(&unmap(24)), Ok(Command::Unmap { .. })));
+        assert!(matches!(
+            parse(&compare_and_write(7, 2)),
+            Ok(Command::CompareAndWrite { .. })
+        ));
     }
 }
