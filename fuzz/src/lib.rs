@@ -1044,7 +1044,11 @@ impl iscsi_proto::engine::target::LunDirectory for FuzzLuns {
         } else {
             0
         };
-        iscsi_proto::engine::target::Sizing { need, early: None }
+        iscsi_proto::engine::target::Sizing {
+            need,
+            early: None,
+            transfer: None,
+        }
     }
 }
 
