@@ -463,12 +463,18 @@ impl Session {
                     Err(_) | Ok(None) => e.peer_closed(),
                     Ok(Some(Ok(pdu))) => {
                         trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
+                        // Only a SCSI Command adds a typed command (`Luns::size`): the prune
+                        // check runs after those, not after every Data-Out or NOP.
+                        let command =
+                            matches!(pdu.header, iscsi_wire::header::Header::ScsiCommand(_));
                         e.handle_pdu(now, &luns, pdu);
                         // Typed commands of tasks that ended before they ran (aborted while
-                        // collecting data, refused after sizing) go; amortised, not per PDU.
-                        let mut kept = lock(&self.decoded);
-                        if kept.len() > 2 * e.tasks_in_flight() + DECODED_SLACK {
-                            kept.retain(|itt, _| e.has_task(*itt));
+                        // collecting data, refused after sizing) go; amortised.
+                        if command {
+                            let mut kept = lock(&self.decoded);
+                            if kept.len() > 2 * e.tasks_in_flight() + DECODED_SLACK {
+                                kept.retain(|itt, _| e.has_task(*itt));
+                            }
                         }
                     }
                     Ok(Some(Err(err))) => {
