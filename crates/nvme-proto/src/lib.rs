@@ -1,0 +1,14 @@
+//! NVMe over TCP protocol logic without I/O (issue 30): the counterpart of `iscsi-proto` for
+//! NVMe/TCP, on `nvme-wire`'s codec. Bytes and commands in, PDUs, completions and block
+//! requests out, time passed in; the tokio drivers (`ipsan-target`'s NVMe listener, the
+//! initiator's NVMe session) hold only sockets, timers and wake-ups.
+//!
+//! # Layout
+//! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
+//!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
+//!   host reads). The seam between the queue (PDUs) and the controller (commands).
+#![forbid(unsafe_code)]
+
+pub mod command;
+
+pub use command::{Command, Completion};
