@@ -7,8 +7,13 @@
 //! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
 //!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
 //!   host reads). The seam between the queue (PDUs) and the controller (commands).
+//! - [`controller`]: the controller role behind the queues — Fabrics Connect/Property/
+//!   Authentication dispatch, admin and I/O commands, keep-alive, asynchronous events and the
+//!   discovery controller; I/O leaves as block requests ([`controller::BlockRequest`]) and
+//!   their results come back by tag.
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod controller;
 
 pub use command::{Command, Completion};
