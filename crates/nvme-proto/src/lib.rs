@@ -7,12 +7,17 @@
 //! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
 //!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
 //!   host reads). The seam between the queue (PDUs) and the controller (commands).
+//! - [`controller`]: the controller role behind the queues — Fabrics Connect/Property/
+//!   Authentication dispatch, admin and I/O commands, keep-alive, asynchronous events and the
+//!   discovery controller; I/O leaves as block requests ([`controller::BlockRequest`]) and
+//!   their results come back by tag.
 //! - [`queue`]: the controller-role NVMe/TCP connection machine (ICReq/ICResp, command
 //!   capsules and in-capsule data, R2T/H2CData, C2HData, digests, termination): PDUs in,
 //!   [`Command`]s out; [`Completion`]s in, PDUs out.
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod controller;
 pub mod queue;
 
 pub use command::{Command, Completion};
