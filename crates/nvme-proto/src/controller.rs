@@ -301,12 +301,18 @@ impl Queue {
         if self.auth_pending() {
             return Submitted::Done(done(cid, Status::AUTHENTICATION_REQUIRED));
         }
+        self.refresh_ns();
+        io::submit(self, cmd)
+    }
+
+    /// Takes the subsystem's namespace table again if it changed since the last look (one
+    /// atomic load when it did not).
+    fn refresh_ns(&mut self) {
         let gen = self.subsys.gen.load(Ordering::Acquire);
         if gen != self.ns_gen {
             self.ns = self.subsys.table();
             self.ns_gen = gen;
         }
-        io::submit(self, cmd)
     }
 
     /// The result of the block request `tag`: the read bytes for [`BlockOp::Read`], empty
@@ -843,6 +849,7 @@ impl Target {
         if ctrl.cc & CC_EN == 0 || ctrl.csts & CSTS_RDY == 0 {
             return Submitted::Done(done(cid, Status::COMMAND_SEQUENCE_ERROR));
         }
+        q.refresh_ns();
         admin::submit(self, q, cmd, now)
     }
 
