@@ -7,8 +7,12 @@
 //! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
 //!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
 //!   host reads). The seam between the queue (PDUs) and the controller (commands).
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication (TP 8006) for both roles, sans-IO:
+//!   `DHHC-1` secrets, the messages, the FFDHE groups, [`auth::ControllerAuth`] and
+//!   [`auth::HostAuth`] (one per queue).
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod command;
 
 pub use command::{Command, Completion};
