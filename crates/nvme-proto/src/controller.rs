@@ -27,7 +27,7 @@ mod config;
 mod io;
 mod pages;
 
-pub use auth_hook::{AuthOutcome, AuthPolicy, AuthTransaction};
+pub use auth_hook::{AuthOutcome, AuthPolicy, AuthTransaction, DhchapHosts};
 pub use config::{
     AllowedHosts, ConfigError, DiscoveryEntry, NamespaceConfig, SubsystemConfig, TargetConfig,
     DISCOVERY_NQN,
@@ -207,18 +207,6 @@ struct Subsystem {
     shared: Arc<SubsysShared>,
 }
 
-/// A queue's authentication state (TP 8006).
-#[derive(Debug)]
-enum QueueAuth {
-    /// Nothing to do: the host did not have to authenticate.
-    NotRequired,
-    /// ATR was set; commands other than Authentication Send/Receive are refused until the
-    /// transaction succeeds.
-    Pending(Box<dyn AuthTransaction>),
-    /// Authenticated; the last transaction is kept for a re-authentication's messages.
-    Done(Option<Box<dyn AuthTransaction>>),
-}
-
 /// One connection's queue of one controller, returned by [`Target::connect`].
 #[derive(Debug)]
 pub struct Queue {
@@ -233,8 +221,9 @@ pub struct Queue {
     subsys: Arc<SubsysShared>,
     pub(crate) ns: Arc<NsTable>,
     ns_gen: u64,
-    auth: QueueAuth,
-    policy: Option<Arc<dyn AuthPolicy>>,
+    /// The queue's DH-HMAC-CHAP state when Connect set AUTHREQ.ATR (TP 8006); it handles
+    /// re-authentication itself.
+    auth: Option<Box<dyn AuthTransaction>>,
     pub(crate) max_transfer: u32,
     pub(crate) io: io::Pending,
 }
@@ -274,7 +263,9 @@ impl Queue {
     /// Whether the host still has to complete an authentication transaction on this queue.
     #[must_use]
     pub fn auth_pending(&self) -> bool {
-        matches!(self.auth, QueueAuth::Pending(_))
+        self.auth
+            .as_ref()
+            .is_some_and(|t| t.outcome() != AuthOutcome::Succeeded)
     }
     /// Whether the queue can still run commands: its controller exists and has not been reset
     /// since the queue connected (the admin queue survives a reset, I/O queues do not).
@@ -355,48 +346,20 @@ impl Queue {
 
     /// Authentication Send (NVMe over Fabrics 1.1 §3.6; TP 8006).
     fn auth_send(&mut self, cid: u16, a: Auth, data: &Bytes) -> Completion {
-        if !Self::auth_fields_ok(&a) {
+        if !Self::auth_fields_ok(&a) || a.len == 0 {
             return done(cid, Status::INVALID_FIELD);
         }
-        if u64::from(a.len) != data.len() as u64 || a.len == 0 {
+        if u64::from(a.len) != data.len() as u64 {
             return done(cid, Status::DATA_SGL_LENGTH_INVALID);
         }
-        let txn = match &mut self.auth {
-            QueueAuth::NotRequired => return done(cid, Status::INVALID_OPCODE),
-            QueueAuth::Pending(t) => t,
-            QueueAuth::Done(slot) => {
-                // A new AUTH_Negotiate on an authenticated queue starts a re-authentication
-                // (TP 8006); until it ends the queue stays usable.
-                let keep = slot
-                    .as_ref()
-                    .is_some_and(|t| t.outcome() == AuthOutcome::InProgress);
-                if !keep {
-                    *slot = self
-                        .policy
-                        .as_ref()
-                        .and_then(|p| p.begin(&self.subnqn, &self.hostnqn, self.qid, self.cntlid));
-                }
-                match slot {
-                    Some(t) => t,
-                    None => return done(cid, Status::INVALID_OPCODE),
-                }
-            }
+        // No secret for this host: Connect did not ask for authentication.
+        let Some(txn) = &mut self.auth else {
+            return done(cid, Status::INVALID_OPCODE);
         };
-        if txn.outcome() == AuthOutcome::Failed {
-            if let Some(fresh) = self
-                .policy
-                .as_ref()
-                .and_then(|p| p.begin(&self.subnqn, &self.hostnqn, self.qid, self.cntlid))
-            {
-                *txn = fresh;
-            }
+        match txn.send(data) {
+            Ok(()) => done(cid, Status::SUCCESS),
+            Err(s) => done(cid, s),
         }
-        let status = match txn.send(data) {
-            Ok(()) => Status::SUCCESS,
-            Err(s) => s,
-        };
-        self.settle_auth();
-        done(cid, status)
     }
 
     /// Authentication Receive (NVMe over Fabrics 1.1 §3.7; TP 8006).
@@ -407,33 +370,15 @@ impl Queue {
         if sgl.length() < a.len {
             return done(cid, Status::DATA_SGL_LENGTH_INVALID);
         }
-        let txn = match &mut self.auth {
-            QueueAuth::NotRequired | QueueAuth::Done(None) => {
-                return done(cid, Status::COMMAND_SEQUENCE_ERROR)
-            }
-            QueueAuth::Pending(t) | QueueAuth::Done(Some(t)) => t,
+        let Some(txn) = &mut self.auth else {
+            return done(cid, Status::INVALID_OPCODE);
         };
-        let c = match txn.receive(a.len) {
+        match txn.receive(a.len) {
             Ok(mut msg) => {
                 msg.truncate(a.len as usize);
                 done_data(cid, msg)
             }
             Err(s) => done(cid, s),
-        };
-        self.settle_auth();
-        c
-    }
-
-    /// Moves a finished transaction's queue to authenticated.
-    fn settle_auth(&mut self) {
-        if let QueueAuth::Pending(t) = &self.auth {
-            if t.outcome() == AuthOutcome::Succeeded {
-                if let QueueAuth::Pending(t) =
-                    std::mem::replace(&mut self.auth, QueueAuth::Done(None))
-                {
-                    self.auth = QueueAuth::Done(Some(t));
-                }
-            }
         }
     }
 }
@@ -679,7 +624,7 @@ impl Target {
         hostnqn: &str,
         qid: u16,
         cntlid: u16,
-    ) -> Result<QueueAuth, ConnectRefusal> {
+    ) -> Result<Option<Box<dyn AuthTransaction>>, ConnectRefusal> {
         let sub = &self.subsystems[si];
         let txn = if sub.discovery {
             None
@@ -690,13 +635,19 @@ impl Target {
                 .and_then(|p| p.begin(&sub.cfg.nqn, hostnqn, qid, cntlid))
         };
         match txn {
-            Some(t) => Ok(QueueAuth::Pending(t)),
             None if sub.cfg.auth_required => Err(ConnectRefusal::Host),
-            None => Ok(QueueAuth::NotRequired),
+            t => Ok(t),
         }
     }
 
-    fn new_queue(&self, si: usize, ctrl: &Ctrl, qid: u16, sqsize: u16, auth: QueueAuth) -> Queue {
+    fn new_queue(
+        &self,
+        si: usize,
+        ctrl: &Ctrl,
+        qid: u16,
+        sqsize: u16,
+        auth: Option<Box<dyn AuthTransaction>>,
+    ) -> Queue {
         let sub = &self.subsystems[si];
         Queue {
             qid,
@@ -711,7 +662,6 @@ impl Target {
             ns: sub.shared.table(),
             ns_gen: sub.shared.gen.load(Ordering::Acquire),
             auth,
-            policy: self.cfg.auth.clone(),
             max_transfer: self.cfg.max_transfer,
             io: io::Pending::default(),
         }
@@ -733,7 +683,7 @@ impl Target {
             return Err(ConnectRefusal::Busy);
         };
         let auth = self.begin_auth(si, &d.hostnqn, 0, cntlid)?;
-        let atr = matches!(auth, QueueAuth::Pending(_));
+        let atr = auth.is_some();
         let discovery = self.subsystems[si].discovery;
         let ctrl = Ctrl {
             cntlid,
@@ -797,7 +747,7 @@ impl Target {
             return Err(ConnectRefusal::Sequence);
         }
         let auth = self.begin_auth(si, &d.hostnqn, c.qid, d.cntlid)?;
-        let atr = matches!(auth, QueueAuth::Pending(_));
+        let atr = auth.is_some();
         let q = self.new_queue(si, ctrl, c.qid, c.sqsize, auth);
         if let Some(ctrl) = self.ctrls.get_mut(&d.cntlid) {
             ctrl.io_qids.insert(c.qid);

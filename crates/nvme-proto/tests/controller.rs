@@ -4,15 +4,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use nvme_proto::auth::{
+    AuthConfig, AuthState, DhGroup, DhchapSecret, HashId, HostAuth, HostStep, RECEIVE_ALLOC_LEN,
+};
 use nvme_proto::controller::{
-    AllowedHosts, AuthOutcome, AuthPolicy, AuthTransaction, BlockError, BlockOp, CloseReason,
-    DiscoveryEntry, Event, NamespaceConfig, Queue, Submitted, SubsystemConfig, Target,
-    TargetConfig, DISCOVERY_NQN,
+    AllowedHosts, BlockError, BlockOp, CloseReason, DhchapHosts, DiscoveryEntry, Event,
+    NamespaceConfig, Queue, Submitted, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
 };
 use nvme_proto::{Command, Completion};
 use nvme_wire::fabrics::{
@@ -1074,47 +1075,6 @@ fn namespace_change_completes_an_aer_and_fills_the_changed_list() {
     );
 }
 
-/// A DH-HMAC-CHAP stand-in: the host "authenticates" by sending the expected bytes. Only the
-/// controller's gating is under test here; the protocol is the `auth` module's.
-#[derive(Debug)]
-struct Secret(&'static [u8]);
-#[derive(Debug)]
-struct Txn {
-    expect: &'static [u8],
-    state: AuthOutcome,
-}
-impl AuthTransaction for Txn {
-    fn send(&mut self, payload: &[u8]) -> Result<(), Status> {
-        self.state = if payload == self.expect {
-            AuthOutcome::Succeeded
-        } else {
-            AuthOutcome::Failed
-        };
-        Ok(())
-    }
-    fn receive(&mut self, _alloc_len: u32) -> Result<Bytes, Status> {
-        Ok(Bytes::from_static(b"challenge"))
-    }
-    fn outcome(&self) -> AuthOutcome {
-        self.state
-    }
-}
-impl AuthPolicy for Secret {
-    fn begin(&self, _s: &str, hostnqn: &str, _q: u16, _c: u16) -> Option<Box<dyn AuthTransaction>> {
-        (hostnqn == HOSTNQN).then(|| {
-            Box::new(Txn {
-                expect: self.0,
-                state: AuthOutcome::InProgress,
-            }) as _
-        })
-    }
-}
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
 fn auth_cmd(send: bool, cid: u16, payload: &[u8]) -> Command {
     let a = Auth {
         secp: SECP_NVME_AUTH,
@@ -1151,10 +1111,7 @@ fn auth_cmd(send: bool, cid: u16, payload: &[u8]) -> Command {
 
 #[test]
 fn rejects_everything_but_authentication_until_the_host_authenticates() {
-    let mut cfg = config();
-    cfg.subsystems[0].auth_required = true;
-    cfg.auth = Some(Arc::new(Secret(b"right")));
-    let mut t = Target::new(cfg).unwrap();
+    let mut t = dhchap_target(None);
     // A host without a configured secret is refused when the subsystem requires it.
     let other = connect_cmd(0, 31, 0, SUBNQN, "nqn.unknown-host", CNTLID_DYNAMIC);
     assert_eq!(
@@ -1188,27 +1145,34 @@ fn rejects_everything_but_authentication_until_the_host_authenticates() {
         .status
     };
     assert_eq!(get(&mut t, &mut admin), Status::AUTHENTICATION_REQUIRED);
+    let id = cmd(0x06, 6, 0, 4096, [1, 0, 0, 0, 0, 0]);
     assert_eq!(
-        status(t.submit(&mut admin, cmd(0x06, 6, 0, 4096, [1, 0, 0, 0, 0, 0]), now)),
+        status(t.submit(&mut admin, id, now)),
         Status::AUTHENTICATION_REQUIRED
     );
-    // Wrong SECP.
-    let mut bad = auth_cmd(true, 7, b"right");
+    let ka = cmd(0x18, 6, 0, 0, [0; 6]);
+    assert_eq!(
+        status(t.submit(&mut admin, ka, now)),
+        Status::AUTHENTICATION_REQUIRED
+    );
+    // Not the DH-HMAC-CHAP security protocol.
+    let mut bad = auth_cmd(true, 7, b"negotiate");
     bad.sqe.cdw[0] = 0xea << 24 | 1 << 16 | 1 << 8;
     assert_eq!(
         status(t.submit(&mut admin, bad, now)),
         Status::INVALID_FIELD
     );
-    let rx = done(t.submit(&mut admin, auth_cmd(false, 8, b""), now));
-    assert_eq!(&rx.data[..], b"challenge");
-    assert!(status(t.submit(&mut admin, auth_cmd(true, 9, b"wrong"), now)).is_success());
-    assert!(
-        admin.auth_pending(),
-        "a failed transaction leaves the queue unauthenticated"
+    // A transfer length that is not the data's.
+    let mut bad = auth_cmd(true, 8, b"negotiate");
+    bad.data.truncate(4);
+    assert_eq!(
+        status(t.submit(&mut admin, bad, now)),
+        Status::DATA_SGL_LENGTH_INVALID
     );
-    assert_eq!(get(&mut t, &mut admin), Status::AUTHENTICATION_REQUIRED);
-    assert!(status(t.submit(&mut admin, auth_cmd(true, 10, b"right"), now)).is_success());
-    assert!(!admin.auth_pending());
+    assert!(admin.auth_pending());
+    // The right host gets through after its transaction.
+    let mut host = HostAuth::new(Arc::new(dhchap_config(0x42, None)), HOSTNQN, SUBNQN, 9);
+    assert!(run_dhchap(&mut t, &mut admin, &mut host, now));
     assert_eq!(get(&mut t, &mut admin), Status::SUCCESS);
 }
 
@@ -1229,4 +1193,109 @@ fn rejects_impossible_configurations() {
     let mut cfg = config();
     cfg.subsystems[0].namespaces.push(ns(1));
     assert!(Target::new(cfg).is_err(), "NSID twice");
+}
+
+fn dhchap_config(host_key: u8, ctrl_key: Option<u8>) -> AuthConfig {
+    let secret = |b: u8| DhchapSecret::from_key(&[b; 32], None).unwrap();
+    AuthConfig {
+        hashes: vec![HashId::Sha256],
+        dh_groups: vec![DhGroup::Ffdhe2048],
+        ..AuthConfig::new(secret(host_key), ctrl_key.map(secret))
+    }
+}
+
+/// Runs a DH-HMAC-CHAP transaction as Linux's host does (Negotiate, Challenge, Reply,
+/// Success1, Success2) on `q`; whether the host saw it succeed.
+fn run_dhchap(t: &mut Target, q: &mut Queue, host: &mut HostAuth, now: Instant) -> bool {
+    let send = |t: &mut Target, q: &mut Queue, b: &[u8]| {
+        assert!(status(t.submit(q, auth_cmd(true, 30, b), now)).is_success());
+    };
+    let neg = host.start();
+    send(t, q, &neg);
+    loop {
+        let mut rx = auth_cmd(false, 31, b"");
+        rx.sqe = fabrics(
+            31,
+            Sgl::Transport {
+                length: RECEIVE_ALLOC_LEN,
+            },
+            FabricsKind::AuthReceive(Auth {
+                secp: SECP_NVME_AUTH,
+                spsp0: SPSP_DHCHAP,
+                spsp1: SPSP_DHCHAP,
+                len: RECEIVE_ALLOC_LEN,
+            }),
+        );
+        let msg = done(t.submit(q, rx, now));
+        assert!(msg.cqe.status.is_success());
+        match host.receive(&msg.data) {
+            HostStep::SendThenReceive(b) => send(t, q, &b),
+            HostStep::SendThenDone(b) => {
+                send(t, q, &b);
+                return true;
+            }
+            HostStep::Done => return true,
+            HostStep::SendFailure(b, _) => {
+                send(t, q, &b);
+                return false;
+            }
+            HostStep::Failed(_) => return false,
+        }
+    }
+}
+
+fn dhchap_target(ctrl_key: Option<u8>) -> Target {
+    let mut hosts = DhchapHosts::new();
+    hosts.insert(HOSTNQN, dhchap_config(0x42, ctrl_key));
+    let mut cfg = config();
+    cfg.subsystems[0].auth_required = true;
+    cfg.auth = Some(Arc::new(hosts));
+    Target::new(cfg).unwrap()
+}
+
+#[test]
+fn accepts_dh_hmac_chap_bidirectional_on_admin_and_io_queues() {
+    let mut h = Host::connect(dhchap_target(Some(0x24)), 0);
+    assert!(h.admin.auth_pending());
+    assert_eq!(
+        h.prop_get(Property::Cap, true).cqe.status,
+        Status::AUTHENTICATION_REQUIRED
+    );
+    let config = Arc::new(dhchap_config(0x42, Some(0x24)));
+    let mut host = HostAuth::new(Arc::clone(&config), HOSTNQN, SUBNQN, 1);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut host, h.now));
+    assert!(matches!(
+        host.state(),
+        AuthState::Succeeded {
+            bidirectional: true,
+            ..
+        }
+    ));
+    assert!(!h.admin.auth_pending());
+    h.enable();
+    let c = connect_cmd(1, 127, 0, SUBNQN, HOSTNQN, h.admin.cntlid());
+    let (mut q, r) = h.t.connect(&c, h.now).unwrap();
+    assert_ne!(r.cqe.dw0 & 1 << 17, 0, "each queue authenticates");
+    assert_eq!(
+        h.run_io(&mut q, rw(0x02, 1, 0, 0)).cqe.status,
+        Status::AUTHENTICATION_REQUIRED
+    );
+    let mut host = HostAuth::new(config, HOSTNQN, SUBNQN, 2);
+    assert!(run_dhchap(&mut h.t, &mut q, &mut host, h.now));
+    assert!(h.run_io(&mut q, rw(0x02, 2, 0, 0)).cqe.status.is_success());
+}
+
+#[test]
+fn rejects_a_host_with_the_wrong_dh_hmac_chap_secret() {
+    let mut h = Host::connect(dhchap_target(None), 0);
+    let wrong = Arc::new(dhchap_config(0x43, None));
+    let mut host = HostAuth::new(wrong, HOSTNQN, SUBNQN, 1);
+    assert!(!run_dhchap(&mut h.t, &mut h.admin, &mut host, h.now));
+    assert!(matches!(host.state(), AuthState::Failed(_)));
+    assert!(h.admin.auth_pending());
+    assert_eq!(
+        h.prop_get(Property::Cap, true).cqe.status,
+        Status::AUTHENTICATION_REQUIRED
+    );
+    assert_eq!(h.identify(1, 0).cqe.status, Status::AUTHENTICATION_REQUIRED);
 }
