@@ -226,6 +226,7 @@ pub struct Queue {
     auth: Option<Box<dyn AuthTransaction>>,
     pub(crate) max_transfer: u32,
     pub(crate) io: io::Pending,
+    sq_flow_disabled: bool,
 }
 
 impl Queue {
@@ -255,6 +256,13 @@ impl Queue {
     pub fn hostnqn(&self) -> &str {
         &self.hostnqn
     }
+    /// Whether the host disabled SQ flow control (Connect CATTR bit 2, NVMe over Fabrics 1.1
+    /// §3.3): completions then carry SQHD FFFFh and need not be paced by it.
+    #[must_use]
+    pub fn sq_flow_disabled(&self) -> bool {
+        self.sq_flow_disabled
+    }
+
     /// Whether this queue's controller is a discovery controller.
     #[must_use]
     pub fn is_discovery(&self) -> bool {
@@ -588,34 +596,29 @@ impl Target {
         let Some(si) = self.subsystems.iter().position(|s| s.cfg.nqn == d.subnqn) else {
             return Err(invalid(ipo_data(256)));
         };
-        let host_refused = || {
+        let host_refused = |ipo: u32| {
             let mut r = done(cid, Status::CONNECT_INVALID_HOST);
-            r.cqe.dw0 = ipo_data(512);
+            r.cqe.dw0 = ipo;
             r
         };
         if !self.subsystems[si].cfg.hosts.allows(&d.hostnqn) {
-            return Err(host_refused());
+            return Err(host_refused(ipo_data(512)));
         }
         // SQSIZE is 0's based; a queue of one entry is invalid (NVMe Base 2.0 §4.1.3).
         if c.sqsize == 0 || c.sqsize >= self.cfg.queue_size {
             return Err(invalid(ipo_sqe(44)));
         }
-        if c.qid == 0 {
+        let r = if c.qid == 0 {
             self.connect_admin(cmd, c, &d, si, now)
-                .map_err(|e| match e {
-                    ConnectRefusal::Invalid(ipo) => invalid(ipo),
-                    ConnectRefusal::Host => host_refused(),
-                    ConnectRefusal::Busy => done(cid, Status::CONNECT_CONTROLLER_BUSY),
-                    ConnectRefusal::Sequence => done(cid, Status::COMMAND_SEQUENCE_ERROR),
-                })
         } else {
-            self.connect_io(cmd, c, &d, si).map_err(|e| match e {
-                ConnectRefusal::Invalid(ipo) => invalid(ipo),
-                ConnectRefusal::Host => host_refused(),
-                ConnectRefusal::Busy => done(cid, Status::CONNECT_CONTROLLER_BUSY),
-                ConnectRefusal::Sequence => done(cid, Status::COMMAND_SEQUENCE_ERROR),
-            })
-        }
+            self.connect_io(cmd, c, &d, si)
+        };
+        r.map_err(|e| match e {
+            ConnectRefusal::Invalid(ipo) => invalid(ipo),
+            ConnectRefusal::Host(ipo) => host_refused(ipo),
+            ConnectRefusal::Busy => done(cid, Status::CONNECT_CONTROLLER_BUSY),
+            ConnectRefusal::Sequence => done(cid, Status::COMMAND_SEQUENCE_ERROR),
+        })
     }
 
     fn begin_auth(
@@ -635,7 +638,7 @@ impl Target {
                 .and_then(|p| p.begin(&sub.cfg.nqn, hostnqn, qid, cntlid))
         };
         match txn {
-            None if sub.cfg.auth_required => Err(ConnectRefusal::Host),
+            None if sub.cfg.auth_required => Err(ConnectRefusal::Host(ipo_data(512))),
             t => Ok(t),
         }
     }
@@ -664,6 +667,7 @@ impl Target {
             auth,
             max_transfer: self.cfg.max_transfer,
             io: io::Pending::default(),
+            sq_flow_disabled: false,
         }
     }
 
@@ -707,7 +711,8 @@ impl Target {
             aen_masked: BTreeSet::new(),
             changed_ns: Some(BTreeSet::new()),
         };
-        let q = self.new_queue(si, &ctrl, 0, c.sqsize, auth);
+        let mut q = self.new_queue(si, &ctrl, 0, c.sqsize, auth);
+        q.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQFLOW != 0;
         self.ctrls.insert(cntlid, ctrl);
         let mut r = done_dw0(
             cmd.sqe.cid,
@@ -718,7 +723,7 @@ impl Target {
             }
             .dw0(),
         );
-        r.cqe.sqhd = 0;
+        r.cqe.sqhd = if q.sq_flow_disabled { 0xffff } else { 0 };
         Ok((q, r))
     }
 
@@ -738,21 +743,26 @@ impl Target {
         // The same host: its Host Identifier must match the admin queue's (NVMe over
         // Fabrics 1.1 §3.3).
         if ctrl.hostid != d.hostid {
-            return Err(ConnectRefusal::Host);
+            return Err(ConnectRefusal::Host(ipo_data(0)));
         }
-        if ctrl.discovery || c.qid > ctrl.io_queues || ctrl.io_qids.contains(&c.qid) {
+        if ctrl.discovery || c.qid > ctrl.io_queues {
             return Err(ConnectRefusal::Invalid(ipo_sqe(42)));
+        }
+        // A QID already connected: Command Sequence Error, as Linux's nvmet answers.
+        if ctrl.io_qids.contains(&c.qid) {
+            return Err(ConnectRefusal::Sequence);
         }
         if ctrl.csts & CSTS_RDY == 0 {
             return Err(ConnectRefusal::Sequence);
         }
         let auth = self.begin_auth(si, &d.hostnqn, c.qid, d.cntlid)?;
         let atr = auth.is_some();
-        let q = self.new_queue(si, ctrl, c.qid, c.sqsize, auth);
+        let mut q = self.new_queue(si, ctrl, c.qid, c.sqsize, auth);
+        q.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQFLOW != 0;
         if let Some(ctrl) = self.ctrls.get_mut(&d.cntlid) {
             ctrl.io_qids.insert(c.qid);
         }
-        let r = done_dw0(
+        let mut r = done_dw0(
             cmd.sqe.cid,
             ConnectResponse {
                 cntlid: d.cntlid,
@@ -761,6 +771,9 @@ impl Target {
             }
             .dw0(),
         );
+        if q.sq_flow_disabled {
+            r.cqe.sqhd = 0xffff;
+        }
         Ok((q, r))
     }
 
@@ -876,9 +889,6 @@ impl Target {
             ctrl.shared.ready.store(false, Ordering::Release);
             ctrl.shared.epoch.fetch_add(1, Ordering::AcqRel);
             ctrl.io_qids.clear();
-            if ctrl.csts & CSTS_SHST_MASK != 0 {
-                ctrl.cc &= !CC_EN;
-            }
             self.events.push_back(Event::CloseIoQueues { cntlid });
         }
         done(cid, Status::SUCCESS)
@@ -1095,10 +1105,13 @@ impl Target {
 #[derive(Debug)]
 enum ConnectRefusal {
     Invalid(u32),
-    Host,
+    Host(u32),
     Busy,
     Sequence,
 }
+
+/// Connect CATTR bit 2: disable SQ flow control (NVMe over Fabrics 1.1 §3.3).
+const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 
 /// CC.EN (NVMe Base 2.0 §3.1.5).
 pub(crate) const CC_EN: u32 = 1;

@@ -610,7 +610,11 @@ fn rejects_io_queue_connects_that_do_not_match_the_controller() {
     );
     let _q1 = h.io_queue(1).unwrap();
     let r = h.io_queue(1).unwrap_err();
-    assert_eq!(r.cqe.dw0, 42, "QID already connected");
+    assert_eq!(
+        r.cqe.status,
+        Status::COMMAND_SEQUENCE_ERROR,
+        "QID already connected"
+    );
     let cntlid = h.admin.cntlid();
     let r = refused(
         &mut h.t,
@@ -631,8 +635,8 @@ fn rejects_io_queue_connects_that_do_not_match_the_controller() {
         &connect_cmd_id(1, 127, 0, SUBNQN, HOSTNQN, cntlid, [0x22; 16]),
     );
     assert_eq!(
-        r.cqe.status,
-        Status::CONNECT_INVALID_HOST,
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16),
         "another Host Identifier"
     );
 }
@@ -1298,4 +1302,14 @@ fn rejects_a_host_with_the_wrong_dh_hmac_chap_secret() {
         Status::AUTHENTICATION_REQUIRED
     );
     assert_eq!(h.identify(1, 0).cqe.status, Status::AUTHENTICATION_REQUIRED);
+}
+
+#[test]
+fn accepts_connect_with_sq_flow_control_disabled() {
+    let mut t = Target::new(config()).unwrap();
+    let mut c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    c.sqe.cdw[1] |= 1 << 18; // CATTR bit 2
+    let (q, r) = t.connect(&c, Instant::now()).unwrap();
+    assert!(q.sq_flow_disabled());
+    assert_eq!(r.cqe.sqhd, 0xffff);
 }
