@@ -27,7 +27,7 @@ mod config;
 mod io;
 mod pages;
 
-pub use auth_hook::{AuthOutcome, AuthPolicy, AuthTransaction};
+pub use auth_hook::{AuthOutcome, AuthPolicy, AuthTransaction, DhchapHosts};
 pub use config::{
     AllowedHosts, ConfigError, DiscoveryEntry, NamespaceConfig, SubsystemConfig, TargetConfig,
     DISCOVERY_NQN,
@@ -207,18 +207,6 @@ struct Subsystem {
     shared: Arc<SubsysShared>,
 }
 
-/// A queue's authentication state (TP 8006).
-#[derive(Debug)]
-enum QueueAuth {
-    /// Nothing to do: the host did not have to authenticate.
-    NotRequired,
-    /// ATR was set; commands other than Authentication Send/Receive are refused until the
-    /// transaction succeeds.
-    Pending(Box<dyn AuthTransaction>),
-    /// Authenticated; the last transaction is kept for a re-authentication's messages.
-    Done(Option<Box<dyn AuthTransaction>>),
-}
-
 /// One connection's queue of one controller, returned by [`Target::connect`].
 #[derive(Debug)]
 pub struct Queue {
@@ -233,10 +221,12 @@ pub struct Queue {
     subsys: Arc<SubsysShared>,
     pub(crate) ns: Arc<NsTable>,
     ns_gen: u64,
-    auth: QueueAuth,
-    policy: Option<Arc<dyn AuthPolicy>>,
+    /// The queue's DH-HMAC-CHAP state when Connect set AUTHREQ.ATR (TP 8006); it handles
+    /// re-authentication itself.
+    auth: Option<Box<dyn AuthTransaction>>,
     pub(crate) max_transfer: u32,
     pub(crate) io: io::Pending,
+    sq_flow_disabled: bool,
 }
 
 impl Queue {
@@ -266,6 +256,13 @@ impl Queue {
     pub fn hostnqn(&self) -> &str {
         &self.hostnqn
     }
+    /// Whether the host disabled SQ flow control (Connect CATTR bit 2, NVMe over Fabrics 1.1
+    /// §3.3): completions then carry SQHD FFFFh and need not be paced by it.
+    #[must_use]
+    pub fn sq_flow_disabled(&self) -> bool {
+        self.sq_flow_disabled
+    }
+
     /// Whether this queue's controller is a discovery controller.
     #[must_use]
     pub fn is_discovery(&self) -> bool {
@@ -274,7 +271,9 @@ impl Queue {
     /// Whether the host still has to complete an authentication transaction on this queue.
     #[must_use]
     pub fn auth_pending(&self) -> bool {
-        matches!(self.auth, QueueAuth::Pending(_))
+        self.auth
+            .as_ref()
+            .is_some_and(|t| t.outcome() != AuthOutcome::Succeeded)
     }
     /// Whether the queue can still run commands: its controller exists and has not been reset
     /// since the queue connected (the admin queue survives a reset, I/O queues do not).
@@ -301,12 +300,18 @@ impl Queue {
         if self.auth_pending() {
             return Submitted::Done(done(cid, Status::AUTHENTICATION_REQUIRED));
         }
+        self.refresh_ns();
+        io::submit(self, cmd)
+    }
+
+    /// Takes the subsystem's namespace table again if it changed since the last look (one
+    /// atomic load when it did not).
+    fn refresh_ns(&mut self) {
         let gen = self.subsys.gen.load(Ordering::Acquire);
         if gen != self.ns_gen {
             self.ns = self.subsys.table();
             self.ns_gen = gen;
         }
-        io::submit(self, cmd)
     }
 
     /// The result of the block request `tag`: the read bytes for [`BlockOp::Read`], empty
@@ -349,48 +354,20 @@ impl Queue {
 
     /// Authentication Send (NVMe over Fabrics 1.1 §3.6; TP 8006).
     fn auth_send(&mut self, cid: u16, a: Auth, data: &Bytes) -> Completion {
-        if !Self::auth_fields_ok(&a) {
+        if !Self::auth_fields_ok(&a) || a.len == 0 {
             return done(cid, Status::INVALID_FIELD);
         }
-        if u64::from(a.len) != data.len() as u64 || a.len == 0 {
+        if u64::from(a.len) != data.len() as u64 {
             return done(cid, Status::DATA_SGL_LENGTH_INVALID);
         }
-        let txn = match &mut self.auth {
-            QueueAuth::NotRequired => return done(cid, Status::INVALID_OPCODE),
-            QueueAuth::Pending(t) => t,
-            QueueAuth::Done(slot) => {
-                // A new AUTH_Negotiate on an authenticated queue starts a re-authentication
-                // (TP 8006); until it ends the queue stays usable.
-                let keep = slot
-                    .as_ref()
-                    .is_some_and(|t| t.outcome() == AuthOutcome::InProgress);
-                if !keep {
-                    *slot = self
-                        .policy
-                        .as_ref()
-                        .and_then(|p| p.begin(&self.subnqn, &self.hostnqn, self.qid, self.cntlid));
-                }
-                match slot {
-                    Some(t) => t,
-                    None => return done(cid, Status::INVALID_OPCODE),
-                }
-            }
+        // No secret for this host: Connect did not ask for authentication.
+        let Some(txn) = &mut self.auth else {
+            return done(cid, Status::INVALID_OPCODE);
         };
-        if txn.outcome() == AuthOutcome::Failed {
-            if let Some(fresh) = self
-                .policy
-                .as_ref()
-                .and_then(|p| p.begin(&self.subnqn, &self.hostnqn, self.qid, self.cntlid))
-            {
-                *txn = fresh;
-            }
+        match txn.send(data) {
+            Ok(()) => done(cid, Status::SUCCESS),
+            Err(s) => done(cid, s),
         }
-        let status = match txn.send(data) {
-            Ok(()) => Status::SUCCESS,
-            Err(s) => s,
-        };
-        self.settle_auth();
-        done(cid, status)
     }
 
     /// Authentication Receive (NVMe over Fabrics 1.1 §3.7; TP 8006).
@@ -401,33 +378,15 @@ impl Queue {
         if sgl.length() < a.len {
             return done(cid, Status::DATA_SGL_LENGTH_INVALID);
         }
-        let txn = match &mut self.auth {
-            QueueAuth::NotRequired | QueueAuth::Done(None) => {
-                return done(cid, Status::COMMAND_SEQUENCE_ERROR)
-            }
-            QueueAuth::Pending(t) | QueueAuth::Done(Some(t)) => t,
+        let Some(txn) = &mut self.auth else {
+            return done(cid, Status::INVALID_OPCODE);
         };
-        let c = match txn.receive(a.len) {
+        match txn.receive(a.len) {
             Ok(mut msg) => {
                 msg.truncate(a.len as usize);
                 done_data(cid, msg)
             }
             Err(s) => done(cid, s),
-        };
-        self.settle_auth();
-        c
-    }
-
-    /// Moves a finished transaction's queue to authenticated.
-    fn settle_auth(&mut self) {
-        if let QueueAuth::Pending(t) = &self.auth {
-            if t.outcome() == AuthOutcome::Succeeded {
-                if let QueueAuth::Pending(t) =
-                    std::mem::replace(&mut self.auth, QueueAuth::Done(None))
-                {
-                    self.auth = QueueAuth::Done(Some(t));
-                }
-            }
         }
     }
 }
@@ -637,34 +596,29 @@ impl Target {
         let Some(si) = self.subsystems.iter().position(|s| s.cfg.nqn == d.subnqn) else {
             return Err(invalid(ipo_data(256)));
         };
-        let host_refused = || {
+        let host_refused = |ipo: u32| {
             let mut r = done(cid, Status::CONNECT_INVALID_HOST);
-            r.cqe.dw0 = ipo_data(512);
+            r.cqe.dw0 = ipo;
             r
         };
         if !self.subsystems[si].cfg.hosts.allows(&d.hostnqn) {
-            return Err(host_refused());
+            return Err(host_refused(ipo_data(512)));
         }
         // SQSIZE is 0's based; a queue of one entry is invalid (NVMe Base 2.0 §4.1.3).
         if c.sqsize == 0 || c.sqsize >= self.cfg.queue_size {
             return Err(invalid(ipo_sqe(44)));
         }
-        if c.qid == 0 {
+        let r = if c.qid == 0 {
             self.connect_admin(cmd, c, &d, si, now)
-                .map_err(|e| match e {
-                    ConnectRefusal::Invalid(ipo) => invalid(ipo),
-                    ConnectRefusal::Host => host_refused(),
-                    ConnectRefusal::Busy => done(cid, Status::CONNECT_CONTROLLER_BUSY),
-                    ConnectRefusal::Sequence => done(cid, Status::COMMAND_SEQUENCE_ERROR),
-                })
         } else {
-            self.connect_io(cmd, c, &d, si).map_err(|e| match e {
-                ConnectRefusal::Invalid(ipo) => invalid(ipo),
-                ConnectRefusal::Host => host_refused(),
-                ConnectRefusal::Busy => done(cid, Status::CONNECT_CONTROLLER_BUSY),
-                ConnectRefusal::Sequence => done(cid, Status::COMMAND_SEQUENCE_ERROR),
-            })
-        }
+            self.connect_io(cmd, c, &d, si)
+        };
+        r.map_err(|e| match e {
+            ConnectRefusal::Invalid(ipo) => invalid(ipo),
+            ConnectRefusal::Host(ipo) => host_refused(ipo),
+            ConnectRefusal::Busy => done(cid, Status::CONNECT_CONTROLLER_BUSY),
+            ConnectRefusal::Sequence => done(cid, Status::COMMAND_SEQUENCE_ERROR),
+        })
     }
 
     fn begin_auth(
@@ -673,7 +627,7 @@ impl Target {
         hostnqn: &str,
         qid: u16,
         cntlid: u16,
-    ) -> Result<QueueAuth, ConnectRefusal> {
+    ) -> Result<Option<Box<dyn AuthTransaction>>, ConnectRefusal> {
         let sub = &self.subsystems[si];
         let txn = if sub.discovery {
             None
@@ -684,13 +638,19 @@ impl Target {
                 .and_then(|p| p.begin(&sub.cfg.nqn, hostnqn, qid, cntlid))
         };
         match txn {
-            Some(t) => Ok(QueueAuth::Pending(t)),
-            None if sub.cfg.auth_required => Err(ConnectRefusal::Host),
-            None => Ok(QueueAuth::NotRequired),
+            None if sub.cfg.auth_required => Err(ConnectRefusal::Host(ipo_data(512))),
+            t => Ok(t),
         }
     }
 
-    fn new_queue(&self, si: usize, ctrl: &Ctrl, qid: u16, sqsize: u16, auth: QueueAuth) -> Queue {
+    fn new_queue(
+        &self,
+        si: usize,
+        ctrl: &Ctrl,
+        qid: u16,
+        sqsize: u16,
+        auth: Option<Box<dyn AuthTransaction>>,
+    ) -> Queue {
         let sub = &self.subsystems[si];
         Queue {
             qid,
@@ -705,9 +665,9 @@ impl Target {
             ns: sub.shared.table(),
             ns_gen: sub.shared.gen.load(Ordering::Acquire),
             auth,
-            policy: self.cfg.auth.clone(),
             max_transfer: self.cfg.max_transfer,
             io: io::Pending::default(),
+            sq_flow_disabled: false,
         }
     }
 
@@ -727,7 +687,7 @@ impl Target {
             return Err(ConnectRefusal::Busy);
         };
         let auth = self.begin_auth(si, &d.hostnqn, 0, cntlid)?;
-        let atr = matches!(auth, QueueAuth::Pending(_));
+        let atr = auth.is_some();
         let discovery = self.subsystems[si].discovery;
         let ctrl = Ctrl {
             cntlid,
@@ -751,7 +711,8 @@ impl Target {
             aen_masked: BTreeSet::new(),
             changed_ns: Some(BTreeSet::new()),
         };
-        let q = self.new_queue(si, &ctrl, 0, c.sqsize, auth);
+        let mut q = self.new_queue(si, &ctrl, 0, c.sqsize, auth);
+        q.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQFLOW != 0;
         self.ctrls.insert(cntlid, ctrl);
         let mut r = done_dw0(
             cmd.sqe.cid,
@@ -762,7 +723,7 @@ impl Target {
             }
             .dw0(),
         );
-        r.cqe.sqhd = 0;
+        r.cqe.sqhd = if q.sq_flow_disabled { 0xffff } else { 0 };
         Ok((q, r))
     }
 
@@ -782,21 +743,26 @@ impl Target {
         // The same host: its Host Identifier must match the admin queue's (NVMe over
         // Fabrics 1.1 §3.3).
         if ctrl.hostid != d.hostid {
-            return Err(ConnectRefusal::Host);
+            return Err(ConnectRefusal::Host(ipo_data(0)));
         }
-        if ctrl.discovery || c.qid > ctrl.io_queues || ctrl.io_qids.contains(&c.qid) {
+        if ctrl.discovery || c.qid > ctrl.io_queues {
             return Err(ConnectRefusal::Invalid(ipo_sqe(42)));
+        }
+        // A QID already connected: Command Sequence Error, as Linux's nvmet answers.
+        if ctrl.io_qids.contains(&c.qid) {
+            return Err(ConnectRefusal::Sequence);
         }
         if ctrl.csts & CSTS_RDY == 0 {
             return Err(ConnectRefusal::Sequence);
         }
         let auth = self.begin_auth(si, &d.hostnqn, c.qid, d.cntlid)?;
-        let atr = matches!(auth, QueueAuth::Pending(_));
-        let q = self.new_queue(si, ctrl, c.qid, c.sqsize, auth);
+        let atr = auth.is_some();
+        let mut q = self.new_queue(si, ctrl, c.qid, c.sqsize, auth);
+        q.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQFLOW != 0;
         if let Some(ctrl) = self.ctrls.get_mut(&d.cntlid) {
             ctrl.io_qids.insert(c.qid);
         }
-        let r = done_dw0(
+        let mut r = done_dw0(
             cmd.sqe.cid,
             ConnectResponse {
                 cntlid: d.cntlid,
@@ -805,6 +771,9 @@ impl Target {
             }
             .dw0(),
         );
+        if q.sq_flow_disabled {
+            r.cqe.sqhd = 0xffff;
+        }
         Ok((q, r))
     }
 
@@ -843,6 +812,7 @@ impl Target {
         if ctrl.cc & CC_EN == 0 || ctrl.csts & CSTS_RDY == 0 {
             return Submitted::Done(done(cid, Status::COMMAND_SEQUENCE_ERROR));
         }
+        q.refresh_ns();
         admin::submit(self, q, cmd, now)
     }
 
@@ -919,9 +889,6 @@ impl Target {
             ctrl.shared.ready.store(false, Ordering::Release);
             ctrl.shared.epoch.fetch_add(1, Ordering::AcqRel);
             ctrl.io_qids.clear();
-            if ctrl.csts & CSTS_SHST_MASK != 0 {
-                ctrl.cc &= !CC_EN;
-            }
             self.events.push_back(Event::CloseIoQueues { cntlid });
         }
         done(cid, Status::SUCCESS)
@@ -1138,10 +1105,13 @@ impl Target {
 #[derive(Debug)]
 enum ConnectRefusal {
     Invalid(u32),
-    Host,
+    Host(u32),
     Busy,
     Sequence,
 }
+
+/// Connect CATTR bit 2: disable SQ flow control (NVMe over Fabrics 1.1 §3.3).
+const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 
 /// CC.EN (NVMe Base 2.0 §3.1.5).
 pub(crate) const CC_EN: u32 = 1;

@@ -11,11 +11,15 @@
 //!   Authentication dispatch, admin and I/O commands, keep-alive, asynchronous events and the
 //!   discovery controller; I/O leaves as block requests ([`controller::BlockRequest`]) and
 //!   their results come back by tag.
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication (TP 8006) for both roles, sans-IO:
+//!   `DHHC-1` secrets, the messages, the FFDHE groups, [`auth::ControllerAuth`] and
+//!   [`auth::HostAuth`] (one per queue).
 //! - [`queue`]: the controller-role NVMe/TCP connection machine (ICReq/ICResp, command
 //!   capsules and in-capsule data, R2T/H2CData, C2HData, digests, termination): PDUs in,
 //!   [`Command`]s out; [`Completion`]s in, PDUs out.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod command;
 pub mod controller;
 pub mod queue;
