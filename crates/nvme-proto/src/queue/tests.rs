@@ -784,3 +784,212 @@ fn accepts_pdus_split_across_reads() {
     assert_eq!(h.command().data.len(), 300);
     assert!(buf.is_empty());
 }
+
+// ------------------------------------------------------------------ a hostile peer, seeded
+
+/// xorshift64*: a seeded generator without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// An R2T the host is answering: where its data has got to.
+struct Answering {
+    r2t: R2t,
+    next: u32,
+}
+
+/// One PDU a careless or hostile host might send: mostly well-formed ones with random fields
+/// (so they get past the codec and test the queue's own rules) and writes' data in order, now
+/// and then one that breaks a rule, a few with a byte flipped.
+fn random_pdu(r: &mut Rng, codec: &Codec, r2ts: &mut Vec<Answering>) -> Vec<u8> {
+    let cid = r.below(8) as u16;
+    let len = [0u32, 1, 511, 4096, 4097, 8192, 9000, 70_000][r.below(8) as usize];
+    let mut roll = r.below(100);
+    if (55..85).contains(&roll) && r2ts.is_empty() {
+        roll = 0;
+    }
+    let pdu = if roll < 55 {
+        let opcode = [WRITE, READ, 0x00, 0x7f][r.below(4) as usize];
+        let in_capsule = r.chance(50);
+        let sgl = if in_capsule {
+            Sgl::InCapsule {
+                offset: if r.chance(80) { 0 } else { r.below(3) * 100 },
+                length: len.min(8192),
+            }
+        } else {
+            Sgl::Transport { length: len }
+        };
+        let mut sqe = io(opcode, cid, sgl);
+        if opcode == 0x7f {
+            sqe.nsid = r.below(8) as u32;
+        }
+        let data = if in_capsule && r.chance(85) {
+            pattern(len.min(8192) as usize)
+        } else if r.chance(10) {
+            pattern(r.below(9000) as usize)
+        } else {
+            vec![]
+        };
+        capsule(sqe, data)
+    } else if roll < 85 && !r2ts.is_empty() {
+        // The next piece of a write's data, in order, as a host sends it.
+        let i = r.below(r2ts.len() as u64) as usize;
+        let a = &mut r2ts[i];
+        let n = (a.r2t.r2tl - a.next).min(1 + r.below(4096) as u32);
+        let d = h2c(
+            a.r2t.cccid,
+            a.r2t.ttag,
+            a.next,
+            a.next + n == a.r2t.r2tl,
+            pattern(n as usize),
+        );
+        a.next += n;
+        if a.next == a.r2t.r2tl {
+            r2ts.swap_remove(i);
+        }
+        d
+    } else if roll < 90 {
+        h2c(
+            cid,
+            r.below(4) as u16,
+            r.below(9000) as u32,
+            r.chance(50),
+            pattern(1 + r.below(4500) as usize),
+        )
+    } else if roll < 93 {
+        Pdu::IcReq(IcReq {
+            pfv: 0,
+            // The host's codec reads with HPDA 0 unless connect_ic set another.
+            hpda: codec.rx_pda,
+            hdgst: r.chance(50),
+            ddgst: r.chance(50),
+            maxr2t: 0,
+        })
+    } else if roll < 97 {
+        Pdu::H2cTermReq(TermReq {
+            fes: Fes::PduSequenceError,
+            fei: 0,
+            data: Bytes::new(),
+        })
+    } else {
+        Pdu::R2t(R2t {
+            cccid: cid,
+            ttag: 0,
+            r2to: 0,
+            r2tl: 1,
+        })
+    };
+    let mut b = codec.to_bytes(&pdu).map(|b| b.to_vec()).unwrap_or_default();
+    if !b.is_empty() && r.chance(3) {
+        let i = r.below(b.len() as u64) as usize;
+        b[i] ^= 1 << r.below(8);
+    }
+    b
+}
+
+#[test]
+fn accepts_any_byte_stream_without_panicking_or_breaking_its_promises() {
+    let (mut commands, mut closes) = (0, 0);
+    for seed in 1..=400u64 {
+        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut h = Host::new(QueueConfig {
+            maxh2cdata: 4096,
+            max_c2h_data: 4096,
+            max_transfer: 65_536,
+            max_r2t_commands: 2,
+            max_outstanding: 6,
+            ..QueueConfig::default()
+        });
+        if r.chance(90) {
+            h.connect_ic(r.chance(30), r.chance(30), r.below(3) as u8);
+        }
+        let mut r2ts: Vec<Answering> = Vec::new();
+        let mut held: Vec<Command> = Vec::new();
+        let mut closed = false;
+        for _ in 0..60 {
+            let bytes = random_pdu(&mut r, &h.codec, &mut r2ts);
+            // Split at a random point: the queue must reassemble.
+            let cut = r.below(bytes.len() as u64 + 1) as usize;
+            let mut buf = BytesMut::from(&bytes[..cut]);
+            h.q.receive(&mut buf);
+            buf.extend_from_slice(&bytes[cut..]);
+            h.q.receive(&mut buf);
+            while let Some(e) = h.q.poll_event() {
+                match e {
+                    Event::Command(c) => {
+                        assert!(!closed, "seed {seed}: a command after the close");
+                        // What reaches the controller is exactly what the SGL describes.
+                        if is_host_to_controller(&c.sqe) {
+                            assert_eq!(
+                                c.data.len(),
+                                c.sqe.sgl.length() as usize,
+                                "seed {seed}: {:?}",
+                                c.sqe
+                            );
+                        } else if matches!(c.sqe.sgl, Sgl::Transport { .. }) {
+                            assert!(c.data.is_empty(), "seed {seed}");
+                        }
+                        commands += 1;
+                        held.push(c);
+                    }
+                    Event::Closed(_) => closed = true,
+                }
+            }
+            // Complete some held commands with random amounts of data.
+            while !held.is_empty() && r.chance(50) {
+                let c = held.swap_remove(r.below(held.len() as u64) as usize);
+                let n = r.below(10_000) as usize;
+                h.q.complete(Completion {
+                    cqe: Cqe::new(c.sqe.cid, Status::SUCCESS),
+                    data: Bytes::from(pattern(n)),
+                })
+                .unwrap();
+            }
+            // Everything the queue writes is a valid PDU for the host.
+            while let Some(b) = h.q.poll_transmit() {
+                h.rx.extend_from_slice(&b);
+            }
+            loop {
+                match h.codec.decode_from(&mut h.rx) {
+                    Ok(Some(Pdu::R2t(t))) => {
+                        assert!(t.r2tl <= 65_536, "seed {seed}");
+                        r2ts.push(Answering { r2t: t, next: 0 });
+                    }
+                    Ok(Some(Pdu::C2hData(d))) => assert!(d.data.len() <= 4096, "seed {seed}"),
+                    Ok(Some(Pdu::IcResp(ic))) => {
+                        h.codec.header_digest = ic.hdgst;
+                        h.codec.data_digest = ic.ddgst;
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    // Anything undecodable is a bug.
+                    Err(e) => panic!("seed {seed}: the queue wrote an invalid PDU: {e}"),
+                }
+            }
+            if closed {
+                assert!(h.q.is_closed());
+                closes += 1;
+                break;
+            }
+        }
+        assert!(h.q.outstanding() <= 6, "seed {seed}");
+    }
+    // The stream got past the codec often enough to exercise the queue's own rules.
+    assert!(
+        commands > 400 && closes > 200,
+        "{commands} commands, {closes} closes"
+    );
+}
