@@ -90,3 +90,74 @@ async fn rejects_reads_beyond_the_namespace_and_unknown_namespaces() {
     .await
     .expect("bounded");
 }
+
+/// `ipsan ctl lun add` (a live change of the running configuration) reaches NVMe/TCP: the
+/// new LUN 1 becomes namespace 2 on the same connection, and what NVMe writes there iSCSI
+/// reads from LUN 1; removing it makes the namespace go away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_a_lun_added_live_as_a_new_namespace() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let toml = format!(
+            "[server]\nportals = [\"127.0.0.1:0\"]\n[nvme]\nlisten = [\"127.0.0.1:0\"]\n\
+             [[target]]\niqn = \"{}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:4MiB\"\n",
+            nvme_common::IQN
+        );
+        let c = ipsan_target::Config::from_toml(&toml).unwrap();
+        let h = ipsan_target::ServerHandle::start(&c).await.unwrap();
+        let (_admin, mut io) = controller(h.nvme_addrs[0], false).await;
+        assert_eq!(io.read(1, 0, 512).await.0.status, Status::SUCCESS);
+        assert_eq!(io.read(2, 0, 512).await.0.status, Status::INVALID_NAMESPACE);
+
+        h.registry()
+            .change(false, |f| {
+                f.target[0]
+                    .lun
+                    .push(ipsan_target::config::FileLun::new(1, "mem:2MiB".into()));
+                Ok(())
+            })
+            .unwrap();
+        let data = pattern(4096, 0x42);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let c = io.write(2, 8, &data).await;
+            if c.status == Status::SUCCESS {
+                break;
+            }
+            assert_eq!(c.status, Status::INVALID_NAMESPACE);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "namespace 2 never appeared"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let url = IscsiUrl::parse(&format!("{}1", h.urls[0].strip_suffix('0').unwrap())).unwrap();
+        let s = Session::open(&url, &SessionConfig::default())
+            .await
+            .unwrap();
+        let got = s.read(8, (data.len() / BS) as u32).await.unwrap();
+        assert!(
+            got[..] == data[..],
+            "iSCSI LUN 1 holds what NVMe wrote to namespace 2"
+        );
+        s.logout().await.unwrap();
+
+        h.registry()
+            .change(true, |f| {
+                f.target[0].lun.retain(|l| l.id == 0);
+                Ok(())
+            })
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while io.read(2, 0, 512).await.0.status == Status::SUCCESS {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "namespace 2 never went away"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(io.read(1, 0, 512).await.0.status, Status::SUCCESS);
+        h.shutdown().await.unwrap();
+    })
+    .await
+    .expect("bounded");
+}

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -45,6 +46,8 @@ struct Conn {
     q: Queue,
     ctl: Option<controller::Queue>,
     stores: Stores,
+    /// The `Shared::stores_gen` `stores` was looked up at.
+    stores_gen: u64,
     io_tx: mpsc::UnboundedSender<BlockDone>,
     aer_tx: mpsc::UnboundedSender<Completion>,
     close: CancellationToken,
@@ -69,6 +72,7 @@ pub(super) async fn serve(
         q: Queue::new(shared.queue_cfg.clone(), Instant::now()),
         ctl: None,
         stores: Arc::default(),
+        stores_gen: 0,
         io_tx,
         aer_tx,
         close: cancel.child_token(),
@@ -174,6 +178,7 @@ impl Conn {
             self.shared.wake.notify_one();
             match r {
                 Ok((ctl, done)) => {
+                    self.stores_gen = self.shared.stores_gen.load(Ordering::Acquire);
                     self.stores = self.shared.stores(ctl.subnqn());
                     self.shared.register(
                         ctl.cntlid(),
@@ -216,6 +221,14 @@ impl Conn {
     }
 
     fn start_block(&mut self, r: BlockRequest) {
+        // A live change replaced the stores (a LUN added or removed): look them up again.
+        let gen = self.shared.stores_gen.load(Ordering::Acquire);
+        if gen != self.stores_gen {
+            if let Some(ctl) = &self.ctl {
+                self.stores = self.shared.stores(ctl.subnqn());
+            }
+            self.stores_gen = gen;
+        }
         let op = match r.op {
             BlockOp::Read { offset, len } => {
                 let Ok(len) = usize::try_from(len) else {

@@ -24,10 +24,10 @@ pub mod subsystems;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
-use nvme_proto::controller::{self, Event};
+use nvme_proto::controller::{self, Event, NamespaceConfig};
 use nvme_proto::queue::QueueConfig;
 use nvme_proto::Completion;
 use tokio::net::TcpListener;
@@ -72,7 +72,12 @@ pub(crate) struct ConnEntry {
 #[derive(Debug)]
 pub(crate) struct Shared {
     target: Mutex<controller::Target>,
-    stores: HashMap<String, Stores>,
+    /// The stores of each subsystem's namespaces, replaced when the registry changes.
+    stores: RwLock<HashMap<String, Stores>>,
+    /// Bumped on every replacement of `stores`: connections look their map up again.
+    stores_gen: AtomicU64,
+    /// The namespaces last given to the controller, per subsystem NQN.
+    served: Mutex<HashMap<String, Vec<NamespaceConfig>>>,
     conns: Mutex<HashMap<u16, Vec<ConnEntry>>>,
     /// Something may have changed the controller's timers or queued an event.
     wake: Notify,
@@ -86,7 +91,68 @@ impl Shared {
     }
 
     fn stores(&self, subnqn: &str) -> Stores {
-        self.stores.get(subnqn).cloned().unwrap_or_default()
+        crate::read(&self.stores)
+            .get(subnqn)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Brings the subsystems' namespaces in line with the registry after a live change
+    /// (`ipsan ctl lun add|remove|resize`, a reload): a LUN added is a new namespace, a LUN
+    /// removed is gone, a grown LU is a larger namespace; the controller tells hosts that
+    /// asked for it with a Namespace Attribute Changed event. A target added after start is
+    /// not served over NVMe/TCP until a restart (logged once).
+    fn refresh(&self, registry: &Registry, settings: &NvmeSettings) {
+        let mut served = crate::lock(&self.served);
+        let mut present = Vec::new();
+        for t in registry.targets().iter() {
+            let (s, st) = subsystems::subsystem(settings, t);
+            present.push(s.nqn.clone());
+            let Some(old) = served.get(&s.nqn) else {
+                info!(target = %t.iqn, nqn = %s.nqn, "a target added live is served over NVMe/TCP after a restart");
+                served.insert(s.nqn.clone(), s.namespaces.clone());
+                continue;
+            };
+            if *old == s.namespaces {
+                // Same namespaces; a LUN replaced by one just like it has a new store.
+                let now = self.stores(&s.nqn);
+                let same = now.len() == st.len()
+                    && st
+                        .iter()
+                        .all(|(id, b)| now.get(id).is_some_and(|o| Arc::ptr_eq(o, b)));
+                if !same {
+                    crate::write(&self.stores).insert(s.nqn.clone(), st);
+                    self.stores_gen.fetch_add(1, Ordering::AcqRel);
+                }
+                continue;
+            }
+            if let Err(e) = self.target().set_namespaces(&s.nqn, s.namespaces.clone()) {
+                if !matches!(e, controller::ConfigError::Nqn(_)) {
+                    warn!(nqn = %s.nqn, "namespaces not updated: {e}");
+                }
+                served.insert(s.nqn.clone(), s.namespaces.clone());
+                continue;
+            }
+            info!(nqn = %s.nqn, namespaces = s.namespaces.len(), "NVMe namespaces updated");
+            crate::write(&self.stores).insert(s.nqn.clone(), st);
+            self.stores_gen.fetch_add(1, Ordering::AcqRel);
+            served.insert(s.nqn, s.namespaces);
+        }
+        let gone: Vec<String> = served
+            .keys()
+            .filter(|n| !present.contains(n))
+            .cloned()
+            .collect();
+        for nqn in gone {
+            // A target removed live: its subsystem stays, with no namespace.
+            if served.get(&nqn).is_some_and(|v| !v.is_empty())
+                && self.target().set_namespaces(&nqn, Vec::new()).is_ok()
+            {
+                crate::write(&self.stores).remove(&nqn);
+                self.stores_gen.fetch_add(1, Ordering::AcqRel);
+            }
+            served.insert(nqn, Vec::new());
+        }
     }
 
     fn next_id(&self) -> u64 {
@@ -142,6 +208,7 @@ pub struct NvmeServer {
     shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
     subsystems: Vec<(String, Vec<u32>)>,
+    settings: NvmeSettings,
 }
 
 /// The queue machine's settings for a controller configuration: the I/O in-capsule size and
@@ -190,14 +257,21 @@ impl NvmeServer {
         };
         let queue_cfg = queue_config(&cfg);
         let target = controller::Target::new(cfg)?;
+        let served = subsystems
+            .iter()
+            .map(|s| (s.nqn.clone(), s.namespaces.clone()))
+            .collect();
         Ok(Self {
+            settings: settings.clone(),
             subsystems: subsystems
                 .iter()
                 .map(|s| (s.nqn.clone(), s.namespaces.iter().map(|n| n.nsid).collect()))
                 .collect(),
             shared: Arc::new(Shared {
                 target: Mutex::new(target),
-                stores,
+                stores: RwLock::new(stores),
+                stores_gen: AtomicU64::new(0),
+                served: Mutex::new(served),
                 conns: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
                 queue_cfg,
@@ -240,7 +314,12 @@ impl NvmeServer {
     ) {
         let limit = Arc::new(tokio::sync::Semaphore::new(max_connections));
         let mut tasks = JoinSet::new();
-        tasks.spawn(timers(self.shared.clone(), cancel.clone()));
+        tasks.spawn(timers(
+            self.shared.clone(),
+            registry.clone(),
+            self.settings,
+            cancel.clone(),
+        ));
         let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         for listener in self.listeners {
             let shared = self.shared.clone();
@@ -289,8 +368,19 @@ impl NvmeServer {
     }
 }
 
-/// Runs the controller's timers (keep-alive expiry) and delivers its events.
-async fn timers(shared: Arc<Shared>, cancel: CancellationToken) {
+/// How often the registry is compared with the namespaces served.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs the controller's timers (keep-alive expiry), delivers its events, and follows the
+/// registry's live changes.
+async fn timers(
+    shared: Arc<Shared>,
+    registry: Arc<Registry>,
+    settings: NvmeSettings,
+    cancel: CancellationToken,
+) {
+    let mut refresh = tokio::time::interval(REFRESH_EVERY);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let (events, next) = {
             let mut t = shared.target();
@@ -312,6 +402,7 @@ async fn timers(shared: Arc<Shared>, cancel: CancellationToken) {
                 }
             } => {}
             () = shared.wake.notified() => {}
+            _ = refresh.tick() => shared.refresh(&registry, &settings),
             () = cancel.cancelled() => return,
         }
     }
