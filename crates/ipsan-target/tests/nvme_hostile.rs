@@ -14,6 +14,7 @@ use nvme_common::{controller, pattern, start, Host, BS};
 use nvme_wire::entry::{Sgl, Sqe, Status};
 use nvme_wire::pdu::{CapsuleCmd, H2cData, Pdu, TermReq};
 use nvme_wire::Fes;
+use tokio::io::AsyncWriteExt;
 
 /// The attacker's termination request, and proof the connection is then closed.
 async fn terminated(h: &mut Host) -> TermReq {
@@ -168,6 +169,31 @@ async fn rejects_a_data_digest_error_as_a_transient_error_and_writes_nothing() {
         let (c, got) = io.read(1, 32, 8192).await;
         assert_eq!(c.status, Status::SUCCESS);
         assert!(got.iter().all(|&b| b == 0));
+        h.shutdown().await.unwrap();
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A host that keeps sending after its fatal PDU still gets the termination request (the
+/// target drains what follows for a moment instead of closing with unread bytes, which makes
+/// the kernel send a reset; on loopback the request got through before that either way, so
+/// this proves the behaviour, not the race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_a_bad_pdu_followed_by_more_bytes_and_the_term_req_still_arrives() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let h = start("1MiB").await;
+        let mut a = Host::connect(h.nvme_addrs[0], false, false).await;
+        let mut bad = vec![0x0a, 0, 24, 0, 24, 0, 0, 0];
+        bad.resize(24, 0);
+        a.send_raw(&bad).await;
+        // What a pipelining host has in flight behind it.
+        let trailer = vec![0x5au8; 256 * 1024];
+        let w = a.s.write_all(&trailer).await;
+        assert!(w.is_ok(), "{w:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t = terminated(&mut a).await;
+        assert_eq!((t.fes, t.fei), (Fes::InvalidHeaderField, 0));
         h.shutdown().await.unwrap();
     })
     .await

@@ -38,6 +38,9 @@ struct BlockDone {
     then_flush: bool,
 }
 
+/// How long a closed connection keeps reading (and dropping) what the host still sends.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How many bytes to ask the socket for at least.
 const READ_CHUNK: usize = 256 * 1024;
 
@@ -81,6 +84,7 @@ pub(super) async fn serve(
     };
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut closed = false;
+    let mut peer_gone = false;
     loop {
         while let Some(ev) = c.q.poll_event() {
             match ev {
@@ -106,7 +110,10 @@ pub(super) async fn serve(
         buf.reserve(want);
         tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
-                Ok(0) => break,
+                Ok(0) => {
+                    peer_gone = true;
+                    break;
+                }
                 Ok(_) => c.q.receive(&mut buf),
                 Err(e) => {
                     debug!(%peer, "NVMe/TCP read: {e}");
@@ -126,6 +133,16 @@ pub(super) async fn serve(
     c.disconnect();
     drop(out_tx);
     let _ = writer.await;
+    if !peer_gone {
+        // The writer sent the last PDUs (a C2HTermReq) and a FIN. Closing with unread bytes
+        // would make the kernel answer with a reset, which can destroy the termination
+        // request before the host reads it: read and drop until the host closes, briefly.
+        let _ = tokio::time::timeout(LINGER, async {
+            let mut sink = vec![0u8; 16 * 1024];
+            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
 }
 
 async fn sleep_until(t: Option<Instant>) {
