@@ -129,8 +129,21 @@ impl Host {
         self.next_cid
     }
 
-    /// Fabrics Connect for `qid` with the Connect data in the capsule.
+    /// Fabrics Connect for `qid` with the Connect data in the capsule (KATO 30 s on the
+    /// admin queue).
     pub async fn fabrics_connect(&mut self, qid: u16, cntlid: u16, subnqn: &str) -> Cqe {
+        let kato = if qid == 0 { 30_000 } else { 0 };
+        self.fabrics_connect_kato(qid, cntlid, subnqn, kato).await
+    }
+
+    /// Fabrics Connect with the given Keep Alive Timeout (ms).
+    pub async fn fabrics_connect_kato(
+        &mut self,
+        qid: u16,
+        cntlid: u16,
+        subnqn: &str,
+        kato: u32,
+    ) -> Cqe {
         let cid = self.cid();
         let sqe = FabricsCommand {
             cid,
@@ -144,7 +157,7 @@ impl Host {
                 qid,
                 sqsize: 31,
                 cattr: 0,
-                kato: if qid == 0 { 30_000 } else { 0 },
+                kato,
             }),
         }
         .to_sqe();
