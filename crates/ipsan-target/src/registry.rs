@@ -355,6 +355,9 @@ pub struct Registry {
     pub stats: LimitStats,
     auth: Mutex<AuthLimiter>,
     conns: Mutex<AddressConnections>,
+    /// The NVMe/TCP side, when it runs (crate::nvme): its controllers and namespace counters
+    /// for the metrics.
+    pub(crate) nvme: std::sync::OnceLock<Arc<crate::nvme::Shared>>,
 }
 
 #[derive(Debug, Default)]
@@ -445,6 +448,7 @@ impl Registry {
             stats: LimitStats::default(),
             auth: Mutex::new(AuthLimiter::new(config.limits.auth.clone())),
             conns: Mutex::new(AddressConnections::default()),
+            nvme: std::sync::OnceLock::new(),
         })
     }
 

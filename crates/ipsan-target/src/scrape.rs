@@ -52,6 +52,9 @@ pub fn render(registry: &Registry) -> String {
             }
         }
     }
+    if let Some(nvme) = registry.nvme.get() {
+        nvme.render_metrics(&mut e);
+    }
     // The first MAX_SESSION_SERIES sessions (lowest TSIH) have series of their own; the rest
     // are summed per target (targets come from the configuration: bounded).
     let mut others: BTreeMap<&str, SessionStats> = BTreeMap::new();

@@ -161,3 +161,61 @@ async fn accepts_a_lun_added_live_as_a_new_namespace() {
     .await
     .expect("bounded");
 }
+
+/// The metrics count NVMe/TCP I/O per namespace and per host's controller, beside iSCSI's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_nvme_io_in_the_metrics_per_namespace_and_host() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let h = start("4MiB").await;
+        let (_admin, mut io) = controller(h.nvme_addrs[0], false).await;
+        assert_eq!(
+            io.write(1, 0, &pattern(12_288, 1)).await.status,
+            Status::SUCCESS
+        );
+        assert_eq!(io.read(1, 0, 4096).await.0.status, Status::SUCCESS);
+        assert_eq!(io.read(1, 8, 4096).await.0.status, Status::SUCCESS);
+        let text = ipsan_target::scrape::render(&h.registry());
+        let value = |series: &str| -> f64 {
+            text.lines()
+                .find(|l| l.starts_with(series))
+                .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let ns = format!("subsystem=\"{}\",nsid=\"1\"", nvme_common::NQN);
+        assert_eq!(
+            value(&format!(
+                "ipsan_nvme_namespace_bytes_total{{{ns},op=\"write\"}}"
+            )),
+            12_288.0
+        );
+        assert_eq!(
+            value(&format!(
+                "ipsan_nvme_namespace_bytes_total{{{ns},op=\"read\"}}"
+            )),
+            8192.0
+        );
+        assert_eq!(
+            value(&format!(
+                "ipsan_nvme_namespace_requests_total{{{ns},op=\"read\"}}"
+            )),
+            2.0
+        );
+        assert_eq!(value("ipsan_nvme_connections"), 2.0);
+        let host = format!(
+            "ipsan_nvme_controller_bytes_total{{subsystem=\"{}\",host=\"{}\"",
+            nvme_common::NQN,
+            nvme_common::HOSTNQN
+        );
+        assert!(
+            text.contains(&host),
+            "a series for the host's controller:\n{text}"
+        );
+        h.shutdown().await.unwrap();
+    })
+    .await
+    .expect("bounded");
+}

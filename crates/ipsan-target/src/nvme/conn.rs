@@ -8,7 +8,7 @@
 //! The admin queue's commands take the shared `controller::Target`'s lock briefly; I/O queues
 //! run their commands on their own `controller::Queue` with no lock shared by connections.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -28,11 +28,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::subsystems::Stores;
-use super::{ConnEntry, Shared};
+use super::{ConnEntry, IoKind, NsCounters, Shared};
 
 /// A block request's outcome, posted back to the connection.
 struct BlockDone {
     nsid: u32,
+    kind: IoKind,
+    /// Bytes the request reads or writes (for the counters).
+    bytes: u64,
     completion: IoCompletion,
     /// A FUA write: flush before the result counts.
     then_flush: bool,
@@ -49,6 +52,8 @@ struct Conn {
     q: Queue,
     ctl: Option<controller::Queue>,
     stores: Stores,
+    /// The counters of the namespaces in `stores`.
+    counters: HashMap<u32, Arc<NsCounters>>,
     /// The `Shared::stores_gen` `stores` was looked up at.
     stores_gen: u64,
     io_tx: mpsc::UnboundedSender<BlockDone>,
@@ -66,6 +71,7 @@ pub(super) async fn serve(
     cancel: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
+    shared.connections.fetch_add(1, Ordering::Relaxed);
     let (mut rd, wr) = stream.into_split();
     let (out_tx, out_rx) = mpsc::channel::<Vec<Bytes>>(64);
     let writer = tokio::spawn(write_loop(wr, out_rx));
@@ -75,6 +81,7 @@ pub(super) async fn serve(
         q: Queue::new(shared.queue_cfg.clone(), Instant::now()),
         ctl: None,
         stores: Arc::default(),
+        counters: HashMap::new(),
         stores_gen: 0,
         io_tx,
         aer_tx,
@@ -131,6 +138,7 @@ pub(super) async fn serve(
         }
     }
     c.disconnect();
+    c.shared.connections.fetch_sub(1, Ordering::Relaxed);
     drop(out_tx);
     let _ = writer.await;
     if !peer_gone {
@@ -197,6 +205,7 @@ impl Conn {
                 Ok((ctl, done)) => {
                     self.stores_gen = self.shared.stores_gen.load(Ordering::Acquire);
                     self.stores = self.shared.stores(ctl.subnqn());
+                    self.counters = self.shared.ns_counters(ctl.subnqn(), &self.stores);
                     self.shared.register(
                         ctl.cntlid(),
                         ConnEntry {
@@ -243,9 +252,15 @@ impl Conn {
         if gen != self.stores_gen {
             if let Some(ctl) = &self.ctl {
                 self.stores = self.shared.stores(ctl.subnqn());
+                self.counters = self.shared.ns_counters(ctl.subnqn(), &self.stores);
             }
             self.stores_gen = gen;
         }
+        let (kind, bytes) = match &r.op {
+            BlockOp::Read { len, .. } => (IoKind::Read, *len),
+            BlockOp::Write { data, .. } => (IoKind::Write, data.len() as u64),
+            _ => (IoKind::Other, 0),
+        };
         let op = match r.op {
             BlockOp::Read { offset, len } => {
                 let Ok(len) = usize::try_from(len) else {
@@ -260,6 +275,7 @@ impl Conn {
             BlockOp::Write { offset, data, fua } => {
                 return self.submit_io(
                     r.nsid,
+                    (kind, bytes),
                     IoRequest {
                         tag: r.tag,
                         op: IoOp::Write { offset, data },
@@ -278,11 +294,12 @@ impl Conn {
             }
             BlockOp::WriteZeroes { offset, len } => IoOp::WriteZeroes { offset, len },
         };
-        self.submit_io(r.nsid, IoRequest { tag: r.tag, op }, false);
+        self.submit_io(r.nsid, (kind, bytes), IoRequest { tag: r.tag, op }, false);
     }
 
     /// Hands one request to the namespace's store the way its engine wants.
-    fn submit_io(&mut self, nsid: u32, req: IoRequest, then_flush: bool) {
+    fn submit_io(&mut self, nsid: u32, what: (IoKind, u64), req: IoRequest, then_flush: bool) {
+        let (kind, bytes) = what;
         let Some(backend) = self.stores.get(&nsid).cloned() else {
             return self.deliver(req.tag, Err(BlockError::Internal));
         };
@@ -292,6 +309,8 @@ impl Conn {
                 let completion = ipsan_scsi::aio::wait(&*backend, req);
                 self.on_block_done(BlockDone {
                     nsid,
+                    kind,
+                    bytes,
                     completion,
                     then_flush,
                 });
@@ -301,6 +320,8 @@ impl Conn {
                     let completion = ipsan_scsi::aio::run_blocking(&*backend, req);
                     let _ = tx.send(BlockDone {
                         nsid,
+                        kind,
+                        bytes,
                         completion,
                         then_flush,
                     });
@@ -311,6 +332,8 @@ impl Conn {
                 Box::new(move |completion| {
                     let _ = tx.send(BlockDone {
                         nsid,
+                        kind,
+                        bytes,
                         completion,
                         then_flush,
                     });
@@ -321,9 +344,20 @@ impl Conn {
 
     fn on_block_done(&mut self, d: BlockDone) {
         let tag = d.completion.tag;
+        if let Some(c) = self.counters.get(&d.nsid) {
+            match &d.completion.result {
+                Err(_) => {
+                    c.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                // A FUA write counts once its flush is done too.
+                Ok(_) if !d.then_flush => c.record(d.kind, d.bytes),
+                Ok(_) => {}
+            }
+        }
         match d.completion.result {
             Ok(_) if d.then_flush => self.submit_io(
                 d.nsid,
+                (d.kind, d.bytes),
                 IoRequest {
                     tag,
                     op: IoOp::Flush,

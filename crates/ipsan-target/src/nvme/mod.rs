@@ -58,6 +58,40 @@ pub enum NvmeError {
     Exposed(#[from] NvmeExposureError),
 }
 
+/// What one namespace served: block requests that succeeded, by kind, with their bytes, and
+/// those that failed (`ipsan_nvme_namespace_*` in the metrics).
+#[derive(Debug, Default)]
+pub struct NsCounters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub others: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// The kind of a block request, for [`NsCounters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IoKind {
+    Read,
+    Write,
+    Other,
+}
+
+impl NsCounters {
+    pub(crate) fn record(&self, kind: IoKind, bytes: u64) {
+        let (n, b) = match kind {
+            IoKind::Read => (&self.reads, Some(&self.read_bytes)),
+            IoKind::Write => (&self.writes, Some(&self.written_bytes)),
+            IoKind::Other => (&self.others, None),
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        if let Some(b) = b {
+            b.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One connection of a controller, for the events that concern it.
 #[derive(Debug)]
 pub(crate) struct ConnEntry {
@@ -76,6 +110,10 @@ pub(crate) struct Shared {
     stores: RwLock<HashMap<String, Stores>>,
     /// Bumped on every replacement of `stores`: connections look their map up again.
     stores_gen: AtomicU64,
+    /// Every namespace's counters, by (subsystem NQN, NSID); kept across live changes.
+    counters: Mutex<HashMap<(String, u32), Arc<NsCounters>>>,
+    /// Open connections.
+    connections: AtomicU64,
     /// The namespaces last given to the controller, per subsystem NQN.
     served: Mutex<HashMap<String, Vec<NamespaceConfig>>>,
     conns: Mutex<HashMap<u16, Vec<ConnEntry>>>,
@@ -152,6 +190,101 @@ impl Shared {
                 self.stores_gen.fetch_add(1, Ordering::AcqRel);
             }
             served.insert(nqn, Vec::new());
+        }
+    }
+
+    /// The counters of the namespaces in `stores` (created on first use).
+    fn ns_counters(&self, subnqn: &str, stores: &Stores) -> HashMap<u32, Arc<NsCounters>> {
+        let mut all = crate::lock(&self.counters);
+        stores
+            .keys()
+            .map(|&nsid| {
+                let c = all.entry((subnqn.to_owned(), nsid)).or_default();
+                (nsid, Arc::clone(c))
+            })
+            .collect()
+    }
+
+    /// The NVMe series of the metrics: connections, every namespace's block requests and
+    /// bytes, and every live controller's commands and bytes by host NQN.
+    pub(crate) fn render_metrics(&self, e: &mut crate::metrics::Exposition) {
+        e.sample(
+            "ipsan_nvme_connections",
+            "Open NVMe/TCP connections (one per queue).",
+            "gauge",
+            &[],
+            self.connections.load(Ordering::Relaxed) as f64,
+        );
+        let counters: Vec<((String, u32), Arc<NsCounters>)> = crate::lock(&self.counters)
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect();
+        for ((nqn, nsid), c) in &counters {
+            let nsid = nsid.to_string();
+            for (op, n, bytes) in [
+                ("read", &c.reads, Some(&c.read_bytes)),
+                ("write", &c.writes, Some(&c.written_bytes)),
+                ("other", &c.others, None),
+            ] {
+                let labels = [
+                    ("subsystem", nqn.as_str()),
+                    ("nsid", nsid.as_str()),
+                    ("op", op),
+                ];
+                e.sample(
+                    "ipsan_nvme_namespace_requests_total",
+                    "Block requests NVMe/TCP hosts' commands made of the namespace that succeeded, by kind (read, write, other: flush, deallocate, write zeroes).",
+                    "counter",
+                    &labels,
+                    n.load(Ordering::Relaxed) as f64,
+                );
+                if let Some(b) = bytes {
+                    e.sample(
+                        "ipsan_nvme_namespace_bytes_total",
+                        "Bytes NVMe/TCP hosts read from or wrote to the namespace.",
+                        "counter",
+                        &labels,
+                        b.load(Ordering::Relaxed) as f64,
+                    );
+                }
+            }
+            e.sample(
+                "ipsan_nvme_namespace_errors_total",
+                "Block requests of the namespace that failed.",
+                "counter",
+                &[("subsystem", nqn.as_str()), ("nsid", nsid.as_str())],
+                c.errors.load(Ordering::Relaxed) as f64,
+            );
+        }
+        for c in self.target().controllers() {
+            let cntlid = c.cntlid.to_string();
+            // Host NQNs are at most 223 bytes (NVMe Base 2.0 §4.5; Connect refuses longer).
+            let host = c.hostnqn.as_str();
+            for (op, n, bytes) in [
+                ("read", c.read_commands, c.bytes_read),
+                ("write", c.write_commands, c.bytes_written),
+            ] {
+                let labels = [
+                    ("subsystem", c.subnqn.as_str()),
+                    ("host", host),
+                    ("cntlid", cntlid.as_str()),
+                    ("op", op),
+                ];
+                e.sample(
+                    "ipsan_nvme_controller_commands_total",
+                    "Read and Write commands a live NVMe controller completed, per host.",
+                    "counter",
+                    &labels,
+                    n as f64,
+                );
+                e.sample(
+                    "ipsan_nvme_controller_bytes_total",
+                    "Bytes a live NVMe controller's Read and Write commands moved, per host.",
+                    "counter",
+                    &labels,
+                    bytes as f64,
+                );
+            }
         }
     }
 
@@ -261,22 +394,27 @@ impl NvmeServer {
             .iter()
             .map(|s| (s.nqn.clone(), s.namespaces.clone()))
             .collect();
+        let shared = Arc::new(Shared {
+            target: Mutex::new(target),
+            stores: RwLock::new(stores),
+            stores_gen: AtomicU64::new(0),
+            served: Mutex::new(served),
+            counters: Mutex::new(HashMap::new()),
+            connections: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            queue_cfg,
+            ids: AtomicU64::new(1),
+        });
+        // For the metrics; one NVMe side per registry.
+        let _ = registry.nvme.set(shared.clone());
         Ok(Self {
             settings: settings.clone(),
             subsystems: subsystems
                 .iter()
                 .map(|s| (s.nqn.clone(), s.namespaces.iter().map(|n| n.nsid).collect()))
                 .collect(),
-            shared: Arc::new(Shared {
-                target: Mutex::new(target),
-                stores: RwLock::new(stores),
-                stores_gen: AtomicU64::new(0),
-                served: Mutex::new(served),
-                conns: Mutex::new(HashMap::new()),
-                wake: Notify::new(),
-                queue_cfg,
-                ids: AtomicU64::new(1),
-            }),
+            shared,
             listeners,
         })
     }
