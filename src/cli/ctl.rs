@@ -35,6 +35,9 @@ enum Cmd {
     Sessions,
     /// The listening portals.
     Portals,
+    /// NVMe/TCP (docs/nvme.md): listeners, subsystems with their namespaces, and the live
+    /// controllers (host NQN, I/O queues, reads and writes).
+    Nvme,
     /// The running configuration as TOML (inline secrets redacted).
     Config,
     /// Add, remove or change a target.
@@ -173,6 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Targets => ("targets", json!({})),
         Cmd::Sessions => ("sessions", json!({})),
         Cmd::Portals => ("portals", json!({})),
+        Cmd::Nvme => ("nvme", json!({})),
         Cmd::Config => ("config", json!({})),
         Cmd::Target(TargetCmd::Add {
             iqn,
@@ -253,6 +257,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Targets => print_targets(&result),
         Cmd::Sessions => print_sessions(&result),
         Cmd::Portals => print_list(&result),
+        Cmd::Nvme => print_nvme(&result),
         Cmd::Config => print!("{}", result["toml"].as_str().unwrap_or_default()),
         Cmd::Save { .. } => println!(
             "saved {} bytes to {}",
@@ -279,6 +284,47 @@ fn text(v: &Value) -> String {
             .collect::<Vec<_>>()
             .join(" "),
         other => other.to_string(),
+    }
+}
+
+fn print_nvme(v: &Value) {
+    if v["enabled"].as_bool() != Some(true) {
+        println!("NVMe/TCP is off (no [nvme] listen / --nvme-listen)");
+        return;
+    }
+    println!(
+        "listen: {}  connections={}",
+        text(&v["listen"]),
+        v["connections"]
+    );
+    for s in v["subsystems"].as_array().into_iter().flatten() {
+        println!("{}", text(&s["nqn"]));
+        for n in s["namespaces"].as_array().into_iter().flatten() {
+            println!(
+                "  nsid {}  {} bytes  block {}{}",
+                n["nsid"],
+                n["size_bytes"],
+                n["block_size"],
+                if n["read_only"].as_bool() == Some(true) {
+                    "  read-only"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    for c in v["controllers"].as_array().into_iter().flatten() {
+        println!(
+            "controller {}  {}  host {}  io_queues={}  reads={} ({} bytes)  writes={} ({} bytes)",
+            c["cntlid"],
+            text(&c["subsystem"]),
+            text(&c["host"]),
+            text(&c["io_queues"]),
+            c["read_commands"],
+            c["bytes_read"],
+            c["write_commands"],
+            c["bytes_written"]
+        );
     }
 }
 

@@ -366,7 +366,7 @@ fn count(registry: &Registry, ok: bool) {
 fn is_change(method: &str) -> bool {
     !matches!(
         method,
-        "status" | "targets" | "sessions" | "portals" | "config" | "metrics"
+        "status" | "targets" | "sessions" | "portals" | "config" | "metrics" | "nvme"
     )
 }
 
@@ -376,6 +376,7 @@ pub const METHODS: &[&str] = &[
     "targets",
     "sessions",
     "portals",
+    "nvme",
     "config",
     "target.add",
     "target.remove",
@@ -467,6 +468,10 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
         "targets" => Ok(targets(registry)),
         "sessions" => Ok(sessions(registry)),
         "portals" => Ok(json!(portals(registry))),
+        "nvme" => Ok(registry
+            .nvme
+            .get()
+            .map_or_else(|| json!({ "enabled": false }), |n| n.status())),
         "config" => {
             let f = registry
                 .running_config()

@@ -114,6 +114,8 @@ pub(crate) struct Shared {
     counters: Mutex<HashMap<(String, u32), Arc<NsCounters>>>,
     /// Open connections.
     connections: AtomicU64,
+    /// The listeners (port 0 resolved).
+    listen: Vec<SocketAddr>,
     /// The namespaces last given to the controller, per subsystem NQN.
     served: Mutex<HashMap<String, Vec<NamespaceConfig>>>,
     conns: Mutex<HashMap<u16, Vec<ConnEntry>>>,
@@ -288,6 +290,48 @@ impl Shared {
         }
     }
 
+    /// What `ipsan ctl nvme` shows: the listeners, every subsystem with its namespaces, and
+    /// the live controllers (host NQN, I/O queues, reads and writes).
+    pub(crate) fn status(&self) -> serde_json::Value {
+        let served = crate::lock(&self.served).clone();
+        let mut subsystems: Vec<(String, Vec<NamespaceConfig>)> = served.into_iter().collect();
+        subsystems.sort_by(|a, b| a.0.cmp(&b.0));
+        let controllers: Vec<serde_json::Value> = self
+            .target()
+            .controllers()
+            .into_iter()
+            .map(|c| {
+                serde_json::json!({
+                    "cntlid": c.cntlid,
+                    "subsystem": c.subnqn,
+                    "host": c.hostnqn,
+                    "discovery": c.discovery,
+                    "ready": c.ready,
+                    "io_queues": c.io_queues,
+                    "read_commands": c.read_commands,
+                    "write_commands": c.write_commands,
+                    "bytes_read": c.bytes_read,
+                    "bytes_written": c.bytes_written,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "enabled": true,
+            "listen": self.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "connections": self.connections.load(Ordering::Relaxed),
+            "subsystems": subsystems.iter().map(|(nqn, ns)| serde_json::json!({
+                "nqn": nqn,
+                "namespaces": ns.iter().map(|n| serde_json::json!({
+                    "nsid": n.nsid,
+                    "size_bytes": n.size,
+                    "block_size": n.block_size,
+                    "read_only": n.read_only,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "controllers": controllers,
+        })
+    }
+
     fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
     }
@@ -401,12 +445,13 @@ impl NvmeServer {
             served: Mutex::new(served),
             counters: Mutex::new(HashMap::new()),
             connections: AtomicU64::new(0),
+            listen: bound.clone(),
             conns: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             queue_cfg,
             ids: AtomicU64::new(1),
         });
-        // For the metrics; one NVMe side per registry.
+        // For the metrics and `ipsan ctl nvme`; one NVMe side per registry.
         let _ = registry.nvme.set(shared.clone());
         Ok(Self {
             settings: settings.clone(),
