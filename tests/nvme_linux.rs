@@ -3,7 +3,9 @@
 //! a RAM LUN served on this machine's loopback — `nvme discover`, `nvme connect`, mkfs.ext4,
 //! a 64 MiB file and 300 small ones with their SHA-256, fsck, disconnect, connect again and
 //! verify, O_DIRECT reads and writes — once plain, once with header and data digests and two
-//! I/O queues. Skipped (with a line saying so) when the harness or QEMU is missing.
+//! I/O queues; then against a target requiring DH-HMAC-CHAP (TP 8006): one-way, bidirectional
+//! with digests, and a wrong secret refused. Skipped (with a line saying so) when the harness
+//! or QEMU is missing. One VM at a time: the tests take a lock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -18,6 +20,17 @@ use common::{Proc, BIN};
 
 const IQN: &str = "iqn.2026-11.org.ipsan:nvmevm";
 const NQN: &str = "nqn.2026-11.org.ipsan:nvmevm";
+/// The guest's host NQN (nvmevm's README).
+const GUEST_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d65-766d-4000-8000-000000000001";
+/// Test secrets made by nvme-cli 2.13's `gen-dhchap-key` (`-m 1 --nqn GUEST_HOSTNQN`, `-m 2
+/// --nqn NQN`, `-m 0`): the host's, the controller's, and one that is neither.
+const HOST_SECRET: &str = "DHHC-1:01:nmYIwqxTLzzOol97bjJXtqV+LdIgrvtw6RcA6hwLr6ux1zNw:";
+const CTRL_SECRET: &str =
+    "DHHC-1:02:2jXsu5REC+/+iGEhSwk672YZWeldKDKjFveZ5ddNl4Fvz1LRSAiBmTFGC6tp+vQHw+2aaQ==:";
+const WRONG_SECRET: &str = "DHHC-1:00:aBTraX76lFcUDME3h+EUQ7LMo3m5+aGVTuPbXbANUEAHZi8v:";
+
+/// One VM at a time (each takes 1.5 GB and two TCG vCPUs).
+static VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The harness beside the clone (CI has `shared/` next to it), else this machine's.
 fn nvmevm() -> Option<PathBuf> {
@@ -36,9 +49,9 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// `ipsan target` with a RAM LUN on loopback, iSCSI and NVMe/TCP on free ports; returns the
-/// process and the NVMe/TCP port it announced.
-fn target(log: &Path) -> (Proc, u16) {
+/// `ipsan target` with a RAM LUN on loopback, iSCSI and NVMe/TCP on free ports, and `extra`
+/// flags; returns the process and the NVMe/TCP port it announced.
+fn target(log: &Path, extra: &[&str]) -> (Proc, u16) {
     let mut child = Command::new(BIN)
         .args([
             "target",
@@ -51,6 +64,7 @@ fn target(log: &Path) -> (Proc, u16) {
             "--nvme-listen",
             "127.0.0.1:0",
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
@@ -83,8 +97,8 @@ fn target(log: &Path) -> (Proc, u16) {
     }
 }
 
-/// One run of the guest's host test; its RESULT line.
-fn run_guest(vm: &Path, dir: &Path, name: &str, port: u16, env: &[&str]) -> String {
+/// One run of the guest's host test; its RESULT line, which must be `RESULT ok` when `ok`.
+fn run_guest(vm: &Path, dir: &Path, name: &str, port: u16, env: &[&str], ok: bool) -> String {
     let log = dir.join(format!("vm-{name}.log"));
     let mut cmd = Command::new(vm.join("run.sh"));
     cmd.args(["-q", "--timeout", "300", "--log"])
@@ -124,32 +138,99 @@ fn run_guest(vm: &Path, dir: &Path, name: &str, port: u16, env: &[&str]) -> Stri
         .unwrap_or("no RESULT line")
         .to_owned();
     println!("{name}: {result}");
-    assert!(
+    assert_eq!(
         status.success() && result.starts_with("RESULT ok"),
+        ok,
         "the Linux NVMe/TCP host ({name}): {status}\n{out}"
     );
     result
 }
 
-#[test]
-fn linux_nvme_tcp_host_keeps_a_filesystem_on_ipsan_plain_and_with_digests() {
+/// The harness and QEMU, or why the test is skipped.
+fn harness() -> Option<PathBuf> {
     let Some(vm) = nvmevm() else {
         println!("SKIP: ../shared/nvmevm not found");
-        return;
+        return None;
     };
     if !have("qemu-system-x86_64") {
         println!("SKIP: qemu-system-x86_64 not installed (scripts/install-deps)");
-        return;
+        return None;
     }
+    Some(vm)
+}
+
+fn secret_file(dir: &Path, name: &str, secret: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    p
+}
+
+#[test]
+fn linux_nvme_tcp_host_keeps_a_filesystem_on_ipsan_plain_and_with_digests() {
+    let Some(vm) = harness() else { return };
+    let _one = VM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().unwrap();
     let tlog = dir.path().join("target.log");
-    let (_target, port) = target(&tlog);
-    let plain = run_guest(&vm, dir.path(), "plain", port, &[]);
+    let (_target, port) = target(&tlog, &[]);
+    let plain = run_guest(&vm, dir.path(), "plain", port, &[], true);
     assert!(plain.contains("discover=ok"), "{plain}");
-    let digests = run_guest(&vm, dir.path(), "digests", port, &["DIGEST=1", "QUEUES=2"]);
+    let digests = run_guest(
+        &vm,
+        dir.path(),
+        "digests",
+        port,
+        &["DIGEST=1", "QUEUES=2"],
+        true,
+    );
     assert!(
         digests.contains("digest=1") && digests.contains("queues=2"),
         "{digests}"
+    );
+    let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
+    assert!(!tl.contains("panicked"), "target log:\n{tl}");
+}
+
+#[test]
+fn linux_nvme_tcp_host_authenticates_with_dh_hmac_chap_and_a_wrong_secret_is_refused() {
+    let Some(vm) = harness() else { return };
+    let _one = VM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().unwrap();
+    let host = secret_file(dir.path(), "host.dhchap", HOST_SECRET);
+    let ctrl = secret_file(dir.path(), "ctrl.dhchap", CTRL_SECRET);
+    let tlog = dir.path().join("target.log");
+    let flag = format!("{GUEST_HOSTNQN},{},{}", host.display(), ctrl.display());
+    let (_target, port) = target(&tlog, &["--nvme-dhchap", &flag]);
+    let secret = format!("DHCHAP_SECRET={HOST_SECRET}");
+    let one_way = run_guest(&vm, dir.path(), "dhchap", port, &[&secret], true);
+    assert!(one_way.contains("dhchap=on"), "{one_way}");
+    let both = run_guest(
+        &vm,
+        dir.path(),
+        "dhchap-bidirectional",
+        port,
+        &[
+            &secret,
+            &format!("DHCHAP_CTRL_SECRET={CTRL_SECRET}"),
+            "DIGEST=1",
+        ],
+        true,
+    );
+    assert!(both.contains("dhchap=on,bidirectional"), "{both}");
+    let wrong = run_guest(
+        &vm,
+        dir.path(),
+        "dhchap-wrong",
+        port,
+        &[&format!("DHCHAP_SECRET={WRONG_SECRET}")],
+        false,
+    );
+    assert!(wrong.contains("RESULT fail connect"), "{wrong}");
+    let log = std::fs::read(dir.path().join("vm-dhchap-wrong.log")).unwrap_or_default();
+    let log = String::from_utf8_lossy(&log);
+    assert!(
+        log.contains("qid 0: authentication failed"),
+        "refused by DH-HMAC-CHAP, not something else:\n{log}"
     );
     let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
     assert!(!tl.contains("panicked"), "target log:\n{tl}");

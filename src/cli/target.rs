@@ -25,6 +25,13 @@ pub struct Args {
     /// unless --insecure-no-auth. With --config also `[nvme] listen`.
     #[arg(long, value_name = "ADDR:PORT")]
     nvme_listen: Vec<String>,
+    /// DH-HMAC-CHAP (TP 8006) for an NVMe/TCP host (repeatable):
+    /// `HOSTNQN,SECRET-FILE[,CTRL-SECRET-FILE]`, files holding `DHHC-1:…:` secrets (mode 0600;
+    /// `nvme gen-dhchap-key` makes them), the controller's for bidirectional authentication.
+    /// Once one is given, every NVMe/TCP host must authenticate. With --config:
+    /// `[[nvme.host]]`.
+    #[arg(long, value_name = "HOSTNQN,FILE[,FILE]", conflicts_with = "config")]
+    nvme_dhchap: Vec<String>,
     /// Target name (IQN) of the single target defined on the command line.
     #[arg(long, default_value = config::DEFAULT_IQN)]
     iqn: String,
@@ -420,6 +427,21 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
             "--nvme-listen {}",
             args.nvme_listen.join(" --nvme-listen ")
         ));
+    }
+    for v in &args.nvme_dhchap {
+        let parts: Vec<&str> = v.split(',').collect();
+        let (nqn, host, ctrl) = match parts.as_slice() {
+            [n, h] if !n.is_empty() && !h.is_empty() => (*n, *h, None),
+            [n, h, c] if !n.is_empty() && !h.is_empty() && !c.is_empty() => (*n, *h, Some(*c)),
+            _ => anyhow::bail!(
+                "--nvme-dhchap {v:?}: expected HOSTNQN,SECRET-FILE[,CTRL-SECRET-FILE]"
+            ),
+        };
+        file.nvme.host.push(ipsan_target::nvme::FileNvmeHost {
+            nqn: nqn.to_owned(),
+            dhchap_secret_file: PathBuf::from(host),
+            dhchap_ctrl_secret_file: ctrl.map(PathBuf::from),
+        });
     }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(

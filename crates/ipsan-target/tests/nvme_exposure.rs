@@ -4,6 +4,8 @@
 //! accepts the risk with `insecure_no_auth`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod nvme_common;
+
 use ipsan_target::config::{self, Config, TargetConfig};
 use ipsan_target::server::ServerError;
 use ipsan_target::ServerHandle;
@@ -43,4 +45,44 @@ async fn accepts_it_with_insecure_no_auth_and_on_loopback() {
     let h = ServerHandle::start(&config("127.0.0.1:0")).await.unwrap();
     assert!(h.nvme_addrs[0].ip().is_loopback());
     h.shutdown().await.unwrap();
+}
+
+/// With DH-HMAC-CHAP secrets for the hosts (`[[nvme.host]]`) every host must authenticate, so
+/// a listener beyond loopback starts; a host without a secret is refused at Connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_a_listener_beyond_loopback_when_every_host_must_authenticate() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("host.dhchap");
+    std::fs::write(
+        &secret,
+        "DHHC-1:00:aBTraX76lFcUDME3h+EUQ7LMo3m5+aGVTuPbXbANUEAHZi8v:\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let toml = format!(
+        "[nvme]\nlisten = [\"0.0.0.0:0\"]\n[[nvme.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000aa\"\n\
+         dhchap_secret_file = \"{}\"\n[[target]]\niqn = \"iqn.2026-11.org.ipsan:exposed\"\n\
+         [[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n",
+        secret.display()
+    );
+    let c = Config::from_toml(&toml).unwrap();
+    let h = ServerHandle::start(&c).await.unwrap();
+    let port = h.nvme_addrs[0].port();
+    // A host with no secret (the helper's host NQN) cannot connect.
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut host = nvme_common::Host::connect(addr, false, false).await;
+    let r = host
+        .fabrics_connect(
+            0,
+            nvme_wire::fabrics::CNTLID_DYNAMIC,
+            "nqn.2026-11.org.ipsan:exposed",
+        )
+        .await;
+    assert_eq!(r.status, nvme_wire::entry::Status::CONNECT_INVALID_HOST);
+    h.shutdown().await.unwrap();
+
+    // A secret file others can read is refused, as CHAP's are.
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let e = Config::from_toml(&toml).unwrap_err();
+    assert_eq!(e.field, "nvme.host[0].dhchap_secret_file", "{e}");
 }

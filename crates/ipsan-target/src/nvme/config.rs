@@ -10,7 +10,15 @@
 //! [[nvme.subsystem]]              # optional: a subsystem NQN other than the derived one
 //! target = "iqn.2026-11.org.ipsan:disk0"
 //! nqn = "nqn.2026-11.org.ipsan:disk0"
+//!
+//! [[nvme.host]]                   # DH-HMAC-CHAP (TP 8006) for one host NQN
+//! nqn = "nqn.2014-08.org.nvmexpress:uuid:…"
+//! dhchap_secret_file = "/etc/ipsan/host1.dhchap"      # DHHC-1:…: (mode 0600)
+//! dhchap_ctrl_secret_file = "/etc/ipsan/ctrl.dhchap" # optional: bidirectional
 //! ```
+//!
+//! Once a `[[nvme.host]]` is configured, every host must authenticate: a host NQN without a
+//! secret here is refused at Connect (Connect Invalid Host).
 //!
 //! Every `[[target]]` is one NVM subsystem; its NQN is the IQN with `iqn.` replaced by `nqn.`
 //! (`iqn.2026-11.org.ipsan:disk0` → `nqn.2026-11.org.ipsan:disk0`), or
@@ -20,6 +28,9 @@
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+
+use nvme_proto::auth::{AuthConfig, DhchapSecret};
+use zeroize::Zeroizing;
 
 use crate::config::{Config, ConfigError};
 
@@ -42,6 +53,20 @@ pub struct FileNvme {
     pub in_capsule_data: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subsystem: Vec<FileNvmeSubsystem>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host: Vec<FileNvmeHost>,
+}
+
+/// `[[nvme.host]]`: a host NQN and its DH-HMAC-CHAP secrets (files, mode 0600).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileNvmeHost {
+    pub nqn: String,
+    /// The host's secret (`DHHC-1:…:`): the host proves it.
+    pub dhchap_secret_file: std::path::PathBuf,
+    /// The controller's secret: with it the host may ask the target to prove itself too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret_file: Option<std::path::PathBuf>,
 }
 
 impl FileNvme {
@@ -62,7 +87,7 @@ pub struct FileNvmeSubsystem {
 }
 
 /// The validated NVMe/TCP settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct NvmeSettings {
     /// Listeners; empty: NVMe/TCP is off.
     pub listen: Vec<SocketAddr>,
@@ -70,6 +95,8 @@ pub struct NvmeSettings {
     pub in_capsule_data: u32,
     /// NQNs given explicitly: (IQN, NQN).
     pub nqns: Vec<(String, String)>,
+    /// DH-HMAC-CHAP secrets by host NQN; when any is configured every host must authenticate.
+    pub hosts: Vec<(String, AuthConfig)>,
 }
 
 impl Default for NvmeSettings {
@@ -78,6 +105,7 @@ impl Default for NvmeSettings {
             listen: Vec::new(),
             in_capsule_data: DEFAULT_IN_CAPSULE,
             nqns: Vec::new(),
+            hosts: Vec::new(),
         }
     }
 }
@@ -158,6 +186,31 @@ impl NvmeSettings {
             }
             s.nqns.push((sub.target.clone(), sub.nqn.clone()));
         }
+        for (i, h) in f.host.iter().enumerate() {
+            let field = format!("nvme.host[{i}]");
+            if !h.nqn.starts_with("nqn.") || h.nqn.len() > 223 {
+                return Err(err(
+                    format!("{field}.nqn"),
+                    format!("{:?} is not a host NQN", h.nqn),
+                ));
+            }
+            if s.hosts.iter().any(|(n, _)| n == &h.nqn) {
+                return Err(err(
+                    format!("{field}.nqn"),
+                    format!("{} is configured twice", h.nqn),
+                ));
+            }
+            let host = dhchap_secret(
+                &format!("{field}.dhchap_secret_file"),
+                &h.dhchap_secret_file,
+            )?;
+            let ctrl = h
+                .dhchap_ctrl_secret_file
+                .as_deref()
+                .map(|p| dhchap_secret(&format!("{field}.dhchap_ctrl_secret_file"), p))
+                .transpose()?;
+            s.hosts.push((h.nqn.clone(), AuthConfig::new(host, ctrl)));
+        }
         let mut seen = std::collections::HashSet::new();
         for t in targets {
             let nqn = s.nqn_for(&t.iqn);
@@ -172,6 +225,12 @@ impl NvmeSettings {
         Ok(s)
     }
 
+    /// Whether every host must authenticate (DH-HMAC-CHAP): once any host has a secret.
+    #[must_use]
+    pub fn auth_required(&self) -> bool {
+        !self.hosts.is_empty()
+    }
+
     /// The subsystem NQN of the target named `iqn`.
     #[must_use]
     pub fn nqn_for(&self, iqn: &str) -> String {
@@ -182,14 +241,25 @@ impl NvmeSettings {
     }
 }
 
+/// A `DHHC-1:` secret from a file only its owner can read; the file's bytes are wiped after.
+fn dhchap_secret(field: &str, path: &std::path::Path) -> Result<DhchapSecret, ConfigError> {
+    crate::config::check_secret_file(field, path)?;
+    let text = Zeroizing::new(
+        std::fs::read(path).map_err(|e| err(field, format!("{}: {e}", path.display())))?,
+    );
+    let text = std::str::from_utf8(&text).map_err(|_| err(field, "not a DHHC-1 secret"))?;
+    DhchapSecret::parse(text).map_err(|e| err(field, e.to_string()))
+}
+
 /// NVMe listeners beyond loopback that would serve subsystems nobody authenticates.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "refusing to serve NVMe/TCP on {listen}: it is beyond loopback and NVMe/TCP hosts are not \
-     authenticated yet (DH-HMAC-CHAP and TLS are not wired in), so any host that reaches it \
-     could connect under any host NQN and read and write every namespace. Listen on loopback \
-     only (--nvme-listen 127.0.0.1:4420), or accept the risk with --insecure-no-auth \
-     ([server] insecure_no_auth = true) (docs/nvme.md, \"Listening beyond loopback\")",
+    "refusing to serve NVMe/TCP on {listen}: it is beyond loopback and no host has to \
+     authenticate, so any host that reaches it could connect under any host NQN and read and \
+     write every namespace. Give each host a DH-HMAC-CHAP secret ([[nvme.host]], \
+     --nvme-dhchap HOSTNQN,SECRET-FILE), listen on loopback only (--nvme-listen \
+     127.0.0.1:4420), or accept the risk with --insecure-no-auth ([server] insecure_no_auth = \
+     true) (docs/nvme.md, \"Listening beyond loopback\")",
     listen = self.listen.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 )]
 pub struct NvmeExposureError {
@@ -197,9 +267,10 @@ pub struct NvmeExposureError {
 }
 
 /// The NVMe side of [`crate::exposure::check`]: a listener beyond loopback must
-/// authenticate its hosts. Until DH-HMAC-CHAP or TLS is configured for the subsystems (the
-/// place for them is here), every NVMe listener beyond loopback is refused unless
-/// `insecure_no_auth`; `Ok` carries the warning to log then.
+/// authenticate its hosts. With DH-HMAC-CHAP secrets configured every host proves one (hosts
+/// without are refused at Connect); otherwise a listener beyond loopback is refused unless
+/// `insecure_no_auth`, and `Ok` carries the warning to log then. (TLS with a PSK, TP 8011,
+/// would authenticate hosts too: its check belongs here once it is configured.)
 pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureError> {
     let beyond: Vec<SocketAddr> = config
         .nvme
@@ -208,7 +279,7 @@ pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureErr
         .copied()
         .filter(crate::exposure::beyond_loopback)
         .collect();
-    if beyond.is_empty() {
+    if beyond.is_empty() || config.nvme.auth_required() {
         return Ok(None);
     }
     if !config.insecure_no_auth {

@@ -14,8 +14,9 @@
 //!   controller's timers (keep-alive) and delivers its events (asynchronous event
 //!   completions, controllers to close) to the connections.
 //!
-//! The place for TLS (NL's `nvme-tls`) is `NvmeServer::run`'s accept loop, before
-//! `conn::serve`; for DH-HMAC-CHAP, `controller::TargetConfig::auth` in [`NvmeServer::bind`].
+//! DH-HMAC-CHAP (TP 8006) is the controller's, with the `[[nvme.host]]` secrets as its
+//! `AuthPolicy` (set in [`NvmeServer::bind`]). The place for TLS (NL's `nvme-tls`) is
+//! `NvmeServer::run`'s accept loop, before `conn::serve`.
 
 pub mod config;
 mod conn;
@@ -37,7 +38,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use config::{
-    check_exposure, derived_nqn, FileNvme, FileNvmeSubsystem, NvmeExposureError, NvmeSettings,
+    check_exposure, derived_nqn, FileNvme, FileNvmeHost, FileNvmeSubsystem, NvmeExposureError,
+    NvmeSettings,
 };
 pub use subsystems::nsid_of_lun;
 
@@ -416,6 +418,14 @@ impl NvmeServer {
             stores.insert(s.nqn.clone(), st);
             subsystems.push(s);
         }
+        // DH-HMAC-CHAP (TP 8006): the hosts' secrets; with any, every host must authenticate.
+        let auth = settings.auth_required().then(|| {
+            let mut hosts = controller::DhchapHosts::new();
+            for (nqn, cfg) in &settings.hosts {
+                hosts.insert(nqn.clone(), cfg.clone());
+            }
+            Arc::new(hosts) as Arc<dyn controller::AuthPolicy>
+        });
         let mut listeners = Vec::new();
         for &addr in &settings.listen {
             let l = crate::server::listen(addr, tcp)
@@ -430,6 +440,7 @@ impl NvmeServer {
             discovery: subsystems::discovery_entries(&subsystems, &bound),
             in_capsule_data: settings.in_capsule_data,
             subsystems: subsystems.clone(),
+            auth,
             ..controller::TargetConfig::default()
         };
         let queue_cfg = queue_config(&cfg);

@@ -77,7 +77,8 @@ pub(super) fn subsystem(settings: &NvmeSettings, t: &Target) -> (SubsystemConfig
             model: "ipsan".to_owned(),
             namespaces,
             hosts: AllowedHosts::Any,
-            auth_required: false,
+            // With DH-HMAC-CHAP secrets configured, a host without one is refused.
+            auth_required: settings.auth_required(),
             volatile_write_cache: write_cache,
         },
         Arc::new(stores),
