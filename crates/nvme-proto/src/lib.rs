@@ -7,8 +7,12 @@
 //! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
 //!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
 //!   host reads). The seam between the queue (PDUs) and the controller (commands).
+//! - [`psk`]: NVMe/TCP's TLS PSKs (TP 8011): the `NVMeTLSkey-1:` interchange format, the
+//!   retained and TLS PSK derivations (RFC 8446's and libnvme's), PSK identities, and the
+//!   target's key store the `nvme-tls` crate's handshake picks a key from.
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod psk;
 
 pub use command::{Command, Completion};
