@@ -535,6 +535,13 @@ impl fmt::Display for PskIdentity {
 }
 
 impl PskIdentity {
+    /// Whether this identity names `hostnqn` and `subnqn`: a target keyed a connection for
+    /// this identity accepts only a Fabrics Connect with these NQNs on it (TP 8011: the PSK
+    /// authenticates the host the identity names, not whichever host the Connect claims).
+    pub fn names(&self, hostnqn: &str, subnqn: &str) -> bool {
+        self.hostnqn == hostnqn && self.subnqn == subnqn
+    }
+
     /// Parses an identity as a host offers it. NQNs hold no spaces (NVMe Base 2.0 "NVMe
     /// Qualified Names": printable ASCII without spaces in practice; Linux splits on them too).
     pub fn parse(text: &[u8]) -> Result<Self, PskError> {

@@ -163,6 +163,8 @@ fn parses_and_prints_identities_unchanged() {
     ] {
         let id = PskIdentity::parse(text.as_bytes()).unwrap();
         assert_eq!(id.to_string(), text);
+        assert!(id.names(H, S));
+        assert!(!id.names(S, H) && !id.names(H, "nqn.2026-11.org.example:other"));
     }
     for bad in [
         format!("NVMe0R01 {H}"),
