@@ -1,5 +1,5 @@
-//! The four OpenSSL calls for TLS 1.3 external PSKs that the `openssl` crate does not wrap
-//! (OpenSSL 3.0's `ssl.h`, present since 1.1.1), and the two callbacks that hand OpenSSL a
+//! The OpenSSL calls for TLS 1.3 external PSKs that the `openssl` crate does not wrap
+//! (OpenSSL 3.0's `ssl.h`, present since 1.1.1), and the read buffer length, and the two callbacks that hand OpenSSL a
 //! session built from a [`TlsPsk`]. The only `unsafe` of the crate.
 #![allow(unsafe_code)]
 
@@ -37,6 +37,7 @@ extern "C" {
     fn SSL_CIPHER_find(ssl: *mut SSL, ptr: *const c_uchar) -> *const SSL_CIPHER;
     fn SSL_SESSION_set_cipher(s: *mut SSL_SESSION, cipher: *const SSL_CIPHER) -> c_int;
     fn SSL_SESSION_set_protocol_version(s: *mut SSL_SESSION, version: c_int) -> c_int;
+    fn SSL_CTX_set_default_read_buffer_len(ctx: *mut SSL_CTX, len: usize);
 }
 
 /// A TLS 1.3 session holding `psk` as its resumption secret with the cipher suite of its hash
@@ -151,4 +152,10 @@ pub(crate) fn set_use_session_callback(ssl: &mut SslRef) {
     // SAFETY: `ssl` is a live SSL; the callback is a plain function with the signature OpenSSL
     // declares for SSL_psk_use_session_cb_func.
     unsafe { SSL_set_psk_use_session_callback(ssl.as_ptr(), Some(use_session_trampoline)) }
+}
+
+/// Sets the size of the receive buffer OpenSSL reads ahead into.
+pub(crate) fn set_default_read_buffer_len(b: &mut SslContextBuilder, len: usize) {
+    // SAFETY: `b` owns a live SSL_CTX; the call only stores a length (OpenSSL ≥ 1.1.0).
+    unsafe { SSL_CTX_set_default_read_buffer_len(b.as_ptr(), len) }
 }

@@ -98,6 +98,9 @@ struct ClientState {
     psk: TlsPsk,
 }
 
+/// OpenSSL's receive buffer with read-ahead: four full records and their overhead.
+const READ_BUFFER: usize = 4 * (16 * 1024 + 256);
+
 fn server_index() -> Result<Index<Ssl, ServerState>, ErrorStack> {
     static IDX: OnceLock<Index<Ssl, ServerState>> = OnceLock::new();
     if let Some(i) = IDX.get() {
@@ -127,6 +130,10 @@ fn tls13_only(b: &mut openssl::ssl::SslContextBuilder) -> Result<(), ErrorStack>
     // renegotiation (none exists in TLS 1.3), no compression.
     b.set_options(SslOptions::NO_TICKET | SslOptions::NO_COMPRESSION);
     b.set_num_tickets(0)?;
+    // Read whole TLS records (and several at once) per read from the socket instead of a
+    // 5-byte header and then the body: one syscall for up to ~4 records of 16 KiB.
+    b.set_read_ahead(true);
+    ffi::set_default_read_buffer_len(b, READ_BUFFER);
     Ok(())
 }
 
