@@ -243,3 +243,70 @@ fn store_rejects_unknown_hosts_other_hashes_and_foreign_digests() {
         PskError::DigestMismatch
     );
 }
+
+/// Hostile input as a host or an operator could send it: every single-byte change and every
+/// truncation of a valid key and identity, and random bytes. Nothing panics; a changed key
+/// is refused (the CRC or the format catches it) unless the change is in a padding bit or in
+/// the hash indicator (`01` → `00`: the CRC covers only the key bytes).
+#[test]
+fn rejects_mutated_keys_and_identities_without_panicking() {
+    let mut store = PskStore::new();
+    store.insert(H, S, ConfiguredPsk::parse(KEY01).unwrap());
+    let ident = format!("NVMe1R01 {H} {S} {DIGEST01}");
+    let mut accepted_changes = 0;
+    for (text, is_key) in [(KEY01, true), (KEY02, true), (ident.as_str(), false)] {
+        let b = text.as_bytes();
+        for cut in 0..b.len() {
+            let t = &b[..cut];
+            if is_key {
+                assert!(ConfiguredPsk::parse(&String::from_utf8_lossy(t)).is_err());
+            } else {
+                let _ = store.resolve(t);
+            }
+        }
+        for i in 0..b.len() {
+            for v in [0u8, b' ', b':', b'A', b'z', b'/', b'=', 0xff, b[i] ^ 1] {
+                let mut m = b.to_vec();
+                m[i] = v;
+                if m == b {
+                    continue;
+                }
+                if is_key {
+                    if let Ok(k) = ConfiguredPsk::parse(&String::from_utf8_lossy(&m)) {
+                        // Only a change base64 ignores (the unused bits of the last
+                        // character) decodes to the same key; `00` names the same bytes.
+                        let good = ConfiguredPsk::parse(text).unwrap();
+                        assert!(
+                            k == good || (k.transform().is_none() && i == 14),
+                            "{:?}",
+                            String::from_utf8_lossy(&m)
+                        );
+                        accepted_changes += 1;
+                    }
+                } else if let Ok(r) = store.resolve(&m) {
+                    panic!("a changed identity was keyed: {}", r.identity);
+                }
+            }
+        }
+    }
+    assert!(
+        accepted_changes <= 4,
+        "{accepted_changes} changed keys parsed"
+    );
+    // Random bytes (a fixed xorshift sequence).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..2000 {
+        let mut buf = Vec::new();
+        let len = (x % 300) as usize;
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf.push((x & 0xff) as u8);
+        }
+        x = x.wrapping_add(1);
+        assert!(store.resolve(&buf).is_err());
+        assert!(ConfiguredPsk::parse(&String::from_utf8_lossy(&buf)).is_err());
+        assert!(PskIdentity::parse(&buf).is_err());
+    }
+}
