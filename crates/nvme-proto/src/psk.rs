@@ -495,7 +495,7 @@ pub enum IdentityVersion {
     /// `gen-tls-key --insert` use unless `--identity=1`.
     V0,
     /// `NVMe1R0H <hostnqn> <subnqn> <digest>` (TP 8011); Linux's host prefers it when the
-    /// keyring holds one.
+    /// keyring holds one, and `nvme connect --tls-key` (libnvme 1.13) files keys under it.
     V1,
 }
 
