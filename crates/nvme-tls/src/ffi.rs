@@ -159,3 +159,22 @@ pub(crate) fn set_default_read_buffer_len(b: &mut SslContextBuilder, len: usize)
     // SAFETY: `b` owns a live SSL_CTX; the call only stores a length (OpenSSL ≥ 1.1.0).
     unsafe { SSL_CTX_set_default_read_buffer_len(b.as_ptr(), len) }
 }
+
+/// The body of extension `ext_type` in the ClientHello being processed, if the client sent it.
+/// Only valid inside the client-hello callback, which is where it is called from.
+pub(crate) fn client_hello_ext(ssl: &SslRef, ext_type: u32) -> Option<&[u8]> {
+    let mut out: *const c_uchar = std::ptr::null();
+    let mut len: usize = 0;
+    // SAFETY: `ssl` is the live SSL of the running client-hello callback (the only time
+    // OpenSSL keeps the ClientHello); the out pointers are valid locals. On success `out`
+    // points at `len` bytes owned by the SSL, which outlive the returned borrow of `ssl`
+    // within the callback.
+    unsafe {
+        if openssl_sys::SSL_client_hello_get0_ext(ssl.as_ptr(), ext_type, &mut out, &mut len) != 1
+            || out.is_null()
+        {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(out, len))
+    }
+}

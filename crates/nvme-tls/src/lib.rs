@@ -42,7 +42,9 @@ use nvme_proto::psk::{
 };
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
-use openssl::ssl::{Ssl, SslContext, SslMethod, SslOptions, SslRef, SslVerifyMode, SslVersion};
+use openssl::ssl::{
+    ClientHelloResponse, Ssl, SslContext, SslMethod, SslOptions, SslRef, SslVerifyMode, SslVersion,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 mod ffi;
@@ -150,8 +152,37 @@ fn server_context() -> Result<SslContext, ErrorStack> {
         ciphersuite(PskHash::Sha384)
     ))?;
     ffi::set_find_session_callback(&mut b);
+    b.set_client_hello_callback(|ssl, _alert| {
+        if let Some(hash) = ffi::client_hello_ext(ssl, PRE_SHARED_KEY).and_then(offered_hash) {
+            ssl.set_ciphersuites(ciphersuite(hash))?;
+        }
+        Ok(ClientHelloResponse::SUCCESS)
+    });
     let ctx = b.build();
     Ok(CTX.get_or_init(|| ctx).clone())
+}
+
+/// The `pre_shared_key` extension's type (RFC 8446 §4.2).
+const PRE_SHARED_KEY: u32 = 41;
+
+/// The hash of the first NVMe identity in a ClientHello's `pre_shared_key` extension
+/// (RFC 8446 §4.2.11: `identities<7..2^16-1>` of `opaque identity<1..2^16-1>; uint32 age`).
+///
+/// OpenSSL picks the cipher suite (by the client's order) before it looks at PSKs, and drops
+/// a PSK whose hash is not the suite's: a host offering TLS_AES_256_GCM_SHA384 first with a
+/// SHA-256 PSK would fail. Narrowing the suites to the identity's hash first avoids that.
+fn offered_hash(ext: &[u8]) -> Option<PskHash> {
+    let list_len = usize::from(u16::from_be_bytes([*ext.first()?, *ext.get(1)?]));
+    let mut list = ext.get(2..2 + list_len)?;
+    while list.len() >= 2 {
+        let id_len = usize::from(u16::from_be_bytes([list[0], list[1]]));
+        let id = list.get(2..2 + id_len)?;
+        if let Ok(identity) = PskIdentity::parse(id) {
+            return Some(identity.hash);
+        }
+        list = list.get(2 + id_len + 4..)?;
+    }
+    None
 }
 
 fn client_context(hash: PskHash) -> Result<SslContext, ErrorStack> {

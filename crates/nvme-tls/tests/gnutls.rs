@@ -49,11 +49,21 @@ fn key() -> ConfiguredPsk {
 /// Runs gnutls-cli against 127.0.0.1:`port` with `identity` and `psk`, sends "hello\n", and
 /// returns what it printed once it has seen the echo or exited.
 async fn gnutls_cli(port: u16, identity: &str, psk_hex: &str) -> (bool, String) {
+    gnutls_cli_with(PRIORITY, port, identity, psk_hex).await
+}
+
+/// [`gnutls_cli`] with another priority string.
+async fn gnutls_cli_with(
+    priority: &str,
+    port: u16,
+    identity: &str,
+    psk_hex: &str,
+) -> (bool, String) {
     need("gnutls-cli");
     let mut child = Command::new("gnutls-cli")
         .args([
             "--priority",
-            PRIORITY,
+            priority,
             "--pskusername",
             identity,
             "--pskkey",
@@ -139,6 +149,21 @@ async fn accepts_gnutls_cli_with_either_identity_version() {
         );
         assert_eq!(got.unwrap(), format!("{id} TLS_AES_128_GCM_SHA256"));
     }
+}
+
+/// A host that offers TLS_AES_256_GCM_SHA384 before TLS_AES_128_GCM_SHA256 with a SHA-256 PSK
+/// (tlshd does not, other hosts may): the target must pick the suite its PSK can key.
+#[tokio::test]
+async fn accepts_gnutls_cli_offering_aes_256_first_with_a_sha256_key() {
+    let mut store = PskStore::new();
+    store.insert(H, S, key());
+    let (port, task) = target(store).await;
+    let (id, psk) = key().tls_psk(H, S, IdentityVersion::V0, Derivation::Libnvme);
+    let priority = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL:+AES-256-GCM:+AES-128-GCM:-KX-ALL:+ECDHE-PSK:+DHE-PSK:%NO_TICKETS";
+    let (echoed, log) = gnutls_cli_with(priority, port, &id.to_string(), &hex(psk.expose())).await;
+    let got = timeout(T, task).await.unwrap().unwrap();
+    assert!(echoed, "gnutls-cli saw no echo: {log}\ntarget: {got:?}");
+    assert_eq!(got.unwrap(), format!("{id} TLS_AES_128_GCM_SHA256"));
 }
 
 #[tokio::test]
