@@ -17,7 +17,8 @@
 //! ```
 //!
 //! The TLS PSKs themselves are checked where only the right key works: `nvme-tls`'s
-//! handshake against Linux's target (`crates/nvme-tls/tests/linux_target.rs`).
+//! handshakes against Linux's target (version 0, `crates/nvme-tls/tests/linux_target.rs`) and
+//! Linux's host (versions 0 and 1, `crates/nvme-tls/tests/linux_host.rs`).
 //!
 //! libnvme 1.16's RFC 8446 derivation is checked against the digests in libnvme's own
 //! `test/psk.c` (v1.16, both its fixed and its `compat` tables), the only published values of
