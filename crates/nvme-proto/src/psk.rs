@@ -603,10 +603,13 @@ struct Entry {
     v0_derivation: Derivation,
 }
 
-/// A target's keys: (host NQN, subsystem NQN) → configured PSK. Cheap to clone (shared).
+/// A target's keys: (host NQN, subsystem NQN) → configured PSK, and host NQN → a key for every
+/// subsystem (the discovery subsystem included: `nvme discover --tls` offers an identity for
+/// `nqn.2014-08.org.nvmexpress.discovery`). Cheap to clone (shared).
 #[derive(Debug, Clone, Default)]
 pub struct PskStore {
     entries: Arc<HashMap<(String, String), Entry>>,
+    hosts: Arc<HashMap<String, Entry>>,
 }
 
 /// The key a [`PskStore`] chose for an offered identity.
@@ -646,14 +649,20 @@ impl PskStore {
         );
     }
 
-    /// Number of (host, subsystem) keys.
+    /// Adds (or replaces) the key of `hostnqn` for every subsystem without a key of its own;
+    /// the TLS PSK is still derived for the subsystem the identity names.
+    pub fn insert_host(&mut self, hostnqn: &str, key: ConfiguredPsk, v0_derivation: Derivation) {
+        Arc::make_mut(&mut self.hosts).insert(hostnqn.to_owned(), Entry { key, v0_derivation });
+    }
+
+    /// Number of keys (per subsystem and host-wide).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.hosts.len()
     }
 
     /// Whether the store holds no key.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// The TLS PSK for an identity a host offered (the raw bytes of the ClientHello's
@@ -663,6 +672,7 @@ impl PskStore {
         let entry = self
             .entries
             .get(&(identity.hostnqn.clone(), identity.subnqn.clone()))
+            .or_else(|| self.hosts.get(&identity.hostnqn))
             .ok_or_else(|| PskError::UnknownHost {
                 hostnqn: identity.hostnqn.clone(),
                 subnqn: identity.subnqn.clone(),

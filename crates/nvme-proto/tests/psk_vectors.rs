@@ -311,3 +311,38 @@ fn rejects_mutated_keys_and_identities_without_panicking() {
         assert!(PskIdentity::parse(&buf).is_err());
     }
 }
+
+#[test]
+fn store_uses_a_host_wide_key_for_subsystems_without_their_own() {
+    let host_key = ConfiguredPsk::parse(KEY01).unwrap();
+    let own = ConfiguredPsk::new(Some(PskHash::Sha256), &[3u8; 32]).unwrap();
+    let mut store = PskStore::new();
+    store.insert_host(H, host_key.clone(), Derivation::Libnvme);
+    store.insert(H, S, own.clone());
+    assert_eq!(store.len(), 2);
+    let disc = "nqn.2014-08.org.nvmexpress.discovery";
+    // The discovery subsystem (no key of its own) takes the host-wide key, derived for it.
+    let (id, want) = host_key.tls_psk(H, disc, IdentityVersion::V1, Derivation::Libnvme);
+    let got = store.resolve(id.to_string().as_bytes()).unwrap();
+    assert_eq!(got.psk, want);
+    assert_eq!(got.identity.subnqn, disc);
+    // S has its own key, which wins over the host-wide one.
+    let (id, want) = own.tls_psk(H, S, IdentityVersion::V0, Derivation::Libnvme);
+    assert_eq!(store.resolve(id.to_string().as_bytes()).unwrap().psk, want);
+    let (id, _) = host_key.tls_psk(H, S, IdentityVersion::V1, Derivation::Libnvme);
+    assert_eq!(
+        store.resolve(id.to_string().as_bytes()).unwrap_err(),
+        PskError::DigestMismatch
+    );
+    // Another host has no key anywhere.
+    let (id, _) = host_key.tls_psk(
+        "nqn.2014-08.org.example:other",
+        disc,
+        IdentityVersion::V0,
+        Derivation::Libnvme,
+    );
+    assert!(matches!(
+        store.resolve(id.to_string().as_bytes()),
+        Err(PskError::UnknownHost { .. })
+    ));
+}
