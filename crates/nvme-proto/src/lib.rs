@@ -17,11 +17,15 @@
 //! - [`queue`]: the controller-role NVMe/TCP connection machine (ICReq/ICResp, command
 //!   capsules and in-capsule data, R2T/H2CData, C2HData, digests, termination): PDUs in,
 //!   [`Command`]s out; [`Completion`]s in, PDUs out.
+//! - [`psk`]: NVMe/TCP's TLS PSKs (TP 8011): the `NVMeTLSkey-1:` interchange format, the
+//!   retained and TLS PSK derivations (RFC 8446's and libnvme's), PSK identities, and the
+//!   target's key store the `nvme-tls` crate's handshake picks a key from.
 #![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod command;
 pub mod controller;
+pub mod psk;
 pub mod queue;
 
 pub use command::{Command, Completion};
