@@ -4,7 +4,9 @@
 //! a 64 MiB file and 300 small ones with their SHA-256, fsck, disconnect, connect again and
 //! verify, O_DIRECT reads and writes — once plain, once with header and data digests and two
 //! I/O queues; then against a target requiring DH-HMAC-CHAP (TP 8006): one-way, bidirectional
-//! with digests, and a wrong secret refused. Skipped (with a line saying so) when the harness
+//! with digests, and a wrong secret refused; and with TLS 1.3 (TP 8011: the key made by `nvme
+//! gen-tls-key`, inserted by `nvme check-tls-key`, the handshake by `tlshd`) together with
+//! bidirectional DH-HMAC-CHAP, and a wrong TLS key refused. Skipped (with a line saying so) when the harness
 //! or QEMU is missing. One VM at a time: the tests take a lock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,6 +30,10 @@ const HOST_SECRET: &str = "DHHC-1:01:nmYIwqxTLzzOol97bjJXtqV+LdIgrvtw6RcA6hwLr6u
 const CTRL_SECRET: &str =
     "DHHC-1:02:2jXsu5REC+/+iGEhSwk672YZWeldKDKjFveZ5ddNl4Fvz1LRSAiBmTFGC6tp+vQHw+2aaQ==:";
 const WRONG_SECRET: &str = "DHHC-1:00:aBTraX76lFcUDME3h+EUQ7LMo3m5+aGVTuPbXbANUEAHZi8v:";
+/// TLS keys made by nvme-cli 2.13's `gen-tls-key --hostnqn GUEST_HOSTNQN --subsysnqn NQN`
+/// (twice: the target's, and one the target does not have).
+const TLS_KEY: &str = "NVMeTLSkey-1:01:Qu4qQj0MpPsN7SWJMGrsFUMlKxAQYGMOVq/+5wudpm7bs6Pp:";
+const WRONG_TLS_KEY: &str = "NVMeTLSkey-1:01:WoduifIsLG+dXfIlx41amgfSLUe3GZfdMs+jYx1evvJBZ5sK:";
 
 /// One VM at a time (each takes 1.5 GB and two TCG vCPUs).
 static VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -233,5 +239,53 @@ fn linux_nvme_tcp_host_authenticates_with_dh_hmac_chap_and_a_wrong_secret_is_ref
         "refused by DH-HMAC-CHAP, not something else:\n{log}"
     );
     let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
+    assert!(!tl.contains("panicked"), "target log:\n{tl}");
+}
+
+#[test]
+fn linux_nvme_tcp_host_over_tls_with_dh_hmac_chap_and_a_wrong_tls_key_is_refused() {
+    let Some(vm) = harness() else { return };
+    let _one = VM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().unwrap();
+    let host = secret_file(dir.path(), "host.dhchap", HOST_SECRET);
+    let ctrl = secret_file(dir.path(), "ctrl.dhchap", CTRL_SECRET);
+    let key = secret_file(dir.path(), "host.tlskey", TLS_KEY);
+    let tlog = dir.path().join("target.log");
+    let dhchap = format!("{GUEST_HOSTNQN},{},{}", host.display(), ctrl.display());
+    let tls = format!("{GUEST_HOSTNQN},{}", key.display());
+    let (_target, port) = target(&tlog, &["--nvme-dhchap", &dhchap, "--nvme-tls-key", &tls]);
+    let both = run_guest(
+        &vm,
+        dir.path(),
+        "tls-dhchap",
+        port,
+        &[
+            &format!("TLS_KEY={TLS_KEY}"),
+            &format!("DHCHAP_SECRET={HOST_SECRET}"),
+            &format!("DHCHAP_CTRL_SECRET={CTRL_SECRET}"),
+        ],
+        true,
+    );
+    assert!(
+        both.contains("tls=on") && both.contains("dhchap=on,bidirectional"),
+        "{both}"
+    );
+    let wrong = run_guest(
+        &vm,
+        dir.path(),
+        "tls-wrong-key",
+        port,
+        &[
+            &format!("TLS_KEY={WRONG_TLS_KEY}"),
+            &format!("DHCHAP_SECRET={HOST_SECRET}"),
+        ],
+        false,
+    );
+    assert!(wrong.contains("RESULT fail connect"), "{wrong}");
+    let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
+    assert!(
+        tl.contains("NVMe/TCP connection refused") && tl.contains("TLS handshake failed"),
+        "the target refused the handshake of the wrong key:\n{tl}"
+    );
     assert!(!tl.contains("panicked"), "target log:\n{tl}");
 }

@@ -32,6 +32,16 @@ pub struct Args {
     /// `[[nvme.host]]`.
     #[arg(long, value_name = "HOSTNQN,FILE[,FILE]", conflicts_with = "config")]
     nvme_dhchap: Vec<String>,
+    /// TLS 1.3 with a configured PSK (TP 8011) for an NVMe/TCP host (repeatable):
+    /// `HOSTNQN,KEY-FILE`, the file holding its `NVMeTLSkey-1:…:` key (mode 0600; `nvme
+    /// gen-tls-key` makes it), for every subsystem. With a key, TLS is required unless
+    /// --nvme-tls says otherwise. With --config: `[[nvme.host]] tls_key_file`.
+    #[arg(long, value_name = "HOSTNQN,FILE", conflicts_with = "config")]
+    nvme_tls_key: Vec<String>,
+    /// NVMe/TCP TLS: off | allowed (TLS or plain, by the connection's first byte) | required.
+    /// Default: required with --nvme-tls-key, else off. With --config: `[nvme] tls`.
+    #[arg(long, value_name = "MODE", value_parser = ["off", "allowed", "required"], conflicts_with = "config")]
+    nvme_tls: Option<String>,
     /// Target name (IQN) of the single target defined on the command line.
     #[arg(long, default_value = config::DEFAULT_IQN)]
     iqn: String,
@@ -439,9 +449,30 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
         };
         file.nvme.host.push(ipsan_target::nvme::FileNvmeHost {
             nqn: nqn.to_owned(),
-            dhchap_secret_file: PathBuf::from(host),
+            dhchap_secret_file: Some(PathBuf::from(host)),
             dhchap_ctrl_secret_file: ctrl.map(PathBuf::from),
+            tls_key_file: None,
         });
+    }
+    for v in &args.nvme_tls_key {
+        let Some((nqn, key)) = v
+            .split_once(',')
+            .filter(|(n, k)| !n.is_empty() && !k.is_empty())
+        else {
+            anyhow::bail!("--nvme-tls-key {v:?}: expected HOSTNQN,KEY-FILE");
+        };
+        match file.nvme.host.iter_mut().find(|h| h.nqn == nqn) {
+            Some(h) => h.tls_key_file = Some(PathBuf::from(key)),
+            None => file.nvme.host.push(ipsan_target::nvme::FileNvmeHost {
+                nqn: nqn.to_owned(),
+                dhchap_secret_file: None,
+                dhchap_ctrl_secret_file: None,
+                tls_key_file: Some(PathBuf::from(key)),
+            }),
+        }
+    }
+    if let Some(m) = &args.nvme_tls {
+        file.nvme.tls = Some(m.clone());
     }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(

@@ -11,14 +11,17 @@
 //! target = "iqn.2026-11.org.ipsan:disk0"
 //! nqn = "nqn.2026-11.org.ipsan:disk0"
 //!
-//! [[nvme.host]]                   # DH-HMAC-CHAP (TP 8006) for one host NQN
+//! [[nvme.host]]                   # one host NQN's secrets
 //! nqn = "nqn.2014-08.org.nvmexpress:uuid:…"
-//! dhchap_secret_file = "/etc/ipsan/host1.dhchap"      # DHHC-1:…: (mode 0600)
+//! dhchap_secret_file = "/etc/ipsan/host1.dhchap"      # DH-HMAC-CHAP (TP 8006), DHHC-1:…:
 //! dhchap_ctrl_secret_file = "/etc/ipsan/ctrl.dhchap" # optional: bidirectional
+//! tls_key_file = "/etc/ipsan/host1.tlskey"           # TLS (TP 8011), NVMeTLSkey-1:…:
 //! ```
 //!
-//! Once a `[[nvme.host]]` is configured, every host must authenticate: a host NQN without a
-//! secret here is refused at Connect (Connect Invalid Host).
+//! Once any host has a DH-HMAC-CHAP secret, every host must authenticate: a host NQN without
+//! one is refused at Connect (Connect Invalid Host). `[nvme] tls` is `off` (the default
+//! without TLS keys), `required` (the default with them: a connection that does not start a
+//! TLS handshake is closed) or `allowed` (either).
 //!
 //! Every `[[target]]` is one NVM subsystem; its NQN is the IQN with `iqn.` replaced by `nqn.`
 //! (`iqn.2026-11.org.ipsan:disk0` → `nqn.2026-11.org.ipsan:disk0`), or
@@ -30,6 +33,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use nvme_proto::auth::{AuthConfig, DhchapSecret};
+use nvme_proto::psk::{ConfiguredPsk, Derivation, PskStore};
 use zeroize::Zeroizing;
 
 use crate::config::{Config, ConfigError};
@@ -55,6 +59,9 @@ pub struct FileNvme {
     pub subsystem: Vec<FileNvmeSubsystem>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host: Vec<FileNvmeHost>,
+    /// `off`, `allowed` or `required`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<String>,
 }
 
 /// `[[nvme.host]]`: a host NQN and its DH-HMAC-CHAP secrets (files, mode 0600).
@@ -63,10 +70,26 @@ pub struct FileNvme {
 pub struct FileNvmeHost {
     pub nqn: String,
     /// The host's secret (`DHHC-1:…:`): the host proves it.
-    pub dhchap_secret_file: std::path::PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret_file: Option<std::path::PathBuf>,
     /// The controller's secret: with it the host may ask the target to prove itself too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrl_secret_file: Option<std::path::PathBuf>,
+    /// The host's configured TLS PSK (`NVMeTLSkey-1:…`), for every subsystem (the discovery
+    /// subsystem too); version 0 identities are taken as libnvme derives them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+}
+
+/// Whether connections use TLS 1.3 with a PSK (TP 8011).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP only.
+    Off,
+    /// A connection whose first byte starts a TLS handshake gets one; others are plain.
+    Allowed,
+    /// Every connection must start with a TLS handshake; others are closed.
+    Required,
 }
 
 impl FileNvme {
@@ -97,6 +120,9 @@ pub struct NvmeSettings {
     pub nqns: Vec<(String, String)>,
     /// DH-HMAC-CHAP secrets by host NQN; when any is configured every host must authenticate.
     pub hosts: Vec<(String, AuthConfig)>,
+    /// TLS keys by host NQN.
+    pub tls_keys: PskStore,
+    pub tls: TlsMode,
 }
 
 impl Default for NvmeSettings {
@@ -106,6 +132,8 @@ impl Default for NvmeSettings {
             in_capsule_data: DEFAULT_IN_CAPSULE,
             nqns: Vec::new(),
             hosts: Vec::new(),
+            tls_keys: PskStore::new(),
+            tls: TlsMode::Off,
         }
     }
 }
@@ -194,22 +222,55 @@ impl NvmeSettings {
                     format!("{:?} is not a host NQN", h.nqn),
                 ));
             }
-            if s.hosts.iter().any(|(n, _)| n == &h.nqn) {
+            if f.host[..i].iter().any(|o| o.nqn == h.nqn) {
                 return Err(err(
                     format!("{field}.nqn"),
                     format!("{} is configured twice", h.nqn),
                 ));
             }
-            let host = dhchap_secret(
-                &format!("{field}.dhchap_secret_file"),
-                &h.dhchap_secret_file,
-            )?;
-            let ctrl = h
-                .dhchap_ctrl_secret_file
-                .as_deref()
-                .map(|p| dhchap_secret(&format!("{field}.dhchap_ctrl_secret_file"), p))
-                .transpose()?;
-            s.hosts.push((h.nqn.clone(), AuthConfig::new(host, ctrl)));
+            match (&h.dhchap_secret_file, &h.dhchap_ctrl_secret_file, &h.tls_key_file) {
+                (None, None, None) => {
+                    return Err(err(field, "give dhchap_secret_file, tls_key_file or both"))
+                }
+                (None, Some(_), _) => {
+                    return Err(err(
+                        format!("{field}.dhchap_ctrl_secret_file"),
+                        "needs dhchap_secret_file (bidirectional authentication is on top of the host's)",
+                    ))
+                }
+                _ => {}
+            }
+            if let Some(p) = &h.dhchap_secret_file {
+                let host = dhchap_secret(&format!("{field}.dhchap_secret_file"), p)?;
+                let ctrl = h
+                    .dhchap_ctrl_secret_file
+                    .as_deref()
+                    .map(|p| dhchap_secret(&format!("{field}.dhchap_ctrl_secret_file"), p))
+                    .transpose()?;
+                s.hosts.push((h.nqn.clone(), AuthConfig::new(host, ctrl)));
+            }
+            if let Some(p) = &h.tls_key_file {
+                let key = tls_key(&format!("{field}.tls_key_file"), p)?;
+                s.tls_keys.insert_host(&h.nqn, key, Derivation::Libnvme);
+            }
+        }
+        s.tls = match f.tls.as_deref() {
+            None if s.tls_keys.is_empty() => TlsMode::Off,
+            None | Some("required") => TlsMode::Required,
+            Some("allowed") => TlsMode::Allowed,
+            Some("off") => TlsMode::Off,
+            Some(other) => {
+                return Err(err(
+                    "nvme.tls",
+                    format!("{other:?}: expected off, allowed or required"),
+                ))
+            }
+        };
+        if s.tls != TlsMode::Off && s.tls_keys.is_empty() {
+            return Err(err(
+                "nvme.tls",
+                "TLS needs a key: give a host tls_key_file ([[nvme.host]], --nvme-tls-key)",
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         for t in targets {
@@ -251,13 +312,24 @@ fn dhchap_secret(field: &str, path: &std::path::Path) -> Result<DhchapSecret, Co
     DhchapSecret::parse(text).map_err(|e| err(field, e.to_string()))
 }
 
+/// A configured TLS PSK (`NVMeTLSkey-1:`) from a file only its owner can read.
+fn tls_key(field: &str, path: &std::path::Path) -> Result<ConfiguredPsk, ConfigError> {
+    crate::config::check_secret_file(field, path)?;
+    let text = Zeroizing::new(
+        std::fs::read(path).map_err(|e| err(field, format!("{}: {e}", path.display())))?,
+    );
+    let text = std::str::from_utf8(&text).map_err(|_| err(field, "not an NVMeTLSkey-1 key"))?;
+    ConfiguredPsk::parse(text).map_err(|e| err(field, e.to_string()))
+}
+
 /// NVMe listeners beyond loopback that would serve subsystems nobody authenticates.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "refusing to serve NVMe/TCP on {listen}: it is beyond loopback and no host has to \
      authenticate, so any host that reaches it could connect under any host NQN and read and \
      write every namespace. Give each host a DH-HMAC-CHAP secret ([[nvme.host]], \
-     --nvme-dhchap HOSTNQN,SECRET-FILE), listen on loopback only (--nvme-listen \
+     --nvme-dhchap HOSTNQN,SECRET-FILE) or require TLS with its key (--nvme-tls-key \
+     HOSTNQN,KEY-FILE), listen on loopback only (--nvme-listen \
      127.0.0.1:4420), or accept the risk with --insecure-no-auth ([server] insecure_no_auth = \
      true) (docs/nvme.md, \"Listening beyond loopback\")",
     listen = self.listen.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
@@ -268,9 +340,9 @@ pub struct NvmeExposureError {
 
 /// The NVMe side of [`crate::exposure::check`]: a listener beyond loopback must
 /// authenticate its hosts. With DH-HMAC-CHAP secrets configured every host proves one (hosts
-/// without are refused at Connect); otherwise a listener beyond loopback is refused unless
-/// `insecure_no_auth`, and `Ok` carries the warning to log then. (TLS with a PSK, TP 8011,
-/// would authenticate hosts too: its check belongs here once it is configured.)
+/// without are refused at Connect); with TLS required every connection is keyed by a host's
+/// PSK (and its Connect must name that host). Otherwise a listener beyond loopback is refused
+/// unless `insecure_no_auth`, and `Ok` carries the warning to log then.
 pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureError> {
     let beyond: Vec<SocketAddr> = config
         .nvme
@@ -279,7 +351,8 @@ pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureErr
         .copied()
         .filter(crate::exposure::beyond_loopback)
         .collect();
-    if beyond.is_empty() || config.nvme.auth_required() {
+    // Every host proves a DH-HMAC-CHAP secret, or every connection is keyed by a host's TLS PSK.
+    if beyond.is_empty() || config.nvme.auth_required() || config.nvme.tls == TlsMode::Required {
         return Ok(None);
     }
     if !config.insecure_no_auth {
@@ -365,6 +438,23 @@ mod tests {
             let e = config(&format!("{TARGET}{extra}")).unwrap_err();
             assert_eq!(e.field, field, "{extra}: {e}");
         }
+    }
+
+    #[test]
+    fn rejects_tls_without_a_key_and_an_unknown_mode() {
+        for (extra, field) in [
+            ("[nvme]\ntls = \"required\"\n", "nvme.tls"),
+            ("[nvme]\ntls = \"allowed\"\n", "nvme.tls"),
+            ("[nvme]\ntls = \"sometimes\"\n", "nvme.tls"),
+            (
+                "[[nvme.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:1\"\n",
+                "nvme.host[0]",
+            ),
+        ] {
+            let e = config(&format!("{TARGET}{extra}")).unwrap_err();
+            assert_eq!(e.field, field, "{extra}: {e}");
+        }
+        assert_eq!(config(TARGET).unwrap().nvme.tls, TlsMode::Off);
     }
 
     #[test]

@@ -18,11 +18,12 @@ use std::time::Instant;
 use bytes::{Buf, Bytes, BytesMut};
 use ipsan_scsi::aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
 use nvme_proto::controller::{self, BlockError, BlockOp, BlockRequest, Submitted};
+use nvme_proto::psk::PskIdentity;
 use nvme_proto::queue::{Event, Queue};
 use nvme_proto::{Command, Completion};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
+use nvme_wire::entry::{Cqe, Status};
+use nvme_wire::fabrics::ConnectData;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -60,19 +61,25 @@ struct Conn {
     aer_tx: mpsc::UnboundedSender<Completion>,
     close: CancellationToken,
     id: u64,
+    /// The TLS PSK identity of the connection, when it is TLS.
+    identity: Option<PskIdentity>,
 }
 
 /// Serves one accepted connection until the host closes it, the queue terminates it, its
 /// controller goes away or `cancel` fires.
-pub(super) async fn serve(
-    stream: TcpStream,
+/// `identity` is the TLS PSK identity the connection was keyed for (TP 8011): its Connect must
+/// name the same host NQN and subsystem NQN.
+pub(super) async fn serve<S>(
+    stream: S,
     peer: SocketAddr,
     shared: Arc<Shared>,
     cancel: CancellationToken,
-) {
-    let _ = stream.set_nodelay(true);
+    identity: Option<PskIdentity>,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     shared.connections.fetch_add(1, Ordering::Relaxed);
-    let (mut rd, wr) = stream.into_split();
+    let (mut rd, wr) = tokio::io::split(stream);
     let (out_tx, out_rx) = mpsc::channel::<Vec<Bytes>>(64);
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (io_tx, mut io_rx) = mpsc::unbounded_channel();
@@ -88,6 +95,7 @@ pub(super) async fn serve(
         close: cancel.child_token(),
         id: shared.next_id(),
         shared,
+        identity,
     };
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut closed = false;
@@ -161,7 +169,7 @@ async fn sleep_until(t: Option<Instant>) {
 
 /// Writes what the queue produced, in order, gathering the pieces of each batch (a data PDU's
 /// header, payload and digest) into vectored writes; shuts the socket down at the end.
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<Bytes>>) {
+async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<Bytes>>) {
     let mut pending: VecDeque<Bytes> = VecDeque::new();
     while let Some(batch) = rx.recv().await {
         pending.extend(batch);
@@ -198,7 +206,22 @@ impl Conn {
     fn on_command(&mut self, cmd: Command) {
         let now = Instant::now();
         let Some(ctl) = self.ctl.as_mut() else {
-            // A queue's first command: Connect (NVMe over Fabrics 1.1 §3.3).
+            // A queue's first command: Connect (NVMe over Fabrics 1.1 §3.3). On a TLS
+            // connection it must name the host and subsystem whose key keyed it (TP 8011).
+            if let Some(id) = &self.identity {
+                let names =
+                    ConnectData::decode(&cmd.data).is_ok_and(|d| id.names(&d.hostnqn, &d.subnqn));
+                if !names {
+                    warn!(hostnqn = %id.hostnqn, subnqn = %id.subnqn, "NVMe/TCP Connect names another host or subsystem than its TLS PSK identity; refused");
+                    let mut cqe = Cqe::new(cmd.sqe.cid, Status::CONNECT_INVALID_HOST);
+                    cqe.dnr = true;
+                    self.complete(Completion {
+                        cqe,
+                        data: Bytes::new(),
+                    });
+                    return;
+                }
+            }
             let r = self.shared.target().connect(&cmd, now);
             self.shared.wake.notify_one();
             match r {

@@ -39,7 +39,7 @@ use tracing::{info, warn};
 
 pub use config::{
     check_exposure, derived_nqn, FileNvme, FileNvmeHost, FileNvmeSubsystem, NvmeExposureError,
-    NvmeSettings,
+    NvmeSettings, TlsMode,
 };
 pub use subsystems::nsid_of_lun;
 
@@ -125,6 +125,9 @@ pub(crate) struct Shared {
     wake: Notify,
     queue_cfg: QueueConfig,
     ids: AtomicU64,
+    /// TLS (TP 8011): off, allowed or required, and the hosts' keys.
+    tls: TlsMode,
+    tls_keys: nvme_proto::psk::PskStore,
 }
 
 impl Shared {
@@ -437,7 +440,7 @@ impl NvmeServer {
             .filter_map(|l| l.local_addr().ok())
             .collect();
         let cfg = controller::TargetConfig {
-            discovery: subsystems::discovery_entries(&subsystems, &bound),
+            discovery: subsystems::discovery_entries(&subsystems, &bound, settings.tls),
             in_capsule_data: settings.in_capsule_data,
             subsystems: subsystems.clone(),
             auth,
@@ -461,6 +464,8 @@ impl NvmeServer {
             wake: Notify::new(),
             queue_cfg,
             ids: AtomicU64::new(1),
+            tls: settings.tls,
+            tls_keys: settings.tls_keys.clone(),
         });
         // For the metrics and `ipsan ctl nvme`; one NVMe side per registry.
         let _ = registry.nvme.set(shared.clone());
@@ -542,13 +547,21 @@ impl NvmeServer {
                     let Some(per_address) = registry.open_connection(peer.ip()) else {
                         continue;
                     };
-                    // TLS (TP 8011) goes here, before the first PDU, once configured.
                     let shared = shared.clone();
                     let cancel = cancel.clone();
                     let mut set = conns.lock().await;
                     while set.try_join_next().is_some() {}
                     set.spawn(async move {
-                        conn::serve(stream, peer, shared, cancel).await;
+                        let _ = stream.set_nodelay(true);
+                        match tls_or_plain(stream, &shared).await {
+                            Ok(Accepted::Plain(s)) => {
+                                conn::serve(s, peer, shared, cancel, None).await
+                            }
+                            Ok(Accepted::Tls(a)) => {
+                                conn::serve(a.stream, peer, shared, cancel, Some(a.identity)).await;
+                            }
+                            Err(why) => warn!(%peer, "NVMe/TCP connection refused: {why}"),
+                        }
                         drop(per_address);
                         drop(permit);
                     });
@@ -564,6 +577,53 @@ impl NvmeServer {
 
 /// How often the registry is compared with the namespaces served.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// A connection after its first bytes: plain NVMe/TCP, or TLS keyed by a host's PSK.
+enum Accepted {
+    Plain(tokio::net::TcpStream),
+    Tls(nvme_tls::Accepted<tokio::net::TcpStream>),
+}
+
+/// The first byte of a TLS record carrying a handshake (RFC 8446 §5.1, ContentType 22); an
+/// NVMe/TCP connection starts with ICReq, PDU type 0.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// How long a connection may take to start (its first byte, the TLS handshake).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TP 8011: with TLS on, a connection whose first byte starts a TLS handshake gets one keyed
+/// by its host's PSK (the identity is kept: Connect must name it); with TLS required, any
+/// other connection is refused.
+async fn tls_or_plain(stream: tokio::net::TcpStream, shared: &Shared) -> Result<Accepted, String> {
+    if shared.tls == TlsMode::Off {
+        return Ok(Accepted::Plain(stream));
+    }
+    let mut first = [0u8; 1];
+    let peeked = tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first))
+        .await
+        .map_err(|_| "nothing sent".to_owned())?
+        .map_err(|e| e.to_string())?;
+    if peeked == 0 {
+        return Err("closed before its first byte".to_owned());
+    }
+    if first[0] != TLS_HANDSHAKE {
+        return match shared.tls {
+            TlsMode::Required => {
+                Err("TLS is required and it did not start a TLS handshake".to_owned())
+            }
+            _ => Ok(Accepted::Plain(stream)),
+        };
+    }
+    let a = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        nvme_tls::accept(stream, &shared.tls_keys),
+    )
+    .await
+    .map_err(|_| "TLS handshake not done in time".to_owned())?
+    .map_err(|e| e.to_string())?;
+    info!(hostnqn = %a.identity.hostnqn, subnqn = %a.identity.subnqn, "NVMe/TCP TLS connection");
+    Ok(Accepted::Tls(a))
+}
 
 /// Runs the controller's timers (keep-alive expiry), delivers its events, and follows the
 /// registry's live changes.

@@ -85,11 +85,13 @@ pub(super) fn subsystem(settings: &NvmeSettings, t: &Target) -> (SubsystemConfig
     )
 }
 
-/// The discovery log: every subsystem on every listener (TREQ: secure channel not required,
-/// no TLS until it is configured).
+/// The discovery log: every subsystem on every listener, with TREQ's secure channel
+/// (required with TLS required, else not required) and TSAS's security type (TLS 1.3 when TLS
+/// is on; NVMe over Fabrics 1.1 §5.3, Discovery Log Page Entry).
 pub(super) fn discovery_entries(
     subsystems: &[SubsystemConfig],
     listeners: &[SocketAddr],
+    tls: super::TlsMode,
 ) -> Vec<DiscoveryEntry> {
     let mut out = Vec::new();
     for (i, addr) in listeners.iter().enumerate() {
@@ -100,8 +102,12 @@ pub(super) fn discovery_entries(
                 trsvcid: addr.port().to_string(),
                 ipv6: addr.is_ipv6(),
                 portid: u16::try_from(i + 1).unwrap_or(u16::MAX),
-                treq_secure_channel: 2,
-                sectype: 0,
+                treq_secure_channel: if tls == super::TlsMode::Required {
+                    1
+                } else {
+                    2
+                },
+                sectype: if tls == super::TlsMode::Off { 0 } else { 2 },
             });
         }
     }

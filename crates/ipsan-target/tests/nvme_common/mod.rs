@@ -14,8 +14,12 @@ use nvme_wire::fabrics::{
     Connect, ConnectData, FabricsCommand, FabricsKind, Property, PropertySet, CNTLID_DYNAMIC,
 };
 use nvme_wire::pdu::{CapsuleCmd, Codec, H2cData, IcReq, Pdu};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// A byte stream to the target: TCP, or TLS over it.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 pub const IQN: &str = "iqn.2026-11.org.ipsan:nvme-test";
 pub const NQN: &str = "nqn.2026-11.org.ipsan:nvme-test";
@@ -41,7 +45,7 @@ pub async fn start(size: &str) -> ServerHandle {
 
 /// One NVMe/TCP connection from the host side.
 pub struct Host {
-    pub s: TcpStream,
+    pub s: Box<dyn Io>,
     pub codec: Codec,
     buf: BytesMut,
     next_cid: u16,
@@ -57,8 +61,13 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
 impl Host {
     /// A TCP connection without ICReq (for the hostile tests).
     pub async fn tcp(addr: SocketAddr) -> Self {
+        Self::over(Box::new(TcpStream::connect(addr).await.unwrap()))
+    }
+
+    /// A host on `s` (TLS, say) before ICReq.
+    pub fn over(s: Box<dyn Io>) -> Self {
         Self {
-            s: TcpStream::connect(addr).await.unwrap(),
+            s,
             codec: Codec::new(1 << 24),
             buf: BytesMut::new(),
             next_cid: 1,
@@ -69,6 +78,13 @@ impl Host {
     /// TCP + ICReq/ICResp with the given digests.
     pub async fn connect(addr: SocketAddr, hdgst: bool, ddgst: bool) -> Self {
         let mut h = Self::tcp(addr).await;
+        h.ic(hdgst, ddgst).await;
+        h
+    }
+
+    /// ICReq/ICResp with the given digests.
+    pub async fn ic(&mut self, hdgst: bool, ddgst: bool) {
+        let h = self;
         h.send(&Pdu::IcReq(IcReq {
             pfv: 0,
             hpda: 0,
@@ -85,7 +101,6 @@ impl Host {
         h.codec.data_digest = r.ddgst;
         h.codec.tx_pda = r.cpda;
         h.maxh2cdata = r.maxh2cdata;
-        h
     }
 
     pub async fn send_raw(&mut self, b: &[u8]) {
@@ -144,6 +159,19 @@ impl Host {
         subnqn: &str,
         kato: u32,
     ) -> Cqe {
+        self.fabrics_connect_as(qid, cntlid, subnqn, HOSTNQN, kato)
+            .await
+    }
+
+    /// Fabrics Connect naming `hostnqn`.
+    pub async fn fabrics_connect_as(
+        &mut self,
+        qid: u16,
+        cntlid: u16,
+        subnqn: &str,
+        hostnqn: &str,
+        kato: u32,
+    ) -> Cqe {
         let cid = self.cid();
         let sqe = FabricsCommand {
             cid,
@@ -165,7 +193,7 @@ impl Host {
             hostid: [7; 16],
             cntlid,
             subnqn: subnqn.into(),
-            hostnqn: HOSTNQN.into(),
+            hostnqn: hostnqn.into(),
         }
         .encode()
         .unwrap();
