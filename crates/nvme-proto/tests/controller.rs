@@ -910,6 +910,31 @@ fn compare_write_zeroes_and_deallocate_reach_the_store() {
     bad[8..16].copy_from_slice(&NS_BLOCKS.to_le_bytes());
     let dsm = with_data(cmd(0x09, 9, 1, 0, [2, 1 << 2, 0, 0, 0, 0]), bad);
     assert_eq!(h.run_io(&mut q, dsm).cqe.status, Status::LBA_OUT_OF_RANGE);
+    // As Linux's host sends it: one range in a 4096-byte list (the rest zero).
+    let mut page = vec![0u8; 4096];
+    page[4..8].copy_from_slice(&2u32.to_le_bytes());
+    page[8..16].copy_from_slice(&0u64.to_le_bytes());
+    page[16 + 4..16 + 8].copy_from_slice(&1u32.to_le_bytes()); // beyond NR: not a range
+    let linux = with_data(cmd(0x09, 11, 1, 0, [0, 1 << 2, 0, 0, 0, 0]), page);
+    match q.submit(linux, h.now) {
+        Submitted::Block(r) => {
+            assert_eq!(r.len(), 1, "only NR + 1 ranges count");
+            assert_eq!(
+                r[0].op,
+                BlockOp::Discard {
+                    offset: 0,
+                    len: 2 * u64::from(BS)
+                }
+            );
+            assert!(q
+                .block_done(r[0].tag, Ok(Bytes::new()))
+                .unwrap()
+                .cqe
+                .status
+                .is_success());
+        }
+        other => panic!("{other:?}"),
+    }
     let short = with_data(cmd(0x09, 10, 1, 0, [2, 1 << 2, 0, 0, 0, 0]), vec![0; 32]);
     assert_eq!(
         h.run_io(&mut q, short).cqe.status,
