@@ -363,3 +363,54 @@ pub(crate) fn block_done(
         Want::Compare(_) => done(g.cid, Status::COMPARE_FAILURE),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::NamespaceConfig;
+
+    #[test]
+    fn block_errors_from_the_store_map_by_errno_and_kind() {
+        use std::io::{Error, ErrorKind};
+        let os = Error::from_raw_os_error;
+        assert_eq!(BlockError::from_io(&os(5)), BlockError::Media);
+        assert_eq!(BlockError::from_io(&os(28)), BlockError::NoSpace);
+        assert_eq!(BlockError::from_io(&os(122)), BlockError::NoSpace);
+        assert_eq!(BlockError::from_io(&os(30)), BlockError::ReadOnly);
+        assert_eq!(
+            BlockError::from_io(&Error::from(ErrorKind::UnexpectedEof)),
+            BlockError::OutOfRange
+        );
+        assert_eq!(
+            BlockError::from_io(&Error::other("x")),
+            BlockError::Internal
+        );
+        assert_eq!(
+            BlockError::Media.status(true),
+            Status::UNRECOVERED_READ_ERROR
+        );
+        assert_eq!(BlockError::Media.status(false), Status::WRITE_FAULT);
+    }
+
+    #[test]
+    fn lba_ranges_stop_at_the_end_and_never_overflow() {
+        let ns = Namespace {
+            cfg: NamespaceConfig {
+                nsid: 1,
+                size: 8 * 4096,
+                block_size: 4096,
+                nguid: [0; 16],
+                uuid: [0; 16],
+                eui64: [0; 8],
+                deallocate_zeroes: false,
+                read_only: false,
+            },
+            shift: 12,
+            blocks: 8,
+        };
+        assert_eq!(lba_range(&ns, 7, 1), Ok((7 * 4096, 4096)));
+        assert_eq!(lba_range(&ns, 7, 2), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(lba_range(&ns, u64::MAX, 2), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(lba_range(&ns, 1 << 62, 1), Err(Status::LBA_OUT_OF_RANGE));
+    }
+}
