@@ -23,7 +23,9 @@
 //!   next ([`HostStep`]).
 //!
 //! Computations are Linux's (`drivers/nvme/common/auth.c`, `host/auth.c`, `target/auth.c`),
-//! checked against Linux's target in `tests/auth_linux.rs`: responses
+//! checked against Linux 6.12 in both roles (`tests/auth_linux.rs`: [`HostAuth`] against nvmet;
+//! `tests/auth_linux_host.rs`: [`ControllerAuth`] against `nvme connect`; run by
+//! `tests/linux/auth-interop.sh`, results in `docs/results/nvme-auth-linux`): responses
 //! `HMAC(K, C || le32(S) || le16(T_ID) || 00h || "HostHost" || NQNh || 00h || NQNc)` (and
 //! `"Controller" || NQNc || 00h || NQNh` for the controller), `K` the [`DhchapSecret`]
 //! transformed with the answering side's NQN, `C` augmented with the DH session key when a
