@@ -36,7 +36,6 @@
 //! Secure channel concatenation (TP 8006's optional SC_C: a TLS PSK generated from the
 //! session key) is not implemented: a Negotiate asking for it gets Failure1 "secure channel
 //! concatenation mismatch", and this host never asks. TLS with a configured PSK is `psk`'s.
-#![allow(clippy::module_name_repetitions)]
 
 pub mod dh;
 mod ffdhe;
@@ -78,8 +77,9 @@ pub struct AuthConfig {
 }
 
 impl AuthConfig {
-    /// Every hash (SHA-256 first) and every group (ffdhe2048 first, then the larger ones, NULL
-    /// last), as Linux's host offers them.
+    /// Every hash (SHA-256 first) and every group: the set Linux's host offers, in an order
+    /// that has a controller prefer a DH exchange (ffdhe2048 first, then the larger groups)
+    /// over NULL.
     #[must_use]
     pub fn new(host_secret: DhchapSecret, ctrl_secret: Option<DhchapSecret>) -> Self {
         Self {
