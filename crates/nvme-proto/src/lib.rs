@@ -14,10 +14,14 @@
 //! - [`auth`]: DH-HMAC-CHAP in-band authentication (TP 8006) for both roles, sans-IO:
 //!   `DHHC-1` secrets, the messages, the FFDHE groups, [`auth::ControllerAuth`] and
 //!   [`auth::HostAuth`] (one per queue).
+//! - [`psk`]: NVMe/TCP's TLS PSKs (TP 8011): the `NVMeTLSkey-1:` interchange format, the
+//!   retained and TLS PSK derivations (RFC 8446's and libnvme's), PSK identities, and the
+//!   target's key store the `nvme-tls` crate's handshake picks a key from.
 #![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod command;
 pub mod controller;
+pub mod psk;
 
 pub use command::{Command, Completion};
