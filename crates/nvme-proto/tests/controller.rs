@@ -1338,3 +1338,61 @@ fn accepts_connect_with_sq_flow_control_disabled() {
     assert!(q.sq_flow_disabled());
     assert_eq!(r.cqe.sqhd, 0xffff);
 }
+
+#[test]
+fn rejects_io_from_a_queue_that_joins_an_authenticated_controller_without_the_secret() {
+    // The victim authenticates its admin queue and enables the controller.
+    let mut h = Host::connect(dhchap_target(None), 0);
+    let good = Arc::new(dhchap_config(0x42, None));
+    let mut host = HostAuth::new(Arc::clone(&good), HOSTNQN, SUBNQN, 1);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut host, h.now));
+    h.enable();
+    // An attacker who learned the CNTLID, host NQN and Host ID joins an I/O queue: Connect
+    // works (every queue authenticates on its own), but nothing else does.
+    let cntlid = h.admin.cntlid();
+    let c = connect_cmd(2, 127, 0, SUBNQN, HOSTNQN, cntlid);
+    let (mut evil, r) = h.t.connect(&c, h.now).unwrap();
+    assert_ne!(r.cqe.dw0 & 1 << 17, 0, "ATR on the attacker's queue too");
+    let mut steal = HostAuth::new(Arc::new(dhchap_config(0x66, None)), HOSTNQN, SUBNQN, 2);
+    assert!(!run_dhchap(&mut h.t, &mut evil, &mut steal, h.now));
+    for c in [
+        rw(0x02, 1, 0, 0),
+        write(2, 0, vec![0xee; BS as usize]),
+        cmd(0x00, 3, 1, 0, [0; 6]),
+    ] {
+        assert_eq!(
+            status(evil.submit(c, h.now)),
+            Status::AUTHENTICATION_REQUIRED,
+            "no block request from an unauthenticated queue"
+        );
+    }
+    assert_eq!(evil.outstanding(), 0);
+    assert!(h.store[&1].iter().all(|&b| b == 0), "nothing written");
+    // The victim's own queue, authenticated, works.
+    let c = connect_cmd(1, 127, 0, SUBNQN, HOSTNQN, cntlid);
+    let (mut q, _) = h.t.connect(&c, h.now).unwrap();
+    let mut host = HostAuth::new(good, HOSTNQN, SUBNQN, 3);
+    assert!(run_dhchap(&mut h.t, &mut q, &mut host, h.now));
+    assert!(h
+        .run_io(&mut q, write(4, 0, vec![1; BS as usize]))
+        .cqe
+        .status
+        .is_success());
+}
+
+#[test]
+fn rejects_commands_after_a_failed_reauthentication() {
+    let mut h = Host::connect(dhchap_target(None), 0);
+    let mut host = HostAuth::new(Arc::new(dhchap_config(0x42, None)), HOSTNQN, SUBNQN, 1);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut host, h.now));
+    assert!(h.prop_get(Property::Cap, true).cqe.status.is_success());
+    // A re-authentication with another secret (TP 8006 allows one at any time) fails ...
+    let mut other = HostAuth::new(Arc::new(dhchap_config(0x43, None)), HOSTNQN, SUBNQN, 2);
+    assert!(!run_dhchap(&mut h.t, &mut h.admin, &mut other, h.now));
+    // ... and the queue is no longer authenticated.
+    assert!(h.admin.auth_pending());
+    assert_eq!(
+        h.prop_get(Property::Cap, true).cqe.status,
+        Status::AUTHENTICATION_REQUIRED
+    );
+}
