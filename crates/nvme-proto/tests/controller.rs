@@ -12,8 +12,9 @@ use nvme_proto::auth::{
     AuthConfig, AuthState, DhGroup, DhchapSecret, HashId, HostAuth, HostStep, RECEIVE_ALLOC_LEN,
 };
 use nvme_proto::controller::{
-    AllowedHosts, BlockError, BlockOp, CloseReason, DhchapHosts, DiscoveryEntry, Event,
-    NamespaceConfig, Queue, Submitted, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
+    AllowedHosts, BlockError, BlockOp, Channel, CloseReason, DhchapHosts, DiscoveryEntry, Event,
+    NamespaceConfig, Queue, Submitted, SubsystemConfig, Target, TargetConfig, TlsPeer,
+    DISCOVERY_NQN,
 };
 use nvme_proto::{Command, Completion};
 use nvme_wire::fabrics::{
@@ -1394,5 +1395,97 @@ fn rejects_commands_after_a_failed_reauthentication() {
     assert_eq!(
         h.prop_get(Property::Cap, true).cqe.status,
         Status::AUTHENTICATION_REQUIRED
+    );
+}
+
+fn tls(hostnqn: &str, subnqn: &str) -> Channel {
+    Channel {
+        tls: Some(TlsPeer {
+            hostnqn: hostnqn.into(),
+            subnqn: subnqn.into(),
+        }),
+    }
+}
+
+#[test]
+fn accepts_a_tls_connect_whose_psk_identity_names_its_nqns() {
+    let mut t = Target::new(TargetConfig {
+        require_tls: true,
+        ..config()
+    })
+    .unwrap();
+    let now = Instant::now();
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (admin, r) = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap();
+    assert!(r.cqe.status.is_success());
+    assert_eq!(admin.hostnqn(), HOSTNQN);
+}
+
+#[test]
+fn rejects_a_tls_connect_that_claims_another_host_or_subsystem_than_its_psk() {
+    let mut t = Target::new(config()).unwrap();
+    let now = Instant::now();
+    // A host keyed for itself claims another host's NQN in Connect.
+    let c = connect_cmd(0, 31, 0, SUBNQN, "nqn.victim", CNTLID_DYNAMIC);
+    let r = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap_err();
+    assert_eq!(
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 512)
+    );
+    // A key for one subsystem used to reach another.
+    let other = "nqn.2026-01.io.ipsan:private";
+    let c = connect_cmd(0, 31, 0, other, HOSTNQN, CNTLID_DYNAMIC);
+    let r = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap_err();
+    assert_eq!(
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 256)
+    );
+    // The same for an I/O queue of a controller made over TLS.
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (mut admin, _) = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap();
+    let cc = 6 << 16 | 4 << 20 | 1;
+    let sqe = fabrics(
+        3,
+        Sgl::Transport { length: 0 },
+        FabricsKind::PropertySet(PropertySet {
+            size8: false,
+            property: Property::Cc,
+            value: cc,
+        }),
+    );
+    assert!(status(t.submit(
+        &mut admin,
+        Command {
+            sqe,
+            data: Bytes::new()
+        },
+        now
+    ))
+    .is_success());
+    let io = connect_cmd(1, 127, 0, SUBNQN, HOSTNQN, admin.cntlid());
+    let r = t
+        .connect_on(&io, now, &tls("nqn.someone", SUBNQN))
+        .unwrap_err();
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    assert!(t.connect_on(&io, now, &tls(HOSTNQN, SUBNQN)).is_ok());
+}
+
+#[test]
+fn rejects_plain_tcp_connects_when_tls_is_required_but_to_discovery() {
+    let mut t = Target::new(TargetConfig {
+        require_tls: true,
+        ..config()
+    })
+    .unwrap();
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let r = refused(&mut t, &c);
+    assert_eq!(
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 512)
+    );
+    let d = connect_cmd(0, 31, 0, DISCOVERY_NQN, HOSTNQN, CNTLID_DYNAMIC);
+    assert!(
+        t.connect(&d, Instant::now()).is_ok(),
+        "discovery stays reachable"
     );
 }
