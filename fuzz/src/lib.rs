@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
 //! | [`nvme_pdu`] | `nvme_wire::pdu::Codec` (NVMe/TCP 1.0 §3.6.2), `entry::Sqe::check_tcp`, `fabrics` | consumes exactly PLEN or nothing; a decoded PDU re-encodes to the same bytes (and so do Fabrics commands and Connect data inside capsules); a fatal error yields a termination request that round-trips; a non-fatal one consumed its PDU and names a completion status |
-//! | [`nvme_controller`] | `nvme_proto::controller::Target`/`Queue` (NVMe over Fabrics 1.1 §3, NVMe Base 2.0 §5, NVM Command Set 1.0 §3) | arbitrary Connects, admin/I/O commands, block results in any order, namespace changes, disconnects and time never panic; a completion answers its own CID with no more data than its SGL; block requests stay inside their namespace with tags unique per queue; a command completes exactly at its last block result; no keep-alive deadline is left in the past |
+//! | [`nvme_controller`] | `nvme_proto::controller::Target`/`Queue` (NVMe over Fabrics 1.1 §3, NVMe Base 2.0 §5, NVM Command Set 1.0 §3) | arbitrary Connects (plain or on a TLS channel keyed for some NQNs), admin/I/O commands, block results in any order, namespace changes, disconnects and time never panic; a TLS connection never connects as NQNs its PSK identity does not name; a completion answers its own CID with no more data than its SGL; block requests stay inside their namespace with tags unique per queue; a command completes exactly at its last block result; no keep-alive deadline is left in the past |
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
 //! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` through `LoginExchange` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
@@ -1478,8 +1478,8 @@ pub fn nvme_controller(data: &[u8]) {
     use std::time::{Duration, Instant};
 
     use nvme_proto::controller::{
-        AllowedHosts, BlockError, BlockOp, DiscoveryEntry, NamespaceConfig, Queue, Submitted,
-        SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
+        AllowedHosts, BlockError, BlockOp, Channel, DiscoveryEntry, NamespaceConfig, Queue,
+        Submitted, SubsystemConfig, Target, TargetConfig, TlsPeer, DISCOVERY_NQN,
     };
     use nvme_proto::{Command, Completion};
     use nvme_wire::entry::{Sgl, Sqe, SQE_LEN};
@@ -1694,10 +1694,31 @@ pub fn nvme_controller(data: &[u8]) {
                     _ => input.u16(),
                 };
                 let cmd = connect(qid, sqsize, kato, subnqn, hostnqn, cntlid);
-                match t.connect(&cmd, now) {
+                // Plain TCP, or TLS keyed for some host and subsystem (TP 8011).
+                let tls = match input.u8() % 3 {
+                    0 => None,
+                    1 => Some((hostnqn, subnqn)),
+                    _ => Some((
+                        [HOSTNQN, "nqn.other"][usize::from(input.u8() % 2)],
+                        [SUBNQN, DISCOVERY_NQN][usize::from(input.u8() % 2)],
+                    )),
+                };
+                let channel = Channel {
+                    tls: tls.map(|(h, s)| TlsPeer {
+                        hostnqn: h.into(),
+                        subnqn: s.into(),
+                    }),
+                };
+                match t.connect_on(&cmd, now, &channel) {
                     Ok((q, c)) => {
                         check(&cmd, &c);
                         assert!(c.cqe.status.is_success());
+                        if let Some((h, s)) = tls {
+                            assert!(
+                                h == hostnqn && s == subnqn,
+                                "a TLS connection keyed for {h}/{s} connected as {hostnqn}/{subnqn}"
+                            );
+                        }
                         queues.push(q);
                     }
                     Err(c) => {

@@ -23,7 +23,9 @@
 //!   next ([`HostStep`]).
 //!
 //! Computations are Linux's (`drivers/nvme/common/auth.c`, `host/auth.c`, `target/auth.c`),
-//! checked against Linux's target in `tests/auth_linux.rs`: responses
+//! checked against Linux 6.12 in both roles (`tests/auth_linux.rs`: [`HostAuth`] against nvmet;
+//! `tests/auth_linux_host.rs`: [`ControllerAuth`] against `nvme connect`; run by
+//! `tests/linux/auth-interop.sh`, results in `docs/results/nvme-auth-linux`): responses
 //! `HMAC(K, C || le32(S) || le16(T_ID) || 00h || "HostHost" || NQNh || 00h || NQNc)` (and
 //! `"Controller" || NQNc || 00h || NQNh` for the controller), `K` the [`DhchapSecret`]
 //! transformed with the answering side's NQN, `C` augmented with the DH session key when a
@@ -34,7 +36,6 @@
 //! Secure channel concatenation (TP 8006's optional SC_C: a TLS PSK generated from the
 //! session key) is not implemented: a Negotiate asking for it gets Failure1 "secure channel
 //! concatenation mismatch", and this host never asks. TLS with a configured PSK is `psk`'s.
-#![allow(clippy::module_name_repetitions)]
 
 pub mod dh;
 mod ffdhe;
@@ -76,8 +77,9 @@ pub struct AuthConfig {
 }
 
 impl AuthConfig {
-    /// Every hash (SHA-256 first) and every group (ffdhe2048 first, then the larger ones, NULL
-    /// last), as Linux's host offers them.
+    /// Every hash (SHA-256 first) and every group: the set Linux's host offers, in an order
+    /// that has a controller prefer a DH exchange (ffdhe2048 first, then the larger groups)
+    /// over NULL.
     #[must_use]
     pub fn new(host_secret: DhchapSecret, ctrl_secret: Option<DhchapSecret>) -> Self {
         Self {

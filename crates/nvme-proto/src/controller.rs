@@ -431,6 +431,21 @@ impl Ctrl {
     }
 }
 
+/// What the transport knows about the connection a Connect arrives on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Channel {
+    /// The connection is TLS, keyed with a PSK whose identity names these NQNs (TP 8011);
+    /// `None` on plain TCP.
+    pub tls: Option<TlsPeer>,
+}
+
+/// The NQNs a TLS PSK identity names (`psk::PskIdentity`'s host and subsystem NQN).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPeer {
+    pub hostnqn: String,
+    pub subnqn: String,
+}
+
 /// Information about a live controller (for `ipsan ctl` and metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerInfo {
@@ -565,10 +580,30 @@ impl Target {
     /// Parameters with IATTR/IPO in DW0 (unknown SUBNQN, CNTLID, QID, SQSIZE), Connect Invalid
     /// Host (host not allowed, or authentication required and no secret for it), Command
     /// Sequence Error (not a Connect; I/O queue before CC.EN).
+    ///
+    /// This is a Connect on a plain TCP connection; a connection keyed with TLS must use
+    /// [`Target::connect_on`] so that its PSK identity is checked against the Connect.
     pub fn connect(
         &mut self,
         cmd: &Command,
         now: Instant,
+    ) -> Result<(Queue, Completion), Completion> {
+        self.connect_on(cmd, now, &Channel::default())
+    }
+
+    /// [`Target::connect`] on a connection the transport describes: with TLS (TP 8011), the
+    /// PSK identity authenticated a host NQN and a subsystem NQN, and the Connect must name
+    /// exactly those (otherwise Connect Invalid Host, IPO at the differing NQN); without it,
+    /// a target with [`TargetConfig::require_tls`] refuses every subsystem but discovery
+    /// (Connect Invalid Host).
+    ///
+    /// # Errors
+    /// As [`Target::connect`], and the refusals above.
+    pub fn connect_on(
+        &mut self,
+        cmd: &Command,
+        now: Instant,
+        channel: &Channel,
     ) -> Result<(Queue, Completion), Completion> {
         let cid = cmd.sqe.cid;
         let f = FabricsCommand::decode(&cmd.sqe)
@@ -601,6 +636,17 @@ impl Target {
             r.cqe.dw0 = ipo;
             r
         };
+        match &channel.tls {
+            // TP 8011: the PSK authenticates the host its identity names, for the subsystem
+            // it names; a Connect claiming others is refused (the same check as
+            // `psk::PskIdentity::names`).
+            Some(p) if p.hostnqn != d.hostnqn => return Err(host_refused(ipo_data(512))),
+            Some(p) if p.subnqn != d.subnqn => return Err(host_refused(ipo_data(256))),
+            None if self.cfg.require_tls && !self.subsystems[si].discovery => {
+                return Err(host_refused(ipo_data(512)))
+            }
+            _ => {}
+        }
         if !self.subsystems[si].cfg.hosts.allows(&d.hostnqn) {
             return Err(host_refused(ipo_data(512)));
         }

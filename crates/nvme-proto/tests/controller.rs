@@ -12,8 +12,9 @@ use nvme_proto::auth::{
     AuthConfig, AuthState, DhGroup, DhchapSecret, HashId, HostAuth, HostStep, RECEIVE_ALLOC_LEN,
 };
 use nvme_proto::controller::{
-    AllowedHosts, BlockError, BlockOp, CloseReason, DhchapHosts, DiscoveryEntry, Event,
-    NamespaceConfig, Queue, Submitted, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
+    AllowedHosts, BlockError, BlockOp, Channel, CloseReason, DhchapHosts, DiscoveryEntry, Event,
+    NamespaceConfig, Queue, Submitted, SubsystemConfig, Target, TargetConfig, TlsPeer,
+    DISCOVERY_NQN,
 };
 use nvme_proto::{Command, Completion};
 use nvme_wire::fabrics::{
@@ -910,6 +911,31 @@ fn compare_write_zeroes_and_deallocate_reach_the_store() {
     bad[8..16].copy_from_slice(&NS_BLOCKS.to_le_bytes());
     let dsm = with_data(cmd(0x09, 9, 1, 0, [2, 1 << 2, 0, 0, 0, 0]), bad);
     assert_eq!(h.run_io(&mut q, dsm).cqe.status, Status::LBA_OUT_OF_RANGE);
+    // As Linux's host sends it: one range in a 4096-byte list (the rest zero).
+    let mut page = vec![0u8; 4096];
+    page[4..8].copy_from_slice(&2u32.to_le_bytes());
+    page[8..16].copy_from_slice(&0u64.to_le_bytes());
+    page[16 + 4..16 + 8].copy_from_slice(&1u32.to_le_bytes()); // beyond NR: not a range
+    let linux = with_data(cmd(0x09, 11, 1, 0, [0, 1 << 2, 0, 0, 0, 0]), page);
+    match q.submit(linux, h.now) {
+        Submitted::Block(r) => {
+            assert_eq!(r.len(), 1, "only NR + 1 ranges count");
+            assert_eq!(
+                r[0].op,
+                BlockOp::Discard {
+                    offset: 0,
+                    len: 2 * u64::from(BS)
+                }
+            );
+            assert!(q
+                .block_done(r[0].tag, Ok(Bytes::new()))
+                .unwrap()
+                .cqe
+                .status
+                .is_success());
+        }
+        other => panic!("{other:?}"),
+    }
     let short = with_data(cmd(0x09, 10, 1, 0, [2, 1 << 2, 0, 0, 0, 0]), vec![0; 32]);
     assert_eq!(
         h.run_io(&mut q, short).cqe.status,
@@ -1312,4 +1338,154 @@ fn accepts_connect_with_sq_flow_control_disabled() {
     let (q, r) = t.connect(&c, Instant::now()).unwrap();
     assert!(q.sq_flow_disabled());
     assert_eq!(r.cqe.sqhd, 0xffff);
+}
+
+#[test]
+fn rejects_io_from_a_queue_that_joins_an_authenticated_controller_without_the_secret() {
+    // The victim authenticates its admin queue and enables the controller.
+    let mut h = Host::connect(dhchap_target(None), 0);
+    let good = Arc::new(dhchap_config(0x42, None));
+    let mut host = HostAuth::new(Arc::clone(&good), HOSTNQN, SUBNQN, 1);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut host, h.now));
+    h.enable();
+    // An attacker who learned the CNTLID, host NQN and Host ID joins an I/O queue: Connect
+    // works (every queue authenticates on its own), but nothing else does.
+    let cntlid = h.admin.cntlid();
+    let c = connect_cmd(2, 127, 0, SUBNQN, HOSTNQN, cntlid);
+    let (mut evil, r) = h.t.connect(&c, h.now).unwrap();
+    assert_ne!(r.cqe.dw0 & 1 << 17, 0, "ATR on the attacker's queue too");
+    let mut steal = HostAuth::new(Arc::new(dhchap_config(0x66, None)), HOSTNQN, SUBNQN, 2);
+    assert!(!run_dhchap(&mut h.t, &mut evil, &mut steal, h.now));
+    for c in [
+        rw(0x02, 1, 0, 0),
+        write(2, 0, vec![0xee; BS as usize]),
+        cmd(0x00, 3, 1, 0, [0; 6]),
+    ] {
+        assert_eq!(
+            status(evil.submit(c, h.now)),
+            Status::AUTHENTICATION_REQUIRED,
+            "no block request from an unauthenticated queue"
+        );
+    }
+    assert_eq!(evil.outstanding(), 0);
+    assert!(h.store[&1].iter().all(|&b| b == 0), "nothing written");
+    // The victim's own queue, authenticated, works.
+    let c = connect_cmd(1, 127, 0, SUBNQN, HOSTNQN, cntlid);
+    let (mut q, _) = h.t.connect(&c, h.now).unwrap();
+    let mut host = HostAuth::new(good, HOSTNQN, SUBNQN, 3);
+    assert!(run_dhchap(&mut h.t, &mut q, &mut host, h.now));
+    assert!(h
+        .run_io(&mut q, write(4, 0, vec![1; BS as usize]))
+        .cqe
+        .status
+        .is_success());
+}
+
+#[test]
+fn rejects_commands_after_a_failed_reauthentication() {
+    let mut h = Host::connect(dhchap_target(None), 0);
+    let mut host = HostAuth::new(Arc::new(dhchap_config(0x42, None)), HOSTNQN, SUBNQN, 1);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut host, h.now));
+    assert!(h.prop_get(Property::Cap, true).cqe.status.is_success());
+    // A re-authentication with another secret (TP 8006 allows one at any time) fails ...
+    let mut other = HostAuth::new(Arc::new(dhchap_config(0x43, None)), HOSTNQN, SUBNQN, 2);
+    assert!(!run_dhchap(&mut h.t, &mut h.admin, &mut other, h.now));
+    // ... and the queue is no longer authenticated.
+    assert!(h.admin.auth_pending());
+    assert_eq!(
+        h.prop_get(Property::Cap, true).cqe.status,
+        Status::AUTHENTICATION_REQUIRED
+    );
+}
+
+fn tls(hostnqn: &str, subnqn: &str) -> Channel {
+    Channel {
+        tls: Some(TlsPeer {
+            hostnqn: hostnqn.into(),
+            subnqn: subnqn.into(),
+        }),
+    }
+}
+
+#[test]
+fn accepts_a_tls_connect_whose_psk_identity_names_its_nqns() {
+    let mut t = Target::new(TargetConfig {
+        require_tls: true,
+        ..config()
+    })
+    .unwrap();
+    let now = Instant::now();
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (admin, r) = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap();
+    assert!(r.cqe.status.is_success());
+    assert_eq!(admin.hostnqn(), HOSTNQN);
+}
+
+#[test]
+fn rejects_a_tls_connect_that_claims_another_host_or_subsystem_than_its_psk() {
+    let mut t = Target::new(config()).unwrap();
+    let now = Instant::now();
+    // A host keyed for itself claims another host's NQN in Connect.
+    let c = connect_cmd(0, 31, 0, SUBNQN, "nqn.victim", CNTLID_DYNAMIC);
+    let r = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap_err();
+    assert_eq!(
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 512)
+    );
+    // A key for one subsystem used to reach another.
+    let other = "nqn.2026-01.io.ipsan:private";
+    let c = connect_cmd(0, 31, 0, other, HOSTNQN, CNTLID_DYNAMIC);
+    let r = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap_err();
+    assert_eq!(
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 256)
+    );
+    // The same for an I/O queue of a controller made over TLS.
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (mut admin, _) = t.connect_on(&c, now, &tls(HOSTNQN, SUBNQN)).unwrap();
+    let cc = 6 << 16 | 4 << 20 | 1;
+    let sqe = fabrics(
+        3,
+        Sgl::Transport { length: 0 },
+        FabricsKind::PropertySet(PropertySet {
+            size8: false,
+            property: Property::Cc,
+            value: cc,
+        }),
+    );
+    assert!(status(t.submit(
+        &mut admin,
+        Command {
+            sqe,
+            data: Bytes::new()
+        },
+        now
+    ))
+    .is_success());
+    let io = connect_cmd(1, 127, 0, SUBNQN, HOSTNQN, admin.cntlid());
+    let r = t
+        .connect_on(&io, now, &tls("nqn.someone", SUBNQN))
+        .unwrap_err();
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    assert!(t.connect_on(&io, now, &tls(HOSTNQN, SUBNQN)).is_ok());
+}
+
+#[test]
+fn rejects_plain_tcp_connects_when_tls_is_required_but_to_discovery() {
+    let mut t = Target::new(TargetConfig {
+        require_tls: true,
+        ..config()
+    })
+    .unwrap();
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let r = refused(&mut t, &c);
+    assert_eq!(
+        (r.cqe.status, r.cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 512)
+    );
+    let d = connect_cmd(0, 31, 0, DISCOVERY_NQN, HOSTNQN, CNTLID_DYNAMIC);
+    assert!(
+        t.connect(&d, Instant::now()).is_ok(),
+        "discovery stays reachable"
+    );
 }

@@ -8,7 +8,11 @@
 //! exponents are as long as OpenSSL makes them for these named groups (225, 275, 325, 375 and
 //! 400 bits, twice each group's estimated strength), fresh for every transaction, zeroized on
 //! drop. Public values travel as big-endian integers of the prime's length; the peer's value
-//! must be in 2..=p-2 (1 and p-1 would force the shared secret into {1, p-1}).
+//! must be in 2..=p-2 (1 and p-1 would force the shared secret into {1, p-1}). Linux's kernel
+//! also checks `y^q = 1 mod p` (q = (p-1)/2); this side does not: the groups' primes are safe
+//! primes, whose only small subgroups are {1} and {1, p-1}, both excluded by the range, and a
+//! value outside the order-q subgroup reveals at most the parity of an exponent used once,
+//! while the check costs a full-length exponentiation (up to 8191 bits) per transaction.
 
 use crypto_bigint::modular::runtime_mod::{DynResidue, DynResidueParams};
 use crypto_bigint::Uint;

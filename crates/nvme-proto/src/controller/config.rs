@@ -109,6 +109,9 @@ pub struct TargetConfig {
     pub firmware: String,
     /// Decides, per host, whether Connect asks for DH-HMAC-CHAP and runs the transactions.
     pub auth: Option<Arc<dyn AuthPolicy>>,
+    /// Refuse Connects on plain TCP to every subsystem but discovery (`--tls required`):
+    /// defence in depth behind a listener that only speaks TLS.
+    pub require_tls: bool,
 }
 
 impl fmt::Debug for TargetConfig {
@@ -122,6 +125,7 @@ impl fmt::Debug for TargetConfig {
             .field("max_transfer", &self.max_transfer)
             .field("firmware", &self.firmware)
             .field("auth", &self.auth.is_some())
+            .field("require_tls", &self.require_tls)
             .finish()
     }
 }
@@ -137,6 +141,7 @@ impl Default for TargetConfig {
             max_transfer: 1 << 20,
             firmware: env!("CARGO_PKG_VERSION").to_owned(),
             auth: None,
+            require_tls: false,
         }
     }
 }

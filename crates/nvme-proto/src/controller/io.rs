@@ -276,15 +276,22 @@ fn run(q: &mut Queue, cmd: Command) -> Result<Submitted, (u16, Status)> {
 /// The SGL must describe exactly the command's data, and the transport must have brought
 /// all of it for a write (NVMe Base 2.0 §4.3.2: Data SGL Length Invalid).
 fn check_len(cmd: &Command, expected: u64) -> Result<(), Status> {
+    check_sgl(cmd, expected, false)
+}
+
+/// With `at_least`, the SGL may describe more than the command needs: Dataset Management,
+/// whose range list Linux's host always sends as 4096 bytes (room for 256 ranges, because
+/// some devices read that much whatever NR says), and which Linux's nvmet accepts likewise.
+fn check_sgl(cmd: &Command, expected: u64, at_least: bool) -> Result<(), Status> {
     let sgl_len = u64::from(cmd.sqe.sgl.length());
     if matches!(cmd.sqe.sgl, Sgl::Other(_)) {
         return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
     }
-    if sgl_len != expected {
+    if sgl_len < expected || sgl_len != expected && !at_least {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
     let host_to_ctrl = matches!(cmd.sqe.opcode, OP_WRITE | OP_COMPARE | OP_DSM);
-    if host_to_ctrl && cmd.data.len() as u64 != expected || !host_to_ctrl && !cmd.data.is_empty() {
+    if host_to_ctrl && cmd.data.len() as u64 != sgl_len || !host_to_ctrl && !cmd.data.is_empty() {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
     Ok(())
@@ -295,7 +302,7 @@ fn dsm(q: &mut Queue, cmd: &Command, ns: &Namespace) -> Result<Submitted, (u16, 
     let cid = cmd.sqe.cid;
     let nr = (cmd.sqe.cdw[0] & 0xff) as usize + 1;
     let ad = cmd.sqe.cdw[1] & (1 << 2) != 0;
-    check_len(cmd, (nr * 16) as u64).map_err(|s| (cid, s))?;
+    check_sgl(cmd, (nr * 16) as u64, true).map_err(|s| (cid, s))?;
     if !ad {
         return Ok(Submitted::Done(done(cid, Status::SUCCESS)));
     }
@@ -303,7 +310,7 @@ fn dsm(q: &mut Queue, cmd: &Command, ns: &Namespace) -> Result<Submitted, (u16, 
         return Err((cid, NS_WRITE_PROTECTED));
     }
     let mut reqs = Vec::with_capacity(nr);
-    for r in cmd.data.chunks_exact(16) {
+    for r in cmd.data.chunks_exact(16).take(nr) {
         let nlb = u64::from(u32::from_le_bytes([r[4], r[5], r[6], r[7]]));
         let mut s = [0u8; 8];
         s.copy_from_slice(&r[8..16]);
@@ -355,4 +362,55 @@ pub(crate) fn block_done(
         Want::Compare(expected) if g.data == expected => done(g.cid, Status::SUCCESS),
         Want::Compare(_) => done(g.cid, Status::COMPARE_FAILURE),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::NamespaceConfig;
+
+    #[test]
+    fn block_errors_from_the_store_map_by_errno_and_kind() {
+        use std::io::{Error, ErrorKind};
+        let os = Error::from_raw_os_error;
+        assert_eq!(BlockError::from_io(&os(5)), BlockError::Media);
+        assert_eq!(BlockError::from_io(&os(28)), BlockError::NoSpace);
+        assert_eq!(BlockError::from_io(&os(122)), BlockError::NoSpace);
+        assert_eq!(BlockError::from_io(&os(30)), BlockError::ReadOnly);
+        assert_eq!(
+            BlockError::from_io(&Error::from(ErrorKind::UnexpectedEof)),
+            BlockError::OutOfRange
+        );
+        assert_eq!(
+            BlockError::from_io(&Error::other("x")),
+            BlockError::Internal
+        );
+        assert_eq!(
+            BlockError::Media.status(true),
+            Status::UNRECOVERED_READ_ERROR
+        );
+        assert_eq!(BlockError::Media.status(false), Status::WRITE_FAULT);
+    }
+
+    #[test]
+    fn lba_ranges_stop_at_the_end_and_never_overflow() {
+        let ns = Namespace {
+            cfg: NamespaceConfig {
+                nsid: 1,
+                size: 8 * 4096,
+                block_size: 4096,
+                nguid: [0; 16],
+                uuid: [0; 16],
+                eui64: [0; 8],
+                deallocate_zeroes: false,
+                read_only: false,
+            },
+            shift: 12,
+            blocks: 8,
+        };
+        assert_eq!(lba_range(&ns, 7, 1), Ok((7 * 4096, 4096)));
+        assert_eq!(lba_range(&ns, 7, 2), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(lba_range(&ns, u64::MAX, 2), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(lba_range(&ns, 1 << 62, 1), Err(Status::LBA_OUT_OF_RANGE));
+    }
 }

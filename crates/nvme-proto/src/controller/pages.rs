@@ -281,3 +281,80 @@ pub(crate) fn discovery_log<'a>(
     }
     b
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ipv6: bool) -> DiscoveryEntry {
+        DiscoveryEntry {
+            subnqn: "nqn.2026-01.io.ipsan:a".into(),
+            traddr: "::1".into(),
+            trsvcid: "4420".into(),
+            ipv6,
+            portid: 7,
+            treq_secure_channel: 1,
+            sectype: 2,
+        }
+    }
+
+    #[test]
+    fn discovery_entries_sit_at_their_offsets() {
+        let e = [entry(true), entry(false)];
+        let b = discovery_log(9, e.iter());
+        assert_eq!(b.len(), 3 * 1024);
+        assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 9, "GENCTR");
+        assert_eq!(
+            u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            2,
+            "NUMREC"
+        );
+        let r = &b[1024..2048];
+        assert_eq!(
+            (r[0], r[1], r[2], r[3]),
+            (3, 2, 2, 1),
+            "TCP, IPv6, NVM, TLS required"
+        );
+        assert_eq!(u16::from_le_bytes([r[4], r[5]]), 7, "PORTID");
+        assert_eq!(&r[32..37], b"4420\0", "TRSVCID NUL-padded");
+        assert_eq!(&r[512..516], b"::1\0");
+        assert_eq!(r[768], 2, "SECTYPE TLS 1.3");
+        assert_eq!(b[2048 + 1], 1, "IPv4");
+    }
+
+    #[test]
+    fn ascii_fields_are_space_padded_and_non_ascii_replaced() {
+        let id = CtrlIdentity {
+            cntlid: 1,
+            discovery: false,
+            serial: "é1",
+            model: "m",
+            firmware: "0.1.0-long-version",
+            subnqn: "nqn.x",
+            max_transfer: 0,
+            queue_size: 32,
+            in_capsule_data: 0,
+            nn: 1,
+            vwc: false,
+        };
+        let b = identify_controller(&id);
+        assert_eq!(&b[4..9], b"__1  ", "two UTF-8 bytes of é become _");
+        assert_eq!(&b[64..72], b"0.1.0-lo", "FR cut to 8 bytes");
+        assert_eq!(b[77], 0, "MDTS 0: no limit");
+        assert_eq!(b[525], 0, "no volatile write cache");
+        assert_eq!(
+            u32::from_le_bytes(b[1792..1796].try_into().unwrap()),
+            4,
+            "IOCCSZ: the SQE"
+        );
+    }
+
+    #[test]
+    fn changed_ns_list_overflow_is_ffffffff() {
+        let b = changed_ns(None);
+        assert_eq!(&b[0..8], &[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+        let l: std::collections::BTreeSet<u32> = [3, 1].into();
+        let b = changed_ns(Some(&l));
+        assert_eq!(&b[0..12], &[1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]);
+    }
+}
