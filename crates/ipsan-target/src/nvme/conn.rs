@@ -21,8 +21,6 @@ use nvme_proto::controller::{self, BlockError, BlockOp, BlockRequest, Submitted}
 use nvme_proto::psk::PskIdentity;
 use nvme_proto::queue::{Event, Queue};
 use nvme_proto::{Command, Completion};
-use nvme_wire::entry::{Cqe, Status};
-use nvme_wire::fabrics::ConnectData;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -207,22 +205,15 @@ impl Conn {
         let now = Instant::now();
         let Some(ctl) = self.ctl.as_mut() else {
             // A queue's first command: Connect (NVMe over Fabrics 1.1 §3.3). On a TLS
-            // connection it must name the host and subsystem whose key keyed it (TP 8011).
-            if let Some(id) = &self.identity {
-                let names =
-                    ConnectData::decode(&cmd.data).is_ok_and(|d| id.names(&d.hostnqn, &d.subnqn));
-                if !names {
-                    warn!(hostnqn = %id.hostnqn, subnqn = %id.subnqn, "NVMe/TCP Connect names another host or subsystem than its TLS PSK identity; refused");
-                    let mut cqe = Cqe::new(cmd.sqe.cid, Status::CONNECT_INVALID_HOST);
-                    cqe.dnr = true;
-                    self.complete(Completion {
-                        cqe,
-                        data: Bytes::new(),
-                    });
-                    return;
-                }
-            }
-            let r = self.shared.target().connect(&cmd, now);
+            // connection the controller checks that it names the host and subsystem whose key
+            // keyed the connection (TP 8011).
+            let channel = controller::Channel {
+                tls: self.identity.as_ref().map(|id| controller::TlsPeer {
+                    hostnqn: id.hostnqn.clone(),
+                    subnqn: id.subnqn.clone(),
+                }),
+            };
+            let r = self.shared.target().connect_on(&cmd, now, &channel);
             self.shared.wake.notify_one();
             match r {
                 Ok((ctl, done)) => {

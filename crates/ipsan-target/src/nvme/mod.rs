@@ -444,6 +444,7 @@ impl NvmeServer {
             in_capsule_data: settings.in_capsule_data,
             subsystems: subsystems.clone(),
             auth,
+            require_tls: settings.tls == TlsMode::Required,
             ..controller::TargetConfig::default()
         };
         let queue_cfg = queue_config(&cfg);
