@@ -7,8 +7,14 @@
 //! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
 //!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
 //!   host reads). The seam between the queue (PDUs) and the controller (commands).
+//! - [`host`]: the host role: [`host::HostQueue`], one NVMe/TCP connection (ICReq/ICResp,
+//!   capsules with in-capsule data, R2T → H2CData, C2HData reassembly, digests, CIDs,
+//!   termination); [`host::bringup`], the admin queue's bring-up (Connect, CAP/VS, CC.EN,
+//!   CSTS.RDY, Identify, Number of Queues), the Discovery log read and Keep Alive;
+//!   [`host::cmd`], the commands a host sends and parsers of what comes back.
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod host;
 
 pub use command::{Command, Completion};
