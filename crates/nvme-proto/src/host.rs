@@ -20,6 +20,7 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 use nvme_wire::entry::Status;
+use nvme_wire::fabrics::OPCODE_FABRICS;
 use nvme_wire::pdu::{CapsuleCmd, H2cData, IcReq, TermReq, PFV_1_0};
 use nvme_wire::{Codec, Cqe, Fes, Pdu, Sgl, Sqe, WireError};
 
@@ -238,7 +239,14 @@ impl HostQueue {
         let wlen = u32::try_from(write.len()).map_err(|_| HostError::Submit("write too long"))?;
         let cid = self.free_cid();
         sqe.cid = cid;
-        let in_capsule = !write.is_empty() && write.len() <= self.cfg.in_capsule;
+        // Fabrics commands (Connect's 1024 bytes, Authentication Send) carry their data in
+        // the capsule on every queue (NVMe over Fabrics 1.1 §3.3), IOCCSZ or not.
+        let limit = if sqe.opcode == OPCODE_FABRICS {
+            self.cfg.in_capsule.max(ADMIN_IN_CAPSULE)
+        } else {
+            self.cfg.in_capsule
+        };
+        let in_capsule = !write.is_empty() && write.len() <= limit;
         sqe.sgl = if in_capsule {
             Sgl::InCapsule {
                 offset: 0,
