@@ -1,0 +1,72 @@
+//! The NVMe/TCP side of `ipsan bench`, `inquiry` and `discover` (issue 30): the flags only
+//! `nvme+tcp://` URLs take, and the session configuration built from them and the shared
+//! connection flags that apply to both protocols (`--digest`, `--command-timeout`).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use ipsan_initiator::nvme::{self, NvmeConfig, NvmeUrl};
+
+use super::bench::ConnArgs;
+
+/// Flags of `nvme+tcp://` URLs.
+#[derive(Debug, clap::Args)]
+pub struct NvmeArgs {
+    /// NVMe/TCP: I/O queues, each its own TCP connection (the controller may grant fewer).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub queues: Option<u16>,
+    /// NVMe/TCP: our host NQN (default: nqn.2014-08.org.nvmexpress:uuid:<host ID>).
+    #[arg(long, value_name = "NQN")]
+    pub hostnqn: Option<String>,
+    /// NVMe/TCP: our host identifier, a UUID (default: a random one per run).
+    #[arg(long, value_name = "UUID")]
+    pub hostid: Option<String>,
+    /// NVMe/TCP: Keep Alive Timeout (default 5s; 0 turns keep alive off); Keep Alive goes out
+    /// at half of it.
+    #[arg(long, value_name = "DURATION", value_parser = parse_kato)]
+    pub kato: Option<Duration>,
+}
+
+fn parse_kato(s: &str) -> Result<Duration, String> {
+    ipsan_units::parse_duration_or_secs(s).map_err(|e| e.to_string())
+}
+
+impl NvmeArgs {
+    /// Refuses the NVMe flags on an `iscsi://` URL (they would do nothing there).
+    pub fn refuse_for_iscsi(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.queues.is_none()
+                && self.hostnqn.is_none()
+                && self.hostid.is_none()
+                && self.kato.is_none(),
+            "--queues, --hostnqn, --hostid and --kato are for nvme+tcp:// URLs"
+        );
+        Ok(())
+    }
+
+    /// The URL and session configuration for an `nvme+tcp://` URL; the iSCSI-only flags of
+    /// `conn` are refused.
+    pub fn config(&self, url: &str, conn: &ConnArgs) -> anyhow::Result<(NvmeUrl, NvmeConfig)> {
+        let url = NvmeUrl::parse(url).with_context(|| format!("bad URL {url:?}"))?;
+        conn.refuse_for_nvme()?;
+        let mut cfg = NvmeConfig::default();
+        if let Some(id) = &self.hostid {
+            cfg.hostid = nvme::parse_uuid(id)?;
+            cfg.hostnqn = nvme::hostnqn_for(&cfg.hostid);
+        }
+        if let Some(n) = &self.hostnqn {
+            cfg.hostnqn = n.clone();
+        }
+        if let Some(q) = self.queues {
+            cfg.queues = q;
+        }
+        if let Some(k) = self.kato {
+            cfg.kato = k;
+        }
+        cfg.header_digest = conn.digest.header();
+        cfg.data_digest = conn.digest.data();
+        cfg.command_timeout =
+            Some(Duration::from_secs(conn.command_timeout)).filter(|d| !d.is_zero());
+        Ok((url, cfg))
+    }
+}
