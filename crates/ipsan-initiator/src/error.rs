@@ -58,7 +58,7 @@ pub enum Error {
     #[error("connection dropped: {0}")]
     SealForgery(ipsan_seal::Forgery),
     /// An NVMe/TCP host operation failed ([`crate::nvme`]).
-    #[error("NVMe/TCP: {0}")]
+    #[error(transparent)]
     Nvme(#[from] crate::nvme::NvmeError),
     /// An operation did not finish in time.
     #[error("timed out: {0}")]

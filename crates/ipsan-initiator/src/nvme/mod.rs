@@ -33,13 +33,13 @@ pub use url::NvmeUrl;
 #[non_exhaustive]
 pub enum NvmeError {
     /// Socket I/O failed.
-    #[error("I/O error: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// The queue machine failed (a bad PDU, a termination request).
-    #[error("NVMe/TCP queue: {0}")]
+    #[error(transparent)]
     Queue(#[from] HostError),
     /// The controller bring-up failed.
-    #[error("controller bring-up: {0}")]
+    #[error(transparent)]
     Bringup(#[from] BringupError),
     /// A command completed with an error status.
     #[error("{op} failed: status SCT {:#x} SC {:#04x}{}", status.sct, status.sc, if *dnr { " (do not retry)" } else { "" })]
