@@ -7,6 +7,9 @@
 //! - [`command`]: what the transport hands the controller and gets back — a [`Command`] (the
 //!   SQE and all of its host-to-controller data) and a [`Completion`] (the CQE and the data the
 //!   host reads). The seam between the queue (PDUs) and the controller (commands).
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication (TP 8006) for both roles, sans-IO:
+//!   `DHHC-1` secrets, the messages, the FFDHE groups, [`auth::ControllerAuth`] and
+//!   [`auth::HostAuth`] (one per queue).
 //! - [`host`]: the host role: [`host::HostQueue`], one NVMe/TCP connection (ICReq/ICResp,
 //!   capsules with in-capsule data, R2T → H2CData, C2HData reassembly, digests, CIDs,
 //!   termination); [`host::bringup`], the admin queue's bring-up (Connect, CAP/VS, CC.EN,
@@ -14,6 +17,7 @@
 //!   [`host::cmd`], the commands a host sends and parsers of what comes back.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod command;
 pub mod host;
 
