@@ -2,6 +2,8 @@
 //! `nvme+tcp://` URLs take, and the session configuration built from them and the shared
 //! connection flags that apply to both protocols (`--digest`, `--command-timeout`).
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,6 +27,15 @@ pub struct NvmeArgs {
     /// at half of it.
     #[arg(long, value_name = "DURATION", value_parser = parse_kato)]
     pub kato: Option<Duration>,
+    /// NVMe/TCP: DH-HMAC-CHAP (TP 8006) with the host secret in this file (`DHHC-1:…:`, as
+    /// `nvme gen-dhchap-key` makes it; mode 0600): every queue authenticates when the
+    /// controller asks.
+    #[arg(long, value_name = "FILE")]
+    pub dhchap_secret_file: Option<PathBuf>,
+    /// NVMe/TCP: the controller's DH-HMAC-CHAP secret (`DHHC-1:…:`): bidirectional
+    /// authentication, the controller must prove it knows it.
+    #[arg(long, value_name = "FILE", requires = "dhchap_secret_file")]
+    pub dhchap_ctrl_secret_file: Option<PathBuf>,
 }
 
 fn parse_kato(s: &str) -> Result<Duration, String> {
@@ -38,8 +49,9 @@ impl NvmeArgs {
             self.queues.is_none()
                 && self.hostnqn.is_none()
                 && self.hostid.is_none()
-                && self.kato.is_none(),
-            "--queues, --hostnqn, --hostid and --kato are for nvme+tcp:// URLs"
+                && self.kato.is_none()
+                && self.dhchap_secret_file.is_none(),
+            "--queues, --hostnqn, --hostid, --kato and --dhchap-* are for nvme+tcp:// URLs"
         );
         Ok(())
     }
@@ -62,6 +74,14 @@ impl NvmeArgs {
         }
         if let Some(k) = self.kato {
             cfg.kato = k;
+        }
+        if let Some(f) = &self.dhchap_secret_file {
+            let host = nvme::dhchap_secret_from_file(f)?;
+            let ctrl = match &self.dhchap_ctrl_secret_file {
+                Some(c) => Some(nvme::dhchap_secret_from_file(c)?),
+                None => None,
+            };
+            cfg.auth = Some(Arc::new(nvme::AuthConfig::new(host, ctrl)));
         }
         cfg.header_digest = conn.digest.header();
         cfg.data_digest = conn.digest.data();

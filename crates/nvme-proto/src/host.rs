@@ -10,9 +10,11 @@
 //! (a malformed PDU, data outside the command, a PDU out of sequence) is answered with an
 //! H2CTermReq and ends the queue; a C2HTermReq from the controller ends it too.
 //!
-//! The controller bring-up (Connect, properties, Identify, queues, Keep Alive) and discovery
-//! are in [`bringup`]; the command builders and the parsers of what they return in [`cmd`].
+//! The controller bring-up (Connect, DH-HMAC-CHAP, properties, Identify, queues, Keep Alive)
+//! and discovery are in [`bringup`]; one queue's DH-HMAC-CHAP transaction as commands in
+//! [`authn`]; the command builders and the parsers of what they return in [`cmd`].
 
+pub mod authn;
 pub mod bringup;
 pub mod cmd;
 

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+pub use nvme_proto::auth::{AuthConfig, DhchapSecret};
+use nvme_proto::host::authn::AuthRun;
 use nvme_proto::host::bringup::{
     Bringup, BringupConfig, BringupError, ControllerInfo, HostCommand, KeepAlive,
 };
@@ -80,6 +82,9 @@ pub struct NvmeConfig {
     pub connect_timeout: Duration,
     /// An I/O command without completion for this long fails (`None`: wait forever).
     pub command_timeout: Option<Duration>,
+    /// DH-HMAC-CHAP secrets (TP 8006): every queue authenticates when the controller asks
+    /// (Connect's AUTHREQ.ATR); bidirectional with a controller secret.
+    pub auth: Option<Arc<AuthConfig>>,
 }
 
 impl Default for NvmeConfig {
@@ -95,6 +100,7 @@ impl Default for NvmeConfig {
             data_digest: false,
             connect_timeout: Duration::from_secs(10),
             command_timeout: Some(Duration::from_secs(30)),
+            auth: None,
         }
     }
 }
@@ -138,6 +144,40 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16], NvmeError> {
             .map_err(|_| bad())?;
     }
     Ok(out)
+}
+
+/// Reads a `DHHC-1:` secret from `path`, refused unless only its owner may read it (the same
+/// check as every other secret file).
+///
+/// # Errors
+/// The mode, an unreadable file, or text that is not a DHHC-1 secret (the error never holds
+/// the secret).
+pub fn dhchap_secret_from_file(path: &std::path::Path) -> Result<DhchapSecret, NvmeError> {
+    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
+    );
+    DhchapSecret::parse(text.trim())
+        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// Runs one queue's DH-HMAC-CHAP transaction (an I/O queue after its Connect).
+async fn authenticate(
+    q: &QueueHandle,
+    mut run: AuthRun,
+    timeout: Duration,
+) -> Result<(), NvmeError> {
+    while let Some(c) = run.poll_command() {
+        let (cqe, data) =
+            tokio::time::timeout(timeout, q.call(c.sqe, c.data, c.read_len, BytesMut::new()))
+                .await
+                .map_err(|_| NvmeError::Timeout("DH-HMAC-CHAP"))??;
+        if run.handle_completion(&cqe, &data)? {
+            return Ok(());
+        }
+    }
+    Err(NvmeError::Invalid("DH-HMAC-CHAP stalled".into()))
 }
 
 /// Runs a bring-up on the admin queue.
@@ -188,6 +228,7 @@ pub async fn discover(
     qc.data_digest = cfg.data_digest;
     let admin = QueueHandle::connect(&url.addr(), qc, cfg.connect_timeout, cancel).await?;
     let mut bc = BringupConfig::discovery(cfg.hostnqn.clone(), cfg.hostid);
+    bc.auth = cfg.auth.clone();
     if let Some(n) = &url.subnqn {
         bc.subnqn = n.clone();
     }
@@ -250,6 +291,7 @@ impl NvmeSession {
             kato_ms,
             nsid: url.nsid,
             io_queues: cfg.queues.max(1),
+            auth: cfg.auth.clone(),
         };
         let info = bring_up(&admin, bc, cfg.connect_timeout).await?;
         let (nsid, ns) = info
@@ -299,8 +341,17 @@ impl NvmeSession {
                     dnr: cqe.dnr,
                 });
             }
-            if ConnectResponse::from_dw0(cqe.dw0).atr {
-                return Err(BringupError::AuthenticationRequired.into());
+            let r = ConnectResponse::from_dw0(cqe.dw0);
+            if r.ascr {
+                return Err(BringupError::ConcatenationRequired.into());
+            }
+            if r.atr {
+                let a = cfg
+                    .auth
+                    .clone()
+                    .ok_or(BringupError::AuthenticationRequired)?;
+                let run = AuthRun::new(a, &cfg.hostnqn, &subnqn, qid);
+                authenticate(&q, run, cfg.connect_timeout).await?;
             }
             io.push(q);
         }

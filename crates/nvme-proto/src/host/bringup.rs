@@ -10,6 +10,7 @@
 //! [`KeepAlive`] then sends Keep Alive at half of KATO and notices when one goes unanswered.
 //! I/O queues are connected by the driver with [`cmd::connect`] and the CNTLID found here.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,6 +18,9 @@ use nvme_wire::entry::Status;
 use nvme_wire::fabrics::{ConnectData, ConnectResponse, Property, CNTLID_DYNAMIC};
 use nvme_wire::{Cqe, Sqe};
 
+use crate::auth::{AuthConfig, AuthState};
+
+use super::authn::AuthRun;
 use super::cmd::{
     self, Cap, DiscoveryEntry, DiscoveryHeader, IdentifyController, IdentifyNamespace, CC_ENABLE,
     CNS_ACTIVE_NS_LIST, CNS_CONTROLLER, CNS_NAMESPACE, CSTS_CFS, CSTS_RDY, DISCOVERY_NQN,
@@ -57,7 +61,7 @@ impl HostCommand {
 }
 
 /// Who we are and what we connect to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct BringupConfig {
     pub hostnqn: String,
     pub hostid: [u8; 16],
@@ -71,6 +75,8 @@ pub struct BringupConfig {
     pub nsid: Option<u32>,
     /// I/O queues asked for.
     pub io_queues: u16,
+    /// DH-HMAC-CHAP secrets, used when Connect answers AUTHREQ.ATR (TP 8006).
+    pub auth: Option<Arc<AuthConfig>>,
 }
 
 impl BringupConfig {
@@ -85,6 +91,7 @@ impl BringupConfig {
             kato_ms: 0,
             nsid: None,
             io_queues: 0,
+            auth: None,
         }
     }
 }
@@ -103,6 +110,12 @@ pub enum BringupError {
     /// The controller wants DH-HMAC-CHAP (Connect AUTHREQ.ATR) and none is configured.
     #[error("the controller requires in-band authentication (DH-HMAC-CHAP), not configured")]
     AuthenticationRequired,
+    /// The controller wants secure channel concatenation (AUTHREQ.ASCR), not supported.
+    #[error("the controller requires secure channel concatenation (TP 8006 SC_C), not supported")]
+    ConcatenationRequired,
+    /// The DH-HMAC-CHAP transaction failed (the reason, never a secret).
+    #[error("{0}")]
+    Authentication(String),
     /// CSTS.RDY did not come within CAP.TO, or CSTS.CFS was set.
     #[error("controller not ready: {0}")]
     NotReady(&'static str),
@@ -131,6 +144,8 @@ pub struct ControllerInfo {
     pub namespace: Option<(u32, IdentifyNamespace)>,
     /// I/O queues the controller granted (≤ the ones asked for).
     pub io_queues: u16,
+    /// The admin queue's DH-HMAC-CHAP outcome, when the controller asked for one.
+    pub auth: Option<AuthState>,
     /// The Discovery log's GENCTR and entries (discovery only).
     pub genctr: u64,
     pub discovery: Vec<DiscoveryEntry>,
@@ -139,6 +154,7 @@ pub struct ControllerInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Connect,
+    Authenticate,
     GetCap,
     GetVs,
     SetCc,
@@ -166,6 +182,7 @@ pub struct Bringup {
     info: ControllerInfo,
     log_retries: u32,
     log_len: u32,
+    auth: Option<AuthRun>,
 }
 
 impl Bringup {
@@ -179,6 +196,7 @@ impl Bringup {
             info: ControllerInfo::default(),
             log_retries: 0,
             log_len: 0,
+            auth: None,
         }
     }
 
@@ -244,6 +262,10 @@ impl Bringup {
                     read_len: 0,
                 }
             }
+            Step::Authenticate => match self.auth.as_mut().and_then(AuthRun::poll_command) {
+                Some(c) => c,
+                None => return Err(BringupError::Invalid("authentication stalled")),
+            },
             Step::GetCap => HostCommand::plain(cmd::property_get(Property::Cap)),
             Step::GetVs => HostCommand::plain(cmd::property_get(Property::Vs)),
             Step::SetCc => HostCommand::plain(cmd::property_set(Property::Cc, CC_ENABLE)),
@@ -271,6 +293,7 @@ impl Bringup {
     fn step_name(&self) -> &'static str {
         match self.step {
             Step::Connect => "Connect (admin queue)",
+            Step::Authenticate => "DH-HMAC-CHAP (admin queue)",
             Step::GetCap => "Property Get CAP",
             Step::GetVs => "Property Get VS",
             Step::SetCc => "Property Set CC.EN",
@@ -306,6 +329,18 @@ impl Bringup {
     }
 
     fn advance(&mut self, cqe: &Cqe, data: &[u8], now: Instant) -> Result<(), BringupError> {
+        if self.step == Step::Authenticate {
+            let a = self
+                .auth
+                .as_mut()
+                .ok_or(BringupError::Invalid("no authentication running"))?;
+            let done = a.handle_completion(cqe, data);
+            self.info.auth = Some(a.state());
+            if done? {
+                self.step = Step::GetCap;
+            }
+            return Ok(());
+        }
         if !cqe.status.is_success() {
             return Err(BringupError::Status {
                 step: self.step_name(),
@@ -317,11 +352,23 @@ impl Bringup {
         self.step = match self.step {
             Step::Connect => {
                 let r = ConnectResponse::from_dw0(cqe.dw0);
-                if r.atr || r.ascr {
-                    return Err(BringupError::AuthenticationRequired);
-                }
                 self.info.cntlid = r.cntlid;
-                Step::GetCap
+                if r.ascr {
+                    return Err(BringupError::ConcatenationRequired);
+                }
+                match (&self.cfg.auth, r.atr) {
+                    (_, false) => Step::GetCap,
+                    (None, true) => return Err(BringupError::AuthenticationRequired),
+                    (Some(a), true) => {
+                        self.auth = Some(AuthRun::new(
+                            a.clone(),
+                            &self.cfg.hostnqn,
+                            &self.cfg.subnqn,
+                            0,
+                        ));
+                        Step::Authenticate
+                    }
+                }
             }
             Step::GetCap => {
                 self.info.cap = Some(Cap::from_u64(value));
@@ -426,7 +473,9 @@ impl Bringup {
                     ));
                 }
             }
-            Step::Done | Step::Failed => return Err(BringupError::Invalid("bring-up is over")),
+            Step::Authenticate | Step::Done | Step::Failed => {
+                return Err(BringupError::Invalid("bring-up is over"))
+            }
         };
         Ok(())
     }
