@@ -15,10 +15,14 @@
 //!   termination); [`host::bringup`], the admin queue's bring-up (Connect, CAP/VS, CC.EN,
 //!   CSTS.RDY, Identify, Number of Queues), the Discovery log read and Keep Alive;
 //!   [`host::cmd`], the commands a host sends and parsers of what comes back.
+//! - [`psk`]: NVMe/TCP's TLS PSKs (TP 8011): the `NVMeTLSkey-1:` interchange format, the
+//!   retained and TLS PSK derivations (RFC 8446's and libnvme's), PSK identities, and the
+//!   target's key store the `nvme-tls` crate's handshake picks a key from.
 #![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod command;
 pub mod host;
+pub mod psk;
 
 pub use command::{Command, Completion};
