@@ -507,6 +507,8 @@ async fn run_nvme(args: Args) -> anyhow::Result<()> {
             maxh2cdata: maxh2c,
             max_transfer: session.max_transfer(),
             kato_ms: u64::try_from(cfg.kato.as_millis()).unwrap_or(u64::MAX),
+            tls: session.tls(),
+            authentication: session.authentication(),
         }),
         result: measured,
         tcp: None,
@@ -677,7 +679,7 @@ fn print_report(r: &bench::Report) {
     }
     if let Some(n) = &r.nvme {
         println!(
-            "nvme: {} ns {} cntlid {} model {:?} serial {:?} fw {:?} NVMe {}; {} I/O queue(s), digests(h/d)={}/{}, MAXH2CDATA={} max transfer={} KATO={}ms",
+            "nvme: {} ns {} cntlid {} model {:?} serial {:?} fw {:?} NVMe {}; {} I/O queue(s), digests(h/d)={}/{}, MAXH2CDATA={} max transfer={} KATO={}ms, TLS={}{}",
             n.subnqn,
             n.nsid,
             n.cntlid,
@@ -690,7 +692,12 @@ fn print_report(r: &bench::Report) {
             yn(n.data_digest),
             n.maxh2cdata,
             n.max_transfer,
-            n.kato_ms
+            n.kato_ms,
+            yn(n.tls),
+            n.authentication
+                .as_ref()
+                .map(|a| format!(", {a}"))
+                .unwrap_or_default()
         );
     }
     if let Some(t) = r.tcp.as_ref().and_then(|t| t.in_force.as_ref()) {

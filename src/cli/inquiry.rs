@@ -101,6 +101,16 @@ async fn nvme(args: Args) -> anyhow::Result<()> {
         s.max_transfer(),
         cfg.kato.as_millis()
     );
+    println!(
+        "security:   TLS {}, {}",
+        if s.tls() {
+            "1.3 (configured PSK)"
+        } else {
+            "off"
+        },
+        s.authentication()
+            .unwrap_or_else(|| "no in-band authentication".to_owned())
+    );
     s.close().await.context("shutdown (CC.SHN)")?;
     Ok(())
 }

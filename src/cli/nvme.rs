@@ -36,6 +36,12 @@ pub struct NvmeArgs {
     /// authentication, the controller must prove it knows it.
     #[arg(long, value_name = "FILE", requires = "dhchap_secret_file")]
     pub dhchap_ctrl_secret_file: Option<PathBuf>,
+    /// NVMe/TCP: TLS 1.3 on every queue with the configured PSK in this file
+    /// (`NVMeTLSkey-1:…:`, as `nvme gen-tls-key` makes it; mode 0600). The identity is
+    /// `NVMe0R0H <hostnqn> <subsysnqn>`, the key Linux's target files with
+    /// `nvme check-tls-key --insert`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 fn parse_kato(s: &str) -> Result<Duration, String> {
@@ -50,8 +56,9 @@ impl NvmeArgs {
                 && self.hostnqn.is_none()
                 && self.hostid.is_none()
                 && self.kato.is_none()
-                && self.dhchap_secret_file.is_none(),
-            "--queues, --hostnqn, --hostid, --kato and --dhchap-* are for nvme+tcp:// URLs"
+                && self.dhchap_secret_file.is_none()
+                && self.tls_key_file.is_none(),
+            "--queues, --hostnqn, --hostid, --kato, --dhchap-* and --tls-key-file are for nvme+tcp:// URLs"
         );
         Ok(())
     }
@@ -82,6 +89,9 @@ impl NvmeArgs {
                 None => None,
             };
             cfg.auth = Some(Arc::new(nvme::AuthConfig::new(host, ctrl)));
+        }
+        if let Some(f) = &self.tls_key_file {
+            cfg.tls = Some(Arc::new(nvme::tls_key_from_file(f)?));
         }
         cfg.header_digest = conn.digest.header();
         cfg.data_digest = conn.digest.data();

@@ -171,6 +171,12 @@ pub struct NvmeReport {
     pub max_transfer: u32,
     /// Keep Alive Timeout asked for, in milliseconds.
     pub kato_ms: u64,
+    /// TLS 1.3 with a configured PSK on every queue.
+    pub tls: bool,
+    /// The DH-HMAC-CHAP outcome (`DH-HMAC-CHAP sha256 ffdhe2048 bidirectional`), absent when
+    /// the controller asked for none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<String>,
 }
 
 /// TCP as the kernel ran it for this measurement (the iFCP paper, Muknahallipatna et al.: the WAN leg's window and

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use nvme_proto::auth::AuthState;
 pub use nvme_proto::auth::{AuthConfig, DhchapSecret};
 use nvme_proto::host::authn::AuthRun;
 use nvme_proto::host::bringup::{
@@ -22,12 +23,13 @@ use nvme_proto::host::bringup::{
 };
 use nvme_proto::host::cmd::{self, DiscoveryEntry, CC_SHUTDOWN};
 use nvme_proto::host::{HostError, QueueConfig};
+pub use nvme_proto::psk::ConfiguredPsk;
 use nvme_wire::entry::Status;
 use nvme_wire::fabrics::{ConnectData, ConnectResponse, Property};
 use tokio_util::sync::CancellationToken;
 
 use crate::scsi::Capacity;
-use queue::QueueHandle;
+use queue::{QueueHandle, TlsParams};
 pub use url::NvmeUrl;
 
 /// What the NVMe host fails with. Never carries secret material.
@@ -59,6 +61,9 @@ pub enum NvmeError {
     /// The caller asked for something impossible.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The TLS handshake failed (another key, no PSK, a broken connection).
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// How to connect.
@@ -85,6 +90,10 @@ pub struct NvmeConfig {
     /// DH-HMAC-CHAP secrets (TP 8006): every queue authenticates when the controller asks
     /// (Connect's AUTHREQ.ATR); bidirectional with a controller secret.
     pub auth: Option<Arc<AuthConfig>>,
+    /// TLS 1.3 with this configured PSK on every queue (TP 8011; the identity
+    /// `NVMe0R0H <hostnqn> <subnqn>` and libnvme's derivation, as `nvme check-tls-key
+    /// --insert` files the key for Linux's target).
+    pub tls: Option<Arc<ConfiguredPsk>>,
 }
 
 impl Default for NvmeConfig {
@@ -101,6 +110,7 @@ impl Default for NvmeConfig {
             connect_timeout: Duration::from_secs(10),
             command_timeout: Some(Duration::from_secs(30)),
             auth: None,
+            tls: None,
         }
     }
 }
@@ -160,6 +170,29 @@ pub fn dhchap_secret_from_file(path: &std::path::Path) -> Result<DhchapSecret, N
     );
     DhchapSecret::parse(text.trim())
         .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// Reads an `NVMeTLSkey-1:` configured PSK from `path` (owner-only mode, like every secret
+/// file).
+///
+/// # Errors
+/// The mode, an unreadable file, or text that is not such a key (never printed).
+pub fn tls_key_from_file(path: &std::path::Path) -> Result<ConfiguredPsk, NvmeError> {
+    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
+    );
+    ConfiguredPsk::parse(text.trim())
+        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+}
+
+fn tls_params(cfg: &NvmeConfig, subnqn: &str) -> Option<TlsParams> {
+    cfg.tls.as_ref().map(|k| TlsParams {
+        key: k.clone(),
+        hostnqn: cfg.hostnqn.clone(),
+        subnqn: subnqn.to_owned(),
+    })
 }
 
 /// Runs one queue's DH-HMAC-CHAP transaction (an I/O queue after its Connect).
@@ -226,12 +259,14 @@ pub async fn discover(
     let mut qc = QueueConfig::admin();
     qc.header_digest = cfg.header_digest;
     qc.data_digest = cfg.data_digest;
-    let admin = QueueHandle::connect(&url.addr(), qc, cfg.connect_timeout, cancel).await?;
     let mut bc = BringupConfig::discovery(cfg.hostnqn.clone(), cfg.hostid);
     bc.auth = cfg.auth.clone();
     if let Some(n) = &url.subnqn {
         bc.subnqn = n.clone();
     }
+    let tls = tls_params(cfg, &bc.subnqn);
+    let admin =
+        QueueHandle::connect(&url.addr(), qc, tls.as_ref(), cfg.connect_timeout, cancel).await?;
     let mut info = bring_up(&admin, bc, cfg.connect_timeout).await?;
     let entries = std::mem::take(&mut info.discovery);
     // Best effort: a clean shutdown (CC.SHN) before the connection goes.
@@ -263,6 +298,7 @@ pub struct NvmeSession {
     command_timeout: Option<Duration>,
     cancel: CancellationToken,
     keepalive_error: Arc<Mutex<Option<String>>>,
+    tls: bool,
 }
 
 impl NvmeSession {
@@ -281,7 +317,10 @@ impl NvmeSession {
         let mut qc = QueueConfig::admin();
         qc.header_digest = cfg.header_digest;
         qc.data_digest = cfg.data_digest;
-        let admin = QueueHandle::connect(&addr, qc, cfg.connect_timeout, cancel.clone()).await?;
+        let tls = tls_params(cfg, &subnqn);
+        let admin =
+            QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
+                .await?;
         let kato_ms = u32::try_from(cfg.kato.as_millis()).unwrap_or(u32::MAX);
         let bc = BringupConfig {
             hostnqn: cfg.hostnqn.clone(),
@@ -319,7 +358,9 @@ impl NvmeSession {
                 in_capsule,
                 depth,
             };
-            let q = QueueHandle::connect(&addr, qc, cfg.connect_timeout, cancel.clone()).await?;
+            let q =
+                QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
+                    .await?;
             let data = ConnectData {
                 hostid: cfg.hostid,
                 cntlid: info.cntlid,
@@ -379,6 +420,7 @@ impl NvmeSession {
             command_timeout: cfg.command_timeout,
             cancel,
             keepalive_error,
+            tls: cfg.tls.is_some(),
         })
     }
 
@@ -404,6 +446,31 @@ impl NvmeSession {
     #[must_use]
     pub fn queues(&self) -> usize {
         self.io.len()
+    }
+
+    /// Whether the queues run over TLS.
+    #[must_use]
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The admin queue's DH-HMAC-CHAP outcome as text (`sha256 ffdhe2048 bidirectional`), or
+    /// `None` when the controller did not ask for authentication.
+    #[must_use]
+    pub fn authentication(&self) -> Option<String> {
+        self.info.auth.map(|a| match a {
+            AuthState::Succeeded {
+                hash,
+                dh_group,
+                bidirectional,
+            } => format!(
+                "DH-HMAC-CHAP {} {}{}",
+                hash.name(),
+                dh_group.name(),
+                if bidirectional { " bidirectional" } else { "" }
+            ),
+            other => format!("{other:?}"),
+        })
     }
 
     /// Header and data digests in force and MAXH2CDATA (from the first I/O queue's ICResp).

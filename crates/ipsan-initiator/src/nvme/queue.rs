@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use nvme_proto::host::{HostEvent, HostQueue, QueueConfig};
 use nvme_wire::{Cqe, Sqe};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +18,16 @@ use tokio_util::sync::CancellationToken;
 use super::NvmeError;
 
 type Reply = oneshot::Sender<Result<(Cqe, BytesMut), NvmeError>>;
+type Rd = Box<dyn AsyncRead + Send + Unpin>;
+type Wr = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// TLS 1.3 with a configured PSK (TP 8011) for a queue: the key and the identity's NQNs.
+#[derive(Debug, Clone)]
+pub(crate) struct TlsParams {
+    pub(crate) key: std::sync::Arc<nvme_proto::psk::ConfiguredPsk>,
+    pub(crate) hostnqn: String,
+    pub(crate) subnqn: String,
+}
 
 struct Request {
     sqe: Sqe,
@@ -43,11 +53,13 @@ impl std::fmt::Debug for Request {
 }
 
 impl QueueHandle {
-    /// Connects to `addr`, exchanges ICReq/ICResp within `timeout` and starts the tasks. The
-    /// queue stops when `cancel` fires or the connection fails.
+    /// Connects to `addr` (with a TLS handshake first when `tls` is set), exchanges
+    /// ICReq/ICResp within `timeout` and starts the tasks. The queue stops when `cancel`
+    /// fires or the connection fails.
     pub(crate) async fn connect(
         addr: &str,
         cfg: QueueConfig,
+        tls: Option<&TlsParams>,
         timeout: Duration,
         cancel: CancellationToken,
     ) -> Result<Self, NvmeError> {
@@ -55,7 +67,23 @@ impl QueueHandle {
             .await
             .map_err(|_| NvmeError::Timeout("TCP connect"))??;
         stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr): (Rd, Wr) = match tls {
+            None => {
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(t) => {
+                let s = tokio::time::timeout(
+                    timeout,
+                    nvme_tls::connect(stream, &t.hostnqn, &t.subnqn, &t.key),
+                )
+                .await
+                .map_err(|_| NvmeError::Timeout("TLS handshake"))?
+                .map_err(|e| NvmeError::Tls(e.to_string()))?;
+                let (r, w) = tokio::io::split(s);
+                (Box::new(r), Box::new(w))
+            }
+        };
         let mut q = HostQueue::new(cfg);
         // ICReq out, ICResp in.
         let (hd, dd, maxh2c) = tokio::time::timeout(timeout, async {
@@ -64,7 +92,11 @@ impl QueueHandle {
             }
             loop {
                 if rd.read_buf(q.recv_buf()).await? == 0 {
-                    return Err(NvmeError::Closed("connection closed before ICResp".into()));
+                    return Err(NvmeError::Closed(
+                        "the controller closed the connection before ICResp (a port that \
+                         requires TLS? see --tls-key-file)"
+                            .into(),
+                    ));
                 }
                 q.process();
                 while let Some(b) = q.poll_transmit() {
@@ -119,11 +151,7 @@ impl QueueHandle {
     }
 }
 
-async fn writer(
-    mut wr: tokio::net::tcp::OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
-    cancel: CancellationToken,
-) {
+async fn writer(mut wr: Wr, mut rx: mpsc::UnboundedReceiver<Bytes>, cancel: CancellationToken) {
     loop {
         let b = tokio::select! {
             b = rx.recv() => b,
@@ -139,7 +167,7 @@ async fn writer(
 
 async fn dispatch(
     mut q: HostQueue,
-    mut rd: tokio::net::tcp::OwnedReadHalf,
+    mut rd: Rd,
     mut rx: mpsc::Receiver<Request>,
     wtx: mpsc::UnboundedSender<Bytes>,
     depth: u16,
