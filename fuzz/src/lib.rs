@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`pdu_decode`] | `iscsi_wire::Codec::decode` (RFC 7143 §11.2) | never consumes more than it was given; `Ok(None)` consumes nothing; a decoded PDU re-encodes and decodes to the same header and segments; errors that leave the stream intact carry the offending BHS |
 //! | [`nvme_pdu`] | `nvme_wire::pdu::Codec` (NVMe/TCP 1.0 §3.6.2), `entry::Sqe::check_tcp`, `fabrics` | consumes exactly PLEN or nothing; a decoded PDU re-encodes to the same bytes (and so do Fabrics commands and Connect data inside capsules); a fatal error yields a termination request that round-trips; a non-fatal one consumed its PDU and names a completion status |
+//! | [`nvme_controller`] | `nvme_proto::controller::Target`/`Queue` (NVMe over Fabrics 1.1 §3, NVMe Base 2.0 §5, NVM Command Set 1.0 §3) | arbitrary Connects, admin/I/O commands, block results in any order, namespace changes, disconnects and time never panic; a completion answers its own CID with no more data than its SGL; block requests stay inside their namespace with tags unique per queue; a command completes exactly at its last block result; no keep-alive deadline is left in the past |
 //! | [`text_negotiate`] | `iscsi_wire::text`, `iscsi_proto::params` (RFC 7143 §6.1, §6.2, §13) | encode∘parse round-trips; a responder's answer always passes the originator's check |
 //! | [`initiator_login`] | `iscsi_proto::login::originator::LoginMachine` through `LoginExchange` (RFC 7143 §6.3, §12.1.3) | arbitrary Login Responses never complete a mutual-CHAP login, never drop a digest we insisted on, never yield parameters outside RFC 7143 §13's ranges; no request we would send carries a secret |
 //! | [`login_sm`] | `iscsi_proto::login::TargetLogin` (RFC 7143 §6.3, §12.1.3) | a sequence of arbitrary Login PDUs never reaches full feature phase on a CHAP target (the fuzzer cannot know the challenge), nor on any target after a failure |
@@ -1462,6 +1463,347 @@ pub fn nvme_pdu(data: &[u8]) {
                     buf.len() < before,
                     "a non-fatal error did not consume the PDU"
                 );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- NVMe controller
+
+/// Drives `nvme_proto::controller::Target` with arbitrary Connects, admin and I/O commands,
+/// block results in any order (or never), namespace changes, disconnects and time; see the
+/// module table for the properties.
+pub fn nvme_controller(data: &[u8]) {
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+
+    use nvme_proto::controller::{
+        AllowedHosts, BlockError, BlockOp, DiscoveryEntry, NamespaceConfig, Queue, Submitted,
+        SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
+    };
+    use nvme_proto::{Command, Completion};
+    use nvme_wire::entry::{Sgl, Sqe, SQE_LEN};
+    use nvme_wire::fabrics::{
+        Connect, ConnectData, FabricsCommand, FabricsKind, Property, PropertySet, CNTLID_DYNAMIC,
+    };
+
+    const SUBNQN: &str = "nqn.2026-01.io.ipsan:fuzz";
+    const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:fuzz";
+    let ns = |nsid: u32, blocks: u64, shift: u32| NamespaceConfig {
+        nsid,
+        size: blocks << shift,
+        block_size: 1 << shift,
+        nguid: [nsid as u8; 16],
+        uuid: [nsid as u8 ^ 0x80; 16],
+        eui64: [0; 8],
+        deallocate_zeroes: nsid % 2 == 1,
+        read_only: nsid == 3,
+    };
+    let disc = vec![DiscoveryEntry {
+        subnqn: SUBNQN.into(),
+        traddr: "127.0.0.1".into(),
+        trsvcid: "4420".into(),
+        ipv6: false,
+        portid: 1,
+        treq_secure_channel: 0,
+        sectype: 0,
+    }];
+    let cfg = TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: SUBNQN.into(),
+            serial: "FUZZ".into(),
+            model: "fuzz".into(),
+            namespaces: vec![ns(1, 64, 9), ns(2, 16, 12)],
+            hosts: AllowedHosts::Any,
+            auth_required: false,
+            volatile_write_cache: true,
+        }],
+        discovery: disc.clone(),
+        max_io_queues: 4,
+        queue_size: 32,
+        in_capsule_data: 8192,
+        max_transfer: 16384,
+        ..TargetConfig::default()
+    };
+    let mut t = Target::new(cfg).expect("valid configuration");
+    let mut sizes: HashMap<u32, u64> = HashMap::from([(1, 64 << 9), (2, 16 << 12)]);
+    let mut now = Instant::now();
+    let mut queues: Vec<Queue> = Vec::new();
+    // Outstanding block requests: (queue index, tag, group id); groups: id → (cid, left).
+    let mut pending: Vec<(usize, u64, u64, BlockOp)> = Vec::new();
+    let mut groups: HashMap<u64, (u16, usize)> = HashMap::new();
+    let mut next_group = 0u64;
+
+    let connect = |qid: u16, sqsize: u16, kato: u32, subnqn: &str, hostnqn: &str, cntlid: u16| {
+        let d = ConnectData {
+            hostid: [7; 16],
+            cntlid,
+            subnqn: subnqn.into(),
+            hostnqn: hostnqn.into(),
+        }
+        .encode()
+        .expect("valid NQNs");
+        let sqe = FabricsCommand {
+            cid: 1,
+            flags: nvme_wire::entry::PSDT_SGL,
+            sgl: Sgl::InCapsule {
+                offset: 0,
+                length: d.len() as u32,
+            },
+            kind: FabricsKind::Connect(Connect {
+                recfmt: 0,
+                qid,
+                sqsize,
+                cattr: 0,
+                kato,
+            }),
+        }
+        .to_sqe();
+        Command {
+            sqe,
+            data: Bytes::copy_from_slice(&d),
+        }
+    };
+    let check = |cmd: &Command, c: &Completion| {
+        assert_eq!(c.cqe.cid, cmd.sqe.cid, "completion for another command");
+        assert!(
+            c.data.len() <= cmd.sqe.sgl.length() as usize,
+            "more data than the SGL describes"
+        );
+    };
+
+    let mut input = Input(data);
+    let flags = input.u8();
+    if flags & 1 != 0 {
+        // A host's bring-up, so the fuzzer starts where the I/O paths are.
+        let subnqn = if flags & 2 != 0 {
+            DISCOVERY_NQN
+        } else {
+            SUBNQN
+        };
+        if let Ok((mut admin, _)) = t.connect(
+            &connect(0, 31, 10_000, subnqn, HOSTNQN, CNTLID_DYNAMIC),
+            now,
+        ) {
+            let sqe = FabricsCommand {
+                cid: 2,
+                flags: nvme_wire::entry::PSDT_SGL,
+                sgl: Sgl::Transport { length: 0 },
+                kind: FabricsKind::PropertySet(PropertySet {
+                    size8: false,
+                    property: Property::Cc,
+                    value: 6 << 16 | 4 << 20 | 1,
+                }),
+            }
+            .to_sqe();
+            let _ = t.submit(
+                &mut admin,
+                Command {
+                    sqe,
+                    data: Bytes::new(),
+                },
+                now,
+            );
+            let cntlid = admin.cntlid();
+            queues.push(admin);
+            if let Ok((q, _)) = t.connect(&connect(1, 31, 0, subnqn, HOSTNQN, cntlid), now) {
+                queues.push(q);
+            }
+        }
+    }
+
+    let mut steps = 0;
+    while !input.0.is_empty() && steps < 256 {
+        steps += 1;
+        let action = input.u8();
+        match action % 8 {
+            0 | 1 => {
+                let raw = input.bytes(SQE_LEN);
+                let mut b = [0u8; SQE_LEN];
+                b[..raw.len()].copy_from_slice(raw);
+                let mut sqe = Sqe::from_bytes(&b);
+                let len = usize::from(input.u8()) * 16;
+                let data = Bytes::copy_from_slice(input.bytes(len));
+                if action & 0x80 != 0 {
+                    // Make the command well-formed for the transport, so it reaches the
+                    // controller's own checks.
+                    sqe.flags = nvme_wire::entry::PSDT_SGL;
+                    sqe.sgl = if data.is_empty() {
+                        Sgl::Transport {
+                            length: u32::from(input.u16()),
+                        }
+                    } else {
+                        Sgl::InCapsule {
+                            offset: 0,
+                            length: data.len() as u32,
+                        }
+                    };
+                }
+                if queues.is_empty() {
+                    continue;
+                }
+                let qi = usize::from(input.u8()) % queues.len();
+                let cmd = Command { sqe, data };
+                let q = &mut queues[qi];
+                let admin = q.qid() == 0;
+                let r = if admin || action & 0x40 != 0 {
+                    t.submit(q, cmd.clone(), now)
+                } else {
+                    q.submit(cmd.clone(), now)
+                };
+                match r {
+                    Submitted::Done(c) => check(&cmd, &c),
+                    Submitted::Held => assert!(admin, "an I/O command held"),
+                    Submitted::Block(reqs) => {
+                        assert!(!admin, "block requests from the admin queue");
+                        assert!(!reqs.is_empty());
+                        let g = next_group;
+                        next_group += 1;
+                        groups.insert(g, (cmd.sqe.cid, reqs.len()));
+                        for r in reqs {
+                            let size = *sizes.get(&r.nsid).expect("a namespace that exists");
+                            let (off, len) = match &r.op {
+                                BlockOp::Read { offset, len }
+                                | BlockOp::Discard { offset, len }
+                                | BlockOp::WriteZeroes { offset, len } => (*offset, *len),
+                                BlockOp::Write { offset, data, .. } => (*offset, data.len() as u64),
+                                BlockOp::Flush => (0, 0),
+                            };
+                            assert!(
+                                off.checked_add(len).is_some_and(|e| e <= size),
+                                "{r:?} beyond {size}"
+                            );
+                            assert!(
+                                !pending.iter().any(|p| p.0 == qi && p.1 == r.tag),
+                                "tag reused while outstanding"
+                            );
+                            pending.push((qi, r.tag, g, r.op));
+                        }
+                    }
+                }
+            }
+            2 => {
+                let qid = input.u16() % 6;
+                let sqsize = input.u16() % 40;
+                let kato = u32::from(input.u16());
+                let subnqn = [SUBNQN, DISCOVERY_NQN, "nqn.unknown"][usize::from(input.u8() % 3)];
+                let hostnqn = [HOSTNQN, "nqn.other"][usize::from(input.u8() % 2)];
+                let cntlid = match input.u8() % 3 {
+                    0 => CNTLID_DYNAMIC,
+                    1 => queues.first().map_or(1, Queue::cntlid),
+                    _ => input.u16(),
+                };
+                let cmd = connect(qid, sqsize, kato, subnqn, hostnqn, cntlid);
+                match t.connect(&cmd, now) {
+                    Ok((q, c)) => {
+                        check(&cmd, &c);
+                        assert!(c.cqe.status.is_success());
+                        queues.push(q);
+                    }
+                    Err(c) => {
+                        check(&cmd, &c);
+                        assert!(!c.cqe.status.is_success());
+                    }
+                }
+            }
+            3 => {
+                // Any first command, whole.
+                let raw = input.bytes(SQE_LEN);
+                let mut b = [0u8; SQE_LEN];
+                b[..raw.len()].copy_from_slice(raw);
+                let len = usize::from(input.u16() % 1100);
+                let cmd = Command {
+                    sqe: Sqe::from_bytes(&b),
+                    data: Bytes::copy_from_slice(input.bytes(len)),
+                };
+                match t.connect(&cmd, now) {
+                    Ok((q, c)) => {
+                        check(&cmd, &c);
+                        queues.push(q);
+                    }
+                    Err(c) => check(&cmd, &c),
+                }
+            }
+            4 => {
+                now += Duration::from_millis(u64::from(input.u16()) * 4);
+                t.handle_timeout(now);
+                if let Some(next) = t.poll_timeout() {
+                    assert!(next > now, "a deadline left in the past");
+                }
+            }
+            5 if !pending.is_empty() => {
+                let i = usize::from(input.u8()) % pending.len();
+                let (qi, tag, g, op) = pending.swap_remove(i);
+                let how = input.u8();
+                let result = match how % 4 {
+                    0 => Err([
+                        BlockError::Media,
+                        BlockError::NoSpace,
+                        BlockError::OutOfRange,
+                        BlockError::ReadOnly,
+                        BlockError::Internal,
+                    ][usize::from(how / 4) % 5]),
+                    1 => {
+                        let n = usize::from(input.u8());
+                        Ok(Bytes::copy_from_slice(input.bytes(n)))
+                    }
+                    _ => Ok(match &op {
+                        BlockOp::Read { len, .. } => Bytes::from(vec![0u8; *len as usize]),
+                        _ => Bytes::new(),
+                    }),
+                };
+                let c = queues[qi].block_done(tag, result);
+                let entry = groups.get_mut(&g).expect("group");
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    let (cid, _) = groups.remove(&g).expect("group");
+                    let c = c.expect("the last result completes the command");
+                    assert_eq!(c.cqe.cid, cid);
+                } else {
+                    assert!(c.is_none(), "completed before its last block result");
+                }
+            }
+            6 => {
+                let mut list = Vec::new();
+                for _ in 0..input.u8() % 4 {
+                    let nsid = u32::from(input.u8() % 5);
+                    let n = ns(
+                        nsid,
+                        u64::from(input.u8() % 64),
+                        [9, 12][usize::from(input.u8() % 2)],
+                    );
+                    list.push(n);
+                }
+                if t.set_namespaces(SUBNQN, list.clone()).is_ok() {
+                    // Requests already handed out refer to the old table; keep their sizes.
+                    for n in &list {
+                        let s = sizes.entry(n.nsid).or_insert(0);
+                        *s = (*s).max(n.size);
+                    }
+                }
+                if input.u8() % 2 == 0 {
+                    t.set_discovery_entries(Vec::new());
+                } else {
+                    t.set_discovery_entries(disc.clone());
+                }
+            }
+            7 if !queues.is_empty() => {
+                let i = usize::from(input.u8()) % queues.len();
+                // Its outstanding requests are abandoned with it, as a driver drops them.
+                pending.retain(|p| p.0 != i);
+                for p in &mut pending {
+                    if p.0 > i {
+                        p.0 -= 1;
+                    }
+                }
+                let q = queues.remove(i);
+                t.disconnect(&q);
+            }
+            _ => {}
+        }
+        while let Some(e) = t.poll_event() {
+            if let nvme_proto::controller::Event::AdminCompletion { completion, .. } = e {
+                assert!(completion.cqe.status.is_success());
             }
         }
     }

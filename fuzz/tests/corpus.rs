@@ -108,6 +108,11 @@ fn nvme_pdu_holds_on_corpus_and_random_inputs() {
 }
 
 #[test]
+fn nvme_controller_holds_on_corpus_and_random_inputs() {
+    run("nvme_controller", ipsan_fuzz::nvme_controller);
+}
+
+#[test]
 fn text_negotiate_holds_on_corpus_and_random_inputs() {
     run("text_negotiate", ipsan_fuzz::text_negotiate);
 }
