@@ -5,6 +5,7 @@
 //! write never stops the reading.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -41,6 +42,8 @@ struct Request {
 #[derive(Debug, Clone)]
 pub(crate) struct QueueHandle {
     tx: mpsc::Sender<Request>,
+    /// Why the queue ended, once it has.
+    ended: Arc<Mutex<Option<String>>>,
     /// What ICResp enabled: header digest, data digest, MAXH2CDATA.
     pub(crate) digests: (bool, bool),
     pub(crate) maxh2cdata: u32,
@@ -119,9 +122,11 @@ impl QueueHandle {
         let (tx, rx) = mpsc::channel(usize::from(cfg.depth).max(1) * 2);
         let (wtx, wrx) = mpsc::unbounded_channel::<Bytes>();
         tokio::spawn(writer(wr, wrx, cancel.clone()));
-        tokio::spawn(dispatch(q, rd, rx, wtx, cfg.depth, cancel));
+        let ended = Arc::new(Mutex::new(None));
+        tokio::spawn(dispatch(q, rd, rx, wtx, cfg.depth, cancel, ended.clone()));
         Ok(Self {
             tx,
+            ended,
             digests: (hd, dd),
             maxh2cdata: maxh2c,
         })
@@ -135,6 +140,10 @@ impl QueueHandle {
         read_len: u32,
         read_buf: BytesMut,
     ) -> Result<(Cqe, BytesMut), NvmeError> {
+        let closed = || {
+            let why = self.ended.lock().ok().and_then(|g| g.clone());
+            NvmeError::Closed(why.unwrap_or_else(|| "queue closed".into()))
+        };
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Request {
@@ -145,9 +154,8 @@ impl QueueHandle {
                 reply,
             })
             .await
-            .map_err(|_| NvmeError::Closed("queue closed".into()))?;
-        rx.await
-            .map_err(|_| NvmeError::Closed("queue closed".into()))?
+            .map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
     }
 }
 
@@ -172,6 +180,7 @@ async fn dispatch(
     wtx: mpsc::UnboundedSender<Bytes>,
     depth: u16,
     cancel: CancellationToken,
+    ended: Arc<Mutex<Option<String>>>,
 ) {
     let mut pending: HashMap<u16, Reply> = HashMap::new();
     let reason = loop {
@@ -217,7 +226,13 @@ async fn dispatch(
         }
     };
     tracing::debug!("nvme queue ends: {reason}");
-    let msg = reason.to_string();
+    let msg = match reason {
+        NvmeError::Closed(m) => m,
+        other => other.to_string(),
+    };
+    if let Ok(mut g) = ended.lock() {
+        *g = Some(msg.clone());
+    }
     for (_, r) in pending.drain() {
         let _ = r.send(Err(NvmeError::Closed(msg.clone())));
     }
