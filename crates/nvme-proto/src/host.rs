@@ -29,6 +29,9 @@ use nvme_wire::{Codec, Cqe, Fes, Pdu, Sgl, Sqe, WireError};
 /// In-capsule data the admin queue always takes (NVMe/TCP 1.0 §3.3.1: 8 KiB).
 pub const ADMIN_IN_CAPSULE: usize = 8192;
 
+/// The least room a read gets in the receive buffer.
+const RX_CHUNK: usize = 64 * 1024;
+
 /// Room for headers, digests and padding around the data of one PDU.
 const PDU_OVERHEAD: u32 = 256;
 
@@ -45,13 +48,14 @@ pub struct QueueConfig {
     /// Write data up to this many bytes goes in the capsule (the controller's IOCCSZ × 16 − 64
     /// for an I/O queue, [`ADMIN_IN_CAPSULE`] for the admin queue).
     pub in_capsule: usize,
-    /// Commands in flight at most (the queue's SQSIZE + 1).
+    /// Commands in flight at most: one less than the queue's entries (SQSIZE, 0's based, as
+    /// Connect sent it), since a full submission queue keeps one entry free.
     pub depth: u16,
 }
 
 impl QueueConfig {
-    /// An admin queue: 8 KiB in-capsule data, 32 entries, reads up to 1 MiB (a whole
-    /// Discovery log), no digests.
+    /// An admin queue: 8 KiB in-capsule data, 32 entries (Connect's SQSIZE 31, so 31 in
+    /// flight), reads up to 1 MiB (a whole Discovery log), no digests.
     #[must_use]
     pub fn admin() -> Self {
         Self {
@@ -59,7 +63,7 @@ impl QueueConfig {
             data_digest: false,
             max_transfer: 1 << 20,
             in_capsule: ADMIN_IN_CAPSULE,
-            depth: 32,
+            depth: 31,
         }
     }
 }
@@ -191,8 +195,13 @@ impl HostQueue {
     }
 
     /// The receive buffer: the driver reads socket bytes into it, then calls
-    /// [`HostQueue::process`].
+    /// [`HostQueue::process`]. It has room for the rest of the PDU being received (at least
+    /// 64 KiB), so a read is never a few bytes at a time.
     pub fn recv_buf(&mut self) -> &mut BytesMut {
+        let want = self.codec.needed(&self.rx).unwrap_or(0).max(RX_CHUNK);
+        if self.rx.capacity() - self.rx.len() < want {
+            self.rx.reserve(want);
+        }
         &mut self.rx
     }
 

@@ -75,7 +75,7 @@ pub struct NvmeConfig {
     pub hostid: [u8; 16],
     /// I/O queues to ask for (each its own TCP connection).
     pub queues: u16,
-    /// Commands in flight per I/O queue at most (SQSIZE + 1; capped by CAP.MQES).
+    /// Entries per I/O queue (SQSIZE + 1; capped by CAP.MQES + 1): one less are in flight.
     pub queue_depth: u16,
     /// Keep Alive Timeout (0: none).
     pub kato: Duration,
@@ -343,11 +343,14 @@ impl NvmeSession {
             0 => 8 << 20,
             m => (page << m.min(20)).min(8 << 20) as u32,
         };
+        // Entries per I/O queue: what was asked, at most CAP.MQES + 1 (and MAXCMD); one of
+        // them stays free, so entries − 1 commands are in flight at most.
         let mqes = info.cap.map_or(127, |c| c.mqes);
-        let mut depth = cfg.queue_depth.max(2).min(mqes.saturating_add(1));
+        let mut entries = cfg.queue_depth.max(2).min(mqes.saturating_add(1));
         if info.identify.maxcmd != 0 {
-            depth = depth.min(info.identify.maxcmd);
+            entries = entries.min(info.identify.maxcmd.max(2));
         }
+        let depth = entries - 1;
         let in_capsule = info.identify.in_capsule_bytes();
         let mut io = Vec::new();
         for qid in 1..=info.io_queues.max(1) {
@@ -367,7 +370,7 @@ impl NvmeSession {
                 subnqn: subnqn.clone(),
                 hostnqn: cfg.hostnqn.clone(),
             };
-            let (sqe, bytes) = cmd::connect(qid, depth - 1, 0, &data)
+            let (sqe, bytes) = cmd::connect(qid, entries - 1, 0, &data)
                 .map_err(|e| NvmeError::Invalid(e.to_string()))?;
             let (cqe, _) = tokio::time::timeout(
                 cfg.connect_timeout,
