@@ -173,6 +173,17 @@ async fn writer(mut wr: Wr, mut rx: mpsc::UnboundedReceiver<Bytes>, cancel: Canc
     let _ = wr.shutdown().await;
 }
 
+fn submit(q: &mut HostQueue, pending: &mut HashMap<u16, Reply>, req: Request) {
+    match q.submit(req.sqe, req.write, req.read_len, req.read_buf) {
+        Ok(cid) => {
+            pending.insert(cid, req.reply);
+        }
+        Err(e) => {
+            let _ = req.reply.send(Err(NvmeError::Queue(e)));
+        }
+    }
+}
+
 async fn dispatch(
     mut q: HostQueue,
     mut rd: Rd,
@@ -193,12 +204,12 @@ async fn dispatch(
             },
             req = rx.recv(), if room => {
                 let Some(req) = req else { break NvmeError::Closed("session closed".into()) };
-                match q.submit(req.sqe, req.write, req.read_len, req.read_buf) {
-                    Ok(cid) => {
-                        pending.insert(cid, req.reply);
-                    }
-                    Err(e) => {
-                        let _ = req.reply.send(Err(NvmeError::Queue(e)));
+                submit(&mut q, &mut pending, req);
+                // Whatever else is waiting goes out in the same write.
+                while q.in_flight() < usize::from(depth) {
+                    match rx.try_recv() {
+                        Ok(req) => submit(&mut q, &mut pending, req),
+                        Err(_) => break,
                     }
                 }
             }
