@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::{Bytes, BytesMut};
 use nvme_wire::entry::Status;
 use nvme_wire::fabrics::OPCODE_FABRICS;
-use nvme_wire::pdu::{CapsuleCmd, H2cData, IcReq, TermReq, PFV_1_0};
+use nvme_wire::pdu::{CapsuleCmd, H2cData, IcReq, PduType, TermReq, FLAG_SUCCESS, PFV_1_0};
 use nvme_wire::{Codec, Cqe, Fes, Pdu, Sgl, Sqe, WireError};
 
 /// In-capsule data the admin queue always takes (NVMe/TCP 1.0 §3.3.1: 8 KiB).
@@ -318,10 +318,22 @@ impl HostQueue {
                         self.fail(e, header);
                     }
                 }
-                Err(WireError::DataDigest { cid, .. }) => {
+                Err(WireError::DataDigest { cid, pdu_type, .. }) => {
                     // The stream is intact; the command fails with Transient Transport Error
-                    // when it completes (NVMe/TCP 1.0 §3.6.1).
-                    if let Some(c) = self.inflight.get_mut(&cid) {
+                    // when it completes (NVMe/TCP 1.0 §3.6.1). The header passed its digest,
+                    // so its flags hold: a C2HData with SUCCESS is the command's completion
+                    // (no CapsuleResp follows).
+                    let success = pdu_type == PduType::C2hData
+                        && header.get(1).is_some_and(|f| f & FLAG_SUCCESS != 0);
+                    if success {
+                        if let Some(c) = self.inflight.remove(&cid) {
+                            self.events.push_back(HostEvent::Completed {
+                                cid,
+                                cqe: Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR),
+                                data: c.read,
+                            });
+                        }
+                    } else if let Some(c) = self.inflight.get_mut(&cid) {
                         c.digest_error = true;
                     }
                 }

@@ -240,3 +240,31 @@ fn rejects_a_digest_the_host_did_not_ask_for() {
     assert!(matches!(failed_with(&mut q), HostError::Protocol(..)));
     assert!(!q.is_ready());
 }
+
+#[test]
+fn rejects_data_with_a_bad_digest_in_a_success_pdu_and_still_completes_the_command() {
+    let (ctrl, mut q) = connected(false, true);
+    let cid = read_cmd(&mut q, 4096);
+    let _ = sent(&ctrl, &mut q);
+    // SUCCESS: no CapsuleResp will follow, so this PDU must complete the command.
+    let pdu = Pdu::C2hData(C2hData {
+        cccid: cid,
+        datao: 0,
+        last: true,
+        success: true,
+        data: Bytes::from(vec![1u8; 4096]),
+    });
+    let mut wire = ctrl.to_bytes(&pdu).unwrap().to_vec();
+    let n = wire.len();
+    wire[n - 100] ^= 0x01;
+    q.receive(&wire);
+    match q.poll_event() {
+        Some(HostEvent::Completed { cid: c, cqe, .. }) => {
+            assert_eq!(c, cid);
+            assert_eq!(cqe.status, Status::TRANSIENT_TRANSPORT_ERROR);
+        }
+        e => panic!("the command must complete, got {e:?}"),
+    }
+    assert_eq!(q.in_flight(), 0);
+    assert!(!q.is_dead());
+}
