@@ -19,6 +19,12 @@ pub struct Args {
     /// Address to listen on (repeatable). Port 0 picks a free port.
     #[arg(long, value_name = "ADDR:PORT")]
     portal: Vec<String>,
+    /// Serve the targets over NVMe/TCP too, listening on ADDR:PORT (repeatable; the usual port
+    /// is 4420). Each target is a subsystem (NQN: its IQN with `nqn.` for `iqn.`), LUN n its
+    /// namespace n+1 (docs/nvme.md). Loopback only until NVMe authentication is configured,
+    /// unless --insecure-no-auth. With --config also `[nvme] listen`.
+    #[arg(long, value_name = "ADDR:PORT")]
+    nvme_listen: Vec<String>,
     /// Target name (IQN) of the single target defined on the command line.
     #[arg(long, default_value = config::DEFAULT_IQN)]
     iqn: String,
@@ -192,7 +198,10 @@ pub(super) fn serve(
         for addr in server.local_addrs() {
             announce!("ipsan {who}: listening on {addr}");
         }
-        for url in server.urls() {
+        for addr in server.nvme_addrs() {
+            announce!("ipsan {who}: listening on {addr} (NVMe/TCP)");
+        }
+        for url in server.urls().into_iter().chain(server.nvme_urls()) {
             announce!("ipsan {who}: serving {url}");
         }
         let luns: usize = registry.targets().iter().map(|t| t.luns.len()).sum();
@@ -400,6 +409,17 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
         }
         file.server.portals = Some(args.portal.clone());
         overrides.push(format!("--portal {}", args.portal.join(" --portal ")));
+    }
+    if !args.nvme_listen.is_empty() {
+        for p in &args.nvme_listen {
+            p.parse::<std::net::SocketAddr>()
+                .with_context(|| format!("--nvme-listen {p}: expected ADDR:PORT"))?;
+        }
+        file.nvme.listen.clone_from(&args.nvme_listen);
+        overrides.push(format!(
+            "--nvme-listen {}",
+            args.nvme_listen.join(" --nvme-listen ")
+        ));
     }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(

@@ -272,6 +272,8 @@ pub struct Config {
     /// host beyond loopback, with a warning, instead of refusing to start
     /// ([`crate::exposure`]).
     pub insecure_no_auth: bool,
+    /// NVMe/TCP: listeners and subsystem NQNs (`[nvme]`, crate::nvme); off by default.
+    pub nvme: crate::nvme::NvmeSettings,
     /// The file form this was validated from (`None` when built in code): what `ipsan ctl`
     /// edits and `ipsan ctl save` writes.
     pub source: Option<FileConfig>,
@@ -294,6 +296,7 @@ impl Default for Config {
             targets: Vec::new(),
             limits: crate::limits::Limits::default(),
             insecure_no_auth: false,
+            nvme: crate::nvme::NvmeSettings::default(),
             source: None,
         }
     }
@@ -392,6 +395,7 @@ impl Config {
                 luns,
             });
         }
+        c.nvme = crate::nvme::NvmeSettings::from_file(&f.nvme, &c.targets)?;
         c.validate()?;
         c.source = Some(f.clone());
         Ok(c)

@@ -40,6 +40,9 @@
 //!
 //!   The protocol itself (CmdSN window, R2T, Data-In, residuals, task management, text and
 //!   SendTargets, login refusals, logout, keepalive) lives in `iscsi-proto`.
+//! - [`nvme`]: the NVMe/TCP target beside the iSCSI one (issue 30): the `[nvme]` settings,
+//!   the listeners and one driver per connection around `nvme_proto`'s queue machine and
+//!   controller, the registry's LUNs as namespaces on their `ipsan-block` backends.
 //! - `seal_ext`: Seal's login extension (the offer, the transcript it binds, the guess limit).
 
 pub mod config;
@@ -48,6 +51,7 @@ pub mod control;
 pub mod exposure;
 pub mod limits;
 pub mod metrics;
+pub mod nvme;
 pub mod registry;
 pub mod remote;
 pub mod remote_block;

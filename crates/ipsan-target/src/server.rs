@@ -34,12 +34,17 @@ pub enum ServerError {
     Pool { source: std::io::Error },
     #[error(transparent)]
     Exposed(#[from] crate::exposure::ExposureError),
+    #[error(transparent)]
+    Nvme(#[from] crate::nvme::NvmeError),
 }
 
 /// Binds a portal. TCP settings go on the listening socket before `listen`, so accepted
 /// connections inherit the buffers (and the window scale they allow) and the congestion
 /// control from the SYN on.
-fn listen(addr: SocketAddr, tcp: Option<&ipsan_tcp::TcpSettings>) -> std::io::Result<TcpListener> {
+pub(crate) fn listen(
+    addr: SocketAddr,
+    tcp: Option<&ipsan_tcp::TcpSettings>,
+) -> std::io::Result<TcpListener> {
     let sock = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -62,6 +67,8 @@ pub struct Server {
     shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
     max_connections: usize,
+    /// The NVMe/TCP listeners (`[nvme] listen`), when configured.
+    nvme: Option<crate::nvme::NvmeServer>,
 }
 
 impl Server {
@@ -71,7 +78,22 @@ impl Server {
         for w in crate::exposure::check(config, &config.portals, config.insecure_no_auth)? {
             tracing::warn!("{w}");
         }
+        // The same rule for NVMe/TCP listeners, before anything is opened.
+        if let Some(w) =
+            crate::nvme::check_exposure(config).map_err(crate::nvme::NvmeError::from)?
+        {
+            tracing::warn!("{w}");
+        }
         let registry = Registry::build(config)?;
+        let nvme = if config.nvme.listen.is_empty() {
+            None
+        } else {
+            Some(crate::nvme::NvmeServer::bind(
+                &config.nvme,
+                &registry,
+                config.tcp.as_ref(),
+            )?)
+        };
         let mut listeners = Vec::new();
         for &addr in &config.portals {
             let l = listen(addr, config.tcp.as_ref())
@@ -100,6 +122,7 @@ impl Server {
             }),
             listeners,
             max_connections: config.max_connections,
+            nvme,
         })
     }
 
@@ -117,6 +140,24 @@ impl Server {
             .iter()
             .filter_map(|l| l.local_addr().ok())
             .collect()
+    }
+
+    /// The NVMe/TCP listeners actually bound (empty when NVMe/TCP is off).
+    #[must_use]
+    pub fn nvme_addrs(&self) -> Vec<SocketAddr> {
+        self.nvme
+            .as_ref()
+            .map(crate::nvme::NvmeServer::local_addrs)
+            .unwrap_or_default()
+    }
+
+    /// The `nvme+tcp://host:port/subsysnqn/nsid` URLs of every namespace.
+    #[must_use]
+    pub fn nvme_urls(&self) -> Vec<String> {
+        self.nvme
+            .as_ref()
+            .map(crate::nvme::NvmeServer::urls)
+            .unwrap_or_default()
     }
 
     /// The `iscsi://` URLs of every LUN, as libiscsi and `ipsan bench` take them.
@@ -147,6 +188,12 @@ impl Server {
         let limit = Arc::new(Semaphore::new(self.max_connections));
         let mut accepts = JoinSet::new();
         let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
+        if let Some(nvme) = self.nvme {
+            let registry = self.shared.registry.clone();
+            let cancel = cancel.clone();
+            let max = self.max_connections;
+            accepts.spawn(async move { nvme.run(registry, max, cancel).await });
+        }
         for listener in self.listeners {
             let shared = self.shared.clone();
             let cancel = cancel.clone();
@@ -239,6 +286,8 @@ impl Server {
 #[derive(Debug)]
 pub struct ServerHandle {
     pub addrs: Vec<SocketAddr>,
+    /// The NVMe/TCP listeners (empty when NVMe/TCP is off).
+    pub nvme_addrs: Vec<SocketAddr>,
     pub urls: Vec<String>,
     registry: Arc<Registry>,
     stop: CancellationToken,
@@ -250,6 +299,7 @@ impl ServerHandle {
     pub async fn start(config: &Config) -> Result<Self, ServerError> {
         let server = Server::bind(config).await?;
         let addrs = server.local_addrs();
+        let nvme_addrs = server.nvme_addrs();
         let urls = server.urls();
         let registry = server.shared.registry.clone();
         let stop = CancellationToken::new();
@@ -257,6 +307,7 @@ impl ServerHandle {
         let task = tokio::spawn(async move { server.run(s.cancelled_owned()).await });
         Ok(Self {
             addrs,
+            nvme_addrs,
             urls,
             registry,
             stop,

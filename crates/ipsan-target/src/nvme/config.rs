@@ -1,0 +1,312 @@
+//! The NVMe/TCP side of the target's configuration: the `[nvme]` table of the TOML file
+//! ([`FileNvme`]), validated into [`NvmeSettings`], how a target's subsystem NQN is derived,
+//! and the exposure rule for NVMe listeners.
+//!
+//! ```toml
+//! [nvme]
+//! listen = ["127.0.0.1:4420"]     # NVMe/TCP listeners; none (default) = NVMe/TCP off
+//! in_capsule_data = 8192          # bytes of in-capsule data an I/O queue takes (IOCCSZ)
+//!
+//! [[nvme.subsystem]]              # optional: a subsystem NQN other than the derived one
+//! target = "iqn.2026-11.org.ipsan:disk0"
+//! nqn = "nqn.2026-11.org.ipsan:disk0"
+//! ```
+//!
+//! Every `[[target]]` is one NVM subsystem; its NQN is the IQN with `iqn.` replaced by `nqn.`
+//! (`iqn.2026-11.org.ipsan:disk0` → `nqn.2026-11.org.ipsan:disk0`), or
+//! `nqn.2026-11.org.ipsan:` followed by the name for `eui.`/`naa.` names, unless
+//! `[[nvme.subsystem]]` names another. Its local LUN *n* is namespace *n + 1* (docs/nvme.md).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, ConfigError};
+
+/// Default in-capsule data size of an I/O queue (and the admin queue's, fixed at 8 KiB).
+pub const DEFAULT_IN_CAPSULE: u32 = 8192;
+
+/// The IANA port of NVMe/TCP I/O controllers (NVMe/TCP 1.0 §3.2; 8009 is discovery's).
+pub const DEFAULT_NVME_PORT: u16 = 4420;
+
+/// The prefix of derived NQNs for targets whose name is not an `iqn.` one.
+pub const NQN_PREFIX: &str = "nqn.2026-11.org.ipsan:";
+
+/// `[nvme]` in the file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileNvme {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listen: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_capsule_data: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subsystem: Vec<FileNvmeSubsystem>,
+}
+
+impl FileNvme {
+    /// Whether the table says nothing (then it is not written back).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `[[nvme.subsystem]]`: the NQN a target is served under.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileNvmeSubsystem {
+    /// The target's IQN.
+    pub target: String,
+    pub nqn: String,
+}
+
+/// The validated NVMe/TCP settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmeSettings {
+    /// Listeners; empty: NVMe/TCP is off.
+    pub listen: Vec<SocketAddr>,
+    /// In-capsule data bytes of an I/O queue.
+    pub in_capsule_data: u32,
+    /// NQNs given explicitly: (IQN, NQN).
+    pub nqns: Vec<(String, String)>,
+}
+
+impl Default for NvmeSettings {
+    fn default() -> Self {
+        Self {
+            listen: Vec::new(),
+            in_capsule_data: DEFAULT_IN_CAPSULE,
+            nqns: Vec::new(),
+        }
+    }
+}
+
+fn err(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+/// The NQN derived from an iSCSI name: `iqn.` becomes `nqn.` (same date and naming
+/// authority), any other form is appended to [`NQN_PREFIX`].
+#[must_use]
+pub fn derived_nqn(iqn: &str) -> String {
+    match iqn.strip_prefix("iqn.") {
+        Some(rest) => format!("nqn.{rest}"),
+        None => format!("{NQN_PREFIX}{iqn}"),
+    }
+}
+
+/// Checks an NQN (NVMe Base 2.0 §4.5): `nqn.` form, at most 223 bytes, printable ASCII, and
+/// not the discovery subsystem's.
+pub fn check_nqn(field: &str, nqn: &str) -> Result<(), ConfigError> {
+    let printable = nqn.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if !nqn.starts_with("nqn.") || nqn.len() > 223 || nqn.len() < 5 || !printable {
+        return Err(err(
+            field,
+            format!("{nqn:?} is not an NVMe qualified name (nqn.YYYY-MM.reverse.domain:name, at most 223 bytes)"),
+        ));
+    }
+    if nqn == "nqn.2014-08.org.nvmexpress.discovery" {
+        return Err(err(field, "the discovery subsystem's NQN is reserved"));
+    }
+    Ok(())
+}
+
+impl NvmeSettings {
+    /// Validates `[nvme]` against the targets it serves.
+    pub fn from_file(
+        f: &FileNvme,
+        targets: &[crate::config::TargetConfig],
+    ) -> Result<Self, ConfigError> {
+        let mut s = Self::default();
+        for (i, l) in f.listen.iter().enumerate() {
+            s.listen.push(l.parse().map_err(|_| {
+                err(
+                    format!("nvme.listen[{i}]"),
+                    format!("{l:?} is not an address:port (e.g. 127.0.0.1:4420)"),
+                )
+            })?);
+        }
+        if let Some(n) = f.in_capsule_data {
+            // IOCCSZ is in 16-byte units and covers the 64-byte SQE too; Linux maps up to
+            // 1 MiB of in-capsule data.
+            if n % 16 != 0 || n > 1 << 20 {
+                return Err(err(
+                    "nvme.in_capsule_data",
+                    "must be a multiple of 16 bytes, at most 1MiB",
+                ));
+            }
+            s.in_capsule_data = n;
+        }
+        for (i, sub) in f.subsystem.iter().enumerate() {
+            let field = format!("nvme.subsystem[{i}]");
+            if !targets.iter().any(|t| t.iqn == sub.target) {
+                return Err(err(
+                    format!("{field}.target"),
+                    format!("no [[target]] is named {:?}", sub.target),
+                ));
+            }
+            check_nqn(&format!("{field}.nqn"), &sub.nqn)?;
+            if s.nqns.iter().any(|(t, _)| t == &sub.target) {
+                return Err(err(
+                    format!("{field}.target"),
+                    format!("{} is given an NQN twice", sub.target),
+                ));
+            }
+            s.nqns.push((sub.target.clone(), sub.nqn.clone()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in targets {
+            let nqn = s.nqn_for(&t.iqn);
+            check_nqn(&format!("the NQN of {}", t.iqn), &nqn)?;
+            if !seen.insert(nqn.clone()) {
+                return Err(err(
+                    "nvme.subsystem",
+                    format!("two targets would be served as {nqn}"),
+                ));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The subsystem NQN of the target named `iqn`.
+    #[must_use]
+    pub fn nqn_for(&self, iqn: &str) -> String {
+        self.nqns
+            .iter()
+            .find(|(t, _)| t == iqn)
+            .map_or_else(|| derived_nqn(iqn), |(_, n)| n.clone())
+    }
+}
+
+/// NVMe listeners beyond loopback that would serve subsystems nobody authenticates.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refusing to serve NVMe/TCP on {listen}: it is beyond loopback and NVMe/TCP hosts are not \
+     authenticated yet (DH-HMAC-CHAP and TLS are not wired in), so any host that reaches it \
+     could connect under any host NQN and read and write every namespace. Listen on loopback \
+     only (--nvme-listen 127.0.0.1:4420), or accept the risk with --insecure-no-auth \
+     ([server] insecure_no_auth = true) (docs/nvme.md, \"Listening beyond loopback\")",
+    listen = self.listen.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+)]
+pub struct NvmeExposureError {
+    pub listen: Vec<SocketAddr>,
+}
+
+/// The NVMe side of [`crate::exposure::check`]: a listener beyond loopback must
+/// authenticate its hosts. Until DH-HMAC-CHAP or TLS is configured for the subsystems (the
+/// place for them is here), every NVMe listener beyond loopback is refused unless
+/// `insecure_no_auth`; `Ok` carries the warning to log then.
+pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureError> {
+    let beyond: Vec<SocketAddr> = config
+        .nvme
+        .listen
+        .iter()
+        .copied()
+        .filter(crate::exposure::beyond_loopback)
+        .collect();
+    if beyond.is_empty() {
+        return Ok(None);
+    }
+    if !config.insecure_no_auth {
+        return Err(NvmeExposureError { listen: beyond });
+    }
+    Ok(Some(format!(
+        "insecure_no_auth: NVMe/TCP on {} authenticates no host: any host that reaches it may \
+         connect and read and write every namespace",
+        beyond
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FileConfig;
+
+    fn config(toml: &str) -> Result<Config, ConfigError> {
+        Config::from_file_config(&FileConfig::parse(toml)?)
+    }
+
+    const TARGET: &str =
+        "[[target]]\niqn = \"iqn.2026-11.org.ipsan:disk0\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n";
+
+    #[test]
+    fn accepts_a_target_without_nvme_as_nvme_off() {
+        let c = config(TARGET).unwrap();
+        assert!(c.nvme.listen.is_empty());
+        assert_eq!(
+            c.nvme.nqn_for("iqn.2026-11.org.ipsan:disk0"),
+            "nqn.2026-11.org.ipsan:disk0"
+        );
+    }
+
+    #[test]
+    fn accepts_listeners_and_an_explicit_nqn() {
+        let c = config(&format!(
+            "{TARGET}[nvme]\nlisten = [\"127.0.0.1:4420\"]\nin_capsule_data = 16384\n[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:disk0\"\nnqn = \"nqn.2026-11.com.example:vol\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.nvme.listen, vec!["127.0.0.1:4420".parse().unwrap()]);
+        assert_eq!(c.nvme.in_capsule_data, 16384);
+        assert_eq!(
+            c.nvme.nqn_for("iqn.2026-11.org.ipsan:disk0"),
+            "nqn.2026-11.com.example:vol"
+        );
+    }
+
+    #[test]
+    fn derives_nqns_from_every_iscsi_name_form() {
+        assert_eq!(
+            derived_nqn("iqn.2026-11.org.ipsan:a"),
+            "nqn.2026-11.org.ipsan:a"
+        );
+        assert_eq!(
+            derived_nqn("eui.0123456789abcdef"),
+            "nqn.2026-11.org.ipsan:eui.0123456789abcdef"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_nvme_settings() {
+        for (extra, field) in [
+            ("[nvme]\nlisten = [\"nowhere\"]\n", "nvme.listen[0]"),
+            ("[nvme]\nin_capsule_data = 100\n", "nvme.in_capsule_data"),
+            (
+                "[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:other\"\nnqn = \"nqn.2026-11.x:y\"\n",
+                "nvme.subsystem[0].target",
+            ),
+            (
+                "[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:disk0\"\nnqn = \"iqn.2026-11.x:y\"\n",
+                "nvme.subsystem[0].nqn",
+            ),
+            (
+                "[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:disk0\"\nnqn = \"nqn.2014-08.org.nvmexpress.discovery\"\n",
+                "nvme.subsystem[0].nqn",
+            ),
+        ] {
+            let e = config(&format!("{TARGET}{extra}")).unwrap_err();
+            assert_eq!(e.field, field, "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn rejects_nvme_beyond_loopback_without_authentication() {
+        let mut c = config(&format!("{TARGET}[nvme]\nlisten = [\"0.0.0.0:4420\"]\n")).unwrap();
+        let e = check_exposure(&c).unwrap_err();
+        assert!(e.to_string().contains("0.0.0.0:4420"), "{e}");
+        c.insecure_no_auth = true;
+        assert!(check_exposure(&c).unwrap().is_some());
+        let c = config(&format!(
+            "{TARGET}[nvme]\nlisten = [\"127.0.0.1:4420\", \"[::1]:4420\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(check_exposure(&c), Ok(None));
+    }
+}

@@ -1,0 +1,355 @@
+//! One NVMe/TCP connection (one queue): the tokio driver of `nvme_proto::queue::Queue` (the
+//! PDUs) and the connection's `nvme_proto::controller::Queue` (the commands). Two tasks: this
+//! one reads the socket, runs both machines and submits block requests; a writer drains the
+//! PDUs they produce with vectored writes. Block requests go to the namespace's store as its
+//! engine wants them (inline, on the blocking pool, or submitted to an async store whose
+//! completer posts the result back here): never a thread per command.
+//!
+//! The admin queue's commands take the shared `controller::Target`'s lock briefly; I/O queues
+//! run their commands on their own `controller::Queue` with no lock shared by connections.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use ipsan_scsi::aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
+use nvme_proto::controller::{self, BlockError, BlockOp, BlockRequest, Submitted};
+use nvme_proto::queue::{Event, Queue};
+use nvme_proto::{Command, Completion};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::subsystems::Stores;
+use super::{ConnEntry, Shared};
+
+/// A block request's outcome, posted back to the connection.
+struct BlockDone {
+    nsid: u32,
+    completion: IoCompletion,
+    /// A FUA write: flush before the result counts.
+    then_flush: bool,
+}
+
+/// How long a closed connection keeps reading (and dropping) what the host still sends.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How many bytes to ask the socket for at least.
+const READ_CHUNK: usize = 256 * 1024;
+
+struct Conn {
+    shared: Arc<Shared>,
+    q: Queue,
+    ctl: Option<controller::Queue>,
+    stores: Stores,
+    /// The `Shared::stores_gen` `stores` was looked up at.
+    stores_gen: u64,
+    io_tx: mpsc::UnboundedSender<BlockDone>,
+    aer_tx: mpsc::UnboundedSender<Completion>,
+    close: CancellationToken,
+    id: u64,
+}
+
+/// Serves one accepted connection until the host closes it, the queue terminates it, its
+/// controller goes away or `cancel` fires.
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, wr) = stream.into_split();
+    let (out_tx, out_rx) = mpsc::channel::<Vec<Bytes>>(64);
+    let writer = tokio::spawn(write_loop(wr, out_rx));
+    let (io_tx, mut io_rx) = mpsc::unbounded_channel();
+    let (aer_tx, mut aer_rx) = mpsc::unbounded_channel();
+    let mut c = Conn {
+        q: Queue::new(shared.queue_cfg.clone(), Instant::now()),
+        ctl: None,
+        stores: Arc::default(),
+        stores_gen: 0,
+        io_tx,
+        aer_tx,
+        close: cancel.child_token(),
+        id: shared.next_id(),
+        shared,
+    };
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut closed = false;
+    let mut peer_gone = false;
+    loop {
+        while let Some(ev) = c.q.poll_event() {
+            match ev {
+                Event::Command(cmd) => c.on_command(cmd),
+                Event::Closed(reason) => {
+                    debug!(%peer, ?reason, "NVMe/TCP connection closed");
+                    closed = true;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(b) = c.q.poll_transmit() {
+            out.push(b);
+        }
+        if !out.is_empty() && out_tx.send(out).await.is_err() {
+            break;
+        }
+        if closed {
+            break;
+        }
+        let deadline = c.q.poll_timeout();
+        let want = c.q.needed(&buf).max(READ_CHUNK);
+        buf.reserve(want);
+        tokio::select! {
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) => {
+                    peer_gone = true;
+                    break;
+                }
+                Ok(_) => c.q.receive(&mut buf),
+                Err(e) => {
+                    debug!(%peer, "NVMe/TCP read: {e}");
+                    break;
+                }
+            },
+            Some(d) = io_rx.recv() => c.on_block_done(d),
+            Some(done) = aer_rx.recv() => {
+                if c.q.complete(done).is_err() {
+                    warn!(%peer, "an asynchronous event for a command this queue does not hold");
+                }
+            }
+            () = sleep_until(deadline), if deadline.is_some() => c.q.handle_timeout(Instant::now()),
+            () = c.close.cancelled() => c.q.close(),
+        }
+    }
+    c.disconnect();
+    drop(out_tx);
+    let _ = writer.await;
+    if !peer_gone {
+        // The writer sent the last PDUs (a C2HTermReq) and a FIN. Closing with unread bytes
+        // would make the kernel answer with a reset, which can destroy the termination
+        // request before the host reads it: read and drop until the host closes, briefly.
+        let _ = tokio::time::timeout(LINGER, async {
+            let mut sink = vec![0u8; 16 * 1024];
+            while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t.into()).await;
+    }
+}
+
+/// Writes what the queue produced, in order, gathering the pieces of each batch (a data PDU's
+/// header, payload and digest) into vectored writes; shuts the socket down at the end.
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<Bytes>>) {
+    let mut pending: VecDeque<Bytes> = VecDeque::new();
+    while let Some(batch) = rx.recv().await {
+        pending.extend(batch);
+        // Take whatever else is ready too: fewer system calls under load.
+        while let Ok(more) = rx.try_recv() {
+            pending.extend(more);
+        }
+        while !pending.is_empty() {
+            let slices: Vec<IoSlice<'_>> =
+                pending.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            let n = match wr.write_vectored(&slices).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let mut left = n;
+            while left > 0 {
+                let Some(front) = pending.front_mut() else {
+                    break;
+                };
+                if front.len() <= left {
+                    left -= front.len();
+                    pending.pop_front();
+                } else {
+                    front.advance(left);
+                    left = 0;
+                }
+            }
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+impl Conn {
+    fn on_command(&mut self, cmd: Command) {
+        let now = Instant::now();
+        let Some(ctl) = self.ctl.as_mut() else {
+            // A queue's first command: Connect (NVMe over Fabrics 1.1 §3.3).
+            let r = self.shared.target().connect(&cmd, now);
+            self.shared.wake.notify_one();
+            match r {
+                Ok((ctl, done)) => {
+                    self.stores_gen = self.shared.stores_gen.load(Ordering::Acquire);
+                    self.stores = self.shared.stores(ctl.subnqn());
+                    self.shared.register(
+                        ctl.cntlid(),
+                        ConnEntry {
+                            id: self.id,
+                            qid: ctl.qid(),
+                            close: self.close.clone(),
+                            aer: (ctl.qid() == 0).then(|| self.aer_tx.clone()),
+                        },
+                    );
+                    self.ctl = Some(ctl);
+                    self.complete(done);
+                }
+                Err(done) => self.complete(done),
+            }
+            return;
+        };
+        let submitted = if ctl.qid() == 0 {
+            let s = self.shared.target().submit(ctl, cmd, now);
+            self.shared.wake.notify_one();
+            s
+        } else {
+            ctl.submit(cmd, now)
+        };
+        match submitted {
+            Submitted::Done(done) => self.complete(done),
+            Submitted::Block(reqs) => {
+                for r in reqs {
+                    self.start_block(r);
+                }
+            }
+            Submitted::Held => {}
+        }
+    }
+
+    fn complete(&mut self, done: Completion) {
+        if let Err(e) = self.q.complete(done) {
+            warn!("NVMe completion dropped: {e}");
+        }
+    }
+
+    fn start_block(&mut self, r: BlockRequest) {
+        // A live change replaced the stores (a LUN added or removed): look them up again.
+        let gen = self.shared.stores_gen.load(Ordering::Acquire);
+        if gen != self.stores_gen {
+            if let Some(ctl) = &self.ctl {
+                self.stores = self.shared.stores(ctl.subnqn());
+            }
+            self.stores_gen = gen;
+        }
+        let op = match r.op {
+            BlockOp::Read { offset, len } => {
+                let Ok(len) = usize::try_from(len) else {
+                    return self.deliver(r.tag, Err(BlockError::Internal));
+                };
+                IoOp::Read {
+                    offset,
+                    len,
+                    buf: BytesMut::with_capacity(len),
+                }
+            }
+            BlockOp::Write { offset, data, fua } => {
+                return self.submit_io(
+                    r.nsid,
+                    IoRequest {
+                        tag: r.tag,
+                        op: IoOp::Write { offset, data },
+                    },
+                    fua,
+                );
+            }
+            BlockOp::Flush => IoOp::Flush,
+            BlockOp::Discard { offset, len } => {
+                if !self.stores.get(&r.nsid).is_some_and(|b| b.supports_unmap()) {
+                    // Deallocation is advisory (NVM Command Set 1.0 §3.2.3.2.1): a store that
+                    // cannot discard keeps the data.
+                    return self.deliver(r.tag, Ok(Bytes::new()));
+                }
+                IoOp::Discard { offset, len }
+            }
+            BlockOp::WriteZeroes { offset, len } => IoOp::WriteZeroes { offset, len },
+        };
+        self.submit_io(r.nsid, IoRequest { tag: r.tag, op }, false);
+    }
+
+    /// Hands one request to the namespace's store the way its engine wants.
+    fn submit_io(&mut self, nsid: u32, req: IoRequest, then_flush: bool) {
+        let Some(backend) = self.stores.get(&nsid).cloned() else {
+            return self.deliver(req.tag, Err(BlockError::Internal));
+        };
+        let tx = self.io_tx.clone();
+        match backend.engine() {
+            Engine::Inline => {
+                let completion = ipsan_scsi::aio::wait(&*backend, req);
+                self.on_block_done(BlockDone {
+                    nsid,
+                    completion,
+                    then_flush,
+                });
+            }
+            Engine::Blocking => {
+                drop(tokio::task::spawn_blocking(move || {
+                    let completion = ipsan_scsi::aio::run_blocking(&*backend, req);
+                    let _ = tx.send(BlockDone {
+                        nsid,
+                        completion,
+                        then_flush,
+                    });
+                }));
+            }
+            Engine::Async => backend.submit(
+                req,
+                Box::new(move |completion| {
+                    let _ = tx.send(BlockDone {
+                        nsid,
+                        completion,
+                        then_flush,
+                    });
+                }),
+            ),
+        }
+    }
+
+    fn on_block_done(&mut self, d: BlockDone) {
+        let tag = d.completion.tag;
+        match d.completion.result {
+            Ok(_) if d.then_flush => self.submit_io(
+                d.nsid,
+                IoRequest {
+                    tag,
+                    op: IoOp::Flush,
+                },
+                false,
+            ),
+            Ok(buf) => self.deliver(tag, Ok(buf.map(BytesMut::freeze).unwrap_or_default())),
+            Err(IoError::Io(e)) => self.deliver(tag, Err(BlockError::from_io(&e))),
+            Err(_) => self.deliver(tag, Err(BlockError::Internal)),
+        }
+    }
+
+    fn deliver(&mut self, tag: u64, result: Result<Bytes, BlockError>) {
+        let Some(ctl) = self.ctl.as_mut() else {
+            return;
+        };
+        if let Some(done) = ctl.block_done(tag, result) {
+            self.complete(done);
+        }
+    }
+
+    fn disconnect(&mut self) {
+        if let Some(ctl) = self.ctl.take() {
+            self.shared.target().disconnect(&ctl);
+            self.shared.unregister(ctl.cntlid(), self.id);
+            self.shared.wake.notify_one();
+        }
+    }
+}
