@@ -156,6 +156,30 @@ fn parse_u32_size(s: &str) -> Result<u32, String> {
 }
 
 impl ConnArgs {
+    /// Refuses the iSCSI-only flags on an `nvme+tcp://` URL (they would do nothing there).
+    pub fn refuse_for_nvme(&self) -> anyhow::Result<()> {
+        let given = [
+            ("--password-file", self.password_file.is_some()),
+            ("--password-env", self.password_env.is_some()),
+            ("--target-user", self.target_user.is_some()),
+            ("--chap-algorithms", !self.chap_algorithms.is_empty()),
+            ("--rfc-defaults", self.rfc_defaults),
+            ("--initial-r2t", self.initial_r2t.is_some()),
+            ("--immediate-data", self.immediate_data.is_some()),
+            ("--first-burst", self.first_burst.is_some()),
+            ("--max-burst", self.max_burst.is_some()),
+            ("--max-recv-seg", self.max_recv_seg.is_some()),
+            ("--max-outstanding-r2t", self.max_outstanding_r2t.is_some()),
+            ("--seal", self.seal.is_some()),
+            ("--secret-file", self.secret_file.is_some()),
+            ("--tcp-*", self.tcp_settings().is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            anyhow::bail!("{flag} is for iscsi:// URLs, not nvme+tcp://");
+        }
+        Ok(())
+    }
+
     /// The `--tcp-*` flags, if any was given.
     pub fn tcp_settings(&self) -> Option<ipsan_tcp::TcpSettings> {
         let any = self.tcp_congestion.is_some()
@@ -299,11 +323,13 @@ fn parse_recovery_timeout(s: &str) -> Result<std::time::Duration, String> {
     ipsan_units::parse_duration_or_secs(s).map_err(|e| e.to_string())
 }
 
-/// Measure an iSCSI LUN: `ipsan bench iscsi://host[:port]/iqn/lun --rw write --bs 64KiB
-/// --depth 16 --size 1GiB`.
+/// Measure an iSCSI LUN or an NVMe/TCP namespace: `ipsan bench iscsi://host[:port]/iqn/lun
+/// --rw write --bs 64KiB --depth 16 --size 1GiB`, `ipsan bench
+/// nvme+tcp://host[:port]/subsysnqn/nsid --queues 2 ...`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// iscsi://[user[%password]@]host[:port]/target-iqn/lun
+    /// iscsi://[user[%password]@]host[:port]/target-iqn/lun or
+    /// nvme+tcp://host[:port]/subsysnqn[/nsid]
     pub url: String,
     /// Access pattern: read|write|randread|randwrite|rw|randrw.
     #[arg(long, default_value = "read")]
@@ -356,6 +382,8 @@ pub struct Args {
     pub threads: usize,
     #[command(flatten)]
     pub conn: ConnArgs,
+    #[command(flatten)]
+    pub nvme: super::nvme::NvmeArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -375,29 +403,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     rt.block_on(run_async(args))
 }
 
-async fn run_async(args: Args) -> anyhow::Result<()> {
-    let (url, cfg) = args.conn.config(&args.url)?;
-    url.require_lun()?;
-    let started_unix_s = std::time::SystemTime::now()
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let session = Session::open(&url, &cfg)
-        .await
-        .with_context(|| format!("cannot open {url}"))?;
-    let inq = session.inquiry().await.context("INQUIRY")?;
-    let cap = session
-        .capacity()
-        .context("the LUN's capacity is unknown")?;
+        .unwrap_or(0)
+}
+
+/// The workload the flags ask for on a device of `cap`, and `--depth auto`'s settings.
+fn workload(
+    args: &Args,
+    cap: ipsan_initiator::scsi::Capacity,
+    sequential: bool,
+) -> (Workload, Option<bench::autodepth::AutoConfig>) {
     let limit = match (args.time, args.size) {
         (Some(t), _) => Limit::Time(t),
         (None, Some(s)) => Limit::Bytes(s),
         (None, None) => Limit::Bytes((1u64 << 30).min(cap.bytes().saturating_sub(args.offset))),
     };
-    let sequential = args.conn.seal.is_some() && !args.conn.pipeline;
-    if sequential && args.depth != DepthArg::Fixed(1) {
-        eprintln!("ipsan bench: --pipeline off runs one command at a time (depth 1)");
-    }
     let max_depth = usize::try_from(args.max_depth).unwrap_or(4096);
     let auto = match args.depth {
         DepthArg::Auto if !sequential => Some(bench::autodepth::AutoConfig::new(
@@ -422,6 +445,118 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         verify: args.verify,
         seed: args.seed,
     };
+    (w, auto)
+}
+
+/// `ipsan bench nvme+tcp://…`: the same workloads and report on an NVMe/TCP namespace.
+async fn run_nvme(args: Args) -> anyhow::Result<()> {
+    let (url, cfg) = args.nvme.config(&args.url, &args.conn)?;
+    url.require_subsystem()?;
+    anyhow::ensure!(
+        args.trace.is_none(),
+        "--trace is for iscsi:// URLs (the NVMe/TCP host has no observer hook yet)"
+    );
+    let started_unix_s = unix_now();
+    let session = ipsan_initiator::nvme::NvmeSession::open(&url, &cfg)
+        .await
+        .with_context(|| format!("cannot open {url}"))?;
+    let cap = session
+        .capacity()
+        .context("the namespace's capacity is unknown")?;
+    let (w, auto) = workload(&args, cap, false);
+    let session = Arc::new(session);
+    let tick = progress_reporter(!args.quiet);
+    let (measured, depth_auto) = bench::run_on(session.clone(), w.clone(), auto, tick)
+        .await
+        .map_err(bench_failure)?;
+    let mut w = w;
+    if let Some(r) = &depth_auto {
+        w.depth = r.chosen;
+    }
+    let info = session.info();
+    let id = &info.identify;
+    let (hd, dd, maxh2c) = session.transport();
+    let report = bench::Report {
+        schema: "ipsan-bench/1",
+        tool: "ipsan bench",
+        version: env!("CARGO_PKG_VERSION"),
+        git_rev: report::git_rev().to_owned(),
+        started_unix_s,
+        host: report::Host::detect(),
+        target: report::TargetInfo {
+            url: url.to_string(),
+            vendor: format!("NVMe {:04x}", id.vid),
+            product: id.model.clone(),
+            revision: id.firmware.clone(),
+            capacity_bytes: cap.bytes(),
+            block_len: cap.block_len,
+        },
+        workload: report::WorkloadInfo::from(&w),
+        negotiated: None,
+        nvme: Some(report::NvmeReport {
+            subnqn: url.subnqn.clone().unwrap_or_default(),
+            nsid: session.nsid(),
+            cntlid: info.cntlid,
+            model: id.model.clone(),
+            serial: id.serial.clone(),
+            firmware: id.firmware.clone(),
+            version: id.version_string(),
+            io_queues: session.queues(),
+            header_digest: hd,
+            data_digest: dd,
+            maxh2cdata: maxh2c,
+            max_transfer: session.max_transfer(),
+            kato_ms: u64::try_from(cfg.kato.as_millis()).unwrap_or(u64::MAX),
+            tls: session.tls(),
+            authentication: session.authentication(),
+        }),
+        result: measured,
+        tcp: None,
+        depth_auto,
+        recovery: None,
+    };
+    if let Ok(s) = Arc::try_unwrap(session) {
+        if let Err(e) = s.close().await {
+            tracing::debug!("shutdown: {e}");
+        }
+    }
+    print_report(&report);
+    write_json(&args, &report)
+}
+
+fn write_json(args: &Args, report: &bench::Report) -> anyhow::Result<()> {
+    if let Some(path) = &args.json {
+        let json = report.to_json()?;
+        if path.as_os_str() == "-" {
+            println!("{json}");
+        } else {
+            std::fs::write(path, json + "\n")
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+async fn run_async(args: Args) -> anyhow::Result<()> {
+    if ipsan_initiator::nvme::NvmeUrl::is_nvme(&args.url) {
+        return run_nvme(args).await;
+    }
+    args.nvme.refuse_for_iscsi()?;
+    let (url, cfg) = args.conn.config(&args.url)?;
+    url.require_lun()?;
+    let started_unix_s = unix_now();
+    let session = Session::open(&url, &cfg)
+        .await
+        .with_context(|| format!("cannot open {url}"))?;
+    let inq = session.inquiry().await.context("INQUIRY")?;
+    let cap = session
+        .capacity()
+        .context("the LUN's capacity is unknown")?;
+    let sequential = args.conn.seal.is_some() && !args.conn.pipeline;
+    if sequential && args.depth != DepthArg::Fixed(1) {
+        eprintln!("ipsan bench: --pipeline off runs one command at a time (depth 1)");
+    }
+    let (w, auto) = workload(&args, cap, sequential);
     let session = Arc::new(session);
     let trace = args.trace.as_ref().map(|_| Trace::new(args.trace_commands));
     let tick = progress_reporter(!args.quiet);
@@ -449,7 +584,8 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             block_len: cap.block_len,
         },
         workload: report::WorkloadInfo::from(&w),
-        negotiated: session.params().clone(),
+        negotiated: Some(session.params().clone()),
+        nvme: None,
         result: measured,
         tcp: Some(report::TcpReport {
             requested: args.conn.tcp_settings(),
@@ -468,16 +604,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         }
     }
     print_report(&report);
-    if let Some(path) = &args.json {
-        let json = report.to_json()?;
-        if path.as_os_str() == "-" {
-            println!("{json}");
-        } else {
-            std::fs::write(path, json + "\n")
-                .with_context(|| format!("cannot write {}", path.display()))?;
-        }
-    }
-    Ok(())
+    write_json(&args, &report)
 }
 
 /// One clear line for a failed run: a lost connection says so first (issue 8: a dead link must
@@ -512,7 +639,6 @@ fn write_trace(
 fn print_report(r: &bench::Report) {
     let m = &r.result;
     let w = &r.workload;
-    let n = &r.negotiated;
     println!(
         "ipsan bench {} ({}) → {} [{} {} rev {}], {} MiB LUN, {}-byte blocks",
         r.version,
@@ -537,18 +663,43 @@ fn print_report(r: &bench::Report) {
         },
         if w.verify { " verify" } else { "" }
     );
-    println!(
-        "negotiated: InitialR2T={} ImmediateData={} FirstBurst={} MaxBurst={} MaxRecvDSL(ours/target)={}/{} MaxOutstandingR2T={} digests(h/d)={}/{}",
-        yn(n.initial_r2t),
-        yn(n.immediate_data),
-        n.first_burst_length,
-        n.max_burst_length,
-        n.max_recv_data_segment_length,
-        n.target_max_recv_data_segment_length,
-        n.max_outstanding_r2t,
-        yn(n.header_digest),
-        yn(n.data_digest)
-    );
+    if let Some(n) = &r.negotiated {
+        println!(
+            "negotiated: InitialR2T={} ImmediateData={} FirstBurst={} MaxBurst={} MaxRecvDSL(ours/target)={}/{} MaxOutstandingR2T={} digests(h/d)={}/{}",
+            yn(n.initial_r2t),
+            yn(n.immediate_data),
+            n.first_burst_length,
+            n.max_burst_length,
+            n.max_recv_data_segment_length,
+            n.target_max_recv_data_segment_length,
+            n.max_outstanding_r2t,
+            yn(n.header_digest),
+            yn(n.data_digest)
+        );
+    }
+    if let Some(n) = &r.nvme {
+        println!(
+            "nvme: {} ns {} cntlid {} model {:?} serial {:?} fw {:?} NVMe {}; {} I/O queue(s), digests(h/d)={}/{}, MAXH2CDATA={} max transfer={} KATO={}ms, TLS={}{}",
+            n.subnqn,
+            n.nsid,
+            n.cntlid,
+            n.model,
+            n.serial,
+            n.firmware,
+            n.version,
+            n.io_queues,
+            yn(n.header_digest),
+            yn(n.data_digest),
+            n.maxh2cdata,
+            n.max_transfer,
+            n.kato_ms,
+            yn(n.tls),
+            n.authentication
+                .as_ref()
+                .map(|a| format!(", {a}"))
+                .unwrap_or_default()
+        );
+    }
     if let Some(t) = r.tcp.as_ref().and_then(|t| t.in_force.as_ref()) {
         let info = r.tcp.as_ref().and_then(|t| t.info_end.as_ref());
         println!(

@@ -12,6 +12,7 @@ mod keygen;
 mod lab;
 mod model;
 mod notify;
+mod nvme;
 mod target;
 mod tcp;
 mod wan;

@@ -24,6 +24,6 @@ pub mod workload;
 
 pub use report::Report;
 pub use workload::{
-    parse_duration, parse_size, run, run_auto, run_traced, BenchError, Limit, Progress, RwMode,
-    Workload,
+    parse_duration, parse_size, run, run_auto, run_on, run_traced, BenchError, BlockIo, Limit,
+    Progress, RwMode, Workload,
 };

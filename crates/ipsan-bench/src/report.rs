@@ -130,7 +130,12 @@ pub struct Report {
     pub host: Host,
     pub target: TargetInfo,
     pub workload: WorkloadInfo,
-    pub negotiated: Negotiated,
+    /// The iSCSI login's parameters (absent for NVMe/TCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub negotiated: Option<Negotiated>,
+    /// The NVMe/TCP controller and transport (absent for iSCSI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<NvmeReport>,
     pub result: Measured,
     /// The connection's TCP settings in force and TCP_INFO at the end of the run.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -143,6 +148,35 @@ pub struct Report {
     /// recovery is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery: Option<ipsan_initiator::RecoveryStats>,
+}
+
+/// An NVMe/TCP run's controller and transport (issue 30).
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeReport {
+    pub subnqn: String,
+    pub nsid: u32,
+    pub cntlid: u16,
+    pub model: String,
+    pub serial: String,
+    pub firmware: String,
+    /// VS of the controller, `major.minor.tertiary`.
+    pub version: String,
+    /// I/O queues (TCP connections) used.
+    pub io_queues: usize,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// MAXH2CDATA from ICResp.
+    pub maxh2cdata: u32,
+    /// The largest transfer of one command (MDTS).
+    pub max_transfer: u32,
+    /// Keep Alive Timeout asked for, in milliseconds.
+    pub kato_ms: u64,
+    /// TLS 1.3 with a configured PSK on every queue.
+    pub tls: bool,
+    /// The DH-HMAC-CHAP outcome (`DH-HMAC-CHAP sha256 ffdhe2048 bidirectional`), absent when
+    /// the controller asked for none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<String>,
 }
 
 /// TCP as the kernel ran it for this measurement (the iFCP paper, Muknahallipatna et al.: the WAN leg's window and
@@ -185,8 +219,14 @@ pub fn trace_header(
         seal.map_or(serde_json::Value::Null, Into::into),
     );
     h.insert("pipeline".into(), pipeline.into());
-    h.insert("initial_r2t".into(), r.negotiated.initial_r2t.into());
-    h.insert("immediate_data".into(), r.negotiated.immediate_data.into());
+    h.insert(
+        "initial_r2t".into(),
+        r.negotiated.as_ref().map(|n| n.initial_r2t).into(),
+    );
+    h.insert(
+        "immediate_data".into(),
+        r.negotiated.as_ref().map(|n| n.immediate_data).into(),
+    );
     h.insert("throughput_mb_s".into(), r.result.throughput_mb_s.into());
     h
 }

@@ -2,8 +2,10 @@
 //! verifiable data pattern, measured the way the papers measure (Aiken et al.: throughput at a
 //! fixed queue depth and block size; Kamisaka et al.: CPU utilisation as user+sys over wall).
 //!
-//! `depth` workers share one [`Session`]; each takes the next operation from a shared counter,
-//! so `depth` commands are in flight at all times (bounded by the target's CmdSN window).
+//! `depth` workers share one session (an iSCSI [`Session`] or an NVMe/TCP
+//! [`ipsan_initiator::nvme::NvmeSession`], both [`BlockIo`]); each takes the next operation
+//! from a shared counter, so `depth` commands are in flight at all times (bounded by the
+//! target's CmdSN window, or NVMe's queues).
 //! The JSON result schema ([`crate::report`]) is documented in `docs/bench.md`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,6 +16,8 @@ use bytes::{Bytes, BytesMut};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use ipsan_initiator::nvme::NvmeSession;
+use ipsan_initiator::scsi::Capacity;
 use ipsan_initiator::{Error, Session};
 
 use crate::autodepth::{AutoConfig, AutoReport, DepthController};
@@ -267,6 +271,75 @@ impl Written {
     }
 }
 
+/// What a workload runs on: a block device reached through an initiator session.
+pub trait BlockIo: Send + Sync + 'static {
+    /// The device's size, if known.
+    fn capacity(&self) -> Option<Capacity>;
+    /// Reads `blocks` blocks at `lba` into `buf` (cleared first).
+    fn read_into(
+        &self,
+        lba: u64,
+        blocks: u32,
+        buf: BytesMut,
+    ) -> impl std::future::Future<Output = Result<BytesMut, Error>> + Send;
+    /// Writes `data` at `lba`.
+    fn write(
+        &self,
+        lba: u64,
+        data: Bytes,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+}
+
+impl BlockIo for Session {
+    fn capacity(&self) -> Option<Capacity> {
+        Session::capacity(self)
+    }
+    fn read_into(
+        &self,
+        lba: u64,
+        blocks: u32,
+        buf: BytesMut,
+    ) -> impl std::future::Future<Output = Result<BytesMut, Error>> + Send {
+        Session::read_into(self, lba, blocks, buf)
+    }
+    fn write(
+        &self,
+        lba: u64,
+        data: Bytes,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        Session::write(self, lba, data)
+    }
+}
+
+impl BlockIo for NvmeSession {
+    fn capacity(&self) -> Option<Capacity> {
+        NvmeSession::capacity(self)
+    }
+    async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut, Error> {
+        Ok(NvmeSession::read_into(self, lba, blocks, buf).await?)
+    }
+    async fn write(&self, lba: u64, data: Bytes) -> Result<(), Error> {
+        Ok(NvmeSession::write(self, lba, data).await?)
+    }
+}
+
+/// [`run`] or [`run_auto`] on any [`BlockIo`] (the NVMe/TCP session: no trace observer).
+pub async fn run_on<S: BlockIo>(
+    session: Arc<S>,
+    w: Workload,
+    auto: Option<AutoConfig>,
+    tick: Option<Box<dyn FnMut(Progress) + Send>>,
+) -> Result<(Measured, Option<AutoReport>), BenchError> {
+    let want_report = auto.is_some();
+    let (m, r) = run_inner(session, w, auto, tick, None).await?;
+    if want_report && r.is_none() {
+        return Err(BenchError::Workload(
+            "depth controller did not report".into(),
+        ));
+    }
+    Ok((m, r))
+}
+
 /// Run the workload on `session` (which must have read its capacity). `tick` is called about
 /// twice a second with live totals.
 pub async fn run(
@@ -333,8 +406,8 @@ async fn sleep_unless_done(d: Duration, done: &(dyn Fn() -> bool + Send + Sync))
     }
 }
 
-async fn run_inner(
-    session: Arc<Session>,
+async fn run_inner<S: BlockIo>(
+    session: Arc<S>,
     w: Workload,
     auto: Option<AutoConfig>,
     mut tick: Option<Box<dyn FnMut(Progress) + Send>>,
@@ -691,8 +764,8 @@ async fn run_inner(
 
 /// Reads back and checks every unit in `written`, `depth` reads in flight; returns the blocks
 /// checked. The first failure (I/O or a wrong pattern) stops the other readers.
-async fn read_back(
-    session: &Arc<Session>,
+async fn read_back<S: BlockIo>(
+    session: &Arc<S>,
     written: &Arc<Written>,
     units: u64,
     w: &Workload,
@@ -925,7 +998,8 @@ mod tests {
                 verify: true,
                 seed: 5,
             }),
-            negotiated: ipsan_initiator::Negotiated::rfc_defaults(),
+            negotiated: Some(ipsan_initiator::Negotiated::rfc_defaults()),
+            nvme: None,
             result: Measured {
                 duration_s: 1.0,
                 ops: 0,

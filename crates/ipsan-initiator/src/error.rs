@@ -57,6 +57,9 @@ pub enum Error {
     /// have completed: a write may or may not have reached the medium).
     #[error("connection dropped: {0}")]
     SealForgery(ipsan_seal::Forgery),
+    /// An NVMe/TCP host operation failed ([`crate::nvme`]).
+    #[error(transparent)]
+    Nvme(#[from] crate::nvme::NvmeError),
     /// An operation did not finish in time.
     #[error("timed out: {0}")]
     Timeout(&'static str),

@@ -31,11 +31,16 @@
 //!   trace (`ipsan-bench`) is one observer.
 //! - [`transform`]: the payload hook where Seal encrypts writes and decrypts reads.
 //! - [`error`]: typed errors by scope.
+//! - [`nvme`]: the NVMe/TCP host (issue 30): [`nvme::NvmeSession`] (admin queue bring-up,
+//!   Keep Alive, N I/O queues of one TCP connection each), [`nvme::discover`] and
+//!   [`nvme::NvmeUrl`] (`nvme+tcp://host[:port]/subsysnqn/nsid`); the driver of
+//!   `nvme_proto::host`.
 
 mod conn;
 
 pub mod error;
 pub mod login;
+pub mod nvme;
 pub mod observe;
 pub mod recovery;
 pub mod scsi;

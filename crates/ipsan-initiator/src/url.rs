@@ -208,6 +208,12 @@ impl std::str::FromStr for IscsiUrl {
 }
 
 fn split_host_port(hostport: &str) -> Result<(String, u16), UrlError> {
+    host_port(hostport, DEFAULT_PORT)
+}
+
+/// `host[:port]` or `[v6]:port` with `default_port` when none is given (shared with the
+/// `nvme+tcp://` parser, `crate::nvme::url`).
+pub(crate) fn host_port(hostport: &str, default_port: u16) -> Result<(String, u16), UrlError> {
     let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
         let end = rest.find(']').ok_or(UrlError::Ipv6Bracket)?;
         let host = &rest[..end];
@@ -228,7 +234,7 @@ fn split_host_port(hostport: &str) -> Result<(String, u16), UrlError> {
         return Err(UrlError::NoHost);
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => default_port,
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
             _ => return Err(UrlError::Port(p.to_owned())),

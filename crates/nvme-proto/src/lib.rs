@@ -14,17 +14,24 @@
 //! - [`auth`]: DH-HMAC-CHAP in-band authentication (TP 8006) for both roles, sans-IO:
 //!   `DHHC-1` secrets, the messages, the FFDHE groups, [`auth::ControllerAuth`] and
 //!   [`auth::HostAuth`] (one per queue).
-//! - [`queue`]: the controller-role NVMe/TCP connection machine (ICReq/ICResp, command
-//!   capsules and in-capsule data, R2T/H2CData, C2HData, digests, termination): PDUs in,
-//!   [`Command`]s out; [`Completion`]s in, PDUs out.
+//! - [`host`]: the host role: [`host::HostQueue`], one NVMe/TCP connection (ICReq/ICResp,
+//!   capsules with in-capsule data, R2T → H2CData, C2HData reassembly, digests, CIDs,
+//!   termination); [`host::bringup`], the admin queue's bring-up (Connect, DH-HMAC-CHAP,
+//!   CAP/VS, CC.EN, CSTS.RDY, Identify, Number of Queues), the Discovery log read and Keep
+//!   Alive; [`host::authn`], one queue's DH-HMAC-CHAP as Authentication Send/Receive
+//!   commands; [`host::cmd`], the commands a host sends and parsers of what comes back.
 //! - [`psk`]: NVMe/TCP's TLS PSKs (TP 8011): the `NVMeTLSkey-1:` interchange format, the
 //!   retained and TLS PSK derivations (RFC 8446's and libnvme's), PSK identities, and the
 //!   target's key store the `nvme-tls` crate's handshake picks a key from.
+//! - [`queue`]: the controller-role NVMe/TCP connection machine (ICReq/ICResp, command
+//!   capsules and in-capsule data, R2T/H2CData, C2HData, digests, termination): PDUs in,
+//!   [`Command`]s out; [`Completion`]s in, PDUs out.
 #![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod command;
 pub mod controller;
+pub mod host;
 pub mod psk;
 pub mod queue;
 

@@ -1,0 +1,728 @@
+//! The NVMe/TCP host (issue 30): the tokio driver of `nvme_proto::host`. An [`NvmeSession`]
+//! is one controller of a subsystem: the admin queue (bring-up, then Keep Alive at KATO/2) and
+//! N I/O queues, one TCP connection each, with many commands in flight per queue; reads,
+//! writes and flushes at an LBA go to the queues in turn. [`discover`] reads a discovery
+//! controller's log. The protocol lives in `nvme-proto`; here are sockets, tasks and timers.
+//!
+//! - `url.rs`: [`NvmeUrl`], `nvme+tcp://host[:port]/subsysnqn/nsid`.
+//! - `queue.rs`: one queue's connection (dispatcher and writer tasks).
+
+mod queue;
+pub mod url;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use nvme_proto::auth::AuthState;
+pub use nvme_proto::auth::{AuthConfig, DhchapSecret};
+use nvme_proto::host::authn::AuthRun;
+use nvme_proto::host::bringup::{
+    Bringup, BringupConfig, BringupError, ControllerInfo, HostCommand, KeepAlive,
+};
+use nvme_proto::host::cmd::{self, DiscoveryEntry, CC_SHUTDOWN};
+use nvme_proto::host::{HostError, QueueConfig};
+pub use nvme_proto::psk::ConfiguredPsk;
+use nvme_wire::entry::Status;
+use nvme_wire::fabrics::{ConnectData, ConnectResponse, Property};
+use tokio_util::sync::CancellationToken;
+
+use crate::scsi::Capacity;
+use queue::{QueueHandle, TlsParams};
+pub use url::NvmeUrl;
+
+/// What the NVMe host fails with. Never carries secret material.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NvmeError {
+    /// Socket I/O failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The queue machine failed (a bad PDU, a termination request).
+    #[error(transparent)]
+    Queue(#[from] HostError),
+    /// The controller bring-up failed.
+    #[error(transparent)]
+    Bringup(#[from] BringupError),
+    /// A command completed with an error status.
+    #[error("{op} failed: status SCT {:#x} SC {:#04x}{}", status.sct, status.sc, if *dnr { " (do not retry)" } else { "" })]
+    Status {
+        op: &'static str,
+        status: Status,
+        dnr: bool,
+    },
+    /// The queue or session is closed (why).
+    #[error("closed: {0}")]
+    Closed(String),
+    /// Something did not happen in time.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+    /// The caller asked for something impossible.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The TLS handshake failed (another key, no PSK, a broken connection).
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct NvmeConfig {
+    /// Our host NQN.
+    pub hostnqn: String,
+    /// Our host identifier (a UUID).
+    pub hostid: [u8; 16],
+    /// I/O queues to ask for (each its own TCP connection).
+    pub queues: u16,
+    /// Entries per I/O queue (SQSIZE + 1; capped by CAP.MQES + 1): one less are in flight.
+    pub queue_depth: u16,
+    /// Keep Alive Timeout (0: none).
+    pub kato: Duration,
+    /// Ask for header digests.
+    pub header_digest: bool,
+    /// Ask for data digests.
+    pub data_digest: bool,
+    /// Connect, ICResp and every bring-up command within this.
+    pub connect_timeout: Duration,
+    /// An I/O command without completion for this long fails (`None`: wait forever).
+    pub command_timeout: Option<Duration>,
+    /// DH-HMAC-CHAP secrets (TP 8006): every queue authenticates when the controller asks
+    /// (Connect's AUTHREQ.ATR); bidirectional with a controller secret.
+    pub auth: Option<Arc<AuthConfig>>,
+    /// TLS 1.3 with this configured PSK on every queue (TP 8011; the identity
+    /// `NVMe0R0H <hostnqn> <subnqn>` and libnvme's derivation, as `nvme check-tls-key
+    /// --insert` files the key for Linux's target).
+    pub tls: Option<Arc<ConfiguredPsk>>,
+}
+
+impl Default for NvmeConfig {
+    fn default() -> Self {
+        let hostid = random_uuid();
+        Self {
+            hostnqn: hostnqn_for(&hostid),
+            hostid,
+            queues: 1,
+            queue_depth: 128,
+            kato: Duration::from_secs(5),
+            header_digest: false,
+            data_digest: false,
+            connect_timeout: Duration::from_secs(10),
+            command_timeout: Some(Duration::from_secs(30)),
+            auth: None,
+            tls: None,
+        }
+    }
+}
+
+/// A random (version 4) UUID.
+#[must_use]
+pub fn random_uuid() -> [u8; 16] {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
+
+/// The UUID-based host NQN (NVMe Base 2.0 §4.5): `nqn.2014-08.org.nvmexpress:uuid:…`.
+#[must_use]
+pub fn hostnqn_for(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "nqn.2014-08.org.nvmexpress:uuid:{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Parses a textual UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+///
+/// # Errors
+/// Anything else.
+pub fn parse_uuid(s: &str) -> Result<[u8; 16], NvmeError> {
+    let hex: String = s.chars().filter(|&c| c != '-').collect();
+    let bad = || NvmeError::Invalid(format!("not a UUID: {s:?}"));
+    if hex.len() != 32 || s.len() != 36 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
+            .map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// Reads a `DHHC-1:` secret from `path`, refused unless only its owner may read it (the same
+/// check as every other secret file).
+///
+/// # Errors
+/// The mode, an unreadable file, or text that is not a DHHC-1 secret (the error never holds
+/// the secret).
+pub fn dhchap_secret_from_file(path: &std::path::Path) -> Result<DhchapSecret, NvmeError> {
+    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
+    );
+    DhchapSecret::parse(text.trim())
+        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// Reads an `NVMeTLSkey-1:` configured PSK from `path` (owner-only mode, like every secret
+/// file).
+///
+/// # Errors
+/// The mode, an unreadable file, or text that is not such a key (never printed).
+pub fn tls_key_from_file(path: &std::path::Path) -> Result<ConfiguredPsk, NvmeError> {
+    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
+    );
+    ConfiguredPsk::parse(text.trim())
+        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+}
+
+fn tls_params(cfg: &NvmeConfig, subnqn: &str) -> Option<TlsParams> {
+    cfg.tls.as_ref().map(|k| TlsParams {
+        key: k.clone(),
+        hostnqn: cfg.hostnqn.clone(),
+        subnqn: subnqn.to_owned(),
+    })
+}
+
+/// Runs one queue's DH-HMAC-CHAP transaction (an I/O queue after its Connect).
+async fn authenticate(
+    q: &QueueHandle,
+    mut run: AuthRun,
+    timeout: Duration,
+) -> Result<(), NvmeError> {
+    while let Some(c) = run.poll_command() {
+        let (cqe, data) =
+            tokio::time::timeout(timeout, q.call(c.sqe, c.data, c.read_len, BytesMut::new()))
+                .await
+                .map_err(|_| NvmeError::Timeout("DH-HMAC-CHAP"))??;
+        if run.handle_completion(&cqe, &data)? {
+            return Ok(());
+        }
+    }
+    Err(NvmeError::Invalid("DH-HMAC-CHAP stalled".into()))
+}
+
+/// Runs a bring-up on the admin queue.
+async fn bring_up(
+    admin: &QueueHandle,
+    cfg: BringupConfig,
+    timeout: Duration,
+) -> Result<ControllerInfo, NvmeError> {
+    let mut b = Bringup::new(cfg);
+    loop {
+        match b.poll_command(Instant::now())? {
+            Some(HostCommand {
+                sqe,
+                data,
+                read_len,
+            }) => {
+                let (cqe, buf) =
+                    tokio::time::timeout(timeout, admin.call(sqe, data, read_len, BytesMut::new()))
+                        .await
+                        .map_err(|_| NvmeError::Timeout("admin command during bring-up"))??;
+                b.handle_completion(&cqe, &buf, Instant::now())?;
+            }
+            None if b.is_done() => return Ok(b.into_info()),
+            None => match b.poll_timeout() {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => {
+                    return Err(NvmeError::Invalid(
+                        "bring-up stalled with no command out".into(),
+                    ))
+                }
+            },
+        }
+    }
+}
+
+/// Reads the Discovery log of the discovery controller at `url` (`nvme+tcp://host[:port]`).
+///
+/// # Errors
+/// Connecting, the bring-up or the log read failed.
+pub async fn discover(
+    url: &NvmeUrl,
+    cfg: &NvmeConfig,
+) -> Result<(ControllerInfo, Vec<DiscoveryEntry>), NvmeError> {
+    let cancel = CancellationToken::new();
+    let _guard = cancel.clone().drop_guard();
+    let mut qc = QueueConfig::admin();
+    qc.header_digest = cfg.header_digest;
+    qc.data_digest = cfg.data_digest;
+    let mut bc = BringupConfig::discovery(cfg.hostnqn.clone(), cfg.hostid);
+    bc.auth = cfg.auth.clone();
+    if let Some(n) = &url.subnqn {
+        bc.subnqn = n.clone();
+    }
+    let tls = tls_params(cfg, &bc.subnqn);
+    let admin =
+        QueueHandle::connect(&url.addr(), qc, tls.as_ref(), cfg.connect_timeout, cancel).await?;
+    let mut info = bring_up(&admin, bc, cfg.connect_timeout).await?;
+    let entries = std::mem::take(&mut info.discovery);
+    // Best effort: a clean shutdown (CC.SHN) before the connection goes.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(2),
+        admin.call(
+            cmd::property_set(Property::Cc, CC_SHUTDOWN),
+            Bytes::new(),
+            0,
+            BytesMut::new(),
+        ),
+    )
+    .await;
+    Ok((info, entries))
+}
+
+/// One controller of an NVM subsystem, its namespace and its I/O queues.
+#[derive(Debug)]
+pub struct NvmeSession {
+    url: NvmeUrl,
+    info: ControllerInfo,
+    nsid: u32,
+    block_len: u32,
+    blocks: u64,
+    max_transfer: u32,
+    admin: QueueHandle,
+    io: Vec<QueueHandle>,
+    next: AtomicUsize,
+    command_timeout: Option<Duration>,
+    cancel: CancellationToken,
+    keepalive_error: Arc<Mutex<Option<String>>>,
+    tls: bool,
+}
+
+impl NvmeSession {
+    /// Connects the admin queue, brings the controller up, and connects the I/O queues.
+    ///
+    /// # Errors
+    /// A URL without subsystem, connection, bring-up or I/O queue Connect failures.
+    pub async fn open(url: &NvmeUrl, cfg: &NvmeConfig) -> Result<Self, NvmeError> {
+        let subnqn = url
+            .require_subsystem()
+            .map_err(|e| NvmeError::Invalid(e.to_string()))?
+            .to_owned();
+        let cancel = CancellationToken::new();
+        let guard = cancel.clone().drop_guard();
+        let addr = url.addr();
+        let mut qc = QueueConfig::admin();
+        qc.header_digest = cfg.header_digest;
+        qc.data_digest = cfg.data_digest;
+        let tls = tls_params(cfg, &subnqn);
+        let admin =
+            QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
+                .await?;
+        let kato_ms = u32::try_from(cfg.kato.as_millis()).unwrap_or(u32::MAX);
+        let bc = BringupConfig {
+            hostnqn: cfg.hostnqn.clone(),
+            hostid: cfg.hostid,
+            subnqn: subnqn.clone(),
+            discovery: false,
+            kato_ms,
+            nsid: url.nsid,
+            io_queues: cfg.queues.max(1),
+            auth: cfg.auth.clone(),
+        };
+        let info = bring_up(&admin, bc, cfg.connect_timeout).await?;
+        let (nsid, ns) = info
+            .namespace
+            .clone()
+            .ok_or(NvmeError::Invalid("no namespace".into()))?;
+        // MDTS caps a transfer (2^MDTS pages of 2^(12 + MPSMIN) bytes); 8 MiB otherwise.
+        let page = 1u64 << (12 + info.cap.map_or(0, |c| u32::from(c.mpsmin)));
+        let max_transfer = match info.identify.mdts {
+            0 => 8 << 20,
+            m => (page << m.min(20)).min(8 << 20) as u32,
+        };
+        // Entries per I/O queue: what was asked, at most CAP.MQES + 1 (and MAXCMD); one of
+        // them stays free, so entries − 1 commands are in flight at most.
+        let mqes = info.cap.map_or(127, |c| c.mqes);
+        let mut entries = cfg.queue_depth.max(2).min(mqes.saturating_add(1));
+        if info.identify.maxcmd != 0 {
+            entries = entries.min(info.identify.maxcmd.max(2));
+        }
+        let depth = entries - 1;
+        let in_capsule = info.identify.in_capsule_bytes();
+        let mut io = Vec::new();
+        for qid in 1..=info.io_queues.max(1) {
+            let qc = QueueConfig {
+                header_digest: cfg.header_digest,
+                data_digest: cfg.data_digest,
+                max_transfer,
+                in_capsule,
+                depth,
+            };
+            let q =
+                QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
+                    .await?;
+            let data = ConnectData {
+                hostid: cfg.hostid,
+                cntlid: info.cntlid,
+                subnqn: subnqn.clone(),
+                hostnqn: cfg.hostnqn.clone(),
+            };
+            let (sqe, bytes) = cmd::connect(qid, entries - 1, 0, &data)
+                .map_err(|e| NvmeError::Invalid(e.to_string()))?;
+            let (cqe, _) = tokio::time::timeout(
+                cfg.connect_timeout,
+                q.call(sqe, Bytes::copy_from_slice(&bytes), 0, BytesMut::new()),
+            )
+            .await
+            .map_err(|_| NvmeError::Timeout("I/O queue Connect"))??;
+            if !cqe.status.is_success() {
+                return Err(NvmeError::Status {
+                    op: "Connect (I/O queue)",
+                    status: cqe.status,
+                    dnr: cqe.dnr,
+                });
+            }
+            let r = ConnectResponse::from_dw0(cqe.dw0);
+            if r.ascr {
+                return Err(BringupError::ConcatenationRequired.into());
+            }
+            if r.atr {
+                let a = cfg
+                    .auth
+                    .clone()
+                    .ok_or(BringupError::AuthenticationRequired)?;
+                let run = AuthRun::new(a, &cfg.hostnqn, &subnqn, qid);
+                authenticate(&q, run, cfg.connect_timeout).await?;
+            }
+            io.push(q);
+        }
+        let keepalive_error = Arc::new(Mutex::new(None));
+        if let Some(ka) = KeepAlive::new(kato_ms, Instant::now()) {
+            tokio::spawn(keep_alive(
+                admin.clone(),
+                ka,
+                cfg.kato,
+                cancel.clone(),
+                keepalive_error.clone(),
+            ));
+        }
+        guard.disarm();
+        Ok(Self {
+            url: url.clone(),
+            nsid,
+            block_len: ns.block_len,
+            blocks: ns.nsze,
+            max_transfer,
+            info,
+            admin,
+            io,
+            next: AtomicUsize::new(0),
+            command_timeout: cfg.command_timeout,
+            cancel,
+            keepalive_error,
+            tls: cfg.tls.is_some(),
+        })
+    }
+
+    /// The URL this session was opened with.
+    #[must_use]
+    pub fn url(&self) -> &NvmeUrl {
+        &self.url
+    }
+
+    /// What the bring-up found (Identify Controller, the namespaces, ...).
+    #[must_use]
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// The namespace in use.
+    #[must_use]
+    pub fn nsid(&self) -> u32 {
+        self.nsid
+    }
+
+    /// I/O queues connected.
+    #[must_use]
+    pub fn queues(&self) -> usize {
+        self.io.len()
+    }
+
+    /// Whether the queues run over TLS.
+    #[must_use]
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The admin queue's DH-HMAC-CHAP outcome as text (`sha256 ffdhe2048 bidirectional`), or
+    /// `None` when the controller did not ask for authentication.
+    #[must_use]
+    pub fn authentication(&self) -> Option<String> {
+        self.info.auth.map(|a| match a {
+            AuthState::Succeeded {
+                hash,
+                dh_group,
+                bidirectional,
+            } => format!(
+                "DH-HMAC-CHAP {} {}{}",
+                hash.name(),
+                dh_group.name(),
+                if bidirectional { " bidirectional" } else { "" }
+            ),
+            other => format!("{other:?}"),
+        })
+    }
+
+    /// Header and data digests in force and MAXH2CDATA (from the first I/O queue's ICResp).
+    #[must_use]
+    pub fn transport(&self) -> (bool, bool, u32) {
+        let q = self.io.first().unwrap_or(&self.admin);
+        (q.digests.0, q.digests.1, q.maxh2cdata)
+    }
+
+    /// The largest transfer of one command, in bytes.
+    #[must_use]
+    pub fn max_transfer(&self) -> u32 {
+        self.max_transfer
+    }
+
+    /// The namespace's size.
+    #[must_use]
+    pub fn capacity(&self) -> Option<Capacity> {
+        Some(Capacity {
+            blocks: self.blocks,
+            block_len: self.block_len,
+        })
+    }
+
+    fn queue(&self) -> &QueueHandle {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.io.len().max(1);
+        self.io.get(i).unwrap_or(&self.admin)
+    }
+
+    async fn io(
+        &self,
+        op: &'static str,
+        sqe: nvme_wire::Sqe,
+        write: Bytes,
+        read_len: u32,
+        buf: BytesMut,
+    ) -> Result<BytesMut, NvmeError> {
+        if let Ok(g) = self.keepalive_error.lock() {
+            if let Some(e) = g.as_ref() {
+                return Err(NvmeError::Closed(e.clone()));
+            }
+        }
+        let call = self.queue().call(sqe, write, read_len, buf);
+        let (cqe, data) = match self.command_timeout {
+            Some(t) => tokio::time::timeout(t, call)
+                .await
+                .map_err(|_| NvmeError::Timeout("I/O command"))??,
+            None => call.await?,
+        };
+        if !cqe.status.is_success() {
+            return Err(NvmeError::Status {
+                op,
+                status: cqe.status,
+                dnr: cqe.dnr,
+            });
+        }
+        Ok(data)
+    }
+
+    fn check(&self, lba: u64, blocks: u32) -> Result<u32, NvmeError> {
+        let len = u64::from(blocks) * u64::from(self.block_len);
+        if blocks == 0 || blocks > 65536 || len > u64::from(self.max_transfer) {
+            return Err(NvmeError::Invalid(format!(
+                "{blocks} blocks: 1..=65536 and at most {} bytes per command",
+                self.max_transfer
+            )));
+        }
+        if lba
+            .checked_add(u64::from(blocks))
+            .is_none_or(|e| e > self.blocks)
+        {
+            return Err(NvmeError::Invalid(format!(
+                "LBA {lba} + {blocks} beyond the namespace's {} blocks",
+                self.blocks
+            )));
+        }
+        Ok(len as u32)
+    }
+
+    /// Reads `blocks` blocks at `lba` into `buf` (cleared first; reused by the caller).
+    ///
+    /// # Errors
+    /// A bad range, a failed status, a lost queue, a timeout.
+    pub async fn read_into(
+        &self,
+        lba: u64,
+        blocks: u32,
+        buf: BytesMut,
+    ) -> Result<BytesMut, NvmeError> {
+        let len = self.check(lba, blocks)?;
+        let data = self
+            .io(
+                "Read",
+                cmd::rw(false, self.nsid, lba, blocks),
+                Bytes::new(),
+                len,
+                buf,
+            )
+            .await?;
+        if data.len() != len as usize {
+            return Err(NvmeError::Invalid(format!(
+                "Read returned {} of {len} bytes",
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+
+    /// Writes `data` (a whole number of blocks) at `lba`.
+    ///
+    /// # Errors
+    /// As [`NvmeSession::read_into`].
+    pub async fn write(&self, lba: u64, data: Bytes) -> Result<(), NvmeError> {
+        let bl = self.block_len as usize;
+        if data.is_empty() || data.len() % bl != 0 {
+            return Err(NvmeError::Invalid(format!(
+                "{} bytes is not a whole number of {bl}-byte blocks",
+                data.len()
+            )));
+        }
+        let blocks = u32::try_from(data.len() / bl)
+            .map_err(|_| NvmeError::Invalid("write too long".into()))?;
+        self.check(lba, blocks)?;
+        self.io(
+            "Write",
+            cmd::rw(true, self.nsid, lba, blocks),
+            data,
+            0,
+            BytesMut::new(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Flush (every I/O queue's writes are on stable media when it completes).
+    ///
+    /// # Errors
+    /// As [`NvmeSession::read_into`].
+    pub async fn flush(&self) -> Result<(), NvmeError> {
+        self.io(
+            "Flush",
+            cmd::flush(self.nsid),
+            Bytes::new(),
+            0,
+            BytesMut::new(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Shuts the controller down (CC.SHN = normal, NVMe Base 2.0 §3.6.1) and closes every
+    /// queue.
+    ///
+    /// # Errors
+    /// The shutdown request failed.
+    pub async fn close(self) -> Result<(), NvmeError> {
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.admin.call(
+                cmd::property_set(Property::Cc, CC_SHUTDOWN),
+                Bytes::new(),
+                0,
+                BytesMut::new(),
+            ),
+        )
+        .await;
+        self.cancel.cancel();
+        match r {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(NvmeError::Timeout("shutdown")),
+        }
+    }
+}
+
+impl Drop for NvmeSession {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn keep_alive(
+    admin: QueueHandle,
+    mut ka: KeepAlive,
+    kato: Duration,
+    cancel: CancellationToken,
+    error: Arc<Mutex<Option<String>>>,
+) {
+    let fail = |msg: String| {
+        tracing::warn!("nvme: {msg}");
+        if let Ok(mut g) = error.lock() {
+            *g = Some(msg);
+        }
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(ka.poll_timeout().into()) => {}
+            () = cancel.cancelled() => return,
+        }
+        match ka.handle_timeout(Instant::now()) {
+            Err(e) => {
+                fail(e.to_string());
+                cancel.cancel();
+                return;
+            }
+            Ok(None) => {}
+            Ok(Some(c)) => {
+                let r = tokio::select! {
+                    r = tokio::time::timeout(kato, admin.call(c.sqe, c.data, 0, BytesMut::new())) => r,
+                    () = cancel.cancelled() => return,
+                };
+                match r {
+                    Ok(Ok((cqe, _))) if cqe.status.is_success() => ka.answered(Instant::now()),
+                    Ok(Ok((cqe, _))) => {
+                        fail(format!(
+                            "Keep Alive failed: SCT {:#x} SC {:#04x}",
+                            cqe.status.sct, cqe.status.sc
+                        ));
+                        cancel.cancel();
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        fail(format!("Keep Alive: {e}"));
+                        cancel.cancel();
+                        return;
+                    }
+                    Err(_) => {
+                        fail(format!("Keep Alive unanswered for {kato:?} (KATO)"));
+                        cancel.cancel();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostnqn_is_the_uuid_form_and_parses_back() {
+        let id = random_uuid();
+        let nqn = hostnqn_for(&id);
+        let u = nqn
+            .strip_prefix("nqn.2014-08.org.nvmexpress:uuid:")
+            .unwrap();
+        assert_eq!(parse_uuid(u).unwrap(), id);
+        assert!(parse_uuid("6e766d65-766d-4000-8000-00000000000").is_err());
+    }
+}

@@ -1,0 +1,171 @@
+//! The NVMe/TCP host (`ipsan_initiator::nvme`) against ipsan's own NVMe/TCP target, in
+//! process on loopback: one RAM LUN served over iSCSI and NVMe/TCP at once. Writes through
+//! NVMe (in-capsule and R2T-solicited, several H2CData PDUs per R2T, two queues, both
+//! digests, many commands in flight) read back the same through NVMe and through iSCSI, and
+//! the other way round; the Discovery log lists the subsystem; Keep Alive holds an idle
+//! controller past its KATO.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ipsan_initiator::nvme::{self, NvmeConfig, NvmeSession, NvmeUrl};
+use ipsan_initiator::{IscsiUrl, Session, SessionConfig};
+use ipsan_target::config::{self, Config, TargetConfig};
+use ipsan_target::ServerHandle;
+
+const IQN: &str = "iqn.2026-11.org.ipsan:nvme-host";
+const NQN: &str = "nqn.2026-11.org.ipsan:nvme-host";
+
+async fn start() -> ServerHandle {
+    let mut c = Config {
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        targets: vec![TargetConfig::new(
+            IQN,
+            config::luns_from_specs(&["mem:64MiB".to_owned()]).unwrap(),
+        )],
+        ..Config::default()
+    };
+    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    c.validate().unwrap();
+    ServerHandle::start(&c).await.unwrap()
+}
+
+fn pattern(len: usize, seed: u32) -> Bytes {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).to_le_bytes()[2])
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn nvme_url(h: &ServerHandle) -> NvmeUrl {
+    NvmeUrl::parse(&format!("nvme+tcp://{}/{NQN}/1", h.nvme_addrs[0])).unwrap()
+}
+
+#[tokio::test]
+async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
+    let h = start().await;
+    let cfg = NvmeConfig {
+        queues: 2,
+        header_digest: true,
+        data_digest: true,
+        ..NvmeConfig::default()
+    };
+    let s = Arc::new(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            NvmeSession::open(&nvme_url(&h), &cfg),
+        )
+        .await
+        .unwrap()
+        .unwrap(),
+    );
+    assert_eq!(s.queues(), 2);
+    assert!(s.transport().0, "header digest");
+    assert!(s.transport().1, "data digest");
+    let cap = s.capacity().unwrap();
+    assert_eq!(cap.bytes(), 64 << 20);
+    let bl = u64::from(cap.block_len);
+    // 4 KiB fits the capsule; 512 KiB needs R2Ts answered by several H2CData PDUs (MAXH2CDATA
+    // is below it).
+    assert!(s.transport().2 < 512 * 1024);
+    let small = pattern(4096, 1);
+    let big = pattern(512 * 1024, 2);
+    s.write(0, small.clone()).await.unwrap();
+    s.write(4096 / bl, big.clone()).await.unwrap();
+    let got = s
+        .read_into(0, (4096 / bl) as u32, BytesMut::new())
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &small[..]);
+    let got = s
+        .read_into(4096 / bl, (512 * 1024 / bl) as u32, BytesMut::new())
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &big[..]);
+
+    // 64 commands in flight over the two queues, each its own 8 KiB at its own LBA.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..64u32 {
+        let s = s.clone();
+        set.spawn(async move {
+            let lba = (1 << 20) / bl + u64::from(i) * 8192 / bl;
+            s.write(lba, pattern(8192, 100 + i)).await.unwrap();
+            let back = s
+                .read_into(lba, (8192 / bl) as u32, BytesMut::new())
+                .await
+                .unwrap();
+            assert_eq!(&back[..], &pattern(8192, 100 + i)[..], "command {i}");
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    s.flush().await.unwrap();
+
+    // The same LU through iSCSI: what NVMe wrote, and the other way round.
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
+    let iscsi = Session::open(&url, &SessionConfig::default())
+        .await
+        .unwrap();
+    let got = iscsi
+        .read_into(4096 / bl, (512 * 1024 / bl) as u32, BytesMut::new())
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &big[..]);
+    let from_iscsi = pattern(65536, 9);
+    iscsi
+        .write((8 << 20) / bl, from_iscsi.clone())
+        .await
+        .unwrap();
+    let got = s
+        .read_into((8 << 20) / bl, (65536 / bl) as u32, BytesMut::new())
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &from_iscsi[..]);
+    iscsi.logout().await.unwrap();
+
+    // Reading past the namespace is refused before anything is sent.
+    let past = s.read_into(cap.blocks, 1, BytesMut::new()).await;
+    assert!(past.is_err());
+    Arc::try_unwrap(s).unwrap().close().await.unwrap();
+    h.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn accepts_ipsan_discovery_log_listing_the_subsystem() {
+    let h = start().await;
+    let url = NvmeUrl::parse(&format!("nvme+tcp://{}", h.nvme_addrs[0])).unwrap();
+    let (_, entries) = nvme::discover(&url, &NvmeConfig::default()).await.unwrap();
+    let e = entries
+        .iter()
+        .find(|e| e.subnqn == NQN)
+        .unwrap_or_else(|| panic!("{NQN} not in {entries:?}"));
+    assert_eq!(e.trtype, 3, "TCP");
+    assert_eq!(e.subtype, 2, "an NVM subsystem");
+    assert_eq!(
+        format!("{}:{}", e.traddr, e.trsvcid),
+        h.nvme_addrs[0].to_string()
+    );
+    h.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn accepts_an_idle_session_past_kato_because_keep_alive_runs() {
+    let h = start().await;
+    let cfg = NvmeConfig {
+        kato: Duration::from_secs(1),
+        ..NvmeConfig::default()
+    };
+    let s = NvmeSession::open(&nvme_url(&h), &cfg).await.unwrap();
+    // Three KATOs of silence from the application: only Keep Alive keeps the controller (the
+    // target ends a controller whose KATO passes without a command).
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let data = pattern(4096, 7);
+    s.write(0, data.clone()).await.unwrap();
+    let back = s.read_into(0, 8, BytesMut::new()).await.unwrap();
+    assert_eq!(&back[..], &data[..]);
+    s.close().await.unwrap();
+    h.shutdown().await.unwrap();
+}

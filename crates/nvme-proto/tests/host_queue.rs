@@ -1,0 +1,270 @@
+//! The host queue against a controller that misbehaves, PDU by PDU: the controller's side is
+//! written with nvme-wire's own codec (what a hostile or broken controller would put on the
+//! wire), the host is the real `HostQueue`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::{Bytes, BytesMut};
+use nvme_proto::host::{HostError, HostEvent, HostQueue, QueueConfig};
+use nvme_wire::entry::Status;
+use nvme_wire::pdu::{C2hData, CapsuleResp, IcResp, R2t, PFV_1_0};
+use nvme_wire::{Codec, Cqe, Fes, Pdu, Sgl, Sqe};
+
+fn cfg(hd: bool, dd: bool) -> QueueConfig {
+    QueueConfig {
+        header_digest: hd,
+        data_digest: dd,
+        max_transfer: 64 * 1024,
+        in_capsule: 4096,
+        depth: 4,
+    }
+}
+
+/// The controller's codec and a connected host queue.
+fn connected(hd: bool, dd: bool) -> (Codec, HostQueue) {
+    let mut q = HostQueue::new(cfg(hd, dd));
+    let mut ctrl = Codec::new(1 << 20);
+    let icreq = ctrl.decode(q.poll_transmit().unwrap()).unwrap();
+    assert!(matches!(icreq, Pdu::IcReq(r) if r.hdgst == hd && r.ddgst == dd));
+    let resp = Pdu::IcResp(IcResp {
+        pfv: PFV_1_0,
+        cpda: 0,
+        hdgst: hd,
+        ddgst: dd,
+        maxh2cdata: 8192,
+    });
+    q.receive(&ctrl.to_bytes(&resp).unwrap());
+    assert!(matches!(q.poll_event(), Some(HostEvent::Connected { .. })));
+    ctrl.header_digest = hd;
+    ctrl.data_digest = dd;
+    (ctrl, q)
+}
+
+fn read_cmd(q: &mut HostQueue, len: u32) -> u16 {
+    let sqe = Sqe::new(0x02, 0, Sgl::Transport { length: 0 });
+    q.submit(sqe, Bytes::new(), len, BytesMut::new()).unwrap()
+}
+
+/// The PDUs the host sent since the last call.
+fn sent(ctrl: &Codec, q: &mut HostQueue) -> Vec<Pdu> {
+    let mut out = Vec::new();
+    let mut buf = BytesMut::new();
+    while let Some(b) = q.poll_transmit() {
+        buf.extend_from_slice(&b);
+    }
+    while let Some(p) = ctrl.decode_from(&mut buf).unwrap() {
+        out.push(p);
+    }
+    out
+}
+
+fn failed_with(q: &mut HostQueue) -> HostError {
+    loop {
+        match q.poll_event() {
+            Some(HostEvent::Failed(e)) => return e,
+            Some(_) => {}
+            None => panic!("the queue did not fail"),
+        }
+    }
+}
+
+#[test]
+fn accepts_read_data_in_pieces_and_completes_on_success_flag() {
+    let (ctrl, mut q) = connected(true, true);
+    let cid = read_cmd(&mut q, 8192);
+    let _ = sent(&ctrl, &mut q);
+    for (off, last) in [(0u32, false), (4096, true)] {
+        let pdu = Pdu::C2hData(C2hData {
+            cccid: cid,
+            datao: off,
+            last,
+            success: last,
+            data: Bytes::from(vec![(off / 4096) as u8 + 1; 4096]),
+        });
+        q.receive(&ctrl.to_bytes(&pdu).unwrap());
+    }
+    match q.poll_event() {
+        Some(HostEvent::Completed { cid: c, cqe, data }) => {
+            assert_eq!(c, cid);
+            assert!(cqe.status.is_success());
+            assert_eq!(data.len(), 8192);
+            assert_eq!(data[0], 1);
+            assert_eq!(data[4096], 2);
+        }
+        e => panic!("expected a completion, got {e:?}"),
+    }
+    assert_eq!(q.in_flight(), 0);
+}
+
+#[test]
+fn rejects_read_data_beyond_the_command_with_a_termination_request() {
+    let (ctrl, mut q) = connected(false, false);
+    let cid = read_cmd(&mut q, 4096);
+    let _ = sent(&ctrl, &mut q);
+    // 4096 bytes fit; the controller sends 8192 (a buffer overflow if the host believed it).
+    let pdu = Pdu::C2hData(C2hData {
+        cccid: cid,
+        datao: 0,
+        last: true,
+        success: false,
+        data: Bytes::from(vec![0xee; 8192]),
+    });
+    q.receive(&ctrl.to_bytes(&pdu).unwrap());
+    let e = failed_with(&mut q);
+    assert!(
+        matches!(e, HostError::Protocol(Fes::DataTransferOutOfRange, _)),
+        "{e:?}"
+    );
+    let out = sent(&ctrl, &mut q);
+    assert!(
+        matches!(&out[..], [Pdu::H2cTermReq(t)] if t.fes == Fes::DataTransferOutOfRange),
+        "{out:?}"
+    );
+    assert!(q.is_dead());
+    assert_eq!(q.in_flight(), 0);
+}
+
+#[test]
+fn rejects_an_r2t_outside_the_write_and_sends_no_data() {
+    let (ctrl, mut q) = connected(false, false);
+    let sqe = Sqe::new(0x01, 0, Sgl::Transport { length: 0 });
+    // 16 KiB: more than the 4 KiB in-capsule limit, so it waits for R2Ts.
+    let cid = q
+        .submit(sqe, Bytes::from(vec![7u8; 16384]), 0, BytesMut::new())
+        .unwrap();
+    let out = sent(&ctrl, &mut q);
+    assert!(
+        matches!(&out[..], [Pdu::CapsuleCmd(c)] if c.data.is_empty() && c.sqe.sgl == Sgl::Transport { length: 16384 })
+    );
+    let r2t = Pdu::R2t(R2t {
+        cccid: cid,
+        ttag: 1,
+        r2to: 12288,
+        r2tl: 8192,
+    });
+    q.receive(&ctrl.to_bytes(&r2t).unwrap());
+    let e = failed_with(&mut q);
+    assert!(matches!(
+        e,
+        HostError::Protocol(Fes::DataTransferOutOfRange, _)
+    ));
+    let out = sent(&ctrl, &mut q);
+    assert!(!out.iter().any(|p| matches!(p, Pdu::H2cData(_))), "{out:?}");
+}
+
+#[test]
+fn accepts_an_r2t_and_answers_within_maxh2cdata() {
+    let (ctrl, mut q) = connected(false, false);
+    let sqe = Sqe::new(0x01, 0, Sgl::Transport { length: 0 });
+    let data: Vec<u8> = (0..20000u32).map(|i| i as u8).collect();
+    let cid = q
+        .submit(sqe, Bytes::from(data.clone()), 0, BytesMut::new())
+        .unwrap();
+    let _ = sent(&ctrl, &mut q);
+    let r2t = Pdu::R2t(R2t {
+        cccid: cid,
+        ttag: 9,
+        r2to: 0,
+        r2tl: 20000,
+    });
+    q.receive(&ctrl.to_bytes(&r2t).unwrap());
+    let out = sent(&ctrl, &mut q);
+    let mut got = Vec::new();
+    for (i, p) in out.iter().enumerate() {
+        let Pdu::H2cData(d) = p else { panic!("{p:?}") };
+        assert!(d.data.len() <= 8192, "MAXH2CDATA is 8192");
+        assert_eq!(d.ttag, 9);
+        assert_eq!(d.datao as usize, got.len());
+        assert_eq!(d.last, i == out.len() - 1);
+        got.extend_from_slice(&d.data);
+    }
+    assert_eq!(got, data);
+    assert_eq!(out.len(), 3);
+}
+
+#[test]
+fn rejects_data_with_a_bad_digest_as_transient_transport_error() {
+    let (ctrl, mut q) = connected(false, true);
+    let cid = read_cmd(&mut q, 4096);
+    let _ = sent(&ctrl, &mut q);
+    let pdu = Pdu::C2hData(C2hData {
+        cccid: cid,
+        datao: 0,
+        last: true,
+        success: false,
+        data: Bytes::from(vec![1u8; 4096]),
+    });
+    let mut wire = ctrl.to_bytes(&pdu).unwrap().to_vec();
+    // Flip one data byte on the path: the data digest no longer matches.
+    let n = wire.len();
+    wire[n - 10] ^= 0x40;
+    q.receive(&wire);
+    let resp = Pdu::CapsuleResp(CapsuleResp {
+        cqe: Cqe::new(cid, Status::SUCCESS),
+    });
+    q.receive(&ctrl.to_bytes(&resp).unwrap());
+    match q.poll_event() {
+        Some(HostEvent::Completed { cqe, .. }) => {
+            assert_eq!(cqe.status, Status::TRANSIENT_TRANSPORT_ERROR);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(!q.is_dead(), "a data digest error is not fatal");
+}
+
+#[test]
+fn rejects_a_completion_for_no_command() {
+    let (ctrl, mut q) = connected(false, false);
+    let resp = Pdu::CapsuleResp(CapsuleResp {
+        cqe: Cqe::new(77, Status::SUCCESS),
+    });
+    q.receive(&ctrl.to_bytes(&resp).unwrap());
+    assert!(matches!(
+        failed_with(&mut q),
+        HostError::Protocol(Fes::PduSequenceError, _)
+    ));
+}
+
+#[test]
+fn rejects_a_digest_the_host_did_not_ask_for() {
+    let mut q = HostQueue::new(cfg(false, false));
+    let ctrl = Codec::new(1 << 20);
+    let _ = q.poll_transmit();
+    let resp = Pdu::IcResp(IcResp {
+        pfv: PFV_1_0,
+        cpda: 0,
+        hdgst: true,
+        ddgst: false,
+        maxh2cdata: 8192,
+    });
+    q.receive(&ctrl.to_bytes(&resp).unwrap());
+    assert!(matches!(failed_with(&mut q), HostError::Protocol(..)));
+    assert!(!q.is_ready());
+}
+
+#[test]
+fn rejects_data_with_a_bad_digest_in_a_success_pdu_and_still_completes_the_command() {
+    let (ctrl, mut q) = connected(false, true);
+    let cid = read_cmd(&mut q, 4096);
+    let _ = sent(&ctrl, &mut q);
+    // SUCCESS: no CapsuleResp will follow, so this PDU must complete the command.
+    let pdu = Pdu::C2hData(C2hData {
+        cccid: cid,
+        datao: 0,
+        last: true,
+        success: true,
+        data: Bytes::from(vec![1u8; 4096]),
+    });
+    let mut wire = ctrl.to_bytes(&pdu).unwrap().to_vec();
+    let n = wire.len();
+    wire[n - 100] ^= 0x01;
+    q.receive(&wire);
+    match q.poll_event() {
+        Some(HostEvent::Completed { cid: c, cqe, .. }) => {
+            assert_eq!(c, cid);
+            assert_eq!(cqe.status, Status::TRANSIENT_TRANSPORT_ERROR);
+        }
+        e => panic!("the command must complete, got {e:?}"),
+    }
+    assert_eq!(q.in_flight(), 0);
+    assert!(!q.is_dead());
+}
