@@ -1048,6 +1048,7 @@ impl iscsi_proto::engine::target::LunDirectory for FuzzLuns {
             need,
             early: None,
             transfer: None,
+            decoded: None,
         }
     }
 }
