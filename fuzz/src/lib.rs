@@ -1049,6 +1049,7 @@ impl iscsi_proto::engine::target::LunDirectory for FuzzLuns {
             need,
             early: None,
             transfer: None,
+            decoded: None,
         }
     }
 }

@@ -61,9 +61,6 @@ pub struct Shared {
 const MAX_COMMAND_BYTES: u64 = 64 << 20;
 /// How long shutdown waits for running commands before closing anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// Typed commands kept (`Session::decoded`) beyond twice the tasks in flight before those of
-/// ended tasks are dropped.
-const DECODED_SLACK: usize = 64;
 
 /// Serves one accepted TCP connection to its end. Errors are logged here; nothing propagates.
 pub async fn serve(
@@ -206,7 +203,7 @@ pub async fn serve(
     cfg.max_command_bytes = MAX_COMMAND_BYTES;
     let session = Arc::new(Session {
         shared: shared.clone(),
-        engine: Mutex::new(engine::Connection::new(cfg, Instant::now())),
+        engine: Mutex::new(engine::Connection::carrying(cfg, Instant::now())),
         wake_writer: Notify::new(),
         wake_reader: Notify::new(),
         written: Notify::new(),
@@ -220,7 +217,6 @@ pub async fn serve(
         idle: Notify::new(),
         remote,
         forwarded: Mutex::new(HashMap::new()),
-        decoded: Mutex::new(HashMap::new()),
     });
     if let Some(old) = reinstates {
         // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
@@ -346,7 +342,10 @@ fn writer_failed(session: &Session) {
 /// One session's connection: the engine and what the driver adds around it.
 struct Session {
     shared: Arc<Shared>,
-    engine: Mutex<engine::Connection>,
+    /// The engine; its tasks carry each local LU's command decoded once, when the engine
+    /// sized it (`Luns::size`), to its execution (`execute.rs`), so nothing parses the CDB
+    /// again.
+    engine: Mutex<engine::Connection<CommandInfo>>,
     /// PDUs queued: the writer has work.
     wake_writer: Notify,
     /// A command task closed the connection (Seal limits): the reader looks at the events.
@@ -371,10 +370,6 @@ struct Session {
     /// Commands forwarded to a remote LUN and not completed, by ITT: cancelling one forwards
     /// the host's ABORT TASK to the remote session. Locked after `engine`, never before.
     forwarded: Mutex<HashMap<u32, CancellationToken>>,
-    /// The typed command of each local LU's command, by ITT: decoded once when the engine
-    /// sizes it (`Luns::size`) and taken back when it executes (`execute.rs`), so nothing
-    /// parses the CDB again. Locked after `engine` (or alone), never before.
-    decoded: Mutex<HashMap<u32, CommandInfo>>,
 }
 
 impl Session {
@@ -444,7 +439,6 @@ impl Session {
                 seal: self.seal.as_deref(),
                 registry: &self.shared.registry,
                 local: self.local,
-                decoded: &self.decoded,
             };
             if let Some(f) = next.as_ref().err().and_then(ipsan_transport::forgery) {
                 // Nothing of a forged PDU reaches the engine: the connection is dropped.
@@ -463,19 +457,7 @@ impl Session {
                     Err(_) | Ok(None) => e.peer_closed(),
                     Ok(Some(Ok(pdu))) => {
                         trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
-                        // Only a SCSI Command adds a typed command (`Luns::size`): the prune
-                        // check runs after those, not after every Data-Out or NOP.
-                        let command =
-                            matches!(pdu.header, iscsi_wire::header::Header::ScsiCommand(_));
                         e.handle_pdu(now, &luns, pdu);
-                        // Typed commands of tasks that ended before they ran (aborted while
-                        // collecting data, refused after sizing) go; amortised.
-                        if command {
-                            let mut kept = lock(&self.decoded);
-                            if kept.len() > 2 * e.tasks_in_flight() + DECODED_SLACK {
-                                kept.retain(|itt, _| e.has_task(*itt));
-                            }
-                        }
                     }
                     Ok(Some(Err(err))) => {
                         warn!("rejected PDU: {err}");

@@ -29,7 +29,7 @@
 //!   - `conn/luns.rs`: what the engine asks the driver (`LunDirectory`: which LUNs exist, how
 //!     many bytes a CDB needs; `text::Directory`: what SendTargets lists, from the registry).
 //!     Sizing is the one parse of a local LU's CDB: its typed command (`ipsan_scsi::CommandInfo`)
-//!     is kept by ITT until the command executes;
+//!     travels with the engine's task (`Sizing::decoded`) until the command executes;
 //!   - `conn/execute.rs`: one command from the engine's `Execute` to its answer: Seal opens
 //!     data-out and seals data-in, the overflow/underflow rules (`engine::residual`) apply
 //!     in plaintext bytes, the same for every session and unit; Seal's binding, the WRITE

@@ -4,7 +4,7 @@
 //! for every session and every unit, the [`Unit`] runs it, and Seal seals data-in after.
 //!
 //! The CDB was parsed once, when the engine sized the command (`luns.rs`); its typed command
-//! ([`ipsan_scsi::CommandInfo`]) comes back here by ITT and answers every question about the
+//! ([`ipsan_scsi::CommandInfo`]) comes back here with the engine's task and answers every question about the
 //! command (Seal's binding extent, the WRITE's count field, the metrics kind) and is what the
 //! LU executes. Only a pass-through's CDB, which nothing here decodes, is read as bytes.
 
@@ -12,7 +12,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use ipsan_scsi::{cdb as scsi_cdb, decode_lun, ScsiResponse, ScsiStatus, Sense, SenseKey};
+use ipsan_scsi::{
+    cdb as scsi_cdb, decode_lun, CommandInfo, ScsiResponse, ScsiStatus, Sense, SenseKey,
+};
 use ipsan_seal::SealSession;
 use iscsi_proto::engine::residual;
 use iscsi_proto::engine::target as engine;
@@ -45,7 +47,7 @@ fn refused() -> ScsiResponse {
 impl Session {
     /// Runs one command whose data phase is over and hands its answer to the engine: the one
     /// place a command reaches a logical unit.
-    pub(super) async fn execute(self: Arc<Self>, x: engine::Execute) {
+    pub(super) async fn execute(self: Arc<Self>, x: engine::Execute<CommandInfo>) {
         let itt = x.itt;
         let lun = decode_lun(x.lun.to_be_bytes());
         // One registry lookup per command, not one per question.
@@ -59,10 +61,10 @@ impl Session {
         let mut data_out = x.data_out;
         let mut pre: Option<ScsiResponse> = None;
         let mut early = x.early;
-        // The typed command `Luns::size` decoded (taken whatever the unit, so none is left
-        // behind); a unit that parses no CDB has none. An LU that appeared after the command
-        // was sized decodes it now.
-        let kept = lock(&self.decoded).remove(&itt);
+        // The typed command `Luns::size` decoded, carried by the engine's task; a unit that
+        // parses no CDB has none. An LU that appeared after the command was sized decodes it
+        // now.
+        let kept = x.decoded;
         let mut info = None;
         if let (Some(lu), None) = (unit.lu(), &early) {
             match kept.map_or_else(|| lu.command_info(&cdb), Ok) {
@@ -268,7 +270,7 @@ impl Session {
     /// initiator logs in again and both sides derive fresh keys (docs/seal.md).
     fn seal_counter_watch(
         &self,
-        e: &mut engine::Connection,
+        e: &mut engine::Connection<CommandInfo>,
         session: &SealSession,
         exhausted: bool,
     ) {

@@ -2,11 +2,10 @@
 //! LUNs exist and which are pass-throughs, how many data-out bytes a CDB needs (sealed bytes in
 //! a Seal session), and which targets and portals SendTargets lists ([`engine_text::Directory`],
 //! from the registry). Sizing a command decodes its CDB, the one parse of it: the typed
-//! command is kept by ITT for its execution (`execute.rs`).
+//! command travels with the engine's task to its execution (`execute.rs`).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ipsan_scsi::{decode_lun, CommandInfo, DataDirection, LogicalUnit, ScsiResponse};
@@ -25,9 +24,6 @@ pub(super) struct Luns<'a> {
     pub registry: &'a Registry,
     /// The portal this connection came in on: the address SendTargets gives.
     pub local: Option<SocketAddr>,
-    /// Where a sized command's typed command waits for its execution, by ITT
-    /// ([`engine::LunDirectory::size`]).
-    pub decoded: &'a Mutex<HashMap<u32, CommandInfo>>,
 }
 
 impl engine_text::Directory for Luns<'_> {
@@ -64,7 +60,7 @@ pub(super) fn engine_response(r: ScsiResponse) -> engine::Response {
     }
 }
 
-impl engine::LunDirectory for Luns<'_> {
+impl engine::LunDirectory<CommandInfo> for Luns<'_> {
     fn exists(&self, lun: u64) -> bool {
         self.lu(lun).is_some() || self.passthrough(lun)
     }
@@ -78,11 +74,10 @@ impl engine::LunDirectory for Luns<'_> {
             .is_some_and(|t| t.remote_route(decode_lun(lun.to_be_bytes())).is_some())
     }
 
-    fn size(&self, itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing {
+    fn size(&self, _itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> engine::Sizing<CommandInfo> {
         let mut early = None;
-        // The one parse of the CDB: its typed command travels with the task by ITT. A CDB the
-        // LU refuses (or no LU) leaves nothing behind for the ITT (a task tag is unique
-        // among active tasks, RFC 7143 §11.2.1.8, so the entry is this command's).
+        // The one parse of the CDB: its typed command travels with the engine's task to
+        // `Event::Execute` (`Sizing::decoded`). A CDB the LU refuses (or no LU) has none.
         let decoded = match self.lu(lun) {
             Some(lu) => match lu.command_info(cdb) {
                 Ok(info) => Some(info),
@@ -96,13 +91,6 @@ impl engine::LunDirectory for Luns<'_> {
         let need = decoded
             .filter(|i| i.direction == DataDirection::Write)
             .map_or(0, |i| i.data_out_len);
-        {
-            let mut kept = crate::lock(self.decoded);
-            match decoded {
-                Some(info) => kept.insert(itt, info),
-                None => kept.remove(&itt),
-            };
-        }
         // In a Seal session data travels sealed: EDTL and every offset count sealed bytes.
         // Sealed data cannot be cut, so a write's whole sealed EDTL is collected, opened, and
         // the overflow rules applied to the plaintext against what the CDB transfers
@@ -113,6 +101,7 @@ impl engine::LunDirectory for Luns<'_> {
                 need,
                 early,
                 transfer: None,
+                decoded,
             };
         };
         if seal.plain_len(edtl as usize).is_none() {
@@ -123,6 +112,7 @@ impl engine::LunDirectory for Luns<'_> {
             need: if need > 0 { u64::from(edtl) } else { 0 },
             early,
             transfer: Some(need),
+            decoded,
         }
     }
 }

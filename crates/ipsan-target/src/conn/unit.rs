@@ -200,50 +200,68 @@ impl Unit {
                 })
             }
             unit => {
+                let info = cmd.info;
+                if unit.runs_inline(info.as_ref()) {
+                    // On this task: the request borrows the command, nothing is copied.
+                    let req = ScsiRequest {
+                        cdb: cmd.cdb,
+                        data_out: &cmd.data_out,
+                        nexus: cmd.nexus,
+                        lun: cmd.lun,
+                        tailroom: cmd.tailroom,
+                    };
+                    return Done::local(unit.run(&req, info, target.as_deref()));
+                }
+                // The blocking pool takes what it runs by value.
                 let cdb = cmd.cdb.to_vec();
                 let nexus = cmd.nexus.clone();
-                let (lun, tailroom, data_out, info) =
-                    (cmd.lun, cmd.tailroom, cmd.data_out, cmd.info);
-                let inline = unit.runs_inline(info.as_ref());
-                // A LUN without an LU (`Missing`) has no typed command: its opcode byte says.
-                let report = info.map_or(cdb.first() == Some(&op::REPORT_LUNS), |i| {
-                    i.opcode == op::REPORT_LUNS
-                });
-                let run = move || match unit {
-                    _ if report => {
-                        let luns: Vec<u64> = target
-                            .map(|t| t.luns.keys().chain(t.remotes.keys()).copied().collect())
-                            .unwrap_or_default();
-                        match info.map(|i| i.command) {
-                            Some(Command::ReportLuns { select, alloc }) => {
-                                report_luns_decoded(&luns, select, alloc)
-                            }
-                            _ => report_luns(&luns, &cdb),
-                        }
-                    }
-                    Self::Emulated(lu, _) => {
-                        let req = ScsiRequest {
-                            cdb: &cdb,
-                            data_out: &data_out,
-                            nexus: &nexus,
-                            lun,
-                            tailroom,
-                        };
-                        match &info {
-                            Some(i) => lu.execute_decoded(&req, i),
-                            None => lu.execute(&req),
-                        }
-                    }
-                    Self::Remote(..) | Self::Missing => no_such_lun(&cdb),
+                let (lun, tailroom, data_out) = (cmd.lun, cmd.tailroom, cmd.data_out);
+                let run = move || {
+                    let req = ScsiRequest {
+                        cdb: &cdb,
+                        data_out: &data_out,
+                        nexus: &nexus,
+                        lun,
+                        tailroom,
+                    };
+                    unit.run(&req, info, target.as_deref())
                 };
-                Done::local(if inline {
-                    run()
-                } else {
-                    tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
-                        ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
-                    })
-                })
+                Done::local(tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
+                    ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
+                }))
             }
+        }
+    }
+
+    /// Runs a command that is not forwarded, on the calling thread: REPORT LUNS for the whole
+    /// target, an emulated LU's command, or LOGICAL UNIT NOT SUPPORTED.
+    fn run(
+        &self,
+        req: &ScsiRequest<'_>,
+        info: Option<CommandInfo>,
+        target: Option<&Target>,
+    ) -> ScsiResponse {
+        // A LUN without an LU (`Missing`) has no typed command: its opcode byte says.
+        let report = info.map_or(req.cdb.first() == Some(&op::REPORT_LUNS), |i| {
+            i.opcode == op::REPORT_LUNS
+        });
+        match self {
+            _ if report => {
+                let luns: Vec<u64> = target
+                    .map(|t| t.luns.keys().chain(t.remotes.keys()).copied().collect())
+                    .unwrap_or_default();
+                match info.map(|i| i.command) {
+                    Some(Command::ReportLuns { select, alloc }) => {
+                        report_luns_decoded(&luns, select, alloc)
+                    }
+                    _ => report_luns(&luns, req.cdb),
+                }
+            }
+            Self::Emulated(lu, _) => match &info {
+                Some(i) => lu.execute_decoded(req, i),
+                None => lu.execute(req),
+            },
+            Self::Remote(..) | Self::Missing => no_such_lun(req.cdb),
         }
     }
 

@@ -14,6 +14,10 @@
 //! What the engine does not know — which LUNs exist and how many bytes a CDB transfers — it
 //! asks the driver's [`LunDirectory`]; what it cannot do — run the command — it hands out as
 //! [`Event::Execute`] and takes back with [`Connection::complete`].
+//!
+//! What the driver learns while sizing a command (its decoded CDB, type `D`) travels with the
+//! task: [`Sizing::decoded`] in, [`Execute::decoded`] out, so a driver keeps no table of its own
+//! per ITT and the CDB is parsed once. `D` is `()` for a driver that keeps nothing.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -31,8 +35,9 @@ use super::{fixed_sense, CloseReason, ConnectionError, Side, TagAllocator, Viola
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{sn_lt, Admit, CmdWindow};
 
-/// What the target knows about its logical units, asked while a command arrives.
-pub trait LunDirectory {
+/// What the target knows about its logical units, asked while a command arrives. `D`: what
+/// [`LunDirectory::size`] decodes of a command, handed back with its [`Event::Execute`].
+pub trait LunDirectory<D = ()> {
     /// Whether the LUN (the raw 8-byte LUN field) exists.
     fn exists(&self, lun: u64) -> bool;
     /// How many data-out bytes `cdb` needs for `lun` (0 for reads and non-data commands), and
@@ -40,12 +45,12 @@ pub trait LunDirectory {
     ///
     /// Asked once per SCSI Command of a LUN that is not a [`LunDirectory::passthrough`], before
     /// its [`Event::Execute`] with the same `itt` (the Initiator Task Tag, unique among the
-    /// session's active tasks, RFC 7143 §11.2.1.8): a driver that parses the CDB here keeps
-    /// what it decoded under `itt` and takes it back at that event, so the command is parsed
-    /// once and the engine carries nothing of the driver's per command. A command refused
-    /// after this (or aborted before its data phase ends) gets no event; the ITT's next
-    /// command is sized again and replaces what was kept.
-    fn size(&self, itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> Sizing;
+    /// session's active tasks, RFC 7143 §11.2.1.8): a driver that parses the CDB here returns
+    /// what it decoded in [`Sizing::decoded`], and the engine keeps it in the task and hands it
+    /// back in [`Execute::decoded`], so the command is parsed once. A command refused after
+    /// this (or aborted before its data phase ends) gets no event and its decoded command is
+    /// dropped with its task.
+    fn size(&self, itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> Sizing<D>;
     /// Whether the LUN is a pass-through to another target (a gateway's remote LUN): no local
     /// device server parses the CDB, so its data-out is sized by EDTL when the W bit is set
     /// and by nothing otherwise, as pass-through targets do (RFC 7143 §11.3.1, §11.4.5).
@@ -59,8 +64,8 @@ pub trait LunDirectory {
 }
 
 /// The data-out a command needs, as the device server sees it.
-#[derive(Clone, Debug, Default)]
-pub struct Sizing {
+#[derive(Clone, Debug)]
+pub struct Sizing<D = ()> {
     /// Bytes of data-out the target solicits and collects: at most this many.
     pub need: u64,
     /// A response decided before execution; sent once the data phase ends.
@@ -70,6 +75,20 @@ pub struct Sizing {
     /// the whole sealed EDTL (`need`) and applies the overflow rules ([`super::residual`])
     /// to the plaintext, against this. `None`: `need`.
     pub transfer: Option<u64>,
+    /// What the driver decoded of the command, carried with the task to its
+    /// [`Execute::decoded`].
+    pub decoded: Option<D>,
+}
+
+impl<D> Default for Sizing<D> {
+    fn default() -> Self {
+        Self {
+            need: 0,
+            early: None,
+            transfer: None,
+            decoded: None,
+        }
+    }
 }
 
 /// A command's answer from the device server.
@@ -111,7 +130,7 @@ impl Response {
 
 /// One command ready to run: its data phase is over.
 #[derive(Clone, Debug)]
-pub struct Execute {
+pub struct Execute<D = ()> {
     pub itt: u32,
     /// The raw 8-byte LUN field.
     pub lun: u64,
@@ -131,13 +150,15 @@ pub struct Execute {
     /// The command's R and W bits (§11.3.1), for a pass-through that forwards them.
     pub read: bool,
     pub write: bool,
+    /// What [`LunDirectory::size`] decoded ([`Sizing::decoded`]); `None` for a pass-through.
+    pub decoded: Option<D>,
 }
 
 /// What the driver must act on.
 #[derive(Clone, Debug)]
-pub enum Event {
+pub enum Event<D = ()> {
     /// Run this command and answer with [`Connection::complete`].
-    Execute(Execute),
+    Execute(Execute<D>),
     /// A task management function that resets state beyond this connection (LOGICAL UNIT
     /// RESET, TARGET WARM/COLD RESET): the driver resets its logical units. The tasks of this
     /// connection it ends are already aborted (their answers will be suppressed).
@@ -199,14 +220,15 @@ impl Config {
 }
 
 #[derive(Debug)]
-enum TaskState {
-    Collecting(Box<Collect>),
+enum TaskState<D> {
+    Collecting(Box<Collect<D>>),
     Running { aborted: bool },
 }
 
 #[derive(Debug)]
-struct Collect {
+struct Collect<D> {
     cdb: Vec<u8>,
+    decoded: Option<D>,
     need: u64,
     transfer: u64,
     early: Option<Response>,
@@ -216,13 +238,13 @@ struct Collect {
 }
 
 #[derive(Debug)]
-struct Task {
+struct Task<D> {
     lun: u64,
     /// Holds a CmdSN window slot (non-immediate).
     counted: bool,
     edtl: u32,
     need: u64,
-    state: TaskState,
+    state: TaskState<D>,
 }
 
 /// A TMF response held until the running tasks it aborted have finished (§11.6: the response
@@ -237,14 +259,15 @@ struct HeldTmf {
     driver: bool,
 }
 
-/// The engine: one target connection in full feature phase.
+/// The engine: one target connection in full feature phase. `D`: what the driver's
+/// [`LunDirectory`] decodes of a command, carried with its task.
 #[derive(Debug)]
-pub struct Connection {
+pub struct Connection<D = ()> {
     params: SessionParams,
     window: CmdWindow,
     stat_sn: u32,
     ttt: TagAllocator,
-    tasks: HashMap<u32, Task>,
+    tasks: HashMap<u32, Task<D>>,
     /// ITTs of recently aborted tasks whose late Data-Out is dropped silently.
     aborted: VecDeque<u32>,
     held_tmfs: Vec<HeldTmf>,
@@ -258,7 +281,7 @@ pub struct Connection {
     max_command_bytes: u64,
     out: VecDeque<Pdu>,
     queued_bytes: usize,
-    events: VecDeque<Event>,
+    events: VecDeque<Event<D>>,
     closed: Option<ConnectionError>,
 }
 
@@ -268,8 +291,18 @@ const ABORTED_MEMORY: usize = 256;
 const MAX_TEXT: usize = 64 * 1024;
 
 impl Connection {
+    /// A connection whose driver decodes nothing while sizing ([`Connection::carrying`]).
     #[must_use]
     pub fn new(cfg: Config, now: Instant) -> Self {
+        Self::carrying(cfg, now)
+    }
+}
+
+impl<D> Connection<D> {
+    /// A connection whose tasks carry what the driver's [`LunDirectory::size`] decodes (`D`)
+    /// from the command's arrival to its [`Event::Execute`].
+    #[must_use]
+    pub fn carrying(cfg: Config, now: Instant) -> Self {
         Self {
             window: CmdWindow::new(cfg.initial_cmd_sn, cfg.cmd_window),
             params: cfg.params,
@@ -311,8 +344,7 @@ impl Connection {
         self.tasks.len()
     }
 
-    /// Whether `itt` is a task of this connection (collecting data or running): a driver that
-    /// keeps something per ITT ([`LunDirectory::size`]) drops what no task holds any more.
+    /// Whether `itt` is a task of this connection (collecting data or running).
     #[must_use]
     pub fn has_task(&self, itt: u32) -> bool {
         self.tasks.contains_key(&itt)
@@ -363,7 +395,7 @@ impl Connection {
     }
 
     /// The next thing for the driver to do.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<Event<D>> {
         self.events.pop_front()
     }
 
@@ -457,7 +489,7 @@ impl Connection {
     }
 
     /// One PDU from the initiator.
-    pub fn handle_pdu(&mut self, now: Instant, dir: &dyn LunDirectory, pdu: Pdu) {
+    pub fn handle_pdu(&mut self, now: Instant, dir: &dyn LunDirectory<D>, pdu: Pdu) {
         if self.closed.is_some() {
             return;
         }
@@ -589,7 +621,7 @@ impl Connection {
 
     fn on_command(
         &mut self,
-        dir: &dyn LunDirectory,
+        dir: &dyn LunDirectory<D>,
         cmd: ScsiCommand,
         ahs: &Bytes,
         data: Bytes,
@@ -617,11 +649,11 @@ impl Connection {
             need,
             mut early,
             transfer,
+            decoded,
         } = if dir.passthrough(cmd.lun) {
             Sizing {
                 need: if cmd.write { u64::from(edtl) } else { 0 },
-                early: None,
-                transfer: None,
+                ..Sizing::default()
             }
         } else {
             dir.size(cmd.itt, cmd.lun, &cdb, edtl)
@@ -661,6 +693,7 @@ impl Connection {
                 write_without_w: need > 0,
                 read: cmd.read,
                 write: false,
+                decoded,
             }));
             return;
         }
@@ -678,6 +711,7 @@ impl Connection {
                 need,
                 state: TaskState::Collecting(Box::new(Collect {
                     cdb,
+                    decoded,
                     need,
                     transfer,
                     early,
@@ -742,6 +776,7 @@ impl Connection {
             write_without_w: false,
             read: c.read,
             write: true,
+            decoded: c.decoded,
         }));
     }
 
@@ -779,7 +814,7 @@ impl Connection {
 
     /// Aborts the tasks `pick` selects: collecting ones are dropped at once, running ones
     /// have their answers suppressed. Returns the running ones to wait for.
-    fn abort_where(&mut self, pick: impl Fn(u32, &Task) -> bool) -> HashSet<u32> {
+    fn abort_where(&mut self, pick: impl Fn(u32, &Task<D>) -> bool) -> HashSet<u32> {
         let itts: Vec<u32> = self
             .tasks
             .iter()
@@ -809,7 +844,7 @@ impl Connection {
         waiting
     }
 
-    fn on_tmf(&mut self, dir: &dyn LunDirectory, h: &TaskMgmtRequest) {
+    fn on_tmf(&mut self, dir: &dyn LunDirectory<D>, h: &TaskMgmtRequest) {
         // The window as it was when the request arrived (a non-immediate request moves it).
         let exp_cmd_sn = self.window.exp_cmd_sn();
         if !self.admit(h.cmd_sn, h.immediate, false) {
@@ -892,7 +927,7 @@ impl Connection {
 
     /// Tells the driver which aborted running tasks belong to pass-through LUNs
     /// ([`Event::Abort`]).
-    fn forward_aborts(&mut self, dir: &dyn LunDirectory, aborted: &HashSet<u32>) {
+    fn forward_aborts(&mut self, dir: &dyn LunDirectory<D>, aborted: &HashSet<u32>) {
         let mut itts: Vec<u32> = aborted
             .iter()
             .copied()
@@ -968,7 +1003,7 @@ impl Connection {
         );
     }
 
-    fn on_text(&mut self, dir: &dyn LunDirectory, h: &TextRequest, data: &[u8], raw: &[u8; 48]) {
+    fn on_text(&mut self, dir: &dyn LunDirectory<D>, h: &TextRequest, data: &[u8], raw: &[u8; 48]) {
         if !self.admit(h.cmd_sn, h.immediate, false) {
             return;
         }
@@ -1234,8 +1269,7 @@ mod tests {
             };
             Sizing {
                 need,
-                early: None,
-                transfer: None,
+                ..Sizing::default()
             }
         }
     }
@@ -1273,7 +1307,7 @@ mod tests {
         )
     }
 
-    fn r2ts(c: &mut Connection) -> Vec<R2t> {
+    fn r2ts<D>(c: &mut Connection<D>) -> Vec<R2t> {
         let mut v = Vec::new();
         while let Some(p) = c.poll_transmit() {
             if let Header::R2t(r) = p.header {
@@ -1333,6 +1367,53 @@ mod tests {
         };
         assert!(h.underflow && !h.overflow);
         assert_eq!(h.residual_count, 512);
+    }
+
+    /// A driver that decodes while sizing: the decoded command is the CDB's first byte and
+    /// the ITT, so the test sees which command's value came back with which task.
+    struct Decoding;
+    impl LunDirectory<(u8, u32)> for Decoding {
+        fn exists(&self, lun: u64) -> bool {
+            lun == 0
+        }
+        fn size(&self, itt: u32, lun: u64, cdb: &[u8], edtl: u32) -> Sizing<(u8, u32)> {
+            Sizing {
+                need: Disk.size(itt, lun, cdb, edtl).need,
+                decoded: Some((cdb[0], itt)),
+                ..Sizing::default()
+            }
+        }
+    }
+
+    #[test]
+    fn carries_what_sizing_decoded_to_each_commands_execute() {
+        let now = Instant::now();
+        let mut c: Connection<(u8, u32)> = Connection::carrying(Config::new(params(), 1, 1), now);
+        // A WRITE waits for its data behind an R2T while a READ starts at once: each
+        // Execute hands back its own command's value, not the one sized last.
+        c.handle_pdu(now, &Decoding, write16(7, 1, 1));
+        c.handle_pdu(now, &Decoding, read16(9, 2));
+        let Some(Event::Execute(read)) = c.poll_event() else {
+            panic!("no Execute for the READ")
+        };
+        assert_eq!((read.itt, read.decoded), (9, Some((0x88, 9))));
+        let r = r2ts(&mut c);
+        assert_eq!(r.len(), 1);
+        let d = DataOut {
+            final_: true,
+            lun: 0,
+            itt: 7,
+            ttt: r[0].ttt,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+        };
+        c.handle_pdu(now, &Decoding, Pdu::new(d, Bytes::from(vec![0u8; 512])));
+        let Some(Event::Execute(write)) = c.poll_event() else {
+            panic!("no Execute for the WRITE")
+        };
+        assert_eq!((write.itt, write.decoded), (7, Some((0x8a, 7))));
+        assert_eq!(write.data_out.len(), 512);
     }
 
     #[test]

@@ -58,6 +58,7 @@ impl LunDirectory for Disk {
             need,
             early: None,
             transfer: None,
+            decoded: None,
         }
     }
 }
