@@ -45,6 +45,7 @@
 //!   controller, the registry's LUNs as namespaces on their `ipsan-block` backends.
 //! - `seal_ext`: Seal's login extension (the offer, the transcript it binds, the guess limit).
 
+mod accept;
 pub mod config;
 mod conn;
 pub mod control;

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::accept::{accept_loop, Accepting};
 use crate::config::Config;
 use crate::conn::{self, Shared};
 use crate::registry::{BuildError, Registry};
@@ -185,62 +186,32 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), ServerError> {
         let cancel = CancellationToken::new();
-        let limit = Arc::new(Semaphore::new(self.max_connections));
+        let accepting = Accepting {
+            limit: Arc::new(Semaphore::new(self.max_connections)),
+            registry: self.shared.registry.clone(),
+            conns: Arc::new(tokio::sync::Mutex::new(JoinSet::new())),
+            cancel: cancel.clone(),
+        };
         let mut accepts = JoinSet::new();
-        let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         if let Some(nvme) = self.nvme {
-            let registry = self.shared.registry.clone();
-            let cancel = cancel.clone();
-            let max = self.max_connections;
-            accepts.spawn(async move { nvme.run(registry, max, cancel).await });
+            accepts.spawn(nvme.run(accepting.clone()));
         }
         for listener in self.listeners {
             let shared = self.shared.clone();
             let cancel = cancel.clone();
-            let limit = limit.clone();
-            let conns = conns.clone();
-            accepts.spawn(async move {
-                loop {
-                    let accepted = tokio::select! {
-                        a = listener.accept() => a,
-                        () = cancel.cancelled() => return,
-                    };
-                    let (stream, peer) = match accepted {
-                        Ok(x) => x,
-                        Err(e) => {
-                            warn!("accept failed: {e}");
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let Ok(permit) = limit.clone().try_acquire_owned() else {
-                        warn!(%peer, "connection limit reached; refusing");
-                        drop(stream);
-                        continue;
-                    };
-                    let Some(per_address) = shared.registry.open_connection(peer.ip()) else {
-                        drop(stream);
-                        continue;
-                    };
-                    let shared = shared.clone();
-                    let cancel = cancel.clone();
-                    let mut set = conns.lock().await;
-                    // Reap finished connections so the set does not grow without bound.
-                    while set.try_join_next().is_some() {}
-                    set.spawn(async move {
-                        conn::serve(stream, peer, shared, cancel).await;
-                        drop(per_address);
-                        drop(permit);
-                    });
-                }
-            });
+            accepts.spawn(accept_loop(
+                listener,
+                "iSCSI",
+                accepting.clone(),
+                move |stream, peer| conn::serve(stream, peer, shared.clone(), cancel.clone()),
+            ));
         }
         shutdown.await;
         info!("shutting down: no new connections, finishing commands in flight");
         cancel.cancel();
         self.shared.registry.cancel_all();
         while accepts.join_next().await.is_some() {}
-        let mut set = std::mem::take(&mut *conns.lock().await);
+        let mut set = std::mem::take(&mut *accepting.conns.lock().await);
         while set.join_next().await.is_some() {}
         // The flush runs on a thread of its own and is waited for at most
         // SHUTDOWN_FLUSH_LIMIT: a backend whose flush never returns must not keep the process

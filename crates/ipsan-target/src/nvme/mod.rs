@@ -43,6 +43,7 @@ pub use config::{
 };
 pub use subsystems::nsid_of_lun;
 
+use crate::accept::{accept_loop, Accepting};
 use crate::registry::Registry;
 use subsystems::Stores;
 
@@ -504,55 +505,29 @@ impl NvmeServer {
         urls
     }
 
-    /// Serves until `cancel` fires, then closes every connection and returns once they are
-    /// gone. `registry` supplies the per-address connection limit shared with iSCSI.
-    pub async fn run(
-        self,
-        registry: Arc<Registry>,
-        max_connections: usize,
-        cancel: CancellationToken,
-    ) {
-        let limit = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    /// Serves until the server's cancel token fires. Connections run in the server's
+    /// connection set under its limits (`crate::accept`, shared with iSCSI); the server waits
+    /// for them after this returns.
+    pub(crate) async fn run(self, accepting: Accepting) {
+        let cancel = accepting.cancel.clone();
         let mut tasks = JoinSet::new();
         tasks.spawn(timers(
             self.shared.clone(),
-            registry.clone(),
+            accepting.registry.clone(),
             self.settings,
             cancel.clone(),
         ));
-        let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         for listener in self.listeners {
             let shared = self.shared.clone();
             let cancel = cancel.clone();
-            let limit = limit.clone();
-            let conns = conns.clone();
-            let registry = registry.clone();
-            tasks.spawn(async move {
-                loop {
-                    let accepted = tokio::select! {
-                        a = listener.accept() => a,
-                        () = cancel.cancelled() => return,
-                    };
-                    let (stream, peer) = match accepted {
-                        Ok(x) => x,
-                        Err(e) => {
-                            warn!("NVMe/TCP accept failed: {e}");
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let Ok(permit) = limit.clone().try_acquire_owned() else {
-                        warn!(%peer, "NVMe/TCP connection limit reached; refusing");
-                        continue;
-                    };
-                    let Some(per_address) = registry.open_connection(peer.ip()) else {
-                        continue;
-                    };
+            tasks.spawn(accept_loop(
+                listener,
+                "NVMe/TCP",
+                accepting.clone(),
+                move |stream, peer| {
                     let shared = shared.clone();
                     let cancel = cancel.clone();
-                    let mut set = conns.lock().await;
-                    while set.try_join_next().is_some() {}
-                    set.spawn(async move {
+                    async move {
                         let _ = stream.set_nodelay(true);
                         match tls_or_plain(stream, &shared).await {
                             Ok(Accepted::Plain(s)) => {
@@ -563,16 +538,12 @@ impl NvmeServer {
                             }
                             Err(why) => warn!(%peer, "NVMe/TCP connection refused: {why}"),
                         }
-                        drop(per_address);
-                        drop(permit);
-                    });
-                }
-            });
+                    }
+                },
+            ));
         }
         cancel.cancelled().await;
         while tasks.join_next().await.is_some() {}
-        let mut set = std::mem::take(&mut *conns.lock().await);
-        while set.join_next().await.is_some() {}
     }
 }
 

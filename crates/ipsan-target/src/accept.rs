@@ -1,0 +1,75 @@
+//! The accept loop every listener of the target runs, iSCSI and NVMe/TCP alike: take a
+//! connection, hold it to the process-wide connection limit and the registry's per-address
+//! limit, and run it as a task of the server's connection set (reaped as it goes, drained at
+//! shutdown). One loop, so both front ends refuse the same way and count against the same
+//! limits.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::registry::Registry;
+
+/// What every accept loop of one server shares.
+#[derive(Clone)]
+pub(crate) struct Accepting {
+    /// Connections the whole process may hold (`max_connections`), across front ends.
+    pub limit: Arc<Semaphore>,
+    /// The per-address limit (`Registry::open_connection`).
+    pub registry: Arc<Registry>,
+    /// Every running connection, waited for at shutdown.
+    pub conns: Arc<Mutex<JoinSet<()>>>,
+    /// Stops accepting (running connections watch it themselves).
+    pub cancel: CancellationToken,
+}
+
+/// Accepts on `listener` until cancelled; `serve` runs each admitted connection. `what`
+/// names the front end in the log ("iSCSI", "NVMe/TCP").
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    what: &'static str,
+    a: Accepting,
+    serve: F,
+) where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            () = a.cancel.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning on the error.
+                warn!("{what} accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = a.limit.clone().try_acquire_owned() else {
+            warn!(%peer, "{what} connection limit reached; refusing");
+            continue;
+        };
+        let Some(slot) = a.registry.open_connection(peer.ip()) else {
+            continue;
+        };
+        let conn = serve(stream, peer);
+        let mut set = a.conns.lock().await;
+        // Reap finished connections so the set does not grow without bound.
+        while set.try_join_next().is_some() {}
+        set.spawn(async move {
+            conn.await;
+            drop(slot);
+            drop(permit);
+        });
+    }
+}
