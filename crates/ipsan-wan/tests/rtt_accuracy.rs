@@ -85,6 +85,10 @@ fn tcp_rtts(link: &Link, n: usize) -> Vec<Duration> {
 }
 
 fn ping_rtts(link: &Link, n: usize, delay_ms: u64) -> Vec<Duration> {
+    assert!(
+        std::process::Command::new("ping").arg("-V").output().is_ok(),
+        "no ping: install Debian's iputils-ping (scripts/install-deps does)"
+    );
     let interval = if delay_ms >= 32 { "0.05" } else { "0.02" };
     let o = link
         .exec_in(
