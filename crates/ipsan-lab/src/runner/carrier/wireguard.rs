@@ -1,8 +1,9 @@
 //! The `wireguard` carrier: wireguard-go in both namespaces.
 
 use super::Carrier;
-use crate::runner::process::{run_quiet, side_name, wait_connect};
+use crate::runner::process::{run_quiet, side_name};
 use crate::runner::*;
+use crate::tunnel::{self, TunnelWait};
 
 pub(super) struct Wireguard;
 
@@ -127,7 +128,42 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         .map_err(|e| fail(format!("wg up: {e}")))?;
     }
     let addr = SocketAddr::from((wg_ip(Side::Tgt), PORT));
-    wait_connect(link, addr)
-        .map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
+    // Wait for the handshake as long as WireGuard's own retries take at this RTT
+    // (crate::tunnel): a fixed 8 s once failed a run at 64 ms one way.
+    let cfg = link.link.config();
+    let w = TunnelWait::wireguard(cfg.up.delay + cfg.down.delay);
+    let start = Instant::now();
+    let ini_if = format!("wl{}i", std::process::id());
+    let ini_ns = link.link.netns(Side::Ini);
+    tunnel::wait(
+        &w,
+        &mut || start.elapsed(),
+        &mut std::thread::sleep,
+        &mut |timeout| {
+            link.link
+                .run_in(Side::Ini, move || {
+                    TcpStream::connect_timeout(&addr, timeout).map(|_| ())
+                })
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        },
+        &mut || {
+            run_quiet(Command::new("ip").args([
+                "netns",
+                "exec",
+                &ini_ns,
+                "wg",
+                "show",
+                &ini_if,
+                "latest-handshakes",
+            ]))
+            .map(|o| match o.split_whitespace().nth(1) {
+                Some("0") | None => "no WireGuard handshake completed".to_string(),
+                Some(t) => format!("last WireGuard handshake at unix time {t}"),
+            })
+            .unwrap_or_else(|e| format!("wg show failed: {e}"))
+        },
+    )
+    .map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
     Ok(addr)
 }
