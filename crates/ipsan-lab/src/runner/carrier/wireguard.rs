@@ -62,10 +62,19 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         procs.1.push(sock);
         let mut c = link.link.command(side, "wireguard-go");
         crate::guard::guard_child(&mut c);
+        // Its log (debug level: handshakes sent, received, rejected) goes to the run's
+        // scratch directory; a tunnel that never comes up quotes its tail.
+        let log = std::fs::File::create(wg_log(ctx, side))
+            .map_err(|e| fail(format!("wireguard-go log: {e}")))?;
         c.args(["-f", &ifname])
             .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .env("LOG_LEVEL", "debug")
+            // The log is on stdout, the start-up banner on stderr.
+            .stdout(
+                log.try_clone()
+                    .map_err(|e| fail(format!("wireguard-go log: {e}")))?,
+            )
+            .stderr(log);
         let child = c.spawn().map_err(|e| fail(format!("wireguard-go: {e}")))?;
         let wg_pid = child.id();
         procs
@@ -104,9 +113,16 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             peer_pub,
             "allowed-ips",
             &format!("{}/32", wg_ip(peer)),
-            "endpoint",
-            &endpoint,
         ]);
+        // Only the initiator's side knows where its peer is; the target's side learns it
+        // from the first handshake, as a server does. With an endpoint on both sides both
+        // initiate when both have a packet queued, their initiations cross on the wire, each
+        // answers the other's and then rejects the answer to its own ("Received invalid
+        // response message"), and at 64 ms one way the 5 s retries collided again: 2 of 8
+        // runs never completed a handshake in 14.9 s (wireguard-go's debug log).
+        if side == Side::Ini {
+            set.args(["endpoint", &endpoint]);
+        }
         run_quiet(&mut set).map_err(|e| fail(format!("wg set: {e}")))?;
         // Debian's wireguard-go keeps 208 KiB UDP buffers and drops the tunnel's packets
         // there (see crate::sockbuf); give it upstream's 7 MiB.
@@ -161,9 +177,32 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
                 Some("0") | None => "no WireGuard handshake completed".to_string(),
                 Some(t) => format!("last WireGuard handshake at unix time {t}"),
             })
+            .map(|state| {
+                let tail = |side| {
+                    let text = std::fs::read_to_string(wg_log(ctx, side)).unwrap_or_default();
+                    let lines: Vec<&str> = text
+                        .lines()
+                        .filter(|l| l.contains("(wl"))
+                        .rev()
+                        .take(6)
+                        .collect();
+                    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                };
+                format!(
+                    "{state}; wireguard-go@ini: {}; wireguard-go@tgt: {}",
+                    tail(Side::Ini),
+                    tail(Side::Tgt)
+                )
+            })
             .unwrap_or_else(|e| format!("wg show failed: {e}"))
         },
     )
     .map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
     Ok(addr)
+}
+
+/// Where wireguard-go on `side` logs during a run.
+fn wg_log(ctx: &RunCtx<'_>, side: Side) -> PathBuf {
+    ctx.scratch
+        .join(format!("wireguard-go-{}.log", side_name(side)))
 }
