@@ -245,6 +245,10 @@ struct UpArgs {
     /// Do not put the forwarder threads in the SCHED_FIFO real-time class.
     #[arg(long)]
     no_realtime: bool,
+    /// Do not take the path's own latency (TUN hops and wake-ups, measured at link-up) off
+    /// the delay: hosts then see the set delay plus 0.1–0.3 ms of round trip.
+    #[arg(long)]
+    no_path_compensation: bool,
     /// Hold the link in this process (Ctrl-C leaves cleanup to `ipsan wan down`).
     #[arg(long)]
     foreground: bool,
@@ -340,6 +344,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
     cfg.mtu = a.mtu;
     cfg.seed = a.seed;
     cfg.realtime = !a.no_realtime;
+    cfg.compensate_path = !a.no_path_compensation;
     cfg.engine = match a.engine.as_str() {
         "builtin" => Engine::Builtin,
         "netem" => Engine::Netem,

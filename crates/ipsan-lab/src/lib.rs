@@ -12,6 +12,7 @@
 //! - [`guard`]: children die with the lab (PR_SET_PDEATHSIG); Ctrl-C removes its namespaces.
 //! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
+//! - [`tunnel`]: how long to wait for a tunnel (WireGuard) to carry TCP, sized to the RTT.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
 //! - [`report`]: `report.md` and `report.html` (pulldown-cmark), the headline and every point.
 //! - [`figures`]: the papers' figures and tables beside ours, with the papers' numbers, one
@@ -36,3 +37,4 @@ pub mod results;
 pub mod runner;
 pub mod sockbuf;
 pub mod timeline;
+pub mod tunnel;

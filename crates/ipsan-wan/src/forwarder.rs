@@ -55,6 +55,7 @@ pub struct DirCounters {
     late_ns_sum: AtomicU64,
     late_ns_max: AtomicU64,
     late_hist: [AtomicU64; LATE_BUCKETS_US.len() + 1],
+    path_ns: AtomicU64,
 }
 
 /// Upper bounds (µs) of the release-lateness histogram buckets; one more bucket holds the rest.
@@ -100,6 +101,10 @@ pub struct DirStats {
     pub late_ns_max: u64,
     /// Released packets per lateness bucket ([`LATE_BUCKETS_US`], then everything later).
     pub late_hist: [u64; LATE_BUCKETS_US.len() + 1],
+    /// The path's own one-way latency, measured at link-up and taken off the set delay
+    /// (0 when not compensated), in ns.
+    #[serde(default)]
+    pub path_ns: u64,
 }
 
 impl DirStats {
@@ -142,6 +147,7 @@ impl DirCounters {
             late_ns_sum: self.late_ns_sum.load(Relaxed),
             late_ns_max: self.late_ns_max.load(Relaxed),
             late_hist: std::array::from_fn(|i| self.late_hist[i].load(Relaxed)),
+            path_ns: self.path_ns.load(Relaxed),
         }
     }
 
@@ -176,6 +182,8 @@ pub struct Control {
     reset: AtomicBool,
     pending: Mutex<Option<DirConfig>>,
     has_pending: AtomicBool,
+    /// New path latency for the pipeline ([`Control::set_path_latency`]).
+    pending_path: Mutex<Option<Nanos>>,
     /// The manual cut the owner wants (`ipsan wan cut` / `restore`).
     want_cut: AtomicBool,
     /// The counters.
@@ -194,6 +202,15 @@ impl Control {
     pub fn reconfigure(&self, cfg: DirConfig) {
         if let Ok(mut p) = self.pending.lock() {
             *p = Some(cfg);
+        }
+        self.has_pending.store(true, Relaxed);
+        self.wake();
+    }
+
+    /// Tells the pipeline the path's own one-way latency, to be taken off the set delay.
+    pub fn set_path_latency(&self, ns: Nanos) {
+        if let Ok(mut p) = self.pending_path.lock() {
+            *p = Some(ns);
         }
         self.has_pending.store(true, Relaxed);
         self.wake();
@@ -268,6 +285,7 @@ impl Direction {
             reset: AtomicBool::new(false),
             pending: Mutex::new(None),
             has_pending: AtomicBool::new(false),
+            pending_path: Mutex::new(None),
             want_cut: AtomicBool::new(false),
             counters: DirCounters::default(),
             wake_tx,
@@ -361,6 +379,11 @@ impl Forwarder {
                 if let Some(cfg) = cfg {
                     self.pipeline.reconfigure(&cfg);
                     self.cuts.set_schedule(&cfg.cuts, self.clock.now());
+                }
+                let path = c.pending_path.lock().ok().and_then(|mut p| p.take());
+                if let Some(ns) = path {
+                    self.pipeline.set_path_latency(ns);
+                    c.counters.path_ns.store(ns, Relaxed);
                 }
             }
             let want_cut = c.want_cut.load(Relaxed);

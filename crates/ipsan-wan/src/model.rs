@@ -31,6 +31,9 @@ pub struct Impairment {
     queue_bytes: u64,
     /// Release time of the last in-order packet: jitter never lets a packet overtake it.
     last_release: Nanos,
+    /// The one-way latency the path adds outside the model (see [`Stage::set_path_latency`]),
+    /// subtracted from the propagation delay (never below zero).
+    path_ns: Nanos,
 }
 
 impl Impairment {
@@ -44,6 +47,7 @@ impl Impairment {
             queue: VecDeque::with_capacity(1024),
             queue_bytes: 0,
             last_release: 0,
+            path_ns: 0,
         }
     }
 
@@ -140,8 +144,10 @@ impl Stage for Impairment {
             self.queue_bytes += len;
             end
         };
-        // 4. Propagation delay with jitter; in-order unless reordering picks this packet.
-        let base = tx_end + self.cfg.delay.as_nanos() as Nanos;
+        // 4. Propagation delay with jitter; in-order unless reordering picks this packet. The
+        //    path's own latency is part of the delay the hosts see, so it is taken off here.
+        let delay = (self.cfg.delay.as_nanos() as Nanos).saturating_sub(self.path_ns);
+        let base = tx_end + delay;
         let t = self.jittered(base, tx_end).max(self.last_release);
         if self.rng.chance(self.cfg.reorder) {
             pkt.release_at = t + self.cfg.reorder_gap.as_nanos() as Nanos;
@@ -167,6 +173,10 @@ impl Stage for Impairment {
         // Keep the queue, serialiser and Gilbert state: the link changes, the packets on it
         // stay where they are.
         self.cfg = cfg.clone();
+    }
+
+    fn set_path_latency(&mut self, ns: Nanos) {
+        self.path_ns = ns;
     }
 
     fn queue_len(&self, now: Nanos) -> usize {
@@ -434,6 +444,42 @@ mod tests {
         };
         assert_eq!(key(11), key(11));
         assert_ne!(key(11), key(12));
+    }
+
+    #[test]
+    fn path_latency_is_taken_off_the_delay_but_never_below_zero() {
+        let mut m = Impairment::new(
+            DirConfig {
+                delay: Duration::from_millis(8),
+                rate_bps: 100_000_000,
+                ..Default::default()
+            },
+            1,
+        );
+        m.set_path_latency(150_000);
+        let mut p = Packet::from_slice(&[0; 1250], 1250);
+        p.reset(0);
+        m.process(0, &mut p);
+        // 1250 bytes at 100 Mbit/s serialise in 100 µs; then 8 ms less the path's 150 µs.
+        assert_eq!(p.release_at, 100_000 + 8 * MS - 150_000);
+        // A second packet still waits for the serialiser: shaping is unchanged.
+        let mut q = Packet::from_slice(&[0; 1250], 1250);
+        q.reset(0);
+        m.process(0, &mut q);
+        assert_eq!(q.release_at - p.release_at, 100_000);
+        // A path slower than the delay: released at once, never before it arrived.
+        let mut m = Impairment::new(
+            DirConfig {
+                delay: Duration::from_millis(1),
+                ..Default::default()
+            },
+            1,
+        );
+        m.set_path_latency(10 * MS);
+        let mut r = Packet::from_slice(&[0; 64], 64);
+        r.reset(5 * MS);
+        m.process(5 * MS, &mut r);
+        assert_eq!(r.release_at, 5 * MS);
     }
 
     #[test]

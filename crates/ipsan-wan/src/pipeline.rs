@@ -137,6 +137,9 @@ pub trait Stage: Send + std::fmt::Debug {
     fn process(&mut self, now: Nanos, pkt: &mut Packet) -> Verdict;
     /// Takes new impairment settings on a running link (`ipsan wan set`); most stages ignore it.
     fn reconfigure(&mut self, _cfg: &DirConfig) {}
+    /// The one-way latency the path adds outside the pipeline (TUN hops, wake-ups), which a
+    /// delaying stage subtracts from its delay so that the delay is what the hosts see.
+    fn set_path_latency(&mut self, _ns: Nanos) {}
     /// Packets this stage holds in a queue right now (for `stats`).
     fn queue_len(&self, _now: Nanos) -> usize {
         0
@@ -181,6 +184,13 @@ impl Pipeline {
     pub fn reconfigure(&mut self, cfg: &DirConfig) {
         for s in &mut self.stages {
             s.reconfigure(cfg);
+        }
+    }
+
+    /// Tells every stage the path's own one-way latency ([`Stage::set_path_latency`]).
+    pub fn set_path_latency(&mut self, ns: Nanos) {
+        for s in &mut self.stages {
+            s.set_path_latency(ns);
         }
     }
 

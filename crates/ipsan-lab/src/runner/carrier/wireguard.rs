@@ -1,8 +1,9 @@
 //! The `wireguard` carrier: wireguard-go in both namespaces.
 
 use super::Carrier;
-use crate::runner::process::{run_quiet, side_name, wait_connect};
+use crate::runner::process::{run_quiet, side_name};
 use crate::runner::*;
+use crate::tunnel::{self, TunnelWait};
 
 pub(super) struct Wireguard;
 
@@ -61,10 +62,19 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         procs.1.push(sock);
         let mut c = link.link.command(side, "wireguard-go");
         crate::guard::guard_child(&mut c);
+        // Its log (debug level: handshakes sent, received, rejected) goes to the run's
+        // scratch directory; a tunnel that never comes up quotes its tail.
+        let log = std::fs::File::create(wg_log(ctx, side))
+            .map_err(|e| fail(format!("wireguard-go log: {e}")))?;
         c.args(["-f", &ifname])
             .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .env("LOG_LEVEL", "debug")
+            // The log is on stdout, the start-up banner on stderr.
+            .stdout(
+                log.try_clone()
+                    .map_err(|e| fail(format!("wireguard-go log: {e}")))?,
+            )
+            .stderr(log);
         let child = c.spawn().map_err(|e| fail(format!("wireguard-go: {e}")))?;
         let wg_pid = child.id();
         procs
@@ -103,9 +113,16 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
             peer_pub,
             "allowed-ips",
             &format!("{}/32", wg_ip(peer)),
-            "endpoint",
-            &endpoint,
         ]);
+        // Only the initiator's side knows where its peer is; the target's side learns it
+        // from the first handshake, as a server does. With an endpoint on both sides both
+        // initiate when both have a packet queued, their initiations cross on the wire, each
+        // answers the other's and then rejects the answer to its own ("Received invalid
+        // response message"), and at 64 ms one way the 5 s retries collided again: 2 of 8
+        // runs never completed a handshake in 14.9 s (wireguard-go's debug log).
+        if side == Side::Ini {
+            set.args(["endpoint", &endpoint]);
+        }
         run_quiet(&mut set).map_err(|e| fail(format!("wg set: {e}")))?;
         // Debian's wireguard-go keeps 208 KiB UDP buffers and drops the tunnel's packets
         // there (see crate::sockbuf); give it upstream's 7 MiB.
@@ -127,7 +144,65 @@ fn wireguard(ctx: &RunCtx<'_>, procs: &mut Procs) -> Result<SocketAddr, RunError
         .map_err(|e| fail(format!("wg up: {e}")))?;
     }
     let addr = SocketAddr::from((wg_ip(Side::Tgt), PORT));
-    wait_connect(link, addr)
-        .map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
+    // Wait for the handshake as long as WireGuard's own retries take at this RTT
+    // (crate::tunnel): a fixed 8 s once failed a run at 64 ms one way.
+    let cfg = link.link.config();
+    let w = TunnelWait::wireguard(cfg.up.delay + cfg.down.delay);
+    let start = Instant::now();
+    let ini_if = format!("wl{}i", std::process::id());
+    let ini_ns = link.link.netns(Side::Ini);
+    tunnel::wait(
+        &w,
+        &mut || start.elapsed(),
+        &mut std::thread::sleep,
+        &mut |timeout| {
+            link.link
+                .run_in(Side::Ini, move || {
+                    TcpStream::connect_timeout(&addr, timeout).map(|_| ())
+                })
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        },
+        &mut || {
+            run_quiet(Command::new("ip").args([
+                "netns",
+                "exec",
+                &ini_ns,
+                "wg",
+                "show",
+                &ini_if,
+                "latest-handshakes",
+            ]))
+            .map(|o| match o.split_whitespace().nth(1) {
+                Some("0") | None => "no WireGuard handshake completed".to_string(),
+                Some(t) => format!("last WireGuard handshake at unix time {t}"),
+            })
+            .map(|state| {
+                let tail = |side| {
+                    let text = std::fs::read_to_string(wg_log(ctx, side)).unwrap_or_default();
+                    let lines: Vec<&str> = text
+                        .lines()
+                        .filter(|l| l.contains("(wl"))
+                        .rev()
+                        .take(6)
+                        .collect();
+                    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                };
+                format!(
+                    "{state}; wireguard-go@ini: {}; wireguard-go@tgt: {}",
+                    tail(Side::Ini),
+                    tail(Side::Tgt)
+                )
+            })
+            .unwrap_or_else(|e| format!("wg show failed: {e}"))
+        },
+    )
+    .map_err(|e| fail(format!("no TCP through the WireGuard tunnel: {e}")))?;
     Ok(addr)
+}
+
+/// Where wireguard-go on `side` logs during a run.
+fn wg_log(ctx: &RunCtx<'_>, side: Side) -> PathBuf {
+    ctx.scratch
+        .join(format!("wireguard-go-{}.log", side_name(side)))
 }
