@@ -6,8 +6,11 @@
 //! I/O queues; then against a target requiring DH-HMAC-CHAP (TP 8006): one-way, bidirectional
 //! with digests, and a wrong secret refused; and with TLS 1.3 (TP 8011: the key made by `nvme
 //! gen-tls-key`, inserted by `nvme check-tls-key`, the handshake by `tlshd`) together with
-//! bidirectional DH-HMAC-CHAP, and a wrong TLS key refused. Skipped (with a line saying so) when the harness
-//! or QEMU is missing. One VM at a time: the tests take a lock.
+//! bidirectional DH-HMAC-CHAP, and a wrong TLS key refused. Two guest scripts of ours
+//! (`crates/nvme-proto/tests/vm/`): `controller-admin.sh` (nvme-cli reads every admin structure,
+//! Compare, Write Zeroes, DSM, `nvme reset`), and `keep-alive.sh` (the host's keep-alive timeout
+//! while the test holds the target with SIGSTOP, then its reconnect). A missing harness or QEMU
+//! fails the tests with the reason (`skip`). One VM at a time: the tests take a lock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -105,12 +108,29 @@ fn target(log: &Path, extra: &[&str]) -> (Proc, u16) {
 
 /// One run of the guest's host test; its RESULT line, which must be `RESULT ok` when `ok`.
 fn run_guest(vm: &Path, dir: &Path, name: &str, port: u16, env: &[&str], ok: bool) -> String {
+    let script = vm.join("guest/nvme-test.sh");
+    run_script(vm, &script, dir, name, port, env, ok, &mut |_| {})
+}
+
+/// One VM boot running the guest script `script` with `PORT`, `SUBNQN` and `env`; its RESULT
+/// line, which must be `RESULT ok` when `ok`. `watch` sees each console line as it appears.
+#[allow(clippy::too_many_arguments)]
+fn run_script(
+    vm: &Path,
+    script: &Path,
+    dir: &Path,
+    name: &str,
+    port: u16,
+    env: &[&str],
+    ok: bool,
+    watch: &mut dyn FnMut(&str),
+) -> String {
     let log = dir.join(format!("vm-{name}.log"));
     let mut cmd = Command::new(vm.join("run.sh"));
     cmd.args(["-q", "--timeout", "300", "--log"])
         .arg(&log)
         .arg("--script")
-        .arg(vm.join("guest/nvme-test.sh"))
+        .arg(script)
         .args([
             "--env",
             &format!("PORT={port}"),
@@ -127,15 +147,35 @@ fn run_guest(vm: &Path, dir: &Path, name: &str, port: u16, env: &[&str], ok: boo
             .unwrap(),
     );
     let started = Instant::now();
+    let (mut lines_seen, mut bytes_seen) = (0, 0);
+    let mut watch_lines = |final_read: bool| {
+        let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+        if text.len() < bytes_seen {
+            lines_seen = 0; // run.sh booted again (a TCG panic) and started the log afresh
+        }
+        bytes_seen = text.len();
+        // complete lines only, unless the VM is gone
+        let done = if final_read {
+            text.as_str()
+        } else {
+            text.rsplit_once('\n').map_or("", |(d, _)| d)
+        };
+        for l in done.lines().skip(lines_seen) {
+            lines_seen += 1;
+            watch(l.trim_end());
+        }
+    };
     let status = loop {
         if let Some(s) = child.0.try_wait().unwrap() {
+            watch_lines(true);
             break s;
         }
+        watch_lines(false);
         assert!(
             started.elapsed() < Duration::from_secs(330),
             "nvmevm ({name}) did not finish within 330 s"
         );
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(200));
     };
     let out = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
     let result = out
@@ -287,6 +327,116 @@ fn linux_nvme_tcp_host_over_tls_with_dh_hmac_chap_and_a_wrong_tls_key_is_refused
         tl.contains("NVMe/TCP connection refused") && tl.contains("TLS handshake failed"),
         "the target refused the handshake of the wrong key:\n{tl}"
     );
+    assert!(!tl.contains("panicked"), "target log:\n{tl}");
+}
+
+/// A guest script of this repository's (`crates/nvme-proto/tests/vm/`).
+fn our_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/nvme-proto/tests/vm")
+        .join(name)
+}
+
+#[test]
+fn linux_nvme_tcp_host_reads_every_admin_structure_compares_and_survives_nvme_reset() {
+    let Some(vm) = harness() else { return };
+    let _one = VM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().unwrap();
+    let tlog = dir.path().join("target.log");
+    let (_target, port) = target(&tlog, &[]);
+    let script = our_script("controller-admin.sh");
+    let mut seen = Vec::new();
+    let r = run_script(
+        &vm,
+        &script,
+        dir.path(),
+        "admin",
+        port,
+        &[],
+        true,
+        &mut |l| {
+            if l.starts_with("== ") || l.starts_with("compare: ") {
+                seen.push(l.to_owned());
+            }
+        },
+    );
+    assert!(r.contains("admin-probe"), "{r}");
+    // every step ran, in order, and Compare of different data failed as a miscompare
+    let steps: Vec<&str> = seen.iter().filter_map(|l| l.strip_prefix("== ")).collect();
+    assert_eq!(
+        steps,
+        [
+            "id-ctrl",
+            "id-ns",
+            "ns-descs",
+            "list-ns",
+            "smart-log",
+            "fw-log",
+            "error-log",
+            "effects-log",
+            "get-feature",
+            "compare",
+            "write-zeroes + dsm",
+            "reset"
+        ],
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().any(|l| l.starts_with("compare: equal ok")
+            && l.to_ascii_lowercase()
+                .replace('_', " ")
+                .contains("compare fail")),
+        "Compare of different data is a Compare Failure: {seen:?}"
+    );
+    let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
+    assert!(!tl.contains("panicked"), "target log:\n{tl}");
+}
+
+#[test]
+fn linux_nvme_tcp_host_times_out_keep_alive_when_ipsan_stops_answering_and_reconnects() {
+    const KATO: u64 = 5;
+    let Some(vm) = harness() else { return };
+    let _one = VM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().unwrap();
+    let tlog = dir.path().join("target.log");
+    let (target, port) = target(&tlog, &[]);
+    let pid = target.0.id().to_string();
+    let signal = |sig: &str| {
+        let s = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(s.success(), "kill {sig} {pid}: {s}");
+    };
+    let script = our_script("keep-alive.sh");
+    let (mut stopped, mut stopped_for) = (None::<Instant>, None);
+    let env = format!("KATO={KATO}");
+    let r = run_script(
+        &vm,
+        &script,
+        dir.path(),
+        "keep-alive",
+        port,
+        &[&env],
+        true,
+        &mut |l| {
+            if l.contains("KATO stop:") && stopped.is_none() && stopped_for.is_none() {
+                signal("-STOP");
+                stopped = Some(Instant::now());
+            } else if l.contains("KATO cont:") {
+                if let Some(t) = stopped.take() {
+                    signal("-CONT");
+                    stopped_for = Some(t.elapsed());
+                }
+            }
+        },
+    );
+    // the guest saw the timeout only while the target was stopped, and not before KATO passed
+    let stopped_for = stopped_for.expect("the target was stopped and continued");
+    assert!(
+        stopped_for >= Duration::from_secs(KATO),
+        "the host reported a keep-alive timeout after only {stopped_for:?} (KATO {KATO} s)"
+    );
+    assert!(r.contains("reconnected=") && r.contains("data=same"), "{r}");
+    println!("keep-alive: the target was stopped for {stopped_for:?}");
+    let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
     assert!(!tl.contains("panicked"), "target log:\n{tl}");
 }
 
