@@ -159,14 +159,41 @@ impl QueueHandle {
     }
 }
 
+/// How many bytes the writer gathers from several batches into one write (over TLS one
+/// `SSL_write`, cut into full 16 KiB records, instead of a record and a system call per batch).
+const GATHER: usize = 256 * 1024;
+
 async fn writer(mut wr: Wr, mut rx: mpsc::UnboundedReceiver<Bytes>, cancel: CancellationToken) {
+    let mut flat = BytesMut::new();
     loop {
         let b = tokio::select! {
             b = rx.recv() => b,
             () = cancel.cancelled() => None,
         };
         let Some(b) = b else { break };
-        if wr.write_all(&b).await.is_err() {
+        // Whatever else the dispatcher queued meanwhile goes out in the same write.
+        let mut len = b.len();
+        let mut batch = vec![b];
+        while len < GATHER {
+            match rx.try_recv() {
+                Ok(next) => {
+                    len += next.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let r = match batch.as_slice() {
+            [one] => wr.write_all(one).await,
+            many => {
+                flat.clear();
+                for x in many {
+                    flat.extend_from_slice(x);
+                }
+                wr.write_all(&flat).await
+            }
+        };
+        if r.is_err() || wr.flush().await.is_err() {
             break;
         }
     }
