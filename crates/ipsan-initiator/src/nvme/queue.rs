@@ -159,18 +159,79 @@ impl QueueHandle {
     }
 }
 
+/// How many bytes the writer gathers from several batches into one write (over TLS one
+/// `SSL_write`, cut into full 16 KiB records, instead of a record and a system call per batch).
+const GATHER: usize = 256 * 1024;
+
 async fn writer(mut wr: Wr, mut rx: mpsc::UnboundedReceiver<Bytes>, cancel: CancellationToken) {
+    let mut flat = BytesMut::new();
+    // Plain TCP takes the batches as they are; TLS (no vectored writes) gets one copy.
+    let vectored = wr.is_write_vectored();
     loop {
         let b = tokio::select! {
             b = rx.recv() => b,
             () = cancel.cancelled() => None,
         };
         let Some(b) = b else { break };
-        if wr.write_all(&b).await.is_err() {
+        // Whatever else the dispatcher queued meanwhile goes out in the same write.
+        let mut len = b.len();
+        let mut batch = vec![b];
+        while len < GATHER {
+            match rx.try_recv() {
+                Ok(next) => {
+                    len += next.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let r = match batch.as_slice() {
+            [one] => wr.write_all(one).await,
+            many if vectored => write_all_vectored(&mut wr, many).await,
+            many => {
+                flat.clear();
+                for x in many {
+                    flat.extend_from_slice(x);
+                }
+                wr.write_all(&flat).await
+            }
+        };
+        if r.is_err() || wr.flush().await.is_err() {
             break;
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// Writes all of `bufs`, in order, with vectored writes.
+async fn write_all_vectored(wr: &mut Wr, bufs: &[Bytes]) -> std::io::Result<()> {
+    let (mut i, mut off) = (0, 0);
+    while i < bufs.len() {
+        let first = bufs[i].slice(off..);
+        let mut slices = vec![std::io::IoSlice::new(&first)];
+        slices.extend(
+            bufs[i + 1..]
+                .iter()
+                .take(63)
+                .map(|b| std::io::IoSlice::new(b)),
+        );
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < bufs.len() {
+            let left = bufs[i].len() - off;
+            if n >= left {
+                n -= left;
+                i += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn submit(q: &mut HostQueue, pending: &mut HashMap<u16, Reply>, req: Request) {

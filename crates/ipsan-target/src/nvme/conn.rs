@@ -165,15 +165,45 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
+/// How many bytes a stream without vectored writes (TLS) gets per write: up to 16 records of
+/// 16 KiB, copied into one buffer.
+const FLAT_CHUNK: usize = 256 * 1024;
+
 /// Writes what the queue produced, in order, gathering the pieces of each batch (a data PDU's
 /// header, payload and digest) into vectored writes; shuts the socket down at the end.
+///
+/// A stream without vectored writes (TLS: `SslStream` writes only the first slice, so every
+/// piece would be its own TLS record and system call) gets the pieces copied into one buffer
+/// instead, written with one `SSL_write` (which cuts it into full 16 KiB records).
 async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<Bytes>>) {
     let mut pending: VecDeque<Bytes> = VecDeque::new();
+    let vectored = wr.is_write_vectored();
+    let mut flat = BytesMut::new();
     while let Some(batch) = rx.recv().await {
         pending.extend(batch);
         // Take whatever else is ready too: fewer system calls under load.
         while let Ok(more) = rx.try_recv() {
             pending.extend(more);
+        }
+        if !vectored {
+            while let Some(first) = pending.pop_front() {
+                flat.clear();
+                flat.extend_from_slice(&first);
+                while let Some(next) = pending.front() {
+                    if flat.len() + next.len() > FLAT_CHUNK {
+                        break;
+                    }
+                    flat.extend_from_slice(next);
+                    pending.pop_front();
+                }
+                if wr.write_all(&flat).await.is_err() {
+                    return;
+                }
+            }
+            if wr.flush().await.is_err() {
+                return;
+            }
+            continue;
         }
         while !pending.is_empty() {
             let slices: Vec<IoSlice<'_>> =
