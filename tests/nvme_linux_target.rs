@@ -383,7 +383,14 @@ fn accepts_linux_nvmet_with_tls_and_dh_hmac_chap_and_refuses_wrong_keys() {
         .concat(),
     );
     assert!(!ok);
-    assert!(err.contains("DH-HMAC-CHAP refused by the peer"), "{err}");
+    // Linux answers the Reply with Failure1 and then fails the controller; on a loaded machine
+    // the teardown can win over the Failure1 read (seen once in a fresh-clone CI run), so the
+    // refusal arrives as the controller closing the connection instead.
+    assert!(
+        err.contains("DH-HMAC-CHAP refused by the peer")
+            || err.contains("connection closed by the controller"),
+        "{err}"
+    );
 
     // A controller secret Linux does not hold: this host refuses Linux's answer (R2).
     let (ok, _, err) = ipsan(
