@@ -15,13 +15,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Proc, BIN};
+use common::{spawn_ipsan_until, Proc};
 
 const IQN: &str = "iqn.2026-11.org.ipsan:nvmevm";
 const NQN: &str = "nqn.2026-11.org.ipsan:nvmevm";
@@ -61,8 +59,8 @@ fn have(tool: &str) -> bool {
 /// `ipsan target` with a RAM LUN on loopback, iSCSI and NVMe/TCP on free ports, and `extra`
 /// flags; returns the process and the NVMe/TCP port it announced.
 fn target(log: &Path, extra: &[&str]) -> (Proc, u16) {
-    let mut child = Command::new(BIN)
-        .args([
+    let args = [
+        &[
             "target",
             "--portal",
             "127.0.0.1:0",
@@ -72,38 +70,16 @@ fn target(log: &Path, extra: &[&str]) -> (Proc, u16) {
             "mem:256MiB",
             "--nvme-listen",
             "127.0.0.1:0",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let child = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains("listening on") && l.ends_with("(NVMe/TCP)") => {
-                let addr = l.split_whitespace().rev().nth(1).unwrap();
-                let port = addr.rsplit(':').next().unwrap().parse().unwrap();
-                return (child, port);
-            }
-            Ok(l) => seen.push(l),
-            Err(_) => panic!(
-                "ipsan target: no NVMe/TCP 'listening on' line within 30 s:\n{}\n{}",
-                seen.join("\n"),
-                std::fs::read_to_string(log).unwrap_or_default()
-            ),
-        }
-    }
+        ][..],
+        extra,
+    ]
+    .concat();
+    spawn_ipsan_until(&args, log, "NVMe/TCP 'listening on'", |l| {
+        (l.contains("listening on") && l.ends_with("(NVMe/TCP)")).then(|| {
+            let addr = l.split_whitespace().rev().nth(1).unwrap();
+            addr.rsplit(':').next().unwrap().parse().unwrap()
+        })
+    })
 }
 
 /// One run of the guest's host test; its RESULT line, which must be `RESULT ok` when `ok`.

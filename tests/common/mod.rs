@@ -104,6 +104,21 @@ impl Drop for Proc {
 /// Runs `ipsan` with `args` (stderr to `log`), waits for its "listening on" line and returns
 /// it with its port. Stdout keeps being drained so the process never blocks on it.
 pub fn spawn_ipsan(args: &[&str], log: &Path) -> (Proc, u16) {
+    spawn_ipsan_until(args, log, "'listening on'", |l| {
+        l.contains("listening on")
+            .then(|| l.rsplit(':').next().unwrap().trim().parse().unwrap())
+    })
+}
+
+/// Runs `ipsan` with `args` (stderr to `log`) and waits up to 30 s for the first stdout line
+/// `port_of` takes a port from (`what` names that line in the failure); stdout keeps being
+/// drained so the process never blocks on it.
+pub fn spawn_ipsan_until(
+    args: &[&str],
+    log: &Path,
+    what: &str,
+    port_of: impl Fn(&str) -> Option<u16>,
+) -> (Proc, u16) {
     let mut child = Command::new(BIN)
         .args(args)
         .stdout(Stdio::piped())
@@ -119,16 +134,17 @@ pub fn spawn_ipsan(args: &[&str], log: &Path) -> (Proc, u16) {
     });
     let child = Proc(child);
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
-            Ok(l) if l.contains("listening on") => {
-                let port = l.rsplit(':').next().unwrap().trim().parse().unwrap();
-                return (child, port);
-            }
-            Ok(_) => {}
+            Ok(l) => match port_of(&l) {
+                Some(port) => return (child, port),
+                None => seen.push(l),
+            },
             Err(_) => panic!(
-                "ipsan {args:?}: no 'listening on' line within 30 s:\n{}",
+                "ipsan {args:?}: no {what} line within 30 s:\n{}\n{}",
+                seen.join("\n"),
                 std::fs::read_to_string(log).unwrap_or_default()
             ),
         }
