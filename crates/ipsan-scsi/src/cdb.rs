@@ -480,6 +480,17 @@ fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
+/// The operation code of `cdb` (its first byte, SPC-4 §4.2.5.1), for a command that is not
+/// decoded here (a remote LU's, forwarded as it came); `None` for an empty CDB.
+pub fn opcode(cdb: &[u8]) -> Option<u8> {
+    cdb.first().copied()
+}
+
+/// Whether `cdb` is REPORT LUNS (SPC-4 §6.33), which a target answers for all its LUNs.
+pub fn is_report_luns(cdb: &[u8]) -> bool {
+    opcode(cdb) == Some(op::REPORT_LUNS)
+}
+
 /// CDB length implied by the group code in the top 3 bits of the opcode (SPC-4 §4.2.5.1).
 pub fn cdb_len(opcode: u8) -> Option<usize> {
     match opcode >> 5 {

@@ -75,7 +75,7 @@ impl Session {
         // Bound to the command as the initiator sent it, before an overflow rewrites it.
         let (opcode, extent) = match &info {
             Some(i) => (i.opcode, i.extent),
-            None => (cdb.first().copied().unwrap_or(0), scsi_cdb::extent(&cdb)),
+            None => (scsi_cdb::opcode(&cdb).unwrap_or(0), scsi_cdb::extent(&cdb)),
         };
         let seal = self.seal.clone().map(|s| {
             (

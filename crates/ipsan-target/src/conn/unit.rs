@@ -124,7 +124,7 @@ impl Unit {
         }
         match t
             .remote_route(lun)
-            .filter(|_| cdb.first() != Some(&op::REPORT_LUNS) || t.mirrored_remote().is_some())
+            .filter(|_| !cdb::is_report_luns(cdb) || t.mirrored_remote().is_some())
         {
             Some((spec, remote_lun)) => Self::Remote(spec, remote_lun),
             None => Self::Missing,
@@ -242,7 +242,7 @@ impl Unit {
         target: Option<&Target>,
     ) -> ScsiResponse {
         // A LUN without an LU (`Missing`) has no typed command: its opcode byte says.
-        let report = info.map_or(req.cdb.first() == Some(&op::REPORT_LUNS), |i| {
+        let report = info.map_or(cdb::is_report_luns(req.cdb), |i| {
             i.opcode == op::REPORT_LUNS
         });
         match self {
@@ -338,7 +338,7 @@ async fn forward(spec: &Arc<RemoteSpec>, remote_lun: u64, cmd: Submit<'_>) -> Do
         },
         Err(e) => {
             let lost = matches!(e, ForwardError::Lost(_));
-            warn!(lun = remote_lun, remote = %spec.target_key(), opcode = cdb.first().copied().unwrap_or(0), "{e}");
+            warn!(lun = remote_lun, remote = %spec.target_key(), opcode = cdb::opcode(cdb).unwrap_or(0), "{e}");
             let sense = match e {
                 // LOGICAL UNIT COMMUNICATION FAILURE: retryable, the host decides.
                 ForwardError::Lost(_) | ForwardError::Aborted(_) => {
