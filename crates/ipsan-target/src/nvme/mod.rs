@@ -757,7 +757,8 @@ async fn timers(
             _ = refresh.tick() => {
                 // Remote LUNs not open yet (or changed) are opened off this loop, whose
                 // keep-alive timers must not wait for a login.
-                if !shared.remote_opening.swap(true, Ordering::AcqRel) {
+                let remotes = registry.targets().iter().any(|t| !t.remotes.is_empty());
+                if remotes && !shared.remote_opening.swap(true, Ordering::AcqRel) {
                     let (s, r) = (shared.clone(), registry.clone());
                     tokio::spawn(async move {
                         open_remotes(&s, &r).await;
