@@ -331,7 +331,8 @@ fn linux_nvme_tcp_host_reads_every_admin_structure_compares_and_survives_nvme_re
         &[],
         true,
         &mut |l| {
-            if l.starts_with("== ") || l.starts_with("compare: ") {
+            if l.starts_with("== ") || l.starts_with("compare: ") || l.starts_with("resv-report: ")
+            {
                 seen.push(l.to_owned());
             }
         },
@@ -353,6 +354,7 @@ fn linux_nvme_tcp_host_reads_every_admin_structure_compares_and_survives_nvme_re
             "get-feature",
             "compare",
             "write-zeroes + dsm",
+            "reservations",
             "reset"
         ],
         "{seen:?}"
@@ -363,6 +365,15 @@ fn linux_nvme_tcp_host_reads_every_admin_structure_compares_and_survives_nvme_re
                 .replace('_', " ")
                 .contains("compare fail")),
         "Compare of different data is a Compare Failure: {seen:?}"
+    );
+    // Linux's host registered key 0xa1 and holds Write Exclusive (docs/nvme.md
+    // "Reservations"), as nvme-cli's JSON of the extended report shows.
+    assert!(
+        seen.iter().any(|l| l.starts_with("resv-report: ")
+            && l.contains("\"rtype\":1")
+            && (l.contains("\"rkey\":161") || l.contains("\"rkey\":\"0xa1\""))
+            && l.contains("\"rcsts\":1")),
+        "Reservation Report after register + acquire: {seen:?}"
     );
     let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
     assert!(!tl.contains("panicked"), "target log:\n{tl}");

@@ -1499,6 +1499,7 @@ pub fn nvme_controller(data: &[u8]) {
         eui64: [0; 8],
         deallocate_zeroes: nsid % 2 == 1,
         read_only: nsid == 3,
+        reservations: nsid == 1,
     };
     let disc = vec![DiscoveryEntry {
         subnqn: SUBNQN.into(),
@@ -1668,7 +1669,7 @@ pub fn nvme_controller(data: &[u8]) {
                                 | BlockOp::Discard { offset, len }
                                 | BlockOp::WriteZeroes { offset, len } => (*offset, *len),
                                 BlockOp::Write { offset, data, .. } => (*offset, data.len() as u64),
-                                BlockOp::Flush => (0, 0),
+                                BlockOp::Flush | BlockOp::Reservation(_) => (0, 0),
                             };
                             assert!(
                                 off.checked_add(len).is_some_and(|e| e <= size),

@@ -46,6 +46,13 @@ pub struct Args {
     /// Address hosts log in to (repeatable). Port 0 picks a free port.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:3260")]
     listen: Vec<String>,
+    /// Serve the remote LUNs over NVMe/TCP too, listening on ADDR:PORT (repeatable): LUN n is
+    /// namespace n+1 of the subsystem named after --iqn (docs/nvme.md "Remote LUNs"). NVMe
+    /// hosts reach the remote target through one session of the gateway's own
+    /// (--initiator-name), not under a name of theirs; loopback only unless
+    /// --insecure-no-host-auth.
+    #[arg(long, value_name = "ADDR:PORT")]
+    nvme_listen: Vec<String>,
     /// The remote target: iscsi://[user@]host[:port]/target-iqn[/lun]. Without a LUN every LUN
     /// it reports (REPORT LUNS at start) is served under the same number.
     #[arg(long, value_name = "URL")]
@@ -193,6 +200,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("--listen {p}: expected ADDR:PORT"))?;
     }
     file.server.portals = Some(args.listen.clone());
+    for p in &args.nvme_listen {
+        p.parse::<std::net::SocketAddr>()
+            .with_context(|| format!("--nvme-listen {p}: expected ADDR:PORT"))?;
+    }
+    file.nvme.listen.clone_from(&args.nvme_listen);
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(
             (1..=4096).contains(&d),

@@ -437,6 +437,37 @@ impl LogicalUnit {
         self.refuse_reservations
     }
 
+    /// The reservation state as every command's access check sees it, for a front end that
+    /// is not SCSI (an NVMe namespace on this LU, docs/nvme.md): one state per LU, whichever
+    /// protocol changes it.
+    ///
+    /// # Errors
+    /// The state cannot be read (a shared store unreachable).
+    pub fn reservations(&self) -> std::io::Result<Arc<pr::PrState>> {
+        self.pr.current()
+    }
+
+    /// The reservation state as stored now (not a cached copy), for a report.
+    ///
+    /// # Errors
+    /// As [`LogicalUnit::reservations`].
+    pub fn reservations_stored(&self) -> std::io::Result<Arc<pr::PrState>> {
+        self.pr.load().map(|(s, _)| s)
+    }
+
+    /// Applies `f` to the reservation state and stores the result, as PERSISTENT RESERVE OUT
+    /// does (compare-and-swap, retried; stored only on GOOD), for a front end that is not
+    /// SCSI. The caller checks [`LogicalUnit::refuses_reservations`] first.
+    ///
+    /// # Errors
+    /// The sense `f` answered, or the store's failure as sense.
+    pub fn update_reservations(
+        &self,
+        f: impl Fn(&mut pr::PrState, &mut Vec<pr::PendingUa>) -> Result<ScsiResponse, Sense>,
+    ) -> Result<ScsiResponse, Sense> {
+        self.pr_update(f)
+    }
+
     fn it(&self, nexus: &NexusId) -> pr::ItNexus {
         pr::ItNexus {
             initiator: nexus.clone(),

@@ -273,6 +273,47 @@ impl PrState {
         if self.reserve6.as_ref().is_some_and(|h| h != n) && !allowed_under_reserve6(cmd) {
             return false;
         }
+        self.persistent_allows(n, access(cmd))
+    }
+
+    /// Access check for a front end that is not SCSI (an NVMe namespace, docs/nvme.md):
+    /// whether `n` may read (`write` false) or write the medium. A RESERVE(6) of another
+    /// nexus conflicts with both; a persistent reservation as SPC-4 table 68 says, which
+    /// is the table of the NVMe reservation types too (NVMe Base 2.0 §8.19.1).
+    pub fn allows_io(&self, n: &ItNexus, write: bool) -> bool {
+        if self.reserve6.as_ref().is_some_and(|h| h != n) {
+            return false;
+        }
+        self.persistent_allows(n, if write { Access::Write } else { Access::Read })
+    }
+
+    /// The state's PRGENERATION (SPC-4 §6.15.2; NVMe's GEN).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The reservation key `n` registered, if any.
+    pub fn registration(&self, n: &ItNexus) -> Option<u64> {
+        self.key_of(n)
+    }
+
+    /// Every registration, in the order they were made.
+    pub fn registrations(&self) -> impl Iterator<Item = (&ItNexus, u64)> {
+        self.registrations.iter().map(|(n, k)| (n, *k))
+    }
+
+    /// Whether `n` holds the persistent reservation (any registrant does under an
+    /// all-registrants type).
+    pub fn holds(&self, n: &ItNexus) -> bool {
+        self.is_holder(n)
+    }
+
+    /// The type of the persistent reservation ([`kind`]), if one is held.
+    pub fn reservation_kind(&self) -> Option<u8> {
+        self.reservation.as_ref().map(|r| r.kind)
+    }
+
+    fn persistent_allows(&self, n: &ItNexus, access: Access) -> bool {
         let Some(r) = &self.reservation else {
             return true;
         };
@@ -280,7 +321,7 @@ impl PrState {
             return true;
         }
         let registered = self.key_of(n).is_some();
-        match (access(cmd), r.kind) {
+        match (access, r.kind) {
             (Access::Always, _) => true,
             (Access::Read, kind::WE | kind::WE_RO | kind::WE_AR) => true,
             (_, kind::WE_RO | kind::EA_RO | kind::WE_AR | kind::EA_AR) => registered,
@@ -437,6 +478,36 @@ fn ua(uas: &mut Vec<PendingUa>, who: &[ItNexus], asc: u8, ascq: u8) {
     for n in who {
         uas.push((n.clone(), asc, ascq));
     }
+}
+
+/// A PERSISTENT RESERVE OUT service action (SPC-4 §6.16.2: REGISTER 0, RESERVE 1, RELEASE 2,
+/// CLEAR 3, PREEMPT 4, REGISTER AND IGNORE EXISTING KEY 6) with reservation type `kind`,
+/// RESERVATION KEY `key` and SERVICE ACTION RESERVATION KEY `sa_key`, from a front end that
+/// is not SCSI: NVMe's Reservation Register/Acquire/Release map onto these (docs/nvme.md),
+/// so both protocols run the same rules on one state. As [`out`] otherwise.
+///
+/// # Errors
+/// The CHECK CONDITION's sense the SCSI command would get (an invalid type, PREEMPT of key 0
+/// without an all-registrants reservation, a RELEASE of another type).
+pub fn out_action(
+    pr: &mut PrState,
+    uas: &mut Vec<PendingUa>,
+    n: &ItNexus,
+    sa: u8,
+    kind: u8,
+    key: u64,
+    sa_key: u64,
+) -> Result<ScsiResponse, Sense> {
+    let mut data = [0u8; 24];
+    data[..8].copy_from_slice(&key.to_be_bytes());
+    data[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    let p = PrOut {
+        sa,
+        scope: 0,
+        kind,
+        param_len: 24,
+    };
+    out(pr, uas, n, p, &data)
 }
 
 /// PERSISTENT RESERVE OUT from `n` on `pr`; the unit attentions it owes other nexuses go to
@@ -623,6 +694,42 @@ mod tests {
             initiator: NexusId(format!("{name},i,0x000000000001")),
             port,
         }
+    }
+
+    #[test]
+    fn allows_io_of_another_front_end_as_the_reservation_type_says() {
+        let (scsi, nvme) = (it("iqn.a", 1), it("nqn.b", 0));
+        let mut st = PrState::default();
+        let mut uas = Vec::new();
+        let ok = |r: Result<ScsiResponse, Sense>| r.unwrap().status == ScsiStatus::GOOD;
+        assert!(ok(out_action(&mut st, &mut uas, &nvme, 6, 0, 0, 7)));
+        assert!(ok(out_action(&mut st, &mut uas, &nvme, 1, kind::WE, 7, 0)));
+        assert_eq!(st.registration(&nvme), Some(7));
+        assert_eq!(st.reservation_kind(), Some(kind::WE));
+        assert!(st.holds(&nvme) && !st.holds(&scsi));
+        assert!(st.allows_io(&nvme, true));
+        assert!(
+            !st.allows_io(&scsi, true),
+            "Write Exclusive: others may not write"
+        );
+        assert!(st.allows_io(&scsi, false), "but may read");
+        // The SCSI side's own check sees the same holder.
+        assert!(!st.allows(
+            &scsi,
+            &Command::SynchronizeCache {
+                lba: 0,
+                blocks: 0,
+                immed: false
+            }
+        ));
+        // A wrong key is a conflict, not a change.
+        let r = out_action(&mut st, &mut uas, &scsi, 1, kind::EA, 9, 0).unwrap();
+        assert_eq!(r.status, ScsiStatus::RESERVATION_CONFLICT);
+        // RESERVE(6) of another nexus keeps reads out too.
+        let mut r6 = PrState::default();
+        assert!(r6.reserve6(&scsi));
+        assert!(!r6.allows_io(&nvme, false));
+        assert!(r6.allows_io(&scsi, true));
     }
 
     #[test]

@@ -89,11 +89,11 @@ impl Server {
         let nvme = if config.nvme.listen.is_empty() {
             None
         } else {
-            Some(crate::nvme::NvmeServer::bind(
-                &config.nvme,
-                &registry,
-                config.tcp.as_ref(),
-            )?)
+            let mut nvme =
+                crate::nvme::NvmeServer::bind(&config.nvme, &registry, config.tcp.as_ref())?;
+            // Remote (gateway) LUNs become namespaces before anything is served.
+            nvme.open_remotes(&registry).await;
+            Some(nvme)
         };
         let mut listeners = Vec::new();
         for &addr in &config.portals {

@@ -26,6 +26,7 @@ mod auth_hook;
 mod config;
 mod io;
 mod pages;
+mod resv;
 
 pub use auth_hook::{AuthOutcome, AuthPolicy, AuthTransaction, DhchapHosts};
 pub use config::{
@@ -33,6 +34,7 @@ pub use config::{
     DISCOVERY_NQN,
 };
 pub use io::{BlockError, BlockOp, BlockRequest};
+pub use resv::{AcquireAction, RegisterAction, Registrant, Reservation, ReservationStatus, RTYPES};
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -215,6 +217,7 @@ pub struct Queue {
     sqsize: u16,
     subnqn: Arc<str>,
     hostnqn: Arc<str>,
+    hostid: [u8; 16],
     discovery: bool,
     ctrl: Arc<CtrlShared>,
     epoch: u64,
@@ -255,6 +258,12 @@ impl Queue {
     #[must_use]
     pub fn hostnqn(&self) -> &str {
         &self.hostnqn
+    }
+    /// The host's Host Identifier (HOSTID of Connect, NVMe over Fabrics 1.1 §3.3): with the
+    /// host NQN, the host's identity in a namespace's reservations (NVMe Base 2.0 §8.19).
+    #[must_use]
+    pub fn hostid(&self) -> [u8; 16] {
+        self.hostid
     }
     /// Whether the host disabled SQ flow control (Connect CATTR bit 2, NVMe over Fabrics 1.1
     /// §3.3): completions then carry SQHD FFFFh and need not be paced by it.
@@ -398,7 +407,7 @@ pub(crate) struct Ctrl {
     subsys: usize,
     pub(crate) discovery: bool,
     hostnqn: Arc<str>,
-    hostid: [u8; 16],
+    pub(crate) hostid: [u8; 16],
     pub(crate) shared: Arc<CtrlShared>,
     pub(crate) cc: u32,
     pub(crate) csts: u32,
@@ -423,6 +432,8 @@ pub(crate) struct Ctrl {
     pub(crate) aen_masked: BTreeSet<u8>,
     /// Changed Namespace List (log page 04h); `None` = more than 1024 changed.
     pub(crate) changed_ns: Option<BTreeSet<u32>>,
+    /// Reservation Notification Mask (Set Features 82h) per NSID; absent = 0.
+    pub(crate) resv_mask: BTreeMap<u32, u32>,
 }
 
 impl Ctrl {
@@ -704,6 +715,7 @@ impl Target {
             sqsize,
             subnqn: Arc::from(sub.cfg.nqn.as_str()),
             hostnqn: Arc::clone(&ctrl.hostnqn),
+            hostid: ctrl.hostid,
             discovery: sub.discovery,
             ctrl: Arc::clone(&ctrl.shared),
             epoch: ctrl.shared.epoch.load(Ordering::Acquire),
@@ -756,6 +768,7 @@ impl Target {
             aen_queue: VecDeque::new(),
             aen_masked: BTreeSet::new(),
             changed_ns: Some(BTreeSet::new()),
+            resv_mask: BTreeMap::new(),
         };
         let mut q = self.new_queue(si, &ctrl, 0, c.sqsize, auth);
         q.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQFLOW != 0;

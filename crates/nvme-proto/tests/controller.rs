@@ -12,9 +12,9 @@ use nvme_proto::auth::{
     AuthConfig, AuthState, DhGroup, DhchapSecret, HashId, HostAuth, HostStep, RECEIVE_ALLOC_LEN,
 };
 use nvme_proto::controller::{
-    AllowedHosts, BlockError, BlockOp, Channel, CloseReason, DhchapHosts, DiscoveryEntry, Event,
-    NamespaceConfig, Queue, Submitted, SubsystemConfig, Target, TargetConfig, TlsPeer,
-    DISCOVERY_NQN,
+    AcquireAction, AllowedHosts, BlockError, BlockOp, Channel, CloseReason, DhchapHosts,
+    DiscoveryEntry, Event, NamespaceConfig, Queue, RegisterAction, Registrant, Reservation,
+    ReservationStatus, Submitted, SubsystemConfig, Target, TargetConfig, TlsPeer, DISCOVERY_NQN,
 };
 use nvme_proto::{Command, Completion};
 use nvme_wire::fabrics::{
@@ -39,6 +39,7 @@ fn ns(nsid: u32) -> NamespaceConfig {
         eui64: [0xc0 + nsid as u8; 8],
         deallocate_zeroes: true,
         read_only: false,
+        reservations: false,
     }
 }
 
@@ -194,6 +195,8 @@ struct Host {
     store: HashMap<u32, Vec<u8>>,
     /// Results the store returns instead of running the next requests.
     fail_next: Option<BlockError>,
+    /// The last reservation request the store ran.
+    last_resv: Option<Reservation>,
 }
 
 impl Host {
@@ -217,6 +220,7 @@ impl Host {
             admin,
             store: HashMap::from([(1, vec![0u8; (NS_BLOCKS * u64::from(BS)) as usize])]),
             fail_next: None,
+            last_resv: None,
         }
     }
 
@@ -311,6 +315,23 @@ impl Host {
                 Bytes::new()
             }
             BlockOp::Flush => Bytes::new(),
+            BlockOp::Reservation(r) => {
+                self.last_resv = Some(*r);
+                if *r == Reservation::Report {
+                    ReservationStatus {
+                        generation: 2,
+                        rtype: 1,
+                        registrants: vec![Registrant {
+                            hostid: HOSTID,
+                            rkey: 0xab,
+                            holds: true,
+                        }],
+                    }
+                    .encode()
+                } else {
+                    Bytes::new()
+                }
+            }
         })
     }
 }
@@ -361,7 +382,7 @@ fn accepts_linux_host_bring_up_and_round_trips_data() {
     assert_eq!(le32(d, 80), 0x0002_0000, "VER");
     assert_eq!(d[77], 8, "MDTS: 1 MiB in 4 KiB pages");
     assert_eq!(d[111], 1, "CNTRLTYPE I/O");
-    assert_eq!(u16::from_le_bytes([d[520], d[521]]), 0x0d, "ONCS");
+    assert_eq!(u16::from_le_bytes([d[520], d[521]]), 0x2d, "ONCS");
     assert_eq!(d[525], 0x07, "VWC");
     assert_eq!(d[512], 0x66);
     assert_eq!(d[513], 0x44);
@@ -788,6 +809,8 @@ fn rejects_io_that_is_out_of_range_or_malformed() {
         Status::INVALID_FIELD,
         "fused compare"
     );
+    // A namespace without reservations (RESCAP 0) refuses their commands.
+    assert_eq!(h.identify(0, 1).data[31], 0, "RESCAP");
     for op in [0x0du8, 0x0e, 0x11, 0x15] {
         let c = h.run_io(&mut q, cmd(op, 7, 1, 0, [0; 6]));
         assert_eq!(
@@ -1488,4 +1511,151 @@ fn rejects_plain_tcp_connects_when_tls_is_required_but_to_discovery() {
         t.connect(&d, Instant::now()).is_ok(),
         "discovery stays reachable"
     );
+}
+
+fn keys(a: u64, b: u64) -> Vec<u8> {
+    let mut d = a.to_le_bytes().to_vec();
+    d.extend_from_slice(&b.to_le_bytes());
+    d
+}
+
+fn reservations_config() -> TargetConfig {
+    let mut cfg = config();
+    cfg.subsystems[0].namespaces[0].reservations = true;
+    cfg
+}
+
+/// Reservation Register/Acquire/Release/Report (NVMe Base 2.0 §7.2-§7.5) leave the controller
+/// decoded as requests for the namespace's reservation state (which the driver keeps, shared
+/// with SCSI); what the state answers becomes the status; a report is cut to the host's length.
+#[test]
+fn accepts_reservation_commands_as_requests_for_the_namespace_state() {
+    let mut h = Host::connect(Target::new(reservations_config()).unwrap(), 0);
+    h.enable();
+    let id = h.identify(1, 0);
+    assert_eq!(
+        u16::from_le_bytes([id.data[520], id.data[521]]) & 1 << 5,
+        1 << 5,
+        "ONCS reservations"
+    );
+    assert_eq!(h.identify(0, 1).data[31], 0xfe, "RESCAP: six types, IEKEY");
+    assert_eq!(q_effects(&mut h, 0x11), 1, "Acquire in the effects log");
+    let mut q = h.io_queue(1).unwrap();
+    assert_eq!(q.hostid(), HOSTID);
+
+    let reg = with_data(cmd(0x0d, 1, 1, 0, [0; 6]), keys(0, 0xab));
+    assert!(h.run_io(&mut q, reg).cqe.status.is_success());
+    assert_eq!(
+        h.last_resv,
+        Some(Reservation::Register {
+            action: RegisterAction::Register,
+            ignore_key: false,
+            crkey: 0,
+            nrkey: 0xab
+        })
+    );
+    let acq = with_data(
+        cmd(0x11, 2, 1, 0, [1 | 3 << 8, 0, 0, 0, 0, 0]),
+        keys(0xab, 7),
+    );
+    assert!(h.run_io(&mut q, acq).cqe.status.is_success());
+    assert_eq!(
+        h.last_resv,
+        Some(Reservation::Acquire {
+            action: AcquireAction::Preempt,
+            rtype: 3,
+            crkey: 0xab,
+            prkey: 7
+        })
+    );
+
+    // What the state refuses: Reservation Conflict, Invalid Field.
+    h.fail_next = Some(BlockError::ReservationConflict);
+    let rel = with_data(
+        cmd(0x15, 3, 1, 0, [1 << 8, 0, 0, 0, 0, 0]),
+        0xabu64.to_le_bytes().to_vec(),
+    );
+    let c = h.run_io(&mut q, rel.clone());
+    assert_eq!(c.cqe.status, Status::RESERVATION_CONFLICT);
+    h.fail_next = Some(BlockError::InvalidField);
+    assert_eq!(h.run_io(&mut q, rel).cqe.status, Status::INVALID_FIELD);
+    // And the I/O the state keeps this host from.
+    h.fail_next = Some(BlockError::ReservationConflict);
+    let c = h.run_io(&mut q, write(4, 0, vec![1; BS as usize]));
+    assert_eq!(c.cqe.status, Status::RESERVATION_CONFLICT);
+
+    // Report, extended: the state's bytes, padded to NUMD; cut when shorter.
+    let c = h.run_io(&mut q, cmd(0x0e, 5, 1, 4096, [1023, 1, 0, 0, 0, 0]));
+    assert!(c.cqe.status.is_success());
+    assert_eq!(c.data.len(), 4096);
+    assert_eq!((c.data[4], c.data[5]), (1, 1), "RTYPE, REGCTL");
+    assert_eq!(&c.data[80..96], &HOSTID);
+    assert!(c.data[128..].iter().all(|&b| b == 0));
+    let c = h.run_io(&mut q, cmd(0x0e, 6, 1, 8, [1, 1, 0, 0, 0, 0]));
+    assert_eq!((c.cqe.status, c.data.len()), (Status::SUCCESS, 8));
+    // Without the extended structure: Host Identifier Inconsistent Format.
+    let c = h.run_io(&mut q, cmd(0x0e, 7, 1, 4096, [1023, 0, 0, 0, 0, 0]));
+    assert_eq!(c.cqe.status, Status { sct: 0, sc: 0x18 });
+    // Malformed: Register data short of 16 bytes, a type out of range, key 0.
+    let c = h.run_io(&mut q, with_data(cmd(0x0d, 8, 1, 0, [0; 6]), vec![0; 8]));
+    assert_eq!(c.cqe.status, Status::DATA_SGL_LENGTH_INVALID);
+    let c = h.run_io(
+        &mut q,
+        with_data(cmd(0x11, 9, 1, 0, [9 << 8, 0, 0, 0, 0, 0]), keys(1, 0)),
+    );
+    assert_eq!(c.cqe.status, Status::INVALID_FIELD);
+    let c = h.run_io(&mut q, with_data(cmd(0x0d, 10, 1, 0, [0; 6]), keys(0, 0)));
+    assert_eq!(c.cqe.status, Status::INVALID_FIELD);
+    assert_eq!(q.outstanding(), 0);
+}
+
+fn q_effects(h: &mut Host, io_op: u8) -> u32 {
+    let c = done(h.admin(cmd(0x02, 30, 0, 4096, [0x05 | 1023 << 16, 0, 0, 0, 0, 0])));
+    assert!(c.cqe.status.is_success());
+    le32(&c.data, 1024 + usize::from(io_op) * 4)
+}
+
+/// Get Features Host Identifier (81h) returns the Connect's HOSTID and cannot be set on
+/// fabrics; the Reservation Notification Mask (82h) is kept per namespace; Persist Through
+/// Power Loss (83h) stays off; the Reservation Notification log page (80h) is the empty one.
+#[test]
+fn accepts_host_identifier_and_reservation_features_as_linux_reads_them() {
+    let mut h = Host::connect(Target::new(reservations_config()).unwrap(), 0);
+    h.enable();
+    let c = done(h.admin(cmd(0x0a, 1, 0, 16, [0x81, 1, 0, 0, 0, 0])));
+    assert!(c.cqe.status.is_success());
+    assert_eq!(&c.data[..], &HOSTID);
+    let c = done(h.admin(cmd(0x0a, 2, 0, 16, [0x81, 0, 0, 0, 0, 0])));
+    assert_eq!(
+        c.cqe.status,
+        Status::INVALID_FIELD,
+        "64-bit host identifier"
+    );
+    let c = done(h.admin(cmd(0x09, 3, 0, 16, [0x81, 1, 0, 0, 0, 0])));
+    assert_eq!(c.cqe.status, Status::COMMAND_SEQUENCE_ERROR);
+
+    let set = |h: &mut Host, nsid: u32, fid: u32, v: u32| {
+        done(h.admin(cmd(0x09, 4, nsid, 0, [fid, v, 0, 0, 0, 0])))
+            .cqe
+            .status
+    };
+    let get = |h: &mut Host, nsid: u32, fid: u32| {
+        let c = done(h.admin(cmd(0x0a, 5, nsid, 0, [fid, 0, 0, 0, 0, 0])));
+        (c.cqe.status, c.cqe.dw0)
+    };
+    assert_eq!(get(&mut h, 1, 0x82), (Status::SUCCESS, 0));
+    assert_eq!(set(&mut h, 1, 0x82, 0x0a), Status::SUCCESS);
+    assert_eq!(get(&mut h, 1, 0x82), (Status::SUCCESS, 0x0a));
+    assert_eq!(set(&mut h, u32::MAX, 0x82, 0x04), Status::SUCCESS);
+    assert_eq!(get(&mut h, 1, 0x82), (Status::SUCCESS, 0x04));
+    assert_eq!(set(&mut h, 1, 0x82, 0x01), Status::INVALID_FIELD);
+    assert_eq!(set(&mut h, 9, 0x82, 0x02), Status::INVALID_NAMESPACE);
+    assert_eq!(get(&mut h, 9, 0x82).0, Status::INVALID_NAMESPACE);
+    assert_eq!(get(&mut h, 1, 0x83), (Status::SUCCESS, 0));
+    assert_eq!(set(&mut h, 1, 0x83, 0), Status::SUCCESS);
+    assert_eq!(set(&mut h, 1, 0x83, 1), Status::INVALID_FIELD, "PTPL");
+
+    let c = done(h.admin(cmd(0x02, 6, u32::MAX, 64, [0x80 | 15 << 16, 0, 0, 0, 0, 0])));
+    assert!(c.cqe.status.is_success());
+    assert_eq!(&c.data[..], &[0u8; 64][..]);
 }

@@ -624,6 +624,76 @@ impl NvmeSession {
         .map(|_| ())
     }
 
+    /// Reservation Register (NVMe Base 2.0 §7.3) on the namespace: `rrega` 0 registers
+    /// `nrkey`, 1 unregisters, 2 replaces `crkey` by `nrkey`; `iekey` skips the key check.
+    ///
+    /// # Errors
+    /// As [`NvmeSession::read_into`]; a refusal is [`NvmeError::Status`] (Reservation
+    /// Conflict is SC 83h).
+    pub async fn resv_register(
+        &self,
+        rrega: u8,
+        iekey: bool,
+        crkey: u64,
+        nrkey: u64,
+    ) -> Result<(), NvmeError> {
+        let (sqe, data) = cmd::resv_register(self.nsid, rrega, iekey, crkey, nrkey);
+        let data = Bytes::copy_from_slice(&data);
+        self.io("Reservation Register", sqe, data, 0, BytesMut::new())
+            .await
+            .map(|_| ())
+    }
+
+    /// Reservation Acquire (§7.2): `racqa` 0 acquires a reservation of type `rtype` (1 Write
+    /// Exclusive ... 6 Exclusive Access – All Registrants), 1 preempts the holder of `prkey`.
+    ///
+    /// # Errors
+    /// As [`NvmeSession::resv_register`].
+    pub async fn resv_acquire(
+        &self,
+        racqa: u8,
+        rtype: u8,
+        crkey: u64,
+        prkey: u64,
+    ) -> Result<(), NvmeError> {
+        let (sqe, data) = cmd::resv_acquire(self.nsid, racqa, rtype, crkey, prkey);
+        let data = Bytes::copy_from_slice(&data);
+        self.io("Reservation Acquire", sqe, data, 0, BytesMut::new())
+            .await
+            .map(|_| ())
+    }
+
+    /// Reservation Release (§7.4): `rrela` 0 releases the reservation of type `rtype`, 1
+    /// clears every registration.
+    ///
+    /// # Errors
+    /// As [`NvmeSession::resv_register`].
+    pub async fn resv_release(&self, rrela: u8, rtype: u8, crkey: u64) -> Result<(), NvmeError> {
+        let (sqe, data) = cmd::resv_release(self.nsid, rrela, rtype, crkey);
+        let data = Bytes::copy_from_slice(&data);
+        self.io("Reservation Release", sqe, data, 0, BytesMut::new())
+            .await
+            .map(|_| ())
+    }
+
+    /// Reservation Report (§7.5, extended data structure), up to 4 KiB.
+    ///
+    /// # Errors
+    /// As [`NvmeSession::resv_register`].
+    pub async fn resv_report(&self) -> Result<cmd::ResvReport, NvmeError> {
+        let len = 4096;
+        let data = self
+            .io(
+                "Reservation Report",
+                cmd::resv_report(self.nsid, len),
+                Bytes::new(),
+                len,
+                BytesMut::new(),
+            )
+            .await?;
+        Ok(cmd::ResvReport::parse(&data))
+    }
+
     /// Shuts the controller down (CC.SHN = normal, NVMe Base 2.0 §3.6.1) and closes every
     /// queue.
     ///

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::subsystems::Stores;
+use super::subsystems::{Lus, Stores};
 use super::{ConnEntry, IoKind, NsCounters, Shared};
 
 /// A block request's outcome, posted back to the connection.
@@ -51,6 +51,12 @@ struct Conn {
     q: Queue,
     ctl: Option<controller::Queue>,
     stores: Stores,
+    /// The LUs whose reservations the namespaces in `stores` share (`resv`).
+    lus: Lus,
+    /// The host's identity in those reservations, once connected.
+    who: Option<ipsan_scsi::pr::ItNexus>,
+    /// Results of reservation commands, which run on the blocking pool.
+    resv_tx: mpsc::UnboundedSender<(u64, Result<Bytes, BlockError>)>,
     /// The counters of the namespaces in `stores`.
     counters: HashMap<u32, Arc<NsCounters>>,
     /// The `Shared::stores_gen` `stores` was looked up at.
@@ -82,10 +88,14 @@ pub(super) async fn serve<S>(
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let (io_tx, mut io_rx) = mpsc::unbounded_channel();
     let (aer_tx, mut aer_rx) = mpsc::unbounded_channel();
+    let (resv_tx, mut resv_rx) = mpsc::unbounded_channel();
     let mut c = Conn {
         q: Queue::new(shared.queue_cfg.clone(), Instant::now()),
         ctl: None,
         stores: Arc::default(),
+        lus: Arc::default(),
+        who: None,
+        resv_tx,
         counters: HashMap::new(),
         stores_gen: 0,
         io_tx,
@@ -134,6 +144,7 @@ pub(super) async fn serve<S>(
                 }
             },
             Some(d) = io_rx.recv() => c.on_block_done(d),
+            Some((tag, r)) = resv_rx.recv() => c.deliver(tag, r),
             Some(done) = aer_rx.recv() => {
                 if c.q.complete(done).is_err() {
                     warn!(%peer, "an asynchronous event for a command this queue does not hold");
@@ -249,6 +260,8 @@ impl Conn {
                 Ok((ctl, done)) => {
                     self.stores_gen = self.shared.stores_gen.load(Ordering::Acquire);
                     self.stores = self.shared.stores(ctl.subnqn());
+                    self.lus = self.shared.lus(ctl.subnqn());
+                    self.who = Some(super::resv::nexus(ctl.hostnqn(), &ctl.hostid()));
                     self.counters = self.shared.ns_counters(ctl.subnqn(), &self.stores);
                     self.shared.register(
                         ctl.cntlid(),
@@ -296,9 +309,33 @@ impl Conn {
         if gen != self.stores_gen {
             if let Some(ctl) = &self.ctl {
                 self.stores = self.shared.stores(ctl.subnqn());
+                self.lus = self.shared.lus(ctl.subnqn());
                 self.counters = self.shared.ns_counters(ctl.subnqn(), &self.stores);
             }
             self.stores_gen = gen;
+        }
+        // Reservations: the LU's state, shared with SCSI (docs/nvme.md "Reservations").
+        if let Some(lu) = self.lus.get(&r.nsid) {
+            if let BlockOp::Reservation(op) = r.op {
+                let lu = Arc::clone(lu);
+                let Some(who) = self.who.clone() else {
+                    return self.deliver(r.tag, Err(BlockError::Internal));
+                };
+                // It may wait for a shared store (RBD's record object): off this task.
+                let (tx, tag) = (self.resv_tx.clone(), r.tag);
+                drop(tokio::task::spawn_blocking(move || {
+                    let _ = tx.send((tag, super::resv::run(&lu, &who, op)));
+                }));
+                return;
+            }
+            let write = !matches!(r.op, BlockOp::Read { .. });
+            let verdict = match &self.who {
+                Some(who) => super::resv::check(lu, who, write),
+                None => Err(BlockError::Internal),
+            };
+            if let Err(e) = verdict {
+                return self.deliver(r.tag, Err(e));
+            }
         }
         let (kind, bytes) = match &r.op {
             BlockOp::Read { len, .. } => (IoKind::Read, *len),
@@ -337,6 +374,8 @@ impl Conn {
                 IoOp::Discard { offset, len }
             }
             BlockOp::WriteZeroes { offset, len } => IoOp::WriteZeroes { offset, len },
+            // Only a namespace that offers reservations (an LU in `lus`) gets these.
+            BlockOp::Reservation(_) => return self.deliver(r.tag, Err(BlockError::Internal)),
         };
         self.submit_io(r.nsid, (kind, bytes), IoRequest { tag: r.tag, op }, false);
     }

@@ -20,6 +20,7 @@
 
 pub mod config;
 mod conn;
+mod resv;
 pub mod subsystems;
 
 use std::collections::HashMap;
@@ -45,7 +46,8 @@ pub use subsystems::nsid_of_lun;
 
 use crate::accept::{accept_loop, Accepting};
 use crate::registry::Registry;
-use subsystems::Stores;
+use crate::remote_block::RemoteBlock;
+use subsystems::{Lus, RemoteMap, RemoteNs, Stores};
 
 /// Errors starting the NVMe/TCP side.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,8 @@ pub(crate) struct Shared {
     target: Mutex<controller::Target>,
     /// The stores of each subsystem's namespaces, replaced when the registry changes.
     stores: RwLock<HashMap<String, Stores>>,
+    /// The LUs keeping each subsystem's namespaces' reservations, replaced with `stores`.
+    lus: RwLock<HashMap<String, Lus>>,
     /// Bumped on every replacement of `stores`: connections look their map up again.
     stores_gen: AtomicU64,
     /// Every namespace's counters, by (subsystem NQN, NSID); kept across live changes.
@@ -129,6 +133,12 @@ pub(crate) struct Shared {
     /// TLS (TP 8011): off, allowed or required, and the hosts' keys.
     tls: TlsMode,
     tls_keys: nvme_proto::psk::PskStore,
+    /// Remote (gateway) LUNs opened as namespaces (`open_remotes`).
+    remote: Mutex<RemoteMap>,
+    /// When each remote LUN that is not open was last tried.
+    remote_tried: Mutex<HashMap<(String, u64), Instant>>,
+    /// An `open_remotes` is running.
+    remote_opening: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -143,16 +153,31 @@ impl Shared {
             .unwrap_or_default()
     }
 
+    fn lus(&self, subnqn: &str) -> Lus {
+        crate::read(&self.lus)
+            .get(subnqn)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Replaces a subsystem's stores and LUs; connections see them at their next request.
+    fn install(&self, nqn: &str, stores: Stores, lus: Lus) {
+        crate::write(&self.stores).insert(nqn.to_owned(), stores);
+        crate::write(&self.lus).insert(nqn.to_owned(), lus);
+        self.stores_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Brings the subsystems' namespaces in line with the registry after a live change
     /// (`ipsan ctl lun add|remove|resize`, a reload): a LUN added is a new namespace, a LUN
     /// removed is gone, a grown LU is a larger namespace; the controller tells hosts that
     /// asked for it with a Namespace Attribute Changed event. A target added after start is
     /// not served over NVMe/TCP until a restart (logged once).
     fn refresh(&self, registry: &Registry, settings: &NvmeSettings) {
+        let remote = crate::lock(&self.remote).clone();
         let mut served = crate::lock(&self.served);
         let mut present = Vec::new();
         for t in registry.targets().iter() {
-            let (s, st) = subsystems::subsystem(settings, t);
+            let (s, st, lus) = subsystems::subsystem(settings, t, &remote);
             present.push(s.nqn.clone());
             let Some(old) = served.get(&s.nqn) else {
                 info!(target = %t.iqn, nqn = %s.nqn, "a target added live is served over NVMe/TCP after a restart");
@@ -167,8 +192,7 @@ impl Shared {
                         .iter()
                         .all(|(id, b)| now.get(id).is_some_and(|o| Arc::ptr_eq(o, b)));
                 if !same {
-                    crate::write(&self.stores).insert(s.nqn.clone(), st);
-                    self.stores_gen.fetch_add(1, Ordering::AcqRel);
+                    self.install(&s.nqn, st, lus);
                 }
                 continue;
             }
@@ -180,8 +204,7 @@ impl Shared {
                 continue;
             }
             info!(nqn = %s.nqn, namespaces = s.namespaces.len(), "NVMe namespaces updated");
-            crate::write(&self.stores).insert(s.nqn.clone(), st);
-            self.stores_gen.fetch_add(1, Ordering::AcqRel);
+            self.install(&s.nqn, st, lus);
             served.insert(s.nqn, s.namespaces);
         }
         let gone: Vec<String> = served
@@ -195,6 +218,7 @@ impl Shared {
                 && self.target().set_namespaces(&nqn, Vec::new()).is_ok()
             {
                 crate::write(&self.stores).remove(&nqn);
+                crate::write(&self.lus).remove(&nqn);
                 self.stores_gen.fetch_add(1, Ordering::AcqRel);
             }
             served.insert(nqn, Vec::new());
@@ -417,9 +441,11 @@ impl NvmeServer {
     ) -> Result<Self, NvmeError> {
         let mut subsystems = Vec::new();
         let mut stores = HashMap::new();
+        let mut lus = HashMap::new();
         for t in registry.targets().iter() {
-            let (s, st) = subsystems::subsystem(settings, t);
+            let (s, st, l) = subsystems::subsystem(settings, t, &RemoteMap::new());
             stores.insert(s.nqn.clone(), st);
+            lus.insert(s.nqn.clone(), l);
             subsystems.push(s);
         }
         // DH-HMAC-CHAP (TP 8006): the hosts' secrets; with any, every host must authenticate.
@@ -457,6 +483,7 @@ impl NvmeServer {
         let shared = Arc::new(Shared {
             target: Mutex::new(target),
             stores: RwLock::new(stores),
+            lus: RwLock::new(lus),
             stores_gen: AtomicU64::new(0),
             served: Mutex::new(served),
             counters: Mutex::new(HashMap::new()),
@@ -468,6 +495,9 @@ impl NvmeServer {
             ids: AtomicU64::new(1),
             tls: settings.tls,
             tls_keys: settings.tls_keys.clone(),
+            remote: Mutex::new(RemoteMap::new()),
+            remote_tried: Mutex::new(HashMap::new()),
+            remote_opening: std::sync::atomic::AtomicBool::new(false),
         });
         // For the metrics and `ipsan ctl nvme`; one NVMe side per registry.
         let _ = registry.nvme.set(shared.clone());
@@ -480,6 +510,20 @@ impl NvmeServer {
             shared,
             listeners,
         })
+    }
+
+    /// Opens the registry's remote (gateway) LUNs as namespaces (one iSCSI session each, as
+    /// `remote_block` serves them) before the first host connects; one that fails is tried
+    /// again every [`REMOTE_RETRY`] while serving.
+    pub(crate) async fn open_remotes(&mut self, registry: &Registry) {
+        open_remotes(&self.shared, registry).await;
+        self.shared.refresh(registry, &self.settings);
+        let served = crate::lock(&self.shared.served).clone();
+        for (nqn, nsids) in &mut self.subsystems {
+            if let Some(ns) = served.get(nqn) {
+                *nsids = ns.iter().map(|n| n.nsid).collect();
+            }
+        }
     }
 
     /// The addresses actually bound (port 0 resolved).
@@ -549,6 +593,88 @@ impl NvmeServer {
 
 /// How often the registry is compared with the namespaces served.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a remote LUN that could not be opened waits before the next try.
+const REMOTE_RETRY: Duration = Duration::from_secs(10);
+
+/// How long opening one remote LUN (login, READ CAPACITY) may take.
+const REMOTE_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Logs in to a remote LUN's target under the spec's own initiator name and settings (Seal
+/// on the remote leg as configured) and opens the LUN as a block store.
+async fn open_remote(spec: &crate::remote::RemoteSpec) -> std::io::Result<RemoteBlock> {
+    let mut cfg = spec.session.clone();
+    if let Some((cipher, psk)) = &spec.seal {
+        let req = ipsan_initiator::seal::SealRequest {
+            ciphers: vec![*cipher],
+            chunk: ipsan_seal::DEFAULT_CHUNK,
+            psk: psk.clone(),
+            pool: None,
+        };
+        cfg.extension = Some(req.factory());
+    }
+    let open = async {
+        let session = ipsan_initiator::Session::connect(&spec.url, &cfg)
+            .await
+            .map_err(|e| std::io::Error::other(format!("login: {e}")))?;
+        RemoteBlock::open(Arc::new(session), spec.remote_lun()).await
+    };
+    tokio::time::timeout(REMOTE_OPEN_TIMEOUT, open)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"))?
+}
+
+/// Opens every remote LUN of the registry's targets that is not open for its current spec
+/// (and was not tried within [`REMOTE_RETRY`]); forgets those no longer configured. A remote
+/// LUN whose hosts' CHAP is relayed cannot be opened without a host (docs/gateway.md) and
+/// is not served over NVMe/TCP.
+async fn open_remotes(shared: &Shared, registry: &Registry) {
+    let mut wanted = Vec::new();
+    for t in registry.targets().iter() {
+        for (&lun, spec) in &t.remotes {
+            wanted.push(((t.iqn.clone(), lun), Arc::clone(spec)));
+        }
+    }
+    crate::lock(&shared.remote).retain(|k, _| wanted.iter().any(|(w, _)| w == k));
+    for (key, spec) in wanted {
+        let open = crate::lock(&shared.remote)
+            .get(&key)
+            .is_some_and(|r| r.source == spec.source);
+        if open {
+            continue;
+        }
+        let recent = {
+            let mut tried = crate::lock(&shared.remote_tried);
+            let recent = tried.get(&key).is_some_and(|t| t.elapsed() < REMOTE_RETRY);
+            if !recent {
+                tried.insert(key.clone(), Instant::now());
+            }
+            recent
+        };
+        if recent {
+            continue;
+        }
+        if spec.chap_relay {
+            warn!(target = %key.0, lun = key.1, "a remote LUN whose CHAP is relayed from iSCSI hosts is not served over NVMe/TCP");
+            continue;
+        }
+        match open_remote(&spec).await {
+            Ok(block) => {
+                info!(target = %key.0, lun = key.1, remote = %spec.target_key(), "remote LUN opened for NVMe/TCP");
+                let r = RemoteNs {
+                    source: spec.source.clone(),
+                    target_key: spec.target_key(),
+                    remote_lun: spec.remote_lun(),
+                    block: Arc::new(block),
+                };
+                crate::lock(&shared.remote).insert(key, r);
+            }
+            Err(e) => {
+                warn!(target = %key.0, lun = key.1, remote = %spec.target_key(), "remote LUN not served over NVMe/TCP yet: {e}");
+            }
+        }
+    }
+}
 
 /// A connection after its first bytes: plain NVMe/TCP, or TLS keyed by a host's PSK.
 enum Accepted {
@@ -628,7 +754,19 @@ async fn timers(
                 }
             } => {}
             () = shared.wake.notified() => {}
-            _ = refresh.tick() => shared.refresh(&registry, &settings),
+            _ = refresh.tick() => {
+                // Remote LUNs not open yet (or changed) are opened off this loop, whose
+                // keep-alive timers must not wait for a login.
+                let remotes = registry.targets().iter().any(|t| !t.remotes.is_empty());
+                if remotes && !shared.remote_opening.swap(true, Ordering::AcqRel) {
+                    let (s, r) = (shared.clone(), registry.clone());
+                    tokio::spawn(async move {
+                        open_remotes(&s, &r).await;
+                        s.remote_opening.store(false, Ordering::Release);
+                    });
+                }
+                shared.refresh(&registry, &settings);
+            }
             () = cancel.cancelled() => return,
         }
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ipsan_scsi::Backend;
+use ipsan_scsi::{Backend, LogicalUnit};
 use nvme_proto::controller::{AllowedHosts, DiscoveryEntry, NamespaceConfig, SubsystemConfig};
 
 use super::NvmeSettings;
@@ -16,6 +16,10 @@ use crate::registry::Target;
 
 /// The stores behind one subsystem's namespaces, by NSID.
 pub(super) type Stores = Arc<HashMap<u32, Arc<dyn Backend>>>;
+
+/// The LUs whose reservation state one subsystem's namespaces share (those that offer
+/// reservations), by NSID.
+pub(super) type Lus = Arc<HashMap<u32, Arc<LogicalUnit>>>;
 
 /// The NSID of LUN `lun`: LUN 0 is namespace 1 (NSID 0 is not a namespace; NVMe Base 2.0
 /// §3.2.1.2). LUN ids go up to 16383, so every one has an NSID.
@@ -44,12 +48,54 @@ fn serial_of(nqn: &str) -> String {
     format!("{h:016x}")
 }
 
-/// One target as a subsystem, with the stores of its namespaces. Remote (pass-through) LUNs
-/// are not served over NVMe (docs/nvme.md).
-pub(super) fn subsystem(settings: &NvmeSettings, t: &Target) -> (SubsystemConfig, Stores) {
+/// A remote (gateway) LUN opened as a block store for NVMe (`crate::remote_block`), by
+/// target IQN and local LUN id.
+#[derive(Debug, Clone)]
+pub(crate) struct RemoteNs {
+    /// The `RemoteSpec` source it was opened from: a changed spec is opened again.
+    pub(crate) source: String,
+    /// The remote target and LUN, for the namespace's identity.
+    pub(crate) target_key: String,
+    pub(crate) remote_lun: u64,
+    pub(crate) block: Arc<crate::remote_block::RemoteBlock>,
+}
+
+/// Remote LUNs opened for NVMe, by (target IQN, local LUN id).
+pub(crate) type RemoteMap = HashMap<(String, u64), RemoteNs>;
+
+/// A stable 16-byte identity for a remote LUN's namespace: FNV-1a (two seeds) of the remote
+/// target's address, IQN and LUN, so every gateway in front of one remote LUN shows the same
+/// NGUID.
+fn remote_nguid(target_key: &str, lun: u64) -> [u8; 16] {
+    let text = format!("ipsan-remote {target_key} {lun}");
+    let mut out = [0u8; 16];
+    for (i, seed) in [0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142]
+        .iter()
+        .enumerate()
+    {
+        let mut h = *seed;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        out[8 * i..8 * i + 8].copy_from_slice(&h.to_be_bytes());
+    }
+    out
+}
+
+/// One target as a subsystem, with the stores of its namespaces and the LUs that keep their
+/// reservations (an LU that refuses reservations, on a shared store without a shared record,
+/// offers none over NVMe either). A remote (gateway) LUN is a namespace once `remote` holds
+/// it opened for its current spec (`remote_block`), without reservations (docs/nvme.md).
+pub(super) fn subsystem(
+    settings: &NvmeSettings,
+    t: &Target,
+    remote: &RemoteMap,
+) -> (SubsystemConfig, Stores, Lus) {
     let nqn = settings.nqn_for(&t.iqn);
     let mut namespaces = Vec::new();
     let mut stores = HashMap::new();
+    let mut lus = HashMap::new();
     let mut write_cache = false;
     for (&lun, lu) in &t.luns {
         let Some((_, backend)) = t.backends.iter().find(|(id, _)| *id == lun) else {
@@ -67,8 +113,34 @@ pub(super) fn subsystem(settings: &NvmeSettings, t: &Target) -> (SubsystemConfig
             eui64: [0; 8],
             deallocate_zeroes: lu.thin(),
             read_only: cfg.read_only,
+            reservations: !lu.refuses_reservations(),
         });
         stores.insert(nsid, backend.clone());
+        if !lu.refuses_reservations() {
+            lus.insert(nsid, Arc::clone(lu));
+        }
+    }
+    for (&lun, spec) in &t.remotes {
+        let Some(r) = remote
+            .get(&(t.iqn.clone(), lun))
+            .filter(|r| r.source == spec.source)
+        else {
+            continue;
+        };
+        let nsid = nsid_of_lun(lun);
+        let nguid = remote_nguid(&r.target_key, r.remote_lun);
+        namespaces.push(NamespaceConfig {
+            nsid,
+            size: r.block.size(),
+            block_size: r.block.block_size(),
+            nguid,
+            uuid: uuid_from(&nguid),
+            eui64: [0; 8],
+            deallocate_zeroes: false,
+            read_only: false,
+            reservations: false,
+        });
+        stores.insert(nsid, r.block.clone() as Arc<dyn Backend>);
     }
     (
         SubsystemConfig {
@@ -82,6 +154,7 @@ pub(super) fn subsystem(settings: &NvmeSettings, t: &Target) -> (SubsystemConfig
             volatile_write_cache: write_cache,
         },
         Arc::new(stores),
+        Arc::new(lus),
     )
 }
 
@@ -117,6 +190,14 @@ pub(super) fn discovery_entries(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derives_one_remote_namespace_identity_per_remote_lun() {
+        let a = remote_nguid("127.0.0.1:3260/iqn.x", 0);
+        assert_eq!(a, remote_nguid("127.0.0.1:3260/iqn.x", 0));
+        assert_ne!(a, remote_nguid("127.0.0.1:3260/iqn.x", 1));
+        assert_ne!(a[..8], a[8..]);
+    }
 
     #[test]
     fn numbers_namespaces_from_one() {

@@ -36,6 +36,14 @@ const FID_VWC: u8 = 0x06;
 const FID_NUM_QUEUES: u8 = 0x07;
 const FID_ASYNC_EVENT: u8 = 0x0b;
 const FID_KATO: u8 = 0x0f;
+/// Host Identifier, Reservation Notification Mask, Reservation Persistence (NVMe Base 2.0
+/// §5.27.1.24-§5.27.1.26; the last two per namespace).
+const FID_HOST_ID: u8 = 0x81;
+const FID_RESV_MASK: u8 = 0x82;
+const FID_RESV_PERSIST: u8 = 0x83;
+/// The Reservation Notification Mask's bits: Registration Preempted (1), Reservation
+/// Released (2), Reservation Preempted (3).
+const RESV_MASK_BITS: u32 = 0x0e;
 
 /// Asynchronous Event Configuration bits (NVMe Base 2.0 §5.27.1.7): Namespace Attribute
 /// Notices, Discovery Log Page Change Notices.
@@ -59,6 +67,8 @@ const LID_FIRMWARE: u8 = 0x03;
 const LID_CHANGED_NS: u8 = 0x04;
 const LID_EFFECTS: u8 = 0x05;
 const LID_DISCOVERY: u8 = 0x70;
+/// Reservation Notification (NVMe Base 2.0 §5.16.1.25).
+const LID_RESV_NOTIFICATION: u8 = 0x80;
 
 /// Queues an event unless one for the same log page is outstanding (reported and the page
 /// not read yet: NVMe Base 2.0 §5.2, events of that type are masked until then).
@@ -241,6 +251,9 @@ fn get_log_page(t: &mut Target, q: &Queue, cmd: &Command) -> Completion {
             page
         }
         (false, LID_EFFECTS) => pages::effects(&IO_CTRL_OPS),
+        // No reservation notifications are generated (docs/nvme.md): the page is always
+        // the empty one (Log Page Count 0, type 0h "Empty Log Page").
+        (false, LID_RESV_NOTIFICATION) => vec![0u8; 64],
         _ => return done(cid, Status::INVALID_LOG_PAGE),
     };
     if offset > page.len() as u64 {
@@ -269,10 +282,31 @@ fn set_features(t: &mut Target, q: &Queue, cmd: &Command, now: Instant) -> Compl
         return done(cid, Status::FEATURE_NOT_SAVEABLE);
     }
     let max_q = t.cfg.max_io_queues;
+    let nsid = cmd.sqe.nsid;
     let Some(c) = t.ctrl_mut(q.cntlid()) else {
         return done(cid, super::ABORTED_SQ_DELETION);
     };
     match (discovery, fid) {
+        // The Host Identifier of a fabrics host is the one its Connect gave (NVMe over
+        // Fabrics 1.1 §3.3): Command Sequence Error, as Linux's nvmet answers.
+        (false, FID_HOST_ID) => done(cid, Status::COMMAND_SEQUENCE_ERROR),
+        (false, FID_RESV_MASK) => {
+            if c11 & !RESV_MASK_BITS != 0 {
+                return done(cid, Status::INVALID_FIELD);
+            }
+            if nsid == u32::MAX {
+                for n in &q.ns.list {
+                    c.resv_mask.insert(n.cfg.nsid, c11);
+                }
+            } else if q.ns.get(nsid).is_some() {
+                c.resv_mask.insert(nsid, c11);
+            } else {
+                return done(cid, Status::INVALID_NAMESPACE);
+            }
+            done(cid, Status::SUCCESS)
+        }
+        // Persist Through Power Loss is not supported (RESCAP bit 0 clear): only 0.
+        (false, FID_RESV_PERSIST) if c11 & 1 == 0 => done(cid, Status::SUCCESS),
         (_, FID_KATO) => {
             c.kato = c11;
             c.deadline = (c11 != 0).then(|| now + Duration::from_millis(u64::from(c11)));
@@ -339,6 +373,33 @@ fn get_features(t: &Target, q: &Queue, cmd: &Command) -> Completion {
     let Some(c) = t.ctrl(q.cntlid()) else {
         return done(cid, super::ABORTED_SQ_DELETION);
     };
+    let nsid = cmd.sqe.nsid;
+    if !discovery && fid == FID_HOST_ID {
+        // The 128-bit Host Identifier as data; EXHID (CDW11 bit 0) must ask for 128 bits.
+        if sel == 3 {
+            return done_dw0(cid, 0);
+        }
+        if cmd.sqe.cdw[1] & 1 == 0 {
+            return done(cid, Status::INVALID_FIELD);
+        }
+        return reply(cid, cmd, Bytes::copy_from_slice(&c.hostid));
+    }
+    if !discovery && matches!(fid, FID_RESV_MASK | FID_RESV_PERSIST) {
+        if q.ns.get(nsid).is_none() {
+            return done(cid, Status::INVALID_NAMESPACE);
+        }
+        // SEL 3: namespace specific (bit 1), the mask changeable (bit 2).
+        let (value, caps) = if fid == FID_RESV_MASK {
+            (c.resv_mask.get(&nsid).copied().unwrap_or(0), 0x6)
+        } else {
+            (0, 0x2)
+        };
+        return match sel {
+            0..=2 => done_dw0(cid, value),
+            3 => done_dw0(cid, caps),
+            _ => done(cid, Status::INVALID_FIELD),
+        };
+    }
     let value = match (discovery, fid) {
         (_, FID_KATO) => c.kato,
         (_, FID_ASYNC_EVENT) => c.aec,

@@ -50,6 +50,10 @@ pub struct NamespaceConfig {
     pub deallocate_zeroes: bool,
     /// Refuse writes (Namespace is Write Protected).
     pub read_only: bool,
+    /// The namespace offers reservations (RESCAP; NVMe Base 2.0 §8.19): the reservation
+    /// commands become [`super::BlockOp::Reservation`] requests. Without, they complete with
+    /// Invalid Opcode.
+    pub reservations: bool,
 }
 
 /// One NVM subsystem (NVMe Base 2.0 §1.5): an NQN, its namespaces and who may connect.

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use nvme_wire::entry::FUSE_MASK;
 use nvme_wire::{Sgl, Status};
 
+use super::resv::{self, Reservation};
 use super::{done, done_data, Namespace, Queue, Submitted};
 use crate::command::{Command, Completion};
 
@@ -19,7 +20,18 @@ pub(crate) const OP_COMPARE: u8 = 0x05;
 pub(crate) const OP_WRITE_ZEROES: u8 = 0x08;
 pub(crate) const OP_DSM: u8 = 0x09;
 /// Reservation Register / Report / Acquire / Release (NVMe Base 2.0 §7.2-§7.5).
-pub(crate) const OP_RESV: [u8; 4] = [0x0d, 0x0e, 0x11, 0x15];
+pub(crate) const OP_RESV_REGISTER: u8 = 0x0d;
+pub(crate) const OP_RESV_REPORT: u8 = 0x0e;
+pub(crate) const OP_RESV_ACQUIRE: u8 = 0x11;
+pub(crate) const OP_RESV_RELEASE: u8 = 0x15;
+pub(crate) const OP_RESV: [u8; 4] = [
+    OP_RESV_REGISTER,
+    OP_RESV_REPORT,
+    OP_RESV_ACQUIRE,
+    OP_RESV_RELEASE,
+];
+/// The largest Reservation Report answered (the status of 1023 registrants).
+const REPORT_MAX: u64 = 64 * 1024;
 
 /// Namespace is Write Protected (NVMe Base 2.0 §4.6.1.2.1, 20h).
 const NS_WRITE_PROTECTED: Status = Status { sct: 0, sc: 0x20 };
@@ -41,6 +53,12 @@ pub enum BlockOp {
     Discard { offset: u64, len: u64 },
     /// Zero `len` bytes at `offset`.
     WriteZeroes { offset: u64, len: u64 },
+    /// A reservation command for the namespace's reservation state, from the host of the
+    /// queue (its Host Identifier and NQN, [`super::Queue::hostid`]). A
+    /// [`Reservation::Report`] answers with [`super::ReservationStatus::encode`]'s bytes;
+    /// the others with nothing. Not a block operation, but the state belongs to the store
+    /// (one per LU, shared with SCSI persistent reservations), so it travels the same way.
+    Reservation(Reservation),
 }
 
 /// A block request the driver submits to the namespace's store.
@@ -66,6 +84,13 @@ pub enum BlockError {
     ReadOnly,
     /// Anything else: Internal Error.
     Internal,
+    /// The namespace's reservation keeps this host from the request, or a reservation
+    /// command's key does not match: Reservation Conflict (NVMe Base 2.0 §8.19.6).
+    ReservationConflict,
+    /// The reservation state refuses a reservation command's field (a Release of another
+    /// type, a Preempt of key 0 without an all-registrants reservation): Invalid Field in
+    /// Command.
+    InvalidField,
 }
 
 impl BlockError {
@@ -90,6 +115,8 @@ impl BlockError {
             Self::OutOfRange => Status::LBA_OUT_OF_RANGE,
             Self::ReadOnly => NS_WRITE_PROTECTED,
             Self::Internal => Status::INTERNAL_ERROR,
+            Self::ReservationConflict => Status::RESERVATION_CONFLICT,
+            Self::InvalidField => Status::INVALID_FIELD,
         }
     }
 }
@@ -103,6 +130,8 @@ enum Want {
     Data(u64),
     /// The read data compared with these bytes (Compare).
     Compare(Bytes),
+    /// Data of any length, cut or padded with zeroes to `len` bytes (a Reservation Report).
+    Upto(u64),
 }
 
 #[derive(Debug)]
@@ -182,15 +211,12 @@ fn run(q: &mut Queue, cmd: Command) -> Result<Submitted, (u16, Status)> {
     let sqe = &cmd.sqe;
     let cid = sqe.cid;
     let fail = |s: Status| (cid, s);
-    if OP_RESV.contains(&sqe.opcode) {
-        // Reservations are not offered over NVMe yet (ONCS bit 5 clear, docs/nvme.md): one
-        // reservation state per LU shared with SCSI persistent reservations comes later.
-        return Err(fail(Status::INVALID_OPCODE));
-    }
-    if !matches!(
-        sqe.opcode,
-        OP_FLUSH | OP_WRITE | OP_READ | OP_COMPARE | OP_WRITE_ZEROES | OP_DSM
-    ) {
+    if !OP_RESV.contains(&sqe.opcode)
+        && !matches!(
+            sqe.opcode,
+            OP_FLUSH | OP_WRITE | OP_READ | OP_COMPARE | OP_WRITE_ZEROES | OP_DSM
+        )
+    {
         return Err(fail(Status::INVALID_OPCODE));
     }
     // Fused operations are not supported (FUSES = 0).
@@ -269,6 +295,7 @@ fn run(q: &mut Queue, cmd: Command) -> Result<Submitted, (u16, Status)> {
             Ok(q.io.issue(cid, false, Want::Nothing, vec![(nsid, op)]))
         }
         OP_DSM => dsm(q, &cmd, &ns),
+        op if OP_RESV.contains(&op) => reservation(q, &cmd, &ns),
         _ => Err(fail(Status::INVALID_OPCODE)),
     }
 }
@@ -290,7 +317,10 @@ fn check_sgl(cmd: &Command, expected: u64, at_least: bool) -> Result<(), Status>
     if sgl_len < expected || sgl_len != expected && !at_least {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
-    let host_to_ctrl = matches!(cmd.sqe.opcode, OP_WRITE | OP_COMPARE | OP_DSM);
+    let host_to_ctrl = matches!(
+        cmd.sqe.opcode,
+        OP_WRITE | OP_COMPARE | OP_DSM | OP_RESV_REGISTER | OP_RESV_ACQUIRE | OP_RESV_RELEASE
+    );
     if host_to_ctrl && cmd.data.len() as u64 != sgl_len || !host_to_ctrl && !cmd.data.is_empty() {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
@@ -322,6 +352,33 @@ fn dsm(q: &mut Queue, cmd: &Command, ns: &Namespace) -> Result<Submitted, (u16, 
         reqs.push((ns.cfg.nsid, BlockOp::Discard { offset, len }));
     }
     Ok(q.io.issue(cid, false, Want::Nothing, reqs))
+}
+
+/// A reservation command (NVMe Base 2.0 §7.2-§7.5) on a namespace that offers reservations
+/// (RESCAP): decoded and checked here, run by the driver on the namespace's reservation state.
+/// A namespace without them answers Invalid Opcode, as Linux's nvmet does.
+fn reservation(q: &mut Queue, cmd: &Command, ns: &Namespace) -> Result<Submitted, (u16, Status)> {
+    let cid = cmd.sqe.cid;
+    if !ns.cfg.reservations {
+        return Err((cid, Status::INVALID_OPCODE));
+    }
+    let [c10, c11, ..] = cmd.sqe.cdw;
+    let (len, want) = match cmd.sqe.opcode {
+        OP_RESV_REGISTER | OP_RESV_ACQUIRE => (16, Want::Nothing),
+        OP_RESV_RELEASE => (8, Want::Nothing),
+        _ => {
+            // NUMD, 0's based dwords.
+            let len = (u64::from(c10) + 1) * 4;
+            if len > REPORT_MAX {
+                return Err((cid, Status::INVALID_FIELD));
+            }
+            (len, Want::Upto(len))
+        }
+    };
+    check_len(cmd, len).map_err(|s| (cid, s))?;
+    let r = resv::decode(cmd.sqe.opcode, c10, c11, &cmd.data).map_err(|s| (cid, s))?;
+    let nsid = ns.cfg.nsid;
+    Ok(q.io.issue(cid, false, want, vec![(nsid, BlockOp::Reservation(r))]))
 }
 
 /// One block result; the completion when it was the command's last.
@@ -361,6 +418,11 @@ pub(crate) fn block_done(
         }
         Want::Compare(expected) if g.data == expected => done(g.cid, Status::SUCCESS),
         Want::Compare(_) => done(g.cid, Status::COMPARE_FAILURE),
+        Want::Upto(len) => {
+            let mut d = g.data.to_vec();
+            d.resize(len as usize, 0);
+            done_data(g.cid, Bytes::from(d))
+        }
     })
 }
 
@@ -404,6 +466,7 @@ mod tests {
                 eui64: [0; 8],
                 deallocate_zeroes: false,
                 read_only: false,
+                reservations: false,
             },
             shift: 12,
             blocks: 8,

@@ -5,7 +5,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::config::DiscoveryEntry;
-use super::io::{OP_COMPARE, OP_DSM, OP_FLUSH, OP_READ, OP_WRITE, OP_WRITE_ZEROES};
+use super::io::{OP_COMPARE, OP_DSM, OP_FLUSH, OP_READ, OP_RESV, OP_WRITE, OP_WRITE_ZEROES};
 use super::Namespace;
 
 /// Identify data structures are 4096 bytes.
@@ -103,8 +103,9 @@ pub(crate) fn identify_controller(id: &CtrlIdentity<'_>) -> Bytes {
         b[512] = 0x66; // SQES: 64 bytes
         b[513] = 0x44; // CQES: 16 bytes
         put(&mut b, 516, &id.nn.to_le_bytes());
-        // ONCS: Compare (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3).
-        put(&mut b, 520, &0x000du16.to_le_bytes());
+        // ONCS: Compare (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3),
+        // Reservations (bit 5; each namespace's RESCAP says whether it has them).
+        put(&mut b, 520, &0x002du16.to_le_bytes());
         // VWC: present, and Flush with NSID FFFFFFFFh supported (bits 2:1 = 11b).
         b[525] = if id.vwc { 0x07 } else { 0 };
     }
@@ -137,6 +138,9 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> Bytes {
     b[25] = 0; // NLBAF: one format
     b[26] = 0; // FLBAS: format 0
     b[30] = 1; // NMIC: may be attached to several controllers
+    if ns.cfg.reservations {
+        b[31] = super::resv::RESCAP;
+    }
     if ns.cfg.deallocate_zeroes {
         // DLFEAT: deallocated blocks read 0h (bits 2:0 = 001b), Write Zeroes may deallocate
         // (bit 3).
@@ -238,6 +242,9 @@ pub(crate) fn effects(admin_ops: &[u8]) -> Vec<u8> {
         (OP_DSM, CSUPP | LBCC),
     ] {
         put(&mut b, 1024 + usize::from(op) * 4, &e.to_le_bytes());
+    }
+    for op in OP_RESV {
+        put(&mut b, 1024 + usize::from(op) * 4, &CSUPP.to_le_bytes());
     }
     b
 }

@@ -22,6 +22,11 @@ pub const ADMIN_KEEP_ALIVE: u8 = 0x18;
 pub const NVM_FLUSH: u8 = 0x00;
 pub const NVM_WRITE: u8 = 0x01;
 pub const NVM_READ: u8 = 0x02;
+/// Reservation Register / Report / Acquire / Release (NVMe Base 2.0 §7.2-§7.5).
+pub const NVM_RESV_REGISTER: u8 = 0x0d;
+pub const NVM_RESV_REPORT: u8 = 0x0e;
+pub const NVM_RESV_ACQUIRE: u8 = 0x11;
+pub const NVM_RESV_RELEASE: u8 = 0x15;
 
 /// Identify CNS values.
 pub const CNS_NAMESPACE: u32 = 0x00;
@@ -152,6 +157,100 @@ pub fn flush(nsid: u32) -> Sqe {
     let mut s = sqe(NVM_FLUSH);
     s.nsid = nsid;
     s
+}
+
+/// Reservation Register (NVMe Base 2.0 §7.3) on namespace `nsid`: RREGA 0 register `nrkey`,
+/// 1 unregister, 2 replace `crkey` by `nrkey`; IEKEY; CPTPL "no change". Returns the SQE and
+/// its 16 bytes of data (CRKEY, NRKEY).
+#[must_use]
+pub fn resv_register(nsid: u32, rrega: u8, iekey: bool, crkey: u64, nrkey: u64) -> (Sqe, [u8; 16]) {
+    let mut s = sqe(NVM_RESV_REGISTER);
+    s.nsid = nsid;
+    s.cdw[0] = u32::from(rrega & 0x7) | u32::from(iekey) << 3;
+    (s, keys(crkey, nrkey))
+}
+
+/// Reservation Acquire (§7.2): RACQA 0 acquire, 1 preempt, 2 preempt and abort, of type
+/// `rtype` (1..=6); data CRKEY, PRKEY.
+#[must_use]
+pub fn resv_acquire(nsid: u32, racqa: u8, rtype: u8, crkey: u64, prkey: u64) -> (Sqe, [u8; 16]) {
+    let mut s = sqe(NVM_RESV_ACQUIRE);
+    s.nsid = nsid;
+    s.cdw[0] = u32::from(racqa & 0x7) | u32::from(rtype) << 8;
+    (s, keys(crkey, prkey))
+}
+
+/// Reservation Release (§7.4): RRELA 0 release the reservation of type `rtype`, 1 clear;
+/// data CRKEY.
+#[must_use]
+pub fn resv_release(nsid: u32, rrela: u8, rtype: u8, crkey: u64) -> (Sqe, [u8; 8]) {
+    let mut s = sqe(NVM_RESV_RELEASE);
+    s.nsid = nsid;
+    s.cdw[0] = u32::from(rrela & 0x7) | u32::from(rtype) << 8;
+    (s, crkey.to_le_bytes())
+}
+
+/// Reservation Report (§7.5) of `len` bytes (a multiple of 4), extended data structure.
+#[must_use]
+pub fn resv_report(nsid: u32, len: u32) -> Sqe {
+    let mut s = sqe(NVM_RESV_REPORT);
+    s.nsid = nsid;
+    s.cdw[0] = (len / 4).max(1) - 1;
+    s.cdw[1] = 1;
+    s
+}
+
+fn keys(a: u64, b: u64) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&a.to_le_bytes());
+    d[8..].copy_from_slice(&b.to_le_bytes());
+    d
+}
+
+/// One registrant of a [`ResvReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResvRegistrant {
+    pub cntlid: u16,
+    /// Holds the reservation (RCSTS bit 0).
+    pub holds: bool,
+    pub rkey: u64,
+    pub hostid: [u8; 16],
+}
+
+/// The Reservation Status Extended Data Structure (§7.5) a Reservation Report returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResvReport {
+    pub generation: u32,
+    /// RTYPE, 0 for none.
+    pub rtype: u8,
+    pub registrants: Vec<ResvRegistrant>,
+}
+
+impl ResvReport {
+    /// Parses as many registrants as REGCTL says and `b` holds.
+    #[must_use]
+    pub fn parse(b: &[u8]) -> Self {
+        let n = usize::from(le16(b, 5));
+        let registrants = (0..n)
+            .map(|i| 64 + 64 * i)
+            .take_while(|&at| b.len() >= at + 64)
+            .map(|at| {
+                let mut hostid = [0u8; 16];
+                hostid.copy_from_slice(&b[at + 16..at + 32]);
+                ResvRegistrant {
+                    cntlid: le16(b, at),
+                    holds: b[at + 2] & 1 != 0,
+                    rkey: le64(b, at + 8),
+                    hostid,
+                }
+            })
+            .collect();
+        Self {
+            generation: le32(b, 0),
+            rtype: b.get(4).copied().unwrap_or(0),
+            registrants,
+        }
+    }
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {

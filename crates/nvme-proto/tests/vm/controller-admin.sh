@@ -1,7 +1,8 @@
 #!/bin/sh
 # Guest script for ../shared/nvmevm (Linux 6.12, nvme-cli 2.13): nvme-cli's admin commands
 # (id-ctrl, id-ns, ns-descs, list-ns, smart-log, fw-log, error-log, effects-log, get-feature),
-# Compare (equal and different), Write Zeroes, DSM and `nvme reset` against ipsan's NVMe
+# Compare (equal and different), Write Zeroes, DSM, reservations (resv-register, -acquire,
+# -report, -release, unregister) and `nvme reset` against ipsan's NVMe
 # controller (docs/nvme-controller.md). Settings: PORT, SUBNQN. Run from the repository:
 #   ipsan target --portal 127.0.0.1:0 --iqn iqn.2026-11.org.ipsan:nctl --lun mem:256MiB \
 #       --nvme-listen 127.0.0.1:64423 &
@@ -30,6 +31,13 @@ nvme compare /dev/nvme0n1 -s 0 -c 0 -z 512 -d /tmp/zero >/tmp/cmp2.out 2>&1 && f
 echo "compare: equal ok, different: $(tail -1 /tmp/cmp2.out)"
 echo "== write-zeroes + dsm"; nvme write-zeroes /dev/nvme0n1 -s 0 -c 7 || fail "write-zeroes"
 nvme dsm /dev/nvme0n1 -d -s 8 -b 8 || fail "dsm"
+echo "== reservations"
+nvme resv-register /dev/nvme0n1 -n 1 --nrkey=0xa1 --rrega=0 >/tmp/r.out 2>&1 || fail "resv-register: $(cat /tmp/r.out)"
+nvme resv-acquire /dev/nvme0n1 -n 1 --crkey=0xa1 --rtype=1 --racqa=0 >/tmp/r.out 2>&1 || fail "resv-acquire: $(cat /tmp/r.out)"
+nvme resv-report /dev/nvme0n1 -n 1 --eds -o json >/tmp/r.out 2>&1 || fail "resv-report: $(cat /tmp/r.out)"
+echo "resv-report: $(tr -d ' \n' </tmp/r.out)"
+nvme resv-release /dev/nvme0n1 -n 1 --crkey=0xa1 --rtype=1 --rrela=0 >/tmp/r.out 2>&1 || fail "resv-release: $(cat /tmp/r.out)"
+nvme resv-register /dev/nvme0n1 -n 1 --crkey=0xa1 --rrega=1 >/tmp/r.out 2>&1 || fail "unregister: $(cat /tmp/r.out)"
 echo "== reset"; nvme reset /dev/nvme0 || fail "reset"
 sleep 2
 dd if=/dev/nvme0n1 of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null || fail "read after reset"
