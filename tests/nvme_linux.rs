@@ -10,7 +10,9 @@
 //! (`crates/nvme-proto/tests/vm/`): `controller-admin.sh` (nvme-cli reads every admin structure,
 //! Compare, Write Zeroes, DSM, `nvme reset`), and `keep-alive.sh` (the host's keep-alive timeout
 //! while the test holds the target with SIGSTOP, then its reconnect). A missing harness or QEMU
-//! fails the tests with the reason (`skip`). One VM at a time: the tests take a lock.
+//! fails the tests with the reason (`skip`). One VM at a time: the tests take a lock. Each test
+//! boots the VM once: its scenarios against one target run one after another in that boot
+//! (`run_guests`; a refused one first), so a boot's ~10 s under TCG is paid five times, not nine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -82,10 +84,83 @@ fn target(log: &Path, extra: &[&str]) -> (Proc, u16) {
     })
 }
 
-/// One run of the guest's host test; its RESULT line, which must be `RESULT ok` when `ok`.
-fn run_guest(vm: &Path, dir: &Path, name: &str, port: u16, env: &[&str], ok: bool) -> String {
-    let script = vm.join("guest/nvme-test.sh");
-    run_script(vm, &script, dir, name, port, env, ok, &mut |_| {})
+/// Several runs of the guest's host test against one target in ONE VM boot (a boot under TCG
+/// costs about ten seconds before the script starts), in the order given: `runs` are (name, its
+/// settings, whether it must pass). A wrapper runs nvmevm's `guest/nvme-test.sh` once per entry,
+/// each in a fresh shell with only its own settings, prints `== run NAME` / `== end NAME` around
+/// it and prefixes its RESULT line with `RUN NAME`; it ends with one RESULT of its own, ok only
+/// when every run passed or failed as listed. Returns each run's RESULT line (unprefixed) and its
+/// part of the console log (the kernel's lines included), having checked each against `runs`.
+fn run_guests(
+    vm: &Path,
+    dir: &Path,
+    name: &str,
+    port: u16,
+    runs: &[(&str, &[&str], bool)],
+) -> Vec<(String, String)> {
+    let test = std::fs::read_to_string(vm.join("guest/nvme-test.sh")).unwrap();
+    let mut sh = String::from("#!/bin/sh\n# tests/nvme_linux.rs: runs of guest/nvme-test.sh\n");
+    sh += "cat >/tmp/nvme-test.sh <<'IPSAN_NVME_TEST_EOF'\n";
+    sh += &test;
+    sh += if test.ends_with('\n') { "" } else { "\n" };
+    sh += "IPSAN_NVME_TEST_EOF\nverdict=ok\n";
+    for (run, env, ok) in runs {
+        assert!(run.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert!(env.iter().all(|e| !e.contains('\'')));
+        let export: String = env.iter().map(|e| format!(" '{e}'")).collect();
+        let export = if env.is_empty() {
+            String::new()
+        } else {
+            format!("export{export}; ")
+        };
+        let want = if *ok { "ok" } else { "fail" };
+        sh += &format!(
+            "echo '== run {run}'; rm -f /tmp/result\n\
+             ({export}sh /tmp/nvme-test.sh) 2>&1 | while IFS= read -r l; do\n\
+             case \"$l\" in RESULT*) printf 'RUN {run} %s\\n' \"$l\"; printf '%s\\n' \"$l\" >/tmp/result ;;\n\
+             *) printf '%s\\n' \"$l\" ;; esac\n\
+             done\n\
+             r=$(cat /tmp/result 2>/dev/null); case \"$r\" in 'RESULT ok'*) got=ok ;; *) got=fail ;; esac\n\
+             [ \"$got\" = {want} ] || [ \"$verdict\" != ok ] || verdict=\"fail run {run}: not {want}: ${{r:-no RESULT line}}\"\n\
+             echo '== end {run}'\n"
+        );
+    }
+    let names: Vec<&str> = runs.iter().map(|r| r.0).collect();
+    sh += &format!(
+        "if [ \"$verdict\" = ok ]; then echo 'RESULT ok runs={}'; else echo \"RESULT $verdict\"; fi\n",
+        names.join(",")
+    );
+    let script = dir.join(format!("{name}-runs.sh"));
+    std::fs::write(&script, sh).unwrap();
+    run_script(vm, &script, dir, name, port, &[], true, &mut |_| {});
+    let log = std::fs::read(dir.join(format!("vm-{name}.log"))).unwrap_or_default();
+    let log = String::from_utf8_lossy(&log);
+    runs.iter()
+        .map(|(run, _, ok)| {
+            let begin = format!("== run {run}");
+            let end = format!("== end {run}");
+            let part: String = log
+                .lines()
+                .skip_while(|l| l.trim_end() != begin)
+                .take_while(|l| l.trim_end() != end)
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let prefix = format!("RUN {run} ");
+            let result = part
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .unwrap_or("no RESULT line")
+                .trim_end()
+                .to_owned();
+            println!("{name}/{run}: {result}");
+            assert_eq!(
+                result.starts_with("RESULT ok"),
+                *ok,
+                "the Linux NVMe/TCP host ({name}/{run}):\n{part}"
+            );
+            (result, part)
+        })
+        .collect()
 }
 
 /// One VM boot running the guest script `script` with `PORT`, `SUBNQN` and `env`; its RESULT
@@ -103,7 +178,7 @@ fn run_script(
 ) -> String {
     let log = dir.join(format!("vm-{name}.log"));
     let mut cmd = Command::new(vm.join("run.sh"));
-    cmd.args(["-q", "--timeout", "300", "--log"])
+    cmd.args(["-q", "--timeout", "600", "--log"])
         .arg(&log)
         .arg("--script")
         .arg(script)
@@ -148,8 +223,8 @@ fn run_script(
         }
         watch_lines(false);
         assert!(
-            started.elapsed() < Duration::from_secs(330),
-            "nvmevm ({name}) did not finish within 330 s"
+            started.elapsed() < Duration::from_secs(630),
+            "nvmevm ({name}) did not finish within 630 s"
         );
         std::thread::sleep(Duration::from_millis(200));
     };
@@ -195,16 +270,18 @@ fn linux_nvme_tcp_host_keeps_a_filesystem_on_ipsan_plain_and_with_digests() {
     let dir = tempfile::tempdir().unwrap();
     let tlog = dir.path().join("target.log");
     let (_target, port) = target(&tlog, &[]);
-    let plain = run_guest(&vm, dir.path(), "plain", port, &[], true);
-    assert!(plain.contains("discover=ok"), "{plain}");
-    let digests = run_guest(
+    let runs = run_guests(
         &vm,
         dir.path(),
-        "digests",
+        "plain",
         port,
-        &["DIGEST=1", "QUEUES=2"],
-        true,
+        &[
+            ("plain", &[], true),
+            ("digests", &["DIGEST=1", "QUEUES=2"], true),
+        ],
     );
+    let (plain, digests) = (&runs[0].0, &runs[1].0);
+    assert!(plain.contains("discover=ok"), "{plain}");
     assert!(
         digests.contains("digest=1") && digests.contains("queues=2"),
         "{digests}"
@@ -224,32 +301,30 @@ fn linux_nvme_tcp_host_authenticates_with_dh_hmac_chap_and_a_wrong_secret_is_ref
     let flag = format!("{GUEST_HOSTNQN},{},{}", host.display(), ctrl.display());
     let (_target, port) = target(&tlog, &["--nvme-dhchap", &flag]);
     let secret = format!("DHCHAP_SECRET={HOST_SECRET}");
-    let one_way = run_guest(&vm, dir.path(), "dhchap", port, &[&secret], true);
-    assert!(one_way.contains("dhchap=on"), "{one_way}");
-    let both = run_guest(
+    let ctrl_secret = format!("DHCHAP_CTRL_SECRET={CTRL_SECRET}");
+    let wrong_secret = format!("DHCHAP_SECRET={WRONG_SECRET}");
+    // one boot; the wrong secret first, so the kernel's refusal in its part of the console log
+    // can only be its own
+    let runs = run_guests(
         &vm,
         dir.path(),
-        "dhchap-bidirectional",
+        "dhchap",
         port,
         &[
-            &secret,
-            &format!("DHCHAP_CTRL_SECRET={CTRL_SECRET}"),
-            "DIGEST=1",
+            ("dhchap-wrong", &[&wrong_secret], false),
+            ("dhchap", &[&secret], true),
+            (
+                "dhchap-bidirectional",
+                &[&secret, &ctrl_secret, "DIGEST=1"],
+                true,
+            ),
         ],
-        true,
     );
+    let (wrong, log) = &runs[0];
+    let (one_way, both) = (&runs[1].0, &runs[2].0);
+    assert!(one_way.contains("dhchap=on"), "{one_way}");
     assert!(both.contains("dhchap=on,bidirectional"), "{both}");
-    let wrong = run_guest(
-        &vm,
-        dir.path(),
-        "dhchap-wrong",
-        port,
-        &[&format!("DHCHAP_SECRET={WRONG_SECRET}")],
-        false,
-    );
     assert!(wrong.contains("RESULT fail connect"), "{wrong}");
-    let log = std::fs::read(dir.path().join("vm-dhchap-wrong.log")).unwrap_or_default();
-    let log = String::from_utf8_lossy(&log);
     assert!(
         log.contains("qid 0: authentication failed"),
         "refused by DH-HMAC-CHAP, not something else:\n{log}"
@@ -270,32 +345,28 @@ fn linux_nvme_tcp_host_over_tls_with_dh_hmac_chap_and_a_wrong_tls_key_is_refused
     let dhchap = format!("{GUEST_HOSTNQN},{},{}", host.display(), ctrl.display());
     let tls = format!("{GUEST_HOSTNQN},{}", key.display());
     let (_target, port) = target(&tlog, &["--nvme-dhchap", &dhchap, "--nvme-tls-key", &tls]);
-    let both = run_guest(
+    let (tls_key, wrong_tls_key) = (
+        format!("TLS_KEY={TLS_KEY}"),
+        format!("TLS_KEY={WRONG_TLS_KEY}"),
+    );
+    let secret = format!("DHCHAP_SECRET={HOST_SECRET}");
+    let ctrl_secret = format!("DHCHAP_CTRL_SECRET={CTRL_SECRET}");
+    // one boot; the wrong key first, so no key of an earlier run is in the guest's keyring when
+    // it is refused (one left over could only make the right run fail, never the wrong one pass)
+    let runs = run_guests(
         &vm,
         dir.path(),
-        "tls-dhchap",
+        "tls",
         port,
         &[
-            &format!("TLS_KEY={TLS_KEY}"),
-            &format!("DHCHAP_SECRET={HOST_SECRET}"),
-            &format!("DHCHAP_CTRL_SECRET={CTRL_SECRET}"),
+            ("tls-wrong-key", &[&wrong_tls_key, &secret], false),
+            ("tls-dhchap", &[&tls_key, &secret, &ctrl_secret], true),
         ],
-        true,
     );
+    let (wrong, both) = (&runs[0].0, &runs[1].0);
     assert!(
         both.contains("tls=on") && both.contains("dhchap=on,bidirectional"),
         "{both}"
-    );
-    let wrong = run_guest(
-        &vm,
-        dir.path(),
-        "tls-wrong-key",
-        port,
-        &[
-            &format!("TLS_KEY={WRONG_TLS_KEY}"),
-            &format!("DHCHAP_SECRET={HOST_SECRET}"),
-        ],
-        false,
     );
     assert!(wrong.contains("RESULT fail connect"), "{wrong}");
     let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
