@@ -190,7 +190,11 @@ pub(super) async fn login_phase(
                 Err(f) => reply = login.refuse(reply, f),
             }
         }
-        if let (Outcome::FullFeature(result), Some(_)) = (&reply.outcome, &session_slot) {
+        // A login joining a session (its TSIH, RFC 7143 §5.3.4) uses the session's remote
+        // sessions; it opens none.
+        if let (Outcome::FullFeature(result), Some(_), 0) =
+            (&reply.outcome, &session_slot, req.tsih)
+        {
             let opened = match relay.take() {
                 Some(r) => r.finish().await.map(Some),
                 None => open_remotes(shared, result).await,
@@ -215,6 +219,21 @@ pub(super) async fn login_phase(
             shared.registry.count_login(&dir, Some(f.status.0));
             let seal_guess = lock(guess).take().is_some();
             auth_failure_backoff(shared, &dir, peer, f, seal_guess).await;
+        }
+        if let (Outcome::FullFeature(result), true) = (&reply.outcome, req.tsih != 0) {
+            // A connection joining a session: the window it sees is the session's, not one
+            // counted from its Login's CmdSN (RFC 7143 §4.2.2.1, §11.13).
+            let core = shared.registry.joining(
+                &result.params.initiator_name,
+                result.isid,
+                result.params.target_name.as_deref(),
+                req.tsih,
+            );
+            if let Some(core) = core {
+                let w = lock(&core.engine).window().clone();
+                reply.header.exp_cmd_sn = w.exp_cmd_sn();
+                reply.header.max_cmd_sn = w.max_cmd_sn();
+            }
         }
         let resp = Pdu::new(reply.header, Bytes::from(reply.data));
         if wr.push(resp.clone()).is_err() {

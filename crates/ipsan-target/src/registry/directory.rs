@@ -121,8 +121,8 @@ impl Directory for LoginDirectory {
 
     fn assign_tsih(
         &mut self,
-        _isid: [u8; 6],
-        _ini: &str,
+        isid: [u8; 6],
+        ini: &str,
         requested: u16,
     ) -> Result<u16, LoginFailure> {
         if requested == 0 {
@@ -130,17 +130,23 @@ impl Directory for LoginDirectory {
             // everything it will (`Registry::admit`, from the connection).
             return Ok(self.registry.allocate_tsih());
         }
-        // MaxConnections=1: a second connection for an existing session is refused.
-        if self.registry.tsih_exists(requested) {
-            Err(LoginFailure::new(
-                LoginStatus::TOO_MANY_CONNECTIONS,
-                "MaxConnections is 1",
-            ))
-        } else {
-            Err(LoginFailure::new(
+        // A login with a TSIH adds a connection to that session (RFC 7143 §5.3.4); it names
+        // a session only of the same initiator, ISID and target. Anyone else's TSIH, or one
+        // that does not exist, is a session that does not exist for this login (0x020a),
+        // and says nothing about other initiators' sessions. The session's own initiator
+        // hears whether it has room (0x0206 at MaxConnections).
+        let target = crate::lock(&self.declared)
+            .as_ref()
+            .and_then(|(_, t)| t.clone());
+        match self
+            .registry
+            .joining(ini, isid, target.as_deref(), requested)
+        {
+            Some(core) => core.room().map(|()| requested),
+            None => Err(LoginFailure::new(
                 LoginStatus::SESSION_DOES_NOT_EXIST,
-                format!("no session with TSIH {requested}"),
-            ))
+                format!("no session with TSIH {requested} for this initiator and ISID"),
+            )),
         }
     }
 }
