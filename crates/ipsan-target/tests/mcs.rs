@@ -162,6 +162,9 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
         (0, 0, tsih),
         "joins"
     );
+    let sessions = t.registry().sessions();
+    assert_eq!(sessions.len(), 1, "one session");
+    assert_eq!(sessions[0].connections, 2, "of two connections");
 
     a.test_unit_ready(1, 1).await;
     let (sa, exp) = good(a.recv().await, 1);
@@ -219,5 +222,21 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     assert_eq!((r.status_class, r.status_detail), (0, 0));
     d.test_unit_ready(7, 7).await;
     good(d.recv().await, 7);
+
+    // The same CID again reinstates that connection (RFC 7143 §6.3.4): the old one closes,
+    // the session goes on over the new one and a.
+    let mut e = Raw::connect(addr).await;
+    let (r, _) = e.login(isid, tsih, 3, "").await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert!(
+        d.recv().await.is_none(),
+        "the reinstated connection is closed"
+    );
+    e.test_unit_ready(8, 8).await;
+    good(e.recv().await, 8);
+    a.test_unit_ready(9, 9).await;
+    let (_, exp) = good(a.recv().await, 9);
+    assert_eq!(exp, 10);
+    assert_eq!(t.registry().sessions()[0].connections, 2);
     t.shutdown().await.unwrap();
 }

@@ -156,6 +156,7 @@ pub(super) async fn login_phase(
         };
         // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
         lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
+        dir.cid.store(req.cid, std::sync::atomic::Ordering::Relaxed);
         let mut reply = login.handle(req, &pdu.data, &mut dir);
         if let Outcome::Relay(request) = reply.outcome {
             // CHAP relayed to the remote target (a gateway, remote.rs HostRelay).

@@ -83,9 +83,10 @@ impl Core {
         }
     }
 
-    /// Whether a connection may join now; the login's refusal otherwise (RFC 7143 §11.13.5:
-    /// 0x0206 when the session has MaxConnections, 0x020a when it is ending).
-    pub(crate) fn room(&self) -> Result<(), LoginFailure> {
+    /// Whether a connection with `cid` may join now; the login's refusal otherwise (RFC 7143
+    /// §11.13.5: 0x0206 when the session has MaxConnections, 0x020a when it is ending). The
+    /// CID of an open connection reinstates it (§6.3.4), which a full session allows.
+    pub(crate) fn room(&self, cid: u16) -> Result<(), LoginFailure> {
         let e = lock(&self.engine);
         if self.over.load(Ordering::Acquire) {
             return Err(LoginFailure::new(
@@ -94,7 +95,7 @@ impl Core {
             ));
         }
         let max = e.max_connections();
-        if e.open_connections() >= max as usize {
+        if e.open_connections() >= max as usize && !e.has_open_cid(cid) {
             return Err(LoginFailure::new(
                 LoginStatus::TOO_MANY_CONNECTIONS,
                 format!("the session has its {max} connections (MaxConnections)"),

@@ -16,6 +16,9 @@ pub struct LoginDirectory {
     chap: std::sync::atomic::AtomicBool,
     /// The CHAP user the login must answer for (the policy it was given).
     chap_user: Mutex<Option<String>>,
+    /// The CID the login's requests name (a login joining a session with the CID of one of
+    /// its connections reinstates that connection, RFC 7143 §6.3.4).
+    pub cid: std::sync::atomic::AtomicU16,
 }
 
 impl LoginDirectory {
@@ -27,6 +30,7 @@ impl LoginDirectory {
             declared: Mutex::new(None),
             chap: std::sync::atomic::AtomicBool::new(false),
             chap_user: Mutex::new(None),
+            cid: std::sync::atomic::AtomicU16::new(0),
         }
     }
 
@@ -142,7 +146,9 @@ impl Directory for LoginDirectory {
             .registry
             .joining(ini, isid, target.as_deref(), requested)
         {
-            Some(core) => core.room().map(|()| requested),
+            Some(core) => core
+                .room(self.cid.load(std::sync::atomic::Ordering::Relaxed))
+                .map(|()| requested),
             None => Err(LoginFailure::new(
                 LoginStatus::SESSION_DOES_NOT_EXIST,
                 format!("no session with TSIH {requested} for this initiator and ISID"),

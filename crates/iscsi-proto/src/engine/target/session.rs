@@ -255,6 +255,15 @@ impl<D> Session<D> {
             .count()
     }
 
+    /// Whether an open connection has this CID: a login with it reinstates that connection
+    /// (RFC 7143 §6.3.4) rather than adding one.
+    #[must_use]
+    pub fn has_open_cid(&self, cid: u16) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.conn.closed.is_none() && m.conn.cid == cid)
+    }
+
     /// One connection's engine, to read (its [`Connection::window`] is not the session's:
     /// see [`Session::window`]).
     #[must_use]
