@@ -131,6 +131,20 @@ impl Raw {
     }
 }
 
+/// The first session's open connections once they are 2 (a connection is added, or one
+/// closes, right after its last PDU: waited for, bounded).
+async fn connections(t: &ServerHandle) -> usize {
+    let mut n = 0;
+    for _ in 0..200 {
+        n = t.registry().sessions()[0].connections;
+        if n == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    n
+}
+
 /// The SCSI Response's (StatSN, ExpCmdSN) when it is GOOD for `itt`.
 fn good(p: Option<Pdu>, itt: u32) -> (u32, u32) {
     match p {
@@ -162,9 +176,8 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
         (0, 0, tsih),
         "joins"
     );
-    let sessions = t.registry().sessions();
-    assert_eq!(sessions.len(), 1, "one session");
-    assert_eq!(sessions[0].connections, 2, "of two connections");
+    assert_eq!(t.registry().sessions().len(), 1, "one session");
+    assert_eq!(connections(&t).await, 2, "of two connections");
 
     a.test_unit_ready(1, 1).await;
     let (sa, exp) = good(a.recv().await, 1);
@@ -237,6 +250,6 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     a.test_unit_ready(9, 9).await;
     let (_, exp) = good(a.recv().await, 9);
     assert_eq!(exp, 10);
-    assert_eq!(t.registry().sessions()[0].connections, 2);
+    assert_eq!(connections(&t).await, 2);
     t.shutdown().await.unwrap();
 }
