@@ -255,6 +255,7 @@ pub async fn serve(
                 params.clone(),
                 result.isid,
                 result.tsih,
+                seal.as_ref().map(|s| (s.cipher(), s.chunk_size())),
             ));
             shared.registry.attach(
                 &params.initiator_name,

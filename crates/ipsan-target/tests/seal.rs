@@ -700,3 +700,25 @@ async fn accepts_a_second_sealed_connection_with_its_own_keys_and_refuses_a_plai
     assert!(!contains(&b.seen, MARKER), "no plaintext on the wire");
     t.shutdown().await.unwrap();
 }
+
+/// Issue 28: every connection of a session seals alike (a command held on one connection may
+/// be sized while another's PDU is handled, and sealed sizes depend on the cipher and chunk
+/// size): a sealed connection joining a plaintext session is refused (0x0200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_a_sealed_connection_joining_a_plaintext_session() {
+    let t = start(SealPolicy::Allowed).await;
+    let mut a = Client::connect(t.addrs[0]).await;
+    a.extra = "MaxConnections=2\0";
+    assert!(a.login(None).await.unwrap().is_none());
+    assert_ne!(a.tsih, 0);
+    let mut b = Client::connect(t.addrs[0]).await;
+    (b.tsih, b.cid) = (a.tsih, 1);
+    assert_eq!(b.login(Some(Cipher::Aes256Gcm)).await.unwrap_err(), (2, 0));
+    let mut c = Client::connect(t.addrs[0]).await;
+    (c.tsih, c.cid) = (a.tsih, 1);
+    assert!(
+        c.login(None).await.unwrap().is_none(),
+        "a plaintext one joins"
+    );
+    t.shutdown().await.unwrap();
+}

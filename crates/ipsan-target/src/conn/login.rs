@@ -191,6 +191,32 @@ pub(super) async fn login_phase(
                 Err(f) => reply = login.refuse(reply, f),
             }
         }
+        if let (Outcome::FullFeature(result), Some(_), true) =
+            (&reply.outcome, &session_slot, req.tsih != 0)
+        {
+            // A connection joining a session negotiates Seal as its leading connection did:
+            // plaintext, or the same cipher and chunk size (under its own keys).
+            let core = shared.registry.joining(
+                &result.params.initiator_name,
+                result.isid,
+                result.params.target_name.as_deref(),
+                req.tsih,
+            );
+            let shape = lock(slot).as_ref().map(|s| (s.cipher(), s.chunk_size()));
+            if let Some(core) = core.filter(|c| c.seal_shape != shape) {
+                let why = format!(
+                    "a connection joining session TSIH {} must negotiate its Seal cipher and chunk size ({:?}), not {shape:?}",
+                    core.tsih, core.seal_shape
+                );
+                reply = login.refuse(
+                    reply,
+                    iscsi_proto::login::LoginFailure::new(
+                        iscsi_proto::login::LoginStatus::INITIATOR_ERROR,
+                        why,
+                    ),
+                );
+            }
+        }
         // A login joining a session (its TSIH, RFC 7143 §5.3.4) uses the session's remote
         // sessions; it opens none.
         if let (Outcome::FullFeature(result), Some(_), 0) =

@@ -50,6 +50,10 @@ pub(crate) struct Core {
     pub(super) params: iscsi_proto::params::SessionParams,
     pub(super) isid: [u8; 6],
     pub(super) tsih: u16,
+    /// The leading connection's Seal cipher and chunk size (`None`: plaintext). Every
+    /// connection of a session has the same: a command held on one connection may be sized
+    /// while another's PDU is handled, and sealed sizes depend on them.
+    pub(super) seal_shape: Option<(ipsan_seal::Cipher, u32)>,
 }
 
 impl std::fmt::Debug for Core {
@@ -68,6 +72,7 @@ impl Core {
         params: iscsi_proto::params::SessionParams,
         isid: [u8; 6],
         tsih: u16,
+        seal_shape: Option<(ipsan_seal::Cipher, u32)>,
     ) -> Self {
         Self {
             engine: Mutex::new(engine),
@@ -80,6 +85,7 @@ impl Core {
             params,
             isid,
             tsih,
+            seal_shape,
         }
     }
 
