@@ -11,6 +11,7 @@
 //! login_timeout_secs = 15
 //! nop_interval_secs = 30          # NOP-In keepalive when idle; 0 = off
 //! queue_depth = 128               # commands in flight per session (CmdSN window)
+//! connections_per_session = 4     # MaxConnections offered (RFC 7143 §13.2); 1 = one per session
 //! max_sessions_per_initiator = 64 # per initiator name; more get login reject 0x0302
 //! max_connections_per_address = 64  # open connections per source address (IPv6: per /64)
 //! first_pdu_timeout_secs = 5      # close a connection with no complete Login Request by then
@@ -253,6 +254,9 @@ pub struct Config {
     pub login_timeout: std::time::Duration,
     pub nop_interval: Option<std::time::Duration>,
     pub queue_depth: u32,
+    /// MaxConnections this target offers (RFC 7143 §13.2): a session gets the lower of this
+    /// and the initiator's offer (the Linux initiator and libiscsi offer 1).
+    pub connections_per_session: u32,
     /// RELATIVE TARGET PORT IDENTIFIER reported in VPD 83h (SPC-4 §7.8.6.6). Two ipsan
     /// processes exporting one shared image (RBD) must use distinct values, so a host's
     /// multipath sees one disk on two ports.
@@ -287,6 +291,7 @@ impl Default for Config {
             login_timeout: std::time::Duration::from_secs(15),
             nop_interval: Some(std::time::Duration::from_secs(30)),
             queue_depth: 128,
+            connections_per_session: 4,
             relative_port_id: 1,
             crypto_workers: std::thread::available_parallelism()
                 .map_or(2, std::num::NonZeroUsize::get),
@@ -338,6 +343,12 @@ impl Config {
                 return Err(err("server.queue_depth", "must be in 1..=4096"));
             }
             c.queue_depth = d;
+        }
+        if let Some(n) = f.server.connections_per_session {
+            if !(1..=64).contains(&n) {
+                return Err(err("server.connections_per_session", "must be in 1..=64"));
+            }
+            c.connections_per_session = n;
         }
         if let Some(id) = f.server.relative_port_id {
             if id == 0 {

@@ -17,10 +17,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ipsan_scsi::{decode_lun, CommandInfo, NexusId, ResetKind};
+use ipsan_scsi::{decode_lun, NexusId, ResetKind};
 use ipsan_seal::{CryptoPool, SealSession};
 use ipsan_transport::{FrameReader, FrameWriter};
 use iscsi_proto::engine::target as engine;
+use iscsi_proto::engine::target::session::ConnId;
 use iscsi_proto::login::TargetOffer;
 use iscsi_proto::params::SessionParams;
 use iscsi_wire::header::{TmfFunction, TmfResponse};
@@ -34,7 +35,10 @@ use tracing::{debug, info, trace, warn};
 mod execute;
 mod login;
 mod luns;
+mod mcs;
 mod unit;
+
+pub(crate) use mcs::Core;
 
 use login::{abandoned_seal_guess, login_phase};
 use luns::{engine_response, Luns};
@@ -125,46 +129,55 @@ pub async fn serve(
     let sealed = lock(&slot).as_ref().map(|s| s.cipher().to_string());
     info!(
         %peer, seal = sealed.as_deref().unwrap_or("off"), initiator = %params.initiator_name, target = params.target_name.as_deref().unwrap_or("(discovery)"),
-        tsih = result.tsih, header_digest = params.header_digest, data_digest = params.data_digest,
+        tsih = result.tsih, cid = result.cid, header_digest = params.header_digest, data_digest = params.data_digest,
         immediate_data = params.immediate_data, initial_r2t = params.initial_r2t,
         max_burst = params.max_burst_length, first_burst = params.first_burst_length,
+        max_connections = params.max_connections,
         "login complete"
     );
+    // Each connection's Seal keys are its own login's (docs/seal.md): a connection that joins
+    // a session negotiates its own, so no key or counter is shared between connections.
     let seal = lock(&slot).take().map(Arc::new);
-    let auth = session_slot
-        .as_ref()
-        .map(|s| s.auth().clone())
-        .unwrap_or_default();
-    let registered = shared.registry.register(
-        crate::registry::SessionInfo::new(
-            &params,
-            result.isid,
-            result.tsih,
-            peer,
-            local,
-            seal.clone(),
-        )
-        .with_auth(auth),
+    // A login with the session's TSIH adds a connection to it (RFC 7143 §5.3.4); the login
+    // directory checked whose session it is and that it has room.
+    let joining = shared.registry.joining(
+        &params.initiator_name,
+        result.isid,
+        params.target_name.as_deref(),
+        result.tsih,
     );
-    // Registered (or refused): the session counts itself now.
-    drop(session_slot);
-    let crate::registry::Registration {
-        cancel: session_cancel,
-        stats,
-        drained,
-        reinstates,
-    } = match registered {
-        Ok(r) => r,
-        Err(e) => {
-            // A more strongly authenticated session with this key registered while this
-            // login was being answered: it stays, this connection goes.
-            warn!(%peer, "login refused after its answer: {e}; closing");
-            if let Some(r) = &remote {
-                r.close().await;
+    let mut registration = None;
+    if joining.is_none() {
+        let auth = session_slot
+            .as_ref()
+            .map(|s| s.auth().clone())
+            .unwrap_or_default();
+        let registered = shared.registry.register(
+            crate::registry::SessionInfo::new(
+                &params,
+                result.isid,
+                result.tsih,
+                peer,
+                local,
+                seal.clone(),
+            )
+            .with_auth(auth),
+        );
+        match registered {
+            Ok(r) => registration = Some(r),
+            Err(e) => {
+                // A more strongly authenticated session with this key registered while this
+                // login was being answered: it stays, this connection goes.
+                warn!(%peer, "login refused after its answer: {e}; closing");
+                if let Some(r) = &remote {
+                    r.close().await;
+                }
+                return;
             }
-            return;
         }
-    };
+    }
+    // Registered, joined (or refused): the session counts itself now.
+    drop(session_slot);
 
     conn.codec = Codec {
         header_digest: params.header_digest,
@@ -185,13 +198,17 @@ pub async fn serve(
             }
             Err(e) => {
                 warn!(%peer, "seal: cannot set up record protection: {e}; closing");
-                drained.cancel();
-                shared.registry.unregister(
-                    &params.initiator_name,
-                    result.isid,
-                    params.target_name.as_deref(),
-                    result.tsih,
-                );
+                if registration.is_some() {
+                    shared.registry.unregister(
+                        &params.initiator_name,
+                        result.isid,
+                        params.target_name.as_deref(),
+                        result.tsih,
+                    );
+                }
+                if let Some(r) = registration {
+                    r.drained.cancel();
+                }
                 return;
             }
         }
@@ -201,23 +218,76 @@ pub async fn serve(
     cfg.nop_interval = shared.nop_interval;
     cfg.drain_timeout = DRAIN_TIMEOUT;
     cfg.max_command_bytes = MAX_COMMAND_BYTES;
+    cfg.cid = result.cid;
+    let (core, id, reinstates, joined) = match (joining, registration) {
+        (Some(core), _) => {
+            let target = params
+                .target_name
+                .as_deref()
+                .and_then(|n| shared.registry.target(n));
+            let luns = Luns {
+                target: target.as_deref(),
+                seal: seal.as_deref(),
+                registry: &shared.registry,
+                local,
+            };
+            let added = lock(&core.engine).add_connection(cfg, Instant::now(), &luns);
+            match added {
+                Ok(a) => {
+                    if a.reinstated.is_some() {
+                        // Connection reinstatement (RFC 7143 §6.3.4): the old one is closed.
+                        core.wake_others(a.id);
+                    }
+                    (core, a.id, None, true)
+                }
+                Err(e) => {
+                    warn!(%peer, tsih = result.tsih, "connection cannot join its session: {e}; closing");
+                    return;
+                }
+            }
+        }
+        (None, Some(reg)) => {
+            let (sess, id) = engine::session::Session::new(cfg, Instant::now());
+            let core = Arc::new(mcs::Core::new(
+                sess,
+                &reg,
+                remote.clone(),
+                params.clone(),
+                result.isid,
+                result.tsih,
+                seal.as_ref().map(|s| (s.cipher(), s.chunk_size())),
+            ));
+            shared.registry.attach(
+                &params.initiator_name,
+                result.isid,
+                params.target_name.as_deref(),
+                result.tsih,
+                &core,
+            );
+            (core, id, reg.reinstates, false)
+        }
+        (None, None) => return,
+    };
     let session = Arc::new(Session {
         shared: shared.clone(),
-        engine: Mutex::new(engine::Connection::carrying(cfg, Instant::now())),
+        core: core.clone(),
+        id,
         wake_writer: Notify::new(),
         wake_reader: Notify::new(),
         written: Notify::new(),
-        params,
-        stats,
+        // A joining login negotiates no session-wide keys (RFC 7143 §13): the leading one's.
+        params: if joined { core.params.clone() } else { params },
+        stats: core.stats.clone(),
         nexus,
         local,
         seal,
         rekey_asked: AtomicBool::new(false),
         running: AtomicUsize::new(0),
         idle: Notify::new(),
-        remote,
+        remote: core.remote.clone(),
         forwarded: Mutex::new(HashMap::new()),
     });
+    core.link(id, &session);
     if let Some(old) = reinstates {
         // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
         // one's commands execute, so an old WRITE still running cannot land after the
@@ -225,43 +295,55 @@ pub async fn serve(
         tokio::select! {
             () = old.cancelled() => {}
             () = shutdown.cancelled() => {}
-            () = session_cancel.cancelled() => {}
+            () = core.cancel.cancelled() => {}
         }
         debug!(%peer, "reinstated session's commands are done; serving");
     }
     let writer = tokio::spawn(writer_task(wr, session.clone()));
-    let end = session.run(&mut conn, &shutdown, &session_cancel).await;
-    debug!(%peer, "session ending: {end}");
-    if let Some(t) = session.target() {
-        // The I_T nexus is gone: release what it held (RESERVE, PREVENT; SAM-5 §5.9).
-        for lu in t.luns.values() {
-            lu.nexus_lost(&session.nexus);
+    let end = session.run(&mut conn, &shutdown, &core.cancel).await;
+    debug!(%peer, cid = result.cid, "connection ending: {end}");
+    // The session ends with its last connection; the others leave it running.
+    let last = core.last_out();
+    if last {
+        if let Some(t) = session.target() {
+            // The I_T nexus is gone: release what it held (RESERVE, PREVENT; SAM-5 §5.9).
+            for lu in t.luns.values() {
+                lu.nexus_lost(&session.nexus);
+            }
         }
     }
     // A reinstating session waits for this (RFC 7143 §6.3.5); `run` waited DRAIN_TIMEOUT
     // already, so only a hung backend gets here with commands running. Signalled before the
     // writer is joined: a writer stuck on a black-holed socket must not hold up the new
-    // session.
+    // session. (Each connection waits for its own commands; the last one signals.)
     if tokio::time::timeout(2 * DRAIN_TIMEOUT, session.idle())
         .await
         .is_err()
     {
         warn!(%peer, "commands still running {:?} after the session ended; releasing it anyway", 2 * DRAIN_TIMEOUT);
     }
-    drained.cancel();
+    if last {
+        core.drained.cancel();
+    }
     session.wake_writer.notify_one();
     let _ = writer.await;
-    if let Some(r) = &session.remote {
+    session.engine().remove();
+    core.unlink(id);
+    if !last {
+        info!(%peer, tsih = result.tsih, cid = result.cid, "connection closed; its session goes on");
+        return;
+    }
+    if let Some(r) = &core.remote {
         // The host's I_T nexus is gone: so is its nexus on the remote targets.
         r.close().await;
     }
     shared.registry.unregister(
-        &session.params.initiator_name,
-        result.isid,
-        session.params.target_name.as_deref(),
-        result.tsih,
+        &core.params.initiator_name,
+        core.isid,
+        core.params.target_name.as_deref(),
+        core.tsih,
     );
-    info!(%peer, tsih = result.tsih, "session closed");
+    info!(%peer, tsih = core.tsih, "session closed");
 }
 
 /// Seconds an initiator has to log out after AsyncEvent 1 (RFC 7143 §11.9.1 Parameter3).
@@ -286,7 +368,7 @@ async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>)
         tokio::pin!(notified);
         notified.as_mut().enable();
         let closed = {
-            let mut e = lock(&session.engine);
+            let mut e = session.engine();
             while batch.len() < 256 {
                 match e.poll_transmit() {
                     Some(p) => batch.push(p),
@@ -334,7 +416,7 @@ async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>)
 /// The socket cannot take more: the connection is over, and a reader waiting for the queue
 /// to drain must not wait for a writer that is gone.
 fn writer_failed(session: &Session) {
-    lock(&session.engine).peer_closed();
+    session.engine().peer_closed();
     session.wake_reader.notify_one();
     session.written.notify_waiters();
 }
@@ -342,10 +424,12 @@ fn writer_failed(session: &Session) {
 /// One session's connection: the engine and what the driver adds around it.
 struct Session {
     shared: Arc<Shared>,
-    /// The engine; its tasks carry each local LU's command decoded once, when the engine
-    /// sized it (`Luns::size`), to its execution (`execute.rs`), so nothing parses the CDB
-    /// again.
-    engine: Mutex<engine::Connection<CommandInfo>>,
+    /// What this connection shares with the others of its session (`mcs.rs`): the engine,
+    /// whose tasks carry each local LU's command decoded once, when the engine sized it
+    /// (`Luns::size`), to its execution (`execute.rs`), so nothing parses the CDB again.
+    core: Arc<mcs::Core>,
+    /// This connection in the engine's session.
+    id: ConnId,
     /// PDUs queued: the writer has work.
     wake_writer: Notify,
     /// A command task closed the connection (Seal limits): the reader looks at the events.
@@ -373,6 +457,21 @@ struct Session {
 }
 
 impl Session {
+    /// The engine, locked, as this connection sees it.
+    fn engine(&self) -> mcs::Eng<'_> {
+        mcs::Eng::new(self)
+    }
+
+    /// What the engine asks about LUNs, for this connection.
+    fn luns<'a>(&'a self, target: Option<&'a Target>) -> Luns<'a> {
+        Luns {
+            target,
+            seal: self.seal.as_deref(),
+            registry: &self.shared.registry,
+            local: self.local,
+        }
+    }
+
     /// The session's target as it is now (LUNs can be added or removed while it runs).
     fn target(&self) -> Option<Arc<Target>> {
         self.params
@@ -399,35 +498,35 @@ impl Session {
                 tokio::pin!(written);
                 written.as_mut().enable();
                 {
-                    let e = lock(&self.engine);
+                    let e = self.engine();
                     if e.queued_bytes() <= MAX_QUEUED_BYTES || e.closed().is_some() {
                         break;
                     }
                 }
                 written.await;
             }
-            let deadline = lock(&self.engine).poll_timeout();
+            let deadline = self.engine().poll_timeout();
             let next = tokio::select! {
                 r = conn.next() => r,
                 () = shutdown.cancelled() => {
-                    lock(&self.engine).close_locally();
+                    self.engine().close_locally();
                     self.wake_writer.notify_one();
                     break "target shutting down".to_owned();
                 }
                 () = session_cancel.cancelled() => {
-                    lock(&self.engine).close_locally();
+                    self.engine().close_locally();
                     self.wake_writer.notify_one();
                     break "session reinstated or cancelled".to_owned();
                 }
                 () = self.wake_reader.notified() => continue,
                 () = self.stats.logout.notified() => {
                     // `ipsan ctl logout-all`: ask politely (RFC 7143 §11.9.1, AsyncEvent 1).
-                    lock(&self.engine).request_logout(LOGOUT_WAIT_SECS);
+                    self.engine().request_logout(LOGOUT_WAIT_SECS);
                     self.wake_writer.notify_one();
                     continue;
                 }
                 () = async { match deadline { Some(d) => tokio::time::sleep_until(d.into()).await, None => std::future::pending().await } } => {
-                    lock(&self.engine).handle_timeout(Instant::now());
+                    self.engine().handle_timeout(Instant::now());
                     self.wake_writer.notify_one();
                     continue;
                 }
@@ -447,12 +546,12 @@ impl Session {
                     initiator = %self.params.initiator_name,
                     "{f}; nothing of it acts, dropping the connection"
                 );
-                lock(&self.engine).close_locally();
+                self.engine().close_locally();
                 self.wake_writer.notify_one();
                 break format!("forged PDU: {f}");
             }
             {
-                let mut e = lock(&self.engine);
+                let mut e = self.engine();
                 match next {
                     Err(_) | Ok(None) => e.peer_closed(),
                     Ok(Some(Ok(pdu))) => {
@@ -498,7 +597,7 @@ impl Session {
     /// Acts on the engine's events; `Some(why)` once the connection is over.
     fn events(self: &Arc<Self>) -> Option<String> {
         loop {
-            let ev = lock(&self.engine).poll_event()?;
+            let ev = self.engine().poll_event()?;
             match ev {
                 engine::Event::Execute(x) => {
                     let s = self.clone();
@@ -560,7 +659,7 @@ impl Session {
     /// command to run to its end. Their statuses never reach the host (the engine suppresses
     /// them).
     fn abort_forwarded(&self, itts: &[u32]) {
-        let e = lock(&self.engine);
+        let e = self.engine();
         let mut f = lock(&self.forwarded);
         for &itt in itts {
             // Not registered yet (its task has not reached `forward`): registered cancelled,
@@ -626,7 +725,7 @@ impl Session {
     /// Hands the outcome of a forwarded LOGICAL UNIT RESET to the engine, which answers the
     /// host once the reset's aborted tasks have ended too.
     fn reset_done(&self, itt: u32, response: TmfResponse) {
-        lock(&self.engine).reset_done(itt, response);
+        self.engine().reset_done(itt, response);
         self.wake_writer.notify_one();
     }
 }

@@ -957,7 +957,7 @@ fn sessions(registry: &Registry) -> Value {
                 "peer": i.peer.to_string(),
                 "local": i.local.map(|a| a.to_string()),
                 "since_unix": since,
-                "connections": 1,
+                "connections": s.connections,
                 "chap": i.chap,
                 "authenticated": i.auth.to_string(),
                 "seal": seal,

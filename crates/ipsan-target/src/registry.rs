@@ -220,6 +220,8 @@ struct SessionEntry {
     drained: CancellationToken,
     info: Arc<SessionInfo>,
     stats: Arc<SessionStats>,
+    /// Its connections' shared state, for a login joining it (RFC 7143 §5.3.4).
+    core: Option<std::sync::Weak<crate::conn::Core>>,
 }
 
 /// What [`Registry::register`] hands a new session.
@@ -326,6 +328,8 @@ impl SessionInfo {
 pub struct SessionView {
     pub info: Arc<SessionInfo>,
     pub stats: Arc<SessionStats>,
+    /// Its open connections (RFC 7143 §4.2, MaxConnections).
+    pub connections: usize,
 }
 
 /// Shared state of the whole target.
@@ -657,6 +661,7 @@ impl Registry {
                 drained: drained.clone(),
                 info: Arc::new(info),
                 stats: stats.clone(),
+                core: None,
             },
         ) {
             tracing::info!(
@@ -696,13 +701,20 @@ impl Registry {
     /// Every logged-in session.
     #[must_use]
     pub fn sessions(&self) -> Vec<SessionView> {
-        let s = crate::lock(&self.sessions);
-        let mut v: Vec<SessionView> = s
+        let entries: Vec<_> = crate::lock(&self.sessions)
             .by_key
             .values()
-            .map(|e| SessionView {
-                info: e.info.clone(),
-                stats: e.stats.clone(),
+            .map(|e| (e.info.clone(), e.stats.clone(), e.core.clone()))
+            .collect();
+        // Counted outside the table's lock: a session's engine is never locked under it.
+        let mut v: Vec<SessionView> = entries
+            .into_iter()
+            .map(|(info, stats, core)| SessionView {
+                info,
+                stats,
+                connections: core
+                    .and_then(|c| c.upgrade())
+                    .map_or(1, |c| c.connections()),
             })
             .collect();
         v.sort_by_key(|e| e.info.tsih);
@@ -775,9 +787,53 @@ impl Registry {
         }
     }
 
-    fn tsih_exists(&self, tsih: u16) -> bool {
-        let s = crate::lock(&self.sessions);
-        s.by_key.values().any(|e| e.tsih == tsih)
+    /// Records the shared state of a registered session's connections, so a login with its
+    /// TSIH can join it.
+    pub(crate) fn attach(
+        &self,
+        initiator: &str,
+        isid: [u8; 6],
+        target: Option<&str>,
+        tsih: u16,
+        core: &Arc<crate::conn::Core>,
+    ) {
+        let key = SessionKey {
+            initiator: initiator.to_owned(),
+            isid,
+            target: target.map(str::to_owned),
+        };
+        if let Some(e) = crate::lock(&self.sessions)
+            .by_key
+            .get_mut(&key)
+            .filter(|e| e.tsih == tsih)
+        {
+            e.core = Some(Arc::downgrade(core));
+        }
+    }
+
+    /// The session a login with `tsih` joins: only the one of this initiator, ISID and target
+    /// (RFC 7143 §5.3.4), and only while it runs.
+    pub(crate) fn joining(
+        &self,
+        initiator: &str,
+        isid: [u8; 6],
+        target: Option<&str>,
+        tsih: u16,
+    ) -> Option<Arc<crate::conn::Core>> {
+        if tsih == 0 {
+            return None;
+        }
+        let key = SessionKey {
+            initiator: initiator.to_owned(),
+            isid,
+            target: target.map(str::to_owned),
+        };
+        crate::lock(&self.sessions)
+            .by_key
+            .get(&key)
+            .filter(|e| e.tsih == tsih)
+            .and_then(|e| e.core.as_ref())
+            .and_then(std::sync::Weak::upgrade)
     }
 }
 

@@ -36,6 +36,18 @@ pub fn render(registry: &Registry) -> String {
             &[("target", &t.iqn)],
             n as f64,
         );
+        let conns: usize = sessions
+            .iter()
+            .filter(|s| s.info.target.as_deref() == Some(t.iqn.as_str()))
+            .map(|s| s.connections)
+            .sum();
+        e.sample(
+            "ipsan_target_connections",
+            "Connections of the sessions logged in to the target (several per session when MaxConnections > 1).",
+            "gauge",
+            &[("target", &t.iqn)],
+            conns as f64,
+        );
         let stats = crate::read(&t.lun_stats);
         for (id, lu) in &t.luns {
             let lun = id.to_string();

@@ -107,6 +107,7 @@ impl Server {
             .collect();
         let offer = TargetOffer {
             cmd_window: config.queue_depth,
+            max_connections: config.connections_per_session,
             ..TargetOffer::default()
         };
         Ok(Self {

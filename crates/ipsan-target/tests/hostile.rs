@@ -102,6 +102,35 @@ impl Raw {
         r
     }
 
+    /// A login that names a session (its TSIH: a connection joining it, RFC 7143 §5.3.4), as
+    /// `initiator`; returns the response's status class and detail.
+    async fn login_into(&mut self, initiator: &str, isid: [u8; 6], tsih: u16) -> (u8, u8) {
+        let text = format!("InitiatorName={initiator}\0TargetName={IQN}\0SessionType=Normal\0");
+        let req = LoginRequest {
+            transit: true,
+            continue_: false,
+            csg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            nsg: Stage::FULL_FEATURE_PHASE,
+            version_max: 0,
+            version_min: 0,
+            isid,
+            tsih,
+            itt: 1,
+            cid: 1,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+        };
+        self.send(&Pdu::new(req, Bytes::from(text))).await;
+        let Some(Pdu {
+            header: Header::LoginResponse(r),
+            ..
+        }) = self.recv().await
+        else {
+            panic!("no login response")
+        };
+        (r.status_class, r.status_detail)
+    }
+
     async fn test_unit_ready(&mut self, itt: u32) -> Option<Pdu> {
         let cmd = ScsiCommand {
             immediate: false,
@@ -241,5 +270,51 @@ async fn data_before_login_is_refused() {
     );
     let mut ok = Raw::connect(t.addrs[0]).await;
     ok.login([0x80, 0, 0, 0, 0, 6]).await;
+    t.shutdown().await.unwrap();
+}
+
+/// A client trying to add a connection to someone else's session (its TSIH with another
+/// initiator name or ISID) is told the session does not exist (0x020a), exactly as for a TSIH
+/// nobody has, so it learns nothing; the owner asking for a second connection hears that this
+/// target runs one per session (0x0206). The session itself keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_a_connection_into_another_initiators_session() {
+    let t = start().await;
+    let isid = [0x80, 0, 0, 0, 0, 9];
+    let mut owner = Raw::connect(t.addrs[0]).await;
+    let tsih = owner.login(isid).await.tsih;
+    assert_ne!(tsih, 0);
+    for (who, ini, i, tsih) in [
+        (
+            "another initiator name",
+            "iqn.2026-11.org.example:mallory",
+            isid,
+            tsih,
+        ),
+        (
+            "another ISID",
+            "iqn.2026-11.org.example:raw",
+            [0x80, 0, 0, 0, 0, 10],
+            tsih,
+        ),
+        (
+            "a TSIH nobody has",
+            "iqn.2026-11.org.example:raw",
+            isid,
+            tsih.wrapping_add(7),
+        ),
+    ] {
+        let mut c = Raw::connect(t.addrs[0]).await;
+        assert_eq!(c.login_into(ini, i, tsih).await, (2, 0x0a), "{who}");
+        assert!(c.recv().await.is_none(), "{who}: the connection is closed");
+    }
+    let mut c = Raw::connect(t.addrs[0]).await;
+    assert_eq!(
+        c.login_into("iqn.2026-11.org.example:raw", isid, tsih)
+            .await,
+        (2, 0x06),
+        "the owner: too many connections"
+    );
+    assert!(is_good_response(&owner.test_unit_ready(1).await, 1));
     t.shutdown().await.unwrap();
 }

@@ -57,9 +57,21 @@ struct Client {
     transcript: LoginTranscript,
     /// Seal's record protection after a sealed login.
     record: Option<(RecordSealer, RecordOpener)>,
+    /// The session to join (0: a new one; the target's answer once logged in), this
+    /// connection's CID, and keys to add to the login.
+    tsih: u16,
+    cid: u16,
+    extra: &'static str,
 }
 
-fn login_req(transit: bool, nsg: Stage, isid: [u8; 6], cmd_sn: u32, itt: u32) -> LoginRequest {
+fn login_req(
+    transit: bool,
+    nsg: Stage,
+    isid: [u8; 6],
+    (tsih, cid): (u16, u16),
+    cmd_sn: u32,
+    itt: u32,
+) -> LoginRequest {
     LoginRequest {
         transit,
         continue_: false,
@@ -68,9 +80,9 @@ fn login_req(transit: bool, nsg: Stage, isid: [u8; 6], cmd_sn: u32, itt: u32) ->
         version_max: 0,
         version_min: 0,
         isid,
-        tsih: 0,
+        tsih,
         itt,
-        cid: 0,
+        cid,
         cmd_sn,
         exp_stat_sn: 0,
     }
@@ -87,6 +99,9 @@ impl Client {
             seen: Vec::new(),
             transcript: LoginTranscript::new(),
             record: None,
+            tsih: 0,
+            cid: 0,
+            extra: "",
         }
     }
     async fn send(&mut self, pdu: &Pdu) {
@@ -144,6 +159,7 @@ impl Client {
             )
             .unwrap()
         });
+        text.push_str(self.extra);
         if let Some(o) = &offer {
             for (k, v) in o.keys() {
                 text.push_str(&format!("{k}={v}\0"));
@@ -152,7 +168,14 @@ impl Client {
         // With Seal the offer goes with T=0 so a second request can carry the confirmation.
         let transit = offer.is_none();
         self.send(&Pdu::new(
-            login_req(transit, Stage::FULL_FEATURE_PHASE, isid, self.cmd_sn, 1),
+            login_req(
+                transit,
+                Stage::FULL_FEATURE_PHASE,
+                isid,
+                (self.tsih, self.cid),
+                self.cmd_sn,
+                1,
+            ),
             Bytes::from(text),
         ))
         .await;
@@ -169,6 +192,7 @@ impl Client {
         }
         // We declared MaxRecvDataSegmentLength=262144.
         self.codec.max_recv_data_segment_length = 262_144;
+        self.tsih = r.tsih;
         let Some(offer) = offer else { return Ok(None) };
         let answer = iscsi_wire::text::parse(&data).unwrap();
         let (session, confirm) = offer
@@ -180,7 +204,14 @@ impl Client {
             .expect("target's answer verifies");
         let text: String = confirm.iter().map(|(k, v)| format!("{k}={v}\0")).collect();
         self.send(&Pdu::new(
-            login_req(true, Stage::FULL_FEATURE_PHASE, isid, self.cmd_sn, 2),
+            login_req(
+                true,
+                Stage::FULL_FEATURE_PHASE,
+                isid,
+                (self.tsih, self.cid),
+                self.cmd_sn,
+                2,
+            ),
             Bytes::from(text),
         ))
         .await;
@@ -195,6 +226,7 @@ impl Client {
             return Err((r.status_class, r.status_detail));
         }
         assert!(r.transit && r.nsg == Stage::FULL_FEATURE_PHASE);
+        self.tsih = r.tsih;
         self.record = Some(session.record_layer(&self.transcript.hash()).unwrap());
         Ok(Some(Arc::new(session)))
     }
@@ -604,4 +636,89 @@ async fn accepts_a_sealed_read_overflow_cut_in_plaintext_before_sealing() {
 /// The binding both sides compute for a command's data (docs/seal.md §4).
 fn bind(lun: u64, itt: u32, cdb: &[u8]) -> ipsan_seal::Binding {
     ipsan_seal::Binding::of_command(lun, itt, cdb[0], ipsan_scsi::cdb::extent(cdb))
+}
+
+/// Issue 28: a sealed session of two connections. Each connection runs its own Seal login
+/// (its own CPace, keys and counters): data written sealed under the first connection's keys
+/// reads back sealed under the second's, and neither key opens the other's data. A connection
+/// that tries to join the sealed session without Seal (its ISID and TSIH are in clear in every
+/// login header, so anyone on the path has them) is refused: 0x0201, it proved less than the
+/// session did (MaxConnections 3, so the refusal is the authentication's, not the limit's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_a_second_sealed_connection_with_its_own_keys_and_refuses_a_plain_one() {
+    let t = start(SealPolicy::Allowed).await;
+    let mut a = Client::connect(t.addrs[0]).await;
+    a.extra = "MaxConnections=3\0";
+    let sa = a.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    assert_ne!(a.tsih, 0);
+    let mut b = Client::connect(t.addrs[0]).await;
+    (b.tsih, b.cid) = (a.tsih, 1);
+    let sb = b.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    // The target adds the connection right after its login response: wait for it (bounded).
+    let mut n = 0;
+    for _ in 0..200 {
+        n = t.registry().sessions()[0].connections;
+        if n == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(n, 2, "one session of two connections");
+
+    let mut plain_conn = Client::connect(t.addrs[0]).await;
+    (plain_conn.tsih, plain_conn.cid) = (a.tsih, 2);
+    assert_eq!(
+        plain_conn.login(None).await.unwrap_err(),
+        (2, 1),
+        "a plaintext connection into a sealed session"
+    );
+
+    let plain = payload();
+    let itt = a.itt + 1;
+    let cdb = Client::cdb10(0x2a, 96, 16);
+    let mut buf = BytesMut::with_capacity(sa.sealed_len(plain.len()).unwrap());
+    buf.extend_from_slice(&plain);
+    let sealed = sa.seal(&bind(0, itt, &cdb), buf).unwrap();
+    assert_eq!(a.write(96, sealed).await, (0, 0, 0, 0), "written over a");
+
+    // One CmdSN window: b goes on where a stopped.
+    b.cmd_sn = a.cmd_sn;
+    b.itt = a.itt + 10;
+    let edtl = sb.sealed_len(plain.len()).unwrap() as u32;
+    let itt = b.itt + 1;
+    let got = b.read(96, 16, edtl).await;
+    let cdb = Client::cdb10(0x28, 96, 16);
+    assert!(
+        sa.open(&bind(0, itt, &cdb), BytesMut::from(&got[..]))
+            .is_err(),
+        "a's keys open b's data"
+    );
+    let opened = sb
+        .open(&bind(0, itt, &cdb), BytesMut::from(&got[..]))
+        .unwrap();
+    assert_eq!(&opened[..], &plain[..], "read back over b what a wrote");
+    assert!(!contains(&b.seen, MARKER), "no plaintext on the wire");
+    t.shutdown().await.unwrap();
+}
+
+/// Issue 28: every connection of a session seals alike (a command held on one connection may
+/// be sized while another's PDU is handled, and sealed sizes depend on the cipher and chunk
+/// size): a sealed connection joining a plaintext session is refused (0x0200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_a_sealed_connection_joining_a_plaintext_session() {
+    let t = start(SealPolicy::Allowed).await;
+    let mut a = Client::connect(t.addrs[0]).await;
+    a.extra = "MaxConnections=2\0";
+    assert!(a.login(None).await.unwrap().is_none());
+    assert_ne!(a.tsih, 0);
+    let mut b = Client::connect(t.addrs[0]).await;
+    (b.tsih, b.cid) = (a.tsih, 1);
+    assert_eq!(b.login(Some(Cipher::Aes256Gcm)).await.unwrap_err(), (2, 0));
+    let mut c = Client::connect(t.addrs[0]).await;
+    (c.tsih, c.cid) = (a.tsih, 1);
+    assert!(
+        c.login(None).await.unwrap().is_none(),
+        "a plaintext one joins"
+    );
+    t.shutdown().await.unwrap();
 }

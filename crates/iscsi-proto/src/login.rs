@@ -173,6 +173,10 @@ pub struct TargetOffer {
     /// Commands the session may have in flight: MaxCmdSN in the final response is
     /// CmdSN + depth - 1 (RFC 7143 §4.2.2.1).
     pub cmd_window: u32,
+    /// Connections a session may have (MaxConnections, RFC 7143 §13.2: the session gets the
+    /// lower of both offers). 1 unless the driver runs sessions of several connections
+    /// ([`crate::engine::target::session::Session`]).
+    pub max_connections: u32,
 }
 
 impl Default for TargetOffer {
@@ -187,6 +191,7 @@ impl Default for TargetOffer {
             initial_r2t: false,
             immediate_data: true,
             cmd_window: 128,
+            max_connections: 1,
         }
     }
 }
@@ -197,7 +202,7 @@ impl TargetOffer {
         Some(match key {
             "HeaderDigest" => self.header_digest.to_owned(),
             "DataDigest" => self.data_digest.to_owned(),
-            "MaxConnections" => "1".into(),
+            "MaxConnections" => self.max_connections.max(1).to_string(),
             "InitialR2T" => yn(self.initial_r2t),
             "ImmediateData" => yn(self.immediate_data),
             "MaxBurstLength" => self.max_burst_length.to_string(),

@@ -243,7 +243,7 @@ impl Session {
                 .map(|k| SenseKey(k & 0x0f)),
         );
         let closed = {
-            let mut e = lock(&self.engine);
+            let mut e = self.engine();
             e.complete_with_residual(itt, resp, residual);
             if remote {
                 // Under the engine lock: an abort sees the task running or the token gone.
@@ -270,7 +270,7 @@ impl Session {
     /// initiator logs in again and both sides derive fresh keys (docs/seal.md).
     fn seal_counter_watch(
         &self,
-        e: &mut engine::Connection<CommandInfo>,
+        e: &mut super::mcs::Eng<'_>,
         session: &SealSession,
         exhausted: bool,
     ) {

@@ -156,6 +156,7 @@ pub(super) async fn login_phase(
         };
         // Every Login PDU goes into the transcript Seal binds (docs/seal.md §3).
         lock(transcript).add_received(Direction::InitiatorToTarget, &pdu);
+        dir.cid.store(req.cid, std::sync::atomic::Ordering::Relaxed);
         let mut reply = login.handle(req, &pdu.data, &mut dir);
         if let Outcome::Relay(request) = reply.outcome {
             // CHAP relayed to the remote target (a gateway, remote.rs HostRelay).
@@ -190,7 +191,37 @@ pub(super) async fn login_phase(
                 Err(f) => reply = login.refuse(reply, f),
             }
         }
-        if let (Outcome::FullFeature(result), Some(_)) = (&reply.outcome, &session_slot) {
+        if let (Outcome::FullFeature(result), Some(_), true) =
+            (&reply.outcome, &session_slot, req.tsih != 0)
+        {
+            // A connection joining a session negotiates Seal as its leading connection did:
+            // plaintext, or the same cipher and chunk size (under its own keys).
+            let core = shared.registry.joining(
+                &result.params.initiator_name,
+                result.isid,
+                result.params.target_name.as_deref(),
+                req.tsih,
+            );
+            let shape = lock(slot).as_ref().map(|s| (s.cipher(), s.chunk_size()));
+            if let Some(core) = core.filter(|c| c.seal_shape != shape) {
+                let why = format!(
+                    "a connection joining session TSIH {} must negotiate its Seal cipher and chunk size ({:?}), not {shape:?}",
+                    core.tsih, core.seal_shape
+                );
+                reply = login.refuse(
+                    reply,
+                    iscsi_proto::login::LoginFailure::new(
+                        iscsi_proto::login::LoginStatus::INITIATOR_ERROR,
+                        why,
+                    ),
+                );
+            }
+        }
+        // A login joining a session (its TSIH, RFC 7143 §5.3.4) uses the session's remote
+        // sessions; it opens none.
+        if let (Outcome::FullFeature(result), Some(_), 0) =
+            (&reply.outcome, &session_slot, req.tsih)
+        {
             let opened = match relay.take() {
                 Some(r) => r.finish().await.map(Some),
                 None => open_remotes(shared, result).await,
@@ -215,6 +246,21 @@ pub(super) async fn login_phase(
             shared.registry.count_login(&dir, Some(f.status.0));
             let seal_guess = lock(guess).take().is_some();
             auth_failure_backoff(shared, &dir, peer, f, seal_guess).await;
+        }
+        if let (Outcome::FullFeature(result), true) = (&reply.outcome, req.tsih != 0) {
+            // A connection joining a session: the window it sees is the session's, not one
+            // counted from its Login's CmdSN (RFC 7143 §4.2.2.1, §11.13).
+            let core = shared.registry.joining(
+                &result.params.initiator_name,
+                result.isid,
+                result.params.target_name.as_deref(),
+                req.tsih,
+            );
+            if let Some(core) = core {
+                let w = lock(&core.engine).window().clone();
+                reply.header.exp_cmd_sn = w.exp_cmd_sn();
+                reply.header.max_cmd_sn = w.max_cmd_sn();
+            }
         }
         let resp = Pdu::new(reply.header, Bytes::from(reply.data));
         if wr.push(resp.clone()).is_err() {

@@ -16,6 +16,9 @@ pub struct LoginDirectory {
     chap: std::sync::atomic::AtomicBool,
     /// The CHAP user the login must answer for (the policy it was given).
     chap_user: Mutex<Option<String>>,
+    /// The CID the login's requests name (a login joining a session with the CID of one of
+    /// its connections reinstates that connection, RFC 7143 §6.3.4).
+    pub cid: std::sync::atomic::AtomicU16,
 }
 
 impl LoginDirectory {
@@ -27,6 +30,7 @@ impl LoginDirectory {
             declared: Mutex::new(None),
             chap: std::sync::atomic::AtomicBool::new(false),
             chap_user: Mutex::new(None),
+            cid: std::sync::atomic::AtomicU16::new(0),
         }
     }
 
@@ -121,8 +125,8 @@ impl Directory for LoginDirectory {
 
     fn assign_tsih(
         &mut self,
-        _isid: [u8; 6],
-        _ini: &str,
+        isid: [u8; 6],
+        ini: &str,
         requested: u16,
     ) -> Result<u16, LoginFailure> {
         if requested == 0 {
@@ -130,17 +134,25 @@ impl Directory for LoginDirectory {
             // everything it will (`Registry::admit`, from the connection).
             return Ok(self.registry.allocate_tsih());
         }
-        // MaxConnections=1: a second connection for an existing session is refused.
-        if self.registry.tsih_exists(requested) {
-            Err(LoginFailure::new(
-                LoginStatus::TOO_MANY_CONNECTIONS,
-                "MaxConnections is 1",
-            ))
-        } else {
-            Err(LoginFailure::new(
+        // A login with a TSIH adds a connection to that session (RFC 7143 §5.3.4); it names
+        // a session only of the same initiator, ISID and target. Anyone else's TSIH, or one
+        // that does not exist, is a session that does not exist for this login (0x020a),
+        // and says nothing about other initiators' sessions. The session's own initiator
+        // hears whether it has room (0x0206 at MaxConnections).
+        let target = crate::lock(&self.declared)
+            .as_ref()
+            .and_then(|(_, t)| t.clone());
+        match self
+            .registry
+            .joining(ini, isid, target.as_deref(), requested)
+        {
+            Some(core) => core
+                .room(self.cid.load(std::sync::atomic::Ordering::Relaxed))
+                .map(|()| requested),
+            None => Err(LoginFailure::new(
                 LoginStatus::SESSION_DOES_NOT_EXIST,
-                format!("no session with TSIH {requested}"),
-            ))
+                format!("no session with TSIH {requested} for this initiator and ISID"),
+            )),
         }
     }
 }

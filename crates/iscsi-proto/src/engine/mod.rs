@@ -9,7 +9,10 @@
 //! # Layout
 //! - [`target`]: the target's connection: CmdSN window admission, the task table, R2T
 //!   generation, Data-In segmentation and status, residuals, task management with data in
-//!   flight, NOP-In pings, text, logout.
+//!   flight, NOP-In pings, text, logout. [`target::session`]: a target session of several
+//!   connections (MaxConnections > 1): one CmdSN window over them, commands from any connection
+//!   run in CmdSN order, StatSN and task allegiance per connection, connections joining (TSIH
+//!   login), reinstated (same CID) and logged out one at a time.
 //! - [`initiator`]: the initiator's connection: the CmdSN window as seen from the initiator,
 //!   command submission with immediate and unsolicited data, R2T checking and answering,
 //!   Data-In reassembly, task management, command timeouts (ABORT TASK, then LOGICAL UNIT
@@ -185,6 +188,11 @@ pub enum Violation {
     PingFlood { queued: usize },
     #[error("data phase: {0}")]
     DataPhase(r2t::DataError),
+    /// More PDUs arrived on one connection of a multi-connection session, behind a command
+    /// waiting for a CmdSN sent on another connection, than the target holds (RFC 7143
+    /// §4.2.2.1: commands run in CmdSN order across the session's connections).
+    #[error("{held} bytes held on this connection waiting for CmdSN {waiting_for}")]
+    CmdSnGap { waiting_for: u32, held: usize },
 }
 
 /// The short name RFC 7143's text uses for a target PDU.

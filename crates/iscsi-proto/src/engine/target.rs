@@ -1,5 +1,7 @@
-//! The target's side of one connection in full feature phase (RFC 7143, MaxConnections=1,
-//! ErrorRecoveryLevel=0).
+//! The target's side of one connection in full feature phase (RFC 7143, ErrorRecoveryLevel=0).
+//! A session of one connection drives a [`Connection`] alone; a session of several
+//! (MaxConnections > 1, RFC 7143 §4.2) drives them through [`session::Session`], which owns
+//! the session's one CmdSN window and delivers commands from every connection in CmdSN order.
 //!
 //! ```text
 //!  handle_pdu ─► admit CmdSN (§4.2.2.1) ─► SCSI Command ─► size it (LunDirectory) ─┐
@@ -34,6 +36,8 @@ use super::r2t::{DataError, WriteState};
 use super::{fixed_sense, CloseReason, ConnectionError, Side, TagAllocator, Violation};
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{sn_lt, Admit, CmdWindow};
+
+pub mod session;
 
 /// What the target knows about its logical units, asked while a command arrives. `D`: what
 /// [`LunDirectory::size`] decodes of a command, handed back with its [`Event::Execute`].
@@ -201,6 +205,9 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Refuse a data-out buffer above this many bytes, whatever the CDB or EDTL claim.
     pub max_command_bytes: u64,
+    /// The connection's CID from its login (RFC 7143 §11.12.4): a Logout that closes the
+    /// connection names it (§11.14.3).
+    pub cid: u16,
 }
 
 impl Config {
@@ -215,6 +222,7 @@ impl Config {
             nop_interval: None,
             drain_timeout: Duration::from_secs(10),
             max_command_bytes: 64 << 20,
+            cid: 0,
         }
     }
 }
@@ -283,6 +291,13 @@ pub struct Connection<D = ()> {
     queued_bytes: usize,
     events: VecDeque<Event<D>>,
     closed: Option<ConnectionError>,
+    cid: u16,
+    /// The CIDs of the other connections of this session ([`session::Session`] keeps it
+    /// current): a Logout naming one of them closes that connection, not this one (§11.14.3).
+    siblings: Vec<u16>,
+    /// A Logout this connection answered that closes a sibling connection (its CID), or the
+    /// whole session (`Some(None)`); taken by [`session::Session`], which acts on it.
+    logout_of: Option<Option<u16>>,
 }
 
 /// Aborted ITTs remembered for dropping their late Data-Out.
@@ -322,6 +337,9 @@ impl<D> Connection<D> {
             queued_bytes: 0,
             events: VecDeque::new(),
             closed: None,
+            cid: cfg.cid,
+            siblings: Vec::new(),
+            logout_of: None,
         }
     }
 
@@ -610,6 +628,19 @@ impl<D> Connection<D> {
             self.window.complete();
         }
         true
+    }
+
+    /// A SCSI Command whose ITT is an active task of another connection of the session (ITTs
+    /// are unique in the session, §11.2.1.8): admitted in CmdSN order, then rejected.
+    fn reject_command(&mut self, cmd: &ScsiCommand, raw: &[u8; 48]) {
+        if self.admit(cmd.cmd_sn, cmd.immediate, false) {
+            self.reject(RejectReason::INVALID_PDU_FIELD, raw);
+        }
+    }
+
+    /// Window slots held by this connection's tasks (non-immediate ones not completed).
+    fn counted_tasks(&self) -> u32 {
+        self.tasks.values().filter(|t| t.counted).count() as u32
     }
 
     fn remember_aborted(&mut self, itt: u32) {
@@ -1052,8 +1083,24 @@ impl<D> Connection<D> {
             return;
         }
         let response = match h.reason {
-            LogoutReason::CLOSE_SESSION => 0,
-            LogoutReason::CLOSE_CONNECTION if h.cid == 0 => 0,
+            LogoutReason::CLOSE_SESSION => {
+                if !self.siblings.is_empty() {
+                    self.logout_of = Some(None);
+                }
+                0
+            }
+            LogoutReason::CLOSE_CONNECTION if h.cid == self.cid => 0,
+            LogoutReason::CLOSE_CONNECTION if self.siblings.contains(&h.cid) => {
+                // Another connection of the session (§11.14.3, connection cleanup): the
+                // session closes it; this one answers and stays.
+                self.logout_of = Some(Some(h.cid));
+                self.send(LogoutResponse {
+                    response: 0,
+                    itt: h.itt,
+                    ..LogoutResponse::default()
+                });
+                return;
+            }
             LogoutReason::CLOSE_CONNECTION => 1,
             _ => 2,
         };

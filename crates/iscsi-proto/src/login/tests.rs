@@ -617,3 +617,32 @@ mod relay_chain {
         assert_eq!(run(b"not-the-secret!!", true), Err((2, 1)));
     }
 }
+
+/// RFC 7143 §13.2: MaxConnections is the lower of both offers. A host offering 1 (the Linux
+/// initiator, libiscsi) gets 1 from a target that allows 4; one offering 8 gets the target's 4.
+#[test]
+fn accepts_max_connections_as_the_lower_of_both_offers() {
+    for (asked, expected) in [("1", "1"), ("8", "4"), ("2", "2")] {
+        let mut dir = Dir::default();
+        let offer = TargetOffer {
+            max_connections: 4,
+            ..TargetOffer::default()
+        };
+        let mut l = TargetLogin::new(offer, None);
+        let first = format!("InitiatorName=iqn.test:ini\0TargetName=iqn.2026-11.org.ipsan:disk0\0MaxConnections={asked}\0");
+        let r = l.handle(&req(1, 3, true), first.as_bytes(), &mut dir);
+        let k = keys(&r);
+        assert_eq!(get(&k, "MaxConnections"), Some(expected), "asked {asked}");
+        let Outcome::FullFeature(res) = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        assert_eq!(res.params.max_connections.to_string(), expected);
+    }
+    // The default offer stays 1: a driver that runs one connection per session says so.
+    let mut dir = Dir::default();
+    let mut l = TargetLogin::new(TargetOffer::default(), None);
+    let first =
+        b"InitiatorName=iqn.test:ini\0TargetName=iqn.2026-11.org.ipsan:disk0\0MaxConnections=4\0";
+    let r = l.handle(&req(1, 3, true), first, &mut dir);
+    assert_eq!(get(&keys(&r), "MaxConnections"), Some("1"));
+}
