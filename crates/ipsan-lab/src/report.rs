@@ -82,6 +82,21 @@ pub struct Agg {
     /// Median CPU every lab process got during the run (initiator, target, tunnels and the
     /// emulator), in cores: what the shared host actually gave the experiment.
     pub cores_got: f64,
+    /// Each ok repetition, in repetition order: the spread a figure's bars show.
+    pub reps: Vec<Rep>,
+}
+
+/// One ok repetition of a point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rep {
+    /// The repetition's index in the plan.
+    pub rep: u32,
+    /// Throughput, MB/s.
+    pub mb_s: f64,
+    /// CPU of the initiator host, % of one core.
+    pub cpu_ini_host: f64,
+    /// CPU of the target host, % of one core.
+    pub cpu_tgt_host: f64,
 }
 
 pub(crate) fn median(v: &mut [f64]) -> f64 {
@@ -123,7 +138,18 @@ pub fn aggregate(records: &[Record]) -> Vec<Agg> {
                         / 100.0
                 })
                 .collect();
+            let mut reps: Vec<Rep> = rs
+                .iter()
+                .map(|r| Rep {
+                    rep: r.rep,
+                    mb_s: r.throughput_mb_s,
+                    cpu_ini_host: r.cpu_ini_host_pct(),
+                    cpu_tgt_host: r.cpu_tgt_host_pct(),
+                })
+                .collect();
+            reps.sort_by_key(|r| r.rep);
             Some(Agg {
+                reps,
                 cores_got: median(&mut got),
                 rec: (*rs.first()?).clone(),
                 median: median(&mut t),
