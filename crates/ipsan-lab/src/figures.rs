@@ -399,6 +399,37 @@ mod tests {
         }
     }
 
+    /// The papers' numbers are 3DES: an AES plan's figures (the demo's, depth auto's) carry
+    /// neither Fig. 14's bound nor Fig. 9–10's maxima, and a plan without 64 ms no 64 ms tick.
+    #[test]
+    fn the_papers_3des_numbers_stay_off_other_ciphers_figures() {
+        let mut rs = Vec::new();
+        for d in [0.0, 8.0] {
+            for b in [65536, 1 << 20] {
+                for (scheme, n) in [(Scheme::Seal, 8), (Scheme::Ipsec, 1)] {
+                    let mut r = rec(scheme, d, b, n, 10.0);
+                    r.point.cipher = "aes-256-gcm".into();
+                    r.cpu_initiator_pct = 20.0;
+                    r.cpu_target_pct = 20.0;
+                    rs.push(r);
+                }
+            }
+        }
+        let out = all(Path::new("/nonexistent"), &aggregate(&rs), false);
+        for (stem, f) in &out.figures {
+            assert!(
+                !f.series.iter().any(|s| s.name.starts_with("paper")),
+                "{stem}: {:?}",
+                f.series.iter().map(|s| &s.name).collect::<Vec<_>>()
+            );
+            assert!(!f.x_ticks.contains(&64.0), "{stem}: {:?}", f.x_ticks);
+        }
+        assert!(out
+            .figures
+            .iter()
+            .any(|(s, _)| s == "cpu_initiator_host_write"));
+    }
+
     /// The 2006 papers' Tables 4–5 are reads at 0 ms: the model figure of a write plan (or
     /// Fig. 16's, Aiken's, the pathologies') does not carry them; a read plan with seal at
     /// one or two commands at 0 ms does, all sixteen cells.
