@@ -399,6 +399,56 @@ mod tests {
         }
     }
 
+    /// The papers' own equations predict from the calibration alone: OP-2 is 2008 Eq. 4,
+    /// OP-n is n/2 × Eq. 4 until Eq. 6's n and flat beyond it, one command is Eq. 3, and a
+    /// point the papers did not model (IPsec) gets none. Changing the measured throughput
+    /// does not change the prediction.
+    #[test]
+    fn papers_equations_predict_from_the_calibration_alone() {
+        let at = |scheme, depth: u32, mb: f64| {
+            let mut r = rec(scheme, 64.0, 65536, depth, mb);
+            r.enc_mb_s = 10.82;
+            r.dec_mb_s = 10.82;
+            r.calibration = Some(crate::results::Calibration {
+                rtt_ms: 128.0,
+                socket_mb_s: 2.42,
+                ..Default::default()
+            });
+            r
+        };
+        let i = Inputs {
+            rtt_s: 0.128,
+            block: 65536.0,
+            socket: 2.42e6,
+            enc: 10.82e6,
+            dec: 10.82e6,
+        };
+        let n6 = model::eq6_workers(&i);
+        assert!((n6 - 7.9).abs() < 0.1, "the paper's 64 KB n: {n6}");
+        let rs = vec![
+            at(Scheme::Seal, 2, 1.0),
+            at(Scheme::Seal, 16, 1.0),
+            at(Scheme::SealSeq, 1, 1.0),
+            at(Scheme::Ipsec, 1, 1.0),
+        ];
+        let aggs = aggregate(&rs);
+        let rates = rates(Path::new("/nonexistent"), &aggs);
+        let eq = |k: usize| prediction::papers_eq(&aggs[k], &rates).map(|x| x.0);
+        let eq4 = model::write_preprocessed(&i) / 1e6;
+        assert!((eq(0).unwrap() - eq4).abs() < 1e-9);
+        assert!(
+            (eq(1).unwrap() - eq4 * n6 / 2.0).abs() < 1e-9,
+            "OP-16 stops at n"
+        );
+        assert!((eq(2).unwrap() - model::write_sequential(&i) / 1e6).abs() < 1e-9);
+        assert_eq!(eq(3), None, "the papers did not model IPsec");
+        let mut faster = rs.clone();
+        faster[0].throughput_mb_s = 100.0;
+        let aggs2 = aggregate(&faster);
+        let again = prediction::papers_eq(&aggs2[0], &rates).map(|x| x.0);
+        assert_eq!(again, eq(0), "nothing is fitted to the measurement");
+    }
+
     /// The papers' numbers are 3DES: an AES plan's figures (the demo's, depth auto's) carry
     /// neither Fig. 14's bound nor Fig. 9–10's maxima, and a plan without 64 ms no 64 ms tick.
     #[test]
