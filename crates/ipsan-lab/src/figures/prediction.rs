@@ -35,7 +35,7 @@ pub(crate) fn papers_eq(a: &Agg, rates: &Rates) -> Option<(f64, &'static str)> {
             let n = n.min(model::eq6_workers(&i).max(2.0));
             (
                 model::write_preprocessed(&i) * n / 2.0,
-                "2008 n/2 × Eq. 4, n ≤ Eq. 6",
+                "2008 n/2 × Eq. 4 up to Eq. 6 n",
             )
         }
         Direction::Read if one => (model::read_sequential(&i), "2006 Eq. 2"),
