@@ -538,11 +538,12 @@ pub struct Plan {
 }
 
 /// The built-in plans' names.
-pub const BUILTIN: [&str; 8] = [
+pub const BUILTIN: [&str; 9] = [
     "quick",
     "smoke",
     "paper-write",
     "paper-fig16",
+    "paper-regime",
     "paper-read",
     "aiken",
     "pathologies",
@@ -558,6 +559,7 @@ pub fn builtin_toml(name: &str) -> Option<&'static str> {
         "paper-read" => include_str!("../plans/paper-read.toml"),
         "pathologies" => include_str!("../plans/pathologies.toml"),
         "paper-fig16" => include_str!("../plans/paper-fig16.toml"),
+        "paper-regime" => include_str!("../plans/paper-regime.toml"),
         "aiken" => include_str!("../plans/aiken.toml"),
         "demo" => include_str!("../plans/demo.toml"),
         _ => return None,

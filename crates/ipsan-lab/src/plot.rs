@@ -1,12 +1,16 @@
 //! The report's figures: line charts with min–max bars, log axes (block sizes labelled in
-//! KB, throughputs in decades), reference lines (the papers' numbers, ideal lines, predicted
-//! limits), a ±band around y = x, grouped bar charts, and the legend in its own panel to the
-//! right of the data so it never covers a point. SVG and PNG from the same drawing code.
+//! KB, throughputs in decades, delays in ms on a log(1 + ms) axis with a labelled tick at each
+//! delay), reference lines (ideal lines, predicted limits), the papers' numbers as markers at
+//! the x they were measured at (never joined, so no line claims a value the paper did not
+//! give), a ±band around y = x, grouped bar charts, and the legend in its own panel to the
+//! right of the data so it never covers a point, its labels wrapped to the panel's width.
+//! SVG and PNG from the same drawing code.
 
 use std::path::{Path, PathBuf};
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// Tableau 10: distinguishable and colour-blind tolerant.
 pub const COLORS: [RGBColor; 10] = [
@@ -34,6 +38,9 @@ pub enum Axis {
     Log10,
     /// Bytes on a log2 axis, labelled `16 KB`, `1 MB` (KB = 1024 bytes, as the papers).
     Log2Bytes,
+    /// A one-way delay in ms on a log2(1 + ms) axis: 0 ms is drawn, 1–64 ms spread as the
+    /// papers' delays double. Ticks only at [`Figure::x_ticks`], labelled with the delay.
+    DelayMs,
 }
 
 impl Axis {
@@ -42,12 +49,14 @@ impl Axis {
             Axis::Linear => v,
             Axis::Log10 => v.log10(),
             Axis::Log2Bytes => (v / 1024.0).log2(),
+            Axis::DelayMs => (1.0 + v).log2(),
         }
     }
 
     fn label(self, t: f64) -> String {
         match self {
             Axis::Linear => num(t),
+            Axis::DelayMs => format!("{} ms", num(2f64.powf(t) - 1.0)),
             Axis::Log10 => num(10f64.powf(t)),
             Axis::Log2Bytes => {
                 if (t - t.round()).abs() > 0.01 {
@@ -89,9 +98,12 @@ pub enum Style {
     Measured,
     /// Points only (scatter), with min–max bars.
     Scatter,
-    /// The papers' numbers: triangles joined by a dashed line (black unless coloured to
-    /// match the series they stand beside).
+    /// The papers' numbers: triangles at the points the paper gives, never joined (black
+    /// unless coloured to match the series they stand beside).
     Paper,
+    /// A bound the paper states ("below 1×", "at most 20 %"): a downward triangle at the
+    /// bound with a short arrow under it.
+    PaperBelow,
     /// A dashed line through the points (ideal, y = x).
     Dashed,
     /// A dashed horizontal line at the first point's y, across the plot.
@@ -157,9 +169,9 @@ pub struct Figure {
     pub band: Option<f64>,
     /// y starts at zero (linear y only).
     pub y_from_zero: bool,
-    /// Categorical x: the points' x are indices into these names (e.g. delays 0–64 ms,
-    /// evenly spaced as in the papers' Fig. 11 and 14).
-    pub x_names: Vec<String>,
+    /// Where x has labelled ticks, in data units ([`Axis::DelayMs`]: the delays run and
+    /// the papers' delays); empty: the axis's own ticks.
+    pub x_ticks: Vec<f64>,
 }
 
 impl Figure {
@@ -174,14 +186,16 @@ impl Figure {
             series: Vec::new(),
             band: None,
             y_from_zero: true,
-            x_names: Vec::new(),
+            x_ticks: Vec::new(),
         }
     }
 }
 
-const W: u32 = 1000;
+const W: u32 = 1060;
 const H: u32 = 560;
-const LEGEND_W: u32 = 290;
+const LEGEND_W: u32 = 340;
+/// Where legend text starts in its panel (after the marker).
+const LEGEND_TEXT_X: i32 = 38;
 
 /// Draws `fig` as `<stem>.svg` and `<stem>.png` in `dir`.
 pub fn draw(dir: &Path, stem: &str, fig: &Figure) -> Result<Vec<PathBuf>, String> {
@@ -272,19 +286,24 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
     } else {
         y0 - yp
     };
-    let (ax, ay) = (fig.x, fig.y);
-    let names = fig.x_names.clone();
-    let xf = move |v: &f64| {
-        if names.is_empty() {
-            return ax.label(*v);
-        }
-        let i = v.round();
-        if (v - i).abs() < 0.01 && i >= 0.0 {
-            names.get(i as usize).cloned().unwrap_or_default()
-        } else {
-            String::new()
-        }
+    // Ticks the figure names (delays): included in the x range, drawn by hand below.
+    let ticks: Vec<(f64, f64)> = fig
+        .x_ticks
+        .iter()
+        .map(|v| (fx(*v), *v))
+        .filter(|t| t.0.is_finite())
+        .collect();
+    for (t, _) in &ticks {
+        x0 = x0.min(*t);
+        x1 = x1.max(*t);
+    }
+    let xp = if ticks.is_empty() {
+        xp
+    } else {
+        (x1 - x0) * 0.06
     };
+    let (ax, ay) = (fig.x, fig.y);
+    let xf = move |v: &f64| ax.label(*v);
     let yf = move |v: &f64| ay.label(*v);
     let mut chart = ChartBuilder::on(&plot)
         .caption(&fig.title, ("sans-serif", 17))
@@ -293,8 +312,8 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
         .y_label_area_size(62)
         .build_cartesian_2d((x0 - xp)..(x1 + xp), ylo..(y1 + yp))
         .map_err(e)?;
-    let xlabels = if !fig.x_names.is_empty() {
-        fig.x_names.len() + 1
+    let xlabels = if !ticks.is_empty() {
+        0
     } else if fig.x == Axis::Log2Bytes {
         ((x1 - x0).round() as usize + 2).max(2)
     } else {
@@ -314,6 +333,26 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
         .map_err(e)?;
     let (cx0, cx1) = (x0 - xp, x1 + xp);
     let (cy0, cy1) = (ylo, y1 + yp);
+    // The named ticks: a light grid line and the value under the axis.
+    let tick_style = ("sans-serif", 13)
+        .into_text_style(&plot)
+        .pos(Pos::new(HPos::Center, VPos::Top));
+    for (t, v) in &ticks {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(*t, cy0), (*t, cy1)],
+                RGBColor(232, 232, 232).stroke_width(1),
+            )))
+            .map_err(e)?;
+        let (px, py) = chart.backend_coord(&(*t, cy0));
+        plot.draw(&PathElement::new(
+            vec![(px, py), (px, py + 5)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(e)?;
+        plot.draw(&Text::new(num(*v), (px, py + 8), tick_style.clone()))
+            .map_err(e)?;
+    }
     if let Some(b) = fig.band {
         let (lo, hi) = ((1.0 - b).log10(), (1.0 + b).log10());
         let (lo, hi) = if fig.y == Axis::Log10 {
@@ -380,14 +419,29 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
                 }
             }
             Style::Paper => {
-                if xy.len() > 1 {
-                    chart
-                        .draw_series(DashedLineSeries::new(xy.clone(), 6, 4, c.stroke_width(1)))
-                        .map_err(e)?;
-                }
                 chart
-                    .draw_series(xy.iter().map(|p| TriangleMarker::new(*p, 6, c.filled())))
+                    .draw_series(xy.iter().map(|p| TriangleMarker::new(*p, 7, c.filled())))
                     .map_err(e)?;
+            }
+            Style::PaperBelow => {
+                for p in &xy {
+                    let (px, py) = chart.backend_coord(p);
+                    plot.draw(&Polygon::new(
+                        vec![(px - 7, py - 6), (px + 7, py - 6), (px, py + 6)],
+                        c.filled(),
+                    ))
+                    .map_err(e)?;
+                    plot.draw(&PathElement::new(
+                        vec![(px, py + 6), (px, py + 22)],
+                        c.stroke_width(2),
+                    ))
+                    .map_err(e)?;
+                    plot.draw(&PathElement::new(
+                        vec![(px - 4, py + 17), (px, py + 22), (px + 4, py + 17)],
+                        c.stroke_width(2),
+                    ))
+                    .map_err(e)?;
+                }
             }
             Style::Dashed => {
                 chart
@@ -435,57 +489,117 @@ fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> R
     draw_legend(&legend, &entries)
 }
 
+/// A legend laid out in its panel: the font size, and per line the entry it belongs to, its
+/// text and its y. Labels wrap at spaces to the panel's text width (`measure` gives a text's
+/// width in pixels at a font size), so no label is cut off; the font shrinks from 12 to 9 px
+/// until every line fits the panel's height.
+pub(crate) fn layout_legend(
+    names: &[String],
+    measure: &dyn Fn(&str, u32) -> u32,
+) -> (u32, Vec<(usize, String, i32)>) {
+    let max_w = LEGEND_W.saturating_sub(LEGEND_TEXT_X as u32 + 8);
+    let mut out = Vec::new();
+    for font_px in [12u32, 11, 10, 9] {
+        out.clear();
+        let line_h = font_px as i32 + 3;
+        let mut y = 44;
+        for (i, name) in names.iter().enumerate() {
+            for line in wrap(name, max_w, &|t: &str| measure(t, font_px)) {
+                out.push((i, line, y));
+                y += line_h;
+            }
+            y += font_px as i32 / 2 + 2;
+        }
+        if y <= H as i32 - 8 {
+            return (font_px, out);
+        }
+    }
+    (9, out)
+}
+
+/// `label` in lines no wider than `max_px` (a single word wider than that stands alone).
+pub(crate) fn wrap(label: &str, max_px: u32, measure: &dyn Fn(&str) -> u32) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for word in label.split(' ') {
+        let cand = if cur.is_empty() {
+            word.to_string()
+        } else {
+            format!("{cur} {word}")
+        };
+        if cur.is_empty() || measure(&cand) <= max_px {
+            cur = cand;
+        } else {
+            lines.push(std::mem::take(&mut cur));
+            cur = word.to_string();
+        }
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
 fn draw_legend<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     entries: &[(String, RGBColor, Style)],
 ) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let rows = entries.len().max(1) as i32;
-    let step = ((H as i32 - 60) / rows).clamp(12, 22);
-    let font_px = if step < 16 { 10 } else { 12 };
-    let mut y = 44;
-    for (name, c, st) in entries {
+    let names: Vec<String> = entries.iter().map(|x| x.0.clone()).collect();
+    let measure = |t: &str, px: u32| {
+        area.estimate_text_size(t, &("sans-serif", px).into_text_style(area))
+            .map_or(t.chars().count() as u32 * px * 6 / 10, |(w, _)| w)
+    };
+    let (font_px, lines) = layout_legend(&names, &measure);
+    let mut marked = usize::MAX;
+    for (i, line, yy) in lines {
+        let (_, c, st) = &entries[i];
         let c = *c;
-        let (x, yy) = (6, y);
-        match st {
-            Style::Measured => {
-                area.draw(&PathElement::new(
-                    vec![(x, yy), (x + 26, yy)],
-                    c.stroke_width(2),
-                ))
-                .map_err(e)?;
-                area.draw(&Circle::new((x + 13, yy), 3, c.filled()))
-                    .map_err(e)?;
-            }
-            Style::Scatter => {
-                area.draw(&Circle::new((x + 13, yy), 3, c.filled()))
-                    .map_err(e)?;
-            }
-            Style::Paper => {
-                area.draw(&TriangleMarker::new((x + 13, yy), 6, c.filled()))
-                    .map_err(e)?;
-            }
-            Style::Dashed | Style::HLine | Style::VLine => {
-                for k in 0..3 {
+        let x = 6;
+        if marked != i {
+            marked = i;
+            match st {
+                Style::Measured => {
                     area.draw(&PathElement::new(
-                        vec![(x + k * 10, yy), (x + k * 10 + 6, yy)],
+                        vec![(x, yy), (x + 26, yy)],
                         c.stroke_width(2),
                     ))
                     .map_err(e)?;
+                    area.draw(&Circle::new((x + 13, yy), 3, c.filled()))
+                        .map_err(e)?;
+                }
+                Style::Scatter => {
+                    area.draw(&Circle::new((x + 13, yy), 3, c.filled()))
+                        .map_err(e)?;
+                }
+                Style::Paper => {
+                    area.draw(&TriangleMarker::new((x + 13, yy), 6, c.filled()))
+                        .map_err(e)?;
+                }
+                Style::PaperBelow => {
+                    area.draw(&Polygon::new(
+                        vec![(x + 7, yy - 5), (x + 19, yy - 5), (x + 13, yy + 5)],
+                        c.filled(),
+                    ))
+                    .map_err(e)?;
+                }
+                Style::Dashed | Style::HLine | Style::VLine => {
+                    for k in 0..3 {
+                        area.draw(&PathElement::new(
+                            vec![(x + k * 10, yy), (x + k * 10 + 6, yy)],
+                            c.stroke_width(2),
+                        ))
+                        .map_err(e)?;
+                    }
                 }
             }
         }
-        let mut label = name.clone();
-        if label.chars().count() > 44 {
-            label = label.chars().take(43).collect::<String>() + "…";
-        }
         area.draw(&Text::new(
-            label,
-            (x + 32, yy - font_px / 2 - 1),
+            line,
+            (LEGEND_TEXT_X, yy - font_px as i32 / 2 - 1),
             ("sans-serif", font_px).into_font(),
         ))
         .map_err(e)?;
-        y += step;
     }
     Ok(())
 }
@@ -645,5 +759,35 @@ mod tests {
         assert_eq!(Axis::Log2Bytes.label(4.5), "");
         assert_eq!(Axis::Log10.label(1.0), "10.0".trim_end_matches(".0"));
         assert_eq!(Axis::Log10.label(-1.0), "0.10");
+        assert_eq!(Axis::DelayMs.label(Axis::DelayMs.fwd(8.0)), "8 ms");
+        assert_eq!(Axis::DelayMs.label(Axis::DelayMs.fwd(0.0)), "0 ms");
+    }
+
+    /// A label longer than the legend panel is wrapped onto more lines, never cut off: every
+    /// line fits the panel's text width, every word survives, and every line is inside the
+    /// image's height even with many entries.
+    #[test]
+    fn legend_labels_wrap_inside_the_panel() {
+        let measure = |t: &str, px: u32| t.chars().count() as u32 * px * 6 / 10;
+        let long = "seal OP-10 3DES (bars: min–max over repetitions of the mean over blocks)";
+        let mut names = vec![long.to_string()];
+        names.extend((0..19).map(|i| format!("series number {i} with a fairly long name")));
+        let (px, lines) = layout_legend(&names, &measure);
+        let max_w = LEGEND_W - LEGEND_TEXT_X as u32 - 8;
+        for (_, l, y) in &lines {
+            assert!(measure(l, px) <= max_w, "{l:?} is wider than the panel");
+            assert!(
+                *y > 0 && *y < H as i32,
+                "{l:?} at y {y} is outside the image"
+            );
+        }
+        let first: Vec<&str> = lines
+            .iter()
+            .filter(|(i, _, _)| *i == 0)
+            .map(|(_, l, _)| l.as_str())
+            .collect();
+        assert!(first.len() > 1, "the long label is wrapped: {first:?}");
+        assert_eq!(first.join(" "), long, "no word is lost");
+        assert!(!first.iter().any(|l| l.ends_with('…')));
     }
 }

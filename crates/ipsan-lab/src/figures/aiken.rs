@@ -74,9 +74,7 @@ pub(super) fn aiken(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
          to the diskless target fell quickly with delay while the network held up, which they \
          put down to iSCSI's synchronous command cycle wasting the bandwidth-delay product.\n"
     );
-    if fonts {
-        draw(dir, "aiken_vs_delay", &fig, out);
-    }
+    emit(dir, "aiken_vs_delay", fig, fonts, out);
 }
 
 /// Paxson's pathologies as grouped bars, with Aiken et al.'s network number.
@@ -162,6 +160,7 @@ pub(super) fn pathologies(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) 
             )
         }),
     };
+    out.bars.push(("pathologies".into(), bars.clone()));
     if fonts {
         match plot::draw_bars(dir, "pathologies", &bars) {
             Ok(f) => {

@@ -3,36 +3,86 @@
 
 use super::*;
 
+/// One point's CPU on one host: the median over repetitions, and each repetition's.
+type Cpu = (f64, Vec<f64>);
+
+/// Mean over blocks of the medians, and min–max over repetitions of the mean over blocks.
+fn mean_and_spread(v: &[Cpu]) -> (f64, f64, f64) {
+    let mean = v.iter().map(|x| x.0).sum::<f64>() / v.len() as f64;
+    let k = v.iter().map(|x| x.1.len()).min().unwrap_or(0);
+    let (lo, hi) = over_reps(k, |k| {
+        v.iter().map(|x| x.1[k]).sum::<f64>() / v.len() as f64
+    });
+    (mean, lo, hi)
+}
+
+/// A series name without the commands in flight: `seal 3DES`, `IPsec (strongSwan)`.
+fn scheme_name(a: &Agg) -> String {
+    let p = &a.rec.point;
+    match p.scheme {
+        Scheme::Ipsec => format!("IPsec (strongSwan) {}", short(&p.cipher)),
+        s => format!("{s} {}", short(&p.cipher)),
+    }
+}
+
 /// 2008 Fig. 12–14 and 2006 Table 3: CPU per host (the process and its host's tunnel
 /// processes; the emulator is the network and counts for neither), mean over block sizes.
+/// Drawn against the delay (one series per scheme and depth), or, when the plan ran one
+/// delay (Fig. 16's), against the commands in flight (one series per scheme), so no x
+/// carries a stack of series; bars are the spread over repetitions.
 pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
     for dirn in [Direction::Write, Direction::Read] {
-        // series → delay → values
-        let mut ini: BTreeMap<(u8, u32, String), BTreeMap<i64, Vec<f64>>> = BTreeMap::new();
+        // series → delay → per block (median, per repetition)
+        let mut ini: BTreeMap<(u8, u32, String), BTreeMap<i64, Vec<Cpu>>> = BTreeMap::new();
         let mut tgt = ini.clone();
+        // scheme → depth → per block, for a plan of one delay
+        let mut ini_n: BTreeMap<(u8, String), BTreeMap<u32, Vec<Cpu>>> = BTreeMap::new();
+        let mut tgt_n = ini_n.clone();
         for a in aggs.iter().filter(|a| {
             a.rec.point.direction == dirn
                 && matches!(a.rec.point.scheme, Scheme::Seal | Scheme::Ipsec)
         }) {
-            let k = (
-                u8::from(a.rec.point.scheme == Scheme::Seal),
-                a.rec.depth_used,
-                paper_name(a),
-            );
+            let s = u8::from(a.rec.point.scheme == Scheme::Seal);
+            // `depth = auto` is one series whatever depth it chose at each delay.
+            let n = match a.rec.point.depth {
+                Depth::Auto => 0,
+                Depth::Fixed(_) => a.rec.depth_used,
+            };
+            let k = (s, n, paper_name(a));
             let d = (a.rec.point.delay_ms * 1000.0) as i64;
             if a.cpu_ini_host.is_finite() {
+                let v: Cpu = (
+                    a.cpu_ini_host,
+                    a.reps.iter().map(|r| r.cpu_ini_host).collect(),
+                );
                 ini.entry(k.clone())
                     .or_default()
                     .entry(d)
                     .or_default()
-                    .push(a.cpu_ini_host);
+                    .push(v.clone());
+                ini_n
+                    .entry((s, scheme_name(a)))
+                    .or_default()
+                    .entry(a.rec.depth_used)
+                    .or_default()
+                    .push(v);
             }
             if a.cpu_tgt_host.is_finite() {
+                let v: Cpu = (
+                    a.cpu_tgt_host,
+                    a.reps.iter().map(|r| r.cpu_tgt_host).collect(),
+                );
                 tgt.entry(k)
                     .or_default()
                     .entry(d)
                     .or_default()
-                    .push(a.cpu_tgt_host);
+                    .push(v.clone());
+                tgt_n
+                    .entry((s, scheme_name(a)))
+                    .or_default()
+                    .entry(a.rec.depth_used)
+                    .or_default()
+                    .push(v);
             }
         }
         if ini.is_empty() {
@@ -42,12 +92,13 @@ pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
         delays.sort();
         delays.dedup();
         let names: Vec<String> = delays.iter().map(|d| ms(*d as f64 / 1000.0)).collect();
-        let idx = |d: f64| {
-            delays
-                .iter()
-                .position(|x| *x == (d * 1000.0) as i64)
-                .map(|i| i as f64)
-        };
+        let by_workers = delays.len() == 1;
+        // The papers' numbers are 3DES: drawn only beside 3DES runs.
+        let des = aggs.iter().any(|a| {
+            a.rec.point.direction == dirn
+                && a.rec.point.cipher.starts_with("3des")
+                && matches!(a.rec.point.scheme, Scheme::Seal | Scheme::Ipsec)
+        });
         let what = if dirn == Direction::Write {
             "writes (2008 Fig. 12–14)"
         } else {
@@ -58,8 +109,9 @@ pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
             "### CPU per host, {what}\n\nPer host: the initiator (or target) process plus the \
              tunnel processes in its namespace (IPsec: that host's charon, whose userspace ESP is \
              the baseline's crypto); the emulator is the network and counts for neither. % of one \
-             core, mean over block sizes of the median over repetitions. The papers' % is of \
-             their host as iostat reports it.\n"
+             core, mean over block sizes of the median over repetitions; the figures' bars are \
+             the min–max over repetitions of that mean. The papers' % is of their host as \
+             iostat reports it.\n"
         );
         let mut tbl = String::from("| series | host |");
         let mut sep = String::from("|---|---|");
@@ -68,74 +120,120 @@ pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
             sep.push_str("---|");
         }
         let _ = writeln!(out.md, "{tbl}\n{sep}");
-        for (host, m) in [("initiator", &ini), ("target", &tgt)] {
-            let mut fig = Figure::new(
-                &format!("CPU of the {host} host, {what}"),
-                "one-way delay",
-                "% of one core (mean over blocks)",
-                Axis::Linear,
-                Axis::Linear,
-            );
-            fig.x_names = names.clone();
-            for (i, ((_, _, name), per)) in m.iter().enumerate() {
+        let mut figs = Vec::new();
+        for (host, m, m_n) in [("initiator", &ini, &ini_n), ("target", &tgt, &tgt_n)] {
+            for ((_, _, name), per) in m.iter() {
                 let mut row = format!("| {name} | {host} |");
-                let mut pts = Vec::new();
                 for d in &delays {
                     match per.get(d) {
                         Some(v) => {
-                            let mean = v.iter().sum::<f64>() / v.len() as f64;
-                            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-                            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                            let _ = write!(row, " {mean:.0} |");
-                            if let Some(x) = idx(*d as f64 / 1000.0) {
-                                pts.push(Pt { x, y: mean, lo, hi });
-                            }
+                            let _ = write!(row, " {:.0} |", mean_and_spread(v).0);
                         }
                         None => row.push_str(" – |"),
                     }
                 }
                 let _ = writeln!(out.md, "{row}");
-                fig.series.push(Series {
-                    name: format!("{name} (bars: min–max over blocks)"),
-                    color: i,
-                    style: Style::Measured,
-                    pts,
-                });
             }
-            if dirn == Direction::Read && host == "target" {
-                fig.series.push(Series {
-                    name: "paper Table 3: IPsec".into(),
-                    color: BLACK_IDX,
-                    style: Style::Paper,
-                    pts: TABLE3
+            let mut fig = if by_workers {
+                Figure::new(
+                    &format!("CPU of the {host} host, {what}, {}", names[0]),
+                    "commands in flight (OP-n)",
+                    "% of one core (mean over blocks)",
+                    Axis::Linear,
+                    Axis::Linear,
+                )
+            } else {
+                Figure::new(
+                    &format!("CPU of the {host} host, {what}"),
+                    "one-way delay, ms (log scale of 1 + delay)",
+                    "% of one core (mean over blocks)",
+                    Axis::DelayMs,
+                    Axis::Linear,
+                )
+            };
+            if by_workers {
+                for (i, ((_, name), per)) in m_n.iter().enumerate() {
+                    let pts = per
                         .iter()
-                        .filter_map(|(d, v, _)| idx(*d).map(|x| Pt::at(x, *v)))
-                        .collect(),
-                });
-                fig.series.push(Series {
-                    name: "paper Table 3: 4 processes".into(),
-                    color: 7,
-                    style: Style::Paper,
-                    pts: TABLE3
-                        .iter()
-                        .filter_map(|(d, _, v)| idx(*d).map(|x| Pt::at(x, v[3])))
-                        .collect(),
-                });
-            }
-            if dirn == Direction::Write && host == "initiator" {
-                if let Some(x) = idx(64.0) {
+                        .map(|(n, v)| {
+                            let (y, lo, hi) = mean_and_spread(v);
+                            Pt {
+                                x: f64::from(*n),
+                                y,
+                                lo,
+                                hi,
+                            }
+                        })
+                        .collect();
                     fig.series.push(Series {
-                        name: "paper Fig. 14: theirs ≤ 20 % at 64 ms".into(),
+                        name: format!("{name} (bars: min–max over repetitions)"),
+                        color: i,
+                        style: Style::Measured,
+                        pts,
+                    });
+                }
+            } else {
+                let mut papers = Vec::new();
+                let table3 = des && dirn == Direction::Read && host == "target";
+                let fig14 = des
+                    && dirn == Direction::Write
+                    && host == "initiator"
+                    && delays.contains(&64_000);
+                if table3 {
+                    papers.extend(TABLE3.iter().map(|r| r.0));
+                }
+                if fig14 {
+                    papers.push(64.0);
+                }
+                fig.x_ticks = delay_ticks(delays.iter().map(|d| *d as f64 / 1000.0), &papers);
+                for (i, ((_, _, name), per)) in m.iter().enumerate() {
+                    let pts = per
+                        .iter()
+                        .map(|(d, v)| {
+                            let (y, lo, hi) = mean_and_spread(v);
+                            Pt {
+                                x: *d as f64 / 1000.0,
+                                y,
+                                lo,
+                                hi,
+                            }
+                        })
+                        .collect();
+                    fig.series.push(Series {
+                        name: format!("{name} (bars: min–max over repetitions)"),
+                        color: i,
+                        style: Style::Measured,
+                        pts,
+                    });
+                }
+                if table3 {
+                    fig.series.push(Series {
+                        name: "paper Table 3: IPsec".into(),
                         color: BLACK_IDX,
                         style: Style::Paper,
-                        pts: vec![Pt::at(x, 20.0)],
+                        pts: TABLE3.iter().map(|(d, v, _)| Pt::at(*d, *v)).collect(),
+                    });
+                    fig.series.push(Series {
+                        name: "paper Table 3: 4 processes".into(),
+                        color: 7,
+                        style: Style::Paper,
+                        pts: TABLE3.iter().map(|(d, _, v)| Pt::at(*d, v[3])).collect(),
+                    });
+                }
+                if fig14 {
+                    fig.series.push(Series {
+                        name: "paper Fig. 14: theirs at most 20 % at 64 ms".into(),
+                        color: BLACK_IDX,
+                        style: Style::PaperBelow,
+                        pts: vec![Pt::at(64.0, 20.0)],
                     });
                 }
             }
-            if fonts {
-                let stem = format!("cpu_{host}_host_{}", dirn.name());
-                draw(dir, &stem, &fig, out);
-            }
+            figs.push((format!("cpu_{host}_host_{}", dirn.name()), fig));
+        }
+        let _ = writeln!(out.md);
+        for (stem, fig) in figs {
+            emit(dir, &stem, fig, fonts, out);
         }
         if dirn == Direction::Read {
             let _ = writeln!(
@@ -325,7 +423,5 @@ pub(super) fn fig16(dir: &Path, aggs: &[Agg], rates: &Rates, fonts: bool, out: &
          (`n = cycle × limit / BLOCK`). The paper saw linear growth to OP-10 \
          at 16/32 KB, a knee near OP-8 at 64 KB and near OP-4 at 128 KB.\n"
     );
-    if fonts {
-        draw(dir, "ratio_vs_workers", &fig, out);
-    }
+    emit(dir, "ratio_vs_workers", fig, fonts, out);
 }
