@@ -84,6 +84,15 @@ impl<S: AsyncWrite + Unpin> Sealed<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> Sealed<S> {
+    /// Sends the buffered records and flushes the stream: a handshake flight must reach the
+    /// peer also through a stream that buffers (a `BufWriter`).
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_drain(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Sealed<S> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -179,7 +188,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream<S> {
     {
         std::future::poll_fn(|cx| {
             let r = step(Pin::new(&mut self.tls), cx);
-            let sent = self.tls.get_mut().poll_drain(cx);
+            let sent = self.tls.get_mut().poll_send(cx);
             match (r, sent) {
                 (Poll::Ready(Err(e)), _) => Poll::Ready(Err(e.to_string())),
                 (_, Poll::Ready(Err(e))) => Poll::Ready(Err(e.to_string())),
@@ -309,9 +318,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        ready!(this.tls.get_mut().poll_drain(cx))?;
-        Pin::new(&mut this.tls.get_mut().inner).poll_flush(cx)
+        self.get_mut().tls.get_mut().poll_send(cx)
     }
 
     /// Sends what is buffered, then close_notify, then shuts the stream down.

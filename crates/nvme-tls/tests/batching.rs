@@ -361,3 +361,17 @@ async fn rejects_a_record_a_relay_altered_in_the_middle_of_a_burst() {
     );
     relay.abort();
 }
+
+/// The handshake's flights reach the peer also when the stream under TLS buffers (a
+/// `BufWriter` on both ends): each step's records are sent and the stream flushed.
+#[tokio::test]
+async fn accepts_a_handshake_through_buffered_streams() {
+    let (c, s) = tcp_pair(1 << 20).await;
+    let c = tokio::io::BufWriter::with_capacity(256 * 1024, c);
+    let s = tokio::io::BufWriter::with_capacity(256 * 1024, s);
+    let (mut host, mut target) = timeout(T, tls_pair(c, s)).await.unwrap();
+    let reader = tokio::spawn(async move { read_pattern(&mut target, 3 * RECORD + 7, 5).await });
+    host.write_all(&bytes(0, 3 * RECORD + 7, 5)).await.unwrap();
+    host.flush().await.unwrap();
+    timeout(T, reader).await.unwrap().unwrap();
+}
