@@ -102,8 +102,9 @@ async fn main() {
         );
     }
 
-    // The sender's records coalesced into 256 KiB socket writes (a BufWriter under the TLS
-    // stream; the writer must then flush after each batch of PDUs).
+    // The sender's records coalesced into 256 KiB socket writes by a BufWriter under the TLS
+    // stream: how the records of a batch shared a system call before `TlsStream` did it
+    // itself (kept for comparison with older builds; now it only adds a copy).
     let key = ConfiguredPsk::new(Some(PskHash::Sha256), &[7u8; 32]).unwrap();
     let mut store = PskStore::new();
     store.insert(H, S, key.clone());

@@ -28,13 +28,15 @@
 //!   else goes through the `openssl` crate's safe API.
 //! - **GnuTLS** (what `tlshd` uses) has no maintained Rust binding.
 //!
-//! kTLS is not used (the records are sealed in user space by OpenSSL through
-//! `tokio-openssl`); the stream is an ordinary `AsyncRead + AsyncWrite`.
+//! kTLS is not used: the records are sealed in user space by OpenSSL (through
+//! `tokio-openssl`, over a custom BIO, so OpenSSL's own kTLS, which needs a socket BIO, does
+//! not apply). [`TlsStream`] is an `AsyncRead + AsyncWrite` with vectored writes that sends
+//! a batch of records with one system call and reads a burst of records per call (`stream`
+//! module: what it costs and why).
 //!
 //! Handshakes are not bounded in time here: callers wrap [`accept`]/[`connect`] in their own
 //! timeout (a host that never finishes its ClientHello holds only its own task).
 
-use std::pin::Pin;
 use std::sync::OnceLock;
 
 use nvme_proto::psk::{
@@ -48,9 +50,10 @@ use openssl::ssl::{
 use tokio::io::{AsyncRead, AsyncWrite};
 
 mod ffi;
+mod stream;
 
-/// The encrypted stream (OpenSSL's, over the caller's stream).
-pub type TlsStream<S> = tokio_openssl::SslStream<S>;
+pub use stream::TlsStream;
+use stream::{Sealed, READ_BUFFER};
 
 /// Why a handshake did not produce a PSK-keyed TLS 1.3 stream. Texts hold no key material.
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +103,6 @@ struct ClientState {
     psk: TlsPsk,
 }
 
-/// OpenSSL's receive buffer with read-ahead: four full records and their overhead.
-const READ_BUFFER: usize = 4 * (16 * 1024 + 256);
-
 fn server_index() -> Result<Index<Ssl, ServerState>, ErrorStack> {
     static IDX: OnceLock<Index<Ssl, ServerState>> = OnceLock::new();
     if let Some(i) = IDX.get() {
@@ -133,7 +133,7 @@ fn tls13_only(b: &mut openssl::ssl::SslContextBuilder) -> Result<(), ErrorStack>
     b.set_options(SslOptions::NO_TICKET | SslOptions::NO_COMPRESSION);
     b.set_num_tickets(0)?;
     // Read whole TLS records (and several at once) per read from the socket instead of a
-    // 5-byte header and then the body: one syscall for up to ~4 records of 16 KiB.
+    // 5-byte header and then the body: one syscall for up to 16 records of 16 KiB.
     b.set_read_ahead(true);
     ffi::set_default_read_buffer_len(b, READ_BUFFER);
     Ok(())
@@ -244,8 +244,8 @@ where
             offered: false,
         },
     );
-    let mut tls = TlsStream::new(ssl, stream)?;
-    let done = Pin::new(&mut tls).accept().await;
+    let mut tls = TlsStream::from_ssl(tokio_openssl::SslStream::new(ssl, Sealed::new(stream))?);
+    let done = tls.handshake(|s, cx| s.poll_accept(cx)).await;
     let state = tls.ssl().ex_data(server_index()?);
     let (chosen, refused, offered) = match state {
         Some(s) => (s.chosen.clone(), s.refused.clone(), s.offered),
@@ -255,7 +255,7 @@ where
         return Err(match (refused, offered) {
             (Some(r), _) if chosen.is_none() => TlsError::NoKey(r),
             (_, false) => TlsError::NoIdentity,
-            _ => TlsError::Handshake(e.to_string()),
+            _ => TlsError::Handshake(e),
         });
     }
     let (identity, derivation) = chosen.ok_or(TlsError::NotPsk)?;
@@ -306,11 +306,10 @@ where
         },
     );
     ffi::set_use_session_callback(&mut ssl);
-    let mut tls = TlsStream::new(ssl, stream)?;
-    Pin::new(&mut tls)
-        .connect()
+    let mut tls = TlsStream::from_ssl(tokio_openssl::SslStream::new(ssl, Sealed::new(stream))?);
+    tls.handshake(|s, cx| s.poll_connect(cx))
         .await
-        .map_err(|e| TlsError::Handshake(e.to_string()))?;
+        .map_err(TlsError::Handshake)?;
     if !tls.ssl().session_reused() {
         return Err(TlsError::NotPsk);
     }

@@ -183,9 +183,10 @@ const FLAT_CHUNK: usize = 256 * 1024;
 /// Writes what the queue produced, in order, gathering the pieces of each batch (a data PDU's
 /// header, payload and digest) into vectored writes; shuts the socket down at the end.
 ///
-/// A stream without vectored writes (TLS: `SslStream` writes only the first slice, so every
-/// piece would be its own TLS record and system call) gets the pieces copied into one buffer
-/// instead, written with one `SSL_write` (which cuts it into full 16 KiB records).
+/// A stream without vectored writes gets the pieces copied into one buffer instead. TLS
+/// (`nvme_tls::TlsStream`) takes vectored writes, packs the small pieces into full records and
+/// sends each call's records with one system call; like any buffered writer it is flushed
+/// after each batch.
 async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<Bytes>>) {
     let mut pending: VecDeque<Bytes> = VecDeque::new();
     let vectored = wr.is_write_vectored();
@@ -236,6 +237,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec
                     left = 0;
                 }
             }
+        }
+        if wr.flush().await.is_err() {
+            return;
         }
     }
     let _ = wr.shutdown().await;
