@@ -213,7 +213,11 @@ fn accepts_read_data_in_one_pdu_without_copying_it() {
         Some(HostEvent::Completed { cqe, data: got, .. }) => {
             assert!(cqe.status.is_success());
             assert_eq!(&got[..], &data[..]);
-            assert_eq!(got.as_ptr(), payload_at, "the receive buffer's bytes, not a copy");
+            assert_eq!(
+                got.as_ptr(),
+                payload_at,
+                "the receive buffer's bytes, not a copy"
+            );
         }
         e => panic!("{e:?}"),
     }
@@ -242,7 +246,10 @@ fn accepts_large_write_data_and_sends_it_without_copying_it() {
     // MAXH2CDATA 8192: two H2CData PDUs whose payloads are the caller's bytes at 0 and 8192.
     let ptrs: Vec<*const u8> = pieces.iter().map(|b| b.as_ptr()).collect();
     assert!(ptrs.contains(&data.as_ptr()), "first half not copied");
-    assert!(ptrs.contains(&data[8192..].as_ptr()), "second half not copied");
+    assert!(
+        ptrs.contains(&data[8192..].as_ptr()),
+        "second half not copied"
+    );
     let mut wire = BytesMut::new();
     for b in &pieces {
         wire.extend_from_slice(b);

@@ -335,7 +335,11 @@ fn accepts_header_data_and_digest_written_apart_as_the_same_pdu() {
                     if let Some(d) = digest {
                         apart.extend_from_slice(&d);
                     }
-                    assert_eq!(&apart[..], &enc(&c, &p)[..], "hd {hd} dd {dd} pda {pda} {p:?}");
+                    assert_eq!(
+                        &apart[..],
+                        &enc(&c, &p)[..],
+                        "hd {hd} dd {dd} pda {pda} {p:?}"
+                    );
                 }
             }
         }

@@ -559,7 +559,12 @@ impl NvmeSession {
     ///
     /// # Errors
     /// A bad range, a failed status, a lost queue, a timeout.
-    pub async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<Bytes, NvmeError> {
+    pub async fn read_into(
+        &self,
+        lba: u64,
+        blocks: u32,
+        buf: BytesMut,
+    ) -> Result<Bytes, NvmeError> {
         let len = self.check(lba, blocks)?;
         let data = self
             .io(
