@@ -42,6 +42,12 @@ pub struct Args {
     /// Default: required with --nvme-tls-key, else off. With --config: `[nvme] tls`.
     #[arg(long, value_name = "MODE", value_parser = ["off", "allowed", "required"], conflicts_with = "config")]
     nvme_tls: Option<String>,
+    /// In-capsule data an NVMe/TCP I/O queue takes (IOCCSZ): writes up to this size travel in
+    /// the command capsule, larger ones wait for an R2T. A multiple of 16 bytes, at most 1MiB
+    /// (default 64KiB; docs/nvme.md "In-capsule data"). With --config also `[nvme]
+    /// in_capsule_data`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_in_capsule)]
+    nvme_in_capsule: Option<u32>,
     /// Target name (IQN) of the single target defined on the command line.
     #[arg(long, default_value = config::DEFAULT_IQN)]
     iqn: String,
@@ -132,6 +138,12 @@ pub struct Args {
     /// SO_RCVBUF for every connection: bytes (e.g. 8MiB) or `kernel`.
     #[arg(long, value_name = "SIZE")]
     tcp_rcvbuf: Option<ipsan_tcp::BufSize>,
+}
+
+/// `--nvme-in-capsule`: a size (`64KiB`); the configuration checks its range.
+fn parse_in_capsule(s: &str) -> Result<u32, String> {
+    let n = ipsan_units::parse_size(s).map_err(|e| e.to_string())?;
+    u32::try_from(n).map_err(|_| format!("{s}: at most 1MiB"))
 }
 
 /// Prints a startup line on stdout for scripts and tests to read. A closed stdout (the reader
@@ -473,6 +485,10 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
     }
     if let Some(m) = &args.nvme_tls {
         file.nvme.tls = Some(m.clone());
+    }
+    if let Some(n) = args.nvme_in_capsule {
+        file.nvme.in_capsule_data = Some(n);
+        overrides.push(format!("--nvme-in-capsule {n}"));
     }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(

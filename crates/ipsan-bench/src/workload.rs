@@ -275,13 +275,14 @@ impl Written {
 pub trait BlockIo: Send + Sync + 'static {
     /// The device's size, if known.
     fn capacity(&self) -> Option<Capacity>;
-    /// Reads `blocks` blocks at `lba` into `buf` (cleared first).
+    /// Reads `blocks` blocks at `lba`, into `buf` (cleared first) or, when the transport
+    /// received the data in one piece (NVMe/TCP: one C2HData PDU), as that piece.
     fn read_into(
         &self,
         lba: u64,
         blocks: u32,
         buf: BytesMut,
-    ) -> impl std::future::Future<Output = Result<BytesMut, Error>> + Send;
+    ) -> impl std::future::Future<Output = Result<Bytes, Error>> + Send;
     /// Writes `data` at `lba`.
     fn write(
         &self,
@@ -294,13 +295,8 @@ impl BlockIo for Session {
     fn capacity(&self) -> Option<Capacity> {
         Session::capacity(self)
     }
-    fn read_into(
-        &self,
-        lba: u64,
-        blocks: u32,
-        buf: BytesMut,
-    ) -> impl std::future::Future<Output = Result<BytesMut, Error>> + Send {
-        Session::read_into(self, lba, blocks, buf)
+    async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<Bytes, Error> {
+        Ok(Session::read_into(self, lba, blocks, buf).await?.freeze())
     }
     fn write(
         &self,
@@ -315,7 +311,7 @@ impl BlockIo for NvmeSession {
     fn capacity(&self) -> Option<Capacity> {
         NvmeSession::capacity(self)
     }
-    async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut, Error> {
+    async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<Bytes, Error> {
         Ok(NvmeSession::read_into(self, lba, blocks, buf).await?)
     }
     async fn write(&self, lba: u64, data: Bytes) -> Result<(), Error> {
@@ -549,7 +545,9 @@ async fn run_inner<S: BlockIo>(
                                 r = check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch);
                                 st.checked_blocks += u64::from(blocks);
                             }
-                            rbuf = buf;
+                            // The buffer back for the next read, unless the data was the
+                            // transport's own (then nothing was allocated for it).
+                            rbuf = buf.try_into_mut().unwrap_or_default();
                             r
                         }
                         Err(e) => Err(BenchError::Io {
@@ -795,8 +793,9 @@ async fn read_back<S: BlockIo>(
                 let lba = (offset + u * block_size) / bl;
                 let r = match session.read_into(lba, blocks, buf).await {
                     Ok(b) => {
-                        buf = b;
-                        check_pattern(&buf, lba, bl as usize, seed, &mut scratch)
+                        let r = check_pattern(&b, lba, bl as usize, seed, &mut scratch);
+                        buf = b.try_into_mut().unwrap_or_default();
+                        r
                     }
                     Err(e) => {
                         buf = BytesMut::new();

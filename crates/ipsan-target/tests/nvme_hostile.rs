@@ -199,3 +199,71 @@ async fn rejects_a_bad_pdu_followed_by_more_bytes_and_the_term_req_still_arrives
     .await
     .expect("bounded");
 }
+
+/// The limits that bound what one queue makes the target hold: a host that has more commands
+/// in flight than its Connect gave the queue entries (SQSIZE 31: 32) is cut off (before this
+/// only a 2048-command ceiling did), and in-capsule data beyond what the controller announced
+/// (IOCCSZ) is refused without writing it. With the in-capsule default at 64 KiB these keep a
+/// queue's in-capsule data within its entries × 64 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_more_commands_than_the_queue_has_entries_and_in_capsule_data_beyond_ioccsz() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let h = start("16MiB").await;
+        let addr = h.nvme_addrs[0];
+        let (_admin, mut good) = controller(addr, false).await;
+        let before = pattern(4096, 0x31);
+        assert_eq!(good.write(1, 128, &before).await.status, Status::SUCCESS);
+
+        // 33 writes through the transport, pipelined, none of their data sent: each holds a
+        // slot of the queue (16 get R2Ts, the rest wait for theirs).
+        let (_a_admin, mut a) = controller(addr, false).await;
+        let mut burst = Vec::new();
+        for _ in 0..33 {
+            let cid = a.cid();
+            let mut sqe = Sqe::new(0x01, cid, Sgl::Transport { length: 4096 });
+            sqe.nsid = 1;
+            sqe.cdw[0] = 128;
+            sqe.cdw[2] = (4096 / BS - 1) as u32;
+            let pdu = Pdu::CapsuleCmd(CapsuleCmd {
+                sqe,
+                data: Bytes::new(),
+            });
+            burst.extend_from_slice(&a.codec.to_bytes(&pdu).unwrap());
+        }
+        a.send_raw(&burst).await;
+        assert_eq!(terminated(&mut a).await.fes, Fes::PduSequenceError);
+
+        // In-capsule data 512 bytes (one block) beyond the I/O queues' in-capsule size.
+        let (_b_admin, mut b) = controller(addr, false).await;
+        let len = ipsan_target::nvme::config::DEFAULT_IN_CAPSULE as usize + 512;
+        let cid = b.cid();
+        let mut sqe = Sqe::new(
+            0x01,
+            cid,
+            Sgl::InCapsule {
+                offset: 0,
+                length: len as u32,
+            },
+        );
+        sqe.nsid = 1;
+        sqe.cdw[0] = 128;
+        sqe.cdw[2] = (len / BS - 1) as u32;
+        b.send(&Pdu::CapsuleCmd(CapsuleCmd {
+            sqe,
+            data: Bytes::from(pattern(len, 0x44)),
+        }))
+        .await;
+        let Some(Pdu::CapsuleResp(r)) = b.recv().await else {
+            panic!("no response capsule")
+        };
+        assert_eq!(r.cqe.status, Status::DATA_SGL_LENGTH_INVALID);
+
+        // Nothing of either was written; the host beside them is served.
+        let (c, got) = good.read(1, 128, 4096).await;
+        assert_eq!(c.status, Status::SUCCESS);
+        assert!(got == before, "nothing an attacker sent was written");
+        h.shutdown().await.unwrap();
+    })
+    .await
+    .expect("bounded");
+}

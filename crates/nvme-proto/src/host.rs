@@ -4,8 +4,12 @@
 //! A [`HostQueue`] sends ICReq, checks ICResp (digests, CPDA, MAXH2CDATA), then carries
 //! commands: each gets a free CID, its write data goes in the capsule when it fits the
 //! controller's in-capsule size (IOCCSZ; 8 KiB on the admin queue, NVMe/TCP 1.0 §3.3.1) and
-//! otherwise waits for R2Ts, answered by H2CData PDUs of at most MAXH2CDATA bytes each. Read
-//! data arrives as C2HData PDUs, in order, into the command's own buffer; the command completes
+//! otherwise waits for R2Ts, answered by H2CData PDUs of at most MAXH2CDATA bytes each. Write
+//! data larger than [`COPY_MAX`] is not copied: [`HostQueue::poll_transmit`] hands out the
+//! PDU's header and the caller's payload as separate buffers, for a vectored write. Read data
+//! arrives as C2HData PDUs, in order: a command's data in one PDU (what ipsan's and Linux's
+//! targets send) is handed over as that PDU's slice of the receive buffer, without a copy;
+//! data in several PDUs is gathered into the command's own buffer. The command completes
 //! with the CapsuleResp, or with the last C2HData when it carries SUCCESS. Every fatal error
 //! (a malformed PDU, data outside the command, a PDU out of sequence) is answered with an
 //! H2CTermReq and ends the queue; a C2HTermReq from the controller ends it too.
@@ -34,6 +38,10 @@ const RX_CHUNK: usize = 64 * 1024;
 
 /// Room for headers, digests and padding around the data of one PDU.
 const PDU_OVERHEAD: u32 = 256;
+
+/// Write data up to this many bytes is copied behind its PDU header (one buffer for small
+/// commands); longer data goes out as its own buffer, never copied.
+pub const COPY_MAX: usize = 4096;
 
 /// Settings of one host connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,8 +106,10 @@ pub enum HostEvent {
         maxh2cdata: u32,
     },
     /// A command finished: its CQE (a synthesized successful one after C2HData with SUCCESS;
-    /// Transient Transport Error when its data failed the data digest) and its read data.
-    Completed { cid: u16, cqe: Cqe, data: BytesMut },
+    /// Transient Transport Error when its data failed the data digest) and its read data: the
+    /// one C2HData PDU's payload as received, or the command's buffer when the data came in
+    /// several PDUs.
+    Completed { cid: u16, cqe: Cqe, data: Bytes },
     /// The queue is dead; nothing more will complete on it.
     Failed(HostError),
 }
@@ -115,12 +125,23 @@ enum State {
 struct Inflight {
     /// Write data waiting for R2Ts (empty once in the capsule or for reads).
     write: Bytes,
-    /// Read data received so far.
+    /// The read data when one C2HData PDU carried all of it (no copy).
+    whole: Option<Bytes>,
+    /// Read data gathered from several C2HData PDUs (the caller's buffer, grown only then).
     read: BytesMut,
+    /// Read bytes received so far (DATAO of the next C2HData).
+    received: usize,
     /// Bytes the command reads.
     read_len: usize,
     /// A data PDU of this command failed its data digest.
     digest_error: bool,
+}
+
+impl Inflight {
+    /// The read data received, without a copy.
+    fn into_data(self) -> Bytes {
+        self.whole.unwrap_or_else(|| self.read.freeze())
+    }
 }
 
 /// One NVMe/TCP connection, host side (see the module documentation).
@@ -130,7 +151,10 @@ pub struct HostQueue {
     codec: Codec,
     state: State,
     rx: BytesMut,
-    tx: BytesMut,
+    /// Bytes ready to write, in order; `scratch` (headers and small PDUs being gathered)
+    /// follows them.
+    tx: VecDeque<Bytes>,
+    scratch: BytesMut,
     maxh2cdata: u32,
     inflight: HashMap<u16, Inflight>,
     next_cid: u16,
@@ -147,7 +171,8 @@ impl HostQueue {
             codec,
             state: State::AwaitIcResp,
             rx: BytesMut::with_capacity(64 * 1024),
-            tx: BytesMut::new(),
+            tx: VecDeque::new(),
+            scratch: BytesMut::new(),
             maxh2cdata: 0,
             inflight: HashMap::new(),
             next_cid: 0,
@@ -161,7 +186,7 @@ impl HostQueue {
             maxr2t: 0,
         });
         // An ICReq always encodes (fixed size, no data).
-        let _ = q.codec.encode(&icreq, &mut q.tx);
+        let _ = q.codec.encode(&icreq, &mut q.scratch);
         q
     }
 
@@ -211,9 +236,27 @@ impl HostQueue {
         self.process();
     }
 
-    /// Bytes to write to the socket, if any.
+    /// Bytes to write to the socket, if any: call until `None` and write them in order (a
+    /// data PDU's payload comes as its own buffer, between its header and what follows).
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        (!self.tx.is_empty()).then(|| self.tx.split().freeze())
+        self.tx
+            .pop_front()
+            .or_else(|| (!self.scratch.is_empty()).then(|| self.scratch.split().freeze()))
+    }
+
+    /// Queues a PDU carrying `data` (its [`Pdu::data`]): small data is copied behind the
+    /// header, larger data queued as it is between the header and the data digest.
+    fn push_data_pdu(&mut self, pdu: &Pdu, data: &Bytes) -> Result<(), WireError> {
+        if data.len() <= COPY_MAX {
+            return self.codec.encode(pdu, &mut self.scratch);
+        }
+        let digest = self.codec.encode_header(pdu, &mut self.scratch)?;
+        self.tx.push_back(self.scratch.split().freeze());
+        self.tx.push_back(data.clone());
+        if let Some(d) = digest {
+            self.scratch.extend_from_slice(&d);
+        }
+        Ok(())
     }
 
     /// The next event.
@@ -268,24 +311,26 @@ impl HostQueue {
                 length: wlen.max(read_len),
             }
         };
+        let data = if in_capsule {
+            write.clone()
+        } else {
+            Bytes::new()
+        };
         let capsule = Pdu::CapsuleCmd(CapsuleCmd {
             sqe,
-            data: if in_capsule {
-                write.clone()
-            } else {
-                Bytes::new()
-            },
+            data: data.clone(),
         });
-        self.codec
-            .encode(&capsule, &mut self.tx)
+        self.push_data_pdu(&capsule, &data)
             .map_err(|_| HostError::Submit("capsule does not encode"))?;
+        // Grown only when the data comes in several C2HData PDUs (one is handed over as is).
         read_buf.clear();
-        read_buf.reserve(read_len as usize);
         self.inflight.insert(
             cid,
             Inflight {
                 write: if in_capsule { Bytes::new() } else { write },
+                whole: None,
                 read: read_buf,
+                received: 0,
                 read_len: read_len as usize,
                 digest_error: false,
             },
@@ -330,7 +375,7 @@ impl HostQueue {
                             self.events.push_back(HostEvent::Completed {
                                 cid,
                                 cqe: Cqe::new(cid, Status::TRANSIENT_TRANSPORT_ERROR),
-                                data: c.read,
+                                data: c.into_data(),
                             });
                         }
                     } else if let Some(c) = self.inflight.get_mut(&cid) {
@@ -354,7 +399,7 @@ impl HostQueue {
             _ => None,
         };
         if let Some(t) = term {
-            let _ = self.codec.encode(&Pdu::H2cTermReq(t), &mut self.tx);
+            let _ = self.codec.encode(&Pdu::H2cTermReq(t), &mut self.scratch);
         }
         self.state = State::Dead;
         self.inflight.clear();
@@ -405,7 +450,7 @@ impl HostQueue {
                 self.events.push_back(HostEvent::Completed {
                     cid,
                     cqe,
-                    data: c.read,
+                    data: c.into_data(),
                 });
                 Ok(())
             }
@@ -415,7 +460,7 @@ impl HostQueue {
                     "C2HData for a command not in flight",
                 ))?;
                 let off = d.datao as usize;
-                if off != c.read.len() {
+                if off != c.received {
                     return Err(HostError::Protocol(
                         Fes::DataTransferOutOfRange,
                         "C2HData out of order or out of range",
@@ -427,9 +472,18 @@ impl HostQueue {
                         "C2HData out of range of the command",
                     ));
                 }
-                c.read.extend_from_slice(&d.data);
+                c.received += d.data.len();
+                if off == 0 && d.data.len() == c.read_len {
+                    // All of the command's data in one PDU: handed over as received.
+                    c.whole = Some(d.data);
+                } else {
+                    if c.read.is_empty() {
+                        c.read.reserve(c.read_len);
+                    }
+                    c.read.extend_from_slice(&d.data);
+                }
                 if d.success {
-                    if c.read.len() != c.read_len {
+                    if c.received != c.read_len {
                         return Err(HostError::Protocol(
                             Fes::PduSequenceError,
                             "SUCCESS before all data",
@@ -445,7 +499,7 @@ impl HostQueue {
                         self.events.push_back(HostEvent::Completed {
                             cid,
                             cqe: Cqe::new(cid, status),
-                            data: c.read,
+                            data: c.into_data(),
                         });
                     }
                 }
@@ -469,14 +523,15 @@ impl HostQueue {
                 let mut at = 0;
                 while at < data.len() {
                     let n = chunk.min(data.len() - at);
+                    let payload = data.slice(at..at + n);
                     let pdu = Pdu::H2cData(H2cData {
                         cccid: r.cccid,
                         ttag: r.ttag,
                         datao: r.r2to + at as u32,
                         last: at + n == data.len(),
-                        data: data.slice(at..at + n),
+                        data: payload.clone(),
                     });
-                    self.codec.encode(&pdu, &mut self.tx).map_err(|_| {
+                    self.push_data_pdu(&pdu, &payload).map_err(|_| {
                         HostError::Protocol(Fes::PduSequenceError, "H2CData does not encode")
                     })?;
                     at += n;

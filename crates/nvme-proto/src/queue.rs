@@ -79,8 +79,10 @@ pub struct QueueConfig {
     pub max_c2h_data: u32,
     /// Commands receiving H2C data at once (each has an R2T outstanding).
     pub max_r2t_commands: usize,
-    /// Commands in flight on the queue (received and not yet completed); one more is a fatal
-    /// error. Above any SQSIZE a host may ask for (Linux: 1024).
+    /// Commands in flight on the queue (received and not yet completed) before its Connect
+    /// says how many entries the queue has; one more is a fatal error. After Connect the
+    /// limit is its SQSIZE + 1 (at most this), so the in-capsule data a queue holds is at most
+    /// its entries × its in-capsule size.
     pub max_outstanding: usize,
     /// How long a new connection may take to send ICReq and its first command capsule.
     pub setup_timeout: Duration,
@@ -187,6 +189,9 @@ pub struct Queue {
     deadline: Option<Instant>,
     seen_first: bool,
     in_capsule: u32,
+    /// Commands in flight at most: [`QueueConfig::max_outstanding`], then Connect's
+    /// SQSIZE + 1.
+    max_outstanding: usize,
     qid: Option<u16>,
     sqflow_disabled: bool,
     maxr2t: u32,
@@ -231,6 +236,7 @@ impl Queue {
         let deadline = now.checked_add(cfg.setup_timeout);
         Self {
             in_capsule: cfg.admin_in_capsule,
+            max_outstanding: cfg.max_outstanding,
             codec: Codec::new(max_pdu_len),
             cfg,
             phase: Phase::AwaitIcReq,
@@ -597,7 +603,9 @@ impl Queue {
     }
 
     /// Notes what the queue needs from the first command, which must be Connect: its QID
-    /// (admin or I/O in-capsule size) and whether SQ flow control is off.
+    /// (admin or I/O in-capsule size), its SQSIZE (the most commands the host may have in
+    /// flight: SQSIZE + 1, 0's based, NVMe over Fabrics 1.1 §3.3) and whether SQ flow control
+    /// is off.
     fn first_command(&mut self, sqe: &Sqe) {
         if self.seen_first {
             return;
@@ -616,6 +624,9 @@ impl Queue {
                 self.cfg.io_in_capsule
             };
             self.sqflow_disabled = c.cattr & CATTR_SQFLOW_DISABLE != 0;
+            self.max_outstanding = self
+                .max_outstanding
+                .min(usize::from(c.sqsize).saturating_add(1));
         }
     }
 
@@ -626,7 +637,7 @@ impl Queue {
             self.respond(cid, Status::COMMAND_ID_CONFLICT);
             return Ok(());
         }
-        if self.slots.len() >= self.cfg.max_outstanding {
+        if self.slots.len() >= self.max_outstanding {
             return Err(fatal(
                 Fes::PduSequenceError,
                 0,

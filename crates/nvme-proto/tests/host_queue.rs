@@ -181,6 +181,88 @@ fn accepts_an_r2t_and_answers_within_maxh2cdata() {
     assert_eq!(out.len(), 3);
 }
 
+/// A read whose data comes in one C2HData PDU (what ipsan's and Linux's targets send) is
+/// handed over as that PDU's bytes in the receive buffer: the completion's data is the very
+/// memory the socket was read into, not a copy.
+#[test]
+fn accepts_read_data_in_one_pdu_without_copying_it() {
+    let (ctrl, mut q) = connected(false, true);
+    let cid = read_cmd(&mut q, 65536);
+    let _ = sent(&ctrl, &mut q);
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
+    let pdu = Pdu::C2hData(C2hData {
+        cccid: cid,
+        datao: 0,
+        last: true,
+        success: false,
+        data: Bytes::from(data.clone()),
+    });
+    let wire = ctrl.to_bytes(&pdu).unwrap();
+    // As a driver does: socket bytes into the queue's buffer, then process them.
+    let buf = q.recv_buf();
+    let start = buf.len();
+    buf.extend_from_slice(&wire);
+    // C2HData's header is 24 bytes; the data starts there (PDA 0), its digest follows it.
+    let payload_at = buf[start + 24..].as_ptr();
+    q.process();
+    let resp = Pdu::CapsuleResp(CapsuleResp {
+        cqe: Cqe::new(cid, Status::SUCCESS),
+    });
+    q.receive(&ctrl.to_bytes(&resp).unwrap());
+    match q.poll_event() {
+        Some(HostEvent::Completed { cqe, data: got, .. }) => {
+            assert!(cqe.status.is_success());
+            assert_eq!(&got[..], &data[..]);
+            assert_eq!(
+                got.as_ptr(),
+                payload_at,
+                "the receive buffer's bytes, not a copy"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+}
+
+/// Write data above `COPY_MAX` leaves the queue as the caller's own buffer between its PDU's
+/// header and data digest, ready for a vectored write; the byte stream is still the PDUs.
+#[test]
+fn accepts_large_write_data_and_sends_it_without_copying_it() {
+    let (ctrl, mut q) = connected(true, true);
+    let sqe = Sqe::new(0x01, 0, Sgl::Transport { length: 0 });
+    let data = Bytes::from((0..16384u32).map(|i| (i * 3) as u8).collect::<Vec<u8>>());
+    let cid = q.submit(sqe, data.clone(), 0, BytesMut::new()).unwrap();
+    let _ = sent(&ctrl, &mut q);
+    let r2t = Pdu::R2t(R2t {
+        cccid: cid,
+        ttag: 3,
+        r2to: 0,
+        r2tl: 16384,
+    });
+    q.receive(&ctrl.to_bytes(&r2t).unwrap());
+    let mut pieces = Vec::new();
+    while let Some(b) = q.poll_transmit() {
+        pieces.push(b);
+    }
+    // MAXH2CDATA 8192: two H2CData PDUs whose payloads are the caller's bytes at 0 and 8192.
+    let ptrs: Vec<*const u8> = pieces.iter().map(|b| b.as_ptr()).collect();
+    assert!(ptrs.contains(&data.as_ptr()), "first half not copied");
+    assert!(
+        ptrs.contains(&data[8192..].as_ptr()),
+        "second half not copied"
+    );
+    let mut wire = BytesMut::new();
+    for b in &pieces {
+        wire.extend_from_slice(b);
+    }
+    let mut got = Vec::new();
+    while let Some(p) = ctrl.decode_from(&mut wire).unwrap() {
+        let Pdu::H2cData(d) = p else { panic!("{p:?}") };
+        assert_eq!(d.datao as usize, got.len());
+        got.extend_from_slice(&d.data);
+    }
+    assert_eq!(&got[..], &data[..], "digests and data decode as the PDUs");
+}
+
 #[test]
 fn rejects_data_with_a_bad_digest_as_transient_transport_error() {
     let (ctrl, mut q) = connected(false, true);

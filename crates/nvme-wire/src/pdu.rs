@@ -667,6 +667,29 @@ impl Codec {
     /// [`WireError::Length`] when the data does not fit the PDU (PLEN is 32 bits; a termination
     /// request carries at most 128 bytes) or H2CData/C2HData has none.
     pub fn encode(&self, pdu: &Pdu, dst: &mut BytesMut) -> Result<(), WireError> {
+        // Header, padding and data digest: at most 128 + 4 + 128 + 4 bytes around the data.
+        dst.reserve(pdu.data().len() + 264);
+        let digest = self.encode_header(pdu, dst)?;
+        dst.put_slice(pdu.data());
+        if let Some(d) = digest {
+            dst.put_slice(&d);
+        }
+        Ok(())
+    }
+
+    /// Appends everything of `pdu` that comes before its data to `dst`: the header, its
+    /// digest and the alignment padding up to PDO. The PDU is then whole once its data
+    /// ([`Pdu::data`]) and the returned data digest (when data digests are on and there is
+    /// data) follow, so a sender can hand the payload to a vectored write as it is instead
+    /// of copying it behind the header.
+    ///
+    /// # Errors
+    /// As [`Codec::encode`].
+    pub fn encode_header(
+        &self,
+        pdu: &Pdu,
+        dst: &mut BytesMut,
+    ) -> Result<Option<[u8; DIGEST_LEN]>, WireError> {
         let ty = pdu.pdu_type();
         let hlen = ty.hlen();
         let data = pdu.data();
@@ -761,17 +784,13 @@ impl Codec {
         };
         h[4..8].copy_from_slice(&plen.to_le_bytes());
 
-        dst.reserve(total);
+        dst.reserve(pdo);
         dst.put_slice(&h[..hlen]);
         if hdgst {
             dst.put_slice(&to_wire(crc32c(&h[..hlen])));
         }
         dst.put_bytes(0, pdo - hlen - hd);
-        dst.put_slice(data);
-        if ddgst {
-            dst.put_slice(&to_wire(crc32c(data)));
-        }
-        Ok(())
+        Ok(ddgst.then(|| to_wire(crc32c(data))))
     }
 
     /// [`Codec::encode`] into a fresh buffer.

@@ -510,7 +510,7 @@ impl NvmeSession {
         write: Bytes,
         read_len: u32,
         buf: BytesMut,
-    ) -> Result<BytesMut, NvmeError> {
+    ) -> Result<Bytes, NvmeError> {
         if let Ok(g) = self.keepalive_error.lock() {
             if let Some(e) = g.as_ref() {
                 return Err(NvmeError::Closed(e.clone()));
@@ -553,7 +553,9 @@ impl NvmeSession {
         Ok(len as u32)
     }
 
-    /// Reads `blocks` blocks at `lba` into `buf` (cleared first; reused by the caller).
+    /// Reads `blocks` blocks at `lba`. The data comes back as received when the target sent
+    /// it in one C2HData PDU (ipsan's and Linux's targets do), else gathered into `buf`
+    /// (cleared first; a caller reuses it).
     ///
     /// # Errors
     /// A bad range, a failed status, a lost queue, a timeout.
@@ -562,7 +564,7 @@ impl NvmeSession {
         lba: u64,
         blocks: u32,
         buf: BytesMut,
-    ) -> Result<BytesMut, NvmeError> {
+    ) -> Result<Bytes, NvmeError> {
         let len = self.check(lba, blocks)?;
         let data = self
             .io(

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::NvmeError;
 
-type Reply = oneshot::Sender<Result<(Cqe, BytesMut), NvmeError>>;
+type Reply = oneshot::Sender<Result<(Cqe, Bytes), NvmeError>>;
 type Rd = Box<dyn AsyncRead + Send + Unpin>;
 type Wr = Box<dyn AsyncWrite + Send + Unpin>;
 
@@ -132,14 +132,15 @@ impl QueueHandle {
         })
     }
 
-    /// Sends one command and waits for its completion (any status) and read data.
+    /// Sends one command and waits for its completion (any status) and read data (`read_buf`
+    /// holds it only when it came in several PDUs; one PDU's data is handed over as received).
     pub(crate) async fn call(
         &self,
         sqe: Sqe,
         write: Bytes,
         read_len: u32,
         read_buf: BytesMut,
-    ) -> Result<(Cqe, BytesMut), NvmeError> {
+    ) -> Result<(Cqe, Bytes), NvmeError> {
         let closed = || {
             let why = self.ended.lock().ok().and_then(|g| g.clone());
             NvmeError::Closed(why.unwrap_or_else(|| "queue closed".into()))

@@ -419,15 +419,21 @@ pub struct NvmeServer {
 }
 
 /// The queue machine's settings for a controller configuration: the I/O in-capsule size and
-/// the largest transfer must be the ones the controller announces (IOCCSZ, MDTS).
+/// the largest transfer must be the ones the controller announces (IOCCSZ, MDTS). A command's
+/// data travels in one PDU each way (MAXH2CDATA and C2HData up to the largest transfer, as
+/// Linux's nvmet announces 4 MiB): one H2CData reaches the store as it was received and one
+/// C2HData reaches a host in one piece, neither gathered from several.
 fn queue_config(c: &controller::TargetConfig) -> QueueConfig {
+    let max_transfer = if c.max_transfer == 0 {
+        QueueConfig::default().max_transfer
+    } else {
+        c.max_transfer
+    };
     QueueConfig {
         io_in_capsule: c.in_capsule_data,
-        max_transfer: if c.max_transfer == 0 {
-            QueueConfig::default().max_transfer
-        } else {
-            c.max_transfer
-        },
+        max_transfer,
+        maxh2cdata: max_transfer,
+        max_c2h_data: max_transfer,
         ..QueueConfig::default()
     }
 }

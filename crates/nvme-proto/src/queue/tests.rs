@@ -626,6 +626,23 @@ fn accepts_write_data_in_several_h2c_pdus_after_one_r2t() {
     assert!(matches!(h.recv(), Some(Pdu::CapsuleResp(_))));
 }
 
+/// Connect's SQSIZE (31: 32 entries) bounds the queue, not the configured ceiling (2048): a
+/// host cannot make one queue hold more commands (and their in-capsule data) than it has
+/// entries.
+#[test]
+fn rejects_more_commands_than_connects_sqsize_allows() {
+    let mut h = Host::ready(cfg(), 1, 0);
+    assert!(cfg().max_outstanding > 33);
+    for cid in 1..=32 {
+        h.send(&write_transport(cid, 512));
+    }
+    h.no_event();
+    assert!(!h.q.is_closed(), "32 commands fit 32 entries");
+    assert_eq!(h.q.outstanding(), 32);
+    h.send(&write_transport(33, 512));
+    h.assert_terminated(Fes::PduSequenceError, None);
+}
+
 #[test]
 fn accepts_a_connect_whose_data_comes_through_an_r2t() {
     let mut h = Host::new(cfg());
