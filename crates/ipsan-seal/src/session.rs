@@ -198,6 +198,25 @@ impl SealSession {
             .is_some_and(|plain| self.crypto_inline(plain))
     }
 
+    /// Whether [`crate::CryptoPool`] seals (`seal`) or opens (`open`) a command of `plain`
+    /// bytes *in place* on the caller's thread: a small command ([`Self::crypto_inline`]), or
+    /// any command under `none`, whose in-place seal only writes its zero tags and whose open
+    /// checks no tag: there is no per-byte work to hand to a worker, only the hand-off itself
+    /// (a queue, a worker's wake-up, the waiting task's wake-up; issue 27). Every check of the
+    /// framing (length, counters, anti-replay window) runs as on the pool. A sealed *copy*
+    /// ([`crate::CryptoPool::seal_copy`]) copies every byte, so `none` follows
+    /// [`Self::crypto_inline`] there.
+    pub fn crypto_inline_in_place(&self, plain: usize) -> bool {
+        self.crypto_inline(plain) || !self.framing.cipher.protects()
+    }
+
+    /// [`Self::crypto_inline_in_place`] for a sealed transfer of `sealed` bytes as it
+    /// travels: `false` when that is no valid sealed length (the pool's path refuses it).
+    pub fn crypto_inline_in_place_sealed(&self, sealed: usize) -> bool {
+        self.plain_len(sealed)
+            .is_some_and(|plain| self.crypto_inline_in_place(plain))
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> SealStats {
         SealStats {

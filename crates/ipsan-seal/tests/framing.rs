@@ -389,6 +389,55 @@ fn small_commands_are_sealed_and_opened_on_the_callers_thread_even_when_workers_
     }
 }
 
+/// `none` does no per-byte work in place (its seal writes zero tags, its open checks no tag),
+/// so a command of any size is sealed and opened in place on the caller's thread: no hand-off
+/// to a worker and no wake-up for nothing (issue 27). Its framing checks stay: a replayed or
+/// mis-sized transfer is still refused, inline.
+#[test]
+fn none_seals_and_opens_in_place_on_the_callers_thread_at_any_size_and_still_refuses_replays() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    fn first_poll<F: Future>(f: F) -> Poll<F::Output> {
+        std::pin::pin!(f).poll(&mut Context::from_waker(Waker::noop()))
+    }
+    let pool = CryptoPool::new(1).unwrap();
+    // Keeps the one worker busy: anything queued behind it is not ready at its first poll.
+    let (slow, _) = pair(Cipher::TripleDesCbcHmacSha1, 65536);
+    let busy = pool.seal(&Arc::new(slow), write_binding(), buf(&vec![0u8; 4 << 20]));
+    let (init, target) = pair(Cipher::None, 65536);
+    let (init, target) = (Arc::new(init), Arc::new(target));
+    let b = write_binding();
+    let data: Vec<u8> = (0..(4usize << 20) + 3).map(|j| (j * 7) as u8).collect();
+    let Poll::Ready(sealed) = first_poll(pool.seal(&init, b, buf(&data))) else {
+        panic!("a 4 MiB `none` seal waited for the worker");
+    };
+    let sealed = sealed.unwrap();
+    assert_eq!(sealed.len(), init.sealed_len(data.len()).unwrap());
+    let Poll::Ready(opened) = first_poll(pool.open(&target, b, buf(&sealed))) else {
+        panic!("a 4 MiB `none` open waited for the worker");
+    };
+    assert_eq!(&opened.unwrap()[..], &data[..]);
+    let replayed = first_poll(pool.open(&target, b, buf(&sealed)));
+    assert!(
+        matches!(replayed, Poll::Ready(Err(OpenError::Replay { .. }))),
+        "{replayed:?}"
+    );
+    assert_eq!(target.stats().replays, 1);
+    // 9 bytes: shorter than any sealed form (8-byte counter and a 16-byte tag at least).
+    let cut = first_poll(pool.open(&target, b, buf(&sealed[..9])));
+    assert!(
+        matches!(cut, Poll::Ready(Err(OpenError::BadLength(9)))),
+        "{cut:?}"
+    );
+    // A sealed copy copies every byte: it stays on the pool (and still opens).
+    let copy = block_on(pool.seal_copy(&init, b, data.clone().into())).unwrap();
+    assert_eq!(
+        &block_on(pool.open(&target, b, buf(&copy))).unwrap()[..],
+        &data[..]
+    );
+    block_on(busy).unwrap();
+}
+
 #[test]
 fn pool_open_rejects_tampering_and_counts_it() {
     let (init, target) = pair(Cipher::Aes256Gcm, 4096);
