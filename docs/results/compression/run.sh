@@ -9,7 +9,7 @@
 set -euo pipefail
 bin=$(readlink -f "$1"); data=$(readlink -f "$2"); out=$(readlink -f "$3"); reps=${4:-3}
 name=cmpz; net=10.231.77; tgt=$net.2; iqn=iqn.2026-11.org.ipsan:compress
-delay=8ms; rate=100mbit; size=128MiB
+delay=8ms; rate=100mbit; size=${SIZE:-128MiB}
 mkdir -p "$out"; work=$(mktemp -d); pids=()
 cleanup() {
   set +e
