@@ -101,6 +101,11 @@ pub struct ConnArgs {
     /// "without optimization" cycle.
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pipeline: bool,
+    /// With --seal: offer to compress the data (LZ4 per chunk, before sealing; docs/seal.md
+    /// §4b). On only if the target agrees (`ipsan target --compress`). Leave it off when an
+    /// attacker can choose part of the data and see transfer sizes (the length side channel).
+    #[arg(long, requires = "seal")]
+    pub compress: bool,
     /// TCP congestion control for the connection: cubic | bbr | reno | ipsan_sf | ipsan_sf_ss
     /// (the last two after `ipsan tcp load`). Default: the kernel's.
     #[arg(long, value_name = "NAME")]
@@ -298,7 +303,7 @@ impl ConnArgs {
                     psk,
                     pool,
                 };
-                Some(req.factory())
+                Some(req.factory_with_compression(self.compress))
             }
             _ => None,
         };
@@ -371,6 +376,11 @@ pub struct Args {
     /// Seed for random offsets, the mix and the verify pattern.
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
+    /// Write this file's bytes (e.g. a disk image) instead of a synthetic pattern: the
+    /// region holds the file from its start, repeated if the region is larger. Its length
+    /// must be a multiple of --bs. With --verify, reads are checked against it.
+    #[arg(long, value_name = "FILE")]
+    pub data_file: Option<PathBuf>,
     /// Write the full result as JSON (schema ipsan-bench/1, docs/bench.md). `-` for stdout.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -415,7 +425,21 @@ fn workload(
     args: &Args,
     cap: ipsan_initiator::scsi::Capacity,
     sequential: bool,
-) -> (Workload, Option<bench::autodepth::AutoConfig>) {
+) -> anyhow::Result<(Workload, Option<bench::autodepth::AutoConfig>)> {
+    let data = match &args.data_file {
+        Some(p) => {
+            let bytes = std::fs::read(p).with_context(|| format!("--data-file {}", p.display()))?;
+            anyhow::ensure!(
+                !bytes.is_empty() && bytes.len() as u64 % args.bs == 0,
+                "--data-file {}: its {} bytes are not a whole number of --bs {}-byte blocks",
+                p.display(),
+                bytes.len(),
+                args.bs
+            );
+            Some(bench::workload::Payload::new(bytes.into()))
+        }
+        None => None,
+    };
     let limit = match (args.time, args.size) {
         (Some(t), _) => Limit::Time(t),
         (None, Some(s)) => Limit::Bytes(s),
@@ -444,8 +468,9 @@ fn workload(
         limit,
         verify: args.verify,
         seed: args.seed,
+        data,
     };
-    (w, auto)
+    Ok((w, auto))
 }
 
 /// `ipsan bench nvme+tcp://…`: the same workloads and report on an NVMe/TCP namespace.
@@ -463,7 +488,7 @@ async fn run_nvme(args: Args) -> anyhow::Result<()> {
     let cap = session
         .capacity()
         .context("the namespace's capacity is unknown")?;
-    let (w, auto) = workload(&args, cap, false);
+    let (w, auto) = workload(&args, cap, false)?;
     let session = Arc::new(session);
     let tick = progress_reporter(!args.quiet);
     let (measured, depth_auto) = bench::run_on(session.clone(), w.clone(), auto, tick)
@@ -556,7 +581,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     if sequential && args.depth != DepthArg::Fixed(1) {
         eprintln!("ipsan bench: --pipeline off runs one command at a time (depth 1)");
     }
-    let (w, auto) = workload(&args, cap, sequential);
+    let (w, auto) = workload(&args, cap, sequential)?;
     let session = Arc::new(session);
     let trace = args.trace.as_ref().map(|_| Trace::new(args.trace_commands));
     let tick = progress_reporter(!args.quiet);

@@ -219,6 +219,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     // The target's own check (ipsan_target::exposure) runs again at bind; the flag that
     // passed `check_host_auth` above passes it too.
     config.insecure_no_auth = args.insecure_no_host_auth;
+    // `--compress`: the sealed remote leg offers compression, and a sealed listening side
+    // agrees to it when its hosts (another gateway) offer it (docs/seal.md §4b).
+    config.seal_compress = args.conn.compress;
     // The file form carries the essentials; the remote sessions get every --to flag (digests,
     // bursts, keepalive, buffers) from the same code `ipsan bench` uses. Seal stays the file
     // form's: the target's crypto pool serves both sides.
@@ -233,6 +236,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                     extension: None,
                     ..session.clone()
                 };
+                spec.compress = args.conn.compress;
                 l.remote = Some(Arc::new(spec));
             }
         }

@@ -121,6 +121,12 @@ pub struct Args {
     /// Threads that seal and open data (default: one per CPU).
     #[arg(long)]
     crypto_workers: Option<usize>,
+    /// Agree to compress Seal data (LZ4 per chunk, before sealing; docs/seal.md §4b) when an
+    /// initiator offers it (`ipsan bench --seal ... --compress`). Off by default: leave it off
+    /// when an attacker can choose part of the data and see transfer sizes. With --config
+    /// also `[server] seal_compress = true`.
+    #[arg(long)]
+    compress: bool,
     /// Serve targets that authenticate no host (no CHAP, per-host CHAP, relayed CHAP or
     /// `--seal required` with a secret) on portals beyond loopback, with a warning. Without
     /// it such a target is refused at start and on reloads: any host that reaches the portal
@@ -525,6 +531,12 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
         overrides.clear();
     }
     let mut config = Config::from_file_config(&file)?;
+    if args.compress {
+        config.seal_compress = true;
+        if args.config.is_some() {
+            overrides.push("--compress".to_owned());
+        }
+    }
     if args.insecure_no_auth {
         // Not written into the file form: `ipsan ctl save` keeps the file's own choice.
         config.insecure_no_auth = true;

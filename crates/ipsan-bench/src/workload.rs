@@ -95,6 +95,77 @@ pub struct Workload {
     pub verify: bool,
     /// Seed for random offsets, the read/write mix and the verify pattern.
     pub seed: u64,
+    /// What writes send (`--data-file`): `None` writes the verify pattern with `verify`, else
+    /// one fixed buffer. With a payload, `verify` checks reads against it.
+    pub data: Option<Payload>,
+}
+
+/// Write data from a file (`ipsan bench --data-file`, e.g. a disk image, to measure
+/// compression on real data): the region's unit `u` gets the payload's bytes
+/// `[u * block_size mod len ..][.. block_size]`, so the region holds the file from its start,
+/// repeated if the region is larger. Its length must be a multiple of the block size.
+#[derive(Clone)]
+pub struct Payload(Bytes);
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes)", self.0.len())
+    }
+}
+
+impl Payload {
+    /// A payload of `bytes`.
+    #[must_use]
+    pub fn new(bytes: Bytes) -> Self {
+        Payload(bytes)
+    }
+
+    /// Bytes in the payload.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the payload is empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// What unit `unit` of `block_size` bytes holds (no copy). The length was checked
+    /// against the block size before the run ([`Payload::fits`]).
+    fn unit(&self, unit: u64, block_size: u64) -> Bytes {
+        let len = self.0.len() as u64;
+        let start = (unit.wrapping_mul(block_size) % len.max(1)) as usize;
+        let end = (start + block_size as usize).min(self.0.len());
+        self.0.slice(start..end)
+    }
+
+    /// Whether units of `block_size` bytes tile the payload.
+    fn fits(&self, block_size: u64) -> bool {
+        !self.0.is_empty() && block_size > 0 && (self.0.len() as u64) % block_size == 0
+    }
+
+    /// Checks a read of unit `unit` (LBA `lba`, blocks of `block_len` bytes) against it.
+    fn check(
+        &self,
+        buf: &[u8],
+        unit: u64,
+        block_size: u64,
+        lba: u64,
+        block_len: usize,
+    ) -> Result<(), BenchError> {
+        let want = self.unit(unit, block_size);
+        match buf.iter().zip(want.iter()).position(|(a, b)| a != b) {
+            None if buf.len() == want.len() => Ok(()),
+            None => Err(BenchError::VerifyData {
+                lba: lba + (buf.len().min(want.len()) / block_len.max(1)) as u64,
+            }),
+            Some(i) => Err(BenchError::VerifyData {
+                lba: lba + (i / block_len.max(1)) as u64,
+            }),
+        }
+    }
 }
 
 /// A live sample for progress display.
@@ -131,6 +202,8 @@ pub enum BenchError {
         found_lba: u64,
         found_seed: u64,
     },
+    #[error("verify failed: first bad LBA {lba} (its data differs from --data-file's)")]
+    VerifyData { lba: u64 },
 }
 
 /// SplitMix64 (Steele et al.): a tiny, well-mixed hash for offsets, mix and pattern seeds.
@@ -458,6 +531,15 @@ async fn run_inner<S: BlockIo>(
     };
     let blocks = u32::try_from(w.block_size / bl)
         .map_err(|_| BenchError::Workload("block size too large".into()))?;
+    if let Some(p) = &w.data {
+        if !p.fits(w.block_size) {
+            return Err(BenchError::Workload(format!(
+                "the data file's {} bytes are not a whole number of {}-byte blocks",
+                p.len(),
+                w.block_size
+            )));
+        }
+    }
     let gen = Arc::new(Generator::new(&w, units));
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -542,7 +624,14 @@ async fn run_inner<S: BlockIo>(
                             st.read_bytes += w.block_size;
                             let mut r = Ok(());
                             if check_read {
-                                r = check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch);
+                                r = match &w.data {
+                                    Some(p) => {
+                                        p.check(&buf, op.unit, w.block_size, lba, bl as usize)
+                                    }
+                                    None => {
+                                        check_pattern(&buf, lba, bl as usize, w.seed, &mut scratch)
+                                    }
+                                };
                                 st.checked_blocks += u64::from(blocks);
                             }
                             // The buffer back for the next read, unless the data was the
@@ -558,7 +647,9 @@ async fn run_inner<S: BlockIo>(
                         }),
                     }
                 } else {
-                    let data = if w.verify {
+                    let data = if let Some(p) = &w.data {
+                        p.unit(op.unit, w.block_size)
+                    } else if w.verify {
                         let mut b = vec![0u8; w.block_size as usize];
                         fill_pattern(&mut b, lba, bl as usize, w.seed);
                         Bytes::from(b)
@@ -778,6 +869,7 @@ async fn read_back<S: BlockIo>(
         let (session, written, next, stop) =
             (session.clone(), written.clone(), next.clone(), stop.clone());
         let (offset, block_size, seed) = (w.offset, w.block_size, w.seed);
+        let data = w.data.clone();
         readers.push(tokio::spawn(async move {
             let mut scratch = Vec::new();
             let mut buf = BytesMut::new();
@@ -793,7 +885,10 @@ async fn read_back<S: BlockIo>(
                 let lba = (offset + u * block_size) / bl;
                 let r = match session.read_into(lba, blocks, buf).await {
                     Ok(b) => {
-                        let r = check_pattern(&b, lba, bl as usize, seed, &mut scratch);
+                        let r = match &data {
+                            Some(p) => p.check(&b, u, block_size, lba, bl as usize),
+                            None => check_pattern(&b, lba, bl as usize, seed, &mut scratch),
+                        };
                         buf = b.try_into_mut().unwrap_or_default();
                         r
                     }
@@ -900,6 +995,7 @@ mod tests {
             limit: Limit::Bytes(1 << 30),
             verify: false,
             seed: 9,
+            data: None,
         };
         let g = Generator::new(&w, 1000);
         let ops: Vec<Op> = (0..10_000).map(|i| g.op(i)).collect();
@@ -996,6 +1092,7 @@ mod tests {
                 limit: Limit::Time(Duration::from_secs(3)),
                 verify: true,
                 seed: 5,
+                data: None,
             }),
             negotiated: Some(ipsan_initiator::Negotiated::rfc_defaults()),
             nvme: None,

@@ -51,6 +51,7 @@ fn workload(mode: RwMode, depth: usize, ops: u64) -> Workload {
         limit: Limit::Bytes(ops * 65536),
         verify: false,
         seed: 1,
+        data: None,
     }
 }
 

@@ -45,9 +45,17 @@ impl SealRequest {
     /// A factory that makes a fresh negotiation (fresh nonces) for each login attempt.
     #[must_use]
     pub fn factory(self) -> ExtensionFactory {
+        self.factory_with_compression(false)
+    }
+
+    /// [`SealRequest::factory`] that also offers compression (`X-org.ipsan.Compression`,
+    /// docs/seal.md §4b): on when the target agrees, off otherwise.
+    #[must_use]
+    pub fn factory_with_compression(self, compress: bool) -> ExtensionFactory {
         ExtensionFactory(Arc::new(move || {
             Box::new(SealOriginator {
-                neg: InitiatorNegotiation::new(self.ciphers.clone(), self.chunk, self.psk.clone()),
+                neg: InitiatorNegotiation::new(self.ciphers.clone(), self.chunk, self.psk.clone())
+                    .with_compression(compress),
                 pool: self.pool.clone(),
                 session: None,
                 transcript: LoginTranscript::new(),

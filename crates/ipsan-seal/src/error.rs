@@ -106,6 +106,14 @@ pub enum OpenError {
         /// The first counter of the refused range (public: it travels in clear).
         counter: u64,
     },
+    /// A compressed chunk's tag verified but it does not decompress to exactly its plaintext
+    /// length (docs/seal.md §4b): a peer that holds the keys sent a malformed chunk or a
+    /// decompression bomb. Nothing past the chunk's length was written.
+    #[error("seal: chunk {chunk} does not decompress to its declared length")]
+    Decompression {
+        /// Index of the chunk.
+        chunk: u32,
+    },
 }
 
 /// Seal negotiation during the operational stage of login failed (RFC 7143 §6, §13).

@@ -25,6 +25,8 @@
 //!   data, `sealed_len`/`plain_len`.
 //! - `replay`: the anti-replay window.
 //! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
+//! - [`compress`]: compression before sealing (`X-org.ipsan.Compression`, LZ4 per chunk,
+//!   framing version 2; the sealing and opening are in `session`).
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.
 //! - [`record`]: record protection, every PDU of a sealed session authenticated
 //!   ([`RecordSealer`], [`RecordOpener`]), the framed read of both roles ([`read_pdu`]:
@@ -37,6 +39,7 @@
 
 mod buffers;
 pub mod cipher;
+pub mod compress;
 pub mod cpace;
 pub mod error;
 pub mod frame;
@@ -53,6 +56,7 @@ mod tdes;
 mod kat;
 
 pub use cipher::{Cipher, UnknownCipher};
+pub use compress::Compression;
 pub use error::{Forgery, NegotiationError, OpenError, SealError, SecretError};
 pub use frame::{Binding, Direction, Framing};
 pub use negotiate::{

@@ -15,6 +15,11 @@
 //!                                                   <-  X-org.ipsan.SealConfirm=0x<HMAC> (T=0)
 //!   X-org.ipsan.SealConfirm=0x<HMAC>                ->  verified before the target sets T=1
 //! ```
+//! Compression (docs/seal.md §4b) rides with the offer when the initiator asks for it:
+//! `X-org.ipsan.Compression=lz4,none`, answered `lz4` when the target is configured to
+//! compress and `none` otherwise (RFC 7143 §6.2.1 list rule); off unless both ends ask. Like
+//! every login key it is bound by the key confirmations (the login transcript), so a relay
+//! that strips or edits it fails the login.
 //! The pre-shared secret is CPace's password ([`crate::cpace`]): the keys come from the CPace
 //! output, so neither a recorded login nor the target's answer to a probe lets anyone test a
 //! guess offline; a prober learns only whether the one secret it used for its share was right,
@@ -28,6 +33,8 @@
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 
 use crate::cipher::Cipher;
+use crate::compress::Compression;
+pub use crate::compress::KEY_COMPRESSION;
 use crate::cpace::{Party, SHARE_LEN};
 use crate::error::NegotiationError;
 use crate::frame::Framing;
@@ -170,6 +177,8 @@ pub struct SealOffer {
     /// This login's CPace scalar and share (the PSK itself is not kept).
     cpace: Party,
     ids: SessionIds,
+    /// Whether to offer `X-org.ipsan.Compression=lz4,none`.
+    compress: bool,
 }
 
 impl SealOffer {
@@ -217,11 +226,27 @@ impl SealOffer {
             nonce,
             cpace,
             ids,
+            compress: false,
         })
+    }
+
+    /// Also offers compression (`X-org.ipsan.Compression=lz4,none`, docs/seal.md §4b).
+    #[must_use]
+    pub fn with_compression(mut self, on: bool) -> Self {
+        self.compress = on;
+        self
     }
 
     /// The keys to send.
     pub fn keys(&self) -> TextPairs {
+        let mut keys = self.seal_keys();
+        if self.compress {
+            keys.push((KEY_COMPRESSION.to_owned(), "lz4,none".to_owned()));
+        }
+        keys
+    }
+
+    fn seal_keys(&self) -> TextPairs {
         vec![
             (KEY_SEAL.to_owned(), self.offer.clone()),
             (KEY_CHUNK.to_owned(), self.chunk.to_string()),
@@ -275,6 +300,21 @@ impl SealOffer {
                 why: "answer exceeds the cipher's largest chunk (3DES: 4 MiB, one key epoch)",
             });
         }
+        // Compression: on only when offered and answered `lz4`; `none`, `Reject` or no answer
+        // leave it off; a codec that was not offered is a broken answer.
+        let compression = match get(answer, KEY_COMPRESSION) {
+            None | Some("Reject") => Compression::None,
+            Some(v) => match Compression::from_name(v) {
+                Some(Compression::None) => Compression::None,
+                Some(c) if self.compress => c,
+                _ => {
+                    return Err(NegotiationError::Malformed {
+                        key: KEY_COMPRESSION,
+                        why: "answer names a codec that was not offered",
+                    })
+                }
+            },
+        };
         let nonce_t = parse_nonce(get(answer, KEY_NONCE))?;
         let share_t = parse_share(get(answer, KEY_SHARE))?;
         let confirm_t = get(answer, KEY_CONFIRM)
@@ -312,7 +352,8 @@ impl SealOffer {
             chunk_size: chunk,
         };
         Ok((
-            SealSession::new(framing, Role::Initiator, d.i2t, d.t2i, d.record),
+            SealSession::new(framing, Role::Initiator, d.i2t, d.t2i, d.record)
+                .with_compression(compression),
             keys,
         ))
     }
@@ -344,6 +385,9 @@ pub struct TargetSealConfig {
     pub accept: Vec<Cipher>,
     /// Largest chunk this target accepts.
     pub max_chunk: u32,
+    /// Whether this target agrees to compress (`--compress`, docs/seal.md §4b) when the
+    /// initiator offers it.
+    pub compress: bool,
 }
 
 impl Default for TargetSealConfig {
@@ -352,6 +396,7 @@ impl Default for TargetSealConfig {
             policy: SealPolicy::Allowed,
             accept: Cipher::ALL.to_vec(),
             max_chunk: MAX_CHUNK,
+            compress: false,
         }
     }
 }
@@ -389,9 +434,16 @@ impl SealAnswer {
         transcript: &TranscriptHash,
     ) -> Result<AnswerOutcome, NegotiationError> {
         let required = config.policy == SealPolicy::Required;
-        let reject = |reason: String| AnswerOutcome::Plain {
-            keys: vec![(KEY_SEAL.to_owned(), "Reject".to_owned())],
-            reason: Some(reason),
+        let compression_offered = get(offer, KEY_COMPRESSION);
+        let reject = |reason: String| {
+            let mut keys = vec![(KEY_SEAL.to_owned(), "Reject".to_owned())];
+            if compression_offered.is_some() {
+                keys.push((KEY_COMPRESSION.to_owned(), "Reject".to_owned()));
+            }
+            AnswerOutcome::Plain {
+                keys,
+                reason: Some(reason),
+            }
         };
         let Some(offered) = get(offer, KEY_SEAL) else {
             if required {
@@ -454,7 +506,14 @@ impl SealAnswer {
                 nonce_t: &nonce_t,
             },
         )?;
-        let keys = vec![
+        // RFC 7143 §6.2.1: the first codec of the initiator's list this target supports
+        // (`none` always; `lz4` when configured to compress), `Reject` when there is none.
+        let compression = compression_offered.map(|list| {
+            list.split(',')
+                .filter_map(Compression::from_name)
+                .find(|c| !c.is_on() || config.compress)
+        });
+        let mut keys = vec![
             (KEY_SEAL.to_owned(), cipher.name().to_owned()),
             (KEY_CHUNK.to_owned(), chunk.to_string()),
             (KEY_NONCE.to_owned(), schedule::to_hex_constant(&nonce_t)),
@@ -467,6 +526,10 @@ impl SealAnswer {
                 schedule::to_hex_constant(&*d.confirm.target(transcript)),
             ),
         ];
+        if let Some(c) = compression {
+            let answer = c.map_or("Reject", Compression::name);
+            keys.push((KEY_COMPRESSION.to_owned(), answer.to_owned()));
+        }
         let framing = Framing {
             cipher,
             chunk_size: chunk,
@@ -474,7 +537,8 @@ impl SealAnswer {
         Ok(AnswerOutcome::Pending(Box::new(SealPending {
             keys,
             confirm: d.confirm,
-            session: SealSession::new(framing, Role::Target, d.i2t, d.t2i, d.record),
+            session: SealSession::new(framing, Role::Target, d.i2t, d.t2i, d.record)
+                .with_compression(compression.flatten().unwrap_or_default()),
         })))
     }
 }
@@ -541,7 +605,7 @@ impl SealPending {
 pub fn is_seal_key(key: &str) -> bool {
     matches!(
         key,
-        KEY_SEAL | KEY_CHUNK | KEY_NONCE | KEY_SHARE | KEY_CONFIRM
+        KEY_SEAL | KEY_CHUNK | KEY_NONCE | KEY_SHARE | KEY_CONFIRM | KEY_COMPRESSION
     )
 }
 
@@ -645,6 +709,7 @@ impl TargetNegotiation {
                     initiator = %ids.initiator_name,
                     cipher = %s.cipher(),
                     chunk = s.chunk_size(),
+                    compression = %s.compression(),
                     "seal: session keys confirmed"
                 );
                 self.state = TargetState::Sealed(Box::new(s));
@@ -721,6 +786,7 @@ pub struct InitiatorNegotiation {
     chunk: u32,
     psk: Option<Psk>,
     state: InitiatorState,
+    compress: bool,
 }
 
 impl std::fmt::Debug for InitiatorNegotiation {
@@ -747,7 +813,15 @@ impl InitiatorNegotiation {
             chunk,
             psk: Some(psk),
             state: InitiatorState::Idle,
+            compress: false,
         }
+    }
+
+    /// Also offers compression (docs/seal.md §4b); it is on only if the target agrees.
+    #[must_use]
+    pub fn with_compression(mut self, on: bool) -> Self {
+        self.compress = on;
+        self
     }
 
     /// Keys for the first operational Login Request (send it with T=0).
@@ -756,7 +830,8 @@ impl InitiatorNegotiation {
             key: KEY_SEAL,
             why: "Seal offered twice in one login",
         })?;
-        let offer = SealOffer::new(self.ciphers.clone(), self.chunk, psk, ids.clone())?;
+        let offer = SealOffer::new(self.ciphers.clone(), self.chunk, psk, ids.clone())?
+            .with_compression(self.compress);
         let keys = offer.keys();
         self.state = InitiatorState::Offered(Box::new(offer));
         Ok(keys)
@@ -779,6 +854,7 @@ impl InitiatorNegotiation {
                 tracing::info!(
                     cipher = %session.cipher(),
                     chunk = session.chunk_size(),
+                    compression = %session.compression(),
                     "seal: target confirmed; session keys agreed"
                 );
                 self.state = InitiatorState::Confirmed(Box::new(session));

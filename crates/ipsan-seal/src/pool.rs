@@ -290,16 +290,25 @@ impl CryptoPool {
         &self,
         session: &Arc<SealSession>,
         binding: Binding,
-        buf: BytesMut,
+        mut buf: BytesMut,
     ) -> impl Future<Output = Result<Bytes, SealError>> + Send + 'static {
+        // Compressed (docs/seal.md §4b): the sealed form is a new buffer whose length only
+        // the compression tells, built by one job from the plaintext.
+        let compressed = (session.compression().is_on() && !session.crypto_inline(buf.len()))
+            .then(|| self.seal_copy(session, binding, std::mem::take(&mut buf).freeze()));
         // A small command, or one whose cipher does nothing per byte in place (`none`), is
         // sealed here and now (`SealSession::crypto_inline_in_place`).
-        let (done, prepared) = if session.crypto_inline_in_place(buf.len()) {
+        let (done, prepared) = if compressed.is_some() {
+            (None, Ok(None))
+        } else if session.crypto_inline_in_place(buf.len()) {
             (Some(session.seal(&binding, buf)), Ok(None))
         } else {
             (None, self.seal_in_place(session, binding, buf))
         };
         async move {
+            if let Some(compressed) = compressed {
+                return compressed.await;
+            }
             if let Some(done) = done {
                 return done;
             }
@@ -378,7 +387,9 @@ impl CryptoPool {
             }
             let count =
                 u32::try_from(session.framing().chunks(n)).map_err(|_| SealError::TooLarge(n))?;
-            if count > 1 && self.parts(count).count() > 1 {
+            // A compressed command is one job: its chunks' places are known only once each
+            // is compressed.
+            if count > 1 && !session.compression().is_on() && self.parts(count).count() > 1 {
                 return Ok(self
                     .seal_copy_jobs(session, binding, &plaintext)?
                     .map(|(all, trailer)| Way::Split(all, trailer)));
@@ -456,8 +467,18 @@ impl CryptoPool {
         let done = session
             .crypto_inline_in_place_sealed(buf.len())
             .then(|| session.open(&binding, std::mem::take(&mut buf)));
+        // Compressed (docs/seal.md §4b): one job opens and decompresses the whole transfer.
+        let compressed = (done.is_none() && session.compression().is_on()).then(|| {
+            let (tx, rx) = oneshot::channel();
+            let s = Arc::clone(session);
+            let buf = std::mem::take(&mut buf);
+            self.submit(Box::new(move || {
+                let _ = tx.send(s.open(&binding, buf));
+            }))
+            .then_some(rx)
+        });
         let prepared = (|| {
-            if done.is_some() {
+            if done.is_some() || compressed.is_some() {
                 return Ok(None);
             }
             let Some(plan) = session.open_plan(&binding, &buf)? else {
@@ -489,6 +510,10 @@ impl CryptoPool {
         async move {
             if let Some(done) = done {
                 return done;
+            }
+            if let Some(compressed) = compressed {
+                let rx = compressed.ok_or(OpenError::PoolClosed)?;
+                return rx.await.map_err(|_| OpenError::PoolClosed)?;
             }
             let Some((plan, all)) = prepared? else {
                 return Ok(Bytes::new());

@@ -8,11 +8,14 @@ use bytes::{Bytes, BytesMut};
 
 use crate::buffers::BufferPool;
 use crate::cipher::{ChunkKey, Cipher};
+use crate::compress::{self, Compression};
 use crate::error::{OpenError, SealError};
 use crate::frame::{aad, Binding, Direction, Framing, AAD_LEN, COUNTER_LEN};
 use crate::replay::ReplayWindow;
 
 pub use crate::frame::Role;
+
+mod compressed;
 
 /// Counters, for logs and the lab. All events, no secrets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct SealSession {
     record_root: zeroize::Zeroizing<[u8; 32]>,
     /// Buffers of sealed transfers that have been sent, for the next ones (§8 *Cost*).
     buffers: Arc<BufferPool>,
+    /// Chunks compressed before sealing (`X-org.ipsan.Compression`, docs/seal.md §4b).
+    compression: Compression,
 }
 
 impl fmt::Debug for SealSession {
@@ -64,6 +69,7 @@ impl fmt::Debug for SealSession {
             .field("cipher", &self.framing.cipher)
             .field("chunk_size", &self.framing.chunk_size)
             .field("role", &self.role)
+            .field("compression", &self.compression)
             .field("keys", &"<redacted>")
             .field("stats", &self.stats())
             .finish()
@@ -103,7 +109,21 @@ impl SealSession {
             stats: Counters::default(),
             record_root,
             buffers: Arc::default(),
+            compression: Compression::None,
         }
+    }
+
+    /// The same session with chunks compressed by `compression` (set by the negotiation when
+    /// both ends asked, docs/seal.md §4b; both sides must agree).
+    #[must_use]
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// How chunks are compressed in this session.
+    pub fn compression(&self) -> Compression {
+        self.compression
     }
 
     /// The record layer of this session's connection (docs/seal.md §4a): a sealer for the
@@ -172,16 +192,40 @@ impl SealSession {
     }
 
     /// Bytes on the wire for `plain` bytes of command data: use it as ExpectedDataTransferLength.
-    /// `None` if too large for iSCSI's 32-bit lengths.
+    /// `None` if too large for iSCSI's 32-bit lengths. With compression it is the longest
+    /// form (every chunk stored raw, [`compress::max_wire_len`]): what a read asks for; a
+    /// compressed write's EDTL is the length of its sealed transfer.
     pub fn sealed_len(&self, plain: usize) -> Option<usize> {
-        self.framing
-            .sealed_len(plain)
-            .filter(|&s| u32::try_from(s).is_ok())
+        let s = if self.compression.is_on() {
+            compress::max_wire_len(&self.framing, plain)
+        } else {
+            self.framing.sealed_len(plain)
+        };
+        s.filter(|&s| u32::try_from(s).is_ok())
     }
 
     /// Plaintext bytes carried by a sealed transfer of `sealed` bytes, if that length is valid.
+    /// With compression: the plaintext length whose longest form is `sealed` (a read's EDTL);
+    /// a compressed transfer's own length says nothing of its plaintext, which its header
+    /// carries.
     pub fn plain_len(&self, sealed: usize) -> Option<usize> {
-        self.framing.plain_len(sealed)
+        if self.compression.is_on() {
+            compress::plain_len_of_max(&self.framing, sealed)
+        } else {
+            self.framing.plain_len(sealed)
+        }
+    }
+
+    /// Whether a sealed transfer of `sealed` bytes (a write's EDTL) can be valid: a sealed
+    /// length of some plaintext, or with compression any length from the shortest transfer up.
+    pub fn accepts_wire_len(&self, sealed: usize) -> bool {
+        if self.compression.is_on() {
+            sealed == 0
+                || (sealed >= compress::min_wire_len(&self.framing)
+                    && u32::try_from(sealed).is_ok())
+        } else {
+            self.plain_len(sealed).is_some()
+        }
     }
 
     /// Whether a command of `plain` bytes is sealed or opened on the caller's thread by
@@ -294,6 +338,9 @@ impl SealSession {
     /// `sealed_len(plaintext.len())` bytes. The trailer is appended to the same buffer: allocate
     /// it with that capacity to avoid a reallocation.
     pub fn seal(&self, b: &Binding, mut buf: BytesMut) -> Result<Bytes, SealError> {
+        if self.compression.is_on() {
+            return self.seal_copy(b, &buf);
+        }
         let n = buf.len();
         let Some(plan) = self.plan(n)? else {
             return Ok(buf.freeze());
@@ -332,6 +379,9 @@ impl SealSession {
 
     /// [`Self::seal_copy`] with counters already reserved by [`Self::plan`].
     pub(crate) fn seal_copy_planned(&self, b: &Binding, plan: Plan, plaintext: &[u8]) -> Bytes {
+        if self.compression.is_on() {
+            return self.seal_compressed(b, plan, plaintext);
+        }
         let n = plaintext.len();
         let t = self.framing.cipher.tag_len();
         let mut buf = self.buffers.take(n + COUNTER_LEN + plan.count as usize * t);
@@ -442,15 +492,21 @@ impl SealSession {
         let mut c = [0u8; COUNTER_LEN];
         c.copy_from_slice(&sealed[n..n + COUNTER_LEN]);
         let base = u64::from_be_bytes(c);
-        if let Err(e) = self.within_limit(base, count) {
-            self.report(b, &e);
-            return Err(e);
-        }
         let plan = Plan {
             base,
             count,
             plain_len,
         };
+        self.check_received(b, plan).map(Some)
+    }
+
+    /// The counter limit and the anti-replay window for a received plan.
+    pub(crate) fn check_received(&self, b: &Binding, plan: Plan) -> Result<Plan, OpenError> {
+        let (base, count) = (plan.base, plan.count);
+        if let Err(e) = self.within_limit(base, count) {
+            self.report(b, &e);
+            return Err(e);
+        }
         let checked = self
             .lock_window()
             .check_range(base, u64::from(count))
@@ -459,7 +515,7 @@ impl SealSession {
             self.report(b, &e);
             return Err(e);
         }
-        Ok(Some(plan))
+        Ok(plan)
     }
 
     fn lock_window(&self) -> std::sync::MutexGuard<'_, ReplayWindow> {
@@ -527,6 +583,9 @@ impl SealSession {
     /// buffer, trailer truncated). On any error no plaintext is returned; the event is counted
     /// in [`SealStats`] and logged.
     pub fn open(&self, b: &Binding, mut buf: BytesMut) -> Result<Bytes, OpenError> {
+        if self.compression.is_on() {
+            return self.open_compressed(b, &mut buf);
+        }
         let Some(plan) = self.open_plan(b, &buf)? else {
             return Ok(buf.freeze());
         };

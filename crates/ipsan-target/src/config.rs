@@ -276,6 +276,9 @@ pub struct Config {
     /// host beyond loopback, with a warning, instead of refusing to start
     /// ([`crate::exposure`]).
     pub insecure_no_auth: bool,
+    /// `[server] seal_compress` / `--compress`: agree to compress Seal data (LZ4 per chunk,
+    /// before sealing) when an initiator offers it (docs/seal.md §4b). Default false.
+    pub seal_compress: bool,
     /// NVMe/TCP: listeners and subsystem NQNs (`[nvme]`, crate::nvme); off by default.
     pub nvme: crate::nvme::NvmeSettings,
     /// The file form this was validated from (`None` when built in code): what `ipsan ctl`
@@ -301,6 +304,7 @@ impl Default for Config {
             targets: Vec::new(),
             limits: crate::limits::Limits::default(),
             insecure_no_auth: false,
+            seal_compress: false,
             nvme: crate::nvme::NvmeSettings::default(),
             source: None,
         }
@@ -371,6 +375,7 @@ impl Config {
         }
         limits_from(&f.server, &mut c.limits)?;
         c.insecure_no_auth = f.server.insecure_no_auth.unwrap_or(false);
+        c.seal_compress = f.server.seal_compress.unwrap_or(false);
         c.discovery_enabled = f.discovery.enabled.unwrap_or(true);
         if let Some(ch) = &f.discovery.chap {
             c.discovery_chap = Some(chap_policy("discovery.chap", ch)?);

@@ -58,6 +58,8 @@ pub struct Shared {
     pub login_timeout: Duration,
     pub nop_interval: Option<Duration>,
     pub tcp: Option<ipsan_tcp::TcpSettings>,
+    /// Agree to compress Seal data when an initiator offers it (docs/seal.md §4b).
+    pub seal_compress: bool,
 }
 
 /// The largest data-out buffer one command may ask for: bounds memory per command no matter

@@ -54,6 +54,9 @@ pub struct RemoteSpec {
     /// Hosts authenticate to the remote target itself: their CHAP is relayed during their
     /// login ([`RemoteNexus::open_relayed`]) and the gateway holds no host secret.
     pub chap_relay: bool,
+    /// Offer compression on the sealed remote leg (`ipsan gateway --compress`, docs/seal.md
+    /// §4b): on when the remote target agrees.
+    pub compress: bool,
 }
 
 impl std::fmt::Debug for RemoteSpec {
@@ -204,7 +207,7 @@ impl RemoteNexus {
                 psk: psk.clone(),
                 pool: Some(self.pool.clone()),
             };
-            cfg.extension = Some(req.factory());
+            cfg.extension = Some(req.factory_with_compression(spec.compress));
         }
         let session = match relay {
             Some(relay) => {

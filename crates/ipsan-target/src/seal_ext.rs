@@ -48,6 +48,8 @@ pub struct SealExtension {
     /// The initiator's address (lockouts are per name and address, limits.rs).
     peer: Option<IpAddr>,
     guess: GuessSlot,
+    /// Agree to compression when the initiator offers it (`--compress`, docs/seal.md §4b).
+    compress: bool,
 }
 
 impl std::fmt::Debug for SealExtension {
@@ -68,7 +70,15 @@ impl SealExtension {
             used: SecretUsedSlot::default(),
             peer: None,
             guess: GuessSlot::default(),
+            compress: false,
         }
+    }
+
+    /// Agrees to compress Seal data when an initiator offers it (docs/seal.md §4b).
+    #[must_use]
+    pub fn with_compression(mut self, on: bool) -> Self {
+        self.compress = on;
+        self
     }
 
     /// Records in `used` which secret the negotiation is keyed with.
@@ -98,6 +108,7 @@ impl SealExtension {
         let registry = self.registry.clone();
         let target = ctx.target_name.and_then(|n| registry.target(n));
         let used = self.used.clone();
+        let compress = self.compress;
         self.neg.get_or_insert_with(|| {
             let (policy, settings) = match &target {
                 Some(t) => (t.seal.policy, Some(t.seal.clone())),
@@ -105,6 +116,7 @@ impl SealExtension {
             };
             let config = TargetSealConfig {
                 policy,
+                compress,
                 ..TargetSealConfig::default()
             };
             TargetNegotiation::new(

@@ -121,6 +121,7 @@ impl Server {
                 login_timeout: config.login_timeout,
                 nop_interval: config.nop_interval,
                 tcp: config.tcp.clone(),
+                seal_compress: config.seal_compress,
             }),
             listeners,
             max_connections: config.max_connections,

@@ -289,6 +289,7 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
                     limit: Limit::Bytes((bs * 64).min(8 << 20)),
                     verify: true,
                     seed,
+                    data: None,
                 };
                 let m = bench::run(s.clone(), w, None)
                     .await
@@ -311,6 +312,7 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
             limit: Limit::Bytes(3 << 19),
             verify: true,
             seed,
+            data: None,
         };
         match bench::run(s.clone(), w, None).await {
             Err(bench::BenchError::Verify { lba: bad, .. }) => assert_eq!(bad, lba),

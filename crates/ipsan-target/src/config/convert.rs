@@ -335,6 +335,7 @@ pub(super) fn remote_from(
         depth: l.depth,
         source,
         chap_relay: l.chap_relay,
+        compress: false,
     })
 }
 

@@ -58,6 +58,9 @@ pub struct FileServer {
     /// (default false: refused, [`crate::exposure`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insecure_no_auth: Option<bool>,
+    /// Agree to compress Seal data when an initiator offers it (docs/seal.md §4b).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seal_compress: Option<bool>,
 }
 
 /// `[server.auth_backoff]`.

@@ -86,6 +86,7 @@ impl Session {
         });
         // A Seal counter at its hard limit: this command fails, then the connection closes.
         let mut seal_exhausted = false;
+        let sealed_write = seal.is_some() && early.is_none() && !data_out.is_empty();
         if let (Some((session, pool, binding)), None, false) = (&seal, &early, data_out.is_empty())
         {
             // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
@@ -124,6 +125,9 @@ impl Session {
             Some(0)
         } else {
             match &self.seal {
+                // A compressed write carries its plaintext length in its (authenticated)
+                // header, not in its EDTL: what opened is it (docs/seal.md §4b).
+                Some(s) if s.compression().is_on() && sealed_write => Some(data_out.len() as u64),
                 Some(s) => s.plain_len(x.edtl as usize).map(|n| n as u64),
                 None => Some(u64::from(x.edtl)),
             }

@@ -119,7 +119,8 @@ pub(super) async fn login_phase(
     let secret_used = crate::seal_ext::SecretUsedSlot::default();
     let ext = SealExtension::new(shared.registry.clone(), slot.clone(), transcript.clone())
         .recording_secret(secret_used.clone())
-        .with_guess_limit(peer.ip(), guess.clone());
+        .with_guess_limit(peer.ip(), guess.clone())
+        .with_compression(shared.seal_compress);
     let mut login = TargetLogin::new(shared.offer.clone(), Some(Box::new(ext)));
     let mut dir = LoginDirectory::new(shared.registry.clone(), peer.ip());
     let mut relay: Option<crate::remote::HostRelay> = None;

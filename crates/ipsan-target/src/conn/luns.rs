@@ -104,7 +104,14 @@ impl engine::LunDirectory<CommandInfo> for Luns<'_> {
                 decoded,
             };
         };
-        if seal.plain_len(edtl as usize).is_none() {
+        // A write's EDTL is its sealed transfer's length: with compression any length from
+        // the shortest transfer up (docs/seal.md §4b); a read's is the longest form.
+        let valid = if need > 0 {
+            seal.accepts_wire_len(edtl as usize)
+        } else {
+            seal.plain_len(edtl as usize).is_some()
+        };
+        if !valid {
             let (k, asc, ascq) = residual::REFUSED_SENSE;
             early = Some(engine::Response::check(k, asc, ascq));
         }
