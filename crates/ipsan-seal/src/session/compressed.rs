@@ -15,6 +15,21 @@ pub(crate) const AAD2_LEN: usize = AAD_LEN + 8;
 /// Framing version of compressed transfers, bound into every chunk's associated data.
 const VERSION2: u8 = 2;
 
+/// The most plaintext a compressed transfer bound to `b` may declare: what its command can
+/// move — the CDB's transfer length in blocks of at most 4096 bytes (the largest block size
+/// an ipsan LU has), twice for COMPARE AND WRITE's verify and write data — and 1 MiB for a
+/// command that addresses no blocks (parameter lists, INQUIRY and the like); never more
+/// than twice the LU's 64 MiB MAXIMUM TRANSFER LENGTH.
+pub(crate) fn max_plain(b: &Binding) -> usize {
+    const NO_BLOCKS: usize = 1 << 20;
+    const CAP: usize = 128 << 20;
+    if b.blocks == 0 {
+        NO_BLOCKS
+    } else {
+        (b.blocks as usize).saturating_mul(2 * 4096).min(CAP)
+    }
+}
+
 impl SealSession {
     /// Chunk `index`'s counter and version-2 associated data: `word` is its stored length
     /// with [`FLAG_LZ4`] when compressed.
@@ -169,6 +184,14 @@ impl SealSession {
                 return Err(e);
             }
         };
+        // The declared plaintext is allocated below: never more than the command itself
+        // can move, so a peer that holds the keys cannot make this side allocate 4 GiB for
+        // a small compressed write (a decompression bomb by declaration).
+        if plan.plain_len as usize > max_plain(b) {
+            let e = OpenError::BadLength(sealed.len());
+            self.report(b, &e);
+            return Err(e);
+        }
         let plan = self.check_received(b, plan)?;
         let n = plan.plain_len as usize;
         let t = self.framing.cipher.tag_len();
@@ -252,7 +275,7 @@ mod tests {
     }
 
     fn binding() -> Binding {
-        Binding::of_command(0, 7, 0x2a, (100, 8))
+        Binding::of_command(0, 7, 0x2a, (100, 64))
     }
 
     /// Bytes that LZ4 cannot shrink (a counter-mode-like stream from a simple LCG).
@@ -419,6 +442,39 @@ mod tests {
         i.send_key
             .seal(counter, &a, body, &mut h[HEAD_LEN + 4..HEAD_LEN + 20]);
         out
+    }
+
+    #[test]
+    fn rejects_a_declared_plaintext_beyond_what_the_command_moves_before_allocating_it() {
+        let (i, t) = pair(Cipher::Aes256Gcm);
+        // A WRITE of one block (at most 4096 bytes, 8192 with COMPARE AND WRITE) whose
+        // compressed transfer declares 16000 bytes: refused before anything is opened.
+        let one_block = Binding::of_command(0, 7, 0x2a, (100, 1));
+        let sealed = i
+            .seal(&one_block, BytesMut::from(&vec![0u8; 16000][..]))
+            .unwrap();
+        let len = sealed.len();
+        assert!(len < 1000, "{len}");
+        assert_eq!(
+            t.open(&one_block, BytesMut::from(&sealed[..])),
+            Err(OpenError::BadLength(len))
+        );
+        assert_eq!(max_plain(&one_block), 8192);
+        // A command without blocks may declare up to 1 MiB, a large one up to 128 MiB.
+        assert_eq!(max_plain(&Binding::of_command(0, 7, 0x12, (0, 0))), 1 << 20);
+        assert_eq!(
+            max_plain(&Binding::of_command(0, 7, 0x8a, (0, u32::MAX))),
+            128 << 20
+        );
+        // Sealed for a command of four blocks (up to 32 KiB), the same data opens.
+        let four = Binding::of_command(0, 8, 0x2a, (100, 4));
+        let sealed = i
+            .seal(&four, BytesMut::from(&vec![0u8; 16000][..]))
+            .unwrap();
+        assert_eq!(
+            &t.open(&four, BytesMut::from(&sealed[..])).unwrap()[..],
+            &[0u8; 16000][..]
+        );
     }
 
     #[test]
