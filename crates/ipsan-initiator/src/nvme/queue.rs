@@ -166,7 +166,8 @@ const GATHER: usize = 256 * 1024;
 
 async fn writer(mut wr: Wr, mut rx: mpsc::UnboundedReceiver<Bytes>, cancel: CancellationToken) {
     let mut flat = BytesMut::new();
-    // Plain TCP takes the batches as they are; TLS (no vectored writes) gets one copy.
+    // Both plain TCP and `nvme_tls::TlsStream` take vectored writes: the batch goes out as it is;
+    // a stream without them would get one flat copy.
     let vectored = wr.is_write_vectored();
     loop {
         let b = tokio::select! {
