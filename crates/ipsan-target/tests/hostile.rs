@@ -75,29 +75,15 @@ impl Raw {
 
     /// Logs in straight to full feature phase with the given ISID.
     async fn login(&mut self, isid: [u8; 6]) -> LoginResponse {
-        let text = format!("InitiatorName=iqn.2026-11.org.example:raw\0TargetName={IQN}\0SessionType=Normal\0MaxRecvDataSegmentLength=65536\0");
-        let req = LoginRequest {
-            transit: true,
-            continue_: false,
-            csg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
-            nsg: Stage::FULL_FEATURE_PHASE,
-            version_max: 0,
-            version_min: 0,
-            isid,
-            tsih: 0,
-            itt: 1,
-            cid: 0,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: 0,
-        };
-        self.send(&Pdu::new(req, Bytes::from(text))).await;
-        let Some(Pdu {
-            header: Header::LoginResponse(r),
-            ..
-        }) = self.recv().await
-        else {
-            panic!("no login response")
-        };
+        let r = self
+            .login_request(
+                "iqn.2026-11.org.example:raw",
+                isid,
+                0,
+                0,
+                "MaxRecvDataSegmentLength=65536\0",
+            )
+            .await;
         assert_eq!((r.status_class, r.status_detail), (0, 0), "login refused");
         r
     }
@@ -105,7 +91,22 @@ impl Raw {
     /// A login that names a session (its TSIH: a connection joining it, RFC 7143 §5.3.4), as
     /// `initiator`; returns the response's status class and detail.
     async fn login_into(&mut self, initiator: &str, isid: [u8; 6], tsih: u16) -> (u8, u8) {
-        let text = format!("InitiatorName={initiator}\0TargetName={IQN}\0SessionType=Normal\0");
+        let r = self.login_request(initiator, isid, tsih, 1, "").await;
+        (r.status_class, r.status_detail)
+    }
+
+    /// One Login Request straight to full feature phase on connection `cid` of session
+    /// (`isid`, `tsih`) as `initiator`, with `extra` keys; the Login Response.
+    async fn login_request(
+        &mut self,
+        initiator: &str,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        extra: &str,
+    ) -> LoginResponse {
+        let text =
+            format!("InitiatorName={initiator}\0TargetName={IQN}\0SessionType=Normal\0{extra}");
         let req = LoginRequest {
             transit: true,
             continue_: false,
@@ -116,7 +117,7 @@ impl Raw {
             isid,
             tsih,
             itt: 1,
-            cid: 1,
+            cid,
             cmd_sn: self.cmd_sn,
             exp_stat_sn: 0,
         };
@@ -128,7 +129,7 @@ impl Raw {
         else {
             panic!("no login response")
         };
-        (r.status_class, r.status_detail)
+        r
     }
 
     async fn test_unit_ready(&mut self, itt: u32) -> Option<Pdu> {

@@ -5,130 +5,57 @@
 //! leaves the session running on the other.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod robust_common;
+
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use ipsan_target::config::{self, Config, TargetConfig};
+use bytes::Bytes;
 use ipsan_target::ServerHandle;
 use iscsi_wire::header::*;
-use iscsi_wire::{Codec, Header, Pdu};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-const IQN: &str = "iqn.2026-11.org.ipsan:mcs";
-const INI: &str = "iqn.2026-11.org.example:mcs";
+use iscsi_wire::{Header, Pdu};
+use robust_common::{config, LoginAnswer, Raw, INITIATOR};
 
 async fn start() -> ServerHandle {
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetConfig {
-            iqn: IQN.into(),
-            alias: None,
-            allow: Vec::new(),
-            chap: None,
-            chap_hosts: Vec::new(),
-            seal: Default::default(),
-            luns: config::luns_from_specs(&["mem:16MiB".into()]).unwrap(),
-        }],
-        ..Config::default()
-    };
-    c.validate().unwrap();
+    let c = config(&["mem:16MiB"], "");
     assert_eq!(c.connections_per_session, 4, "the default");
     ServerHandle::start(&c).await.unwrap()
 }
 
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-    codec: Codec,
+/// Logs `raw` in straight to full feature phase on connection `cid` of session (`isid`,
+/// `tsih`) with `extra` keys; the response and its keys.
+async fn login(
+    raw: &mut Raw,
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    extra: &[(&str, &str)],
+) -> (LoginResponse, Vec<(String, String)>) {
+    let LoginAnswer { header, keys } = raw.login_join(INITIATOR, isid, tsih, cid, extra).await;
+    (header, keys)
 }
 
-impl Raw {
-    async fn connect(addr: std::net::SocketAddr) -> Self {
-        Self {
-            s: TcpStream::connect(addr).await.unwrap(),
-            buf: BytesMut::new(),
-            codec: Codec::default(),
-        }
-    }
+/// Sends TEST UNIT READY as task `itt` with `cmd_sn` (the caller numbers commands across
+/// connections).
+async fn test_unit_ready(raw: &mut Raw, itt: u32, cmd_sn: u32) {
+    let cmd = ScsiCommand {
+        immediate: false,
+        final_: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::SIMPLE,
+        lun: 0,
+        itt,
+        expected_data_transfer_length: 0,
+        cmd_sn,
+        exp_stat_sn: 0,
+        cdb: [0; 16],
+    };
+    raw.send(&Pdu::new(cmd, Bytes::new())).await;
+}
 
-    async fn send(&mut self, pdu: &Pdu) {
-        let mut out = BytesMut::new();
-        self.codec.encode(pdu, &mut out).unwrap();
-        self.s.write_all(&out).await.unwrap();
-    }
-
-    /// The next PDU within `wait`, or None (closed, or nothing came).
-    async fn recv_within(&mut self, wait: Duration) -> Option<Pdu> {
-        let fut = async {
-            loop {
-                if let Some(p) = self.codec.decode(&mut self.buf).unwrap() {
-                    return Some(p);
-                }
-                if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
-                    return None;
-                }
-            }
-        };
-        tokio::time::timeout(wait, fut).await.ok().flatten()
-    }
-
-    async fn recv(&mut self) -> Option<Pdu> {
-        self.recv_within(Duration::from_secs(10)).await
-    }
-
-    /// Logs in straight to full feature phase; returns the response and its keys.
-    async fn login(
-        &mut self,
-        isid: [u8; 6],
-        tsih: u16,
-        cid: u16,
-        keys: &str,
-    ) -> (LoginResponse, Vec<(String, String)>) {
-        let text = format!("InitiatorName={INI}\0TargetName={IQN}\0SessionType=Normal\0{keys}");
-        let req = LoginRequest {
-            transit: true,
-            continue_: false,
-            csg: Stage::LOGIN_OPERATIONAL_NEGOTIATION,
-            nsg: Stage::FULL_FEATURE_PHASE,
-            version_max: 0,
-            version_min: 0,
-            isid,
-            tsih,
-            itt: 1,
-            cid,
-            cmd_sn: 1,
-            exp_stat_sn: 0,
-        };
-        self.send(&Pdu::new(req, Bytes::from(text))).await;
-        let Some(Pdu {
-            header: Header::LoginResponse(r),
-            data,
-            ..
-        }) = self.recv().await
-        else {
-            panic!("no login response")
-        };
-        let keys = iscsi_wire::text::parse(&data).unwrap_or_default();
-        (r, keys)
-    }
-
-    async fn test_unit_ready(&mut self, itt: u32, cmd_sn: u32) {
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_: true,
-            read: false,
-            write: false,
-            attr: TaskAttr::SIMPLE,
-            lun: 0,
-            itt,
-            expected_data_transfer_length: 0,
-            cmd_sn,
-            exp_stat_sn: 0,
-            cdb: [0; 16],
-        };
-        self.send(&Pdu::new(cmd, Bytes::new())).await;
-    }
+/// The next PDU within `wait`, or None (closed, or nothing came).
+async fn recv_within(raw: &mut Raw, wait: Duration) -> Option<Pdu> {
+    raw.recv_within(wait).await.ok().flatten()
 }
 
 /// The first session's open connections once they are 2 (a connection is added, or one
@@ -162,7 +89,7 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     let addr = t.addrs[0];
     let isid = [0x80, 0, 0, 0, 0x28, 1];
     let mut a = Raw::connect(addr).await;
-    let (r, keys) = a.login(isid, 0, 0, "MaxConnections=2\0").await;
+    let (r, keys) = login(&mut a, isid, 0, 0, &[("MaxConnections", "2")]).await;
     assert_eq!((r.status_class, r.status_detail), (0, 0));
     assert!(
         keys.iter().any(|(k, v)| k == "MaxConnections" && v == "2"),
@@ -170,7 +97,7 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     );
     let tsih = r.tsih;
     let mut b = Raw::connect(addr).await;
-    let (r, _) = b.login(isid, tsih, 1, "").await;
+    let (r, _) = login(&mut b, isid, tsih, 1, &[]).await;
     assert_eq!(
         (r.status_class, r.status_detail, r.tsih),
         (0, 0, tsih),
@@ -179,20 +106,22 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     assert_eq!(t.registry().sessions().len(), 1, "one session");
     assert_eq!(connections(&t).await, 2, "of two connections");
 
-    a.test_unit_ready(1, 1).await;
+    test_unit_ready(&mut a, 1, 1).await;
     let (sa, exp) = good(a.recv().await, 1);
     assert_eq!(exp, 2);
-    b.test_unit_ready(2, 2).await;
+    test_unit_ready(&mut b, 2, 2).await;
     let (sb, exp) = good(b.recv().await, 2);
     assert_eq!(exp, 3, "one window for both connections");
 
     // CmdSN 4 on b before 3 on a: it waits for 3 (RFC 7143 §4.2.2.1).
-    b.test_unit_ready(4, 4).await;
+    test_unit_ready(&mut b, 4, 4).await;
     assert!(
-        b.recv_within(Duration::from_millis(300)).await.is_none(),
+        recv_within(&mut b, Duration::from_millis(300))
+            .await
+            .is_none(),
         "CmdSN 4 answered before CmdSN 3 arrived"
     );
-    a.test_unit_ready(3, 3).await;
+    test_unit_ready(&mut a, 3, 3).await;
     let (sa2, _) = good(a.recv().await, 3);
     let (sb2, exp) = good(b.recv().await, 4);
     assert_eq!(exp, 5);
@@ -201,7 +130,7 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
 
     // MaxConnections=2: a third is refused with 0x0206.
     let mut c = Raw::connect(addr).await;
-    let (r, _) = c.login(isid, tsih, 2, "").await;
+    let (r, _) = login(&mut c, isid, tsih, 2, &[]).await;
     assert_eq!((r.status_class, r.status_detail), (2, 0x06));
 
     // Logout of b's connection (reason 1): the session goes on over a.
@@ -225,29 +154,29 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
         other => panic!("{other:?}"),
     }
     assert!(b.recv().await.is_none(), "b's connection is closed");
-    a.test_unit_ready(6, 6).await;
+    test_unit_ready(&mut a, 6, 6).await;
     let (_, exp) = good(a.recv().await, 6);
     assert_eq!(exp, 7);
 
     // And a connection may join again in its place.
     let mut d = Raw::connect(addr).await;
-    let (r, _) = d.login(isid, tsih, 3, "").await;
+    let (r, _) = login(&mut d, isid, tsih, 3, &[]).await;
     assert_eq!((r.status_class, r.status_detail), (0, 0));
-    d.test_unit_ready(7, 7).await;
+    test_unit_ready(&mut d, 7, 7).await;
     good(d.recv().await, 7);
 
     // The same CID again reinstates that connection (RFC 7143 §6.3.4): the old one closes,
     // the session goes on over the new one and a.
     let mut e = Raw::connect(addr).await;
-    let (r, _) = e.login(isid, tsih, 3, "").await;
+    let (r, _) = login(&mut e, isid, tsih, 3, &[]).await;
     assert_eq!((r.status_class, r.status_detail), (0, 0));
     assert!(
         d.recv().await.is_none(),
         "the reinstated connection is closed"
     );
-    e.test_unit_ready(8, 8).await;
+    test_unit_ready(&mut e, 8, 8).await;
     good(e.recv().await, 8);
-    a.test_unit_ready(9, 9).await;
+    test_unit_ready(&mut a, 9, 9).await;
     let (_, exp) = good(a.recv().await, 9);
     assert_eq!(exp, 10);
     assert_eq!(connections(&t).await, 2);

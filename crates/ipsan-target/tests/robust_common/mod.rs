@@ -167,13 +167,52 @@ impl Raw {
     }
 
     /// One login step with the given keys.
-    #[allow(clippy::too_many_arguments)]
     pub async fn login_step(
         &mut self,
         isid: [u8; 6],
         csg: Stage,
         nsg: Stage,
         transit: bool,
+        keys: &[(&str, &str)],
+    ) -> Option<LoginAnswer> {
+        self.login_on(isid, 0, 0, (csg, nsg, transit), keys).await
+    }
+
+    /// A login straight to full feature phase (no authentication) that names a session by its
+    /// TSIH — a connection joining it on connection `cid` (RFC 7143 §5.3.4), or a new session
+    /// with TSIH 0 — as `initiator`, with `extra` keys; the answer as it came, refusals too.
+    pub async fn login_join(
+        &mut self,
+        initiator: &str,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        extra: &[(&str, &str)],
+    ) -> LoginAnswer {
+        let mut keys = vec![
+            ("InitiatorName", initiator),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+        ];
+        keys.extend_from_slice(extra);
+        let stages = (
+            Stage::LOGIN_OPERATIONAL_NEGOTIATION,
+            Stage::FULL_FEATURE_PHASE,
+            true,
+        );
+        self.login_on(isid, tsih, cid, stages, &keys)
+            .await
+            .expect("login response")
+    }
+
+    /// One Login Request on connection `cid` of session (`isid`, `tsih`), stages `(csg, nsg,
+    /// transit)`; the Login Response and its keys.
+    async fn login_on(
+        &mut self,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        (csg, nsg, transit): (Stage, Stage, bool),
         keys: &[(&str, &str)],
     ) -> Option<LoginAnswer> {
         let text = iscsi_wire::text::encode(keys);
@@ -185,9 +224,9 @@ impl Raw {
             version_max: 0,
             version_min: 0,
             isid,
-            tsih: 0,
+            tsih,
             itt: 1,
-            cid: 0,
+            cid,
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.exp_stat_sn,
         };
