@@ -89,9 +89,9 @@ impl Core {
         }
     }
 
-    /// Whether a connection with `cid` may join now; the login's refusal otherwise (RFC 7143
-    /// §11.13.5: 0x0206 when the session has MaxConnections, 0x020a when it is ending). The
-    /// CID of an open connection reinstates it (§6.3.4), which a full session allows.
+    /// Whether a connection with `cid` may join now; the login's refusal otherwise: 0x020a
+    /// (RFC 7143 §11.13.5) when the session is ending, the engine's rule otherwise
+    /// (`Session::admits`: 0x0206 beyond MaxConnections, an open CID reinstates).
     pub(crate) fn room(&self, cid: u16) -> Result<(), LoginFailure> {
         let e = lock(&self.engine);
         if self.over.load(Ordering::Acquire) {
@@ -100,14 +100,7 @@ impl Core {
                 "the session is ending",
             ));
         }
-        let max = e.max_connections();
-        if e.open_connections() >= max as usize && !e.has_open_cid(cid) {
-            return Err(LoginFailure::new(
-                LoginStatus::TOO_MANY_CONNECTIONS,
-                format!("the session has its {max} connections (MaxConnections)"),
-            ));
-        }
-        Ok(())
+        e.admits(cid)
     }
 
     /// Open connections (for `ipsan ctl sessions` and the metrics).

@@ -48,6 +48,7 @@ use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
 use super::{Config, Connection, Event, LunDirectory, Response};
 use crate::engine::{CloseReason, Side, Violation};
+use crate::login::{LoginFailure, LoginStatus};
 use crate::params::SessionParams;
 use crate::seq::{sn_le, sn_lt, Admit, CmdWindow};
 
@@ -262,6 +263,21 @@ impl<D> Session<D> {
         self.members
             .iter()
             .any(|m| m.conn.closed.is_none() && m.conn.cid == cid)
+    }
+
+    /// Whether a login on connection `cid` may join the session now: the CID of an open
+    /// connection reinstates it (RFC 7143 §6.3.4), which a full session allows; another
+    /// connection beyond MaxConnections is refused with 0x0206 "too many connections"
+    /// (§11.13.5).
+    pub fn admits(&self, cid: u16) -> Result<(), LoginFailure> {
+        let max = self.max_connections;
+        if self.open_connections() >= max as usize && !self.has_open_cid(cid) {
+            return Err(LoginFailure::new(
+                LoginStatus::TOO_MANY_CONNECTIONS,
+                format!("the session has its {max} connections (MaxConnections)"),
+            ));
+        }
+        Ok(())
     }
 
     /// One connection's engine, to read (its [`Connection::window`] is not the session's:
