@@ -16,6 +16,23 @@ fn mean_and_spread(v: &[Cpu]) -> (f64, f64, f64) {
     (mean, lo, hi)
 }
 
+/// One measured CPU series: at each x the mean over the runs there, its bar the min–max over
+/// repetitions.
+fn measured<'a>(name: &str, color: usize, pts: impl Iterator<Item = (f64, &'a [Cpu])>) -> Series {
+    let pts = pts
+        .map(|(x, v)| {
+            let (y, lo, hi) = mean_and_spread(v);
+            Pt { x, y, lo, hi }
+        })
+        .collect();
+    Series {
+        name: format!("{name} (bars: min–max over repetitions)"),
+        color,
+        style: Style::Measured,
+        pts,
+    }
+}
+
 /// A series name without the commands in flight: `seal 3DES`, `IPsec (strongSwan)`.
 fn scheme_name(a: &Agg) -> String {
     let p = &a.rec.point;
@@ -153,24 +170,8 @@ pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
             };
             if by_workers {
                 for (i, ((_, name), per)) in m_n.iter().enumerate() {
-                    let pts = per
-                        .iter()
-                        .map(|(n, v)| {
-                            let (y, lo, hi) = mean_and_spread(v);
-                            Pt {
-                                x: f64::from(*n),
-                                y,
-                                lo,
-                                hi,
-                            }
-                        })
-                        .collect();
-                    fig.series.push(Series {
-                        name: format!("{name} (bars: min–max over repetitions)"),
-                        color: i,
-                        style: Style::Measured,
-                        pts,
-                    });
+                    let pts = per.iter().map(|(n, v)| (f64::from(*n), v.as_slice()));
+                    fig.series.push(measured(name, i, pts));
                 }
             } else {
                 let mut papers = Vec::new();
@@ -187,24 +188,8 @@ pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
                 }
                 fig.x_ticks = delay_ticks(delays.iter().map(|d| *d as f64 / 1000.0), &papers);
                 for (i, ((_, _, name), per)) in m.iter().enumerate() {
-                    let pts = per
-                        .iter()
-                        .map(|(d, v)| {
-                            let (y, lo, hi) = mean_and_spread(v);
-                            Pt {
-                                x: *d as f64 / 1000.0,
-                                y,
-                                lo,
-                                hi,
-                            }
-                        })
-                        .collect();
-                    fig.series.push(Series {
-                        name: format!("{name} (bars: min–max over repetitions)"),
-                        color: i,
-                        style: Style::Measured,
-                        pts,
-                    });
+                    let pts = per.iter().map(|(d, v)| (*d as f64 / 1000.0, v.as_slice()));
+                    fig.series.push(measured(name, i, pts));
                 }
                 if table3 {
                     fig.series.push(Series {
