@@ -35,9 +35,13 @@ enum Cmd {
     Sessions,
     /// The listening portals.
     Portals,
-    /// NVMe/TCP (docs/nvme.md): listeners, subsystems with their namespaces, and the live
-    /// controllers (host NQN, I/O queues, reads and writes).
-    Nvme,
+    /// NVMe/TCP (docs/nvme.md): listeners, subsystems with their namespaces and host lists,
+    /// and the live controllers (host NQN, I/O queues, reads and writes); `nvme hosts`
+    /// changes a subsystem's host list.
+    Nvme {
+        #[command(subcommand)]
+        command: Option<NvmeCmd>,
+    },
     /// The running configuration as TOML (inline secrets redacted).
     Config,
     /// Add, remove or change a target.
@@ -165,6 +169,19 @@ enum LunCmd {
 }
 
 #[derive(Debug, clap::Subcommand)]
+enum NvmeCmd {
+    /// Replace the host NQNs allowed to connect to a subsystem (no NQNs: every host the
+    /// authentication lets in). Controllers of hosts taken off the list are closed; new
+    /// Connects are checked at once, no restart.
+    Hosts {
+        /// The subsystem's NQN, or its target's IQN.
+        subsystem: String,
+        /// Host NQNs allowed to connect.
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
 enum SessionCmd {
     /// End the session with this TSIH (`ipsan ctl sessions` lists them).
     Drop { tsih: u16 },
@@ -176,7 +193,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Targets => ("targets", json!({})),
         Cmd::Sessions => ("sessions", json!({})),
         Cmd::Portals => ("portals", json!({})),
-        Cmd::Nvme => ("nvme", json!({})),
+        Cmd::Nvme { command: None } => ("nvme", json!({})),
+        Cmd::Nvme {
+            command: Some(NvmeCmd::Hosts { subsystem, hosts }),
+        } => (
+            "nvme.hosts",
+            json!({"subsystem": subsystem, "hosts": hosts}),
+        ),
         Cmd::Config => ("config", json!({})),
         Cmd::Target(TargetCmd::Add {
             iqn,
@@ -257,7 +280,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Targets => print_targets(&result),
         Cmd::Sessions => print_sessions(&result),
         Cmd::Portals => print_list(&result),
-        Cmd::Nvme => print_nvme(&result),
+        Cmd::Nvme { command: None } => print_nvme(&result),
         Cmd::Config => print!("{}", result["toml"].as_str().unwrap_or_default()),
         Cmd::Save { .. } => println!(
             "saved {} bytes to {}",
@@ -299,6 +322,9 @@ fn print_nvme(v: &Value) {
     );
     for s in v["subsystems"].as_array().into_iter().flatten() {
         println!("{}", text(&s["nqn"]));
+        if s["hosts"].is_array() {
+            println!("  hosts: {}", text(&s["hosts"]));
+        }
         for n in s["namespaces"].as_array().into_iter().flatten() {
             println!(
                 "  nsid {}  {} bytes  block {}{}",

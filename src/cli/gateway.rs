@@ -49,10 +49,29 @@ pub struct Args {
     /// Serve the remote LUNs over NVMe/TCP too, listening on ADDR:PORT (repeatable): LUN n is
     /// namespace n+1 of the subsystem named after --iqn (docs/nvme.md "Remote LUNs"). NVMe
     /// hosts reach the remote target through one session of the gateway's own
-    /// (--initiator-name), not under a name of theirs; loopback only unless
-    /// --insecure-no-host-auth.
+    /// (--initiator-name), not under a name of theirs, so the gateway authenticates them:
+    /// loopback only unless --nvme-dhchap (every host proves its secret) or --nvme-tls
+    /// required with --nvme-tls-key, or --insecure-no-host-auth.
     #[arg(long, value_name = "ADDR:PORT")]
     nvme_listen: Vec<String>,
+    /// DH-HMAC-CHAP (TP 8006) for an NVMe/TCP host (repeatable), as `ipsan target` takes it:
+    /// `HOSTNQN,SECRET-FILE[,CTRL-SECRET-FILE]`, files holding `DHHC-1:…:` secrets (mode
+    /// 0600). Once one is given, every NVMe/TCP host must authenticate.
+    #[arg(long, value_name = "HOSTNQN,FILE[,FILE]", requires = "nvme_listen")]
+    nvme_dhchap: Vec<String>,
+    /// TLS 1.3 with a configured PSK (TP 8011) for an NVMe/TCP host (repeatable):
+    /// `HOSTNQN,KEY-FILE` holding its `NVMeTLSkey-1:…:` key (mode 0600). With a key, TLS is
+    /// required unless --nvme-tls says otherwise.
+    #[arg(long, value_name = "HOSTNQN,FILE", requires = "nvme_listen")]
+    nvme_tls_key: Vec<String>,
+    /// NVMe/TCP TLS: off | allowed | required (default: required with --nvme-tls-key, else off).
+    #[arg(long, value_name = "MODE", value_parser = ["off", "allowed", "required"], requires = "nvme_listen")]
+    nvme_tls: Option<String>,
+    /// Host NQN allowed to connect over NVMe/TCP (repeatable; default: every host the
+    /// authentication lets in). Others are refused at Connect; `ipsan ctl nvme hosts` changes
+    /// the list live.
+    #[arg(long, value_name = "HOSTNQN", requires = "nvme_listen")]
+    nvme_host: Vec<String>,
     /// The remote target: iscsi://[user@]host[:port]/target-iqn[/lun]. Without a LUN every LUN
     /// it reports (REPORT LUNS at start) is served under the same number.
     #[arg(long, value_name = "URL")]
@@ -205,6 +224,23 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("--nvme-listen {p}: expected ADDR:PORT"))?;
     }
     file.nvme.listen.clone_from(&args.nvme_listen);
+    // The NVMe listener's host authentication: with it, `ipsan_target::nvme::check_exposure`
+    // lets the listener face beyond loopback; without it the listener stays loopback only.
+    super::target::nvme_auth_flags(
+        &args.nvme_dhchap,
+        &args.nvme_tls_key,
+        args.nvme_tls.as_deref(),
+        &mut file.nvme,
+    )?;
+    if !args.nvme_host.is_empty() {
+        file.nvme
+            .subsystem
+            .push(ipsan_target::nvme::FileNvmeSubsystem {
+                target: file.target[0].iqn.clone(),
+                nqn: None,
+                hosts: args.nvme_host.clone(),
+            });
+    }
     if let Some(d) = args.queue_depth {
         anyhow::ensure!(
             (1..=4096).contains(&d),

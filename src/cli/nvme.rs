@@ -42,6 +42,16 @@ pub struct NvmeArgs {
     /// `nvme check-tls-key --insert`.
     #[arg(long, value_name = "FILE")]
     pub tls_key_file: Option<PathBuf>,
+    /// NVMe/TCP: after a connection loss, connect a new controller again for up to this long
+    /// (Linux's ctrl_loss_tmo); Read, Write, Flush, Write Zeroes, Dataset Management and
+    /// Compare in flight are sent again on it, reservation commands fail. Default 0: a lost
+    /// connection fails the run (Linux's default is 600s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_kato)]
+    pub ctrl_loss_tmo: Option<Duration>,
+    /// NVMe/TCP: wait between attempts to connect again (Linux's reconnect_delay; default
+    /// 10s), with --ctrl-loss-tmo.
+    #[arg(long, value_name = "DURATION", value_parser = parse_kato, requires = "ctrl_loss_tmo")]
+    pub reconnect_delay: Option<Duration>,
 }
 
 fn parse_kato(s: &str) -> Result<Duration, String> {
@@ -57,8 +67,9 @@ impl NvmeArgs {
                 && self.hostid.is_none()
                 && self.kato.is_none()
                 && self.dhchap_secret_file.is_none()
-                && self.tls_key_file.is_none(),
-            "--queues, --hostnqn, --hostid, --kato, --dhchap-* and --tls-key-file are for nvme+tcp:// URLs"
+                && self.tls_key_file.is_none()
+                && self.ctrl_loss_tmo.is_none(),
+            "--queues, --hostnqn, --hostid, --kato, --dhchap-*, --tls-key-file and --ctrl-loss-tmo are for nvme+tcp:// URLs"
         );
         Ok(())
     }
@@ -92,6 +103,12 @@ impl NvmeArgs {
         }
         if let Some(f) = &self.tls_key_file {
             cfg.tls = Some(Arc::new(nvme::tls_key_from_file(f)?));
+        }
+        if let Some(tmo) = self.ctrl_loss_tmo.filter(|d| !d.is_zero()) {
+            cfg.reconnect = Some(nvme::Reconnect {
+                delay: self.reconnect_delay.unwrap_or(Duration::from_secs(10)),
+                ctrl_loss_tmo: tmo,
+            });
         }
         cfg.header_digest = conn.digest.header();
         cfg.data_digest = conn.digest.data();

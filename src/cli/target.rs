@@ -146,6 +146,54 @@ pub struct Args {
     tcp_rcvbuf: Option<ipsan_tcp::BufSize>,
 }
 
+/// `--nvme-dhchap HOSTNQN,SECRET-FILE[,CTRL-SECRET-FILE]`, `--nvme-tls-key HOSTNQN,KEY-FILE`
+/// and `--nvme-tls MODE` into `[nvme]` (`[[nvme.host]]`, `tls`): the NVMe/TCP listener's host
+/// authentication, the same flags for `ipsan target` and `ipsan gateway`.
+pub(crate) fn nvme_auth_flags(
+    dhchap: &[String],
+    tls_keys: &[String],
+    tls: Option<&str>,
+    nvme: &mut ipsan_target::nvme::FileNvme,
+) -> anyhow::Result<()> {
+    for v in dhchap {
+        let parts: Vec<&str> = v.split(',').collect();
+        let (nqn, host, ctrl) = match parts.as_slice() {
+            [n, h] if !n.is_empty() && !h.is_empty() => (*n, *h, None),
+            [n, h, c] if !n.is_empty() && !h.is_empty() && !c.is_empty() => (*n, *h, Some(*c)),
+            _ => anyhow::bail!(
+                "--nvme-dhchap {v:?}: expected HOSTNQN,SECRET-FILE[,CTRL-SECRET-FILE]"
+            ),
+        };
+        nvme.host.push(ipsan_target::nvme::FileNvmeHost {
+            nqn: nqn.to_owned(),
+            dhchap_secret_file: Some(PathBuf::from(host)),
+            dhchap_ctrl_secret_file: ctrl.map(PathBuf::from),
+            tls_key_file: None,
+        });
+    }
+    for v in tls_keys {
+        let Some((nqn, key)) = v
+            .split_once(',')
+            .filter(|(n, k)| !n.is_empty() && !k.is_empty())
+        else {
+            anyhow::bail!("--nvme-tls-key {v:?}: expected HOSTNQN,KEY-FILE");
+        };
+        match nvme.host.iter_mut().find(|h| h.nqn == nqn) {
+            Some(h) => h.tls_key_file = Some(PathBuf::from(key)),
+            None => nvme.host.push(ipsan_target::nvme::FileNvmeHost {
+                nqn: nqn.to_owned(),
+                dhchap_secret_file: None,
+                dhchap_ctrl_secret_file: None,
+                tls_key_file: Some(PathBuf::from(key)),
+            }),
+        }
+    }
+    if let Some(m) = tls {
+        nvme.tls = Some(m.to_owned());
+    }
+    Ok(())
+}
+
 /// `--nvme-in-capsule`: a size (`64KiB`); the configuration checks its range.
 fn parse_in_capsule(s: &str) -> Result<u32, String> {
     let n = ipsan_units::parse_size(s).map_err(|e| e.to_string())?;
@@ -456,42 +504,12 @@ fn build_config(args: Args) -> anyhow::Result<(Config, Vec<String>)> {
             args.nvme_listen.join(" --nvme-listen ")
         ));
     }
-    for v in &args.nvme_dhchap {
-        let parts: Vec<&str> = v.split(',').collect();
-        let (nqn, host, ctrl) = match parts.as_slice() {
-            [n, h] if !n.is_empty() && !h.is_empty() => (*n, *h, None),
-            [n, h, c] if !n.is_empty() && !h.is_empty() && !c.is_empty() => (*n, *h, Some(*c)),
-            _ => anyhow::bail!(
-                "--nvme-dhchap {v:?}: expected HOSTNQN,SECRET-FILE[,CTRL-SECRET-FILE]"
-            ),
-        };
-        file.nvme.host.push(ipsan_target::nvme::FileNvmeHost {
-            nqn: nqn.to_owned(),
-            dhchap_secret_file: Some(PathBuf::from(host)),
-            dhchap_ctrl_secret_file: ctrl.map(PathBuf::from),
-            tls_key_file: None,
-        });
-    }
-    for v in &args.nvme_tls_key {
-        let Some((nqn, key)) = v
-            .split_once(',')
-            .filter(|(n, k)| !n.is_empty() && !k.is_empty())
-        else {
-            anyhow::bail!("--nvme-tls-key {v:?}: expected HOSTNQN,KEY-FILE");
-        };
-        match file.nvme.host.iter_mut().find(|h| h.nqn == nqn) {
-            Some(h) => h.tls_key_file = Some(PathBuf::from(key)),
-            None => file.nvme.host.push(ipsan_target::nvme::FileNvmeHost {
-                nqn: nqn.to_owned(),
-                dhchap_secret_file: None,
-                dhchap_ctrl_secret_file: None,
-                tls_key_file: Some(PathBuf::from(key)),
-            }),
-        }
-    }
-    if let Some(m) = &args.nvme_tls {
-        file.nvme.tls = Some(m.clone());
-    }
+    nvme_auth_flags(
+        &args.nvme_dhchap,
+        &args.nvme_tls_key,
+        args.nvme_tls.as_deref(),
+        &mut file.nvme,
+    )?;
     if let Some(n) = args.nvme_in_capsule {
         file.nvme.in_capsule_data = Some(n);
         overrides.push(format!("--nvme-in-capsule {n}"));

@@ -146,7 +146,14 @@ pub(crate) struct State {
     pub ua: HashMap<NexusId, VecDeque<(u8, u8)>>,
     /// PREVENT ALLOW MEDIUM REMOVAL holders.
     pub prevent: HashSet<NexusId>,
+    /// Reservation notices owed to registrants of relative port 0, which no SCSI port has:
+    /// a front end that is not SCSI (NVMe hosts) takes them ([`LogicalUnit::take_foreign_notices`]).
+    pub foreign: VecDeque<pr::PendingUa>,
 }
+
+/// At most this many notices wait for a front end that is not SCSI; older ones are dropped
+/// (an LU whose NVMe side is not running still keeps NVMe hosts' registrations).
+const FOREIGN_NOTICES_MAX: usize = 1024;
 
 /// How often a reservation update is retried when another writer (another target serving
 /// the same image) stored first.
@@ -468,6 +475,15 @@ impl LogicalUnit {
         self.pr_update(f)
     }
 
+    /// The reservation notices owed to registrants of relative port 0 (a front end that is
+    /// not SCSI: NVMe hosts, docs/nvme.md "Reservations"), oldest first, as the unit attentions
+    /// a SCSI nexus would get: RESERVATIONS PREEMPTED (2Ah/03h), RESERVATIONS RELEASED
+    /// (2Ah/04h), REGISTRATIONS PREEMPTED (2Ah/05h). Whichever protocol's command changed the
+    /// state queues them; taking them empties the queue.
+    pub fn take_foreign_notices(&self) -> Vec<pr::PendingUa> {
+        self.state().foreign.drain(..).collect()
+    }
+
     fn it(&self, nexus: &NexusId) -> pr::ItNexus {
         pr::ItNexus {
             initiator: nexus.clone(),
@@ -500,6 +516,11 @@ impl LogicalUnit {
                 for (n, asc, ascq) in uas {
                     if n.port == self.cfg.relative_port {
                         st.ua.entry(n.initiator).or_default().push_back((asc, ascq));
+                    } else if n.port == 0 {
+                        if st.foreign.len() >= FOREIGN_NOTICES_MAX {
+                            st.foreign.pop_front();
+                        }
+                        st.foreign.push_back((n, asc, ascq));
                     }
                 }
                 return Ok(r);

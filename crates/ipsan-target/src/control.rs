@@ -386,6 +386,7 @@ pub const METHODS: &[&str] = &[
     "lun.add",
     "lun.remove",
     "lun.resize",
+    "nvme.hosts",
     "session.drop",
     "logout_all",
     "reload",
@@ -454,6 +455,45 @@ fn target_mut<'a>(f: &'a mut FileConfig, iqn: &str) -> Result<&'a mut FileTarget
             field: "params.target".into(),
             why: format!("no target {iqn}"),
         })
+}
+
+/// `nvme.hosts`: replaces the host list of the subsystem named by its NQN or its target's
+/// IQN (`[[nvme.subsystem]] hosts`; empty: every host the authentication lets in).
+fn set_nvme_hosts(
+    f: &mut FileConfig,
+    subsystem: &str,
+    hosts: Vec<String>,
+) -> Result<(), ChangeError> {
+    let nqn_of = |iqn: &str| {
+        f.nvme
+            .subsystem
+            .iter()
+            .find(|s| s.target == iqn)
+            .and_then(|s| s.nqn.clone())
+            .unwrap_or_else(|| crate::nvme::derived_nqn(iqn))
+    };
+    let iqn = f
+        .target
+        .iter()
+        .find(|t| t.iqn == subsystem || nqn_of(&t.iqn) == subsystem)
+        .map(|t| t.iqn.clone())
+        .ok_or_else(|| ChangeError::Refused {
+            field: "params.subsystem".into(),
+            why: format!("no subsystem {subsystem} (give its NQN or its target's IQN)"),
+        })?;
+    match f.nvme.subsystem.iter_mut().find(|s| s.target == iqn) {
+        Some(s) => s.hosts = hosts,
+        None if hosts.is_empty() => {}
+        None => f.nvme.subsystem.push(crate::nvme::FileNvmeSubsystem {
+            target: iqn,
+            nqn: None,
+            hosts,
+        }),
+    }
+    f.nvme
+        .subsystem
+        .retain(|s| s.nqn.is_some() || !s.hosts.is_empty());
+    Ok(())
 }
 
 fn change_result(r: Result<crate::registry::ChangeReport, ChangeError>) -> Result<Value, RpcError> {
@@ -580,6 +620,11 @@ fn dispatch(registry: &Registry, method: &str, p: &Value) -> Result<Value, RpcEr
                 t.seal = Some(s);
                 Ok(())
             }))
+        }
+        "nvme.hosts" => {
+            let subsystem = str_param(p, "subsystem")?.to_owned();
+            let hosts = strings_param(p, "hosts")?;
+            change_result(registry.change(force, |f| set_nvme_hosts(f, &subsystem, hosts)))
         }
         "lun.add" => {
             let iqn = str_param(p, "target")?.to_owned();

@@ -86,6 +86,8 @@ pub enum CloseReason {
     AdminQueueGone,
     /// The target removed the subsystem.
     Removed,
+    /// The subsystem's host list no longer allows its host ([`Target::set_allowed_hosts`]).
+    HostNotAllowed,
 }
 
 /// Invalid Parameter Offset / Attribute of a Connect Invalid Parameters completion
@@ -434,6 +436,36 @@ pub(crate) struct Ctrl {
     pub(crate) changed_ns: Option<BTreeSet<u32>>,
     /// Reservation Notification Mask (Set Features 82h) per NSID; absent = 0.
     pub(crate) resv_mask: BTreeMap<u32, u32>,
+    /// Reservation Notification log pages not read yet (log page 80h), oldest first.
+    pub(crate) resv_log: VecDeque<ResvLogEntry>,
+    /// The Log Page Count of the last notification (0: none yet).
+    pub(crate) resv_count: u64,
+}
+
+/// One Reservation Notification log page (NVMe Base 2.0 §5.16.1.25).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResvLogEntry {
+    pub(crate) count: u64,
+    pub(crate) notice: ReservationNotice,
+    pub(crate) nsid: u32,
+}
+
+/// At most this many Reservation Notification log pages wait to be read per controller; a
+/// later notification is lost (the host sees the gap in Log Page Count).
+pub(crate) const RESV_LOG_MAX: usize = 255;
+
+/// What a Reservation Notification log page reports (its Log Page Type, NVMe Base 2.0
+/// §5.16.1.25; when each is generated: §8.19); the value is the type and the Reservation
+/// Notification Mask (feature 82h) bit that masks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReservationNotice {
+    /// Another host preempted this host's registration (REGPRE).
+    RegistrationPreempted = 1,
+    /// The reservation was released, by its holder or with its last registration (RESREL).
+    ReservationReleased = 2,
+    /// The reservation was preempted or cleared by another host (RESPRE).
+    ReservationPreempted = 3,
 }
 
 impl Ctrl {
@@ -769,6 +801,8 @@ impl Target {
             aen_masked: BTreeSet::new(),
             changed_ns: Some(BTreeSet::new()),
             resv_mask: BTreeMap::new(),
+            resv_log: VecDeque::new(),
+            resv_count: 0,
         };
         let mut q = self.new_queue(si, &ctrl, 0, c.sqsize, auth);
         q.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQFLOW != 0;
@@ -1119,6 +1153,119 @@ impl Target {
             self.deliver_events(id);
         }
         Ok(())
+    }
+
+    /// Replaces the hosts allowed to connect to subsystem `subnqn` (a live change of its host
+    /// list): later Connects are checked against `hosts` (Connect Invalid Host, NVMe over
+    /// Fabrics 1.1 §3.3), and every live controller of a host no longer allowed is closed
+    /// ([`Event::CloseController`] with [`CloseReason::HostNotAllowed`]). The discovery log a
+    /// host reads lists only the subsystems it may connect to, so its generation counter moves
+    /// and discovery controllers that asked for it get a Discovery Log Page Change event.
+    /// Returns the CNTLIDs closed.
+    ///
+    /// # Errors
+    /// [`ConfigError::Nqn`] for an unknown subsystem (or the discovery subsystem).
+    pub fn set_allowed_hosts(
+        &mut self,
+        subnqn: &str,
+        hosts: AllowedHosts,
+    ) -> Result<Vec<u16>, ConfigError> {
+        let Some(si) = self
+            .subsystems
+            .iter()
+            .position(|s| !s.discovery && s.cfg.nqn == subnqn)
+        else {
+            return Err(ConfigError::Nqn(subnqn.to_owned()));
+        };
+        if self.subsystems[si].cfg.hosts == hosts {
+            return Ok(Vec::new());
+        }
+        let closed: Vec<u16> = self
+            .ctrls
+            .values()
+            .filter(|c| c.subsys == si && !hosts.allows(&c.hostnqn))
+            .map(|c| c.cntlid)
+            .collect();
+        self.subsystems[si].cfg.hosts = hosts;
+        for &id in &closed {
+            self.remove_ctrl(id, CloseReason::HostNotAllowed);
+        }
+        self.genctr = self.genctr.wrapping_add(1);
+        let disc: Vec<u16> = self
+            .ctrls
+            .values()
+            .filter(|c| c.discovery)
+            .map(|c| c.cntlid)
+            .collect();
+        for id in disc {
+            if let Some(c) = self.ctrls.get_mut(&id) {
+                if c.aec & admin::AEC_DISCOVERY != 0 {
+                    admin::queue_event(c, admin::AEN_DISCOVERY_CHANGED);
+                }
+            }
+            self.deliver_events(id);
+        }
+        Ok(closed)
+    }
+
+    /// A reservation notification for the host `hostnqn`/`hostid` on namespace `nsid` of
+    /// subsystem `subnqn` (the shared reservation state changed under it, by a command of an
+    /// NVMe host or an iSCSI initiator): every controller of that host in that subsystem
+    /// whose Reservation Notification Mask (feature 82h) does not mask it gets a Reservation
+    /// Notification log page (80h) and an Asynchronous Event (type I/O Command Specific,
+    /// Reservation Log Page Available; NVMe Base 2.0 §5.2, §8.19). Returns how many
+    /// controllers were notified.
+    pub fn reservation_notice(
+        &mut self,
+        subnqn: &str,
+        hostnqn: &str,
+        hostid: &[u8; 16],
+        nsid: u32,
+        notice: ReservationNotice,
+    ) -> usize {
+        let Some(si) = self
+            .subsystems
+            .iter()
+            .position(|s| !s.discovery && s.cfg.nqn == subnqn)
+        else {
+            return 0;
+        };
+        let bit = 1u32 << (notice as u8);
+        let ids: Vec<u16> = self
+            .ctrls
+            .values()
+            .filter(|c| c.subsys == si && *c.hostnqn == *hostnqn && c.hostid == *hostid)
+            .filter(|c| c.resv_mask.get(&nsid).copied().unwrap_or(0) & bit == 0)
+            .map(|c| c.cntlid)
+            .collect();
+        for &id in &ids {
+            if let Some(c) = self.ctrls.get_mut(&id) {
+                c.resv_count = if c.resv_count == u64::MAX {
+                    1
+                } else {
+                    c.resv_count + 1
+                };
+                if c.resv_log.len() < RESV_LOG_MAX {
+                    c.resv_log.push_back(ResvLogEntry {
+                        count: c.resv_count,
+                        notice,
+                        nsid,
+                    });
+                }
+                admin::queue_event(c, admin::AEN_RESV_LOG);
+            }
+            self.deliver_events(id);
+        }
+        ids.len()
+    }
+
+    /// The hosts allowed to connect to subsystem `subnqn`, if it is served.
+    #[must_use]
+    pub fn allowed_hosts(&self, subnqn: &str) -> Option<&AllowedHosts> {
+        self.subsystems
+            .iter()
+            .find(|s| !s.discovery && s.cfg.nqn == subnqn)
+            .map(|s| &s.cfg.hosts)
     }
 
     /// Replaces the discovery log's entries; discovery controllers that enabled Discovery Log

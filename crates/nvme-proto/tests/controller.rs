@@ -559,6 +559,64 @@ fn rejects_connect_from_host_not_allowed() {
     assert!(t.connect(&ok, Instant::now()).is_ok());
 }
 
+/// A subsystem's host list changed live: the host taken off it loses its controller (and
+/// the I/O queue with it) and cannot connect again; the host put on it connects at once.
+#[test]
+fn rejects_a_host_taken_off_the_list_live_and_accepts_the_one_put_on_it() {
+    let mut h = Host::connect(Target::new(config()).unwrap(), 0);
+    h.enable();
+    let mut q = h.io_queue(1).unwrap();
+    let private = "nqn.2026-01.io.ipsan:private";
+    let other = connect_cmd(0, 31, 0, private, HOSTNQN, CNTLID_DYNAMIC);
+    assert_eq!(
+        refused(&mut h.t, &other).cqe.status,
+        Status::CONNECT_INVALID_HOST
+    );
+    assert_eq!(
+        h.t.set_allowed_hosts(SUBNQN, AllowedHosts::Only(vec!["nqn.other-host".into()]))
+            .unwrap(),
+        vec![h.admin.cntlid()],
+        "HOSTNQN's controller is closed"
+    );
+    match h.t.poll_event() {
+        Some(Event::CloseController { cntlid, reason }) => {
+            assert_eq!(cntlid, h.admin.cntlid());
+            assert_eq!(reason, CloseReason::HostNotAllowed);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!q.is_live() && !h.admin.is_live());
+    assert_ne!(
+        h.run_io(&mut q, rw(0x02, 4, 0, 0)).cqe.status,
+        Status::SUCCESS,
+        "no I/O on the closed controller's queue"
+    );
+    let again = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let r = refused(&mut h.t, &again);
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    assert_eq!(r.cqe.dw0, 1 << 16 | 512, "IPO HOSTNQN");
+    // The other subsystem's list lets HOSTNQN in now; the same list again closes nothing.
+    h.t.set_allowed_hosts(private, AllowedHosts::Only(vec![HOSTNQN.into()]))
+        .unwrap();
+    assert!(h.t.connect(&other, h.now).is_ok());
+    assert_eq!(
+        h.t.allowed_hosts(private),
+        Some(&AllowedHosts::Only(vec![HOSTNQN.into()]))
+    );
+    assert!(h
+        .t
+        .set_allowed_hosts(private, AllowedHosts::Only(vec![HOSTNQN.into()]))
+        .unwrap()
+        .is_empty());
+    // Back to any host.
+    h.t.set_allowed_hosts(SUBNQN, AllowedHosts::Any).unwrap();
+    assert!(h.t.connect(&again, h.now).is_ok());
+    assert!(h
+        .t
+        .set_allowed_hosts(DISCOVERY_NQN, AllowedHosts::Any)
+        .is_err());
+}
+
 #[test]
 fn rejects_connect_with_bad_queue_parameters() {
     let mut t = Target::new(config()).unwrap();
@@ -1617,7 +1675,8 @@ fn q_effects(h: &mut Host, io_op: u8) -> u32 {
 
 /// Get Features Host Identifier (81h) returns the Connect's HOSTID and cannot be set on
 /// fabrics; the Reservation Notification Mask (82h) is kept per namespace; Persist Through
-/// Power Loss (83h) stays off; the Reservation Notification log page (80h) is the empty one.
+/// Power Loss (83h) stays off; the Reservation Notification log page (80h) is the empty one
+/// until a notification comes.
 #[test]
 fn accepts_host_identifier_and_reservation_features_as_linux_reads_them() {
     let mut h = Host::connect(Target::new(reservations_config()).unwrap(), 0);
@@ -1658,4 +1717,130 @@ fn accepts_host_identifier_and_reservation_features_as_linux_reads_them() {
     let c = done(h.admin(cmd(0x02, 6, u32::MAX, 64, [0x80 | 15 << 16, 0, 0, 0, 0, 0])));
     assert!(c.cqe.status.is_success());
     assert_eq!(&c.data[..], &[0u8; 64][..]);
+}
+
+/// Reservation notifications (NVMe Base 2.0 §5.16.1.25, §8.19): a notice for a host becomes a
+/// Reservation Notification log page on each of its controllers and completes a held
+/// Asynchronous Event Request (type 6h, log page 80h); the page is read one notification at a
+/// time; the Reservation Notification Mask (82h) masks a type; another host is not told.
+#[test]
+fn accepts_reservation_notices_as_log_pages_and_async_events() {
+    use nvme_proto::controller::ReservationNotice;
+    let mut h = Host::connect(Target::new(reservations_config()).unwrap(), 0);
+    h.enable();
+    let aer_dw0 = 6 | 0x80 << 16;
+    let read_log = |h: &mut Host| {
+        let c = done(h.admin(cmd(0x02, 6, u32::MAX, 64, [0x80 | 15 << 16, 0, 0, 0, 0, 0])));
+        assert!(c.cqe.status.is_success());
+        c.data
+    };
+    assert!(matches!(
+        h.admin(cmd(0x0c, 40, 0, 0, [0; 6])),
+        Submitted::Held
+    ));
+    // Another host's notice: nobody here.
+    assert_eq!(
+        h.t.reservation_notice(
+            SUBNQN,
+            HOSTNQN,
+            &[0x22; 16],
+            1,
+            ReservationNotice::RegistrationPreempted
+        ),
+        0
+    );
+    assert!(h.t.poll_event().is_none());
+    assert_eq!(
+        h.t.reservation_notice(
+            SUBNQN,
+            HOSTNQN,
+            &HOSTID,
+            1,
+            ReservationNotice::RegistrationPreempted
+        ),
+        1
+    );
+    match h.t.poll_event() {
+        Some(Event::AdminCompletion { cntlid, completion }) => {
+            assert_eq!(cntlid, h.admin.cntlid());
+            assert_eq!(completion.cqe.cid, 40);
+            assert_eq!(completion.cqe.dw0, aer_dw0, "I/O command specific, log 80h");
+        }
+        other => panic!("{other:?}"),
+    }
+    let page = read_log(&mut h);
+    assert_eq!(le64(&page, 0), 1, "Log Page Count");
+    assert_eq!(
+        (page[8], page[9]),
+        (1, 0),
+        "Registration Preempted, none more"
+    );
+    assert_eq!(le32(&page, 12), 1, "NSID");
+    assert_eq!(&read_log(&mut h)[..], &[0u8; 64][..], "read: gone");
+
+    // Two before the host reads: one event (the second is masked until the page is read),
+    // then the event again for the one still unread.
+    for n in [
+        ReservationNotice::ReservationReleased,
+        ReservationNotice::ReservationPreempted,
+    ] {
+        assert_eq!(h.t.reservation_notice(SUBNQN, HOSTNQN, &HOSTID, 1, n), 1);
+    }
+    assert!(matches!(
+        h.admin(cmd(0x0c, 41, 0, 0, [0; 6])),
+        Submitted::Held
+    ));
+    assert!(matches!(
+        h.t.poll_event(),
+        Some(Event::AdminCompletion { completion, .. }) if completion.cqe.dw0 == aer_dw0
+    ));
+    assert!(matches!(
+        h.admin(cmd(0x0c, 42, 0, 0, [0; 6])),
+        Submitted::Held
+    ));
+    assert!(
+        h.t.poll_event().is_none(),
+        "one event until the page is read"
+    );
+    let page = read_log(&mut h);
+    assert_eq!((le64(&page, 0), page[8], page[9]), (2, 2, 1));
+    assert!(matches!(
+        h.t.poll_event(),
+        Some(Event::AdminCompletion { completion, .. })
+            if completion.cqe.cid == 42 && completion.cqe.dw0 == aer_dw0
+    ));
+    let page = read_log(&mut h);
+    assert_eq!((le64(&page, 0), page[8], page[9]), (3, 3, 0));
+
+    // Masked (82h bit 1: Registration Preempted): no page, no event; others still come.
+    let c = done(h.admin(cmd(0x09, 4, 1, 0, [0x82, 0x02, 0, 0, 0, 0])));
+    assert!(c.cqe.status.is_success());
+    assert!(matches!(
+        h.admin(cmd(0x0c, 43, 0, 0, [0; 6])),
+        Submitted::Held
+    ));
+    assert_eq!(
+        h.t.reservation_notice(
+            SUBNQN,
+            HOSTNQN,
+            &HOSTID,
+            1,
+            ReservationNotice::RegistrationPreempted
+        ),
+        0
+    );
+    assert!(h.t.poll_event().is_none());
+    assert_eq!(&read_log(&mut h)[..], &[0u8; 64][..]);
+    assert_eq!(
+        h.t.reservation_notice(
+            SUBNQN,
+            HOSTNQN,
+            &HOSTID,
+            1,
+            ReservationNotice::ReservationReleased
+        ),
+        1
+    );
+    assert!(h.t.poll_event().is_some());
+    assert_eq!(le64(&read_log(&mut h), 0), 4, "the count goes on");
 }

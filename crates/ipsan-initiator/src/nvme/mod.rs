@@ -94,6 +94,33 @@ pub struct NvmeConfig {
     /// `NVMe0R0H <hostnqn> <subnqn>` and libnvme's derivation, as `nvme check-tls-key
     /// --insert` files the key for Linux's target).
     pub tls: Option<Arc<ConfiguredPsk>>,
+    /// Connect again after a connection loss, as Linux's host does (`reconnect_delay`,
+    /// `ctrl_loss_tmo`); `None`: a lost connection fails the session's commands.
+    pub reconnect: Option<Reconnect>,
+}
+
+/// Reconnecting after a connection loss (Linux's `nvme connect --reconnect-delay
+/// --ctrl-loss-tmo`): a new controller (admin queue, bring-up, the I/O queues) is connected
+/// every `delay` until one comes up or the controller has been lost for `ctrl_loss_tmo`.
+/// Commands that are safe to send again (Read, Write, Flush, Write Zeroes, Dataset
+/// Management, Compare: [`retry_safe`]) wait and are sent again on the new controller; others
+/// (the reservation commands, whose effect may already have happened) fail with the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Wait before each attempt (Linux's default: 10 s).
+    pub delay: Duration,
+    /// Give up once the controller has been lost this long (Linux's default: 600 s).
+    pub ctrl_loss_tmo: Duration,
+}
+
+/// Whether an I/O command may be sent again after its connection was lost before its
+/// completion came: it reads, or writes the same data to the same blocks again (NVM Command
+/// Set 1.0: Flush 00h, Write 01h, Read 02h, Compare 05h, Write Zeroes 08h, Dataset
+/// Management 09h). The reservation commands change state whose change may already have
+/// happened (a Register of a new key, a preempt) and are not sent again.
+#[must_use]
+pub fn retry_safe(opcode: u8) -> bool {
+    matches!(opcode, 0x00 | 0x01 | 0x02 | 0x05 | 0x08 | 0x09)
 }
 
 impl Default for NvmeConfig {
@@ -111,6 +138,7 @@ impl Default for NvmeConfig {
             command_timeout: Some(Duration::from_secs(30)),
             auth: None,
             tls: None,
+            reconnect: None,
         }
     }
 }
@@ -283,7 +311,8 @@ pub async fn discover(
     Ok((info, entries))
 }
 
-/// One controller of an NVM subsystem, its namespace and its I/O queues.
+/// One controller of an NVM subsystem, its namespace and its I/O queues; after a connection
+/// loss another controller of the same subsystem when [`NvmeConfig::reconnect`] says so.
 #[derive(Debug)]
 pub struct NvmeSession {
     url: NvmeUrl,
@@ -292,13 +321,173 @@ pub struct NvmeSession {
     block_len: u32,
     blocks: u64,
     max_transfer: u32,
-    admin: QueueHandle,
-    io: Vec<QueueHandle>,
+    /// The controller's queues now; replaced by a reconnect.
+    links: std::sync::RwLock<Arc<Links>>,
     next: AtomicUsize,
     command_timeout: Option<Duration>,
+    tls: bool,
+    /// How the session was opened, for reconnecting.
+    cfg: NvmeConfig,
+    /// One reconnect at a time; the others wait for it.
+    reconnecting: tokio::sync::Mutex<()>,
+    /// Reconnects that succeeded.
+    reconnects: AtomicUsize,
+    /// The controller was lost for longer than `ctrl_loss_tmo`: why.
+    gone: Mutex<Option<String>>,
+}
+
+/// How many controllers one command may see lost before it fails.
+const MAX_RECONNECTS_PER_COMMAND: usize = 8;
+
+/// One controller's queues: the admin queue, the I/O queues, and what ends them.
+#[derive(Debug)]
+struct Links {
+    admin: QueueHandle,
+    io: Vec<QueueHandle>,
     cancel: CancellationToken,
     keepalive_error: Arc<Mutex<Option<String>>>,
-    tls: bool,
+    /// 0 for the first controller, one more for each reconnect.
+    gen: u64,
+}
+
+impl Links {
+    /// Whether the controller is lost: its keep-alive failed or a queue's connection ended.
+    fn dead(&self) -> bool {
+        let keepalive_failed = match self.keepalive_error.lock() {
+            Ok(g) => g.is_some(),
+            Err(_) => true,
+        };
+        keepalive_failed || self.admin.is_ended() || self.io.iter().any(QueueHandle::is_ended)
+    }
+}
+
+/// What [`establish`] brought up.
+struct Established {
+    info: ControllerInfo,
+    nsid: u32,
+    block_len: u32,
+    blocks: u64,
+    max_transfer: u32,
+    links: Links,
+}
+
+/// Connects the admin queue, brings the controller up, and connects the I/O queues.
+async fn establish(url: &NvmeUrl, cfg: &NvmeConfig, gen: u64) -> Result<Established, NvmeError> {
+    let subnqn = url
+        .require_subsystem()
+        .map_err(|e| NvmeError::Invalid(e.to_string()))?
+        .to_owned();
+    let cancel = CancellationToken::new();
+    let guard = cancel.clone().drop_guard();
+    let addr = url.addr();
+    let mut qc = QueueConfig::admin();
+    qc.header_digest = cfg.header_digest;
+    qc.data_digest = cfg.data_digest;
+    let tls = tls_params(cfg, &subnqn);
+    let admin =
+        QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone()).await?;
+    let kato_ms = u32::try_from(cfg.kato.as_millis()).unwrap_or(u32::MAX);
+    let bc = BringupConfig {
+        hostnqn: cfg.hostnqn.clone(),
+        hostid: cfg.hostid,
+        subnqn: subnqn.clone(),
+        discovery: false,
+        kato_ms,
+        nsid: url.nsid,
+        io_queues: cfg.queues.max(1),
+        auth: cfg.auth.clone(),
+    };
+    let info = bring_up(&admin, bc, cfg.connect_timeout).await?;
+    let (nsid, ns) = info
+        .namespace
+        .clone()
+        .ok_or(NvmeError::Invalid("no namespace".into()))?;
+    // MDTS caps a transfer (2^MDTS pages of 2^(12 + MPSMIN) bytes); 8 MiB otherwise.
+    let page = 1u64 << (12 + info.cap.map_or(0, |c| u32::from(c.mpsmin)));
+    let max_transfer = match info.identify.mdts {
+        0 => 8 << 20,
+        m => (page << m.min(20)).min(8 << 20) as u32,
+    };
+    // Entries per I/O queue: what was asked, at most CAP.MQES + 1 (and MAXCMD); one of
+    // them stays free, so entries − 1 commands are in flight at most.
+    let mqes = info.cap.map_or(127, |c| c.mqes);
+    let mut entries = cfg.queue_depth.max(2).min(mqes.saturating_add(1));
+    if info.identify.maxcmd != 0 {
+        entries = entries.min(info.identify.maxcmd.max(2));
+    }
+    let depth = entries - 1;
+    let in_capsule = info.identify.in_capsule_bytes();
+    let mut io = Vec::new();
+    for qid in 1..=info.io_queues.max(1) {
+        let qc = QueueConfig {
+            header_digest: cfg.header_digest,
+            data_digest: cfg.data_digest,
+            max_transfer,
+            in_capsule,
+            depth,
+        };
+        let q = QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
+            .await?;
+        let data = ConnectData {
+            hostid: cfg.hostid,
+            cntlid: info.cntlid,
+            subnqn: subnqn.clone(),
+            hostnqn: cfg.hostnqn.clone(),
+        };
+        let (sqe, bytes) = cmd::connect(qid, entries - 1, 0, &data)
+            .map_err(|e| NvmeError::Invalid(e.to_string()))?;
+        let (cqe, _) = tokio::time::timeout(
+            cfg.connect_timeout,
+            q.call(sqe, Bytes::copy_from_slice(&bytes), 0, BytesMut::new()),
+        )
+        .await
+        .map_err(|_| NvmeError::Timeout("I/O queue Connect"))??;
+        if !cqe.status.is_success() {
+            return Err(NvmeError::Status {
+                op: "Connect (I/O queue)",
+                status: cqe.status,
+                dnr: cqe.dnr,
+            });
+        }
+        let r = ConnectResponse::from_dw0(cqe.dw0);
+        if r.ascr {
+            return Err(BringupError::ConcatenationRequired.into());
+        }
+        if r.atr {
+            let a = cfg
+                .auth
+                .clone()
+                .ok_or(BringupError::AuthenticationRequired)?;
+            let run = AuthRun::new(a, &cfg.hostnqn, &subnqn, qid);
+            authenticate(&q, run, cfg.connect_timeout).await?;
+        }
+        io.push(q);
+    }
+    let keepalive_error = Arc::new(Mutex::new(None));
+    if let Some(ka) = KeepAlive::new(kato_ms, Instant::now()) {
+        tokio::spawn(keep_alive(
+            admin.clone(),
+            ka,
+            cfg.kato,
+            cancel.clone(),
+            keepalive_error.clone(),
+        ));
+    }
+    guard.disarm();
+    Ok(Established {
+        info,
+        nsid,
+        block_len: ns.block_len,
+        blocks: ns.nsze,
+        max_transfer,
+        links: Links {
+            admin,
+            io,
+            cancel,
+            keepalive_error,
+            gen,
+        },
+    })
 }
 
 impl NvmeSession {
@@ -307,124 +496,99 @@ impl NvmeSession {
     /// # Errors
     /// A URL without subsystem, connection, bring-up or I/O queue Connect failures.
     pub async fn open(url: &NvmeUrl, cfg: &NvmeConfig) -> Result<Self, NvmeError> {
-        let subnqn = url
-            .require_subsystem()
-            .map_err(|e| NvmeError::Invalid(e.to_string()))?
-            .to_owned();
-        let cancel = CancellationToken::new();
-        let guard = cancel.clone().drop_guard();
-        let addr = url.addr();
-        let mut qc = QueueConfig::admin();
-        qc.header_digest = cfg.header_digest;
-        qc.data_digest = cfg.data_digest;
-        let tls = tls_params(cfg, &subnqn);
-        let admin =
-            QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
-                .await?;
-        let kato_ms = u32::try_from(cfg.kato.as_millis()).unwrap_or(u32::MAX);
-        let bc = BringupConfig {
-            hostnqn: cfg.hostnqn.clone(),
-            hostid: cfg.hostid,
-            subnqn: subnqn.clone(),
-            discovery: false,
-            kato_ms,
-            nsid: url.nsid,
-            io_queues: cfg.queues.max(1),
-            auth: cfg.auth.clone(),
-        };
-        let info = bring_up(&admin, bc, cfg.connect_timeout).await?;
-        let (nsid, ns) = info
-            .namespace
-            .clone()
-            .ok_or(NvmeError::Invalid("no namespace".into()))?;
-        // MDTS caps a transfer (2^MDTS pages of 2^(12 + MPSMIN) bytes); 8 MiB otherwise.
-        let page = 1u64 << (12 + info.cap.map_or(0, |c| u32::from(c.mpsmin)));
-        let max_transfer = match info.identify.mdts {
-            0 => 8 << 20,
-            m => (page << m.min(20)).min(8 << 20) as u32,
-        };
-        // Entries per I/O queue: what was asked, at most CAP.MQES + 1 (and MAXCMD); one of
-        // them stays free, so entries − 1 commands are in flight at most.
-        let mqes = info.cap.map_or(127, |c| c.mqes);
-        let mut entries = cfg.queue_depth.max(2).min(mqes.saturating_add(1));
-        if info.identify.maxcmd != 0 {
-            entries = entries.min(info.identify.maxcmd.max(2));
-        }
-        let depth = entries - 1;
-        let in_capsule = info.identify.in_capsule_bytes();
-        let mut io = Vec::new();
-        for qid in 1..=info.io_queues.max(1) {
-            let qc = QueueConfig {
-                header_digest: cfg.header_digest,
-                data_digest: cfg.data_digest,
-                max_transfer,
-                in_capsule,
-                depth,
-            };
-            let q =
-                QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
-                    .await?;
-            let data = ConnectData {
-                hostid: cfg.hostid,
-                cntlid: info.cntlid,
-                subnqn: subnqn.clone(),
-                hostnqn: cfg.hostnqn.clone(),
-            };
-            let (sqe, bytes) = cmd::connect(qid, entries - 1, 0, &data)
-                .map_err(|e| NvmeError::Invalid(e.to_string()))?;
-            let (cqe, _) = tokio::time::timeout(
-                cfg.connect_timeout,
-                q.call(sqe, Bytes::copy_from_slice(&bytes), 0, BytesMut::new()),
-            )
-            .await
-            .map_err(|_| NvmeError::Timeout("I/O queue Connect"))??;
-            if !cqe.status.is_success() {
-                return Err(NvmeError::Status {
-                    op: "Connect (I/O queue)",
-                    status: cqe.status,
-                    dnr: cqe.dnr,
-                });
-            }
-            let r = ConnectResponse::from_dw0(cqe.dw0);
-            if r.ascr {
-                return Err(BringupError::ConcatenationRequired.into());
-            }
-            if r.atr {
-                let a = cfg
-                    .auth
-                    .clone()
-                    .ok_or(BringupError::AuthenticationRequired)?;
-                let run = AuthRun::new(a, &cfg.hostnqn, &subnqn, qid);
-                authenticate(&q, run, cfg.connect_timeout).await?;
-            }
-            io.push(q);
-        }
-        let keepalive_error = Arc::new(Mutex::new(None));
-        if let Some(ka) = KeepAlive::new(kato_ms, Instant::now()) {
-            tokio::spawn(keep_alive(
-                admin.clone(),
-                ka,
-                cfg.kato,
-                cancel.clone(),
-                keepalive_error.clone(),
-            ));
-        }
-        guard.disarm();
+        let e = establish(url, cfg, 0).await?;
         Ok(Self {
             url: url.clone(),
-            nsid,
-            block_len: ns.block_len,
-            blocks: ns.nsze,
-            max_transfer,
-            info,
-            admin,
-            io,
+            nsid: e.nsid,
+            block_len: e.block_len,
+            blocks: e.blocks,
+            max_transfer: e.max_transfer,
+            info: e.info,
+            links: std::sync::RwLock::new(Arc::new(e.links)),
             next: AtomicUsize::new(0),
             command_timeout: cfg.command_timeout,
-            cancel,
-            keepalive_error,
             tls: cfg.tls.is_some(),
+            cfg: cfg.clone(),
+            reconnecting: tokio::sync::Mutex::new(()),
+            reconnects: AtomicUsize::new(0),
+            gone: Mutex::new(None),
         })
+    }
+
+    /// The controller's queues now.
+    fn links(&self) -> Arc<Links> {
+        match self.links.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// How many times the session connected a new controller after a connection loss.
+    #[must_use]
+    pub fn reconnects(&self) -> usize {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Connects a new controller after the one of generation `seen` was lost (`why`): every
+    /// [`Reconnect::delay`] until one comes up, for at most [`Reconnect::ctrl_loss_tmo`].
+    /// Callers that find a reconnect under way wait for it.
+    async fn reconnect(&self, seen: u64, why: &NvmeError) -> Result<(), NvmeError> {
+        let gone = |g: &Mutex<Option<String>>| g.lock().ok().and_then(|g| g.clone());
+        let Some(rc) = self.cfg.reconnect else {
+            return Err(NvmeError::Closed(why.to_string()));
+        };
+        let _one = self.reconnecting.lock().await;
+        if let Some(e) = gone(&self.gone) {
+            return Err(NvmeError::Closed(e));
+        }
+        let old = self.links();
+        if old.gen != seen && !old.dead() {
+            return Ok(());
+        }
+        // Whatever is left of the lost controller goes (its admin queue too, so the target
+        // ends it).
+        old.cancel.cancel();
+        let lost_at = Instant::now();
+        tracing::warn!(
+            "nvme: the connection to {} was lost ({why}); connecting again every {:?} for up to {:?}",
+            self.url.addr(),
+            rc.delay,
+            rc.ctrl_loss_tmo
+        );
+        loop {
+            tokio::time::sleep(rc.delay).await;
+            let last = match establish(&self.url, &self.cfg, old.gen + 1).await {
+                Ok(e) if e.nsid == self.nsid && e.block_len == self.block_len => {
+                    if let Ok(mut g) = self.links.write() {
+                        *g = Arc::new(e.links);
+                    }
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "nvme: connected again to {} after {:?}",
+                        self.url.addr(),
+                        lost_at.elapsed()
+                    );
+                    return Ok(());
+                }
+                Ok(e) => {
+                    e.links.cancel.cancel();
+                    "the namespace is not the one the session had".to_owned()
+                }
+                Err(e) => e.to_string(),
+            };
+            if lost_at.elapsed() + rc.delay > rc.ctrl_loss_tmo {
+                let msg = format!(
+                    "the controller was lost for {:?} (ctrl_loss_tmo), last attempt: {last}",
+                    rc.ctrl_loss_tmo
+                );
+                tracing::warn!("nvme: {msg}");
+                if let Ok(mut g) = self.gone.lock() {
+                    *g = Some(msg.clone());
+                }
+                return Err(NvmeError::Closed(msg));
+            }
+            tracing::debug!("nvme: reconnect attempt failed: {last}");
+        }
     }
 
     /// The URL this session was opened with.
@@ -448,7 +612,7 @@ impl NvmeSession {
     /// I/O queues connected.
     #[must_use]
     pub fn queues(&self) -> usize {
-        self.io.len()
+        self.links().io.len()
     }
 
     /// Whether the queues run over TLS.
@@ -479,7 +643,8 @@ impl NvmeSession {
     /// Header and data digests in force and MAXH2CDATA (from the first I/O queue's ICResp).
     #[must_use]
     pub fn transport(&self) -> (bool, bool, u32) {
-        let q = self.io.first().unwrap_or(&self.admin);
+        let l = self.links();
+        let q = l.io.first().unwrap_or(&l.admin);
         (q.digests.0, q.digests.1, q.maxh2cdata)
     }
 
@@ -498,11 +663,14 @@ impl NvmeSession {
         })
     }
 
-    fn queue(&self) -> &QueueHandle {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.io.len().max(1);
-        self.io.get(i).unwrap_or(&self.admin)
+    fn queue<'a>(&self, l: &'a Links) -> &'a QueueHandle {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % l.io.len().max(1);
+        l.io.get(i).unwrap_or(&l.admin)
     }
 
+    /// Runs an I/O command; with [`NvmeConfig::reconnect`], a lost controller is connected
+    /// again first, and a command that is [`retry_safe`] and lost with its connection is sent
+    /// again on the new one.
     async fn io(
         &self,
         op: &'static str,
@@ -511,12 +679,63 @@ impl NvmeSession {
         read_len: u32,
         buf: BytesMut,
     ) -> Result<Bytes, NvmeError> {
-        if let Ok(g) = self.keepalive_error.lock() {
+        let mut buf = Some(buf);
+        let mut reconnects = 0;
+        loop {
+            let links = self.links();
+            if reconnects > MAX_RECONNECTS_PER_COMMAND {
+                return Err(NvmeError::Closed(format!(
+                    "{op}: the controller was lost {reconnects} times while it ran"
+                )));
+            }
+            reconnects += 1;
+            if self.cfg.reconnect.is_some() && links.dead() {
+                let why = NvmeError::Closed("the controller's connection ended".into());
+                self.reconnect(links.gen, &why).await?;
+                continue;
+            }
+            let r = self
+                .io_once(
+                    &links,
+                    op,
+                    sqe,
+                    write.clone(),
+                    read_len,
+                    buf.take().unwrap_or_default(),
+                )
+                .await;
+            match r {
+                Err(e)
+                    if self.cfg.reconnect.is_some()
+                        && retry_safe(sqe.opcode)
+                        && matches!(
+                            e,
+                            NvmeError::Closed(_) | NvmeError::Io(_) | NvmeError::Queue(_)
+                        )
+                        && links.dead() =>
+                {
+                    self.reconnect(links.gen, &e).await?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn io_once(
+        &self,
+        links: &Links,
+        op: &'static str,
+        sqe: nvme_wire::Sqe,
+        write: Bytes,
+        read_len: u32,
+        buf: BytesMut,
+    ) -> Result<Bytes, NvmeError> {
+        if let Ok(g) = links.keepalive_error.lock() {
             if let Some(e) = g.as_ref() {
                 return Err(NvmeError::Closed(e.clone()));
             }
         }
-        let call = self.queue().call(sqe, write, read_len, buf);
+        let call = self.queue(links).call(sqe, write, read_len, buf);
         let (cqe, data) = match self.command_timeout {
             Some(t) => tokio::time::timeout(t, call)
                 .await
@@ -702,9 +921,10 @@ impl NvmeSession {
     /// # Errors
     /// The shutdown request failed.
     pub async fn close(self) -> Result<(), NvmeError> {
+        let links = self.links();
         let r = tokio::time::timeout(
             Duration::from_secs(5),
-            self.admin.call(
+            links.admin.call(
                 cmd::property_set(Property::Cc, CC_SHUTDOWN),
                 Bytes::new(),
                 0,
@@ -712,7 +932,7 @@ impl NvmeSession {
             ),
         )
         .await;
-        self.cancel.cancel();
+        links.cancel.cancel();
         match r {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(e),
@@ -723,7 +943,7 @@ impl NvmeSession {
 
 impl Drop for NvmeSession {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.links().cancel.cancel();
     }
 }
 

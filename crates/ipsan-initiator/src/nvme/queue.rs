@@ -132,6 +132,15 @@ impl QueueHandle {
         })
     }
 
+    /// Whether the queue's connection ended (closed, failed, or cancelled).
+    pub(crate) fn is_ended(&self) -> bool {
+        self.tx.is_closed()
+            || match self.ended.lock() {
+                Ok(g) => g.is_some(),
+                Err(_) => true,
+            }
+    }
+
     /// Sends one command and waits for its completion (any status) and read data (`read_buf`
     /// holds it only when it came in several PDUs; one PDU's data is handed over as received).
     pub(crate) async fn call(

@@ -7,9 +7,10 @@
 //! listen = ["127.0.0.1:4420"]     # NVMe/TCP listeners; none (default) = NVMe/TCP off
 //! in_capsule_data = 65536         # bytes of in-capsule data an I/O queue takes (IOCCSZ)
 //!
-//! [[nvme.subsystem]]              # optional: a subsystem NQN other than the derived one
+//! [[nvme.subsystem]]              # optional, per target
 //! target = "iqn.2026-11.org.ipsan:disk0"
-//! nqn = "nqn.2026-11.org.ipsan:disk0"
+//! nqn = "nqn.2026-11.org.ipsan:disk0"   # optional: an NQN other than the derived one
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:…"]  # optional: only these hosts may connect
 //!
 //! [[nvme.host]]                   # one host NQN's secrets
 //! nqn = "nqn.2014-08.org.nvmexpress:uuid:…"
@@ -27,6 +28,8 @@
 //! (`iqn.2026-11.org.ipsan:disk0` → `nqn.2026-11.org.ipsan:disk0`), or
 //! `nqn.2026-11.org.ipsan:` followed by the name for `eui.`/`naa.` names, unless
 //! `[[nvme.subsystem]]` names another. Its local LUN *n* is namespace *n + 1* (docs/nvme.md).
+//! A subsystem's `hosts` list narrows who may connect (Connect Invalid Host for others, on
+//! top of the authentication above); it can be changed live (`ipsan ctl nvme hosts`).
 
 use std::net::SocketAddr;
 
@@ -104,13 +107,19 @@ impl FileNvme {
     }
 }
 
-/// `[[nvme.subsystem]]`: the NQN a target is served under.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// `[[nvme.subsystem]]`: the NQN a target is served under and the hosts that may connect.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FileNvmeSubsystem {
     /// The target's IQN.
     pub target: String,
-    pub nqn: String,
+    /// The subsystem NQN; default: derived from the IQN ([`derived_nqn`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nqn: Option<String>,
+    /// Host NQNs allowed to connect (compared exactly); empty: every host the target's
+    /// authentication lets in. Others are refused at Connect with Connect Invalid Host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 /// The validated NVMe/TCP settings.
@@ -122,6 +131,9 @@ pub struct NvmeSettings {
     pub in_capsule_data: u32,
     /// NQNs given explicitly: (IQN, NQN).
     pub nqns: Vec<(String, String)>,
+    /// Host lists given explicitly: (IQN, allowed host NQNs); a target without one lets in
+    /// every host the authentication policy does.
+    pub allowed_hosts: Vec<(String, Vec<String>)>,
     /// DH-HMAC-CHAP secrets by host NQN; when any is configured every host must authenticate.
     pub hosts: Vec<(String, AuthConfig)>,
     /// TLS keys by host NQN.
@@ -135,6 +147,7 @@ impl Default for NvmeSettings {
             listen: Vec::new(),
             in_capsule_data: DEFAULT_IN_CAPSULE,
             nqns: Vec::new(),
+            allowed_hosts: Vec::new(),
             hosts: Vec::new(),
             tls_keys: PskStore::new(),
             tls: TlsMode::Off,
@@ -209,23 +222,33 @@ impl NvmeSettings {
                     format!("no [[target]] is named {:?}", sub.target),
                 ));
             }
-            check_nqn(&format!("{field}.nqn"), &sub.nqn)?;
-            if s.nqns.iter().any(|(t, _)| t == &sub.target) {
+            if f.subsystem[..i].iter().any(|o| o.target == sub.target) {
                 return Err(err(
                     format!("{field}.target"),
-                    format!("{} is given an NQN twice", sub.target),
+                    format!("{} has two [[nvme.subsystem]] entries", sub.target),
                 ));
             }
-            s.nqns.push((sub.target.clone(), sub.nqn.clone()));
+            if let Some(nqn) = &sub.nqn {
+                check_nqn(&format!("{field}.nqn"), nqn)?;
+                s.nqns.push((sub.target.clone(), nqn.clone()));
+            }
+            for (j, h) in sub.hosts.iter().enumerate() {
+                check_host_nqn(&format!("{field}.hosts[{j}]"), h)?;
+                if sub.hosts[..j].contains(h) {
+                    return Err(err(
+                        format!("{field}.hosts[{j}]"),
+                        format!("{h} is listed twice"),
+                    ));
+                }
+            }
+            if !sub.hosts.is_empty() {
+                s.allowed_hosts
+                    .push((sub.target.clone(), sub.hosts.clone()));
+            }
         }
         for (i, h) in f.host.iter().enumerate() {
             let field = format!("nvme.host[{i}]");
-            if !h.nqn.starts_with("nqn.") || h.nqn.len() > 223 {
-                return Err(err(
-                    format!("{field}.nqn"),
-                    format!("{:?} is not a host NQN", h.nqn),
-                ));
-            }
+            check_host_nqn(&format!("{field}.nqn"), &h.nqn)?;
             if f.host[..i].iter().any(|o| o.nqn == h.nqn) {
                 return Err(err(
                     format!("{field}.nqn"),
@@ -296,6 +319,17 @@ impl NvmeSettings {
         !self.hosts.is_empty()
     }
 
+    /// The hosts allowed to connect to the subsystem of the target named `iqn`.
+    #[must_use]
+    pub fn hosts_for(&self, iqn: &str) -> nvme_proto::controller::AllowedHosts {
+        self.allowed_hosts
+            .iter()
+            .find(|(t, _)| t == iqn)
+            .map_or(nvme_proto::controller::AllowedHosts::Any, |(_, h)| {
+                nvme_proto::controller::AllowedHosts::Only(h.clone())
+            })
+    }
+
     /// The subsystem NQN of the target named `iqn`.
     #[must_use]
     pub fn nqn_for(&self, iqn: &str) -> String {
@@ -304,6 +338,15 @@ impl NvmeSettings {
             .find(|(t, _)| t == iqn)
             .map_or_else(|| derived_nqn(iqn), |(_, n)| n.clone())
     }
+}
+
+/// Checks a host NQN (NVMe Base 2.0 §4.5): `nqn.` form, at most 223 bytes, printable ASCII.
+pub fn check_host_nqn(field: &str, nqn: &str) -> Result<(), ConfigError> {
+    let printable = nqn.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if !nqn.starts_with("nqn.") || nqn.len() > 223 || !printable {
+        return Err(err(field, format!("{nqn:?} is not a host NQN")));
+    }
+    Ok(())
 }
 
 /// A `DHHC-1:` secret from a file only its owner can read; the file's bytes are wiped after.
@@ -438,6 +481,46 @@ mod tests {
                 "[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:disk0\"\nnqn = \"nqn.2014-08.org.nvmexpress.discovery\"\n",
                 "nvme.subsystem[0].nqn",
             ),
+        ] {
+            let e = config(&format!("{TARGET}{extra}")).unwrap_err();
+            assert_eq!(e.field, field, "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn accepts_a_host_list_per_subsystem_and_rejects_bad_ones() {
+        const H: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001";
+        let c = config(&format!(
+            "{TARGET}[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:disk0\"\nhosts = [\"{H}\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.nvme.hosts_for("iqn.2026-11.org.ipsan:disk0"),
+            nvme_proto::controller::AllowedHosts::Only(vec![H.to_owned()])
+        );
+        assert_eq!(
+            c.nvme.nqn_for("iqn.2026-11.org.ipsan:disk0"),
+            "nqn.2026-11.org.ipsan:disk0",
+            "no nqn: the derived one"
+        );
+        assert_eq!(
+            config(TARGET)
+                .unwrap()
+                .nvme
+                .hosts_for("iqn.2026-11.org.ipsan:disk0"),
+            nvme_proto::controller::AllowedHosts::Any
+        );
+        let sub = "[[nvme.subsystem]]\ntarget = \"iqn.2026-11.org.ipsan:disk0\"\n";
+        for (extra, field) in [
+            (
+                format!("{sub}hosts = [\"iqn.2026-11.x:not-an-nqn\"]\n"),
+                "nvme.subsystem[0].hosts[0]",
+            ),
+            (
+                format!("{sub}hosts = [\"{H}\", \"{H}\"]\n"),
+                "nvme.subsystem[0].hosts[1]",
+            ),
+            (format!("{sub}{sub}"), "nvme.subsystem[1].target"),
         ] {
             let e = config(&format!("{TARGET}{extra}")).unwrap_err();
             assert_eq!(e.field, field, "{extra}: {e}");

@@ -144,7 +144,11 @@ pub(super) async fn serve<S>(
                 }
             },
             Some(d) = io_rx.recv() => c.on_block_done(d),
-            Some((tag, r)) = resv_rx.recv() => c.deliver(tag, r),
+            Some((tag, r)) = resv_rx.recv() => {
+                c.deliver(tag, r);
+                // The change may owe other hosts reservation notices (`deliver_resv_notices`).
+                c.shared.wake.notify_one();
+            }
             Some(done) = aer_rx.recv() => {
                 if c.q.complete(done).is_err() {
                     warn!(%peer, "an asynchronous event for a command this queue does not hold");
@@ -260,6 +264,7 @@ impl Conn {
             };
             let r = self.shared.target().connect_on(&cmd, now, &channel);
             self.shared.wake.notify_one();
+            self.count_connect(&cmd, &r);
             match r {
                 Ok((ctl, done)) => {
                     self.stores_gen = self.shared.stores_gen.load(Ordering::Acquire);
@@ -299,6 +304,28 @@ impl Conn {
             }
             Submitted::Held => {}
         }
+    }
+
+    /// Counts an admin-queue Connect per subsystem and host (`Shared::count_connect`).
+    fn count_connect(
+        &self,
+        cmd: &Command,
+        r: &Result<(controller::Queue, Completion), Completion>,
+    ) {
+        use nvme_wire::fabrics::{ConnectData, FabricsCommand, FabricsKind};
+        let admin = matches!(
+            FabricsCommand::decode(&cmd.sqe).map(|f| f.kind),
+            Ok(FabricsKind::Connect(c)) if c.qid == 0
+        );
+        let Some(d) = admin.then(|| ConnectData::decode(&cmd.data).ok()).flatten() else {
+            return;
+        };
+        let result = match r {
+            Ok(_) => "accepted",
+            Err(c) if c.cqe.status == nvme_wire::Status::CONNECT_INVALID_HOST => "refused_host",
+            Err(_) => "refused",
+        };
+        self.shared.count_connect(&d.subnqn, &d.hostnqn, result);
     }
 
     fn complete(&mut self, done: Completion) {

@@ -139,7 +139,20 @@ pub(crate) struct Shared {
     remote_tried: Mutex<HashMap<(String, u64), Instant>>,
     /// An `open_remotes` is running.
     remote_opening: std::sync::atomic::AtomicBool,
+    /// The NQNs given explicitly as started, (IQN, NQN) (`NvmeSettings::nqns`: NQNs are not
+    /// changed live).
+    nqns: Vec<(String, String)>,
+    /// Admin-queue Connects to a served subsystem by (subsystem NQN, host label, result):
+    /// `ipsan_nvme_host_connects_total`.
+    connects: Mutex<HashMap<(String, String, &'static str), u64>>,
 }
+
+/// At most this many (subsystem, host, result) series of Connects; past it a new host NQN
+/// counts as [`OTHER_HOSTS`] (a host NQN is whatever a host declares).
+const MAX_CONNECT_SERIES: usize = 4096;
+
+/// The host label of Connects past [`MAX_CONNECT_SERIES`].
+const OTHER_HOSTS: &str = "(other)";
 
 impl Shared {
     fn target(&self) -> MutexGuard<'_, controller::Target> {
@@ -225,6 +238,85 @@ impl Shared {
         }
     }
 
+    /// Applies the subsystems' host lists of `settings` (a live change: `ipsan ctl nvme
+    /// hosts`, a reload, SIGHUP): later Connects are checked against them, and controllers
+    /// of hosts taken off a list are closed. A target not served since start is skipped.
+    pub(crate) fn apply_hosts(
+        &self,
+        settings: &NvmeSettings,
+        targets: &[crate::config::TargetConfig],
+    ) {
+        let mut changed = Vec::new();
+        {
+            let mut t = self.target();
+            for target in targets {
+                let nqn = self
+                    .nqns
+                    .iter()
+                    .find(|(t, _)| *t == target.iqn)
+                    .map_or_else(|| derived_nqn(&target.iqn), |(_, n)| n.clone());
+                let want = settings.hosts_for(&target.iqn);
+                if t.allowed_hosts(&nqn).is_none_or(|now| *now == want) {
+                    continue;
+                }
+                if let Ok(ids) = t.set_allowed_hosts(&nqn, want) {
+                    changed.push((nqn, ids.len()));
+                }
+            }
+        }
+        for (nqn, closed) in changed {
+            info!(nqn = %nqn, controllers_closed = closed, "NVMe host list applied");
+        }
+        self.wake.notify_one();
+    }
+
+    /// Reservation notices the LUs owe NVMe hosts (`LogicalUnit::take_foreign_notices`: an
+    /// iSCSI initiator's PERSISTENT RESERVE OUT or an NVMe host's reservation command
+    /// preempted or released what the host had) become its controllers' Reservation
+    /// Notification log pages and asynchronous events (docs/nvme.md "Reservations").
+    fn deliver_resv_notices(&self) {
+        let mut notices = Vec::new();
+        for (nqn, lus) in crate::read(&self.lus).iter() {
+            for (&nsid, lu) in lus.iter() {
+                for (n, asc, ascq) in lu.take_foreign_notices() {
+                    if let (Some(host), Some(notice)) =
+                        (resv::host_of(&n), resv::notice_of(asc, ascq))
+                    {
+                        notices.push((nqn.clone(), host, nsid, notice));
+                    }
+                }
+            }
+        }
+        if notices.is_empty() {
+            return;
+        }
+        let mut t = self.target();
+        for (nqn, (hostnqn, hostid), nsid, notice) in notices {
+            let n = t.reservation_notice(&nqn, &hostnqn, &hostid, nsid, notice);
+            tracing::debug!(nqn = %nqn, host = %hostnqn, nsid, ?notice, controllers = n, "reservation notice");
+        }
+    }
+
+    /// Counts an admin-queue Connect to subsystem `subnqn` from `hostnqn` (only for served
+    /// subsystems: the discovery subsystem and unknown NQNs are not counted).
+    pub(crate) fn count_connect(&self, subnqn: &str, hostnqn: &str, result: &'static str) {
+        if !crate::lock(&self.served).contains_key(subnqn) {
+            return;
+        }
+        let mut m = crate::lock(&self.connects);
+        let key = (subnqn.to_owned(), hostnqn.to_owned(), result);
+        if let Some(n) = m.get_mut(&key) {
+            *n += 1;
+            return;
+        }
+        let key = if m.len() < MAX_CONNECT_SERIES {
+            key
+        } else {
+            (subnqn.to_owned(), OTHER_HOSTS.to_owned(), result)
+        };
+        *m.entry(key).or_default() += 1;
+    }
+
     /// The counters of the namespaces in `stores` (created on first use).
     fn ns_counters(&self, subnqn: &str, stores: &Stores) -> HashMap<u32, Arc<NsCounters>> {
         let mut all = crate::lock(&self.counters);
@@ -288,6 +380,23 @@ impl Shared {
                 c.errors.load(Ordering::Relaxed) as f64,
             );
         }
+        let connects: Vec<((String, String, &'static str), u64)> = crate::lock(&self.connects)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for ((sub, host, result), n) in &connects {
+            e.sample(
+                "ipsan_nvme_host_connects_total",
+                "Admin-queue Connects (one per controller) to a subsystem, per host NQN and result: accepted, refused_host (Connect Invalid Host: not on the subsystem's host list, no DH-HMAC-CHAP secret, or not the host its TLS key names), refused (any other refusal).",
+                "counter",
+                &[
+                    ("subsystem", sub.as_str()),
+                    ("host", host.as_str()),
+                    ("result", result),
+                ],
+                *n as f64,
+            );
+        }
         for c in self.target().controllers() {
             let cntlid = c.cntlid.to_string();
             // Host NQNs are at most 223 bytes (NVMe Base 2.0 §4.5; Connect refuses longer).
@@ -326,6 +435,19 @@ impl Shared {
         let served = crate::lock(&self.served).clone();
         let mut subsystems: Vec<(String, Vec<NamespaceConfig>)> = served.into_iter().collect();
         subsystems.sort_by(|a, b| a.0.cmp(&b.0));
+        let hosts: HashMap<String, Option<Vec<String>>> = {
+            let t = self.target();
+            subsystems
+                .iter()
+                .map(|(nqn, _)| {
+                    let h = match t.allowed_hosts(nqn) {
+                        Some(controller::AllowedHosts::Only(l)) => Some(l.clone()),
+                        _ => None,
+                    };
+                    (nqn.clone(), h)
+                })
+                .collect()
+        };
         let controllers: Vec<serde_json::Value> = self
             .target()
             .controllers()
@@ -351,6 +473,8 @@ impl Shared {
             "connections": self.connections.load(Ordering::Relaxed),
             "subsystems": subsystems.iter().map(|(nqn, ns)| serde_json::json!({
                 "nqn": nqn,
+                // null: every host the authentication lets in.
+                "hosts": hosts.get(nqn).cloned().flatten(),
                 "namespaces": ns.iter().map(|n| serde_json::json!({
                     "nsid": n.nsid,
                     "size_bytes": n.size,
@@ -504,6 +628,8 @@ impl NvmeServer {
             remote: Mutex::new(RemoteMap::new()),
             remote_tried: Mutex::new(HashMap::new()),
             remote_opening: std::sync::atomic::AtomicBool::new(false),
+            nqns: settings.nqns.clone(),
+            connects: Mutex::new(HashMap::new()),
         });
         // For the metrics and `ipsan ctl nvme`; one NVMe side per registry.
         let _ = registry.nvme.set(shared.clone());
@@ -740,6 +866,7 @@ async fn timers(
     let mut refresh = tokio::time::interval(REFRESH_EVERY);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        shared.deliver_resv_notices();
         let (events, next) = {
             let mut t = shared.target();
             t.handle_timeout(Instant::now());

@@ -49,6 +49,29 @@ pub(crate) fn nexus(hostnqn: &str, hostid: &[u8; 16]) -> ItNexus {
     }
 }
 
+/// The host NQN and Host Identifier of an NVMe host's nexus ([`nexus`]); `None` for an iSCSI
+/// one.
+pub(crate) fn host_of(n: &ItNexus) -> Option<(String, [u8; 16])> {
+    if n.port != NVME_PORT {
+        return None;
+    }
+    let (nqn, _) = n.initiator.0.rsplit_once(HOSTID_TAG)?;
+    Some((nqn.to_owned(), hostid_of(n)))
+}
+
+/// The reservation notification (NVMe Base 2.0 §8.19) of a unit attention SPC-4 queues for a
+/// registrant: RESERVATIONS PREEMPTED (2Ah/03h), RESERVATIONS RELEASED (2Ah/04h),
+/// REGISTRATIONS PREEMPTED (2Ah/05h).
+pub(crate) fn notice_of(asc: u8, ascq: u8) -> Option<nvme_proto::controller::ReservationNotice> {
+    use nvme_proto::controller::ReservationNotice as N;
+    match (asc, ascq) {
+        (0x2A, 0x03) => Some(N::ReservationPreempted),
+        (0x2A, 0x04) => Some(N::ReservationReleased),
+        (0x2A, 0x05) => Some(N::RegistrationPreempted),
+        _ => None,
+    }
+}
+
 /// The Host Identifier of an NVMe host's nexus; zero for an iSCSI one.
 fn hostid_of(n: &ItNexus) -> [u8; 16] {
     let mut id = [0u8; 16];

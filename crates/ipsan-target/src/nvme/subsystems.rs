@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ipsan_scsi::{Backend, LogicalUnit};
-use nvme_proto::controller::{AllowedHosts, DiscoveryEntry, NamespaceConfig, SubsystemConfig};
+use nvme_proto::controller::{DiscoveryEntry, NamespaceConfig, SubsystemConfig};
 
 use super::NvmeSettings;
 use crate::registry::Target;
@@ -148,7 +148,9 @@ pub(super) fn subsystem(
             nqn,
             model: "ipsan".to_owned(),
             namespaces,
-            hosts: AllowedHosts::Any,
+            // `[[nvme.subsystem]] hosts` as started; live changes go through
+            // `Shared::apply_hosts`.
+            hosts: settings.hosts_for(&t.iqn),
             // With DH-HMAC-CHAP secrets configured, a host without one is refused.
             auth_required: settings.auth_required(),
             volatile_write_cache: write_cache,

@@ -74,6 +74,53 @@ fn same_seal(a: &crate::config::SealSettings, b: &crate::config::SealSettings) -
             .all(|((n, p), (m, q))| n == m && p.ct_eq(q))
 }
 
+/// What a change of `[nvme]` does: the subsystems' host lists apply at once (reported as a
+/// change); anything else in it (listeners, TLS, secrets, NQNs) only at the next start.
+fn nvme_changes(old: &FileConfig, new: &FileConfig, report: &mut ChangeReport) {
+    if old.nvme == new.nvme {
+        return;
+    }
+    let hosts = |f: &FileConfig| {
+        let mut v: Vec<(String, Vec<String>)> = f
+            .nvme
+            .subsystem
+            .iter()
+            .filter(|s| !s.hosts.is_empty())
+            .map(|s| (s.target.clone(), s.hosts.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    let (old_hosts, new_hosts) = (hosts(old), hosts(new));
+    for (t, h) in &new_hosts {
+        if !old_hosts.iter().any(|(o, oh)| o == t && oh == h) {
+            report
+                .changes
+                .push(format!("NVMe hosts of {t}: {}", h.join(", ")));
+        }
+    }
+    for (t, _) in &old_hosts {
+        if !new_hosts.iter().any(|(n, _)| n == t) {
+            report
+                .changes
+                .push(format!("NVMe hosts of {t}: any authenticated host"));
+        }
+    }
+    let strip = |f: &FileConfig| {
+        let mut n = f.nvme.clone();
+        for s in &mut n.subsystem {
+            s.hosts.clear();
+        }
+        n.subsystem.retain(|s| s.nqn.is_some());
+        n
+    };
+    if strip(old) != strip(new) {
+        report
+            .restart_needed
+            .push("nvme (listeners, TLS, secrets, subsystem NQNs)".into());
+    }
+}
+
 /// REPORTED LUNS DATA HAS CHANGED (SPC-4 §7.5.5 / Table 49: 3Fh/0Eh).
 const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
 
@@ -150,6 +197,11 @@ impl Registry {
 
         let built = self.swap_in(&cfg, built);
         self.after_swap(&old, &built, &plans, &mut report);
+        nvme_changes(old_file, new_file, &mut report);
+        if let Some(n) = self.nvme.get() {
+            // The subsystems' host lists apply live; the rest of `[nvme]` at the next start.
+            n.apply_hosts(&cfg.nvme, &cfg.targets);
+        }
         log_report(&report);
         Ok(report)
     }

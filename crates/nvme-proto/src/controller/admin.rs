@@ -59,6 +59,10 @@ const fn aen(info: u8, lid: u8) -> u32 {
 pub(crate) const AEN_NS_CHANGED: u32 = aen(0x00, LID_CHANGED_NS);
 /// Discovery Log Page Change → the discovery log.
 pub(crate) const AEN_DISCOVERY_CHANGED: u32 = aen(0xf0, LID_DISCOVERY);
+/// Reservation Log Page Available (type I/O Command Specific, 6h; information 00h) → the
+/// Reservation Notification log page (NVMe Base 2.0 §5.2, figure "Asynchronous Event
+/// Information - I/O Command Specific Status").
+pub(crate) const AEN_RESV_LOG: u32 = 6 | (LID_RESV_NOTIFICATION as u32) << 16;
 
 /// Log page identifiers (NVMe Base 2.0 §5.16; NVMe over Fabrics 1.1 §5.3).
 const LID_ERROR: u8 = 0x01;
@@ -251,9 +255,19 @@ fn get_log_page(t: &mut Target, q: &Queue, cmd: &Command) -> Completion {
             page
         }
         (false, LID_EFFECTS) => pages::effects(&IO_CTRL_OPS),
-        // No reservation notifications are generated (docs/nvme.md): the page is always
-        // the empty one (Log Page Count 0, type 0h "Empty Log Page").
-        (false, LID_RESV_NOTIFICATION) => vec![0u8; 64],
+        // One notification per read, oldest first (NVMe Base 2.0 §5.16.1.25); none left:
+        // the empty page (Log Page Count 0, type 0h "Empty Log Page").
+        (false, LID_RESV_NOTIFICATION) => {
+            let Some(c) = t.ctrl_mut(cntlid) else {
+                return done(cid, super::ABORTED_SQ_DELETION);
+            };
+            let entry = if offset == 0 {
+                c.resv_log.pop_front()
+            } else {
+                c.resv_log.front().copied()
+            };
+            pages::resv_notification(entry.as_ref(), c.resv_log.len())
+        }
         _ => return done(cid, Status::INVALID_LOG_PAGE),
     };
     if offset > page.len() as u64 {
@@ -262,7 +276,12 @@ fn get_log_page(t: &mut Target, q: &Queue, cmd: &Command) -> Completion {
     if !rae {
         if let Some(c) = t.ctrl_mut(cntlid) {
             c.aen_masked.remove(&lid);
+            // Reservation notifications still unread: their event again.
+            if lid == LID_RESV_NOTIFICATION && !c.resv_log.is_empty() && !q.is_discovery() {
+                queue_event(c, AEN_RESV_LOG);
+            }
         }
+        t.deliver_events(cntlid);
     }
     let start = offset as usize;
     let mut out = vec![0u8; len as usize];

@@ -201,6 +201,20 @@ pub(crate) fn smart(read_bytes: u64, write_bytes: u64, reads: u64, writes: u64) 
     b
 }
 
+/// The Reservation Notification log page (NVMe Base 2.0 §5.16.1.25, 64 bytes): Log Page
+/// Count (0: empty), the type, how many more wait (at most 255), the NSID; `None`: the empty
+/// page.
+pub(crate) fn resv_notification(entry: Option<&super::ResvLogEntry>, more: usize) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    if let Some(e) = entry {
+        b[0..8].copy_from_slice(&e.count.to_le_bytes());
+        b[8] = e.notice as u8;
+        b[9] = u8::try_from(more).unwrap_or(u8::MAX);
+        b[12..16].copy_from_slice(&e.nsid.to_le_bytes());
+    }
+    b
+}
+
 /// Firmware Slot Information (log 03h; NVMe Base 2.0 §5.16.1.4), 512 bytes.
 pub(crate) fn firmware_slots(firmware: &str) -> Vec<u8> {
     let mut b = vec![0u8; 512];
