@@ -13,10 +13,11 @@
 //!   [`run_blocking`].
 //! - [`aio`]: the submit/complete form over any backend: [`submit`] (a runtime-agnostic
 //!   future), [`wait`], [`block_on`].
-//! - [`mem`], [`file`](mod@file), [`null`]: the local stores.
+//! - [`mem`], [`file`](mod@file), [`null`]: the local stores; [`disk`]: a RAM (or file) store
+//!   whose requests take a single disk's time (a stated seek/rotation/transfer model).
 //! - [`rbd`]: `rbd:pool/image` (Ceph RBD through librbd loaded at run time); `rbd/ffi.rs`
 //!   and `rbd/ffi/image.rs` hold the crate's only FFI, `rbd/record.rs` the shared record.
-//! - [`spec`]: the `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` / `rbd:pool/image`
+//! - [`spec`]: the `mem:256MiB` / `file:/path,size=10GiB` / `null:1TiB` / `disk:4GiB` / `rbd:pool/image`
 //!   parser ([`BackendSpec`]) and [`open`].
 //!
 //! Module dependencies point one way: `request` ← `backend` ← `aio`, the stores ← `spec`.
@@ -39,6 +40,7 @@
 
 pub mod aio;
 pub mod backend;
+pub mod disk;
 pub mod file;
 pub mod mem;
 pub mod null;
@@ -48,6 +50,7 @@ pub mod spec;
 
 pub use aio::{block_on, submit, wait, IoFuture};
 pub use backend::{run_blocking, Backend, BackendError, Extent, MemRecord, SharedRecord};
+pub use disk::{DiskBackend, DiskModel};
 pub use file::FileBackend;
 pub use mem::MemBackend;
 pub use null::NullBackend;

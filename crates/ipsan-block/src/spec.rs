@@ -1,6 +1,6 @@
 //! The backend spec grammar — `mem:256MiB`, `file:/path,size=10GiB[,direct]`, `null:1TiB`,
-//! `rbd:pool/image[,conf=…]`, each with an optional `,bs=512|4096` — and [`open`], which
-//! opens the store a spec names.
+//! `disk:4GiB[,seek=8.5ms][,rpm=7200][,rate=30MB][,file=PATH]`, `rbd:pool/image[,conf=…]`,
+//! each with an optional `,bs=512|4096` — and [`open`], which opens the store a spec names.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -28,10 +28,23 @@ pub enum BackendKind {
     Null,
     /// A Ceph RBD image (`rbd:pool/image`), through librbd loaded at run time.
     Rbd(RbdSpec),
+    /// A RAM store (or `file=`) whose requests take a single disk's time
+    /// ([`crate::disk::DiskModel`]: one head, seek + half a revolution + transfer).
+    Disk {
+        /// `file=`: keep the bytes in this file instead of RAM.
+        file: Option<PathBuf>,
+        /// `seek=`: mean seek time.
+        seek: std::time::Duration,
+        /// `rpm=`: spindle speed.
+        rpm: u32,
+        /// `rate=`: media rate, bytes per second.
+        rate: u64,
+    },
 }
 
 /// A parsed backend spec: `mem:256MiB`, `file:/path/disk.img,size=10GiB[,direct][,bs=4096]`,
-/// `null:1TiB[,bs=4096]`, `rbd:pool/image[,conf=/etc/ceph/ceph.conf][,id=admin]
+/// `null:1TiB[,bs=4096]`, `disk:20GiB[,seek=8.5ms][,rpm=7200][,rate=30MB][,file=PATH]`,
+/// `rbd:pool/image[,conf=/etc/ceph/ceph.conf][,id=admin]
 /// [,keyring=PATH][,<librados option>=<value>...][,bs=4096]`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct BackendSpec {
@@ -76,6 +89,16 @@ impl FromStr for BackendSpec {
                     BackendKind::Null
                 }
             }
+            "disk" => {
+                size = Some(parse_size(first).map_err(|e| err(format!("size: {e}")))?);
+                let d = crate::disk::DiskModel::default_for(0);
+                BackendKind::Disk {
+                    file: None,
+                    seek: d.seek,
+                    rpm: d.rpm,
+                    rate: d.rate,
+                }
+            }
             "rbd" => BackendKind::Rbd(RbdSpec::parse_path(first).map_err(err)?),
             "file" => {
                 if first.is_empty() {
@@ -90,7 +113,7 @@ impl FromStr for BackendSpec {
             }
             other => {
                 return Err(err(format!(
-                    "unknown backend kind {other:?} (expected mem, file, null or rbd)"
+                    "unknown backend kind {other:?} (expected mem, file, null, disk or rbd)"
                 )))
             }
         };
@@ -113,6 +136,48 @@ impl FromStr for BackendSpec {
                     block_size = Some(bs);
                 }
                 ("direct", None) if matches!(kind, BackendKind::File { .. }) => direct = true,
+                (k @ ("seek" | "rpm" | "rate" | "file"), Some(v))
+                    if matches!(kind, BackendKind::Disk { .. }) =>
+                {
+                    if let BackendKind::Disk {
+                        file,
+                        seek,
+                        rpm,
+                        rate,
+                    } = &mut kind
+                    {
+                        match k {
+                            "seek" => {
+                                *seek = ipsan_units::parse_duration(v)
+                                    .map_err(|e| err(format!("seek: {e}")))?;
+                                if *seek > std::time::Duration::from_secs(1) {
+                                    return Err(err(format!("seek: {v} is above 1s")));
+                                }
+                            }
+                            "rpm" => {
+                                *rpm = v.parse().ok().filter(|r| (60..=100_000).contains(r)).ok_or_else(
+                                    || err(format!("rpm: {v:?} is not 60..=100000")),
+                                )?
+                            }
+                            "rate" => {
+                                *rate = parse_size(v)
+                                    .ok()
+                                    .filter(|r| *r >= 1000)
+                                    .ok_or_else(|| {
+                                        err(format!(
+                                            "rate: {v:?} is not a rate in bytes per second of at least 1KB (e.g. 30MB)"
+                                        ))
+                                    })?
+                            }
+                            _ => {
+                                if v.is_empty() {
+                                    return Err(err("file: expected a path".into()));
+                                }
+                                *file = Some(PathBuf::from(v))
+                            }
+                        }
+                    }
+                }
                 ("size", _) if matches!(kind, BackendKind::Rbd(_)) => {
                     return Err(err(
                         "rbd: the LUN's size is the image's (grow it with `rbd resize`)".into(),
@@ -170,6 +235,23 @@ pub fn open(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
             *direct,
         )?)),
         BackendKind::Rbd(r) => Ok(Arc::new(RbdBackend::open(r)?)),
+        BackendKind::Disk {
+            file,
+            seek,
+            rpm,
+            rate,
+        } => {
+            let model = crate::disk::DiskModel {
+                seek: *seek,
+                rpm: *rpm,
+                rate: *rate,
+                size: spec.size.ok_or_else(|| need_size("disk"))?,
+            };
+            Ok(match file {
+                None => Arc::new(crate::disk::DiskBackend::new(model)),
+                Some(p) => Arc::new(crate::disk::DiskBackend::open_file(p.clone(), model)?),
+            })
+        }
     }
 }
 
@@ -194,6 +276,42 @@ mod tests {
             }
         );
         assert_eq!((f.size, f.block_size), (Some(10 << 30), Some(512)));
+    }
+
+    /// `disk:` defaults to the 2001 IDE drive (8.5 ms, 7200 rpm, 30 MB/s) and opens as a
+    /// store of that model that keeps what is written.
+    #[test]
+    fn parses_disk_specs_with_the_model_and_opens_them() {
+        let d: BackendSpec = "disk:4GiB".parse().unwrap();
+        assert_eq!(
+            d.kind,
+            BackendKind::Disk {
+                file: None,
+                seek: std::time::Duration::from_micros(8500),
+                rpm: 7200,
+                rate: 30_000_000
+            }
+        );
+        assert_eq!(d.size, Some(4 << 30));
+        let d: BackendSpec = "disk:1GiB,seek=4ms,rpm=15000,rate=100MB,file=/tmp/d.img,bs=4096"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            d.kind,
+            BackendKind::Disk {
+                file: Some("/tmp/d.img".into()),
+                seek: std::time::Duration::from_millis(4),
+                rpm: 15000,
+                rate: 100_000_000
+            }
+        );
+        assert_eq!(d.block_size, Some(4096));
+        let b = open(&"disk:64MiB,seek=1ms".parse().unwrap()).unwrap();
+        assert_eq!((b.kind(), b.size()), ("disk", 64 << 20));
+        b.write_at(&[5u8; 512], 4096).unwrap();
+        let mut got = [0u8; 512];
+        b.read_at(&mut got, 4096).unwrap();
+        assert_eq!(got, [5u8; 512]);
     }
 
     #[test]
@@ -237,7 +355,13 @@ mod tests {
         let e = |s: &str| s.parse::<BackendSpec>().unwrap_err().to_string();
         assert!(e("mem:lots").contains("size:"), "{}", e("mem:lots"));
         assert!(e("mem:12XB").contains("unknown size unit"));
-        assert!(e("disk:1GiB").contains("unknown backend kind"));
+        assert!(e("tape:1GiB").contains("unknown backend kind"));
+        assert!(e("disk:1GiB,rpm=0").contains("rpm:"));
+        assert!(e("disk:1GiB,rate=0").contains("rate:"));
+        assert!(e("disk:1GiB,seek=8").contains("seek:"));
+        assert!(e("disk:1GiB,seek=2s").contains("above 1s"));
+        assert!(e("disk:1GiB,direct").contains("unknown option"));
+        assert!(e("mem:1GiB,rpm=7200").contains("unknown option"));
         assert!(e("mem256").contains("expected <kind>:<args>"));
         assert!(e("file:").contains("expected a path"));
         assert!(e("mem:1GiB,bs=1024").contains("bs: 1024 unsupported"));

@@ -19,12 +19,14 @@
 //! reorder = [0.0]
 //! corrupt = [0.0]
 //! rate = [0]               # bottleneck, Mbit/s each way (0: none)
+//! load = [0.0]             # iperf3 only: offered load, a fraction of `rate` (0: as fast
+//!                          # as TCP goes), Muknahallipatna et al.'s (002) Fig. 9
 //! block = ["64KiB", "1MiB"]
 //! depth = ["1", "auto"]    # the papers' OP-n; "auto" lets the model pick
 //! cipher = ["aes-256-gcm"] # aes-256-gcm | chacha20-poly1305 | 3des-cbc-hmac-sha1
 //! pipeline = [true]        # seal's pipeline (seal-seq forces it off)
 //! scheme = ["plain", "seal"] # plain | seal-seq | seal | wireguard | tls | ipsec | esp-emu | iperf3
-//! backend = ["mem"]        # mem | null | file
+//! backend = ["mem"]        # mem | null | file | disk (ipsan-block's disk model)
 //! iscsi = ["ipsan"]        # ipsan (one round trip) | paper (InitialR2T=Yes, ImmediateData=No)
 //! cc = ["reno"]            # TCP congestion control inside the lab's namespaces
 //! repetitions = 7          # optional: this table's points get 7, not the plan's
@@ -188,6 +190,9 @@ pub enum Backend {
     Null,
     /// A sparse file in the run's scratch directory.
     File,
+    /// RAM whose requests take a single disk's time (`disk:` in ipsan-block: one head,
+    /// seek + half a revolution + transfer, 8.5 ms / 7200 rpm / 30 MB/s).
+    Disk,
 }
 
 /// One `[[matrix]]` table as written.
@@ -206,6 +211,9 @@ pub struct MatrixSpec {
     corrupt: Vec<f64>,
     #[serde(default = "d_zero")]
     rate: Vec<f64>,
+    /// Offered load as a fraction of `rate` (iperf3's `-b`); 0: unlimited.
+    #[serde(default = "d_zero")]
+    load: Vec<f64>,
     #[serde(default = "d_block")]
     block: Vec<String>,
     #[serde(default = "d_depth")]
@@ -227,6 +235,10 @@ pub struct MatrixSpec {
     /// CPU-bound tunnel on two shared vCPUs — without lengthening the rest of the plan.
     #[serde(default)]
     repetitions: Option<u32>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn d_direction() -> Vec<Direction> {
@@ -398,6 +410,10 @@ pub struct Point {
     /// Bottleneck rate each way, Mbit/s (0: none).
     #[serde(default)]
     pub rate_mbit: f64,
+    /// Offered load, a fraction of `rate_mbit` (iperf3 `-b`; 0: unlimited). Muknahallipatna
+    /// et al. (002) Fig. 9 steps it from 10 % to 90 % of the link.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub load: f64,
     /// Bytes per command.
     pub block: u64,
     /// Commands in flight.
@@ -441,6 +457,10 @@ impl Point {
             }
         ) + &if self.rate_mbit > 0.0 {
             format!(" {}Mbit/s", self.rate_mbit)
+        } else {
+            String::new()
+        } + &if self.load > 0.0 {
+            format!(" load={}%", (self.load * 100.0).round())
         } else {
             String::new()
         }
@@ -538,7 +558,7 @@ pub struct Plan {
 }
 
 /// The built-in plans' names.
-pub const BUILTIN: [&str; 9] = [
+pub const BUILTIN: [&str; 11] = [
     "quick",
     "smoke",
     "paper-write",
@@ -547,6 +567,8 @@ pub const BUILTIN: [&str; 9] = [
     "paper-read",
     "aiken",
     "pathologies",
+    "aiken-table1",
+    "offered-load",
     "demo",
 ];
 
@@ -561,6 +583,8 @@ pub fn builtin_toml(name: &str) -> Option<&'static str> {
         "paper-fig16" => include_str!("../plans/paper-fig16.toml"),
         "paper-regime" => include_str!("../plans/paper-regime.toml"),
         "aiken" => include_str!("../plans/aiken.toml"),
+        "aiken-table1" => include_str!("../plans/aiken-table1.toml"),
+        "offered-load" => include_str!("../plans/offered-load.toml"),
         "demo" => include_str!("../plans/demo.toml"),
         _ => return None,
     })
@@ -668,6 +692,23 @@ impl Plan {
                     return Err(ctx(format!("rate {r} Mbit/s is outside 0..=100000")));
                 }
             }
+            for l in &m.load {
+                if !(0.0..=1.0).contains(l) {
+                    return Err(ctx(format!(
+                        "load {l} is outside [0, 1] (a fraction of rate)"
+                    )));
+                }
+                if *l > 0.0 {
+                    if m.rate.iter().any(|r| *r <= 0.0) {
+                        return Err(ctx("load needs a rate (it is a fraction of it)".into()));
+                    }
+                    if m.scheme.iter().any(|s| *s != Scheme::Iperf3) {
+                        return Err(ctx(
+                            "load is for iperf3 only (ipsan bench has no rate limit)".into(),
+                        ));
+                    }
+                }
+            }
             for p in m.loss.iter().chain(&m.reorder).chain(&m.corrupt) {
                 if !(0.0..=1.0).contains(p) {
                     return Err(ctx(format!("probability {p} is outside [0, 1]")));
@@ -701,7 +742,13 @@ impl Plan {
                                                     for cipher in &m.cipher {
                                                         for &pipeline in &m.pipeline {
                                                             for &backend in &m.backend {
-                                                                for &iscsi in &m.iscsi {
+                                                                for (&iscsi, &load) in
+                                                                    m.iscsi.iter().flat_map(|i| {
+                                                                        m.load
+                                                                            .iter()
+                                                                            .map(move |l| (i, l))
+                                                                    })
+                                                                {
                                                                     let p = Point {
                                                                         direction,
                                                                         delay_ms,
@@ -709,6 +756,7 @@ impl Plan {
                                                                         reorder,
                                                                         corrupt,
                                                                         rate_mbit,
+                                                                        load,
                                                                         block,
                                                                         depth,
                                                                         cipher: cipher.clone(),
@@ -843,6 +891,7 @@ fn resolve_timeline(t: &TimelineSpec) -> Result<Timeline, String> {
             reorder: 0.0,
             corrupt: 0.0,
             rate_mbit: 0.0,
+            load: 0.0,
             block,
             depth: Depth::Fixed(if scheme == Scheme::SealSeq {
                 1
@@ -1056,6 +1105,78 @@ repetitions=7
             let e = Plan::parse("t", &t).unwrap_err();
             assert!(e.why.contains("matrix #1: repetitions"), "{e}");
         }
+    }
+
+    /// 002 Fig. 9: iperf3 offered 10-90 % of a 100 Mbit/s link at Table 1's round trips
+    /// (0, 80-200 ms), rates scaled by 1/10 (their 8 MB window at 1 Gbit/s: 800,000 bytes).
+    #[test]
+    fn offered_load_plan_steps_the_load_at_the_papers_round_trips() {
+        let p = Plan::load("offered-load").unwrap();
+        assert_eq!(p.tcp_buffer, Some(800_000));
+        assert!(p
+            .points
+            .iter()
+            .all(|x| x.scheme == Scheme::Iperf3 && x.rate_mbit == 100.0));
+        for rtt in [0.0, 80.0, 100.0, 120.0, 160.0, 200.0] {
+            for load in [0.1, 0.3, 0.5, 0.7, 0.9] {
+                assert!(
+                    p.points
+                        .iter()
+                        .any(|x| x.delay_ms * 2.0 == rtt && (x.load - load).abs() < 1e-9),
+                    "{rtt} {load}"
+                );
+            }
+        }
+        assert!(
+            p.points[0].label().contains("load=10%"),
+            "{}",
+            p.points[0].label()
+        );
+        // A point without a load serialises as before (old results.json keep their keys).
+        let q = Plan::load("aiken").unwrap();
+        assert!(!serde_json::to_string(&q.points[0])
+            .unwrap()
+            .contains("load"));
+    }
+
+    #[test]
+    fn rejects_a_load_without_a_rate_or_for_iscsi() {
+        for (bad, why) in [
+            ("load=[0.5]\nscheme=['iperf3']\n", "needs a rate"),
+            ("load=[0.5]\nrate=[100]\nscheme=['plain']\n", "iperf3 only"),
+            (
+                "load=[1.5]\nrate=[100]\nscheme=['iperf3']\n",
+                "outside [0, 1]",
+            ),
+        ] {
+            let e = Plan::parse("t", &format!("name='x'\n[[matrix]]\n{bad}")).unwrap_err();
+            assert!(e.why.contains(why), "{bad}: {e}");
+        }
+    }
+
+    /// Aiken's Table 1 at their delays: all three pathologies at once at 0-20 ms, iperf3 at
+    /// the six netperf sizes, plain and seal iSCSI beside it; the aiken plan has a disk LUN.
+    #[test]
+    fn aiken_table1_puts_the_pathologies_at_every_delay() {
+        let p = Plan::load("aiken-table1").unwrap();
+        assert_eq!(p.tcp_buffer, Some(500_000));
+        assert!(p.points.iter().all(|x| x.loss == 0.027
+            && x.reorder == 0.02
+            && x.corrupt == 0.0002
+            && x.rate_mbit == 100.0));
+        for d in [0.0, 1.0, 2.0, 5.0, 10.0, 20.0] {
+            for b in [512, 1024, 2048, 4096, 8192, 16384] {
+                assert!(p
+                    .points
+                    .iter()
+                    .any(|x| x.delay_ms == d && x.block == b && x.scheme == Scheme::Iperf3));
+            }
+            for s in [Scheme::Plain, Scheme::Seal] {
+                assert!(p.points.iter().any(|x| x.delay_ms == d && x.scheme == s));
+            }
+        }
+        let a = Plan::load("aiken").unwrap();
+        assert!(a.points.iter().any(|x| x.backend == Backend::Disk));
     }
 
     /// The demo repeats its CPU-bound cells (IPsec at 2 ms) seven times, the rest three.

@@ -407,7 +407,7 @@ fn try_run(ctx: &RunCtx<'_>, p: &Point, rec: &mut Record) -> Result<(), RunError
         .run_time_for(Duration::from_secs_f64(ctx.calib.rtt_ms.max(0.0) / 1e3));
     rec.run_time_s = run_time.as_secs_f64();
     if p.scheme == Scheme::Iperf3 {
-        return iperf3(ctx, run_time, rec);
+        return iperf3(ctx, p, run_time, rec);
     }
     let mut procs = Procs(Vec::new(), Vec::new());
     let target = start_target(ctx, p, carrier, depth, &mut procs)?;
@@ -482,6 +482,8 @@ fn start_target(
             ctx.scratch.join("lun.img").display(),
             ctx.plan.lun_bytes
         ),
+        // ipsan-block's defaults: 8.5 ms average seek, 7200 rpm, 30 MB/s (docs/lab.md).
+        Backend::Disk => format!("disk:{}", ctx.plan.lun_bytes),
     };
     let bind = if ctx.link.is_some() {
         "0.0.0.0"

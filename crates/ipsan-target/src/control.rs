@@ -953,6 +953,19 @@ fn describe_backend(b: &ipsan_scsi::BackendSpec) -> String {
             size.map(|s| format!(",size={s}")).unwrap_or_default(),
             if *direct { ",direct" } else { "" }
         ),
+        ipsan_scsi::BackendKind::Disk {
+            file,
+            seek,
+            rpm,
+            rate,
+        } => format!(
+            "disk:{},seek={}us,rpm={rpm},rate={rate}{}",
+            size.unwrap_or_default(),
+            seek.as_micros(),
+            file.as_ref()
+                .map(|f| format!(",file={}", f.display()))
+                .unwrap_or_default()
+        ),
         ipsan_scsi::BackendKind::Rbd(r) => format!(
             "rbd:{}/{}{}",
             r.pool,

@@ -21,6 +21,7 @@ pub(super) fn aiken(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
                     Backend::Null => "diskless (null)",
                     Backend::File => "file",
                     Backend::Mem => "RAM",
+                    Backend::Disk => "disk-model",
                 },
                 fmt_size(a.rec.point.block),
                 a.rec.depth_used

@@ -35,6 +35,7 @@ pub(super) fn throughput_vs_block(
                 Backend::Mem => "",
                 Backend::Null => ", null LUN",
                 Backend::File => ", file LUN",
+                Backend::Disk => ", disk LUN",
             };
             series
                 .entry((order, a.rec.depth_used, format!("{}{lun}", paper_name(a))))

@@ -7,12 +7,28 @@ use super::*;
 /// the target's through the same emulated link, for the run's duration, with the first half
 /// omitted (`-O`: slow start and the buffers' autotuning ramp), and the plan's `tcp_buffer`,
 /// if it has one, as iperf3's socket buffers (`-w`, as the iSCSI connections get it; Aiken et
-/// al. set 500,000 bytes on both hosts). The link's, TUN's and kernels' counters are recorded
+/// al. set 500,000 bytes on both hosts), the point's block as the write length (`-l`, their
+/// netperf send size) and, when the point has an offered load, that fraction of the link's
+/// rate as iperf3's pacing (`-b`, 002 Fig. 9). The link's, TUN's and kernels' counters are recorded
 /// as for every other scheme. Without a rate the emulator's forwarding thread is the
 /// bottleneck, and an autotuned stream overfills the TUN ring in front of it (3–18 k drops in
 /// a 3 s run here; single runs moved 0.04–366 MB/s): the Aiken plan has Aiken's 100 Mbit/s.
+/// What the point adds to iperf3's client: its block as each write's length (`-l`, Aiken et
+/// al.'s netperf send size: their Table 1 columns, 512 B to 16 KiB) and, with an offered
+/// load on a rate-limited link (Muknahallipatna et al. (002) Fig. 9: FCLoad at 10-90 % of
+/// the link), that many bits per second as iperf3's pacing (`-b`).
+fn point_args(p: &Point) -> Vec<String> {
+    let mut a = vec!["-l".to_string(), p.block.to_string()];
+    if p.load > 0.0 && p.rate_mbit > 0.0 {
+        a.push("-b".into());
+        a.push(format!("{:.0}", p.load * p.rate_mbit * 1e6));
+    }
+    a
+}
+
 pub(in crate::runner) fn iperf3(
     ctx: &RunCtx<'_>,
+    p: &Point,
     run_time: Duration,
     rec: &mut Record,
 ) -> Result<(), RunError> {
@@ -48,6 +64,7 @@ pub(in crate::runner) fn iperf3(
         &(secs - omit).to_string(),
         "-J",
     ]);
+    c.args(point_args(p));
     if let Some(n) = ctx.plan.tcp_buffer {
         // iperf3 sets plain SO_SNDBUF/SO_RCVBUF, which the kernel caps at the host-wide
         // net.core.{r,w}mem_max, and then exits because the buffer is not what it asked for.
@@ -80,4 +97,30 @@ pub(in crate::runner) fn iperf3(
     rec.bytes = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
     rec.depth_used = 1;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Plan;
+
+    /// 002 Fig. 9's offered load reaches iperf3 as its pacing: 30 % of 100 Mbit/s is
+    /// `-b 30000000`; a point without a load is not paced; the block is the write length.
+    #[test]
+    fn offered_load_paces_iperf3_and_the_block_is_its_write_length() {
+        let fig9 = Plan::load("offered-load").unwrap();
+        let p = fig9
+            .points
+            .iter()
+            .find(|x| (x.load - 0.3).abs() < 1e-9)
+            .unwrap();
+        assert_eq!(point_args(p), ["-l", "131072", "-b", "30000000"]);
+        let t1 = Plan::load("aiken-table1").unwrap();
+        let q = t1
+            .points
+            .iter()
+            .find(|x| x.scheme == crate::plan::Scheme::Iperf3 && x.block == 512)
+            .unwrap();
+        assert_eq!(point_args(q), ["-l", "512"]);
+    }
 }
