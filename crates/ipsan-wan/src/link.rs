@@ -149,6 +149,12 @@ const PATH_PROBES: usize = 301;
 const PATH_MIN_PROBES: usize = 9;
 /// and the time it spends when the delay allows fewer than the most.
 const PATH_PROBE_TIME: Duration = Duration::from_millis(1000);
+/// The most the path compensation takes off each direction's delay. A quiet host's path adds
+/// 0.04–0.1 ms one way; a median far above that was measured while the host was busy (a
+/// build's load of 20–45 on two vCPUs made it several ms), and taking it off would remove a
+/// 1–10 ms link's delay outright for every later run when the load has gone (issue 29's
+/// first `aiken-table1` run calibrated 0.05–0.44 ms round trips on 1–10 ms links).
+const PATH_MAX_COMPENSATION: Nanos = 500_000;
 
 /// Packets the TUN device may hold before the forwarder reads them (see `Link::up`).
 const TUN_TXQUEUELEN: &str = "20000";
@@ -422,8 +428,17 @@ impl Link {
                 rtts.len()
             )));
         }
-        rtts.sort_unstable();
-        Ok(rtts[rtts.len() / 2].saturating_sub(set) / 2)
+        let (path, capped) = path_compensation(&mut rtts, set);
+        if capped {
+            tracing::warn!(
+                "link {}: the path probe's median round trip exceeds the set one by {} µs (a busy \
+                 host?); compensating only {} µs one way",
+                self.cfg.name,
+                (rtts[rtts.len() / 2].saturating_sub(set)) / 1000,
+                path / 1000
+            );
+        }
+        Ok(path)
     }
 
     /// Changes both directions' impairments on the running link.
@@ -597,6 +612,21 @@ impl Drop for Link {
     }
 }
 
+/// The one-way path latency to compensate, from the probes' round trips (sorted here) and the
+/// round trip set: half of what the median exceeds the set round trip, at most
+/// [`PATH_MAX_COMPENSATION`]; `true` when the cap applied.
+fn path_compensation(rtts: &mut [Nanos], set: Nanos) -> (Nanos, bool) {
+    if rtts.is_empty() {
+        return (0, false);
+    }
+    rtts.sort_unstable();
+    let path = rtts[rtts.len() / 2].saturating_sub(set) / 2;
+    (
+        path.min(PATH_MAX_COMPENSATION),
+        path > PATH_MAX_COMPENSATION,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,5 +664,30 @@ mod tests {
         assert_eq!("ini".parse::<Side>(), Ok(Side::Ini));
         assert_eq!("target".parse::<Side>(), Ok(Side::Tgt));
         assert!("both".parse::<Side>().is_err());
+    }
+}
+
+#[cfg(test)]
+mod compensation_tests {
+    use super::*;
+
+    const MS: Nanos = 1_000_000;
+
+    #[test]
+    fn compensates_half_the_median_excess_of_a_quiet_path() {
+        // 2 ms set, probes 2.08–2.2 ms: 0.05 ms one way.
+        let mut rtts = vec![2_200_000, 2_080_000, 2_100_000, 2_120_000, 2_090_000];
+        assert_eq!(path_compensation(&mut rtts, 2 * MS), (50_000, false));
+    }
+
+    #[test]
+    fn never_takes_a_busy_hosts_milliseconds_off_the_delay() {
+        // A 1 ms link probed under load: 12 ms medians would take the whole delay away.
+        let mut rtts = vec![12 * MS, 14 * MS, 11 * MS];
+        assert_eq!(
+            path_compensation(&mut rtts, 2 * MS),
+            (PATH_MAX_COMPENSATION, true)
+        );
+        assert_eq!(path_compensation(&mut [], 2 * MS), (0, false));
     }
 }
