@@ -308,6 +308,234 @@ fn seal_pair(cipher: Cipher) -> Result<(Arc<SealSession>, Arc<SealSession>), Str
     Ok((Arc::new(i), Arc::new(t)))
 }
 
+/// The schema of a calibration file ([`CalibrationFile`]).
+pub const CALIBRATION_SCHEMA: &str = "ipsan-lab-calibration/1";
+
+/// The name a results directory keeps its run's calibration file under (a byte-for-byte
+/// copy, so its SHA-1 is the one each record carries).
+pub const CALIBRATION_IN_RESULTS: &str = "calibration.json";
+
+/// One link's calibration in a [`CalibrationFile`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LinkCalibration {
+    /// The runner's key for the link ([`crate::runner::link_group_key`]): the points that
+    /// share it share the calibration.
+    pub link: String,
+    /// The link in words (delay, rate, impairments), for a reader.
+    pub label: String,
+    /// RTT, SOCKET, the cores the lab could get and the sysctls read back.
+    pub calibration: crate::results::Calibration,
+}
+
+/// One cipher's rates per CPU-second of one thread at one size
+/// ([`cipher_throughput`], [`crate::runner::cipher_key`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CipherRate {
+    /// Cipher name (`3des-cbc-hmac-sha1`, `esp-emu`, …).
+    pub cipher: String,
+    /// Bytes per seal/open: seal's block; a packet or a TLS record for the lower layers.
+    pub size: u64,
+    /// Sealing, bytes per CPU-second.
+    pub enc_bytes_per_cpu_s: f64,
+    /// Opening, bytes per CPU-second.
+    pub dec_bytes_per_cpu_s: f64,
+}
+
+/// Every input the models need for one plan, measured before the plan runs (issue 29,
+/// "Prediction, not fit"): RTT and SOCKET per link, the ciphers' ENC/DEC per CPU-second, the
+/// cores the lab could get, and the carriers' and IPsec's charons' costs per byte and per
+/// flight fitted over separate short runs (never the plan's own). Written by
+/// `ipsan lab calibrate`, read by `ipsan lab run --calibration`, which fixes these inputs for
+/// every run and records the file's SHA-1 in each record.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CalibrationFile {
+    /// [`CALIBRATION_SCHEMA`].
+    pub schema: String,
+    /// The plan it was measured for.
+    pub plan: String,
+    /// Machine, revision, `ipsan` binary and load average when the calibration started.
+    pub measured_by: crate::results::Environment,
+    /// `/proc/loadavg` when it finished.
+    pub loadavg_end: String,
+    /// Seconds since the epoch when it started.
+    pub started_unix_s: u64,
+    /// Seconds since the epoch when it finished.
+    pub finished_unix_s: u64,
+    /// Cores the lab could get: the median of the links' [`available_cores`] readings. The
+    /// out-of-sample model's CPU, in place of what each run got.
+    pub cores_avail: f64,
+    /// One entry per link of the plan.
+    pub links: Vec<LinkCalibration>,
+    /// One entry per (cipher, size) the plan's points use.
+    pub ciphers: Vec<CipherRate>,
+    /// The carriers' and charons' costs from the separate cost runs.
+    pub costs: crate::fit::StoredCosts,
+    /// Where the cost runs' records were written (relative to the file, as given).
+    pub cost_runs: String,
+    /// How many cost runs there were, and how many ended ok.
+    pub cost_runs_ok: (usize, usize),
+}
+
+/// A calibration file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrationError {
+    /// Unreadable.
+    #[error("calibration file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not a calibration file of this schema.
+    #[error("calibration file: {0}")]
+    Invalid(String),
+    /// It lacks something the plan needs.
+    #[error("calibration file (plan {file_plan}) lacks what plan {plan} needs: {missing}; run `ipsan lab calibrate --plan {plan}`")]
+    Missing {
+        /// The plan the file was measured for.
+        file_plan: String,
+        /// The plan to run.
+        plan: String,
+        /// What is missing.
+        missing: String,
+    },
+}
+
+/// A calibration file as read: its contents, its bytes and their SHA-1.
+#[derive(Debug, Clone)]
+pub struct LoadedCalibration {
+    /// The contents.
+    pub file: CalibrationFile,
+    /// SHA-1 of the bytes, lower-case hex: what each record of a run with it carries.
+    pub sha1: String,
+    /// The bytes as read (copied unchanged into the results directory).
+    pub bytes: Vec<u8>,
+}
+
+/// Lower-case hex SHA-1 of `bytes`.
+pub fn sha1_hex(bytes: &[u8]) -> String {
+    use sha1::Digest;
+    sha1::Sha1::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl CalibrationFile {
+    /// Pretty JSON with a final newline: the bytes [`CalibrationFile::write`] writes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, CalibrationError> {
+        let mut b = serde_json::to_vec_pretty(self)
+            .map_err(|e| CalibrationError::Invalid(format!("not serialisable: {e}")))?;
+        b.push(b'\n');
+        Ok(b)
+    }
+
+    /// Writes the file; returns it as loaded (with its SHA-1).
+    pub fn write(&self, path: &std::path::Path) -> Result<LoadedCalibration, CalibrationError> {
+        let bytes = self.to_bytes()?;
+        std::fs::write(path, &bytes).map_err(|source| CalibrationError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        LoadedCalibration::from_bytes(bytes)
+    }
+
+    /// The calibration of `p`'s link.
+    pub fn link(&self, p: &crate::plan::Point) -> Option<&crate::results::Calibration> {
+        let key = crate::runner::link_group_key(p);
+        self.links
+            .iter()
+            .find(|l| l.link == key)
+            .map(|l| &l.calibration)
+    }
+
+    /// (ENC, DEC) per CPU-second for `p`'s scheme: infinite for no encryption, `None` when
+    /// the file does not have it.
+    pub fn cipher(&self, p: &crate::plan::Point) -> Option<(f64, f64)> {
+        let Some((cipher, size)) = crate::runner::cipher_key(p) else {
+            return Some((f64::INFINITY, f64::INFINITY));
+        };
+        self.ciphers
+            .iter()
+            .find(|c| c.cipher == cipher && c.size == size)
+            .map(|c| (c.enc_bytes_per_cpu_s, c.dec_bytes_per_cpu_s))
+    }
+
+    /// Checks that the file has every link and cipher rate `plan` needs, before any run.
+    pub fn covers(&self, plan: &crate::plan::Plan) -> Result<(), CalibrationError> {
+        let mut missing: Vec<String> = Vec::new();
+        for p in &plan.points {
+            if self.link(p).is_none() {
+                missing.push(format!("the link of {}", p.label()));
+            } else if self.cipher(p).is_none() {
+                missing.push(format!("the cipher rates of {}", p.label()));
+            }
+        }
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let n = missing.len();
+        missing.truncate(3);
+        Err(CalibrationError::Missing {
+            file_plan: self.plan.clone(),
+            plan: plan.name.clone(),
+            missing: format!(
+                "{}{}",
+                missing.join("; "),
+                if n > 3 {
+                    format!(" (and {} more)", n - 3)
+                } else {
+                    String::new()
+                }
+            ),
+        })
+    }
+}
+
+impl LoadedCalibration {
+    /// Reads and checks a calibration file.
+    pub fn read(path: &std::path::Path) -> Result<LoadedCalibration, CalibrationError> {
+        let bytes = std::fs::read(path).map_err(|source| CalibrationError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        LoadedCalibration::from_bytes(bytes)
+    }
+
+    /// Parses and checks a calibration file's bytes.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<LoadedCalibration, CalibrationError> {
+        let file: CalibrationFile = serde_json::from_slice(&bytes)
+            .map_err(|e| CalibrationError::Invalid(format!("not a calibration file: {e}")))?;
+        if file.schema != CALIBRATION_SCHEMA {
+            return Err(CalibrationError::Invalid(format!(
+                "schema {:?}, expected {CALIBRATION_SCHEMA:?}",
+                file.schema
+            )));
+        }
+        if !(file.cores_avail.is_finite() && file.cores_avail > 0.0) {
+            return Err(CalibrationError::Invalid(format!(
+                "cores_avail must be a positive number, not {}",
+                file.cores_avail
+            )));
+        }
+        for c in &file.ciphers {
+            if !(c.enc_bytes_per_cpu_s > 0.0 && c.dec_bytes_per_cpu_s > 0.0) {
+                return Err(CalibrationError::Invalid(format!(
+                    "cipher {} at {} bytes: rates must be positive",
+                    c.cipher, c.size
+                )));
+            }
+        }
+        Ok(LoadedCalibration {
+            sha1: sha1_hex(&bytes),
+            file,
+            bytes,
+        })
+    }
+}
+
 /// Loopback sockets (no namespaces).
 #[derive(Debug)]
 pub struct Loopback;
@@ -321,9 +549,151 @@ impl Sockets for Loopback {
     }
 }
 
+/// A calibration file for `points` (tests): every link at `rtt_ms` and `socket_mb_s`, every
+/// cipher at `enc_mb_s` both ways, two cores, no carrier costs.
+#[cfg(test)]
+pub(crate) fn sample_file(
+    points: &[crate::plan::Point],
+    rtt_ms: f64,
+    socket_mb_s: f64,
+    enc_mb_s: f64,
+) -> CalibrationFile {
+    let mut links: Vec<LinkCalibration> = Vec::new();
+    let mut ciphers: Vec<CipherRate> = Vec::new();
+    for p in points {
+        let link = crate::runner::link_group_key(p);
+        if !links.iter().any(|l| l.link == link) {
+            links.push(LinkCalibration {
+                link,
+                label: format!("{} ms one way", p.delay_ms),
+                calibration: crate::results::Calibration {
+                    rtt_ms,
+                    rtt_min_ms: rtt_ms,
+                    rtt_max_ms: rtt_ms,
+                    socket_mb_s,
+                    cores_avail: 2.0,
+                    sysctls: vec![("net.ipv4.tcp_congestion_control".into(), "reno".into())],
+                    loopback: false,
+                },
+            });
+        }
+        if let Some((cipher, size)) = crate::runner::cipher_key(p) {
+            let c = CipherRate {
+                cipher,
+                size,
+                enc_bytes_per_cpu_s: enc_mb_s * 1e6,
+                dec_bytes_per_cpu_s: enc_mb_s * 1e6,
+            };
+            if !ciphers.contains(&c) {
+                ciphers.push(c);
+            }
+        }
+    }
+    CalibrationFile {
+        schema: CALIBRATION_SCHEMA.into(),
+        plan: "t".into(),
+        measured_by: crate::results::Environment {
+            git_rev: "0123abc".into(),
+            hostname: "lab".into(),
+            cpus: 2,
+            loadavg: "0.10 0.20 0.30 1/100 42".into(),
+            ..Default::default()
+        },
+        loadavg_end: "0.20 0.20 0.30 1/100 43".into(),
+        started_unix_s: 1_790_000_000,
+        finished_unix_s: 1_790_000_100,
+        cores_avail: 2.0,
+        links,
+        ciphers,
+        costs: crate::fit::StoredCosts::default(),
+        cost_runs: "cal-runs".into(),
+        cost_runs_ok: (0, 0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `ipsan lab calibrate` writes is what `ipsan lab run --calibration` reads: every
+    /// input back unchanged, the same bytes when written again, and a SHA-1 of exactly those
+    /// bytes (the one each record carries). A file of another schema, or with no cores, is
+    /// refused.
+    #[test]
+    fn accepts_its_own_calibration_file_back_unchanged_with_its_hash() {
+        let plan = crate::plan::Plan::load("paper-regime").unwrap();
+        let mut f = sample_file(&plan.points, 128.5, 2.42, 10.82);
+        f.costs.carriers.push(crate::fit::StoredCarrier {
+            scheme: "plain".into(),
+            delayed: true,
+            emulator_s_per_byte: 9e-9,
+            stacks_s_per_byte: 3e-9,
+            emulator_fit: Some(crate::fit::Cost {
+                s_per_byte: 8e-9,
+                s_per_flight: 40e-6,
+            }),
+            stacks_fit: None,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cal.json");
+        let written = f.write(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let back = LoadedCalibration::read(&path).unwrap();
+        assert_eq!(back.sha1, written.sha1);
+        assert_eq!(back.sha1, sha1_hex(&bytes));
+        assert_eq!(back.sha1.len(), 40);
+        assert_eq!(back.bytes, bytes);
+        assert_eq!(
+            back.file.to_bytes().unwrap(),
+            bytes,
+            "written again: same bytes"
+        );
+        assert_eq!(back.file.ciphers, f.ciphers);
+        assert_eq!(back.file.costs, f.costs);
+        assert_eq!(
+            back.file.links.len(),
+            2,
+            "paper-regime's 64 ms and 8 ms links"
+        );
+        let p = &plan.points[0];
+        let c = back.file.link(p).unwrap();
+        assert_eq!((c.rtt_ms, c.socket_mb_s, c.cores_avail), (128.5, 2.42, 2.0));
+        assert_eq!(back.file.cipher(p), Some((10.82 * 1e6, 10.82 * 1e6)));
+        assert_eq!(back.file.measured_by.git_rev, "0123abc");
+        assert!(back.file.covers(&plan).is_ok());
+        // One byte more is another file.
+        let mut other = bytes.clone();
+        other.push(b'\n');
+        assert_ne!(
+            LoadedCalibration::from_bytes(other).unwrap().sha1,
+            back.sha1
+        );
+        let wrong = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replace(CALIBRATION_SCHEMA, "ipsan-lab-calibration/0");
+        assert!(LoadedCalibration::from_bytes(wrong.into_bytes()).is_err());
+        let mut none = f.clone();
+        none.cores_avail = 0.0;
+        assert!(LoadedCalibration::from_bytes(none.to_bytes().unwrap()).is_err());
+        assert!(LoadedCalibration::from_bytes(b"{}".to_vec()).is_err());
+    }
+
+    /// A file measured for one plan does not silently price another: the links and ciphers
+    /// it lacks are named before anything runs.
+    #[test]
+    fn rejects_a_plan_whose_links_or_ciphers_the_file_lacks() {
+        let regime = crate::plan::Plan::load("paper-regime").unwrap();
+        let quick = crate::plan::Plan::load("quick").unwrap();
+        let f = sample_file(&regime.points, 128.0, 2.42, 10.82);
+        let e = f.covers(&quick).unwrap_err().to_string();
+        assert!(e.contains("the link of"), "{e}");
+        assert!(e.contains("ipsan lab calibrate --plan quick"), "{e}");
+        // Same links, one cipher fewer.
+        let mut g = sample_file(&quick.points, 1.0, 100.0, 100.0);
+        g.ciphers.retain(|c| !c.cipher.starts_with("3des"));
+        let e = g.covers(&quick).unwrap_err().to_string();
+        assert!(e.contains("cipher rates of"), "{e}");
+    }
 
     #[test]
     fn loopback_rtt_and_socket_are_plausible() {

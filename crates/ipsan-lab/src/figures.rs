@@ -21,7 +21,7 @@ mod throughput;
 
 use aiken::{aiken, pathologies};
 use cpu::{cpu, fig16};
-use prediction::model_fig;
+use prediction::{model_fig, prediction_section};
 use throughput::{improvement, throughput_vs_block};
 
 use crate::fit::unimpaired;
@@ -222,7 +222,19 @@ pub fn all(dir: &Path, aggs: &[Agg], fonts: bool) -> Out {
     cpu(dir, &clean, fonts, &mut out);
     let rates = rates(dir, aggs);
     fig16(dir, &clean, &rates, fonts, &mut out);
-    model_fig(dir, aggs, &rates, fonts, &mut out);
+    // A run with `--calibration` keeps its file beside the records: the prediction comes
+    // from it alone, before the in-plan fit (an explanation, not a prediction).
+    let cal = crate::calibrate::LoadedCalibration::read(
+        &dir.join(crate::calibrate::CALIBRATION_IN_RESULTS),
+    );
+    match &cal {
+        Ok(c) => prediction_section(dir, aggs, c, fonts, &mut out),
+        Err(crate::calibrate::CalibrationError::Io { .. }) => {}
+        Err(e) => {
+            let _ = writeln!(out.md, "(No out-of-sample prediction: {e}.)\n");
+        }
+    }
+    model_fig(dir, aggs, &rates, cal.is_ok(), fonts, &mut out);
     aiken(dir, &clean, fonts, &mut out);
     if pathological {
         pathologies(dir, aggs, fonts, &mut out);
@@ -447,6 +459,172 @@ mod tests {
         let aggs2 = aggregate(&faster);
         let again = prediction::papers_eq(&aggs2[0], &rates).map(|x| x.0);
         assert_eq!(again, eq(0), "nothing is fitted to the measurement");
+    }
+
+    /// Records of seal OP-2, OP-4, OP-16, seal-seq, IPsec and plain at 64 ms, 64 KiB, run
+    /// with a calibration file of the 2008 paper's own inputs (RTT 128 ms, SOCKET 2.42 MB/s,
+    /// 3DES at 10.82 MB/s): the file as loaded, and the records carrying its SHA-1, with
+    /// measurements that no prediction should see (their own in-run calibration far off the
+    /// file's, CPU accounting, throughput).
+    fn calibrated_runs() -> (crate::calibrate::LoadedCalibration, Vec<Record>) {
+        let mut rs = vec![
+            rec(Scheme::Seal, 64.0, 65536, 2, 0.40),
+            rec(Scheme::Seal, 64.0, 65536, 4, 0.80),
+            rec(Scheme::Seal, 64.0, 65536, 16, 1.5),
+            rec(Scheme::SealSeq, 64.0, 65536, 1, 0.22),
+            rec(Scheme::Ipsec, 64.0, 65536, 1, 0.20),
+            rec(Scheme::Plain, 64.0, 65536, 1, 0.45),
+        ];
+        let points: Vec<_> = rs.iter().map(|r| r.point.clone()).collect();
+        let mut f = crate::calibrate::sample_file(&points, 128.0, 2.42, 10.82);
+        // IPsec's charons as the cost runs measured them.
+        f.costs.ipsec_rates.push(crate::fit::StoredIpsecRate {
+            direction: Direction::Write,
+            cipher: "3des-cbc-hmac-sha1".into(),
+            enc_bytes_per_cpu_s: 19e6,
+            dec_bytes_per_cpu_s: 20e6,
+        });
+        let cal = crate::calibrate::LoadedCalibration::from_bytes(f.to_bytes().unwrap()).unwrap();
+        for (k, r) in rs.iter_mut().enumerate() {
+            r.calibration_sha1 = cal.sha1.clone();
+            // What the run itself measured: none of it may enter the prediction.
+            r.calibration = Some(crate::results::Calibration {
+                rtt_ms: 1.0,
+                socket_mb_s: 900.0,
+                cores_avail: 0.3,
+                ..Default::default()
+            });
+            r.enc_mb_s = 500.0;
+            r.dec_mb_s = 500.0;
+            r.cpu_initiator_pct = 30.0 + k as f64;
+            r.cpu_target_pct = 40.0;
+            r.cpu_emulator_pct = 20.0;
+            r.cpu_tunnel_ini_pct = 25.0;
+            r.cpu_tunnel_tgt_pct = 25.0;
+            r.cpu_tunnel_pct = 50.0;
+        }
+        (cal, rs)
+    }
+
+    /// A run with `--calibration` is predicted from the file alone: building the prediction
+    /// never reads the plan's runs for a fit (the counter every in-run fit bumps stays at 0,
+    /// and does count when the in-plan fit runs), and changing everything the runs measured
+    /// (throughput, CPU, their own calibration, cipher rates) changes no prediction. Records
+    /// run with another file (or none) are left out.
+    #[test]
+    fn prediction_with_a_calibration_never_calls_the_in_run_fit() {
+        let (cal, rs) = calibrated_runs();
+        let aggs = aggregate(&rs);
+        crate::fit::IN_RUN_FITS.with(|c| c.set(0));
+        let rows = prediction::out_of_sample(&aggs, &cal);
+        assert_eq!(
+            crate::fit::IN_RUN_FITS.with(|c| c.get()),
+            0,
+            "the prediction fitted costs over the plan's runs"
+        );
+        assert_eq!(rows.len(), 6);
+        assert!(rows.iter().all(|r| r.ipsan.is_some()), "every point priced");
+        // The counter is live: the in-plan fit (the explanation) does read the runs.
+        let _ = crate::fit::rates_from_records(&aggs);
+        assert!(crate::fit::IN_RUN_FITS.with(|c| c.get()) > 0);
+        let predictions = |rows: &[prediction::OutOfSample]| {
+            rows.iter()
+                .map(|r| (r.papers.map(|x| x.0), r.ipsan.as_ref().map(|x| x.0)))
+                .collect::<Vec<_>>()
+        };
+        let mut changed = rs.clone();
+        for r in &mut changed {
+            r.throughput_mb_s *= 10.0;
+            r.cpu_initiator_pct *= 3.0;
+            r.cpu_target_pct *= 0.1;
+            r.cpu_emulator_pct = 90.0;
+            r.cpu_tunnel_ini_pct = 5.0;
+            r.enc_mb_s = 1.0;
+            r.dec_mb_s = 1.0;
+            r.calibration = Some(crate::results::Calibration {
+                rtt_ms: 500.0,
+                socket_mb_s: 0.5,
+                cores_avail: 1.9,
+                ..Default::default()
+            });
+        }
+        let again = prediction::out_of_sample(&aggregate(&changed), &cal);
+        assert_eq!(predictions(&again), predictions(&rows));
+        // Measured against: the new medians.
+        assert!((again[0].agg.median - 4.0).abs() < 1e-9);
+        let mut other = rs.clone();
+        other[0].calibration_sha1 = "0".repeat(40);
+        other[1].calibration_sha1.clear();
+        assert_eq!(prediction::out_of_sample(&aggregate(&other), &cal).len(), 4);
+    }
+
+    /// The numbers for a fixed calibration (RTT 128 ms, SOCKET 2.42 MB/s, ENC = DEC =
+    /// 10.82 MB/s, 64 KiB two-round-trip writes), by hand:
+    /// Eq. 3 = 65536 / (0.256 + 65536/2.42e6 + 2·65536/10.82e6) = 0.222009 MB/s;
+    /// Eq. 4 = 65536 / (0.128 + 65536/2.42e6 + 65536/10.82e6) = 0.406707 MB/s;
+    /// Eq. 6 n = (0.256 + 65536/10.82e6) / (65536/10.82e6 + 65536/2.42e6) = 7.908
+    /// (the paper's 7.9 at 64 KB), so OP-4 = 2 × Eq. 4 = 0.813415 and OP-16 stops at n:
+    /// n/2 × Eq. 4 = 1.608135 MB/s. ipsan's model at one command is Eq. 3 too (its cycle is
+    /// Eq. 1's; two cores and no carrier costs do not bind).
+    #[test]
+    fn predicts_hand_computed_eq3_eq4_eq6_values_from_a_fixed_calibration() {
+        let (cal, rs) = calibrated_runs();
+        let rows = prediction::out_of_sample(&aggregate(&rs), &cal);
+        let get = |scheme: Scheme, depth: u32| {
+            rows.iter()
+                .find(|r| r.agg.rec.point.scheme == scheme && r.agg.rec.depth_used == depth)
+                .unwrap()
+        };
+        let close = |got: f64, want: f64| (got - want).abs() < 5e-6;
+        let eq = |scheme, depth| get(scheme, depth).papers.unwrap();
+        assert!(
+            close(eq(Scheme::SealSeq, 1).0, 0.222009),
+            "{:?}",
+            eq(Scheme::SealSeq, 1)
+        );
+        assert_eq!(eq(Scheme::SealSeq, 1).1, "2008 Eq. 3");
+        assert!(
+            close(eq(Scheme::Seal, 2).0, 0.406707),
+            "{:?}",
+            eq(Scheme::Seal, 2)
+        );
+        assert!(
+            close(eq(Scheme::Seal, 4).0, 0.813415),
+            "{:?}",
+            eq(Scheme::Seal, 4)
+        );
+        assert!(
+            close(eq(Scheme::Seal, 16).0, 1.608135),
+            "{:?}",
+            eq(Scheme::Seal, 16)
+        );
+        let ipsan_seq = get(Scheme::SealSeq, 1).ipsan.clone().unwrap();
+        assert!(close(ipsan_seq.0, 0.222009), "{ipsan_seq:?}");
+        assert_eq!(ipsan_seq.1, "depth");
+        // The papers modelled neither IPsec nor plain iSCSI; ipsan's model prices both.
+        assert!(get(Scheme::Ipsec, 1).papers.is_none());
+        assert!(get(Scheme::Plain, 1).papers.is_none());
+        assert!(get(Scheme::Plain, 1).ipsan.is_some());
+        // In the report: the section, its table and every point's CSV row.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(crate::calibrate::CALIBRATION_IN_RESULTS),
+            &cal.bytes,
+        )
+        .unwrap();
+        let out = all(dir.path(), &aggregate(&rs), false);
+        assert!(out.md.contains("Prediction, out of sample"), "{}", out.md);
+        assert!(out.md.contains(&cal.sha1));
+        assert!(
+            out.md
+                .contains("| 2008 Fig. 10, 11, 16: writes, 64 ms | seal 3DES |"),
+            "{}",
+            out.md
+        );
+        assert!(out.md.contains("an explanation, not a prediction"));
+        let csv = std::fs::read_to_string(dir.path().join("prediction.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 7, "{csv}");
+        assert!(csv.contains(",0.222,"), "{csv}");
     }
 
     /// The papers' numbers are 3DES: an AES plan's figures (the demo's, depth auto's) carry

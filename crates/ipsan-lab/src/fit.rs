@@ -60,12 +60,183 @@ impl Unit {
 
 /// One process group's CPU as `s_per_byte·bytes + s_per_flight·flights` ([`fit_cost`];
 /// flights: [`model::Carrier`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Cost {
     /// CPU-seconds per payload byte.
     pub s_per_byte: f64,
     /// CPU-seconds per flight of a command beyond its bytes.
     pub s_per_flight: f64,
+}
+
+/// A scheme's carrier costs as a calibration file keeps them ([`StoredCosts`]): per scheme
+/// and delay class, the per-byte medians of [`carrier_costs`] and the fits of
+/// [`carrier_fits`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredCarrier {
+    /// Scheme name.
+    pub scheme: String,
+    /// Runs with a delay (the emulator's delay line) or without.
+    pub delayed: bool,
+    /// The emulator's CPU-seconds per byte, median.
+    pub emulator_s_per_byte: f64,
+    /// The initiator's + target's CPU-seconds per byte, median.
+    pub stacks_s_per_byte: f64,
+    /// The emulator's per-byte + per-flight fit, where the runs separate them.
+    pub emulator_fit: Option<Cost>,
+    /// The stacks' per-byte + per-flight fit.
+    pub stacks_fit: Option<Cost>,
+}
+
+/// IPsec's charon rates per CPU-second as a calibration file keeps them ([`ipsec_rates`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredIpsecRate {
+    /// Write or read.
+    pub direction: Direction,
+    /// Cipher.
+    pub cipher: String,
+    /// The sending charon, bytes per CPU-second.
+    pub enc_bytes_per_cpu_s: f64,
+    /// The receiving charon, bytes per CPU-second.
+    pub dec_bytes_per_cpu_s: f64,
+}
+
+/// IPsec's charons' per-byte + per-flight fits as a calibration file keeps them
+/// ([`ipsec_fits`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredIpsecFit {
+    /// Write or read.
+    pub direction: Direction,
+    /// Cipher.
+    pub cipher: String,
+    /// Runs with a delay or without.
+    pub delayed: bool,
+    /// The sending charon.
+    pub send: Cost,
+    /// The receiving charon.
+    pub recv: Cost,
+}
+
+/// The costs the model's CPU cap is priced with, fitted over a calibration's own short runs
+/// (never the plan's it predicts) and kept in the calibration file
+/// ([`crate::calibrate::CalibrationFile`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredCosts {
+    /// Per scheme and delay class.
+    pub carriers: Vec<StoredCarrier>,
+    /// IPsec's charon rates per direction and cipher.
+    pub ipsec_rates: Vec<StoredIpsecRate>,
+    /// IPsec's charons' fits per direction, cipher and delay class.
+    pub ipsec_fits: Vec<StoredIpsecFit>,
+}
+
+impl StoredCosts {
+    /// The costs [`rates_from_records`] fits over `aggs` (the calibration's cost runs), in
+    /// the file's form; entries with a non-finite number are left out.
+    pub fn from_runs(aggs: &[Agg]) -> StoredCosts {
+        let r = rates_from_records(aggs);
+        let ok = |c: &Cost| c.s_per_byte.is_finite() && c.s_per_flight.is_finite();
+        let carriers = r
+            .carrier
+            .iter()
+            .filter(|(_, (e, s))| e.is_finite() && s.is_finite())
+            .map(|((scheme, delayed), (e, s))| {
+                let (ef, sf) = r
+                    .carrier_fit
+                    .get(&(scheme.clone(), *delayed))
+                    .copied()
+                    .unwrap_or((None, None));
+                StoredCarrier {
+                    scheme: scheme.clone(),
+                    delayed: *delayed,
+                    emulator_s_per_byte: *e,
+                    stacks_s_per_byte: *s,
+                    emulator_fit: ef.filter(ok),
+                    stacks_fit: sf.filter(ok),
+                }
+            })
+            .collect();
+        let ipsec_rates = r
+            .ipsec
+            .iter()
+            .filter(|(_, (e, d))| e.is_finite() && d.is_finite() && *e > 0.0 && *d > 0.0)
+            .map(|((direction, cipher), (e, d))| StoredIpsecRate {
+                direction: *direction,
+                cipher: cipher.clone(),
+                enc_bytes_per_cpu_s: *e,
+                dec_bytes_per_cpu_s: *d,
+            })
+            .collect();
+        let ipsec_fits = r
+            .ipsec_fit
+            .iter()
+            .filter(|(_, (s, v))| ok(s) && ok(v))
+            .map(
+                |((direction, cipher, delayed), (send, recv))| StoredIpsecFit {
+                    direction: *direction,
+                    cipher: cipher.clone(),
+                    delayed: *delayed,
+                    send: *send,
+                    recv: *recv,
+                },
+            )
+            .collect();
+        StoredCosts {
+            carriers,
+            ipsec_rates,
+            ipsec_fits,
+        }
+    }
+}
+
+impl Rates {
+    /// The rates and costs of a calibration file and nothing else: seal's ENC/DEC from its
+    /// cipher rates, the best SOCKET of its links, the carriers' and charons' costs from its
+    /// cost runs. No record of any plan is read (the out-of-sample prediction).
+    pub fn from_calibration(cal: &crate::calibrate::CalibrationFile) -> Rates {
+        let mut r = Rates::default();
+        for c in &cal.ciphers {
+            r.enc.insert(
+                (c.cipher.clone(), c.size),
+                (c.enc_bytes_per_cpu_s, c.dec_bytes_per_cpu_s),
+            );
+        }
+        r.socket = cal
+            .links
+            .iter()
+            .map(|l| l.calibration.socket_mb_s * 1e6)
+            .filter(|s| s.is_finite())
+            .fold(0.0, f64::max);
+        for c in &cal.costs.carriers {
+            let k = (c.scheme.clone(), c.delayed);
+            r.carrier
+                .insert(k.clone(), (c.emulator_s_per_byte, c.stacks_s_per_byte));
+            r.carrier_fit.insert(k, (c.emulator_fit, c.stacks_fit));
+        }
+        for c in &cal.costs.ipsec_rates {
+            r.ipsec.insert(
+                (c.direction, c.cipher.clone()),
+                (c.enc_bytes_per_cpu_s, c.dec_bytes_per_cpu_s),
+            );
+        }
+        for c in &cal.costs.ipsec_fits {
+            r.ipsec_fit
+                .insert((c.direction, c.cipher.clone(), c.delayed), (c.send, c.recv));
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How often this thread read a plan's runs to fit costs (tests: the out-of-sample
+    /// prediction must never).
+    pub(crate) static IN_RUN_FITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one reading of runs' CPU accounting for a fit (tests only).
+fn reads_runs() {
+    #[cfg(test)]
+    IN_RUN_FITS.with(|c| c.set(c.get() + 1));
 }
 
 /// (payload bytes per flight, CPU-seconds per byte) of a plan's runs, for [`fit_cost`].
@@ -189,6 +360,7 @@ pub fn rates(dir: &Path, aggs: &[Agg]) -> Rates {
 /// [`Rates`] from the records alone (nothing read or measured): what a plan's runs measured,
 /// so that one plan's rates can predict another's points (out of sample).
 pub fn rates_from_records(aggs: &[Agg]) -> Rates {
+    reads_runs();
     let mut r = Rates {
         ipsec: ipsec_rates(aggs),
         carrier: carrier_costs(aggs),
@@ -284,6 +456,7 @@ pub(crate) fn unimpaired(a: &Agg) -> bool {
 /// emulator and of the initiator + target: what [`carrier_costs`] takes the medians of and
 /// [`carrier_fits`] fits. Only runs on an [`unimpaired`] link count.
 fn carrier_samples(aggs: &[Agg], unit: Unit) -> BTreeMap<(String, bool), (Runs, Runs)> {
+    reads_runs();
     let mut v: BTreeMap<(String, bool), (Runs, Runs)> = BTreeMap::new();
     for a in aggs.iter().filter(|a| unimpaired(a)) {
         let r = &a.rec;
@@ -310,6 +483,7 @@ fn carrier_samples(aggs: &[Agg], unit: Unit) -> BTreeMap<(String, bool), (Runs, 
 /// per-flight part is ESP's cost for each flight's first, small packets. Only where both fits are
 /// physical, and only from runs on an [`unimpaired`] link.
 pub fn ipsec_fits(aggs: &[Agg], unit: Unit) -> BTreeMap<(Direction, String, bool), (Cost, Cost)> {
+    reads_runs();
     let mut v: BTreeMap<(Direction, String, bool), (Runs, Runs)> = BTreeMap::new();
     for a in aggs
         .iter()
@@ -495,6 +669,7 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
 /// median over the plan's IPsec runs of throughput ÷ the sending (receiving) host's charon
 /// CPU fraction (runs on an [`unimpaired`] link only).
 pub fn ipsec_rates(aggs: &[Agg]) -> BTreeMap<(Direction, String), (f64, f64)> {
+    reads_runs();
     let mut v: BTreeMap<(Direction, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for a in aggs
         .iter()

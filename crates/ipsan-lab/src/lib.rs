@@ -6,7 +6,9 @@
 //! - [`plan`]: the TOML plan format (a matrix over direction, delay, impairments, block,
 //!   depth, cipher, pipeline, scheme, backend, iSCSI parameters, congestion control) and the
 //!   built-in plans in `plans/`.
-//! - [`calibrate`]: RTT ping-pong, bulk-TCP SOCKET and cipher ENC/DEC microbenchmarks.
+//! - [`calibrate`]: RTT ping-pong, bulk-TCP SOCKET and cipher ENC/DEC microbenchmarks, and
+//!   the calibration file (`ipsan lab calibrate`; [`runner::calibrate_plan`]) whose inputs a
+//!   run with `--calibration` fixes before it starts and the report predicts from alone.
 //! - [`esp`]: `esp-emu`, the emulator stage doing ESP's per-packet 3DES + HMAC-SHA1-96.
 //! - [`ipsec`]: the `ipsec` scheme: strongSwan's charon with userspace ESP per namespace.
 //! - [`guard`]: children die with the lab (PR_SET_PDEATHSIG); Ctrl-C removes its namespaces.
@@ -19,7 +21,9 @@
 //!   file per figure family under `figures/`.
 //! - [`fit`]: the costs the model is priced with on this machine (calibrated cipher rates,
 //!   per-byte + per-flight carrier and charon costs fitted over a plan's runs) and
-//!   [`fit::model_here`], the model's prediction for a measured point.
+//!   [`fit::model_here`], the model for a point: fitted on the plan's runs (an
+//!   explanation), or priced from a calibration file alone ([`fit::Rates::from_calibration`],
+//!   the out-of-sample prediction).
 //! - [`plot`]: line charts (log axes, min–max bars, legend outside) and grouped bars.
 //! - [`timeline`]: the per-command timeline drawn from `ipsan bench --trace` files, read with
 //!   `ipsan_bench::trace`.

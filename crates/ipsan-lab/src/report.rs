@@ -737,9 +737,11 @@ fn ratios(aggs: &[Agg]) -> String {
             s,
             "\nThe runner's own model (each run's `model_mb_s`: the papers' model with idle cores \
              per host, their assumption, which two shared vCPUs do not meet), measured vs \
-             predicted over {} points: median |error| {:.0} %, median signed {:+.0} %. The model \
-             this report is judged by, with the CPU the runs got, is in \"The model on this \
-             machine\" below, where the plan has points it can price.\n",
+             predicted over {} points: median |error| {:.0} %, median signed {:+.0} %. The \
+             prediction out of sample, from a calibration file measured before the plan, is in \
+             \"Prediction, out of sample\" below when the plan ran with one (`ipsan lab run \
+             --calibration`); the same model fitted on this plan's runs, an explanation, in \
+             \"The model fitted on this plan's runs\".\n",
             errs.len(),
             median(&mut abs),
             median(&mut errs)

@@ -194,6 +194,10 @@ pub struct Record {
     pub kernel_tcp: std::collections::BTreeMap<String, i64>,
     /// Calibration.
     pub calibration: Option<Calibration>,
+    /// SHA-1 of the calibration file the run's inputs came from (`ipsan lab run
+    /// --calibration`); empty when the run calibrated its own link.
+    #[serde(default)]
+    pub calibration_sha1: String,
     /// ENC for the model, MB/s.
     #[serde(deserialize_with = "f64_or_nan")]
     pub enc_mb_s: f64,
@@ -272,6 +276,7 @@ impl Record {
             tcp: None,
             kernel_tcp: std::collections::BTreeMap::new(),
             calibration: None,
+            calibration_sha1: String::new(),
             enc_mb_s: f64::NAN,
             dec_mb_s: f64::NAN,
             model_mb_s: f64::NAN,

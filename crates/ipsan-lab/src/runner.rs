@@ -29,6 +29,7 @@ mod link;
 mod process;
 
 use iperf3::iperf3;
+pub use link::cipher_key;
 use link::{calibrate_link, enc_dec, LabLink, LinkCounters};
 use process::{free_port, run_bounded, spawn_watch, wait_line, Procs};
 pub use process::{help_mentions, proc_cpu_s};
@@ -46,6 +47,9 @@ pub struct RunConfig {
     pub link_name: String,
     /// Third octet of the link's /24 in 10.231.0.0/16 (the WireGuard tunnel uses the next).
     pub subnet: u8,
+    /// A calibration file (`ipsan lab run --calibration`): its RTT, SOCKET and cipher rates
+    /// replace the per-link calibration and cipher benchmarks, fixed before any run starts.
+    pub calibration: Option<Arc<crate::calibrate::LoadedCalibration>>,
 }
 
 impl RunConfig {
@@ -62,6 +66,7 @@ impl RunConfig {
             progress: true,
             link_name: crate::guard::link_name_for_pid(pid),
             subnet: 200 + ((pid % 25) * 2) as u8,
+            calibration: None,
         }
     }
 }
@@ -71,9 +76,25 @@ const PORT: u16 = 3260;
 const TLS_PORT: u16 = 3261;
 const WG_PORT: u16 = 51820;
 
-/// Runs `plan`, writing results as it goes; returns every record.
+/// The key of a point's link: points that share it run on one link and share its
+/// calibration (esp-emu's link has the ESP stage in it, so it is its own).
+pub fn link_group_key(p: &Point) -> String {
+    format!("{}|{}", p.link_key(), p.scheme == Scheme::EspEmu)
+}
+
+/// Runs `plan`, writing results as it goes; returns every record. With
+/// [`RunConfig::calibration`], every input of the models comes from that file (checked to
+/// cover the plan before the first run), which is copied into the output directory.
 pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     std::fs::create_dir_all(&cfg.out)?;
+    let fixed = cfg.calibration.as_deref();
+    if let Some(c) = fixed {
+        c.file.covers(plan).map_err(std::io::Error::other)?;
+        std::fs::write(
+            cfg.out.join(crate::calibrate::CALIBRATION_IN_RESULTS),
+            &c.bytes,
+        )?;
+    }
     // The resolved plan, so the results say exactly what was run.
     let plan_json = serde_json::to_string_pretty(plan).map_err(std::io::Error::other)?;
     std::fs::write(cfg.out.join("plan.json"), plan_json + "\n")?;
@@ -94,7 +115,7 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     let mut done = 0usize;
     let mut groups: Vec<(String, Vec<(&Point, u32)>)> = Vec::new();
     for (i, p) in plan.points.iter().enumerate() {
-        let key = format!("{}|{}", p.link_key(), p.scheme == Scheme::EspEmu);
+        let key = link_group_key(p);
         let entry = (p, plan.repetitions_of(i));
         match groups.last_mut() {
             Some((k, v)) if *k == key => v.push(entry),
@@ -123,9 +144,15 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
         } else {
             Ok(None)
         };
-        let calib = match &env_ctx {
-            Ok(l) => calibrate_link(l.as_ref(), first),
-            Err(e) => Err(e.clone()),
+        let calib = match (&env_ctx, fixed) {
+            (Err(e), _) => Err(e.clone()),
+            // Checked by `covers` above.
+            (Ok(_), Some(c)) => c
+                .file
+                .link(first)
+                .cloned()
+                .ok_or_else(|| "the calibration file has no entry for this link".to_string()),
+            (Ok(l), None) => calibrate_link(l.as_ref(), first),
         };
         for &(p, point_reps) in points {
             for rep in reps.clone().take_while(|&r| r < point_reps) {
@@ -150,7 +177,13 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
                     }
                     (Ok(link), Ok(c)) => {
                         rec.calibration = Some(c.clone());
-                        let enc = enc_dec(&mut enc_cache, p);
+                        let enc = match fixed {
+                            Some(f) => {
+                                rec.calibration_sha1 = f.sha1.clone();
+                                f.file.cipher(p).unwrap_or((f64::NAN, f64::NAN))
+                            }
+                            None => enc_dec(&mut enc_cache, p),
+                        };
                         let ctx = RunCtx {
                             cfg,
                             plan,
@@ -193,6 +226,229 @@ pub fn run_plan(plan: &Plan, cfg: &RunConfig) -> std::io::Result<Vec<Record>> {
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(records)
+}
+
+/// The block sizes of the calibration's cost runs: three, so that [`crate::fit::fit_cost`]
+/// can tell a carrier's cost per byte from its cost per flight.
+pub const COST_BLOCKS: [u64; 3] = [64 << 10, 256 << 10, 1 << 20];
+
+/// The separate short runs a calibration fits the carriers' costs over
+/// ([`crate::fit::StoredCosts`]): for each scheme, direction, cipher, iSCSI mode and backend of
+/// `plan` (plain too wherever seal is: seal's stacks are priced as plain iSCSI's) and each
+/// delay class (none / some), one run per [`COST_BLOCKS`] size on the plan's unimpaired link of
+/// the shortest delay in that class, one command in flight (seal: four, pipelined). One
+/// repetition each, the plan's run time. Some may have the settings of a plan point (IPsec at
+/// one command), but they are other runs, made before the plan's: nothing the plan will
+/// measure enters the costs.
+pub fn cost_plan(plan: &Plan) -> Plan {
+    let clean = |p: &&Point| p.loss + p.reorder + p.corrupt == 0.0 && p.scheme != Scheme::EspEmu;
+    let link_of = |delayed: bool| {
+        plan.points
+            .iter()
+            .filter(clean)
+            .filter(|p| (p.delay_ms > 0.0) == delayed)
+            .min_by(|a, b| a.delay_ms.total_cmp(&b.delay_ms))
+    };
+    let mut points: Vec<Point> = Vec::new();
+    for p in &plan.points {
+        if p.scheme == Scheme::Iperf3 {
+            continue;
+        }
+        let Some(link) = link_of(p.delay_ms > 0.0) else {
+            continue;
+        };
+        let mut schemes = vec![p.scheme];
+        if p.scheme.is_seal() {
+            schemes.push(Scheme::Plain);
+        }
+        for scheme in schemes {
+            for block in COST_BLOCKS {
+                let q = Point {
+                    delay_ms: link.delay_ms,
+                    rate_mbit: link.rate_mbit,
+                    loss: 0.0,
+                    reorder: 0.0,
+                    corrupt: 0.0,
+                    cc: link.cc.clone(),
+                    block,
+                    depth: Depth::Fixed(if scheme == Scheme::Seal { 4 } else { 1 }),
+                    cipher: if scheme == Scheme::Plain {
+                        "aes-256-gcm".into()
+                    } else {
+                        p.cipher.clone()
+                    },
+                    pipeline: scheme != Scheme::SealSeq,
+                    scheme,
+                    ..p.clone()
+                };
+                if !points.contains(&q) {
+                    points.push(q);
+                }
+            }
+        }
+    }
+    // One link per delay class (esp-emu's its own): the points without a delay first.
+    points.sort_by_key(|p| (p.delay_ms > 0.0, link_group_key(p)));
+    Plan {
+        name: format!("{}-costs", plan.name),
+        description: format!(
+            "The carriers' cost runs of a calibration for plan {} (ipsan lab calibrate)",
+            plan.name
+        ),
+        repetitions: 1,
+        point_repetitions: vec![1; points.len()],
+        points,
+        steady: false,
+        fresh_link: false,
+        timeline: None,
+        ..plan.clone()
+    }
+}
+
+/// `ipsan lab calibrate`: measures every input the models need for `plan` before it runs —
+/// each link's RTT, SOCKET and available cores (brought up as the plan's run would), each
+/// cipher's ENC/DEC per CPU-second, and the carriers' and IPsec's charons' costs over the
+/// separate runs of [`cost_plan`], whose records go to `cfg.out`. Links that need root are
+/// left out without it (a run with the file then refuses the plan, naming them).
+pub fn calibrate_plan(
+    plan: &Plan,
+    cfg: &RunConfig,
+) -> std::io::Result<crate::calibrate::CalibrationFile> {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    let started_unix_s = now();
+    let measured_by = Environment::detect(&cfg.exe);
+    let root = ipsan_wan::link::is_root();
+    if root {
+        for ns in crate::guard::sweep_stale() {
+            tracing::info!("removed {ns}, left behind by a lab that was killed");
+        }
+    }
+    let mut links: Vec<crate::calibrate::LinkCalibration> = Vec::new();
+    let mut cores: Vec<f64> = Vec::new();
+    for p in &plan.points {
+        let key = link_group_key(p);
+        if links.iter().any(|l| l.link == key) {
+            continue;
+        }
+        let label = format!(
+            "{} ms one way{}{}{}",
+            p.delay_ms,
+            if p.rate_mbit > 0.0 {
+                format!(", {} Mbit/s", p.rate_mbit)
+            } else {
+                String::new()
+            },
+            if p.loss + p.reorder + p.corrupt > 0.0 {
+                format!(
+                    ", loss {} reorder {} corrupt {}",
+                    p.loss, p.reorder, p.corrupt
+                )
+            } else {
+                String::new()
+            },
+            if p.scheme == Scheme::EspEmu {
+                ", esp-emu stage"
+            } else {
+                ""
+            }
+        );
+        if cfg.progress {
+            eprint!("\r\x1b[2Klab calibrate: link {label}");
+        }
+        let needs_ns = p.delay_ms > 0.0
+            || p.loss + p.reorder + p.corrupt > 0.0
+            || p.rate_mbit > 0.0
+            || matches!(p.scheme, Scheme::EspEmu | Scheme::Iperf3)
+            || p.scheme.lower_layer();
+        let link = if root {
+            Some(LabLink::up(p, cfg, plan.queue).map_err(std::io::Error::other)?)
+        } else if needs_ns {
+            tracing::warn!("calibrate: the link {label} needs root; left out");
+            continue;
+        } else {
+            None
+        };
+        let c = calibrate_link(link.as_ref(), p);
+        if let Some(l) = link {
+            l.down();
+        }
+        crate::guard::stop_point();
+        let c = c.map_err(|e| std::io::Error::other(format!("calibrating {label}: {e}")))?;
+        if c.cores_avail.is_finite() {
+            cores.push(c.cores_avail);
+        }
+        links.push(crate::calibrate::LinkCalibration {
+            link: key,
+            label,
+            calibration: c,
+        });
+    }
+    let mut cache: BTreeMap<(String, u64), (f64, f64)> = BTreeMap::new();
+    let mut ciphers = Vec::new();
+    for p in &plan.points {
+        let Some((cipher, size)) = cipher_key(p) else {
+            continue;
+        };
+        if cache.contains_key(&(cipher.clone(), size)) {
+            continue;
+        }
+        if cfg.progress {
+            eprint!("\r\x1b[2Klab calibrate: {cipher} at {size} bytes");
+        }
+        let (enc, dec) = enc_dec(&mut cache, p);
+        if enc.is_finite() && dec.is_finite() && enc > 0.0 && dec > 0.0 {
+            ciphers.push(crate::calibrate::CipherRate {
+                cipher,
+                size,
+                enc_bytes_per_cpu_s: enc,
+                dec_bytes_per_cpu_s: dec,
+            });
+        }
+    }
+    let costs_plan = cost_plan(plan);
+    let records = if costs_plan.points.is_empty() {
+        Vec::new()
+    } else {
+        let costs_cfg = RunConfig {
+            calibration: None,
+            ..cfg.clone()
+        };
+        run_plan(&costs_plan, &costs_cfg)?
+    };
+    let ok = records.iter().filter(|r| r.status == Status::Ok).count();
+    let costs = crate::fit::StoredCosts::from_runs(&crate::report::aggregate(&records));
+    let cores_avail = if cores.is_empty() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        calibrate::available_cores(cpus, Duration::from_millis(500))
+    } else {
+        crate::report::median(&mut cores)
+    };
+    Ok(crate::calibrate::CalibrationFile {
+        schema: crate::calibrate::CALIBRATION_SCHEMA.into(),
+        plan: plan.name.clone(),
+        loadavg_end: std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        started_unix_s,
+        finished_unix_s: now(),
+        // Without schedstat (no reading): the online CPUs, as if idle.
+        cores_avail: if cores_avail.is_finite() && cores_avail > 0.0 {
+            cores_avail
+        } else {
+            measured_by.cpus.max(1) as f64
+        },
+        links,
+        ciphers,
+        costs,
+        cost_runs: cfg.out.display().to_string(),
+        measured_by,
+        cost_runs_ok: (ok, records.len()),
+    })
 }
 
 /// The passes over a plan's links: each brings one link up, runs its points' repetitions in
@@ -816,6 +1072,33 @@ mod tests {
         let count = |k: &str| fresh.iter().filter(|(g, _)| g == k).count();
         assert_eq!((count("a2ms+b2ms"), count("a64ms")), (5, 2));
         assert_eq!(fresh.last(), Some(&("a2ms+b2ms".to_string(), 4..5)));
+    }
+
+    /// paper-regime's calibration prices its carriers on separate runs: seal, plain (seal's
+    /// stacks) and IPsec, each at the three cost blocks, on its shortest delayed link (8 ms,
+    /// 80 Mbit/s), one command in flight (seal four).
+    #[test]
+    fn cost_runs_are_separate_short_runs_on_the_plans_links() {
+        let plan = Plan::load("paper-regime").unwrap();
+        let c = cost_plan(&plan);
+        assert_eq!(c.points.len(), 9, "{:#?}", c.points);
+        assert_eq!(c.point_repetitions, vec![1; 9]);
+        assert!(c.timeline.is_none());
+        for p in &c.points {
+            assert_eq!((p.delay_ms, p.rate_mbit), (8.0, 80.0));
+            assert!(COST_BLOCKS.contains(&p.block));
+            let want = if p.scheme == Scheme::Seal { 4 } else { 1 };
+            assert_eq!(p.depth, Depth::Fixed(want));
+        }
+        for s in [Scheme::Seal, Scheme::Plain, Scheme::Ipsec] {
+            assert_eq!(c.points.iter().filter(|p| p.scheme == s).count(), 3);
+        }
+        // quick: both delay classes, the zero-delay link first; no iperf3 anywhere.
+        let q = cost_plan(&Plan::load("quick").unwrap());
+        assert!(q.points.iter().all(|p| p.scheme != Scheme::Iperf3));
+        assert_eq!(q.points[0].delay_ms, 0.0);
+        assert!(q.points.iter().any(|p| p.delay_ms == 8.0));
+        assert!(q.points.iter().all(|p| p.delay_ms != 64.0));
     }
 
     #[test]

@@ -183,19 +183,27 @@ pub(in crate::runner) fn calibrate_link(
     })
 }
 
-/// ENC/DEC for the scheme: seal's cipher at the block size; per-packet ciphers at a
-/// 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own stage.
-pub(in crate::runner) fn enc_dec(
-    cache: &mut BTreeMap<(String, u64), (f64, f64)>,
-    p: &Point,
-) -> (f64, f64) {
-    let (cipher, size) = match p.scheme {
-        Scheme::Plain | Scheme::Iperf3 => return (f64::INFINITY, f64::INFINITY),
+/// The cipher and size whose ENC/DEC a point's model uses: seal's cipher at the block size;
+/// per-packet ciphers at a 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own
+/// stage. `None` without encryption.
+pub fn cipher_key(p: &Point) -> Option<(String, u64)> {
+    Some(match p.scheme {
+        Scheme::Plain | Scheme::Iperf3 => return None,
         Scheme::Seal | Scheme::SealSeq => (p.cipher.clone(), p.block),
         Scheme::Wireguard => ("chacha20-poly1305".to_string(), 1536),
         Scheme::Tls => (tls_cipher(&p.cipher).0.to_string(), 16384),
         Scheme::Ipsec => (p.cipher.clone(), 1536),
         Scheme::EspEmu => ("esp-emu".to_string(), 1400),
+    })
+}
+
+/// ENC/DEC for the scheme ([`cipher_key`]), measured per CPU-second once per key.
+pub(in crate::runner) fn enc_dec(
+    cache: &mut BTreeMap<(String, u64), (f64, f64)>,
+    p: &Point,
+) -> (f64, f64) {
+    let Some((cipher, size)) = cipher_key(p) else {
+        return (f64::INFINITY, f64::INFINITY);
     };
     *cache.entry((cipher.clone(), size)).or_insert_with(|| {
         if cipher == "esp-emu" {
