@@ -330,6 +330,48 @@ fn rejects_joining_a_level_0_session_after_its_last_connection_died() {
     });
 }
 
+/// Tasks nobody reassigns keep the session only DefaultTime2Wait + DefaultTime2Retain: then it
+/// ends, and a login naming its TSIH is refused.
+#[test]
+fn rejects_joining_a_level_2_session_after_time2wait_and_time2retain_ran_out() {
+    bounded(30, async {
+        let t = start(2).await;
+        let addr = t.addrs[0];
+        let mut a = Raw::connect(addr).await;
+        let keys = [
+            ("ErrorRecoveryLevel", "2"),
+            ("InitialR2T", "Yes"),
+            ("DefaultTime2Wait", "0"),
+            ("DefaultTime2Retain", "1"),
+        ];
+        let ans = a.login_join(INITIATOR, ISID, 0, 1, &keys).await;
+        assert!(ans.ok(), "{ans:?}");
+        let secs = |k: &str| -> u64 { ans.key(k).map_or(0, |v| v.parse().unwrap()) };
+        let keep = secs("DefaultTime2Wait") + secs("DefaultTime2Retain");
+        assert!(
+            keep <= 3,
+            "the negotiated Time2Wait + Time2Retain: {keep} s"
+        );
+        let tsih = ans.header.tsih;
+        let cmd = a.command(0x100, write16_cdb(0, 128, false), true, 64 << 10);
+        a.send(&Pdu::new(cmd, Bytes::new())).await;
+        assert!(matches!(next(&mut a).await.header, Header::R2t(_)));
+        drop(a);
+        // Still there just after the cut: a connection may join (and leave again at once).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (b, h, _) = login(addr, tsih, 2, 2, "2").await;
+        assert_eq!(h.status_class, 0, "kept within Time2Retain: {h:?}");
+        drop(b);
+        tokio::time::sleep(Duration::from_millis(keep * 1000 + 1500)).await;
+        let (_c, h, _) = login(addr, tsih, 3, 2, "2").await;
+        assert_ne!(
+            h.status_class, 0,
+            "ended after Time2Wait + Time2Retain: {h:?}"
+        );
+        t.shutdown().await.unwrap();
+    });
+}
+
 #[test]
 fn rejects_an_error_recovery_level_above_2_in_the_config() {
     let toml = "[server]\nerror_recovery_level = 3\n";
