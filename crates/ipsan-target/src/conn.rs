@@ -232,7 +232,7 @@ pub async fn serve(
                 registry: &shared.registry,
                 local,
             };
-            let added = lock(&core.engine).add_connection(cfg, Instant::now(), &luns);
+            let added = core.add_connection(cfg, Instant::now(), &luns);
             match added {
                 Ok(a) => {
                     if a.reinstated.is_some() {

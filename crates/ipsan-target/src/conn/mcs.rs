@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use ipsan_scsi::CommandInfo;
 use iscsi_proto::engine::target as engine;
-use iscsi_proto::engine::target::session::{ConnId, Session as EngineSession};
+use iscsi_proto::engine::target::session::{AddError, ConnId, Session as EngineSession};
 use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
 use iscsi_proto::login::{LoginFailure, LoginStatus};
 use iscsi_wire::header::TmfResponse;
@@ -109,6 +109,22 @@ impl Core {
             ));
         }
         e.admits(cid)
+    }
+
+    /// Adds a connection whose login named this session: refused (`Ending`) once the session
+    /// ended, so a login answered while the last connection left (or, at ErrorRecoveryLevel
+    /// 2, while Time2Retain ran out) does not join a session nobody serves any more.
+    pub(super) fn add_connection(
+        &self,
+        cfg: engine::Config,
+        now: Instant,
+        luns: &Luns<'_>,
+    ) -> Result<iscsi_proto::engine::target::session::Added, AddError> {
+        let mut e = lock(&self.engine);
+        if self.over.load(Ordering::Acquire) {
+            return Err(AddError::Ending);
+        }
+        e.add_connection(cfg, now, luns)
     }
 
     /// Open connections (for `ipsan ctl sessions` and the metrics).
