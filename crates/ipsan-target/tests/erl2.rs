@@ -378,3 +378,139 @@ fn rejects_an_error_recovery_level_above_2_in_the_config() {
     let e = Config::from_toml(toml).unwrap_err().to_string();
     assert!(e.contains("error_recovery_level"), "{e}");
 }
+
+/// A TCP relay to `to` that holds everything it receives while `hold` says so.
+async fn relay(
+    to: std::net::SocketAddr,
+    hold: tokio::sync::watch::Receiver<bool>,
+) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = l.accept().await {
+            let b = tokio::net::TcpStream::connect(to).await.unwrap();
+            let (ar, aw) = a.into_split();
+            let (br, bw) = b.into_split();
+            for (mut r, mut w) in [
+                (
+                    Box::new(ar) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                    Box::new(bw) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                ),
+                (Box::new(br), Box::new(aw)),
+            ] {
+                let mut hold = hold.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let n = match r.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if hold.wait_for(|h| !*h).await.is_err() {
+                            return;
+                        }
+                        if w.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    addr
+}
+
+/// A gateway's pass-through READ still running on the far target when the host's only
+/// connection dies: a new connection takes it over with TASK REASSIGN and gets its data and
+/// status once the far target answers (the completion the old connection's command hands in
+/// goes to the task's new connection).
+#[test]
+fn accepts_task_reassign_of_a_pass_through_read_still_running_when_its_connection_died() {
+    bounded(30, async {
+        const FAR_IQN: &str = "iqn.2026-11.org.ipsan:far";
+        let far_cfg = Config::from_toml(&format!(
+            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\n\n\
+             [[target]]\niqn = \"{FAR_IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:16MiB\"\n"
+        ))
+        .unwrap();
+        let far = ServerHandle::start(&far_cfg).await.unwrap();
+        let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
+        let via = relay(far.addrs[0], hold_rx).await;
+        let toml = format!(
+            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\nerror_recovery_level = 2\n\n\
+             [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://{via}/{FAR_IQN}/0\"\n"
+        );
+        let gw = ServerHandle::start(&Config::from_toml(&toml).unwrap())
+            .await
+            .unwrap();
+        let addr = gw.addrs[0];
+        let (mut a, h, erl) = login(addr, 0, 1, 1, "2").await;
+        assert_eq!(h.status_class, 0, "login: {h:?}");
+        assert_eq!(erl.as_deref(), Some("2"));
+        let tsih = h.tsih;
+        let data = pattern(42, SEG);
+        let r = a
+            .write16(0x10, 0, Bytes::copy_from_slice(&data), false)
+            .await;
+        assert!(
+            robust_common::is_good(&r, 0x10),
+            "setup write through the gateway: {r:?}"
+        );
+
+        // The far target stops answering; the READ is forwarded and waits there.
+        hold_tx.send(true).unwrap();
+        let r_itt = 0x101;
+        let cmd = a.command(r_itt, read16_cdb(0, (SEG / 512) as u32), false, SEG as u32);
+        let cmd_sn_next = a.cmd_sn;
+        a.send(&Pdu::new(cmd, Bytes::new())).await;
+        assert!(
+            a.recv_within(Duration::from_millis(300)).await.is_err(),
+            "the read is still running"
+        );
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let (mut b, h, _) = login(addr, tsih, 2, cmd_sn_next, "2").await;
+        assert_eq!(
+            h.status_class, 0,
+            "the session outlived its last connection: {h:?}"
+        );
+        b.codec.max_recv_data_segment_length = 262_144;
+        let tmf = reassign(&mut b, 0x201, r_itt, 0);
+        b.send(&tmf).await;
+        match next(&mut b).await.header {
+            Header::TaskMgmtResponse(r) => {
+                assert_eq!((r.itt, r.response), (0x201, TmfResponse::FUNCTION_COMPLETE));
+            }
+            h => panic!("expected the TASK REASSIGN's response, got {h:?}"),
+        }
+        hold_tx.send(false).unwrap();
+        let mut got = vec![0u8; SEG];
+        let status = loop {
+            let p = next(&mut b).await;
+            match p.header {
+                Header::DataIn(d) => {
+                    assert_eq!(d.itt, r_itt);
+                    let o = d.buffer_offset as usize;
+                    got[o..o + p.data.len()].copy_from_slice(&p.data);
+                    if d.status_present {
+                        break d.status;
+                    }
+                }
+                Header::ScsiResponse(r) => {
+                    assert_eq!(r.itt, r_itt);
+                    break r.status;
+                }
+                h => panic!("unexpected {h:?}"),
+            }
+        };
+        assert_eq!(status, 0);
+        assert!(
+            got == data,
+            "the reassigned pass-through read brings the far LU's data"
+        );
+        gw.shutdown().await.unwrap();
+        far.shutdown().await.unwrap();
+    });
+}
