@@ -379,7 +379,8 @@ fn rejects_an_error_recovery_level_above_2_in_the_config() {
     assert!(e.contains("error_recovery_level"), "{e}");
 }
 
-/// A TCP relay to `to` that holds everything it receives while `hold` says so.
+/// A TCP relay to `to` that holds everything it receives while `hold` says so (it keeps
+/// reading meanwhile).
 async fn relay(
     to: std::net::SocketAddr,
     hold: tokio::sync::watch::Receiver<bool>,
@@ -392,14 +393,11 @@ async fn relay(
             let b = tokio::net::TcpStream::connect(to).await.unwrap();
             let (ar, aw) = a.into_split();
             let (br, bw) = b.into_split();
-            for (mut r, mut w) in [
-                (
-                    Box::new(ar) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-                    Box::new(bw) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
-                ),
-                (Box::new(br), Box::new(aw)),
-            ] {
-                let mut hold = hold.clone();
+            type R = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+            type W = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+            let pairs: [(R, W); 2] = [(Box::new(ar), Box::new(bw)), (Box::new(br), Box::new(aw))];
+            for (mut r, mut w) in pairs {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 << 10];
                     loop {
@@ -407,10 +405,18 @@ async fn relay(
                             Ok(0) | Err(_) => return,
                             Ok(n) => n,
                         };
+                        if tx.send(buf[..n].to_vec()).is_err() {
+                            return;
+                        }
+                    }
+                });
+                let mut hold = hold.clone();
+                tokio::spawn(async move {
+                    while let Some(chunk) = rx.recv().await {
                         if hold.wait_for(|h| !*h).await.is_err() {
                             return;
                         }
-                        if w.write_all(&buf[..n]).await.is_err() {
+                        if w.write_all(&chunk).await.is_err() {
                             return;
                         }
                     }
@@ -510,6 +516,92 @@ fn accepts_task_reassign_of_a_pass_through_read_still_running_when_its_connectio
             got == data,
             "the reassigned pass-through read brings the far LU's data"
         );
+        gw.shutdown().await.unwrap();
+        far.shutdown().await.unwrap();
+    });
+}
+
+/// A gateway's pass-through READ still running at the far target when the host's only
+/// connection dies, never reassigned: once Time2Wait + Time2Retain pass the engine drops it and
+/// the driver aborts it on the far target (the gateway's remote session is asked for an ABORT
+/// TASK) although
+/// the connection the command came on is still waiting for it: the abort is taken by the
+/// session's other connection.
+#[test]
+fn accepts_an_expired_pass_through_task_being_aborted_on_the_far_target() {
+    bounded(30, async {
+        const FAR_IQN: &str = "iqn.2026-11.org.ipsan:far";
+        let far_cfg = Config::from_toml(&format!(
+            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\n\n\
+             [[target]]\niqn = \"{FAR_IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:16MiB\"\n"
+        ))
+        .unwrap();
+        let far = ServerHandle::start(&far_cfg).await.unwrap();
+        let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
+        let log = robust_common::captured_log(tracing::Level::DEBUG);
+        let via = relay(far.addrs[0], hold_rx).await;
+        let toml = format!(
+            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\nerror_recovery_level = 2\n\n\
+             [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://{via}/{FAR_IQN}/0\"\n"
+        );
+        let gw = ServerHandle::start(&Config::from_toml(&toml).unwrap())
+            .await
+            .unwrap();
+        let addr = gw.addrs[0];
+        let mut a = Raw::connect(addr).await;
+        let keys = [
+            ("ErrorRecoveryLevel", "2"),
+            ("DefaultTime2Wait", "0"),
+            ("DefaultTime2Retain", "1"),
+        ];
+        let ans = a.login_join(INITIATOR, ISID, 0, 1, &keys).await;
+        assert!(ans.ok(), "{ans:?}");
+        let secs = |k: &str| -> u64 { ans.key(k).map_or(0, |v| v.parse().unwrap()) };
+        let keep = secs("DefaultTime2Wait") + secs("DefaultTime2Retain");
+        assert!(
+            keep <= 3,
+            "the negotiated Time2Wait + Time2Retain: {keep} s"
+        );
+        let tsih = ans.header.tsih;
+        let r = a.write16(0x10, 0, Bytes::from(vec![5u8; 512]), false).await;
+        assert!(
+            robust_common::is_good(&r, 0x10),
+            "setup write through the gateway: {r:?}"
+        );
+
+        hold_tx.send(true).unwrap();
+        let cmd = a.command(0x101, read16_cdb(0, 1), false, 512);
+        let cmd_sn_next = a.cmd_sn;
+        a.send(&Pdu::new(cmd, Bytes::new())).await;
+        assert!(
+            a.recv_within(Duration::from_millis(300)).await.is_err(),
+            "the read is still running"
+        );
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_b, h, _) = login(addr, tsih, 2, cmd_sn_next, "2").await;
+        assert_eq!(
+            h.status_class, 0,
+            "the session outlived its last connection: {h:?}"
+        );
+        let aborted = || {
+            log.lock()
+                .unwrap()
+                .contains("ABORT TASK asked by the caller")
+        };
+        assert!(
+            !aborted(),
+            "nothing is aborted while the task waits for TASK REASSIGN"
+        );
+        let until = tokio::time::Instant::now() + Duration::from_millis(keep * 1000 + 3000);
+        while !aborted() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            aborted(),
+            "the gateway's remote session was asked to abort the expired task (ABORT TASK)"
+        );
+        hold_tx.send(false).unwrap();
         gw.shutdown().await.unwrap();
         far.shutdown().await.unwrap();
     });

@@ -347,11 +347,15 @@ impl<D> Session<D> {
     /// connection), in the order it happened on that connection.
     pub fn poll_event_of(&mut self, id: ConnId) -> Option<Event<D>> {
         // The session's own events (an expired orphan's abort) go to the connection the
-        // driver knows the task by, or to any connection once that one is gone.
-        let own = self
-            .own_events
-            .iter()
-            .position(|(c, _)| *c == id || self.index(*c).is_none());
+        // driver knows the task by, or to any connection once that one is closed (its driver
+        // reads no more events: it waits for its commands, the one to abort among them) or
+        // gone.
+        let own = self.own_events.iter().position(|(c, _)| {
+            *c == id
+                || self
+                    .index(*c)
+                    .is_none_or(|i| self.members[i].conn.closed.is_some())
+        });
         if let Some(k) = own {
             return self.own_events.remove(k).map(|(_, e)| e);
         }
