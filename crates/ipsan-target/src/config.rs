@@ -12,6 +12,7 @@
 //! nop_interval_secs = 30          # NOP-In keepalive when idle; 0 = off
 //! queue_depth = 128               # commands in flight per session (CmdSN window)
 //! connections_per_session = 4     # MaxConnections offered (RFC 7143 §13.2); 1 = one per session
+//! error_recovery_level = 0        # ErrorRecoveryLevel offered (RFC 7143 §13.20), 0..=2
 //! max_sessions_per_initiator = 64 # per initiator name; more get login reject 0x0302
 //! max_connections_per_address = 64  # open connections per source address (IPv6: per /64)
 //! first_pdu_timeout_secs = 5      # close a connection with no complete Login Request by then
@@ -257,6 +258,11 @@ pub struct Config {
     /// MaxConnections this target offers (RFC 7143 §13.2): a session gets the lower of this
     /// and the initiator's offer (the Linux initiator and libiscsi offer 1).
     pub connections_per_session: u32,
+    /// ErrorRecoveryLevel this target offers (RFC 7143 §13.20, 0..=2; default 0): a session
+    /// gets the lower of this and the initiator's offer. At 2 a session outlives its last
+    /// connection by DefaultTime2Wait + DefaultTime2Retain, so a new connection can take its
+    /// tasks over (TASK REASSIGN, §7.2).
+    pub error_recovery_level: u32,
     /// RELATIVE TARGET PORT IDENTIFIER reported in VPD 83h (SPC-4 §7.8.6.6). Two ipsan
     /// processes exporting one shared image (RBD) must use distinct values, so a host's
     /// multipath sees one disk on two ports.
@@ -295,6 +301,7 @@ impl Default for Config {
             nop_interval: Some(std::time::Duration::from_secs(30)),
             queue_depth: 128,
             connections_per_session: 4,
+            error_recovery_level: 0,
             relative_port_id: 1,
             crypto_workers: std::thread::available_parallelism()
                 .map_or(2, std::num::NonZeroUsize::get),
@@ -353,6 +360,12 @@ impl Config {
                 return Err(err("server.connections_per_session", "must be in 1..=64"));
             }
             c.connections_per_session = n;
+        }
+        if let Some(n) = f.server.error_recovery_level {
+            if n > 2 {
+                return Err(err("server.error_recovery_level", "must be in 0..=2"));
+            }
+            c.error_recovery_level = n;
         }
         if let Some(id) = f.server.relative_port_id {
             if id == 0 {

@@ -10,11 +10,10 @@
 //! complete in any order. The login phase is `login.rs`; what the engine asks about LUNs and
 //! targets while PDUs arrive is `luns.rs`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipsan_scsi::{decode_lun, NexusId, ResetKind};
@@ -233,7 +232,7 @@ pub async fn serve(
                 registry: &shared.registry,
                 local,
             };
-            let added = lock(&core.engine).add_connection(cfg, Instant::now(), &luns);
+            let added = core.add_connection(cfg, Instant::now(), &luns);
             match added {
                 Ok(a) => {
                     if a.reinstated.is_some() {
@@ -287,7 +286,6 @@ pub async fn serve(
         running: AtomicUsize::new(0),
         idle: Notify::new(),
         remote: core.remote.clone(),
-        forwarded: Mutex::new(HashMap::new()),
     });
     core.link(id, &session);
     if let Some(old) = reinstates {
@@ -304,15 +302,13 @@ pub async fn serve(
     let writer = tokio::spawn(writer_task(wr, session.clone()));
     let end = session.run(&mut conn, &shutdown, &core.cancel).await;
     debug!(%peer, cid = result.cid, "connection ending: {end}");
-    // The session ends with its last connection; the others leave it running.
-    let last = core.last_out();
+    // The session ends with its last connection; the others leave it running. At
+    // ErrorRecoveryLevel 2 that is decided once this connection is removed (below): its tasks
+    // may keep the session for a connection that takes them over.
+    let erl2 = core.params.error_recovery_level >= 2;
+    let last = !erl2 && core.last_out();
     if last {
-        if let Some(t) = session.target() {
-            // The I_T nexus is gone: release what it held (RESERVE, PREVENT; SAM-5 §5.9).
-            for lu in t.luns.values() {
-                lu.nexus_lost(&session.nexus);
-            }
-        }
+        session.nexus_lost();
     }
     // A reinstating session waits for this (RFC 7143 §6.3.5); `run` waited DRAIN_TIMEOUT
     // already, so only a hung backend gets here with commands running. Signalled before the
@@ -331,9 +327,14 @@ pub async fn serve(
     let _ = writer.await;
     session.engine().remove();
     core.unlink(id);
+    let last = last || (erl2 && session.linger(&shutdown).await);
     if !last {
         info!(%peer, tsih = result.tsih, cid = result.cid, "connection closed; its session goes on");
         return;
+    }
+    if erl2 {
+        session.nexus_lost();
+        core.drained.cancel();
     }
     if let Some(r) = &core.remote {
         // The host's I_T nexus is gone: so is its nexus on the remote targets.
@@ -453,9 +454,6 @@ struct Session {
     idle: Notify,
     /// This host's sessions on the remote targets of remote LUNs (a gateway, remote.rs).
     remote: Option<Arc<RemoteNexus>>,
-    /// Commands forwarded to a remote LUN and not completed, by ITT: cancelling one forwards
-    /// the host's ABORT TASK to the remote session. Locked after `engine`, never before.
-    forwarded: Mutex<HashMap<u32, CancellationToken>>,
 }
 
 impl Session {
@@ -573,6 +571,16 @@ impl Session {
             }
             self.wake_writer.notify_one();
         };
+        if self.params.error_recovery_level >= 2 {
+            // A command handed out before the end still runs: at ErrorRecoveryLevel 2 its
+            // task waits in the session for TASK REASSIGN (RFC 7143 §7.2), and one never run
+            // would wait there until Time2Retain ran out.
+            for _ in 0..4 {
+                if self.events().is_none() {
+                    break;
+                }
+            }
+        }
         // Commands still running finish (bounded) before the nexus is released.
         if tokio::time::timeout(DRAIN_TIMEOUT, self.idle())
             .await
@@ -581,6 +589,63 @@ impl Session {
             warn!("commands still running after {DRAIN_TIMEOUT:?}; closing anyway");
         }
         end
+    }
+
+    /// The I_T nexus is gone with the session: release what it held (RESERVE, PREVENT;
+    /// SAM-5 §5.9).
+    fn nexus_lost(&self) {
+        if let Some(t) = self.target() {
+            for lu in t.luns.values() {
+                lu.nexus_lost(&self.nexus);
+            }
+        }
+    }
+
+    /// ErrorRecoveryLevel 2, after this connection was removed: while no connection is open
+    /// and tasks of failed connections wait for TASK REASSIGN (RFC 7143 §7.2, §11.5.1), the
+    /// session stays registered, so a connection may log in with its TSIH (the same CID or
+    /// another) and take them over; their DefaultTime2Wait + DefaultTime2Retain run out here
+    /// (an expired pass-through task's abort is forwarded). True when the session ends now
+    /// and this connection ends it; false when another connection carries it on.
+    async fn linger(&self, shutdown: &CancellationToken) -> bool {
+        let core = &self.core;
+        let mut lingered = false;
+        loop {
+            let force = shutdown.is_cancelled() || core.cancel.is_cancelled();
+            match core.ends_after_last(force) {
+                Some(end) => {
+                    if lingered && !end {
+                        info!(tsih = core.tsih, "a connection joined the session; its failed connection's tasks wait for it");
+                    }
+                    return end;
+                }
+                None if !lingered => {
+                    info!(tsih = core.tsih, "the session's last connection failed; its tasks wait for TASK REASSIGN (ErrorRecoveryLevel 2)");
+                    lingered = true;
+                }
+                None => {}
+            }
+            // A login joining the session is not announced: look again within 100 ms.
+            let mut wake = Instant::now() + Duration::from_millis(100);
+            if let Some(d) = self.engine().poll_timeout() {
+                wake = wake.min(d);
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => {}
+                () = shutdown.cancelled() => {}
+                () = core.cancel.cancelled() => {}
+            }
+            if core.connections() > 0 {
+                // The joined connection's reader keeps the session's time now.
+                continue;
+            }
+            self.engine().handle_timeout(Instant::now());
+            while let Some(ev) = self.engine().poll_event() {
+                if let engine::Event::Abort { itts } = ev {
+                    self.abort_forwarded(&itts);
+                }
+            }
+        }
     }
 
     /// Returns once no command of this session runs.
@@ -662,12 +727,16 @@ impl Session {
     /// them).
     fn abort_forwarded(&self, itts: &[u32]) {
         let e = self.engine();
-        let mut f = lock(&self.forwarded);
+        let mut f = lock(&self.core.forwarded);
         for &itt in itts {
             // Not registered yet (its task has not reached `forward`): registered cancelled,
-            // so it is never sent. Completed already: nothing to abort.
+            // so it is never sent. Completed already: nothing to abort. A task this
+            // connection does not hold (reassigned, or its connection gone: ErrorRecoveryLevel
+            // 2) is aborted if it is being forwarded.
             if e.is_running(itt) {
                 f.entry(itt).or_default().cancel();
+            } else if let Some(t) = f.get(&itt) {
+                t.cancel();
             }
         }
     }

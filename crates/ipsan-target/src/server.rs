@@ -108,6 +108,7 @@ impl Server {
         let offer = TargetOffer {
             cmd_window: config.queue_depth,
             max_connections: config.connections_per_session,
+            error_recovery_level: config.error_recovery_level,
             ..TargetOffer::default()
         };
         Ok(Self {

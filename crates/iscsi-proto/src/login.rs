@@ -177,6 +177,12 @@ pub struct TargetOffer {
     /// lower of both offers). 1 unless the driver runs sessions of several connections
     /// ([`crate::engine::target::session::Session`]).
     pub max_connections: u32,
+    /// The highest ErrorRecoveryLevel the target accepts (RFC 7143 §13.20: the session gets
+    /// the lower of both offers, so an initiator offering 0, as the Linux initiator and
+    /// libiscsi do, gets 0 whatever this is). 0 unless the driver keeps a failed connection's
+    /// tasks for TASK REASSIGN (level 2, [`crate::engine::target::session::Session`]); level 1
+    /// (SNACK, §11.16) is the target engine's own.
+    pub error_recovery_level: u32,
 }
 
 impl Default for TargetOffer {
@@ -192,6 +198,7 @@ impl Default for TargetOffer {
             immediate_data: true,
             cmd_window: 128,
             max_connections: 1,
+            error_recovery_level: 0,
         }
     }
 }
@@ -211,7 +218,7 @@ impl TargetOffer {
             "DefaultTime2Retain" => "20".into(),
             "MaxOutstandingR2T" => self.max_outstanding_r2t.to_string(),
             "DataPDUInOrder" | "DataSequenceInOrder" => "Yes".into(),
-            "ErrorRecoveryLevel" => "0".into(),
+            "ErrorRecoveryLevel" => self.error_recovery_level.min(2).to_string(),
             "iSCSIProtocolLevel" => "1".into(),
             "IFMarker" | "OFMarker" => "No".into(),
             _ => return None,

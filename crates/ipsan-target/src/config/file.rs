@@ -41,6 +41,8 @@ pub struct FileServer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections_per_session: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_recovery_level: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub relative_port_id: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crypto_workers: Option<usize>,

@@ -168,7 +168,7 @@ impl Session {
         // A host's ABORT TASK may have come before this (registered cancelled).
         // The remote session is gone: this host's session ends after this answer.
         let mut lost = false;
-        let abort = remote.then(|| lock(&self.forwarded).entry(itt).or_default().clone());
+        let abort = remote.then(|| lock(&self.core.forwarded).entry(itt).or_default().clone());
         let mut resp = match (early.take(), pre) {
             (Some(r), _) => r,
             (None, Some(r)) => engine_response(r),
@@ -251,7 +251,7 @@ impl Session {
             e.complete_with_residual(itt, resp, residual);
             if remote {
                 // Under the engine lock: an abort sees the task running or the token gone.
-                lock(&self.forwarded).remove(&itt);
+                lock(&self.core.forwarded).remove(&itt);
             }
             if let Some((session, _, _)) = &seal {
                 self.seal_counter_watch(&mut e, session, seal_exhausted);

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use ipsan_scsi::CommandInfo;
 use iscsi_proto::engine::target as engine;
-use iscsi_proto::engine::target::session::{ConnId, Session as EngineSession};
+use iscsi_proto::engine::target::session::{AddError, ConnId, Session as EngineSession};
 use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
 use iscsi_proto::login::{LoginFailure, LoginStatus};
 use iscsi_wire::header::TmfResponse;
@@ -54,6 +54,13 @@ pub(crate) struct Core {
     /// connection of a session has the same: a command held on one connection may be sized
     /// while another's PDU is handled, and sealed sizes depend on them.
     pub(super) seal_shape: Option<(ipsan_seal::Cipher, u32)>,
+    /// Commands forwarded to a remote LUN and not completed, by ITT (unique in the session,
+    /// RFC 7143 §11.2.1.8): cancelling one forwards the host's ABORT TASK to the remote
+    /// session. The session's, not a connection's: a task reassigned to another connection
+    /// (ErrorRecoveryLevel 2), or dropped when Time2Retain ran out after its connection was
+    /// gone, is aborted from whichever connection hears of it. Locked after `engine`, never
+    /// before.
+    pub(super) forwarded: Mutex<HashMap<u32, CancellationToken>>,
 }
 
 impl std::fmt::Debug for Core {
@@ -86,6 +93,7 @@ impl Core {
             isid,
             tsih,
             seal_shape,
+            forwarded: Mutex::new(HashMap::new()),
         }
     }
 
@@ -101,6 +109,22 @@ impl Core {
             ));
         }
         e.admits(cid)
+    }
+
+    /// Adds a connection whose login named this session: refused (`Ending`) once the session
+    /// ended, so a login answered while the last connection left (or, at ErrorRecoveryLevel
+    /// 2, while Time2Retain ran out) does not join a session nobody serves any more.
+    pub(super) fn add_connection(
+        &self,
+        cfg: engine::Config,
+        now: Instant,
+        luns: &Luns<'_>,
+    ) -> Result<iscsi_proto::engine::target::session::Added, AddError> {
+        let mut e = lock(&self.engine);
+        if self.over.load(Ordering::Acquire) {
+            return Err(AddError::Ending);
+        }
+        e.add_connection(cfg, now, luns)
     }
 
     /// Open connections (for `ipsan ctl sessions` and the metrics).
@@ -141,6 +165,22 @@ impl Core {
     pub(super) fn last_out(&self) -> bool {
         let e = lock(&self.engine);
         e.open_connections() == 0 && !self.over.swap(true, Ordering::AcqRel)
+    }
+
+    /// At ErrorRecoveryLevel 2, after a connection was removed: whether the session ends now
+    /// (`Some(true)`: this caller ends it; nobody joins after), goes on with another
+    /// connection (`Some(false)`), or waits with no connection for one to take its failed
+    /// connections' tasks (`None`: tasks wait for TASK REASSIGN, RFC 7143 §7.2). `force`:
+    /// end it even with tasks waiting (shutdown, reinstatement, `ipsan ctl session drop`).
+    pub(super) fn ends_after_last(&self, force: bool) -> Option<bool> {
+        let e = lock(&self.engine);
+        if e.open_connections() > 0 {
+            return Some(false);
+        }
+        if e.orphans() > 0 && !force {
+            return None;
+        }
+        Some(!self.over.swap(true, Ordering::AcqRel))
     }
 }
 

@@ -12,7 +12,10 @@
 //!   flight, NOP-In pings, text, logout. [`target::session`]: a target session of several
 //!   connections (MaxConnections > 1): one CmdSN window over them, commands from any connection
 //!   run in CmdSN order, StatSN and task allegiance per connection, connections joining (TSIH
-//!   login), reinstated (same CID) and logged out one at a time.
+//!   login), reinstated (same CID) and logged out one at a time. At ErrorRecoveryLevel 1 a
+//!   connection answers SNACK from the completed tasks it keeps until their status is
+//!   acknowledged; at level 2 a failed connection's tasks stay in the session for TASK REASSIGN
+//!   (`target/recovery.rs`, `target/session/orphans.rs`).
 //! - [`initiator`]: the initiator's connection: the CmdSN window as seen from the initiator,
 //!   command submission with immediate and unsolicited data, R2T checking and answering,
 //!   Data-In reassembly, task management, command timeouts (ABORT TASK, then LOGICAL UNIT

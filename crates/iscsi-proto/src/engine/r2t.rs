@@ -55,6 +55,10 @@ pub struct WriteState {
     next_r2t_offset: u32,
     next_r2t_sn: u32,
     outstanding: Vec<Outstanding>,
+    /// Ranges (offset, length) to solicit again before `next_r2t_offset` moves on: what the
+    /// R2Ts and unsolicited data of a failed connection asked for and never got
+    /// ([`WriteState::recover`]).
+    pending: Vec<(u32, u32)>,
     max_burst: u32,
     max_outstanding: u32,
 }
@@ -120,6 +124,7 @@ impl WriteState {
             next_r2t_offset: unsolicited_end,
             next_r2t_sn: 0,
             outstanding: Vec::new(),
+            pending: Vec::new(),
             max_burst: params.max_burst_length.max(512),
             max_outstanding: params.max_outstanding_r2t.max(1),
         })
@@ -232,6 +237,29 @@ impl WriteState {
         if self.unsolicited_open {
             return plans;
         }
+        // Recovery R2Ts first (RFC 7143 §7.2): the data a failed connection never brought.
+        while (self.outstanding.len() as u32) < self.max_outstanding && !self.pending.is_empty() {
+            let (offset, left) = self.pending[0];
+            let len = left.min(self.max_burst);
+            if len == left {
+                self.pending.remove(0);
+            } else {
+                self.pending[0] = (offset + len, left - len);
+            }
+            let plan = R2tPlan {
+                ttt: next_ttt(),
+                r2t_sn: self.next_r2t_sn,
+                offset,
+                len,
+            };
+            self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+            self.outstanding.push(Outstanding {
+                plan,
+                received: 0,
+                next_data_sn: 0,
+            });
+            plans.push(plan);
+        }
         while (self.outstanding.len() as u32) < self.max_outstanding
             && self.next_r2t_offset < self.solicit_end
         {
@@ -259,7 +287,50 @@ impl WriteState {
     pub fn is_complete(&self) -> bool {
         !self.unsolicited_open
             && self.outstanding.is_empty()
+            && self.pending.is_empty()
             && self.next_r2t_offset >= self.solicit_end
+    }
+
+    /// The connection the data phase ran on failed (RFC 7143 §7.2, ErrorRecoveryLevel 2):
+    /// nothing more arrives for its outstanding R2Ts or its unsolicited data. What they asked
+    /// for and did not get is solicited again, with new R2Ts (recovery R2Ts, new TTTs and
+    /// R2TSNs after the last), once the task is reassigned to another connection
+    /// ([`WriteState::plan_r2ts`]); bytes that arrived are kept.
+    pub fn recover(&mut self) {
+        let mut holes = Vec::new();
+        if self.unsolicited_open {
+            if self.unsolicited_received < self.unsolicited_end {
+                holes.push((
+                    self.unsolicited_received,
+                    self.unsolicited_end - self.unsolicited_received,
+                ));
+            }
+            self.unsolicited_open = false;
+        }
+        for o in self.outstanding.drain(..) {
+            if o.received < o.plan.len {
+                holes.push((o.plan.offset + o.received, o.plan.len - o.received));
+            }
+        }
+        self.pending.extend(holes);
+        self.pending.sort_unstable();
+    }
+
+    /// An R2T SNACK (RFC 7143 §11.16.1, ErrorRecoveryLevel >= 1) for R2TSNs `beg`.. (`run` of
+    /// them; 0: all from `beg`): the outstanding R2Ts among them, to send again. Each starts
+    /// over (its burst is answered from its first byte again, DataSN 0).
+    pub fn resend(&mut self, beg: u32, run: u32) -> Vec<R2tPlan> {
+        let mut plans = Vec::new();
+        for o in &mut self.outstanding {
+            let d = o.plan.r2t_sn.wrapping_sub(beg);
+            if (run == 0 && d < 1 << 31) || (run > 0 && d < run) {
+                o.received = 0;
+                o.next_data_sn = 0;
+                plans.push(o.plan);
+            }
+        }
+        plans.sort_unstable_by_key(|p| p.r2t_sn.wrapping_sub(beg));
+        plans
     }
 
     /// The data for the SCSI layer.
@@ -462,6 +533,53 @@ mod tests {
         let w = WriteState::new(&p, &cmd(200, true), Bytes::from(vec![1u8; 200]), 512).unwrap();
         assert!(w.is_complete());
         assert_eq!(w.into_data().len(), 200);
+    }
+
+    #[test]
+    fn recover_solicits_again_only_what_a_failed_connection_never_brought() {
+        // Unsolicited data cut after 1024 of 4096 bytes, then two R2Ts, the first half answered.
+        let p = params(false, 4096, 4096, 2);
+        let mut w =
+            WriteState::new(&p, &cmd(16384, false), Bytes::from(vec![1u8; 512]), 16384).unwrap();
+        w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[1; 512])
+            .unwrap();
+        w.recover();
+        let mut ttt = 10;
+        let plans = w.plan_r2ts(|| {
+            ttt += 1;
+            ttt
+        });
+        assert_eq!(
+            plans.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
+            vec![(1024, 3072), (4096, 4096)],
+            "the rest of the unsolicited burst first, then the solicited data"
+        );
+        w.on_data_out(&dout(plans[1].ttt, 0, 4096, false), &[2; 2048])
+            .unwrap();
+        w.recover();
+        let again = w.plan_r2ts(|| 99);
+        assert_eq!(
+            again.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
+            vec![(1024, 3072), (6144, 2048)],
+            "only the bytes that never came; R2TSNs go on"
+        );
+        assert_eq!(again[0].r2t_sn, 2);
+        assert!(!w.is_complete());
+    }
+
+    #[test]
+    fn resend_names_outstanding_r2ts_by_r2tsn_and_restarts_their_burst() {
+        let p = params(true, 65536, 2048, 2);
+        let mut w = WriteState::new(&p, &cmd(8192, false), Bytes::new(), 8192).unwrap();
+        let plans = w.plan_r2ts(|| 7);
+        assert_eq!(plans.len(), 2);
+        w.on_data_out(&dout(7, 0, 0, false), &[0; 1024]).unwrap();
+        let again = w.resend(0, 1);
+        assert_eq!(again, vec![plans[0]]);
+        // The burst is answered from its first byte again.
+        w.on_data_out(&dout(7, 0, 0, false), &[0; 1024]).unwrap();
+        assert_eq!(w.resend(1, 0), vec![plans[1]]);
+        assert!(w.resend(5, 1).is_empty());
     }
 
     #[test]

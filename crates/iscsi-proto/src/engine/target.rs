@@ -1,4 +1,5 @@
-//! The target's side of one connection in full feature phase (RFC 7143, ErrorRecoveryLevel=0).
+//! The target's side of one connection in full feature phase (RFC 7143; ErrorRecoveryLevel 0,
+//! and 1–2 where `target/recovery.rs` says).
 //! A session of one connection drives a [`Connection`] alone; a session of several
 //! (MaxConnections > 1, RFC 7143 §4.2) drives them through [`session::Session`], which owns
 //! the session's one CmdSN window and delivers commands from every connection in CmdSN order.
@@ -37,6 +38,7 @@ use super::{fixed_sense, CloseReason, ConnectionError, Side, TagAllocator, Viola
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{sn_lt, Admit, CmdWindow};
 
+mod recovery;
 pub mod session;
 
 /// What the target knows about its logical units, asked while a command arrives. `D`: what
@@ -287,7 +289,9 @@ pub struct Connection<D = ()> {
     ping: Option<(u32, Instant)>,
     drain_timeout: Duration,
     max_command_bytes: u64,
-    out: VecDeque<Pdu>,
+    /// PDUs to send, each with the StatSN it keeps when it is a retransmission (a SNACK's
+    /// answer, RFC 7143 §11.16), `None`: stamped with the next one.
+    out: VecDeque<(Pdu, Option<u32>)>,
     queued_bytes: usize,
     events: VecDeque<Event<D>>,
     closed: Option<ConnectionError>,
@@ -298,6 +302,18 @@ pub struct Connection<D = ()> {
     /// A Logout this connection answered that closes a sibling connection (its CID), or the
     /// whole session (`Some(None)`); taken by [`session::Session`], which acts on it.
     logout_of: Option<Option<u16>>,
+    /// Completed tasks kept until the initiator acknowledges their status (ErrorRecoveryLevel
+    /// >= 1): what a SNACK or a TASK REASSIGN is answered from ([`recovery`]).
+    retained: recovery::Retained,
+    /// Closed by a Logout with reason 2 (remove the connection for recovery, RFC 7143
+    /// §11.14.1): its tasks wait for a new allegiance.
+    for_recovery: bool,
+    /// A Logout with reason 2 this connection answered for another connection (its CID);
+    /// taken by [`session::Session`], which closes that one for recovery.
+    recovery_of: Option<u16>,
+    /// CIDs of failed connections whose tasks the session keeps for reassignment: a Logout
+    /// with reason 2 naming one is answered "closed successfully".
+    recoverable: Vec<u16>,
 }
 
 /// Aborted ITTs remembered for dropping their late Data-Out.
@@ -340,6 +356,10 @@ impl<D> Connection<D> {
             cid: cfg.cid,
             siblings: Vec::new(),
             logout_of: None,
+            retained: recovery::Retained::default(),
+            for_recovery: false,
+            recovery_of: None,
+            recoverable: Vec::new(),
         }
     }
 
@@ -404,11 +424,17 @@ impl<D> Connection<D> {
 
     /// The next PDU to send, its StatSN, ExpCmdSN and MaxCmdSN stamped now.
     pub fn poll_transmit(&mut self) -> Option<Pdu> {
-        let mut pdu = self.out.pop_front()?;
+        let (mut pdu, fixed) = self.out.pop_front()?;
         self.queued_bytes = self.queued_bytes.saturating_sub(pdu.data.len());
         self.window.refresh();
         let (exp, max) = (self.window.exp_cmd_sn(), self.window.max_cmd_sn());
-        stamp(&mut pdu.header, &mut self.stat_sn, exp, max);
+        match fixed {
+            Some(mut sn) => stamp(&mut pdu.header, &mut sn, exp, max),
+            None => {
+                stamp(&mut pdu.header, &mut self.stat_sn, exp, max);
+                self.retained.stamped(&pdu.header);
+            }
+        }
         Some(pdu)
     }
 
@@ -512,6 +538,9 @@ impl<D> Connection<D> {
             return;
         }
         self.idle_deadline = self.nop_interval.map(|i| now + i);
+        if self.params.error_recovery_level > 0 {
+            self.acknowledged(&pdu.header);
+        }
         let raw = *pdu.raw_bhs();
         let discovery = self.params.session_type == SessionType::Discovery;
         match pdu.header {
@@ -523,7 +552,10 @@ impl<D> Connection<D> {
             Header::NopOut(h) => self.on_nop_out(&h, pdu.data),
             Header::TextRequest(h) => self.on_text(dir, &h, &pdu.data, &raw),
             Header::LogoutRequest(h) => self.on_logout(now, &h),
-            // SNACK needs ErrorRecoveryLevel > 0 (§11.16); everything else is not ours.
+            // SNACK needs ErrorRecoveryLevel > 0 (§11.16).
+            Header::SnackRequest(h) if !discovery && self.params.error_recovery_level > 0 => {
+                self.on_snack(&h, &raw);
+            }
             _ => self.reject(RejectReason::PROTOCOL_ERROR, &raw),
         }
     }
@@ -555,6 +587,9 @@ impl<D> Connection<D> {
             self.window.complete();
         }
         if !aborted && self.closed.is_none() {
+            if self.params.error_recovery_level > 0 {
+                self.retain(itt, &task, &resp, residual);
+            }
             self.send_status(itt, task.lun, task.edtl, task.need, resp, residual);
         }
         self.release_held(itt);
@@ -599,7 +634,7 @@ impl<D> Connection<D> {
 
     fn send_with(&mut self, header: impl Into<Header>, data: Bytes) {
         self.queued_bytes += data.len();
-        self.out.push_back(Pdu::new(header, data));
+        self.out.push_back((Pdu::new(header, data), None));
     }
 
     fn reject(&mut self, reason: RejectReason, bhs: &[u8; 48]) {
@@ -939,6 +974,17 @@ impl<D> Connection<D> {
                 (TmfResponse::FUNCTION_COMPLETE, w, cold)
             }
             TmfFunction::CLEAR_ACA => (TmfResponse::FUNCTION_NOT_SUPPORTED, none(), false),
+            // ErrorRecoveryLevel 2 (§11.5.1): the session reassigns the tasks of failed
+            // connections before this; what reaches the connection is a task still allegiant
+            // to it (§11.6.1: 3) or none the session knows.
+            TmfFunction::TASK_REASSIGN if self.params.error_recovery_level >= 2 => {
+                let rtt = h.referenced_task_tag;
+                if self.tasks.contains_key(&rtt) || self.retained.has(rtt) {
+                    (TmfResponse::TASK_STILL_ALLEGIANT, none(), false)
+                } else {
+                    (TmfResponse::TASK_DOES_NOT_EXIST, none(), false)
+                }
+            }
             TmfFunction::TASK_REASSIGN => (
                 TmfResponse::TASK_ALLEGIANCE_REASSIGNMENT_NOT_SUPPORTED,
                 none(),
@@ -1102,6 +1148,12 @@ impl<D> Connection<D> {
                 return;
             }
             LogoutReason::CLOSE_CONNECTION => 1,
+            LogoutReason::REMOVE_CONNECTION_FOR_RECOVERY
+                if self.params.error_recovery_level >= 2 =>
+            {
+                self.logout_for_recovery(h);
+                return;
+            }
             _ => 2,
         };
         if response != 0 {
@@ -1159,81 +1211,105 @@ impl<D> Connection<D> {
         resp: Response,
         given: Option<i64>,
     ) {
-        let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
-        let base = if need > 0 {
-            u32::try_from(need).unwrap_or(u32::MAX)
-        } else {
-            produced
-        };
-        let (overflow, underflow) = match given {
-            Some(r) if r < 0 => (u32::try_from(-r).unwrap_or(u32::MAX), 0),
-            Some(r) => (0, u32::try_from(r).unwrap_or(u32::MAX)),
-            None => (base.saturating_sub(edtl), edtl.saturating_sub(base)),
-        };
-        let residual = overflow.max(underflow);
-        let seg = self.params.initiator_max_recv_data_segment_length.max(512);
-        let burst = self.params.max_burst_length.max(512);
-        let data = resp.data_in.slice(..resp.data_in.len().min(edtl as usize));
-        let good = resp.status == Response::GOOD || resp.status == Response::CONDITION_MET;
-        let collapse = good && resp.sense.is_none() && !data.is_empty();
-        let total = data.len() as u32;
-        let mut offset = 0u32;
-        let mut data_sn = 0u32;
-        let mut in_burst = 0u32;
-        while offset < total {
-            let len = seg.min(total - offset).min(burst - in_burst);
-            let last = offset + len == total;
-            in_burst += len;
-            let end_of_burst = in_burst == burst;
-            if end_of_burst {
-                in_burst = 0;
-            }
-            let status_here = last && collapse;
-            let h = DataIn {
-                final_: last || end_of_burst,
-                acknowledge: false,
-                overflow: status_here && overflow > 0,
-                underflow: status_here && underflow > 0,
-                status_present: status_here,
-                status: if status_here { resp.status } else { 0 },
-                lun,
-                itt,
-                ttt: RESERVED_TAG,
-                data_sn,
-                buffer_offset: offset,
-                residual_count: if status_here { residual } else { 0 },
-                ..DataIn::default()
-            };
-            self.send_with(h, data.slice(offset as usize..(offset + len) as usize));
-            offset += len;
-            data_sn = data_sn.wrapping_add(1);
-        }
-        if collapse {
-            return;
-        }
-        let body = match &resp.sense {
-            Some(s) => {
-                let mut b = BytesMut::with_capacity(s.len() + 2);
-                b.extend_from_slice(&(s.len() as u16).to_be_bytes());
-                b.extend_from_slice(s);
-                b.freeze()
-            }
-            None => Bytes::new(),
-        };
-        self.send_with(
-            iscsi_wire::header::ScsiResponse {
-                overflow: overflow > 0,
-                underflow: underflow > 0,
-                response: 0,
-                status: resp.status,
-                itt,
-                exp_data_sn: data_sn,
-                residual_count: residual,
-                ..iscsi_wire::header::ScsiResponse::default()
-            },
-            body,
-        );
+        let (params, out, queued) = (&self.params, &mut self.out, &mut self.queued_bytes);
+        status_pdus(params, itt, lun, edtl, need, &resp, given, &mut |pdu| {
+            *queued += pdu.data.len();
+            out.push_back((pdu, None));
+        });
     }
+}
+
+/// A command's Data-In and status as PDUs, in order (see [`Connection::send_status`]): a
+/// function of the response alone, so a retransmission (SNACK, TASK REASSIGN) regenerates the
+/// same PDUs with the same DataSNs.
+#[allow(clippy::too_many_arguments)]
+fn status_pdus(
+    params: &SessionParams,
+    itt: u32,
+    lun: u64,
+    edtl: u32,
+    need: u64,
+    resp: &Response,
+    given: Option<i64>,
+    emit: &mut dyn FnMut(Pdu),
+) {
+    let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
+    let base = if need > 0 {
+        u32::try_from(need).unwrap_or(u32::MAX)
+    } else {
+        produced
+    };
+    let (overflow, underflow) = match given {
+        Some(r) if r < 0 => (u32::try_from(-r).unwrap_or(u32::MAX), 0),
+        Some(r) => (0, u32::try_from(r).unwrap_or(u32::MAX)),
+        None => (base.saturating_sub(edtl), edtl.saturating_sub(base)),
+    };
+    let residual = overflow.max(underflow);
+    let seg = params.initiator_max_recv_data_segment_length.max(512);
+    let burst = params.max_burst_length.max(512);
+    let data = resp.data_in.slice(..resp.data_in.len().min(edtl as usize));
+    let good = resp.status == Response::GOOD || resp.status == Response::CONDITION_MET;
+    let collapse = good && resp.sense.is_none() && !data.is_empty();
+    let total = data.len() as u32;
+    let mut offset = 0u32;
+    let mut data_sn = 0u32;
+    let mut in_burst = 0u32;
+    while offset < total {
+        let len = seg.min(total - offset).min(burst - in_burst);
+        let last = offset + len == total;
+        in_burst += len;
+        let end_of_burst = in_burst == burst;
+        if end_of_burst {
+            in_burst = 0;
+        }
+        let status_here = last && collapse;
+        let h = DataIn {
+            final_: last || end_of_burst,
+            acknowledge: false,
+            overflow: status_here && overflow > 0,
+            underflow: status_here && underflow > 0,
+            status_present: status_here,
+            status: if status_here { resp.status } else { 0 },
+            lun,
+            itt,
+            ttt: RESERVED_TAG,
+            data_sn,
+            buffer_offset: offset,
+            residual_count: if status_here { residual } else { 0 },
+            ..DataIn::default()
+        };
+        emit(Pdu::new(
+            h,
+            data.slice(offset as usize..(offset + len) as usize),
+        ));
+        offset += len;
+        data_sn = data_sn.wrapping_add(1);
+    }
+    if collapse {
+        return;
+    }
+    let body = match &resp.sense {
+        Some(s) => {
+            let mut b = BytesMut::with_capacity(s.len() + 2);
+            b.extend_from_slice(&(s.len() as u16).to_be_bytes());
+            b.extend_from_slice(s);
+            b.freeze()
+        }
+        None => Bytes::new(),
+    };
+    emit(Pdu::new(
+        iscsi_wire::header::ScsiResponse {
+            overflow: overflow > 0,
+            underflow: underflow > 0,
+            response: 0,
+            status: resp.status,
+            itt,
+            exp_data_sn: data_sn,
+            residual_count: residual,
+            ..iscsi_wire::header::ScsiResponse::default()
+        },
+        body,
+    ));
 }
 
 /// Stamps the sequence numbers of a target PDU at the moment it is sent (§4.2.2.2): StatSN

@@ -646,3 +646,36 @@ fn accepts_max_connections_as_the_lower_of_both_offers() {
     let r = l.handle(&req(1, 3, true), first, &mut dir);
     assert_eq!(get(&keys(&r), "MaxConnections"), Some("1"));
 }
+
+/// RFC 7143 §13.20: ErrorRecoveryLevel is the lower of both offers. A host offering 0 (the
+/// Linux initiator, libiscsi, ipsan's own) gets 0 from a target that allows 2; one offering 2
+/// gets the target's level; the default offer stays 0.
+#[test]
+fn accepts_error_recovery_level_as_the_lower_of_both_offers() {
+    for (allowed, asked, expected) in [
+        (2, "0", "0"),
+        (2, "1", "1"),
+        (2, "2", "2"),
+        (1, "2", "1"),
+        (0, "2", "0"),
+    ] {
+        let mut dir = Dir::default();
+        let offer = TargetOffer {
+            error_recovery_level: allowed,
+            ..TargetOffer::default()
+        };
+        let mut l = TargetLogin::new(offer, None);
+        let first = format!("InitiatorName=iqn.test:ini\0TargetName=iqn.2026-11.org.ipsan:disk0\0ErrorRecoveryLevel={asked}\0");
+        let r = l.handle(&req(1, 3, true), first.as_bytes(), &mut dir);
+        let k = keys(&r);
+        assert_eq!(
+            get(&k, "ErrorRecoveryLevel"),
+            Some(expected),
+            "allowed {allowed}, asked {asked}"
+        );
+        let Outcome::FullFeature(res) = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        assert_eq!(res.params.error_recovery_level.to_string(), expected);
+    }
+}

@@ -30,17 +30,20 @@
 //!   session closes every connection once it is answered.
 //!
 //! PDUs received on a connection that then closes (lost, reinstated, logged out) before their
-//! turn came never run: their CmdSNs count as received (the initiator learns of them with the
-//! connection's failure), so the window moves on. Commands that never arrived at all (sent on
-//! a connection that died) leave a gap only ErrorRecoveryLevel 2 repairs; at level 0 the
-//! initiator recovers the session.
+//! turn came never run: at ErrorRecoveryLevel 0 their CmdSNs count as received (the initiator
+//! learns of them with the connection's failure), so the window moves on. Commands that never
+//! arrived at all (sent on a connection that died) leave a gap only ErrorRecoveryLevel 2
+//! repairs; at level 0 the initiator recovers the session.
+//!
+//! At ErrorRecoveryLevel 2 a failed connection's tasks stay in the session for TASK REASSIGN
+//! ([`orphans`]), and the commands it held are retried by the initiator with their CmdSNs.
 //!
 //! Each connection's engine keeps the [`CmdWindow`] field it has alone; while the session hands
 //! it an input, the session's window is swapped into it, so the engine's own admission and
 //! stamping run on the one window, unchanged. A session of one connection
 //! (MaxConnections=1) behaves exactly as its [`Connection`] alone.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use iscsi_wire::header::{TmfFunction, TmfResponse};
@@ -51,6 +54,8 @@ use crate::engine::{CloseReason, Side, Violation};
 use crate::login::{LoginFailure, LoginStatus};
 use crate::params::SessionParams;
 use crate::seq::{sn_le, sn_lt, Admit, CmdWindow};
+
+mod orphans;
 
 /// A connection of a [`Session`]: stable while it lives, never reused (a CID is the
 /// initiator's name for it and may come back with a reinstated connection).
@@ -90,6 +95,8 @@ struct Member<D> {
     /// PDUs received and waiting for their CmdSN's turn, in arrival order.
     held: VecDeque<Pdu>,
     held_bytes: usize,
+    /// Its tasks went to the orphans (ErrorRecoveryLevel 2).
+    orphaned: bool,
 }
 
 /// A target session: its connections and its one CmdSN window. `D` as in [`Connection`].
@@ -110,6 +117,16 @@ pub struct Session<D = ()> {
     /// Which connection each event not yet polled came from, in the order they happened
     /// (commands of several connections run in CmdSN order: so do their events).
     order: VecDeque<ConnId>,
+    /// Tasks of failed connections waiting for TASK REASSIGN, by ITT (ErrorRecoveryLevel 2).
+    orphans: HashMap<u32, orphans::Orphan<D>>,
+    /// Running tasks reassigned to another connection: the connection the driver knows each
+    /// by, and where it is now.
+    moved: HashMap<u32, (ConnId, ConnId)>,
+    /// Events of the session itself (an expired orphan's abort), for the connection the driver
+    /// knows the task by.
+    own_events: VecDeque<(ConnId, Event<D>)>,
+    /// The latest time an input brought.
+    clock: Instant,
 }
 
 /// The CmdSN of a PDU the window orders (a non-immediate request), `None` for the others.
@@ -141,12 +158,17 @@ impl<D> Session<D> {
                 conn: Connection::carrying(cfg, now),
                 held: VecDeque::new(),
                 held_bytes: 0,
+                orphaned: false,
             }],
             next_id: 1,
             vacated: HashSet::new(),
             ending: None,
             touched: Vec::new(),
             order: VecDeque::new(),
+            orphans: HashMap::new(),
+            moved: HashMap::new(),
+            own_events: VecDeque::new(),
+            clock: now,
         };
         (s, id)
     }
@@ -165,6 +187,7 @@ impl<D> Session<D> {
         if self.ending.is_some() {
             return Err(AddError::Ending);
         }
+        self.clock = self.clock.max(now);
         let same = self
             .members
             .iter()
@@ -199,6 +222,7 @@ impl<D> Session<D> {
             conn: Connection::carrying(cfg, now),
             held: VecDeque::new(),
             held_bytes: 0,
+            orphaned: false,
         });
         self.update_siblings();
         self.drain(now, dir);
@@ -211,7 +235,9 @@ impl<D> Session<D> {
         let Some(i) = self.index(id) else {
             return;
         };
+        self.clock = self.clock.max(now);
         self.with(i, Connection::close_locally);
+        self.collect_orphans();
         self.vacate(i);
         let m = self.members.remove(i);
         self.order.retain(|x| *x != id);
@@ -305,6 +331,9 @@ impl<D> Session<D> {
     /// The next thing for the driver to do, and the connection it concerns, in the order
     /// things happened across the connections (Execute events in CmdSN order).
     pub fn poll_event(&mut self) -> Option<(ConnId, Event<D>)> {
+        if let Some(e) = self.own_events.pop_front() {
+            return Some(e);
+        }
         while let Some(id) = self.order.pop_front() {
             if let Some(ev) = self.index(id).and_then(|i| self.pop_event(i)) {
                 return Some((id, ev));
@@ -317,6 +346,19 @@ impl<D> Session<D> {
     /// The next thing for the driver to do on connection `id` (a driver with a task per
     /// connection), in the order it happened on that connection.
     pub fn poll_event_of(&mut self, id: ConnId) -> Option<Event<D>> {
+        // The session's own events (an expired orphan's abort) go to the connection the
+        // driver knows the task by, or to any connection once that one is closed (its driver
+        // reads no more events: it waits for its commands, the one to abort among them) or
+        // gone.
+        let own = self.own_events.iter().position(|(c, _)| {
+            *c == id
+                || self
+                    .index(*c)
+                    .is_none_or(|i| self.members[i].conn.closed.is_some())
+        });
+        if let Some(k) = own {
+            return self.own_events.remove(k).map(|(_, e)| e);
+        }
         let i = self.index(id)?;
         let ev = self.pop_event(i)?;
         if let Some(k) = self.order.iter().position(|x| *x == id) {
@@ -338,6 +380,7 @@ impl<D> Session<D> {
         self.members
             .iter()
             .filter_map(|m| m.conn.poll_timeout())
+            .chain(self.orphan_deadline())
             .min()
     }
 
@@ -348,10 +391,13 @@ impl<D> Session<D> {
         let Some(i) = self.index(id) else {
             return;
         };
+        self.clock = self.clock.max(now);
         if self.members[i].conn.closed.is_some() {
             return;
         }
-        if !self.members[i].held.is_empty() || self.waits(&pdu.header) {
+        if self.bypasses_held(&pdu.header) {
+            self.deliver(i, now, dir, pdu);
+        } else if !self.members[i].held.is_empty() || self.waits(&pdu.header) {
             self.hold(i, now, pdu);
         } else {
             self.deliver(i, now, dir, pdu);
@@ -361,10 +407,12 @@ impl<D> Session<D> {
 
     /// Time passed, for every connection.
     pub fn handle_timeout(&mut self, now: Instant, dir: &dyn LunDirectory<D>) {
+        self.clock = self.clock.max(now);
         for i in 0..self.members.len() {
             self.with(i, |c| c.handle_timeout(now));
         }
         self.drain(now, dir);
+        self.expire_orphans(now, dir);
     }
 
     /// A PDU of connection `id` that could not be decoded ([`Connection::handle_wire_error`]).
@@ -376,6 +424,7 @@ impl<D> Session<D> {
 
     /// The initiator closed connection `id`, or its socket failed.
     pub fn peer_closed(&mut self, id: ConnId, now: Instant, dir: &dyn LunDirectory<D>) {
+        self.clock = self.clock.max(now);
         if let Some(i) = self.index(id) {
             self.with(i, Connection::peer_closed);
             self.drain(now, dir);
@@ -410,7 +459,16 @@ impl<D> Session<D> {
         resp: Response,
         residual: Option<i64>,
     ) -> bool {
-        let Some(i) = self.index(id) else {
+        self.collect_orphans();
+        let here = self
+            .index(id)
+            .filter(|&i| self.members[i].conn.is_running(itt));
+        if here.is_none() {
+            if let Some(done) = self.complete_elsewhere(id, itt, resp.clone(), residual) {
+                return done;
+            }
+        }
+        let Some(i) = here.or_else(|| self.index(id)) else {
             return false;
         };
         self.with(i, |c| c.complete_with_residual(itt, resp, residual))
@@ -469,7 +527,21 @@ impl<D> Session<D> {
         r
     }
 
+    /// At ErrorRecoveryLevel 2, a held command whose turn it is behind a later one on the same
+    /// connection: a command the initiator retried (§6.2.1) after sending later ones there.
+    fn retried_at(&self, i: usize) -> Option<usize> {
+        if self.params.error_recovery_level < 2 {
+            return None;
+        }
+        let exp = self.window.exp_cmd_sn();
+        self.members[i]
+            .held
+            .iter()
+            .position(|p| ordered(&p.header) == Some(exp))
+    }
+
     fn update_siblings(&mut self) {
+        let recoverable = self.recoverable_cids();
         let cids: Vec<(ConnId, u16)> = self
             .members
             .iter()
@@ -482,6 +554,7 @@ impl<D> Session<D> {
                 .filter(|(id, _)| *id != m.id)
                 .map(|(_, cid)| *cid)
                 .collect();
+            m.conn.recoverable.clone_from(&recoverable);
         }
     }
 
@@ -528,7 +601,8 @@ impl<D> Session<D> {
                 .members
                 .iter()
                 .enumerate()
-                .any(|(j, m)| j != i && m.conn.closed.is_none() && m.conn.has_task(cmd.itt));
+                .any(|(j, m)| j != i && m.conn.closed.is_none() && m.conn.has_task(cmd.itt))
+                || self.itt_reused(i, cmd.itt);
             if elsewhere {
                 let (cmd, raw) = (cmd.clone(), *pdu.raw_bhs());
                 self.with(i, |c| c.reject_command(&cmd, &raw));
@@ -539,6 +613,19 @@ impl<D> Session<D> {
             Header::TaskMgmtRequest(t) if admitted => Some((t.function, t.lun)),
             _ => None,
         };
+        if let Header::TaskMgmtRequest(t) = &pdu.header {
+            if self.params.error_recovery_level >= 2 {
+                if t.function == TmfFunction::TASK_REASSIGN && self.reassign(i, t) {
+                    return;
+                }
+                if t.function == TmfFunction::ABORT_TASK
+                    && self.abort_orphan(dir, t.referenced_task_tag)
+                {
+                    self.with(i, |c| c.answer_tmf(t, TmfResponse::FUNCTION_COMPLETE));
+                    return;
+                }
+            }
+        }
         self.with(i, |c| c.handle_pdu(now, dir, pdu));
         if let Some((function, lun)) = tmf {
             self.tmf_elsewhere(i, dir, function, lun);
@@ -557,6 +644,18 @@ impl<D> Session<D> {
             }
             Some(None) => self.ending = Some(self.members[i].id),
             None => {}
+        }
+        if let Some(cid) = self.members[i].conn.recovery_of.take() {
+            let other = self
+                .members
+                .iter()
+                .enumerate()
+                .position(|(j, m)| j != i && m.conn.closed.is_none() && m.conn.cid == cid);
+            if let Some(j) = other {
+                self.members[j].conn.for_recovery = true;
+                self.with(j, |c| c.close(Side::Initiator, CloseReason::Logout));
+                self.update_siblings();
+            }
         }
     }
 
@@ -577,6 +676,7 @@ impl<D> Session<D> {
         if !(all || (lu && dir.exists(lun))) {
             return;
         }
+        self.tmf_orphans(dir, all, lun);
         for j in 0..self.members.len() {
             if j == i {
                 continue;
@@ -591,11 +691,13 @@ impl<D> Session<D> {
         }
     }
 
-    /// A closed connection's held PDUs never run: their CmdSNs count as received.
+    /// A closed connection's held PDUs never run: their CmdSNs count as received, except on a
+    /// failed connection at ErrorRecoveryLevel 2, whose commands the initiator retries.
     fn vacate(&mut self, i: usize) {
+        let retried = self.params.error_recovery_level >= 2 && self.members[i].conn.failed();
         let m = &mut self.members[i];
         for pdu in m.held.drain(..) {
-            if let Some(sn) = ordered(&pdu.header) {
+            if let Some(sn) = ordered(&pdu.header).filter(|_| !retried) {
                 self.vacated.insert(sn);
             }
         }
@@ -604,6 +706,7 @@ impl<D> Session<D> {
 
     /// Runs every held PDU whose turn came, until none did.
     fn drain(&mut self, now: Instant, dir: &dyn LunDirectory<D>) {
+        self.collect_orphans();
         loop {
             let mut progress = false;
             for i in 0..self.members.len() {
@@ -624,17 +727,17 @@ impl<D> Session<D> {
                         Some(p) => !self.waits(&p.header),
                         None => false,
                     };
-                    if !ready {
-                        break;
-                    }
-                    let Some(pdu) = self.members[i].held.pop_front() else {
+                    let at = if ready { Some(0) } else { self.retried_at(i) };
+                    let Some(pdu) = at.and_then(|k| self.members[i].held.remove(k)) else {
                         break;
                     };
                     let m = &mut self.members[i];
                     m.held_bytes = m.held_bytes.saturating_sub(pdu.data.len());
                     if m.conn.closed.is_some() {
-                        // Closed by what ran before it: never runs, counts as received.
-                        if let Some(sn) = ordered(&pdu.header) {
+                        // Closed by what ran before it: never runs, counts as received (unless
+                        // the initiator retries it, ErrorRecoveryLevel 2).
+                        let retried = self.params.error_recovery_level >= 2 && m.conn.failed();
+                        if let Some(sn) = ordered(&pdu.header).filter(|_| !retried) {
                             self.vacated.insert(sn);
                         }
                         continue;
