@@ -396,11 +396,25 @@ impl Link {
         let dst = b
             .local_addr()
             .map_err(|e| LinkError::io("path probe address", e))?;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let echo_done = done.clone();
         let echo = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
-            // Ends when the prober stops sending (read timeout).
-            while let Ok((n, from)) = b.recv_from(&mut buf) {
-                let _ = b.send_to(&buf[..n], from);
+            // Ends when the prober says so, not at its first read timeout: on a busy host the
+            // first probe can take longer than one timeout to cross the forwarders, and an
+            // echo that had already left lost every probe ("only 0 of 62 path probes").
+            loop {
+                match b.recv_from(&mut buf) {
+                    Ok((n, from)) => {
+                        let _ = b.send_to(&buf[..n], from);
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) && !echo_done.load(std::sync::atomic::Ordering::Relaxed) => {}
+                    Err(_) => break,
+                }
             }
         });
         let mut rtts = Vec::with_capacity(probes);
@@ -421,6 +435,7 @@ impl Link {
             }
         }
         drop(a);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = echo.join();
         if rtts.len() < probes / 2 {
             return Err(LinkError::Probe(format!(
