@@ -19,7 +19,7 @@ for l in lines:
             cur=f"{pkg}/{src[6:-3]}"
     m=re.search(r"finished in ([0-9.]+)s",l)
     if m and cur: times[cur]=float(m.group(1)); cur=None
-times["doc-tests"]=17  # measured in lanes/run.log (cargo prints no time for them)
+times["doc-tests"]=17  # lanes/run.log: cargo prints no time for them
 print(len(times), sum(times.values()))
 def sim(lanes):
     order=sorted(times,key=lambda n:("solo" in rt.claims(n),-rt.estimate(n),n))
