@@ -250,9 +250,7 @@ async fn relayed_pair(
 
 /// Sends 8 full records from the host (OpenSSL's layer) and reads at the target (ours) until
 /// an error or the end: what was delivered and how it ended.
-async fn attack(
-    edit: Edit,
-) -> (Vec<u8>, Option<std::io::Error>) {
+async fn attack(edit: Edit) -> (Vec<u8>, Option<std::io::Error>) {
     let (mut host, mut target, relay) = relayed_pair(edit, RecordLayer::Own).await;
     let w = tokio::spawn(async move {
         let _ = host.write_all(&bytes(0, 8 * RECORD, 9)).await;
