@@ -1,13 +1,15 @@
-//! One-way throughput of nvme-tls over loopback TCP against plain TCP, per cipher suite, with
-//! the process's CPU seconds per GB (both ends are in this process, on one tokio runtime).
+//! One-way throughput of nvme-tls over loopback TCP against plain TCP, per cipher suite and
+//! record layer (OpenSSL's, nvme-tls's own), with the process's CPU seconds per GB (both ends are in this process, on one tokio runtime).
 //!
-//! `cargo run --release -p nvme-tls --example throughput [MiB]` (default 1024 MiB). Compare
+//! `cargo run --release -p nvme-tls --example throughput [MiB] [ROW]` (default 1024 MiB; ROW:
+//! run only the rows whose name contains it, e.g. `own`, `openssl`, `plain`, for `perf`). Compare
 //! the extra CPU with the cipher's own cost: `openssl speed -evp aes-128-gcm -bytes 16384`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
 
 use nvme_proto::psk::{ConfiguredPsk, Derivation, IdentityVersion, PskHash, PskStore};
+use nvme_tls::RecordLayer;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -59,7 +61,7 @@ async fn pair() -> (TcpStream, TcpStream) {
 fn report(what: &str, bytes: usize, wall: f64, cpu: f64) {
     let gb = bytes as f64 / 1e9;
     println!(
-        "{what:<28} {:>8.0} MB/s  {:>6.2} CPU-s/GB",
+        "{what:<32} {:>8.0} MB/s  {:>6.2} CPU-s/GB",
         bytes as f64 / 1e6 / wall,
         cpu / gb
     );
@@ -72,39 +74,55 @@ async fn main() {
         .map(|a| a.parse().unwrap())
         .unwrap_or(1024);
     let bytes = mib * 1024 * 1024;
+    let only = std::env::args().nth(2).unwrap_or_default();
+    let runs = |name: &str| name.contains(only.as_str());
 
-    let (c, s) = pair().await;
-    let (t, cpu) = (Instant::now(), cpu_seconds());
-    pump(s, c, bytes).await;
-    report(
-        "plain TCP",
-        bytes,
-        t.elapsed().as_secs_f64(),
-        cpu_seconds() - cpu,
-    );
-
-    for hash in [PskHash::Sha256, PskHash::Sha384] {
-        let key = ConfiguredPsk::new(Some(hash), &vec![7u8; hash.key_len()]).unwrap();
-        let mut store = PskStore::new();
-        store.insert(H, S, key.clone());
+    if runs("plain TCP") {
         let (c, s) = pair().await;
-        let server = tokio::spawn(async move { nvme_tls::accept(s, &store).await.unwrap() });
-        let (id, psk) = key.tls_psk(H, S, IdentityVersion::V0, Derivation::Libnvme);
-        let client = nvme_tls::connect_with(c, &id, &psk).await.unwrap();
-        let server = server.await.unwrap().stream;
         let (t, cpu) = (Instant::now(), cpu_seconds());
-        pump(server, client, bytes).await;
+        pump(s, c, bytes).await;
         report(
-            hash.cipher_suite(),
+            "plain TCP",
             bytes,
             t.elapsed().as_secs_f64(),
             cpu_seconds() - cpu,
         );
     }
 
+    // Each suite with OpenSSL's record layer and with nvme-tls's own (the default).
+    for hash in [PskHash::Sha256, PskHash::Sha384] {
+        for layer in [RecordLayer::OpenSsl, RecordLayer::Own] {
+            let name = match layer {
+                RecordLayer::OpenSsl => "openssl",
+                RecordLayer::Own => "own",
+            };
+            let name = format!("{} {name}", hash.cipher_suite());
+            if !runs(&name) {
+                continue;
+            }
+            let key = ConfiguredPsk::new(Some(hash), &vec![7u8; hash.key_len()]).unwrap();
+            let mut store = PskStore::new();
+            store.insert(H, S, key.clone());
+            let (c, s) = pair().await;
+            let server =
+                tokio::spawn(
+                    async move { nvme_tls::accept_using(s, &store, layer).await.unwrap() },
+                );
+            let (id, psk) = key.tls_psk(H, S, IdentityVersion::V0, Derivation::Libnvme);
+            let client = nvme_tls::connect_using(c, &id, &psk, layer).await.unwrap();
+            let server = server.await.unwrap().stream;
+            let (t, cpu) = (Instant::now(), cpu_seconds());
+            pump(server, client, bytes).await;
+            report(&name, bytes, t.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+        }
+    }
+
     // The sender's records coalesced into 256 KiB socket writes by a BufWriter under the TLS
     // stream: how the records of a batch shared a system call before `TlsStream` did it
     // itself (kept for comparison with older builds; now it only adds a copy).
+    if !runs("AES_128_GCM + BufWriter") {
+        return;
+    }
     let key = ConfiguredPsk::new(Some(PskHash::Sha256), &[7u8; 32]).unwrap();
     let mut store = PskStore::new();
     store.insert(H, S, key.clone());

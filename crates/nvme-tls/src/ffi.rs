@@ -1,6 +1,7 @@
 //! The OpenSSL calls for TLS 1.3 external PSKs that the `openssl` crate does not wrap
-//! (OpenSSL 3.0's `ssl.h`, present since 1.1.1), and the read buffer length, and the two callbacks that hand OpenSSL a
-//! session built from a [`TlsPsk`]. The only `unsafe` of the crate.
+//! (OpenSSL 3.0's `ssl.h`, present since 1.1.1), the read buffer length, `SSL_has_pending` and
+//! `SSL_key_update`, and the two callbacks that hand OpenSSL a session built from a
+//! [`TlsPsk`]. The only `unsafe` of the crate.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_uchar};
@@ -38,6 +39,8 @@ extern "C" {
     fn SSL_SESSION_set_cipher(s: *mut SSL_SESSION, cipher: *const SSL_CIPHER) -> c_int;
     fn SSL_SESSION_set_protocol_version(s: *mut SSL_SESSION, version: c_int) -> c_int;
     fn SSL_CTX_set_default_read_buffer_len(ctx: *mut SSL_CTX, len: usize);
+    fn SSL_has_pending(s: *const SSL) -> c_int;
+    fn SSL_key_update(s: *mut SSL, updatetype: c_int) -> c_int;
 }
 
 /// A TLS 1.3 session holding `psk` as its resumption secret with the cipher suite of its hash
@@ -177,4 +180,19 @@ pub(crate) fn client_hello_ext(ssl: &SslRef, ext_type: u32) -> Option<&[u8]> {
         }
         Some(std::slice::from_raw_parts(out, len))
     }
+}
+
+/// Whether OpenSSL holds received bytes not yet handed out, processed or not (`SSL_has_pending`,
+/// OpenSSL ≥ 1.1.0): none may be left when the record layer is taken over after the handshake.
+pub(crate) fn has_pending(ssl: &SslRef) -> bool {
+    // SAFETY: `ssl` is a live SSL; the call only reads its buffers' state.
+    unsafe { SSL_has_pending(ssl.as_ptr()) == 1 }
+}
+
+/// Schedules a KeyUpdate (`SSL_key_update`, RFC 8446 §4.6.3) on OpenSSL's record layer: sent
+/// with the next write; `request_peer` asks the peer to update its key too.
+pub(crate) fn key_update(ssl: &SslRef, request_peer: bool) -> bool {
+    // SAFETY: `ssl` is a live SSL whose handshake is complete (the caller's stream exists only
+    // then); 1 = SSL_KEY_UPDATE_REQUESTED, 0 = SSL_KEY_UPDATE_NOT_REQUESTED.
+    unsafe { SSL_key_update(ssl.as_ptr(), c_int::from(request_peer)) == 1 }
 }

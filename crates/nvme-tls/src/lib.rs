@@ -28,9 +28,15 @@
 //!   else goes through the `openssl` crate's safe API.
 //! - **GnuTLS** (what `tlshd` uses) has no maintained Rust binding.
 //!
-//! kTLS is not used: the records are sealed in user space by OpenSSL (through
-//! `tokio-openssl`, over a custom BIO, so OpenSSL's own kTLS, which needs a socket BIO, does
-//! not apply). [`TlsStream`] is an `AsyncRead + AsyncWrite` with vectored writes that sends
+//! # Records
+//! OpenSSL runs the handshake; the records after it are sealed and opened in user space by a
+//! TLS 1.3 record layer of this crate (`records` module: RFC 8446 §5 and §7.3 on AWS-LC's
+//! AES-GCM, keyed from the traffic secrets OpenSSL's key-log callback hands over, KeyUpdate
+//! followed and answered), because OpenSSL's behind a BIO copied each byte twice more and
+//! cost more than the cipher (docs/results/nvme-tls-records). The wire is the same TLS 1.3;
+//! [`RecordLayer::OpenSsl`] keeps OpenSSL's record layer (the reference the tests hold ours
+//! against). kTLS is not used: this machine's kernel has none, and OpenSSL's kTLS needs a
+//! socket BIO. [`TlsStream`] is an `AsyncRead + AsyncWrite` with vectored writes that sends
 //! a batch of records with one system call and reads a burst of records per call (`stream`
 //! module: what it costs and why).
 //!
@@ -50,10 +56,23 @@ use openssl::ssl::{
 use tokio::io::{AsyncRead, AsyncWrite};
 
 mod ffi;
+mod records;
 mod stream;
 
+use records::{KeyLog, Records};
 pub use stream::TlsStream;
 use stream::{Sealed, READ_BUFFER};
+
+/// Which code seals and opens the records once OpenSSL's handshake is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordLayer {
+    /// This crate's TLS 1.3 record layer (`records`): no copies beyond the kernel's and the
+    /// cipher's. What [`accept`], [`connect`] and [`connect_with`] use.
+    #[default]
+    Own,
+    /// OpenSSL's record layer through `tokio-openssl` (the reference implementation).
+    OpenSsl,
+}
 
 /// Why a handshake did not produce a PSK-keyed TLS 1.3 stream. Texts hold no key material.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +94,10 @@ pub enum TlsError {
     /// here; checked so that a certificate handshake is never taken for a keyed one).
     #[error("TLS handshake completed without the PSK")]
     NotPsk,
+    /// The record layer could not take over after the handshake (no secrets logged, an
+    /// unexpected suite, bytes left inside OpenSSL).
+    #[error("TLS record layer: {0}")]
+    Records(String),
 }
 
 /// A target's accepted connection: the stream and the identity whose key it was keyed with.
@@ -101,6 +124,15 @@ struct ServerState {
 struct ClientState {
     identity: Vec<u8>,
     psk: TlsPsk,
+}
+
+fn keylog_index() -> Result<Index<Ssl, KeyLog>, ErrorStack> {
+    static IDX: OnceLock<Index<Ssl, KeyLog>> = OnceLock::new();
+    if let Some(i) = IDX.get() {
+        return Ok(*i);
+    }
+    let i = Ssl::new_ex_index::<KeyLog>()?;
+    Ok(*IDX.get_or_init(|| i))
 }
 
 fn server_index() -> Result<Index<Ssl, ServerState>, ErrorStack> {
@@ -132,10 +164,19 @@ fn tls13_only(b: &mut openssl::ssl::SslContextBuilder) -> Result<(), ErrorStack>
     // renegotiation (none exists in TLS 1.3), no compression.
     b.set_options(SslOptions::NO_TICKET | SslOptions::NO_COMPRESSION);
     b.set_num_tickets(0)?;
-    // Read whole TLS records (and several at once) per read from the socket instead of a
-    // 5-byte header and then the body: one syscall for up to 16 records of 16 KiB.
-    b.set_read_ahead(true);
+    // No read-ahead: during the handshake OpenSSL reads exactly one record at a time, so it
+    // holds none of the peer's first application records when the handshake ends and our
+    // record layer takes over (with OpenSSL's record layer, reads are single records too:
+    // the stream reads bursts of them).
+    b.set_read_ahead(false);
     ffi::set_default_read_buffer_len(b, READ_BUFFER);
+    // The application traffic secrets for our record layer, kept on the connection that asked
+    // for them (`KeyLog` in its ex_data) and nowhere else.
+    b.set_keylog_callback(|ssl, line| {
+        if let Some(log) = keylog_index().ok().and_then(|i| ssl.ex_data(i)) {
+            log.line(line);
+        }
+    });
     Ok(())
 }
 
@@ -233,8 +274,23 @@ pub async fn accept<S>(stream: S, store: &PskStore) -> Result<Accepted<S>, TlsEr
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    accept_using(stream, store, RecordLayer::Own).await
+}
+
+/// [`accept`] with the record layer chosen.
+pub async fn accept_using<S>(
+    stream: S,
+    store: &PskStore,
+    layer: RecordLayer,
+) -> Result<Accepted<S>, TlsError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let ctx = server_context()?;
     let mut ssl = Ssl::new(&ctx)?;
+    if layer == RecordLayer::Own {
+        ssl.set_ex_data(keylog_index()?, KeyLog::default());
+    }
     ssl.set_ex_data(
         server_index()?,
         ServerState {
@@ -262,6 +318,7 @@ where
     if !tls.ssl().session_reused() {
         return Err(TlsError::NotPsk);
     }
+    take_over(&mut tls, layer)?;
     Ok(Accepted {
         stream: tls,
         identity,
@@ -296,8 +353,24 @@ pub async fn connect_with<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    connect_using(stream, identity, psk, RecordLayer::Own).await
+}
+
+/// [`connect_with`] with the record layer chosen.
+pub async fn connect_using<S>(
+    stream: S,
+    identity: &PskIdentity,
+    psk: &TlsPsk,
+    layer: RecordLayer,
+) -> Result<TlsStream<S>, TlsError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let ctx = client_context(psk.hash())?;
     let mut ssl = Ssl::new(&ctx)?;
+    if layer == RecordLayer::Own {
+        ssl.set_ex_data(keylog_index()?, KeyLog::default());
+    }
     ssl.set_ex_data(
         client_index()?,
         ClientState {
@@ -313,7 +386,25 @@ where
     if !tls.ssl().session_reused() {
         return Err(TlsError::NotPsk);
     }
+    take_over(&mut tls, layer)?;
     Ok(tls)
+}
+
+/// Hands the records to our record layer, with the secrets the key log kept (which leave
+/// the `SSL`: its ex_data is emptied).
+fn take_over<S>(tls: &mut TlsStream<S>, layer: RecordLayer) -> Result<(), TlsError> {
+    if layer != RecordLayer::Own {
+        return Ok(());
+    }
+    let idx = keylog_index()?;
+    let log = tls
+        .ssl()
+        .ex_data(idx)
+        .ok_or_else(|| TlsError::Records("no key log".into()))?;
+    let records = Records::after_handshake(tls.ssl(), log, READ_BUFFER)
+        .map_err(|e| TlsError::Records(e.to_string()))?;
+    tls.set_records(records);
+    Ok(())
 }
 
 /// The negotiated cipher suite's name (for logs and tests).

@@ -1,5 +1,8 @@
-//! The encrypted stream: OpenSSL's record layer (through `tokio-openssl`) over the caller's
-//! stream, with the three things that were costing more than the cipher taken out:
+//! The encrypted stream: after OpenSSL's handshake, the records are sealed and opened by the
+//! record layer of [`crate::records`] (the default: no copy beyond the kernel's and the
+//! cipher's own, AWS-LC's AES-GCM) or, with [`crate::RecordLayer::OpenSsl`], by OpenSSL's
+//! (through `tokio-openssl`, the reference the first is tested against). Both share what
+//! this module does around them:
 //!
 //! - **One system call per batch of records, not per record.** OpenSSL hands its wire BIO
 //!   one sealed record (≤ 16 KiB) at a time; written straight to the socket that was one
@@ -15,10 +18,11 @@
 //!   a time) until the caller's buffer is full or the socket has nothing more, so a driver
 //!   runs its PDU machine once per burst instead of once per 16 KiB.
 //!
-//! What is left is the cipher, the kernel's copy both ways (as for plain TCP), OpenSSL's own
-//! copy of each opened record into the caller's buffer, and one copy of the sealed records
-//! into [`Sealed`]'s buffer (cheaper than the system calls it saves: the record is still hot
-//! in the cache).
+//! With OpenSSL's record layer, what is left is the cipher, the kernel's copy both ways (as
+//! for plain TCP), OpenSSL's copies of each record (the plaintext into its write buffer, the
+//! opened record into the caller's buffer) and one copy of the sealed records into
+//! [`Sealed`]'s buffer. With [`crate::records`], a record is sealed from the caller's buffer
+//! straight into [`Sealed`]'s and opened from the receive buffer straight into the caller's.
 
 use std::fmt;
 use std::io::{self, IoSlice};
@@ -27,6 +31,8 @@ use std::task::{ready, Context, Poll};
 
 use openssl::ssl::SslRef;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::records::Records;
 
 /// The largest TLS 1.3 record's plaintext (RFC 8446 §5.1: 2^14 bytes).
 pub(crate) const RECORD: usize = 16 * 1024;
@@ -47,8 +53,8 @@ pub(crate) const READ_BUFFER: usize = 16 * (RECORD + 256);
 /// for the next write or flush, which RFC 8446 §4.6.3 allows (it must precede the next
 /// application data, and it does: the buffer is in order).
 pub(crate) struct Sealed<S> {
-    inner: S,
-    out: Vec<u8>,
+    pub(crate) inner: S,
+    pub(crate) out: Vec<u8>,
     /// How much of `out` the socket has taken.
     sent: usize,
 }
@@ -134,6 +140,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Sealed<S> {
 /// when the write call returns if the socket takes it, and surely after `flush`.
 pub struct TlsStream<S> {
     tls: tokio_openssl::SslStream<Sealed<S>>,
+    /// Our record layer, once the handshake has handed over its secrets; `None`: OpenSSL's.
+    own: Option<Box<Records>>,
     /// Small pieces of one write call, packed into one record.
     stage: Vec<u8>,
     /// close_notify is written (shutdown has begun).
@@ -158,6 +166,7 @@ impl<S> TlsStream<S> {
     pub(crate) fn from_ssl(tls: tokio_openssl::SslStream<Sealed<S>>) -> Self {
         Self {
             tls,
+            own: None,
             stage: Vec::new(),
             closing: false,
             read_err: None,
@@ -172,6 +181,41 @@ impl<S> TlsStream<S> {
     /// The stream under TLS.
     pub fn get_ref(&self) -> &S {
         &self.tls.get_ref().inner
+    }
+
+    /// Moves the records to our own record layer (after the handshake).
+    pub(crate) fn set_records(&mut self, records: Records) {
+        self.own = Some(Box::new(records));
+    }
+
+    /// Which record layer seals and opens this stream's records.
+    pub fn record_layer(&self) -> crate::RecordLayer {
+        if self.own.is_some() {
+            crate::RecordLayer::Own
+        } else {
+            crate::RecordLayer::OpenSsl
+        }
+    }
+
+    /// How many times each direction's key was updated (RFC 8446 §4.6.3): (receive, send), by
+    /// either side's KeyUpdate. `None` with OpenSSL's record layer (it does not say).
+    pub fn key_generations(&self) -> Option<(u32, u32)> {
+        self.own.as_ref().map(|r| r.generations())
+    }
+
+    /// Starts a KeyUpdate (RFC 8446 §4.6.3): this side's sending key changes, and with
+    /// `request_peer` the peer is asked to change its own. The message goes out with the next
+    /// write or flush. The NVMe/TCP drivers never call this (Linux 6.12's kTLS host cannot take
+    /// a KeyUpdate); it is here for tests and peers that can.
+    pub fn key_update(&mut self, request_peer: bool) -> io::Result<()> {
+        match &mut self.own {
+            Some(r) => r.key_update(&mut self.tls.get_mut().out, request_peer),
+            None if crate::ffi::key_update(self.tls.ssl(), request_peer) => {
+                // OpenSSL sends it with the next SSL_write (an empty one does not count).
+                Ok(())
+            }
+            None => Err(io::Error::other("SSL_key_update failed")),
+        }
     }
 }
 
@@ -199,12 +243,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream<S> {
         .await
     }
 
-    /// Seals all of `data` (OpenSSL cuts it into records) into [`Sealed`]'s buffer.
+    /// Seals all of `data` (cut into records) into [`Sealed`]'s buffer.
     fn seal(
+        own: &mut Option<Box<Records>>,
         tls: &mut tokio_openssl::SslStream<Sealed<S>>,
         cx: &mut Context<'_>,
         mut data: &[u8],
     ) -> io::Result<()> {
+        if let Some(r) = own {
+            return r.seal_data(&mut tls.get_mut().out, data);
+        }
         while !data.is_empty() {
             match Pin::new(&mut *tls).poll_write(cx, data) {
                 Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
@@ -227,6 +275,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(r) = &mut this.own {
+            let sealed = this.tls.get_mut();
+            return r.poll_read(&mut sealed.inner, &mut sealed.out, cx, buf);
+        }
         if let Some(e) = this.read_err.take() {
             return Poll::Ready(Err(e));
         }
@@ -287,7 +339,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
                 if this.stage.is_empty() && b.len() >= RECORD {
                     let whole = b.len() / RECORD * RECORD;
                     let (now, rest) = b.split_at(whole);
-                    Self::seal(&mut this.tls, cx, now)?;
+                    Self::seal(&mut this.own, &mut this.tls, cx, now)?;
                     b = rest;
                 } else {
                     let n = (RECORD - this.stage.len()).min(b.len());
@@ -295,14 +347,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
                     this.stage.extend_from_slice(now);
                     b = rest;
                     if this.stage.len() == RECORD {
-                        Self::seal(&mut this.tls, cx, &this.stage)?;
+                        Self::seal(&mut this.own, &mut this.tls, cx, &this.stage)?;
                         this.stage.clear();
                     }
                 }
             }
         }
         if !this.stage.is_empty() {
-            Self::seal(&mut this.tls, cx, &this.stage)?;
+            Self::seal(&mut this.own, &mut this.tls, cx, &this.stage)?;
             this.stage.clear();
         }
         // One system call for the call's records; what the socket does not take now goes
@@ -325,6 +377,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         ready!(this.tls.get_mut().poll_drain(cx))?;
+        if let Some(r) = &mut this.own {
+            if !this.closing {
+                this.closing = true;
+                let sealed = this.tls.get_mut();
+                r.close_notify(&mut sealed.out)?;
+                ready!(sealed.poll_drain(cx))?;
+            }
+            return Pin::new(this.tls.get_mut()).poll_shutdown(cx);
+        }
         if !this.closing {
             // SSL_shutdown once: it seals close_notify into the buffer (which never refuses),
             // then the buffer is sent and the stream shut down. Called again, it would wait
