@@ -202,7 +202,10 @@ pub struct Completion {
 #[derive(Debug)]
 pub enum DataDir {
     None,
-    /// Expect this many bytes; the buffer is reused (resized, not reallocated when large enough).
+    /// Expect this many bytes; the buffer is reused (resized, not reallocated when large
+    /// enough). A read whose data arrives in one Data-In PDU of at least
+    /// [`ipsan_transport::HAND_OVER_MIN`] bytes is answered in the buffer it was received in
+    /// (no copy; its capacity is the receive buffer's), and this one receives later PDUs.
     Read(BytesMut, usize),
     Write(Bytes),
 }

@@ -86,7 +86,10 @@ impl Config {
 #[derive(Debug)]
 pub enum Data {
     None,
-    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough).
+    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough). When
+    /// one Data-In carries all `len` bytes in a buffer nothing else holds, that buffer is the
+    /// command's data instead (no copy) and `buf` is the driver's again
+    /// ([`Connection::take_spare_buffer`]).
     Read {
         buf: BytesMut,
         len: u32,
@@ -292,6 +295,9 @@ pub struct Connection {
     never_sent: OwnTagSet,
     /// ITTs the session holds for tasks it will submit here (see [`Connection::reserve_itt`]).
     reserved: OwnTagSet,
+    /// A caller's read buffer that a Data-In segment replaced (see
+    /// [`Connection::take_spare_buffer`]).
+    spare: Option<BytesMut>,
 }
 
 impl Connection {
@@ -324,6 +330,7 @@ impl Connection {
             never_sent: OwnTagSet::default(),
             reserved: OwnTagSet::default(),
             closed: None,
+            spare: None,
         }
     }
 
@@ -409,6 +416,13 @@ impl Connection {
 
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// A read buffer nobody uses any more: a command's own buffer, after a Data-In that carried
+    /// the whole read was handed to it instead (no copy). The driver's reader receives into it
+    /// next, so the buffers go round without an allocation per command.
+    pub fn take_spare_buffer(&mut self) -> Option<BytesMut> {
+        self.spare.take()
     }
 
     #[must_use]
@@ -739,7 +753,7 @@ impl Connection {
         }
         let Pdu { header, data, .. } = pdu;
         match header {
-            Header::DataIn(h) => self.on_data_in(&h, &data),
+            Header::DataIn(h) => self.on_data_in(&h, data),
             Header::ScsiResponse(h) => self.on_response(&h, &data),
             Header::R2t(h) => self.on_r2t(now, &h),
             Header::NopIn(h) => self.on_nop_in(&h, &data),
@@ -995,7 +1009,7 @@ impl Connection {
         }
     }
 
-    fn on_data_in(&mut self, h: &DataIn, data: &Bytes) {
+    fn on_data_in(&mut self, h: &DataIn, data: Bytes) {
         let now_itt = h.itt;
         let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
             return;
@@ -1029,12 +1043,30 @@ impl Connection {
             self.violation(v);
             return;
         }
-        if let Some(buf) = t.read.as_mut() {
+        let n = data.len() as u32;
+        let mut spare = None;
+        if off == 0 && n == t.read_len && n > 0 {
+            // The whole read in one PDU: its segment becomes the caller's data, no copy, when
+            // nothing else holds the receive buffer it sits in (the driver's reader leaves it
+            // so, `ipsan_transport::FrameReader::hand_over`); the caller's buffer then goes
+            // back to the reader (`take_spare_buffer`). Otherwise it is copied (issue 27).
+            match data.try_into_mut() {
+                Ok(whole) => spare = t.read.replace(whole),
+                Err(data) => {
+                    if let Some(buf) = t.read.as_mut() {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        } else if let Some(buf) = t.read.as_mut() {
             // `off == received == buf.len()`, checked above.
-            buf.extend_from_slice(data);
+            buf.extend_from_slice(&data);
         }
-        t.received += data.len() as u32;
+        t.received += n;
         t.next_data_sn = t.next_data_sn.wrapping_add(1);
+        if spare.is_some() {
+            self.spare = spare;
+        }
         if h.status_present {
             let residual = residual_of(h.underflow, h.overflow, h.residual_count);
             self.status(now_itt, h.status, None, residual);
@@ -1446,6 +1478,75 @@ mod tests {
             }
         }
         None
+    }
+
+    /// A READ submitted with `buf`, and a Data-In answering all of it with status.
+    fn read_answered(c: &mut Connection, now: Instant, buf: BytesMut, data: Bytes) -> Completion {
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0x88; 16],
+                    data: Data::Read {
+                        buf,
+                        len: data.len() as u32,
+                    },
+                    timed: false,
+                },
+            )
+            .unwrap();
+        while c.poll_transmit().is_some() {}
+        let h = DataIn {
+            final_: true,
+            status_present: true,
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 1,
+            exp_cmd_sn: 2,
+            max_cmd_sn: 16,
+            ..DataIn::default()
+        };
+        c.handle_pdu(now, Pdu::new(h, data));
+        loop {
+            match c.poll_event() {
+                Some(Event::Completed { result, .. }) => return result.unwrap(),
+                Some(_) => {}
+                None => panic!("no completion"),
+            }
+        }
+    }
+
+    /// Issue 27: a Data-In carrying a whole READ in a buffer nothing else holds becomes the
+    /// command's data (the same memory, no copy) and the caller's buffer is handed back for
+    /// the reader to receive into; a segment that shares its buffer is copied into the
+    /// caller's buffer, and nothing is handed back.
+    #[test]
+    fn accepts_a_whole_read_in_one_data_in_without_copying_it() {
+        let (mut c, now) = conn();
+        let mine = BytesMut::with_capacity(8192);
+        let mine_at = mine.as_ptr();
+        let data = Bytes::from(vec![5u8; 8192]);
+        let at = data.as_ptr();
+        let done = read_answered(&mut c, now, mine, data);
+        assert_eq!(&done.data[..], &[5u8; 8192][..]);
+        assert_eq!(done.data.as_ptr(), at, "the Data-In segment was copied");
+        let back = c
+            .take_spare_buffer()
+            .expect("the caller's buffer comes back");
+        assert_eq!(back.as_ptr(), mine_at);
+        assert!(c.take_spare_buffer().is_none());
+
+        let shared = Bytes::from(vec![6u8; 8192]);
+        let keep = shared.clone();
+        let done = read_answered(&mut c, now, back, shared);
+        assert_eq!(&done.data[..], &keep[..]);
+        assert_eq!(
+            done.data.as_ptr(),
+            mine_at,
+            "copied into the caller's own buffer"
+        );
+        assert!(c.take_spare_buffer().is_none());
     }
 
     #[test]
