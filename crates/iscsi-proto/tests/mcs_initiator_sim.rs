@@ -689,3 +689,48 @@ fn logs_a_connection_out_only_once_its_tasks_are_done_and_moves_a_task_whole() {
     assert_eq!((done[0].0, done[0].1), (b, Some(0)));
     check_good(b, 0, Some((8, 1)), &done[0].2).unwrap();
 }
+
+#[test]
+fn a_cut_connection_ends_only_its_tasks_says_a_cmdsn_may_be_missing_and_the_rest_go_on() {
+    let (mut s, now) = two(Spread::RoundRobin);
+    let a = s.submit(now, read(0, 1)).unwrap();
+    let b = s.submit(now, read(8, 1)).unwrap();
+    assert_eq!((s.allegiance(a), s.allegiance(b)), (Some(0), Some(1)));
+    for cid in [0, 1] {
+        while s.poll_transmit(cid).is_some() {}
+    }
+    // Connection 0 is cut before the target acknowledged a's CmdSN (ExpCmdSN still 10).
+    s.peer_closed(0, now);
+    let events: Vec<mcs::Event> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [
+            mcs::Event::Completed { itt, cid: Some(0), result: Err(initiator::TaskError::ConnectionLost(_)) },
+            mcs::Event::ConnectionClosed { cid: 0, gap: true, .. },
+        ] if *itt == a),
+        "{events:?}"
+    );
+    // b goes on over 1, and new commands go there.
+    let c = s.submit(now, read(16, 1)).unwrap();
+    assert_eq!(s.allegiance(c), Some(1));
+    // Good, with nothing read (an underflow of the whole length).
+    let resp = iscsi_wire::header::ScsiResponse {
+        itt: b,
+        stat_sn: 500,
+        exp_cmd_sn: 12,
+        max_cmd_sn: 41,
+        underflow: true,
+        residual_count: 512,
+        ..Default::default()
+    };
+    s.handle_pdu(1, now, Pdu::new(resp, Bytes::new()));
+    let ev = s.poll_event();
+    assert!(
+        matches!(
+            &ev,
+            Some(mcs::Event::Completed { itt, cid: Some(1), result: Ok(_) }) if *itt == b
+        ),
+        "{ev:?}"
+    );
+    assert_eq!(s.tasks_on(1), vec![c]);
+    assert_eq!(s.ended(), None);
+}
