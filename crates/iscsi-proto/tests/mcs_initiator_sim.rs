@@ -734,3 +734,70 @@ fn a_cut_connection_ends_only_its_tasks_says_a_cmdsn_may_be_missing_and_the_rest
     assert_eq!(s.tasks_on(1), vec![c]);
     assert_eq!(s.ended(), None);
 }
+
+#[test]
+fn sends_a_command_made_for_one_connection_only_there_and_ends_it_unsent_if_that_one_goes() {
+    let now = Instant::now();
+    let p = SessionParams {
+        max_connections: 2,
+        ..SessionParams::default()
+    };
+    let mut s = mcs::Session::new(
+        mcs::Config {
+            spread: Spread::RoundRobin,
+            command_timeout: None,
+        },
+        0,
+        initiator_conn(&p, now, (10, 10, 10), 100),
+    );
+    s.add_connection(now, 1, initiator_conn(&p, now, (10, 10, 10), 500))
+        .unwrap();
+    // The driver asks where the next command goes, makes its data for that connection (Seal)
+    // and submits it there.
+    let first = s.pick().unwrap();
+    let itt = s.alloc_itt();
+    s.submit_on(now, first, itt, read(0, 1)).unwrap();
+    assert_eq!(
+        s.allegiance(itt),
+        Some(first),
+        "sent at once, where it was made for"
+    );
+    // MaxCmdSN 10: the next one, made for the other connection, waits; that connection ends
+    // meanwhile, so it ends unsent instead of going out on another.
+    let other = s.pick().unwrap();
+    assert_ne!(other, first);
+    let waiting = s.alloc_itt();
+    s.submit_on(now, other, waiting, read(8, 1)).unwrap();
+    assert_eq!(s.allegiance(waiting), None);
+    s.peer_closed(other, now);
+    let resp = iscsi_wire::header::ScsiResponse {
+        itt,
+        stat_sn: if first == 0 { 100 } else { 500 },
+        exp_cmd_sn: 11,
+        max_cmd_sn: 11,
+        underflow: true,
+        residual_count: 512,
+        ..Default::default()
+    };
+    s.handle_pdu(first, now, Pdu::new(resp, Bytes::new()));
+    let ended: Vec<(u32, Option<u16>, bool)> = std::iter::from_fn(|| s.poll_event())
+        .filter_map(|e| match e {
+            mcs::Event::Completed { itt, cid, result } => Some((itt, cid, result.is_ok())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        vec![(itt, Some(first), true), (waiting, None, false)]
+    );
+    assert!(
+        std::iter::from_fn(|| s.poll_transmit(first)).all(|p| p.header.itt() != waiting),
+        "never sent on another connection"
+    );
+    let next = s.alloc_itt();
+    assert_eq!(
+        s.submit_on(now, other, next, read(16, 1)),
+        Err(mcs::SubmitError::Invalid),
+        "a closed connection takes nothing"
+    );
+}

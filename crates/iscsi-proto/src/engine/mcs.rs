@@ -25,7 +25,9 @@
 //!   `COMMAND_ITTS`; each connection's own (pings, task management, logout) count from a
 //!   range of its own above it.
 //! - **Spread** ([`Spread`]): the open connection with the fewest outstanding bytes, or each
-//!   in turn.
+//!   in turn. A command whose data is made for one connection (Seal seals write data under
+//!   that connection's own keys) is placed by the driver instead: [`Session::pick`] says
+//!   where, [`Session::submit_on`] sends it there or nowhere.
 //!
 //! Connection loss at ErrorRecoveryLevel 0: the connection's tasks end with it
 //! ([`TaskError::ConnectionLost`]); the others go on. A command it sent that the target never
@@ -203,6 +205,8 @@ struct Pending {
     itt: u32,
     cmd: Command,
     deadline: Option<Instant>,
+    /// Made for this connection ([`Session::submit_on`]): it goes there or nowhere.
+    on: Option<u16>,
 }
 
 /// The session: its connections, its window and its tasks' allegiance.
@@ -475,6 +479,16 @@ impl Session {
     /// Submits a command under `itt` (from [`Session::alloc_itt`]): it goes on a connection
     /// as soon as the session's window lets it.
     pub fn submit_as(&mut self, now: Instant, itt: u32, cmd: Command) -> Result<u32, SubmitError> {
+        self.enqueue(now, itt, cmd, None)
+    }
+
+    fn enqueue(
+        &mut self,
+        now: Instant,
+        itt: u32,
+        cmd: Command,
+        on: Option<u16>,
+    ) -> Result<u32, SubmitError> {
         if let Some(e) = self.ended {
             return Err(SubmitError::Closed(e));
         }
@@ -505,9 +519,42 @@ impl Session {
                 cost: cost(&cmd),
             },
         );
-        self.pending.push_back(Pending { itt, cmd, deadline });
+        self.pending.push_back(Pending {
+            itt,
+            cmd,
+            deadline,
+            on,
+        });
         self.dispatch(now);
         Ok(itt)
+    }
+
+    /// The connection the next command would go on now ([`Spread`]), for a driver that makes
+    /// a command's data for one connection (Seal seals write data under that connection's
+    /// keys) and then submits it there with [`Session::submit_on`]. `None`: no connection
+    /// takes commands.
+    pub fn pick(&mut self) -> Option<u16> {
+        self.choose().map(|i| self.members[i].cid)
+    }
+
+    /// [`Session::submit_as`] on connection `cid` only (its data was made for it): it goes
+    /// there when the window lets it, in submission order with the others. If `cid` stops
+    /// taking commands first (closed, draining), the command ends with
+    /// [`TaskError::ConnectionLost`] and was never sent.
+    pub fn submit_on(
+        &mut self,
+        now: Instant,
+        cid: u16,
+        itt: u32,
+        cmd: Command,
+    ) -> Result<u32, SubmitError> {
+        if self
+            .index(cid)
+            .is_none_or(|i| !self.members[i].takes_commands())
+        {
+            return Err(SubmitError::Invalid);
+        }
+        self.enqueue(now, itt, cmd, Some(cid))
     }
 
     /// ABORT TASK for `itt` (RFC 7143 §11.5.1), on the task's connection. A command still
@@ -690,8 +737,32 @@ impl Session {
     /// Commands waiting for the window go while it is open and a connection takes them.
     fn dispatch(&mut self, now: Instant) {
         while sn_le(self.cmd_sn, self.max_cmd_sn) && !self.pending.is_empty() {
-            let Some(i) = self.choose() else {
-                break;
+            let pinned = self.pending.front().and_then(|p| p.on);
+            let i = match pinned {
+                Some(cid) => match self
+                    .index(cid)
+                    .filter(|&i| self.members[i].takes_commands())
+                {
+                    Some(i) => i,
+                    None => {
+                        // Made for a connection that takes no more commands: never sent.
+                        let lost = self
+                            .index(cid)
+                            .and_then(|i| self.members[i].conn.closed())
+                            .unwrap_or(ConnectionError {
+                                by: Side::Initiator,
+                                reason: CloseReason::Local,
+                            });
+                        if let Some(p) = self.pending.pop_front() {
+                            self.complete(p.itt, None, Err(TaskError::ConnectionLost(lost)));
+                        }
+                        continue;
+                    }
+                },
+                None => match self.choose() {
+                    Some(i) => i,
+                    None => break,
+                },
             };
             let Some(p) = self.pending.pop_front() else {
                 break;
