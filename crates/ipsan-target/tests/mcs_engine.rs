@@ -233,6 +233,20 @@ impl Wire {
     }
 }
 
+/// The first session's open connections once they are `want` (the target adds a connection
+/// right after its last login response: waited for, bounded).
+async fn connections(t: &ipsan_target::ServerHandle, want: usize) -> usize {
+    let mut n = 0;
+    for _ in 0..200 {
+        n = t.registry().sessions()[0].connections;
+        if n == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    n
+}
+
 fn block_pattern(k: u64, len: usize) -> Bytes {
     (0..len as u64)
         .map(|i| (k.wrapping_mul(31) ^ i ^ (i >> 8)) as u8)
@@ -342,7 +356,7 @@ async fn accepts_a_verify_workload_over_four_connections_and_a_refused_fifth_lea
         );
     }
     assert_eq!(s.open_connections(), 4);
-    assert_eq!(t.registry().sessions()[0].connections, 4);
+    assert_eq!(connections(&t, 4).await, 4);
     t.shutdown().await.unwrap();
 }
 
@@ -384,7 +398,11 @@ async fn accepts_a_sealed_verify_workload_over_four_connections_each_with_its_ow
         transforms.insert(cid, l.transform.expect("sealed"));
         wire.attach_sealed(cid, l.s, l.buf, l.record);
     }
-    assert_eq!(t.registry().sessions()[0].connections, 4);
+    assert_eq!(
+        connections(&t, 4).await,
+        4,
+        "one session of four connections"
+    );
 
     const N: u64 = 32;
     const BLOCKS: u32 = 64;

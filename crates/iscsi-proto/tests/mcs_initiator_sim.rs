@@ -801,3 +801,32 @@ fn sends_a_command_made_for_one_connection_only_there_and_ends_it_unsent_if_that
         "a closed connection takes nothing"
     );
 }
+
+#[test]
+fn picks_spread_by_bytes_even_while_the_window_holds_the_commands_back() {
+    let now = Instant::now();
+    let p = SessionParams {
+        max_connections: 2,
+        ..SessionParams::default()
+    };
+    // MaxCmdSN below CmdSN: the window is shut, every command waits in the session.
+    let mut s = mcs::Session::new(
+        mcs::Config::default(),
+        0,
+        initiator_conn(&p, now, (10, 10, 9), 100),
+    );
+    s.add_connection(now, 1, initiator_conn(&p, now, (10, 10, 9), 500))
+        .unwrap();
+    let mut placed = Vec::new();
+    for (k, blocks) in [128u32, 32, 32, 32].into_iter().enumerate() {
+        let cid = s.pick().unwrap();
+        let itt = s.alloc_itt();
+        s.submit_on(now, cid, itt, read(k as u64 * 200, blocks))
+            .unwrap();
+        assert_eq!(s.allegiance(itt), None, "held by the window");
+        placed.push(cid);
+    }
+    // 64 KiB made for one connection: the three 16 KiB ones go to the other (taking turns
+    // would put one of them behind the 64 KiB).
+    assert_eq!(placed[1..], [1 - placed[0]; 3], "{placed:?}");
+}

@@ -178,6 +178,9 @@ struct Member {
     logout: Option<u32>,
     /// [`Spread::LeastBytes`]'s measure.
     bytes: u64,
+    /// Bytes of commands made for this connection still waiting for the window
+    /// ([`Session::submit_on`]): counted too, so picks while the window is shut spread.
+    pinned: u64,
     /// A task it had sent and the target had not acknowledged ended with it.
     gap: bool,
 }
@@ -185,6 +188,11 @@ struct Member {
 impl Member {
     fn open(&self) -> bool {
         self.conn.closed().is_none()
+    }
+
+    /// Bytes outstanding and bytes made for it and waiting.
+    fn load(&self) -> u64 {
+        self.bytes + self.pinned
     }
 
     fn takes_commands(&self) -> bool {
@@ -257,6 +265,7 @@ impl Session {
                 draining: false,
                 logout: None,
                 bytes: 0,
+                pinned: 0,
                 gap: false,
             }],
             cmd_sn,
@@ -397,6 +406,7 @@ impl Session {
             draining: false,
             logout: None,
             bytes: 0,
+            pinned: 0,
             gap: false,
         });
         self.dispatch(now);
@@ -519,6 +529,9 @@ impl Session {
                 cost: cost(&cmd),
             },
         );
+        if let Some(i) = on.and_then(|c| self.index(c)) {
+            self.members[i].pinned += cost(&cmd);
+        }
         self.pending.push_back(Pending {
             itt,
             cmd,
@@ -562,7 +575,7 @@ impl Session {
     pub fn abort(&mut self, now: Instant, itt: u32) -> Option<(u16, u32)> {
         let t = self.tasks.get(&itt)?;
         let Some(cid) = t.cid else {
-            self.pending.retain(|p| p.itt != itt);
+            self.drop_pending(itt);
             self.complete(
                 itt,
                 None,
@@ -647,7 +660,7 @@ impl Session {
             .map(|p| p.itt)
             .collect();
         for itt in late {
-            self.pending.retain(|p| p.itt != itt);
+            self.drop_pending(itt);
             self.complete(itt, None, Err(TaskError::TimedOut { after, by: None }));
         }
     }
@@ -723,7 +736,8 @@ impl Session {
                 let mut best: Option<usize> = None;
                 for i in order {
                     let m = &self.members[i];
-                    if m.takes_commands() && best.is_none_or(|b| m.bytes < self.members[b].bytes) {
+                    if m.takes_commands() && best.is_none_or(|b| m.load() < self.members[b].load())
+                    {
                         best = Some(i);
                     }
                 }
@@ -754,6 +768,7 @@ impl Session {
                                 reason: CloseReason::Local,
                             });
                         if let Some(p) = self.pending.pop_front() {
+                            self.unpin(&p);
                             self.complete(p.itt, None, Err(TaskError::ConnectionLost(lost)));
                         }
                         continue;
@@ -767,6 +782,7 @@ impl Session {
             let Some(p) = self.pending.pop_front() else {
                 break;
             };
+            self.unpin(&p);
             let cmd_sn = self.cmd_sn;
             let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
             let member = &mut self.members[i];
@@ -805,8 +821,29 @@ impl Session {
         }
     }
 
+    /// A pending command leaves the queue: the connection it was made for stops counting it.
+    fn unpin(&mut self, p: &Pending) {
+        if let Some(i) = p.on.and_then(|c| self.index(c)) {
+            let m = &mut self.members[i];
+            m.pinned = m.pinned.saturating_sub(cost(&p.cmd));
+        }
+    }
+
+    /// Takes command `itt` out of the queue (aborted, timed out).
+    fn drop_pending(&mut self, itt: u32) {
+        if let Some(k) = self.pending.iter().position(|p| p.itt == itt) {
+            if let Some(p) = self.pending.remove(k) {
+                self.unpin(&p);
+            }
+        }
+    }
+
     fn fail_pending(&mut self, e: ConnectionError) {
-        let itts: Vec<u32> = self.pending.drain(..).map(|p| p.itt).collect();
+        let gone: Vec<Pending> = self.pending.drain(..).collect();
+        for p in &gone {
+            self.unpin(p);
+        }
+        let itts: Vec<u32> = gone.iter().map(|p| p.itt).collect();
         for itt in itts {
             self.complete(itt, None, Err(TaskError::ConnectionLost(e)));
         }
