@@ -71,6 +71,7 @@ pub fn psk_from_file(path: &std::path::Path) -> std::result::Result<ipsan_seal::
     Ok(ipsan_seal::Psk::from_file(path)?)
 }
 pub use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
+pub use iscsi_proto::engine::mcs::Spread;
 pub use login::{
     ChapCredentials, ChapRelay, DigestChoice, LoginOptions, Negotiated, OriginatorExtension,
     RelayedChallenge, RelayedResponse, RelayedVerdict,
@@ -78,7 +79,8 @@ pub use login::{
 pub use observe::{CommandEvent, CommandObserver};
 pub use recovery::RecoveryStats;
 pub use session::{
-    discover, DataDir, DiscoveredTarget, ExtensionFactory, Passthrough, Session, SessionConfig,
+    discover, DataDir, DiscoveredTarget, ExtensionFactory, McsConfig, McsSession, Passthrough,
+    Session, SessionConfig,
 };
 pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

@@ -77,6 +77,7 @@ mod discover;
 mod framed;
 mod io;
 mod login;
+mod mcs;
 mod open;
 mod passthrough;
 mod reconnect;
@@ -85,6 +86,7 @@ mod sealed;
 pub use discover::{discover, targets_json, DiscoveredTarget};
 use framed::{reader, timer, writer};
 use login::{codec_for, connect_and_login, connect_tcp, login, login_connection, Fresh};
+pub use mcs::{McsConfig, McsSession};
 pub use passthrough::Passthrough;
 use reconnect::supervise;
 
