@@ -21,7 +21,10 @@
 //!   supervisor), `session/framed.rs` (reader, writer and timer tasks over
 //!   `ipsan-transport`'s `FrameReader`/`FrameWriter`, the framing the target uses too) and
 //!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
-//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
+//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg);
+//!   `session/mcs.rs`: [`McsSession`], a session of several connections (RFC 7143 §4.2,
+//!   issue 28): the driver of `iscsi_proto::engine::mcs`, one reader and writer per
+//!   connection, each sealed connection with its own Seal login; no session recovery yet.
 //! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
 //!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
 //!   RFC 7143 §6.3.5).

@@ -16,6 +16,8 @@
 //! - `open.rs`: open/connect, what a session reports, which connection a command goes to,
 //!   logout. `io.rs`: commands (the payload transform around each), the SCSI helpers,
 //!   submission and waiting. `passthrough.rs`: any CDB, answered unchanged.
+//! - `mcs.rs`: [`McsSession`], a session of several connections over `engine::mcs` (its own
+//!   small driver: no recovery, no observer yet).
 //! - `reconnect.rs`: the recovery supervisor. `framed.rs`: the reader, writer and timer tasks
 //!   over `ipsan-transport`'s framed halves (the target's framing, not a copy).
 //!

@@ -63,7 +63,7 @@ struct McsInner {
     session: mcs::Session,
     conns: Vec<Arc<McsConn>>,
     waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
-    /// Commands placed on each connection so far, by CID.
+    /// Commands that ended on each connection so far, by CID.
     placed: HashMap<u16, u64>,
     /// The first connection loss: the session is over (ERL 0).
     ended: Option<ConnectionLoss>,
@@ -115,7 +115,10 @@ impl McsCore {
             let mut closed = Vec::new();
             while let Some(ev) = g.session.poll_event() {
                 match ev {
-                    mcs::Event::Completed { itt, result, .. } => {
+                    mcs::Event::Completed { itt, cid, result } => {
+                        if let Some(cid) = cid {
+                            *g.placed.entry(cid).or_default() += 1;
+                        }
                         if let Some(tx) = g.waiters.remove(&itt) {
                             let _ = tx.send(result);
                         }
@@ -342,7 +345,8 @@ impl McsSession {
             .unwrap_or(0)
     }
 
-    /// Commands placed on each connection so far, by CID, ascending.
+    /// Commands that ended on each connection so far (the connection each went on), by CID,
+    /// ascending.
     pub fn commands_per_connection(&self) -> Vec<(u16, u64)> {
         let mut v: Vec<(u16, u64)> = self
             .core
@@ -362,10 +366,14 @@ impl McsSession {
     /// the data is sealed (and Data-In opened) under the keys of the connection it goes on.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
         let lun = self.lun;
-        // The connection first: sealed data is made for it.
+        // Sealed: the connection first (its data is made for it, under its keys). Plain: the
+        // engine places the command when the window lets it go, on the load of that moment.
         let (cid, itt, t) = self.core.with(false, |g| {
             if let Some(e) = &g.ended {
                 return Err(Error::ConnectionLost(e.clone()));
+            }
+            if !g.conns.iter().any(|c| c.transform.is_some()) {
+                return Ok((None, g.session.alloc_itt(), None));
             }
             let cid = g
                 .session
@@ -376,7 +384,7 @@ impl McsSession {
                 .iter()
                 .find(|c| c.cid == cid)
                 .and_then(|c| c.transform.clone());
-            Ok((cid, g.session.alloc_itt(), t))
+            Ok((Some(cid), g.session.alloc_itt(), t))
         })??;
         let (lba, blocks) = ipsan_scsi::cdb::extent(&cdb);
         let info = CommandInfo {
@@ -417,11 +425,20 @@ impl McsSession {
         };
         let (tx, rx) = oneshot::channel();
         self.core.with(true, |g| {
-            g.session
-                .submit_on(Instant::now(), cid, itt, cmd)
-                .map_err(|e| Error::Protocol(format!("submit: {e}")))?;
+            let now = Instant::now();
+            match cid {
+                Some(cid) => g.session.submit_on(now, cid, itt, cmd),
+                None => g.session.submit_as(now, itt, cmd),
+            }
+            .map_err(|e| match e {
+                mcs::SubmitError::Closed(e) => Error::ConnectionLost(
+                    g.ended
+                        .clone()
+                        .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
+                ),
+                e => Error::InvalidRequest(format!("submit: {e}")),
+            })?;
             g.waiters.insert(itt, tx);
-            *g.placed.entry(cid).or_default() += 1;
             Ok::<_, Error>(())
         })??;
         let r = rx.await.map_err(|_| self.core.lost())?;
