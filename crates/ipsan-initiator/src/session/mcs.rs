@@ -378,7 +378,9 @@ impl McsSession {
             let cid = g
                 .session
                 .pick()
-                .ok_or_else(|| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Unknown)))?;
+                .ok_or(Error::ConnectionLost(ConnectionLoss::Local(
+                    LocalClose::Unknown,
+                )))?;
             let t = g
                 .conns
                 .iter()
