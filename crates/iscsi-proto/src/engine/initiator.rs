@@ -261,6 +261,23 @@ enum TmfKind {
     },
 }
 
+/// A task taken out of its connection ([`Connection::take_task`]) to go on another
+/// ([`Connection::adopt_task`]): ErrorRecoveryLevel 2's connection allegiance reassignment
+/// (RFC 7143 §7.2.2) moves it whole.
+#[derive(Debug)]
+pub struct MovedTask {
+    itt: u32,
+    task: Task,
+}
+
+impl MovedTask {
+    /// The task's ITT (it keeps it: ITTs are the session's, §11.2.1.8).
+    #[must_use]
+    pub fn itt(&self) -> u32 {
+        self.itt
+    }
+}
+
 /// The engine: one initiator connection in full feature phase.
 #[derive(Debug)]
 pub struct Connection {
@@ -475,6 +492,72 @@ impl Connection {
         self.reserved.insert(itt);
     }
 
+    /// Takes the session's CmdSN window, for a connection of a session of several (RFC 7143
+    /// §4.2.2.1: one window for all of them; `engine::mcs`): the next CmdSN as the session
+    /// numbers it, and ExpCmdSN and MaxCmdSN as any of its connections last heard them
+    /// (neither moves back). Commands queued behind the window go if it opened.
+    pub fn share_window(&mut self, cmd_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        self.cmd_sn = cmd_sn;
+        self.update_window(exp_cmd_sn, max_cmd_sn);
+        self.flush_queued();
+    }
+
+    /// The ITTs of the tasks on this connection (queued, sent, or abandoned awaiting
+    /// cleanup), ascending: what ErrorRecoveryLevel 2 would reassign when it fails.
+    #[must_use]
+    pub fn task_itts(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.tasks.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Takes task `itt` out of this connection with all it knows (Data-In received, R2Ts
+    /// answered, its deadline), sending nothing and ending nothing: its allegiance is to move
+    /// ([`Connection::adopt_task`]; RFC 7143 §7.2.2, TASK REASSIGN at ErrorRecoveryLevel 2).
+    /// Data-Out queued for it here and not yet taken by the driver is dropped.
+    pub fn take_task(&mut self, itt: u32) -> Option<MovedTask> {
+        let task = self.tasks.remove(&itt)?;
+        self.queued.retain(|i| *i != itt);
+        self.out
+            .retain(|p| !matches!(&p.header, Header::DataOut(d) if d.itt == itt));
+        Some(MovedTask { itt, task })
+    }
+
+    /// Takes on a task from another connection of the session ([`Connection::take_task`]):
+    /// its PDUs are this connection's from now on. A task that had not left yet waits for the
+    /// window here. `Invalid` when its ITT is in use here.
+    pub fn adopt_task(&mut self, moved: MovedTask) -> Result<u32, SubmitError> {
+        if let Some(e) = self.closed {
+            return Err(SubmitError::Closed(e));
+        }
+        let MovedTask { itt, mut task } = moved;
+        if self.tasks.contains_key(&itt) || self.tmfs.contains_key(&itt) {
+            return Err(SubmitError::Invalid);
+        }
+        self.reserved.remove(&itt);
+        if let Some(d) = task.deadline {
+            let at = self.deadlines.partition_point(|(x, _)| *x <= d);
+            self.deadlines.insert(at, (d, itt));
+        }
+        // R2Ts it had not answered yet are the old connection's: ErrorRecoveryLevel 2 asks
+        // for them again (a recovery R2T, §7.2.2).
+        task.unsent_r2ts.clear();
+        let queued = task.phase == Phase::Queued;
+        self.tasks.insert(itt, task);
+        if queued {
+            self.queued.push_back(itt);
+            self.flush_queued();
+        }
+        Ok(itt)
+    }
+
+    /// Logout closing only this connection (reason 1, RFC 7143 §11.14), named by its `cid`:
+    /// the session goes on over its others. As [`Connection::logout`] otherwise; a driver
+    /// sends it once the connection's tasks are done (`engine::mcs` drains it first).
+    pub fn logout_connection(&mut self, now: Instant, cid: u16) -> Option<u32> {
+        self.logout_as(now, LogoutReason::CLOSE_CONNECTION, cid)
+    }
+
     /// Submits a command; it leaves as soon as the window allows.
     pub fn submit(&mut self, now: Instant, cmd: Command) -> Result<u32, SubmitError> {
         let itt = self.alloc_itt();
@@ -582,7 +665,11 @@ impl Connection {
 
     /// Logout, closing the session (§11.14). Queued commands fail; the connection ends with
     /// the Logout Response.
-    pub fn logout(&mut self, _now: Instant) -> Option<u32> {
+    pub fn logout(&mut self, now: Instant) -> Option<u32> {
+        self.logout_as(now, LogoutReason::CLOSE_SESSION, 0)
+    }
+
+    fn logout_as(&mut self, _now: Instant, reason: LogoutReason, cid: u16) -> Option<u32> {
         if self.closed.is_some() || self.logout.is_some() {
             return None;
         }
@@ -602,9 +689,9 @@ impl Connection {
         self.out.push_back(Pdu::new(
             LogoutRequest {
                 immediate: true,
-                reason: LogoutReason::CLOSE_SESSION,
+                reason,
                 itt,
-                cid: 0,
+                cid,
                 cmd_sn: self.cmd_sn,
                 exp_stat_sn: 0,
             },
