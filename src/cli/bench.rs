@@ -390,6 +390,17 @@ pub struct Args {
     /// Runtime threads for the initiator (1: everything on one core).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// iSCSI connections in the session (RFC 7143 §4.2, MaxConnections; docs/wan.md "Several
+    /// connections per session"): the leading login offers this many, the others join with
+    /// the session's TSIH (sealed: each with its own Seal login); the target may grant fewer.
+    /// 1, the default, is the one-connection session with --recovery-timeout as before; more
+    /// have no recovery yet (a lost connection ends the run: ErrorRecoveryLevel 0).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub connections: u16,
+    /// With --connections above 1, which connection a command goes on: least-bytes (the one
+    /// with the fewest bytes outstanding) or round-robin.
+    #[arg(long, default_value = "least-bytes")]
+    pub spread: ipsan_initiator::Spread,
     #[command(flatten)]
     pub conn: ConnArgs,
     #[command(flatten)]
@@ -477,6 +488,10 @@ fn workload(
 async fn run_nvme(args: Args) -> anyhow::Result<()> {
     let (url, cfg) = args.nvme.config(&args.url, &args.conn)?;
     url.require_subsystem()?;
+    anyhow::ensure!(
+        args.connections == 1,
+        "--connections is for iscsi:// URLs (NVMe/TCP: --queues)"
+    );
     anyhow::ensure!(
         args.trace.is_none(),
         "--trace is for iscsi:// URLs (the NVMe/TCP host has no observer hook yet)"
@@ -569,6 +584,9 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     args.nvme.refuse_for_iscsi()?;
     let (url, cfg) = args.conn.config(&args.url)?;
     url.require_lun()?;
+    if args.connections > 1 {
+        return run_mcs(args, url, cfg).await;
+    }
     let started_unix_s = unix_now();
     let session = Session::open(&url, &cfg)
         .await
@@ -629,6 +647,83 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         }
     }
     print_report(&report);
+    write_json(&args, &report)
+}
+
+/// `ipsan bench --connections N` (N > 1): the same workloads on a session of several
+/// connections (`ipsan_initiator::McsSession`, issue 28).
+async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.trace.is_none(),
+        "--trace needs --connections 1 (the observer hook is the one-connection session's)"
+    );
+    let started_unix_s = unix_now();
+    let mcs = ipsan_initiator::McsConfig {
+        connections: args.connections,
+        spread: args.spread,
+    };
+    let session = ipsan_initiator::McsSession::open(&url, &cfg, mcs)
+        .await
+        .with_context(|| format!("cannot open {url}"))?;
+    let inq = session.inquiry().await.context("INQUIRY")?;
+    let cap = session
+        .capacity()
+        .context("the LUN's capacity is unknown")?;
+    let granted = session.connections();
+    let sequential = args.conn.seal.is_some() && !args.conn.pipeline;
+    let (w, auto) = workload(&args, cap, sequential)?;
+    let session = Arc::new(session);
+    let tick = progress_reporter(!args.quiet);
+    let (measured, depth_auto) = bench::run_on(session.clone(), w.clone(), auto, tick)
+        .await
+        .map_err(bench_failure)?;
+    let mut w = w;
+    if let Some(r) = &depth_auto {
+        w.depth = r.chosen;
+    }
+    let placed = session.commands_per_connection();
+    let report = bench::Report {
+        schema: "ipsan-bench/1",
+        tool: "ipsan bench",
+        version: env!("CARGO_PKG_VERSION"),
+        git_rev: report::git_rev().to_owned(),
+        started_unix_s,
+        host: report::Host::detect(),
+        target: report::TargetInfo {
+            url: url.to_string(),
+            vendor: inq.vendor,
+            product: inq.product,
+            revision: inq.revision,
+            capacity_bytes: cap.bytes(),
+            block_len: cap.block_len,
+        },
+        workload: report::WorkloadInfo::from(&w),
+        negotiated: Some(session.params().clone()),
+        nvme: None,
+        result: measured,
+        tcp: None,
+        depth_auto,
+        recovery: None,
+    };
+    if let Ok(s) = Arc::try_unwrap(session) {
+        if let Err(e) = s.logout().await {
+            tracing::debug!("logout: {e}");
+        }
+    }
+    print_report(&report);
+    println!(
+        "connections: {granted} of {} asked ({}), commands per connection (CID:n): {}",
+        args.connections,
+        match args.spread {
+            ipsan_initiator::Spread::RoundRobin => "round-robin",
+            _ => "least-bytes",
+        },
+        placed
+            .iter()
+            .map(|(c, n)| format!("{c}:{n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     write_json(&args, &report)
 }
 

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use ipsan_initiator::nvme::NvmeSession;
 use ipsan_initiator::scsi::Capacity;
-use ipsan_initiator::{Error, Session};
+use ipsan_initiator::{Error, McsSession, Session};
 
 use crate::autodepth::{AutoConfig, AutoReport, DepthController};
 use crate::report::{cpu_times, CpuUsage, Latency, Measured, VerifyResult};
@@ -377,6 +377,24 @@ impl BlockIo for Session {
         data: Bytes,
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
         Session::write(self, lba, data)
+    }
+}
+
+impl BlockIo for McsSession {
+    fn capacity(&self) -> Option<Capacity> {
+        McsSession::capacity(self)
+    }
+    async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<Bytes, Error> {
+        Ok(McsSession::read_into(self, lba, blocks, buf)
+            .await?
+            .freeze())
+    }
+    fn write(
+        &self,
+        lba: u64,
+        data: Bytes,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        McsSession::write(self, lba, data)
     }
 }
 

@@ -10,7 +10,7 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use crate::request::{Completer, Engine, IoCompletion, IoError, IoOp, IoRequest};
 
@@ -42,6 +42,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
             buf.truncate(at);
         }
         r
+    }
+    /// `len` bytes from `offset` as the store's own memory, shared rather than copied, when
+    /// the store can hand them out so (the RAM store: a long read inside one written chunk;
+    /// it keeps its bytes whatever is written after). `None`: it cannot, use
+    /// [`Backend::read_append`]. The default never can.
+    fn read_shared(&self, len: usize, offset: u64) -> Option<io::Result<Bytes>> {
+        let _ = (len, offset);
+        None
     }
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;

@@ -1,15 +1,26 @@
 //! `mem:256MiB`: a sparse RAM store.
+//!
+//! Long reads hand out the store's own memory ([`Backend::read_shared`]): a chunk is a
+//! `Bytes`, a read of 64 KiB or more inside one written chunk is a slice of it (no copy; the
+//! socket's copy is the only one), and a write copies a chunk first only while such a slice of
+//! it is still held (copy on write: the read keeps the bytes it was answered with).
 
 use std::fmt;
 use std::io;
 use std::sync::RwLock;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use crate::backend::{check_range, poisoned, Backend, Extent};
 use crate::request::Engine;
 
 const CHUNK: usize = 1 << 20;
+
+/// Reads at least this long are answered with a slice of the chunk ([`Backend::read_shared`]);
+/// shorter ones are copied. A write to a chunk a slice still holds copies the chunk (1 MiB),
+/// which saving the copy of a short read is not worth: small random reads and writes on a
+/// small LUN would keep colliding.
+const SHARED_READ_MIN: usize = 64 << 10;
 
 /// Sparse RAM store: 1 MiB chunks allocated on first write, so `mem:64GiB` costs nothing
 /// until written. Unmapping a whole chunk frees it.
@@ -18,8 +29,20 @@ pub struct MemBackend {
     chunks: Box<[Chunk]>,
 }
 
-/// One 1 MiB page of a [`MemBackend`]; `None` until first written.
-type Chunk = RwLock<Option<Box<[u8]>>>;
+/// One 1 MiB page of a [`MemBackend`]; `None` until first written. Shared with the reads
+/// answered from it ([`Backend::read_shared`]) until they are done with it.
+type Chunk = RwLock<Option<Bytes>>;
+
+/// The chunk in `slot`, writable: allocated (zeroed) on first write, copied first only when a
+/// read still holds a slice of it (copy on write), otherwise taken back without a copy.
+fn writable(slot: &mut Option<Bytes>) -> BytesMut {
+    match slot.take() {
+        None => BytesMut::zeroed(CHUNK),
+        Some(b) => b
+            .try_into_mut()
+            .unwrap_or_else(|shared| BytesMut::from(&shared[..])),
+    }
+}
 
 impl fmt::Debug for MemBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -102,13 +125,36 @@ impl Backend for MemBackend {
         r
     }
 
+    fn read_shared(&self, len: usize, offset: u64) -> Option<io::Result<Bytes>> {
+        if len < SHARED_READ_MIN {
+            return None;
+        }
+        if let Err(e) = check_range(self.size, offset, len as u64) {
+            return Some(Err(e));
+        }
+        let (idx, at) = (
+            (offset / CHUNK as u64) as usize,
+            (offset % CHUNK as u64) as usize,
+        );
+        if at + len > CHUNK {
+            return None;
+        }
+        let g = match self.chunks[idx].read() {
+            Ok(g) => g,
+            Err(_) => return Some(Err(poisoned())),
+        };
+        // A chunk never written reads as zeros: the caller's zero fill, nothing to share.
+        g.as_ref().map(|c| Ok(c.slice(at..at + len)))
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
         Self::spans(offset, buf.len() as u64, |idx, at, r| {
             let mut g = self.chunks[idx].write().map_err(|_| poisoned())?;
             let n = r.len();
-            let c = g.get_or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice());
+            let mut c = writable(&mut g);
             c[at..at + n].copy_from_slice(&buf[r]);
+            *g = Some(c.freeze());
             Ok(())
         })
     }
@@ -124,11 +170,13 @@ impl Backend for MemBackend {
             let n = r.len();
             if at == 0 && n == CHUNK {
                 *g = None;
-            } else if let Some(c) = g.as_mut() {
+            } else if g.is_some() {
                 // A partly unmapped page stays allocated (zeroed range): scanning the whole
                 // page for "all zero" on every small UNMAP made libiscsi's Unmap suite take
                 // minutes. OPTIMAL UNMAP GRANULARITY tells initiators to send whole pages.
+                let mut c = writable(&mut g);
                 c[at..at + n].fill(0);
+                *g = Some(c.freeze());
             }
             Ok(())
         })
@@ -231,6 +279,61 @@ mod tests {
             assert!(b.read_append(&mut got, 20, 4 * CHUNK as u64 - 10).is_err());
             assert_eq!(&got[..], b"head");
         }
+    }
+
+    /// A long read is a slice of the store's chunk (no copy), and it keeps the bytes it was
+    /// answered with: a write (or a partial UNMAP) after it copies the chunk instead of
+    /// changing them, and later reads see the write.
+    #[test]
+    fn accepts_a_shared_read_that_keeps_its_bytes_across_later_writes() {
+        let m = MemBackend::new(4 * CHUNK as u64);
+        let len = SHARED_READ_MIN;
+        let off = CHUNK as u64 + 4096;
+        m.write_at(&vec![1u8; len], off).unwrap();
+        let a = m.read_shared(len, off).unwrap().unwrap();
+        assert_eq!(a.len(), len);
+        assert!(a.iter().all(|&b| b == 1));
+        m.write_at(&vec![2u8; len], off).unwrap();
+        m.unmap(off, 512).unwrap();
+        assert!(
+            a.iter().all(|&b| b == 1),
+            "the earlier read's bytes changed under it"
+        );
+        let b = m.read_shared(len, off).unwrap().unwrap();
+        assert!(b[..512].iter().all(|&x| x == 0));
+        assert!(b[512..].iter().all(|&x| x == 2));
+        let mut back = vec![0u8; len];
+        m.read_at(&mut back, off).unwrap();
+        assert_eq!(&back[..], &b[..]);
+        // Once no read holds the chunk, a write changes it in place (no copy): same memory.
+        let before = b.as_ptr();
+        drop((a, b));
+        m.write_at(&[3u8; 512], off).unwrap();
+        let c = m.read_shared(len, off).unwrap().unwrap();
+        assert_eq!(
+            c.as_ptr(),
+            before,
+            "the chunk was copied though nothing held it"
+        );
+        assert!(c[..512].iter().all(|&x| x == 3));
+    }
+
+    /// What cannot be a slice of one written chunk is not offered as one: a short read, a
+    /// read across two chunks, a chunk never written (zeros); out of range is an error.
+    #[test]
+    fn rejects_sharing_a_short_straddling_or_unwritten_read() {
+        let m = MemBackend::new(4 * CHUNK as u64);
+        m.write_at(&vec![5u8; 2 * CHUNK], 0).unwrap();
+        assert!(m.read_shared(SHARED_READ_MIN - 512, 0).is_none());
+        assert!(m
+            .read_shared(SHARED_READ_MIN, CHUNK as u64 - 4096)
+            .is_none());
+        assert!(m.read_shared(SHARED_READ_MIN, 3 * CHUNK as u64).is_none());
+        assert!(matches!(
+            m.read_shared(SHARED_READ_MIN, 4 * CHUNK as u64),
+            Some(Err(_))
+        ));
+        assert!(m.read_shared(CHUNK, CHUNK as u64).is_some());
     }
 
     #[test]

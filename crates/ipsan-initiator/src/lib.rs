@@ -21,7 +21,10 @@
 //!   supervisor), `session/framed.rs` (reader, writer and timer tasks over
 //!   `ipsan-transport`'s `FrameReader`/`FrameWriter`, the framing the target uses too) and
 //!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
-//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg).
+//!   target's status, raw sense, data and residual unchanged (a gateway's remote leg);
+//!   `session/mcs.rs`: [`McsSession`], a session of several connections (RFC 7143 §4.2,
+//!   issue 28): the driver of `iscsi_proto::engine::mcs`, one reader and writer per
+//!   connection, each sealed connection with its own Seal login; no session recovery yet.
 //! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
 //!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
 //!   RFC 7143 §6.3.5).
@@ -71,6 +74,7 @@ pub fn psk_from_file(path: &std::path::Path) -> std::result::Result<ipsan_seal::
     Ok(ipsan_seal::Psk::from_file(path)?)
 }
 pub use iscsi_proto::chap::{ChapAlgorithm, ChapSecret};
+pub use iscsi_proto::engine::mcs::Spread;
 pub use login::{
     ChapCredentials, ChapRelay, DigestChoice, LoginOptions, Negotiated, OriginatorExtension,
     RelayedChallenge, RelayedResponse, RelayedVerdict,
@@ -78,7 +82,8 @@ pub use login::{
 pub use observe::{CommandEvent, CommandObserver};
 pub use recovery::RecoveryStats;
 pub use session::{
-    discover, DataDir, DiscoveredTarget, ExtensionFactory, Passthrough, Session, SessionConfig,
+    discover, DataDir, DiscoveredTarget, ExtensionFactory, McsConfig, McsSession, Passthrough,
+    Session, SessionConfig,
 };
 pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

@@ -16,6 +16,8 @@
 //! - `open.rs`: open/connect, what a session reports, which connection a command goes to,
 //!   logout. `io.rs`: commands (the payload transform around each), the SCSI helpers,
 //!   submission and waiting. `passthrough.rs`: any CDB, answered unchanged.
+//! - `mcs.rs`: [`McsSession`], a session of several connections over `engine::mcs` (its own
+//!   small driver: no recovery, no observer yet).
 //! - `reconnect.rs`: the recovery supervisor. `framed.rs`: the reader, writer and timer tasks
 //!   over `ipsan-transport`'s framed halves (the target's framing, not a copy).
 //!
@@ -77,6 +79,7 @@ mod discover;
 mod framed;
 mod io;
 mod login;
+mod mcs;
 mod open;
 mod passthrough;
 mod reconnect;
@@ -85,6 +88,7 @@ mod sealed;
 pub use discover::{discover, targets_json, DiscoveredTarget};
 use framed::{reader, timer, writer};
 use login::{codec_for, connect_and_login, connect_tcp, login, login_connection, Fresh};
+pub use mcs::{McsConfig, McsSession};
 pub use passthrough::Passthrough;
 use reconnect::supervise;
 
@@ -202,7 +206,10 @@ pub struct Completion {
 #[derive(Debug)]
 pub enum DataDir {
     None,
-    /// Expect this many bytes; the buffer is reused (resized, not reallocated when large enough).
+    /// Expect this many bytes; the buffer is reused (resized, not reallocated when large
+    /// enough). A read whose data arrives in one Data-In PDU of at least
+    /// [`ipsan_transport::HAND_OVER_MIN`] bytes is answered in the buffer it was received in
+    /// (no copy; its capacity is the receive buffer's), and this one receives later PDUs.
     Read(BytesMut, usize),
     Write(Bytes),
 }

@@ -381,11 +381,16 @@ impl LogicalUnit {
         // INQUIRY, REPORT LUNS and REQUEST SENSE.
         {
             let mut st = self.state();
-            if st.known.insert(nexus.clone()) && self.cfg.power_on_ua {
-                st.ua
-                    .entry(nexus.clone())
-                    .or_default()
-                    .push_back((0x29, 0x01));
+            // Looked up first: the key is cloned (allocated) only for a nexus seen the first
+            // time, not on every command (issue 27).
+            if !st.known.contains(nexus) {
+                st.known.insert(nexus.clone());
+                if self.cfg.power_on_ua {
+                    st.ua
+                        .entry(nexus.clone())
+                        .or_default()
+                        .push_back((0x29, 0x01));
+                }
             }
             if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
                 if let Some(q) = st.ua.get_mut(nexus) {

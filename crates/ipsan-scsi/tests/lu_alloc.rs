@@ -1,7 +1,8 @@
 //! The data path is written once (`lu/path.rs`) and the blocking `execute` drives it with
 //! one poll: this counts the heap allocations of a READ and a WRITE through `execute` (a
 //! counting global allocator, hence a test binary of its own). Before the sync and async
-//! twins were merged the counts were the same: WRITE 1, READ 2.
+//! twins were merged the counts were the same: WRITE 1, READ 2 (the nexus key cloned per
+//! command; since issue 27: WRITE 0, READ 1, and a long READ from a RAM store 0).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -41,7 +42,7 @@ fn allocations(f: impl FnOnce()) -> usize {
 }
 
 #[test]
-fn blocking_read_and_write_allocate_only_the_read_buffer_and_the_nexus_key() {
+fn blocking_read_and_write_allocate_only_the_read_buffer() {
     let mut cfg = LuConfig::with_serial("alloc0001");
     cfg.power_on_ua = false;
     cfg.write_cache = true;
@@ -67,7 +68,65 @@ fn blocking_read_and_write_allocate_only_the_read_buffer_and_the_nexus_key() {
     let w = allocations(|| assert_eq!(run(&write, &data).status, ScsiStatus::GOOD));
     let r = allocations(|| assert_eq!(run(&read, &[]).data_in.len(), 8 * 512));
     println!("allocations per command: WRITE {w}, READ {r}");
-    // The LU clones the nexus key on every command (`known`); the READ adds its buffer.
-    assert!(w <= 1, "WRITE: {w} allocations");
-    assert!(r <= 2, "READ: {r} allocations");
+    // Nothing per command but the READ's buffer: the nexus key is cloned only the first time
+    // the LU sees the nexus (it was cloned on every command before issue 27: WRITE 1, READ 2).
+    assert_eq!(w, 0, "WRITE: {w} allocations");
+    assert!(r <= 1, "READ: {r} allocations");
+}
+
+/// A long READ from a RAM store is the store's own bytes (issue 27: one copy per side, the
+/// socket's): no data buffer is allocated for it, and two reads of the same blocks answer
+/// with the same memory. A sealed session's READ (tailroom) still gets a buffer of its own
+/// to seal in place.
+#[test]
+fn accepts_a_long_ram_read_as_the_stores_own_bytes_without_a_copy() {
+    let mut cfg = LuConfig::with_serial("alloc0002");
+    cfg.power_on_ua = false;
+    cfg.write_cache = true;
+    let lu = LogicalUnit::new(Arc::new(MemBackend::new(4 << 20)), cfg).unwrap();
+    let nexus = NexusId("iqn.2026-11.test:a,i,0x000000000002".into());
+    // 64 KiB = 128 blocks at LBA 8.
+    let mut write = [0u8; 10];
+    write[0] = 0x2A;
+    write[5] = 8;
+    write[8] = 128;
+    let mut read = write;
+    read[0] = 0x28;
+    let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 253) as u8).collect();
+    let run = |cdb: &[u8], data: &[u8], tailroom: bool| {
+        lu.execute(&ScsiRequest {
+            cdb,
+            data_out: data,
+            nexus: &nexus,
+            lun: 0,
+            tailroom,
+        })
+    };
+    assert_eq!(run(&write, &data, false).status, ScsiStatus::GOOD);
+    let first = run(&read, &[], false);
+    assert_eq!(&first.data_in[..], &data[..]);
+    let mut again = None;
+    let r = allocations(|| again = Some(run(&read, &[], false)));
+    let again = again.unwrap();
+    assert_eq!(&again.data_in[..], &data[..]);
+    assert_eq!(
+        again.data_in.as_ptr(),
+        first.data_in.as_ptr(),
+        "the READ's data was copied out of the store"
+    );
+    println!("allocations of a 64 KiB READ: {r}");
+    assert_eq!(r, 0, "64 KiB READ: {r} allocations");
+    // What a READ answered with stays as it was when a WRITE changes the blocks after it.
+    let other = vec![0x5Au8; 64 * 1024];
+    assert_eq!(run(&write, &other, false).status, ScsiStatus::GOOD);
+    assert_eq!(&first.data_in[..], &data[..]);
+    let now = run(&read, &[], false);
+    assert_eq!(&now.data_in[..], &other[..]);
+    let sealed = run(&read, &[], true);
+    assert_eq!(&sealed.data_in[..], &other[..]);
+    assert_ne!(
+        sealed.data_in.as_ptr(),
+        now.data_in.as_ptr(),
+        "a READ to be sealed in place got the store's shared bytes"
+    );
 }

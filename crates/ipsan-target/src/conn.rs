@@ -356,6 +356,10 @@ const LOGOUT_WAIT_SECS: u16 = 10;
 /// that sends without reading its answers gets TCP backpressure instead of our memory.
 const MAX_QUEUED_BYTES: usize = 16 << 20;
 
+/// PDUs the reader takes in a row from what it has already received, before it waits again
+/// with shutdown, wake-ups and the engine's timer in the race (`Session::run`).
+const BURST_MAX: u32 = 64;
+
 /// Commands moving at most this many bytes are first run on the reader's own task (see
 /// `Session::events`); larger ones always get a task, so their copies run beside the reader.
 const INLINE_MAX: u32 = 64 << 10;
@@ -488,47 +492,65 @@ impl Session {
         shutdown: &CancellationToken,
         session_cancel: &CancellationToken,
     ) -> String {
+        // PDUs handled in a row from what one read brought, without the full wait below.
+        let mut burst = 0u32;
         let end = loop {
             if let Some(why) = self.events() {
                 break why;
             }
-            // Backpressure: a peer that does not read its answers stops being read.
-            loop {
+            // Backpressure: a peer that does not read its answers stops being read. Checked
+            // before a waiter is registered: registering one per PDU cost two locks of
+            // `written` each time, with the writer notifying it from the other thread.
+            let room =
+                |e: &mcs::Eng<'_>| e.queued_bytes() <= MAX_QUEUED_BYTES || e.closed().is_some();
+            while !room(&self.engine()) {
                 let written = self.written.notified();
                 tokio::pin!(written);
                 written.as_mut().enable();
-                {
-                    let e = self.engine();
-                    if e.queued_bytes() <= MAX_QUEUED_BYTES || e.closed().is_some() {
-                        break;
-                    }
+                if room(&self.engine()) {
+                    break;
                 }
                 written.await;
             }
-            let deadline = self.engine().poll_timeout();
-            let next = tokio::select! {
-                r = conn.next() => r,
-                () = shutdown.cancelled() => {
-                    self.engine().close_locally();
-                    self.wake_writer.notify_one();
-                    break "target shutting down".to_owned();
-                }
-                () = session_cancel.cancelled() => {
-                    self.engine().close_locally();
-                    self.wake_writer.notify_one();
-                    break "session reinstated or cancelled".to_owned();
-                }
-                () = self.wake_reader.notified() => continue,
-                () = self.stats.logout.notified() => {
-                    // `ipsan ctl logout-all`: ask politely (RFC 7143 §11.9.1, AsyncEvent 1).
-                    self.engine().request_logout(LOGOUT_WAIT_SECS);
-                    self.wake_writer.notify_one();
-                    continue;
-                }
-                () = async { match deadline { Some(d) => tokio::time::sleep_until(d.into()).await, None => std::future::pending().await } } => {
-                    self.engine().handle_timeout(Instant::now());
-                    self.wake_writer.notify_one();
-                    continue;
+            // The rest of a burst that one read brought is taken without a wait: racing a PDU
+            // that is already here against shutdown, wake-ups and the engine's timer would
+            // register and drop their waiters and a timer for every PDU (issue 27). Every
+            // BURST_MAX PDUs the full wait runs anyway, so none of them waits long.
+            let buffered = if burst < BURST_MAX {
+                conn.try_next()
+            } else {
+                None
+            };
+            let next = if let Some(r) = buffered {
+                burst += 1;
+                r
+            } else {
+                burst = 0;
+                let deadline = self.engine().poll_timeout();
+                tokio::select! {
+                    r = conn.next() => r,
+                    () = shutdown.cancelled() => {
+                        self.engine().close_locally();
+                        self.wake_writer.notify_one();
+                        break "target shutting down".to_owned();
+                    }
+                    () = session_cancel.cancelled() => {
+                        self.engine().close_locally();
+                        self.wake_writer.notify_one();
+                        break "session reinstated or cancelled".to_owned();
+                    }
+                    () = self.wake_reader.notified() => continue,
+                    () = self.stats.logout.notified() => {
+                        // `ipsan ctl logout-all`: ask politely (RFC 7143 §11.9.1, AsyncEvent 1).
+                        self.engine().request_logout(LOGOUT_WAIT_SECS);
+                        self.wake_writer.notify_one();
+                        continue;
+                    }
+                    () = async { match deadline { Some(d) => tokio::time::sleep_until(d.into()).await, None => std::future::pending().await } } => {
+                        self.engine().handle_timeout(Instant::now());
+                        self.wake_writer.notify_one();
+                        continue;
+                    }
                 }
             };
             let now = Instant::now();

@@ -722,3 +722,45 @@ async fn rejects_a_sealed_connection_joining_a_plaintext_session() {
     );
     t.shutdown().await.unwrap();
 }
+
+/// Issue 28: whether a session is full is said only to a connection that authenticated. The
+/// ISID, TSIH and initiator name are in clear in every login header, so an attacker on the
+/// path has them; joining a full session (MaxConnections=1, its one connection open) without
+/// the secret must answer exactly as joining a session that does not exist, not 0x0206 "too
+/// many connections" ahead of Seal's proof. The session's own initiator, proving the secret,
+/// still hears 0x0206, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_an_unauthenticated_join_to_a_full_session_exactly_as_one_to_no_session() {
+    let t = start(SealPolicy::Required).await;
+    let addr = t.addrs[0];
+    let mut a = Client::connect(addr).await;
+    a.login(Some(Cipher::Aes256Gcm)).await.unwrap().unwrap();
+    let tsih = a.tsih;
+    assert_ne!(tsih, 0);
+
+    // The attacker: no secret, so no Seal offer (a raw login straight to full feature phase).
+    let mut to_full = Client::connect(addr).await;
+    (to_full.tsih, to_full.cid) = (tsih, 1);
+    let full = to_full.login(None).await.unwrap_err();
+    let mut to_none = Client::connect(addr).await;
+    let missing = if tsih == u16::MAX { 1 } else { tsih + 1 };
+    (to_none.tsih, to_none.cid) = (missing, 1);
+    let none = to_none.login(None).await.unwrap_err();
+    assert_eq!(
+        full, none,
+        "an unauthenticated join tells a full session from no session"
+    );
+    assert_ne!(full, (2, 6), "0x0206 before authentication");
+
+    // Proving the secret, the session's initiator learns the session is full.
+    let mut b = Client::connect(addr).await;
+    (b.tsih, b.cid) = (tsih, 1);
+    assert_eq!(
+        b.login(Some(Cipher::Aes256Gcm)).await.unwrap_err(),
+        (2, 6),
+        "an authenticated join to a full session: too many connections"
+    );
+    assert_eq!(t.registry().sessions().len(), 1);
+    assert_eq!(t.registry().sessions()[0].connections, 1);
+    t.shutdown().await.unwrap();
+}

@@ -20,13 +20,15 @@ pub async fn write_segments<W: AsyncWrite + Unpin>(
     segs: &mut VecDeque<Bytes>,
 ) -> std::io::Result<()> {
     while !segs.is_empty() {
-        let slices: Vec<IoSlice<'_>> = segs
-            .iter()
-            .take(MAX_SLICES)
-            .map(|b| IoSlice::new(b))
-            .collect();
-        let mut n = wr.write_vectored(&slices).await?;
-        drop(slices);
+        // On the stack: a heap `Vec` here was one allocation per flush, i.e. per command at
+        // depth 1 (issue 27).
+        let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+        let mut k = 0;
+        for (slot, b) in slices.iter_mut().zip(segs.iter()) {
+            *slot = IoSlice::new(b);
+            k += 1;
+        }
+        let mut n = wr.write_vectored(&slices[..k]).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }

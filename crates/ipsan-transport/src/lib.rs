@@ -16,7 +16,8 @@
 //! are read under the new codec, not lost (digests start after login, RFC 7143 §13.1).
 //!
 //! # Layout
-//! - [`FrameReader`]: one framed read side (buffer, codec, the record opener).
+//! - [`FrameReader`]: one framed read side (buffer, codec, the record opener; hand-over mode,
+//!   where a long data segment keeps its receive buffer to itself).
 //! - [`FrameWriter`]: one framed write side (codec, the record sealer, a vectored batch).
 //! - [`forgery`], [`PushError`]: what a sealed read or a push failed with.
 
@@ -24,6 +25,19 @@ use bytes::BytesMut;
 use ipsan_seal::{Forgery, ReadError, RecordOpener, RecordSealer};
 use iscsi_wire::{Codec, Pdu, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// How much a [`FrameReader`] receives into at a time.
+const RECEIVE_BUFFER: usize = 256 * 1024;
+
+/// In hand-over mode ([`FrameReader::hand_over`]), a PDU whose data segment is at least this
+/// long is left alone in its receive buffer: nothing else holds that buffer, so its owner can
+/// take the segment as its own memory (`Bytes::try_into_mut`) instead of copying it.
+pub const HAND_OVER_MIN: usize = 32 * 1024;
+
+/// Bytes already received past such a PDU that are copied into the next receive buffer; with
+/// more behind it (a burst of PDUs in one read) the buffer stays shared and nothing is handed
+/// over.
+const CARRY_MAX: usize = 4096;
 
 /// The read side of a connection: PDUs out of a byte stream.
 #[derive(Debug)]
@@ -34,6 +48,10 @@ pub struct FrameReader<R> {
     pub codec: Codec,
     /// Seal record protection of a sealed session's full feature phase.
     pub record: Option<RecordOpener>,
+    /// See [`FrameReader::hand_over`].
+    hand_over: bool,
+    /// The next receive buffer, given back by [`FrameReader::recycle`].
+    spare: Option<BytesMut>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -41,10 +59,60 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(rd: R) -> Self {
         Self {
             rd,
-            buf: BytesMut::with_capacity(256 * 1024),
+            buf: BytesMut::with_capacity(RECEIVE_BUFFER),
             codec: Codec::default(),
             record: None,
+            hand_over: false,
+            spare: None,
         }
+    }
+
+    /// [`FrameReader::next`] when the next PDU is already received whole (the rest of a burst
+    /// that one read brought): it never reads and never waits. `None`: it must read.
+    pub fn try_next(&mut self) -> Option<std::io::Result<Option<Result<Pdu, WireError>>>> {
+        match ipsan_seal::read_pdu(&self.codec, self.record.as_mut(), &mut self.buf) {
+            Ok(Some(pdu)) => {
+                if self.hand_over && pdu.data.len() >= HAND_OVER_MIN && self.buf.len() <= CARRY_MAX
+                {
+                    self.move_on();
+                }
+                Some(Ok(Some(Ok(pdu))))
+            }
+            Ok(None) => None,
+            Err(ReadError::Wire(e)) => Some(Ok(Some(Err(e)))),
+            Err(ReadError::Sealed(f)) => {
+                Some(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, f)))
+            }
+        }
+    }
+
+    /// Hand-over mode (the initiator's Data-In, issue 27): after a PDU with a data segment of
+    /// at least [`HAND_OVER_MIN`] bytes, receiving goes on in another buffer, so the PDU's
+    /// data is the only holder of its own and can become a READ's data without a copy.
+    /// Buffers the caller no longer needs come back through [`FrameReader::recycle`]; without
+    /// one a fresh buffer is allocated (as receiving does anyway every few PDUs).
+    pub fn hand_over(&mut self, on: bool) {
+        self.hand_over = on;
+    }
+
+    /// A buffer to receive into next, in hand-over mode (the read buffer a handed-over
+    /// segment replaced); one too small to receive into is dropped.
+    pub fn recycle(&mut self, mut buf: BytesMut) {
+        if self.hand_over && buf.capacity() >= RECEIVE_BUFFER / 2 {
+            buf.clear();
+            self.spare = Some(buf);
+        }
+    }
+
+    /// Receiving goes on in the spare buffer (or a fresh one), with the few bytes already
+    /// received past the PDU just taken.
+    fn move_on(&mut self) {
+        let mut next = self
+            .spare
+            .take()
+            .unwrap_or_else(|| BytesMut::with_capacity(RECEIVE_BUFFER));
+        next.extend_from_slice(&self.buf);
+        self.buf = next;
     }
 
     /// The stream it reads from (to query the socket under it).
@@ -59,16 +127,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// engine, nothing is answered, and the connection must be dropped.
     pub async fn next(&mut self) -> std::io::Result<Option<Result<Pdu, WireError>>> {
         loop {
-            match ipsan_seal::read_pdu(&self.codec, self.record.as_mut(), &mut self.buf) {
-                Ok(Some(pdu)) => return Ok(Some(Ok(pdu))),
-                Ok(None) => {}
-                Err(ReadError::Wire(e)) => return Ok(Some(Err(e))),
-                Err(ReadError::Sealed(f)) => {
-                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, f))
-                }
+            if let Some(r) = self.try_next() {
+                return r;
             }
             if self.buf.capacity() - self.buf.len() < 64 * 1024 {
-                self.buf.reserve(256 * 1024);
+                self.buf.reserve(RECEIVE_BUFFER);
             }
             if self.rd.read_buf(&mut self.buf).await? == 0 {
                 return Ok(None);
@@ -230,6 +293,52 @@ mod tests {
         assert_eq!(second.header.itt(), 2);
         assert_eq!(&second.data[..], &[7u8; 5000][..]);
         assert!(r.next().await.unwrap().is_none());
+    }
+
+    /// Hand-over mode: a long data segment is the only holder of its receive buffer (it can
+    /// become a READ's data without a copy), a short one is not moved out, a recycled buffer
+    /// is received into next, and bytes received past the long PDU are not lost. Without the
+    /// mode the segment shares the buffer (the target's reader: nothing changes there).
+    #[tokio::test]
+    async fn accepts_a_long_segment_handed_over_whole_in_hand_over_mode() {
+        for mode in [true, false] {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let mut w = FrameWriter::new(a);
+            let long = Bytes::from(vec![9u8; HAND_OVER_MIN]);
+            let nop = |itt| NopOut {
+                itt,
+                ..NopOut::default()
+            };
+            // The long PDU and a short one in one read: the short one is carried over.
+            w.push(Pdu::new(nop(1), long.clone())).unwrap();
+            w.push(Pdu::new(nop(2), Bytes::from(vec![3u8; 100])))
+                .unwrap();
+            w.flush().await.unwrap();
+            let mut r = FrameReader::new(b);
+            // Past the login's 8 KiB default, as a full feature phase negotiates.
+            r.codec.max_recv_data_segment_length = 256 * 1024;
+            r.hand_over(mode);
+            let first = r.next().await.unwrap().unwrap().unwrap();
+            assert_eq!(first.header.itt(), 1);
+            w.push(Pdu::new(nop(3), long.clone())).unwrap();
+            w.flush().await.unwrap();
+            w.shutdown().await.unwrap();
+            let second = r.next().await.unwrap().unwrap().unwrap();
+            assert_eq!(
+                (second.header.itt(), &second.data[..]),
+                (2, &[3u8; 100][..])
+            );
+            let owned = first.data.try_into_mut();
+            assert_eq!(owned.is_ok(), mode, "hand-over {mode}");
+            if let Ok(buf) = owned {
+                assert_eq!(&buf[..], &long[..]);
+                r.recycle(buf);
+                assert!(r.spare.is_some(), "a buffer of the reader's size is kept");
+            }
+            let third = r.next().await.unwrap().unwrap().unwrap();
+            assert_eq!((third.header.itt(), &third.data[..]), (3, &long[..]));
+            assert!(r.next().await.unwrap().is_none());
+        }
     }
 
     /// The codec's errors on a plain connection reach the caller as a PDU error, not as an

@@ -157,15 +157,21 @@ pub(super) fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
 /// initiator answers no Reject).
 pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
     let tr = shared.core.observer.get().cloned();
+    // A READ whose data comes in one Data-In gets that segment as its buffer (no copy); the
+    // buffer it brought comes back here to receive into (issue 27).
+    rd.hand_over(true);
     loop {
         match rd.next().await {
             Ok(Some(Ok(pdu))) => {
                 observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
-                if shared
-                    .with_io(false, |g| g.session.handle_pdu(Instant::now(), pdu))
-                    .is_err()
-                {
-                    return;
+                let spare = shared.with_io(false, |g| {
+                    g.session.handle_pdu(Instant::now(), pdu);
+                    g.session.take_spare_buffer()
+                });
+                match spare {
+                    Ok(Some(buf)) => rd.recycle(buf),
+                    Ok(None) => {}
+                    Err(_) => return,
                 }
             }
             Ok(Some(Err(e))) => {

@@ -74,6 +74,14 @@ pub(super) trait Port {
         len: usize,
         buf: BytesMut,
     ) -> Result<BytesMut, Sense>;
+    /// `len` bytes read at `offset` as the store's own shared memory, no copy, when the store
+    /// can ([`ipsan_block::Backend::read_shared`]); `None`: [`Port::read`] instead.
+    fn read_shared(
+        &self,
+        lu: &LogicalUnit,
+        offset: u64,
+        len: usize,
+    ) -> Option<Result<Bytes, Sense>>;
     async fn write(&self, lu: &LogicalUnit, offset: u64, data: Data<'_>) -> Result<(), Sense>;
     async fn flush(&self, lu: &LogicalUnit) -> Result<(), Sense>;
     /// Starts a flush nobody waits for (IMMED): a failure is only logged.
@@ -106,6 +114,17 @@ impl Port for Blocking {
             .read_append(&mut buf, len, offset)
             .map_err(|e| Sense::from_read_error(&e))?;
         Ok(buf)
+    }
+
+    fn read_shared(
+        &self,
+        lu: &LogicalUnit,
+        offset: u64,
+        len: usize,
+    ) -> Option<Result<Bytes, Sense>> {
+        lu.backend
+            .read_shared(len, offset)
+            .map(|r| r.map_err(|e| Sense::from_read_error(&e)))
     }
 
     async fn write(&self, lu: &LogicalUnit, offset: u64, data: Data<'_>) -> Result<(), Sense> {
@@ -179,6 +198,11 @@ impl Port for Submitted {
     ) -> Result<BytesMut, Sense> {
         let op = IoOp::Read { offset, len, buf };
         Ok(lu.io_sense(self.tag, op).await?.unwrap_or_default())
+    }
+
+    fn read_shared(&self, _: &LogicalUnit, _: u64, _: usize) -> Option<Result<Bytes, Sense>> {
+        // A submitted request goes through the store's own queue.
+        None
     }
 
     async fn write(&self, lu: &LogicalUnit, offset: u64, data: Data<'_>) -> Result<(), Sense> {
@@ -341,6 +365,14 @@ impl LogicalUnit {
         } else {
             0
         };
+        if !req.view.tailroom {
+            // The store's own bytes when it can share them (a RAM store): the socket's copy
+            // is then the only one on the target (issue 27). A Seal session seals in place in
+            // room past the data, so it gets a buffer of its own.
+            if let Some(r) = port.read_shared(self, self.offset(io.lba), len) {
+                return r;
+            }
+        }
         let buf = BytesMut::with_capacity(len.saturating_add(room));
         let buf = port.read(self, self.offset(io.lba), len, buf).await?;
         Ok(buf.freeze())

@@ -195,27 +195,8 @@ pub(super) async fn login_phase(
         if let (Outcome::FullFeature(result), Some(_), true) =
             (&reply.outcome, &session_slot, req.tsih != 0)
         {
-            // A connection joining a session negotiates Seal as its leading connection did:
-            // plaintext, or the same cipher and chunk size (under its own keys).
-            let core = shared.registry.joining(
-                &result.params.initiator_name,
-                result.isid,
-                result.params.target_name.as_deref(),
-                req.tsih,
-            );
-            let shape = lock(slot).as_ref().map(|s| (s.cipher(), s.chunk_size()));
-            if let Some(core) = core.filter(|c| c.seal_shape != shape) {
-                let why = format!(
-                    "a connection joining session TSIH {} must negotiate its Seal cipher and chunk size ({:?}), not {shape:?}",
-                    core.tsih, core.seal_shape
-                );
-                reply = login.refuse(
-                    reply,
-                    iscsi_proto::login::LoginFailure::new(
-                        iscsi_proto::login::LoginStatus::INITIATOR_ERROR,
-                        why,
-                    ),
-                );
+            if let Err(f) = join_check(shared, result, req, slot) {
+                reply = login.refuse(reply, f);
             }
         }
         // A login joining a session (its TSIH, RFC 7143 §5.3.4) uses the session's remote
@@ -288,6 +269,51 @@ pub(super) async fn login_phase(
             }
         }
     }
+}
+
+/// Whether a login that completed with a session's TSIH (RFC 7143 §5.3.4) may join it: the
+/// session exists for this initiator, ISID and target (0x020a otherwise), the connection
+/// negotiated Seal as the session's leading connection did (plaintext, or the same cipher and
+/// chunk size under its own keys), and the session has room ([`crate::conn::Core::room`]:
+/// 0x0206 at MaxConnections, 0x020a while it ends). Asked only once the login proved
+/// everything it will (CHAP, Seal's confirmation) and `Registry::admit` found it proved at
+/// least what the session did: a login that did not authenticate hears nothing of the
+/// session, full or not (issue 28).
+fn join_check(
+    shared: &Shared,
+    result: &iscsi_proto::login::LoginResult,
+    req: &iscsi_wire::header::LoginRequest,
+    slot: &SealSlot,
+) -> Result<(), iscsi_proto::login::LoginFailure> {
+    use iscsi_proto::login::{LoginFailure, LoginStatus};
+    let core = shared
+        .registry
+        .joining(
+            &result.params.initiator_name,
+            result.isid,
+            result.params.target_name.as_deref(),
+            req.tsih,
+        )
+        .ok_or_else(|| {
+            LoginFailure::new(
+                LoginStatus::SESSION_DOES_NOT_EXIST,
+                format!(
+                    "no session with TSIH {} for this initiator and ISID",
+                    req.tsih
+                ),
+            )
+        })?;
+    let shape = lock(slot).as_ref().map(|s| (s.cipher(), s.chunk_size()));
+    if core.seal_shape != shape {
+        return Err(LoginFailure::new(
+            LoginStatus::INITIATOR_ERROR,
+            format!(
+                "a connection joining session TSIH {} must negotiate its Seal cipher and chunk size ({:?}), not {shape:?}",
+                core.tsih, core.seal_shape
+            ),
+        ));
+    }
+    core.room(req.cid)
 }
 
 /// Counts an authentication failure (0x0201, or any refusal after the target answered a Seal

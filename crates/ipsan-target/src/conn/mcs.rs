@@ -10,9 +10,11 @@
 //! held command that may run now, a task management function, a Logout naming it) that
 //! connection's reader and writer are woken.
 //!
-//! A login with a session's TSIH joins it only when the registry says the TSIH is that
-//! initiator's, ISID's and target's session (`registry/directory.rs`) and [`Core::room`] says
-//! it is not full or ending; it is admitted as a reinstating login would be, so it proves at
+//! A login with a session's TSIH joins it only once it proved everything it will (CHAP,
+//! Seal's confirmation) and then only when the registry says the TSIH is that initiator's,
+//! ISID's and target's session (`Registry::joining`) and [`Core::room`] says it is not
+//! full or ending (`conn/login.rs`'s `join_check`: before that, a full session and none look
+//! alike); it is admitted as a reinstating login would be, so it proves at
 //! least what the session proved. The session ends when its last connection does.
 
 use std::collections::HashMap;

@@ -86,7 +86,10 @@ impl Config {
 #[derive(Debug)]
 pub enum Data {
     None,
-    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough).
+    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough). When
+    /// one Data-In carries all `len` bytes in a buffer nothing else holds, that buffer is the
+    /// command's data instead (no copy) and `buf` is the driver's again
+    /// ([`Connection::take_spare_buffer`]).
     Read {
         buf: BytesMut,
         len: u32,
@@ -258,6 +261,23 @@ enum TmfKind {
     },
 }
 
+/// A task taken out of its connection ([`Connection::take_task`]) to go on another
+/// ([`Connection::adopt_task`]): ErrorRecoveryLevel 2's connection allegiance reassignment
+/// (RFC 7143 §7.2.2) moves it whole.
+#[derive(Debug)]
+pub struct MovedTask {
+    itt: u32,
+    task: Task,
+}
+
+impl MovedTask {
+    /// The task's ITT (it keeps it: ITTs are the session's, §11.2.1.8).
+    #[must_use]
+    pub fn itt(&self) -> u32 {
+        self.itt
+    }
+}
+
 /// The engine: one initiator connection in full feature phase.
 #[derive(Debug)]
 pub struct Connection {
@@ -292,6 +312,9 @@ pub struct Connection {
     never_sent: OwnTagSet,
     /// ITTs the session holds for tasks it will submit here (see [`Connection::reserve_itt`]).
     reserved: OwnTagSet,
+    /// A caller's read buffer that a Data-In segment replaced (see
+    /// [`Connection::take_spare_buffer`]).
+    spare: Option<BytesMut>,
 }
 
 impl Connection {
@@ -324,6 +347,7 @@ impl Connection {
             never_sent: OwnTagSet::default(),
             reserved: OwnTagSet::default(),
             closed: None,
+            spare: None,
         }
     }
 
@@ -411,6 +435,13 @@ impl Connection {
         self.events.pop_front()
     }
 
+    /// A read buffer nobody uses any more: a command's own buffer, after a Data-In that carried
+    /// the whole read was handed to it instead (no copy). The driver's reader receives into it
+    /// next, so the buffers go round without an allocation per command.
+    pub fn take_spare_buffer(&mut self) -> Option<BytesMut> {
+        self.spare.take()
+    }
+
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.closed.is_some() {
@@ -459,6 +490,72 @@ impl Connection {
     /// session's task waiting to be sent again here keeps its ITT.
     pub fn reserve_itt(&mut self, itt: u32) {
         self.reserved.insert(itt);
+    }
+
+    /// Takes the session's CmdSN window, for a connection of a session of several (RFC 7143
+    /// §4.2.2.1: one window for all of them; `engine::mcs`): the next CmdSN as the session
+    /// numbers it, and ExpCmdSN and MaxCmdSN as any of its connections last heard them
+    /// (neither moves back). Commands queued behind the window go if it opened.
+    pub fn share_window(&mut self, cmd_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        self.cmd_sn = cmd_sn;
+        self.update_window(exp_cmd_sn, max_cmd_sn);
+        self.flush_queued();
+    }
+
+    /// The ITTs of the tasks on this connection (queued, sent, or abandoned awaiting
+    /// cleanup), ascending: what ErrorRecoveryLevel 2 would reassign when it fails.
+    #[must_use]
+    pub fn task_itts(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.tasks.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Takes task `itt` out of this connection with all it knows (Data-In received, R2Ts
+    /// answered, its deadline), sending nothing and ending nothing: its allegiance is to move
+    /// ([`Connection::adopt_task`]; RFC 7143 §7.2.2, TASK REASSIGN at ErrorRecoveryLevel 2).
+    /// Data-Out queued for it here and not yet taken by the driver is dropped.
+    pub fn take_task(&mut self, itt: u32) -> Option<MovedTask> {
+        let task = self.tasks.remove(&itt)?;
+        self.queued.retain(|i| *i != itt);
+        self.out
+            .retain(|p| !matches!(&p.header, Header::DataOut(d) if d.itt == itt));
+        Some(MovedTask { itt, task })
+    }
+
+    /// Takes on a task from another connection of the session ([`Connection::take_task`]):
+    /// its PDUs are this connection's from now on. A task that had not left yet waits for the
+    /// window here. `Invalid` when its ITT is in use here.
+    pub fn adopt_task(&mut self, moved: MovedTask) -> Result<u32, SubmitError> {
+        if let Some(e) = self.closed {
+            return Err(SubmitError::Closed(e));
+        }
+        let MovedTask { itt, mut task } = moved;
+        if self.tasks.contains_key(&itt) || self.tmfs.contains_key(&itt) {
+            return Err(SubmitError::Invalid);
+        }
+        self.reserved.remove(&itt);
+        if let Some(d) = task.deadline {
+            let at = self.deadlines.partition_point(|(x, _)| *x <= d);
+            self.deadlines.insert(at, (d, itt));
+        }
+        // R2Ts it had not answered yet are the old connection's: ErrorRecoveryLevel 2 asks
+        // for them again (a recovery R2T, §7.2.2).
+        task.unsent_r2ts.clear();
+        let queued = task.phase == Phase::Queued;
+        self.tasks.insert(itt, task);
+        if queued {
+            self.queued.push_back(itt);
+            self.flush_queued();
+        }
+        Ok(itt)
+    }
+
+    /// Logout closing only this connection (reason 1, RFC 7143 §11.14), named by its `cid`:
+    /// the session goes on over its others. As [`Connection::logout`] otherwise; a driver
+    /// sends it once the connection's tasks are done (`engine::mcs` drains it first).
+    pub fn logout_connection(&mut self, now: Instant, cid: u16) -> Option<u32> {
+        self.logout_as(now, LogoutReason::CLOSE_CONNECTION, cid)
     }
 
     /// Submits a command; it leaves as soon as the window allows.
@@ -568,7 +665,11 @@ impl Connection {
 
     /// Logout, closing the session (§11.14). Queued commands fail; the connection ends with
     /// the Logout Response.
-    pub fn logout(&mut self, _now: Instant) -> Option<u32> {
+    pub fn logout(&mut self, now: Instant) -> Option<u32> {
+        self.logout_as(now, LogoutReason::CLOSE_SESSION, 0)
+    }
+
+    fn logout_as(&mut self, _now: Instant, reason: LogoutReason, cid: u16) -> Option<u32> {
         if self.closed.is_some() || self.logout.is_some() {
             return None;
         }
@@ -588,9 +689,9 @@ impl Connection {
         self.out.push_back(Pdu::new(
             LogoutRequest {
                 immediate: true,
-                reason: LogoutReason::CLOSE_SESSION,
+                reason,
                 itt,
-                cid: 0,
+                cid,
                 cmd_sn: self.cmd_sn,
                 exp_stat_sn: 0,
             },
@@ -739,7 +840,7 @@ impl Connection {
         }
         let Pdu { header, data, .. } = pdu;
         match header {
-            Header::DataIn(h) => self.on_data_in(&h, &data),
+            Header::DataIn(h) => self.on_data_in(&h, data),
             Header::ScsiResponse(h) => self.on_response(&h, &data),
             Header::R2t(h) => self.on_r2t(now, &h),
             Header::NopIn(h) => self.on_nop_in(&h, &data),
@@ -995,7 +1096,7 @@ impl Connection {
         }
     }
 
-    fn on_data_in(&mut self, h: &DataIn, data: &Bytes) {
+    fn on_data_in(&mut self, h: &DataIn, data: Bytes) {
         let now_itt = h.itt;
         let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
             return;
@@ -1029,12 +1130,30 @@ impl Connection {
             self.violation(v);
             return;
         }
-        if let Some(buf) = t.read.as_mut() {
+        let n = data.len() as u32;
+        let mut spare = None;
+        if off == 0 && n == t.read_len && n > 0 {
+            // The whole read in one PDU: its segment becomes the caller's data, no copy, when
+            // nothing else holds the receive buffer it sits in (the driver's reader leaves it
+            // so, `ipsan_transport::FrameReader::hand_over`); the caller's buffer then goes
+            // back to the reader (`take_spare_buffer`). Otherwise it is copied (issue 27).
+            match data.try_into_mut() {
+                Ok(whole) => spare = t.read.replace(whole),
+                Err(data) => {
+                    if let Some(buf) = t.read.as_mut() {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        } else if let Some(buf) = t.read.as_mut() {
             // `off == received == buf.len()`, checked above.
-            buf.extend_from_slice(data);
+            buf.extend_from_slice(&data);
         }
-        t.received += data.len() as u32;
+        t.received += n;
         t.next_data_sn = t.next_data_sn.wrapping_add(1);
+        if spare.is_some() {
+            self.spare = spare;
+        }
         if h.status_present {
             let residual = residual_of(h.underflow, h.overflow, h.residual_count);
             self.status(now_itt, h.status, None, residual);
@@ -1446,6 +1565,75 @@ mod tests {
             }
         }
         None
+    }
+
+    /// A READ submitted with `buf`, and a Data-In answering all of it with status.
+    fn read_answered(c: &mut Connection, now: Instant, buf: BytesMut, data: Bytes) -> Completion {
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0x88; 16],
+                    data: Data::Read {
+                        buf,
+                        len: data.len() as u32,
+                    },
+                    timed: false,
+                },
+            )
+            .unwrap();
+        while c.poll_transmit().is_some() {}
+        let h = DataIn {
+            final_: true,
+            status_present: true,
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 1,
+            exp_cmd_sn: 2,
+            max_cmd_sn: 16,
+            ..DataIn::default()
+        };
+        c.handle_pdu(now, Pdu::new(h, data));
+        loop {
+            match c.poll_event() {
+                Some(Event::Completed { result, .. }) => return result.unwrap(),
+                Some(_) => {}
+                None => panic!("no completion"),
+            }
+        }
+    }
+
+    /// Issue 27: a Data-In carrying a whole READ in a buffer nothing else holds becomes the
+    /// command's data (the same memory, no copy) and the caller's buffer is handed back for
+    /// the reader to receive into; a segment that shares its buffer is copied into the
+    /// caller's buffer, and nothing is handed back.
+    #[test]
+    fn accepts_a_whole_read_in_one_data_in_without_copying_it() {
+        let (mut c, now) = conn();
+        let mine = BytesMut::with_capacity(8192);
+        let mine_at = mine.as_ptr();
+        let data = Bytes::from(vec![5u8; 8192]);
+        let at = data.as_ptr();
+        let done = read_answered(&mut c, now, mine, data);
+        assert_eq!(&done.data[..], &[5u8; 8192][..]);
+        assert_eq!(done.data.as_ptr(), at, "the Data-In segment was copied");
+        let back = c
+            .take_spare_buffer()
+            .expect("the caller's buffer comes back");
+        assert_eq!(back.as_ptr(), mine_at);
+        assert!(c.take_spare_buffer().is_none());
+
+        let shared = Bytes::from(vec![6u8; 8192]);
+        let keep = shared.clone();
+        let done = read_answered(&mut c, now, back, shared);
+        assert_eq!(&done.data[..], &keep[..]);
+        assert_eq!(
+            done.data.as_ptr(),
+            mine_at,
+            "copied into the caller's own buffer"
+        );
+        assert!(c.take_spare_buffer().is_none());
     }
 
     #[test]

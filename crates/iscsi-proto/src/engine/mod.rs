@@ -25,6 +25,11 @@
 //!   session's connections, and session recovery's reissue policy (RFC 7143 §6.3.5: which
 //!   commands in flight at a loss go again on the next connection, [`session::Config::idempotent`],
 //!   and what the others end with); it drives one [`initiator::Connection`] at a time.
+//! - [`mcs`]: the initiator's session of several connections (MaxConnections > 1): one CmdSN
+//!   window over them, each command on the connection with the fewest outstanding bytes (or
+//!   in turn) when the window lets it go, ExpStatSN and task allegiance per connection,
+//!   connections added (TSIH login) and logged out one at a time; ErrorRecoveryLevel 2's seam
+//!   (a connection's tasks listed, a task moved whole to another connection).
 //! - [`residual`]: the target's overflow and underflow rules (RFC 7143 §11.4.5.1): which
 //!   bytes of an overflowing write are written (the CDB's transfer length rewritten), and the
 //!   residual a status reports; every path of the target driver applies them from here.
@@ -39,6 +44,7 @@
 //! side ended it and why; nothing here is a free-form string.
 
 pub mod initiator;
+pub mod mcs;
 pub mod r2t;
 pub mod residual;
 pub mod session;

@@ -359,6 +359,11 @@ impl Session {
         self.pump(now);
     }
 
+    /// The current connection's [`Connection::take_spare_buffer`].
+    pub fn take_spare_buffer(&mut self) -> Option<BytesMut> {
+        self.conn.take_spare_buffer()
+    }
+
     pub fn handle_timeout(&mut self, now: Instant) {
         self.conn.handle_timeout(now);
         self.pump(now);

@@ -163,6 +163,24 @@ pub struct LoginOptions {
     /// The ISID to log in with (RFC 7143 §11.12.5); `None`: a random one per login. Logging in
     /// with the ISID of a live session reinstates it (RFC 7143 §6.3.5).
     pub isid: Option<[u8; 6]>,
+    /// MaxConnections offered (RFC 7143 §13.2): 1, the default, for a session of one
+    /// connection; more for a session spread over several (`engine::mcs`; the target answers
+    /// the lower of its limit and this).
+    pub max_connections: u32,
+    /// Add a connection to a session instead of leading a new one (RFC 7143 §5.3.4): the
+    /// session's TSIH and this connection's CID, with the session's ISID
+    /// ([`LoginOptions::isid`]). `None`: a leading login (TSIH 0, CID 0).
+    pub join: Option<Join>,
+}
+
+/// A login that adds a connection to a running session ([`LoginOptions::join`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Join {
+    /// The session's TSIH, from its leading login.
+    pub tsih: u16,
+    /// This connection's CID, unique among the session's connections (the CID of a live
+    /// one reinstates it, RFC 7143 §6.3.4).
+    pub cid: u16,
 }
 
 impl Default for LoginOptions {
@@ -180,6 +198,8 @@ impl Default for LoginOptions {
             mutual_chap: None,
             chap_algorithms: ChapAlgorithm::DEFAULT.to_vec(),
             isid: None,
+            max_connections: 1,
+            join: None,
         }
     }
 }
@@ -405,6 +425,7 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             SessionKind::Discovery => params.session_type = SessionType::Discovery,
             SessionKind::Normal { target_name } => params.target_name = Some(target_name.clone()),
         }
+        let tsih = opts.join.map_or(0, |j| j.tsih);
         let m = Self {
             opts,
             kind,
@@ -413,7 +434,7 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
             record: ChallengeRecord::new(),
             offered: HashMap::new(),
             params,
-            tsih: 0,
+            tsih,
             target_portal_group_tag: None,
             target_alias: None,
             chap_algorithm: None,
@@ -788,7 +809,10 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
         ];
         if matches!(self.kind, SessionKind::Normal { .. }) {
             keys.extend([
-                ("MaxConnections".into(), "1".into()),
+                (
+                    "MaxConnections".into(),
+                    o.max_connections.max(1).to_string(),
+                ),
                 ("InitialR2T".into(), yn(o.initial_r2t)),
                 ("ImmediateData".into(), yn(o.immediate_data)),
                 ("MaxBurstLength".into(), o.max_burst_length.to_string()),

@@ -91,7 +91,9 @@ pub struct LoginExchange<X: ?Sized + OriginatorExtension = dyn OriginatorExtensi
 impl<X: ?Sized + OriginatorExtension> LoginExchange<X> {
     /// A login of `machine` (its extension already attached) whose first request is `first`,
     /// for the session `isid` with TSIH 0 (a new session, or a reinstating login of the same
-    /// ISID: RFC 7143 §6.3.5), CID 0, ITT 0 and CmdSN 1.
+    /// ISID: RFC 7143 §6.3.5) and CID 0, or the session's TSIH and a CID of its own when the
+    /// machine's options join a running session ([`super::LoginOptions::join`], §5.3.4); ITT 0
+    /// and CmdSN 1.
     pub fn new(machine: LoginMachine<X>, first: LoginStep, isid: [u8; 6]) -> Self {
         let mut x = Self {
             machine,
@@ -118,9 +120,9 @@ impl<X: ?Sized + OriginatorExtension> LoginExchange<X> {
             version_max: 0,
             version_min: 0,
             isid: self.isid,
-            tsih: 0,
+            tsih: self.machine.opts.join.map_or(0, |j| j.tsih),
             itt: self.itt,
-            cid: 0,
+            cid: self.machine.opts.join.map_or(0, |j| j.cid),
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.exp_stat_sn,
         }

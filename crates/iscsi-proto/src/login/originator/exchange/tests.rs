@@ -300,3 +300,51 @@ fn shows_every_login_pdu_to_the_extension_before_the_machine_decides() {
     }
     assert!(pdus >= 2);
 }
+
+/// Issue 28: a login adding a connection to a running session (RFC 7143 §5.3.4) names the
+/// session's TSIH and its own CID on every request, and offers the MaxConnections the caller
+/// set; the target answers the lower limit.
+#[test]
+fn accepts_a_login_joining_a_session_with_its_tsih_and_a_cid_of_its_own() {
+    let kind = SessionKind::Normal {
+        target_name: TARGET.into(),
+    };
+    let opts = LoginOptions {
+        max_connections: 4,
+        join: Some(crate::login::originator::Join { tsih: 9, cid: 3 }),
+        ..LoginOptions::default()
+    };
+    let (m, first) = <LoginMachine>::start(opts, kind);
+    let mut ini = LoginExchange::new(m, first, ISID);
+    let offer = TargetOffer {
+        max_connections: 2,
+        ..TargetOffer::default()
+    };
+    let mut tgt = TargetLogin::new(offer, None);
+    let mut dir = Dir;
+    let mut offered = None;
+    let done = loop {
+        let req = ini.poll_transmit().expect("a request to send");
+        let h = login_request(&req).clone();
+        assert_eq!((h.isid, h.tsih, h.cid), (ISID, 9, 3), "every request");
+        let keys = iscsi_wire::text::parse(&req.data).unwrap();
+        if let Some((_, v)) = keys.iter().find(|(k, _)| k == "MaxConnections") {
+            offered = Some(v.clone());
+        }
+        let reply = tgt.handle(&h, &req.data, &mut dir);
+        match ini
+            .handle_pdu(&Pdu::new(reply.header, Bytes::from(reply.data)))
+            .unwrap()
+        {
+            LoginProgress::Send => {}
+            LoginProgress::Done(d) => break d,
+            LoginProgress::RelayChallenge { .. } => panic!("no relay here"),
+        }
+    };
+    assert_eq!(offered.as_deref(), Some("4"));
+    assert_eq!(done.established.tsih, 9);
+    assert_eq!(
+        done.established.params.max_connections, 2,
+        "the lower limit"
+    );
+}

@@ -1,0 +1,735 @@
+//! A session of several connections (RFC 7143 §4.2, MaxConnections > 1; issue 28): the tokio
+//! driver of `iscsi_proto::engine::mcs`.
+//!
+//! ```text
+//!  leading login (MaxConnections=N offered) ─► the target answers M <= N
+//!  M-1 joining logins (the session's ISID and TSIH, CIDs 1..M, RFC 7143 §5.3.4), each with
+//!  its own Seal login when sealed (its own CPace, record keys and counters)
+//!  callers ──command──► [Mutex<engine::mcs::Session>] one CmdSN window, a connection chosen
+//!                       (Spread: least outstanding bytes or round robin)
+//!      per connection: writer (poll_transmit(cid)) ─► socket ─► reader (handle_pdu(cid))
+//!      one timer for the session (keepalives, command timeouts of every connection)
+//! ```
+//! Sealed sessions: a command's data is sealed under the keys of the connection it goes on
+//! ([`mcs::Session::pick`], then [`mcs::Session::submit_on`]), and a read's Data-In is opened
+//! with the keys of the connection it came on (connection allegiance, §4.2.3).
+//!
+//! ErrorRecoveryLevel 0: a connection that ends ends the session (every other connection is
+//! closed and every command fails with the first loss), as a one-connection session without
+//! recovery does. ERL 2 (a dead connection's tasks reassigned to a live one, §7.2.2) is a
+//! later step; its seam is the engine's `tasks_on`/`move_task`, called where
+//! `end_session` is called now.
+//!
+//! A target that answers MaxConnections=1 gets one connection: the session is then the same
+//! one connection as [`Session`] would make (without its session recovery).
+
+use std::collections::HashMap;
+
+use iscsi_proto::engine::mcs::{self, Spread};
+use iscsi_proto::login::originator::Join;
+
+use super::*;
+
+/// How many connections, and how commands spread over them.
+#[derive(Clone, Copy, Debug)]
+pub struct McsConfig {
+    /// Connections wanted (MaxConnections offered at the leading login); the target may
+    /// grant fewer.
+    pub connections: u16,
+    pub spread: Spread,
+}
+
+impl Default for McsConfig {
+    fn default() -> Self {
+        Self {
+            connections: 1,
+            spread: Spread::LeastBytes,
+        }
+    }
+}
+
+/// One connection's side of the driver.
+struct McsConn {
+    cid: u16,
+    wake_writer: Notify,
+    /// The payload transform its own login installed (Seal: keyed per connection).
+    transform: Option<Arc<dyn PayloadTransform>>,
+    /// Why the driver ended it (socket, framing, Seal), when it did.
+    dead: OnceLock<ConnectionLoss>,
+    io_tasks: Mutex<Vec<AbortHandle>>,
+}
+
+struct McsInner {
+    session: mcs::Session,
+    conns: Vec<Arc<McsConn>>,
+    waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
+    /// Commands that ended on each connection so far, by CID.
+    placed: HashMap<u16, u64>,
+    /// The first connection loss: the session is over (ERL 0).
+    ended: Option<ConnectionLoss>,
+    timer_at: Option<Instant>,
+}
+
+struct McsCore {
+    inner: Mutex<McsInner>,
+    wake_timer: Notify,
+}
+
+impl McsCore {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, McsInner>> {
+        self.inner
+            .lock()
+            .map_err(|_| Error::ConnectionLost(ConnectionLoss::Local(LocalClose::Poisoned)))
+    }
+
+    /// Runs `f` on the engine, hands its events to the waiters and wakes the writers with
+    /// work (and the timer when `timer` and the next deadline moved earlier).
+    fn with<T>(&self, timer: bool, f: impl FnOnce(&mut McsInner) -> T) -> Result<T> {
+        let mut g = self.lock()?;
+        let r = f(&mut g);
+        Self::dispatch(&mut g);
+        for c in &g.conns {
+            let closed = g
+                .session
+                .connection(c.cid)
+                .is_none_or(|x| x.closed().is_some());
+            if closed || g.session.has_transmit(c.cid) {
+                c.wake_writer.notify_one();
+            }
+        }
+        if timer {
+            let earlier = match (g.session.poll_timeout(), g.timer_at) {
+                (Some(d), Some(t)) => d < t,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if earlier {
+                self.wake_timer.notify_one();
+            }
+        }
+        Ok(r)
+    }
+
+    fn dispatch(g: &mut McsInner) {
+        loop {
+            let mut closed = Vec::new();
+            while let Some(ev) = g.session.poll_event() {
+                match ev {
+                    mcs::Event::Completed { itt, cid, result } => {
+                        if let Some(cid) = cid {
+                            *g.placed.entry(cid).or_default() += 1;
+                        }
+                        if let Some(tx) = g.waiters.remove(&itt) {
+                            let _ = tx.send(result);
+                        }
+                    }
+                    mcs::Event::ConnectionClosed { cid, error, gap } => {
+                        tracing::debug!(cid, ?error, gap, "connection ended");
+                        let reason = g
+                            .conns
+                            .iter()
+                            .find(|c| c.cid == cid)
+                            .and_then(|c| c.dead.get().cloned())
+                            .unwrap_or_else(|| ConnectionLoss::from_engine(error));
+                        closed.push((cid, reason));
+                    }
+                    mcs::Event::LogoutRequested { cid, within_secs } => {
+                        tracing::info!(cid, within_secs, "target requests logout (AsyncEvent 1)");
+                    }
+                    mcs::Event::Rejected {
+                        cid,
+                        reason,
+                        opcode,
+                    } => {
+                        tracing::warn!(cid, reason = reason.0, ?opcode, "target rejected a PDU");
+                    }
+                    mcs::Event::TimeoutStep { cid, itt, step } => {
+                        tracing::warn!(cid, itt, ?step, "command timed out");
+                    }
+                    mcs::Event::TaskManagement { .. } => {}
+                }
+            }
+            if closed.is_empty() {
+                break;
+            }
+            // ErrorRecoveryLevel 0: one connection's end is the session's (ERL 2 would
+            // reassign `tasks_on(cid)` to a live connection here instead).
+            for (_, reason) in closed {
+                if g.ended.is_none() {
+                    g.ended = Some(reason);
+                }
+            }
+            let open: Vec<u16> = g.session.cids().collect();
+            for cid in open {
+                if g.session
+                    .connection(cid)
+                    .is_some_and(|c| c.closed().is_none())
+                {
+                    g.session
+                        .close(Instant::now(), cid, Side::Initiator, CloseReason::Local);
+                }
+            }
+        }
+        if g.ended.is_some() && g.session.open_connections() == 0 {
+            // Whatever the engine did not end (nothing should be left) ends here.
+            for (_, tx) in g.waiters.drain() {
+                let _ = tx.send(Err(TaskError::ConnectionLost(ConnectionError {
+                    by: Side::Initiator,
+                    reason: CloseReason::Local,
+                })));
+            }
+        }
+    }
+
+    fn lost(&self) -> Error {
+        let reason = self
+            .lock()
+            .ok()
+            .and_then(|g| g.ended.clone())
+            .unwrap_or(ConnectionLoss::Local(LocalClose::Unknown));
+        Error::ConnectionLost(reason)
+    }
+
+    /// Ends connection `cid` for a reason the driver found itself.
+    fn kill(&self, conn: &McsConn, reason: ConnectionLoss) {
+        let _ = conn.dead.set(reason);
+        let _ = self.with(false, |g| {
+            g.session.close(
+                Instant::now(),
+                conn.cid,
+                Side::Initiator,
+                CloseReason::Local,
+            )
+        });
+    }
+}
+
+/// A logged-in session of one or more connections in full feature phase (no session
+/// recovery: a lost connection ends it, ErrorRecoveryLevel 0).
+pub struct McsSession {
+    core: Arc<McsCore>,
+    lun: u64,
+    capacity: OnceLock<Capacity>,
+    params: Negotiated,
+    timer: AbortHandle,
+    /// [`SessionConfig::command_timeout`] applies to the commands.
+    timed: bool,
+}
+
+impl std::fmt::Debug for McsSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McsSession")
+            .field("lun", &self.lun)
+            .field("connections", &self.connections())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for McsSession {
+    fn drop(&mut self) {
+        self.timer.abort();
+        if let Ok(mut g) = self.core.lock() {
+            for c in &g.conns {
+                if let Ok(t) = c.io_tasks.lock() {
+                    for h in t.iter() {
+                        h.abort();
+                    }
+                }
+            }
+            g.conns.clear();
+        }
+    }
+}
+
+impl McsSession {
+    /// Logs in `mcs.connections` connections to the URL's target (fewer if the target grants
+    /// fewer: MaxConnections, RFC 7143 §13.2) and reads the LUN's capacity. With one
+    /// connection the leading login offers no MaxConnections key beyond what [`Session`]
+    /// sends.
+    pub async fn open(url: &IscsiUrl, cfg: &SessionConfig, mcs_cfg: McsConfig) -> Result<Self> {
+        let s = Self::connect(url, cfg, mcs_cfg).await?;
+        let mut last = None;
+        for _ in 0..4 {
+            match s.read_capacity().await {
+                Ok(_) => return Ok(s),
+                Err(e) if e.sense().is_some_and(|s| s.key == SenseKey::UNIT_ATTENTION) => {
+                    last = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or(Error::Timeout("read capacity")))
+    }
+
+    /// The logins, without touching the LUN.
+    pub async fn connect(url: &IscsiUrl, cfg: &SessionConfig, mcs_cfg: McsConfig) -> Result<Self> {
+        let target = url.require_target()?.to_owned();
+        let lun = u64::from_be_bytes(scsi::encode_lun(u64::from(url.lun.unwrap_or(0))));
+        let mut cfg = cfg.clone();
+        cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(originator::random_isid));
+        cfg.login.max_connections = u32::from(mcs_cfg.connections.max(1));
+        cfg.login.join = None;
+        let lead = login_connection(url, &cfg, &target).await?;
+        let granted = lead.li.session_params.max_connections;
+        let tsih = lead.li.done.established.tsih;
+        let params = lead.li.params.clone();
+        let want = u32::from(mcs_cfg.connections.max(1)).min(granted.max(1));
+        if want < u32::from(mcs_cfg.connections) {
+            tracing::info!(
+                wanted = mcs_cfg.connections,
+                granted,
+                "the target grants fewer connections (MaxConnections)"
+            );
+        }
+        let session = mcs::Session::new(
+            mcs::Config {
+                spread: mcs_cfg.spread,
+                command_timeout: cfg.command_timeout,
+            },
+            0,
+            lead.engine(&cfg),
+        );
+        let core = Arc::new(McsCore {
+            inner: Mutex::new(McsInner {
+                session,
+                conns: Vec::new(),
+                waiters: HashMap::new(),
+                placed: HashMap::new(),
+                ended: None,
+                timer_at: None,
+            }),
+            wake_timer: Notify::new(),
+        });
+        start_conn(&core, 0, lead)?;
+        let timer = tokio::spawn(mcs_timer(core.clone())).abort_handle();
+        let s = Self {
+            core,
+            lun,
+            capacity: OnceLock::new(),
+            params,
+            timer,
+            timed: cfg.command_timeout.is_some(),
+        };
+        for cid in 1..want {
+            let cid = u16::try_from(cid).map_err(|_| Error::InvalidRequest("CID".into()))?;
+            let mut jcfg = cfg.clone();
+            jcfg.login.join = Some(Join { tsih, cid });
+            let fresh = login_connection(url, &jcfg, &target).await?;
+            if fresh.li.done.established.tsih != tsih {
+                return Err(Error::Login(format!(
+                    "connection {cid} joined session {:#x}, not {tsih:#x}",
+                    fresh.li.done.established.tsih
+                )));
+            }
+            let engine = fresh.engine(&jcfg);
+            s.core.with(false, |g| {
+                g.session
+                    .add_connection(Instant::now(), cid, engine)
+                    .map_err(|e| Error::Login(e.to_string()))
+            })??;
+            start_conn(&s.core, cid, fresh)?;
+        }
+        Ok(s)
+    }
+
+    /// What the leading login negotiated.
+    pub fn params(&self) -> &Negotiated {
+        &self.params
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.core
+            .lock()
+            .map(|g| g.session.open_connections())
+            .unwrap_or(0)
+    }
+
+    /// Commands that ended on each connection so far (the connection each went on), by CID,
+    /// ascending.
+    pub fn commands_per_connection(&self) -> Vec<(u16, u64)> {
+        let mut v: Vec<(u16, u64)> = self
+            .core
+            .lock()
+            .map(|g| g.placed.iter().map(|(c, n)| (*c, *n)).collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// The capacity READ CAPACITY found.
+    pub fn capacity(&self) -> Option<Capacity> {
+        self.capacity.get().copied()
+    }
+
+    /// One SCSI command to the session's LUN; a non-GOOD status is [`Error::Scsi`]. With Seal,
+    /// the data is sealed (and Data-In opened) under the keys of the connection it goes on.
+    pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
+        let lun = self.lun;
+        // Sealed: the connection first (its data is made for it, under its keys). Plain: the
+        // engine places the command when the window lets it go, on the load of that moment.
+        let (cid, itt, t) = self.core.with(false, |g| {
+            if let Some(e) = &g.ended {
+                return Err(Error::ConnectionLost(e.clone()));
+            }
+            if !g.conns.iter().any(|c| c.transform.is_some()) {
+                return Ok((None, g.session.alloc_itt(), None));
+            }
+            let cid = g
+                .session
+                .pick()
+                .ok_or(Error::ConnectionLost(ConnectionLoss::Local(
+                    LocalClose::Unknown,
+                )))?;
+            let t = g
+                .conns
+                .iter()
+                .find(|c| c.cid == cid)
+                .and_then(|c| c.transform.clone());
+            Ok((Some(cid), g.session.alloc_itt(), t))
+        })??;
+        let (lba, blocks) = ipsan_scsi::cdb::extent(&cdb);
+        let info = CommandInfo {
+            lun,
+            lba,
+            blocks,
+            opcode: ipsan_scsi::cdb::build::opcode(&cdb),
+            itt,
+        };
+        let (data, read_len) = match dir {
+            DataDir::None => (engine::Data::None, None),
+            DataDir::Write(plain) => {
+                let wire = match &t {
+                    Some(t) => t.outbound(info, plain).await?,
+                    None => plain,
+                };
+                (engine::Data::Write(wire), None)
+            }
+            DataDir::Read(buf, len) => {
+                let wire_len = match &t {
+                    Some(t) => t.wire_len(len).ok_or_else(|| {
+                        Error::InvalidRequest(format!(
+                            "{len} bytes cannot be carried by the transform"
+                        ))
+                    })?,
+                    None => len,
+                };
+                let wire_len = u32::try_from(wire_len)
+                    .map_err(|_| Error::InvalidRequest("read too large".into()))?;
+                (engine::Data::Read { buf, len: wire_len }, Some(len))
+            }
+        };
+        let cmd = engine::Command {
+            lun,
+            cdb,
+            data,
+            timed: self.timed,
+        };
+        let (tx, rx) = oneshot::channel();
+        self.core.with(true, |g| {
+            let now = Instant::now();
+            match cid {
+                Some(cid) => g.session.submit_on(now, cid, itt, cmd),
+                None => g.session.submit_as(now, itt, cmd),
+            }
+            .map_err(|e| match e {
+                mcs::SubmitError::Closed(e) => Error::ConnectionLost(
+                    g.ended
+                        .clone()
+                        .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
+                ),
+                e => Error::InvalidRequest(format!("submit: {e}")),
+            })?;
+            g.waiters.insert(itt, tx);
+            Ok::<_, Error>(())
+        })??;
+        let r = rx.await.map_err(|_| self.core.lost())?;
+        let c = match r {
+            Ok(c) => c,
+            Err(e) => return Err(self.task_error(e)),
+        };
+        let mut p = Passthrough {
+            status: c.status,
+            sense: c.sense,
+            data: c.data,
+            residual: c.residual,
+        };
+        if let (Some(t), Some(_)) = (&t, read_len) {
+            if p.status == 0 {
+                p.data = t.inbound(info, p.data).await?;
+            }
+        }
+        p.into_completion()
+    }
+
+    fn task_error(&self, e: TaskError) -> Error {
+        match e {
+            TaskError::IscsiResponse(r) => Error::IscsiResponse(r),
+            TaskError::Rejected(r) => Error::Rejected(r.0),
+            TaskError::Aborted(AbortedBy::LunReset) => {
+                Error::TaskAborted("LOGICAL UNIT RESET".into())
+            }
+            TaskError::Aborted(AbortedBy::AbortTask) => Error::TaskAborted("ABORT TASK".into()),
+            TaskError::Violation(v) => Error::TargetViolation(v),
+            TaskError::TimedOut { after, .. } => Error::CommandTimedOut(after),
+            TaskError::ConnectionLost(e) => Error::ConnectionLost(
+                self.core
+                    .lock()
+                    .ok()
+                    .and_then(|g| g.ended.clone())
+                    .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
+            ),
+            _ => self.core.lost(),
+        }
+    }
+
+    fn block_len(&self) -> Result<u32> {
+        self.capacity
+            .get()
+            .map(|c| c.block_len)
+            .ok_or_else(|| Error::InvalidRequest("capacity unknown: call read_capacity".into()))
+    }
+
+    /// READ(16) of `blocks` blocks at `lba`, into a fresh buffer.
+    pub async fn read(&self, lba: u64, blocks: u32) -> Result<BytesMut> {
+        self.read_into(lba, blocks, BytesMut::new()).await
+    }
+
+    /// READ(16) of `blocks` blocks at `lba`, reusing `buf`.
+    pub async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut> {
+        if blocks == 0 {
+            return Err(Error::InvalidRequest("read of zero blocks".into()));
+        }
+        let len = blocks as usize * self.block_len()? as usize;
+        let c = self
+            .command(scsi::read16(lba, blocks), DataDir::Read(buf, len))
+            .await?;
+        if c.data.len() != len {
+            return Err(Error::Protocol(format!(
+                "READ returned {} of {len} bytes",
+                c.data.len()
+            )));
+        }
+        Ok(c.data)
+    }
+
+    /// WRITE(16) of `data` (a whole number of blocks) at `lba`.
+    pub async fn write(&self, lba: u64, data: Bytes) -> Result<()> {
+        let bl = self.block_len()? as usize;
+        if data.is_empty() || data.len() % bl != 0 {
+            return Err(Error::InvalidRequest(format!(
+                "write of {} bytes is not a positive multiple of the {bl}-byte block",
+                data.len()
+            )));
+        }
+        let blocks = u32::try_from(data.len() / bl)
+            .map_err(|_| Error::InvalidRequest("write too large".into()))?;
+        self.command(scsi::write16(lba, blocks, false), DataDir::Write(data))
+            .await?;
+        Ok(())
+    }
+
+    /// Standard INQUIRY.
+    pub async fn inquiry(&self) -> Result<Inquiry> {
+        let c = self
+            .command(scsi::inquiry(96), DataDir::Read(BytesMut::new(), 96))
+            .await?;
+        Inquiry::parse(&c.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))
+    }
+
+    /// READ CAPACITY(16); remembers the block length for read/write.
+    pub async fn read_capacity(&self) -> Result<Capacity> {
+        let c = self
+            .command(scsi::read_capacity16(), DataDir::Read(BytesMut::new(), 32))
+            .await?;
+        let cap = Capacity::parse16(&c.data)
+            .ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))?;
+        if cap.block_len == 0 || cap.block_len % 512 != 0 {
+            return Err(Error::Protocol(format!(
+                "unsupported block length {}",
+                cap.block_len
+            )));
+        }
+        let _ = self.capacity.set(cap);
+        Ok(cap)
+    }
+
+    /// Logout closing the session (RFC 7143 §11.14) on one connection; the target closes
+    /// them all once it answers. Bounded: 5 s.
+    pub async fn logout(self) -> Result<()> {
+        let sent = self
+            .core
+            .with(false, |g| g.session.logout(Instant::now()).is_some())?;
+        if !sent {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::time::Instant::now() < deadline {
+            if self.core.lock()?.session.open_connections() == 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Err(Error::Timeout("logout"))
+    }
+}
+
+/// Starts connection `cid`'s reader and writer on its framed halves (with its negotiated
+/// digests and Seal record layer).
+fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<()> {
+    let Fresh { conn, li } = fresh;
+    let Conn { mut rd, mut wr } = conn;
+    let codec = codec_for(&li.params);
+    let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
+    rd.codec = codec.clone();
+    rd.record = opener;
+    wr.codec = codec;
+    wr.sealer = sealer;
+    let c = Arc::new(McsConn {
+        cid,
+        wake_writer: Notify::new(),
+        transform: li.transform,
+        dead: OnceLock::new(),
+        io_tasks: Mutex::new(Vec::new()),
+    });
+    core.with(false, |g| g.conns.push(c.clone()))?;
+    let w = tokio::spawn(mcs_writer(wr, core.clone(), c.clone()));
+    let r = tokio::spawn(mcs_reader(rd, core.clone(), c.clone()));
+    if let Ok(mut t) = c.io_tasks.lock() {
+        *t = vec![w.abort_handle(), r.abort_handle()];
+    }
+    // Anything queued for it before its writer started.
+    c.wake_writer.notify_one();
+    Ok(())
+}
+
+async fn mcs_writer(
+    wr: ipsan_transport::FrameWriter<OwnedWriteHalf>,
+    core: Arc<McsCore>,
+    c: Arc<McsConn>,
+) {
+    if let Err(e) = mcs_writer_inner(wr, &core, &c).await {
+        core.kill(&c, e);
+    }
+}
+
+async fn mcs_writer_inner(
+    mut wr: ipsan_transport::FrameWriter<OwnedWriteHalf>,
+    core: &McsCore,
+    c: &McsConn,
+) -> std::result::Result<(), ConnectionLoss> {
+    let mut batch: Vec<Pdu> = Vec::with_capacity(512);
+    loop {
+        let woken = c.wake_writer.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let closed = {
+            let mut g = core
+                .lock()
+                .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
+            let mut bytes = 0usize;
+            while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
+                let Some(p) = g.session.poll_transmit(c.cid) else {
+                    break;
+                };
+                bytes += p.data.len();
+                batch.push(p);
+            }
+            g.session
+                .connection(c.cid)
+                .is_none_or(|x| x.closed().is_some())
+        };
+        if batch.is_empty() {
+            if closed {
+                break;
+            }
+            woken.await;
+            continue;
+        }
+        for pdu in batch.drain(..) {
+            wr.push(pdu).map_err(|e| match e {
+                ipsan_transport::PushError::Protect(e) => {
+                    tracing::warn!("seal: cannot protect a PDU: {e}; dropping the connection");
+                    ConnectionLoss::SealExhausted
+                }
+                ipsan_transport::PushError::Encode(e, _) => ConnectionLoss::Encode(e),
+            })?;
+        }
+        wr.flush().await.map_err(|e| ConnectionLoss::Io {
+            op: IoOp::Send,
+            kind: e.kind(),
+        })?;
+    }
+    let _ = wr.shutdown().await;
+    Ok(())
+}
+
+async fn mcs_reader(
+    mut rd: ipsan_transport::FrameReader<OwnedReadHalf>,
+    core: Arc<McsCore>,
+    c: Arc<McsConn>,
+) {
+    loop {
+        match rd.next().await {
+            Ok(Some(Ok(pdu))) => {
+                if core
+                    .with(false, |g| g.session.handle_pdu(c.cid, Instant::now(), pdu))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Ok(Some(Err(e))) => {
+                core.kill(&c, ConnectionLoss::Framing(e));
+                return;
+            }
+            Ok(None) => {
+                let _ = core.with(false, |g| g.session.peer_closed(c.cid, Instant::now()));
+                return;
+            }
+            Err(e) => {
+                let loss = match ipsan_transport::forgery(&e) {
+                    Some(f) => {
+                        tracing::warn!("{f}; dropping the session");
+                        ConnectionLoss::SealForgery(f.clone())
+                    }
+                    None => ConnectionLoss::Io {
+                        op: IoOp::Receive,
+                        kind: e.kind(),
+                    },
+                };
+                core.kill(&c, loss);
+                return;
+            }
+        }
+    }
+}
+
+/// Passes the time in to every connection's engine (keepalives, command timeouts).
+async fn mcs_timer(core: Arc<McsCore>) {
+    loop {
+        let woken = core.wake_timer.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let Ok(deadline) = core.lock().map(|mut g| {
+            let d = g.session.poll_timeout();
+            g.timer_at = d;
+            d
+        }) else {
+            return;
+        };
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(d.into()) => {
+                        if core.with(false, |g| g.session.handle_timeout(Instant::now())).is_err() {
+                            return;
+                        }
+                    }
+                    () = &mut woken => {}
+                }
+            }
+            None => woken.await,
+        }
+    }
+}

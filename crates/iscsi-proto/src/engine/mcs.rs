@@ -1,0 +1,907 @@
+//! The initiator's session of several connections (RFC 7143 §4.2, MaxConnections > 1; issue
+//! 28): what the target's `engine::target::session` is on the other side.
+//!
+//! ```text
+//!  submit ─► pending (session order) ─► window open? (CmdSN <= MaxCmdSN, one window for the
+//!            session, §4.2.2.1) ─► a connection chosen now (Spread) ─► Connection::submit_as
+//!            with the session's next CmdSN
+//!  handle_pdu(cid) ─► that connection's engine (its ExpStatSN, its tasks' R2Ts, Data-In and
+//!                     status: connection allegiance, §4.2.3) ─► the window it carried is the
+//!                     session's ─► pending commands go while it is open
+//!  add_connection(cid) ─► after a login with the session's TSIH and a new CID (§5.3.4, §6.3)
+//!  logout_connection(cid) ─► no new tasks there; once its tasks are done, Logout reason 1
+//!  poll_event ◄── Completed { itt, .. } exactly once per accepted submission
+//! ```
+//!
+//! What is the session's and what is a connection's:
+//! - **One CmdSN window**: the session numbers its commands; each connection's engine keeps
+//!   its own copy of the window, which the session hands it before every input
+//!   ([`Connection::share_window`]) and reads back after. A command is given to a connection
+//!   only when the window lets it go at once, so no connection ever holds commands behind the
+//!   window and the choice of connection is made when the command leaves, on the outstanding
+//!   bytes of that moment.
+//! - **ExpStatSN per connection** (§4.2.2.2), kept by each [`Connection`].
+//! - **ITTs unique in the session** (§11.2.1.8): commands take theirs from the session, below
+//!   `COMMAND_ITTS`; each connection's own (pings, task management, logout) count from a
+//!   range of its own above it.
+//! - **Spread** ([`Spread`]): the open connection with the fewest outstanding bytes, or each
+//!   in turn. A command whose data is made for one connection (Seal seals write data under
+//!   that connection's own keys) is placed by the driver instead: [`Session::pick`] says
+//!   where, [`Session::submit_on`] sends it there or nowhere.
+//!
+//! Connection loss at ErrorRecoveryLevel 0: the connection's tasks end with it
+//! ([`TaskError::ConnectionLost`]); the others go on. A command it sent that the target never
+//! received leaves a hole in the session's CmdSN sequence that stops every later command at the
+//! target (§4.2.2.1) until ErrorRecoveryLevel 2 repairs it or the session is recovered:
+//! [`Event::ConnectionClosed`] says whether that may be so (`gap`). ErrorRecoveryLevel 2 is
+//! not done here; its seam is: [`Session::tasks_on`] lists a connection's tasks and
+//! [`Session::move_task`] moves one, whole, to another connection (the TASK REASSIGN request
+//! itself, §7.2.2, is ERL 2's).
+//!
+//! Task management: ABORT TASK goes on the task's connection (its allegiance). A LOGICAL UNIT
+//! RESET goes on one connection and ends, at the target, the LU's tasks of every connection;
+//! those of other connections then end by their own command timeout (ABORT TASK answered
+//! "task does not exist").
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use iscsi_wire::header::{RejectReason, TmfResponse};
+use iscsi_wire::{Opcode, Pdu, RESERVED_TAG};
+
+use super::initiator::{
+    self, Command, Connection, Data, SubmitError as ConnSubmitError, TaskError, TaskResult,
+    TimeoutStep,
+};
+use super::{CloseReason, ConnectionError, OwnTagMap, Side};
+use crate::params::SessionParams;
+use crate::seq::{sn_le, sn_lt};
+
+/// Commands' ITTs are below this; a connection's own count from `COMMAND_ITTS | CID << 16`.
+const COMMAND_ITTS: u32 = 0x8000_0000;
+
+/// Bytes a command costs in [`Spread::LeastBytes`] beyond its data (its PDU headers), so
+/// commands without data spread too.
+const COMMAND_COST: u64 = 48;
+
+/// How the session chooses the connection a command goes on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Spread {
+    /// The open connection with the fewest bytes outstanding (data of its unfinished
+    /// commands, plus a header's worth each); ties go in turn.
+    #[default]
+    LeastBytes,
+    /// Each open connection in turn.
+    RoundRobin,
+}
+
+impl std::str::FromStr for Spread {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "least-bytes" => Ok(Spread::LeastBytes),
+            "round-robin" => Ok(Spread::RoundRobin),
+            other => Err(format!("{other}: the spread is least-bytes or round-robin")),
+        }
+    }
+}
+
+/// Settings of a session of several connections.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    pub spread: Spread,
+    /// A command with [`Command::timed`] still waiting for the window this long after its
+    /// submission ends with [`TaskError::TimedOut`] (`by: None`); once on a connection, that
+    /// connection's own timeout runs it (give each connection the same).
+    pub command_timeout: Option<Duration>,
+}
+
+/// Why [`Session::submit`] refused a command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The session is over (logged out, or its last connection ended).
+    #[error(transparent)]
+    Closed(ConnectionError),
+    /// More than 4 GiB, the reserved ITT, an ITT in use or not a command's.
+    #[error("invalid command")]
+    Invalid,
+}
+
+/// Why a connection cannot be added, or a task moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnError {
+    /// An open connection has this CID (reinstating one is a close, then an add).
+    #[error("connection {0} is open")]
+    CidInUse(u16),
+    /// No such connection, or it is closed.
+    #[error("no open connection {0}")]
+    NoConnection(u16),
+    /// No such task on a connection.
+    #[error("no task {0:#x} on a connection")]
+    NoTask(u32),
+    /// The session is over.
+    #[error("the session is over")]
+    Ended,
+}
+
+/// What the driver must act on.
+#[derive(Debug)]
+pub enum Event {
+    /// A submitted command ended: exactly one per accepted submission. `cid`: the connection
+    /// it was on (`None`: it never left the session's queue).
+    Completed {
+        itt: u32,
+        cid: Option<u16>,
+        result: TaskResult,
+    },
+    /// The answer to [`Session::abort`] or [`Session::lun_reset`], on connection `cid`.
+    TaskManagement {
+        cid: u16,
+        itt: u32,
+        response: TmfResponse,
+    },
+    /// The target asked connection `cid` to log out (AsyncEvent 1) within this many seconds.
+    LogoutRequested { cid: u16, within_secs: u16 },
+    /// The target rejected a PDU that was not a command, on connection `cid`.
+    Rejected {
+        cid: u16,
+        reason: RejectReason,
+        opcode: Opcode,
+    },
+    /// A command passed its timeout and connection `cid` took this step to end it.
+    TimeoutStep {
+        cid: u16,
+        itt: u32,
+        step: TimeoutStep,
+    },
+    /// Connection `cid` ended (its tasks have their `Completed` before this); the driver
+    /// [`Session::remove`]s it once its socket is done. `gap`: it had sent commands the target
+    /// had not acknowledged receiving (CmdSN at or past ExpCmdSN): if one never arrived, every
+    /// later command waits at the target for it, and at ErrorRecoveryLevel 0 only a session
+    /// recovery ends that wait.
+    ConnectionClosed {
+        cid: u16,
+        error: ConnectionError,
+        gap: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Member {
+    cid: u16,
+    conn: Connection,
+    /// No new tasks: logs out once its tasks are done.
+    draining: bool,
+    /// Its Logout went out.
+    logout: Option<u32>,
+    /// [`Spread::LeastBytes`]'s measure.
+    bytes: u64,
+    /// Bytes of commands made for this connection still waiting for the window
+    /// ([`Session::submit_on`]): counted too, so picks while the window is shut spread.
+    pinned: u64,
+    /// A task it had sent and the target had not acknowledged ended with it.
+    gap: bool,
+}
+
+impl Member {
+    fn open(&self) -> bool {
+        self.conn.closed().is_none()
+    }
+
+    /// Bytes outstanding and bytes made for it and waiting.
+    fn load(&self) -> u64 {
+        self.bytes + self.pinned
+    }
+
+    fn takes_commands(&self) -> bool {
+        self.open() && !self.draining && self.logout.is_none() && !self.conn.logout_requested()
+    }
+}
+
+#[derive(Debug)]
+struct Task {
+    /// The connection it is on (`None`: waiting in the session's queue).
+    cid: Option<u16>,
+    cmd_sn: u32,
+    cost: u64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    itt: u32,
+    cmd: Command,
+    deadline: Option<Instant>,
+    /// Made for this connection ([`Session::submit_on`]): it goes there or nowhere.
+    on: Option<u16>,
+}
+
+/// The session: its connections, its window and its tasks' allegiance.
+#[derive(Debug)]
+pub struct Session {
+    cfg: Config,
+    members: Vec<Member>,
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    next_itt: u32,
+    tasks: OwnTagMap<Task>,
+    pending: VecDeque<Pending>,
+    /// Where the next turn starts.
+    turn: usize,
+    /// A Logout closing the session went out.
+    logging_out: bool,
+    ended: Option<ConnectionError>,
+    events: VecDeque<Event>,
+}
+
+/// The first ITT of connection `cid`'s own.
+fn own_itts(cid: u16) -> u32 {
+    COMMAND_ITTS | (u32::from(cid) << 16)
+}
+
+fn cost(cmd: &Command) -> u64 {
+    COMMAND_COST
+        + match &cmd.data {
+            Data::None => 0,
+            Data::Read { len, .. } => u64::from(*len),
+            Data::Write(b) => b.len() as u64,
+        }
+}
+
+impl Session {
+    /// The session of a leading login: its first connection `conn` (CID `cid`), whose window
+    /// (from the Login Response) is the session's.
+    #[must_use]
+    pub fn new(cfg: Config, cid: u16, mut conn: Connection) -> Self {
+        let (cmd_sn, exp_cmd_sn, max_cmd_sn, _) = conn.sequence();
+        conn.set_next_itt(own_itts(cid));
+        Self {
+            cfg,
+            members: vec![Member {
+                cid,
+                conn,
+                draining: false,
+                logout: None,
+                bytes: 0,
+                pinned: 0,
+                gap: false,
+            }],
+            cmd_sn,
+            exp_cmd_sn,
+            max_cmd_sn,
+            next_itt: 1,
+            tasks: OwnTagMap::default(),
+            pending: VecDeque::new(),
+            turn: 0,
+            logging_out: false,
+            ended: None,
+            events: VecDeque::new(),
+        }
+    }
+
+    // ---- getters ----
+
+    /// The leading connection's negotiated values (session-wide keys are the same on all).
+    #[must_use]
+    pub fn params(&self) -> Option<&SessionParams> {
+        self.members.first().map(|m| m.conn.params())
+    }
+
+    /// (next CmdSN, ExpCmdSN, MaxCmdSN) of the session.
+    #[must_use]
+    pub fn window(&self) -> (u32, u32, u32) {
+        (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn)
+    }
+
+    /// Connection `cid`, open or closed and not removed yet.
+    #[must_use]
+    pub fn connection(&self, cid: u16) -> Option<&Connection> {
+        self.index(cid).map(|i| &self.members[i].conn)
+    }
+
+    /// The CIDs of the connections not removed yet.
+    pub fn cids(&self) -> impl Iterator<Item = u16> + '_ {
+        self.members.iter().map(|m| m.cid)
+    }
+
+    /// Connections not closed.
+    #[must_use]
+    pub fn open_connections(&self) -> usize {
+        self.members.iter().filter(|m| m.open()).count()
+    }
+
+    /// Commands submitted and not completed (on a connection or waiting for the window).
+    #[must_use]
+    pub fn tasks_in_flight(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Bytes outstanding on connection `cid` ([`Spread::LeastBytes`]'s measure).
+    #[must_use]
+    pub fn outstanding_bytes(&self, cid: u16) -> u64 {
+        self.index(cid).map_or(0, |i| self.members[i].bytes)
+    }
+
+    /// The ITTs of connection `cid`'s tasks, ascending (ErrorRecoveryLevel 2's seam: what it
+    /// reassigns when that connection fails).
+    #[must_use]
+    pub fn tasks_on(&self, cid: u16) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.cid == Some(cid))
+            .map(|(i, _)| *i)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The connection task `itt` is on (`None`: waiting for the window, or not a task).
+    #[must_use]
+    pub fn allegiance(&self, itt: u32) -> Option<u16> {
+        self.tasks.get(&itt).and_then(|t| t.cid)
+    }
+
+    /// Whether the session is over.
+    #[must_use]
+    pub fn ended(&self) -> Option<ConnectionError> {
+        self.ended
+    }
+
+    /// Whether connection `cid` has a PDU to send.
+    #[must_use]
+    pub fn has_transmit(&self, cid: u16) -> bool {
+        self.index(cid)
+            .is_some_and(|i| self.members[i].conn.has_transmit())
+    }
+
+    // ---- outputs ----
+
+    /// Connection `cid`'s next PDU.
+    pub fn poll_transmit(&mut self, cid: u16) -> Option<Pdu> {
+        let i = self.index(cid)?;
+        self.members[i].conn.poll_transmit()
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest deadline of any connection and of the commands waiting for the window.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let conns = self.members.iter().filter_map(|m| m.conn.poll_timeout());
+        let queued = self.pending.iter().filter_map(|p| p.deadline);
+        conns.chain(queued).min()
+    }
+
+    // ---- connections ----
+
+    /// A connection logged in with the session's TSIH and CID `cid` (RFC 7143 §5.3.4, §6.3):
+    /// the window its Login Response carried joins the session's; commands waiting for the
+    /// window may go on it at once.
+    pub fn add_connection(
+        &mut self,
+        now: Instant,
+        cid: u16,
+        mut conn: Connection,
+    ) -> Result<(), ConnError> {
+        if self.ended.is_some() || self.logging_out {
+            return Err(ConnError::Ended);
+        }
+        if self.members.iter().any(|m| m.cid == cid && m.open()) {
+            return Err(ConnError::CidInUse(cid));
+        }
+        // A closed one with the same CID is replaced.
+        self.members.retain(|m| m.cid != cid);
+        let (_, exp, max, _) = conn.sequence();
+        self.merge(exp, max);
+        conn.set_next_itt(own_itts(cid));
+        conn.share_window(self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+        self.members.push(Member {
+            cid,
+            conn,
+            draining: false,
+            logout: None,
+            bytes: 0,
+            pinned: 0,
+            gap: false,
+        });
+        self.dispatch(now);
+        Ok(())
+    }
+
+    /// Closes connection `cid` alone, cleanly: it takes no new commands and, once its tasks
+    /// are done, sends a Logout with reason 1 (close the connection, §11.14). False when
+    /// there is no such open connection.
+    pub fn logout_connection(&mut self, now: Instant, cid: u16) -> bool {
+        let Some(i) = self.index(cid).filter(|&i| self.members[i].open()) else {
+            return false;
+        };
+        self.members[i].draining = true;
+        self.after(i, now);
+        true
+    }
+
+    /// Forgets connection `cid` (closed, its socket done; one still open is closed first).
+    pub fn remove(&mut self, now: Instant, cid: u16) {
+        self.close(now, cid, Side::Initiator, CloseReason::Local);
+        if let Some(i) = self.index(cid) {
+            self.members.remove(i);
+        }
+    }
+
+    /// ErrorRecoveryLevel 2's seam: moves task `itt`, whole, to connection `to` (allegiance
+    /// reassignment, RFC 7143 §7.2.2). Sends nothing: the TASK REASSIGN request and what
+    /// follows it are ERL 2's.
+    pub fn move_task(&mut self, itt: u32, to: u16) -> Result<(), ConnError> {
+        let from = self
+            .tasks
+            .get(&itt)
+            .and_then(|t| t.cid)
+            .ok_or(ConnError::NoTask(itt))?;
+        let j = self
+            .index(to)
+            .filter(|&j| self.members[j].open())
+            .ok_or(ConnError::NoConnection(to))?;
+        let i = self.index(from).ok_or(ConnError::NoTask(itt))?;
+        if i == j {
+            return Ok(());
+        }
+        let moved = self.members[i]
+            .conn
+            .take_task(itt)
+            .ok_or(ConnError::NoTask(itt))?;
+        self.members[j]
+            .conn
+            .adopt_task(moved)
+            .map_err(|_| ConnError::NoConnection(to))?;
+        let c = self.tasks.get_mut(&itt).map_or(0, |t| {
+            t.cid = Some(to);
+            t.cost
+        });
+        self.members[i].bytes = self.members[i].bytes.saturating_sub(c);
+        self.members[j].bytes += c;
+        Ok(())
+    }
+
+    // ---- commands ----
+
+    /// A fresh command ITT, unique in the session.
+    pub fn alloc_itt(&mut self) -> u32 {
+        loop {
+            let itt = self.next_itt;
+            self.next_itt = if itt + 1 >= COMMAND_ITTS { 1 } else { itt + 1 };
+            if !self.tasks.contains_key(&itt) {
+                return itt;
+            }
+        }
+    }
+
+    /// Submits a command under a fresh ITT.
+    pub fn submit(&mut self, now: Instant, cmd: Command) -> Result<u32, SubmitError> {
+        let itt = self.alloc_itt();
+        self.submit_as(now, itt, cmd)
+    }
+
+    /// Submits a command under `itt` (from [`Session::alloc_itt`]): it goes on a connection
+    /// as soon as the session's window lets it.
+    pub fn submit_as(&mut self, now: Instant, itt: u32, cmd: Command) -> Result<u32, SubmitError> {
+        self.enqueue(now, itt, cmd, None)
+    }
+
+    fn enqueue(
+        &mut self,
+        now: Instant,
+        itt: u32,
+        cmd: Command,
+        on: Option<u16>,
+    ) -> Result<u32, SubmitError> {
+        if let Some(e) = self.ended {
+            return Err(SubmitError::Closed(e));
+        }
+        if self.logging_out {
+            return Err(SubmitError::Closed(ConnectionError {
+                by: Side::Initiator,
+                reason: CloseReason::Logout,
+            }));
+        }
+        if itt == RESERVED_TAG || itt >= COMMAND_ITTS || self.tasks.contains_key(&itt) {
+            return Err(SubmitError::Invalid);
+        }
+        if let Data::Write(b) = &cmd.data {
+            if u32::try_from(b.len()).is_err() {
+                return Err(SubmitError::Invalid);
+            }
+        }
+        let deadline = self
+            .cfg
+            .command_timeout
+            .filter(|_| cmd.timed)
+            .map(|d| now + d);
+        self.tasks.insert(
+            itt,
+            Task {
+                cid: None,
+                cmd_sn: 0,
+                cost: cost(&cmd),
+            },
+        );
+        if let Some(i) = on.and_then(|c| self.index(c)) {
+            self.members[i].pinned += cost(&cmd);
+        }
+        self.pending.push_back(Pending {
+            itt,
+            cmd,
+            deadline,
+            on,
+        });
+        self.dispatch(now);
+        Ok(itt)
+    }
+
+    /// The connection the next command would go on now ([`Spread`]), for a driver that makes
+    /// a command's data for one connection (Seal seals write data under that connection's
+    /// keys) and then submits it there with [`Session::submit_on`]. `None`: no connection
+    /// takes commands.
+    pub fn pick(&mut self) -> Option<u16> {
+        self.choose().map(|i| self.members[i].cid)
+    }
+
+    /// [`Session::submit_as`] on connection `cid` only (its data was made for it): it goes
+    /// there when the window lets it, in submission order with the others. If `cid` stops
+    /// taking commands first (closed, draining), the command ends with
+    /// [`TaskError::ConnectionLost`] and was never sent.
+    pub fn submit_on(
+        &mut self,
+        now: Instant,
+        cid: u16,
+        itt: u32,
+        cmd: Command,
+    ) -> Result<u32, SubmitError> {
+        if self
+            .index(cid)
+            .is_none_or(|i| !self.members[i].takes_commands())
+        {
+            return Err(SubmitError::Invalid);
+        }
+        self.enqueue(now, itt, cmd, Some(cid))
+    }
+
+    /// ABORT TASK for `itt` (RFC 7143 §11.5.1), on the task's connection. A command still
+    /// waiting for the window ends at once. The TMF's (CID, ITT) when a request went out.
+    pub fn abort(&mut self, now: Instant, itt: u32) -> Option<(u16, u32)> {
+        let t = self.tasks.get(&itt)?;
+        let Some(cid) = t.cid else {
+            self.drop_pending(itt);
+            self.complete(
+                itt,
+                None,
+                Err(TaskError::Aborted(initiator::AbortedBy::AbortTask)),
+            );
+            return None;
+        };
+        let i = self.index(cid)?;
+        self.with(i, now, |c| c.abort(now, itt)).map(|t| (cid, t))
+    }
+
+    /// LOGICAL UNIT RESET of `lun` (§11.5.1) on an open connection: its (CID, ITT).
+    pub fn lun_reset(&mut self, now: Instant, lun: u64) -> Option<(u16, u32)> {
+        let i = self.members.iter().position(Member::open)?;
+        let cid = self.members[i].cid;
+        Some((cid, self.with(i, now, |c| c.lun_reset(now, lun))))
+    }
+
+    /// Logout closing the session (§11.14), on an open connection: commands waiting for the
+    /// window end; the target closes every connection once it answers. The Logout's (CID,
+    /// ITT); `None` without an open connection (the session ends here).
+    pub fn logout(&mut self, now: Instant) -> Option<(u16, u32)> {
+        self.logging_out = true;
+        let e = ConnectionError {
+            by: Side::Initiator,
+            reason: CloseReason::Logout,
+        };
+        self.fail_pending(e);
+        let Some(i) = self.members.iter().position(Member::open) else {
+            self.ended.get_or_insert(e);
+            return None;
+        };
+        let cid = self.members[i].cid;
+        self.with(i, now, |c| c.logout(now)).map(|t| (cid, t))
+    }
+
+    // ---- inputs ----
+
+    /// A PDU received on connection `cid`.
+    pub fn handle_pdu(&mut self, cid: u16, now: Instant, pdu: Pdu) {
+        if let Some(i) = self.index(cid) {
+            self.with(i, now, |c| c.handle_pdu(now, pdu));
+        }
+    }
+
+    /// Connection `cid`'s stream could not be decoded: it is over.
+    pub fn handle_wire_error(&mut self, cid: u16, now: Instant) {
+        if let Some(i) = self.index(cid) {
+            self.with(i, now, |c| c.handle_wire_error(now));
+        }
+    }
+
+    /// The target closed connection `cid`.
+    pub fn peer_closed(&mut self, cid: u16, now: Instant) {
+        if let Some(i) = self.index(cid) {
+            self.with(i, now, Connection::peer_closed);
+        }
+    }
+
+    /// The driver ends connection `cid` (socket error, Seal failure, ...).
+    pub fn close(&mut self, now: Instant, cid: u16, by: Side, reason: CloseReason) {
+        if let Some(i) = self.index(cid) {
+            self.with(i, now, |c| c.close(by, reason));
+        }
+    }
+
+    /// Every connection's timers, and commands waiting for the window past their timeout.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let cids: Vec<u16> = self.members.iter().map(|m| m.cid).collect();
+        for cid in cids {
+            if let Some(i) = self.index(cid) {
+                self.with(i, now, |c| c.handle_timeout(now));
+            }
+        }
+        let Some(after) = self.cfg.command_timeout else {
+            return;
+        };
+        let late: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|p| p.deadline.is_some_and(|d| now >= d))
+            .map(|p| p.itt)
+            .collect();
+        for itt in late {
+            self.drop_pending(itt);
+            self.complete(itt, None, Err(TaskError::TimedOut { after, by: None }));
+        }
+    }
+
+    // ---- internals ----
+
+    fn index(&self, cid: u16) -> Option<usize> {
+        self.members.iter().position(|m| m.cid == cid)
+    }
+
+    /// Runs `f` on member `i`'s engine with the session's window in it, then takes back what
+    /// it did: the window, its events, the commands that may go now.
+    fn with<T>(&mut self, i: usize, now: Instant, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+        let conn = &mut self.members[i].conn;
+        conn.share_window(c, e, m);
+        let r = f(conn);
+        self.after(i, now);
+        r
+    }
+
+    /// After member `i`'s engine ran: its window, its events, a drained connection's Logout,
+    /// and the commands the window lets go.
+    fn after(&mut self, i: usize, now: Instant) {
+        self.absorb(i);
+        self.pump(i);
+        let m = &mut self.members[i];
+        if m.draining && m.logout.is_none() && m.open() && m.conn.tasks_in_flight() == 0 {
+            let cid = m.cid;
+            m.conn
+                .share_window(self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+            m.logout = m.conn.logout_connection(now, cid);
+            self.absorb(i);
+            self.pump(i);
+        }
+        self.dispatch(now);
+    }
+
+    /// Member `i`'s window into the session's.
+    fn absorb(&mut self, i: usize) {
+        let (c, e, m, _) = self.members[i].conn.sequence();
+        if sn_lt(self.cmd_sn, c) {
+            self.cmd_sn = c;
+        }
+        self.merge(e, m);
+    }
+
+    /// A window heard on any connection (§4.2.2.1): ignore a MaxCmdSN below ExpCmdSN - 1,
+    /// never move back.
+    fn merge(&mut self, exp: u32, max: u32) {
+        if sn_lt(max, exp.wrapping_sub(1)) {
+            return;
+        }
+        if sn_lt(self.exp_cmd_sn, exp) {
+            self.exp_cmd_sn = exp;
+        }
+        if sn_lt(self.max_cmd_sn, max) {
+            self.max_cmd_sn = max;
+        }
+    }
+
+    /// The member the next command goes on.
+    fn choose(&mut self) -> Option<usize> {
+        let n = self.members.len();
+        let start = self.turn % n.max(1);
+        let order = (0..n).map(|k| (start + k) % n);
+        let pick = match self.cfg.spread {
+            Spread::RoundRobin => {
+                let mut order = order;
+                order.find(|&i| self.members[i].takes_commands())
+            }
+            Spread::LeastBytes => {
+                let mut best: Option<usize> = None;
+                for i in order {
+                    let m = &self.members[i];
+                    if m.takes_commands() && best.is_none_or(|b| m.load() < self.members[b].load())
+                    {
+                        best = Some(i);
+                    }
+                }
+                best
+            }
+        }?;
+        self.turn = pick + 1;
+        Some(pick)
+    }
+
+    /// Commands waiting for the window go while it is open and a connection takes them.
+    fn dispatch(&mut self, now: Instant) {
+        while sn_le(self.cmd_sn, self.max_cmd_sn) && !self.pending.is_empty() {
+            let pinned = self.pending.front().and_then(|p| p.on);
+            let i = match pinned {
+                Some(cid) => match self
+                    .index(cid)
+                    .filter(|&i| self.members[i].takes_commands())
+                {
+                    Some(i) => i,
+                    None => {
+                        // Made for a connection that takes no more commands: never sent.
+                        let lost = self
+                            .index(cid)
+                            .and_then(|i| self.members[i].conn.closed())
+                            .unwrap_or(ConnectionError {
+                                by: Side::Initiator,
+                                reason: CloseReason::Local,
+                            });
+                        if let Some(p) = self.pending.pop_front() {
+                            self.unpin(&p);
+                            self.complete(p.itt, None, Err(TaskError::ConnectionLost(lost)));
+                        }
+                        continue;
+                    }
+                },
+                None => match self.choose() {
+                    Some(i) => i,
+                    None => break,
+                },
+            };
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            self.unpin(&p);
+            let cmd_sn = self.cmd_sn;
+            let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+            let member = &mut self.members[i];
+            member.conn.share_window(c, e, m);
+            let cid = member.cid;
+            match member.conn.submit_as(now, p.itt, p.cmd) {
+                Ok(_) => {
+                    if let Some(t) = self.tasks.get_mut(&p.itt) {
+                        t.cid = Some(cid);
+                        t.cmd_sn = cmd_sn;
+                        member.bytes += t.cost;
+                    }
+                }
+                Err(err) => {
+                    let lost = match err {
+                        ConnSubmitError::Closed(e) => e,
+                        _ => ConnectionError {
+                            by: Side::Initiator,
+                            reason: CloseReason::Local,
+                        },
+                    };
+                    self.complete(p.itt, None, Err(TaskError::ConnectionLost(lost)));
+                }
+            }
+            self.absorb(i);
+            self.pump(i);
+        }
+        if self.members.iter().all(|m| !m.open()) && self.ended.is_none() {
+            // No connection left: the session is over (ErrorRecoveryLevel 0).
+            let e = ConnectionError {
+                by: Side::Initiator,
+                reason: CloseReason::Local,
+            };
+            self.ended = Some(e);
+            self.fail_pending(e);
+        }
+    }
+
+    /// A pending command leaves the queue: the connection it was made for stops counting it.
+    fn unpin(&mut self, p: &Pending) {
+        if let Some(i) = p.on.and_then(|c| self.index(c)) {
+            let m = &mut self.members[i];
+            m.pinned = m.pinned.saturating_sub(cost(&p.cmd));
+        }
+    }
+
+    /// Takes command `itt` out of the queue (aborted, timed out).
+    fn drop_pending(&mut self, itt: u32) {
+        if let Some(k) = self.pending.iter().position(|p| p.itt == itt) {
+            if let Some(p) = self.pending.remove(k) {
+                self.unpin(&p);
+            }
+        }
+    }
+
+    fn fail_pending(&mut self, e: ConnectionError) {
+        let gone: Vec<Pending> = self.pending.drain(..).collect();
+        for p in &gone {
+            self.unpin(p);
+        }
+        let itts: Vec<u32> = gone.iter().map(|p| p.itt).collect();
+        for itt in itts {
+            self.complete(itt, None, Err(TaskError::ConnectionLost(e)));
+        }
+    }
+
+    fn complete(&mut self, itt: u32, cid: Option<u16>, result: TaskResult) {
+        if let Some(t) = self.tasks.remove(&itt) {
+            if let Some(i) = t.cid.and_then(|c| self.index(c)) {
+                let m = &mut self.members[i];
+                m.bytes = m.bytes.saturating_sub(t.cost);
+            }
+            self.events.push_back(Event::Completed { itt, cid, result });
+        }
+    }
+
+    /// Member `i`'s events, as the session's.
+    fn pump(&mut self, i: usize) {
+        let cid = self.members[i].cid;
+        while let Some(ev) = self.members[i].conn.poll_event() {
+            match ev {
+                initiator::Event::Completed { itt, result } => {
+                    if let Err(TaskError::ConnectionLost(_)) = &result {
+                        let sent_unacked = !self.members[i].conn.never_sent(itt)
+                            && self
+                                .tasks
+                                .get(&itt)
+                                .is_some_and(|t| sn_le(self.exp_cmd_sn, t.cmd_sn));
+                        self.members[i].gap |= sent_unacked;
+                    }
+                    self.complete(itt, Some(cid), result);
+                }
+                initiator::Event::TaskManagement { itt, response } => {
+                    self.events
+                        .push_back(Event::TaskManagement { cid, itt, response });
+                }
+                initiator::Event::LogoutRequested { within_secs } => {
+                    self.events
+                        .push_back(Event::LogoutRequested { cid, within_secs });
+                }
+                initiator::Event::Rejected { reason, opcode } => {
+                    self.events.push_back(Event::Rejected {
+                        cid,
+                        reason,
+                        opcode,
+                    });
+                }
+                initiator::Event::TimeoutStep { itt, step } => {
+                    self.events.push_back(Event::TimeoutStep { cid, itt, step });
+                }
+                initiator::Event::Closed(error) => {
+                    if self.logging_out && error.reason == CloseReason::Logout {
+                        self.ended.get_or_insert(error);
+                    }
+                    let gap = self.members[i].gap;
+                    self.events
+                        .push_back(Event::ConnectionClosed { cid, error, gap });
+                }
+            }
+        }
+    }
+}
