@@ -81,13 +81,6 @@ impl Session {
         c.lun_reset(self.lun).await
     }
 
-    pub(super) fn block_len(&self) -> Result<u32> {
-        self.capacity
-            .get()
-            .map(|c| c.block_len)
-            .ok_or_else(|| Error::InvalidRequest("capacity unknown: call read_capacity".into()))
-    }
-
     /// READ(16) of `blocks` blocks at `lba`, into a fresh buffer.
     pub async fn read(&self, lba: u64, blocks: u32) -> Result<BytesMut> {
         self.read_into(lba, blocks, BytesMut::new()).await
@@ -95,32 +88,15 @@ impl Session {
 
     /// READ(16) reusing `buf` (resized to the transfer length).
     pub async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut> {
-        if blocks == 0 {
-            return Err(Error::InvalidRequest("read of zero blocks".into()));
-        }
-        let len = blocks as usize * self.block_len()? as usize;
+        let len = read_len(&self.capacity, blocks)?;
         let c = self
             .command(scsi::read16(lba, blocks), DataDir::Read(buf, len))
             .await?;
-        if c.data.len() != len {
-            return Err(Error::Protocol(format!(
-                "READ returned {} of {len} bytes",
-                c.data.len()
-            )));
-        }
-        Ok(c.data)
+        read_data(c, len)
     }
 
     pub(super) async fn write_inner(&self, lba: u64, data: Bytes, fua: bool) -> Result<()> {
-        let bl = self.block_len()? as usize;
-        if data.is_empty() || data.len() % bl != 0 {
-            return Err(Error::InvalidRequest(format!(
-                "write of {} bytes is not a positive multiple of the {bl}-byte block",
-                data.len()
-            )));
-        }
-        let blocks = u32::try_from(data.len() / bl)
-            .map_err(|_| Error::InvalidRequest("write too large".into()))?;
+        let blocks = write_blocks(&self.capacity, &data)?;
         self.command(scsi::write16(lba, blocks, fua), DataDir::Write(data))
             .await?;
         Ok(())
@@ -147,7 +123,7 @@ impl Session {
         let c = self
             .command(scsi::inquiry(96), DataDir::Read(BytesMut::new(), 96))
             .await?;
-        Inquiry::parse(&c.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))
+        inquiry_data(&c)
     }
 
     /// READ CAPACITY(16), falling back to (10); remembers the block length for read/write.
@@ -164,16 +140,8 @@ impl Session {
                 Capacity::parse10(&c.data)
             }
             Err(e) => return Err(e),
-        }
-        .ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))?;
-        if cap.block_len == 0 || cap.block_len % 512 != 0 {
-            return Err(Error::Protocol(format!(
-                "unsupported block length {}",
-                cap.block_len
-            )));
-        }
-        let _ = self.capacity.set(cap);
-        Ok(cap)
+        };
+        remember_capacity(&self.capacity, cap)
     }
 
     /// REPORT LUNS.
@@ -371,4 +339,67 @@ impl Shared {
             Err(_) => Err(Error::Timeout("logout")),
         }
     }
+}
+
+// The block-command checks both drivers ([`super::Session`] and [`super::McsSession`]) share:
+// each builds the CDB and sends it its own way, the lengths and answers are checked here once.
+
+/// The block length READ CAPACITY found.
+pub(super) fn block_len(capacity: &OnceLock<Capacity>) -> Result<u32> {
+    capacity
+        .get()
+        .map(|c| c.block_len)
+        .ok_or_else(|| Error::InvalidRequest("capacity unknown: call read_capacity".into()))
+}
+
+/// The bytes a READ of `blocks` blocks moves (none is refused).
+pub(super) fn read_len(capacity: &OnceLock<Capacity>, blocks: u32) -> Result<usize> {
+    if blocks == 0 {
+        return Err(Error::InvalidRequest("read of zero blocks".into()));
+    }
+    Ok(blocks as usize * block_len(capacity)? as usize)
+}
+
+/// A READ's data, which must be exactly the `len` bytes asked for.
+pub(super) fn read_data(c: Completion, len: usize) -> Result<BytesMut> {
+    if c.data.len() != len {
+        return Err(Error::Protocol(format!(
+            "READ returned {} of {len} bytes",
+            c.data.len()
+        )));
+    }
+    Ok(c.data)
+}
+
+/// The blocks a WRITE of `data` covers: a positive whole number of blocks.
+pub(super) fn write_blocks(capacity: &OnceLock<Capacity>, data: &[u8]) -> Result<u32> {
+    let bl = block_len(capacity)? as usize;
+    if data.is_empty() || data.len() % bl != 0 {
+        return Err(Error::InvalidRequest(format!(
+            "write of {} bytes is not a positive multiple of the {bl}-byte block",
+            data.len()
+        )));
+    }
+    u32::try_from(data.len() / bl).map_err(|_| Error::InvalidRequest("write too large".into()))
+}
+
+/// Standard INQUIRY data.
+pub(super) fn inquiry_data(c: &Completion) -> Result<Inquiry> {
+    Inquiry::parse(&c.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))
+}
+
+/// A READ CAPACITY answer (`None`: too short), checked and remembered for reads and writes.
+pub(super) fn remember_capacity(
+    capacity: &OnceLock<Capacity>,
+    cap: Option<Capacity>,
+) -> Result<Capacity> {
+    let cap = cap.ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))?;
+    if cap.block_len == 0 || cap.block_len % 512 != 0 {
+        return Err(Error::Protocol(format!(
+            "unsupported block length {}",
+            cap.block_len
+        )));
+    }
+    let _ = capacity.set(cap);
+    Ok(cap)
 }

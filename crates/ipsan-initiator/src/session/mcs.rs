@@ -483,13 +483,6 @@ impl McsSession {
         }
     }
 
-    fn block_len(&self) -> Result<u32> {
-        self.capacity
-            .get()
-            .map(|c| c.block_len)
-            .ok_or_else(|| Error::InvalidRequest("capacity unknown: call read_capacity".into()))
-    }
-
     /// READ(16) of `blocks` blocks at `lba`, into a fresh buffer.
     pub async fn read(&self, lba: u64, blocks: u32) -> Result<BytesMut> {
         self.read_into(lba, blocks, BytesMut::new()).await
@@ -497,33 +490,16 @@ impl McsSession {
 
     /// READ(16) of `blocks` blocks at `lba`, reusing `buf`.
     pub async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut> {
-        if blocks == 0 {
-            return Err(Error::InvalidRequest("read of zero blocks".into()));
-        }
-        let len = blocks as usize * self.block_len()? as usize;
+        let len = io::read_len(&self.capacity, blocks)?;
         let c = self
             .command(scsi::read16(lba, blocks), DataDir::Read(buf, len))
             .await?;
-        if c.data.len() != len {
-            return Err(Error::Protocol(format!(
-                "READ returned {} of {len} bytes",
-                c.data.len()
-            )));
-        }
-        Ok(c.data)
+        io::read_data(c, len)
     }
 
     /// WRITE(16) of `data` (a whole number of blocks) at `lba`.
     pub async fn write(&self, lba: u64, data: Bytes) -> Result<()> {
-        let bl = self.block_len()? as usize;
-        if data.is_empty() || data.len() % bl != 0 {
-            return Err(Error::InvalidRequest(format!(
-                "write of {} bytes is not a positive multiple of the {bl}-byte block",
-                data.len()
-            )));
-        }
-        let blocks = u32::try_from(data.len() / bl)
-            .map_err(|_| Error::InvalidRequest("write too large".into()))?;
+        let blocks = io::write_blocks(&self.capacity, &data)?;
         self.command(scsi::write16(lba, blocks, false), DataDir::Write(data))
             .await?;
         Ok(())
@@ -534,7 +510,7 @@ impl McsSession {
         let c = self
             .command(scsi::inquiry(96), DataDir::Read(BytesMut::new(), 96))
             .await?;
-        Inquiry::parse(&c.data).ok_or_else(|| Error::Protocol("short INQUIRY data".into()))
+        io::inquiry_data(&c)
     }
 
     /// READ CAPACITY(16); remembers the block length for read/write.
@@ -542,16 +518,7 @@ impl McsSession {
         let c = self
             .command(scsi::read_capacity16(), DataDir::Read(BytesMut::new(), 32))
             .await?;
-        let cap = Capacity::parse16(&c.data)
-            .ok_or_else(|| Error::Protocol("short READ CAPACITY data".into()))?;
-        if cap.block_len == 0 || cap.block_len % 512 != 0 {
-            return Err(Error::Protocol(format!(
-                "unsupported block length {}",
-                cap.block_len
-            )));
-        }
-        let _ = self.capacity.set(cap);
-        Ok(cap)
+        io::remember_capacity(&self.capacity, Capacity::parse16(&c.data))
     }
 
     /// Logout closing the session (RFC 7143 §11.14) on one connection; the target closes
