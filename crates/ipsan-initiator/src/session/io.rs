@@ -403,3 +403,23 @@ pub(super) fn remember_capacity(
     let _ = capacity.set(cap);
     Ok(cap)
 }
+
+/// READ CAPACITY until it answers, past the UNIT ATTENTIONs a fresh nexus reports (at most
+/// four tries).
+pub(super) async fn past_unit_attention<F, Fut>(mut read_capacity: F) -> Result<Capacity>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Capacity>>,
+{
+    let mut last = None;
+    for _ in 0..4 {
+        match read_capacity().await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.sense().is_some_and(|s| s.key == SenseKey::UNIT_ATTENTION) => {
+                last = Some(e)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(Error::Timeout("read capacity")))
+}

@@ -248,17 +248,8 @@ impl McsSession {
     /// sends.
     pub async fn open(url: &IscsiUrl, cfg: &SessionConfig, mcs_cfg: McsConfig) -> Result<Self> {
         let s = Self::connect(url, cfg, mcs_cfg).await?;
-        let mut last = None;
-        for _ in 0..4 {
-            match s.read_capacity().await {
-                Ok(_) => return Ok(s),
-                Err(e) if e.sense().is_some_and(|s| s.key == SenseKey::UNIT_ATTENTION) => {
-                    last = Some(e)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or(Error::Timeout("read capacity")))
+        io::past_unit_attention(|| s.read_capacity()).await?;
+        Ok(s)
     }
 
     /// The logins, without touching the LUN.

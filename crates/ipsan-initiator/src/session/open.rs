@@ -8,17 +8,8 @@ impl Session {
     /// UNIT ATTENTION many targets report on a fresh nexus).
     pub async fn open(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Self> {
         let s = Self::connect(url, cfg).await?;
-        let mut last = None;
-        for _ in 0..4 {
-            match s.read_capacity().await {
-                Ok(_) => return Ok(s),
-                Err(e) if e.sense().is_some_and(|s| s.key == SenseKey::UNIT_ATTENTION) => {
-                    last = Some(e)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or(Error::Timeout("read capacity")))
+        io::past_unit_attention(|| s.read_capacity()).await?;
+        Ok(s)
     }
 
     /// Connect and log in, without touching the LUN. With
