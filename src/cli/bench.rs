@@ -611,7 +611,45 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     if let Some(r) = &depth_auto {
         w.depth = r.chosen;
     }
-    let report = bench::Report {
+    let mut report = iscsi_report(
+        &url,
+        inq,
+        cap,
+        &w,
+        session.params(),
+        (measured, depth_auto),
+        started_unix_s,
+    );
+    report.tcp = Some(report::TcpReport {
+        requested: args.conn.tcp_settings(),
+        in_force: session.tcp_in_force(),
+        info_end: session.tcp_info(),
+    });
+    report.recovery = cfg.recovery_timeout.map(|_| session.recovery_stats());
+    if let (Some(t), Some(path)) = (&trace, &args.trace) {
+        write_trace(t, path, &report, &args.conn)?;
+    }
+    if let Ok(s) = Arc::try_unwrap(session) {
+        if let Err(e) = s.logout().await {
+            tracing::debug!("logout: {e}");
+        }
+    }
+    print_report(&report);
+    write_json(&args, &report)
+}
+
+/// The report of an iSCSI run (one connection or several): what the target said it is, the
+/// workload, the login's parameters and the measurement; TCP and recovery are the caller's.
+fn iscsi_report(
+    url: &IscsiUrl,
+    inq: ipsan_initiator::scsi::Inquiry,
+    cap: ipsan_initiator::scsi::Capacity,
+    w: &Workload,
+    params: &ipsan_initiator::Negotiated,
+    (result, depth_auto): (report::Measured, Option<bench::autodepth::AutoReport>),
+    started_unix_s: u64,
+) -> bench::Report {
+    bench::Report {
         schema: "ipsan-bench/1",
         tool: "ipsan bench",
         version: env!("CARGO_PKG_VERSION"),
@@ -626,28 +664,14 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             capacity_bytes: cap.bytes(),
             block_len: cap.block_len,
         },
-        workload: report::WorkloadInfo::from(&w),
-        negotiated: Some(session.params().clone()),
+        workload: report::WorkloadInfo::from(w),
+        negotiated: Some(params.clone()),
         nvme: None,
-        result: measured,
-        tcp: Some(report::TcpReport {
-            requested: args.conn.tcp_settings(),
-            in_force: session.tcp_in_force(),
-            info_end: session.tcp_info(),
-        }),
+        result,
+        tcp: None,
         depth_auto,
-        recovery: cfg.recovery_timeout.map(|_| session.recovery_stats()),
-    };
-    if let (Some(t), Some(path)) = (&trace, &args.trace) {
-        write_trace(t, path, &report, &args.conn)?;
+        recovery: None,
     }
-    if let Ok(s) = Arc::try_unwrap(session) {
-        if let Err(e) = s.logout().await {
-            tracing::debug!("logout: {e}");
-        }
-    }
-    print_report(&report);
-    write_json(&args, &report)
 }
 
 /// `ipsan bench --connections N` (N > 1): the same workloads on a session of several
@@ -682,29 +706,15 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
         w.depth = r.chosen;
     }
     let placed = session.commands_per_connection();
-    let report = bench::Report {
-        schema: "ipsan-bench/1",
-        tool: "ipsan bench",
-        version: env!("CARGO_PKG_VERSION"),
-        git_rev: report::git_rev().to_owned(),
+    let report = iscsi_report(
+        &url,
+        inq,
+        cap,
+        &w,
+        session.params(),
+        (measured, depth_auto),
         started_unix_s,
-        host: report::Host::detect(),
-        target: report::TargetInfo {
-            url: url.to_string(),
-            vendor: inq.vendor,
-            product: inq.product,
-            revision: inq.revision,
-            capacity_bytes: cap.bytes(),
-            block_len: cap.block_len,
-        },
-        workload: report::WorkloadInfo::from(&w),
-        negotiated: Some(session.params().clone()),
-        nvme: None,
-        result: measured,
-        tcp: None,
-        depth_auto,
-        recovery: None,
-    };
+    );
     if let Ok(s) = Arc::try_unwrap(session) {
         if let Err(e) = s.logout().await {
             tracing::debug!("logout: {e}");
