@@ -169,6 +169,36 @@ impl Shared {
         binding: Binding,
         until: Until<'_>,
     ) -> Result<(u32, oneshot::Receiver<Done>)> {
+        self.submit_checked(lun, cdb, dir, itt, binding, until, false)?
+            .ok_or_else(|| self.st.lost())
+    }
+
+    /// [`Shared::submit`] of data made for this connection (sealed under its keys): `None`, and
+    /// nothing submitted, when a newer connection has replaced it in the session meanwhile —
+    /// the engine would send the data on that one, whose keys it was not sealed under, and the
+    /// target would refuse it (74h/04h). The caller seals again for the current connection.
+    pub(super) fn submit_here(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        itt: Option<u32>,
+        until: Until<'_>,
+    ) -> Result<Option<(u32, oneshot::Receiver<Done>)>> {
+        self.submit_checked(lun, cdb, dir, itt, Binding::Bound, until, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit_checked(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        itt: Option<u32>,
+        binding: Binding,
+        until: Until<'_>,
+        only_here: bool,
+    ) -> Result<Option<(u32, oneshot::Receiver<Done>)>> {
         let data = match dir {
             DataDir::None => engine::Data::None,
             DataDir::Write(b) => engine::Data::Write(b),
@@ -188,13 +218,16 @@ impl Shared {
         // One lock for the ITT (when the caller has none yet) and the submission.
         let counters = &self.core.counters;
         self.core.with_timer(|g| {
+            if only_here && g.conn.generation != self.st.generation {
+                return Ok(None);
+            }
             let itt = itt.unwrap_or_else(|| g.session.alloc_itt());
             match g.session.submit_as(Instant::now(), itt, cmd, binding) {
                 Ok(itt) => {
                     // The connection whose transform the caller holds (`self`), which may
                     // already have been replaced: then the completion brings the new one.
                     g.waiters.insert(itt, (tx, self.st.generation));
-                    Ok((itt, rx))
+                    Ok(Some((itt, rx)))
                 }
                 Err(proto::SubmitError::LogoutRequested) => Err(Error::LogoutRequested),
                 Err(proto::SubmitError::RecoveryTimedOut { after, lost }) => {

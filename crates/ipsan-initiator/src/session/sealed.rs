@@ -28,14 +28,32 @@ impl Session {
         let keep = self.link.recovery_timeout.map(|_| plain.clone());
         let wire = t.outbound(info, plain).await?;
         observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
-        let (itt, mut rx) = c.submit(
-            lun,
-            cdb,
-            DataDir::Write(wire),
-            Some(itt),
-            Binding::Bound,
-            until,
-        )?;
+        let (itt, mut rx) = match c.submit_here(lun, cdb, DataDir::Write(wire), Some(itt), until)? {
+            Some(submitted) => submitted,
+            // Session recovery replaced the connection while the data was being sealed:
+            // sealed again for the current one (only with recovery on is there a new one).
+            None => {
+                let Some(plain) = keep.clone() else {
+                    return Err(c.lost());
+                };
+                let mut plain = plain;
+                loop {
+                    let now = self.connection_until(until).await?;
+                    let t = self
+                        .transform
+                        .clone()
+                        .or_else(|| now.st.transform.clone())
+                        .unwrap_or_else(|| t.clone());
+                    let wire = t.outbound(info, plain.clone()).await?;
+                    if let Some(submitted) =
+                        now.submit_here(lun, cdb, DataDir::Write(wire), Some(itt), until)?
+                    {
+                        break submitted;
+                    }
+                    plain = keep.clone().unwrap_or(plain);
+                }
+            }
+        };
         loop {
             match c.wait(itt, rx, until).await {
                 Done::Ended(r, _) => return r,
