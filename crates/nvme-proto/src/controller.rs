@@ -1190,21 +1190,7 @@ impl Target {
         for &id in &closed {
             self.remove_ctrl(id, CloseReason::HostNotAllowed);
         }
-        self.genctr = self.genctr.wrapping_add(1);
-        let disc: Vec<u16> = self
-            .ctrls
-            .values()
-            .filter(|c| c.discovery)
-            .map(|c| c.cntlid)
-            .collect();
-        for id in disc {
-            if let Some(c) = self.ctrls.get_mut(&id) {
-                if c.aec & admin::AEC_DISCOVERY != 0 {
-                    admin::queue_event(c, admin::AEN_DISCOVERY_CHANGED);
-                }
-            }
-            self.deliver_events(id);
-        }
+        self.discovery_changed();
         Ok(closed)
     }
 
@@ -1275,6 +1261,12 @@ impl Target {
             return;
         }
         self.discovery = entries;
+        self.discovery_changed();
+    }
+
+    /// A new generation of the discovery log: discovery controllers that enabled Discovery Log
+    /// Page Change notices get an asynchronous event.
+    fn discovery_changed(&mut self) {
         self.genctr = self.genctr.wrapping_add(1);
         let ids: Vec<u16> = self
             .ctrls
