@@ -9,25 +9,43 @@ use ipsan_transport::{FrameReader, FrameWriter, PushError};
 /// Runs the engine's timers: NOP-Out keepalive and its timeout, command timeouts and their
 /// escalation, task management timeouts. It only passes the time in.
 pub(super) async fn timer(shared: Arc<Shared>) {
+    drive_timer(
+        &shared.st.wake_timer,
+        || {
+            shared.with_io(true, |g| {
+                let d = g.session.poll_timeout();
+                g.timer_at = d;
+                d
+            })
+        },
+        || shared.with_io(false, |g| g.session.handle_timeout(Instant::now())),
+    )
+    .await
+}
+
+/// A timer task's loop, for both drivers: asks `poll` for the engine's next deadline (and
+/// records it, so a submission that needs an earlier one notifies `wake`), sleeps until then
+/// or until woken, and passes the time in with `fire`; ends when either fails (the connection
+/// or the session is gone).
+pub(super) async fn drive_timer<T, U, E>(
+    wake: &Notify,
+    mut poll: impl FnMut() -> std::result::Result<Option<T>, E>,
+    mut fire: impl FnMut() -> std::result::Result<U, E>,
+) where
+    T: Into<tokio::time::Instant>,
+{
     loop {
-        let woken = shared.st.wake_timer.notified();
+        let woken = wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let Ok(deadline) = shared.with_io(true, |g| {
-            let d = g.session.poll_timeout();
-            g.timer_at = d;
-            d
-        }) else {
+        let Ok(deadline) = poll() else {
             return;
         };
         match deadline {
             Some(d) => {
                 tokio::select! {
                     () = tokio::time::sleep_until(d.into()) => {
-                        if shared
-                            .with_io(false, |g| g.session.handle_timeout(Instant::now()))
-                            .is_err()
-                        {
+                        if fire().is_err() {
                             return;
                         }
                     }

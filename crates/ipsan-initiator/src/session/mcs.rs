@@ -665,29 +665,16 @@ async fn mcs_reader(
 
 /// Passes the time in to every connection's engine (keepalives, command timeouts).
 async fn mcs_timer(core: Arc<McsCore>) {
-    loop {
-        let woken = core.wake_timer.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        let Ok(deadline) = core.lock().map(|mut g| {
-            let d = g.session.poll_timeout();
-            g.timer_at = d;
-            d
-        }) else {
-            return;
-        };
-        match deadline {
-            Some(d) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(d.into()) => {
-                        if core.with(false, |g| g.session.handle_timeout(Instant::now())).is_err() {
-                            return;
-                        }
-                    }
-                    () = &mut woken => {}
-                }
-            }
-            None => woken.await,
-        }
-    }
+    framed::drive_timer(
+        &core.wake_timer,
+        || {
+            core.lock().map(|mut g| {
+                let d = g.session.poll_timeout();
+                g.timer_at = d;
+                d
+            })
+        },
+        || core.with(false, |g| g.session.handle_timeout(Instant::now())),
+    )
+    .await
 }
