@@ -33,7 +33,7 @@ use iscsi_wire::header::{
 };
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
-use super::r2t::{DataError, WriteState};
+use super::r2t::{DataError, R2tPlan, WriteState};
 use super::{fixed_sense, CloseReason, ConnectionError, Side, TagAllocator, Violation};
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{sn_lt, Admit, CmdWindow};
@@ -632,6 +632,22 @@ impl<D> Connection<D> {
         self.send_with(header, Bytes::new());
     }
 
+    /// One R2T per plan of task `itt` (RFC 7143 §11.8): the first ones of a write, or a
+    /// recovery's again (§7.2.2).
+    fn send_r2ts(&mut self, lun: u64, itt: u32, plans: Vec<R2tPlan>) {
+        for p in plans {
+            self.send(R2t {
+                lun,
+                itt,
+                ttt: p.ttt,
+                r2t_sn: p.r2t_sn,
+                buffer_offset: p.offset,
+                desired_data_transfer_length: p.len,
+                ..R2t::default()
+            });
+        }
+    }
+
     fn send_with(&mut self, header: impl Into<Header>, data: Bytes) {
         self.queued_bytes += data.len();
         self.out.push_back((Pdu::new(header, data), None));
@@ -802,17 +818,7 @@ impl<D> Connection<D> {
         let ttt = &mut self.ttt;
         let plans = c.write.plan_r2ts(|| ttt.next_tag());
         let complete = c.write.is_complete();
-        for p in plans {
-            self.send(R2t {
-                lun,
-                itt,
-                ttt: p.ttt,
-                r2t_sn: p.r2t_sn,
-                buffer_offset: p.offset,
-                desired_data_transfer_length: p.len,
-                ..R2t::default()
-            });
-        }
+        self.send_r2ts(lun, itt, plans);
         if complete {
             self.start(itt, None);
         }

@@ -24,7 +24,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use iscsi_wire::header::{
-    LogoutRequest, LogoutResponse, R2t, RejectReason, ScsiResponse, SnackRequest, TaskMgmtRequest,
+    LogoutRequest, LogoutResponse, RejectReason, ScsiResponse, SnackRequest, TaskMgmtRequest,
     TaskMgmtResponse, TmfResponse,
 };
 use iscsi_wire::{Header, Pdu};
@@ -390,17 +390,7 @@ impl<D> Connection<D> {
             let lun = *lun;
             let plans = c.write.resend(h.beg_run, h.run_length);
             let any = !plans.is_empty();
-            for p in plans {
-                self.send(R2t {
-                    lun,
-                    itt,
-                    ttt: p.ttt,
-                    r2t_sn: p.r2t_sn,
-                    buffer_offset: p.offset,
-                    desired_data_transfer_length: p.len,
-                    ..R2t::default()
-                });
-            }
+            self.send_r2ts(lun, itt, plans);
             return any;
         }
         let Some(d) = self.retained.done.get(&itt) else {
