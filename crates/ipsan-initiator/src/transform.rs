@@ -34,6 +34,21 @@ pub struct CommandInfo {
     pub itt: u32,
 }
 
+impl CommandInfo {
+    /// The binding of `cdb` sent to `lun` with ITT `itt`: its extent by the rule the target
+    /// binds with ([`ipsan_scsi::cdb::extent`], every CDB form) and its operation code.
+    pub fn of(lun: u64, itt: u32, cdb: &[u8; 16]) -> Self {
+        let (lba, blocks) = ipsan_scsi::cdb::extent(cdb);
+        Self {
+            lun,
+            lba,
+            blocks,
+            opcode: ipsan_scsi::cdb::build::opcode(cdb),
+            itt,
+        }
+    }
+}
+
 /// A boxed future returned by a transform.
 pub type TransformFuture<T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'static>>;
 

@@ -46,16 +46,7 @@ impl Session {
             let (itt, rx) = c.submit(lun, cdb, dir, Some(itt), Binding::Free, until)?;
             return pending.finish(c.wait_ended(itt, rx, until).await.0);
         };
-        // The same extent rule the target binds with (ipsan_scsi::cdb::extent), for every CDB
-        // form.
-        let (lba, blocks) = ipsan_scsi::cdb::extent(&cdb);
-        let info = CommandInfo {
-            lun,
-            lba,
-            blocks,
-            opcode: ipsan_scsi::cdb::build::opcode(&cdb),
-            itt,
-        };
+        let info = CommandInfo::of(lun, itt, &cdb);
         let r = match dir {
             DataDir::None => {
                 let submitted = c.submit(lun, cdb, DataDir::None, Some(itt), Binding::Free, until);

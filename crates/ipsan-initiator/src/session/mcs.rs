@@ -379,14 +379,7 @@ impl McsSession {
                 .and_then(|c| c.transform.clone());
             Ok((Some(cid), g.session.alloc_itt(), t))
         })??;
-        let (lba, blocks) = ipsan_scsi::cdb::extent(&cdb);
-        let info = CommandInfo {
-            lun,
-            lba,
-            blocks,
-            opcode: ipsan_scsi::cdb::build::opcode(&cdb),
-            itt,
-        };
+        let info = CommandInfo::of(lun, itt, &cdb);
         let (data, read_len) = match dir {
             DataDir::None => (engine::Data::None, None),
             DataDir::Write(plain) => {
