@@ -1,8 +1,12 @@
 #!/bin/bash
+# issue 32's A/B: NEW = main with the writer-yield commit (9fb39c1), OLD = 98d9f39; release
+# builds; the 4 KiB cell twice (the second run with `none` too). abtable.py prints the tables.
 cd /work/main
-N=NEW; O=OLD
-D=/work/notes/s15/ab2
-scripts/bench seal --bin $N --bin-b $O --bs 4KiB --depth 32 --size 1GiB --reps 11 --ciphers plain,none,aes-256-gcm --out $D/4KiBx32 > $D/4k.log 2>&1
-scripts/bench seal --bin $N --bin-b $O --bs 64KiB --depth 1 --size 2GiB --reps 9 --ciphers plain,none,aes-256-gcm --out $D/64KiBx1 > $D/64k.log 2>&1
-scripts/bench seal --bin $N --bin-b $O --bs 1MiB --depth 16 --size 8GiB --reps 7 --ciphers plain,none,aes-256-gcm --out $D/1MiBx16 > $D/1m.log 2>&1
-echo done > $D/done
+N=/work/notes/bin/ipsan-wy; O=/work/notes/bin/ipsan-98d9f39; D=docs/results/refactor-ab
+scripts/bench seal --bin $N --bin-b $O --bs 4KiB --depth 32 --size 1GiB --reps 7 --ciphers plain,aes-256-gcm --out $D/4KiBx32-run1
+scripts/bench seal --bin $N --bin-b $O --bs 4KiB --depth 32 --size 1GiB --reps 7 --ciphers plain,none,aes-256-gcm --out $D/4KiBx32-run2
+scripts/bench seal --bin $N --bin-b $O --bs 64KiB --depth 1 --size 2GiB --reps 5 --ciphers plain,none,aes-256-gcm --out $D/64KiBx1
+scripts/bench seal --bin $N --bin-b $O --bs 1MiB --depth 16 --size 8GiB --reps 5 --ciphers plain,none,aes-256-gcm --out $D/1MiBx16
+python3 $D/abtable.py $D/4KiBx32-run1/raw.jsonl $D/4KiBx32-run2/raw.jsonl
+python3 $D/abtable.py $D/64KiBx1/raw.jsonl
+python3 $D/abtable.py $D/1MiBx16/raw.jsonl
