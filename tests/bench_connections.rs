@@ -275,7 +275,7 @@ fn accepts_connections_cut_during_a_verified_run_with_erl_2_and_fails_nothing_ba
         let n = |what: &str| -> u64 {
             let at = line.find(what).unwrap_or_else(|| panic!("{what}: {line}"));
             line[..at]
-                .rsplit(|c: char| c == ' ' || c == ',')
+                .rsplit([' ', ','])
                 .find(|w| !w.is_empty())
                 .unwrap()
                 .parse()
