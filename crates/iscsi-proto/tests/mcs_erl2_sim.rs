@@ -98,6 +98,11 @@ static ADOPTED: AtomicU64 = AtomicU64::new(0);
 static RETRIED: AtomicU64 = AtomicU64::new(0);
 static RECOVERY_LOGOUTS: AtomicU64 = AtomicU64::new(0);
 static REINSTATED: AtomicU64 = AtomicU64::new(0);
+/// R2Ts for a write after its TASK REASSIGN (recovery R2Ts, numbered on from the target's
+/// last R2TSN, which the initiator may not have seen).
+static RECOVERY_R2TS: AtomicU64 = AtomicU64::new(0);
+/// Data-In for a read after its TASK REASSIGN from a DataSN above 0 (ExpDataSN kept).
+static RESENT_FROM_EXP_DATA_SN: AtomicU64 = AtomicU64::new(0);
 
 /// One seeded workload; `Err` says what went wrong.
 #[allow(clippy::too_many_lines)]
@@ -197,6 +202,8 @@ fn run(seed: u64) -> Result<(), String> {
     let mut running: Vec<(ConnId, target::Execute)> = Vec::new();
     // Target connections of cut links it has not closed yet: whatever it sends there is lost.
     let mut zombies: Vec<ConnId> = Vec::new();
+    // Tasks whose TASK REASSIGN was answered Function complete.
+    let mut adopted: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let mut idle = 0u32;
     for step in 0..3_000_000u32 {
         if settled == total {
@@ -312,6 +319,15 @@ fn run(seed: u64) -> Result<(), String> {
             20 | 21 if !links[c].cut => {
                 let cid = links[c].cid;
                 if let Some(pdu) = links[c].to_initiator.pop_front() {
+                    match &pdu.header {
+                        Header::R2t(r) if adopted.contains(&r.itt) => {
+                            RECOVERY_R2TS.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Header::DataIn(d) if adopted.contains(&d.itt) && d.data_sn > 0 => {
+                            RESENT_FROM_EXP_DATA_SN.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {}
+                    }
                     ini.handle_pdu(cid, now, pdu);
                     progressed = true;
                 }
@@ -420,6 +436,7 @@ fn run(seed: u64) -> Result<(), String> {
                 mcs::Event::Reassigned { itt, outcome, .. } => match outcome {
                     Reassignment::Adopted => {
                         ADOPTED.fetch_add(1, Ordering::Relaxed);
+                        adopted.insert(itt);
                     }
                     Reassignment::Retried => {
                         RETRIED.fetch_add(1, Ordering::Relaxed);
@@ -494,11 +511,18 @@ fn accepts_connections_cut_anywhere_and_completes_every_command_once_by_task_rea
             &RETRIED,
             &RECOVERY_LOGOUTS,
             &REINSTATED,
+            &RECOVERY_R2TS,
+            &RESENT_FROM_EXP_DATA_SN,
         ]
         .map(|c| c.load(Ordering::Relaxed));
+        eprintln!(
+            "cuts, all down, adopted, retried, recovery logouts, reinstated, recovery R2Ts, \
+             Data-In resent from ExpDataSN: {seen:?}"
+        );
         assert!(
             seen.iter().all(|n| *n > 0),
-            "cuts, all down, adopted, retried, recovery logouts, reinstated: {seen:?}"
+            "cuts, all down, adopted, retried, recovery logouts, reinstated, recovery R2Ts, \
+             Data-In resent from ExpDataSN: {seen:?}"
         );
     }
 }
