@@ -790,8 +790,8 @@ struct Relogin {
     tsih: u16,
 }
 
-/// ErrorRecoveryLevel 2: logs the CIDs of lost connections in again, one at a time, each
-/// with backoff (`recovery::Backoff`, jittered, 100 ms doubling to 5 s).
+/// ErrorRecoveryLevel 2: logs a connection in for each lost one (a fresh CID), one at a time,
+/// each with backoff (`recovery::Backoff`, jittered, 100 ms doubling to 5 s).
 async fn mcs_relogin(core: Arc<McsCore>, r: Relogin) {
     loop {
         core.wake_relogin.notified().await;
