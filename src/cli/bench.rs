@@ -393,10 +393,18 @@ pub struct Args {
     /// iSCSI connections in the session (RFC 7143 §4.2, MaxConnections; docs/wan.md "Several
     /// connections per session"): the leading login offers this many, the others join with
     /// the session's TSIH (sealed: each with its own Seal login); the target may grant fewer.
-    /// 1, the default, is the one-connection session with --recovery-timeout as before; more
-    /// have no recovery yet (a lost connection ends the run: ErrorRecoveryLevel 0).
+    /// 1, the default, is the one-connection session with --recovery-timeout as before; with
+    /// more, a lost connection ends the run (ErrorRecoveryLevel 0) unless --erl 2.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: u16,
+    /// ErrorRecoveryLevel to offer with --connections above 1 (RFC 7143 §7.2, §13.20): 0, the
+    /// default, or 2: a lost connection's commands are reassigned to a live one (TASK
+    /// REASSIGN) and the connection logs in again, nothing fails back (docs/wan.md
+    /// "Connection recovery"). The target must allow it (`[server] error_recovery_level = 2`);
+    /// not with --seal.
+    #[arg(long = "erl", value_name = "LEVEL", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=2))]
+    pub error_recovery_level: u32,
     /// With --connections above 1, which connection a command goes on: least-bytes (the one
     /// with the fewest bytes outstanding) or round-robin.
     #[arg(long, default_value = "least-bytes")]
@@ -587,6 +595,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     if args.connections > 1 {
         return run_mcs(args, url, cfg).await;
     }
+    anyhow::ensure!(
+        args.error_recovery_level == 0,
+        "--erl 2 needs --connections 2 or more (one connection recovers with --recovery-timeout)"
+    );
     let started_unix_s = unix_now();
     let session = Session::open(&url, &cfg)
         .await
@@ -681,6 +693,16 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
         args.trace.is_none(),
         "--trace needs --connections 1 (the observer hook is the one-connection session's)"
     );
+    anyhow::ensure!(
+        args.error_recovery_level == 0 || args.conn.seal.is_none(),
+        "--erl 2 is not available with --seal yet (sealed data is bound to its connection's keys)"
+    );
+    anyhow::ensure!(
+        args.error_recovery_level != 1,
+        "--erl is 0 or 2 (ErrorRecoveryLevel 1, digest-error recovery by SNACK, is the target's only)"
+    );
+    let mut cfg = cfg;
+    cfg.login.error_recovery_level = args.error_recovery_level;
     let started_unix_s = unix_now();
     let mcs = ipsan_initiator::McsConfig {
         connections: args.connections,
@@ -706,6 +728,8 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
         w.depth = r.chosen;
     }
     let placed = session.commands_per_connection();
+    let recovery = session.recovery();
+    let erl = session.params().error_recovery_level;
     let report = iscsi_report(
         &url,
         inq,
@@ -734,6 +758,17 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
             .collect::<Vec<_>>()
             .join(" ")
     );
+    if args.error_recovery_level > 0 {
+        println!(
+            "ErrorRecoveryLevel {erl} (asked {}): {} connections lost, {} logged in again, {} tasks reassigned, {} sent again, {} refused",
+            args.error_recovery_level,
+            recovery.connections_lost,
+            recovery.relogins,
+            recovery.reassigned,
+            recovery.retried,
+            recovery.refused
+        );
+    }
     write_json(&args, &report)
 }
 

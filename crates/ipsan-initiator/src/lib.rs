@@ -82,8 +82,8 @@ pub use login::{
 pub use observe::{CommandEvent, CommandObserver};
 pub use recovery::RecoveryStats;
 pub use session::{
-    discover, DataDir, DiscoveredTarget, ExtensionFactory, McsConfig, McsSession, Passthrough,
-    Session, SessionConfig,
+    discover, DataDir, DiscoveredTarget, ExtensionFactory, McsConfig, McsRecovery, McsSession,
+    Passthrough, Session, SessionConfig,
 };
 pub use transform::{CommandInfo, PayloadTransform, TransformFuture};
 pub use url::IscsiUrl;

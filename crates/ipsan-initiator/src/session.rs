@@ -88,7 +88,7 @@ mod sealed;
 pub use discover::{discover, targets_json, DiscoveredTarget};
 use framed::{reader, timer, writer};
 use login::{codec_for, connect_and_login, connect_tcp, login, login_connection, Fresh};
-pub use mcs::{McsConfig, McsSession};
+pub use mcs::{McsConfig, McsRecovery, McsSession};
 pub use passthrough::Passthrough;
 use reconnect::supervise;
 

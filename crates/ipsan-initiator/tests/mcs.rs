@@ -4,7 +4,10 @@
 //! compared) over four connections of one session, plain and sealed (each connection with its
 //! own Seal login), with both spreading policies; a target that grants one connection
 //! (MaxConnections=1) gets one; a connection cut under load ends the session at
-//! ErrorRecoveryLevel 0 (every command fails, none hangs).
+//! ErrorRecoveryLevel 0 (every command fails, none hangs), and at ErrorRecoveryLevel 2 ends
+//! nothing: connections cut mid-write, mid-read and under a verified mix have their commands
+//! reassigned (TASK REASSIGN) or sent again, none fails back, every byte verifies, and the
+//! lost connections log in again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -26,7 +29,12 @@ const IQN: &str = "iqn.2026-11.org.ipsan:mcs-driver";
 const SECRET: &[u8] = b"mcs-driver-pre-shared-secret-0123456789";
 
 async fn plain_target(connections_per_session: u32) -> ServerHandle {
+    erl_target(connections_per_session, 0).await
+}
+
+async fn erl_target(connections_per_session: u32, error_recovery_level: u32) -> ServerHandle {
     let mut c = Config {
+        error_recovery_level,
         portals: vec!["127.0.0.1:0".parse().unwrap()],
         targets: vec![TargetConfig::new(
             IQN,
@@ -276,6 +284,133 @@ fn rejects_commands_once_one_of_four_connections_is_cut_at_erl_0_without_hanging
             .expect("fails at once, does not hang");
         assert!(matches!(r, Err(Error::ConnectionLost(_))), "{r:?}");
         assert_eq!(s.connections(), 0, "ERL 0: the session ended with it");
+        drop(relay);
+        h.shutdown().await.unwrap();
+    });
+}
+
+/// Waits until the session has `want` connections open again (the relogin task's work).
+async fn back_to(s: &McsSession, want: usize) {
+    for _ in 0..1000 {
+        if s.connections() == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} of {want} connections after 10 s", s.connections());
+}
+
+/// Issue 28's ErrorRecoveryLevel 2, as an attacker or a broken path does it: a relay cuts one
+/// of four connections while 64 writes are in flight, then another while 64 reads are, then
+/// two more under a verified random mix. No command fails back (at ErrorRecoveryLevel 0 the
+/// first cut fails them: `rejects_commands_once_one_of_four_connections_is_cut_...`), the data
+/// read back is what was written, the cut connections' tasks went to live ones (reassigned or,
+/// never received, sent again) and the session returns to four connections each time.
+#[test]
+fn accepts_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_back() {
+    bounded(120, async {
+        let h = erl_target(4, 2).await;
+        let relay = Relay::start(h.addrs[0]).await;
+        let u = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", relay.addr)).unwrap();
+        let mut cfg = config(LoginOptions {
+            error_recovery_level: 2,
+            ..LoginOptions::default()
+        });
+        cfg.recovery_timeout = Some(Duration::from_secs(30));
+        let s = McsSession::open(
+            &u,
+            &cfg,
+            McsConfig {
+                connections: 4,
+                spread: Spread::RoundRobin,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.params().error_recovery_level, 2);
+        assert_eq!(s.connections(), 4);
+        let s = Arc::new(s);
+        let block = |k: u64| bytes::Bytes::from(vec![(k as u8) ^ 0x5a; 64 * 1024]);
+
+        // Mid-write: every connection carries writes (in turn) when the third is cut.
+        let mut tasks = Vec::new();
+        for k in 0..64u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(
+                async move { s.write(k * 128, block(k)).await },
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        relay.cut(2);
+        for (k, t) in tasks.into_iter().enumerate() {
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .expect("no write hangs")
+                .unwrap()
+                .unwrap_or_else(|e| panic!("write {k} failed back: {e:?}"));
+        }
+        back_to(&s, 4).await;
+        let after_writes = s.recovery();
+        assert!(
+            after_writes.connections_lost >= 1 && after_writes.relogins >= 1,
+            "{after_writes:?}"
+        );
+
+        // Mid-read: the relay's fifth pair is the relogged-in connection; cut the first.
+        let mut tasks = Vec::new();
+        for k in 0..64u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move { (k, s.read(k * 128, 128).await) }));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        relay.cut(0);
+        for t in tasks {
+            let (k, r) = tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .expect("no read hangs")
+                .unwrap();
+            let data = r.unwrap_or_else(|e| panic!("read {k} failed back: {e:?}"));
+            assert!(data[..] == block(k)[..], "read {k} returned other data");
+        }
+        back_to(&s, 4).await;
+
+        // A verified mix with two more cuts during it.
+        let mix = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let w = Workload {
+                    mode: RwMode::RandRw,
+                    mix_read_percent: 50,
+                    block_size: 64 * 1024,
+                    depth: 16,
+                    offset: 0,
+                    limit: Limit::Bytes(48 << 20),
+                    verify: true,
+                    seed: 7,
+                    data: None,
+                };
+                bench::run_on(s, w, None, None).await
+            })
+        };
+        for pair in [1, 4] {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            relay.cut(pair);
+        }
+        let (m, _) = mix
+            .await
+            .unwrap()
+            .expect("the verified mix fails nothing back");
+        assert!(m.verify.checked_blocks > 0);
+        back_to(&s, 4).await;
+        let r = s.recovery();
+        eprintln!("ERL 2 recovery: {r:?}");
+        assert!(r.connections_lost >= 2, "{r:?}");
+        assert!(
+            r.reassigned + r.retried > 0,
+            "the cut connections carried tasks that moved: {r:?}"
+        );
+        assert_eq!(r.refused, 0, "{r:?}");
+        Arc::try_unwrap(s).unwrap().logout().await.unwrap();
         drop(relay);
         h.shutdown().await.unwrap();
     });

@@ -1028,6 +1028,37 @@ fn accepts_logout_for_recovery_and_keeps_the_connections_tasks() {
     );
 }
 
+/// The Logout removing a failed connection for recovery is answered at once even when the
+/// connection it comes on holds commands behind a CmdSN gap (the gap the failed connection
+/// left, which only the TASK REASSIGNs after this Logout repair): held behind them it was
+/// never answered and the initiator's recovery stuck (issue 28, `mcs_erl2_sim`).
+#[test]
+fn accepts_logout_for_recovery_past_commands_held_behind_a_gap() {
+    let (mut s, ids, now) = session(2, 2);
+    // Connection 1 holds CmdSN 11: 10 went on connection 0 and never arrived.
+    s.handle_pdu(ids[1], now, &Disk, read_pdu(2, 11, 0, 1, 100));
+    assert!(executes(&mut s).is_empty());
+    let logout = LogoutRequest {
+        immediate: true,
+        reason: LogoutReason::REMOVE_CONNECTION_FOR_RECOVERY,
+        itt: 71,
+        cid: 0,
+        cmd_sn: 12,
+        exp_stat_sn: 100,
+    };
+    s.handle_pdu(ids[1], now, &Disk, Pdu::new(logout, Bytes::new()));
+    let out = transmit(&mut s, ids[1]);
+    assert!(
+        matches!(out.as_slice(), [p] if matches!(&p.header, Header::LogoutResponse(r) if r.response == 0 && r.itt == 71)),
+        "answered (closed for recovery) past the held command: {out:?}"
+    );
+    assert!(s.connection(ids[0]).unwrap().closed().is_some());
+    // The retry of 10 then lets 11 run.
+    s.handle_pdu(ids[1], now, &Disk, read_pdu(1, 10, 0, 1, 100));
+    let ran: Vec<u32> = executes(&mut s).iter().map(|(_, x)| x.itt).collect();
+    assert_eq!(ran, vec![1, 2]);
+}
+
 /// A login with the failed connection's CID reinstates it (§6.3.4); its tasks go to the new
 /// connection by TASK REASSIGN there.
 #[test]

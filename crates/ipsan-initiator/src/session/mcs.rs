@@ -14,19 +14,33 @@
 //! ([`mcs::Session::pick`], then [`mcs::Session::submit_on`]), and a read's Data-In is opened
 //! with the keys of the connection it came on (connection allegiance, §4.2.3).
 //!
-//! ErrorRecoveryLevel 0: a connection that ends ends the session (every other connection is
-//! closed and every command fails with the first loss), as a one-connection session without
-//! recovery does. ERL 2 (a dead connection's tasks reassigned to a live one, §7.2.2) is a
-//! later step; its seam is the engine's `tasks_on`/`move_task`, called where
-//! `end_session` is called now.
+//! ErrorRecoveryLevel 0 (the default): a connection that ends ends the session (every other
+//! connection is closed and every command fails with the first loss), as a one-connection
+//! session without recovery does.
+//!
+//! ErrorRecoveryLevel 2 ([`LoginOptions::error_recovery_level`] = 2 and a target that agrees,
+//! `[server] error_recovery_level = 2` for ipsan's; RFC 7143 §7.2, §7.4.3): a connection that
+//! ends ends nothing. The engine holds its tasks and reassigns them to a live connection by
+//! TASK REASSIGN after a Logout removing it for recovery (or to its CID's next login), and
+//! sends again, with their CmdSNs, the commands the target never had; callers only wait. A
+//! relogin task logs a connection in again for each lost one with backoff (`recovery::Backoff`),
+//! under a fresh CID: a Logout for recovery naming the old CID may still be on its way to the
+//! target, and would end a new connection that had taken it (§11.14.1 names connections by
+//! CID alone). So the session returns to its connections; if none is open and
+//! none comes back within [`SessionConfig::recovery_timeout`] (default 120 s) the session ends
+//! and the waiting commands fail with [`Error::ConnectionLost`]. Sealed sessions stay at
+//! ErrorRecoveryLevel 0: their data is sealed under the keys of the connection it was made
+//! for, which a reassigned or retried command leaves behind.
 //!
 //! A target that answers MaxConnections=1 gets one connection: the session is then the same
 //! one connection as [`Session`] would make (without its session recovery).
 
 use std::collections::HashMap;
 
+use iscsi_proto::engine::initiator::Reassignment;
 use iscsi_proto::engine::mcs::{self, Spread};
 use iscsi_proto::login::originator::Join;
+use serde::Serialize;
 
 use super::*;
 
@@ -46,6 +60,22 @@ impl Default for McsConfig {
             spread: Spread::LeastBytes,
         }
     }
+}
+
+/// What ErrorRecoveryLevel 2 did in a session of several connections
+/// ([`McsSession::recovery`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct McsRecovery {
+    /// Connections that ended while the session went on.
+    pub connections_lost: u64,
+    /// Connections logged in again after one ended.
+    pub relogins: u64,
+    /// Tasks moved to another connection by TASK REASSIGN (Function complete).
+    pub reassigned: u64,
+    /// Tasks the target never had, sent again with their CmdSN after TASK REASSIGN.
+    pub retried: u64,
+    /// Tasks whose TASK REASSIGN was refused (they failed back).
+    pub refused: u64,
 }
 
 /// One connection's side of the driver.
@@ -68,11 +98,28 @@ struct McsInner {
     /// The first connection loss: the session is over (ERL 0).
     ended: Option<ConnectionLoss>,
     timer_at: Option<Instant>,
+    /// ErrorRecoveryLevel 2: CIDs whose connection ended, for the relogin task.
+    relogin: Vec<u16>,
+    recovery: McsRecovery,
+    /// The session's Logout went: nothing is logged in again.
+    logging_out: bool,
+    /// The CID a relogin tries next (fresh: never one in use or recovering).
+    next_cid: u16,
+}
+
+impl McsInner {
+    /// Whether `c` is still the driver of its CID (a relogin replaces it): a replaced one's
+    /// reader and writer must never touch the engine connection that took its CID.
+    fn current(&self, c: &McsConn) -> bool {
+        self.conns.iter().any(|x| std::ptr::eq(Arc::as_ptr(x), c))
+    }
 }
 
 struct McsCore {
     inner: Mutex<McsInner>,
     wake_timer: Notify,
+    /// The relogin task has CIDs to log in again.
+    wake_relogin: Notify,
 }
 
 impl McsCore {
@@ -88,6 +135,9 @@ impl McsCore {
         let mut g = self.lock()?;
         let r = f(&mut g);
         Self::dispatch(&mut g);
+        if !g.relogin.is_empty() {
+            self.wake_relogin.notify_one();
+        }
         for c in &g.conns {
             let closed = g
                 .session
@@ -147,13 +197,35 @@ impl McsCore {
                         tracing::warn!(cid, itt, ?step, "command timed out");
                     }
                     mcs::Event::TaskManagement { .. } => {}
+                    mcs::Event::Reassigned { itt, cid, outcome } => {
+                        tracing::debug!(itt, cid, ?outcome, "task reassigned");
+                        match outcome {
+                            Reassignment::Adopted => g.recovery.reassigned += 1,
+                            Reassignment::Retried => g.recovery.retried += 1,
+                            Reassignment::Refused(r) => {
+                                g.recovery.refused += 1;
+                                tracing::warn!(itt, cid, response = r.0, "TASK REASSIGN refused");
+                            }
+                        }
+                    }
                 }
             }
             if closed.is_empty() {
                 break;
             }
-            // ErrorRecoveryLevel 0: one connection's end is the session's (ERL 2 would
-            // reassign `tasks_on(cid)` to a live connection here instead).
+            if g.session.recovers_connections() && g.session.ended().is_none() {
+                // ErrorRecoveryLevel 2: the engine reassigns the tasks; the CID logs in again.
+                for (cid, reason) in closed {
+                    tracing::info!(cid, %reason, "connection lost; its tasks are reassigned");
+                    g.recovery.connections_lost += 1;
+                    if !g.logging_out && !g.relogin.contains(&cid) {
+                        g.relogin.push(cid);
+                    }
+                }
+                continue;
+            }
+            // ErrorRecoveryLevel 0 (or a session given up): one connection's end is the
+            // session's.
             for (_, reason) in closed {
                 if g.ended.is_none() {
                     g.ended = Some(reason);
@@ -194,12 +266,14 @@ impl McsCore {
     fn kill(&self, conn: &McsConn, reason: ConnectionLoss) {
         let _ = conn.dead.set(reason);
         let _ = self.with(false, |g| {
-            g.session.close(
-                Instant::now(),
-                conn.cid,
-                Side::Initiator,
-                CloseReason::Local,
-            )
+            if g.current(conn) {
+                g.session.close(
+                    Instant::now(),
+                    conn.cid,
+                    Side::Initiator,
+                    CloseReason::Local,
+                );
+            }
         });
     }
 }
@@ -212,6 +286,8 @@ pub struct McsSession {
     capacity: OnceLock<Capacity>,
     params: Negotiated,
     timer: AbortHandle,
+    /// ErrorRecoveryLevel 2's relogin task.
+    relogin: Option<AbortHandle>,
     /// [`SessionConfig::command_timeout`] applies to the commands.
     timed: bool,
 }
@@ -228,6 +304,9 @@ impl std::fmt::Debug for McsSession {
 impl Drop for McsSession {
     fn drop(&mut self) {
         self.timer.abort();
+        if let Some(r) = &self.relogin {
+            r.abort();
+        }
         if let Ok(mut g) = self.core.lock() {
             for c in &g.conns {
                 if let Ok(t) = c.io_tasks.lock() {
@@ -260,6 +339,14 @@ impl McsSession {
         cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(originator::random_isid));
         cfg.login.max_connections = u32::from(mcs_cfg.connections.max(1));
         cfg.login.join = None;
+        if cfg.login.error_recovery_level > 0 && cfg.extension.is_some() {
+            // Data sealed for one connection cannot be reassigned to another (module notes).
+            tracing::warn!(
+                "ErrorRecoveryLevel {} is not offered with Seal: offering 0",
+                cfg.login.error_recovery_level
+            );
+            cfg.login.error_recovery_level = 0;
+        }
         let lead = login_connection(url, &cfg, &target).await?;
         let granted = lead.li.session_params.max_connections;
         let tsih = lead.li.done.established.tsih;
@@ -288,17 +375,37 @@ impl McsSession {
                 placed: HashMap::new(),
                 ended: None,
                 timer_at: None,
+                relogin: Vec::new(),
+                recovery: McsRecovery::default(),
+                logging_out: false,
+                next_cid: 1,
             }),
             wake_timer: Notify::new(),
+            wake_relogin: Notify::new(),
         });
+        let erl2 = core.lock()?.session.recovers_connections();
         start_conn(&core, 0, lead)?;
         let timer = tokio::spawn(mcs_timer(core.clone())).abort_handle();
+        let relogin = erl2.then(|| {
+            tokio::spawn(mcs_relogin(
+                core.clone(),
+                Relogin {
+                    url: url.clone(),
+                    cfg: cfg.clone(),
+                    target: target.clone(),
+                    tsih,
+                },
+            ))
+            .abort_handle()
+        });
+        core.lock()?.next_cid = u16::try_from(want).unwrap_or(u16::MAX);
         let s = Self {
             core,
             lun,
             capacity: OnceLock::new(),
             params,
             timer,
+            relogin,
             timed: cfg.command_timeout.is_some(),
         };
         for cid in 1..want {
@@ -334,6 +441,11 @@ impl McsSession {
             .lock()
             .map(|g| g.session.open_connections())
             .unwrap_or(0)
+    }
+
+    /// What ErrorRecoveryLevel 2 did so far (all zero at level 0).
+    pub fn recovery(&self) -> McsRecovery {
+        self.core.lock().map(|g| g.recovery).unwrap_or_default()
     }
 
     /// Commands that ended on each connection so far (the connection each went on), by CID,
@@ -508,9 +620,11 @@ impl McsSession {
     /// Logout closing the session (RFC 7143 §11.14) on one connection; the target closes
     /// them all once it answers. Bounded: 5 s.
     pub async fn logout(self) -> Result<()> {
-        let sent = self
-            .core
-            .with(false, |g| g.session.logout(Instant::now()).is_some())?;
+        let sent = self.core.with(false, |g| {
+            g.logging_out = true;
+            g.relogin.clear();
+            g.session.logout(Instant::now()).is_some()
+        })?;
         if !sent {
             return Ok(());
         }
@@ -578,6 +692,10 @@ async fn mcs_writer_inner(
             let mut g = core
                 .lock()
                 .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
+            if !g.current(c) {
+                // A relogin took its CID: what is queued there is the new connection's.
+                return Ok(());
+            }
             let mut bytes = 0usize;
             while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
                 let Some(p) = g.session.poll_transmit(c.cid) else {
@@ -623,10 +741,14 @@ async fn mcs_reader(
     loop {
         match rd.next().await {
             Ok(Some(Ok(pdu))) => {
-                if core
-                    .with(false, |g| g.session.handle_pdu(c.cid, Instant::now(), pdu))
-                    .is_err()
-                {
+                let current = core.with(false, |g| {
+                    let current = g.current(&c);
+                    if current {
+                        g.session.handle_pdu(c.cid, Instant::now(), pdu);
+                    }
+                    current
+                });
+                if !matches!(current, Ok(true)) {
                     return;
                 }
             }
@@ -635,7 +757,11 @@ async fn mcs_reader(
                 return;
             }
             Ok(None) => {
-                let _ = core.with(false, |g| g.session.peer_closed(c.cid, Instant::now()));
+                let _ = core.with(false, |g| {
+                    if g.current(&c) {
+                        g.session.peer_closed(c.cid, Instant::now());
+                    }
+                });
                 return;
             }
             Err(e) => {
@@ -652,6 +778,127 @@ async fn mcs_reader(
                 core.kill(&c, loss);
                 return;
             }
+        }
+    }
+}
+
+/// What the relogin task needs to log a connection of the session in again.
+struct Relogin {
+    url: IscsiUrl,
+    cfg: SessionConfig,
+    target: String,
+    tsih: u16,
+}
+
+/// ErrorRecoveryLevel 2: logs a connection in for each lost one (a fresh CID), one at a time,
+/// each with backoff (`recovery::Backoff`, jittered, 100 ms doubling to 5 s).
+async fn mcs_relogin(core: Arc<McsCore>, r: Relogin) {
+    loop {
+        core.wake_relogin.notified().await;
+        loop {
+            let next = match core.lock() {
+                Ok(g) if !g.logging_out => g.relogin.first().copied(),
+                _ => return,
+            };
+            let Some(cid) = next else {
+                break;
+            };
+            relogin_one(&core, &r, cid).await;
+            if let Ok(mut g) = core.lock() {
+                g.relogin.retain(|c| *c != cid);
+            }
+        }
+    }
+}
+
+/// Logs a connection in with the session's TSIH, under a fresh CID, in place of lost
+/// connection `lost` until one joins. With no connection open and none back within the
+/// recovery timeout, the session ends.
+async fn relogin_one(core: &Arc<McsCore>, r: &Relogin, lost: u16) {
+    let mut backoff = Backoff::new();
+    let patience = r
+        .cfg
+        .recovery_timeout
+        .unwrap_or(recovery::DEFAULT_RECOVERY_TIMEOUT);
+    let give_up_at = Instant::now() + patience;
+    let Ok(cid) = core.lock().map(|mut g| fresh_cid(&mut g)) else {
+        return;
+    };
+    let mut cfg = r.cfg.clone();
+    cfg.login.join = Some(Join { tsih: r.tsih, cid });
+    loop {
+        tokio::time::sleep(backoff.next_wait()).await;
+        match core.lock() {
+            Ok(g) if !g.logging_out && g.ended.is_none() => {}
+            _ => return,
+        }
+        let err = match login_connection(&r.url, &cfg, &r.target).await {
+            Ok(fresh) if fresh.li.done.established.tsih == r.tsih => {
+                let engine = fresh.engine(&cfg);
+                let added = core.with(true, |g| {
+                    // The lost connection's driver side and engine member go; its tasks are
+                    // the engine's recovery's, not the member's.
+                    if let Some(k) = g.conns.iter().position(|c| c.cid == lost) {
+                        let old = g.conns.remove(k);
+                        if let Ok(t) = old.io_tasks.lock() {
+                            for h in t.iter() {
+                                h.abort();
+                            }
+                        };
+                    }
+                    let now = Instant::now();
+                    g.session.remove(now, lost);
+                    g.session.add_connection(now, cid, engine)
+                });
+                match added {
+                    Ok(Ok(())) => match start_conn(core, cid, fresh) {
+                        Ok(()) => {
+                            if let Ok(mut g) = core.lock() {
+                                g.recovery.relogins += 1;
+                            }
+                            tracing::info!(cid, lost, "connection logged in again");
+                            return;
+                        }
+                        Err(e) => e.to_string(),
+                    },
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                }
+            }
+            Ok(fresh) => format!(
+                "joined session {:#x}, not {:#x}",
+                fresh.li.done.established.tsih, r.tsih
+            ),
+            Err(e) => e.to_string(),
+        };
+        tracing::debug!(cid, "relogin failed: {err}");
+        if Instant::now() >= give_up_at {
+            let _ = core.with(false, |g| {
+                if g.session.open_connections() == 0 {
+                    tracing::warn!(cid, ?patience, "no connection came back; the session ends");
+                    g.ended
+                        .get_or_insert(ConnectionLoss::Local(LocalClose::Unknown));
+                    g.session.give_up(
+                        Instant::now(),
+                        ConnectionError {
+                            by: Side::Initiator,
+                            reason: CloseReason::Local,
+                        },
+                    );
+                }
+            });
+            return;
+        }
+    }
+}
+
+/// A CID no connection of the session has and no recovery names.
+fn fresh_cid(g: &mut McsInner) -> u16 {
+    loop {
+        let cid = g.next_cid;
+        g.next_cid = g.next_cid.wrapping_add(1);
+        if !g.session.cids().any(|c| c == cid) && !g.session.recovering().contains(&cid) {
+            return cid;
         }
     }
 }

@@ -195,8 +195,31 @@ pub enum Event {
     /// Command `itt` passed [`Config::command_timeout`] and the engine took this step to
     /// end it (for the driver's log; the command's `Completed` follows).
     TimeoutStep { itt: u32, step: TimeoutStep },
-    /// The connection is over (every task has its `Completed` before this).
+    /// The connection is over (every task has its `Completed` before this, or, held for
+    /// ErrorRecoveryLevel 2, waits in [`Connection::take_held`]).
     Closed(ConnectionError),
+    /// A TASK REASSIGN sent by [`Connection::reassign`] was answered (RFC 7143 §11.6.1): the
+    /// task goes on here, or was sent again with its CmdSN (the target never had it). A
+    /// refused one ends the task ([`TaskError::ConnectionLost`]) and says so here too.
+    Reassigned { itt: u32, outcome: Reassignment },
+    /// The Logout removing connection `cid` for recovery ([`Connection::logout_for_recovery`],
+    /// RFC 7143 §11.14.1 reason 2) was answered with `response` (§11.15.1: 0 closed, 1 CID
+    /// not found, 2 recovery not supported, 3 cleanup failed).
+    RecoveryLogout { cid: u16, response: u8 },
+}
+
+/// How a TASK REASSIGN ended ([`Event::Reassigned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reassignment {
+    /// Function complete: the task is this connection's; what it misses comes here (Data-In
+    /// from ExpDataSN, recovery R2Ts, its status; RFC 7143 §7.2.2).
+    Adopted,
+    /// Task does not exist and its CmdSN was never acknowledged: the target never had it, so
+    /// the command went again, same ITT and CmdSN (a retry, RFC 7143 §6.2.1, §7.2.1).
+    Retried,
+    /// Refused with this response (or the target had the command and lost it): the task
+    /// ended with [`TaskError::ConnectionLost`].
+    Refused(TmfResponse),
 }
 
 /// What the engine does about a command past its timeout (see [`Config::command_timeout`]).
@@ -240,7 +263,16 @@ struct Task {
     /// Past its deadline: the escalation runs, and an abort ends it with
     /// [`TaskError::TimedOut`].
     timed_out: bool,
+    /// Reassigned to this connection (ErrorRecoveryLevel 2): the target's recovery R2Ts
+    /// carry R2TSNs after the last it sent, some of which never reached us (RFC 7143 §7.2.2).
+    reassigned: bool,
+    /// TASK REASSIGNs it went through: a target that keeps failing the connections it lands
+    /// on does not get to move it for ever ([`MAX_REASSIGNS`]).
+    reassigns: u8,
 }
+
+/// TASK REASSIGNs one task goes through at most before it ends with its connection.
+pub const MAX_REASSIGNS: u8 = 8;
 
 #[derive(Debug, Clone, Copy)]
 enum TmfKind {
@@ -259,6 +291,11 @@ enum TmfKind {
         at: u32,
         escalation: Option<(u32, TmfResponse)>,
     },
+    /// TASK REASSIGN of this task to this connection (ErrorRecoveryLevel 2, §11.5.1).
+    Reassign(u32),
+    /// Not a TMF: a Logout removing connection `cid` for recovery (§11.14.1 reason 2),
+    /// timed as one.
+    RecoveryLogout(u16),
 }
 
 /// A task taken out of its connection ([`Connection::take_task`]) to go on another
@@ -275,6 +312,15 @@ impl MovedTask {
     #[must_use]
     pub fn itt(&self) -> u32 {
         self.itt
+    }
+
+    /// The CmdSN it went with (`None`: it had not left).
+    #[must_use]
+    pub fn cmd_sn(&self) -> Option<u32> {
+        match self.task.phase {
+            Phase::Sent(sn) => Some(sn),
+            _ => None,
+        }
     }
 }
 
@@ -315,6 +361,11 @@ pub struct Connection {
     /// A caller's read buffer that a Data-In segment replaced (see
     /// [`Connection::take_spare_buffer`]).
     spare: Option<BytesMut>,
+    /// ErrorRecoveryLevel 2 ([`Connection::hold_tasks`]): when the connection fails, its
+    /// tasks are kept for reassignment instead of ending with it.
+    hold: bool,
+    /// Tasks kept when it failed ([`Connection::take_held`]).
+    held: Vec<MovedTask>,
 }
 
 impl Connection {
@@ -348,6 +399,8 @@ impl Connection {
             reserved: OwnTagSet::default(),
             closed: None,
             spare: None,
+            hold: false,
+            held: Vec::new(),
         }
     }
 
@@ -551,6 +604,108 @@ impl Connection {
         Ok(itt)
     }
 
+    /// ErrorRecoveryLevel 2 (RFC 7143 §7.2): when this connection fails, its tasks are kept
+    /// ([`Connection::take_held`]) for reassignment to another connection of the session,
+    /// instead of ending with [`TaskError::ConnectionLost`]. A logout (reason 0 or 1, or the
+    /// target's request) still ends them, as does a task moved [`MAX_REASSIGNS`] times.
+    pub fn hold_tasks(&mut self, on: bool) {
+        self.hold = on;
+    }
+
+    /// The tasks this connection kept when it failed ([`Connection::hold_tasks`]), in the
+    /// order of their ITTs: each goes to another connection with [`Connection::reassign`].
+    pub fn take_held(&mut self) -> Vec<MovedTask> {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Logout with reason 2, remove connection `cid` for recovery (RFC 7143 §11.14.1), sent
+    /// on this connection for a failed other one: once answered ([`Event::RecoveryLogout`])
+    /// the target holds that connection's tasks for TASK REASSIGN (§7.2.2 requires this, or
+    /// the implicit logout of a login reinstating the CID, before a reassignment). Timed as a
+    /// task management request. `None` when this connection is closed or logging out.
+    pub fn logout_for_recovery(&mut self, now: Instant, cid: u16) -> Option<u32> {
+        if self.closed.is_some() || self.logout.is_some() {
+            return None;
+        }
+        let itt = self.alloc_itt();
+        self.tmfs
+            .insert(itt, (TmfKind::RecoveryLogout(cid), now + self.tmf_timeout));
+        self.out.push_back(Pdu::new(
+            LogoutRequest {
+                immediate: true,
+                reason: LogoutReason::REMOVE_CONNECTION_FOR_RECOVERY,
+                itt,
+                cid,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: 0,
+            },
+            Bytes::new(),
+        ));
+        Some(itt)
+    }
+
+    /// Reassigns a task of a failed connection of the session to this one (ErrorRecoveryLevel
+    /// 2, RFC 7143 §7.2.2, §11.5.1): it becomes this connection's ([`Connection::adopt_task`])
+    /// and, if its command had left, a TASK REASSIGN names it with its CmdSN and, for a read,
+    /// ExpDataSN = the Data-In it has (the target resends from there; the bytes received are
+    /// kept). The answer ([`Event::Reassigned`]): Function complete, the task goes on here
+    /// (recovery R2Ts for write data the target misses are answered from the write buffer);
+    /// Task does not exist for a CmdSN the target never acknowledged, the command is sent
+    /// again with its ITT and CmdSN (§6.2.1: it never arrived, or waited behind a gap on the
+    /// failed connection and was dropped with it); anything else ends the task.
+    pub fn reassign(&mut self, now: Instant, moved: MovedTask) -> Result<u32, SubmitError> {
+        let itt = moved.itt;
+        let sent = moved.cmd_sn();
+        let (lun, exp_data_sn) = (moved.task.lun, moved.task.next_data_sn);
+        self.adopt_task(moved)?;
+        let Some(ref_cmd_sn) = sent else {
+            // It had not left: it waits for the window here like any other.
+            return Ok(itt);
+        };
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.reassigned = true;
+            t.reassigns = t.reassigns.saturating_add(1);
+            // Recovery R2Ts ask again for what the target misses, wherever it was solicited.
+            t.solicited.clear();
+        }
+        let tmf = self.alloc_itt();
+        self.tmfs
+            .insert(tmf, (TmfKind::Reassign(itt), now + self.tmf_timeout));
+        self.out.push_back(Pdu::new(
+            TaskMgmtRequest {
+                immediate: true,
+                function: TmfFunction::TASK_REASSIGN,
+                lun,
+                itt: tmf,
+                referenced_task_tag: itt,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: 0,
+                ref_cmd_sn,
+                exp_data_sn,
+            },
+            Bytes::new(),
+        ));
+        Ok(itt)
+    }
+
+    /// Sends command `itt` again with its CmdSN, from the start (a retry, RFC 7143 §6.2.1):
+    /// what it received is dropped, its data goes again.
+    fn retry(&mut self, itt: u32, cmd_sn: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        t.received = 0;
+        t.next_data_sn = 0;
+        t.next_r2t_sn = 0;
+        t.unsent_r2ts.clear();
+        t.solicited.clear();
+        t.reassigned = false;
+        if let Some(buf) = t.read.as_mut() {
+            buf.clear();
+        }
+        self.send_command(itt, cmd_sn);
+    }
+
     /// Logout closing only this connection (reason 1, RFC 7143 §11.14), named by its `cid`:
     /// the session goes on over its others. As [`Connection::logout`] otherwise; a driver
     /// sends it once the connection's tasks are done (`engine::mcs` drains it first).
@@ -619,6 +774,8 @@ impl Connection {
                 phase: Phase::Queued,
                 deadline,
                 timed_out: false,
+                reassigned: false,
+                reassigns: 0,
             },
         );
         self.queued.push_back(itt);
@@ -734,8 +891,23 @@ impl Connection {
         self.pong_bytes = 0;
         let mut itts: Vec<u32> = self.tasks.keys().copied().collect();
         itts.sort_unstable();
+        // ErrorRecoveryLevel 2: a failed connection's tasks wait for another connection
+        // (RFC 7143 §7.2); a logout ends them (§11.14.1 reasons 0 and 1).
+        let hold =
+            self.hold && !matches!(reason, CloseReason::Logout | CloseReason::LogoutRequested);
         for itt in itts {
-            self.finish(itt, Err(TaskError::ConnectionLost(e)));
+            let keep = hold
+                && self
+                    .tasks
+                    .get(&itt)
+                    .is_some_and(|t| t.phase != Phase::Abandoned && t.reassigns < MAX_REASSIGNS);
+            if keep {
+                if let Some(task) = self.tasks.remove(&itt) {
+                    self.held.push(MovedTask { itt, task });
+                }
+            } else {
+                self.finish(itt, Err(TaskError::ConnectionLost(e)));
+            }
         }
         self.tmfs.clear();
         self.deadlines.clear();
@@ -854,6 +1026,13 @@ impl Connection {
                         CloseReason::Logout
                     };
                     self.close(Side::Initiator, reason);
+                } else if let Some((TmfKind::RecoveryLogout(cid), _)) = self.tmfs.get(&h.itt) {
+                    let cid = *cid;
+                    self.tmfs.remove(&h.itt);
+                    self.events.push_back(Event::RecoveryLogout {
+                        cid,
+                        response: h.response,
+                    });
                 } else {
                     self.violation(Violation::UnknownTask {
                         opcode: Opcode::LOGOUT_RESPONSE,
@@ -988,10 +1167,12 @@ impl Connection {
     ) -> u32 {
         let itt = self.alloc_itt();
         let lun = match kind {
-            TmfKind::Abort(t) | TmfKind::Cleanup(t) | TmfKind::TimeoutAbort(t) => {
-                self.tasks.get(&t).map_or(0, |t| t.lun)
-            }
+            TmfKind::Abort(t)
+            | TmfKind::Cleanup(t)
+            | TmfKind::TimeoutAbort(t)
+            | TmfKind::Reassign(t) => self.tasks.get(&t).map_or(0, |t| t.lun),
             TmfKind::LunReset { lun, .. } => lun,
+            TmfKind::RecoveryLogout(_) => 0,
         };
         self.tmfs.insert(itt, (kind, now + self.tmf_timeout));
         self.out.push_back(Pdu::new(
@@ -1245,7 +1426,13 @@ impl Connection {
                 len,
                 max: max_burst,
             })
-        } else if h.r2t_sn != t.next_r2t_sn {
+        } else if if t.reassigned {
+            // Recovery R2Ts number on from the last R2T the target sent, which may have been
+            // lost with the failed connection (RFC 7143 §7.2.2): only never backwards.
+            sn_lt(h.r2t_sn, t.next_r2t_sn)
+        } else {
+            h.r2t_sn != t.next_r2t_sn
+        } {
             Err(Violation::R2tSn {
                 expected: t.next_r2t_sn,
                 got: h.r2t_sn,
@@ -1271,7 +1458,7 @@ impl Connection {
             self.abandon(now, h.itt, v);
             return;
         }
-        t.next_r2t_sn = t.next_r2t_sn.wrapping_add(1);
+        t.next_r2t_sn = h.r2t_sn.wrapping_add(1);
         t.solicited.push((off, len));
         let pdus = len.div_ceil(seg);
         t.unsent_r2ts.push((h.ttt, pdus));
@@ -1355,12 +1542,15 @@ impl Connection {
     }
 
     fn on_tmf_response(&mut self, now: Instant, itt: u32, response: TmfResponse) {
-        let Some((kind, _)) = self.tmfs.remove(&itt) else {
-            self.violation(Violation::UnknownTask {
-                opcode: Opcode::TASK_MGMT_RESPONSE,
-                itt,
-            });
-            return;
+        let kind = match self.tmfs.remove(&itt) {
+            Some((TmfKind::RecoveryLogout(_), _)) | None => {
+                self.violation(Violation::UnknownTask {
+                    opcode: Opcode::TASK_MGMT_RESPONSE,
+                    itt,
+                });
+                return;
+            }
+            Some((kind, _)) => kind,
         };
         let ends = matches!(
             response,
@@ -1380,6 +1570,8 @@ impl Connection {
                     self.tasks.remove(&task);
                 }
             }
+            TmfKind::Reassign(task) => self.on_reassigned(task, response),
+            TmfKind::RecoveryLogout(_) => {}
             TmfKind::TimeoutAbort(task) => {
                 // Gone already: its own status came first and is its result.
                 let Some(t) = self.tasks.get(&task) else {
@@ -1461,6 +1653,37 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// The answer to the TASK REASSIGN of `task` ([`Connection::reassign`]).
+    fn on_reassigned(&mut self, task: u32, response: TmfResponse) {
+        let Some(sent) = self.tasks.get(&task).map(|t| match t.phase {
+            Phase::Sent(sn) => Some(sn),
+            _ => None,
+        }) else {
+            // Its status came first: it is over.
+            return;
+        };
+        let outcome = match (response, sent) {
+            (TmfResponse::FUNCTION_COMPLETE, _) => Reassignment::Adopted,
+            // Never acknowledged (ExpCmdSN is not past it): the target never had it to run.
+            (TmfResponse::TASK_DOES_NOT_EXIST, Some(sn)) if sn_le(self.exp_cmd_sn, sn) => {
+                self.retry(task, sn);
+                Reassignment::Retried
+            }
+            (other, _) => Reassignment::Refused(other),
+        };
+        if let Reassignment::Refused(r) = outcome {
+            self.finish(
+                task,
+                Err(TaskError::ConnectionLost(ConnectionError {
+                    by: Side::Target,
+                    reason: CloseReason::ReassignRefused(r),
+                })),
+            );
+        }
+        self.events
+            .push_back(Event::Reassigned { itt: task, outcome });
     }
 
     /// After AsyncEvent 1: the Logout goes once no command is in flight.

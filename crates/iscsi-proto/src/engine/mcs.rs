@@ -29,14 +29,32 @@
 //!   that connection's own keys) is placed by the driver instead: [`Session::pick`] says
 //!   where, [`Session::submit_on`] sends it there or nowhere.
 //!
-//! Connection loss at ErrorRecoveryLevel 0: the connection's tasks end with it
+//! Connection loss at ErrorRecoveryLevel 0 and 1: the connection's tasks end with it
 //! ([`TaskError::ConnectionLost`]); the others go on. A command it sent that the target never
 //! received leaves a hole in the session's CmdSN sequence that stops every later command at the
-//! target (§4.2.2.1) until ErrorRecoveryLevel 2 repairs it or the session is recovered:
-//! [`Event::ConnectionClosed`] says whether that may be so (`gap`). ErrorRecoveryLevel 2 is
-//! not done here; its seam is: [`Session::tasks_on`] lists a connection's tasks and
-//! [`Session::move_task`] moves one, whole, to another connection (the TASK REASSIGN request
-//! itself, §7.2.2, is ERL 2's).
+//! target (§4.2.2.1) until the session is recovered: [`Event::ConnectionClosed`] says whether
+//! that may be so (`gap`).
+//!
+//! Connection loss at ErrorRecoveryLevel 2 (negotiated at the leading login; §7.2, §7.4.3):
+//! nothing ends. The failed connection's tasks are held with no allegiance
+//! ([`initiator::Connection::hold_tasks`]) and the session moves them:
+//!
+//! ```text
+//!  connection c fails ─► its tasks held (Recovery { cid: c })
+//!    a login reinstating CID c was added ─► its implicit logout cleaned c up (§6.3.4)
+//!    else a live connection d ─► Logout reason 2 for CID c on d (§11.14.1) ─► answered 0/1
+//!    none ─► wait: the driver logs a connection in (same TSIH; the same or a new CID)
+//!  cleaned up ─► each task, in CmdSN order: TASK REASSIGN on the connection (§11.5.1;
+//!                ExpDataSN = the Data-In it has) ─► Function complete: it goes on there
+//!                (recovery R2Ts, Data-In from ExpDataSN, its status; §7.2.2)
+//!             ─► Task does not exist, CmdSN never acknowledged: sent again, same ITT and
+//!                CmdSN (it never arrived, so its hole in the CmdSN sequence is filled; §6.2.1)
+//!             ─► refused, or lost after it was acknowledged: it ends (ConnectionLost)
+//! ```
+//! The session outlives its last connection while tasks wait for one; the driver ends the wait
+//! with [`Session::give_up`]. Each task completes once: held tasks have no `Completed` until
+//! they end on the connection they were moved to. [`Session::tasks_on`] and
+//! [`Session::move_task`] move a task of a live connection.
 //!
 //! Task management: ABORT TASK goes on the task's connection (its allegiance). A LOGICAL UNIT
 //! RESET goes on one connection and ends, at the target, the LU's tasks of every connection;
@@ -50,8 +68,8 @@ use iscsi_wire::header::{RejectReason, TmfResponse};
 use iscsi_wire::{Opcode, Pdu, RESERVED_TAG};
 
 use super::initiator::{
-    self, Command, Connection, Data, SubmitError as ConnSubmitError, TaskError, TaskResult,
-    TimeoutStep,
+    self, Command, Connection, Data, MovedTask, Reassignment, SubmitError as ConnSubmitError,
+    TaskError, TaskResult, TimeoutStep,
 };
 use super::{CloseReason, ConnectionError, OwnTagMap, Side};
 use crate::params::SessionParams;
@@ -166,6 +184,34 @@ pub enum Event {
         error: ConnectionError,
         gap: bool,
     },
+    /// ErrorRecoveryLevel 2: task `itt` of a failed connection went to connection `cid` by
+    /// TASK REASSIGN, and the target answered (RFC 7143 §11.6.1). `Refused`: it ended
+    /// (its `Completed` came first).
+    Reassigned {
+        itt: u32,
+        cid: u16,
+        outcome: Reassignment,
+    },
+}
+
+/// A failed connection's tasks on their way to another (ErrorRecoveryLevel 2).
+#[derive(Debug)]
+struct Recovery {
+    /// The failed connection's CID.
+    cid: u16,
+    tasks: Vec<MovedTask>,
+    step: Step,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// The target may still count the tasks as the failed connection's: a Logout for recovery
+    /// on a live connection, or a login reinstating the CID, comes first (§7.2.2).
+    Cleanup,
+    /// The Logout removing it for recovery went on connection `on`.
+    LoggingOut { on: u16 },
+    /// Cleaned up: the tasks go to connection `to` by TASK REASSIGN.
+    Clean { to: u16 },
 }
 
 #[derive(Debug)]
@@ -202,10 +248,13 @@ impl Member {
 
 #[derive(Debug)]
 struct Task {
-    /// The connection it is on (`None`: waiting in the session's queue).
+    /// The connection it is on (`None`: waiting in the session's queue, or held for
+    /// reassignment).
     cid: Option<u16>,
     cmd_sn: u32,
     cost: u64,
+    /// Its connection failed and it waits for another (ErrorRecoveryLevel 2).
+    held: bool,
 }
 
 #[derive(Debug)]
@@ -234,6 +283,10 @@ pub struct Session {
     logging_out: bool,
     ended: Option<ConnectionError>,
     events: VecDeque<Event>,
+    /// ErrorRecoveryLevel 2 was negotiated: failed connections' tasks are reassigned.
+    erl2: bool,
+    /// Failed connections' tasks waiting to be reassigned (ErrorRecoveryLevel 2).
+    recoveries: Vec<Recovery>,
 }
 
 /// The first ITT of connection `cid`'s own.
@@ -257,6 +310,8 @@ impl Session {
     pub fn new(cfg: Config, cid: u16, mut conn: Connection) -> Self {
         let (cmd_sn, exp_cmd_sn, max_cmd_sn, _) = conn.sequence();
         conn.set_next_itt(own_itts(cid));
+        let erl2 = conn.params().error_recovery_level >= 2;
+        conn.hold_tasks(erl2);
         Self {
             cfg,
             members: vec![Member {
@@ -278,6 +333,8 @@ impl Session {
             logging_out: false,
             ended: None,
             events: VecDeque::new(),
+            erl2,
+            recoveries: Vec::new(),
         }
     }
 
@@ -350,6 +407,38 @@ impl Session {
         self.ended
     }
 
+    /// Whether failed connections' tasks are reassigned (ErrorRecoveryLevel 2 negotiated at
+    /// the leading login).
+    #[must_use]
+    pub fn recovers_connections(&self) -> bool {
+        self.erl2
+    }
+
+    /// Tasks of failed connections waiting to be reassigned (ErrorRecoveryLevel 2).
+    #[must_use]
+    pub fn held_tasks(&self) -> usize {
+        self.recoveries.iter().map(|r| r.tasks.len()).sum()
+    }
+
+    /// CIDs of failed connections whose tasks wait (ErrorRecoveryLevel 2): a login with one of
+    /// them reinstates it, and its tasks go there.
+    #[must_use]
+    pub fn recovering(&self) -> Vec<u16> {
+        self.recoveries.iter().map(|r| r.cid).collect()
+    }
+
+    /// Whether a login may reuse CID `cid` now: not while a Logout removing it for recovery
+    /// may still reach the target, which would end the new connection instead (§11.14.1
+    /// names the connection by CID alone). A driver that logs in with fresh CIDs never asks.
+    #[must_use]
+    pub fn may_reuse_cid(&self, cid: u16) -> bool {
+        !self.members.iter().any(|m| m.cid == cid && m.open())
+            && !self
+                .recoveries
+                .iter()
+                .any(|r| r.cid == cid && matches!(r.step, Step::LoggingOut { .. }))
+    }
+
     /// Whether connection `cid` has a PDU to send.
     #[must_use]
     pub fn has_transmit(&self, cid: u16) -> bool {
@@ -399,6 +488,7 @@ impl Session {
         let (_, exp, max, _) = conn.sequence();
         self.merge(exp, max);
         conn.set_next_itt(own_itts(cid));
+        conn.hold_tasks(self.erl2);
         conn.share_window(self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
         self.members.push(Member {
             cid,
@@ -409,6 +499,7 @@ impl Session {
             pinned: 0,
             gap: false,
         });
+        self.recover(now);
         self.dispatch(now);
         Ok(())
     }
@@ -527,6 +618,7 @@ impl Session {
                 cid: None,
                 cmd_sn: 0,
                 cost: cost(&cmd),
+                held: false,
             },
         );
         if let Some(i) = on.and_then(|c| self.index(c)) {
@@ -574,6 +666,10 @@ impl Session {
     /// waiting for the window ends at once. The TMF's (CID, ITT) when a request went out.
     pub fn abort(&mut self, now: Instant, itt: u32) -> Option<(u16, u32)> {
         let t = self.tasks.get(&itt)?;
+        if t.held {
+            // No connection to ask on until it is reassigned (it may run at the target).
+            return None;
+        }
         let Some(cid) = t.cid else {
             self.drop_pending(itt);
             self.complete(
@@ -604,6 +700,10 @@ impl Session {
             reason: CloseReason::Logout,
         };
         self.fail_pending(e);
+        self.fail_held(e);
+        for m in &mut self.members {
+            m.conn.hold_tasks(false);
+        }
         let Some(i) = self.members.iter().position(Member::open) else {
             self.ended.get_or_insert(e);
             return None;
@@ -696,6 +796,7 @@ impl Session {
             self.absorb(i);
             self.pump(i);
         }
+        self.recover(now);
         self.dispatch(now);
     }
 
@@ -810,8 +911,12 @@ impl Session {
             self.absorb(i);
             self.pump(i);
         }
-        if self.members.iter().all(|m| !m.open()) && self.ended.is_none() {
-            // No connection left: the session is over (ErrorRecoveryLevel 0).
+        if self.members.iter().all(|m| !m.open())
+            && self.ended.is_none()
+            && (!self.erl2 || self.logging_out)
+        {
+            // No connection left: the session is over (ErrorRecoveryLevel 0 and 1; at 2 it
+            // waits for a new one, or the driver's give_up).
             let e = ConnectionError {
                 by: Side::Initiator,
                 reason: CloseReason::Local,
@@ -897,11 +1002,213 @@ impl Session {
                     if self.logging_out && error.reason == CloseReason::Logout {
                         self.ended.get_or_insert(error);
                     }
+                    // A recovery step that waited on this connection starts over: its Logout
+                    // or TASK REASSIGNs may be lost with it (and a later connection with the
+                    // same CID is another one).
+                    for r in &mut self.recoveries {
+                        if matches!(r.step, Step::LoggingOut { on: c } | Step::Clean { to: c } if c == cid)
+                        {
+                            r.step = Step::Cleanup;
+                        }
+                    }
+                    let held = self.members[i].conn.take_held();
+                    if !held.is_empty() {
+                        self.hold(cid, held, error);
+                    }
                     let gap = self.members[i].gap;
                     self.events
                         .push_back(Event::ConnectionClosed { cid, error, gap });
                 }
+                initiator::Event::Reassigned { itt, outcome } => {
+                    self.events
+                        .push_back(Event::Reassigned { itt, cid, outcome });
+                }
+                initiator::Event::RecoveryLogout {
+                    cid: failed,
+                    response,
+                } => {
+                    self.on_recovery_logout(cid, failed, response);
+                }
             }
+        }
+    }
+
+    // ---- ErrorRecoveryLevel 2 ----
+
+    /// Failed connection `cid`'s tasks wait for another connection.
+    fn hold(&mut self, cid: u16, held: Vec<MovedTask>, error: ConnectionError) {
+        if self.logging_out || self.ended.is_some() {
+            for m in held {
+                self.complete(m.itt(), Some(cid), Err(TaskError::ConnectionLost(error)));
+            }
+            return;
+        }
+        for m in &held {
+            if let Some(t) = self.tasks.get_mut(&m.itt()) {
+                t.cid = None;
+                t.held = true;
+            }
+        }
+        if let Some(i) = self.index(cid) {
+            self.members[i].bytes = 0;
+        }
+        match self.recoveries.iter_mut().find(|r| r.cid == cid) {
+            Some(r) => {
+                r.tasks.extend(held);
+                r.step = Step::Cleanup;
+            }
+            None => self.recoveries.push(Recovery {
+                cid,
+                tasks: held,
+                step: Step::Cleanup,
+            }),
+        }
+    }
+
+    /// Connection `on` got the answer to its Logout removing `failed` for recovery.
+    fn on_recovery_logout(&mut self, on: u16, failed: u16, response: u8) {
+        let Some(k) = self
+            .recoveries
+            .iter()
+            .position(|r| r.cid == failed && r.step == Step::LoggingOut { on })
+        else {
+            return;
+        };
+        // 0: closed; 1: CID not found (the target holds nothing for it: what it never had is
+        // sent again, what it had and lost ends, as TASK REASSIGN answers say).
+        if response <= 1 {
+            self.recoveries[k].step = Step::Clean { to: on };
+            return;
+        }
+        let r = self.recoveries.remove(k);
+        let e = ConnectionError {
+            by: Side::Target,
+            reason: CloseReason::RecoveryLogoutRefused(response),
+        };
+        for m in r.tasks {
+            self.complete(m.itt(), None, Err(TaskError::ConnectionLost(e)));
+        }
+    }
+
+    /// The open connection that takes commands with the fewest outstanding bytes.
+    fn least_loaded(&self) -> Option<usize> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].takes_commands())
+            .min_by_key(|&i| self.members[i].load())
+    }
+
+    /// Moves the held tasks on: cleanup first, then TASK REASSIGN (see the module's notes).
+    fn recover(&mut self, now: Instant) {
+        let mut k = 0;
+        while k < self.recoveries.len() {
+            let cid = self.recoveries[k].cid;
+            match self.recoveries[k].step {
+                Step::Cleanup => {
+                    let reinstated = self
+                        .members
+                        .iter()
+                        .any(|m| m.cid == cid && m.takes_commands());
+                    if reinstated {
+                        // A login with its CID: its implicit logout cleaned up (§6.3.4).
+                        self.recoveries[k].step = Step::Clean { to: cid };
+                        continue;
+                    }
+                    if let Some(j) = self.least_loaded() {
+                        let on = self.members[j].cid;
+                        let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+                        let conn = &mut self.members[j].conn;
+                        conn.share_window(c, e, m);
+                        if conn.logout_for_recovery(now, cid).is_some() {
+                            self.recoveries[k].step = Step::LoggingOut { on };
+                        }
+                    }
+                    k += 1;
+                }
+                Step::LoggingOut { on } => {
+                    if self.members.iter().any(|m| m.cid == on && m.open()) {
+                        k += 1;
+                    } else {
+                        self.recoveries[k].step = Step::Cleanup;
+                        k += 1;
+                    }
+                }
+                Step::Clean { to } => {
+                    let Some(j) = self
+                        .members
+                        .iter()
+                        .position(|m| m.cid == to && m.takes_commands())
+                    else {
+                        // Gone before the tasks moved: cleanup again elsewhere (the target
+                        // answers a second Logout for the CID "not found", harmless).
+                        self.recoveries[k].step = Step::Cleanup;
+                        k += 1;
+                        continue;
+                    };
+                    let r = self.recoveries.remove(k);
+                    self.reassign_all(now, j, r.tasks);
+                }
+            }
+        }
+    }
+
+    /// TASK REASSIGN of `tasks` to member `j`, in CmdSN order (retries fill the CmdSN holes in
+    /// order).
+    fn reassign_all(&mut self, now: Instant, j: usize, mut tasks: Vec<MovedTask>) {
+        // Serial number order (RFC 1982): every task's CmdSN is within 2^31 below the next.
+        let base = self.cmd_sn.wrapping_sub(1 << 31);
+        tasks.sort_by_key(|m| m.cmd_sn().map_or(u32::MAX, |sn| sn.wrapping_sub(base)));
+        let to = self.members[j].cid;
+        let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
+        self.members[j].conn.share_window(c, e, m);
+        for moved in tasks {
+            let itt = moved.itt();
+            match self.members[j].conn.reassign(now, moved) {
+                Ok(_) => {
+                    if let Some(t) = self.tasks.get_mut(&itt) {
+                        t.cid = Some(to);
+                        t.held = false;
+                        self.members[j].bytes += t.cost;
+                    }
+                }
+                Err(err) => {
+                    let lost = match err {
+                        ConnSubmitError::Closed(e) => e,
+                        _ => ConnectionError {
+                            by: Side::Initiator,
+                            reason: CloseReason::Local,
+                        },
+                    };
+                    self.complete(itt, None, Err(TaskError::ConnectionLost(lost)));
+                }
+            }
+        }
+        self.absorb(j);
+        self.pump(j);
+    }
+
+    /// Ends the tasks waiting for reassignment.
+    fn fail_held(&mut self, e: ConnectionError) {
+        let held: Vec<Recovery> = self.recoveries.drain(..).collect();
+        for r in held {
+            for m in r.tasks {
+                self.complete(m.itt(), None, Err(TaskError::ConnectionLost(e)));
+            }
+        }
+    }
+
+    /// ErrorRecoveryLevel 2: the driver cannot bring a connection back (its logins failed for
+    /// long enough). The session ends: held tasks and commands waiting for the window end
+    /// with [`TaskError::ConnectionLost`], open connections are closed.
+    pub fn give_up(&mut self, now: Instant, error: ConnectionError) {
+        self.ended.get_or_insert(error);
+        for m in &mut self.members {
+            m.conn.hold_tasks(false);
+        }
+        self.fail_pending(error);
+        self.fail_held(error);
+        let cids: Vec<u16> = self.members.iter().map(|m| m.cid).collect();
+        for cid in cids {
+            self.close(now, cid, error.by, error.reason);
         }
     }
 }

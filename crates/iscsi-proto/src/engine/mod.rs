@@ -258,6 +258,16 @@ pub enum CloseReason {
     /// The driver closed it (shutdown, session reinstatement, Seal counters exhausted, ...).
     #[error("closed by the application")]
     Local,
+    /// ErrorRecoveryLevel 2 could not move a task of a failed connection: the target answered
+    /// its TASK REASSIGN with this response (RFC 7143 §11.6.1), or had the command and lost
+    /// it (Task does not exist for an acknowledged CmdSN, e.g. past DefaultTime2Retain).
+    #[error("connection recovery failed: TASK REASSIGN answered {}", .0 .0)]
+    ReassignRefused(iscsi_wire::header::TmfResponse),
+    /// ErrorRecoveryLevel 2: the Logout removing the failed connection for recovery was
+    /// answered with this response (RFC 7143 §11.15.1: 2 recovery not supported, 3 cleanup
+    /// failed).
+    #[error("connection recovery failed: Logout for recovery answered {0}")]
+    RecoveryLogoutRefused(u8),
 }
 
 /// The end of a connection: who ended it and why.

@@ -744,6 +744,9 @@ impl Session {
                 initiator::Event::TimeoutStep { itt, step } => {
                     self.events.push_back(Event::TimeoutStep { itt, step });
                 }
+                // ErrorRecoveryLevel 2 is the session of several connections' (`engine::mcs`);
+                // this session never holds tasks or reassigns them.
+                initiator::Event::Reassigned { .. } | initiator::Event::RecoveryLogout { .. } => {}
             }
         }
     }

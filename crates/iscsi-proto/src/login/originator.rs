@@ -171,6 +171,12 @@ pub struct LoginOptions {
     /// session's TSIH and this connection's CID, with the session's ISID
     /// ([`LoginOptions::isid`]). `None`: a leading login (TSIH 0, CID 0).
     pub join: Option<Join>,
+    /// ErrorRecoveryLevel offered (RFC 7143 §13.20; the session gets the lower of both
+    /// offers): 0, the default, or 2 for a session of several connections whose failed
+    /// connections' tasks are reassigned (`engine::mcs`, §7.2). Above 0 the initiator also
+    /// offers DefaultTime2Retain 20 (the RFC's default, §13.16), so the target keeps a failed
+    /// connection's tasks long enough to reassign them.
+    pub error_recovery_level: u32,
 }
 
 /// A login that adds a connection to a running session ([`LoginOptions::join`]).
@@ -200,6 +206,7 @@ impl Default for LoginOptions {
             isid: None,
             max_connections: 1,
             join: None,
+            error_recovery_level: 0,
         }
     }
 }
@@ -822,10 +829,21 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
                     o.max_outstanding_r2t.to_string(),
                 ),
                 ("DefaultTime2Wait".into(), "0".into()),
-                ("DefaultTime2Retain".into(), "0".into()),
+                (
+                    "DefaultTime2Retain".into(),
+                    if o.error_recovery_level > 0 {
+                        "20"
+                    } else {
+                        "0"
+                    }
+                    .into(),
+                ),
                 ("DataPDUInOrder".into(), "Yes".into()),
                 ("DataSequenceInOrder".into(), "Yes".into()),
-                ("ErrorRecoveryLevel".into(), "0".into()),
+                (
+                    "ErrorRecoveryLevel".into(),
+                    o.error_recovery_level.min(2).to_string(),
+                ),
             ]);
         }
         self.params.initiator_max_recv_data_segment_length = o.max_recv_data_segment_length;
@@ -1060,10 +1078,12 @@ impl<X: ?Sized + OriginatorExtension> LoginMachine<X> {
 
     fn validate(&mut self) -> Result<()> {
         let r = &mut self.params;
-        if r.error_recovery_level != 0 {
-            return Err(OriginatorError::Negotiation(
-                "target insists on ErrorRecoveryLevel > 0".into(),
-            ));
+        if r.error_recovery_level > self.opts.error_recovery_level.min(2) {
+            return Err(OriginatorError::Negotiation(format!(
+                "target insists on ErrorRecoveryLevel {} (offered {})",
+                r.error_recovery_level,
+                self.opts.error_recovery_level.min(2)
+            )));
         }
         if !r.data_pdu_in_order || !r.data_sequence_in_order {
             return Err(OriginatorError::Negotiation(

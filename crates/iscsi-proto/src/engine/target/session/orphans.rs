@@ -30,7 +30,7 @@
 
 use std::time::{Duration, Instant};
 
-use iscsi_wire::header::{TaskMgmtRequest, TmfFunction, TmfResponse};
+use iscsi_wire::header::{LogoutReason, TaskMgmtRequest, TmfFunction, TmfResponse};
 use iscsi_wire::Header;
 
 use super::super::recovery::{Carried, Done};
@@ -271,9 +271,19 @@ impl<D> Session<D> {
     }
 
     /// Whether a PDU goes past the ones held on its connection: at ErrorRecoveryLevel 2 an
-    /// immediate TASK REASSIGN (it repairs the gap they wait behind).
+    /// immediate TASK REASSIGN, and the immediate Logout removing a failed connection for
+    /// recovery that must come before it (§7.2.2): together they repair the gap the held ones
+    /// wait behind (held behind it, the Logout would wait for ever).
     pub(super) fn bypasses_held(&self, h: &Header) -> bool {
         self.erl2()
-            && matches!(h, Header::TaskMgmtRequest(t) if t.immediate && t.function == TmfFunction::TASK_REASSIGN)
+            && match h {
+                Header::TaskMgmtRequest(t) => {
+                    t.immediate && t.function == TmfFunction::TASK_REASSIGN
+                }
+                Header::LogoutRequest(l) => {
+                    l.immediate && l.reason == LogoutReason::REMOVE_CONNECTION_FOR_RECOVERY
+                }
+                _ => false,
+            }
     }
 }
