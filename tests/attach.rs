@@ -2,7 +2,8 @@
 //! `ipsan attach` mounting it with FUSE, then the kernel's own tools on top:
 //!
 //! - byte I/O at odd offsets and sizes through the file, and concurrent writes sharing blocks
-//!   (read-modify-write must not lose any of them), compared with a model of the LUN;
+//!   (read-modify-write must not lose any of them), compared with a model of the LUN — on
+//!   one connection and on a session of four (`--connections 4`, issue 28);
 //! - a loop device over the file, `mkfs.ext4`, a tree of files, `sync`, `umount`,
 //!   `fsck.ext4 -f -n` clean, remount, every file equal — plain and over a sealed session
 //!   (aes-256-gcm);
@@ -160,6 +161,8 @@ struct Attach {
     child: Option<Child>,
     dir: PathBuf,
     log: PathBuf,
+    /// The `ipsan attach:` line it printed when ready.
+    ready: String,
 }
 
 impl Attach {
@@ -192,11 +195,13 @@ impl Attach {
             child: None,
             dir,
             log,
+            ready: String::new(),
         };
         let line = wait_line(&mut child, Duration::from_secs(30), |l| {
             l.starts_with("ipsan attach:")
         });
         a.child = Some(child);
+        a.ready.clone_from(&line);
         assert!(line.contains("lun0"), "{line}");
         assert!(
             a.file().exists(),
@@ -358,8 +363,27 @@ fn accepts_unaligned_and_concurrent_overlapping_writes_through_the_file() {
         return;
     }
     let _s = serial();
+    byte_io_through_the_file("bytes", &["--depth", "16"]);
+}
+
+#[test]
+fn accepts_unaligned_and_concurrent_overlapping_writes_over_four_connections() {
+    // `--connections 4` (issue 28): the same checks on a session of four connections (the
+    // target grants four by default), commands spread over them.
+    if !can_run("attach byte I/O over four connections", false) {
+        return;
+    }
+    let _s = serial();
+    let a = byte_io_through_the_file("bytes4", &["--depth", "16", "--connections", "4"]);
+    assert!(a.contains("4 of 4 connections"), "{a}");
+}
+
+/// Byte I/O at odd offsets and sizes and concurrent overlapping writes through the file of an
+/// `ipsan attach` started with `extra`, compared with a model of the LUN; returns its
+/// `ipsan attach:` line.
+fn byte_io_through_the_file(tag: &str, extra: &[&str]) -> String {
     let (_target, port) = start_target("mem:16MiB", &[]);
-    let a = Attach::start("bytes", port, &["--depth", "16"]);
+    let a = Attach::start(tag, port, extra);
     let size = 16 * MIB as usize;
     let f = File::options()
         .read(true)
@@ -456,7 +480,7 @@ fn accepts_unaligned_and_concurrent_overlapping_writes_through_the_file() {
     let e = f.write_at(&[1, 2, 3], size as u64 + 512).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(27), "EFBIG past the end, got {e}");
     drop(f);
-    drop(a);
+    a.ready.clone()
 }
 
 /// ext4 over a loop device over the file: mkfs, a tree of files, sync, umount, fsck clean,

@@ -8,7 +8,10 @@
 //!   and a plain login to B refused (so the middle leg really is sealed);
 //! - `qemu-img convert` in and out through the pair, hashes equal;
 //! - tgtd behind a `--seal required` gateway, reached sealed by `ipsan bench --seal` and
-//!   plain through gateway A;
+//!   plain through gateway A; the gateway in front of tgtd (which answers MaxConnections=1)
+//!   stays on one connection, gateway A in front of it (ipsan) uses four;
+//! - the pair's sealed leg on four connections per remote session (the default when the far
+//!   end is ipsan; issue 28), each with its own Seal login, under a verified host run;
 //! - the sealed leg cut for 3 s under a verified host run: gateway A's remote session recovers
 //!   (reinstating login, commands sent again, counted in its log) and the host sees no error;
 //! - the array down: a run in flight ends with errors (not a hang), a new host login is
@@ -195,6 +198,89 @@ fn gateway_pair_forwards_verified_io_and_the_arrays_identity() {
     assert!(b_log.contains("remote session logged out"), "{b_log}");
 }
 
+/// The `key=value` fields of every log line holding `what`.
+fn log_fields<'a>(log: &'a str, what: &str, key: &str) -> Vec<&'a str> {
+    log.lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        })
+        .collect()
+}
+
+#[test]
+fn gateway_pair_carries_the_sealed_leg_on_four_connections_and_verifies_reads_and_writes() {
+    // Default flags: gateway A's first login to B offers MaxConnections=4; B (ipsan) grants 4,
+    // so every remote session of A is four sealed connections (each its own Seal login), and
+    // B's remote sessions to the array (ipsan too) are four plain ones.
+    let p = pair("64MiB");
+    let via = format!("iscsi://127.0.0.1:{}/{IQN}/0", p.a_port);
+    bench_verify(&via, &[]);
+    // Larger commands too (1 MiB, several Data-In/Data-Out PDUs each, spread over the four).
+    let out = run_ok(
+        BIN,
+        &[
+            "bench", &via, "--rw", "randrw", "--bs", "1MiB", "--depth", "8", "--size", "32MiB",
+            "--verify", "--quiet",
+        ],
+    );
+    assert!(out.contains("verify: OK"), "{out}");
+    let a_log = std::fs::read_to_string(p.dir.path().join("a.log")).unwrap();
+    let b_log = std::fs::read_to_string(p.dir.path().join("b.log")).unwrap();
+    let granted = log_fields(&a_log, "the far end's MaxConnections", "granted");
+    assert!(
+        !granted.is_empty() && granted.iter().all(|n| *n == "4"),
+        "A asks what B grants: {a_log}"
+    );
+    let a_open = log_fields(&a_log, "remote session open", "connections");
+    assert!(
+        a_open.len() >= 2 && a_open.iter().all(|n| *n == "4"),
+        "every remote session of A on four connections: {a_log}"
+    );
+    for l in a_log.lines().filter(|l| l.contains("remote session open")) {
+        assert!(l.contains("seal=\"aes-256-gcm\""), "{l}");
+    }
+    let b_open = log_fields(&b_log, "remote session open", "connections");
+    assert!(
+        !b_open.is_empty() && b_open.iter().all(|n| *n == "4"),
+        "B's remote sessions to the array (ipsan) on four connections: {b_log}"
+    );
+    // No remote session fell back to one connection (B took every joining login).
+    assert!(!a_log.contains("using one"), "{a_log}");
+}
+
+#[test]
+fn gateway_with_connections_1_offers_one_connection_and_verifies() {
+    // `--connections 1` keeps the one-connection remote session (with its own session
+    // recovery), never asking the far end for more.
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, array_port) = array(dir.path(), "127.0.0.1:0");
+    let (_a, a_port) = spawn_ipsan(
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--connections",
+            "1",
+            "--to",
+            &format!("iscsi://127.0.0.1:{array_port}/{IQN}/0"),
+        ],
+        &dir.path().join("a.log"),
+    );
+    bench_verify(&format!("iscsi://127.0.0.1:{a_port}/{IQN}/0"), &[]);
+    let a_log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    assert!(
+        log_fields(&a_log, "the far end's MaxConnections", "granted").is_empty(),
+        "{a_log}"
+    );
+    let open = log_fields(&a_log, "remote session open", "connections");
+    assert!(
+        !open.is_empty() && open.iter().all(|n| *n == "1"),
+        "{a_log}"
+    );
+}
+
 #[test]
 fn qemu_img_convert_round_trips_through_the_gateway_pair() {
     if !have("qemu-img") {
@@ -243,7 +329,7 @@ fn qemu_img_convert_round_trips_through_the_gateway_pair() {
 }
 
 #[test]
-fn tgtd_behind_a_seal_required_gateway_verifies_reads_and_writes() {
+fn tgtd_behind_a_seal_required_gateway_verifies_reads_and_writes_on_one_connection() {
     if !have("tgtd") || !have("tgtadm") {
         skip("tgtd not installed (scripts/install-deps)");
         return;
@@ -330,6 +416,25 @@ fn tgtd_behind_a_seal_required_gateway_verifies_reads_and_writes() {
     // And a plain host through the whole pair.
     let (a, a_port) = gateway_a(dir.path(), b_port, tiqn);
     bench_verify(&format!("iscsi://127.0.0.1:{a_port}/{tiqn}/1"), &[]);
+    // tgtd answers MaxConnections=1: gateway B asked once and stays on one connection; A in
+    // front of B (ipsan) gets four.
+    let b_log = std::fs::read_to_string(dir.path().join("b.log")).unwrap();
+    let a_log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    let granted = log_fields(&b_log, "the far end's MaxConnections", "granted");
+    assert!(
+        !granted.is_empty() && granted.iter().all(|n| *n == "1"),
+        "{b_log}"
+    );
+    let b_open = log_fields(&b_log, "remote session open", "connections");
+    assert!(
+        b_open.len() >= 2 && b_open.iter().all(|n| *n == "1"),
+        "every remote session to tgtd on one connection: {b_log}"
+    );
+    let a_open = log_fields(&a_log, "remote session open", "connections");
+    assert!(
+        !a_open.is_empty() && a_open.iter().all(|n| *n == "4"),
+        "{a_log}"
+    );
     drop((a, b, tgtd));
 }
 

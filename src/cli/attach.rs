@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ipsan_initiator::Session;
+use ipsan_initiator::{McsConfig, McsSession, Session};
+use lun::Link;
 
 /// Attach one LUN as a file: `ipsan attach iscsi://host[:port]/iqn/lun --fuse DIR`.
 #[derive(Debug, clap::Args)]
@@ -50,6 +51,18 @@ pub struct Args {
     /// `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
     pub allow_other: bool,
+    /// iSCSI connections in the session (RFC 7143 §4.2, MaxConnections; docs/wan.md "Several
+    /// connections per session"), as `ipsan bench --connections`: the leading login offers
+    /// this many, the others join with the session's TSIH (sealed: each with its own Seal
+    /// login); the target may grant fewer. 1, the default, is the one-connection session with
+    /// --recovery-timeout; more have no recovery yet (a lost connection ends the session and
+    /// the file answers EIO).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub connections: u16,
+    /// With --connections above 1, which connection a command goes on: least-bytes (the one
+    /// with the fewest bytes outstanding) or round-robin.
+    #[arg(long, default_value = "least-bytes")]
+    pub spread: ipsan_initiator::Spread,
     #[command(flatten)]
     pub conn: super::bench::ConnArgs,
 }
@@ -72,9 +85,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot stat {}", args.fuse.display()))?;
     anyhow::ensure!(meta.is_dir(), "{} is not a directory", args.fuse.display());
 
-    let session = rt
-        .block_on(Session::open(&url, &cfg))
-        .with_context(|| format!("cannot open {url}"))?;
+    let session = if args.connections > 1 {
+        let mcs = McsConfig {
+            connections: args.connections,
+            spread: args.spread,
+        };
+        Link::Many(
+            rt.block_on(McsSession::open(&url, &cfg, mcs))
+                .with_context(|| format!("cannot open {url}"))?,
+        )
+    } else {
+        Link::One(
+            rt.block_on(Session::open(&url, &cfg))
+                .with_context(|| format!("cannot open {url}"))?,
+        )
+    };
     let cap = session
         .capacity()
         .context("the LUN's capacity is unknown")?;
@@ -108,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("FUSE thread")?;
     let file = args.fuse.join(&name);
     println!(
-        "ipsan attach: {url} → {} ({} bytes, {}-byte blocks, depth {depth}{})",
+        "ipsan attach: {url} → {} ({} bytes, {}-byte blocks, depth {depth}{}{})",
         file.display(),
         cap.bytes(),
         cap.block_len,
@@ -116,6 +141,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ", sealed"
         } else {
             ""
+        },
+        if args.connections > 1 {
+            format!(
+                ", {} of {} connections",
+                session.connections(),
+                args.connections
+            )
+        } else {
+            String::new()
         }
     );
 
@@ -237,7 +271,7 @@ async fn unmount(dir: &Path, lazy: bool) -> anyhow::Result<()> {
 
 /// Log out once the FUSE tasks have let go of the session (bounded: a dead connection or a
 /// task that does not finish must not keep the process alive).
-async fn logout(session: Arc<Session>) {
+async fn logout(session: Arc<Link>) {
     let mut session = session;
     for _ in 0..50 {
         match Arc::try_unwrap(session) {

@@ -79,6 +79,20 @@ pub struct Args {
     /// Commands in flight per remote session at most (default: the remote CmdSN window).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
     depth: Option<u64>,
+    /// iSCSI connections per remote session (RFC 7143 §4.2, docs/gateway.md "Several
+    /// connections"): the first login to the remote target offers this many (MaxConnections);
+    /// when it grants several (ipsan does, up to its connections_per_session) every remote
+    /// session opens that many and spreads commands over them, each sealed with its own keys;
+    /// a far end that answers 1 (tgtd, LIO) gets one. 1 never offers more. Several connections
+    /// share the loss of one: a lost connection ends the remote session, which the gateway logs
+    /// in again within --recovery-timeout (idempotent commands sent again). Relayed CHAP
+    /// (--chap-relay) always uses one.
+    #[arg(long, default_value_t = ipsan_target::remote::DEFAULT_CONNECTIONS, value_parser = clap::value_parser!(u16).range(1..=64))]
+    connections: u16,
+    /// With several connections, which one a command goes on: least-bytes (the one with the
+    /// fewest bytes outstanding) or round-robin.
+    #[arg(long, default_value = "least-bytes")]
+    spread: ipsan_initiator::Spread,
     /// Target name (IQN) hosts see (default: the remote target's name).
     #[arg(long)]
     iqn: Option<String>,
@@ -186,6 +200,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 .filter(|_| !args.chap_relay)
                 .and(args.conn.password_file.clone()),
             chap_relay: args.chap_relay,
+            connections: Some(args.connections),
             ..FileLun::new(*id, format!("{base}/{id}"))
         })
         .collect();
@@ -273,6 +288,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                     ..session.clone()
                 };
                 spec.compress = args.conn.compress;
+                spec.spread = args.spread;
                 l.remote = Some(Arc::new(spec));
             }
         }

@@ -24,7 +24,8 @@
 //!   target's status, raw sense, data and residual unchanged (a gateway's remote leg);
 //!   `session/mcs.rs`: [`McsSession`], a session of several connections (RFC 7143 §4.2,
 //!   issue 28): the driver of `iscsi_proto::engine::mcs`, one reader and writer per
-//!   connection, each sealed connection with its own Seal login; no session recovery yet.
+//!   connection, each sealed connection with its own Seal login; no session recovery yet;
+//!   `command_to_abortable`/`lun_reset_to` for a gateway's remote leg.
 //! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
 //!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
 //!   RFC 7143 §6.3.5).

@@ -487,7 +487,7 @@ impl Config {
                             return Err(err(
                                 format!("target[{i}].lun[{j}]"),
                                 format!(
-                                    "LUNs reaching {} must share seal, depth, tcp_congestion and chap settings",
+                                    "LUNs reaching {} must share seal, depth, tcp_congestion, chap and connections settings",
                                     r.target_key()
                                 ),
                             ));

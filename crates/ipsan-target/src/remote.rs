@@ -20,14 +20,28 @@
 //! * The remote leg negotiates ipsan's fast keys (ImmediateData=Yes, InitialR2T=No, 256 KiB
 //!   FirstBurstLength) whatever the host negotiated locally: a write costs one remote round
 //!   trip up to FirstBurstLength. Nothing is acknowledged before the remote target answered.
+//! * Several connections per remote session (RFC 7143 §4.2, issue 28) when the far end grants
+//!   them: the first login to a remote target offers MaxConnections = `connections` (default
+//!   [`DEFAULT_CONNECTIONS`]) on one connection; a far end that answers 1 (tgtd, LIO, most
+//!   arrays) keeps that one-connection [`Session`] (and every later host session gets one),
+//!   a far end that grants more (ipsan: `connections_per_session`, 4 by default) gets an
+//!   [`McsSession`] of that many for this and every later host session. Relayed CHAP stays
+//!   on one connection: the host answers one challenge, and every joining login would need
+//!   another. Several connections have no session recovery of their own (ErrorRecoveryLevel
+//!   0: one lost connection ends the session), so [`RemoteNexus::forward`] recovers here: the
+//!   lost session is logged in again (a reinstating login with the host's ISID, §6.3.5)
+//!   with backoff up to the recovery timeout, idempotent commands are sent again and the
+//!   others answered with the retryable not-reissued sense, as [`Session`]'s recovery does.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::{
-    ConnectionLoss, DataDir, Error, IscsiUrl, LocalClose, Passthrough, Session, SessionConfig,
+    ConnectionLoss, DataDir, Error, IscsiUrl, LocalClose, McsConfig, McsSession, Negotiated,
+    Passthrough, Session, SessionConfig, Spread,
 };
 use ipsan_seal::{Cipher, CryptoPool, Psk};
 use iscsi_wire::header::TmfResponse;
@@ -57,7 +71,21 @@ pub struct RemoteSpec {
     /// Offer compression on the sealed remote leg (`ipsan gateway --compress`, docs/seal.md
     /// §4b): on when the remote target agrees.
     pub compress: bool,
+    /// Connections per remote session asked for (MaxConnections offered, RFC 7143 §13.2):
+    /// used only when the far end grants more than one (see the module notes); 1 never offers
+    /// more. `connections` in the config, `ipsan gateway --connections`.
+    pub connections: u16,
+    /// How commands spread over several connections.
+    pub spread: Spread,
+    /// What the far end answered to MaxConnections = `connections` at the first login (0: not
+    /// asked yet), shared by every host session reaching it.
+    pub granted: Arc<AtomicU32>,
 }
+
+/// Connections per remote session asked for unless configured: four carried 3.0–4.3× one
+/// connection's rate at 1 % loss and 32 ms (docs/results/mcs-wan); docs/gateway.md says when
+/// to use more or fewer.
+pub const DEFAULT_CONNECTIONS: u16 = 4;
 
 impl std::fmt::Debug for RemoteSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,6 +94,7 @@ impl std::fmt::Debug for RemoteSpec {
             .field("source", &self.source)
             .field("seal", &self.seal.as_ref().map(|(c, _)| c.to_string()))
             .field("depth", &self.depth)
+            .field("connections", &self.connections)
             .finish_non_exhaustive()
     }
 }
@@ -102,10 +131,68 @@ fn raw_lun(id: u64) -> u64 {
 /// How long a remote session's logout may take when its host session ends.
 const LOGOUT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A remote session: one connection, or several (the far end granted them).
+enum Link {
+    One(Session),
+    Many(McsSession),
+}
+
+impl Link {
+    async fn command(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        abort: &CancellationToken,
+    ) -> Result<Passthrough, Error> {
+        match self {
+            Link::One(s) => s.command_to_abortable(lun, cdb, dir, abort).await,
+            Link::Many(s) => s.command_to_abortable(lun, cdb, dir, abort).await,
+        }
+    }
+
+    async fn lun_reset(&self, lun: u64) -> Result<(), Error> {
+        match self {
+            Link::One(s) => s.lun_reset_to(lun).await,
+            Link::Many(s) => s.lun_reset_to(lun).await,
+        }
+    }
+
+    async fn logout(self) -> Result<(), Error> {
+        match self {
+            Link::One(s) => s.logout().await,
+            Link::Many(s) => s.logout().await,
+        }
+    }
+
+    fn params(&self) -> &Negotiated {
+        match self {
+            Link::One(s) => s.params(),
+            Link::Many(s) => s.params(),
+        }
+    }
+
+    fn connections(&self) -> usize {
+        match self {
+            Link::One(_) => 1,
+            Link::Many(s) => s.connections(),
+        }
+    }
+}
+
 /// One remote session and its depth limit.
 struct Remote {
-    session: Session,
+    session: Link,
     depth: Option<Semaphore>,
+}
+
+/// A remote session of several connections that ended: since when, and what its commands
+/// did meanwhile (logged when the session is back).
+#[derive(Default)]
+struct Recovering {
+    since: Option<Instant>,
+    reissued: u64,
+    not_idempotent: u64,
 }
 
 /// The remote sessions of one host session (its I_T nexus), one per remote target.
@@ -117,6 +204,8 @@ pub struct RemoteNexus {
     /// Held while a remote session logs in: two logins with the host's ISID would reinstate
     /// each other on the remote target (RFC 7143 §6.3.5).
     opening: tokio::sync::Mutex<()>,
+    /// Remote sessions of several connections being logged in again, by target key.
+    recovering: std::sync::Mutex<HashMap<String, Recovering>>,
 }
 
 impl std::fmt::Debug for RemoteNexus {
@@ -153,6 +242,7 @@ impl RemoteNexus {
             pool,
             sessions: std::sync::Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
+            recovering: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -211,11 +301,12 @@ impl RemoteNexus {
         }
         let session = match relay {
             Some(relay) => {
+                // The host answers one CHAP challenge: one connection.
                 cfg.login.chap = None;
                 cfg.login.mutual_chap = None;
-                Session::connect_relayed(&spec.url, &cfg, relay).await?
+                Link::One(Session::connect_relayed(&spec.url, &cfg, relay).await?)
             }
-            None => Session::connect(&spec.url, &cfg).await?,
+            None => Self::connect(spec, cfg).await?,
         };
         let p = session.params();
         info!(
@@ -223,14 +314,135 @@ impl RemoteNexus {
             seal = spec.seal.as_ref().map_or("off".to_owned(), |(c, _)| c.to_string()),
             immediate_data = p.immediate_data, initial_r2t = p.initial_r2t,
             first_burst = p.first_burst_length, max_burst = p.max_burst_length,
+            connections = session.connections(),
             "remote session open"
         );
+        let back = crate::lock(&self.recovering).remove(&spec.target_key());
+        if let Some(Recovering {
+            since: Some(since),
+            reissued,
+            not_idempotent,
+        }) = back
+        {
+            let took = since.elapsed();
+            info!(
+                initiator = %self.initiator, remote = %spec.target_key(),
+                took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+                reissued, failed_not_idempotent = not_idempotent,
+                "remote session recovered in {took:?}"
+            );
+        }
         let remote = Arc::new(Remote {
             session,
             depth: spec.depth.map(Semaphore::new),
         });
         crate::lock(&self.sessions).insert(spec.target_key(), remote);
         Ok(())
+    }
+
+    /// Logs in to `spec`'s remote target with `cfg` (the host's name and ISID in it): one
+    /// connection, or several when the far end grants them (see the module notes).
+    async fn connect(spec: &RemoteSpec, mut cfg: SessionConfig) -> Result<Link, Error> {
+        let want = spec.connections.max(1);
+        let several = McsConfig {
+            connections: want,
+            spread: spec.spread,
+        };
+        match spec.granted.load(Ordering::Acquire) {
+            _ if want == 1 => return Ok(Link::One(Session::connect(&spec.url, &cfg).await?)),
+            0 => {}
+            1 => return Ok(Link::One(Session::connect(&spec.url, &cfg).await?)),
+            _ => return Self::connect_several(spec, &cfg, several).await,
+        }
+        // The first login to this far end: one connection, offering `want`; its answer says
+        // whether the far end takes several (RFC 7143 §13.2: the lower of both offers).
+        cfg.login.max_connections = u32::from(want);
+        let s = Session::connect(&spec.url, &cfg).await?;
+        let granted = s.params().max_connections.max(1);
+        spec.granted.store(granted, Ordering::Release);
+        info!(remote = %spec.target_key(), offered = want, granted, "the far end's MaxConnections");
+        if granted == 1 {
+            return Ok(Link::One(s));
+        }
+        // The login just made is the leading login of nothing: logged out, and the session of
+        // several logs in afresh (its leading login offers `want` again).
+        if tokio::time::timeout(LOGOUT_TIMEOUT, s.logout())
+            .await
+            .is_err()
+        {
+            warn!(remote = %spec.target_key(), "logout after the first login timed out");
+        }
+        Self::connect_several(spec, &cfg, several).await
+    }
+
+    /// A session of several connections; a far end that then refuses the joining logins
+    /// gets one connection (logged).
+    async fn connect_several(
+        spec: &RemoteSpec,
+        cfg: &SessionConfig,
+        several: McsConfig,
+    ) -> Result<Link, Error> {
+        match McsSession::connect(&spec.url, cfg, several).await {
+            Ok(s) => Ok(Link::Many(s)),
+            // Unreachable: one connection would not fare better.
+            Err(e @ (Error::Io(_) | Error::Timeout(_) | Error::ConnectionLost(_))) => Err(e),
+            Err(e) => {
+                warn!(remote = %spec.target_key(), "several connections failed ({e}); using one");
+                Ok(Link::One(Session::connect(&spec.url, cfg).await?))
+            }
+        }
+    }
+
+    /// The remote session `lost` of several connections ended (at ErrorRecoveryLevel 0, with
+    /// its first lost connection): it leaves the map, so the next command logs in again
+    /// (reinstating it on the remote target, RFC 7143 §6.3.5). Returns when the loss began.
+    fn retire(&self, spec: &RemoteSpec, lost: &Arc<Remote>, why: &Error) -> Instant {
+        let key = spec.target_key();
+        let current = {
+            let mut m = crate::lock(&self.sessions);
+            let current = m.get(&key).is_some_and(|r| Arc::ptr_eq(r, lost));
+            if current {
+                m.remove(&key);
+            }
+            current
+        };
+        let now = Instant::now();
+        let mut r = crate::lock(&self.recovering);
+        match r.get_mut(&key) {
+            Some(e) => *e.since.get_or_insert(now),
+            None if current => {
+                warn!(initiator = %self.initiator, remote = %key, "remote session of several connections lost ({why}); logging in again");
+                r.insert(
+                    key,
+                    Recovering {
+                        since: Some(now),
+                        ..Recovering::default()
+                    },
+                );
+                now
+            }
+            // Replaced already: the session is back.
+            None => now,
+        }
+    }
+
+    /// Since when `spec`'s remote session of several connections has been recovering, if it
+    /// is.
+    fn recovering_since(&self, spec: &RemoteSpec) -> Option<Instant> {
+        crate::lock(&self.recovering)
+            .get(&spec.target_key())
+            .and_then(|r| r.since)
+    }
+
+    /// Counts what a command did while its remote session of several connections recovers.
+    fn note(&self, spec: &RemoteSpec, reissued: bool) {
+        if let Some(e) = crate::lock(&self.recovering).get_mut(&spec.target_key()) {
+            if reissued {
+                e.reissued += 1;
+            } else {
+                e.not_idempotent += 1;
+            }
+        }
     }
 
     /// Forwards one host command to `route`: `spec`'s remote LUN `remote_lun` (an id, not the
@@ -256,55 +468,93 @@ impl RemoteNexus {
         }
         let mut c = [0u8; 16];
         c[..cdb.len()].copy_from_slice(cdb);
-        if self.get(spec).is_none() {
-            // A LUN added after the host logged in, or a target reached by REPORT LUNS.
-            self.open(spec).await.map_err(ForwardError::Lost)?;
-        }
-        let remote = self
-            .get(spec)
-            .ok_or_else(|| ForwardError::Refused("remote session not open".into()))?;
-        let _permit = match &remote.depth {
-            // A command waiting for the depth limit is aborted without reaching the remote.
-            Some(s) => Some(tokio::select! {
-                biased;
-                () = abort.cancelled() => {
-                    return Err(ForwardError::Aborted(Error::TaskAborted("ABORT TASK".into())))
+        // Set once a remote session of several connections was lost under this command.
+        let mut lost_at: Option<Instant> = None;
+        let mut backoff = ipsan_initiator::recovery::BACKOFF_START;
+        loop {
+            if abort.is_cancelled() && lost_at.is_some() {
+                return Err(ForwardError::Aborted(Error::TaskAborted(
+                    "ABORT TASK".into(),
+                )));
+            }
+            if self.get(spec).is_none() {
+                // A LUN added after the host logged in, a target reached by REPORT LUNS, or a
+                // remote session of several connections being recovered.
+                if let Err(e) = self.open(spec).await {
+                    // A command that came while the session recovers waits for it too.
+                    lost_at = lost_at.or_else(|| self.recovering_since(spec));
+                    match (lost_at, spec.session.recovery_timeout) {
+                        (Some(since), Some(limit)) if since.elapsed() < limit => {
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(ipsan_initiator::recovery::BACKOFF_MAX);
+                            continue;
+                        }
+                        _ => return Err(ForwardError::Lost(e)),
+                    }
                 }
-                p = s.acquire() => p.map_err(|_| {
-                    ForwardError::Lost(Error::ConnectionLost(ConnectionLoss::Local(
-                        LocalClose::SessionClosed,
-                    )))
-                })?,
-            }),
-            None => None,
-        };
-        // A bidirectional command is carried as its write (ipsan's initiator has no
-        // bidirectional form); neither bit with an EDTL is carried as a read.
-        let dir = if write {
-            DataDir::Write(data_out)
-        } else if read || read_len > 0 {
-            DataDir::Read(BytesMut::new(), read_len)
-        } else {
-            DataDir::None
-        };
-        match remote
-            .session
-            .command_to_abortable(raw_lun(remote_lun), c, dir, abort)
-            .await
-        {
-            Ok(p) => Ok(p),
-            // In flight when the remote connection failed and not safe to send twice (COMPARE
-            // AND WRITE, PERSISTENT RESERVE OUT, ...): the retryable CHECK CONDITION recovery
-            // gives it goes to the host, whose SCSI layer decides, as after a path failure.
-            Err(Error::NotReissued { sense, .. }) => Ok(Passthrough {
-                status: ipsan_scsi::ScsiStatus::CHECK_CONDITION.0,
-                sense: Some(Bytes::from(sense.to_fixed())),
-                data: BytesMut::new(),
-                residual: 0,
-            }),
-            Err(e @ Error::TaskAborted(_)) => Err(ForwardError::Aborted(e)),
-            Err(e @ Error::InvalidRequest(_)) => Err(ForwardError::Refused(e.to_string())),
-            Err(e) => Err(ForwardError::Lost(e)),
+            }
+            let remote = self
+                .get(spec)
+                .ok_or_else(|| ForwardError::Refused("remote session not open".into()))?;
+            let _permit = match &remote.depth {
+                // A command waiting for the depth limit is aborted without reaching the remote.
+                Some(s) => Some(tokio::select! {
+                    biased;
+                    () = abort.cancelled() => {
+                        return Err(ForwardError::Aborted(Error::TaskAborted("ABORT TASK".into())))
+                    }
+                    p = s.acquire() => p.map_err(|_| {
+                        ForwardError::Lost(Error::ConnectionLost(ConnectionLoss::Local(
+                            LocalClose::SessionClosed,
+                        )))
+                    })?,
+                }),
+                None => None,
+            };
+            // A bidirectional command is carried as its write (ipsan's initiator has no
+            // bidirectional form); neither bit with an EDTL is carried as a read.
+            let dir = if write {
+                DataDir::Write(data_out.clone())
+            } else if read || read_len > 0 {
+                DataDir::Read(BytesMut::new(), read_len)
+            } else {
+                DataDir::None
+            };
+            match remote
+                .session
+                .command(raw_lun(remote_lun), c, dir, abort)
+                .await
+            {
+                Ok(p) => return Ok(p),
+                // Several connections, one lost: the session is over (ErrorRecoveryLevel 0).
+                // Logged in again by the next pass, within the recovery timeout; this command
+                // goes again if it may run twice, as a one-connection session's recovery does.
+                Err(e @ Error::ConnectionLost(_))
+                    if matches!(remote.session, Link::Many(_))
+                        && spec.session.recovery_timeout.is_some() =>
+                {
+                    let since = *lost_at.get_or_insert(self.retire(spec, &remote, &e));
+                    let limit = spec.session.recovery_timeout.unwrap_or_default();
+                    if !ipsan_initiator::recovery::is_idempotent(c[0]) {
+                        self.note(spec, false);
+                        return Ok(not_reissued(ipsan_initiator::recovery::not_reissued_sense()));
+                    }
+                    if since.elapsed() >= limit {
+                        return Err(ForwardError::Lost(e));
+                    }
+                    self.note(spec, true);
+                }
+                // In flight when the remote connection failed and not safe to send twice
+                // (COMPARE AND WRITE, PERSISTENT RESERVE OUT, ...): the retryable CHECK
+                // CONDITION recovery gives it goes to the host, whose SCSI layer decides, as
+                // after a path failure.
+                Err(Error::NotReissued { sense, .. }) => return Ok(not_reissued(sense)),
+                Err(e @ Error::TaskAborted(_)) => return Err(ForwardError::Aborted(e)),
+                Err(e @ Error::InvalidRequest(_)) => {
+                    return Err(ForwardError::Refused(e.to_string()))
+                }
+                Err(e) => return Err(ForwardError::Lost(e)),
+            }
         }
     }
 
@@ -314,7 +564,7 @@ impl RemoteNexus {
     /// session could not carry it.
     pub async fn lun_reset(&self, spec: &RemoteSpec, remote_lun: u64) -> TmfResponse {
         let r = match self.get(spec) {
-            Some(remote) => remote.session.lun_reset_to(raw_lun(remote_lun)).await,
+            Some(remote) => remote.session.lun_reset(raw_lun(remote_lun)).await,
             None => Err(Error::ConnectionLost(ConnectionLoss::Local(
                 LocalClose::SessionClosed,
             ))),
@@ -352,6 +602,17 @@ impl RemoteNexus {
                 }
             }
         }
+    }
+}
+
+/// The answer to a command in flight at a connection loss that is not sent again: CHECK
+/// CONDITION with the retryable not-reissued sense ([`ipsan_initiator::recovery`]).
+fn not_reissued(sense: ipsan_initiator::scsi::Sense) -> Passthrough {
+    Passthrough {
+        status: ipsan_scsi::ScsiStatus::CHECK_CONDITION.0,
+        sense: Some(Bytes::from(sense.to_fixed())),
+        data: BytesMut::new(),
+        residual: 0,
     }
 }
 

@@ -1,4 +1,5 @@
-//! Byte-addressed I/O on one LUN through an initiator [`Session`]: what `ipsan attach`'s FUSE
+//! Byte-addressed I/O on one LUN through an initiator session ([`Link`]: a [`Session`], or an
+//! [`McsSession`] of several connections with `--connections`): what `ipsan attach`'s FUSE
 //! file does for each read, write and sync, independent of FUSE.
 //!
 //! - Reads and writes are split into SCSI commands of at most `max_io` bytes; each command
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::scsi::Capacity;
-use ipsan_initiator::Session;
+use ipsan_initiator::{DataDir, McsSession, Session};
 use tokio::sync::Semaphore;
 
 use super::ranges::RangeLocks;
@@ -42,10 +43,77 @@ pub enum IoError {
     PastEnd(u64),
 }
 
+/// The session a mount's commands go on: one connection (with session recovery,
+/// `--recovery-timeout`), or several (`--connections N`, RFC 7143 §4.2; no recovery yet: a
+/// lost connection ends the session).
+#[derive(Debug)]
+pub enum Link {
+    One(Session),
+    Many(McsSession),
+}
+
+impl Link {
+    /// The LUN's capacity READ CAPACITY found when the session opened.
+    pub fn capacity(&self) -> Option<Capacity> {
+        match self {
+            Link::One(s) => s.capacity(),
+            Link::Many(s) => s.capacity(),
+        }
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        match self {
+            Link::One(_) => 1,
+            Link::Many(s) => s.connections(),
+        }
+    }
+
+    /// Why the session failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        match self {
+            Link::One(s) => s.failure(),
+            Link::Many(s) => s.failure(),
+        }
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> Result<BytesMut, ipsan_initiator::Error> {
+        match self {
+            Link::One(s) => s.read(lba, blocks).await,
+            Link::Many(s) => s.read(lba, blocks).await,
+        }
+    }
+
+    async fn write(&self, lba: u64, data: Bytes) -> Result<(), ipsan_initiator::Error> {
+        match self {
+            Link::One(s) => s.write(lba, data).await,
+            Link::Many(s) => s.write(lba, data).await,
+        }
+    }
+
+    async fn sync_cache(&self) -> Result<(), ipsan_initiator::Error> {
+        match self {
+            Link::One(s) => s.sync_cache().await,
+            Link::Many(s) => s
+                .command(ipsan_initiator::scsi::sync_cache10(), DataDir::None)
+                .await
+                .map(|_| ()),
+        }
+    }
+
+    /// Logout (RFC 7143 §11.14).
+    pub async fn logout(self) -> Result<(), ipsan_initiator::Error> {
+        match self {
+            Link::One(s) => s.logout().await,
+            Link::Many(s) => s.logout().await,
+        }
+    }
+}
+
 /// One LUN behind a logged-in session.
 #[derive(Debug)]
 pub struct LunIo {
-    session: Arc<Session>,
+    session: Arc<Link>,
     block_len: u64,
     capacity: u64,
     max_io: u64,
@@ -57,7 +125,7 @@ pub struct LunIo {
 
 impl LunIo {
     /// I/O on `session`'s LUN with at most `depth` commands in flight.
-    pub fn new(session: Arc<Session>, cap: Capacity, depth: usize) -> Self {
+    pub fn new(session: Arc<Link>, cap: Capacity, depth: usize) -> Self {
         let block_len = u64::from(cap.block_len);
         // A whole number of blocks, at least one.
         let max_io = (MAX_IO as u64 / block_len).max(1) * block_len;
@@ -294,7 +362,7 @@ mod tests {
             .await
             .unwrap();
         let cap = s.capacity().unwrap();
-        (h, Arc::new(LunIo::new(Arc::new(s), cap, depth)))
+        (h, Arc::new(LunIo::new(Arc::new(Link::One(s)), cap, depth)))
     }
 
     fn pattern(seed: u8, len: usize) -> Vec<u8> {

@@ -93,6 +93,11 @@ struct McsInner {
     session: mcs::Session,
     conns: Vec<Arc<McsConn>>,
     waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
+    /// The LUN of each command in flight (a LOGICAL UNIT RESET ends the LU's tasks on every
+    /// connection: [`McsSession::lun_reset_to`]).
+    luns: HashMap<u32, u64>,
+    /// Task management requests waiting for their response, by the TMF's ITT.
+    tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
     /// Commands that ended on each connection so far, by CID.
     placed: HashMap<u16, u64>,
     /// The first connection loss: the session is over (ERL 0).
@@ -169,6 +174,7 @@ impl McsCore {
                         if let Some(cid) = cid {
                             *g.placed.entry(cid).or_default() += 1;
                         }
+                        g.luns.remove(&itt);
                         if let Some(tx) = g.waiters.remove(&itt) {
                             let _ = tx.send(result);
                         }
@@ -196,7 +202,11 @@ impl McsCore {
                     mcs::Event::TimeoutStep { cid, itt, step } => {
                         tracing::warn!(cid, itt, ?step, "command timed out");
                     }
-                    mcs::Event::TaskManagement { .. } => {}
+                    mcs::Event::TaskManagement { itt, response, .. } => {
+                        if let Some(tx) = g.tmf_waiters.remove(&itt) {
+                            let _ = tx.send(response);
+                        }
+                    }
                     mcs::Event::Reassigned { itt, cid, outcome } => {
                         tracing::debug!(itt, cid, ?outcome, "task reassigned");
                         match outcome {
@@ -241,6 +251,10 @@ impl McsCore {
                         .close(Instant::now(), cid, Side::Initiator, CloseReason::Local);
                 }
             }
+        }
+        if g.ended.is_some() {
+            // Unanswered task management fails with the session.
+            g.tmf_waiters.clear();
         }
         if g.ended.is_some() && g.session.open_connections() == 0 {
             // Whatever the engine did not end (nothing should be left) ends here.
@@ -372,6 +386,8 @@ impl McsSession {
                 session,
                 conns: Vec::new(),
                 waiters: HashMap::new(),
+                luns: HashMap::new(),
+                tmf_waiters: HashMap::new(),
                 placed: HashMap::new(),
                 ended: None,
                 timer_at: None,
@@ -468,7 +484,96 @@ impl McsSession {
     /// One SCSI command to the session's LUN; a non-GOOD status is [`Error::Scsi`]. With Seal,
     /// the data is sealed (and Data-In opened) under the keys of the connection it goes on.
     pub async fn command(&self, cdb: [u8; 16], dir: DataDir) -> Result<Completion> {
-        let lun = self.lun;
+        self.exchange(self.lun, cdb, dir, self.timed, None)
+            .await?
+            .into_completion()
+    }
+
+    /// [`Session::command_to`] on this session: `cdb` to LUN `lun` (the raw 8-byte LUN field),
+    /// answered as the target answered, whatever the status (a gateway's remote leg). No
+    /// command timeout applies (the host times its commands out).
+    pub async fn command_to(&self, lun: u64, cdb: [u8; 16], dir: DataDir) -> Result<Passthrough> {
+        self.exchange(lun, cdb, dir, false, None).await
+    }
+
+    /// [`McsSession::command_to`] that `abort` can end: once it is cancelled, ABORT TASK goes
+    /// on the command's connection (its allegiance, RFC 7143 §11.5.1) and the command ends
+    /// with [`Error::TaskAborted`] when the target ended it, or with its own answer if that
+    /// came first or the target refused the abort (§11.6.1). A gateway forwards its host's
+    /// aborts this way.
+    pub async fn command_to_abortable(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        abort: &tokio_util::sync::CancellationToken,
+    ) -> Result<Passthrough> {
+        self.exchange(lun, cdb, dir, false, Some(abort)).await
+    }
+
+    /// LOGICAL UNIT RESET of LUN `lun` (the raw 8-byte LUN field; RFC 7143 §11.5.1) on one
+    /// connection. The target ends the LU's tasks of every connection; the engine ends this
+    /// session's on the reset's connection, and those on the others end here with an ABORT
+    /// TASK each (answered "task does not exist", §11.6.1), so none waits for a status that
+    /// will not come. Fails with [`Error::TaskManagement`] if the target refuses the reset.
+    pub async fn lun_reset_to(&self, lun: u64) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        let cid = self.core.with(true, |g| {
+            if let Some(e) = &g.ended {
+                return Err(Error::ConnectionLost(e.clone()));
+            }
+            let (cid, itt) =
+                g.session
+                    .lun_reset(Instant::now(), lun)
+                    .ok_or(Error::ConnectionLost(ConnectionLoss::Local(
+                        LocalClose::Unknown,
+                    )))?;
+            g.tmf_waiters.insert(itt, tx);
+            Ok(cid)
+        })??;
+        let response = rx.await.map_err(|_| self.core.lost())?;
+        if response != TmfResponse::FUNCTION_COMPLETE {
+            return Err(Error::TaskManagement(response.0));
+        }
+        self.core.with(true, |g| {
+            let now = Instant::now();
+            let others: Vec<u32> = g
+                .luns
+                .iter()
+                .filter(|&(itt, l)| {
+                    *l == lun && g.session.allegiance(*itt).is_some_and(|c| c != cid)
+                })
+                .map(|(itt, _)| *itt)
+                .collect();
+            for itt in others {
+                g.session.abort(now, itt);
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Why the session ended, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.core
+            .lock()
+            .ok()
+            .and_then(|g| g.ended.as_ref().map(ToString::to_string))
+    }
+
+    /// One command, answered with any status (the one path of [`McsSession::command`] and
+    /// [`McsSession::command_to`]). `timed`: [`SessionConfig::command_timeout`] applies;
+    /// `abort`: the caller's token (see [`McsSession::command_to_abortable`]).
+    async fn exchange(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        timed: bool,
+        abort: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Passthrough> {
+        if abort.is_some_and(tokio_util::sync::CancellationToken::is_cancelled) {
+            return Err(Error::TaskAborted("ABORT TASK".into()));
+        }
         // Sealed: the connection first (its data is made for it, under its keys). Plain: the
         // engine places the command when the window lets it go, on the load of that moment.
         let (cid, itt, t) = self.core.with(false, |g| {
@@ -519,7 +624,7 @@ impl McsSession {
             lun,
             cdb,
             data,
-            timed: self.timed,
+            timed,
         };
         let (tx, rx) = oneshot::channel();
         self.core.with(true, |g| {
@@ -537,9 +642,27 @@ impl McsSession {
                 e => Error::InvalidRequest(format!("submit: {e}")),
             })?;
             g.waiters.insert(itt, tx);
+            g.luns.insert(itt, lun);
             Ok::<_, Error>(())
         })??;
-        let r = rx.await.map_err(|_| self.core.lost())?;
+        let r = match abort {
+            None => rx.await,
+            Some(a) => {
+                let mut rx = rx;
+                tokio::select! {
+                    biased;
+                    r = &mut rx => r,
+                    () = a.cancelled() => {
+                        // The engine ends the task when the target confirms the abort; a
+                        // refused abort leaves it to its own answer.
+                        tracing::debug!(itt, "ABORT TASK asked by the caller");
+                        self.core.with(true, |g| g.session.abort(Instant::now(), itt))?;
+                        rx.await
+                    }
+                }
+            }
+        }
+        .map_err(|_| self.core.lost())?;
         let c = match r {
             Ok(c) => c,
             Err(e) => return Err(self.task_error(e)),
@@ -551,11 +674,12 @@ impl McsSession {
             residual: c.residual,
         };
         if let (Some(t), Some(_)) = (&t, read_len) {
-            if p.status == 0 {
+            // Whatever the status: data that came is sealed (a status without data has none).
+            if !p.data.is_empty() {
                 p.data = t.inbound(info, p.data).await?;
             }
         }
-        p.into_completion()
+        Ok(p)
     }
 
     fn task_error(&self, e: TaskError) -> Error {

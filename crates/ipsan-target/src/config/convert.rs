@@ -310,6 +310,10 @@ pub(super) fn remote_from(
             .map_err(|e| err(format!("{field}.tcp_congestion"), e.to_string()))?;
         session.tcp = Some(t);
     }
+    let connections = l.connections.unwrap_or(crate::remote::DEFAULT_CONNECTIONS);
+    if !(1..=64).contains(&connections) {
+        return Err(err(format!("{field}.connections"), "must be in 1..=64"));
+    }
     if l.chap_relay && l.chap_user.is_some() {
         return Err(err(
             format!("{field}.chap_relay"),
@@ -317,7 +321,7 @@ pub(super) fn remote_from(
         ));
     }
     let source = format!(
-        "{} seal={} depth={} tcp={} chap={}",
+        "{} seal={} depth={} tcp={} chap={} connections={connections}",
         l.backend,
         l.seal.as_deref().unwrap_or("off"),
         l.depth.map_or("window".to_owned(), |d| d.to_string()),
@@ -336,6 +340,9 @@ pub(super) fn remote_from(
         source,
         chap_relay: l.chap_relay,
         compress: false,
+        connections,
+        spread: ipsan_initiator::Spread::default(),
+        granted: std::sync::Arc::default(),
     })
 }
 
@@ -346,7 +353,8 @@ pub(super) fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigErro
         || l.tcp_congestion.is_some()
         || l.chap_user.is_some()
         || l.chap_secret_file.is_some()
-        || l.chap_relay;
+        || l.chap_relay
+        || l.connections.is_some();
     if l.backend.starts_with("iscsi://") {
         let remote = remote_from(field, l)?;
         return Ok(LunConfig {
@@ -366,7 +374,7 @@ pub(super) fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigErro
     if remote_only {
         return Err(err(
             field.to_owned(),
-            "seal, secret_file, depth, tcp_congestion, chap_user, chap_secret_file and chap_relay apply to iscsi:// backends only",
+            "seal, secret_file, depth, tcp_congestion, chap_user, chap_secret_file, chap_relay and connections apply to iscsi:// backends only",
         ));
     }
     let mut backend: BackendSpec = l

@@ -301,6 +301,11 @@ pub struct FileLun {
     /// of the target reaches this one remote target and the target has no CHAP of its own.
     #[serde(default, skip_serializing_if = "is_false")]
     pub chap_relay: bool,
+    /// iscsi: connections per remote session asked for (MaxConnections offered, RFC 7143
+    /// §4.2), 1..=64, default 4: used when the far end grants several (ipsan does; tgtd and
+    /// LIO answer 1); 1 never offers more (docs/gateway.md "Several connections").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u16>,
 }
 
 impl FileConfig {
@@ -405,6 +410,7 @@ impl FileLun {
             chap_user: None,
             chap_secret_file: None,
             chap_relay: false,
+            connections: None,
         }
     }
 
