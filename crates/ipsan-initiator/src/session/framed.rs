@@ -76,7 +76,7 @@ async fn writer_inner(
         let woken = shared.st.wake_writer.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let closed = shared
+        let (closed, in_flight) = shared
             .with_io(true, |g| {
                 let mut bytes = 0usize;
                 // Batch what is queued so many small PDUs go out in one syscall.
@@ -87,7 +87,8 @@ async fn writer_inner(
                     bytes += p.data.len();
                     batch.push(p);
                 }
-                g.session.connection().closed().is_some()
+                let conn = g.session.connection();
+                (conn.closed().is_some(), conn.tasks_in_flight())
             })
             .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
         if batch.is_empty() {
@@ -95,6 +96,16 @@ async fn writer_inner(
                 break;
             }
             woken.await;
+            if in_flight > 1 {
+                // Woken by a submission while other commands are out: their answers wake
+                // their callers, who submit again right after. Let the tasks that are ready
+                // run first, so one write carries their commands too. Otherwise a
+                // multi-thread runtime runs the writer at once (the woken task runs next)
+                // and sends nearly every 4 KiB command in a `writev` of its own: 0.75 per
+                // command at depth 32, each a loopback segment (issue 27). A lone command
+                // (depth 1) is sent at once.
+                tokio::task::yield_now().await;
+            }
             continue;
         }
         let tr = shared.core.observer.get();
