@@ -21,9 +21,10 @@
 //! - [`FrameWriter`]: one framed write side (codec, the record sealer, a vectored batch).
 //! - [`forgery`], [`PushError`]: what a sealed read or a push failed with.
 
-use bytes::BytesMut;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use ipsan_seal::{Forgery, ReadError, RecordOpener, RecordSealer};
-use iscsi_wire::{Codec, Pdu, WireError};
+use iscsi_wire::header::DataIn;
+use iscsi_wire::{Codec, Header, Opcode, Pdu, WireError, BHS_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// How much a [`FrameReader`] receives into at a time.
@@ -52,6 +53,27 @@ pub struct FrameReader<R> {
     hand_over: bool,
     /// The next receive buffer, given back by [`FrameReader::recycle`].
     spare: Option<BytesMut>,
+    /// After a segment received in place ([`FrameReader::next_placing`]), the next receive
+    /// into an empty buffer takes one BHS only: the PDU behind it is likely the same READ's
+    /// next Data-In, whose segment should go in place too, not into this buffer.
+    header_first: bool,
+    /// The caller declined to place the PDU at the front of the buffer: not asked again.
+    declined: bool,
+}
+
+/// What [`FrameReader::next_placing`] received.
+#[derive(Debug)]
+pub enum Received {
+    /// A PDU as [`FrameReader::next`] gives it (or the codec's error about it).
+    Pdu(Result<Pdu, WireError>),
+    /// A Data-In whose segment was received into the buffer the caller lent (`data`, exactly
+    /// the segment's bytes); `pdu.data` is empty.
+    Placed {
+        /// The Data-In PDU, without its data.
+        pdu: Pdu,
+        /// The buffer the caller lent, holding the segment.
+        data: BytesMut,
+    },
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -64,6 +86,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             record: None,
             hand_over: false,
             spare: None,
+            header_first: false,
+            declined: false,
         }
     }
 
@@ -118,6 +142,116 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// The stream it reads from (to query the socket under it).
     pub fn get_ref(&self) -> &R {
         &self.rd
+    }
+
+    /// [`FrameReader::next`], with a Data-In of at least [`HAND_OVER_MIN`] bytes received in
+    /// place where `lend` gives a buffer for it (issue 27: a READ whose data comes in several
+    /// Data-In PDUs is received into the command's own buffer, not copied there from this
+    /// one). `lend(header, len)` is asked once the PDU's BHS is in and its segment is not yet
+    /// whole in this reader's buffer; it returns an empty `BytesMut` with room for `len`
+    /// bytes, or `None` to receive the PDU as usual. Only plain connections without digests
+    /// place (a sealed PDU is verified whole before anything of it is used, docs/seal.md §4a;
+    /// a digest covers bytes that would then be spread over two buffers): otherwise, and for
+    /// every other PDU, this is [`FrameReader::next`].
+    pub async fn next_placing<F>(&mut self, mut lend: F) -> std::io::Result<Option<Received>>
+    where
+        F: FnMut(&DataIn, usize) -> Option<BytesMut>,
+    {
+        let may_place =
+            self.record.is_none() && !self.codec.header_digest && !self.codec.data_digest;
+        if !may_place {
+            return Ok(self.next().await?.map(Received::Pdu));
+        }
+        loop {
+            if !self.declined {
+                if let Some((h, len)) = self.long_data_in_ahead() {
+                    match lend(&h, len) {
+                        Some(data) => return self.place(h, len, data).await.map(Some),
+                        None => self.declined = true,
+                    }
+                }
+            }
+            if let Some(r) = self.try_next() {
+                self.declined = false;
+                return r.map(|o| o.map(Received::Pdu));
+            }
+            if self.buf.capacity() - self.buf.len() < 64 * 1024 {
+                self.buf.reserve(RECEIVE_BUFFER);
+            }
+            let n = if self.header_first && self.buf.is_empty() {
+                self.header_first = false;
+                let mut bhs = (&mut self.buf).limit(BHS_LEN);
+                self.rd.read_buf(&mut bhs).await?
+            } else {
+                self.rd.read_buf(&mut self.buf).await?
+            };
+            if n == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The Data-In at the front of the buffer, when its BHS is in, its segment is long
+    /// enough to place and not yet whole here, and it has no AHS (one a Data-In never has).
+    fn long_data_in_ahead(&self) -> Option<(DataIn, usize)> {
+        let raw: &[u8; BHS_LEN] = self.buf.get(..BHS_LEN)?.try_into().ok()?;
+        if Opcode(raw[0] & 0x3f) != Opcode::SCSI_DATA_IN || raw[4] != 0 {
+            return None;
+        }
+        let dsl = (usize::from(raw[5]) << 16) | (usize::from(raw[6]) << 8) | usize::from(raw[7]);
+        if dsl < HAND_OVER_MIN
+            || dsl > self.codec.max_recv_data_segment_length as usize
+            || self.buf.len() >= BHS_LEN + iscsi_wire::pad4(dsl)
+        {
+            // Too short to be worth it, refused by the codec (`try_next` reports it), or
+            // already here whole (`try_next` takes it; hand-over mode avoids its copy).
+            return None;
+        }
+        match Header::parse(raw) {
+            Ok(Header::DataIn(h)) => Some((h, dsl)),
+            _ => None,
+        }
+    }
+
+    /// Receives the Data-In at the front of the buffer (see [`FrameReader::long_data_in_ahead`])
+    /// into `data`: what of its segment is already here is copied, the rest is read from the
+    /// stream straight into `data`, never past the segment's end.
+    async fn place(
+        &mut self,
+        h: DataIn,
+        len: usize,
+        mut data: BytesMut,
+    ) -> std::io::Result<Received> {
+        self.buf.advance(BHS_LEN);
+        let here = self.buf.len().min(len);
+        data.extend_from_slice(&self.buf[..here]);
+        self.buf.advance(here);
+        let mut left = len - here;
+        while left > 0 {
+            let mut rest = (&mut data).limit(left);
+            let n = self.rd.read_buf(&mut rest).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            left -= n;
+        }
+        let pad = iscsi_wire::pad4(len) - len;
+        while self.buf.len() < pad {
+            if self.rd.read_buf(&mut self.buf).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        self.buf.advance(pad);
+        // A split READ's Data-In is followed by more (its own rest, or the next READ's): the
+        // next receive takes one BHS, so their segments are placed too. A one-PDU read
+        // (offset 0, final) arrives whole in one receive as a rule, and hand-over mode spares
+        // its copy without a receive of its own for the BHS.
+        self.header_first = !(h.final_ && h.buffer_offset == 0);
+        self.declined = false;
+        Ok(Received::Placed {
+            pdu: Pdu::new(h, Bytes::new()),
+            data,
+        })
     }
 
     /// The next PDU, `Ok(None)` on a clean close. A plain connection's codec errors come back
@@ -231,7 +365,6 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use iscsi_wire::header::NopOut;
 
     #[tokio::test]
@@ -338,6 +471,98 @@ mod tests {
             let third = r.next().await.unwrap().unwrap().unwrap();
             assert_eq!((third.header.itt(), &third.data[..]), (3, &long[..]));
             assert!(r.next().await.unwrap().is_none());
+        }
+    }
+
+    /// Placement (issue 27): a Data-In whose segment is not yet whole in the reader's buffer
+    /// is received into the buffer the caller lends, every byte in order and nothing past
+    /// the segment's end (the PDU after it is read as usual); two Data-In of one READ land
+    /// back to back in the caller's one allocation. With digests nothing is placed (a digest
+    /// covers bytes that would be spread over two buffers) and the same bytes come as PDUs.
+    #[tokio::test]
+    async fn accepts_a_data_in_segment_received_in_place_into_a_lent_buffer() {
+        const LEN: usize = 40_000;
+        let byte = |i: usize| (i % 251) as u8;
+        for digests in [false, true] {
+            // A pipe much smaller than a segment: the reader sees a BHS long before its data.
+            let (a, b) = tokio::io::duplex(4096);
+            let codec = Codec {
+                header_digest: digests,
+                data_digest: digests,
+                max_recv_data_segment_length: 256 * 1024,
+            };
+            let mut w = FrameWriter::new(a);
+            w.codec = codec.clone();
+            let sender = tokio::spawn(async move {
+                for n in 0..2u32 {
+                    let h = DataIn {
+                        final_: n == 1,
+                        itt: 7,
+                        data_sn: n,
+                        buffer_offset: n * LEN as u32,
+                        ..DataIn::default()
+                    };
+                    let data: Vec<u8> = (0..LEN).map(|i| byte(n as usize * LEN + i)).collect();
+                    w.push(Pdu::new(h, Bytes::from(data))).unwrap();
+                }
+                let nop = NopOut {
+                    itt: 9,
+                    ..NopOut::default()
+                };
+                w.push(Pdu::new(nop, Bytes::from(vec![3u8; 100]))).unwrap();
+                w.flush().await.unwrap();
+                w.shutdown().await.unwrap();
+            });
+            let mut r = FrameReader::new(b);
+            r.codec = codec;
+            r.hand_over(true);
+            let mut dest = BytesMut::with_capacity(2 * LEN);
+            let dest_at = dest.as_ptr();
+            let mut placed = 0;
+            let mut lent = 0;
+            let mut whole = Vec::new();
+            loop {
+                let got = r
+                    .next_placing(|h, len| {
+                        lent += 1;
+                        assert_eq!((h.itt, h.buffer_offset as usize), (7, dest.len()));
+                        assert_eq!(len, LEN);
+                        let at = dest.len();
+                        Some(dest.split_off(at))
+                    })
+                    .await
+                    .unwrap();
+                match got {
+                    None => break,
+                    Some(Received::Placed { pdu, data }) => {
+                        placed += 1;
+                        assert!(pdu.data.is_empty());
+                        assert_eq!(data.len(), LEN);
+                        dest.unsplit(data);
+                    }
+                    Some(Received::Pdu(pdu)) => {
+                        let pdu = pdu.unwrap();
+                        if pdu.header.itt() == 7 {
+                            dest.extend_from_slice(&pdu.data);
+                        }
+                        whole.push((pdu.header.itt(), pdu.data.len()));
+                    }
+                }
+            }
+            sender.await.unwrap();
+            let want: Vec<u8> = (0..2 * LEN).map(byte).collect();
+            assert!(
+                dest[..] == want[..],
+                "digests {digests}: bytes out of place"
+            );
+            if digests {
+                assert_eq!((lent, placed), (0, 0), "placed despite digests");
+                assert_eq!(whole, [(7, LEN), (7, LEN), (9, 100)]);
+            } else {
+                assert_eq!((lent, placed), (2, 2));
+                assert_eq!(dest.as_ptr(), dest_at, "one allocation, no copy");
+                assert_eq!(whole, [(9, 100)], "the PDU after them as usual");
+            }
         }
     }
 

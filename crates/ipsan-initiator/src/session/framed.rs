@@ -4,7 +4,7 @@
 //! in to the engine. The framing itself is the target's too: one implementation.
 
 use super::*;
-use ipsan_transport::{FrameReader, FrameWriter, PushError};
+use ipsan_transport::{FrameReader, FrameWriter, PushError, Received};
 
 /// Runs the engine's timers: NOP-Out keepalive and its timeout, command timeouts and their
 /// escalation, task management timeouts. It only passes the time in.
@@ -146,12 +146,13 @@ pub(super) fn observe_sent(tr: Option<&Observer>, pdu: &Pdu) {
     }
 }
 
-/// Observer events for a PDU arriving (see [`crate::observe`]).
-pub(super) fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
+/// Observer events for a PDU arriving (see [`crate::observe`]); `placed`: the length of a
+/// Data-In segment received in place (the PDU's own data is empty then).
+pub(super) fn observe_received(tr: Option<&Observer>, pdu: &Pdu, placed: Option<usize>) {
     let Some(tr) = tr else { return };
     match &pdu.header {
         Header::DataIn(h) => {
-            let len = pdu.data.len() as u64;
+            let len = placed.unwrap_or(pdu.data.len()) as u64;
             if h.buffer_offset == 0 {
                 tr.on_event(h.itt, CommandEvent::DataInFirst, 0, len);
             }
@@ -187,12 +188,22 @@ pub(super) fn observe_received(tr: Option<&Observer>, pdu: &Pdu) {
 pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
     let tr = shared.core.observer.get().cloned();
     // A READ whose data comes in one Data-In gets that segment as its buffer (no copy); the
-    // buffer it brought comes back here to receive into (issue 27).
+    // buffer it brought comes back here to receive into. A READ whose data comes in several
+    // is received into its own buffer in place (issue 27).
     rd.hand_over(true);
+    // Lending changes nothing the writer or a waiter cares about: no wake-up.
+    let lend = |h: &iscsi_wire::header::DataIn, len: usize| {
+        shared
+            .with_io(true, |g| {
+                g.session.lend_read_buffer(h.itt, h.buffer_offset, len)
+            })
+            .ok()
+            .flatten()
+    };
     loop {
-        match rd.next().await {
-            Ok(Some(Ok(pdu))) => {
-                observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu);
+        match rd.next_placing(lend).await {
+            Ok(Some(Received::Pdu(Ok(pdu)))) => {
+                observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu, None);
                 let spare = shared.with_io(false, |g| {
                     g.session.handle_pdu(Instant::now(), pdu);
                     g.session.take_spare_buffer()
@@ -203,7 +214,17 @@ pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Share
                     Err(_) => return,
                 }
             }
-            Ok(Some(Err(e))) => {
+            Ok(Some(Received::Placed { pdu, data })) => {
+                let len = Some(data.len());
+                observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu, len);
+                let handled = shared.with_io(false, |g| {
+                    g.session.handle_placed_data_in(Instant::now(), pdu, data)
+                });
+                if handled.is_err() {
+                    return;
+                }
+            }
+            Ok(Some(Received::Pdu(Err(e)))) => {
                 shared.kill(ConnectionLoss::Framing(e));
                 return;
             }

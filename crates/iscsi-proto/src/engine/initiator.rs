@@ -298,6 +298,22 @@ enum TmfKind {
     RecoveryLogout(u16),
 }
 
+/// A Data-In segment: received as bytes of its own, or received in place into the free end
+/// of the task's buffer ([`Connection::lend_read_buffer`]).
+enum Segment {
+    Received(Bytes),
+    Placed(BytesMut),
+}
+
+impl Segment {
+    fn len(&self) -> usize {
+        match self {
+            Segment::Received(b) => b.len(),
+            Segment::Placed(b) => b.len(),
+        }
+    }
+}
+
 /// A task taken out of its connection ([`Connection::take_task`]) to go on another
 /// ([`Connection::adopt_task`]): ErrorRecoveryLevel 2's connection allegiance reassignment
 /// (RFC 7143 §7.2.2) moves it whole.
@@ -493,6 +509,43 @@ impl Connection {
     /// next, so the buffers go round without an allocation per command.
     pub fn take_spare_buffer(&mut self) -> Option<BytesMut> {
         self.spare.take()
+    }
+
+    /// Where a Data-In segment of `len` bytes at `offset` for task `itt` can be received in
+    /// place (issue 27: a READ whose data comes in several Data-In PDUs): the free end of the
+    /// command's own buffer, from `offset` on, as a `BytesMut` of its own. The driver receives
+    /// at most `len` bytes into it and gives it back with the PDU
+    /// ([`Connection::handle_placed_data_in`]), which joins it to the data before it without a
+    /// copy. `None` (receive the segment as usual) unless the task is sent, reads, and
+    /// `offset` is where its data goes on (§13.18: DataPDUInOrder=Yes) with room for `len`
+    /// bytes. Nothing is changed for the task: what it received so far stays in its buffer,
+    /// so a segment lent and never given back (the connection failed) loses nothing of it.
+    pub fn lend_read_buffer(&mut self, itt: u32, offset: u32, len: usize) -> Option<BytesMut> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let t = self.tasks.get_mut(&itt)?;
+        if !matches!(t.phase, Phase::Sent(_)) || offset != t.received {
+            return None;
+        }
+        let end = u64::from(offset) + len as u64;
+        let buf = t.read.as_mut()?;
+        if buf.len() != offset as usize
+            || end > u64::from(t.read_len)
+            || buf.capacity() - buf.len() < len
+        {
+            return None;
+        }
+        let at = buf.len();
+        Some(buf.split_off(at))
+    }
+
+    /// A Data-In PDU whose segment the driver received into the buffer
+    /// [`Connection::lend_read_buffer`] lent (`data`: the segment's bytes, at the front of
+    /// it; `pdu.data` is empty). Checked and accounted as [`Connection::handle_pdu`] does any
+    /// Data-In; the segment joins the command's data in place.
+    pub fn handle_placed_data_in(&mut self, now: Instant, pdu: Pdu, data: BytesMut) {
+        self.handle(now, pdu, Some(data));
     }
 
     #[must_use]
@@ -979,6 +1032,10 @@ impl Connection {
     }
 
     pub fn handle_pdu(&mut self, now: Instant, pdu: Pdu) {
+        self.handle(now, pdu, None);
+    }
+
+    fn handle(&mut self, now: Instant, pdu: Pdu, placed: Option<BytesMut>) {
         if self.closed.is_some() {
             return;
         }
@@ -1012,7 +1069,10 @@ impl Connection {
         }
         let Pdu { header, data, .. } = pdu;
         match header {
-            Header::DataIn(h) => self.on_data_in(&h, data),
+            Header::DataIn(h) => match placed {
+                Some(p) => self.on_data_in(&h, Segment::Placed(p)),
+                None => self.on_data_in(&h, Segment::Received(data)),
+            },
             Header::ScsiResponse(h) => self.on_response(&h, &data),
             Header::R2t(h) => self.on_r2t(now, &h),
             Header::NopIn(h) => self.on_nop_in(&h, &data),
@@ -1277,7 +1337,7 @@ impl Connection {
         }
     }
 
-    fn on_data_in(&mut self, h: &DataIn, data: Bytes) {
+    fn on_data_in(&mut self, h: &DataIn, data: Segment) {
         let now_itt = h.itt;
         let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
             return;
@@ -1313,7 +1373,20 @@ impl Connection {
         }
         let n = data.len() as u32;
         let mut spare = None;
-        if off == 0 && n == t.read_len && n > 0 {
+        let data = match data {
+            Segment::Received(data) => data,
+            Segment::Placed(tail) => {
+                // Received into the free end of this buffer (`lend_read_buffer`): joined
+                // without a copy (`unsplit` copies only if it is not that memory).
+                if let Some(buf) = t.read.as_mut() {
+                    buf.unsplit(tail);
+                }
+                Bytes::new()
+            }
+        };
+        if data.is_empty() {
+            // Placed above (or an empty segment): nothing to copy.
+        } else if off == 0 && n == t.read_len && n > 0 {
             // The whole read in one PDU: its segment becomes the caller's data, no copy, when
             // nothing else holds the receive buffer it sits in (the driver's reader leaves it
             // so, `ipsan_transport::FrameReader::hand_over`); the caller's buffer then goes
@@ -1857,6 +1930,118 @@ mod tests {
             "copied into the caller's own buffer"
         );
         assert!(c.take_spare_buffer().is_none());
+    }
+
+    /// Issue 27: a READ whose data comes in several Data-In PDUs, each segment received in
+    /// place into the free end of the command's own buffer (`lend_read_buffer`): the data is
+    /// the caller's buffer, every byte where it belongs, and no segment was copied (each lent
+    /// piece is the memory right after the data before it). A lend for a Data-In that is not
+    /// the next one in order is refused, and what was lent and never given back (the
+    /// connection failed mid-segment) takes nothing from the data received before it.
+    #[test]
+    fn accepts_a_split_read_received_in_place_without_copying_it() {
+        let (mut c, now) = conn();
+        let mine = BytesMut::with_capacity(3 * 4096);
+        let mine_at = mine.as_ptr();
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0x88; 16],
+                    data: Data::Read {
+                        buf: mine,
+                        len: 3 * 4096,
+                    },
+                    timed: false,
+                },
+            )
+            .unwrap();
+        while c.poll_transmit().is_some() {}
+        let data_in = |n: u32, last: bool| DataIn {
+            final_: last,
+            status_present: last,
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 1,
+            exp_cmd_sn: 2,
+            max_cmd_sn: 16,
+            data_sn: n,
+            buffer_offset: n * 4096,
+            ..DataIn::default()
+        };
+        assert!(
+            c.lend_read_buffer(itt, 4096, 4096).is_none(),
+            "offset 4096 before offset 0"
+        );
+        assert!(
+            c.lend_read_buffer(itt, 0, 4 * 4096).is_none(),
+            "past the read's end"
+        );
+        for n in 0..3u32 {
+            let mut piece = c.lend_read_buffer(itt, n * 4096, 4096).unwrap();
+            assert_eq!(
+                piece.as_ptr(),
+                mine_at.wrapping_add(n as usize * 4096),
+                "lent right after the data so far"
+            );
+            piece.extend_from_slice(&[n as u8 + 1; 4096]);
+            c.handle_placed_data_in(now, Pdu::new(data_in(n, n == 2), Bytes::new()), piece);
+        }
+        let done = loop {
+            match c.poll_event() {
+                Some(Event::Completed { result, .. }) => break result.unwrap(),
+                Some(_) => {}
+                None => panic!("no completion"),
+            }
+        };
+        assert_eq!(done.data.as_ptr(), mine_at, "the caller's own buffer");
+        let want: Vec<u8> = (1..=3u8).flat_map(|b| [b; 4096]).collect();
+        assert_eq!(&done.data[..], &want[..]);
+
+        // Lent and never given back (the connection failed while the segment came in):
+        // the data before it stays the task's, and the segment received as usual follows it.
+        let itt = c
+            .submit(
+                now,
+                Command {
+                    lun: 0,
+                    cdb: [0x88; 16],
+                    data: Data::Read {
+                        buf: BytesMut::new(),
+                        len: 2 * 4096,
+                    },
+                    timed: false,
+                },
+            )
+            .unwrap();
+        while c.poll_transmit().is_some() {}
+        let data_in = |n: u32| DataIn {
+            final_: n == 1,
+            status_present: n == 1,
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 2,
+            exp_cmd_sn: 3,
+            max_cmd_sn: 17,
+            data_sn: n,
+            buffer_offset: n * 4096,
+            ..DataIn::default()
+        };
+        let mut piece = c.lend_read_buffer(itt, 0, 4096).unwrap();
+        piece.extend_from_slice(&[7u8; 4096]);
+        c.handle_placed_data_in(now, Pdu::new(data_in(0), Bytes::new()), piece);
+        drop(c.lend_read_buffer(itt, 4096, 4096).unwrap());
+        c.handle_pdu(now, Pdu::new(data_in(1), Bytes::from(vec![8u8; 4096])));
+        let done = loop {
+            match c.poll_event() {
+                Some(Event::Completed { result, .. }) => break result.unwrap(),
+                Some(_) => {}
+                None => panic!("no completion"),
+            }
+        };
+        let want: Vec<u8> = [[7u8; 4096], [8u8; 4096]].concat();
+        assert_eq!(&done.data[..], &want[..]);
     }
 
     #[test]

@@ -364,6 +364,18 @@ impl Session {
         self.conn.take_spare_buffer()
     }
 
+    /// The current connection's [`Connection::lend_read_buffer`].
+    pub fn lend_read_buffer(&mut self, itt: u32, offset: u32, len: usize) -> Option<BytesMut> {
+        self.conn.lend_read_buffer(itt, offset, len)
+    }
+
+    /// [`Session::handle_pdu`] of a Data-In received in place
+    /// ([`Connection::handle_placed_data_in`]).
+    pub fn handle_placed_data_in(&mut self, now: Instant, pdu: Pdu, data: BytesMut) {
+        self.conn.handle_placed_data_in(now, pdu, data);
+        self.pump(now);
+    }
+
     pub fn handle_timeout(&mut self, now: Instant) {
         self.conn.handle_timeout(now);
         self.pump(now);
