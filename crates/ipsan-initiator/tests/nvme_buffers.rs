@@ -8,6 +8,7 @@
 //! whose threads are marked, the host on this test's thread; a counting global allocator
 //! (hence a test binary of its own) counts the large allocations each side makes while the
 //! host reads, handing each read's data back as the next read's buffer as `ipsan bench` does.
+//! On the code before this test (3378dc6) the 16 measured reads made 16 on each side.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
