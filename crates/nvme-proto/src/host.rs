@@ -8,9 +8,11 @@
 //! data larger than [`COPY_MAX`] is not copied: [`HostQueue::poll_transmit`] hands out the
 //! PDU's header and the caller's payload as separate buffers, for a vectored write. Read data
 //! arrives as C2HData PDUs, in order: a command's data in one PDU (what ipsan's and Linux's
-//! targets send) is handed over as that PDU's slice of the receive buffer, without a copy;
-//! data in several PDUs is gathered into the command's own buffer. The command completes
-//! with the CapsuleResp, or with the last C2HData when it carries SUCCESS. Every fatal error
+//! targets send) is handed over as that PDU's slice of the receive buffer, without a copy (a
+//! long one alone in its buffer, which the caller owns and brings back as a later read's
+//! buffer, received into next: [`HAND_OVER_MIN`]); data in several PDUs is gathered into the
+//! command's own buffer. The command completes with the CapsuleResp, or with the last
+//! C2HData when it carries SUCCESS. Every fatal error
 //! (a malformed PDU, data outside the command, a PDU out of sequence) is answered with an
 //! H2CTermReq and ends the queue; a C2HTermReq from the controller ends it too.
 //!
@@ -35,6 +37,22 @@ pub const ADMIN_IN_CAPSULE: usize = 8192;
 
 /// The least room a read gets in the receive buffer.
 const RX_CHUNK: usize = 64 * 1024;
+
+/// The most bytes one read takes while no long PDU is being received ([`HostQueue::recv_limit`]):
+/// enough for a burst of short PDUs, never far into a long one's data.
+const READ_MAX: usize = 256 * 1024;
+
+/// A C2HData PDU carrying at least this much, all of its command's data, is handed over alone
+/// in its receive buffer: receiving goes on in another buffer (the spare), so the caller owns
+/// the data (`Bytes::try_into_mut` succeeds) and can give it back as the next read's buffer,
+/// which becomes the spare again. Long reads then reuse a few buffers instead of allocating
+/// (and the kernel zeroing) fresh memory per command.
+pub const HAND_OVER_MIN: usize = 32 * 1024;
+
+/// Bytes received past a handed-over PDU that are copied into the next receive buffer; with
+/// more behind it the PDU stays in the shared buffer ([`HostQueue::recv_limit`] keeps reads
+/// from going past a long PDU, so this is rare).
+const CARRY_MAX: usize = 4096;
 
 /// Room for headers, digests and padding around the data of one PDU.
 const PDU_OVERHEAD: u32 = 256;
@@ -159,6 +177,9 @@ pub struct HostQueue {
     inflight: HashMap<u16, Inflight>,
     next_cid: u16,
     events: VecDeque<HostEvent>,
+    /// The next receive buffer after a hand-over: a command's read buffer its data did not
+    /// need (it came in one PDU), see [`HAND_OVER_MIN`].
+    spare: Option<BytesMut>,
 }
 
 impl HostQueue {
@@ -170,13 +191,14 @@ impl HostQueue {
             cfg,
             codec,
             state: State::AwaitIcResp,
-            rx: BytesMut::with_capacity(64 * 1024),
+            rx: BytesMut::with_capacity(READ_MAX),
             tx: VecDeque::new(),
             scratch: BytesMut::new(),
             maxh2cdata: 0,
             inflight: HashMap::new(),
             next_cid: 0,
             events: VecDeque::new(),
+            spare: None,
         };
         let icreq = Pdu::IcReq(IcReq {
             pfv: PFV_1_0,
@@ -221,13 +243,68 @@ impl HostQueue {
 
     /// The receive buffer: the driver reads socket bytes into it, then calls
     /// [`HostQueue::process`]. It has room for the rest of the PDU being received (at least
-    /// 64 KiB), so a read is never a few bytes at a time.
+    /// 64 KiB), so a read is never a few bytes at a time; when it must grow, it grows to
+    /// 256 KiB at least, so a 64 KiB read's data and response come in one read, as one
+    /// system call.
     pub fn recv_buf(&mut self) -> &mut BytesMut {
-        let want = self.codec.needed(&self.rx).unwrap_or(0).max(RX_CHUNK);
+        let want = self
+            .codec
+            .needed(&self.rx)
+            .unwrap_or(0)
+            .saturating_add(CARRY_MAX)
+            .max(RX_CHUNK);
         if self.rx.capacity() - self.rx.len() < want {
-            self.rx.reserve(want);
+            self.rx.reserve(want.max(READ_MAX));
         }
         &mut self.rx
+    }
+
+    /// How many bytes the driver's next read into [`HostQueue::recv_buf`] should take at
+    /// most: the rest of a long PDU being received and at most 4 KiB past it (a response
+    /// capsule behind it still comes with the same read, and the data can be handed over
+    /// alone, [`HAND_OVER_MIN`]), otherwise up to 256 KiB.
+    #[must_use]
+    pub fn recv_limit(&self) -> usize {
+        match self.codec.frame(&self.rx) {
+            Ok(Some(plen)) if plen >= HAND_OVER_MIN && plen > self.rx.len() => {
+                plen - self.rx.len() + CARRY_MAX
+            }
+            _ => READ_MAX,
+        }
+    }
+
+    /// Keeps `buf` (a command's unused read buffer) as the next receive buffer when it is
+    /// large enough and larger than the one kept.
+    fn recycle(&mut self, mut buf: BytesMut) {
+        buf.clear();
+        // Takes back the room before the start (a handed-over PDU's header), never allocates.
+        let _ = buf.try_reclaim(buf.capacity() + 1);
+        let larger = self
+            .spare
+            .as_ref()
+            .is_none_or(|s| s.capacity() < buf.capacity());
+        if buf.capacity() >= RX_CHUNK && larger {
+            self.spare = Some(buf);
+        }
+    }
+
+    /// Receiving goes on in the read buffer command `cid` brought (its data, just received
+    /// whole, does not need it), else the spare (or a fresh one), with the few bytes already
+    /// received past the PDU just taken: the PDU's data is the only holder of its buffer.
+    fn move_on(&mut self, cid: u16) {
+        if let Some(brought) = self
+            .inflight
+            .get_mut(&cid)
+            .map(|c| std::mem::take(&mut c.read))
+        {
+            self.recycle(brought);
+        }
+        let mut next = self
+            .spare
+            .take()
+            .unwrap_or_else(|| BytesMut::with_capacity(READ_MAX));
+        next.extend_from_slice(&self.rx);
+        self.rx = next;
     }
 
     /// Appends received bytes and processes them (for drivers that read into their own buffer).
@@ -359,6 +436,9 @@ impl HostQueue {
             match self.codec.decode_from(&mut self.rx) {
                 Ok(None) => break,
                 Ok(Some(pdu)) => {
+                    if let Some(cid) = self.hands_over(&pdu) {
+                        self.move_on(cid);
+                    }
                     if let Err(e) = self.handle_pdu(pdu) {
                         self.fail(e, header);
                     }
@@ -385,6 +465,22 @@ impl HostQueue {
                 Err(e) => self.fail(HostError::Wire(e), header),
             }
         }
+    }
+
+    /// Whether `pdu` is a long C2HData carrying all of its command's data with little received
+    /// behind it: it then keeps its receive buffer to itself ([`HAND_OVER_MIN`]). The command.
+    fn hands_over(&self, pdu: &Pdu) -> Option<u16> {
+        let Pdu::C2hData(d) = pdu else {
+            return None;
+        };
+        let whole = d.data.len() >= HAND_OVER_MIN
+            && d.datao == 0
+            && self.rx.len() <= CARRY_MAX
+            && self
+                .inflight
+                .get(&d.cccid)
+                .is_some_and(|c| c.received == 0 && c.read_len == d.data.len());
+        whole.then_some(d.cccid)
     }
 
     /// Ends the queue: an H2CTermReq for errors we found, and a Failed event.
@@ -455,6 +551,7 @@ impl HostQueue {
                 Ok(())
             }
             (State::Ready, Pdu::C2hData(d)) => {
+                let mut unused = None;
                 let c = self.inflight.get_mut(&d.cccid).ok_or(HostError::Protocol(
                     Fes::PduSequenceError,
                     "C2HData for a command not in flight",
@@ -474,8 +571,10 @@ impl HostQueue {
                 }
                 c.received += d.data.len();
                 if off == 0 && d.data.len() == c.read_len {
-                    // All of the command's data in one PDU: handed over as received.
+                    // All of the command's data in one PDU: handed over as received; the
+                    // buffer the caller brought for it is received into next.
                     c.whole = Some(d.data);
+                    unused = Some(std::mem::take(&mut c.read));
                 } else {
                     if c.read.is_empty() {
                         c.read.reserve(c.read_len);
@@ -502,6 +601,9 @@ impl HostQueue {
                             data: c.into_data(),
                         });
                     }
+                }
+                if let Some(b) = unused.filter(|b| b.capacity() > 0) {
+                    self.recycle(b);
                 }
                 Ok(())
             }

@@ -1,14 +1,18 @@
 //! One NVMe/TCP queue's TCP connection: the tokio driver of `nvme_proto::host::HostQueue`.
-//! A dispatcher task owns the queue machine: it reads the socket into the machine's buffer,
-//! takes requests while the queue has room (many commands in flight), and answers each
-//! request when its completion comes; a writer task sends what the machine emits, so a slow
-//! write never stops the reading.
+//! One dispatcher task owns the queue machine and the socket: it reads the socket into the
+//! machine's buffer, takes requests while the queue has room (many commands in flight),
+//! answers each request when its completion comes, and writes what the machine emits, a
+//! pending write beside the reading, so a slow write never stops the reading.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::io::IoSlice;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use nvme_proto::host::{HostEvent, HostQueue, QueueConfig};
 use nvme_wire::{Cqe, Sqe};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -120,10 +124,8 @@ impl QueueHandle {
         .map_err(|_| NvmeError::Timeout("ICResp"))??;
 
         let (tx, rx) = mpsc::channel(usize::from(cfg.depth).max(1) * 2);
-        let (wtx, wrx) = mpsc::unbounded_channel::<Bytes>();
-        tokio::spawn(writer(wr, wrx, cancel.clone()));
         let ended = Arc::new(Mutex::new(None));
-        tokio::spawn(dispatch(q, rd, rx, wtx, cfg.depth, cancel, ended.clone()));
+        tokio::spawn(dispatch(q, rd, wr, rx, cfg.depth, cancel, ended.clone()));
         Ok(Self {
             tx,
             ended,
@@ -169,80 +171,70 @@ impl QueueHandle {
     }
 }
 
-/// How many bytes the writer gathers from several batches into one write (over TLS one
-/// `SSL_write`, cut into full 16 KiB records, instead of a record and a system call per batch).
-const GATHER: usize = 256 * 1024;
+/// How long the bytes still queued when a queue ends (a final H2CTermReq) may take to leave.
+const FINAL_WRITE: Duration = Duration::from_secs(5);
 
-async fn writer(mut wr: Wr, mut rx: mpsc::UnboundedReceiver<Bytes>, cancel: CancellationToken) {
-    let mut flat = BytesMut::new();
-    // Both plain TCP and `nvme_tls::TlsStream` take vectored writes: the batch goes out as it is;
-    // a stream without them would get one flat copy.
-    let vectored = wr.is_write_vectored();
-    loop {
-        let b = tokio::select! {
-            b = rx.recv() => b,
-            () = cancel.cancelled() => None,
-        };
-        let Some(b) = b else { break };
-        // Whatever else the dispatcher queued meanwhile goes out in the same write.
-        let mut len = b.len();
-        let mut batch = vec![b];
-        while len < GATHER {
-            match rx.try_recv() {
-                Ok(next) => {
-                    len += next.len();
-                    batch.push(next);
-                }
-                Err(_) => break,
-            }
-        }
-        let r = match batch.as_slice() {
-            [one] => wr.write_all(one).await,
-            many if vectored => write_all_vectored(&mut wr, many).await,
-            many => {
-                flat.clear();
-                for x in many {
-                    flat.extend_from_slice(x);
-                }
-                wr.write_all(&flat).await
-            }
-        };
-        if r.is_err() || wr.flush().await.is_err() {
-            break;
-        }
-    }
-    let _ = wr.shutdown().await;
+/// Slices of `out` one vectored write takes at most.
+const IOV_MAX: usize = 64;
+
+/// What one [`poll_send`] did.
+enum Sent {
+    /// A write took this many bytes off the front.
+    Bytes(usize),
+    /// Nothing was queued; what was written is flushed.
+    Flushed,
 }
 
-/// Writes all of `bufs`, in order, with vectored writes.
-async fn write_all_vectored(wr: &mut Wr, bufs: &[Bytes]) -> std::io::Result<()> {
-    let (mut i, mut off) = (0, 0);
-    while i < bufs.len() {
-        let first = bufs[i].slice(off..);
-        let mut slices = vec![std::io::IoSlice::new(&first)];
-        slices.extend(
-            bufs[i + 1..]
-                .iter()
-                .take(63)
-                .map(|b| std::io::IoSlice::new(b)),
-        );
-        let mut n = wr.write_vectored(&slices).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while n > 0 && i < bufs.len() {
-            let left = bufs[i].len() - off;
-            if n >= left {
-                n -= left;
-                i += 1;
-                off = 0;
-            } else {
-                off += n;
-                n = 0;
-            }
+/// Polls one vectored write of the front of `out`, or a flush when `out` is empty
+/// (cancel-safe: `Pending` wrote nothing, and a flush resumes where it stopped).
+fn poll_send(
+    wr: &mut Wr,
+    out: &VecDeque<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<Sent>> {
+    if out.is_empty() {
+        return Pin::new(wr).poll_flush(cx).map_ok(|()| Sent::Flushed);
+    }
+    let mut slices = [IoSlice::new(&[]); IOV_MAX];
+    let mut n = 0;
+    for (s, b) in slices.iter_mut().zip(out.iter()) {
+        *s = IoSlice::new(b);
+        n += 1;
+    }
+    Pin::new(wr)
+        .poll_write_vectored(cx, &slices[..n])
+        .map_ok(Sent::Bytes)
+}
+
+/// Drops the `n` bytes a write took off the front of `out`.
+fn advance(out: &mut VecDeque<Bytes>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = out.front_mut() else {
+            return;
+        };
+        if front.len() <= n {
+            n -= front.len();
+            out.pop_front();
+        } else {
+            front.advance(n);
+            n = 0;
         }
     }
-    Ok(())
+}
+
+/// Sends what is still queued when the queue ends (a final H2CTermReq), then closes the
+/// write side; bounded by [`FINAL_WRITE`].
+fn finish(mut wr: Wr, out: VecDeque<Bytes>) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(FINAL_WRITE, async {
+            for b in out {
+                wr.write_all(&b).await?;
+            }
+            wr.flush().await?;
+            wr.shutdown().await
+        })
+        .await;
+    });
 }
 
 fn submit(q: &mut HostQueue, pending: &mut HashMap<u16, Reply>, req: Request) {
@@ -256,20 +248,57 @@ fn submit(q: &mut HostQueue, pending: &mut HashMap<u16, Reply>, req: Request) {
     }
 }
 
+/// The queue's one task: reads the socket into the machine, takes requests while the queue
+/// has room, answers each when its completion comes, and writes what the machine emits. The
+/// writes happen here too, not on a writer task of their own: a command's capsule leaves in
+/// the same task turn that took the request (no hand-off and wake-up per command, which at one
+/// command in flight is part of every command's latency), and a write the socket cannot take
+/// yet waits beside the reading in the same `select!`, so a slow write never stops the reading.
 async fn dispatch(
     mut q: HostQueue,
     mut rd: Rd,
+    mut wr: Wr,
     mut rx: mpsc::Receiver<Request>,
-    wtx: mpsc::UnboundedSender<Bytes>,
     depth: u16,
     cancel: CancellationToken,
     ended: Arc<Mutex<Option<String>>>,
 ) {
     let mut pending: HashMap<u16, Reply> = HashMap::new();
+    // Bytes the machine emitted that the socket has not taken yet, in order.
+    let mut out: VecDeque<Bytes> = VecDeque::new();
+    // Written since the last flush (a TLS stream may hold the last record back until then).
+    let mut unflushed = false;
     let reason = loop {
+        while let Some(b) = q.poll_transmit() {
+            out.push_back(b);
+        }
         let room = q.in_flight() < usize::from(depth);
+        // A long PDU is read up to its end and no further, so its data is handed over alone
+        // in its buffer (`HostQueue::recv_limit`).
+        let limit = q.recv_limit();
         tokio::select! {
-            r = rd.read_buf(q.recv_buf()) => match r {
+            biased;
+            r = poll_fn(|cx| poll_send(&mut wr, &out, cx)), if !out.is_empty() || unflushed => {
+                match r {
+                    Ok(Sent::Bytes(0)) => {
+                        break NvmeError::Io(std::io::ErrorKind::WriteZero.into())
+                    }
+                    Ok(Sent::Bytes(n)) => {
+                        advance(&mut out, n);
+                        unflushed = true;
+                        continue;
+                    }
+                    Ok(Sent::Flushed) => {
+                        unflushed = false;
+                        continue;
+                    }
+                    Err(e) => break NvmeError::Io(e),
+                }
+            }
+            r = async {
+                let mut buf = q.recv_buf().limit(limit);
+                rd.read_buf(&mut buf).await
+            } => match r {
                 Ok(0) => break NvmeError::Closed("connection closed by the controller".into()),
                 Ok(_) => q.process(),
                 Err(e) => break NvmeError::Io(e),
@@ -299,11 +328,6 @@ async fn dispatch(
                 HostEvent::Connected { .. } => {}
             }
         }
-        while let Some(b) = q.poll_transmit() {
-            if wtx.send(b).is_err() {
-                failed.get_or_insert(NvmeError::Closed("connection write failed".into()));
-            }
-        }
         if let Some(e) = failed {
             break e;
         }
@@ -323,6 +347,9 @@ async fn dispatch(
     while let Ok(req) = rx.try_recv() {
         let _ = req.reply.send(Err(NvmeError::Closed(msg.clone())));
     }
-    // Let the writer send a final H2CTermReq, then stop.
-    drop(wtx);
+    // A final H2CTermReq still goes out.
+    while let Some(b) = q.poll_transmit() {
+        out.push_back(b);
+    }
+    finish(wr, out);
 }

@@ -3,7 +3,9 @@
 //! one reads the socket, runs both machines and submits block requests; a writer drains the
 //! PDUs they produce with vectored writes. Block requests go to the namespace's store as its
 //! engine wants them (inline, on the blocking pool, or submitted to an async store whose
-//! completer posts the result back here): never a thread per command.
+//! completer posts the result back here): never a thread per command. A read the store can
+//! answer with its own memory (a RAM store's read of 64 KiB or more, `Backend::read_shared`)
+//! goes out as that memory: no read buffer, no copy before the socket's.
 //!
 //! The admin queue's commands take the shared `controller::Target`'s lock briefly; I/O queues
 //! run their commands on their own `controller::Queue` with no lock shared by connections.
@@ -378,6 +380,19 @@ impl Conn {
                 let Ok(len) = usize::try_from(len) else {
                     return self.deliver(r.tag, Err(BlockError::Internal));
                 };
+                // The store's own bytes when it can share them (a RAM store's long read,
+                // `Backend::read_shared`): no buffer and no copy here, the socket's copy (or
+                // TLS sealing from them into its send buffer) is the only one, as on the
+                // iSCSI side (issue 27).
+                let shared = self
+                    .stores
+                    .get(&r.nsid)
+                    .and_then(|b| b.read_shared(len, offset));
+                if let Some(res) = shared {
+                    self.count(r.nsid, kind, bytes, res.is_ok());
+                    let res = res.map_err(|e| BlockError::from_io(&e));
+                    return self.deliver(r.tag, res);
+                }
                 IoOp::Read {
                     offset,
                     len,
@@ -420,7 +435,9 @@ impl Conn {
         let tx = self.io_tx.clone();
         match backend.engine() {
             Engine::Inline => {
-                let completion = ipsan_scsi::aio::wait(&*backend, req);
+                // Memory speed: the store's blocking methods right here, as the SCSI side runs
+                // them (`aio::wait` would add a channel and a boxed completer per command).
+                let completion = ipsan_scsi::aio::run_blocking(&*backend, req);
                 self.on_block_done(BlockDone {
                     nsid,
                     kind,
@@ -456,17 +473,24 @@ impl Conn {
         }
     }
 
+    /// Counts one finished block request of namespace `nsid`.
+    fn count(&self, nsid: u32, kind: IoKind, bytes: u64, ok: bool) {
+        if let Some(c) = self.counters.get(&nsid) {
+            if ok {
+                c.record(kind, bytes);
+            } else {
+                c.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn on_block_done(&mut self, d: BlockDone) {
         let tag = d.completion.tag;
-        if let Some(c) = self.counters.get(&d.nsid) {
-            match &d.completion.result {
-                Err(_) => {
-                    c.errors.fetch_add(1, Ordering::Relaxed);
-                }
-                // A FUA write counts once its flush is done too.
-                Ok(_) if !d.then_flush => c.record(d.kind, d.bytes),
-                Ok(_) => {}
-            }
+        match &d.completion.result {
+            Err(_) => self.count(d.nsid, d.kind, d.bytes, false),
+            // A FUA write counts once its flush is done too.
+            Ok(_) if !d.then_flush => self.count(d.nsid, d.kind, d.bytes, true),
+            Ok(_) => {}
         }
         match d.completion.result {
             Ok(_) if d.then_flush => self.submit_io(
