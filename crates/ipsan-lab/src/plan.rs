@@ -706,10 +706,8 @@ impl Plan {
                         "load {l} is outside [0, 1] (a fraction of rate)"
                     )));
                 }
-                if *l > 0.0 {
-                    if m.rate.iter().any(|r| *r <= 0.0) {
-                        return Err(ctx("load needs a rate (it is a fraction of it)".into()));
-                    }
+                if *l > 0.0 && m.rate.iter().any(|r| *r <= 0.0) {
+                    return Err(ctx("load needs a rate (it is a fraction of it)".into()));
                 }
             }
             for p in m.loss.iter().chain(&m.reorder).chain(&m.corrupt) {
