@@ -155,6 +155,14 @@ fn parse_yes_no(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `--rate`: a size per second, at least one byte.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    match bench::parse_size(s)? {
+        0 => Err("--rate must be at least 1 byte per second (leave it out for no limit)".into()),
+        v => Ok(v),
+    }
+}
+
 fn parse_u32_size(s: &str) -> Result<u32, String> {
     let v = bench::parse_size(s)?;
     u32::try_from(v).map_err(|_| format!("{s} is over 4 GiB"))
@@ -370,6 +378,11 @@ pub struct Args {
     /// Byte offset into the LUN where the region starts.
     #[arg(long, default_value = "0", value_parser = bench::parse_size)]
     pub offset: u64,
+    /// Offered load: bytes per second (e.g. 5MB: 5,000,000 B/s), command i starting
+    /// i × bs ÷ rate after the start however many are in flight (002 Fig. 9's traffic
+    /// generator). Default: as fast as --depth allows.
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<u64>,
     /// Write an LBA-stamped pattern and check it on read; reports the first bad LBA.
     #[arg(long)]
     pub verify: bool,
@@ -488,6 +501,7 @@ fn workload(
         verify: args.verify,
         seed: args.seed,
         data,
+        rate: args.rate,
     };
     Ok((w, auto))
 }

@@ -289,6 +289,9 @@ pub struct WorkloadInfo {
     pub time_s: Option<f64>,
     pub verify: bool,
     pub seed: u64,
+    /// `--rate`: the offered load in bytes per second; absent when unlimited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_bytes_per_s: Option<u64>,
 }
 
 impl From<&Workload> for WorkloadInfo {
@@ -309,6 +312,7 @@ impl From<&Workload> for WorkloadInfo {
             },
             verify: w.verify,
             seed: w.seed,
+            rate_bytes_per_s: w.rate,
         }
     }
 }

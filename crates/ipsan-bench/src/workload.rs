@@ -98,6 +98,20 @@ pub struct Workload {
     /// What writes send (`--data-file`): `None` writes the verify pattern with `verify`, else
     /// one fixed buffer. With a payload, `verify` checks reads against it.
     pub data: Option<Payload>,
+    /// Offered load (`ipsan bench --rate`; Muknahallipatna et al.'s (002) Fig. 9, their
+    /// FCLoad): bytes per second the run asks for. Command `i` starts no earlier than
+    /// [`pace_at`] says, whatever the depth; a command already late starts at once, so the
+    /// schedule, not the completions, sets the pace. `None`: as fast as the depth allows.
+    pub rate: Option<u64>,
+}
+
+/// When command `i` of a run offered `rate` bytes per second of `block_size`-byte commands
+/// may start: `i × block_size ÷ rate` after the run's start (an open-loop load, as a traffic
+/// generator offers it). `None` without a rate (or with a rate of 0).
+pub fn pace_at(start: Instant, i: u64, block_size: u64, rate: Option<u64>) -> Option<Instant> {
+    let rate = rate.filter(|&r| r > 0)?;
+    let secs = i as f64 * block_size as f64 / rate as f64;
+    Some(start + Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX / 4))
 }
 
 /// Write data from a file (`ipsan bench --data-file`, e.g. a disk image, to measure
@@ -623,6 +637,14 @@ async fn run_inner<S: BlockIo>(
                 if total_ops.is_some_and(|t| i >= t) {
                     break;
                 }
+                if let Some(due) = pace_at(start, i, w.block_size, w.rate) {
+                    if deadline.is_some_and(|d| due >= d) {
+                        break;
+                    }
+                    if due > Instant::now() {
+                        tokio::time::sleep_until(due.into()).await;
+                    }
+                }
                 let op = gen.op(i);
                 let lba = (w.offset + op.unit * w.block_size) / bl;
                 let t0 = Instant::now();
@@ -1014,6 +1036,7 @@ mod tests {
             verify: false,
             seed: 9,
             data: None,
+            rate: None,
         };
         let g = Generator::new(&w, 1000);
         let ops: Vec<Op> = (0..10_000).map(|i| g.op(i)).collect();
@@ -1031,6 +1054,19 @@ mod tests {
         let units: Vec<u64> = (0..6).map(|i| seq.op(i).unit).collect();
         assert_eq!(units, vec![0, 1, 2, 3, 0, 1]);
         assert!(!seq.op(0).read);
+    }
+
+    #[test]
+    fn paces_command_i_at_i_blocks_over_the_rate() {
+        let t0 = Instant::now();
+        assert_eq!(pace_at(t0, 5, 65536, None), None);
+        assert_eq!(pace_at(t0, 5, 65536, Some(0)), None);
+        assert_eq!(pace_at(t0, 0, 65536, Some(1 << 20)), Some(t0));
+        // 1 MiB/s of 64 KiB commands: one every 62.5 ms.
+        assert_eq!(
+            pace_at(t0, 3, 65536, Some(1 << 20)),
+            Some(t0 + Duration::from_micros(187_500))
+        );
     }
 
     #[test]
@@ -1111,6 +1147,7 @@ mod tests {
                 verify: true,
                 seed: 5,
                 data: None,
+                rate: None,
             }),
             negotiated: Some(ipsan_initiator::Negotiated::rfc_defaults()),
             nvme: None,

@@ -52,6 +52,7 @@ fn workload(mode: RwMode, depth: usize, ops: u64) -> Workload {
         verify: false,
         seed: 1,
         data: None,
+        rate: None,
     }
 }
 
@@ -186,6 +187,42 @@ fn depth_auto_runs_within_its_bounds_and_reports_every_window() {
         assert!(r.trajectory.iter().any(|s| s.depth > 1), "it grew");
         // The run ended on time although workers were parked by the gate.
         assert!(m.duration_s < 5.0, "{}", m.duration_s);
+        h.shutdown().await.unwrap();
+    });
+}
+
+/// `--rate` (002 Fig. 9's offered load): eight commands in flight on loopback would finish
+/// 40 writes of 64 KiB in milliseconds; offered 2 MiB/s, command i starts at i × 31.25 ms,
+/// so the run takes at least 39 × 31.25 ms and its rate stays at the offered one.
+#[test]
+fn paces_commands_to_the_offered_rate_whatever_the_depth() {
+    bounded(60, async {
+        let h = start().await;
+        let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
+        let s = Arc::new(
+            Session::open(&url, &config(LoginOptions::default()))
+                .await
+                .unwrap(),
+        );
+        let free = bench::run(s.clone(), workload(RwMode::Write, 8, 40), None)
+            .await
+            .unwrap();
+        let mut w = workload(RwMode::Write, 8, 40);
+        w.rate = Some(2 << 20);
+        let paced = bench::run(s.clone(), w, None).await.unwrap();
+        assert_eq!(paced.ops, 40);
+        assert!(paced.duration_s >= 1.2, "{}", paced.duration_s);
+        assert!(
+            paced.throughput_mib_s <= 2.0 * 1.05,
+            "offered 2 MiB/s, measured {}",
+            paced.throughput_mib_s
+        );
+        assert!(
+            free.duration_s < paced.duration_s / 2.0,
+            "unpaced {} s, paced {} s",
+            free.duration_s,
+            paced.duration_s
+        );
         h.shutdown().await.unwrap();
     });
 }

@@ -96,6 +96,7 @@ async fn verify_workloads(s: &Arc<McsSession>) {
             verify: true,
             seed,
             data: None,
+            rate: None,
         };
         let (m, _) = bench::run_on(s.clone(), w, None, None)
             .await

@@ -19,8 +19,9 @@
 //! reorder = [0.0]
 //! corrupt = [0.0]
 //! rate = [0]               # bottleneck, Mbit/s each way (0: none)
-//! load = [0.0]             # iperf3 only: offered load, a fraction of `rate` (0: as fast
-//!                          # as TCP goes), Muknahallipatna et al.'s (002) Fig. 9
+//! load = [0.0]             # offered load, a fraction of `rate` (0: as fast as it goes):
+//!                          # iperf3's -b, ipsan bench's --rate; Muknahallipatna et al.'s
+//!                          # (002) Fig. 9
 //! block = ["64KiB", "1MiB"]
 //! depth = ["1", "auto"]    # the papers' OP-n; "auto" lets the model pick
 //! cipher = ["aes-256-gcm"] # aes-256-gcm | chacha20-poly1305 | 3des-cbc-hmac-sha1
@@ -410,8 +411,8 @@ pub struct Point {
     /// Bottleneck rate each way, Mbit/s (0: none).
     #[serde(default)]
     pub rate_mbit: f64,
-    /// Offered load, a fraction of `rate_mbit` (iperf3 `-b`; 0: unlimited). Muknahallipatna
-    /// et al. (002) Fig. 9 steps it from 10 % to 90 % of the link.
+    /// Offered load, a fraction of `rate_mbit` (iperf3 `-b`, `ipsan bench --rate`; 0:
+    /// unlimited). Muknahallipatna et al. (002) Fig. 9 steps it from 10 % to 90 % of the link.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub load: f64,
     /// Bytes per command.
@@ -433,6 +434,13 @@ pub struct Point {
 }
 
 impl Point {
+    /// The offered load in bytes per second (`load` × `rate`), what `ipsan bench --rate` and
+    /// iperf3's `-b` are given; `None` when the point offers no load.
+    pub fn offered_bytes_per_s(&self) -> Option<u64> {
+        (self.load > 0.0 && self.rate_mbit > 0.0)
+            .then(|| (self.load * self.rate_mbit * 125_000.0).round() as u64)
+    }
+
     /// A short human label.
     pub fn label(&self) -> String {
         format!(
@@ -698,15 +706,8 @@ impl Plan {
                         "load {l} is outside [0, 1] (a fraction of rate)"
                     )));
                 }
-                if *l > 0.0 {
-                    if m.rate.iter().any(|r| *r <= 0.0) {
-                        return Err(ctx("load needs a rate (it is a fraction of it)".into()));
-                    }
-                    if m.scheme.iter().any(|s| *s != Scheme::Iperf3) {
-                        return Err(ctx(
-                            "load is for iperf3 only (ipsan bench has no rate limit)".into(),
-                        ));
-                    }
+                if *l > 0.0 && m.rate.iter().any(|r| *r <= 0.0) {
+                    return Err(ctx("load needs a rate (it is a fraction of it)".into()));
                 }
             }
             for p in m.loss.iter().chain(&m.reorder).chain(&m.corrupt) {
@@ -1113,18 +1114,17 @@ repetitions=7
     fn offered_load_plan_steps_the_load_at_the_papers_round_trips() {
         let p = Plan::load("offered-load").unwrap();
         assert_eq!(p.tcp_buffer, Some(800_000));
-        assert!(p
-            .points
-            .iter()
-            .all(|x| x.scheme == Scheme::Iperf3 && x.rate_mbit == 100.0));
-        for rtt in [0.0, 80.0, 100.0, 120.0, 160.0, 200.0] {
-            for load in [0.1, 0.3, 0.5, 0.7, 0.9] {
-                assert!(
-                    p.points
-                        .iter()
-                        .any(|x| x.delay_ms * 2.0 == rtt && (x.load - load).abs() < 1e-9),
-                    "{rtt} {load}"
-                );
+        assert!(p.points.iter().all(|x| x.rate_mbit == 100.0));
+        for scheme in [Scheme::Iperf3, Scheme::Plain] {
+            for rtt in [0.0, 80.0, 100.0, 120.0, 160.0, 200.0] {
+                for load in [0.1, 0.3, 0.5, 0.7, 0.9] {
+                    assert!(
+                        p.points.iter().any(|x| x.scheme == scheme
+                            && x.delay_ms * 2.0 == rtt
+                            && (x.load - load).abs() < 1e-9),
+                        "{scheme} {rtt} {load}"
+                    );
+                }
             }
         }
         assert!(
@@ -1140,10 +1140,10 @@ repetitions=7
     }
 
     #[test]
-    fn rejects_a_load_without_a_rate_or_for_iscsi() {
+    fn rejects_a_load_without_a_rate_or_outside_the_link() {
         for (bad, why) in [
             ("load=[0.5]\nscheme=['iperf3']\n", "needs a rate"),
-            ("load=[0.5]\nrate=[100]\nscheme=['plain']\n", "iperf3 only"),
+            ("load=[0.5]\nscheme=['plain']\n", "needs a rate"),
             (
                 "load=[1.5]\nrate=[100]\nscheme=['iperf3']\n",
                 "outside [0, 1]",
@@ -1152,6 +1152,23 @@ repetitions=7
             let e = Plan::parse("t", &format!("name='x'\n[[matrix]]\n{bad}")).unwrap_err();
             assert!(e.why.contains(why), "{bad}: {e}");
         }
+    }
+
+    /// 002 Fig. 9 for iSCSI: an offered load on an iSCSI scheme reaches `ipsan bench --rate`
+    /// in bytes per second (30 % of 100 Mbit/s: 3.75 MB/s).
+    #[test]
+    fn accepts_an_offered_load_for_iscsi_in_bytes_per_second() {
+        let p = Plan::parse(
+            "t",
+            "name='x'\n[[matrix]]\nload=[0.3]\nrate=[100]\nscheme=['plain']\n",
+        )
+        .unwrap();
+        assert!(p
+            .points
+            .iter()
+            .all(|x| x.offered_bytes_per_s() == Some(3_750_000)));
+        let q = Plan::parse("t", "name='x'\n[[matrix]]\nrate=[100]\nscheme=['plain']\n").unwrap();
+        assert!(q.points.iter().all(|x| x.offered_bytes_per_s().is_none()));
     }
 
     /// Aiken's Table 1 at their delays: all three pathologies at once at 0-20 ms, iperf3 at

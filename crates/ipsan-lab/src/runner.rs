@@ -857,6 +857,10 @@ impl Bench {
         if p.iscsi == IscsiMode::Paper {
             b.args(["--initial-r2t", "yes", "--immediate-data", "no"]);
         }
+        // 002 Fig. 9: the offered load, as iperf3's -b is for the network alone.
+        if let Some(rate) = p.offered_bytes_per_s() {
+            b.args(["--rate", &rate.to_string()]);
+        }
         carrier.bench_args(ctx, p, &mut b);
         Bench {
             cmd: b,

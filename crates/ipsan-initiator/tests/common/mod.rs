@@ -290,6 +290,7 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
                     verify: true,
                     seed,
                     data: None,
+                    rate: None,
                 };
                 let m = bench::run(s.clone(), w, None)
                     .await
@@ -313,6 +314,7 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
             verify: true,
             seed,
             data: None,
+            rate: None,
         };
         match bench::run(s.clone(), w, None).await {
             Err(bench::BenchError::Verify { lba: bad, .. }) => assert_eq!(bad, lba),
