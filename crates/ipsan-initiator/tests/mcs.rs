@@ -389,6 +389,7 @@ fn accepts_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_
                     verify: true,
                     seed: 7,
                     data: None,
+                    rate: None,
                 };
                 bench::run_on(s, w, None, None).await
             })
