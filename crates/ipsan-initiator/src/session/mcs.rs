@@ -32,6 +32,9 @@
 //! ErrorRecoveryLevel 0: their data is sealed under the keys of the connection it was made
 //! for, which a reassigned or retried command leaves behind.
 //!
+//! Files: each connection's reader and writer are `mcs/conns.rs`; ERL 2's relogin task is
+//! `mcs/relogin.rs`.
+//!
 //! A target that answers MaxConnections=1 gets one connection: the session is then the same
 //! one connection as [`Session`] would make (without its session recovery).
 
@@ -43,6 +46,12 @@ use iscsi_proto::login::originator::Join;
 use serde::Serialize;
 
 use super::*;
+
+mod conns;
+mod relogin;
+
+use conns::start_conn;
+use relogin::{mcs_relogin, Relogin};
 
 /// How many connections, and how commands spread over them.
 #[derive(Clone, Copy, Debug)]
@@ -760,270 +769,6 @@ impl McsSession {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Err(Error::Timeout("logout"))
-    }
-}
-
-/// Starts connection `cid`'s reader and writer on its framed halves (with its negotiated
-/// digests and Seal record layer).
-fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<()> {
-    let Fresh { conn, li } = fresh;
-    let Conn { mut rd, mut wr } = conn;
-    let codec = codec_for(&li.params);
-    let (sealer, opener) = li.record.map_or((None, None), |(s, o)| (Some(s), Some(o)));
-    rd.codec = codec.clone();
-    rd.record = opener;
-    wr.codec = codec;
-    wr.sealer = sealer;
-    let c = Arc::new(McsConn {
-        cid,
-        wake_writer: Notify::new(),
-        transform: li.transform,
-        dead: OnceLock::new(),
-        io_tasks: Mutex::new(Vec::new()),
-    });
-    core.with(false, |g| g.conns.push(c.clone()))?;
-    let w = tokio::spawn(mcs_writer(wr, core.clone(), c.clone()));
-    let r = tokio::spawn(mcs_reader(rd, core.clone(), c.clone()));
-    if let Ok(mut t) = c.io_tasks.lock() {
-        *t = vec![w.abort_handle(), r.abort_handle()];
-    }
-    // Anything queued for it before its writer started.
-    c.wake_writer.notify_one();
-    Ok(())
-}
-
-async fn mcs_writer(
-    wr: ipsan_transport::FrameWriter<OwnedWriteHalf>,
-    core: Arc<McsCore>,
-    c: Arc<McsConn>,
-) {
-    if let Err(e) = mcs_writer_inner(wr, &core, &c).await {
-        core.kill(&c, e);
-    }
-}
-
-async fn mcs_writer_inner(
-    mut wr: ipsan_transport::FrameWriter<OwnedWriteHalf>,
-    core: &McsCore,
-    c: &McsConn,
-) -> std::result::Result<(), ConnectionLoss> {
-    let mut batch: Vec<Pdu> = Vec::with_capacity(512);
-    loop {
-        let woken = c.wake_writer.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        let closed = {
-            let mut g = core
-                .lock()
-                .map_err(|_| ConnectionLoss::Local(LocalClose::Poisoned))?;
-            if !g.current(c) {
-                // A relogin took its CID: what is queued there is the new connection's.
-                return Ok(());
-            }
-            let mut bytes = 0usize;
-            while bytes < 4 * 1024 * 1024 && batch.len() < 512 {
-                let Some(p) = g.session.poll_transmit(c.cid) else {
-                    break;
-                };
-                bytes += p.data.len();
-                batch.push(p);
-            }
-            g.session
-                .connection(c.cid)
-                .is_none_or(|x| x.closed().is_some())
-        };
-        if batch.is_empty() {
-            if closed {
-                break;
-            }
-            woken.await;
-            continue;
-        }
-        for pdu in batch.drain(..) {
-            wr.push(pdu).map_err(|e| match e {
-                ipsan_transport::PushError::Protect(e) => {
-                    tracing::warn!("seal: cannot protect a PDU: {e}; dropping the connection");
-                    ConnectionLoss::SealExhausted
-                }
-                ipsan_transport::PushError::Encode(e, _) => ConnectionLoss::Encode(e),
-            })?;
-        }
-        wr.flush().await.map_err(|e| ConnectionLoss::Io {
-            op: IoOp::Send,
-            kind: e.kind(),
-        })?;
-    }
-    let _ = wr.shutdown().await;
-    Ok(())
-}
-
-async fn mcs_reader(
-    mut rd: ipsan_transport::FrameReader<OwnedReadHalf>,
-    core: Arc<McsCore>,
-    c: Arc<McsConn>,
-) {
-    loop {
-        match rd.next().await {
-            Ok(Some(Ok(pdu))) => {
-                let current = core.with(false, |g| {
-                    let current = g.current(&c);
-                    if current {
-                        g.session.handle_pdu(c.cid, Instant::now(), pdu);
-                    }
-                    current
-                });
-                if !matches!(current, Ok(true)) {
-                    return;
-                }
-            }
-            Ok(Some(Err(e))) => {
-                core.kill(&c, ConnectionLoss::Framing(e));
-                return;
-            }
-            Ok(None) => {
-                let _ = core.with(false, |g| {
-                    if g.current(&c) {
-                        g.session.peer_closed(c.cid, Instant::now());
-                    }
-                });
-                return;
-            }
-            Err(e) => {
-                let loss = match ipsan_transport::forgery(&e) {
-                    Some(f) => {
-                        tracing::warn!("{f}; dropping the session");
-                        ConnectionLoss::SealForgery(f.clone())
-                    }
-                    None => ConnectionLoss::Io {
-                        op: IoOp::Receive,
-                        kind: e.kind(),
-                    },
-                };
-                core.kill(&c, loss);
-                return;
-            }
-        }
-    }
-}
-
-/// What the relogin task needs to log a connection of the session in again.
-struct Relogin {
-    url: IscsiUrl,
-    cfg: SessionConfig,
-    target: String,
-    tsih: u16,
-}
-
-/// ErrorRecoveryLevel 2: logs a connection in for each lost one (a fresh CID), one at a time,
-/// each with backoff (`recovery::Backoff`, jittered, 100 ms doubling to 5 s).
-async fn mcs_relogin(core: Arc<McsCore>, r: Relogin) {
-    loop {
-        core.wake_relogin.notified().await;
-        loop {
-            let next = match core.lock() {
-                Ok(g) if !g.logging_out => g.relogin.first().copied(),
-                _ => return,
-            };
-            let Some(cid) = next else {
-                break;
-            };
-            relogin_one(&core, &r, cid).await;
-            if let Ok(mut g) = core.lock() {
-                g.relogin.retain(|c| *c != cid);
-            }
-        }
-    }
-}
-
-/// Logs a connection in with the session's TSIH, under a fresh CID, in place of lost
-/// connection `lost` until one joins. With no connection open and none back within the
-/// recovery timeout, the session ends.
-async fn relogin_one(core: &Arc<McsCore>, r: &Relogin, lost: u16) {
-    let mut backoff = Backoff::new();
-    let patience = r
-        .cfg
-        .recovery_timeout
-        .unwrap_or(recovery::DEFAULT_RECOVERY_TIMEOUT);
-    let give_up_at = Instant::now() + patience;
-    let Ok(cid) = core.lock().map(|mut g| fresh_cid(&mut g)) else {
-        return;
-    };
-    let mut cfg = r.cfg.clone();
-    cfg.login.join = Some(Join { tsih: r.tsih, cid });
-    loop {
-        tokio::time::sleep(backoff.next_wait()).await;
-        match core.lock() {
-            Ok(g) if !g.logging_out && g.ended.is_none() => {}
-            _ => return,
-        }
-        let err = match login_connection(&r.url, &cfg, &r.target).await {
-            Ok(fresh) if fresh.li.done.established.tsih == r.tsih => {
-                let engine = fresh.engine(&cfg);
-                let added = core.with(true, |g| {
-                    // The lost connection's driver side and engine member go; its tasks are
-                    // the engine's recovery's, not the member's.
-                    if let Some(k) = g.conns.iter().position(|c| c.cid == lost) {
-                        let old = g.conns.remove(k);
-                        if let Ok(t) = old.io_tasks.lock() {
-                            for h in t.iter() {
-                                h.abort();
-                            }
-                        };
-                    }
-                    let now = Instant::now();
-                    g.session.remove(now, lost);
-                    g.session.add_connection(now, cid, engine)
-                });
-                match added {
-                    Ok(Ok(())) => match start_conn(core, cid, fresh) {
-                        Ok(()) => {
-                            if let Ok(mut g) = core.lock() {
-                                g.recovery.relogins += 1;
-                            }
-                            tracing::info!(cid, lost, "connection logged in again");
-                            return;
-                        }
-                        Err(e) => e.to_string(),
-                    },
-                    Ok(Err(e)) => e.to_string(),
-                    Err(e) => e.to_string(),
-                }
-            }
-            Ok(fresh) => format!(
-                "joined session {:#x}, not {:#x}",
-                fresh.li.done.established.tsih, r.tsih
-            ),
-            Err(e) => e.to_string(),
-        };
-        tracing::debug!(cid, "relogin failed: {err}");
-        if Instant::now() >= give_up_at {
-            let _ = core.with(false, |g| {
-                if g.session.open_connections() == 0 {
-                    tracing::warn!(cid, ?patience, "no connection came back; the session ends");
-                    g.ended
-                        .get_or_insert(ConnectionLoss::Local(LocalClose::Unknown));
-                    g.session.give_up(
-                        Instant::now(),
-                        ConnectionError {
-                            by: Side::Initiator,
-                            reason: CloseReason::Local,
-                        },
-                    );
-                }
-            });
-            return;
-        }
-    }
-}
-
-/// A CID no connection of the session has and no recovery names.
-fn fresh_cid(g: &mut McsInner) -> u16 {
-    loop {
-        let cid = g.next_cid;
-        g.next_cid = g.next_cid.wrapping_add(1);
-        if !g.session.cids().any(|c| c == cid) && !g.session.recovering().contains(&cid) {
-            return cid;
-        }
     }
 }
 

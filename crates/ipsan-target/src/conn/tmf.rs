@@ -37,7 +37,12 @@ impl Session {
 
     /// A task management function reaching the logical units (SAM-5 §7). `answer`: the TMF
     /// whose response waits for the outcome of a forwarded LOGICAL UNIT RESET.
-    pub(super) fn reset(self: &Arc<Self>, function: TmfFunction, raw_lun: u64, answer: Option<u32>) {
+    pub(super) fn reset(
+        self: &Arc<Self>,
+        function: TmfFunction,
+        raw_lun: u64,
+        answer: Option<u32>,
+    ) {
         let lun = decode_lun(raw_lun.to_be_bytes());
         info!(function = function.0, lun, "task management reset");
         let Some(t) = self.target() else {
