@@ -102,9 +102,6 @@ struct McsInner {
     session: mcs::Session,
     conns: Vec<Arc<McsConn>>,
     waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
-    /// The LUN of each command in flight (a LOGICAL UNIT RESET ends the LU's tasks on every
-    /// connection: [`McsSession::lun_reset_to`]).
-    luns: HashMap<u32, u64>,
     /// Task management requests waiting for their response, by the TMF's ITT.
     tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
     /// Commands that ended on each connection so far, by CID.
@@ -183,7 +180,6 @@ impl McsCore {
                         if let Some(cid) = cid {
                             *g.placed.entry(cid).or_default() += 1;
                         }
-                        g.luns.remove(&itt);
                         if let Some(tx) = g.waiters.remove(&itt) {
                             let _ = tx.send(result);
                         }
@@ -395,7 +391,6 @@ impl McsSession {
                 session,
                 conns: Vec::new(),
                 waiters: HashMap::new(),
-                luns: HashMap::new(),
                 tmf_waiters: HashMap::new(),
                 placed: HashMap::new(),
                 ended: None,
@@ -544,20 +539,8 @@ impl McsSession {
         if response != TmfResponse::FUNCTION_COMPLETE {
             return Err(Error::TaskManagement(response.0));
         }
-        self.core.with(true, |g| {
-            let now = Instant::now();
-            let others: Vec<u32> = g
-                .luns
-                .iter()
-                .filter(|&(itt, l)| {
-                    *l == lun && g.session.allegiance(*itt).is_some_and(|c| c != cid)
-                })
-                .map(|(itt, _)| *itt)
-                .collect();
-            for itt in others {
-                g.session.abort(now, itt);
-            }
-        })?;
+        self.core
+            .with(true, |g| g.session.end_reset_lun(Instant::now(), cid, lun))?;
         Ok(())
     }
 
@@ -651,7 +634,6 @@ impl McsSession {
                 e => Error::InvalidRequest(format!("submit: {e}")),
             })?;
             g.waiters.insert(itt, tx);
-            g.luns.insert(itt, lun);
             Ok::<_, Error>(())
         })??;
         let r = match abort {

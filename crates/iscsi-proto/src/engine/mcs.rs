@@ -255,6 +255,9 @@ struct Task {
     cost: u64,
     /// Its connection failed and it waits for another (ErrorRecoveryLevel 2).
     held: bool,
+    /// The raw LUN it addresses (a LOGICAL UNIT RESET ends the LU's tasks on every
+    /// connection: [`Session::end_reset_lun`]).
+    lun: u64,
 }
 
 #[derive(Debug)]
@@ -619,6 +622,7 @@ impl Session {
                 cmd_sn: 0,
                 cost: cost(&cmd),
                 held: false,
+                lun: cmd.lun,
             },
         );
         if let Some(i) = on.and_then(|c| self.index(c)) {
@@ -688,6 +692,23 @@ impl Session {
         let i = self.members.iter().position(Member::open)?;
         let cid = self.members[i].cid;
         Some((cid, self.with(i, now, |c| c.lun_reset(now, lun))))
+    }
+
+    /// After LOGICAL UNIT RESET of `lun`, answered Function complete on connection `cid`: the
+    /// target ended the LU's tasks on every connection of the session (SAM-5, LOGICAL UNIT
+    /// RESET), but only `cid`'s engine saw the reset. Each of `lun`'s tasks on another
+    /// connection gets an ABORT TASK there (§11.5.1; the target answers "task does not
+    /// exist"), so it ends here too instead of waiting for a status that will not come.
+    pub fn end_reset_lun(&mut self, now: Instant, cid: u16, lun: u64) {
+        let others: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.lun == lun && t.cid.is_some_and(|c| c != cid))
+            .map(|(itt, _)| *itt)
+            .collect();
+        for itt in others {
+            self.abort(now, itt);
+        }
     }
 
     /// Logout closing the session (§11.14), on an open connection: commands waiting for the
