@@ -301,6 +301,19 @@ async fn back_to(s: &McsSession, want: usize) {
     panic!("{} of {want} connections after 10 s", s.connections());
 }
 
+/// Waits until the session has seen `n` connections lost: a cut that lands as the last
+/// commands finish is seen a moment later, and `back_to` would find four connections still
+/// counted before it was.
+async fn lost(s: &McsSession, n: u64) {
+    for _ in 0..1000 {
+        if s.recovery().connections_lost >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{:?} after 10 s, waiting for {n} lost", s.recovery());
+}
+
 /// Issue 28's ErrorRecoveryLevel 2, as an attacker or a broken path does it: a relay cuts one
 /// of four connections while 64 writes are in flight, then another while 64 reads are, then
 /// two more under a verified random mix. No command fails back (at ErrorRecoveryLevel 0 the
@@ -350,6 +363,7 @@ fn accepts_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_
                 .unwrap()
                 .unwrap_or_else(|e| panic!("write {k} failed back: {e:?}"));
         }
+        lost(&s, 1).await;
         back_to(&s, 4).await;
         let after_writes = s.recovery();
         assert!(
@@ -373,6 +387,7 @@ fn accepts_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_
             let data = r.unwrap_or_else(|e| panic!("read {k} failed back: {e:?}"));
             assert!(data[..] == block(k)[..], "read {k} returned other data");
         }
+        lost(&s, 2).await;
         back_to(&s, 4).await;
 
         // A verified mix with two more cuts during it.
