@@ -11,6 +11,7 @@
 //! sequence on the wire; and that nothing is left in either task table. A failure names its
 //! seed: `ENGINE_SIM_SEED=<n> cargo test -p iscsi-proto --test engine_sim` replays it.
 
+#[allow(dead_code)]
 mod common;
 
 use std::collections::BTreeMap;

@@ -28,12 +28,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use common::{cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, BLOCK};
+use common::{
+    answer, cdb16, check_good, initiator_conn, pattern_bytes, pick, random_first_sn, random_io,
+    random_params, read, run_seeds, target_config, two_connections, Disk,
+};
 use ipsan_wan::rng::Rng;
-use iscsi_proto::engine::initiator::{self, Command, Connection, Data, Reassignment, TaskError};
+use iscsi_proto::engine::initiator::{Command, Data, Reassignment, TaskError};
 use iscsi_proto::engine::mcs::{self, Spread};
+use iscsi_proto::engine::target;
 use iscsi_proto::engine::target::session::{ConnId, Session as TargetSession};
-use iscsi_proto::engine::target::{self, Response};
 use iscsi_proto::engine::{CloseReason, Side};
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::seq::sn_le;
@@ -41,36 +44,6 @@ use iscsi_wire::header::{
     LogoutReason, LogoutResponse, ScsiResponse, TaskMgmtResponse, TmfFunction, TmfResponse,
 };
 use iscsi_wire::{Header, Pdu};
-
-fn pattern_bytes(start: u64, len: usize) -> Bytes {
-    (0..len as u64).map(|k| pattern(start + k)).collect()
-}
-
-fn target_config(
-    p: &SessionParams,
-    cid: u16,
-    cmd_sn: u32,
-    stat_sn: u32,
-    depth: u32,
-) -> target::Config {
-    let mut c = target::Config::new(p.clone(), cmd_sn, stat_sn);
-    c.cid = cid;
-    c.cmd_window = depth;
-    c
-}
-
-fn initiator_conn(
-    p: &SessionParams,
-    now: Instant,
-    window: (u32, u32, u32),
-    stat_sn: u32,
-) -> Connection {
-    let (cmd_sn, exp, max) = window;
-    let mut c = initiator::Config::new(p.clone(), cmd_sn, max, stat_sn);
-    c.exp_cmd_sn = exp;
-    c.nop_interval = None;
-    Connection::new(c, now)
-}
 
 /// One connection: both engines' ends and the two FIFOs between them.
 struct Link {
@@ -117,24 +90,13 @@ fn run(seed: u64) -> Result<(), String> {
     };
     let mut p = SessionParams {
         max_connections: u32::from(n) + 8,
-        initial_r2t: rng.chance(0.5),
-        immediate_data: rng.chance(0.5),
-        first_burst_length: pick(&mut rng, &[512, 2048, 4096]),
-        max_burst_length: pick(&mut rng, &[2048, 4096, 8192]),
-        max_outstanding_r2t: pick(&mut rng, &[1, 2]),
         error_recovery_level: 2,
         default_time2wait: 0,
         default_time2retain: 20,
         ..SessionParams::default()
     };
-    let mrdsl = pick(&mut rng, &[512, 1024, 4096]);
-    p.initiator_max_recv_data_segment_length = mrdsl;
-    p.target_max_recv_data_segment_length = mrdsl;
-    let first_sn = if rng.chance(0.3) {
-        u32::MAX - rng.below(40) as u32
-    } else {
-        rng.next_u64() as u32
-    };
+    random_params(&mut rng, &mut p, &[2048, 4096, 8192]);
+    let first_sn = random_first_sn(&mut rng);
     let now = Instant::now();
 
     let stat = rng.next_u64() as u32;
@@ -214,24 +176,7 @@ fn run(seed: u64) -> Result<(), String> {
         match rng.below(26) {
             // The host submits a command.
             0..=3 if submitted < total => {
-                let write = rng.chance(0.5);
-                let blocks = 1 + rng.below(16) as u32;
-                let lba = rng.below(1 << 12);
-                let len = blocks * BLOCK as u32;
-                let data = if write {
-                    Data::Write(pattern_bytes(lba * BLOCK, len as usize))
-                } else {
-                    Data::Read {
-                        buf: bytes::BytesMut::new(),
-                        len,
-                    }
-                };
-                let cmd = Command {
-                    lun: 0,
-                    cdb: cdb16(if write { 0x8a } else { 0x88 }, lba, blocks),
-                    data,
-                    timed: false,
-                };
+                let (write, lba, blocks, cmd) = random_io(&mut rng);
                 let itt = ini.submit(now, cmd).map_err(|e| format!("submit: {e}"))?;
                 cmds.insert(
                     itt,
@@ -289,16 +234,7 @@ fn run(seed: u64) -> Result<(), String> {
             14..=16 if !running.is_empty() => {
                 let k = rng.below(running.len() as u64) as usize;
                 let (id, x) = running.swap_remove(k);
-                let (lba, blocks) = parse16(&x.cdb);
-                let want = pattern_bytes(lba * BLOCK, (u64::from(blocks) * BLOCK) as usize);
-                let resp = if x.write {
-                    if x.data_out != want {
-                        return Err(format!("ITT {:#x}: write data wrong", x.itt));
-                    }
-                    Response::good(Bytes::new())
-                } else {
-                    Response::good(want)
-                };
+                let resp = answer(&x)?;
                 if !tgt.complete(id, x.itt, resp) {
                     return Err(format!("ITT {:#x}: completion refused", x.itt));
                 }
@@ -539,31 +475,7 @@ fn params(erl: u32) -> SessionParams {
 
 /// A session of two connections (CIDs 0 and 1), window 10..=41, round robin.
 fn two(erl: u32) -> (mcs::Session, Instant) {
-    let now = Instant::now();
-    let p = params(erl);
-    let mut s = mcs::Session::new(
-        mcs::Config {
-            spread: Spread::RoundRobin,
-            command_timeout: None,
-        },
-        0,
-        initiator_conn(&p, now, (10, 10, 41), 100),
-    );
-    s.add_connection(now, 1, initiator_conn(&p, now, (10, 10, 41), 500))
-        .unwrap();
-    (s, now)
-}
-
-fn read(lba: u64, blocks: u32) -> Command {
-    Command {
-        lun: 0,
-        cdb: cdb16(0x88, lba, blocks),
-        data: Data::Read {
-            buf: bytes::BytesMut::new(),
-            len: blocks * BLOCK as u32,
-        },
-        timed: false,
-    }
+    two_connections(Spread::RoundRobin, &params(erl))
 }
 
 fn sent(s: &mut mcs::Session, cid: u16) -> Vec<Pdu> {

@@ -17,6 +17,7 @@
 //! failure names its seed: `SESSION_SIM_SEED=<n> cargo test -p iscsi-proto --test
 //! session_sim` replays it.
 
+#[allow(dead_code)]
 mod common;
 
 use std::collections::{BTreeMap, HashMap};

@@ -28,48 +28,20 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use common::{cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, BLOCK};
+use common::{
+    answer, check_good, data_out, executes, pattern_bytes, pick, random_first_sn, random_params,
+    run_seeds, scsi_command, target_config, target_session, Disk, BLOCK,
+};
 use ipsan_wan::rng::Rng;
 use iscsi_proto::engine::target::session::{ConnId, Session};
-use iscsi_proto::engine::target::{Config, Connection, Event, Execute, Response};
+use iscsi_proto::engine::target::{Connection, Event, Execute, Response};
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::seq::{sn_le, sn_lt};
 use iscsi_wire::header::{
-    DataOut, LogoutReason, LogoutRequest, NopOut, RejectReason, ScsiCommand, SnackRequest,
-    TaskAttr, TaskMgmtRequest, TmfFunction, TmfResponse,
+    LogoutReason, LogoutRequest, NopOut, RejectReason, SnackRequest, TaskMgmtRequest, TmfFunction,
+    TmfResponse,
 };
 use iscsi_wire::{Header, Pdu, RESERVED_TAG};
-
-fn command(itt: u32, cmd_sn: u32, write: bool, lba: u64, blocks: u32) -> ScsiCommand {
-    ScsiCommand {
-        immediate: false,
-        final_: true,
-        read: !write,
-        write,
-        attr: TaskAttr::SIMPLE,
-        lun: 0,
-        itt,
-        expected_data_transfer_length: blocks * BLOCK as u32,
-        cmd_sn,
-        exp_stat_sn: 0,
-        cdb: cdb16(if write { 0x8a } else { 0x88 }, lba, blocks),
-    }
-}
-
-fn data_out(itt: u32, ttt: u32, data_sn: u32, offset: u32, final_: bool, data: Bytes) -> Pdu {
-    Pdu::new(
-        DataOut {
-            final_,
-            lun: 0,
-            itt,
-            ttt,
-            exp_stat_sn: 0,
-            data_sn,
-            buffer_offset: offset,
-        },
-        data,
-    )
-}
 
 /// Sets a Data-Out's ExpStatSN: what the initiator has received on its connection.
 fn acknowledge(p: &mut Pdu, exp_stat_sn: u32) {
@@ -108,10 +80,6 @@ fn snack(kind: u8, itt: u32, beg: u32, run: u32, exp_stat_sn: u32) -> Pdu {
         },
         Bytes::new(),
     )
-}
-
-fn pattern_bytes(start: u64, len: usize) -> Bytes {
-    (0..len as u64).map(|k| pattern(start + k)).collect()
 }
 
 /// StatSN of a target PDU that carries status.
@@ -155,37 +123,20 @@ fn params(max_connections: u32, erl: u32) -> SessionParams {
     }
 }
 
-fn config(params: &SessionParams, cid: u16, cmd_sn: u32, stat_sn: u32, depth: u32) -> Config {
-    let mut c = Config::new(params.clone(), cmd_sn, stat_sn);
-    c.cid = cid;
-    c.cmd_window = depth;
-    c
-}
-
 /// A session of `n` connections (CIDs 0..n), CmdSN 10, StatSN 100 on each, window 16.
 fn session(n: u16, erl: u32) -> (Session, Vec<ConnId>, Instant) {
     let now = Instant::now();
     let p = params(u32::from(n).max(2), erl);
-    let (mut s, first) = Session::new(config(&p, 0, 10, 100, 16), now);
+    let (mut s, first) = Session::new(target_config(&p, 0, 10, 100, 16), now);
     let mut ids = vec![first];
     for cid in 1..n {
         ids.push(
-            s.add_connection(config(&p, cid, 10, 100, 16), now, &Disk)
+            s.add_connection(target_config(&p, cid, 10, 100, 16), now, &Disk)
                 .unwrap()
                 .id,
         );
     }
     (s, ids, now)
-}
-
-fn executes(s: &mut Session) -> Vec<(ConnId, Execute)> {
-    let mut v = Vec::new();
-    while let Some((id, ev)) = s.poll_event() {
-        if let Event::Execute(x) = ev {
-            v.push((id, x));
-        }
-    }
-    v
 }
 
 fn transmit(s: &mut Session, id: ConnId) -> Vec<Pdu> {
@@ -197,7 +148,7 @@ fn transmit(s: &mut Session, id: ConnId) -> Vec<Pdu> {
 }
 
 fn read_pdu(itt: u32, cmd_sn: u32, lba: u64, blocks: u32, exp_stat_sn: u32) -> Pdu {
-    let mut c = command(itt, cmd_sn, false, lba, blocks);
+    let mut c = scsi_command(itt, cmd_sn, false, lba, blocks);
     c.exp_stat_sn = exp_stat_sn;
     Pdu::new(c, Bytes::new())
 }
@@ -289,7 +240,7 @@ impl Sim {
         }
         .max(imm);
         let link = &mut self.links[c];
-        let mut cmd = command(itt, sn, write, lba, blocks);
+        let mut cmd = scsi_command(itt, sn, write, lba, blocks);
         cmd.final_ = unsolicited == imm;
         cmd.exp_stat_sn = link.next_stat_sn;
         link.wire
@@ -332,7 +283,7 @@ impl Sim {
         }
         let a = self
             .s
-            .add_connection(config(&self.p, new_cid, 0, stat, 1), self.now, &Disk)
+            .add_connection(target_config(&self.p, new_cid, 0, stat, 1), self.now, &Disk)
             .map_err(|e| format!("re-login: {e}"))?;
         if reinstate && a.reinstated != Some(old) {
             return Err(format!("CID {cid} did not reinstate {old:?}: {a:?}"));
@@ -512,49 +463,25 @@ fn run(seed: u64, paths: &mut Paths) -> Result<(), String> {
     let n = 2 + rng.below(3) as usize;
     let depth = pick(&mut rng, &[2, 4, 8, 32]);
     let mut p = params(n as u32 + 1, 2);
-    p.initial_r2t = rng.chance(0.5);
-    p.immediate_data = rng.chance(0.5);
-    p.first_burst_length = pick(&mut rng, &[512, 2048, 4096]);
-    p.max_burst_length = pick(&mut rng, &[2048, 4096, 8192]);
-    p.max_outstanding_r2t = pick(&mut rng, &[1, 2]);
-    let mrdsl = pick(&mut rng, &[512, 1024, 4096]);
-    p.initiator_max_recv_data_segment_length = mrdsl;
-    p.target_max_recv_data_segment_length = mrdsl;
-    let first_sn = if rng.chance(0.3) {
-        u32::MAX - rng.below(40) as u32
-    } else {
-        rng.next_u64() as u32
-    };
+    random_params(&mut rng, &mut p, &[2048, 4096, 8192]);
+    let first_sn = random_first_sn(&mut rng);
     let now = Instant::now();
-    let mut links: Vec<Link> = Vec::new();
-    let mut s: Option<Session> = None;
-    for cid in 0..n {
-        let stat = rng.next_u64() as u32;
-        let cfg = config(&p, cid as u16, first_sn, stat, depth);
-        let id = match s.as_mut() {
-            None => {
-                let (sess, id) = Session::new(cfg, now);
-                s = Some(sess);
-                id
-            }
-            Some(sess) => {
-                sess.add_connection(cfg, now, &Disk)
-                    .map_err(|e| format!("add connection {cid}: {e}"))?
-                    .id
-            }
-        };
-        links.push(Link {
+    let (s, conns) = target_session(&mut rng, &p, n, first_sn, depth, now)?;
+    let links: Vec<Link> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(cid, (id, stat))| Link {
             id,
             cid: cid as u16,
             live: true,
             wire: VecDeque::new(),
             next_stat_sn: stat,
-        });
-    }
+        })
+        .collect();
     let mut sim = Sim {
         rng,
         p,
-        s: s.ok_or("no session")?,
+        s,
         links,
         cmds: HashMap::new(),
         reassigns: HashMap::new(),
@@ -617,16 +544,7 @@ fn run(seed: u64, paths: &mut Paths) -> Result<(), String> {
             12..=14 if !running.is_empty() => {
                 let k = sim.rng.below(running.len() as u64) as usize;
                 let (id, x) = running.swap_remove(k);
-                let (lba, blocks) = parse16(&x.cdb);
-                let want = pattern_bytes(lba * BLOCK, (u64::from(blocks) * BLOCK) as usize);
-                let resp = if x.write {
-                    if x.data_out != want {
-                        return Err(format!("ITT {:#x}: write data wrong", x.itt));
-                    }
-                    Response::good(Bytes::new())
-                } else {
-                    Response::good(want)
-                };
+                let resp = answer(&x)?;
                 if !sim.s.complete(id, x.itt, resp) {
                     return Err(format!("ITT {:#x}: completion refused", x.itt));
                 }
@@ -809,7 +727,7 @@ fn accepts_task_reassign_of_a_completed_read_and_resends_from_exp_data_sn() {
 #[test]
 fn accepts_task_reassign_of_a_write_collecting_data_with_recovery_r2ts() {
     let (mut s, ids, now) = session(2, 2);
-    let cmd = command(9, 10, true, 8, 8);
+    let cmd = scsi_command(9, 10, true, 8, 8);
     s.handle_pdu(ids[0], now, &Disk, Pdu::new(cmd, Bytes::new()));
     let first = transmit(&mut s, ids[0]);
     assert!(matches!(first[0].header, Header::R2t(_)), "{first:?}");
@@ -1069,7 +987,7 @@ fn accepts_task_reassign_to_the_reinstated_connection() {
     assert!(s.complete(ids[0], 3, Response::good(pattern_bytes(0, 512))));
     let p = params(2, 2);
     let a = s
-        .add_connection(config(&p, 0, 10, 500, 16), now, &Disk)
+        .add_connection(target_config(&p, 0, 10, 500, 16), now, &Disk)
         .unwrap();
     assert_eq!(a.reinstated, Some(ids[0]));
     s.remove(ids[0], now, &Disk);
@@ -1113,7 +1031,7 @@ fn accepts_a_retried_command_whose_first_copy_was_held_on_a_failed_connection() 
 #[test]
 fn accepts_status_and_data_snack_until_the_status_is_acknowledged() {
     let now = Instant::now();
-    let mut c = Connection::new(config(&params(1, 1), 0, 10, 100, 16), now);
+    let mut c = Connection::new(target_config(&params(1, 1), 0, 10, 100, 16), now);
     c.handle_pdu(now, &Disk, read_pdu(7, 10, 0, 4, 100));
     assert!(matches!(c.poll_event(), Some(Event::Execute(_))));
     assert!(c.complete(7, Response::good(pattern_bytes(0, 2048))));
@@ -1149,7 +1067,7 @@ fn accepts_status_and_data_snack_until_the_status_is_acknowledged() {
 #[test]
 fn bounds_the_completed_tasks_kept_for_snack() {
     let now = Instant::now();
-    let mut c = Connection::new(config(&params(1, 1), 0, 10, 100, 16), now);
+    let mut c = Connection::new(target_config(&params(1, 1), 0, 10, 100, 16), now);
     for k in 0..1100u32 {
         c.handle_pdu(now, &Disk, read_pdu(k + 1, 10 + k, 0, 1, 100));
         assert!(matches!(c.poll_event(), Some(Event::Execute(_))));

@@ -26,51 +26,23 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use common::{cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, BLOCK};
+use common::{
+    answer, check_good, data_out, executes, pattern_bytes, pick, random_first_sn, random_params,
+    run_seeds, scsi_command, target_config, target_session, Disk, BLOCK,
+};
 use ipsan_wan::rng::Rng;
 use iscsi_proto::engine::target::session::{AddError, ConnId, Session};
-use iscsi_proto::engine::target::{Config, Event, Execute, Response};
+use iscsi_proto::engine::target::{Event, Execute, Response};
 use iscsi_proto::engine::CloseReason;
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::seq::{sn_le, sn_lt};
 use iscsi_wire::header::{
-    DataOut, LogoutReason, LogoutRequest, NopOut, ScsiCommand, TaskAttr, TaskMgmtRequest,
-    TmfFunction, TmfResponse,
+    LogoutReason, LogoutRequest, NopOut, TaskMgmtRequest, TmfFunction, TmfResponse,
 };
 use iscsi_wire::{Header, Pdu, RESERVED_TAG};
 
 fn command(itt: u32, cmd_sn: u32, write: bool, lba: u64, blocks: u32, data: Bytes) -> Pdu {
-    Pdu::new(
-        ScsiCommand {
-            immediate: false,
-            final_: true,
-            read: !write,
-            write,
-            attr: TaskAttr::SIMPLE,
-            lun: 0,
-            itt,
-            expected_data_transfer_length: blocks * BLOCK as u32,
-            cmd_sn,
-            exp_stat_sn: 0,
-            cdb: cdb16(if write { 0x8a } else { 0x88 }, lba, blocks),
-        },
-        data,
-    )
-}
-
-fn data_out(itt: u32, ttt: u32, data_sn: u32, offset: u32, final_: bool, data: Bytes) -> Pdu {
-    Pdu::new(
-        DataOut {
-            final_,
-            lun: 0,
-            itt,
-            ttt,
-            exp_stat_sn: 0,
-            data_sn,
-            buffer_offset: offset,
-        },
-        data,
-    )
+    Pdu::new(scsi_command(itt, cmd_sn, write, lba, blocks), data)
 }
 
 fn logout(itt: u32, cmd_sn: u32, reason: LogoutReason, cid: u16) -> Pdu {
@@ -104,10 +76,6 @@ fn tmf(itt: u32, cmd_sn: u32, function: TmfFunction) -> Pdu {
     )
 }
 
-fn pattern_bytes(start: u64, len: usize) -> Bytes {
-    (0..len as u64).map(|k| pattern(start + k)).collect()
-}
-
 /// StatSN (when the PDU carries status), ExpCmdSN and MaxCmdSN of a target PDU.
 fn seqs(h: &Header) -> Option<(Option<u32>, u32, u32)> {
     Some(match h {
@@ -130,13 +98,6 @@ fn seqs(h: &Header) -> Option<(Option<u32>, u32, u32)> {
     })
 }
 
-fn config(params: &SessionParams, cid: u16, cmd_sn: u32, stat_sn: u32, depth: u32) -> Config {
-    let mut c = Config::new(params.clone(), cmd_sn, stat_sn);
-    c.cid = cid;
-    c.cmd_window = depth;
-    c
-}
-
 fn params(max_connections: u32) -> SessionParams {
     SessionParams {
         max_connections,
@@ -155,26 +116,16 @@ fn params(max_connections: u32) -> SessionParams {
 fn session(n: u16, depth: u32) -> (Session, Vec<ConnId>, Instant) {
     let now = Instant::now();
     let p = params(u32::from(n));
-    let (mut s, first) = Session::new(config(&p, 0, 10, 100, depth), now);
+    let (mut s, first) = Session::new(target_config(&p, 0, 10, 100, depth), now);
     let mut ids = vec![first];
     for cid in 1..n {
         let a = s
-            .add_connection(config(&p, cid, 10, 100, depth), now, &Disk)
+            .add_connection(target_config(&p, cid, 10, 100, depth), now, &Disk)
             .unwrap();
         assert_eq!(a.reinstated, None);
         ids.push(a.id);
     }
     (s, ids, now)
-}
-
-fn executes(s: &mut Session) -> Vec<(ConnId, Execute)> {
-    let mut v = Vec::new();
-    while let Some((id, ev)) = s.poll_event() {
-        if let Event::Execute(x) = ev {
-            v.push((id, x));
-        }
-    }
-    v
 }
 
 fn transmit(s: &mut Session, id: ConnId) -> Vec<Header> {
@@ -217,52 +168,27 @@ fn run(seed: u64) -> Result<(), String> {
     let n = 2 + rng.below(3) as usize;
     let depth = pick(&mut rng, &[1, 2, 4, 8, 32]);
     let mut p = params(n as u32);
-    p.initial_r2t = rng.chance(0.5);
-    p.immediate_data = rng.chance(0.5);
-    p.first_burst_length = pick(&mut rng, &[512, 2048, 4096]);
-    p.max_burst_length = pick(&mut rng, &[4096, 8192]);
-    p.max_outstanding_r2t = pick(&mut rng, &[1, 2]);
-    let mrdsl = pick(&mut rng, &[512, 1024, 4096]);
-    p.initiator_max_recv_data_segment_length = mrdsl;
-    p.target_max_recv_data_segment_length = mrdsl;
+    random_params(&mut rng, &mut p, &[4096, 8192]);
+    let mrdsl = p.target_max_recv_data_segment_length;
     // Connections cut (when nothing is in flight on their wire) and added again, or not.
     let churn = rng.chance(0.5);
     // Near the wrap of 32-bit serial numbers now and then.
-    let first_sn = if rng.chance(0.3) {
-        u32::MAX - rng.below(40) as u32
-    } else {
-        rng.next_u64() as u32
-    };
+    let first_sn = random_first_sn(&mut rng);
     if p_trace {
         eprintln!("params {p:?} mrdsl {mrdsl} depth {depth}");
     }
     let now = Instant::now();
-    let mut links: Vec<Link> = Vec::new();
-    let mut s: Option<Session> = None;
-    for cid in 0..n {
-        let stat = rng.next_u64() as u32;
-        let cfg = config(&p, cid as u16, first_sn, stat, depth);
-        let id = match s.as_mut() {
-            None => {
-                let (sess, id) = Session::new(cfg, now);
-                s = Some(sess);
-                id
-            }
-            Some(sess) => {
-                sess.add_connection(cfg, now, &Disk)
-                    .map_err(|e| format!("add connection {cid}: {e}"))?
-                    .id
-            }
-        };
-        links.push(Link {
+    let (mut s, conns) = target_session(&mut rng, &p, n, first_sn, depth, now)?;
+    let mut links: Vec<Link> = conns
+        .into_iter()
+        .map(|(id, stat)| Link {
             id,
             live: true,
             wire: VecDeque::new(),
             next_stat_sn: stat,
             seen: None,
-        });
-    }
-    let mut s = s.ok_or("no session")?;
+        })
+        .collect();
     let mut next_cid = n as u16;
     let total = 150 + rng.below(100) as usize;
     let mut cmds: HashMap<u32, Cmd> = HashMap::new();
@@ -365,16 +291,7 @@ fn run(seed: u64) -> Result<(), String> {
             12..=14 if !running.is_empty() => {
                 let k = rng.below(running.len() as u64) as usize;
                 let (id, x) = running.swap_remove(k);
-                let (lba, blocks) = parse16(&x.cdb);
-                let want = pattern_bytes(lba * BLOCK, (u64::from(blocks) * BLOCK) as usize);
-                let resp = if x.write {
-                    if x.data_out != want {
-                        return Err(format!("ITT {:#x}: write data wrong", x.itt));
-                    }
-                    Response::good(Bytes::new())
-                } else {
-                    Response::good(want)
-                };
+                let resp = answer(&x)?;
                 let gone = cmds[&x.itt].lost;
                 if s.complete(id, x.itt, resp) == gone {
                     return Err(format!(
@@ -417,7 +334,7 @@ fn run(seed: u64) -> Result<(), String> {
             16 if churn && !links[c].live => {
                 let stat = rng.next_u64() as u32;
                 let a = s
-                    .add_connection(config(&p, next_cid, 0, stat, depth), now, &Disk)
+                    .add_connection(target_config(&p, next_cid, 0, stat, depth), now, &Disk)
                     .map_err(|e| format!("join: {e}"))?;
                 next_cid += 1;
                 links[c] = Link {
@@ -673,11 +590,11 @@ fn refuses_a_connection_beyond_max_connections_and_reinstates_the_same_cid() {
     let (mut s, ids, now) = session(2, 8);
     let p = params(2);
     assert_eq!(
-        s.add_connection(config(&p, 5, 10, 1, 8), now, &Disk),
+        s.add_connection(target_config(&p, 5, 10, 1, 8), now, &Disk),
         Err(AddError::TooManyConnections { max: 2 })
     );
     let a = s
-        .add_connection(config(&p, 1, 10, 1, 8), now, &Disk)
+        .add_connection(target_config(&p, 1, 10, 1, 8), now, &Disk)
         .unwrap();
     assert_eq!(a.reinstated, Some(ids[1]));
     assert!(s.connection(ids[1]).unwrap().closed().is_some());
@@ -826,7 +743,7 @@ fn accepts_a_single_connection_session_unchanged() {
     assert_eq!(s.window().exp_cmd_sn(), 13);
     let p = params(1);
     assert_eq!(
-        s.add_connection(config(&p, 1, 10, 1, 8), now, &Disk),
+        s.add_connection(target_config(&p, 1, 10, 1, 8), now, &Disk),
         Err(AddError::TooManyConnections { max: 1 })
     );
 }
