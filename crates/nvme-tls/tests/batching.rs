@@ -4,6 +4,9 @@
 //! full-duplex run through small socket buffers, a relay that flips a bit mid-burst).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[allow(dead_code)]
+mod common;
+
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,35 +14,33 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use common::{bytes, read_pattern, read_until_error, relay_records, H, RECORD, S, T};
 use nvme_proto::psk::{ConfiguredPsk, Derivation, IdentityVersion, PskHash, PskStore};
 use nvme_tls::{accept, connect_with, TlsStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::timeout;
 
-const H: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d65-766d-4000-8000-000000000001";
-const S: &str = "nqn.2026-11.org.example:nvmet";
-const T: Duration = Duration::from_secs(30);
-/// A TLS 1.3 record's plaintext at most, and what sealing adds to it (5-byte header, the
-/// inner content type, the 16-byte AES-GCM tag).
-const RECORD: usize = 16 * 1024;
+/// What sealing adds to a record ([`RECORD`] of plaintext at most): the 5-byte header, the
+/// inner content type, the 16-byte AES-GCM tag.
 const OVERHEAD: usize = 5 + 1 + 16;
-
-/// The byte at offset `i` of a test stream: position-dependent, so a piece lost, repeated or
-/// moved shows.
-fn pattern(i: usize, seed: u32) -> u8 {
-    ((i as u32 ^ seed).wrapping_mul(2_654_435_761) >> 24) as u8
-}
-
-fn bytes(from: usize, len: usize, seed: u32) -> Vec<u8> {
-    (from..from + len).map(|i| pattern(i, seed)).collect()
-}
 
 /// Counts the writes (system calls) and bytes that reach the socket.
 struct Counted<S> {
     inner: S,
     writes: Arc<AtomicUsize>,
     wire: Arc<AtomicUsize>,
+}
+
+/// `inner` with its writes counted: the stream, the writes counter, the bytes counter.
+fn counted<S>(inner: S) -> (Counted<S>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let (writes, wire) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let c = Counted {
+        inner,
+        writes: writes.clone(),
+        wire: wire.clone(),
+    };
+    (c, writes, wire)
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
@@ -110,27 +111,12 @@ where
     (host, target)
 }
 
-/// Reads exactly `len` bytes and checks them against the pattern.
-async fn read_pattern<R: AsyncRead + Unpin>(r: &mut R, len: usize, seed: u32) {
-    let mut got = vec![0u8; len];
-    timeout(T, r.read_exact(&mut got)).await.unwrap().unwrap();
-    assert!(
-        got == bytes(0, len, seed),
-        "the bytes read differ from those sent"
-    );
-}
-
 /// 256 KiB written with one call are 16 records; they leave in one socket write, not one
 /// write per record (what `SSL_write` straight onto the socket did).
 #[tokio::test]
 async fn sends_a_batch_of_records_with_one_socket_write() {
     let (c, s) = tcp_pair(1 << 20).await;
-    let (writes, wire) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let c = Counted {
-        inner: c,
-        writes: writes.clone(),
-        wire: wire.clone(),
-    };
+    let (c, writes, wire) = counted(c);
     let (mut host, mut target) = tls_pair(c, s).await;
     let len = 16 * RECORD;
     let reader = tokio::spawn(async move { read_pattern(&mut target, len, 1).await });
@@ -149,12 +135,7 @@ async fn sends_a_batch_of_records_with_one_socket_write() {
 #[tokio::test]
 async fn packs_small_pieces_of_a_vectored_write_into_one_record() {
     let (c, s) = tcp_pair(1 << 20).await;
-    let (writes, wire) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let c = Counted {
-        inner: c,
-        writes: writes.clone(),
-        wire: wire.clone(),
-    };
+    let (c, _, wire) = counted(c);
     let (mut host, mut target) = tls_pair(c, s).await;
     assert!(host.is_write_vectored());
     let data = bytes(0, 100 * 100, 2);
@@ -299,52 +280,18 @@ async fn rejects_a_record_a_relay_altered_in_the_middle_of_a_burst() {
     let (relay_tgt, s) = tcp_pair(1 << 20).await;
     // host → target: count the records after the handshake's plaintext ones; the host's first
     // encrypted record (type 23 outside) is its Finished, the data follow.
-    let relay = tokio::spawn(async move {
-        let (mut hr, mut hw) = relay_host.into_split();
-        let (mut tr, mut tw) = relay_tgt.into_split();
-        let back = tokio::spawn(async move { tokio::io::copy(&mut tr, &mut hw).await });
-        let mut records = 0;
-        loop {
-            let mut hdr = [0u8; 5];
-            if hr.read_exact(&mut hdr).await.is_err() {
-                break;
-            }
-            let len = usize::from(u16::from_be_bytes([hdr[3], hdr[4]]));
-            let mut body = vec![0u8; len];
-            if hr.read_exact(&mut body).await.is_err() {
-                break;
-            }
-            if hdr[0] == 23 {
-                records += 1;
-                if records == 1 + 5 {
-                    body[len / 2] ^= 0x10;
-                }
-            }
-            let mut rec = hdr.to_vec();
-            rec.extend_from_slice(&body);
-            if tw.write_all(&rec).await.is_err() {
-                break;
-            }
+    let relay = tokio::spawn(relay_records(relay_host, relay_tgt, |n, mut rec, _| {
+        if n == 1 + 5 {
+            let mid = 5 + (rec.len() - 5) / 2;
+            rec[mid] ^= 0x10;
         }
-        back.abort();
-    });
+        vec![rec]
+    }));
     let (mut host, mut target) = tls_pair(c, s).await;
     let len = 16 * RECORD;
     host.write_all(&bytes(0, len, 4)).await.unwrap();
     host.flush().await.unwrap();
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 2 * len];
-    let err = timeout(T, async {
-        loop {
-            match target.read(&mut buf).await {
-                Ok(0) => return None,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) => return Some(e),
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let (got, err) = read_until_error(&mut target, 2 * len).await;
     assert!(
         err.is_some(),
         "the target read to the end: {} bytes",

@@ -2,8 +2,12 @@
 //! connection, which are refused, and what a relay on the path can and cannot do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[allow(dead_code)]
+mod common;
+
 use std::time::Duration;
 
+use common::{relay_records, H, S};
 use nvme_proto::psk::{ConfiguredPsk, Derivation, IdentityVersion, PskHash, PskStore, TlsPsk};
 use nvme_tls::{accept, connect, connect_with, Accepted, TlsError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -11,8 +15,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
-const H: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d65-766d-4000-8000-000000000001";
-const S: &str = "nqn.2026-11.org.example:nvmet";
 const T: Duration = Duration::from_secs(10);
 
 fn key(hash: PskHash, fill: u8) -> ConfiguredPsk {
@@ -201,29 +203,14 @@ async fn rejects_records_a_relay_altered_in_flight() {
     let relay = tokio::spawn(async move {
         let (host, _) = rl.accept().await.unwrap();
         let tgt = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let (mut hr, mut hw) = host.into_split();
-        let (mut tr, mut tw) = tgt.into_split();
-        let back = tokio::spawn(async move { tokio::io::copy(&mut tr, &mut hw).await });
-        let mut records = 0;
-        loop {
-            let mut hdr = [0u8; 5];
-            if hr.read_exact(&mut hdr).await.is_err() {
-                break;
+        relay_records(host, tgt, |n, mut rec, _| {
+            // Record 1 is the client's Finished (encrypted, type 23 outside); 2 is data.
+            if n == 2 {
+                *rec.last_mut().unwrap() ^= 1;
             }
-            let len = usize::from(u16::from_be_bytes([hdr[3], hdr[4]]));
-            let mut body = vec![0u8; len];
-            hr.read_exact(&mut body).await.unwrap();
-            if hdr[0] == 23 {
-                records += 1;
-                // Record 1 is the client's Finished (encrypted, type 23 outside); 2 is data.
-                if records == 2 {
-                    *body.last_mut().unwrap() ^= 1;
-                }
-            }
-            tw.write_all(&hdr).await.unwrap();
-            tw.write_all(&body).await.unwrap();
-        }
-        back.abort();
+            vec![rec]
+        })
+        .await;
     });
     let s = TcpStream::connect(("127.0.0.1", rport)).await.unwrap();
     let (id, psk) = k.tls_psk(H, S, IdentityVersion::V0, Derivation::Libnvme);

@@ -5,27 +5,17 @@
 //! nothing wrong delivered.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::IoSlice;
-use std::time::Duration;
+#[allow(dead_code)]
+mod common;
 
+use std::io::IoSlice;
+
+use common::{bytes, read_pattern, read_until_error, relay_records, Edit, H, RECORD, S, T};
 use nvme_proto::psk::{ConfiguredPsk, Derivation, IdentityVersion, PskHash, PskStore};
 use nvme_tls::{accept_using, connect_using, RecordLayer, TlsStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
-
-const H: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d65-766d-4000-8000-000000000001";
-const S: &str = "nqn.2026-11.org.example:nvmet";
-const T: Duration = Duration::from_secs(30);
-const RECORD: usize = 16 * 1024;
-
-fn pattern(i: usize, seed: u32) -> u8 {
-    ((i as u32 ^ seed).wrapping_mul(2_654_435_761) >> 24) as u8
-}
-
-fn bytes(from: usize, len: usize, seed: u32) -> Vec<u8> {
-    (from..from + len).map(|i| pattern(i, seed)).collect()
-}
 
 async fn tcp_pair() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -95,15 +85,6 @@ async fn write_pattern<W: AsyncWrite + Unpin>(w: &mut W, len: usize, seed: u32) 
         i += 1;
     }
     w.flush().await.unwrap();
-}
-
-async fn read_pattern<R: AsyncRead + Unpin>(r: &mut R, len: usize, seed: u32) {
-    let mut got = vec![0u8; len];
-    timeout(T, r.read_exact(&mut got)).await.unwrap().unwrap();
-    assert!(
-        got == bytes(0, len, seed),
-        "the bytes read differ from those sent"
-    );
 }
 
 /// Our records and OpenSSL's understand each other, both ways at once, with SHA-256 (AES-128-GCM)
@@ -191,10 +172,6 @@ async fn accepts_the_peers_answer_to_our_key_update() {
     }
 }
 
-/// What the relay does with the `n`-th encrypted record (and the records it holds back): the
-/// records to forward in its place; an empty record in the list ends the connection there.
-type Edit = fn(usize, Vec<u8>, &mut Vec<Vec<u8>>) -> Vec<Vec<u8>>;
-
 /// A relay between host and target that forwards the host's records, letting `edit` change
 /// the list of records after the `n`-th encrypted one (1 = the host's Finished).
 async fn relayed_pair(
@@ -207,43 +184,7 @@ async fn relayed_pair(
 ) {
     let (c, relay_host) = tcp_pair().await;
     let (relay_tgt, s) = tcp_pair().await;
-    let relay = tokio::spawn(async move {
-        let (mut hr, mut hw) = relay_host.into_split();
-        let (mut tr, mut tw) = relay_tgt.into_split();
-        let back = tokio::spawn(async move { tokio::io::copy(&mut tr, &mut hw).await });
-        let mut records = 0;
-        let mut held = Vec::new();
-        loop {
-            let mut hdr = [0u8; 5];
-            if hr.read_exact(&mut hdr).await.is_err() {
-                break;
-            }
-            let len = usize::from(u16::from_be_bytes([hdr[3], hdr[4]]));
-            let mut rec = hdr.to_vec();
-            rec.resize(5 + len, 0);
-            if hr.read_exact(&mut rec[5..]).await.is_err() {
-                break;
-            }
-            let out = if hdr[0] == 23 {
-                records += 1;
-                edit(records, rec, &mut held)
-            } else {
-                vec![rec]
-            };
-            for r in out {
-                if r.is_empty() {
-                    // The relay ends the connection here (no close_notify).
-                    let _ = tw.shutdown().await;
-                    back.abort();
-                    return;
-                }
-                if tw.write_all(&r).await.is_err() {
-                    break;
-                }
-            }
-        }
-        back.abort();
-    });
+    let relay = tokio::spawn(relay_records(relay_host, relay_tgt, edit));
     let (host, target) = tls_pair(c, s, PskHash::Sha256, RecordLayer::OpenSsl, target_layer).await;
     (host, target, relay)
 }
@@ -257,19 +198,7 @@ async fn attack(edit: Edit) -> (Vec<u8>, Option<std::io::Error>) {
         let _ = host.flush().await;
         host
     });
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 20 * RECORD];
-    let err = timeout(T, async {
-        loop {
-            match target.read(&mut buf).await {
-                Ok(0) => return None,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) => return Some(e),
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let (got, err) = read_until_error(&mut target, 20 * RECORD).await;
     assert!(
         got == bytes(0, got.len(), 9),
         "bytes that were not sent were delivered"
