@@ -427,6 +427,29 @@ async fn relay(
     addr
 }
 
+/// A far target (one 16 MiB in-memory LU) behind a [`relay`], and a gateway target offering
+/// ErrorRecoveryLevel 2 whose LUN 0 is the far target's, reached through the relay: the far
+/// target, the gateway, and the relay's switch (`true`: hold what the far target is sent).
+async fn pass_through_gateway() -> (ServerHandle, ServerHandle, tokio::sync::watch::Sender<bool>) {
+    const FAR_IQN: &str = "iqn.2026-11.org.ipsan:far";
+    let far_cfg = Config::from_toml(&format!(
+        "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\n\n\
+         [[target]]\niqn = \"{FAR_IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:16MiB\"\n"
+    ))
+    .unwrap();
+    let far = ServerHandle::start(&far_cfg).await.unwrap();
+    let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
+    let via = relay(far.addrs[0], hold_rx).await;
+    let toml = format!(
+        "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\nerror_recovery_level = 2\n\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://{via}/{FAR_IQN}/0\"\n"
+    );
+    let gw = ServerHandle::start(&Config::from_toml(&toml).unwrap())
+        .await
+        .unwrap();
+    (far, gw, hold_tx)
+}
+
 /// A gateway's pass-through READ still running on the far target when the host's only
 /// connection dies: a new connection takes it over with TASK REASSIGN and gets its data and
 /// status once the far target answers (the completion the old connection's command hands in
@@ -434,22 +457,7 @@ async fn relay(
 #[test]
 fn accepts_task_reassign_of_a_pass_through_read_still_running_when_its_connection_died() {
     bounded(30, async {
-        const FAR_IQN: &str = "iqn.2026-11.org.ipsan:far";
-        let far_cfg = Config::from_toml(&format!(
-            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\n\n\
-             [[target]]\niqn = \"{FAR_IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:16MiB\"\n"
-        ))
-        .unwrap();
-        let far = ServerHandle::start(&far_cfg).await.unwrap();
-        let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
-        let via = relay(far.addrs[0], hold_rx).await;
-        let toml = format!(
-            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\nerror_recovery_level = 2\n\n\
-             [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://{via}/{FAR_IQN}/0\"\n"
-        );
-        let gw = ServerHandle::start(&Config::from_toml(&toml).unwrap())
-            .await
-            .unwrap();
+        let (far, gw, hold_tx) = pass_through_gateway().await;
         let addr = gw.addrs[0];
         let (mut a, h, erl) = login(addr, 0, 1, 1, "2").await;
         assert_eq!(h.status_class, 0, "login: {h:?}");
@@ -530,23 +538,8 @@ fn accepts_task_reassign_of_a_pass_through_read_still_running_when_its_connectio
 #[test]
 fn accepts_an_expired_pass_through_task_being_aborted_on_the_far_target() {
     bounded(30, async {
-        const FAR_IQN: &str = "iqn.2026-11.org.ipsan:far";
-        let far_cfg = Config::from_toml(&format!(
-            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\n\n\
-             [[target]]\niqn = \"{FAR_IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"mem:16MiB\"\n"
-        ))
-        .unwrap();
-        let far = ServerHandle::start(&far_cfg).await.unwrap();
-        let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
         let log = robust_common::captured_log(tracing::Level::DEBUG);
-        let via = relay(far.addrs[0], hold_rx).await;
-        let toml = format!(
-            "[server]\nportals = [\"127.0.0.1:0\"]\nnop_interval_secs = 0\nerror_recovery_level = 2\n\n\
-             [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\nbackend = \"iscsi://{via}/{FAR_IQN}/0\"\n"
-        );
-        let gw = ServerHandle::start(&Config::from_toml(&toml).unwrap())
-            .await
-            .unwrap();
+        let (far, gw, hold_tx) = pass_through_gateway().await;
         let addr = gw.addrs[0];
         let mut a = Raw::connect(addr).await;
         let keys = [
