@@ -10,7 +10,7 @@
 //!   live changes applied atomically ([`registry::Registry::apply`]; `registry/`: building a
 //!   target, the login directory, live changes one function per kind of change).
 //! - [`control`]: the control socket (`ipsan ctl`): line-delimited JSON over a root-only
-//!   Unix socket.
+//!   Unix socket (`control/`: the methods, the read-only views and redaction, the client).
 //! - [`metrics`]: per-target, per-LUN and per-session counters and the Prometheus text
 //!   format; no dependency on the registry that holds them.
 //! - [`scrape`]: the whole target's exposition from the [`registry`] and the HTTP endpoint
