@@ -12,7 +12,9 @@
 //! - [`esp`]: `esp-emu`, the emulator stage doing ESP's per-packet 3DES + HMAC-SHA1-96.
 //! - [`ipsec`]: the `ipsec` scheme: strongSwan's charon with userspace ESP per namespace.
 //! - [`guard`]: children die with the lab (PR_SET_PDEATHSIG); Ctrl-C removes its namespaces.
-//! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA.
+//! - [`runner`]: links, target/bench/tunnel processes, measurement, progress with ETA
+//!   (`runner/`: carriers, links, the bench run and its result, the calibration's cost runs,
+//!   child processes).
 //! - [`sockbuf`]: wireguard-go's UDP buffers raised to upstream's 7 MiB from outside.
 //! - [`tunnel`]: how long to wait for a tunnel (WireGuard) to carry TCP, sized to the RTT.
 //! - [`results`]: one record per run, `results.json` and `results.csv`.
