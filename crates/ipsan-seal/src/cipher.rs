@@ -10,34 +10,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::RwLock;
 
-use aws_lc_rs::{aead, hkdf};
+use aws_lc_rs::aead;
 use zeroize::Zeroizing;
 
-use crate::error::NegotiationError;
+pub(crate) use crate::kdf::{epoch_key_material, hkdf_sha256, IV_LEN};
+use crate::kdf::{BadKeyLength, BadTag};
 use crate::tdes::TdesHmacSha1;
-
-/// HKDF-SHA256 (RFC 5869): extract with `salt` over `ikm`, then expand `info` into `out`. The
-/// one KDF under the chunk keys here, the key schedule and the record keys.
-pub(crate) fn hkdf_sha256(
-    salt: &[u8],
-    ikm: &[u8],
-    info: &[&[u8]],
-    out: &mut [u8],
-) -> Result<(), NegotiationError> {
-    hkdf::Salt::new(hkdf::HKDF_SHA256, salt)
-        .extract(ikm)
-        .expand(info, Len(out.len()))
-        .and_then(|okm| okm.fill(out))
-        .map_err(|_| NegotiationError::Crypto)
-}
-
-/// An HKDF output length (aws-lc-rs takes it as a key type).
-struct Len(usize);
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
 
 /// Largest negotiable chunk size (16 MiB), the bound of every cipher but 3DES
 /// ([`Cipher::max_chunk`]).
@@ -165,9 +143,6 @@ impl FromStr for Cipher {
     }
 }
 
-/// Length of the per-direction static IV that counters are XORed into.
-pub(crate) const IV_LEN: usize = 12;
-
 /// Bytes one AEAD key protects before the next key epoch (64 GiB = 2^32 AES blocks): the
 /// confidentiality bound of AES-GCM grows with the square of the blocks under one key, and at
 /// 2^32 blocks it is about 2^-65 per key. RFC 8446 §5.5 stops a TLS 1.3 AES-GCM key at about
@@ -175,17 +150,6 @@ pub(crate) const IV_LEN: usize = 12;
 pub(crate) const AEAD_EPOCH_BYTES: u64 = 1 << 36;
 /// HKDF salt that separates AEAD epoch keys from everything else the schedule derives.
 const AEAD_EPOCH_SALT: &[u8] = b"ipsan-seal aead epoch";
-
-/// Key epoch `epoch`'s key material from a direction's root (docs/seal.md §4 *Key epochs*):
-/// `HKDF-SHA256(salt, IKM = root, info = epoch as 8 bytes big-endian)`, `out.len()` bytes.
-pub(crate) fn epoch_key_material(
-    salt: &[u8],
-    root: &[u8],
-    epoch: u64,
-    out: &mut [u8],
-) -> Result<(), BadKeyLength> {
-    hkdf_sha256(salt, root, &[&epoch.to_be_bytes()], out).map_err(|_| BadKeyLength)
-}
 
 /// Chunks per AEAD key epoch for `chunk_size`-byte chunks.
 pub(crate) fn aead_epoch_chunks(chunk_size: u32) -> u64 {
@@ -283,14 +247,6 @@ impl fmt::Debug for ChunkKey {
         })
     }
 }
-
-/// Key material of the wrong length reached a cipher (a bug in the key schedule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BadKeyLength;
-
-/// The tag did not verify (deliberately carries nothing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BadTag;
 
 fn nonce(iv: &[u8; IV_LEN], counter: u64) -> aead::Nonce {
     let mut n = *iv;

@@ -12,8 +12,10 @@
 //! `ipsan-initiator`) carry the login keys and the sealed bytes.
 //!
 //! # Layout
-//! - [`cipher`]: the four ciphers and per-direction chunk keys (AWS-LC AEADs, legacy 3DES), the
-//!   HKDF every key comes from, and the largest chunk.
+//! - `kdf`: what both cipher modules share below them: the HKDF every key comes from, a key
+//!   epoch's key material, the IV length, the key-length and tag failures.
+//! - [`cipher`]: the four ciphers and per-direction chunk keys (AWS-LC AEADs, legacy 3DES), and
+//!   the largest chunk.
 //! - `tdes`: 3DES-CBC + HMAC-SHA1-96 (legacy, for reproducing the papers).
 //! - [`cpace`]: CPace (draft-irtf-cfrg-cpace, ristretto255/SHA-512), the PAKE the PSK enters.
 //! - [`schedule`]: pre-shared secrets ([`Psk`]) and the HKDF-SHA256 key schedule over the
@@ -33,9 +35,8 @@
 //!   verify, then decode), and the [`LoginTranscript`] the keys bind.
 //! - [`sense`]: the SCSI sense data for a command whose data failed to open.
 //!
-//! Imports run one way: `cipher` (and its `tdes`) at the bottom, then `frame`, `schedule`,
-//! `record`, `session`, `negotiate`; no two modules import each other except `cipher` and
-//! `tdes`.
+//! Imports run one way: `kdf` at the bottom, then `tdes`, `cipher`, then `frame`, `schedule`,
+//! `record`, `session`, `negotiate`; no two modules import each other.
 
 mod buffers;
 pub mod cipher;
@@ -43,6 +44,7 @@ pub mod compress;
 pub mod cpace;
 pub mod error;
 pub mod frame;
+mod kdf;
 pub mod negotiate;
 pub mod pool;
 pub mod process;

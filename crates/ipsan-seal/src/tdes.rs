@@ -32,7 +32,7 @@ use hmac::{Hmac, Mac};
 use sha1::Sha1;
 use zeroize::Zeroizing;
 
-use crate::cipher::{epoch_key_material, BadKeyLength, BadTag, IV_LEN};
+use crate::kdf::{epoch_key_material, BadKeyLength, BadTag, IV_LEN};
 
 /// Three 8-byte DES keys.
 pub(crate) const KEY_LEN: usize = 24;
