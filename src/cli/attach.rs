@@ -55,10 +55,18 @@ pub struct Args {
     /// connections per session"), as `ipsan bench --connections`: the leading login offers
     /// this many, the others join with the session's TSIH (sealed: each with its own Seal
     /// login); the target may grant fewer. 1, the default, is the one-connection session with
-    /// --recovery-timeout; more have no recovery yet (a lost connection ends the session and
-    /// the file answers EIO).
+    /// --recovery-timeout; with more, a lost connection is recovered at --erl 2 where the target
+    /// grants it, and otherwise ends the session (the file answers EIO).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: u16,
+    /// ErrorRecoveryLevel offered with --connections above 1, 0 or 2 (RFC 7143 §7.2, §13.20;
+    /// docs/wan.md "Connection recovery"; the session gets the lower of both offers). At 2,
+    /// where the target grants it (`[server] error_recovery_level = 2`), a lost connection's
+    /// commands are reassigned to a live one and the connection logs in again: the file sees
+    /// nothing (sealed writes are sealed again under the new connection's keys).
+    #[arg(long = "erl", value_name = "LEVEL", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(0..=2))]
+    pub error_recovery_level: u32,
     /// With --connections above 1, which connection a command goes on: least-bytes (the one
     /// with the fewest bytes outstanding) or round-robin.
     #[arg(long, default_value = "least-bytes")]
@@ -85,7 +93,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot stat {}", args.fuse.display()))?;
     anyhow::ensure!(meta.is_dir(), "{} is not a directory", args.fuse.display());
 
+    anyhow::ensure!(
+        args.error_recovery_level != 1,
+        "--erl is 0 or 2 (ErrorRecoveryLevel 1, digest-error recovery by SNACK, is the target's only)"
+    );
     let session = if args.connections > 1 {
+        let mut cfg = cfg.clone();
+        cfg.login.error_recovery_level = args.error_recovery_level;
         let mcs = McsConfig {
             connections: args.connections,
             spread: args.spread,

@@ -120,8 +120,9 @@ pub struct Args {
     /// ErrorRecoveryLevel to offer with --connections above 1 (RFC 7143 §7.2, §13.20): 0, the
     /// default, or 2: a lost connection's commands are reassigned to a live one (TASK
     /// REASSIGN) and the connection logs in again, nothing fails back (docs/wan.md
-    /// "Connection recovery"). The target must allow it (`[server] error_recovery_level = 2`);
-    /// not with --seal.
+    /// "Connection recovery"). The target must allow it (`[server] error_recovery_level = 2`).
+    /// With --seal a moved write is sealed again under its new connection's keys (docs/seal.md
+    /// §3).
     #[arg(long = "erl", value_name = "LEVEL", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=2))]
     pub error_recovery_level: u32,
@@ -413,10 +414,6 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
     anyhow::ensure!(
         args.trace.is_none(),
         "--trace needs --connections 1 (the observer hook is the one-connection session's)"
-    );
-    anyhow::ensure!(
-        args.error_recovery_level == 0 || args.conn.seal.is_none(),
-        "--erl 2 is not available with --seal yet (sealed data is bound to its connection's keys)"
     );
     anyhow::ensure!(
         args.error_recovery_level != 1,

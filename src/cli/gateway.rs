@@ -84,11 +84,21 @@ pub struct Args {
     /// when it grants several (ipsan does, up to its connections_per_session) every remote
     /// session opens that many and spreads commands over them, each sealed with its own keys;
     /// a far end that answers 1 (tgtd, LIO) gets one. 1 never offers more. Several connections
-    /// share the loss of one: a lost connection ends the remote session, which the gateway logs
-    /// in again within --recovery-timeout (idempotent commands sent again). Relayed CHAP
-    /// (--chap-relay) always uses one.
+    /// recover a lost one by --erl 2 where the far end grants it; where it does not, a lost
+    /// connection ends the remote session, which the gateway logs in again within
+    /// --recovery-timeout (idempotent commands sent again). Relayed CHAP (--chap-relay) always
+    /// uses one.
     #[arg(long, default_value_t = ipsan_target::remote::DEFAULT_CONNECTIONS, value_parser = clap::value_parser!(u16).range(1..=64))]
     connections: u16,
+    /// ErrorRecoveryLevel, 0 or 2 (RFC 7143 §7.2, §13.20; docs/gateway.md "Connection
+    /// recovery"): offered by the remote leg's sessions of several connections, and granted by
+    /// the listening side (to another gateway; Linux and libiscsi offer 0 and see no change).
+    /// At 2, where the far end grants it, a lost WAN connection's commands are reassigned to a
+    /// live one (TASK REASSIGN; sealed writes sealed again under its keys) and the connection
+    /// logs in again: the host sees nothing. 0: a lost connection ends the remote session.
+    #[arg(long = "erl", value_name = "LEVEL", default_value_t = ipsan_target::remote::DEFAULT_ERROR_RECOVERY_LEVEL,
+          value_parser = clap::value_parser!(u32).range(0..=2))]
+    error_recovery_level: u32,
     /// With several connections, which one a command goes on: least-bytes (the one with the
     /// fewest bytes outstanding) or round-robin.
     #[arg(long, default_value = "least-bytes")]
@@ -165,6 +175,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .unwrap_or_else(|| "allowed".to_owned()),
     };
     check_host_auth(&args, &listen_policy)?;
+    anyhow::ensure!(
+        args.error_recovery_level != 1,
+        "--erl is 0 or 2 (ErrorRecoveryLevel 1, digest-error recovery by SNACK, is the target's only)"
+    );
     let wan_seal = args.conn.seal.clone();
     let url = ipsan_initiator::IscsiUrl::parse(&args.to).context("--to")?;
     let remote_iqn = url
@@ -266,6 +280,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if let Some(n) = args.conn.crypto_workers {
         file.server.crypto_workers = Some(n);
     }
+    // The listening side grants what the remote leg offers: a near gateway's WAN sessions
+    // recover their connections at ErrorRecoveryLevel 2 when this far one grants it.
+    file.server.error_recovery_level = Some(args.error_recovery_level);
     let mut config = Config::from_file_config(&file)?;
     // The target's own check (ipsan_target::exposure) runs again at bind; the flag that
     // passed `check_host_auth` above passes it too.
@@ -289,6 +306,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 };
                 spec.compress = args.conn.compress;
                 spec.spread = args.spread;
+                spec.error_recovery_level = args.error_recovery_level;
                 l.remote = Some(Arc::new(spec));
             }
         }

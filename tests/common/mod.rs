@@ -25,6 +25,8 @@ pub struct Relay {
 #[derive(Default)]
 pub struct RelayCtl {
     conns: Mutex<Vec<TcpStream>>,
+    /// Each relayed connection's two sockets, oldest first, with whether it still runs.
+    pairs: Mutex<Vec<(TcpStream, TcpStream, Arc<AtomicBool>)>>,
     down: AtomicBool,
 }
 
@@ -37,6 +39,33 @@ impl RelayCtl {
         }
         std::thread::sleep(hold);
         self.down.store(false, Ordering::Release);
+    }
+
+    /// Cuts the oldest relayed connection still running (both its sockets shut down), as a
+    /// broken path does to one TCP connection of several; new connections are let through.
+    /// False when none runs.
+    pub fn cut_one(&self) -> bool {
+        let pairs = self.pairs.lock().unwrap();
+        let Some((a, b, alive)) = pairs
+            .iter()
+            .find(|(_, _, alive)| alive.load(Ordering::Acquire))
+        else {
+            return false;
+        };
+        alive.store(false, Ordering::Release);
+        let _ = a.shutdown(Shutdown::Both);
+        let _ = b.shutdown(Shutdown::Both);
+        true
+    }
+
+    /// Relayed connections still running.
+    pub fn running(&self) -> usize {
+        self.pairs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, alive)| alive.load(Ordering::Acquire))
+            .count()
     }
 }
 
@@ -61,16 +90,24 @@ impl Relay {
                     continue;
                 };
                 let _ = (a.set_nodelay(true), b.set_nodelay(true));
+                let alive = Arc::new(AtomicBool::new(true));
                 for (mut from, mut to) in [
                     (a.try_clone().unwrap(), b.try_clone().unwrap()),
                     (b.try_clone().unwrap(), a.try_clone().unwrap()),
                 ] {
+                    let alive = alive.clone();
                     std::thread::spawn(move || {
                         let _ = std::io::copy(&mut from, &mut to);
+                        alive.store(false, Ordering::Release);
                         let _ = to.shutdown(Shutdown::Both);
                         let _ = from.shutdown(Shutdown::Both);
                     });
                 }
+                c.pairs.lock().unwrap().push((
+                    a.try_clone().unwrap(),
+                    b.try_clone().unwrap(),
+                    alive,
+                ));
                 c.conns.lock().unwrap().extend([a, b]);
             }
         });

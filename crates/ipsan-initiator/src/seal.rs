@@ -211,6 +211,15 @@ impl PayloadTransform for SealTransform {
         })
     }
 
+    fn outbound_now(&self, cmd: CommandInfo, data: &Bytes) -> Option<crate::Result<Bytes>> {
+        // Fresh counters of this connection's session: never a nonce used before.
+        Some(
+            self.session
+                .seal_copy(&binding(cmd), data)
+                .map_err(|e| Error::Transform(format!("seal: {e}"))),
+        )
+    }
+
     fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
         let session = self.session.clone();
         let pool = self.pool.clone();

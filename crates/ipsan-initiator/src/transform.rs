@@ -59,6 +59,13 @@ pub trait PayloadTransform: Send + Sync + std::fmt::Debug {
     fn wire_len(&self, plain_len: usize) -> Option<usize>;
     /// Outbound data (WRITE payloads and any other data-out): returns what goes on the wire.
     fn outbound(&self, cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes>;
+    /// [`PayloadTransform::outbound`] on the caller's thread, at once: for data made again
+    /// while the caller holds a lock (a write reassigned to another connection of its session
+    /// at ErrorRecoveryLevel 2, sealed under that connection's keys). `None`: this transform
+    /// cannot (the default).
+    fn outbound_now(&self, _cmd: CommandInfo, _data: &Bytes) -> Option<Result<Bytes>> {
+        None
+    }
     /// Inbound data as reassembled from Data-In (possibly shorter than the EDTL when the
     /// target sent less): returns what the caller sees.
     fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut>;
@@ -74,6 +81,9 @@ impl PayloadTransform for Identity {
     }
     fn outbound(&self, _cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes> {
         Box::pin(async move { Ok(data) })
+    }
+    fn outbound_now(&self, _cmd: CommandInfo, data: &Bytes) -> Option<Result<Bytes>> {
+        Some(Ok(data.clone()))
     }
     fn inbound(&self, _cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
         Box::pin(async move { Ok(data) })

@@ -47,6 +47,32 @@ async fn erl_target(connections_per_session: u32, error_recovery_level: u32) -> 
     ServerHandle::start(&c).await.unwrap()
 }
 
+/// [`erl_target`] requiring Seal (each connection its own Seal login and keys).
+async fn sealed_erl_target(
+    connections_per_session: u32,
+    error_recovery_level: u32,
+) -> ServerHandle {
+    let mut t = TargetConfig::new(
+        IQN,
+        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
+    );
+    t.seal = tconfig::SealSettings {
+        policy: SealPolicy::Required,
+        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
+        initiators: Vec::new(),
+    };
+    let mut c = Config {
+        error_recovery_level,
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        targets: vec![t],
+        connections_per_session,
+        crypto_workers: 2,
+        ..Config::default()
+    };
+    c.validate().unwrap();
+    ServerHandle::start(&c).await.unwrap()
+}
+
 fn url(h: &ServerHandle) -> IscsiUrl {
     IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap()
 }
@@ -322,14 +348,36 @@ async fn lost(s: &McsSession, n: u64) {
 /// never received, sent again) and the session returns to four connections each time.
 #[test]
 fn accepts_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_back() {
+    cut_mid_write_and_mid_read(false);
+}
+
+/// The same cuts on a sealed session (docs/seal.md §3: each connection its own keys): a write
+/// whose connection was cut is sealed again from its plaintext under the keys of the
+/// connection it moves to (and collected whole there by the target), a read is opened under
+/// the keys of the connection it completed on, or read again when the target had sealed it
+/// for the cut one. Nothing fails back, every byte verifies. Before issue 28's sealed ERL 2 the
+/// session refused ErrorRecoveryLevel 2 with Seal (offered 0) and the first cut failed the
+/// commands (`params().error_recovery_level` asserted below).
+#[test]
+fn accepts_sealed_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_back() {
+    cut_mid_write_and_mid_read(true);
+}
+
+fn cut_mid_write_and_mid_read(sealed_session: bool) {
     bounded(120, async {
-        let h = erl_target(4, 2).await;
+        let h = if sealed_session {
+            sealed_erl_target(4, 2).await
+        } else {
+            erl_target(4, 2).await
+        };
         let relay = Relay::start(h.addrs[0]).await;
         let u = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", relay.addr)).unwrap();
-        let mut cfg = config(LoginOptions {
-            error_recovery_level: 2,
-            ..LoginOptions::default()
-        });
+        let mut cfg = if sealed_session {
+            sealed()
+        } else {
+            config(LoginOptions::default())
+        };
+        cfg.login.error_recovery_level = 2;
         cfg.recovery_timeout = Some(Duration::from_secs(30));
         let s = McsSession::open(
             &u,
@@ -429,6 +477,229 @@ fn accepts_connections_cut_mid_write_and_mid_read_at_erl_2_and_fails_no_command_
         assert_eq!(r.refused, 0, "{r:?}");
         Arc::try_unwrap(s).unwrap().logout().await.unwrap();
         drop(relay);
+        h.shutdown().await.unwrap();
+    });
+}
+
+/// What the replaying relay saw and did.
+#[derive(Default)]
+struct Replay {
+    /// The victim write: its ITT and the relay connection it first went on.
+    victim: Option<(u32, usize)>,
+    /// Its sealed data as it went on that connection, by buffer offset.
+    recorded: std::collections::HashMap<u32, Vec<u8>>,
+    /// Data segments of it on another connection replaced by the recorded ones.
+    replaced: usize,
+}
+
+/// A relay that reads the initiator's PDUs (BHS, AHS, data segment; no digests) on every
+/// connection: the first WRITE of more than 512 KiB is the victim. Its connection is cut right
+/// after its first data (immediate data, or its first Data-Out) went, so the target holds the
+/// task collecting data;
+/// after the session reassigns it, every data segment of it on another connection whose
+/// offset and length match one recorded on the cut connection is replaced by that recording:
+/// the failed connection's sealed bytes, replayed into the reassigned task. (The record MAC of
+/// a Data-Out covers its header, not the sealed data the chunk AEAD protects, so the
+/// replacement passes the record layer and meets the chunk AEAD.)
+async fn replaying_relay(
+    to: std::net::SocketAddr,
+    replace: bool,
+) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Replay>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let state: Arc<std::sync::Mutex<Replay>> = Arc::default();
+    let st = state.clone();
+    tokio::spawn(async move {
+        let mut n = 0usize;
+        while let Ok((a, _)) = l.accept().await {
+            let conn = n;
+            n += 1;
+            let b = tokio::net::TcpStream::connect(to).await.unwrap();
+            let (a_std, b_std) = (a.into_std().unwrap(), b.into_std().unwrap());
+            let cut = (a_std.try_clone().unwrap(), b_std.try_clone().unwrap());
+            let a = tokio::net::TcpStream::from_std(a_std).unwrap();
+            let b = tokio::net::TcpStream::from_std(b_std).unwrap();
+            let (mut ar, mut aw) = a.into_split();
+            let (mut br, mut bw) = b.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut br, &mut aw).await;
+            });
+            let st = st.clone();
+            tokio::spawn(async move {
+                loop {
+                    let mut bhs = [0u8; 48];
+                    if ar.read_exact(&mut bhs).await.is_err() {
+                        break;
+                    }
+                    let ahs = usize::from(bhs[4]) * 4;
+                    let dlen = (usize::from(bhs[5]) << 16)
+                        | (usize::from(bhs[6]) << 8)
+                        | usize::from(bhs[7]);
+                    let mut rest = vec![0u8; ahs + dlen.div_ceil(4) * 4];
+                    if ar.read_exact(&mut rest).await.is_err() {
+                        break;
+                    }
+                    let opcode = bhs[0] & 0x3f;
+                    let itt = u32::from_be_bytes(bhs[16..20].try_into().unwrap());
+                    let mut cut_now = false;
+                    {
+                        let mut g = st.lock().unwrap();
+                        let offset = match opcode {
+                            // SCSI Command: immediate data at offset 0.
+                            0x01 => Some(0u32),
+                            // SCSI Data-Out: its buffer offset.
+                            0x05 => Some(u32::from_be_bytes(bhs[40..44].try_into().unwrap())),
+                            _ => None,
+                        };
+                        let edtl = u32::from_be_bytes(bhs[20..24].try_into().unwrap());
+                        if opcode == 0x01
+                            && bhs[1] & 0x20 != 0
+                            && edtl > 512 << 10
+                            && g.victim.is_none()
+                        {
+                            g.victim = Some((itt, conn));
+                        }
+                        if let (Some((v, on)), Some(off)) = (g.victim, offset) {
+                            if v == itt && dlen > 0 {
+                                let data = &mut rest[ahs..ahs + dlen];
+                                if on == conn {
+                                    // Its first sealed bytes go, then the connection is cut.
+                                    cut_now = g.recorded.is_empty();
+                                    g.recorded.insert(off, data.to_vec());
+                                } else if let Some(old) = g
+                                    .recorded
+                                    .get(&off)
+                                    .filter(|o| replace && o.len() == dlen)
+                                    .cloned()
+                                {
+                                    data.copy_from_slice(&old);
+                                    g.replaced += 1;
+                                }
+                            }
+                        }
+                    }
+                    if bw.write_all(&bhs).await.is_err() || bw.write_all(&rest).await.is_err() {
+                        break;
+                    }
+                    if cut_now {
+                        let _ = bw.flush().await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let _ = cut.0.shutdown(std::net::Shutdown::Both);
+                        let _ = cut.1.shutdown(std::net::Shutdown::Both);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, state)
+}
+
+/// Issue 28, sealed ERL 2 attacked as an attacker on the path would: a relay records the
+/// sealed data a 1 MiB WRITE carries on its connection, cuts that connection (the target holds
+/// the write collecting data), and when the session has reassigned the write to another
+/// connection, replays the recorded bytes into the write's data there. Each connection seals
+/// under its own keys and the reassigned write is sealed again under the new connection's, so
+/// the replayed chunks fail the target's chunk AEAD: the write ends in CHECK CONDITION,
+/// ABORTED COMMAND / CRYPTOGRAPHIC INTEGRITY VALIDATION FAILED (0Bh/74h/04h) and nothing of
+/// it is written (the LBA range still holds what was there). The session goes on. The control:
+/// the same cut through the same relay, nothing replayed, and the write succeeds (sealed again
+/// for its new connection) and reads back.
+#[test]
+fn rejects_a_failed_connections_sealed_data_replayed_into_its_reassigned_write() {
+    bounded(120, async {
+        let h = sealed_erl_target(4, 2).await;
+        {
+            let (relay, replay) = replaying_relay(h.addrs[0], false).await;
+            let u = IscsiUrl::parse(&format!("iscsi://{relay}/{IQN}/0")).unwrap();
+            let mut cfg = sealed();
+            cfg.login.error_recovery_level = 2;
+            cfg.recovery_timeout = Some(Duration::from_secs(30));
+            let s = McsSession::open(
+                &u,
+                &cfg,
+                McsConfig {
+                    connections: 4,
+                    spread: Spread::RoundRobin,
+                },
+            )
+            .await
+            .unwrap();
+            let data = bytes::Bytes::from(vec![0x6e; 1 << 20]);
+            tokio::time::timeout(Duration::from_secs(30), s.write(8192, data.clone()))
+                .await
+                .expect("the cut write ends")
+                .expect("the control: cut and reassigned, nothing replayed, the write succeeds");
+            assert!(
+                replay.lock().unwrap().victim.is_some(),
+                "the control's cut was made"
+            );
+            assert!(s.read(8192, 2048).await.unwrap()[..] == data[..]);
+            assert!(s.recovery().connections_lost >= 1, "{:?}", s.recovery());
+        }
+        let (relay, replay) = replaying_relay(h.addrs[0], true).await;
+        let u = IscsiUrl::parse(&format!("iscsi://{relay}/{IQN}/0")).unwrap();
+        let mut cfg = sealed();
+        cfg.login.error_recovery_level = 2;
+        cfg.recovery_timeout = Some(Duration::from_secs(30));
+        let s = McsSession::open(
+            &u,
+            &cfg,
+            McsConfig {
+                connections: 4,
+                spread: Spread::RoundRobin,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.params().error_recovery_level, 2, "sealed ERL 2 offered");
+        // What the range holds before: written in 64 KiB pieces (no victim among them).
+        let before = bytes::Bytes::from(vec![0x3c; 1 << 20]);
+        for k in 0..16u64 {
+            s.write(
+                k * 128,
+                before.slice((k as usize) << 16..((k as usize) + 1) << 16),
+            )
+            .await
+            .unwrap();
+        }
+        let victim = bytes::Bytes::from(vec![0xa7; 1 << 20]);
+        let r = tokio::time::timeout(Duration::from_secs(30), s.write(0, victim))
+            .await
+            .expect("the attacked write ends");
+        let (replaced, recorded) = {
+            let g = replay.lock().unwrap();
+            (g.replaced, g.recorded.len())
+        };
+        assert!(recorded > 0, "the relay recorded the victim's sealed data");
+        assert!(
+            replaced > 0,
+            "the reassigned write's data went on another connection and was replaced"
+        );
+        let e = r.expect_err("replayed sealed data must not be accepted");
+        let sense = e.sense().unwrap_or_else(|| panic!("{e:?}"));
+        assert_eq!(
+            (sense.key.0, sense.asc, sense.ascq),
+            (
+                ipsan_seal::sense::SENSE_KEY,
+                ipsan_seal::sense::ASC,
+                ipsan_seal::sense::ASCQ
+            ),
+            "{e:?}"
+        );
+        let now = s.read(0, 2048).await.unwrap();
+        assert!(
+            now[..] == before[..],
+            "nothing of the attacked write reached the medium"
+        );
+        let r = s.recovery();
+        eprintln!("replayed segments {replaced}; recovery {r:?}");
+        assert!(
+            r.connections_lost >= 1 && r.reassigned + r.retried >= 1,
+            "{r:?}"
+        );
+        drop(s);
         h.shutdown().await.unwrap();
     });
 }

@@ -220,6 +220,9 @@ pub async fn serve(
     cfg.drain_timeout = DRAIN_TIMEOUT;
     cfg.max_command_bytes = MAX_COMMAND_BYTES;
     cfg.cid = result.cid;
+    // Sealed data is sealed under each connection's own keys: a write reassigned here (ERL 2)
+    // is asked for whole, sealed under this connection's keys (docs/seal.md §3).
+    cfg.resolicit_reassigned_writes = seal.is_some();
     let (core, id, reinstates, joined) = match (joining, registration) {
         (Some(core), _) => {
             let target = params

@@ -27,8 +27,11 @@
 //!   a far end that grants more (ipsan: `connections_per_session`, 4 by default) gets an
 //!   [`McsSession`] of that many for this and every later host session. Relayed CHAP stays
 //!   on one connection: the host answers one challenge, and every joining login would need
-//!   another. Several connections have no session recovery of their own (ErrorRecoveryLevel
-//!   0: one lost connection ends the session), so [`RemoteNexus::forward`] recovers here: the
+//!   another. Several connections offer ErrorRecoveryLevel 2 ([`DEFAULT_ERROR_RECOVERY_LEVEL`]):
+//!   where the far end grants it, a lost connection's commands are reassigned to a live one
+//!   and the connection logs in again inside the session (`McsSession`), so the host sees
+//!   nothing. Where it answers 0 (ErrorRecoveryLevel 0: one lost connection ends the
+//!   session), [`RemoteNexus::forward`] recovers here: the
 //!   lost session is logged in again (a reinstating login with the host's ISID, §6.3.5)
 //!   with backoff up to the recovery timeout, idempotent commands are sent again and the
 //!   others answered with the retryable not-reissued sense, as [`Session`]'s recovery does.
@@ -77,6 +80,13 @@ pub struct RemoteSpec {
     pub connections: u16,
     /// How commands spread over several connections.
     pub spread: Spread,
+    /// ErrorRecoveryLevel offered by a session of several connections (RFC 7143 §7.2,
+    /// §13.20; default 2, [`DEFAULT_ERROR_RECOVERY_LEVEL`]): where the far end grants 2 (ipsan
+    /// with `[server] error_recovery_level = 2`, as `ipsan gateway` sets it) a lost connection's
+    /// commands are reassigned to a live one and nothing reaches the host (sealed legs
+    /// included: a moved write is sealed again under its new connection's keys); where it
+    /// answers 0 the session recovers as below. One connection always offers 0.
+    pub error_recovery_level: u32,
     /// What the far end answered to MaxConnections = `connections` at the first login (0: not
     /// asked yet), shared by every host session reaching it.
     pub granted: Arc<AtomicU32>,
@@ -86,6 +96,9 @@ pub struct RemoteSpec {
 /// connection's rate at 1 % loss and 32 ms (docs/results/mcs-wan); docs/gateway.md says when
 /// to use more or fewer.
 pub const DEFAULT_CONNECTIONS: u16 = 4;
+
+/// ErrorRecoveryLevel a remote session of several connections offers unless configured.
+pub const DEFAULT_ERROR_RECOVERY_LEVEL: u32 = 2;
 
 impl std::fmt::Debug for RemoteSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -314,7 +327,7 @@ impl RemoteNexus {
             seal = spec.seal.as_ref().map_or("off".to_owned(), |(c, _)| c.to_string()),
             immediate_data = p.immediate_data, initial_r2t = p.initial_r2t,
             first_burst = p.first_burst_length, max_burst = p.max_burst_length,
-            connections = session.connections(),
+            connections = session.connections(), erl = p.error_recovery_level,
             "remote session open"
         );
         let back = crate::lock(&self.recovering).remove(&spec.target_key());
@@ -382,7 +395,9 @@ impl RemoteNexus {
         cfg: &SessionConfig,
         several: McsConfig,
     ) -> Result<Link, Error> {
-        match McsSession::connect(&spec.url, cfg, several).await {
+        let mut mcs_cfg = cfg.clone();
+        mcs_cfg.login.error_recovery_level = spec.error_recovery_level;
+        match McsSession::connect(&spec.url, &mcs_cfg, several).await {
             Ok(s) => Ok(Link::Many(s)),
             // Unreachable: one connection would not fare better.
             Err(e @ (Error::Io(_) | Error::Timeout(_) | Error::ConnectionLost(_))) => Err(e),

@@ -19,6 +19,15 @@
 //! sent again; that no TASK REASSIGN is refused; that the target ends with every CmdSN
 //! received, nothing orphaned and nothing held. A failure names its seed:
 //! `MCS_ERL2_SIM_SEED=<n> cargo test -p iscsi-proto --test mcs_erl2_sim`.
+//!
+//! The sealed variant models Seal's per-connection keys (docs/seal.md §3): every login gets a
+//! key of its own, write data is "sealed" (XORed) under the key of the connection it goes on
+//! and "opened" at the target under the key of the connection the command runs from, read data
+//! the other way round. A reassigned write must be made again for its new connection
+//! (`Session::reseal_on_reassign`, `Event::Reseal`) and a target collecting it must ask for all
+//! of it again (`target::Config::resolicit_reassigned_writes`): bytes sealed for the failed
+//! connection never open. A read whose data came sealed under the failed connection's key is
+//! sent again as a new command, as the driver does (`MCS_ERL2_SIM_SEALED_SEED=<n>`).
 
 #[allow(dead_code)]
 mod common;
@@ -28,15 +37,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use common::{
-    answer, cdb16, check_good, initiator_conn, pattern_bytes, pick, random_first_sn, random_io,
-    random_params, read, run_seeds, target_config, two_connections, Disk,
-};
+use common::{cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, BLOCK};
 use ipsan_wan::rng::Rng;
-use iscsi_proto::engine::initiator::{Command, Data, Reassignment, TaskError};
+use iscsi_proto::engine::initiator::{self, Command, Connection, Data, Reassignment, TaskError};
 use iscsi_proto::engine::mcs::{self, Spread};
-use iscsi_proto::engine::target;
 use iscsi_proto::engine::target::session::{ConnId, Session as TargetSession};
+use iscsi_proto::engine::target::{self, Response};
 use iscsi_proto::engine::{CloseReason, Side};
 use iscsi_proto::params::SessionParams;
 use iscsi_proto::seq::sn_le;
@@ -44,6 +50,41 @@ use iscsi_wire::header::{
     LogoutReason, LogoutResponse, ScsiResponse, TaskMgmtResponse, TmfFunction, TmfResponse,
 };
 use iscsi_wire::{Header, Pdu};
+
+fn pattern_bytes(start: u64, len: usize) -> Bytes {
+    (0..len as u64).map(|k| pattern(start + k)).collect()
+}
+
+fn target_config(
+    p: &SessionParams,
+    cid: u16,
+    cmd_sn: u32,
+    stat_sn: u32,
+    depth: u32,
+) -> target::Config {
+    let mut c = target::Config::new(p.clone(), cmd_sn, stat_sn);
+    c.cid = cid;
+    c.cmd_window = depth;
+    c
+}
+
+/// The sealed variant's "seal": bytes XORed with the connection's key (0 in the plain run).
+fn seal(data: &[u8], key: u8) -> Bytes {
+    data.iter().map(|b| b ^ key).collect()
+}
+
+fn initiator_conn(
+    p: &SessionParams,
+    now: Instant,
+    window: (u32, u32, u32),
+    stat_sn: u32,
+) -> Connection {
+    let (cmd_sn, exp, max) = window;
+    let mut c = initiator::Config::new(p.clone(), cmd_sn, max, stat_sn);
+    c.exp_cmd_sn = exp;
+    c.nop_interval = None;
+    Connection::new(c, now)
+}
 
 /// One connection: both engines' ends and the two FIFOs between them.
 struct Link {
@@ -76,11 +117,27 @@ static REINSTATED: AtomicU64 = AtomicU64::new(0);
 static RECOVERY_R2TS: AtomicU64 = AtomicU64::new(0);
 /// Data-In for a read after its TASK REASSIGN from a DataSN above 0 (ExpDataSN kept).
 static RESENT_FROM_EXP_DATA_SN: AtomicU64 = AtomicU64::new(0);
+/// Sealed: writes made again for the connection they moved to.
+static RESEALED: AtomicU64 = AtomicU64::new(0);
+/// Sealed: reads whose data came sealed for a failed connection, sent again as new commands.
+static READS_SENT_AGAIN: AtomicU64 = AtomicU64::new(0);
+/// Sealed: commands made for a connection that failed before they left, made again.
+static NEVER_SENT_AGAIN: AtomicU64 = AtomicU64::new(0);
 
 /// One seeded workload; `Err` says what went wrong.
 #[allow(clippy::too_many_lines)]
-fn run(seed: u64) -> Result<(), String> {
+fn run(seed: u64, sealed: bool) -> Result<(), String> {
     let mut rng = Rng::new(seed);
+    // Sealed: each login's key, by CID at the initiator and by ConnId at the target.
+    let mut next_key = 0u8;
+    let mut fresh_key = || {
+        if sealed {
+            next_key += 1;
+        }
+        next_key
+    };
+    let mut ini_key: HashMap<u16, u8> = HashMap::new();
+    let mut tgt_key: HashMap<ConnId, u8> = HashMap::new();
     let n = 2 + rng.below(3) as u16;
     let depth = pick(&mut rng, &[2, 4, 8, 32]);
     let spread = if rng.chance(0.5) {
@@ -90,17 +147,36 @@ fn run(seed: u64) -> Result<(), String> {
     };
     let mut p = SessionParams {
         max_connections: u32::from(n) + 8,
+        initial_r2t: rng.chance(0.5),
+        immediate_data: rng.chance(0.5),
+        first_burst_length: pick(&mut rng, &[512, 2048, 4096]),
+        max_burst_length: pick(&mut rng, &[2048, 4096, 8192]),
+        max_outstanding_r2t: pick(&mut rng, &[1, 2]),
         error_recovery_level: 2,
         default_time2wait: 0,
         default_time2retain: 20,
         ..SessionParams::default()
     };
-    random_params(&mut rng, &mut p, &[2048, 4096, 8192]);
-    let first_sn = random_first_sn(&mut rng);
+    let mrdsl = pick(&mut rng, &[512, 1024, 4096]);
+    p.initiator_max_recv_data_segment_length = mrdsl;
+    p.target_max_recv_data_segment_length = mrdsl;
+    let first_sn = if rng.chance(0.3) {
+        u32::MAX - rng.below(40) as u32
+    } else {
+        rng.next_u64() as u32
+    };
     let now = Instant::now();
 
     let stat = rng.next_u64() as u32;
-    let (mut tgt, id0) = TargetSession::new(target_config(&p, 0, first_sn, stat, depth), now);
+    let tcfg = |cid: u16, cmd_sn: u32, stat_sn: u32| {
+        let mut c = target_config(&p, cid, cmd_sn, stat_sn, depth);
+        c.resolicit_reassigned_writes = sealed;
+        c
+    };
+    let (mut tgt, id0) = TargetSession::new(tcfg(0, first_sn, stat), now);
+    let k0 = fresh_key();
+    ini_key.insert(0, k0);
+    tgt_key.insert(id0, k0);
     let w = tgt.window();
     let mut ini = mcs::Session::new(
         mcs::Config {
@@ -113,6 +189,7 @@ fn run(seed: u64) -> Result<(), String> {
     if !ini.recovers_connections() {
         return Err("ErrorRecoveryLevel 2 not taken from the params".into());
     }
+    ini.reseal_on_reassign(sealed);
     let mut links = vec![Link {
         cid: 0,
         id: id0,
@@ -128,7 +205,7 @@ fn run(seed: u64) -> Result<(), String> {
      -> Result<(Link, Option<ConnId>), String> {
         let stat = rng.next_u64() as u32;
         let a = tgt
-            .add_connection(target_config(&p, cid, 0, stat, depth), now, &Disk)
+            .add_connection(tcfg(cid, 0, stat), now, &Disk)
             .map_err(|e| format!("target: join {cid}: {e}"))?;
         let w = tgt.window();
         let (cmd_sn, _, _) = ini.window();
@@ -151,11 +228,17 @@ fn run(seed: u64) -> Result<(), String> {
     };
     for cid in 1..n {
         let (l, _) = join(&mut tgt, &mut ini, &mut rng, cid)?;
+        let k = fresh_key();
+        ini_key.insert(cid, k);
+        tgt_key.insert(l.id, k);
         links.push(l);
     }
     let mut next_cid = n;
 
-    let total = 100 + rng.below(100) as usize;
+    let mut total = 100 + rng.below(100) as usize;
+    // Sealed: commands to make again (a read whose data came sealed for a failed connection,
+    // a command made for a connection that failed before it left), as the driver does.
+    let mut again: Vec<(bool, u64, u32)> = Vec::new();
     let max_cuts = 1 + rng.below(6);
     let mut cuts = 0;
     let mut cmds: HashMap<u32, Cmd> = HashMap::new();
@@ -174,10 +257,42 @@ fn run(seed: u64) -> Result<(), String> {
         let mut progressed = false;
         let c = rng.below(links.len() as u64) as usize;
         match rng.below(26) {
-            // The host submits a command.
-            0..=3 if submitted < total => {
-                let (write, lba, blocks, cmd) = random_io(&mut rng);
-                let itt = ini.submit(now, cmd).map_err(|e| format!("submit: {e}"))?;
+            // The host submits a command (sealed: on a connection picked first, its data made
+            // for it; with none open it waits).
+            0..=3 if submitted < total && (!sealed || ini.pick().is_some()) => {
+                let (write, lba, blocks) = match again.pop() {
+                    Some(x) => x,
+                    None => {
+                        let write = rng.chance(0.5);
+                        let blocks = 1 + rng.below(16) as u32;
+                        (write, rng.below(1 << 12), blocks)
+                    }
+                };
+                let len = blocks * BLOCK as u32;
+                let on = if sealed { ini.pick() } else { None };
+                let key = on.map_or(0, |c| ini_key[&c]);
+                let data = if write {
+                    Data::Write(seal(&pattern_bytes(lba * BLOCK, len as usize), key))
+                } else {
+                    Data::Read {
+                        buf: bytes::BytesMut::new(),
+                        len,
+                    }
+                };
+                let cmd = Command {
+                    lun: 0,
+                    cdb: cdb16(if write { 0x8a } else { 0x88 }, lba, blocks),
+                    data,
+                    timed: false,
+                };
+                let itt = match on {
+                    Some(cid) => {
+                        let itt = ini.alloc_itt();
+                        ini.submit_on(now, cid, itt, cmd)
+                    }
+                    None => ini.submit(now, cmd),
+                }
+                .map_err(|e| format!("submit: {e}"))?;
                 cmds.insert(
                     itt,
                     Cmd {
@@ -234,7 +349,30 @@ fn run(seed: u64) -> Result<(), String> {
             14..=16 if !running.is_empty() => {
                 let k = rng.below(running.len() as u64) as usize;
                 let (id, x) = running.swap_remove(k);
-                let resp = answer(&x)?;
+                let (lba, blocks) = parse16(&x.cdb);
+                let want = pattern_bytes(lba * BLOCK, (u64::from(blocks) * BLOCK) as usize);
+                // Opened and sealed under the key of the connection it runs from.
+                let key = tgt_key[&id];
+                let resp = if x.write {
+                    if seal(&x.data_out, key) != want {
+                        let keys: Vec<u8> = x
+                            .data_out
+                            .iter()
+                            .zip(want.iter())
+                            .map(|(a, b)| a ^ b)
+                            .step_by(512)
+                            .collect();
+                        return Err(format!(
+                            "ITT {:#x}: write data wrong (runs from {id:?} key {key}, data keys \
+                             per block {keys:?}, adopted {})",
+                            x.itt,
+                            adopted.contains(&x.itt)
+                        ));
+                    }
+                    Response::good(Bytes::new())
+                } else {
+                    Response::good(seal(&want, key))
+                };
                 if !tgt.complete(id, x.itt, resp) {
                     return Err(format!("ITT {:#x}: completion refused", x.itt));
                 }
@@ -305,6 +443,9 @@ fn run(seed: u64) -> Result<(), String> {
                     ini.remove(now, old);
                 }
                 let (l, reinstated) = join(&mut tgt, &mut ini, &mut rng, cid)?;
+                let k = fresh_key();
+                ini_key.insert(cid, k);
+                tgt_key.insert(l.id, k);
                 if let Some(r) = reinstated {
                     REINSTATED.fetch_add(1, Ordering::Relaxed);
                     while tgt.poll_transmit(r).is_some() {}
@@ -350,7 +491,7 @@ fn run(seed: u64) -> Result<(), String> {
         // Initiator events: completions exactly once, with the right data.
         while let Some(ev) = ini.poll_event() {
             match ev {
-                mcs::Event::Completed { itt, result, .. } => {
+                mcs::Event::Completed { itt, cid, result } => {
                     let x = cmds
                         .get_mut(&itt)
                         .ok_or_else(|| format!("completion of unknown ITT {itt:#x}"))?;
@@ -358,10 +499,55 @@ fn run(seed: u64) -> Result<(), String> {
                     if x.completions > 1 {
                         return Err(format!("ITT {itt:#x} completed twice"));
                     }
+                    if sealed && ini.take_never_left(itt) {
+                        if x.cmd_sn.is_some() {
+                            return Err(format!("ITT {itt:#x} left with a CmdSN, said never left"));
+                        }
+                        if let Err(TaskError::ConnectionLost(_)) = &result {
+                            // Made for a connection that failed before it left: made again.
+                            NEVER_SENT_AGAIN.fetch_add(1, Ordering::Relaxed);
+                            again.push((x.write, x.lba, x.blocks));
+                            total += 1;
+                            settled += 1;
+                            continue;
+                        }
+                    }
                     let done = result.map_err(|e| format!("ITT {itt:#x} failed back: {e}"))?;
                     let read = (!x.write).then_some((x.lba, x.blocks));
-                    check_good(itt, done.status, read, &done.data)?;
+                    // Opened under the key of the connection it completed on.
+                    let key = cid.map_or(0, |c| ini_key[&c]);
+                    let data = seal(&done.data, key);
+                    if sealed
+                        && read.is_some()
+                        && check_good(itt, done.status, read, &data).is_err()
+                    {
+                        if !adopted.contains(&itt) {
+                            return Err(format!(
+                                "ITT {itt:#x}: read data does not open under the keys of \
+                                 connection {cid:?}, and it was never reassigned"
+                            ));
+                        }
+                        // Sealed for the failed connection: never opened, read again.
+                        READS_SENT_AGAIN.fetch_add(1, Ordering::Relaxed);
+                        again.push((false, x.lba, x.blocks));
+                        total += 1;
+                        settled += 1;
+                        continue;
+                    }
+                    check_good(itt, done.status, read, &data)?;
                     settled += 1;
+                }
+                mcs::Event::Reseal { itt, to } => {
+                    let x = cmds
+                        .get(&itt)
+                        .ok_or_else(|| format!("reseal of unknown ITT {itt:#x}"))?;
+                    if !sealed || !x.write {
+                        return Err(format!("reseal of ITT {itt:#x} asked (sealed {sealed})"));
+                    }
+                    RESEALED.fetch_add(1, Ordering::Relaxed);
+                    let plain =
+                        pattern_bytes(x.lba * BLOCK, (u64::from(x.blocks) * BLOCK) as usize);
+                    ini.resealed(now, itt, to, Some(seal(&plain, ini_key[&to])));
                 }
                 mcs::Event::ConnectionClosed { cid, error, .. } => {
                     let cut = links.iter().any(|l| l.cid == cid && l.cut);
@@ -422,9 +608,10 @@ fn run(seed: u64) -> Result<(), String> {
         return Err(format!("the session ended: {:?}", ini.ended()));
     }
     let w = tgt.window();
-    if w.exp_cmd_sn() != first_sn.wrapping_add(total as u32) {
+    let numbered = cmds.values().filter(|x| x.cmd_sn.is_some()).count();
+    if w.exp_cmd_sn() != first_sn.wrapping_add(numbered as u32) {
         return Err(format!(
-            "target ExpCmdSN {} after {total} commands from {first_sn}",
+            "target ExpCmdSN {} after {numbered} commands from {first_sn}",
             w.exp_cmd_sn()
         ));
     }
@@ -439,7 +626,7 @@ fn run(seed: u64) -> Result<(), String> {
 
 #[test]
 fn accepts_connections_cut_anywhere_and_completes_every_command_once_by_task_reassign() {
-    if run_seeds("MCS_ERL2_SIM_SEED", 200, run).is_some() {
+    if run_seeds("MCS_ERL2_SIM_SEED", 200, |seed| run(seed, false)).is_some() {
         let seen = [
             &CUTS,
             &ALL_DOWN,
@@ -463,6 +650,27 @@ fn accepts_connections_cut_anywhere_and_completes_every_command_once_by_task_rea
     }
 }
 
+#[test]
+fn accepts_sealed_connections_cut_anywhere_and_never_opens_data_under_another_connections_keys() {
+    if run_seeds("MCS_ERL2_SIM_SEALED_SEED", 200, |seed| run(seed, true)).is_some() {
+        let seen = [
+            &RESEALED,
+            &READS_SENT_AGAIN,
+            &NEVER_SENT_AGAIN,
+            &RECOVERY_R2TS,
+        ]
+        .map(|c| c.load(Ordering::Relaxed));
+        eprintln!(
+            "sealed: writes made again for their new connection, reads sent again, commands \
+             made again before they left, recovery R2Ts: {seen:?}"
+        );
+        assert!(
+            seen[0] > 0 && seen[1] > 0,
+            "resealed writes, reads sent again: {seen:?}"
+        );
+    }
+}
+
 // ---- fixed cases, the engine alone ----
 
 fn params(erl: u32) -> SessionParams {
@@ -475,7 +683,31 @@ fn params(erl: u32) -> SessionParams {
 
 /// A session of two connections (CIDs 0 and 1), window 10..=41, round robin.
 fn two(erl: u32) -> (mcs::Session, Instant) {
-    two_connections(Spread::RoundRobin, &params(erl))
+    let now = Instant::now();
+    let p = params(erl);
+    let mut s = mcs::Session::new(
+        mcs::Config {
+            spread: Spread::RoundRobin,
+            command_timeout: None,
+        },
+        0,
+        initiator_conn(&p, now, (10, 10, 41), 100),
+    );
+    s.add_connection(now, 1, initiator_conn(&p, now, (10, 10, 41), 500))
+        .unwrap();
+    (s, now)
+}
+
+fn read(lba: u64, blocks: u32) -> Command {
+    Command {
+        lun: 0,
+        cdb: cdb16(0x88, lba, blocks),
+        data: Data::Read {
+            buf: bytes::BytesMut::new(),
+            len: blocks * BLOCK as u32,
+        },
+        timed: false,
+    }
 }
 
 fn sent(s: &mut mcs::Session, cid: u16) -> Vec<Pdu> {

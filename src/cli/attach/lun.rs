@@ -44,8 +44,9 @@ pub enum IoError {
 }
 
 /// The session a mount's commands go on: one connection (with session recovery,
-/// `--recovery-timeout`), or several (`--connections N`, RFC 7143 §4.2; no recovery yet: a
-/// lost connection ends the session).
+/// `--recovery-timeout`), or several (`--connections N`, RFC 7143 §4.2; a lost connection is
+/// recovered inside the session at `--erl 2` where the target grants it, and ends the session
+/// otherwise).
 #[derive(Debug)]
 pub enum Link {
     One(Session),

@@ -28,9 +28,21 @@
 //! target, and would end a new connection that had taken it (§11.14.1 names connections by
 //! CID alone). So the session returns to its connections; if none is open and
 //! none comes back within [`SessionConfig::recovery_timeout`] (default 120 s) the session ends
-//! and the waiting commands fail with [`Error::ConnectionLost`]. Sealed sessions stay at
-//! ErrorRecoveryLevel 0: their data is sealed under the keys of the connection it was made
-//! for, which a reassigned or retried command leaves behind.
+//! and the waiting commands fail with [`Error::ConnectionLost`].
+//!
+//! Sealed sessions at ErrorRecoveryLevel 2 (docs/seal.md §3 "Several connections"): data
+//! sealed for one connection never goes on another. The plaintext of every write in flight is
+//! kept (the caller's `Bytes`, not a copy); before a failed connection's tasks go to connection
+//! `to`, the engine asks for their write data again ([`mcs::Event::Reseal`]) and it is sealed
+//! from the plaintext under `to`'s keys and counters (on this thread, under the session's
+//! lock: recovery is rare, and the TASK REASSIGNs wait for it); a target collecting such a
+//! write asks for all of it again. A read is opened under the keys of the connection it
+//! completed on; a read the target adopted answers with Data-In it sealed for the failed
+//! connection, which does not open there, and is then sent again as a new command (reads
+//! change nothing). A command made for a connection that failed before it left, or picked
+//! while none is open, is made again for another. Nothing sealed for one connection is opened
+//! under another's keys, so a relay that replays a failed connection's records or data into
+//! the reassigned task makes it fail, never succeed.
 //!
 //! Files: each connection's reader and writer are `mcs/conns.rs`; ERL 2's relogin task is
 //! `mcs/relogin.rs`.
@@ -98,10 +110,35 @@ struct McsConn {
     io_tasks: Mutex<Vec<AbortHandle>>,
 }
 
+/// A command's end as its caller receives it (sealed sessions: which keys open its data).
+struct McsDone {
+    result: engine::TaskResult,
+    /// The payload transform of the connection it ended on (Seal: its keys).
+    transform: Option<Arc<dyn PayloadTransform>>,
+    /// Reassigned by TASK REASSIGN and adopted by the target (ErrorRecoveryLevel 2): Data-In it
+    /// sealed before may be under the failed connection's keys.
+    adopted: bool,
+    /// Made for a connection that stopped taking commands before it left: never sent.
+    never_left: bool,
+}
+
+/// What one try of a command came to.
+enum Attempt {
+    Done(Passthrough),
+    /// Made for a connection that is gone before it left, or a read whose data is sealed for a
+    /// failed connection: made again, for another (ErrorRecoveryLevel 2).
+    Again(&'static str),
+    /// No connection is open (ErrorRecoveryLevel 2 logs one in): wait, then try again.
+    Wait,
+}
+
+/// Tries of one command at most (each a new ITT), counting only [`Attempt::Again`].
+const MAX_TRIES: u32 = 8;
+
 struct McsInner {
     session: mcs::Session,
     conns: Vec<Arc<McsConn>>,
-    waiters: HashMap<u32, oneshot::Sender<engine::TaskResult>>,
+    waiters: HashMap<u32, oneshot::Sender<McsDone>>,
     /// Task management requests waiting for their response, by the TMF's ITT.
     tmf_waiters: HashMap<u32, oneshot::Sender<TmfResponse>>,
     /// Commands that ended on each connection so far, by CID.
@@ -116,6 +153,16 @@ struct McsInner {
     logging_out: bool,
     /// The CID a relogin tries next (fresh: never one in use or recovering).
     next_cid: u16,
+    /// Sealed, ErrorRecoveryLevel 2: the plaintext of every write in flight, by ITT, to seal
+    /// it again for the connection it is reassigned to.
+    plain: HashMap<u32, (CommandInfo, Bytes)>,
+    /// [`mcs::Event::Reseal`]s whose connection's driver side is not started yet: (ITT, CID).
+    reseals: Vec<(u32, u16)>,
+    /// How each task's last TASK REASSIGN ended, by ITT.
+    moved: HashMap<u32, Reassignment>,
+    /// Seal on every connection (each with its own keys): a command's data is made for the
+    /// connection it goes on.
+    sealed: bool,
 }
 
 impl McsInner {
@@ -180,10 +227,22 @@ impl McsCore {
                         if let Some(cid) = cid {
                             *g.placed.entry(cid).or_default() += 1;
                         }
+                        g.plain.remove(&itt);
+                        let adopted = matches!(g.moved.remove(&itt), Some(Reassignment::Adopted));
+                        let never_left = g.session.take_never_left(itt);
+                        let transform = cid
+                            .and_then(|c| g.conns.iter().find(|x| x.cid == c))
+                            .and_then(|x| x.transform.clone());
                         if let Some(tx) = g.waiters.remove(&itt) {
-                            let _ = tx.send(result);
+                            let _ = tx.send(McsDone {
+                                result,
+                                transform,
+                                adopted,
+                                never_left,
+                            });
                         }
                     }
+                    mcs::Event::Reseal { itt, to } => g.reseals.push((itt, to)),
                     mcs::Event::ConnectionClosed { cid, error, gap } => {
                         tracing::debug!(cid, ?error, gap, "connection ended");
                         let reason = g
@@ -214,6 +273,9 @@ impl McsCore {
                     }
                     mcs::Event::Reassigned { itt, cid, outcome } => {
                         tracing::debug!(itt, cid, ?outcome, "task reassigned");
+                        if g.waiters.contains_key(&itt) {
+                            g.moved.insert(itt, outcome);
+                        }
                         match outcome {
                             Reassignment::Adopted => g.recovery.reassigned += 1,
                             Reassignment::Retried => g.recovery.retried += 1,
@@ -225,7 +287,11 @@ impl McsCore {
                     }
                 }
             }
+            let resealed = Self::reseal(g);
             if closed.is_empty() {
+                if resealed {
+                    continue;
+                }
                 break;
             }
             if g.session.recovers_connections() && g.session.ended().is_none() {
@@ -264,12 +330,69 @@ impl McsCore {
         if g.ended.is_some() && g.session.open_connections() == 0 {
             // Whatever the engine did not end (nothing should be left) ends here.
             for (_, tx) in g.waiters.drain() {
-                let _ = tx.send(Err(TaskError::ConnectionLost(ConnectionError {
-                    by: Side::Initiator,
-                    reason: CloseReason::Local,
-                })));
+                let _ = tx.send(McsDone {
+                    result: Err(TaskError::ConnectionLost(ConnectionError {
+                        by: Side::Initiator,
+                        reason: CloseReason::Local,
+                    })),
+                    transform: None,
+                    adopted: false,
+                    never_left: false,
+                });
             }
         }
+    }
+
+    /// Seals the write data of reassigned tasks again for the connection each goes to, from
+    /// the plaintext kept (see the module notes); one whose connection's driver side has not
+    /// started yet waits for it. True when the engine got an answer.
+    fn reseal(g: &mut McsInner) -> bool {
+        if g.reseals.is_empty() {
+            return false;
+        }
+        let mut answered = false;
+        let pending = std::mem::take(&mut g.reseals);
+        for (itt, to) in pending {
+            if g.session
+                .connection(to)
+                .is_none_or(|c| c.closed().is_some())
+            {
+                // Gone: the engine asks again for the next connection.
+                continue;
+            }
+            let Some(t) = g
+                .conns
+                .iter()
+                .find(|c| c.cid == to)
+                .and_then(|c| c.transform.clone())
+            else {
+                g.reseals.push((itt, to));
+                continue;
+            };
+            let data = match g.plain.get(&itt) {
+                Some((info, plain)) => match t.outbound_now(*info, plain) {
+                    Some(Ok(b)) => Some(b),
+                    Some(Err(e)) => {
+                        tracing::warn!(itt, to, "cannot seal a reassigned write again: {e}");
+                        None
+                    }
+                    None => None,
+                },
+                None => {
+                    tracing::warn!(itt, to, "no plaintext kept for a reassigned write");
+                    None
+                }
+            };
+            tracing::debug!(
+                itt,
+                to,
+                ok = data.is_some(),
+                "write sealed again for its new connection"
+            );
+            g.session.resealed(Instant::now(), itt, to, data);
+            answered = true;
+        }
+        answered
     }
 
     fn lost(&self) -> Error {
@@ -309,6 +432,9 @@ pub struct McsSession {
     relogin: Option<AbortHandle>,
     /// [`SessionConfig::command_timeout`] applies to the commands.
     timed: bool,
+    /// How long a sealed command waits for a connection to be open (ErrorRecoveryLevel 2:
+    /// [`SessionConfig::recovery_timeout`]).
+    patience: Duration,
 }
 
 impl std::fmt::Debug for McsSession {
@@ -358,14 +484,6 @@ impl McsSession {
         cfg.login.isid = Some(cfg.login.isid.unwrap_or_else(originator::random_isid));
         cfg.login.max_connections = u32::from(mcs_cfg.connections.max(1));
         cfg.login.join = None;
-        if cfg.login.error_recovery_level > 0 && cfg.extension.is_some() {
-            // Data sealed for one connection cannot be reassigned to another (module notes).
-            tracing::warn!(
-                "ErrorRecoveryLevel {} is not offered with Seal: offering 0",
-                cfg.login.error_recovery_level
-            );
-            cfg.login.error_recovery_level = 0;
-        }
         let lead = login_connection(url, &cfg, &target).await?;
         let granted = lead.li.session_params.max_connections;
         let tsih = lead.li.done.established.tsih;
@@ -399,11 +517,21 @@ impl McsSession {
                 recovery: McsRecovery::default(),
                 logging_out: false,
                 next_cid: 1,
+                plain: HashMap::new(),
+                reseals: Vec::new(),
+                moved: HashMap::new(),
+                sealed: lead.li.transform.is_some(),
             }),
             wake_timer: Notify::new(),
             wake_relogin: Notify::new(),
         });
-        let erl2 = core.lock()?.session.recovers_connections();
+        let erl2 = {
+            let mut g = core.lock()?;
+            // Sealed: data is made per connection, so a reassigned write is made again.
+            let sealed = g.sealed;
+            g.session.reseal_on_reassign(sealed);
+            g.session.recovers_connections()
+        };
         start_conn(&core, 0, lead)?;
         let timer = tokio::spawn(mcs_timer(core.clone())).abort_handle();
         let relogin = erl2.then(|| {
@@ -427,6 +555,9 @@ impl McsSession {
             timer,
             relogin,
             timed: cfg.command_timeout.is_some(),
+            patience: cfg
+                .recovery_timeout
+                .unwrap_or(recovery::DEFAULT_RECOVERY_TIMEOUT),
         };
         for cid in 1..want {
             let cid = u16::try_from(cid).map_err(|_| Error::InvalidRequest("CID".into()))?;
@@ -563,38 +694,105 @@ impl McsSession {
         timed: bool,
         abort: Option<&tokio_util::sync::CancellationToken>,
     ) -> Result<Passthrough> {
-        if abort.is_some_and(tokio_util::sync::CancellationToken::is_cancelled) {
-            return Err(Error::TaskAborted("ABORT TASK".into()));
+        let (mut write, mut read) = match dir {
+            DataDir::None => (None, None),
+            DataDir::Write(b) => (Some(b), None),
+            DataDir::Read(buf, len) => (None, Some((buf, len))),
+        };
+        let mut tries = 0u32;
+        let mut waiting_since: Option<tokio::time::Instant> = None;
+        loop {
+            if abort.is_some_and(tokio_util::sync::CancellationToken::is_cancelled) {
+                return Err(Error::TaskAborted("ABORT TASK".into()));
+            }
+            // Another try gets a fresh read buffer (the last one went with the engine's task).
+            let dir = match (write.take(), read.take()) {
+                (Some(b), _) => {
+                    write = Some(b.clone());
+                    DataDir::Write(b)
+                }
+                (None, Some((buf, len))) => {
+                    read = Some((BytesMut::new(), len));
+                    DataDir::Read(buf, len)
+                }
+                (None, None) => DataDir::None,
+            };
+            match self.exchange_once(lun, cdb, dir, timed, abort).await? {
+                Attempt::Done(p) => return Ok(p),
+                Attempt::Wait => {
+                    // ErrorRecoveryLevel 2 logs a connection in, or the session ends.
+                    let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
+                    if since.elapsed() > self.patience {
+                        return Err(self.core.lost());
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Attempt::Again(why) => {
+                    tries += 1;
+                    if tries >= MAX_TRIES {
+                        return Err(Error::ConnectionLost(ConnectionLoss::Local(
+                            LocalClose::Unknown,
+                        )));
+                    }
+                    tracing::debug!(tries, "command made again: {why}");
+                }
+            }
         }
+    }
+
+    /// One try of [`McsSession::exchange`], under a fresh ITT.
+    async fn exchange_once(
+        &self,
+        lun: u64,
+        cdb: [u8; 16],
+        dir: DataDir,
+        timed: bool,
+        abort: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Attempt> {
         // Sealed: the connection first (its data is made for it, under its keys). Plain: the
         // engine places the command when the window lets it go, on the load of that moment.
-        let (cid, itt, t) = self.core.with(false, |g| {
+        let picked = self.core.with(false, |g| {
             if let Some(e) = &g.ended {
                 return Err(Error::ConnectionLost(e.clone()));
             }
-            if !g.conns.iter().any(|c| c.transform.is_some()) {
-                return Ok((None, g.session.alloc_itt(), None));
+            if !g.sealed {
+                return Ok(Some((None, g.session.alloc_itt(), None)));
             }
-            let cid = g
-                .session
-                .pick()
-                .ok_or(Error::ConnectionLost(ConnectionLoss::Local(
+            let Some(cid) = g.session.pick() else {
+                if g.session.recovers_connections() && g.session.ended().is_none() {
+                    // None open now: ErrorRecoveryLevel 2 logs one in.
+                    return Ok(None);
+                }
+                return Err(Error::ConnectionLost(ConnectionLoss::Local(
                     LocalClose::Unknown,
-                )))?;
-            let t = g
+                )));
+            };
+            let Some(t) = g
                 .conns
                 .iter()
                 .find(|c| c.cid == cid)
-                .and_then(|c| c.transform.clone());
-            Ok((Some(cid), g.session.alloc_itt(), t))
+                .and_then(|c| c.transform.clone())
+            else {
+                // Logged in again a moment ago, its driver side not started yet: never
+                // unsealed, wait for it.
+                return Ok(None);
+            };
+            Ok(Some((Some(cid), g.session.alloc_itt(), Some(t))))
         })??;
+        let Some((cid, itt, t)) = picked else {
+            return Ok(Attempt::Wait);
+        };
         let info = CommandInfo::of(lun, itt, &cdb);
+        let mut plain = None;
         let (data, read_len) = match dir {
             DataDir::None => (engine::Data::None, None),
-            DataDir::Write(plain) => {
+            DataDir::Write(p) => {
                 let wire = match &t {
-                    Some(t) => t.outbound(info, plain).await?,
-                    None => plain,
+                    Some(t) => {
+                        plain = Some(p.clone());
+                        t.outbound(info, p).await?
+                    }
+                    None => p,
                 };
                 (engine::Data::Write(wire), None)
             }
@@ -619,23 +817,43 @@ impl McsSession {
             timed,
         };
         let (tx, rx) = oneshot::channel();
-        self.core.with(true, |g| {
+        let submitted = self.core.with(true, |g| {
             let now = Instant::now();
-            match cid {
+            let recovering = g.session.recovers_connections()
+                && g.session.ended().is_none()
+                && g.ended.is_none();
+            let r = match cid {
                 Some(cid) => g.session.submit_on(now, cid, itt, cmd),
                 None => g.session.submit_as(now, itt, cmd),
+            };
+            match r {
+                Ok(_) => {}
+                // The connection it was sealed for stopped taking commands while it was
+                // sealed: made again for another.
+                Err(mcs::SubmitError::Invalid) if cid.is_some() && recovering => {
+                    return Ok(false);
+                }
+                Err(mcs::SubmitError::Closed(e)) => {
+                    return Err(Error::ConnectionLost(
+                        g.ended
+                            .clone()
+                            .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
+                    ))
+                }
+                Err(e) => return Err(Error::InvalidRequest(format!("submit: {e}"))),
             }
-            .map_err(|e| match e {
-                mcs::SubmitError::Closed(e) => Error::ConnectionLost(
-                    g.ended
-                        .clone()
-                        .unwrap_or_else(|| ConnectionLoss::from_engine(e)),
-                ),
-                e => Error::InvalidRequest(format!("submit: {e}")),
-            })?;
+            if let (Some(p), true) = (plain, recovering) {
+                // ErrorRecoveryLevel 2 seals it again if it is reassigned.
+                g.plain.insert(itt, (info, p));
+            }
             g.waiters.insert(itt, tx);
-            Ok::<_, Error>(())
+            Ok::<_, Error>(true)
         })??;
+        if !submitted {
+            return Ok(Attempt::Again(
+                "its connection was lost while it was sealed",
+            ));
+        }
         let r = match abort {
             None => rx.await,
             Some(a) => {
@@ -654,8 +872,12 @@ impl McsSession {
             }
         }
         .map_err(|_| self.core.lost())?;
-        let c = match r {
+        let c = match r.result {
             Ok(c) => c,
+            Err(TaskError::ConnectionLost(_)) if r.never_left && self.recovering() => {
+                // Sealed for a connection that failed before it left (never sent).
+                return Ok(Attempt::Again("its connection failed before it left"));
+            }
             Err(e) => return Err(self.task_error(e)),
         };
         let mut p = Passthrough {
@@ -665,12 +887,31 @@ impl McsSession {
             residual: c.residual,
         };
         if let (Some(t), Some(_)) = (&t, read_len) {
-            // Whatever the status: data that came is sealed (a status without data has none).
+            // Whatever the status: data that came is sealed (a status without data has none),
+            // under the keys of the connection it came on (reassigned: the new one's).
             if !p.data.is_empty() {
-                p.data = t.inbound(info, p.data).await?;
+                let keys = r.transform.as_ref().unwrap_or(t);
+                match keys.inbound(info, p.data).await {
+                    Ok(d) => p.data = d,
+                    // The target sealed it before the reassignment, for the failed
+                    // connection: never opened under that connection's keys; read again.
+                    Err(_) if r.adopted => {
+                        return Ok(Attempt::Again(
+                            "a reassigned read's data was sealed for the failed connection",
+                        ))
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
-        Ok(p)
+        Ok(Attempt::Done(p))
+    }
+
+    /// ErrorRecoveryLevel 2 is on and the session goes on.
+    fn recovering(&self) -> bool {
+        self.core.lock().is_ok_and(|g| {
+            g.session.recovers_connections() && g.session.ended().is_none() && g.ended.is_none()
+        })
     }
 
     fn task_error(&self, e: TaskError) -> Error {

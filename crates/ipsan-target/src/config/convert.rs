@@ -342,6 +342,7 @@ pub(super) fn remote_from(
         compress: false,
         connections,
         spread: ipsan_initiator::Spread::default(),
+        error_recovery_level: crate::remote::DEFAULT_ERROR_RECOVERY_LEVEL,
         granted: std::sync::Arc::default(),
     })
 }

@@ -338,6 +338,24 @@ impl MovedTask {
             _ => None,
         }
     }
+
+    /// Bytes of write data it carries (0: none).
+    #[must_use]
+    pub fn write_len(&self) -> usize {
+        self.task.write.len()
+    }
+
+    /// Replaces its write data with `data` of the same length: data made again for the
+    /// connection it moves to (Seal seals under each connection's keys; the EDTL its command
+    /// went with, and the offsets of R2Ts, stay right). False, and nothing changed, when the
+    /// length differs.
+    pub fn replace_write(&mut self, data: Bytes) -> bool {
+        if data.len() != self.task.write.len() {
+            return false;
+        }
+        self.task.write = data;
+        true
+    }
 }
 
 /// The engine: one initiator connection in full feature phase.

@@ -51,6 +51,13 @@
 //!                CmdSN (it never arrived, so its hole in the CmdSN sequence is filled; §6.2.1)
 //!             ─► refused, or lost after it was acknowledged: it ends (ConnectionLost)
 //! ```
+//! Data made for one connection (Seal seals under each connection's own keys;
+//! [`Session::reseal_on_reassign`]) never moves to another as it is: before the TASK REASSIGNs
+//! go to connection `to`, every held task with write data is asked for it made again for `to`
+//! ([`Event::Reseal`], answered by [`Session::resealed`]); a retried command then carries the
+//! new data, and the answers to recovery R2Ts are cut from it (a target that cannot piece a
+//! transfer together from two connections asks for all of it again).
+//!
 //! The session outlives its last connection while tasks wait for one; the driver ends the wait
 //! with [`Session::give_up`]. Each task completes once: held tasks have no `Completed` until
 //! they end on the connection they were moved to. [`Session::tasks_on`] and
@@ -192,6 +199,12 @@ pub enum Event {
         cid: u16,
         outcome: Reassignment,
     },
+    /// ErrorRecoveryLevel 2 with data made per connection ([`Session::reseal_on_reassign`]):
+    /// task `itt` of a failed connection goes to connection `to`, and its write data must be
+    /// made again for it (Seal: sealed from the plaintext under `to`'s keys and counters).
+    /// Answer with [`Session::resealed`]; the task waits (and the others of its recovery with
+    /// it) until then.
+    Reseal { itt: u32, to: u16 },
 }
 
 /// A failed connection's tasks on their way to another (ErrorRecoveryLevel 2).
@@ -201,6 +214,10 @@ struct Recovery {
     cid: u16,
     tasks: Vec<MovedTask>,
     step: Step,
+    /// [`Session::reseal_on_reassign`]: the connection the tasks' write data was asked to be
+    /// made for ([`Event::Reseal`]), and the tasks whose new data has not come yet.
+    resealed_for: Option<u16>,
+    waiting: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +246,9 @@ struct Member {
     pinned: u64,
     /// A task it had sent and the target had not acknowledged ended with it.
     gap: bool,
+    /// Which login this is: a connection that later takes the same CID (a reinstatement) is
+    /// another one, with other keys (commands made for this one never go there).
+    serial: u64,
 }
 
 impl Member {
@@ -265,8 +285,9 @@ struct Pending {
     itt: u32,
     cmd: Command,
     deadline: Option<Instant>,
-    /// Made for this connection ([`Session::submit_on`]): it goes there or nowhere.
-    on: Option<u16>,
+    /// Made for this connection ([`Session::submit_on`]; its CID and [`Member::serial`]): it
+    /// goes there or nowhere.
+    on: Option<(u16, u64)>,
 }
 
 /// The session: its connections, its window and its tasks' allegiance.
@@ -290,6 +311,14 @@ pub struct Session {
     erl2: bool,
     /// Failed connections' tasks waiting to be reassigned (ErrorRecoveryLevel 2).
     recoveries: Vec<Recovery>,
+    /// Write data is made per connection: a reassigned task's is made again
+    /// ([`Session::reseal_on_reassign`]).
+    reseal: bool,
+    /// Commands made for a connection that stopped taking commands before they left (never
+    /// sent, no CmdSN), ended since ([`Session::take_never_left`]).
+    never_left: std::collections::HashSet<u32>,
+    /// The next connection's [`Member::serial`].
+    next_serial: u64,
 }
 
 /// The first ITT of connection `cid`'s own.
@@ -325,6 +354,7 @@ impl Session {
                 bytes: 0,
                 pinned: 0,
                 gap: false,
+                serial: 0,
             }],
             cmd_sn,
             exp_cmd_sn,
@@ -338,7 +368,60 @@ impl Session {
             events: VecDeque::new(),
             erl2,
             recoveries: Vec::new(),
+            reseal: false,
+            never_left: std::collections::HashSet::new(),
+            next_serial: 1,
         }
+    }
+
+    /// Whether command `itt`, just ended with [`TaskError::ConnectionLost`], was made for a
+    /// connection ([`Session::submit_on`]) that stopped taking commands before it left: it
+    /// was never sent and took no CmdSN, so it may be made again for another connection. Asks
+    /// once (the answer is forgotten).
+    pub fn take_never_left(&mut self, itt: u32) -> bool {
+        self.never_left.remove(&itt)
+    }
+
+    /// For a driver whose write data is made for one connection (Seal seals it under that
+    /// connection's keys, docs/seal.md §3): at ErrorRecoveryLevel 2 a failed connection's
+    /// tasks that carry write data do not go to another connection with the data made for
+    /// the failed one. [`Event::Reseal`] asks for each task's data made again for the
+    /// connection it goes to, and the TASK REASSIGNs (and the commands sent again) go once
+    /// [`Session::resealed`] brought it: a retried command's immediate and unsolicited data
+    /// and the answers to recovery R2Ts are then that connection's.
+    pub fn reseal_on_reassign(&mut self, on: bool) {
+        self.reseal = on;
+    }
+
+    /// The answer to [`Event::Reseal`]: task `itt`'s write data made for connection `to`, the
+    /// one the event named (`None`: it cannot be, and the task ends with
+    /// [`TaskError::ConnectionLost`]). Data of another length than the task's ends it too
+    /// (its command's EDTL is on the wire already). An answer for a task no longer waiting
+    /// (it ended, or its recovery started over for another connection) is ignored.
+    pub fn resealed(&mut self, now: Instant, itt: u32, to: u16, data: Option<bytes::Bytes>) {
+        let Some(k) = self
+            .recoveries
+            .iter()
+            .position(|r| r.resealed_for == Some(to) && r.waiting.contains(&itt))
+        else {
+            return;
+        };
+        let r = &mut self.recoveries[k];
+        r.waiting.retain(|i| *i != itt);
+        let ok = match (data, r.tasks.iter_mut().find(|m| m.itt() == itt)) {
+            (Some(d), Some(m)) => m.replace_write(d),
+            _ => false,
+        };
+        if !ok {
+            r.tasks.retain(|m| m.itt() != itt);
+            let e = ConnectionError {
+                by: Side::Initiator,
+                reason: CloseReason::Local,
+            };
+            self.complete(itt, None, Err(TaskError::ConnectionLost(e)));
+        }
+        self.recover(now);
+        self.dispatch(now);
     }
 
     // ---- getters ----
@@ -501,7 +584,9 @@ impl Session {
             bytes: 0,
             pinned: 0,
             gap: false,
+            serial: self.next_serial,
         });
+        self.next_serial += 1;
         self.recover(now);
         self.dispatch(now);
         Ok(())
@@ -625,9 +710,13 @@ impl Session {
                 lun: cmd.lun,
             },
         );
-        if let Some(i) = on.and_then(|c| self.index(c)) {
-            self.members[i].pinned += cost(&cmd);
-        }
+        let on = match on.and_then(|c| self.index(c)) {
+            Some(i) => {
+                self.members[i].pinned += cost(&cmd);
+                Some((self.members[i].cid, self.members[i].serial))
+            }
+            None => None,
+        };
         self.pending.push_back(Pending {
             itt,
             cmd,
@@ -872,29 +961,45 @@ impl Session {
 
     /// Commands waiting for the window go while it is open and a connection takes them.
     fn dispatch(&mut self, now: Instant) {
+        // Made for a connection that takes no more commands (closed, draining, or replaced by
+        // another login with its CID): never sent, whether the window is open or not.
+        let stale: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|p| {
+                p.on.is_some_and(|on| {
+                    self.pinned_index(on)
+                        .is_none_or(|i| !self.members[i].takes_commands())
+                })
+            })
+            .map(|p| p.itt)
+            .collect();
+        for itt in stale {
+            let lost = self
+                .pending
+                .iter()
+                .find(|p| p.itt == itt)
+                .and_then(|p| p.on)
+                .and_then(|on| self.pinned_index(on))
+                .and_then(|i| self.members[i].conn.closed())
+                .unwrap_or(ConnectionError {
+                    by: Side::Initiator,
+                    reason: CloseReason::Local,
+                });
+            self.drop_pending(itt);
+            self.never_left.insert(itt);
+            self.complete(itt, None, Err(TaskError::ConnectionLost(lost)));
+        }
         while sn_le(self.cmd_sn, self.max_cmd_sn) && !self.pending.is_empty() {
             let pinned = self.pending.front().and_then(|p| p.on);
             let i = match pinned {
-                Some(cid) => match self
-                    .index(cid)
+                Some(on) => match self
+                    .pinned_index(on)
                     .filter(|&i| self.members[i].takes_commands())
                 {
                     Some(i) => i,
-                    None => {
-                        // Made for a connection that takes no more commands: never sent.
-                        let lost = self
-                            .index(cid)
-                            .and_then(|i| self.members[i].conn.closed())
-                            .unwrap_or(ConnectionError {
-                                by: Side::Initiator,
-                                reason: CloseReason::Local,
-                            });
-                        if let Some(p) = self.pending.pop_front() {
-                            self.unpin(&p);
-                            self.complete(p.itt, None, Err(TaskError::ConnectionLost(lost)));
-                        }
-                        continue;
-                    }
+                    // Failed above; cannot happen in between.
+                    None => break,
                 },
                 None => match self.choose() {
                     Some(i) => i,
@@ -947,9 +1052,16 @@ impl Session {
         }
     }
 
+    /// The member that is the connection a command was made for (its CID and serial).
+    fn pinned_index(&self, (cid, serial): (u16, u64)) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.cid == cid && m.serial == serial)
+    }
+
     /// A pending command leaves the queue: the connection it was made for stops counting it.
     fn unpin(&mut self, p: &Pending) {
-        if let Some(i) = p.on.and_then(|c| self.index(c)) {
+        if let Some(i) = p.on.and_then(|on| self.pinned_index(on)) {
             let m = &mut self.members[i];
             m.pinned = m.pinned.saturating_sub(cost(&p.cmd));
         }
@@ -1031,6 +1143,11 @@ impl Session {
                         {
                             r.step = Step::Cleanup;
                         }
+                        if r.resealed_for == Some(cid) {
+                            // Made for a connection that is gone: made again for the next.
+                            r.resealed_for = None;
+                            r.waiting.clear();
+                        }
                     }
                     let held = self.members[i].conn.take_held();
                     if !held.is_empty() {
@@ -1077,11 +1194,15 @@ impl Session {
             Some(r) => {
                 r.tasks.extend(held);
                 r.step = Step::Cleanup;
+                r.resealed_for = None;
+                r.waiting.clear();
             }
             None => self.recoveries.push(Recovery {
                 cid,
                 tasks: held,
                 step: Step::Cleanup,
+                resealed_for: None,
+                waiting: Vec::new(),
             }),
         }
     }
@@ -1165,6 +1286,27 @@ impl Session {
                         k += 1;
                         continue;
                     };
+                    if self.reseal {
+                        // Data made for the failed connection goes nowhere else: made again
+                        // for `to` first (Event::Reseal), then every task moves at once.
+                        let r = &mut self.recoveries[k];
+                        if r.resealed_for != Some(to) {
+                            r.resealed_for = Some(to);
+                            r.waiting = r
+                                .tasks
+                                .iter()
+                                .filter(|m| m.write_len() > 0)
+                                .map(MovedTask::itt)
+                                .collect();
+                            for &itt in &r.waiting {
+                                self.events.push_back(Event::Reseal { itt, to });
+                            }
+                        }
+                        if !self.recoveries[k].waiting.is_empty() {
+                            k += 1;
+                            continue;
+                        }
+                    }
                     let r = self.recoveries.remove(k);
                     self.reassign_all(now, j, r.tasks);
                 }

@@ -316,6 +316,23 @@ impl WriteState {
         self.pending.sort_unstable();
     }
 
+    /// [`WriteState::recover`] for data that cannot be pieced together across connections
+    /// (Seal: each connection seals under its own keys, so bytes that came on the failed
+    /// connection and bytes sealed for the new one would never open as one transfer): every
+    /// byte received is dropped and the whole data phase, immediate and unsolicited data
+    /// included, is solicited again with recovery R2Ts (RFC 7143 §7.2.2; R2TSNs go on).
+    pub fn restart(&mut self) {
+        self.recover();
+        self.buf.clear();
+        self.whole = None;
+        self.pending.clear();
+        if self.solicit_end > 0 {
+            self.pending.push((0, self.solicit_end));
+        }
+        self.next_r2t_offset = self.solicit_end;
+        self.unsolicited_received = self.unsolicited_end;
+    }
+
     /// An R2T SNACK (RFC 7143 §11.16.1, ErrorRecoveryLevel >= 1) for R2TSNs `beg`.. (`run` of
     /// them; 0: all from `beg`): the outstanding R2Ts among them, to send again. Each starts
     /// over (its burst is answered from its first byte again, DataSN 0).
@@ -565,6 +582,73 @@ mod tests {
         );
         assert_eq!(again[0].r2t_sn, 2);
         assert!(!w.is_complete());
+    }
+
+    #[test]
+    fn restart_solicits_the_whole_transfer_again_and_keeps_nothing_of_the_failed_connection() {
+        // 512 bytes immediate, unsolicited data to 1024 of 4096, then a half-answered R2T:
+        // what came on the failed connection is dropped, 0..16384 is asked for again.
+        let p = params(false, 4096, 4096, 2);
+        let mut w =
+            WriteState::new(&p, &cmd(16384, false), Bytes::from(vec![1u8; 512]), 16384).unwrap();
+        w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[1; 512])
+            .unwrap();
+        w.recover();
+        let mut ttt = 10;
+        let plans = w.plan_r2ts(|| {
+            ttt += 1;
+            ttt
+        });
+        w.on_data_out(&dout(plans[0].ttt, 0, 1024, false), &[1; 1024])
+            .unwrap();
+        w.restart();
+        let mut ttt = 20;
+        let again = w.plan_r2ts(|| {
+            ttt += 1;
+            ttt
+        });
+        assert_eq!(
+            again.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
+            vec![(0, 4096), (4096, 4096)],
+            "from byte 0, immediate data included, MaxOutstandingR2T at a time"
+        );
+        assert!(again[0].r2t_sn > plans[1].r2t_sn, "R2TSNs go on");
+        for (k, plan) in again.iter().enumerate() {
+            let fill = [7 + u8::try_from(k).unwrap(); 4096];
+            w.on_data_out(&dout(plan.ttt, 0, plan.offset, true), &fill)
+                .unwrap();
+        }
+        assert!(!w.is_complete());
+        let mut ttt = 30;
+        let rest = w.plan_r2ts(|| {
+            ttt += 1;
+            ttt
+        });
+        assert_eq!(
+            rest.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
+            vec![(8192, 4096), (12288, 4096)]
+        );
+        let mut plans = rest;
+        let mut fill = 9u8;
+        while !plans.is_empty() {
+            for plan in &plans {
+                w.on_data_out(&dout(plan.ttt, 0, plan.offset, true), &vec![fill; 4096])
+                    .unwrap();
+                fill += 1;
+            }
+            plans = w.plan_r2ts(|| {
+                ttt += 1;
+                ttt
+            });
+        }
+        assert!(w.is_complete());
+        let data = w.into_data();
+        assert_eq!(data.len(), 16384);
+        assert!(
+            data[..4096].iter().all(|b| *b == 7),
+            "no byte of the old immediate or unsolicited data is left"
+        );
+        assert!(data[4096..8192].iter().all(|b| *b == 8));
     }
 
     #[test]

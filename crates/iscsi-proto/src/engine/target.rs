@@ -210,6 +210,12 @@ pub struct Config {
     /// The connection's CID from its login (RFC 7143 §11.12.4): a Logout that closes the
     /// connection names it (§11.14.3).
     pub cid: u16,
+    /// A write reassigned to this connection while it collects data (TASK REASSIGN,
+    /// ErrorRecoveryLevel 2) is solicited again whole, dropping what came on the failed
+    /// connection ([`crate::engine::r2t::WriteState::restart`]), instead of only what never
+    /// came: for data sealed per connection (Seal), whose pieces from two connections never
+    /// open as one transfer.
+    pub resolicit_reassigned_writes: bool,
 }
 
 impl Config {
@@ -225,6 +231,7 @@ impl Config {
             drain_timeout: Duration::from_secs(10),
             max_command_bytes: 64 << 20,
             cid: 0,
+            resolicit_reassigned_writes: false,
         }
     }
 }
@@ -289,6 +296,8 @@ pub struct Connection<D = ()> {
     ping: Option<(u32, Instant)>,
     drain_timeout: Duration,
     max_command_bytes: u64,
+    /// [`Config::resolicit_reassigned_writes`].
+    resolicit_reassigned_writes: bool,
     /// PDUs to send, each with the StatSN it keeps when it is a retransmission (a SNACK's
     /// answer, RFC 7143 §11.16), `None`: stamped with the next one.
     out: VecDeque<(Pdu, Option<u32>)>,
@@ -349,6 +358,7 @@ impl<D> Connection<D> {
             ping: None,
             drain_timeout: cfg.drain_timeout,
             max_command_bytes: cfg.max_command_bytes,
+            resolicit_reassigned_writes: cfg.resolicit_reassigned_writes,
             out: VecDeque::new(),
             queued_bytes: 0,
             events: VecDeque::new(),

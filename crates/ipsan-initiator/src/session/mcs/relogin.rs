@@ -53,6 +53,9 @@ async fn relogin_one(core: &Arc<McsCore>, r: &Relogin, lost: u16) {
             Ok(g) if !g.logging_out && g.ended.is_none() => {}
             _ => return,
         }
+        // The target ended the session (it held none of its tasks when its last connection
+        // went, RFC 7143 §7.2): no connection can join it again, so waiting is pointless.
+        let mut gone = false;
         let err = match login_connection(&r.url, &cfg, &r.target).await {
             Ok(fresh) if fresh.li.done.established.tsih == r.tsih => {
                 let engine = fresh.engine(&cfg);
@@ -90,9 +93,36 @@ async fn relogin_one(core: &Arc<McsCore>, r: &Relogin, lost: u16) {
                 "joined session {:#x}, not {:#x}",
                 fresh.li.done.established.tsih, r.tsih
             ),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                gone = matches!(
+                    e,
+                    Error::LoginRefused {
+                        class: 0x02,
+                        detail: 0x0a,
+                        ..
+                    }
+                );
+                e.to_string()
+            }
         };
         tracing::debug!(cid, "relogin failed: {err}");
+        if gone {
+            let _ = core.with(false, |g| {
+                if g.session.open_connections() == 0 {
+                    tracing::warn!(cid, "the target ended the session; it ends here too");
+                    g.ended
+                        .get_or_insert(ConnectionLoss::Local(LocalClose::Unknown));
+                    g.session.give_up(
+                        Instant::now(),
+                        ConnectionError {
+                            by: Side::Target,
+                            reason: CloseReason::Local,
+                        },
+                    );
+                }
+            });
+            return;
+        }
         if Instant::now() >= give_up_at {
             let _ = core.with(false, |g| {
                 if g.session.open_connections() == 0 {

@@ -306,7 +306,8 @@ impl<D> Connection<D> {
 
     /// TASK REASSIGN (§11.5.1) of a failed connection's task to this one: answered Function
     /// complete, then the task resumes here. A task collecting data gets R2Ts for what it never
-    /// received; a running one answers here when it completes; a completed one resends its
+    /// received (all of it with [`super::Config::resolicit_reassigned_writes`]); a running
+    /// one answers here when it completes; a completed one resends its
     /// Data-In from the request's ExpDataSN (0: from the start, this target never asks for
     /// DataACK) and its status, with this connection's next StatSN. `Err`: the request was
     /// outside the window and is ignored; the task is handed back.
@@ -320,8 +321,17 @@ impl<D> Connection<D> {
         }
         let itt = h.referenced_task_tag;
         match task {
-            Carried::Active(t) => {
-                let collecting = matches!(t.state, TaskState::Collecting(_));
+            Carried::Active(mut t) => {
+                let collecting = match &mut t.state {
+                    TaskState::Collecting(c) => {
+                        if self.resolicit_reassigned_writes {
+                            // Sealed per connection: nothing of the failed one's data is kept.
+                            c.write.restart();
+                        }
+                        true
+                    }
+                    TaskState::Running { .. } => false,
+                };
                 self.tasks.insert(itt, t);
                 if collecting {
                     self.solicit(itt);
