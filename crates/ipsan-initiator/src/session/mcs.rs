@@ -39,6 +39,8 @@
 //! one connection as [`Session`] would make (without its session recovery).
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU64;
 
 use iscsi_proto::engine::initiator::Reassignment;
 use iscsi_proto::engine::mcs::{self, Spread};
@@ -66,7 +68,7 @@ impl Default for McsConfig {
     fn default() -> Self {
         Self {
             connections: 1,
-            spread: Spread::LeastBytes,
+            spread: Spread::LeastQueued,
         }
     }
 }
@@ -96,7 +98,43 @@ struct McsConn {
     /// Why the driver ended it (socket, framing, Seal), when it did.
     dead: OnceLock<ConnectionLoss>,
     io_tasks: Mutex<Vec<AbortHandle>>,
+    /// Its socket, for `TCP_INFO` ([`Spread::LeastQueued`]); dropped when its reader or
+    /// writer ends.
+    sock: Mutex<Option<OwnedFd>>,
+    /// Bytes its writer took from the engine and has not yet written into the socket.
+    unflushed: AtomicU64,
 }
+
+impl McsConn {
+    /// What its socket has yet to deliver and how fast it goes (`TCP_INFO`: bytes not sent,
+    /// segments in flight, congestion window over smoothed RTT), plus what its writer holds.
+    fn queue(&self) -> Option<mcs::QueueReport> {
+        let g = self.sock.lock().ok()?;
+        let info = ipsan_tcp::tcp_info(g.as_ref()?).ok()?;
+        let mss = u64::from(info.snd_mss.max(1));
+        let per_sec = if info.rtt_us == 0 {
+            0
+        } else {
+            u64::from(info.cwnd) * mss * 1_000_000 / u64::from(info.rtt_us)
+        };
+        Some(mcs::QueueReport {
+            bytes: u64::from(info.notsent_bytes)
+                + u64::from(info.unacked) * mss
+                + self.unflushed.load(Ordering::Relaxed),
+            per_sec,
+        })
+    }
+
+    /// Its reader or writer ended: no more `TCP_INFO` (and the socket is not kept open).
+    fn forget_socket(&self) {
+        if let Ok(mut g) = self.sock.lock() {
+            g.take();
+        }
+    }
+}
+
+/// How often, at most, [`Spread::LeastQueued`] reads every connection's `TCP_INFO`.
+const QUEUE_PROBE_EVERY: Duration = Duration::from_millis(1);
 
 struct McsInner {
     session: mcs::Session,
@@ -116,6 +154,28 @@ struct McsInner {
     logging_out: bool,
     /// The CID a relogin tries next (fresh: never one in use or recovering).
     next_cid: u16,
+    /// [`Spread::LeastQueued`]: when the connections' sockets were last read.
+    probed: Option<Instant>,
+}
+
+impl McsInner {
+    /// [`Spread::LeastQueued`]: tells the engine what each connection's socket holds, at most
+    /// every [`QUEUE_PROBE_EVERY`] (a `getsockopt` per connection).
+    fn probe_queues(&mut self) {
+        let now = Instant::now();
+        if self
+            .probed
+            .is_some_and(|t| now.duration_since(t) < QUEUE_PROBE_EVERY)
+        {
+            return;
+        }
+        self.probed = Some(now);
+        for c in &self.conns {
+            if let Some(q) = c.queue() {
+                self.session.report_queue(c.cid, q);
+            }
+        }
+    }
 }
 
 impl McsInner {
@@ -128,6 +188,8 @@ impl McsInner {
 
 struct McsCore {
     inner: Mutex<McsInner>,
+    /// Commands go by [`Spread::LeastQueued`]: the sockets are read before the engine runs.
+    least_queued: bool,
     wake_timer: Notify,
     /// The relogin task has CIDs to log in again.
     wake_relogin: Notify,
@@ -144,6 +206,9 @@ impl McsCore {
     /// work (and the timer when `timer` and the next deadline moved earlier).
     fn with<T>(&self, timer: bool, f: impl FnOnce(&mut McsInner) -> T) -> Result<T> {
         let mut g = self.lock()?;
+        if self.least_queued {
+            g.probe_queues();
+        }
         let r = f(&mut g);
         Self::dispatch(&mut g);
         if !g.relogin.is_empty() {
@@ -399,7 +464,9 @@ impl McsSession {
                 recovery: McsRecovery::default(),
                 logging_out: false,
                 next_cid: 1,
+                probed: None,
             }),
+            least_queued: mcs_cfg.spread == Spread::LeastQueued,
             wake_timer: Notify::new(),
             wake_relogin: Notify::new(),
         });
