@@ -623,6 +623,25 @@ fn spreads_writes_away_from_a_connection_whose_socket_is_backed_up() {
     );
 }
 
+/// Reads queue nothing in the initiator's sockets (their data comes the other way), so the
+/// rate a socket sends at says nothing about them: with empty sockets LeastQueued chooses as
+/// LeastBytes does, whatever the reported rates (the 1 Gbit/s run in
+/// docs/results/mcs-sweep-2, 8-connection reads, was made before this).
+#[test]
+fn spreads_reads_by_outstanding_bytes_whatever_each_socket_sends_at() {
+    let (mut s, now) = two(Spread::LeastQueued);
+    let a = s.submit(now, read(0, 128)).unwrap();
+    let b = s.submit(now, read(1000, 64)).unwrap();
+    let (x, y) = (s.allegiance(a).unwrap(), s.allegiance(b).unwrap());
+    assert_ne!(x, y);
+    // X (64 KiB outstanding) sends fast, Y (32 KiB) slowly; neither socket holds anything.
+    for (cid, per_sec) in [(x, 8_000_000), (y, 1_000_000)] {
+        s.report_queue(cid, mcs::QueueReport { bytes: 0, per_sec });
+    }
+    let c = s.submit(now, read(2000, 8)).unwrap();
+    assert_eq!(s.allegiance(c), Some(y), "the fewer outstanding bytes");
+}
+
 #[test]
 fn spreads_least_queued_by_outstanding_bytes_until_every_connection_reports() {
     let (mut s, now) = two(Spread::LeastQueued);

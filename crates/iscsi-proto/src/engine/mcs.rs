@@ -90,12 +90,12 @@ pub enum Spread {
     LeastBytes,
     /// Each open connection in turn.
     RoundRobin,
-    /// The open connection that would deliver a new command soonest: the bytes it has yet to
-    /// carry over the bytes per second it carries, as its driver reports them
-    /// ([`Session::report_queue`]: what its socket has not delivered yet, the congestion
-    /// window over the round trip), plus what was placed on it since the report, plus its
-    /// outstanding bytes. Ties go in turn; a connection without a report counts as
-    /// [`Spread::LeastBytes`] would.
+    /// The open connection that would deliver a new command soonest: the bytes its socket
+    /// has yet to carry (what its driver reports it has not delivered, [`Session::report_queue`],
+    /// plus what was placed on it since) over the bytes per second it carries (the congestion
+    /// window over the round trip), plus its outstanding bytes at the session's fastest rate.
+    /// Ties go in turn; until every connection reported a rate it is [`Spread::LeastBytes`],
+    /// and with nothing queued in any socket (reads) it chooses as LeastBytes does.
     ///
     /// Why (issue 28): the target runs commands in CmdSN order (RFC 7143 §4.2.2.1), so a
     /// write whose status waits behind an earlier command still crossing a slow connection
@@ -278,15 +278,25 @@ impl Member {
         self.bytes + self.pinned
     }
 
-    /// [`Spread::LeastQueued`]'s measure: microseconds until what it has yet to carry is
-    /// through, `None` without a rate reported.
-    fn delay_us(&self) -> Option<u128> {
+    /// Its socket's reported rate, if it reported one.
+    fn rate(&self) -> Option<u64> {
+        self.queue.map(|q| q.report.per_sec).filter(|r| *r > 0)
+    }
+
+    /// [`Spread::LeastQueued`]'s measure, in microseconds: what its socket has yet to deliver
+    /// at its own rate, plus its outstanding bytes at `best` (the session's fastest socket's
+    /// rate, the same for every connection). Outstanding bytes are not this socket's to carry
+    /// (a read's data comes the other way, a write's may be past it already), so they do not
+    /// count at its own sending rate: with nothing queued anywhere (reads) the choice is
+    /// exactly [`Spread::LeastBytes`]'s.
+    fn delay_us(&self, best: u64) -> Option<u128> {
         let q = self.queue?;
-        if q.report.per_sec == 0 {
-            return None;
-        }
-        let bytes = u128::from(q.report.bytes) + u128::from(q.since) + u128::from(self.load());
-        Some(bytes * 1_000_000 / u128::from(q.report.per_sec))
+        let rate = self.rate()?;
+        let queued = u128::from(q.report.bytes) + u128::from(q.since);
+        Some(
+            queued * 1_000_000 / u128::from(rate)
+                + u128::from(self.load()) * 1_000_000 / u128::from(best.max(1)),
+        )
     }
 
     fn takes_commands(&self) -> bool {
@@ -917,15 +927,22 @@ impl Session {
                     .members
                     .iter()
                     .filter(|m| m.takes_commands())
-                    .all(|m| m.delay_us().is_some()) =>
+                    .all(|m| m.rate().is_some()) =>
             {
+                let fastest = self
+                    .members
+                    .iter()
+                    .filter(|m| m.takes_commands())
+                    .filter_map(Member::rate)
+                    .max()
+                    .unwrap_or(1);
                 let mut best: Option<(usize, u128)> = None;
                 for i in order {
                     let m = &self.members[i];
                     if !m.takes_commands() {
                         continue;
                     }
-                    let d = m.delay_us().unwrap_or(u128::MAX);
+                    let d = m.delay_us(fastest).unwrap_or(u128::MAX);
                     if best.is_none_or(|(_, b)| d < b) {
                         best = Some((i, d));
                     }
