@@ -11,6 +11,8 @@ import statistics
 import sys
 
 SIDES = ("iperf3", "write", "read")
+# A second build's sides (`scripts/bench mcs-sweep --bin-b`).
+SIDES_B = ("write-b", "read-b")
 
 
 def rate_bps(rate):
@@ -46,7 +48,7 @@ def summary(dirs):
                    key=lambda c: (c[0] != "cubic", c[0], rate_bps(c[1]) or 0, loss_key(c[2]), c[3]))
     sel = {}
     for c in cells:
-        for s in SIDES:
+        for s in SIDES + SIDES_B:
             sel[c, s] = sorted((r for r in ok if (r["cc"], r["rate"], r["loss"], r["n"]) == c
                                 and r["side"] == s), key=lambda r: r["rep"])
 
@@ -140,6 +142,25 @@ def summary(dirs):
                 marks.append(f"{s} {m:.2f} vs {need:.2f} {'✓' if m >= need else '✗'}")
             goal = "; ".join(marks)
         out.append(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {' | '.join(cols)} | {goal} |")
+
+    if any(r["side"] in SIDES_B for r in rows):
+        out.append("\nThe two builds side by side (--bin against --bin-b, alternated in one run), "
+                   "past slow start (wire MB/s as above), median [min–max]; ratios of the medians "
+                   "with the per-rep ratios' range:\n")
+        out.append("| cc | rate | loss | N | write | write (b) | write ÷ b | write (b) ÷ iperf3 "
+                   "| read | read (b) | read ÷ b | read (b) ÷ iperf3 | CPU-s/GB write / b / "
+                   "read / b |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c in cells:
+            if not any(sel[c, s] for s in SIDES_B):
+                continue
+            out.append(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | "
+                       f"{rng(vals(c, 'write', K))} | {rng(vals(c, 'write-b', K))} | "
+                       f"{ratio(c, 'write', 'write-b', K)} | {ratio(c, 'write-b', 'iperf3', K)} | "
+                       f"{rng(vals(c, 'read', K))} | {rng(vals(c, 'read-b', K))} | "
+                       f"{ratio(c, 'read', 'read-b', K)} | {ratio(c, 'read-b', 'iperf3', K)} | "
+                       f"{cpu(c, 'write')} / {cpu(c, 'write-b')} / {cpu(c, 'read')} / "
+                       f"{cpu(c, 'read-b')} |")
 
     if bad:
         out.append("\nRuns that failed (not in the medians):\n")

@@ -67,9 +67,10 @@ pub struct Args {
     #[arg(long = "erl", value_name = "LEVEL", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(0..=2))]
     pub error_recovery_level: u32,
-    /// With --connections above 1, which connection a command goes on: least-bytes (the one
-    /// with the fewest bytes outstanding) or round-robin.
-    #[arg(long, default_value = "least-bytes")]
+    /// With --connections above 1, which connection a command goes on: least-queued (the
+    /// default: the one whose socket would deliver it soonest, its bytes not yet acknowledged
+    /// by TCP over its rate), least-bytes (the fewest bytes outstanding) or round-robin.
+    #[arg(long, default_value = "least-queued")]
     pub spread: ipsan_initiator::Spread,
     #[command(flatten)]
     pub conn: super::bench::ConnArgs,

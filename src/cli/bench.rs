@@ -126,9 +126,10 @@ pub struct Args {
     #[arg(long = "erl", value_name = "LEVEL", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=2))]
     pub error_recovery_level: u32,
-    /// With --connections above 1, which connection a command goes on: least-bytes (the one
-    /// with the fewest bytes outstanding) or round-robin.
-    #[arg(long, default_value = "least-bytes")]
+    /// With --connections above 1, which connection a command goes on: least-queued (the
+    /// default: the one whose socket would deliver it soonest, its bytes not yet acknowledged
+    /// by TCP over its rate), least-bytes (the fewest bytes outstanding) or round-robin.
+    #[arg(long, default_value = "least-queued")]
     pub spread: ipsan_initiator::Spread,
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -468,6 +469,7 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
         args.connections,
         match args.spread {
             ipsan_initiator::Spread::RoundRobin => "round-robin",
+            ipsan_initiator::Spread::LeastQueued => "least-queued",
             _ => "least-bytes",
         },
         placed

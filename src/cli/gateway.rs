@@ -99,9 +99,10 @@ pub struct Args {
     #[arg(long = "erl", value_name = "LEVEL", default_value_t = ipsan_target::remote::DEFAULT_ERROR_RECOVERY_LEVEL,
           value_parser = clap::value_parser!(u32).range(0..=2))]
     error_recovery_level: u32,
-    /// With several connections, which one a command goes on: least-bytes (the one with the
-    /// fewest bytes outstanding) or round-robin.
-    #[arg(long, default_value = "least-bytes")]
+    /// With several connections, which one a command goes on: least-queued (the default: the
+    /// one whose socket would deliver it soonest, its bytes not yet acknowledged by TCP over
+    /// its rate), least-bytes (the fewest bytes outstanding) or round-robin.
+    #[arg(long, default_value = "least-queued")]
     spread: ipsan_initiator::Spread,
     /// Target name (IQN) hosts see (default: the remote target's name).
     #[arg(long)]

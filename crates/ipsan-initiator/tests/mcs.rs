@@ -132,10 +132,10 @@ async fn verify_workloads(s: &Arc<McsSession>) {
 }
 
 #[test]
-fn accepts_verify_workloads_over_four_connections_with_either_spread() {
-    bounded(60, async {
+fn accepts_verify_workloads_over_four_connections_with_every_spread() {
+    bounded(90, async {
         let h = plain_target(4).await;
-        for spread in [Spread::LeastBytes, Spread::RoundRobin] {
+        for spread in [Spread::LeastBytes, Spread::RoundRobin, Spread::LeastQueued] {
             let s = McsSession::open(
                 &url(&h),
                 &config(LoginOptions::default()),
@@ -176,7 +176,9 @@ fn accepts_sealed_verify_workloads_over_four_connections_each_with_its_own_seal_
             &sealed(),
             McsConfig {
                 connections: 4,
-                spread: Spread::LeastBytes,
+                // The default: each command's connection picked from its socket's TCP_INFO
+                // before its data is sealed for it.
+                spread: Spread::LeastQueued,
             },
         )
         .await

@@ -418,6 +418,11 @@ async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>)
             writer_failed(&session);
             return;
         }
+        // A ping in this batch is in the socket now: its answer is waited for from here (on
+        // a slow link it waited behind the Data-In before it), so the reader's timer moves.
+        if session.engine().flushed(Instant::now()) {
+            session.wake_reader.notify_one();
+        }
         session.written.notify_waiters();
     }
     let _ = wr.shutdown().await;

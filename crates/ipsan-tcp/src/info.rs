@@ -35,6 +35,9 @@ pub struct TcpInfoSnapshot {
     pub snd_mss: u32,
     /// Segments sent and not yet acknowledged.
     pub unacked: u32,
+    /// Bytes written to the socket and not yet sent (`tcpi_notsent_bytes`).
+    #[serde(default)]
+    pub notsent_bytes: u32,
     /// Segments currently thought lost.
     pub lost: u32,
     /// Segments retransmitted and still unacknowledged.
@@ -106,6 +109,7 @@ pub fn tcp_info<S: AsFd>(socket: &S) -> Result<TcpInfoSnapshot, TcpError> {
         rto_us: raw.tcpi_rto,
         snd_mss: raw.tcpi_snd_mss,
         unacked: raw.tcpi_unacked,
+        notsent_bytes: raw.tcpi_notsent_bytes,
         lost: raw.tcpi_lost,
         retrans: raw.tcpi_retrans,
         total_retrans: raw.tcpi_total_retrans,

@@ -51,6 +51,8 @@
 //! one connection as [`Session`] would make (without its session recovery).
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU64;
 
 use iscsi_proto::engine::initiator::Reassignment;
 use iscsi_proto::engine::mcs::{self, Spread};
@@ -78,7 +80,7 @@ impl Default for McsConfig {
     fn default() -> Self {
         Self {
             connections: 1,
-            spread: Spread::LeastBytes,
+            spread: Spread::LeastQueued,
         }
     }
 }
@@ -108,6 +110,11 @@ struct McsConn {
     /// Why the driver ended it (socket, framing, Seal), when it did.
     dead: OnceLock<ConnectionLoss>,
     io_tasks: Mutex<Vec<AbortHandle>>,
+    /// Its socket, for `TCP_INFO` ([`Spread::LeastQueued`]); dropped when its reader or
+    /// writer ends.
+    sock: Mutex<Option<OwnedFd>>,
+    /// Bytes its writer took from the engine and has not yet written into the socket.
+    unflushed: AtomicU64,
 }
 
 /// A command's end as its caller receives it (sealed sessions: which keys open its data).
@@ -134,6 +141,36 @@ enum Attempt {
 
 /// Tries of one command at most (each a new ITT), counting only [`Attempt::Again`].
 const MAX_TRIES: u32 = 8;
+impl McsConn {
+    /// What its socket has yet to deliver and how fast it goes (`TCP_INFO`: bytes not sent,
+    /// segments in flight, congestion window over smoothed RTT), plus what its writer holds.
+    fn queue(&self) -> Option<mcs::QueueReport> {
+        let g = self.sock.lock().ok()?;
+        let info = ipsan_tcp::tcp_info(g.as_ref()?).ok()?;
+        let mss = u64::from(info.snd_mss.max(1));
+        let per_sec = if info.rtt_us == 0 {
+            0
+        } else {
+            u64::from(info.cwnd) * mss * 1_000_000 / u64::from(info.rtt_us)
+        };
+        Some(mcs::QueueReport {
+            bytes: u64::from(info.notsent_bytes)
+                + u64::from(info.unacked) * mss
+                + self.unflushed.load(Ordering::Relaxed),
+            per_sec,
+        })
+    }
+
+    /// Its reader or writer ended: no more `TCP_INFO` (and the socket is not kept open).
+    fn forget_socket(&self) {
+        if let Ok(mut g) = self.sock.lock() {
+            g.take();
+        }
+    }
+}
+
+/// How often, at most, [`Spread::LeastQueued`] reads every connection's `TCP_INFO`.
+const QUEUE_PROBE_EVERY: Duration = Duration::from_millis(1);
 
 struct McsInner {
     session: mcs::Session,
@@ -163,6 +200,28 @@ struct McsInner {
     /// Seal on every connection (each with its own keys): a command's data is made for the
     /// connection it goes on.
     sealed: bool,
+    /// [`Spread::LeastQueued`]: when the connections' sockets were last read.
+    probed: Option<Instant>,
+}
+
+impl McsInner {
+    /// [`Spread::LeastQueued`]: tells the engine what each connection's socket holds, at most
+    /// every [`QUEUE_PROBE_EVERY`] (a `getsockopt` per connection).
+    fn probe_queues(&mut self) {
+        let now = Instant::now();
+        if self
+            .probed
+            .is_some_and(|t| now.duration_since(t) < QUEUE_PROBE_EVERY)
+        {
+            return;
+        }
+        self.probed = Some(now);
+        for c in &self.conns {
+            if let Some(q) = c.queue() {
+                self.session.report_queue(c.cid, q);
+            }
+        }
+    }
 }
 
 impl McsInner {
@@ -175,6 +234,8 @@ impl McsInner {
 
 struct McsCore {
     inner: Mutex<McsInner>,
+    /// Commands go by [`Spread::LeastQueued`]: the sockets are read before the engine runs.
+    least_queued: bool,
     wake_timer: Notify,
     /// The relogin task has CIDs to log in again.
     wake_relogin: Notify,
@@ -191,6 +252,9 @@ impl McsCore {
     /// work (and the timer when `timer` and the next deadline moved earlier).
     fn with<T>(&self, timer: bool, f: impl FnOnce(&mut McsInner) -> T) -> Result<T> {
         let mut g = self.lock()?;
+        if self.least_queued {
+            g.probe_queues();
+        }
         let r = f(&mut g);
         Self::dispatch(&mut g);
         if !g.relogin.is_empty() {
@@ -521,7 +585,9 @@ impl McsSession {
                 reseals: Vec::new(),
                 moved: HashMap::new(),
                 sealed: lead.li.transform.is_some(),
+                probed: None,
             }),
+            least_queued: mcs_cfg.spread == Spread::LeastQueued,
             wake_timer: Notify::new(),
             wake_relogin: Notify::new(),
         });

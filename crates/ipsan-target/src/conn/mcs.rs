@@ -221,6 +221,11 @@ impl<'a> Eng<'a> {
         self.g.poll_transmit(self.s.id)
     }
 
+    /// Everything handed out so far is in the socket (`engine::session::Session::flushed`).
+    pub(super) fn flushed(&mut self, now: Instant) -> bool {
+        self.g.flushed(self.s.id, now)
+    }
+
     pub(super) fn poll_event(&mut self) -> Option<engine::Event<CommandInfo>> {
         self.g.poll_event_of(self.s.id)
     }

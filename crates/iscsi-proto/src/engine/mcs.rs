@@ -94,10 +94,24 @@ const COMMAND_COST: u64 = 48;
 pub enum Spread {
     /// The open connection with the fewest bytes outstanding (data of its unfinished
     /// commands, plus a header's worth each); ties go in turn.
-    #[default]
     LeastBytes,
     /// Each open connection in turn.
     RoundRobin,
+    /// The open connection that would deliver a new command soonest: the bytes its socket
+    /// has yet to carry (what its driver reports it has not delivered, [`Session::report_queue`],
+    /// plus what was placed on it since) over the bytes per second it carries (the congestion
+    /// window over the round trip), plus its outstanding bytes at the session's fastest rate.
+    /// Ties go in turn; until every connection reported a rate it is [`Spread::LeastBytes`],
+    /// and with nothing queued in any socket (reads) it chooses as LeastBytes does.
+    ///
+    /// Why (issue 28): the target runs commands in CmdSN order (RFC 7143 §4.2.2.1), so a
+    /// write whose status waits behind an earlier command still crossing a slow connection
+    /// completes as late as that one. Outstanding bytes then look alike on every connection,
+    /// LeastBytes spreads evenly, and the session moves at N times its slowest connection
+    /// (cubic halving one window after a loss). Data not yet delivered by each socket is what
+    /// differs. The default: without reports it is LeastBytes.
+    #[default]
+    LeastQueued,
 }
 
 impl std::str::FromStr for Spread {
@@ -106,7 +120,10 @@ impl std::str::FromStr for Spread {
         match s {
             "least-bytes" => Ok(Spread::LeastBytes),
             "round-robin" => Ok(Spread::RoundRobin),
-            other => Err(format!("{other}: the spread is least-bytes or round-robin")),
+            "least-queued" => Ok(Spread::LeastQueued),
+            other => Err(format!(
+                "{other}: the spread is least-bytes, least-queued or round-robin"
+            )),
         }
     }
 }
@@ -249,6 +266,26 @@ struct Member {
     /// Which login this is: a connection that later takes the same CID (a reinstatement) is
     /// another one, with other keys (commands made for this one never go there).
     serial: u64,
+    /// Its socket as the driver last reported it ([`Spread::LeastQueued`]).
+    queue: Option<Queue>,
+}
+
+/// What a connection's socket holds, from its driver ([`Session::report_queue`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueReport {
+    /// Bytes written for it and not yet acknowledged by the peer's TCP (not sent, in flight,
+    /// and what the driver holds for it unwritten).
+    pub bytes: u64,
+    /// Bytes per second it carries now (congestion window over smoothed round trip); 0: not
+    /// known (the connection counts as [`Spread::LeastBytes`] would).
+    pub per_sec: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Queue {
+    report: QueueReport,
+    /// Bytes of commands placed on it since the report (their data, or a header's worth).
+    since: u64,
 }
 
 impl Member {
@@ -259,6 +296,27 @@ impl Member {
     /// Bytes outstanding and bytes made for it and waiting.
     fn load(&self) -> u64 {
         self.bytes + self.pinned
+    }
+
+    /// Its socket's reported rate, if it reported one.
+    fn rate(&self) -> Option<u64> {
+        self.queue.map(|q| q.report.per_sec).filter(|r| *r > 0)
+    }
+
+    /// [`Spread::LeastQueued`]'s measure, in microseconds: what its socket has yet to deliver
+    /// at its own rate, plus its outstanding bytes at `best` (the session's fastest socket's
+    /// rate, the same for every connection). Outstanding bytes are not this socket's to carry
+    /// (a read's data comes the other way, a write's may be past it already), so they do not
+    /// count at its own sending rate: with nothing queued anywhere (reads) the choice is
+    /// exactly [`Spread::LeastBytes`]'s.
+    fn delay_us(&self, best: u64) -> Option<u128> {
+        let q = self.queue?;
+        let rate = self.rate()?;
+        let queued = u128::from(q.report.bytes) + u128::from(q.since);
+        Some(
+            queued * 1_000_000 / u128::from(rate)
+                + u128::from(self.load()) * 1_000_000 / u128::from(best.max(1)),
+        )
     }
 
     fn takes_commands(&self) -> bool {
@@ -355,6 +413,7 @@ impl Session {
                 pinned: 0,
                 gap: false,
                 serial: 0,
+                queue: None,
             }],
             cmd_sn,
             exp_cmd_sn,
@@ -465,6 +524,14 @@ impl Session {
     #[must_use]
     pub fn outstanding_bytes(&self, cid: u16) -> u64 {
         self.index(cid).map_or(0, |i| self.members[i].bytes)
+    }
+
+    /// What connection `cid`'s socket holds now, from its driver ([`Spread::LeastQueued`]'s
+    /// measure; the commands placed on it after this count on top until the next report).
+    pub fn report_queue(&mut self, cid: u16, report: QueueReport) {
+        if let Some(i) = self.index(cid) {
+            self.members[i].queue = Some(Queue { report, since: 0 });
+        }
     }
 
     /// The ITTs of connection `cid`'s tasks, ascending (ErrorRecoveryLevel 2's seam: what it
@@ -585,6 +652,7 @@ impl Session {
             pinned: 0,
             gap: false,
             serial: self.next_serial,
+            queue: None,
         });
         self.next_serial += 1;
         self.recover(now);
@@ -943,7 +1011,34 @@ impl Session {
                 let mut order = order;
                 order.find(|&i| self.members[i].takes_commands())
             }
-            Spread::LeastBytes => {
+            Spread::LeastQueued
+                if self
+                    .members
+                    .iter()
+                    .filter(|m| m.takes_commands())
+                    .all(|m| m.rate().is_some()) =>
+            {
+                let fastest = self
+                    .members
+                    .iter()
+                    .filter(|m| m.takes_commands())
+                    .filter_map(Member::rate)
+                    .max()
+                    .unwrap_or(1);
+                let mut best: Option<(usize, u128)> = None;
+                for i in order {
+                    let m = &self.members[i];
+                    if !m.takes_commands() {
+                        continue;
+                    }
+                    let d = m.delay_us(fastest).unwrap_or(u128::MAX);
+                    if best.is_none_or(|(_, b)| d < b) {
+                        best = Some((i, d));
+                    }
+                }
+                best.map(|(i, _)| i)
+            }
+            Spread::LeastBytes | Spread::LeastQueued => {
                 let mut best: Option<usize> = None;
                 for i in order {
                     let m = &self.members[i];
@@ -1010,6 +1105,12 @@ impl Session {
                 break;
             };
             self.unpin(&p);
+            // What the command adds to its connection's socket: its data if a write.
+            let sends = COMMAND_COST
+                + match &p.cmd.data {
+                    Data::Write(b) => b.len() as u64,
+                    _ => 0,
+                };
             let cmd_sn = self.cmd_sn;
             let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
             let member = &mut self.members[i];
@@ -1021,6 +1122,9 @@ impl Session {
                         t.cid = Some(cid);
                         t.cmd_sn = cmd_sn;
                         member.bytes += t.cost;
+                    }
+                    if let Some(q) = &mut member.queue {
+                        q.since += sends;
                     }
                 }
                 Err(err) => {

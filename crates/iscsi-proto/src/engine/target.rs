@@ -293,7 +293,7 @@ pub struct Connection<D = ()> {
     logout: Option<(u32, Instant)>,
     nop_interval: Option<Duration>,
     idle_deadline: Option<Instant>,
-    ping: Option<(u32, Instant)>,
+    ping: Option<Ping>,
     drain_timeout: Duration,
     max_command_bytes: u64,
     /// [`Config::resolicit_reassigned_writes`].
@@ -327,6 +327,39 @@ pub struct Connection<D = ()> {
 
 /// Aborted ITTs remembered for dropping their late Data-Out.
 const ABORTED_MEMORY: usize = 256;
+
+/// How many NOP-In intervals a ping may wait to leave (behind Data-In queued before it) before
+/// an initiator that neither answers nor sends anything is given up on: the bound for a peer
+/// that keeps its TCP window shut, whose socket never takes the ping.
+const PING_LEAVE_INTERVALS: u32 = 10;
+
+/// The target's NOP-In ping (RFC 7143 §11.19, a TTT other than 0xffffffff asks for a NOP-Out
+/// answer), sent after `nop_interval` without a PDU from the initiator. The connection is
+/// dead when neither the answer nor any other PDU came for `nop_interval` after the ping was
+/// written to the socket ([`Connection::flushed`]); a ping still waiting to be written (data
+/// queued before it) waits up to [`PING_LEAVE_INTERVALS`] intervals.
+#[derive(Clone, Copy, Debug)]
+struct Ping {
+    ttt: u32,
+    /// When it was queued.
+    queued: Instant,
+    /// [`Connection::poll_transmit`] handed it out.
+    taken: bool,
+    /// When the driver reported it written ([`Connection::flushed`]).
+    left: Option<Instant>,
+    /// The last PDU received since it was queued (or when it was queued).
+    heard: Instant,
+}
+
+impl Ping {
+    fn deadline(&self, interval: Duration) -> Instant {
+        match self.left {
+            Some(left) => left.max(self.heard) + interval,
+            None => self.queued.max(self.heard) + interval.saturating_mul(PING_LEAVE_INTERVALS),
+        }
+    }
+}
+
 /// Text Request data accumulated over continuations (§11.10.2) at most.
 const MAX_TEXT: usize = 64 * 1024;
 
@@ -436,6 +469,11 @@ impl<D> Connection<D> {
     pub fn poll_transmit(&mut self) -> Option<Pdu> {
         let (mut pdu, fixed) = self.out.pop_front()?;
         self.queued_bytes = self.queued_bytes.saturating_sub(pdu.data.len());
+        if let (Some(p), Header::NopIn(n)) = (&mut self.ping, &pdu.header) {
+            if n.itt == RESERVED_TAG && n.ttt == p.ttt {
+                p.taken = true;
+            }
+        }
         self.window.refresh();
         let (exp, max) = (self.window.exp_cmd_sn(), self.window.max_cmd_sn());
         match fixed {
@@ -446,6 +484,32 @@ impl<D> Connection<D> {
             }
         }
         Some(pdu)
+    }
+
+    /// The driver wrote every PDU [`Connection::poll_transmit`] handed out so far into its
+    /// socket. Our ping's answer is waited for from the moment the ping was written: on a slow
+    /// lossy link it leaves behind MiBs of Data-In, and the initiator cannot answer what has
+    /// not reached it (a 16 MiB read queue at 0.25 MB/s holds it for a minute). True when that
+    /// moved [`Connection::poll_timeout`] earlier (a timer waiting for the old one should be
+    /// woken).
+    pub fn flushed(&mut self, now: Instant) -> bool {
+        match &mut self.ping {
+            Some(p) if p.taken && p.left.is_none() => {
+                p.left = Some(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A PDU arrived from the initiator (given to the engine or held by the session for its
+    /// CmdSN's turn): it is alive, so the keepalive restarts, and a ping waiting for its
+    /// answer waits from now.
+    pub(crate) fn heard(&mut self, now: Instant) {
+        self.idle_deadline = self.nop_interval.map(|i| now + i);
+        if let Some(p) = &mut self.ping {
+            p.heard = p.heard.max(now);
+        }
     }
 
     /// The next thing for the driver to do.
@@ -459,7 +523,10 @@ impl<D> Connection<D> {
         if self.closed.is_some() {
             return None;
         }
-        let ping = self.ping.map(|(_, d)| d).or(self.idle_deadline);
+        let ping = self
+            .ping
+            .map(|p| p.deadline(self.nop_interval.unwrap_or_default()))
+            .or(self.idle_deadline);
         let logout = self.logout.map(|(_, d)| d);
         match (ping, logout) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -480,17 +547,23 @@ impl<D> Connection<D> {
                 return;
             }
         }
-        if let Some((_, d)) = self.ping {
-            if now >= d {
-                let waited = self.nop_interval.unwrap_or_default();
+        if let Some(p) = self.ping {
+            let waited = self.nop_interval.unwrap_or_default();
+            if now >= p.deadline(waited) {
                 self.close(Side::Target, CloseReason::PingTimeout(waited));
             }
             return;
         }
-        if let (Some(d), Some(i)) = (self.idle_deadline, self.nop_interval) {
+        if let (Some(d), Some(_)) = (self.idle_deadline, self.nop_interval) {
             if now >= d {
                 let ttt = self.ttt.next_tag();
-                self.ping = Some((ttt, now + i));
+                self.ping = Some(Ping {
+                    ttt,
+                    queued: now,
+                    taken: false,
+                    left: None,
+                    heard: now,
+                });
                 self.idle_deadline = None;
                 self.send(NopIn {
                     lun: 0,
@@ -547,7 +620,7 @@ impl<D> Connection<D> {
         if self.closed.is_some() {
             return;
         }
-        self.idle_deadline = self.nop_interval.map(|i| now + i);
+        self.heard(now);
         if self.params.error_recovery_level > 0 {
             self.acknowledged(&pdu.header);
         }
@@ -1076,7 +1149,7 @@ impl<D> Connection<D> {
     fn on_nop_out(&mut self, h: &NopOut, data: Bytes) {
         if h.itt == RESERVED_TAG {
             // The answer to our ping (§11.18.3); carries no CmdSN to admit.
-            if self.ping.is_some_and(|(ttt, _)| ttt == h.ttt) {
+            if self.ping.is_some_and(|p| p.ttt == h.ttt) {
                 self.ping = None;
             }
             return;
@@ -1893,5 +1966,112 @@ mod tests {
                 ..
             }))
         ));
+    }
+    /// The initiator's answer to the target's ping `ttt` (RFC 7143 §11.18.3).
+    fn pong(ttt: u32) -> Pdu {
+        Pdu::new(
+            NopOut {
+                immediate: true,
+                lun: 0,
+                itt: RESERVED_TAG,
+                ttt,
+                cmd_sn: 0,
+                exp_stat_sn: 0,
+            },
+            Bytes::new(),
+        )
+    }
+
+    fn closed_by_ping(c: &mut Connection) -> bool {
+        std::iter::from_fn(|| c.poll_event()).any(|e| {
+            matches!(
+                e,
+                Event::Closed(ConnectionError {
+                    reason: CloseReason::PingTimeout(_),
+                    ..
+                })
+            )
+        })
+    }
+
+    /// Issue 28's lost 1-connection reads: 16 MiB of Data-In queued at 0.25 MB/s holds the
+    /// target's ping for a minute; the initiator (sending nothing, its commands all out) cannot
+    /// answer what has not reached it. The old engine closed the connection two intervals after
+    /// the ping was queued, while the socket was still busy with the data before it.
+    #[test]
+    fn accepts_a_late_ping_answer_when_the_ping_waited_behind_queued_data() {
+        let t0 = Instant::now();
+        let i = Duration::from_secs(30);
+        let mut cfg = Config::new(params(), 10, 1);
+        cfg.nop_interval = Some(i);
+        let mut c = Connection::new(cfg, t0);
+        // Idle for an interval: the ping is queued (behind data in a real driver).
+        c.handle_timeout(t0 + i);
+        let ttt = match c.poll_transmit().map(|p| p.header) {
+            Some(Header::NopIn(n)) if n.ttt != RESERVED_TAG => n.ttt,
+            other => panic!("expected a ping, got {other:?}"),
+        };
+        // The writer holds it in a batch behind a minute of Data-In: not yet in the socket.
+        c.handle_timeout(t0 + 3 * i);
+        assert!(
+            !closed_by_ping(&mut c),
+            "closed while the ping waited to leave"
+        );
+        assert!(c.closed().is_none());
+        // The batch is written after 64 s: the answer is waited for from then.
+        let left = t0 + i + Duration::from_secs(64);
+        assert!(c.flushed(left), "the deadline moves to the write");
+        assert_eq!(c.poll_timeout(), Some(left + i));
+        c.handle_timeout(left + i - Duration::from_millis(1));
+        assert!(c.closed().is_none());
+        c.handle_pdu(left + Duration::from_secs(1), &Disk, pong(ttt));
+        assert!(c.closed().is_none(), "answered");
+        assert_eq!(
+            c.poll_timeout(),
+            Some(left + Duration::from_secs(1) + i),
+            "the keepalive runs again from the answer"
+        );
+    }
+
+    #[test]
+    fn closes_a_connection_whose_written_ping_goes_unanswered() {
+        let t0 = Instant::now();
+        let i = Duration::from_secs(5);
+        let mut cfg = Config::new(params(), 10, 1);
+        cfg.nop_interval = Some(i);
+        let mut c = Connection::new(cfg, t0);
+        c.handle_timeout(t0 + i);
+        assert!(matches!(
+            c.poll_transmit().map(|p| p.header),
+            Some(Header::NopIn(_))
+        ));
+        assert!(c.flushed(t0 + i));
+        assert!(!c.flushed(t0 + i + i), "reported once");
+        // A command received while the ping is out proves the initiator alive.
+        c.handle_pdu(t0 + i + Duration::from_secs(3), &Disk, read16(1, 10));
+        c.handle_timeout(t0 + i + i);
+        assert!(c.closed().is_none(), "heard from the initiator 2 s ago");
+        let dead = t0 + i + Duration::from_secs(3) + i;
+        assert_eq!(c.poll_timeout(), Some(dead));
+        c.handle_timeout(dead);
+        assert!(closed_by_ping(&mut c));
+    }
+
+    #[test]
+    fn closes_a_connection_whose_ping_never_leaves() {
+        // A peer that keeps its window shut: the socket never takes the ping.
+        let t0 = Instant::now();
+        let i = Duration::from_secs(5);
+        let mut cfg = Config::new(params(), 10, 1);
+        cfg.nop_interval = Some(i);
+        let mut c = Connection::new(cfg, t0);
+        c.handle_timeout(t0 + i);
+        assert!(c.poll_transmit().is_some());
+        let bound = t0 + i + i * PING_LEAVE_INTERVALS;
+        assert_eq!(c.poll_timeout(), Some(bound));
+        c.handle_timeout(bound - Duration::from_millis(1));
+        assert!(c.closed().is_none());
+        c.handle_timeout(bound);
+        assert!(closed_by_ping(&mut c));
     }
 }

@@ -15,12 +15,21 @@ pub(super) fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<
     rd.record = opener;
     wr.codec = codec;
     wr.sealer = sealer;
+    // A second descriptor of the socket, for TCP_INFO only (Spread::LeastQueued); without
+    // one the connection is spread by its outstanding bytes.
+    let sock = {
+        use std::os::fd::AsFd;
+        let s: &TcpStream = wr.get_ref().as_ref();
+        s.as_fd().try_clone_to_owned().ok()
+    };
     let c = Arc::new(McsConn {
         cid,
         wake_writer: Notify::new(),
         transform: li.transform,
         dead: OnceLock::new(),
         io_tasks: Mutex::new(Vec::new()),
+        sock: Mutex::new(sock),
+        unflushed: AtomicU64::new(0),
     });
     core.with(false, |g| g.conns.push(c.clone()))?;
     let w = tokio::spawn(mcs_writer(wr, core.clone(), c.clone()));
@@ -38,7 +47,9 @@ async fn mcs_writer(
     core: Arc<McsCore>,
     c: Arc<McsConn>,
 ) {
-    if let Err(e) = mcs_writer_inner(wr, &core, &c).await {
+    let r = mcs_writer_inner(wr, &core, &c).await;
+    c.forget_socket();
+    if let Err(e) = r {
         core.kill(&c, e);
     }
 }
@@ -66,9 +77,10 @@ async fn mcs_writer_inner(
                 let Some(p) = g.session.poll_transmit(c.cid) else {
                     break;
                 };
-                bytes += p.data.len();
+                bytes += p.data.len() + 48;
                 batch.push(p);
             }
+            c.unflushed.store(bytes as u64, Ordering::Relaxed);
             g.session
                 .connection(c.cid)
                 .is_none_or(|x| x.closed().is_some())
@@ -93,21 +105,31 @@ async fn mcs_writer_inner(
             op: IoOp::Send,
             kind: e.kind(),
         })?;
+        c.unflushed.store(0, Ordering::Relaxed);
     }
     let _ = wr.shutdown().await;
     Ok(())
 }
 
 async fn mcs_reader(
-    mut rd: ipsan_transport::FrameReader<OwnedReadHalf>,
+    rd: ipsan_transport::FrameReader<OwnedReadHalf>,
     core: Arc<McsCore>,
     c: Arc<McsConn>,
+) {
+    mcs_reader_inner(rd, &core, &c).await;
+    c.forget_socket();
+}
+
+async fn mcs_reader_inner(
+    mut rd: ipsan_transport::FrameReader<OwnedReadHalf>,
+    core: &McsCore,
+    c: &McsConn,
 ) {
     loop {
         match rd.next().await {
             Ok(Some(Ok(pdu))) => {
                 let current = core.with(false, |g| {
-                    let current = g.current(&c);
+                    let current = g.current(c);
                     if current {
                         g.session.handle_pdu(c.cid, Instant::now(), pdu);
                     }
@@ -118,12 +140,12 @@ async fn mcs_reader(
                 }
             }
             Ok(Some(Err(e))) => {
-                core.kill(&c, ConnectionLoss::Framing(e));
+                core.kill(c, ConnectionLoss::Framing(e));
                 return;
             }
             Ok(None) => {
                 let _ = core.with(false, |g| {
-                    if g.current(&c) {
+                    if g.current(c) {
                         g.session.peer_closed(c.cid, Instant::now());
                     }
                 });
@@ -140,7 +162,7 @@ async fn mcs_reader(
                         kind: e.kind(),
                     },
                 };
-                core.kill(&c, loss);
+                core.kill(c, loss);
                 return;
             }
         }

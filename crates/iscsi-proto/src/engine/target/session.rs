@@ -439,6 +439,13 @@ impl<D> Session<D> {
         }
     }
 
+    /// The driver wrote every PDU of connection `id` handed out so far ([`Connection::flushed`]);
+    /// true when its keepalive's deadline moved earlier.
+    pub fn flushed(&mut self, id: ConnId, now: Instant) -> bool {
+        self.index(id)
+            .is_some_and(|i| self.members[i].conn.flushed(now))
+    }
+
     /// Asks the initiator to log out, on connection `id` ([`Connection::request_logout`]).
     pub fn request_logout(&mut self, id: ConnId, within_secs: u16) {
         if let Some(i) = self.index(id) {
@@ -572,8 +579,8 @@ impl<D> Session<D> {
     fn hold(&mut self, i: usize, now: Instant, pdu: Pdu) {
         let total: usize = self.members.iter().map(|m| m.held_bytes).sum();
         let m = &mut self.members[i];
-        // The peer is alive: what it sent counts for the keepalive.
-        m.conn.idle_deadline = m.conn.nop_interval.map(|d| now + d);
+        // The peer is alive: what it sent counts for the keepalive (and a ping's answer).
+        m.conn.heard(now);
         if m.held.len() >= MAX_HELD_PDUS || total + pdu.data.len() > MAX_HELD_BYTES {
             let held = m.held_bytes;
             let waiting_for = self.window.exp_cmd_sn();
