@@ -27,11 +27,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use common::{
-    answer, check_good, initiator_conn, pattern_bytes, pick, random_first_sn, random_io,
+    answer, cdb16, check_good, initiator_conn, pattern_bytes, pick, random_first_sn, random_io,
     random_params, read, run_seeds, target_config, two_connections, Disk, BLOCK,
 };
 use ipsan_wan::rng::Rng;
-use iscsi_proto::engine::initiator;
+use iscsi_proto::engine::initiator::{self, Command, Data};
 use iscsi_proto::engine::mcs::{self, Spread};
 use iscsi_proto::engine::target;
 use iscsi_proto::engine::target::session::{ConnId, Session as TargetSession};
