@@ -9,7 +9,7 @@
 //! - `subsystems`: the registry's targets as subsystems, LUN n as namespace n + 1 on the
 //!   LU's own backend, and the discovery log's entries.
 //! - `conn`: one connection: the queue machine, the connection's controller queue, block
-//!   requests to the stores, a writer task.
+//!   requests to the stores and the writes, one task per connection.
 //! - `stats`: what is counted and shown: per-namespace counters, Connects per host, the
 //!   `ipsan_nvme_*` metrics and `ipsan ctl nvme`'s status.
 //! - here: [`NvmeServer`], the listeners, the accept loop and the task that runs the shared
