@@ -163,9 +163,19 @@ async fn accepts_reads_ended_by_c2h_success_without_response_capsules_by_default
     let data = pattern(1 << 20);
     s.write(0, data.clone()).await.unwrap();
 
-    let resps = seen.capsule_resps.load(Ordering::Relaxed);
+    // The bring-up's reads (Identify) went on the admin queue, whose Connect keeps SQ flow
+    // control: they ended with response capsules.
+    assert_eq!(seen.c2h_success.load(Ordering::Relaxed), 0);
+    let (resps, c2h) = (
+        seen.capsule_resps.load(Ordering::Relaxed),
+        seen.c2h_data.load(Ordering::Relaxed),
+    );
     let n = reads(&s, &data).await;
-    assert_eq!(seen.c2h_data.load(Ordering::Relaxed), n, "one C2HData per read");
+    assert_eq!(
+        seen.c2h_data.load(Ordering::Relaxed),
+        c2h + n,
+        "one C2HData per read"
+    );
     assert_eq!(
         seen.c2h_success.load(Ordering::Relaxed),
         n,
@@ -192,9 +202,12 @@ async fn accepts_a_response_capsule_for_every_read_when_the_host_keeps_sq_flow_c
     let data = pattern(1 << 20);
     s.write(0, data.clone()).await.unwrap();
 
-    let resps = seen.capsule_resps.load(Ordering::Relaxed);
+    let (resps, c2h) = (
+        seen.capsule_resps.load(Ordering::Relaxed),
+        seen.c2h_data.load(Ordering::Relaxed),
+    );
     let n = reads(&s, &data).await;
-    assert_eq!(seen.c2h_data.load(Ordering::Relaxed), n);
+    assert_eq!(seen.c2h_data.load(Ordering::Relaxed), c2h + n);
     assert_eq!(
         seen.c2h_success.load(Ordering::Relaxed),
         0,
