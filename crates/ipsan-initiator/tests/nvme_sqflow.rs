@@ -60,8 +60,11 @@ struct Seen {
 
 /// Forwards whole PDUs from `from` to `to` (PLEN from the common header), calling `look` on
 /// each (it may alter it).
-async fn pump<F>(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, look: F)
-where
+async fn pump<F>(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    look: F,
+) where
     F: Fn(&mut [u8]),
 {
     let mut buf = BytesMut::new();
@@ -231,9 +234,12 @@ async fn rejects_c2h_success_without_last_pdu_altered_on_the_path() {
     assert_eq!(&back[..], &data[..]);
 
     seen.clear_last.store(true, Ordering::Relaxed);
-    let r = tokio::time::timeout(Duration::from_secs(10), s.read_into(0, 128, BytesMut::new()))
-        .await
-        .expect("the read neither completed nor failed");
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        s.read_into(0, 128, BytesMut::new()),
+    )
+    .await
+    .expect("the read neither completed nor failed");
     assert!(
         r.is_err(),
         "a C2HData with SUCCESS and without LAST_PDU was taken as a completed read"

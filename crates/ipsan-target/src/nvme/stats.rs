@@ -74,7 +74,11 @@ impl Shared {
     }
 
     /// The counters of the namespaces in `stores` (created on first use).
-    pub(super) fn ns_counters(&self, subnqn: &str, stores: &Stores) -> HashMap<u32, Arc<NsCounters>> {
+    pub(super) fn ns_counters(
+        &self,
+        subnqn: &str,
+        stores: &Stores,
+    ) -> HashMap<u32, Arc<NsCounters>> {
         let mut all = crate::lock(&self.counters);
         stores
             .keys()
