@@ -52,6 +52,11 @@ pub struct NvmeArgs {
     /// 10s), with --ctrl-loss-tmo.
     #[arg(long, value_name = "DURATION", value_parser = parse_kato, requires = "ctrl_loss_tmo")]
     pub reconnect_delay: Option<Duration>,
+    /// NVMe/TCP: keep SQ flow control on the I/O queues. By default their Connects disable it
+    /// (as `nvme connect --disable-sqflow`), so a successful read ends with its data and no
+    /// response capsule.
+    #[arg(long)]
+    pub sq_flow_control: bool,
 }
 
 fn parse_kato(s: &str) -> Result<Duration, String> {
@@ -68,8 +73,9 @@ impl NvmeArgs {
                 && self.kato.is_none()
                 && self.dhchap_secret_file.is_none()
                 && self.tls_key_file.is_none()
-                && self.ctrl_loss_tmo.is_none(),
-            "--queues, --hostnqn, --hostid, --kato, --dhchap-*, --tls-key-file and --ctrl-loss-tmo are for nvme+tcp:// URLs"
+                && self.ctrl_loss_tmo.is_none()
+                && !self.sq_flow_control,
+            "--queues, --hostnqn, --hostid, --kato, --dhchap-*, --tls-key-file, --ctrl-loss-tmo and --sq-flow-control are for nvme+tcp:// URLs"
         );
         Ok(())
     }
@@ -110,6 +116,7 @@ impl NvmeArgs {
                 ctrl_loss_tmo: tmo,
             });
         }
+        cfg.sq_flow_control = self.sq_flow_control;
         cfg.header_digest = conn.digest.header();
         cfg.data_digest = conn.digest.data();
         cfg.command_timeout =

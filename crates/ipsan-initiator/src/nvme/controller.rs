@@ -140,7 +140,14 @@ pub(super) async fn establish(
             subnqn: subnqn.clone(),
             hostnqn: cfg.hostnqn.clone(),
         };
-        let (sqe, bytes) = cmd::connect(qid, entries - 1, 0, &data)
+        // SQ flow control off unless asked for: successful reads then need no response
+        // capsule (NvmeConfig::sq_flow_control).
+        let cattr = if cfg.sq_flow_control {
+            0
+        } else {
+            cmd::CATTR_SQFLOW_DISABLE
+        };
+        let (sqe, bytes) = cmd::connect_with_cattr(qid, entries - 1, 0, cattr, &data)
             .map_err(|e| NvmeError::Invalid(e.to_string()))?;
         let (cqe, _) = tokio::time::timeout(
             cfg.connect_timeout,

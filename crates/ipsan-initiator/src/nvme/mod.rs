@@ -100,6 +100,12 @@ pub struct NvmeConfig {
     /// Connect again after a connection loss, as Linux's host does (`reconnect_delay`,
     /// `ctrl_loss_tmo`); `None`: a lost connection fails the session's commands.
     pub reconnect: Option<Reconnect>,
+    /// Keep SQ flow control on the I/O queues. By default (`false`) each I/O queue's Connect
+    /// disables it (CATTR bit 2, NVMe over Fabrics 1.1 §3.3; Linux's `nvme connect
+    /// --disable-sqflow`): the controller may then end a successful read with a C2HData
+    /// carrying SUCCESS and send no response capsule for it (NVMe/TCP 1.0 §3.6.2.9), one PDU
+    /// less per read. The host takes both forms either way.
+    pub sq_flow_control: bool,
 }
 
 /// Reconnecting after a connection loss (Linux's `nvme connect --reconnect-delay
@@ -142,6 +148,7 @@ impl Default for NvmeConfig {
             auth: None,
             tls: None,
             reconnect: None,
+            sq_flow_control: false,
         }
     }
 }

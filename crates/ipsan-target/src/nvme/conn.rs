@@ -1,20 +1,24 @@
 //! One NVMe/TCP connection (one queue): the tokio driver of `nvme_proto::queue::Queue` (the
-//! PDUs) and the connection's `nvme_proto::controller::Queue` (the commands). Two tasks: this
-//! one reads the socket, runs both machines and submits block requests; a writer drains the
-//! PDUs they produce with vectored writes. Block requests go to the namespace's store as its
-//! engine wants them (inline, on the blocking pool, or submitted to an async store whose
-//! completer posts the result back here): never a thread per command. A read the store can
-//! answer with its own memory (a RAM store's read of 64 KiB or more, `Backend::read_shared`)
-//! goes out as that memory: no read buffer, no copy before the socket's.
+//! PDUs) and the connection's `nvme_proto::controller::Queue` (the commands). One task reads
+//! the socket, runs both machines, submits block requests and writes the PDUs they produce
+//! with vectored writes, a pending write beside the reading. Block requests go to the
+//! namespace's store as its engine wants them (inline, on the blocking pool, or submitted to
+//! an async store whose completer posts the result back here): never a thread per command. A
+//! read the store can answer with its own memory (a RAM store's read of 64 KiB or more,
+//! `Backend::read_shared`) goes out as that memory: no read buffer, no copy before the
+//! socket's.
 //!
 //! The admin queue's commands take the shared `controller::Target`'s lock briefly; I/O queues
 //! run their commands on their own `controller::Queue` with no lock shared by connections.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -75,6 +79,14 @@ struct Conn {
 /// controller goes away or `cancel` fires.
 /// `identity` is the TLS PSK identity the connection was keyed for (TP 8011): its Connect must
 /// name the same host NQN and subsystem NQN.
+///
+/// One task reads, runs both machines and writes: what the machines emit is written from the
+/// same `select!` that reads (a pending write beside the reading, as ipsan's host does in
+/// `ipsan_initiator::nvme::queue`), so a completion leaves in the task turn that made it, with
+/// no hand-off to a writer task and no wake-up of one (on a multi-threaded runtime often on
+/// the other CPU). While more than [`MAX_UNSENT`] bytes wait for the socket, the socket is not
+/// read: a host that sends commands and never reads their answers cannot make the target
+/// queue without bound.
 pub(super) async fn serve<S>(
     stream: S,
     peer: SocketAddr,
@@ -85,9 +97,7 @@ pub(super) async fn serve<S>(
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     shared.connections.fetch_add(1, Ordering::Relaxed);
-    let (mut rd, wr) = tokio::io::split(stream);
-    let (out_tx, out_rx) = mpsc::channel::<Vec<Bytes>>(64);
-    let writer = tokio::spawn(write_loop(wr, out_rx));
+    let (mut rd, mut wr) = tokio::io::split(stream);
     let (io_tx, mut io_rx) = mpsc::unbounded_channel();
     let (aer_tx, mut aer_rx) = mpsc::unbounded_channel();
     let (resv_tx, mut resv_rx) = mpsc::unbounded_channel();
@@ -108,6 +118,9 @@ pub(super) async fn serve<S>(
         identity,
     };
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut out = Unsent::default();
+    // Written since the last flush (a TLS stream may hold its last record back until then).
+    let mut unflushed = false;
     let mut closed = false;
     let mut peer_gone = false;
     loop {
@@ -120,21 +133,35 @@ pub(super) async fn serve<S>(
                 }
             }
         }
-        let mut out = Vec::new();
         while let Some(b) = c.q.poll_transmit() {
             out.push(b);
-        }
-        if !out.is_empty() && out_tx.send(out).await.is_err() {
-            break;
         }
         if closed {
             break;
         }
         let deadline = c.q.poll_timeout();
-        let want = c.q.needed(&buf).max(READ_CHUNK);
-        buf.reserve(want);
+        let reading = out.bytes <= MAX_UNSENT;
+        let sending = !out.bufs.is_empty() || unflushed;
+        if reading {
+            let want = c.q.needed(&buf).max(READ_CHUNK);
+            buf.reserve(want);
+        }
         tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
+            biased;
+            r = poll_fn(|cx| poll_send(&mut wr, &out.bufs, cx)), if sending => {
+                match r {
+                    Ok(Sent::Bytes(0)) | Err(_) => {
+                        debug!(%peer, "NVMe/TCP write failed");
+                        break;
+                    }
+                    Ok(Sent::Bytes(n)) => {
+                        out.advance(n);
+                        unflushed = true;
+                    }
+                    Ok(Sent::Flushed) => unflushed = false,
+                }
+            }
+            r = rd.read_buf(&mut buf), if reading => match r {
                 Ok(0) => {
                     peer_gone = true;
                     break;
@@ -145,7 +172,13 @@ pub(super) async fn serve<S>(
                     break;
                 }
             },
-            Some(d) = io_rx.recv() => c.on_block_done(d),
+            Some(d) = io_rx.recv() => {
+                c.on_block_done(d);
+                // Whatever else finished goes out in the same write.
+                while let Ok(d) = io_rx.try_recv() {
+                    c.on_block_done(d);
+                }
+            }
             Some((tag, r)) = resv_rx.recv() => {
                 c.deliver(tag, r);
                 // The change may owe other hosts reservation notices (`deliver_resv_notices`).
@@ -162,12 +195,22 @@ pub(super) async fn serve<S>(
     }
     c.disconnect();
     c.shared.connections.fetch_sub(1, Ordering::Relaxed);
-    drop(out_tx);
-    let _ = writer.await;
+    // The last PDUs (a C2HTermReq) go out, then a FIN; bounded, the host may not be reading.
+    while let Some(b) = c.q.poll_transmit() {
+        out.push(b);
+    }
+    let _ = tokio::time::timeout(FINAL_WRITE, async {
+        for b in out.bufs {
+            wr.write_all(&b).await?;
+        }
+        wr.flush().await?;
+        wr.shutdown().await
+    })
+    .await;
     if !peer_gone {
-        // The writer sent the last PDUs (a C2HTermReq) and a FIN. Closing with unread bytes
-        // would make the kernel answer with a reset, which can destroy the termination
-        // request before the host reads it: read and drop until the host closes, briefly.
+        // Closing with unread bytes would make the kernel answer with a reset, which can
+        // destroy the termination request before the host reads it: read and drop until the
+        // host closes, briefly.
         let _ = tokio::time::timeout(LINGER, async {
             let mut sink = vec![0u8; 16 * 1024];
             while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
@@ -182,73 +225,77 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
-/// How many bytes a stream without vectored writes (TLS) gets per write: up to 16 records of
-/// 16 KiB, copied into one buffer.
-const FLAT_CHUNK: usize = 256 * 1024;
+/// Bytes waiting for the socket past which the connection stops reading it (see [`serve`]).
+const MAX_UNSENT: usize = 4 << 20;
 
-/// Writes what the queue produced, in order, gathering the pieces of each batch (a data PDU's
-/// header, payload and digest) into vectored writes; shuts the socket down at the end.
-///
-/// A stream without vectored writes gets the pieces copied into one buffer instead. TLS
-/// (`nvme_tls::TlsStream`) takes vectored writes, packs the small pieces into full records and
-/// sends each call's records with one system call; like any buffered writer it is flushed
-/// after each batch.
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<Bytes>>) {
-    let mut pending: VecDeque<Bytes> = VecDeque::new();
-    let vectored = wr.is_write_vectored();
-    let mut flat = BytesMut::new();
-    while let Some(batch) = rx.recv().await {
-        pending.extend(batch);
-        // Take whatever else is ready too: fewer system calls under load.
-        while let Ok(more) = rx.try_recv() {
-            pending.extend(more);
-        }
-        if !vectored {
-            while let Some(first) = pending.pop_front() {
-                flat.clear();
-                flat.extend_from_slice(&first);
-                while let Some(next) = pending.front() {
-                    if flat.len() + next.len() > FLAT_CHUNK {
-                        break;
-                    }
-                    flat.extend_from_slice(next);
-                    pending.pop_front();
-                }
-                if wr.write_all(&flat).await.is_err() {
-                    return;
-                }
-            }
-            if wr.flush().await.is_err() {
+/// How long the last PDUs of a connection that ends (a C2HTermReq) may take to leave.
+const FINAL_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Slices one vectored write takes at most.
+const IOV_MAX: usize = 64;
+
+/// What the machines emitted that the socket has not taken yet, in order: whole control PDUs,
+/// and data PDUs as header, payload (a slice of the store's or the command's buffer) and
+/// digest.
+#[derive(Default)]
+struct Unsent {
+    bufs: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+impl Unsent {
+    fn push(&mut self, b: Bytes) {
+        self.bytes += b.len();
+        self.bufs.push_back(b);
+    }
+
+    /// Drops the `n` bytes a write took off the front.
+    fn advance(&mut self, mut n: usize) {
+        self.bytes = self.bytes.saturating_sub(n);
+        while n > 0 {
+            let Some(front) = self.bufs.front_mut() else {
                 return;
-            }
-            continue;
-        }
-        while !pending.is_empty() {
-            let slices: Vec<IoSlice<'_>> =
-                pending.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            let n = match wr.write_vectored(&slices).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
             };
-            let mut left = n;
-            while left > 0 {
-                let Some(front) = pending.front_mut() else {
-                    break;
-                };
-                if front.len() <= left {
-                    left -= front.len();
-                    pending.pop_front();
-                } else {
-                    front.advance(left);
-                    left = 0;
-                }
+            if front.len() <= n {
+                n -= front.len();
+                self.bufs.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
             }
-        }
-        if wr.flush().await.is_err() {
-            return;
         }
     }
-    let _ = wr.shutdown().await;
+}
+
+/// What one [`poll_send`] did.
+enum Sent {
+    /// A write took this many bytes off the front.
+    Bytes(usize),
+    /// Nothing was queued; what was written is flushed.
+    Flushed,
+}
+
+/// Polls one vectored write of the front of `out` (up to [`IOV_MAX`] pieces: a batch of
+/// completions in one system call; TLS (`nvme_tls::TlsStream`) packs them into full records
+/// and sends those with one), or a flush when `out` is empty. Cancel-safe: `Pending` wrote
+/// nothing, and a flush resumes where it stopped.
+fn poll_send<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    out: &VecDeque<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<Sent>> {
+    if out.is_empty() {
+        return Pin::new(wr).poll_flush(cx).map_ok(|()| Sent::Flushed);
+    }
+    let mut slices = [IoSlice::new(&[]); IOV_MAX];
+    let mut n = 0;
+    for (s, b) in slices.iter_mut().zip(out.iter()) {
+        *s = IoSlice::new(b);
+        n += 1;
+    }
+    Pin::new(wr)
+        .poll_write_vectored(cx, &slices[..n])
+        .map_ok(Sent::Bytes)
 }
 
 impl Conn {

@@ -10,6 +10,8 @@ use nvme_wire::fabrics::{
 };
 use nvme_wire::{Sgl, Sqe, WireError};
 
+pub use crate::queue::CATTR_SQFLOW_DISABLE;
+
 /// The well-known discovery subsystem NQN (NVMe Base 2.0 §4.5).
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
@@ -56,6 +58,23 @@ pub fn connect(
     kato_ms: u32,
     data: &ConnectData,
 ) -> Result<(Sqe, [u8; CONNECT_DATA_LEN]), WireError> {
+    connect_with_cattr(qid, sqsize, kato_ms, 0, data)
+}
+
+/// [`connect`] with Connect Attributes: [`CATTR_SQFLOW_DISABLE`] asks the controller to
+/// disable SQ flow control on the queue (NVMe over Fabrics 1.1 §3.3; Linux's `nvme connect
+/// --disable-sqflow`), so that a successful read may end with a C2HData carrying SUCCESS and
+/// no response capsule (NVMe/TCP 1.0 §3.6.2.9).
+///
+/// # Errors
+/// As [`connect`].
+pub fn connect_with_cattr(
+    qid: u16,
+    sqsize: u16,
+    kato_ms: u32,
+    cattr: u8,
+    data: &ConnectData,
+) -> Result<(Sqe, [u8; CONNECT_DATA_LEN]), WireError> {
     let bytes = data.encode()?;
     let f = FabricsCommand {
         cid: 0,
@@ -65,7 +84,7 @@ pub fn connect(
             recfmt: 0,
             qid,
             sqsize,
-            cattr: 0,
+            cattr,
             kato: kato_ms,
         }),
     };
