@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::model::{self, Inputs};
-use crate::plan::{fmt_size, Backend, Depth, Direction, IscsiMode, Scheme};
+use crate::plan::{fmt_size, Backend, Depth, Direction, IscsiMode, Point, Scheme};
 use crate::plot::{self, Axis, Bars, Figure, Pt, Series, Style, BLACK_IDX};
 use crate::report::{median, Agg};
 
@@ -147,11 +147,22 @@ fn paper_name(a: &Agg) -> String {
         } else {
             " aes"
         };
+    let workers = workers_suffix(p);
     match (p.scheme, p.depth) {
-        (Scheme::Seal, Depth::Fixed(n)) => format!("seal OP-{n}{cipher}"),
-        (Scheme::Seal, Depth::Auto) => format!("seal auto{cipher}"),
+        (Scheme::Seal, Depth::Fixed(n)) => format!("seal OP-{n}{cipher}{workers}"),
+        (Scheme::Seal, Depth::Auto) => format!("seal auto{cipher}{workers}"),
         (Scheme::Ipsec, _) => format!("IPsec (strongSwan) @{}{cipher}", a.rec.depth_used),
-        (s, _) => format!("{s} @{}{cipher}", a.rec.depth_used),
+        (s, _) => format!("{s} @{}{cipher}{workers}", a.rec.depth_used),
+    }
+}
+
+/// `, 1 worker` for a point that fixes seal's crypto workers per host (the plan's
+/// `crypto_workers`), nothing for the default of one per CPU: a series or table row of its own.
+pub(crate) fn workers_suffix(p: &Point) -> String {
+    match p.crypto_workers {
+        0 => String::new(),
+        1 => ", 1 worker".into(),
+        n => format!(", {n} workers"),
     }
 }
 

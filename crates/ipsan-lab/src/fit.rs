@@ -594,7 +594,7 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     let pl = Pipeline {
         depth: r.depth_used.max(1),
         round_trips: p.round_trips(r.first_burst),
-        crypto_workers: if p.scheme == Scheme::SealSeq { 1 } else { cpus },
+        crypto_workers: p.seal_crypto_workers(cpus),
         window: None,
         crypto,
     };

@@ -26,6 +26,8 @@
 //! depth = ["1", "auto"]    # the papers' OP-n; "auto" lets the model pick
 //! cipher = ["aes-256-gcm"] # aes-256-gcm | chacha20-poly1305 | 3des-cbc-hmac-sha1
 //! pipeline = [true]        # seal's pipeline (seal-seq forces it off)
+//! crypto_workers = [0]     # seal's crypto threads per host, target and initiator alike
+//!                          # (0: one per CPU, the default); 1 is the papers' one-CPU host
 //! scheme = ["plain", "seal"] # plain | seal-seq | seal | wireguard | tls | ipsec | esp-emu | iperf3
 //! backend = ["mem"]        # mem | null | file | disk (ipsan-block's disk model)
 //! iscsi = ["ipsan"]        # ipsan (one round trip) | paper (InitialR2T=Yes, ImmediateData=No)
@@ -223,6 +225,10 @@ pub struct MatrixSpec {
     cipher: Vec<String>,
     #[serde(default = "d_pipeline")]
     pipeline: Vec<bool>,
+    /// Seal's crypto threads on each host (`--crypto-workers` of target and bench); 0: one
+    /// per CPU. Seal schemes only.
+    #[serde(default = "d_crypto_workers")]
+    crypto_workers: Vec<u32>,
     #[serde(default = "d_scheme")]
     scheme: Vec<Scheme>,
     #[serde(default = "d_backend")]
@@ -240,6 +246,10 @@ pub struct MatrixSpec {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn is_zero_u32(x: &u32) -> bool {
+    *x == 0
 }
 
 fn d_direction() -> Vec<Direction> {
@@ -262,6 +272,9 @@ fn d_cipher() -> Vec<String> {
 }
 fn d_pipeline() -> Vec<bool> {
     vec![true]
+}
+fn d_crypto_workers() -> Vec<u32> {
+    vec![0]
 }
 fn d_scheme() -> Vec<Scheme> {
     vec![Scheme::Plain]
@@ -423,6 +436,14 @@ pub struct Point {
     pub cipher: String,
     /// Seal pipeline on/off.
     pub pipeline: bool,
+    /// Seal's crypto threads per host (`ipsan target` and `ipsan bench --crypto-workers`);
+    /// 0: one per CPU, the binaries' default. 1 gives seal the crypto parallelism of the
+    /// papers' one-CPU hosts and of the IPsec baseline's one ESP stream per direction: one
+    /// command's data is then sealed and opened serially, as their processes did (2006 (001)
+    /// Tables 2 and 4 with one process). Absent from a point's JSON when 0, so records from
+    /// before the key compare equal.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub crypto_workers: u32,
     /// Security scheme.
     pub scheme: Scheme,
     /// Target backend.
@@ -434,6 +455,19 @@ pub struct Point {
 }
 
 impl Point {
+    /// The crypto workers that seal and open this point's commands on a host with `cpus`
+    /// CPUs, as the models count them: 1 for seal-seq (inline, no pool), the plan's
+    /// `crypto_workers` when set (at most `cpus`), else one per CPU.
+    pub fn seal_crypto_workers(&self, cpus: u32) -> u32 {
+        if self.scheme == Scheme::SealSeq {
+            1
+        } else if self.crypto_workers > 0 {
+            self.crypto_workers.min(cpus.max(1))
+        } else {
+            cpus.max(1)
+        }
+    }
+
     /// The offered load in bytes per second (`load` × `rate`), what `ipsan bench --rate` and
     /// iperf3's `-b` are given; `None` when the point offers no load.
     pub fn offered_bytes_per_s(&self) -> Option<u64> {
@@ -469,6 +503,10 @@ impl Point {
             String::new()
         } + &if self.load > 0.0 {
             format!(" load={}%", (self.load * 100.0).round())
+        } else {
+            String::new()
+        } + &if self.crypto_workers > 0 {
+            format!(" workers={}", self.crypto_workers)
         } else {
             String::new()
         }
@@ -730,6 +768,19 @@ impl Plan {
                     return Err(ctx(format!("congestion control {cc:?} is not a name")));
                 }
             }
+            for &w in &m.crypto_workers {
+                if w > 256 {
+                    return Err(ctx(format!(
+                        "crypto_workers {w} must be 0 (one per CPU) up to 256"
+                    )));
+                }
+                if w > 0 && m.scheme.iter().any(|s| !s.is_seal()) {
+                    return Err(ctx(format!(
+                        "crypto_workers {w} applies to seal and seal-seq only (the other \
+                         schemes' crypto is not ipsan's); give them a table of their own"
+                    )));
+                }
+            }
             for &direction in &m.direction {
                 for &delay_ms in &delays {
                     for &rate_mbit in &m.rate {
@@ -741,7 +792,13 @@ impl Plan {
                                             for &block in &blocks {
                                                 for &depth in &depths {
                                                     for cipher in &m.cipher {
-                                                        for &pipeline in &m.pipeline {
+                                                        for (&pipeline, &crypto_workers) in
+                                                            m.pipeline.iter().flat_map(|p| {
+                                                                m.crypto_workers
+                                                                    .iter()
+                                                                    .map(move |w| (p, w))
+                                                            })
+                                                        {
                                                             for &backend in &m.backend {
                                                                 for (&iscsi, &load) in
                                                                     m.iscsi.iter().flat_map(|i| {
@@ -764,6 +821,7 @@ impl Plan {
                                                                         pipeline: pipeline
                                                                             && scheme
                                                                                 != Scheme::SealSeq,
+                                                                        crypto_workers,
                                                                         scheme,
                                                                         backend,
                                                                         iscsi,
@@ -901,6 +959,7 @@ fn resolve_timeline(t: &TimelineSpec) -> Result<Timeline, String> {
             }),
             cipher: t.cipher.clone(),
             pipeline: scheme != Scheme::SealSeq,
+            crypto_workers: 0,
             scheme,
             backend: Backend::Mem,
             iscsi: t.iscsi,
@@ -1194,6 +1253,66 @@ repetitions=7
         }
         let a = Plan::load("aiken").unwrap();
         assert!(a.points.iter().any(|x| x.backend == Backend::Disk));
+    }
+
+    /// `crypto_workers` makes a seal point of its own (its label says so), reaches the
+    /// models as that many workers (at most the CPUs; seal-seq always one), and leaves the
+    /// JSON of every point without it as it was, so old records still aggregate.
+    #[test]
+    fn accepts_crypto_workers_for_seal_as_points_of_their_own() {
+        let p = Plan::parse(
+            "t",
+            "name='x'\n[[matrix]]\ndirection=['read']\nscheme=['seal','seal-seq']\ncrypto_workers=[0,1]\n",
+        )
+        .unwrap();
+        assert_eq!(p.points.len(), 4);
+        let one: Vec<&Point> = p.points.iter().filter(|x| x.crypto_workers == 1).collect();
+        assert_eq!(one.len(), 2);
+        assert!(one.iter().all(|x| x.label().ends_with(" workers=1")));
+        for x in &p.points {
+            let want = match (x.scheme, x.crypto_workers) {
+                (Scheme::SealSeq, _) | (_, 1) => 1,
+                _ => 2,
+            };
+            assert_eq!(x.seal_crypto_workers(2), want, "{}", x.label());
+        }
+        let four = Point {
+            crypto_workers: 4,
+            ..one[0].clone()
+        };
+        assert_eq!(four.seal_crypto_workers(2), 2, "never more than the CPUs");
+        let default = p.points.iter().find(|x| x.crypto_workers == 0).unwrap();
+        let json = serde_json::to_string(default).unwrap();
+        assert!(!json.contains("crypto_workers"), "{json}");
+        let back: Point = serde_json::from_str(&json).unwrap();
+        assert_eq!(&back, default);
+        assert!(serde_json::to_string(one[0])
+            .unwrap()
+            .contains("\"crypto_workers\":1"));
+    }
+
+    #[test]
+    fn rejects_crypto_workers_for_schemes_whose_crypto_is_not_seals() {
+        for (bad, why) in [
+            (
+                "scheme=['ipsec']\ncrypto_workers=[1]\n",
+                "seal and seal-seq only",
+            ),
+            (
+                "scheme=['seal','plain']\ncrypto_workers=[1]\n",
+                "seal and seal-seq only",
+            ),
+            ("scheme=['seal']\ncrypto_workers=[257]\n", "up to 256"),
+        ] {
+            let e = Plan::parse("t", &format!("name='x'\n[[matrix]]\n{bad}")).unwrap_err();
+            assert!(e.why.contains(why), "{bad}: {e}");
+        }
+        // 0 is the default and fits every scheme.
+        assert!(Plan::parse(
+            "t",
+            "name='x'\n[[matrix]]\nscheme=['ipsec','plain']\ncrypto_workers=[0]\n"
+        )
+        .is_ok());
     }
 
     /// The demo repeats its CPU-bound cells (IPsec at 2 ms) seven times, the rest three.

@@ -187,7 +187,14 @@ fn series_name(r: &Record) -> String {
     } else {
         ""
     };
-    format!("{}{} {}{}", p.scheme, cipher, depth, iscsi)
+    format!(
+        "{}{} {}{}{}",
+        p.scheme,
+        cipher,
+        depth,
+        iscsi,
+        crate::figures::workers_suffix(p)
+    )
 }
 
 /// The papers' own numbers the report quotes (docs/lab.md, "The papers", cites them by title).

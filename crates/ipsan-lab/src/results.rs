@@ -314,7 +314,7 @@ impl Record {
 }
 
 /// CSV header, matching [`csv_row`].
-pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,rate_mbit,block,depth,depth_used,cipher,pipeline,backend,iscsi,cc,throughput_mb_s,throughput_total_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_tunnel_ini_pct,cpu_tunnel_tgt_pct,cpu_ini_host_pct,cpu_tgt_host_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,cores_avail,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,loadavg,error";
+pub const CSV_HEADER: &str = "plan,run,rep,status,scheme,direction,delay_ms,loss,reorder,corrupt,rate_mbit,block,depth,depth_used,cipher,pipeline,crypto_workers,backend,iscsi,cc,throughput_mb_s,throughput_total_mb_s,iops,lat_p50_us,lat_p90_us,lat_p99_us,lat_max_us,cpu_initiator_pct,cpu_target_pct,cpu_tunnel_pct,cpu_tunnel_ini_pct,cpu_tunnel_tgt_pct,cpu_ini_host_pct,cpu_tgt_host_pct,cpu_emulator_pct,wan_packets,wan_dropped,wan_reordered,wan_corrupted,esp_packets,rtt_ms,socket_mb_s,cores_avail,enc_mb_s,dec_mb_s,model_mb_s,model_limit,model_err_pct,initial_r2t,immediate_data,first_burst,run_time_s,root,loopback,git_rev,kernel,loadavg,error";
 
 fn q(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
@@ -357,6 +357,7 @@ pub fn csv_row(r: &Record) -> String {
         r.depth_used.to_string(),
         p.cipher.clone(),
         p.pipeline.to_string(),
+        p.crypto_workers.to_string(),
         format!("{:?}", p.backend).to_lowercase(),
         format!("{:?}", p.iscsi).to_lowercase(),
         p.cc.clone(),

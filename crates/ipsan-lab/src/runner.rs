@@ -402,11 +402,7 @@ fn model_pipeline(p: &Point, depth: u32, first_burst: Option<u64>, cpus: u32) ->
     Pipeline {
         depth,
         round_trips: p.round_trips(first_burst),
-        crypto_workers: if p.scheme == Scheme::SealSeq {
-            1
-        } else {
-            cpus.max(1)
-        },
+        crypto_workers: p.seal_crypto_workers(cpus),
         window: None,
         crypto: match p.scheme {
             Scheme::Plain => CryptoPlace::None,
@@ -652,6 +648,58 @@ mod tests {
         assert_eq!(q.points[0].delay_ms, 0.0);
         assert!(q.points.iter().any(|p| p.delay_ms == 8.0));
         assert!(q.points.iter().all(|p| p.delay_ms != 64.0));
+    }
+
+    /// A plan's `crypto_workers` reaches both ends of a seal run as `--crypto-workers`
+    /// (the target's and `ipsan bench`'s flag); without it neither command gets the flag and
+    /// both keep their default of one worker per CPU.
+    #[test]
+    fn passes_crypto_workers_to_both_seal_ends_only_when_the_plan_sets_them() {
+        let plan = Plan::parse(
+            "t",
+            "name='t'\n[[matrix]]\ndirection=['read']\nscheme=['seal','seal-seq']\ncrypto_workers=[0,1]\n",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = RunConfig::new(PathBuf::from("ipsan"), dir.path().to_path_buf());
+        let calib = Calibration::default();
+        let ctx = RunCtx {
+            cfg: &cfg,
+            plan: &plan,
+            link: None,
+            calib: &calib,
+            enc: (1e7, 1e7),
+            scratch: dir.path(),
+            bench_has_seal: true,
+            bench_has_auto: true,
+            trace: None,
+        };
+        let workers_flag = |c: &Command| {
+            let args: Vec<String> = c
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            args.windows(2)
+                .find(|w| w[0] == "--crypto-workers")
+                .map(|w| w[1].clone())
+        };
+        assert_eq!(plan.points.len(), 4);
+        for p in &plan.points {
+            let carrier = carrier::of(p.scheme);
+            let mut target = Command::new("ipsan");
+            assert!(carrier.target_args(&ctx, p, &mut target).is_ok());
+            let bench = Bench::new(
+                &ctx,
+                p,
+                carrier,
+                SocketAddr::from((Ipv4Addr::LOCALHOST, 3260)),
+                1,
+                Duration::from_secs(1),
+            );
+            let want = (p.crypto_workers > 0).then(|| p.crypto_workers.to_string());
+            assert_eq!(workers_flag(&target), want, "target: {}", p.label());
+            assert_eq!(workers_flag(&bench.cmd), want, "bench: {}", p.label());
+        }
     }
 
     #[test]

@@ -154,7 +154,7 @@ fn scheme_key(a: &Agg) -> String {
     if p.scheme == Scheme::Plain {
         p.scheme.to_string()
     } else {
-        format!("{} {}", p.scheme, short(&p.cipher))
+        format!("{} {}{}", p.scheme, short(&p.cipher), workers_suffix(p))
     }
 }
 

@@ -83,7 +83,7 @@ impl Carrier for Seal {
         }
     }
 
-    fn target_args(&self, ctx: &RunCtx<'_>, _p: &Point, cmd: &mut Command) -> Result<(), RunError> {
+    fn target_args(&self, ctx: &RunCtx<'_>, p: &Point, cmd: &mut Command) -> Result<(), RunError> {
         let secret = Seal::secret(ctx);
         std::fs::write(
             &secret,
@@ -95,6 +95,9 @@ impl Carrier for Seal {
             .map_err(|e| fail(format!("chmod 600 the seal secret: {e}")))?;
         cmd.args(["--seal", "required", "--seal-secret-file"]);
         cmd.arg(&secret);
+        if p.crypto_workers > 0 {
+            cmd.args(["--crypto-workers", &p.crypto_workers.to_string()]);
+        }
         Ok(())
     }
 
@@ -102,5 +105,8 @@ impl Carrier for Seal {
         cmd.args(["--seal", &p.cipher, "--secret-file"]);
         cmd.arg(Seal::secret(ctx));
         cmd.args(["--pipeline", if p.pipeline { "on" } else { "off" }]);
+        if p.crypto_workers > 0 {
+            cmd.args(["--crypto-workers", &p.crypto_workers.to_string()]);
+        }
     }
 }

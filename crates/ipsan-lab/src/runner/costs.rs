@@ -53,6 +53,8 @@ pub fn cost_plan(plan: &Plan) -> Plan {
                         p.cipher.clone()
                     },
                     pipeline: scheme != Scheme::SealSeq,
+                    // A carrier's cost per byte does not depend on seal's threads.
+                    crypto_workers: 0,
                     scheme,
                     ..p.clone()
                 };
