@@ -66,7 +66,7 @@ pub use negotiate::{
     SealPending, SealPolicy, TargetNegotiation, TargetSealConfig, TextPairs, DEFAULT_CHUNK,
 };
 pub use pool::CryptoPool;
-pub use record::{read_pdu, LoginTranscript, ReadError, RecordOpener, RecordSealer};
+pub use record::{read_pdu, LoginTranscript, ReadError, RecordOpener, RecordSealer, VerifiedHead};
 pub use replay::WINDOW as REPLAY_WINDOW;
 pub use schedule::{Psk, SessionIds, TranscriptHash};
 pub use session::{Role, SealSession, SealStats};

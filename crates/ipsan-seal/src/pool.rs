@@ -498,6 +498,10 @@ impl CryptoPool {
                 let s = Arc::clone(session);
                 let sent = self.submit(Box::new(move || {
                     let r = open_part(&s, &binding, plan, part, chunk, t, &mut data, &tag);
+                    // Before the part is handed back: the last part wakes the waiting task,
+                    // whose buffer is then the only holder of its memory (no copy when the
+                    // caller takes it as its own, `BytesMut::from`; issue 27).
+                    drop(tag);
                     slot.put(r.map(|()| data));
                 }));
                 if !sent {

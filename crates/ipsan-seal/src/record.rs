@@ -407,7 +407,21 @@ impl RecordOpener {
         r
     }
 
+    /// Verifies a PDU's tag under the next counter and counts it.
     fn check(&mut self, bhs: &[u8; BHS_LEN], ahs: &[u8], data: &[u8]) -> Result<usize, Forgery> {
+        let split = self.check_uncounted(bhs, ahs, data)?;
+        self.next = self.next.checked_add(1).ok_or(Forgery::Exhausted)?;
+        Ok(split)
+    }
+
+    /// Verifies a PDU's tag under the next counter without counting it: how many AHS bytes
+    /// precede the Seal AHS.
+    fn check_uncounted(
+        &mut self,
+        bhs: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: &[u8],
+    ) -> Result<usize, Forgery> {
         let counter = self.next;
         let opcode = bhs[0] & 0x3f;
         if self.failed {
@@ -434,14 +448,80 @@ impl RecordOpener {
         if !bool::from(expected.as_slice().ct_eq(tag)) {
             return Err(Forgery::BadTag { counter, opcode });
         }
-        self.next = counter.checked_add(1).ok_or(Forgery::Exhausted)?;
         Ok(split)
+    }
+
+    /// Verifies the head (BHS and AHS, the Seal AHS last) of the next PDU before its data
+    /// segment is received, for a PDU whose data the record tag does not cover (a Data-In,
+    /// [`data_is_sealed_transfer`]: its data is a slice of a sealed transfer, authenticated by
+    /// the transfer's chunk tags before any byte of it is used, docs/seal.md §4): the receiver
+    /// may then receive that data straight into a buffer of its own (issue 27: a READ's data
+    /// in place in the command's buffer) knowing the header it acts on is genuine.
+    ///
+    /// The PDU is not counted yet: [`RecordOpener::accept_head`] counts it when the caller
+    /// takes its data that way; otherwise the PDU is received as usual ([`read_pdu`]), which
+    /// verifies it again. A bad tag fails the opener as [`RecordOpener::verify_raw`] does. For
+    /// a PDU whose data the tag covers, the tag is checked as if its data were empty, so one
+    /// with data fails (closed: the opener refuses everything after).
+    pub fn verify_head(
+        &mut self,
+        bhs: &[u8; BHS_LEN],
+        ahs: &[u8],
+    ) -> Result<VerifiedHead, Forgery> {
+        match self.check_uncounted(bhs, ahs, &[]) {
+            Ok(keep) => Ok(VerifiedHead {
+                counter: self.next,
+                keep,
+            }),
+            Err(e) => {
+                if !self.failed {
+                    FORGED.fetch_add(1, Ordering::Relaxed);
+                }
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts the PDU whose head [`RecordOpener::verify_head`] verified, once its caller takes
+    /// its data: the next PDU is checked under the next counter. A head verified under
+    /// another counter (the opener moved on meanwhile) fails the opener.
+    pub fn accept_head(&mut self, head: VerifiedHead) -> Result<(), Forgery> {
+        if self.failed {
+            return Err(Forgery::AlreadyFailed);
+        }
+        if head.counter != self.next {
+            self.failed = true;
+            FORGED.fetch_add(1, Ordering::Relaxed);
+            return Err(Forgery::BadTag {
+                counter: self.next,
+                opcode: 0,
+            });
+        }
+        self.next = self.next.checked_add(1).ok_or(Forgery::Exhausted)?;
+        Ok(())
     }
 
     /// PDUs verified so far.
     #[must_use]
     pub fn received(&self) -> u64 {
         self.next
+    }
+}
+
+/// A PDU head verified ahead of its data ([`RecordOpener::verify_head`]): the counter it
+/// verified under, for [`RecordOpener::accept_head`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifiedHead {
+    counter: u64,
+    keep: usize,
+}
+
+impl VerifiedHead {
+    /// How many AHS bytes precede the Seal AHS (the AHS the peer built; none on a Data-In).
+    #[must_use]
+    pub fn keep(&self) -> usize {
+        self.keep
     }
 }
 
@@ -709,6 +789,85 @@ mod tests {
         rx.data = Bytes::from(d);
         let (_, mut o) = pair_for_test(Cipher::Aes256Gcm, 6);
         assert!(o.verify(&mut rx).is_ok());
+    }
+
+    /// Issue 27: a Data-In's head (BHS + Seal AHS) verifies before its data is received, and
+    /// counts once: after `accept_head` the next PDU verifies under the next counter; without
+    /// it (the receiver declined to place the data) the whole PDU verifies as usual. A flipped
+    /// head fails and the opener refuses everything after; a head verified under a counter
+    /// the opener has since left is refused; a NOP-In whose data the tag covers fails.
+    #[test]
+    fn accepts_a_data_in_head_verified_before_its_data_and_rejects_a_flipped_one() {
+        use iscsi_wire::header::DataIn;
+        let data_in = |n: u32| {
+            Pdu::new(
+                DataIn {
+                    itt: 3,
+                    data_sn: n,
+                    buffer_offset: n * 64,
+                    ..DataIn::default()
+                },
+                Bytes::from(vec![n as u8; 64]),
+            )
+        };
+        let codec = Codec::default();
+        let head = |w: &BytesMut| -> ([u8; BHS_LEN], Vec<u8>) {
+            let bhs: [u8; BHS_LEN] = w[..BHS_LEN].try_into().unwrap();
+            (bhs, w[BHS_LEN..BHS_LEN + SEAL_AHS_LEN].to_vec())
+        };
+        let (mut s, mut o) = pair_for_test(Cipher::Aes256Gcm, 11);
+        // Placed: verified ahead, counted once.
+        let w0 = sealed_wire(&mut s, &codec, data_in(0));
+        let (bhs, ahs) = head(&w0);
+        let v = o.verify_head(&bhs, &ahs).unwrap();
+        assert_eq!((v.keep(), o.received()), (0, 0), "not counted yet");
+        o.accept_head(v).unwrap();
+        assert_eq!(o.received(), 1);
+        assert!(o.accept_head(v).is_err(), "a head counts once");
+        let (mut s, mut o) = pair_for_test(Cipher::Aes256Gcm, 11);
+        let w0 = sealed_wire(&mut s, &codec, data_in(0));
+        let (bhs, ahs) = head(&w0);
+        let v = o.verify_head(&bhs, &ahs).unwrap();
+        o.accept_head(v).unwrap();
+        // Declined: verified ahead, then received whole and verified again.
+        let mut w1 = sealed_wire(&mut s, &codec, data_in(1));
+        let (bhs, ahs) = head(&w1);
+        o.verify_head(&bhs, &ahs).unwrap();
+        let p = read_pdu(&codec, Some(&mut o), &mut w1).unwrap().unwrap();
+        assert_eq!((p.data.len(), p.ahs.len(), o.received()), (64, 0, 2));
+        // A NOP-In whose data the tag covers cannot verify without its data.
+        let nop = Pdu::new(
+            NopIn {
+                itt: 9,
+                ..NopIn::default()
+            },
+            Bytes::from_static(b"ping"),
+        );
+        let w2 = sealed_wire(&mut s, &codec, nop);
+        let (bhs, ahs) = head(&w2);
+        assert!(o.verify_head(&bhs, &ahs).is_err(), "data it covers");
+        assert!(matches!(
+            o.verify_head(&bhs, &ahs),
+            Err(Forgery::AlreadyFailed)
+        ));
+        // Every byte of a Data-In head is covered: a flip fails before any data is read.
+        for at in 0..BHS_LEN + 4 {
+            let (mut s, mut o) = pair_for_test(Cipher::Aes256Gcm, 12);
+            let w = sealed_wire(&mut s, &codec, data_in(0));
+            let (mut bhs, mut ahs) = head(&w);
+            if at < BHS_LEN {
+                bhs[at] ^= 1;
+            } else {
+                ahs[at - BHS_LEN] ^= 1;
+            }
+            assert!(o.verify_head(&bhs, &ahs).is_err(), "flip at byte {at}");
+            let ok = sealed_wire(&mut s, &codec, data_in(1));
+            let (bhs, ahs) = head(&ok);
+            assert!(
+                o.verify_head(&bhs, &ahs).is_err(),
+                "the opener refuses everything after a failure"
+            );
+        }
     }
 
     fn digests() -> Codec {

@@ -361,6 +361,29 @@ impl SealSession {
         Ok(buf.freeze())
     }
 
+    /// `none`'s sealed transfer without a copy (issue 27). Under `none` without compression
+    /// the sealed form of `plain_len` bytes is those bytes unchanged followed by a trailer, the
+    /// base counter and a zero tag per chunk (docs/seal.md §4): a sender whose plaintext is
+    /// shared (a RAM store's own memory) sends the plaintext and this trailer back to back
+    /// instead of copying both into one buffer. Reserves the command's counters as
+    /// [`Self::seal`] does and returns the trailer (empty for no data); `None` for a cipher
+    /// that changes the bytes, or with compression: seal as before.
+    pub fn none_trailer(&self, plain_len: usize) -> Result<Option<Bytes>, SealError> {
+        if self.framing.cipher.protects() || self.compression.is_on() {
+            return Ok(None);
+        }
+        let Some(plan) = self.plan(plain_len)? else {
+            return Ok(Some(Bytes::new()));
+        };
+        let t = self.framing.cipher.tag_len();
+        let mut trailer = BytesMut::zeroed(COUNTER_LEN + plan.count as usize * t);
+        trailer[..COUNTER_LEN].copy_from_slice(&plan.base.to_be_bytes());
+        self.stats
+            .sealed
+            .fetch_add(u64::from(plan.count), Ordering::Relaxed);
+        Ok(Some(trailer.freeze()))
+    }
+
     /// Seals a copy of `plaintext` and returns the sealed transfer; `plaintext` is left as it
     /// was (a caller that must keep its data, like an initiator that may retry a write).
     ///
@@ -603,5 +626,52 @@ impl SealSession {
         self.finish_open(b, plan)?;
         buf.truncate(n);
         Ok(buf.freeze())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cipher::IV_LEN;
+
+    fn pair(cipher: Cipher) -> (SealSession, SealSession) {
+        let key = |seed: u8| {
+            ChunkKey::new(cipher, 65536, &vec![seed; cipher.key_len()], [seed; IV_LEN]).unwrap()
+        };
+        let f = Framing {
+            cipher,
+            chunk_size: 65536,
+        };
+        let root = || zeroize::Zeroizing::new([9u8; 32]);
+        (
+            SealSession::new(f, Role::Initiator, key(1), key(2), root()),
+            SealSession::new(f, Role::Target, key(1), key(2), root()),
+        )
+    }
+
+    /// Issue 27: `none`'s plaintext followed by its trailer is the very transfer a sealed copy
+    /// makes (same bytes, same counters), and the receiver opens it; the plaintext itself is
+    /// not touched, so a shared store's memory can be sent as it is. A cipher that changes
+    /// the bytes has no such trailer.
+    #[test]
+    fn accepts_none_plaintext_and_its_trailer_as_the_sealed_transfer() {
+        let (initiator, target) = pair(Cipher::None);
+        let b = Binding::of_command(0, 5, 0x88, (0, 2100));
+        let plain = Bytes::from((0..1_075_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let trailer = target.none_trailer(plain.len()).unwrap().unwrap();
+        let mut wire = BytesMut::from(&plain[..]);
+        wire.extend_from_slice(&trailer);
+        assert_eq!(wire.len(), target.sealed_len(plain.len()).unwrap());
+        // The same bytes a copy would have been sealed into, under the next counters.
+        let copy = target.seal_copy(&b, &plain).unwrap();
+        let base = u64::from_be_bytes(copy[plain.len()..plain.len() + 8].try_into().unwrap());
+        assert_eq!(base, 17, "the trailer reserved counters 0..17 (17 chunks)");
+        assert_eq!(&copy[..plain.len()], &wire[..plain.len()]);
+        assert_eq!(&copy[plain.len() + 8..], &wire[plain.len() + 8..]);
+        let opened = initiator.open(&b, wire).unwrap();
+        assert_eq!(opened, plain);
+        assert_eq!(target.none_trailer(0).unwrap().unwrap().len(), 0);
+        let (_, aes) = pair(Cipher::Aes256Gcm);
+        assert!(aes.none_trailer(4096).unwrap().is_none());
     }
 }

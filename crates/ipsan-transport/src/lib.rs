@@ -22,7 +22,8 @@
 //! - [`forgery`], [`PushError`]: what a sealed read or a push failed with.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use ipsan_seal::{Forgery, ReadError, RecordOpener, RecordSealer};
+use ipsan_seal::record::SEAL_AHS_LEN;
+use ipsan_seal::{Forgery, ReadError, RecordOpener, RecordSealer, VerifiedHead};
 use iscsi_wire::header::DataIn;
 use iscsi_wire::{Codec, Header, Opcode, Pdu, WireError, BHS_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -54,11 +55,24 @@ pub struct FrameReader<R> {
     /// The next receive buffer, given back by [`FrameReader::recycle`].
     spare: Option<BytesMut>,
     /// After a segment received in place ([`FrameReader::next_placing`]), the next receive
-    /// into an empty buffer takes one BHS only: the PDU behind it is likely the same READ's
+    /// into an empty buffer takes one Data-In head only (its BHS, and its Seal AHS in a sealed
+    /// session): the PDU behind it is likely the same READ's
     /// next Data-In, whose segment should go in place too, not into this buffer.
     header_first: bool,
     /// The caller declined to place the PDU at the front of the buffer: not asked again.
     declined: bool,
+}
+
+/// A Data-In whose segment can be placed ([`FrameReader::long_data_in_ahead`]).
+#[derive(Debug)]
+struct Ahead {
+    header: DataIn,
+    /// The segment's length.
+    len: usize,
+    /// Bytes of its head (BHS, Seal AHS).
+    head: usize,
+    /// A sealed session's verified head, counted once the segment is placed.
+    verified: Option<VerifiedHead>,
 }
 
 /// What [`FrameReader::next_placing`] received.
@@ -147,26 +161,34 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// [`FrameReader::next`], with a Data-In of at least [`HAND_OVER_MIN`] bytes received in
     /// place where `lend` gives a buffer for it (issue 27: a READ whose data comes in several
     /// Data-In PDUs is received into the command's own buffer, not copied there from this
-    /// one). `lend(header, len)` is asked once the PDU's BHS is in and its segment is not yet
-    /// whole in this reader's buffer; it returns an empty `BytesMut` with room for `len`
-    /// bytes, or `None` to receive the PDU as usual. Only plain connections without digests
-    /// place (a sealed PDU is verified whole before anything of it is used, docs/seal.md §4a;
-    /// a digest covers bytes that would then be spread over two buffers): otherwise, and for
-    /// every other PDU, this is [`FrameReader::next`].
+    /// one). `lend(header, len)` is asked once the PDU's head is in and its segment is not
+    /// yet whole in this reader's buffer; it returns an empty `BytesMut` with room for `len`
+    /// bytes, or `None` to receive the PDU as usual.
+    ///
+    /// In a sealed session the head is the BHS and the Seal AHS, and its record tag is
+    /// verified before `lend` sees the header ([`RecordOpener::verify_head`]): a Data-In's
+    /// record tag covers its header but not its data, which is a slice of a sealed transfer
+    /// whose chunk tags are verified, in the command's buffer, before the READ completes
+    /// (docs/seal.md §4, §4a). A head that fails is a forgery like any other: the error comes
+    /// back before anything of the PDU is used or lent for. Connections with digests do not
+    /// place (a digest covers bytes that would then be spread over two buffers): there, and
+    /// for every other PDU, this is [`FrameReader::next`].
     pub async fn next_placing<F>(&mut self, mut lend: F) -> std::io::Result<Option<Received>>
     where
         F: FnMut(&DataIn, usize) -> Option<BytesMut>,
     {
-        let may_place =
-            self.record.is_none() && !self.codec.header_digest && !self.codec.data_digest;
+        let may_place = !self.codec.header_digest && !self.codec.data_digest;
         if !may_place {
             return Ok(self.next().await?.map(Received::Pdu));
         }
         loop {
             if !self.declined {
-                if let Some((h, len)) = self.long_data_in_ahead() {
-                    match lend(&h, len) {
-                        Some(data) => return self.place(h, len, data).await.map(Some),
+                let ahead = self
+                    .long_data_in_ahead()
+                    .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
+                if let Some(a) = ahead {
+                    match lend(&a.header, a.len) {
+                        Some(data) => return self.place(a, data).await.map(Some),
                         None => self.declined = true,
                     }
                 }
@@ -180,7 +202,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             let n = if self.header_first && self.buf.is_empty() {
                 self.header_first = false;
-                let mut bhs = (&mut self.buf).limit(BHS_LEN);
+                let head = self.head_len();
+                let mut bhs = (&mut self.buf).limit(head);
                 self.rd.read_buf(&mut bhs).await?
             } else {
                 self.rd.read_buf(&mut self.buf).await?
@@ -191,38 +214,72 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// The Data-In at the front of the buffer, when its BHS is in, its segment is long
-    /// enough to place and not yet whole here, and it has no AHS (one a Data-In never has).
-    fn long_data_in_ahead(&self) -> Option<(DataIn, usize)> {
-        let raw: &[u8; BHS_LEN] = self.buf.get(..BHS_LEN)?.try_into().ok()?;
-        if Opcode(raw[0] & 0x3f) != Opcode::SCSI_DATA_IN || raw[4] != 0 {
-            return None;
+    /// Bytes of a Data-In's head: its BHS, and in a sealed session the Seal AHS after it (a
+    /// Data-In has no other AHS).
+    fn head_len(&self) -> usize {
+        BHS_LEN
+            + if self.record.is_some() {
+                SEAL_AHS_LEN
+            } else {
+                0
+            }
+    }
+
+    /// The Data-In at the front of the buffer, when its head is in, its segment is long
+    /// enough to place and not yet whole here, and it has no AHS but the Seal AHS of a sealed
+    /// session, whose record tag is verified here first (a failure is the error).
+    fn long_data_in_ahead(&mut self) -> Result<Option<Ahead>, Forgery> {
+        let Some(raw) = self.buf.get(..BHS_LEN) else {
+            return Ok(None);
+        };
+        let mut bhs = [0u8; BHS_LEN];
+        bhs.copy_from_slice(raw);
+        let head = self.head_len();
+        if Opcode(bhs[0] & 0x3f) != Opcode::SCSI_DATA_IN
+            || usize::from(bhs[4]) * 4 != head - BHS_LEN
+        {
+            return Ok(None);
         }
-        let dsl = (usize::from(raw[5]) << 16) | (usize::from(raw[6]) << 8) | usize::from(raw[7]);
+        let dsl = (usize::from(bhs[5]) << 16) | (usize::from(bhs[6]) << 8) | usize::from(bhs[7]);
         if dsl < HAND_OVER_MIN
             || dsl > self.codec.max_recv_data_segment_length as usize
-            || self.buf.len() >= BHS_LEN + iscsi_wire::pad4(dsl)
+            || self.buf.len() < head
+            || self.buf.len() >= head + iscsi_wire::pad4(dsl)
         {
-            // Too short to be worth it, refused by the codec (`try_next` reports it), or
-            // already here whole (`try_next` takes it; hand-over mode avoids its copy).
-            return None;
+            // Too short to be worth it, refused by the codec (`try_next` reports it), not in
+            // yet, or already here whole (`try_next` takes it; hand-over mode avoids its copy).
+            return Ok(None);
         }
-        match Header::parse(raw) {
-            Ok(Header::DataIn(h)) => Some((h, dsl)),
-            _ => None,
+        let verified = match self.record.as_mut() {
+            Some(r) => Some(r.verify_head(&bhs, &self.buf[BHS_LEN..head])?),
+            None => None,
+        };
+        match Header::parse(&bhs) {
+            Ok(Header::DataIn(header)) => Ok(Some(Ahead {
+                header,
+                len: dsl,
+                head,
+                verified,
+            })),
+            _ => {
+                // A field the codec refuses: `try_next` reports it once the PDU is in.
+                self.declined = true;
+                Ok(None)
+            }
         }
     }
 
     /// Receives the Data-In at the front of the buffer (see [`FrameReader::long_data_in_ahead`])
     /// into `data`: what of its segment is already here is copied, the rest is read from the
-    /// stream straight into `data`, never past the segment's end.
-    async fn place(
-        &mut self,
-        h: DataIn,
-        len: usize,
-        mut data: BytesMut,
-    ) -> std::io::Result<Received> {
-        self.buf.advance(BHS_LEN);
+    /// stream straight into `data`, never past the segment's end. A sealed PDU is counted by
+    /// the record opener first: its head verified, its data is taken.
+    async fn place(&mut self, a: Ahead, mut data: BytesMut) -> std::io::Result<Received> {
+        if let (Some(r), Some(v)) = (self.record.as_mut(), a.verified) {
+            r.accept_head(v)
+                .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
+        }
+        let (h, len) = (a.header, a.len);
+        self.buf.advance(a.head);
         let here = self.buf.len().min(len);
         data.extend_from_slice(&self.buf[..here]);
         self.buf.advance(here);
@@ -243,9 +300,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         self.buf.advance(pad);
         // A split READ's Data-In is followed by more (its own rest, or the next READ's): the
-        // next receive takes one BHS, so their segments are placed too. A one-PDU read
+        // next receive takes one head, so their segments are placed too. A one-PDU read
         // (offset 0, final) arrives whole in one receive as a rule, and hand-over mode spares
-        // its copy without a receive of its own for the BHS.
+        // its copy without a receive of its own for the head.
         self.header_first = !(h.final_ && h.buffer_offset == 0);
         self.declined = false;
         Ok(Received::Placed {
@@ -563,6 +620,134 @@ mod tests {
                 assert_eq!(dest.as_ptr(), dest_at, "one allocation, no copy");
                 assert_eq!(whole, [(9, 100)], "the PDU after them as usual");
             }
+        }
+    }
+
+    /// A sealed session's Data-In PDUs (AES-256-GCM record tags) and a NOP-In after them, as
+    /// a peer writes them, through a pipe much smaller than a segment; `flip`: XOR 1 into
+    /// byte `at` of PDU `n` on the wire first.
+    fn sealed_stream(len: usize, flip: Option<(usize, usize)>) -> tokio::io::DuplexStream {
+        let (mut sealer, _) = ipsan_seal::record::pair_for_test(ipsan_seal::Cipher::Aes256Gcm, 7);
+        let codec = Codec {
+            max_recv_data_segment_length: 256 * 1024,
+            ..Codec::default()
+        };
+        let mut pdus = Vec::new();
+        for n in 0..2u32 {
+            let h = DataIn {
+                final_: n == 1,
+                itt: 7,
+                data_sn: n,
+                buffer_offset: n * len as u32,
+                ..DataIn::default()
+            };
+            let data: Vec<u8> = (0..len)
+                .map(|i| ((n as usize * len + i) % 251) as u8)
+                .collect();
+            pdus.push(Pdu::new(h, Bytes::from(data)));
+        }
+        let nop = iscsi_wire::header::NopIn {
+            itt: 9,
+            ..iscsi_wire::header::NopIn::default()
+        };
+        pdus.push(Pdu::new(nop, Bytes::from(vec![3u8; 100])));
+        let mut wire = Vec::new();
+        for (n, mut pdu) in pdus.into_iter().enumerate() {
+            sealer.protect(&mut pdu).unwrap();
+            let mut one = BytesMut::new();
+            codec.encode(&pdu, &mut one).unwrap();
+            if let Some((_, at)) = flip.filter(|(k, _)| *k == n) {
+                one[at] ^= 1;
+            }
+            wire.extend_from_slice(&one);
+        }
+        let (mut a, b) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let _ = a.write_all(&wire).await;
+            let _ = a.shutdown().await;
+        });
+        b
+    }
+
+    fn sealed_reader(stream: tokio::io::DuplexStream) -> FrameReader<tokio::io::DuplexStream> {
+        let (_, opener) = ipsan_seal::record::pair_for_test(ipsan_seal::Cipher::Aes256Gcm, 7);
+        let mut r = FrameReader::new(stream);
+        r.codec.max_recv_data_segment_length = 256 * 1024;
+        r.record = Some(opener);
+        r.hand_over(true);
+        r
+    }
+
+    /// Issue 27: in a sealed session a Data-In's segment is received in place too, once its
+    /// head (BHS + Seal AHS) verified: both segments land back to back in the caller's one
+    /// allocation, the Seal AHS is not in them, and the record counter advanced once per PDU
+    /// (the NOP-In after them verifies under the next counter and arrives as a PDU).
+    #[tokio::test]
+    async fn accepts_a_sealed_data_in_received_in_place_once_its_head_verifies() {
+        const LEN: usize = 40_000;
+        let mut r = sealed_reader(sealed_stream(LEN, None));
+        let mut dest = BytesMut::with_capacity(2 * LEN);
+        let dest_at = dest.as_ptr();
+        let (mut lent, mut placed, mut whole) = (0, 0, Vec::new());
+        loop {
+            let got = r
+                .next_placing(|h, len| {
+                    lent += 1;
+                    assert_eq!((h.itt, h.buffer_offset as usize, len), (7, dest.len(), LEN));
+                    let at = dest.len();
+                    Some(dest.split_off(at))
+                })
+                .await
+                .unwrap();
+            match got {
+                None => break,
+                Some(Received::Placed { pdu, data }) => {
+                    placed += 1;
+                    assert!(pdu.data.is_empty() && pdu.ahs.is_empty());
+                    dest.unsplit(data);
+                }
+                Some(Received::Pdu(pdu)) => {
+                    let pdu = pdu.unwrap();
+                    whole.push((pdu.header.itt(), pdu.data.len()));
+                }
+            }
+        }
+        let want: Vec<u8> = (0..2 * LEN).map(|i| (i % 251) as u8).collect();
+        assert!(dest[..] == want[..], "bytes out of place");
+        assert_eq!((lent, placed), (2, 2));
+        assert_eq!(dest.as_ptr(), dest_at, "one allocation, no copy");
+        assert_eq!(whole, [(9, 100)], "the NOP-In verified after them");
+        assert_eq!(r.record.as_ref().unwrap().received(), 3);
+    }
+
+    /// A relay's edit of a placed Data-In's header (its buffer offset, its ITT, its Seal AHS)
+    /// fails its record tag before anything is lent for it: the read side errs with a forgery
+    /// and the caller was asked for the first, genuine PDU only.
+    #[tokio::test]
+    async fn rejects_an_altered_sealed_data_in_head_before_lending_for_it() {
+        const LEN: usize = 40_000;
+        // Byte 41 (buffer offset), 17 (ITT), 60 (the Seal AHS's tag).
+        for at in [41, 17, 60] {
+            let mut r = sealed_reader(sealed_stream(LEN, Some((1, at))));
+            let mut dest = BytesMut::with_capacity(2 * LEN);
+            let mut lent = 0;
+            let err = loop {
+                let got = r
+                    .next_placing(|_, _| {
+                        lent += 1;
+                        let at = dest.len();
+                        Some(dest.split_off(at))
+                    })
+                    .await;
+                match got {
+                    Ok(Some(Received::Placed { data, .. })) => dest.unsplit(data),
+                    Ok(other) => panic!("byte {at}: {other:?} instead of a forgery"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(forgery(&err).is_some(), "byte {at}: {err}");
+            assert_eq!(lent, 1, "byte {at}: lent for the altered PDU");
+            assert_eq!(dest.len(), LEN);
         }
     }
 

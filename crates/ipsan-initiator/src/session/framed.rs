@@ -189,7 +189,9 @@ pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Share
     let tr = shared.core.observer.get().cloned();
     // A READ whose data comes in one Data-In gets that segment as its buffer (no copy); the
     // buffer it brought comes back here to receive into. A READ whose data comes in several
-    // is received into its own buffer in place (issue 27).
+    // is received into its own buffer in place (issue 27), in a sealed session too: each
+    // Data-In's header verifies first, its data (a slice of a sealed transfer) is opened in
+    // that buffer before the READ completes (`sealed_read`).
     rd.hand_over(true);
     // Lending changes nothing the writer or a waiter cares about: no wake-up.
     let lend = |h: &iscsi_wire::header::DataIn, len: usize| {

@@ -212,17 +212,26 @@ impl Session {
             }
         }
         if let (Some((session, pool, binding)), false) = (&seal, resp.data_in.is_empty()) {
-            // The device server leaves room past the data (`read_tailroom`): seal its
-            // buffer in place, no copy. Otherwise (shared, or too little room) seal a copy,
-            // encrypted out of place on the crypto workers into a reused buffer.
+            // `none` changes no byte: the data goes as it is (a RAM store's own memory) and
+            // its trailer in a Data-In of its own, no copy (issue 27). The device server
+            // leaves room past the data (`read_tailroom`): seal its buffer in place, no copy.
+            // Otherwise (shared, or too little room) seal a copy, encrypted out of place on
+            // the crypto workers into a reused buffer.
             let plain = std::mem::take(&mut resp.data_in);
             let room = session.sealed_len(plain.len()).unwrap_or(usize::MAX);
-            let sealed = match plain.try_into_mut() {
-                Ok(buf) if buf.capacity() >= room => {
-                    Box::pin(pool.seal(session, *binding, buf)).await
+            let sealed = match session.none_trailer(plain.len()) {
+                Ok(Some(trailer)) => {
+                    resp.data_in_trailer = trailer;
+                    Ok(plain)
                 }
-                Ok(buf) => Box::pin(pool.seal_copy(session, *binding, buf.freeze())).await,
-                Err(shared) => Box::pin(pool.seal_copy(session, *binding, shared)).await,
+                Ok(None) => match plain.try_into_mut() {
+                    Ok(buf) if buf.capacity() >= room => {
+                        Box::pin(pool.seal(session, *binding, buf)).await
+                    }
+                    Ok(buf) => Box::pin(pool.seal_copy(session, *binding, buf.freeze())).await,
+                    Err(shared) => Box::pin(pool.seal_copy(session, *binding, shared)).await,
+                },
+                Err(e) => Err(e),
             };
             match sealed {
                 Ok(sealed) => resp.data_in = sealed,

@@ -57,6 +57,7 @@ pub(super) fn engine_response(r: ScsiResponse) -> engine::Response {
         status: r.status.0,
         sense: r.sense.map(|s| Bytes::from(s.to_fixed())),
         data_in: r.data_in,
+        data_in_trailer: Bytes::new(),
     }
 }
 

@@ -333,6 +333,7 @@ async fn forward(spec: &Arc<RemoteSpec>, remote_lun: u64, cmd: Submit<'_>) -> Do
                 status: p.status,
                 sense: p.sense,
                 data_in: p.data.freeze(),
+                data_in_trailer: Bytes::new(),
             },
             lost: false,
         },

@@ -106,6 +106,10 @@ pub struct Response {
     pub sense: Option<Bytes>,
     /// Data-In the device server produced (truncated to EDTL on the wire).
     pub data_in: Bytes,
+    /// Bytes sent after `data_in` in the same Data-In sequence, in PDUs of their own (a Seal
+    /// `none` transfer's trailer, issue 27: the data stays the device server's own memory,
+    /// not copied into one buffer with it). Usually empty.
+    pub data_in_trailer: Bytes,
 }
 
 impl Response {
@@ -120,7 +124,14 @@ impl Response {
             status: Self::GOOD,
             sense: None,
             data_in,
+            data_in_trailer: Bytes::new(),
         }
+    }
+
+    /// Bytes of Data-In in all: `data_in` and its trailer.
+    #[must_use]
+    pub fn data_in_len(&self) -> usize {
+        self.data_in.len() + self.data_in_trailer.len()
     }
 
     /// CHECK CONDITION with fixed-format sense (key, ASC, ASCQ).
@@ -130,6 +141,7 @@ impl Response {
             status: Self::CHECK_CONDITION,
             sense: Some(fixed_sense(key, asc, ascq)),
             data_in: Bytes::new(),
+            data_in_trailer: Bytes::new(),
         }
     }
 }
@@ -1322,7 +1334,7 @@ fn status_pdus(
     given: Option<i64>,
     emit: &mut dyn FnMut(Pdu),
 ) {
-    let produced = u32::try_from(resp.data_in.len()).unwrap_or(u32::MAX);
+    let produced = u32::try_from(resp.data_in_len()).unwrap_or(u32::MAX);
     let base = if need > 0 {
         u32::try_from(need).unwrap_or(u32::MAX)
     } else {
@@ -1337,14 +1349,23 @@ fn status_pdus(
     let seg = params.initiator_max_recv_data_segment_length.max(512);
     let burst = params.max_burst_length.max(512);
     let data = resp.data_in.slice(..resp.data_in.len().min(edtl as usize));
+    let room = (edtl as usize).saturating_sub(data.len());
+    let trailer = resp
+        .data_in_trailer
+        .slice(..resp.data_in_trailer.len().min(room));
     let good = resp.status == Response::GOOD || resp.status == Response::CONDITION_MET;
-    let collapse = good && resp.sense.is_none() && !data.is_empty();
-    let total = data.len() as u32;
+    let collapse = good && resp.sense.is_none() && data.len() + trailer.len() > 0;
+    let in_data = data.len() as u32;
+    let total = (data.len() + trailer.len()) as u32;
     let mut offset = 0u32;
     let mut data_sn = 0u32;
     let mut in_burst = 0u32;
     while offset < total {
-        let len = seg.min(total - offset).min(burst - in_burst);
+        let mut len = seg.min(total - offset).min(burst - in_burst);
+        if offset < in_data {
+            // No PDU carries bytes of both: each is a slice of one buffer.
+            len = len.min(in_data - offset);
+        }
         let last = offset + len == total;
         in_burst += len;
         let end_of_burst = in_burst == burst;
@@ -1367,10 +1388,12 @@ fn status_pdus(
             residual_count: if status_here { residual } else { 0 },
             ..DataIn::default()
         };
-        emit(Pdu::new(
-            h,
-            data.slice(offset as usize..(offset + len) as usize),
-        ));
+        let bytes = if offset < in_data {
+            data.slice(offset as usize..(offset + len) as usize)
+        } else {
+            trailer.slice((offset - in_data) as usize..(offset - in_data + len) as usize)
+        };
+        emit(Pdu::new(h, bytes));
         offset += len;
         data_sn = data_sn.wrapping_add(1);
     }
@@ -1541,6 +1564,59 @@ mod tests {
         fn passthrough(&self, _lun: u64) -> bool {
             true
         }
+    }
+
+    /// Issue 27: a response's Data-In trailer (a Seal `none` transfer's) goes in PDUs of its
+    /// own after the data, and the data's PDUs are slices of the device server's own buffer
+    /// (no copy), with DataSN, offsets, F and the collapsed status as for one buffer.
+    #[test]
+    fn accepts_a_data_in_trailer_sent_after_the_data_in_pdus_of_its_own() {
+        let p = SessionParams {
+            initiator_max_recv_data_segment_length: 4096,
+            max_burst_length: 1 << 20,
+            ..SessionParams::default()
+        };
+        let data = Bytes::from(vec![5u8; 10_000]);
+        let resp = Response {
+            data_in_trailer: Bytes::from(vec![0u8; 40]),
+            ..Response::good(data.clone())
+        };
+        assert_eq!(resp.data_in_len(), 10_040);
+        let mut pdus = Vec::new();
+        status_pdus(&p, 9, 0, 10_040, 0, &resp, None, &mut |pdu| pdus.push(pdu));
+        let got: Vec<(u32, u32, usize, bool, bool)> = pdus
+            .iter()
+            .map(|pdu| match &pdu.header {
+                Header::DataIn(h) => (
+                    h.data_sn,
+                    h.buffer_offset,
+                    pdu.data.len(),
+                    h.final_,
+                    h.status_present,
+                ),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 0, 4096, false, false),
+                (1, 4096, 4096, false, false),
+                (2, 8192, 1808, false, false),
+                (3, 10_000, 40, true, true),
+            ]
+        );
+        for (pdu, at) in pdus.iter().zip([0, 4096, 8192]) {
+            assert_eq!(
+                pdu.data.as_ptr(),
+                data[at..].as_ptr(),
+                "a slice, not a copy"
+            );
+        }
+        let Header::DataIn(last) = &pdus[3].header else {
+            unreachable!()
+        };
+        assert_eq!((last.residual_count, last.underflow), (0, false));
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Done {
     }
 
     fn bytes(&self) -> usize {
-        self.resp.data_in.len()
+        self.resp.data_in_len()
     }
 
     fn pdus(&self, params: &crate::params::SessionParams, itt: u32) -> Vec<Pdu> {
@@ -493,7 +493,7 @@ fn response_alone(itt: u32, d: &Done, data_in: u32) -> ScsiResponse {
         exp_data_sn: data_in,
         ..ScsiResponse::default()
     };
-    let produced = u32::try_from(d.resp.data_in.len()).unwrap_or(u32::MAX);
+    let produced = u32::try_from(d.resp.data_in_len()).unwrap_or(u32::MAX);
     let base = if d.need > 0 {
         u32::try_from(d.need).unwrap_or(u32::MAX)
     } else {
