@@ -402,7 +402,10 @@ impl Queue {
             && cqe.status.is_success()
             && cqe.dw0 == 0
             && cqe.dw1 == 0
-            && !data.is_empty();
+            && !data.is_empty()
+            // All the data the host's SGL asked for: a shorter transfer ends with a response
+            // capsule, so a host never has to take SUCCESS as "done" for a partial read.
+            && data.len() == sgl_len as usize;
         let chunk = self.cfg.max_c2h_data as usize;
         let total = data.len();
         let mut off = 0usize;

@@ -317,6 +317,29 @@ fn accepts_sqflow_disabled_reads_ending_with_c2h_success() {
     assert!(matches!(h.recv(), Some(Pdu::CapsuleResp(_))));
 }
 
+/// A transfer shorter than the host's SGL (an admin page or a remote LU's short answer) ends
+/// with a response capsule even when SQ flow control is off: a host that takes SUCCESS as "all
+/// the data came" (ipsan's does) would otherwise refuse it as a protocol error.
+#[test]
+fn accepts_a_short_read_ending_with_a_response_capsule_not_c2h_success() {
+    let mut h = Host::ready(cfg(), 1, CATTR_SQFLOW_DISABLE);
+    h.send(&capsule(
+        io(READ, 5, Sgl::Transport { length: 512 }),
+        vec![],
+    ));
+    h.command();
+    h.q.complete(Completion {
+        cqe: Cqe::new(5, Status::SUCCESS),
+        data: Bytes::from(pattern(256)),
+    })
+    .unwrap();
+    let Some(Pdu::C2hData(d)) = h.recv() else {
+        panic!("no C2HData")
+    };
+    assert!(d.last && !d.success, "SUCCESS on a short transfer");
+    assert!(matches!(h.recv(), Some(Pdu::CapsuleResp(_))));
+}
+
 #[test]
 fn accepts_read_data_no_longer_than_the_sgl() {
     let mut h = Host::ready(cfg(), 1, 0);
