@@ -246,7 +246,12 @@ fn sealed(cipher: Cipher) -> SessionConfig {
         // The keepalive NOP-Out is what exposes a dropped last PDU; keep it short.
         nop_interval: Some(Duration::from_millis(500)),
         command_timeout: Some(Duration::from_secs(5)),
-        ..config(LoginOptions::default())
+        // The 1 MiB write must ask for R2Ts (the R2T cases tamper with them): FirstBurstLength
+        // below it, as the default was before it grew to 16 MiB.
+        ..config(LoginOptions {
+            first_burst_length: 256 * 1024,
+            ..LoginOptions::default()
+        })
     }
 }
 
