@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 32's A/B, quiet, with 200 us of guest halt polling (put back by the trap):
 # NEW = the release build measured, OLD = 98d9f39. abtable.py prints the tables.
-N=${1:-/work/notes/bin/ipsan-int2}
+N=${1:-/work/notes/bin/ipsan-s18b}
 O=${2:-/work/notes/bin/ipsan-98d9f39}
 D=${3:-docs/results/refactor-ab}
 P=/sys/module/haltpoll/parameters/guest_halt_poll_ns
