@@ -37,9 +37,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use common::{cdb16, check_good, parse16, pattern, pick, run_seeds, Disk, BLOCK};
+use common::{
+    cdb16, check_good, initiator_conn, parse16, pattern_bytes, pick, read, run_seeds,
+    target_config, Disk, BLOCK,
+};
 use ipsan_wan::rng::Rng;
-use iscsi_proto::engine::initiator::{self, Command, Connection, Data, Reassignment, TaskError};
+use iscsi_proto::engine::initiator::{Command, Data, Reassignment, TaskError};
 use iscsi_proto::engine::mcs::{self, Spread};
 use iscsi_proto::engine::target::session::{ConnId, Session as TargetSession};
 use iscsi_proto::engine::target::{self, Response};
@@ -51,39 +54,9 @@ use iscsi_wire::header::{
 };
 use iscsi_wire::{Header, Pdu};
 
-fn pattern_bytes(start: u64, len: usize) -> Bytes {
-    (0..len as u64).map(|k| pattern(start + k)).collect()
-}
-
-fn target_config(
-    p: &SessionParams,
-    cid: u16,
-    cmd_sn: u32,
-    stat_sn: u32,
-    depth: u32,
-) -> target::Config {
-    let mut c = target::Config::new(p.clone(), cmd_sn, stat_sn);
-    c.cid = cid;
-    c.cmd_window = depth;
-    c
-}
-
 /// The sealed variant's "seal": bytes XORed with the connection's key (0 in the plain run).
 fn seal(data: &[u8], key: u8) -> Bytes {
     data.iter().map(|b| b ^ key).collect()
-}
-
-fn initiator_conn(
-    p: &SessionParams,
-    now: Instant,
-    window: (u32, u32, u32),
-    stat_sn: u32,
-) -> Connection {
-    let (cmd_sn, exp, max) = window;
-    let mut c = initiator::Config::new(p.clone(), cmd_sn, max, stat_sn);
-    c.exp_cmd_sn = exp;
-    c.nop_interval = None;
-    Connection::new(c, now)
 }
 
 /// One connection: both engines' ends and the two FIFOs between them.
@@ -696,18 +669,6 @@ fn two(erl: u32) -> (mcs::Session, Instant) {
     s.add_connection(now, 1, initiator_conn(&p, now, (10, 10, 41), 500))
         .unwrap();
     (s, now)
-}
-
-fn read(lba: u64, blocks: u32) -> Command {
-    Command {
-        lun: 0,
-        cdb: cdb16(0x88, lba, blocks),
-        data: Data::Read {
-            buf: bytes::BytesMut::new(),
-            len: blocks * BLOCK as u32,
-        },
-        timed: false,
-    }
 }
 
 fn sent(s: &mut mcs::Session, cid: u16) -> Vec<Pdu> {
