@@ -9,6 +9,7 @@
 # Usage: docs/results/nvme-speed-3/run.sh NEW [OLD] [DIR] [PARTS]   (PARTS: ab-halting,ab-polling,queues,prof)
 set -e
 NEW=${1:?NEW binary}; OLD=${2:-/work/notes/bin/ipsan-int2}; D=${3:-docs/results/nvme-speed-3}
+S="$(cd "$(dirname "$0")/../nvme-speed-2" && pwd)"  # its prof.sh and sum.py
 PARTS=${4:-ab-halting,ab-polling,queues,prof}
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 if has ab-halting; then
@@ -26,9 +27,9 @@ if has prof; then
     # sqfc: NEW with --sq-flow-control on every NVMe bench (sqfc-wrapper.sh names NEW's path).
     for who in "new $NEW" "sqfc ${SQFC:-/work/tgt-nvspeed/ipsan-nvspeed-sqfc}" "old $OLD"; do
       L=${who%% *}; B=${who#* }
-      "$D/prof.sh" "$B" "$L" nvme "$1" "$2" "$3" "$D/prof" 4
+      "$S/prof.sh" "$B" "$L" nvme "$1" "$2" "$3" "$D/prof" 4
     done
-    "$D/prof.sh" "$NEW" new iscsi "$1" "$2" "$3" "$D/prof" 4
+    "$S/prof.sh" "$NEW" new iscsi "$1" "$2" "$3" "$D/prof" 4
   done
-  python3 "$D/sum.py" "$D/prof" > "$D/prof/summary.txt"
+  python3 "$S/sum.py" "$D/prof" > "$D/prof/summary.txt"
 fi
