@@ -11,7 +11,8 @@
 //! On the code before this test (3378dc6) the 16 measured reads made 16 on each side.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+mod counting_alloc;
+
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,6 +21,8 @@ use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{NvmeConfig, NvmeSession, NvmeUrl};
 use ipsan_target::config::{self, Config, TargetConfig};
 use ipsan_target::ServerHandle;
+
+use counting_alloc::Counting;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:nvme-buffers";
 const NQN: &str = "nqn.2026-11.org.ipsan:nvme-buffers";
@@ -42,8 +45,6 @@ thread_local! {
 static TARGET_LARGE: AtomicUsize = AtomicUsize::new(0);
 static HOST_LARGE: AtomicUsize = AtomicUsize::new(0);
 
-struct Counting;
-
 fn count(size: usize) {
     if size < LARGE {
         return;
@@ -56,32 +57,8 @@ fn count(size: usize) {
     };
 }
 
-// SAFETY: forwards to the system allocator; only counts.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count(l.size());
-        // SAFETY: the caller's layout contract is passed on unchanged.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count(l.size());
-        // SAFETY: as `alloc`.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        count(new);
-        // SAFETY: `p` came from this allocator with `l`; the caller's contract is passed on.
-        unsafe { System.realloc(p, l, new) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: `p` came from `System.alloc` with `l`.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static A: Counting = Counting(count);
 
 const MIB: usize = 1 << 20;
 

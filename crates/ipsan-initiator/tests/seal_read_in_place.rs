@@ -17,8 +17,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod counting_alloc;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +31,8 @@ use ipsan_initiator::{Error, IscsiUrl, LoginOptions, Session, SessionConfig};
 use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use counting_alloc::Counting;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:seal-read-in-place";
 const SECRET: &[u8] = b"seal-read-in-place-pre-shared-secret-0123";
@@ -45,8 +47,6 @@ thread_local! {
 
 static HOST_LARGE: AtomicUsize = AtomicUsize::new(0);
 
-struct Counting;
-
 fn count(size: usize) {
     // `try_with`: a thread being torn down has no thread-locals left.
     if size >= LARGE && HOST.try_with(Cell::get).unwrap_or(false) {
@@ -54,32 +54,8 @@ fn count(size: usize) {
     }
 }
 
-// SAFETY: forwards to the system allocator; only counts.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count(l.size());
-        // SAFETY: the caller's layout contract is passed on unchanged.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count(l.size());
-        // SAFETY: as `alloc`.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        count(new);
-        // SAFETY: `p` came from this allocator with `l`; the caller's contract is passed on.
-        unsafe { System.realloc(p, l, new) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: `p` came from `System.alloc` with `l`.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static A: Counting = Counting(count);
 
 const MIB: usize = 1 << 20;
 
