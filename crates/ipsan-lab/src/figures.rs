@@ -159,7 +159,12 @@ fn paper_name(a: &Agg) -> String {
 /// `, 1 worker` for a point that fixes seal's crypto workers per host (the plan's
 /// `crypto_workers`), nothing for the default of one per CPU: a series or table row of its own.
 pub(crate) fn workers_suffix(p: &Point) -> String {
-    match p.crypto_workers {
+    workers_label(p.crypto_workers)
+}
+
+/// [`workers_suffix`] of a `crypto_workers` value.
+pub(crate) fn workers_label(crypto_workers: u32) -> String {
+    match crypto_workers {
         0 => String::new(),
         1 => ", 1 worker".into(),
         n => format!(", {n} workers"),
@@ -383,6 +388,54 @@ mod tests {
         let f = figure(&out, "improvement_vs_delay_write");
         let p = f.series[0].pts[0];
         assert!(p.lo.is_nan() && p.hi.is_nan(), "{p:?}");
+    }
+
+    /// The one-process read rows run seal @1 twice in one plan, with one crypto worker per
+    /// host and with the default: Table 2's improvement keeps them apart (a column and a line
+    /// each, the paper's column and line once), never averaging their blocks together.
+    #[test]
+    fn improvement_keeps_one_series_per_crypto_worker_setting() {
+        let mut rs = Vec::new();
+        for b in [16384, 1 << 20] {
+            let read = |scheme, workers: u32, mb: &[f64]| {
+                let mut r = rec(scheme, 8.0, b, 1, 0.0);
+                r.point.direction = Direction::Read;
+                r.point.crypto_workers = workers;
+                reps(&r, mb)
+            };
+            rs.extend(read(Scheme::Ipsec, 0, &[2.0, 2.0]));
+            rs.extend(read(Scheme::Seal, 0, &[3.0, 3.0]));
+            rs.extend(read(Scheme::Seal, 1, &[1.0, 1.0]));
+        }
+        let out = all(Path::new("/nonexistent"), &aggregate(&rs), false);
+        let f = figure(&out, "improvement_vs_delay_read");
+        let ours: Vec<(&str, f64)> = f
+            .series
+            .iter()
+            .filter(|s| s.style == Style::Measured)
+            .map(|s| (s.name.as_str(), s.pts[0].y))
+            .collect();
+        assert_eq!(ours.len(), 2, "{ours:?}");
+        assert!(!ours[0].0.contains("worker") && (ours[0].1 - 1.5).abs() < 1e-9);
+        assert!(ours[1].0.contains(", 1 worker") && (ours[1].1 - 0.5).abs() < 1e-9);
+        let paper = f.series.iter().filter(|s| s.style == Style::Paper).count();
+        assert_eq!(paper, 1, "the paper's one-process line once");
+        let table: Vec<&str> = out
+            .md
+            .lines()
+            .filter(|l| l.starts_with("| delay |") || l.starts_with("| 8 ms |"))
+            .collect();
+        assert_eq!(
+            table[0],
+            "| delay | processes 1 (ours) | processes 1, 1 worker (ours) | paper, processes 1 |"
+        );
+        // Two blocks per cell, not four: each cell holds its own series' blocks only.
+        assert_eq!(
+            table[1].matches("KiB").count() + table[1].matches("MiB").count(),
+            4
+        );
+        assert!(table[1].contains("**1.50×**") && table[1].contains("**0.50×**"));
+        assert!(table[1].ends_with(" 0.78× |"), "{}", table[1]);
     }
 
     /// Fig. 16's plan runs one delay and sixteen depths: its CPU figure is drawn against the

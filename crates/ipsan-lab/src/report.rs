@@ -297,8 +297,9 @@ pub fn build(dir: &Path, records: &[Record]) -> Result<Built, ReportError> {
         let c = r.calibration.clone().unwrap_or_default();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {}{} | {} | {} | {} ({}–{}) | {:.0} | {:.0} | {:.0}/{:.0}/{:.0}/{:.0} | {}/{} | {} ({}) | {:+.0} | {:.2} | {:.1} | {:.1} |",
+            "| {}{} | {} | {} | {} | {}{} | {} | {} | {} ({}–{}) | {:.0} | {:.0} | {:.0}/{:.0}/{:.0}/{:.0} | {}/{} | {} ({}) | {:+.0} | {:.2} | {:.1} | {:.1} |",
             p.scheme,
+            crate::figures::workers_suffix(p),
             p.direction.name(),
             p.delay_ms,
             fmt_size(p.block),

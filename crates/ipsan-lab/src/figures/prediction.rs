@@ -243,7 +243,7 @@ pub(super) fn prediction_section(
     let mut csv = String::from(
         "figure,scheme,cipher,direction,iscsi,block,delay_ms,depth,measured_mb_s,min_mb_s,\
          max_mb_s,papers_eq,papers_eq_mb_s,papers_eq_error_pct,ipsan_mb_s,ipsan_limit,\
-         ipsan_error_pct\n",
+         ipsan_error_pct,crypto_workers\n",
     );
     for r in &rows {
         let a = &r.agg;
@@ -252,7 +252,7 @@ pub(super) fn prediction_section(
         let ie = err(a.median, r.ipsan.as_ref().map(|x| x.0));
         let _ = writeln!(
             csv,
-            "\"{}\",{},{},{},{:?},{},{},{},{:.3},{:.3},{:.3},{},{},{},{},{},{}",
+            "\"{}\",{},{},{},{:?},{},{},{},{:.3},{:.3},{:.3},{},{},{},{},{},{},{}",
             r.figure,
             p.scheme,
             p.cipher,
@@ -272,6 +272,7 @@ pub(super) fn prediction_section(
                 .map_or(String::new(), |x| format!("{:.3}", x.0)),
             r.ipsan.as_ref().map_or("", |x| x.1.as_str()),
             ie.map_or(String::new(), |e| format!("{e:.1}")),
+            p.crypto_workers,
         );
         for fig in [r.figure.clone(), "all figures".to_string()] {
             let c = cells.entry((fig, r.scheme.clone())).or_default();
@@ -367,7 +368,7 @@ pub(super) fn model_fig(
     let mut csv = String::from(
         "scheme,cipher,direction,iscsi,block,delay_ms,depth,measured_mb_s,min_mb_s,max_mb_s,\
          predicted_mb_s,limit,error_pct,rtt_ms,socket_mb_s,cores_got,papers_eq_mb_s,papers_eq,\
-         papers_eq_error_pct\n",
+         papers_eq_error_pct,crypto_workers\n",
     );
     for a in aggs {
         let Some((m, limit)) = model_here(a, rates) else {
@@ -385,7 +386,7 @@ pub(super) fn model_fig(
         let peq = papers_eq(a, rates);
         let _ = writeln!(
             csv,
-            "{},{},{},{:?},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.1},{:.3},{},{},{}",
+            "{},{},{},{:?},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.1},{:.3},{},{},{},{}",
             p.scheme,
             p.cipher,
             p.direction.name(),
@@ -408,6 +409,7 @@ pub(super) fn model_fig(
                 "{:.1}",
                 (a.median / v - 1.0) * 100.0
             )),
+            p.crypto_workers,
         );
         let key = format!(
             "{} {}",

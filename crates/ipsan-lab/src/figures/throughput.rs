@@ -100,11 +100,14 @@ pub(super) fn throughput_vs_block(
 /// 2008 Fig. 11 (writes, OP-n) and 2006 Table 2 (reads, 1–4 processes): seal over IPsec at
 /// one command, as the mean over block sizes of the per-block ratios, per delay. The figure's
 /// bars are the spread over repetitions (repetition k's ratio pairs repetition k of seal and
-/// IPsec at every block), not over block sizes; its x axis is the delay in ms.
+/// IPsec at every block), not over block sizes; its x axis is the delay in ms. One series
+/// (table column, figure line) per meaning: the commands in flight and seal's crypto workers
+/// per host (the plan's `crypto_workers`), so a one-worker seal @1 and the default seal @1 of
+/// one run are never averaged together.
 pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool, out: &mut Out) {
-    // (depth) → delay → [(block, ratio of medians, ratio per repetition)]
+    // (depth, crypto workers) → delay → [(block, ratio of medians, ratio per repetition)]
     type PerBlock = Vec<(u64, f64, Vec<f64>)>;
-    let mut by: BTreeMap<u32, BTreeMap<i64, PerBlock>> = BTreeMap::new();
+    let mut by: BTreeMap<(u32, u32), BTreeMap<i64, PerBlock>> = BTreeMap::new();
     for a in aggs.iter().filter(|a| {
         a.rec.point.direction == dirn
             && a.rec.point.scheme == Scheme::Seal
@@ -118,7 +121,7 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
                     .zip(&b.reps)
                     .map(|(s, i)| s.mb_s / i.mb_s)
                     .collect();
-                by.entry(a.rec.depth_used)
+                by.entry((a.rec.depth_used, a.rec.point.crypto_workers))
                     .or_default()
                     .entry((a.rec.point.delay_ms * 1000.0) as i64)
                     .or_default()
@@ -154,16 +157,20 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
          repetition k of IPsec at every block), and the paper's values are drawn only at \
          the delays it gives.\n"
     );
+    // The paper's column (and line) once per number of commands, after that number's last
+    // series of ours.
+    let keys: Vec<(u32, u32)> = by.keys().copied().collect();
+    let last_of_n = |i: usize| keys.get(i + 1).is_none_or(|k| k.0 != keys[i].0);
     let mut hdr = String::from("| delay |");
     let mut sep = String::from("|---|");
-    for n in by.keys() {
-        let _ = write!(hdr, " {unit} {n} (ours) |");
+    for (i, &(n, w)) in keys.iter().enumerate() {
+        let _ = write!(hdr, " {unit} {n}{} (ours) |", workers_label(w));
         sep.push_str("---|");
-        if dirn == Direction::Read && (1..=4).contains(n) {
-            let _ = write!(hdr, " paper |");
+        if dirn == Direction::Read && (1..=4).contains(&n) && last_of_n(i) {
+            let _ = write!(hdr, " paper, {unit} {n} |");
             sep.push_str("---|");
         }
-        if dirn == Direction::Write && *n == 10 {
+        if dirn == Direction::Write && n == 10 && last_of_n(i) {
             let _ = write!(hdr, " paper OP-10 |");
             sep.push_str("---|");
         }
@@ -178,7 +185,7 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
     );
     let paper_delays: Vec<f64> = match dirn {
         Direction::Read => TABLE2.iter().map(|r| r.0).collect(),
-        Direction::Write if by.contains_key(&10) => {
+        Direction::Write if keys.iter().any(|k| k.0 == 10) => {
             let mut d: Vec<f64> = FIG11_OP10.iter().map(|r| r.0).collect();
             d.push(0.0);
             d
@@ -186,7 +193,7 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
         Direction::Write => Vec::new(),
     };
     fig.x_ticks = delay_ticks(delays.iter().map(|d| *d as f64 / 1000.0), &paper_delays);
-    for (i, (n, per)) in by.iter().enumerate() {
+    for (i, (&(n, w), per)) in by.iter().enumerate() {
         let mut pts = Vec::new();
         for (d, v) in per {
             let mean = v.iter().map(|x| x.1).sum::<f64>() / v.len() as f64;
@@ -202,23 +209,26 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
             });
         }
         fig.series.push(Series {
-            name: format!("seal {unit}-{n} (bars: min–max over repetitions)"),
+            name: format!(
+                "seal {unit}-{n}{} (bars: min–max over repetitions)",
+                workers_label(w)
+            ),
             color: i,
             style: Style::Measured,
             pts,
         });
-        if dirn == Direction::Read && (1..=4).contains(n) {
+        if dirn == Direction::Read && (1..=4).contains(&n) && last_of_n(i) {
             fig.series.push(Series {
                 name: format!("paper Table 2, {n} process(es)"),
                 color: i,
                 style: Style::Paper,
                 pts: TABLE2
                     .iter()
-                    .map(|(d, r)| Pt::at(*d, r[*n as usize - 1]))
+                    .map(|(d, r)| Pt::at(*d, r[n as usize - 1]))
                     .collect(),
             });
         }
-        if dirn == Direction::Write && *n == 10 {
+        if dirn == Direction::Write && n == 10 && last_of_n(i) {
             fig.series.push(Series {
                 name: "paper Fig. 11, OP-10 (its text: ≈1.5× at 1 ms, 4.6× at 8, 6.6× at 64)"
                     .into(),
@@ -243,7 +253,7 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
     for d in &delays {
         let df = *d as f64 / 1000.0;
         let mut row = format!("| {} |", ms(df));
-        for (n, per) in &by {
+        for (i, (&(n, _), per)) in by.iter().enumerate() {
             match per.get(d) {
                 Some(v) => {
                     let mean = v.iter().map(|x| x.1).sum::<f64>() / v.len() as f64;
@@ -255,14 +265,14 @@ pub(super) fn improvement(dir: &Path, aggs: &[Agg], dirn: Direction, fonts: bool
                 }
                 None => row.push_str(" – |"),
             }
-            if dirn == Direction::Read && (1..=4).contains(n) {
+            if dirn == Direction::Read && (1..=4).contains(&n) && last_of_n(i) {
                 let p = TABLE2
                     .iter()
                     .find(|(pd, _)| same_delay(*pd, df))
-                    .map_or("–".into(), |(_, r)| format!("{:.2}×", r[*n as usize - 1]));
+                    .map_or("–".into(), |(_, r)| format!("{:.2}×", r[n as usize - 1]));
                 let _ = write!(row, " {p} |");
             }
-            if dirn == Direction::Write && *n == 10 {
+            if dirn == Direction::Write && n == 10 && last_of_n(i) {
                 let p = FIG11_OP10
                     .iter()
                     .find(|(pd, _)| same_delay(*pd, df))
