@@ -438,6 +438,38 @@ mod tests {
         assert!(table[1].ends_with(" 0.78× |"), "{}", table[1]);
     }
 
+    /// Table 3's paper points beside a read plan's target CPU are the rows of the process
+    /// counts the plan ran: a one-process plan gets the one-process row (68.5 / 17.4 %), not
+    /// the four-process one (79.2 / 56.4 %), which measured something else.
+    #[test]
+    fn table3_draws_the_papers_rows_only_for_the_process_counts_run() {
+        let mut rs = Vec::new();
+        for d in [0.0, 8.0] {
+            for (scheme, n) in [(Scheme::Ipsec, 1), (Scheme::Seal, 1)] {
+                let mut r = rec(scheme, d, 65536, n, 5.0);
+                r.point.direction = Direction::Read;
+                r.cpu_initiator_pct = 30.0;
+                r.cpu_target_pct = 40.0;
+                rs.extend(reps(&r, &[5.0]));
+            }
+        }
+        let out = all(Path::new("/nonexistent"), &aggregate(&rs), false);
+        let f = figure(&out, "cpu_target_host_read");
+        let paper: Vec<(&str, Vec<f64>)> = f
+            .series
+            .iter()
+            .filter(|s| s.style == Style::Paper)
+            .map(|s| (s.name.as_str(), s.pts.iter().map(|p| p.y).collect()))
+            .collect();
+        assert_eq!(
+            paper,
+            [
+                ("paper Table 3: IPsec", vec![78.571, 24.632]),
+                ("paper Table 3: 1 process(es)", vec![68.491, 17.356]),
+            ]
+        );
+    }
+
     /// Fig. 16's plan runs one delay and sixteen depths: its CPU figure is drawn against the
     /// commands in flight with one series per scheme, not sixteen series stacked at one x.
     #[test]

@@ -198,12 +198,26 @@ pub(super) fn cpu(dir: &Path, aggs: &[Agg], fonts: bool, out: &mut Out) {
                         style: Style::Paper,
                         pts: TABLE3.iter().map(|(d, v, _)| Pt::at(*d, *v)).collect(),
                     });
-                    fig.series.push(Series {
-                        name: "paper Table 3: 4 processes".into(),
-                        color: 7,
-                        style: Style::Paper,
-                        pts: TABLE3.iter().map(|(d, _, v)| Pt::at(*d, v[3])).collect(),
-                    });
+                    // The paper's n-process rows only for the n the plan ran seal with (a
+                    // one-process plan gets Table 3's one-process row, not its four), each in
+                    // the colour of our first series of that n.
+                    let mut ns: Vec<(u32, usize)> = Vec::new();
+                    for (i, (s, n, _)) in m.keys().enumerate() {
+                        if *s == 1 && (1..=4).contains(n) && !ns.iter().any(|x| x.0 == *n) {
+                            ns.push((*n, i));
+                        }
+                    }
+                    for (n, i) in ns {
+                        fig.series.push(Series {
+                            name: format!("paper Table 3: {n} process(es)"),
+                            color: i,
+                            style: Style::Paper,
+                            pts: TABLE3
+                                .iter()
+                                .map(|(d, _, v)| Pt::at(*d, v[n as usize - 1]))
+                                .collect(),
+                        });
+                    }
                 }
                 if fig14 {
                     fig.series.push(Series {
