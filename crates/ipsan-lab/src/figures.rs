@@ -813,6 +813,33 @@ mod tests {
         assert!(out.md.to_lowercase().contains("patholog"), "{}", out.md);
     }
 
+    /// Aiken's Table 1 gives no delay: the pathologies figure, drawn at the plan's one delay
+    /// (10 ms), carries no paper line, and the text says why.
+    #[test]
+    fn pathologies_draw_no_paper_line_at_a_delay_the_paper_does_not_state() {
+        let mut rs = Vec::new();
+        for loss in [0.0, 0.027] {
+            let mut r = rec(Scheme::Plain, 10.0, 65536, 8, 5.0);
+            r.point.rate_mbit = 100.0;
+            r.point.loss = loss;
+            r.point.reorder = if loss > 0.0 { 0.02 } else { 0.0 };
+            r.point.corrupt = if loss > 0.0 { 0.0002 } else { 0.0 };
+            rs.push(r);
+        }
+        let out = all(Path::new("/nonexistent"), &aggregate(&rs), false);
+        let (_, bars) = out
+            .bars
+            .iter()
+            .find(|(s, _)| s == "pathologies")
+            .expect("a pathologies figure");
+        assert!(bars.paper.is_none(), "{:?}", bars.paper);
+        assert!(
+            out.md.contains("at a delay they do not state"),
+            "{}",
+            out.md
+        );
+    }
+
     #[test]
     fn improvement_is_the_mean_over_blocks_of_per_block_ratios() {
         let rs = vec![
