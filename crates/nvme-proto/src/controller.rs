@@ -1238,7 +1238,7 @@ impl Target {
             .values()
             .filter(|c| {
                 let subnqn = self.subsystems[c.subsys].cfg.nqn.as_str();
-                stale(subnqn, &*c.hostnqn)
+                stale(subnqn, &c.hostnqn)
                     || required
                         && !self
                             .cfg
