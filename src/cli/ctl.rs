@@ -325,6 +325,9 @@ fn print_nvme(v: &Value) {
         if s["hosts"].is_array() {
             println!("  hosts: {}", text(&s["hosts"]));
         }
+        if s["dhchap_hosts"].as_array().is_some_and(|a| !a.is_empty()) {
+            println!("  DH-HMAC-CHAP secrets: {}", text(&s["dhchap_hosts"]));
+        }
         for n in s["namespaces"].as_array().into_iter().flatten() {
             println!(
                 "  nsid {}  {} bytes  block {}{}",

@@ -169,6 +169,7 @@ pub(crate) fn nvme_auth_flags(
             dhchap_secret_file: Some(PathBuf::from(host)),
             dhchap_ctrl_secret_file: ctrl.map(PathBuf::from),
             tls_key_file: None,
+            subsystems: Vec::new(),
         });
     }
     for v in tls_keys {
@@ -178,13 +179,18 @@ pub(crate) fn nvme_auth_flags(
         else {
             anyhow::bail!("--nvme-tls-key {v:?}: expected HOSTNQN,KEY-FILE");
         };
-        match nvme.host.iter_mut().find(|h| h.nqn == nqn) {
+        match nvme
+            .host
+            .iter_mut()
+            .find(|h| h.nqn == nqn && h.subsystems.is_empty())
+        {
             Some(h) => h.tls_key_file = Some(PathBuf::from(key)),
             None => nvme.host.push(ipsan_target::nvme::FileNvmeHost {
                 nqn: nqn.to_owned(),
                 dhchap_secret_file: None,
                 dhchap_ctrl_secret_file: None,
                 tls_key_file: Some(PathBuf::from(key)),
+                subsystems: Vec::new(),
             }),
         }
     }

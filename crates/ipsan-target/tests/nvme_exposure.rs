@@ -86,3 +86,47 @@ async fn accepts_a_listener_beyond_loopback_when_every_host_must_authenticate() 
     let e = Config::from_toml(&toml).unwrap_err();
     assert_eq!(e.field, "nvme.host[0].dhchap_secret_file", "{e}");
 }
+
+/// A reload may change a host's secret but not take the last one from a listener beyond
+/// loopback: that change is refused whole and the listener keeps authenticating hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_a_reload_that_takes_the_last_secret_from_a_listener_beyond_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("host.dhchap");
+    let write = |key: &str| {
+        std::fs::write(&secret, key).unwrap();
+        std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    };
+    write("DHHC-1:00:aBTraX76lFcUDME3h+EUQ7LMo3m5+aGVTuPbXbANUEAHZi8v:\n");
+    let target = "[[target]]\niqn = \"iqn.2026-11.org.ipsan:exposed\"\n\
+                  [[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n";
+    let host = format!(
+        "[[nvme.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000aa\"\n\
+         dhchap_secret_file = \"{}\"\n",
+        secret.display()
+    );
+    let nvme = "[server]\nportals = [\"127.0.0.1:0\"]\n[nvme]\nlisten = [\"0.0.0.0:0\"]\n";
+    let c = Config::from_toml(&format!("{nvme}{host}{target}")).unwrap();
+    let h = ServerHandle::start(&c).await.unwrap();
+    let parse = |t: &str| ipsan_target::config::FileConfig::parse(t).unwrap();
+    let e = h
+        .registry()
+        .apply(parse(&format!("{nvme}{target}")), false)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("nvme.host") && e.to_string().contains("0.0.0.0:"),
+        "{e}"
+    );
+    // Another secret for the host is a change it may make.
+    write("DHHC-1:00:0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHvNzk2:\n");
+    let report = h
+        .registry()
+        .apply(parse(&format!("{nvme}{host}{target}")), false)
+        .unwrap();
+    assert!(
+        report.changes.iter().any(|c| c.contains("DH-HMAC-CHAP")),
+        "{report:?}"
+    );
+    h.shutdown().await.unwrap();
+}

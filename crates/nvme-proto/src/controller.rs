@@ -88,6 +88,9 @@ pub enum CloseReason {
     Removed,
     /// The subsystem's host list no longer allows its host ([`Target::set_allowed_hosts`]).
     HostNotAllowed,
+    /// The host's DH-HMAC-CHAP secrets for the subsystem changed or were removed
+    /// ([`Target::set_auth`]): it authenticated with secrets no longer configured.
+    SecretsChanged,
 }
 
 /// Invalid Parameter Offset / Attribute of a Connect Invalid Parameters completion
@@ -576,7 +579,7 @@ impl Target {
             model: "ipsan discovery".to_owned(),
             namespaces: Vec::new(),
             hosts: AllowedHosts::Any,
-            auth_required: false,
+            auth_required: cfg.discovery_auth_required,
             volatile_write_cache: false,
         };
         let mut subsystems = vec![Subsystem {
@@ -717,15 +720,14 @@ impl Target {
         qid: u16,
         cntlid: u16,
     ) -> Result<Option<Box<dyn AuthTransaction>>, ConnectRefusal> {
+        // The discovery controller too (its NQN is the subsystem NQN of the transaction):
+        // with secrets configured, the log is read only by hosts that proved one.
         let sub = &self.subsystems[si];
-        let txn = if sub.discovery {
-            None
-        } else {
-            self.cfg
-                .auth
-                .as_ref()
-                .and_then(|p| p.begin(&sub.cfg.nqn, hostnqn, qid, cntlid))
-        };
+        let txn = self
+            .cfg
+            .auth
+            .as_ref()
+            .and_then(|p| p.begin(&sub.cfg.nqn, hostnqn, qid, cntlid));
         match txn {
             None if sub.cfg.auth_required => Err(ConnectRefusal::Host(ipo_data(512))),
             t => Ok(t),
@@ -1008,12 +1010,30 @@ impl Target {
         &self.subsystems[ctrl.subsys].cfg
     }
 
-    /// Whether `hostnqn` may connect to the subsystem `nqn` (for the discovery log).
+    /// Whether `hostnqn` may connect to the subsystem `nqn` (for the discovery log): its host
+    /// list allows it, where authentication is required the host has a secret for it, and
+    /// where TLS is required a key (a host keyed for one subsystem does not learn the others'
+    /// NQNs).
     pub(crate) fn host_may_see(&self, nqn: &str, hostnqn: &str) -> bool {
         self.subsystems
             .iter()
             .find(|s| s.cfg.nqn == nqn)
-            .is_some_and(|s| s.discovery || s.cfg.hosts.allows(hostnqn))
+            .is_some_and(|s| {
+                s.discovery
+                    || s.cfg.hosts.allows(hostnqn)
+                        && (!s.cfg.auth_required
+                            || self
+                                .cfg
+                                .auth
+                                .as_ref()
+                                .is_some_and(|p| p.covers(nqn, hostnqn)))
+                        && (!self.cfg.require_tls
+                            || self
+                                .cfg
+                                .tls_keys
+                                .as_ref()
+                                .is_none_or(|k| k.has_key(hostnqn, nqn)))
+            })
     }
 
     /// The queue's controller's host NQN.
@@ -1192,6 +1212,47 @@ impl Target {
         }
         self.discovery_changed();
         Ok(closed)
+    }
+
+    /// Replaces the DH-HMAC-CHAP policy (a live change of the hosts' secrets: a reload) and
+    /// whether every subsystem and the discovery controller require authentication. Later
+    /// Connects use the new secrets; every live controller whose host's secrets for its
+    /// subsystem changed (`stale(subnqn, hostnqn)`, which the caller decides by comparing
+    /// the old and new secrets) or who now has none where authentication is required is
+    /// closed ([`Event::CloseController`] with [`CloseReason::SecretsChanged`]): it proved
+    /// secrets that are no longer configured. The discovery log a host reads lists only the
+    /// subsystems it has secrets for, so its generation moves. Returns the CNTLIDs closed.
+    pub fn set_auth(
+        &mut self,
+        auth: Option<Arc<dyn AuthPolicy>>,
+        required: bool,
+        stale: &dyn Fn(&str, &str) -> bool,
+    ) -> Vec<u16> {
+        self.cfg.auth = auth;
+        self.cfg.discovery_auth_required = required;
+        for s in &mut self.subsystems {
+            s.cfg.auth_required = required;
+        }
+        let closed: Vec<u16> = self
+            .ctrls
+            .values()
+            .filter(|c| {
+                let subnqn = self.subsystems[c.subsys].cfg.nqn.as_str();
+                stale(subnqn, &c.hostnqn)
+                    || required
+                        && !self
+                            .cfg
+                            .auth
+                            .as_ref()
+                            .is_some_and(|p| p.covers(subnqn, &c.hostnqn))
+            })
+            .map(|c| c.cntlid)
+            .collect();
+        for &id in &closed {
+            self.remove_ctrl(id, CloseReason::SecretsChanged);
+        }
+        self.discovery_changed();
+        closed
     }
 
     /// A reservation notification for the host `hostnqn`/`hostid` on namespace `nsid` of

@@ -655,6 +655,15 @@ impl PskStore {
         Arc::make_mut(&mut self.hosts).insert(hostnqn.to_owned(), Entry { key, v0_derivation });
     }
 
+    /// Whether `hostnqn` has a key for `subnqn` (its own for that subsystem, or one for every
+    /// subsystem): a TLS connection for that pair can be keyed.
+    pub fn has_key(&self, hostnqn: &str, subnqn: &str) -> bool {
+        self.hosts.contains_key(hostnqn)
+            || self
+                .entries
+                .contains_key(&(hostnqn.to_owned(), subnqn.to_owned()))
+    }
+
     /// Number of keys (per subsystem and host-wide).
     pub fn len(&self) -> usize {
         self.entries.len() + self.hosts.len()

@@ -1844,3 +1844,199 @@ fn accepts_reservation_notices_as_log_pages_and_async_events() {
     assert!(h.t.poll_event().is_some());
     assert_eq!(le64(&read_log(&mut h), 0), 4, "the count goes on");
 }
+
+/// Subsystem B beside SUBNQN, open to every host (the host list does not hide it).
+const SUB_B: &str = "nqn.2026-01.io.ipsan:b";
+
+/// A target where HOSTNQN has secret 0x42 for SUBNQN and 0x4d for the discovery controller
+/// only (none for SUB_B), and every subsystem and the discovery controller require
+/// authentication.
+fn keyed_target() -> Target {
+    let hosts = keyed_policy();
+    let mut cfg = config();
+    cfg.subsystems.push(SubsystemConfig {
+        nqn: SUB_B.into(),
+        ..subsystem(AllowedHosts::Any)
+    });
+    cfg.discovery.push(DiscoveryEntry {
+        subnqn: SUB_B.into(),
+        ..cfg.discovery[1].clone()
+    });
+    for s in &mut cfg.subsystems {
+        s.auth_required = true;
+    }
+    cfg.discovery_auth_required = true;
+    cfg.auth = Some(Arc::new(hosts));
+    Target::new(cfg).unwrap()
+}
+
+/// The subsystem NQNs of a discovery log page.
+fn log_nqns(page: &[u8]) -> Vec<String> {
+    let n = le64(page, 8) as usize;
+    (0..n)
+        .filter_map(|i| page.get(1024 * (i + 1)..1024 * (i + 2)))
+        .map(|e| {
+            String::from_utf8_lossy(&e[256..512])
+                .trim_end_matches('\0')
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn rejects_discovery_log_reads_until_the_host_authenticates() {
+    let mut t = keyed_target();
+    // No secret for the discovery controller: no controller at all.
+    let unknown = connect_cmd(0, 31, 0, DISCOVERY_NQN, "nqn.unknown-host", CNTLID_DYNAMIC);
+    let r = refused(&mut t, &unknown);
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    assert_eq!(r.cqe.dw0, 1 << 16 | 512, "IPO HOSTNQN");
+    let mut h = Host::connect_to(t, 0, DISCOVERY_NQN);
+    assert!(h.admin.is_discovery() && h.admin.auth_pending());
+    let get_log =
+        |h: &mut Host| done(h.admin(cmd(0x02, 5, 0, 4096, [0x70 | 1023 << 16, 0, 0, 0, 0, 0])));
+    let r = get_log(&mut h);
+    assert_eq!(r.cqe.status, Status::AUTHENTICATION_REQUIRED);
+    assert!(r.data.is_empty(), "nothing of the log");
+    assert_eq!(
+        h.prop_set(Property::Cc, 1).cqe.status,
+        Status::AUTHENTICATION_REQUIRED
+    );
+    // The host's secret for SUBNQN is not its discovery secret.
+    let mut wrong = HostAuth::new(
+        Arc::new(dhchap_config(0x42, None)),
+        HOSTNQN,
+        DISCOVERY_NQN,
+        1,
+    );
+    assert!(!run_dhchap(&mut h.t, &mut h.admin, &mut wrong, h.now));
+    assert_eq!(get_log(&mut h).cqe.status, Status::AUTHENTICATION_REQUIRED);
+    // Its discovery secret: the log, without SUB_B, which it has no secret for.
+    let mut right = HostAuth::new(
+        Arc::new(dhchap_config(0x4d, None)),
+        HOSTNQN,
+        DISCOVERY_NQN,
+        2,
+    );
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut right, h.now));
+    h.prop_set(Property::Cc, 1);
+    let page = get_log(&mut h);
+    assert!(page.cqe.status.is_success());
+    let nqns = log_nqns(&page.data);
+    assert!(nqns.iter().any(|n| n == SUBNQN), "{nqns:?}");
+    assert!(!nqns.iter().any(|n| n == SUB_B), "{nqns:?}");
+}
+
+#[test]
+fn rejects_a_host_keyed_for_one_subsystem_on_another() {
+    let mut t = keyed_target();
+    // No secret for SUB_B: refused at Connect.
+    let b = connect_cmd(0, 31, 0, SUB_B, HOSTNQN, CNTLID_DYNAMIC);
+    let r = refused(&mut t, &b);
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    assert_eq!(r.cqe.dw0, 1 << 16 | 512, "IPO HOSTNQN");
+    // A host keyed for every subsystem is asked to authenticate there.
+    let g = connect_cmd(0, 31, 0, SUB_B, "nqn.every-subsystem-host", CNTLID_DYNAMIC);
+    let (_, r) = t.connect(&g, Instant::now()).unwrap();
+    assert_ne!(r.cqe.dw0 & 1 << 17, 0, "AUTHREQ.ATR");
+    // On SUBNQN the discovery secret fails and the subsystem's own succeeds.
+    let mut h = Host::connect(t, 0);
+    let mut other = HostAuth::new(Arc::new(dhchap_config(0x4d, None)), HOSTNQN, SUBNQN, 1);
+    assert!(!run_dhchap(&mut h.t, &mut h.admin, &mut other, h.now));
+    assert!(h.admin.auth_pending());
+    let mut own = HostAuth::new(Arc::new(dhchap_config(0x42, None)), HOSTNQN, SUBNQN, 2);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut own, h.now));
+    assert!(!h.admin.auth_pending());
+}
+
+#[test]
+fn closes_the_controllers_whose_secrets_changed_live() {
+    let mut h = Host::connect(keyed_target(), 0);
+    let mut own = HostAuth::new(Arc::new(dhchap_config(0x42, None)), HOSTNQN, SUBNQN, 1);
+    assert!(run_dhchap(&mut h.t, &mut h.admin, &mut own, h.now));
+    let g = connect_cmd(0, 31, 0, SUBNQN, "nqn.every-subsystem-host", CNTLID_DYNAMIC);
+    let (g_admin, _) = h.t.connect(&g, h.now).unwrap();
+    // HOSTNQN's secret for SUBNQN changes; the other host's does not.
+    let mut hosts = DhchapHosts::new();
+    hosts.insert_for(HOSTNQN, SUBNQN, dhchap_config(0x43, None));
+    hosts.insert_for(HOSTNQN, DISCOVERY_NQN, dhchap_config(0x4d, None));
+    hosts.insert("nqn.every-subsystem-host", dhchap_config(0x66, None));
+    let old = keyed_policy();
+    let stale = |s: &str, host: &str| !old.same_secrets(&hosts, s, host);
+    assert!(stale(SUBNQN, HOSTNQN) && !stale(DISCOVERY_NQN, HOSTNQN));
+    assert!(!stale(SUBNQN, "nqn.every-subsystem-host"));
+    let closed = h.t.set_auth(Some(Arc::new(hosts.clone())), true, &stale);
+    assert_eq!(closed, vec![h.admin.cntlid()]);
+    match h.t.poll_event() {
+        Some(Event::CloseController { cntlid, reason }) => {
+            assert_eq!(cntlid, h.admin.cntlid());
+            assert_eq!(reason, CloseReason::SecretsChanged);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!h.admin.is_live() && g_admin.is_live());
+    // The old secret no longer authenticates, the new one does.
+    let c = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (mut q, _) = h.t.connect(&c, h.now).unwrap();
+    let mut old_key = HostAuth::new(Arc::new(dhchap_config(0x42, None)), HOSTNQN, SUBNQN, 2);
+    assert!(!run_dhchap(&mut h.t, &mut q, &mut old_key, h.now));
+    let mut new_key = HostAuth::new(Arc::new(dhchap_config(0x43, None)), HOSTNQN, SUBNQN, 3);
+    assert!(run_dhchap(&mut h.t, &mut q, &mut new_key, h.now));
+    // Secrets taken away from every host: with authentication still required, every
+    // controller goes.
+    let none = DhchapHosts::new();
+    let closed = h.t.set_auth(Some(Arc::new(none)), true, &|_, _| false);
+    assert_eq!(closed.len(), 2, "{closed:?}");
+}
+
+fn keyed_policy() -> DhchapHosts {
+    let mut hosts = DhchapHosts::new();
+    hosts.insert_for(HOSTNQN, SUBNQN, dhchap_config(0x42, None));
+    hosts.insert_for(HOSTNQN, DISCOVERY_NQN, dhchap_config(0x4d, None));
+    hosts.insert("nqn.every-subsystem-host", dhchap_config(0x66, None));
+    hosts
+}
+
+/// With TLS required and keys per subsystem (TP 8011: a PSK identity names its subsystem),
+/// the discovery log a host reads over TLS lists only the subsystems it has a key for; the
+/// others' handshakes would fail anyway, and their NQNs are not told.
+#[test]
+fn rejects_listing_subsystems_a_host_has_no_tls_key_for() {
+    let key = nvme_proto::psk::ConfiguredPsk::parse(
+        "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:",
+    )
+    .unwrap();
+    let mut keys = nvme_proto::psk::PskStore::new();
+    keys.insert(HOSTNQN, SUBNQN, key.clone());
+    keys.insert(HOSTNQN, DISCOVERY_NQN, key);
+    assert!(keys.has_key(HOSTNQN, SUBNQN) && !keys.has_key(HOSTNQN, SUB_B));
+    let mut cfg = config();
+    cfg.subsystems.push(SubsystemConfig {
+        nqn: SUB_B.into(),
+        ..subsystem(AllowedHosts::Any)
+    });
+    cfg.discovery.push(DiscoveryEntry {
+        subnqn: SUB_B.into(),
+        ..cfg.discovery[1].clone()
+    });
+    cfg.require_tls = true;
+    cfg.tls_keys = Some(keys);
+    let mut t = Target::new(cfg).unwrap();
+    let now = Instant::now();
+    let c = connect_cmd(0, 31, 0, DISCOVERY_NQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (admin, _) = t.connect_on(&c, now, &tls(HOSTNQN, DISCOVERY_NQN)).unwrap();
+    let mut h = Host {
+        t,
+        now,
+        admin,
+        store: HashMap::new(),
+        fail_next: None,
+        last_resv: None,
+    };
+    h.prop_set(Property::Cc, 1);
+    let page = done(h.admin(cmd(0x02, 5, 0, 4096, [0x70 | 1023 << 16, 0, 0, 0, 0, 0])));
+    assert!(page.cqe.status.is_success());
+    let nqns = log_nqns(&page.data);
+    assert!(nqns.iter().any(|n| n == SUBNQN), "{nqns:?}");
+    assert!(!nqns.iter().any(|n| n == SUB_B), "{nqns:?}");
+}

@@ -17,10 +17,15 @@
 //! dhchap_secret_file = "/etc/ipsan/host1.dhchap"      # DH-HMAC-CHAP (TP 8006), DHHC-1:…:
 //! dhchap_ctrl_secret_file = "/etc/ipsan/ctrl.dhchap" # optional: bidirectional
 //! tls_key_file = "/etc/ipsan/host1.tlskey"           # TLS (TP 8011), NVMeTLSkey-1:…:
+//! subsystems = ["nqn.2026-11.org.ipsan:disk0"]       # optional: only these (default: all)
 //! ```
 //!
-//! Once any host has a DH-HMAC-CHAP secret, every host must authenticate: a host NQN without
-//! one is refused at Connect (Connect Invalid Host). `[nvme] tls` is `off` (the default
+//! Once any host has a DH-HMAC-CHAP secret, every host must authenticate, on every subsystem
+//! and on the discovery controller: a host NQN without a secret for the subsystem it names
+//! is refused at Connect (Connect Invalid Host). A `[[nvme.host]]` with `subsystems` serves
+//! only those (subsystem NQNs, target IQNs, or the discovery NQN
+//! `nqn.2014-08.org.nvmexpress.discovery`); one host NQN may have several entries for
+//! different subsystems and one without `subsystems` for the rest. `[nvme] tls` is `off` (the default
 //! without TLS keys), `required` (the default with them: a connection that does not start a
 //! TLS handshake is closed) or `allowed` (either).
 //!
@@ -86,6 +91,22 @@ pub struct FileNvmeHost {
     /// subsystem too); version 0 identities are taken as libnvme derives them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<std::path::PathBuf>,
+    /// The subsystems these secrets and key serve: subsystem NQNs, target IQNs, or the
+    /// discovery NQN; empty: every subsystem without an entry of its own for this host, the
+    /// discovery subsystem included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subsystems: Vec<String>,
+}
+
+/// One host's DH-HMAC-CHAP secrets, for every subsystem or for some.
+#[derive(Debug, Clone)]
+pub struct HostSecrets {
+    /// The host NQN.
+    pub nqn: String,
+    /// The subsystem NQNs they serve (resolved from the file's names); empty: every one.
+    pub subsystems: Vec<String>,
+    /// The host's secret and the controller's.
+    pub auth: AuthConfig,
 }
 
 /// Whether connections use TLS 1.3 with a PSK (TP 8011).
@@ -134,8 +155,9 @@ pub struct NvmeSettings {
     /// Host lists given explicitly: (IQN, allowed host NQNs); a target without one lets in
     /// every host the authentication policy does.
     pub allowed_hosts: Vec<(String, Vec<String>)>,
-    /// DH-HMAC-CHAP secrets by host NQN; when any is configured every host must authenticate.
-    pub hosts: Vec<(String, AuthConfig)>,
+    /// DH-HMAC-CHAP secrets by host NQN (and subsystem); when any is configured every host
+    /// must authenticate.
+    pub hosts: Vec<HostSecrets>,
     /// TLS keys by host NQN.
     pub tls_keys: PskStore,
     pub tls: TlsMode,
@@ -246,15 +268,61 @@ impl NvmeSettings {
                     .push((sub.target.clone(), sub.hosts.clone()));
             }
         }
+        // Every subsystem's NQN, and the names a `[[nvme.host]] subsystems` entry may use.
+        let served: Vec<(String, String)> = targets
+            .iter()
+            .map(|t| (t.iqn.clone(), s.nqn_for(&t.iqn)))
+            .collect();
+        let mut resolved: Vec<Vec<String>> = Vec::new();
         for (i, h) in f.host.iter().enumerate() {
             let field = format!("nvme.host[{i}]");
             check_host_nqn(&format!("{field}.nqn"), &h.nqn)?;
-            if f.host[..i].iter().any(|o| o.nqn == h.nqn) {
-                return Err(err(
-                    format!("{field}.nqn"),
-                    format!("{} is configured twice", h.nqn),
-                ));
+            let mut subs = Vec::new();
+            for (j, name) in h.subsystems.iter().enumerate() {
+                let nqn = if name == nvme_proto::controller::DISCOVERY_NQN {
+                    name.clone()
+                } else {
+                    served
+                        .iter()
+                        .find(|(iqn, nqn)| iqn == name || nqn == name)
+                        .map(|(_, nqn)| nqn.clone())
+                        .ok_or_else(|| {
+                            err(
+                                format!("{field}.subsystems[{j}]"),
+                                format!(
+                                    "{name:?} is no subsystem served here (a subsystem NQN, a target's IQN, or {})",
+                                    nvme_proto::controller::DISCOVERY_NQN
+                                ),
+                            )
+                        })?
+                };
+                if subs.contains(&nqn) {
+                    return Err(err(
+                        format!("{field}.subsystems[{j}]"),
+                        format!("{name} is listed twice"),
+                    ));
+                }
+                subs.push(nqn);
             }
+            // One entry per host for every subsystem, and at most one per host and subsystem.
+            for (o, osubs) in f.host[..i].iter().zip(&resolved) {
+                if o.nqn != h.nqn {
+                    continue;
+                }
+                if subs.is_empty() && osubs.is_empty() {
+                    return Err(err(
+                        format!("{field}.nqn"),
+                        format!("{} is configured twice for every subsystem", h.nqn),
+                    ));
+                }
+                if let Some(both) = subs.iter().find(|n| osubs.contains(n)) {
+                    return Err(err(
+                        format!("{field}.subsystems"),
+                        format!("{} has two entries for {both}", h.nqn),
+                    ));
+                }
+            }
+            resolved.push(subs.clone());
             match (&h.dhchap_secret_file, &h.dhchap_ctrl_secret_file, &h.tls_key_file) {
                 (None, None, None) => {
                     return Err(err(field, "give dhchap_secret_file, tls_key_file or both"))
@@ -274,11 +342,24 @@ impl NvmeSettings {
                     .as_deref()
                     .map(|p| dhchap_secret(&format!("{field}.dhchap_ctrl_secret_file"), p))
                     .transpose()?;
-                s.hosts.push((h.nqn.clone(), AuthConfig::new(host, ctrl)));
+                s.hosts.push(HostSecrets {
+                    nqn: h.nqn.clone(),
+                    subsystems: subs.clone(),
+                    auth: AuthConfig::new(host, ctrl),
+                });
             }
             if let Some(p) = &h.tls_key_file {
+                // TP 8011: a PSK identity names the subsystem, so a key for some subsystems
+                // keys only their identities (and the Connect must name the same one).
                 let key = tls_key(&format!("{field}.tls_key_file"), p)?;
-                s.tls_keys.insert_host(&h.nqn, key, Derivation::Libnvme);
+                if subs.is_empty() {
+                    s.tls_keys.insert_host(&h.nqn, key, Derivation::Libnvme);
+                } else {
+                    for sub in &subs {
+                        s.tls_keys
+                            .insert_with(&h.nqn, sub, key.clone(), Derivation::Libnvme);
+                    }
+                }
             }
         }
         s.tls = match f.tls.as_deref() {
@@ -313,10 +394,28 @@ impl NvmeSettings {
         Ok(s)
     }
 
-    /// Whether every host must authenticate (DH-HMAC-CHAP): once any host has a secret.
+    /// Whether every host must authenticate (DH-HMAC-CHAP): once any host has a secret, on
+    /// every subsystem and on the discovery controller.
     #[must_use]
     pub fn auth_required(&self) -> bool {
         !self.hosts.is_empty()
+    }
+
+    /// The hosts' DH-HMAC-CHAP secrets as the controller's policy: a host's secret for a
+    /// subsystem, else its secret for every subsystem.
+    #[must_use]
+    pub fn dhchap_policy(&self) -> nvme_proto::controller::DhchapHosts {
+        let mut p = nvme_proto::controller::DhchapHosts::new();
+        for h in &self.hosts {
+            if h.subsystems.is_empty() {
+                p.insert(h.nqn.clone(), h.auth.clone());
+            } else {
+                for sub in &h.subsystems {
+                    p.insert_for(h.nqn.clone(), sub.clone(), h.auth.clone());
+                }
+            }
+        }
+        p
     }
 
     /// The hosts allowed to connect to the subsystem of the target named `iqn`.
@@ -407,7 +506,7 @@ pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureErr
     }
     Ok(Some(format!(
         "insecure_no_auth: NVMe/TCP on {} authenticates no host: any host that reaches it may \
-         connect and read and write every namespace",
+         read its discovery log, connect and read and write every namespace",
         beyond
             .iter()
             .map(ToString::to_string)
@@ -542,6 +641,68 @@ mod tests {
             assert_eq!(e.field, field, "{extra}: {e}");
         }
         assert_eq!(config(TARGET).unwrap().nvme.tls, TlsMode::Off);
+    }
+
+    #[test]
+    fn accepts_secrets_per_subsystem_and_rejects_overlapping_or_unknown_ones() {
+        const H: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001";
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, byte: u8| {
+            let p = dir.path().join(name);
+            let s = DhchapSecret::from_key(&[byte; 32], None).unwrap();
+            std::fs::write(&p, &*s.to_dhhc1()).unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            p.display().to_string()
+        };
+        let (a, g) = (file("a", 0xa1), file("g", 0x61));
+        let two = format!(
+            "{TARGET}[[target]]\niqn = \"iqn.2026-11.org.ipsan:disk1\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\n"
+        );
+        let host = |secret: &str, subs: &str| {
+            format!("[[nvme.host]]\nnqn = \"{H}\"\ndhchap_secret_file = \"{secret}\"\n{subs}")
+        };
+        // By IQN and by the discovery NQN, beside a secret for every other subsystem.
+        let c = config(&format!(
+            "{two}{}{}",
+            host(
+                &a,
+                "subsystems = [\"iqn.2026-11.org.ipsan:disk0\", \"nqn.2014-08.org.nvmexpress.discovery\"]\n"
+            ),
+            host(&g, "")
+        ))
+        .unwrap();
+        assert!(c.nvme.auth_required());
+        let p = c.nvme.dhchap_policy();
+        let secret_of = |sub: &str| p.secrets(sub, H).map(|c| c.host_secret.clone());
+        let (sa, sg) = (
+            DhchapSecret::from_key(&[0xa1; 32], None).unwrap(),
+            DhchapSecret::from_key(&[0x61; 32], None).unwrap(),
+        );
+        assert_eq!(secret_of("nqn.2026-11.org.ipsan:disk0"), Some(sa.clone()));
+        assert_eq!(secret_of("nqn.2014-08.org.nvmexpress.discovery"), Some(sa));
+        assert_eq!(secret_of("nqn.2026-11.org.ipsan:disk1"), Some(sg));
+        for (extra, field) in [
+            (
+                host(&a, "subsystems = [\"nqn.2026-11.org.ipsan:nowhere\"]\n"),
+                "nvme.host[0].subsystems[0]",
+            ),
+            (
+                format!("{}{}", host(&a, ""), host(&g, "")),
+                "nvme.host[1].nqn",
+            ),
+            (
+                format!(
+                    "{}{}",
+                    host(&a, "subsystems = [\"iqn.2026-11.org.ipsan:disk0\"]\n"),
+                    host(&g, "subsystems = [\"nqn.2026-11.org.ipsan:disk0\"]\n")
+                ),
+                "nvme.host[1].subsystems",
+            ),
+        ] {
+            let e = config(&format!("{two}{extra}")).unwrap_err();
+            assert_eq!(e.field, field, "{extra}: {e}");
+        }
     }
 
     #[test]

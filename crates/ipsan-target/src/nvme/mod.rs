@@ -42,8 +42,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use config::{
-    check_exposure, derived_nqn, FileNvme, FileNvmeHost, FileNvmeSubsystem, NvmeExposureError,
-    NvmeSettings, TlsMode,
+    check_exposure, derived_nqn, FileNvme, FileNvmeHost, FileNvmeSubsystem, HostSecrets,
+    NvmeExposureError, NvmeSettings, TlsMode,
 };
 pub(crate) use stats::IoKind;
 pub use stats::NsCounters;
@@ -103,6 +103,8 @@ pub(crate) struct Shared {
     ids: AtomicU64,
     /// TLS (TP 8011): off, allowed or required, and the hosts' keys.
     tls: TlsMode,
+    /// The DH-HMAC-CHAP secrets the controller has now (a reload compares against them).
+    dhchap: Mutex<controller::DhchapHosts>,
     tls_keys: nvme_proto::psk::PskStore,
     /// Remote (gateway) LUNs opened as namespaces (`open_remotes`).
     remote: Mutex<RemoteMap>,
@@ -234,6 +236,76 @@ impl Shared {
         self.wake.notify_one();
     }
 
+    /// Applies the hosts' DH-HMAC-CHAP secrets of `settings` (a live change: a reload,
+    /// SIGHUP, `ipsan ctl reload`): later Connects prove the new secrets, and every controller
+    /// whose host's secrets for its subsystem changed or went is closed (its host connects
+    /// again with the new ones). Secrets are compared in constant time, never logged.
+    /// Returns how many controllers were closed when the secrets changed, `None` when not.
+    pub(crate) fn apply_secrets(&self, settings: &NvmeSettings) -> Option<usize> {
+        let new = settings.dhchap_policy();
+        let required = settings.auth_required();
+        let subs = self.served_nqns();
+        let closed = {
+            let mut old = crate::lock(&self.dhchap);
+            let same = |sub: &str, host: &str| old.same_secrets(&new, sub, host);
+            let hosts: std::collections::BTreeSet<String> = old
+                .keyed()
+                .into_iter()
+                .chain(new.keyed())
+                .map(|(host, _, _)| host)
+                .collect();
+            if hosts
+                .iter()
+                .all(|h| subs.iter().all(|s| same(s.as_str(), h.as_str())))
+            {
+                return None;
+            }
+            let auth = required.then(|| Arc::new(new.clone()) as Arc<dyn controller::AuthPolicy>);
+            let closed = self
+                .target()
+                .set_auth(auth, required, &|sub, host| !same(sub, host));
+            *old = new;
+            closed
+        };
+        info!(
+            controllers_closed = closed.len(),
+            "NVMe DH-HMAC-CHAP secrets applied"
+        );
+        self.wake.notify_one();
+        Some(closed.len())
+    }
+
+    /// The exposure rule for a live change (`config::check_exposure` at start): a listener
+    /// bound beyond loopback keeps host authentication, DH-HMAC-CHAP secrets or TLS required
+    /// (as started), unless the target was started with `insecure_no_auth`.
+    pub(crate) fn check_exposure(
+        &self,
+        settings: &NvmeSettings,
+        insecure: bool,
+    ) -> Result<(), NvmeExposureError> {
+        let beyond: Vec<SocketAddr> = self
+            .listen
+            .iter()
+            .copied()
+            .filter(crate::exposure::beyond_loopback)
+            .collect();
+        if beyond.is_empty()
+            || insecure
+            || settings.auth_required()
+            || self.tls == TlsMode::Required
+        {
+            return Ok(());
+        }
+        Err(NvmeExposureError { listen: beyond })
+    }
+
+    /// The NQNs of the subsystems served (the discovery subsystem's included).
+    fn served_nqns(&self) -> Vec<String> {
+        let mut v: Vec<String> = crate::lock(&self.served).keys().cloned().collect();
+        v.push(controller::DISCOVERY_NQN.to_owned());
+        v
+    }
+
     /// Reservation notices the LUs owe NVMe hosts (`LogicalUnit::take_foreign_notices`: an
     /// iSCSI initiator's PERSISTENT RESERVE OUT or an NVMe host's reservation command
     /// preempted or released what the host had) become its controllers' Reservation
@@ -353,14 +425,12 @@ impl NvmeServer {
             lus.insert(s.nqn.clone(), l);
             subsystems.push(s);
         }
-        // DH-HMAC-CHAP (TP 8006): the hosts' secrets; with any, every host must authenticate.
-        let auth = settings.auth_required().then(|| {
-            let mut hosts = controller::DhchapHosts::new();
-            for (nqn, cfg) in &settings.hosts {
-                hosts.insert(nqn.clone(), cfg.clone());
-            }
-            Arc::new(hosts) as Arc<dyn controller::AuthPolicy>
-        });
+        // DH-HMAC-CHAP (TP 8006): the hosts' secrets (for every subsystem or for some); with
+        // any, every host must authenticate, on the discovery controller too.
+        let dhchap = settings.dhchap_policy();
+        let auth = settings
+            .auth_required()
+            .then(|| Arc::new(dhchap.clone()) as Arc<dyn controller::AuthPolicy>);
         let mut listeners = Vec::new();
         for &addr in &settings.listen {
             let l = crate::server::listen(addr, tcp)
@@ -377,6 +447,8 @@ impl NvmeServer {
             subsystems: subsystems.clone(),
             auth,
             require_tls: settings.tls == TlsMode::Required,
+            discovery_auth_required: settings.auth_required(),
+            tls_keys: (settings.tls == TlsMode::Required).then(|| settings.tls_keys.clone()),
             ..controller::TargetConfig::default()
         };
         let queue_cfg = queue_config(&cfg);
@@ -399,6 +471,7 @@ impl NvmeServer {
             queue_cfg,
             ids: AtomicU64::new(1),
             tls: settings.tls,
+            dhchap: Mutex::new(dhchap),
             tls_keys: settings.tls_keys.clone(),
             remote: Mutex::new(RemoteMap::new()),
             remote_tried: Mutex::new(HashMap::new()),

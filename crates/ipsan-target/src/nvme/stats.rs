@@ -208,6 +208,25 @@ impl Shared {
                 })
                 .collect()
         };
+        // Who has DH-HMAC-CHAP secrets for each subsystem (never the secrets).
+        let dhchap: HashMap<String, Vec<String>> = {
+            let p = crate::lock(&self.dhchap);
+            let all = p.keyed();
+            subsystems
+                .iter()
+                .map(|(nqn, _)| nqn.as_str())
+                .chain([controller::DISCOVERY_NQN])
+                .map(|nqn| {
+                    let mut v: Vec<String> = all
+                        .iter()
+                        .filter(|(h, _, _)| p.secrets(nqn, h).is_some())
+                        .map(|(h, _, _)| h.clone())
+                        .collect();
+                    v.dedup();
+                    (nqn.to_owned(), v)
+                })
+                .collect()
+        };
         let controllers: Vec<serde_json::Value> = self
             .target()
             .controllers()
@@ -235,6 +254,8 @@ impl Shared {
                 "nqn": nqn,
                 // null: every host the authentication lets in.
                 "hosts": hosts.get(nqn).cloned().flatten(),
+                // The hosts with DH-HMAC-CHAP secrets for it.
+                "dhchap_hosts": dhchap.get(nqn),
                 "namespaces": ns.iter().map(|n| serde_json::json!({
                     "nsid": n.nsid,
                     "size_bytes": n.size,
@@ -243,6 +264,7 @@ impl Shared {
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "controllers": controllers,
+            "discovery_dhchap_hosts": dhchap.get(controller::DISCOVERY_NQN),
         })
     }
 }

@@ -74,8 +74,10 @@ fn same_seal(a: &crate::config::SealSettings, b: &crate::config::SealSettings) -
             .all(|((n, p), (m, q))| n == m && p.ct_eq(q))
 }
 
-/// What a change of `[nvme]` does: the subsystems' host lists apply at once (reported as a
-/// change); anything else in it (listeners, TLS, secrets, NQNs) only at the next start.
+/// What a change of `[nvme]` does: the subsystems' host lists and the hosts' DH-HMAC-CHAP
+/// secrets apply at once (reported as changes; the secrets by `Shared::apply_secrets`, which
+/// reads what the files hold); anything else in it (listeners, TLS and its keys, NQNs) only at
+/// the next start.
 fn nvme_changes(old: &FileConfig, new: &FileConfig, report: &mut ChangeReport) {
     if old.nvme == new.nvme {
         return;
@@ -112,12 +114,20 @@ fn nvme_changes(old: &FileConfig, new: &FileConfig, report: &mut ChangeReport) {
             s.hosts.clear();
         }
         n.subsystem.retain(|s| s.nqn.is_some());
+        for h in &mut n.host {
+            h.dhchap_secret_file = None;
+            h.dhchap_ctrl_secret_file = None;
+            if h.tls_key_file.is_none() {
+                h.subsystems.clear();
+            }
+        }
+        n.host.retain(|h| h.tls_key_file.is_some());
         n
     };
     if strip(old) != strip(new) {
         report
             .restart_needed
-            .push("nvme (listeners, TLS, secrets, subsystem NQNs)".into());
+            .push("nvme (listeners, TLS and its keys, subsystem NQNs)".into());
     }
 }
 
@@ -176,6 +186,12 @@ impl Registry {
     ) -> Result<ChangeReport, ChangeError> {
         let cfg = Config::from_file_config(new_file)?;
         self.check_exposure(&cfg)?;
+        if let Some(n) = self.nvme.get() {
+            // The NVMe listeners as bound: none beyond loopback may lose its last host
+            // authentication (its TLS mode is the one started with).
+            n.check_exposure(&cfg.nvme, self.insecure_no_auth)
+                .map_err(|e| refused("nvme.host", e.to_string()))?;
+        }
         let old = self.targets();
         let in_use = InUse::now(self);
         let mut report = ChangeReport::default();
@@ -199,8 +215,14 @@ impl Registry {
         self.after_swap(&old, &built, &plans, &mut report);
         nvme_changes(old_file, new_file, &mut report);
         if let Some(n) = self.nvme.get() {
-            // The subsystems' host lists apply live; the rest of `[nvme]` at the next start.
+            // The subsystems' host lists and the hosts' DH-HMAC-CHAP secrets apply live; the
+            // rest of `[nvme]` at the next start.
             n.apply_hosts(&cfg.nvme, &cfg.targets);
+            if let Some(closed) = n.apply_secrets(&cfg.nvme) {
+                report.changes.push(format!(
+                    "NVMe DH-HMAC-CHAP secrets ({closed} controllers closed)"
+                ));
+            }
         }
         log_report(&report);
         Ok(report)

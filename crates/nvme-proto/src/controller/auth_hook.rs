@@ -61,6 +61,13 @@ pub trait AuthPolicy: Send + Sync + fmt::Debug {
         qid: u16,
         cntlid: u16,
     ) -> Option<Box<dyn AuthTransaction>>;
+
+    /// Whether `hostnqn` has a secret for `subnqn` (a Connect of it would get a transaction):
+    /// a subsystem that requires authentication is left out of the discovery log of a host
+    /// that has none for it.
+    fn covers(&self, subnqn: &str, hostnqn: &str) -> bool {
+        self.begin(subnqn, hostnqn, 0, 0).is_some()
+    }
 }
 
 /// The `auth` module's controller role is a queue's transaction: one [`ControllerAuth`] per
@@ -86,12 +93,17 @@ impl AuthTransaction for ControllerAuth {
     }
 }
 
-/// DH-HMAC-CHAP secrets by host NQN (as Linux's nvmet keeps them per host): the
-/// [`AuthPolicy`] a target configures. A host in the map must authenticate; others need not,
-/// unless their subsystem requires it ([`super::SubsystemConfig::auth_required`]).
+/// DH-HMAC-CHAP secrets by host NQN, for every subsystem or for one (as Linux's nvmet keeps a
+/// host's key per host and SPDK per subsystem and host): the [`AuthPolicy`] a target
+/// configures. A host's secret for one subsystem (the discovery subsystem,
+/// [`super::DISCOVERY_NQN`], included) is used there instead of its secret for every
+/// subsystem, and only there: a host keyed for subsystem A alone has no transaction on B. A
+/// host with a secret must authenticate; others need not, unless their subsystem requires it
+/// ([`super::SubsystemConfig::auth_required`]).
 #[derive(Debug, Clone, Default)]
 pub struct DhchapHosts {
     hosts: HashMap<String, Arc<AuthConfig>>,
+    per_subsystem: HashMap<(String, String), Arc<AuthConfig>>,
 }
 
 impl DhchapHosts {
@@ -102,9 +114,77 @@ impl DhchapHosts {
     }
 
     /// The secrets of `hostnqn` (its own, and the controller's for bidirectional
-    /// authentication).
+    /// authentication) for every subsystem without a secret of its own for this host.
     pub fn insert(&mut self, hostnqn: impl Into<String>, config: AuthConfig) {
         self.hosts.insert(hostnqn.into(), Arc::new(config));
+    }
+
+    /// The secrets of `hostnqn` for the subsystem `subnqn` only.
+    pub fn insert_for(
+        &mut self,
+        hostnqn: impl Into<String>,
+        subnqn: impl Into<String>,
+        config: AuthConfig,
+    ) {
+        self.per_subsystem
+            .insert((hostnqn.into(), subnqn.into()), Arc::new(config));
+    }
+
+    /// Whether no host has a secret.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty() && self.per_subsystem.is_empty()
+    }
+
+    /// The secrets `hostnqn` proves on `subnqn`: its own for that subsystem, else its secret
+    /// for every subsystem.
+    #[must_use]
+    pub fn secrets(&self, subnqn: &str, hostnqn: &str) -> Option<&Arc<AuthConfig>> {
+        self.per_subsystem
+            .get(&(hostnqn.to_owned(), subnqn.to_owned()))
+            .or_else(|| self.hosts.get(hostnqn))
+    }
+
+    /// Whether `hostnqn` proves the same secrets on `subnqn` under `self` as under `other`
+    /// (none under both counts as the same); secrets are compared in constant time.
+    #[must_use]
+    pub fn same_secrets(&self, other: &DhchapHosts, subnqn: &str, hostnqn: &str) -> bool {
+        match (
+            self.secrets(subnqn, hostnqn),
+            other.secrets(subnqn, hostnqn),
+        ) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                // Both comparisons run (`&`, not `&&`), each in constant time.
+                let host = a.host_secret == b.host_secret;
+                let ctrl = match (&a.ctrl_secret, &b.ctrl_secret) {
+                    (None, None) => true,
+                    (Some(x), Some(y)) => x == y,
+                    _ => false,
+                };
+                host & ctrl && a.hashes == b.hashes && a.dh_groups == b.dh_groups
+            }
+            _ => false,
+        }
+    }
+
+    /// Every (host NQN, subsystem NQN or `None` for every subsystem) with a secret, and
+    /// whether its controller secret allows bidirectional authentication; sorted. No secret
+    /// is in it (for `ipsan ctl` and logs).
+    #[must_use]
+    pub fn keyed(&self) -> Vec<(String, Option<String>, bool)> {
+        let mut v: Vec<(String, Option<String>, bool)> = self
+            .hosts
+            .iter()
+            .map(|(h, c)| (h.clone(), None, c.ctrl_secret.is_some()))
+            .chain(
+                self.per_subsystem
+                    .iter()
+                    .map(|((h, s), c)| (h.clone(), Some(s.clone()), c.ctrl_secret.is_some())),
+            )
+            .collect();
+        v.sort();
+        v
     }
 }
 
@@ -116,11 +196,15 @@ impl AuthPolicy for DhchapHosts {
         _qid: u16,
         _cntlid: u16,
     ) -> Option<Box<dyn AuthTransaction>> {
-        let config = self.hosts.get(hostnqn)?;
+        let config = self.secrets(subnqn, hostnqn)?;
         Some(Box::new(ControllerAuth::new(
             Arc::clone(config),
             hostnqn,
             subnqn,
         )))
+    }
+
+    fn covers(&self, subnqn: &str, hostnqn: &str) -> bool {
+        self.secrets(subnqn, hostnqn).is_some()
     }
 }

@@ -116,6 +116,14 @@ pub struct TargetConfig {
     /// Refuse Connects on plain TCP to every subsystem but discovery (`--tls required`):
     /// defence in depth behind a listener that only speaks TLS.
     pub require_tls: bool,
+    /// The discovery controller requires DH-HMAC-CHAP too (TP 8006; NVMe over Fabrics 1.1
+    /// §5): its Connect asks for authentication (AUTHREQ.ATR) of a host the [`AuthPolicy`]
+    /// has a transaction for on [`DISCOVERY_NQN`], and refuses any other host with Connect
+    /// Invalid Host; the log is read only after the transaction succeeds.
+    pub discovery_auth_required: bool,
+    /// The hosts' TLS keys (TP 8011), when TLS is required: the discovery log a host reads
+    /// lists only the subsystems it has a key for, the others' handshakes would fail.
+    pub tls_keys: Option<crate::psk::PskStore>,
 }
 
 impl fmt::Debug for TargetConfig {
@@ -130,6 +138,11 @@ impl fmt::Debug for TargetConfig {
             .field("firmware", &self.firmware)
             .field("auth", &self.auth.is_some())
             .field("require_tls", &self.require_tls)
+            .field("discovery_auth_required", &self.discovery_auth_required)
+            .field(
+                "tls_keys",
+                &self.tls_keys.as_ref().map(crate::psk::PskStore::len),
+            )
             .finish()
     }
 }
@@ -146,6 +159,8 @@ impl Default for TargetConfig {
             firmware: env!("CARGO_PKG_VERSION").to_owned(),
             auth: None,
             require_tls: false,
+            discovery_auth_required: false,
+            tls_keys: None,
         }
     }
 }
