@@ -579,7 +579,7 @@ impl Target {
             model: "ipsan discovery".to_owned(),
             namespaces: Vec::new(),
             hosts: AllowedHosts::Any,
-            auth_required: cfg.discovery_auth_required,
+            auth_required: cfg.discovery_auth_required && !cfg.discovery_open,
             volatile_write_cache: false,
         };
         let mut subsystems = vec![Subsystem {
@@ -723,6 +723,9 @@ impl Target {
         // The discovery controller too (its NQN is the subsystem NQN of the transaction):
         // with secrets configured, the log is read only by hosts that proved one.
         let sub = &self.subsystems[si];
+        if sub.discovery && self.cfg.discovery_open {
+            return Ok(None);
+        }
         let txn = self
             .cfg
             .auth
@@ -1230,8 +1233,9 @@ impl Target {
     ) -> Vec<u16> {
         self.cfg.auth = auth;
         self.cfg.discovery_auth_required = required;
+        let open = self.cfg.discovery_open;
         for s in &mut self.subsystems {
-            s.cfg.auth_required = required;
+            s.cfg.auth_required = required && !(s.discovery && open);
         }
         let closed: Vec<u16> = self
             .ctrls

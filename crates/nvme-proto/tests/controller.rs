@@ -1852,6 +1852,10 @@ const SUB_B: &str = "nqn.2026-01.io.ipsan:b";
 /// only (none for SUB_B), and every subsystem and the discovery controller require
 /// authentication.
 fn keyed_target() -> Target {
+    keyed_target_with(false)
+}
+
+fn keyed_target_with(open: bool) -> Target {
     let hosts = keyed_policy();
     let mut cfg = config();
     cfg.subsystems.push(SubsystemConfig {
@@ -1866,6 +1870,7 @@ fn keyed_target() -> Target {
         s.auth_required = true;
     }
     cfg.discovery_auth_required = true;
+    cfg.discovery_open = open;
     cfg.auth = Some(Arc::new(hosts));
     Target::new(cfg).unwrap()
 }
@@ -1925,6 +1930,36 @@ fn rejects_discovery_log_reads_until_the_host_authenticates() {
     let nqns = log_nqns(&page.data);
     assert!(nqns.iter().any(|n| n == SUBNQN), "{nqns:?}");
     assert!(!nqns.iter().any(|n| n == SUB_B), "{nqns:?}");
+}
+
+/// `[nvme] discovery_auth = false`, for hosts whose tools cannot authenticate to a discovery
+/// controller (Debian 13's `nvme discover`): the discovery controller asks no host to
+/// authenticate and serves its log at once, listing only the subsystems the claimed host NQN
+/// has secrets for; the I/O controllers still ask for DH-HMAC-CHAP.
+#[test]
+fn accepts_discovery_without_authentication_when_it_is_open_and_still_guards_the_subsystems() {
+    let mut h = Host::connect_to(keyed_target_with(true), 0, DISCOVERY_NQN);
+    assert!(h.admin.is_discovery() && !h.admin.auth_pending());
+    assert!(h.prop_set(Property::Cc, 1).cqe.status.is_success());
+    let page = done(h.admin(cmd(0x02, 5, 0, 4096, [0x70 | 1023 << 16, 0, 0, 0, 0, 0])));
+    assert!(page.cqe.status.is_success());
+    let nqns = log_nqns(&page.data);
+    assert!(nqns.iter().any(|n| n == SUBNQN), "{nqns:?}");
+    assert!(!nqns.iter().any(|n| n == SUB_B), "{nqns:?}");
+    // A host with no secret at all reads a log without the keyed subsystems.
+    let unknown = connect_cmd(0, 31, 0, DISCOVERY_NQN, "nqn.unknown-host", CNTLID_DYNAMIC);
+    let (_, r) = h.t.connect(&unknown, h.now).unwrap();
+    assert!(r.cqe.status.is_success());
+    assert_eq!(r.cqe.dw0 & 1 << 17, 0, "no AUTHREQ.ATR on open discovery");
+    // The subsystem itself still asks for authentication.
+    let sub = connect_cmd(0, 31, 0, SUBNQN, HOSTNQN, CNTLID_DYNAMIC);
+    let (_, r) = h.t.connect(&sub, h.now).unwrap();
+    assert_ne!(r.cqe.dw0 & 1 << 17, 0, "AUTHREQ.ATR");
+    let none = connect_cmd(0, 31, 0, SUBNQN, "nqn.unknown-host", CNTLID_DYNAMIC);
+    assert_eq!(
+        refused(&mut h.t, &none).cqe.status,
+        Status::CONNECT_INVALID_HOST
+    );
 }
 
 #[test]

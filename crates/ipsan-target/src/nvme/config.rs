@@ -74,6 +74,10 @@ pub struct FileNvme {
     /// `off`, `allowed` or `required`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<String>,
+    /// `false`: the discovery controller asks no host for DH-HMAC-CHAP (as Linux's nvmet),
+    /// for hosts that cannot authenticate to one; default `true` once secrets are configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_auth: Option<bool>,
 }
 
 /// `[[nvme.host]]`: a host NQN and its DH-HMAC-CHAP secrets (files, mode 0600).
@@ -161,6 +165,9 @@ pub struct NvmeSettings {
     /// TLS keys by host NQN.
     pub tls_keys: PskStore,
     pub tls: TlsMode,
+    /// `[nvme] discovery_auth = false`: the discovery controller asks no host to
+    /// authenticate (its log still lists only what the claimed host NQN has secrets for).
+    pub discovery_open: bool,
 }
 
 impl Default for NvmeSettings {
@@ -173,6 +180,7 @@ impl Default for NvmeSettings {
             hosts: Vec::new(),
             tls_keys: PskStore::new(),
             tls: TlsMode::Off,
+            discovery_open: false,
         }
     }
 }
@@ -374,6 +382,7 @@ impl NvmeSettings {
                 ))
             }
         };
+        s.discovery_open = f.discovery_auth == Some(false);
         if s.tls != TlsMode::Off && s.tls_keys.is_empty() {
             return Err(err(
                 "nvme.tls",
@@ -682,6 +691,13 @@ mod tests {
         assert_eq!(secret_of("nqn.2026-11.org.ipsan:disk0"), Some(sa.clone()));
         assert_eq!(secret_of("nqn.2014-08.org.nvmexpress.discovery"), Some(sa));
         assert_eq!(secret_of("nqn.2026-11.org.ipsan:disk1"), Some(sg));
+        assert!(!c.nvme.discovery_open, "discovery authenticates by default");
+        let open = config(&format!(
+            "{two}[nvme]\ndiscovery_auth = false\n{}",
+            host(&g, "")
+        ))
+        .unwrap();
+        assert!(open.nvme.discovery_open && open.nvme.auth_required());
         for (extra, field) in [
             (
                 host(&a, "subsystems = [\"nqn.2026-11.org.ipsan:nowhere\"]\n"),

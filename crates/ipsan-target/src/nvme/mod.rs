@@ -448,6 +448,7 @@ impl NvmeServer {
             auth,
             require_tls: settings.tls == TlsMode::Required,
             discovery_auth_required: settings.auth_required(),
+            discovery_open: settings.discovery_open,
             tls_keys: (settings.tls == TlsMode::Required).then(|| settings.tls_keys.clone()),
             ..controller::TargetConfig::default()
         };

@@ -121,6 +121,12 @@ pub struct TargetConfig {
     /// has a transaction for on [`DISCOVERY_NQN`], and refuses any other host with Connect
     /// Invalid Host; the log is read only after the transaction succeeds.
     pub discovery_auth_required: bool,
+    /// The discovery controller asks no host to authenticate even when the I/O controllers
+    /// do (`[nvme] discovery_auth = false`), as Linux's nvmet: for hosts whose tools cannot
+    /// authenticate to a discovery controller (Debian 13's nvme-cli 2.13 `nvme discover`
+    /// hands it no secret). The log a host reads still lists only the subsystems its host
+    /// NQN has a secret (and, with TLS required, a key) for — the NQN it claims, unproven.
+    pub discovery_open: bool,
     /// The hosts' TLS keys (TP 8011), when TLS is required: the discovery log a host reads
     /// lists only the subsystems it has a key for, the others' handshakes would fail.
     pub tls_keys: Option<crate::psk::PskStore>,
@@ -139,6 +145,7 @@ impl fmt::Debug for TargetConfig {
             .field("auth", &self.auth.is_some())
             .field("require_tls", &self.require_tls)
             .field("discovery_auth_required", &self.discovery_auth_required)
+            .field("discovery_open", &self.discovery_open)
             .field(
                 "tls_keys",
                 &self.tls_keys.as_ref().map(crate::psk::PskStore::len),
@@ -160,6 +167,7 @@ impl Default for TargetConfig {
             auth: None,
             require_tls: false,
             discovery_auth_required: false,
+            discovery_open: false,
             tls_keys: None,
         }
     }
