@@ -107,9 +107,12 @@ pub struct Args {
     /// No progress display.
     #[arg(long)]
     pub quiet: bool,
-    /// Runtime threads for the initiator (1: everything on one core).
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
+    /// Runtime threads for the initiator. Default: 1, everything on one core; for an
+    /// nvme+tcp:// URL with several --queues, more than one command in flight and --bs of
+    /// 256 KiB or more, one per I/O queue up to the CPUs, so the queues' data is received in
+    /// parallel.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub threads: Option<u64>,
     /// iSCSI connections in the session (RFC 7143 §4.2, MaxConnections; docs/wan.md "Several
     /// connections per session"): the leading login offers this many, the others join with
     /// the session's TSIH (sealed: each with its own Seal login); the target may grant fewer.
@@ -137,17 +140,43 @@ pub struct Args {
     pub nvme: super::nvme::NvmeArgs,
 }
 
+/// The smallest command for which NVMe/TCP's host takes a thread per I/O queue by default.
+/// Threads cost per command (a command and its completion cross between them: at 4 KiB × 32
+/// the host spent about 3× the CPU per command on two threads, docs/results/nvme-speed-4)
+/// and pay per byte (the queues' data is received on both cores): long transfers only.
+const PARALLEL_MIN_BS: u64 = 256 * 1024;
+
+/// The initiator's runtime threads: `--threads`, else [`Args::threads`]' default.
+fn threads(args: &Args) -> usize {
+    if let Some(n) = args.threads {
+        return usize::try_from(n).unwrap_or(1);
+    }
+    let queues = usize::from(args.nvme.queues.unwrap_or(1));
+    let parallel = ipsan_initiator::nvme::NvmeUrl::is_nvme(&args.url)
+        && queues > 1
+        && args.depth != DepthArg::Fixed(1)
+        && args.bs >= PARALLEL_MIN_BS;
+    if !parallel {
+        return 1;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    queues.min(cpus)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     // One thread by default: every PDU hop (submitter → writer → socket → reader → submitter)
     // stays on one core with no cross-thread wake-ups, which is what keeps depth-1 latency low;
-    // --threads adds workers for CPU-heavy payload transforms (seal).
-    let rt = if args.threads <= 1 {
+    // --threads adds workers for CPU-heavy payload transforms (seal). NVMe/TCP's I/O queues
+    // are connections of their own: with several, more than one command in flight and long
+    // transfers, one thread per queue lets the host receive on them in parallel (`threads`).
+    let threads = threads(&args);
+    let rt = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
     } else {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.threads)
+            .worker_threads(threads)
             .enable_all()
             .build()?
     };

@@ -24,13 +24,15 @@ pub mod authn;
 pub mod bringup;
 pub mod cmd;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use nvme_wire::entry::Status;
 use nvme_wire::fabrics::OPCODE_FABRICS;
 use nvme_wire::pdu::{CapsuleCmd, H2cData, IcReq, PduType, TermReq, FLAG_SUCCESS, PFV_1_0};
 use nvme_wire::{Codec, Cqe, Fes, Pdu, Sgl, Sqe, WireError};
+
+use crate::idhash::IdMap;
 
 /// In-capsule data the admin queue always takes (NVMe/TCP 1.0 §3.3.1: 8 KiB).
 pub const ADMIN_IN_CAPSULE: usize = 8192;
@@ -174,7 +176,7 @@ pub struct HostQueue {
     tx: VecDeque<Bytes>,
     scratch: BytesMut,
     maxh2cdata: u32,
-    inflight: HashMap<u16, Inflight>,
+    inflight: IdMap<u16, Inflight>,
     next_cid: u16,
     events: VecDeque<HostEvent>,
     /// The next receive buffer after a hand-over: a command's read buffer its data did not
@@ -195,7 +197,7 @@ impl HostQueue {
             tx: VecDeque::new(),
             scratch: BytesMut::new(),
             maxh2cdata: 0,
-            inflight: HashMap::new(),
+            inflight: IdMap::default(),
             next_cid: 0,
             events: VecDeque::new(),
             spare: None,

@@ -20,6 +20,7 @@
 //!   CAP/VS, CC.EN, CSTS.RDY, Identify, Number of Queues), the Discovery log read and Keep
 //!   Alive; [`host::authn`], one queue's DH-HMAC-CHAP as Authentication Send/Receive
 //!   commands; [`host::cmd`], the commands a host sends and parsers of what comes back.
+//! - [`idhash`]: the hash of the per-command maps keyed by CIDs, TTAGs and tags.
 //! - [`psk`]: NVMe/TCP's TLS PSKs (TP 8011): the `NVMeTLSkey-1:` interchange format, the
 //!   retained and TLS PSK derivations (RFC 8446's and libnvme's), PSK identities, and the
 //!   target's key store the `nvme-tls` crate's handshake picks a key from.
@@ -32,6 +33,7 @@ pub mod auth;
 pub mod command;
 pub mod controller;
 pub mod host;
+pub mod idhash;
 pub mod psk;
 pub mod queue;
 

@@ -36,7 +36,7 @@
 //! FCTYPE for Fabrics commands) and the QID/CATTR of the first Connect; everything else is the
 //! controller's.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -50,6 +50,7 @@ use nvme_wire::pdu::{
 use nvme_wire::{Fes, WireError, CH_LEN, DIGEST_LEN};
 
 use crate::command::{Command, Completion};
+use crate::idhash::IdMap;
 
 /// Connect's CATTR bit 2: the host disabled SQ flow control (NVMe over Fabrics 1.1 §3.3), so
 /// a successful read may end with C2HData SUCCESS instead of a response capsule.
@@ -195,10 +196,10 @@ pub struct Queue {
     qid: Option<u16>,
     sqflow_disabled: bool,
     maxr2t: u32,
-    slots: HashMap<u16, Slot>,
+    slots: IdMap<u16, Slot>,
     r2t_wait: VecDeque<u16>,
     r2t_active: usize,
-    ttags: HashMap<u16, u16>,
+    ttags: IdMap<u16, u16>,
     next_ttag: u16,
     events: VecDeque<Event>,
     tx: VecDeque<Bytes>,
@@ -245,10 +246,10 @@ impl Queue {
             qid: None,
             sqflow_disabled: false,
             maxr2t: 0,
-            slots: HashMap::new(),
+            slots: IdMap::default(),
             r2t_wait: VecDeque::new(),
             r2t_active: 0,
-            ttags: HashMap::new(),
+            ttags: IdMap::default(),
             next_ttag: 0,
             events: VecDeque::new(),
             tx: VecDeque::new(),

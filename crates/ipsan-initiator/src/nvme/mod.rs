@@ -1,7 +1,7 @@
 //! The NVMe/TCP host (issue 30): the tokio driver of `nvme_proto::host`. An [`NvmeSession`]
 //! is one controller of a subsystem: the admin queue (bring-up, then Keep Alive at KATO/2) and
-//! N I/O queues, one TCP connection each, with many commands in flight per queue; reads,
-//! writes and flushes at an LBA go to the queues in turn. [`discover`] reads a discovery
+//! N I/O queues, one TCP connection each, with many commands in flight per queue; each read,
+//! write and flush goes to the queue with the fewest commands under way. [`discover`] reads a discovery
 //! controller's log. The protocol lives in `nvme-proto`; here are sockets, tasks and timers.
 //!
 //! - `url.rs`: [`NvmeUrl`], `nvme+tcp://host[:port]/subsysnqn/nsid`.
@@ -485,8 +485,16 @@ impl NvmeSession {
         })
     }
 
+    /// The I/O queue the next command goes on: the least busy one ([`queue::pick`]).
     fn queue<'a>(&self, l: &'a Links) -> &'a QueueHandle {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % l.io.len().max(1);
+        let n = l.io.len();
+        if n <= 1 {
+            return l.io.first().unwrap_or(&l.admin);
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let i = queue::pick(n, start, |i| {
+            l.io.get(i).map_or(usize::MAX, QueueHandle::calls)
+        });
         l.io.get(i).unwrap_or(&l.admin)
     }
 
@@ -557,13 +565,14 @@ impl NvmeSession {
                 return Err(NvmeError::Closed(e.clone()));
             }
         }
-        let call = self.queue(links).call(sqe, write, read_len, buf);
-        let (cqe, data) = match self.command_timeout {
-            Some(t) => tokio::time::timeout(t, call)
-                .await
-                .map_err(|_| NvmeError::Timeout("I/O command"))??,
-            None => call.await?,
-        };
+        // The queue's dispatcher fails the command at its deadline (one timer per queue).
+        let deadline = self
+            .command_timeout
+            .and_then(|t| Instant::now().checked_add(t));
+        let (cqe, data) = self
+            .queue(links)
+            .call_until(sqe, write, read_len, buf, deadline)
+            .await?;
         if !cqe.status.is_success() {
             return Err(NvmeError::Status {
                 op,

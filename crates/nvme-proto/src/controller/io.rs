@@ -1,7 +1,6 @@
 //! The NVM command set's I/O commands (NVM Command Set 1.0 §3) turned into block requests,
 //! and the block results turned back into completions.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -11,6 +10,7 @@ use nvme_wire::{Sgl, Status};
 use super::resv::{self, Reservation};
 use super::{done, done_data, Namespace, Queue, Submitted};
 use crate::command::{Command, Completion};
+use crate::idhash::IdMap;
 
 /// I/O opcodes (NVM Command Set 1.0 §3, Figure "Opcodes for NVM Commands").
 pub(crate) const OP_FLUSH: u8 = 0x00;
@@ -149,8 +149,8 @@ struct Group {
 pub(crate) struct Pending {
     next_tag: u64,
     /// Tag → the tag of its command's first request (the group's key).
-    tags: HashMap<u64, u64>,
-    groups: HashMap<u64, Group>,
+    tags: IdMap<u64, u64>,
+    groups: IdMap<u64, Group>,
 }
 
 impl Pending {
