@@ -39,7 +39,10 @@ use crate::params::{SessionParams, SessionType};
 use crate::seq::{sn_lt, Admit, CmdWindow};
 
 mod recovery;
+mod sealed;
 pub mod session;
+
+pub use sealed::SealedLengths;
 
 /// What the target knows about its logical units, asked while a command arrives. `D`: what
 /// [`LunDirectory::size`] decodes of a command, handed back with its [`Event::Execute`].
@@ -79,7 +82,7 @@ pub struct Sizing<D = ()> {
     /// Bytes of data-out the CDB transfers as the device server counts them, when that is
     /// not `need`: in a Seal session the wire carries sealed bytes, so the driver collects
     /// the whole sealed EDTL (`need`) and applies the overflow rules ([`super::residual`])
-    /// to the plaintext, against this. `None`: `need`.
+    /// to the plaintext, against this ([`Sizing::sealed`] decides both). `None`: `need`.
     pub transfer: Option<u64>,
     /// What the driver decoded of the command, carried with the task to its
     /// [`Execute::decoded`].
