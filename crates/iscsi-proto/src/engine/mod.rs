@@ -15,7 +15,11 @@
 //!   login), reinstated (same CID) and logged out one at a time. At ErrorRecoveryLevel 1 a
 //!   connection answers SNACK from the completed tasks it keeps until their status is
 //!   acknowledged; at level 2 a failed connection's tasks stay in the session for TASK REASSIGN
-//!   (`target/recovery.rs`, `target/session/orphans.rs`).
+//!   (`target/recovery.rs`, `target/session/orphans.rs`). One concern per file: `target.rs`
+//!   the types, the connection's state, its inputs and outputs; `target/write.rs` a SCSI
+//!   Command and its data-out (R2T, Data-Out); `target/status.rs` Data-In and status;
+//!   `target/tmf.rs` task management; `target/requests.rs` NOP-Out, Text, Logout;
+//!   `target/sealed.rs` a Seal session's sizing of a command; `target/tests.rs`.
 //! - [`initiator`]: the initiator's connection: the CmdSN window as seen from the initiator,
 //!   command submission with immediate and unsolicited data, R2T checking and answering,
 //!   Data-In reassembly, task management, command timeouts (ABORT TASK, then LOGICAL UNIT
