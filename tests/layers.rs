@@ -444,3 +444,373 @@ fn accepts_patterns_comments_test_modules_and_lookalikes() {
     );
     assert!(files.contains(&PathBuf::from("/r/crates/x/src/queue/tests.rs")));
 }
+
+// ---- No import circle between a crate's top-level modules ----
+//
+// Each crate's top-level modules (`src/x.rs` or `src/x/`) import one another one way: a
+// module that names another through `crate::x::…` or `super::x::…` (a `use` or a path in the
+// code, also in an attribute's string such as serde's `skip_serializing_if`) depends on it, and
+// no module may come back to itself through such imports. A circle means two modules are one
+// concern split in two, or a small item sits in the wrong one (issue 32). Comments and test
+// modules do not count; the crate root (lib.rs, main.rs) is above every module.
+
+/// Circles that were in the tree when this check was written (2026-11-27), in crates others
+/// own today: each is listed by its crate and modules. The test fails when one of them
+/// changes or goes (take it off this list then) and on any other circle.
+const KNOWN_CIRCLES: [(&str, &[&str]); 6] = [
+    ("ipsan-bench", &["report", "workload"]),
+    (
+        "ipsan-lab",
+        &["calibrate", "figures", "fit", "report", "runner"],
+    ),
+    ("ipsan-tcp", &["bpf", "settings"]),
+    ("ipsan-wan", &["link", "netem"]),
+    ("nvme-tls", &["records", "stream"]),
+    ("nvme-wire", &["entry", "error", "pdu"]),
+];
+
+/// The module path of `file` under `src` (`src/a/b.rs` → `[a, b]`; lib.rs, main.rs → `[]`).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    if parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main") {
+        parts.clear();
+    }
+    parts
+}
+
+/// A file's code without comments and inline `#[cfg(test)]` modules (lines kept, blanked).
+fn code_only(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() == "#[cfg(test)]" {
+            if let Some(next) = lines.get(i + 1) {
+                let t = next.trim_start();
+                let t = t.strip_prefix("pub(crate) ").unwrap_or(t);
+                if t.starts_with("mod ") && t.trim_end().ends_with('{') {
+                    let close = format!("{}}}", &next[..next.len() - next.trim_start().len()]);
+                    while i < lines.len() && lines[i] != close {
+                        out.push('\n');
+                        i += 1;
+                    }
+                    out.push('\n');
+                    i += 1;
+                    continue;
+                }
+            }
+        }
+        out.push_str(lines[i].split("//").next().unwrap_or(""));
+        out.push('\n');
+        i += 1;
+    }
+    out
+}
+
+/// The first name of each item of a path's tail: `x::Y` → `x`, `{a::B, c}` → `a`, `c`.
+fn first_names(tail: &str) -> Vec<String> {
+    let name = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| is_ident(*c))
+            .collect()
+    };
+    let Some(group) = tail.strip_prefix('{') else {
+        return vec![name(tail)];
+    };
+    let mut depth = 0usize;
+    let mut items = vec![String::new()];
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        items.last_mut().unwrap().push(c);
+    }
+    let mut names = Vec::new();
+    for item in &items {
+        let n = name(item);
+        if !n.is_empty() {
+            names.push(n);
+        }
+    }
+    names
+}
+
+/// Which top-level modules of its crate the file at module path `module` names, each with the
+/// line: `crate::x`, and `super::x` where the `super`s reach the crate root.
+fn module_imports(module: &[String], text: &str) -> Vec<(String, usize)> {
+    let code = code_only(text);
+    let mut out = Vec::new();
+    for (at, _) in code
+        .match_indices("crate::")
+        .chain(code.match_indices("super::"))
+    {
+        if code[..at].ends_with(|c: char| is_ident(c) || c == '$' || c == ':') {
+            continue;
+        }
+        let mut rest = &code[at..];
+        let tail = if let Some(t) = rest.strip_prefix("crate::") {
+            t
+        } else {
+            let mut ups = 0;
+            while let Some(r) = rest.strip_prefix("super::") {
+                ups += 1;
+                rest = r.trim_start();
+            }
+            if ups < module.len() {
+                // Still inside its own top-level module.
+                continue;
+            }
+            rest
+        };
+        let line = code[..at].matches('\n').count() + 1;
+        for name in first_names(tail.trim_start()) {
+            out.push((name, line));
+        }
+    }
+    out
+}
+
+/// A crate's import graph between its top-level modules: for each edge, one place that makes
+/// it (file and line).
+type Graph = std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>;
+
+/// The graph of the files `(path, text)` under `src`.
+fn module_graph(src: &Path, files: &[(PathBuf, String)]) -> Graph {
+    let tops: HashSet<String> = files
+        .iter()
+        .filter_map(|(f, _)| module_path(src, f).first().cloned())
+        .collect();
+    let mut graph = Graph::new();
+    for (f, text) in files {
+        let module = module_path(src, f);
+        let Some(top) = module.first() else {
+            continue;
+        };
+        for (to, line) in module_imports(&module, text) {
+            if to != *top && tops.contains(&to) {
+                graph
+                    .entry(top.clone())
+                    .or_default()
+                    .entry(to)
+                    .or_insert_with(|| format!("{}:{line}", f.display()));
+            }
+        }
+    }
+    graph
+}
+
+/// The circles of a graph: each set of two or more modules that reach one another, sorted.
+fn circles(graph: &Graph) -> Vec<Vec<String>> {
+    let reach = |from: &str| -> HashSet<String> {
+        let mut seen = HashSet::new();
+        let mut stack = vec![from.to_string()];
+        while let Some(n) = stack.pop() {
+            for next in graph.get(&n).into_iter().flat_map(|m| m.keys()) {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for n in graph.keys() {
+        if out.iter().any(|c| c.contains(n)) {
+            continue;
+        }
+        let from_n = reach(n);
+        let mut circle: Vec<String> = from_n
+            .iter()
+            .filter(|m| *m != n && reach(m).contains(n))
+            .cloned()
+            .collect();
+        if !circle.is_empty() {
+            circle.push(n.clone());
+            circle.sort();
+            out.push(circle);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// One circle as the failure prints it: each edge inside it and where it is made.
+fn describe(graph: &Graph, circle: &[String]) -> String {
+    let mut s = String::new();
+    for from in circle {
+        for (to, at) in graph.get(from).into_iter().flatten() {
+            if circle.contains(to) {
+                s.push_str(&format!("\n    {from} -> {to} ({at})"));
+            }
+        }
+    }
+    s
+}
+
+/// Every workspace crate's name and `src` directory.
+fn crate_sources() -> Vec<(String, PathBuf)> {
+    let root = root();
+    let mut out = vec![("ipsan".to_string(), root.join("src"))];
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        if d.join("src").is_dir() {
+            let name = d.file_name().unwrap().to_string_lossy().into_owned();
+            out.push((name, d.join("src")));
+        }
+    }
+    out
+}
+
+#[test]
+fn keeps_each_crates_top_level_modules_free_of_import_circles() {
+    let crates = crate_sources();
+    assert!(crates.len() > 10, "only {} crates found", crates.len());
+    let mut report = Vec::new();
+    let mut known_seen = Vec::new();
+    for (name, src) in &crates {
+        let mut paths = Vec::new();
+        rust_files(src, &mut paths);
+        let mut tests = HashSet::new();
+        let files: Vec<(PathBuf, String)> = paths
+            .iter()
+            .map(|p| (p.clone(), std::fs::read_to_string(p).unwrap()))
+            .collect();
+        for (p, text) in &files {
+            tests.extend(test_module_files(p, text));
+        }
+        let files: Vec<_> = files
+            .into_iter()
+            .filter(|(p, _)| !tests.contains(p))
+            .collect();
+        let graph = module_graph(src, &files);
+        for circle in circles(&graph) {
+            let known = KNOWN_CIRCLES
+                .iter()
+                .any(|(c, m)| c == name && m.iter().copied().eq(circle.iter().map(String::as_str)));
+            if known {
+                known_seen.push((name.clone(), circle));
+            } else {
+                report.push(format!(
+                    "{name}: {} import one another:{}",
+                    circle.join(", "),
+                    describe(&graph, &circle)
+                ));
+            }
+        }
+    }
+    for (c, m) in KNOWN_CIRCLES {
+        if !known_seen
+            .iter()
+            .any(|(n, s)| n == c && m.iter().copied().eq(s.iter().map(String::as_str)))
+        {
+            report.push(format!(
+                "{c}: the known circle {m:?} is gone or changed: take it off KNOWN_CIRCLES"
+            ));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "import circles between a crate's top-level modules (issue 32: one way, lower modules \
+         first; move the shared item down or name what the lower module needs by a trait it \
+         owns):\n{}",
+        report.join("\n")
+    );
+}
+
+/// Circles ipsan-target had at 7448b14 (registry ↔ conn: the registry kept `Weak<conn::Core>`
+/// for MC/S joining; config ↔ nvme; nvme ↔ server), written as its files had them: each is
+/// found, also through `super::` from a top-level module, `super::super::` from below one, a
+/// multi-line `use crate::{…}` and a path in a serde attribute's string.
+#[test]
+fn rejects_circles_between_top_level_modules_as_the_target_had_them() {
+    let src = Path::new("/r/src");
+    let files: Vec<(PathBuf, String)> = [
+        (
+            "lib.rs",
+            "mod config;\nmod conn;\nmod nvme;\nmod registry;\nmod server;\n",
+        ),
+        (
+            "registry.rs",
+            "struct E {\n    core: Option<std::sync::Weak<crate::conn::Core>>,\n}\n",
+        ),
+        ("conn.rs", "use crate::registry::Registry;\n"),
+        ("conn/login.rs", "use super::Shared;\n"),
+        (
+            "config/file.rs",
+            "#[serde(default, skip_serializing_if = \"crate::nvme::FileNvme::is_empty\")]\n",
+        ),
+        ("nvme/mod.rs", "use super::config::Config;\n"),
+        ("nvme/conn.rs", "use super::super::registry::Target;\n"),
+        (
+            "server.rs",
+            "use crate::{\n    config::Config,\n    nvme::NvmeServer,\n};\n",
+        ),
+        (
+            "nvme/listen.rs",
+            "fn f() { crate::server::listen(a, t); }\n",
+        ),
+    ]
+    .iter()
+    .map(|(p, t)| (src.join(p), t.to_string()))
+    .collect();
+    let graph = module_graph(src, &files);
+    assert_eq!(
+        circles(&graph),
+        vec![
+            vec!["config".to_string(), "nvme".into(), "server".into()],
+            vec!["conn".to_string(), "registry".into()],
+        ],
+        "{graph:?}"
+    );
+    assert!(
+        graph["nvme"].contains_key("registry"),
+        "super::super:: reaches the root"
+    );
+}
+
+/// What is no circle: one-way imports, a module's own submodules through `super::`, comments,
+/// doc links and test modules.
+#[test]
+fn accepts_one_way_imports_submodules_comments_and_test_modules() {
+    let src = Path::new("/r/src");
+    let files: Vec<(PathBuf, String)> = [
+        ("a.rs", "use crate::b::X;\nmod inner;\n"),
+        (
+            "a/inner.rs",
+            "use super::super::a::Y;\nuse super::Z;\nuse crate::a::W;\n",
+        ),
+        (
+            "b.rs",
+            "// crate::a::Y in a comment\n/// [`crate::a`] in a doc link\nfn f() {}\n\
+             #[cfg(test)]\nmod tests {\n    use crate::a::Z;\n    use super::super::a::V;\n}\n",
+        ),
+        ("b/c.rs", "use super::super::b::W;\nuse crate::c::Q;\n"),
+        ("c.rs", "fn g() -> u8 { 0 }\n"),
+    ]
+    .iter()
+    .map(|(p, t)| (src.join(p), t.to_string()))
+    .collect();
+    let graph = module_graph(src, &files);
+    assert!(circles(&graph).is_empty(), "false circles: {graph:?}");
+    assert_eq!(graph["a"].keys().collect::<Vec<_>>(), ["b"]);
+    assert_eq!(graph["b"].keys().collect::<Vec<_>>(), ["c"]);
+}

@@ -26,7 +26,9 @@
 //!   extent `ipsan_scsi::cdb::extent` reads from its CDB), the chunk layout and associated
 //!   data, `sealed_len`/`plain_len`.
 //! - `replay`: the anti-replay window.
-//! - [`session`]: [`SealSession`], which seals and opens whole commands in place.
+//! - [`session`]: [`SealSession`], which seals and opens whole commands in place, and says
+//!   which sealed lengths exist (`iscsi_proto::engine::target::SealedLengths`, the target
+//!   engine's sizing of a sealed command).
 //! - [`compress`]: compression before sealing (`X-org.ipsan.Compression`, LZ4 per chunk,
 //!   framing version 2; the sealing and opening are in `session`).
 //! - [`pool`]: [`CryptoPool`], worker threads whose futures the runtimes await.

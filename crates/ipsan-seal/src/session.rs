@@ -636,6 +636,19 @@ impl SealSession {
     }
 }
 
+/// The lengths the target engine's sizing rule asks of a sealed session
+/// (`Sizing::sealed`: a write's EDTL is its sealed transfer's length, a read's the longest
+/// form of its plaintext).
+impl iscsi_proto::engine::target::SealedLengths for SealSession {
+    fn accepts_write_len(&self, wire: usize) -> bool {
+        self.accepts_wire_len(wire)
+    }
+
+    fn accepts_read_len(&self, wire: usize) -> bool {
+        self.plain_len(wire).is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,5 +697,53 @@ mod tests {
         assert!(target.none_trailer(inline + 1).unwrap().is_some());
         let (_, aes) = pair(Cipher::Aes256Gcm);
         assert!(aes.none_trailer(4096).unwrap().is_none());
+    }
+
+    /// The target's sizing of a sealed command (`Sizing::sealed`, iscsi-proto) with a real
+    /// session's lengths: a sealed EDTL collects the sealed bytes and keeps the plaintext as
+    /// the transfer; an EDTL no plaintext seals to is refused, for writes and reads.
+    #[test]
+    fn accepts_sealed_edtls_and_rejects_others_in_the_target_sizing() {
+        use iscsi_proto::engine::target::{Response, Sizing};
+        let (_, target) = pair(Cipher::Aes256Gcm);
+        let size = |need: u64, edtl: usize| {
+            Sizing::<()> {
+                need,
+                ..Sizing::default()
+            }
+            .sealed(u32::try_from(edtl).unwrap(), &target)
+        };
+        let sealed = target.sealed_len(200_000).unwrap();
+        let s = size(200_000, sealed);
+        assert_eq!((s.need, s.transfer), (sealed as u64, Some(200_000)));
+        assert!(s.early.is_none());
+        let s = size(0, sealed);
+        assert_eq!((s.need, s.transfer), (0, Some(0)));
+        assert!(s.early.is_none());
+        // Three whole chunks and one byte more: the tags leave no plaintext that seals to it.
+        let gap = target.sealed_len(3 * 65536).unwrap() + 1;
+        assert!(target.plain_len(gap).is_none());
+        // INVALID FIELD IN COMMAND INFORMATION UNIT.
+        let refused = Some(Response::check(0x05, 0x0e, 0x03));
+        assert_eq!(size(200_000, gap).early, refused);
+        assert_eq!(
+            size(200_000, gap).need,
+            gap as u64,
+            "its data is collected first"
+        );
+        assert_eq!(size(0, gap).early, refused);
+        let (_, lz4) = pair(Cipher::Aes256Gcm);
+        let lz4 = lz4.with_compression(Compression::Lz4);
+        let shrunk = target.sealed_len(200_000).unwrap() / 2;
+        let s = Sizing::<()> {
+            need: 200_000,
+            ..Sizing::default()
+        }
+        .sealed(u32::try_from(shrunk).unwrap(), &lz4);
+        assert!(
+            s.early.is_none(),
+            "a compressed write's EDTL is any length from the shortest up"
+        );
+        assert_eq!(s.transfer, Some(200_000));
     }
 }

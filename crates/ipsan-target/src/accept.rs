@@ -1,4 +1,5 @@
-//! The accept loop every listener of the target runs, iSCSI and NVMe/TCP alike: take a
+//! The listening socket ([`listen`]) and the accept loop every listener of the target runs,
+//! iSCSI and NVMe/TCP alike: take a
 //! connection, hold it to the process-wide connection limit and the registry's per-address
 //! limit, and run it as a task of the server's connection set (reaped as it goes, drained at
 //! shutdown). One loop, so both front ends refuse the same way and count against the same
@@ -13,9 +14,32 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::registry::Registry;
+
+/// Binds a portal. TCP settings go on the listening socket before `listen`, so accepted
+/// connections inherit the buffers (and the window scale they allow) and the congestion
+/// control from the SYN on.
+pub(crate) fn listen(
+    addr: SocketAddr,
+    tcp: Option<&ipsan_tcp::TcpSettings>,
+) -> std::io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    if let Some(t) = tcp {
+        let in_force = t
+            .apply(&sock)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        info!(%addr, congestion = %in_force.congestion, sndbuf = in_force.sndbuf, rcvbuf = in_force.rcvbuf, notes = ?in_force.notes, "portal TCP settings");
+    }
+    sock.bind(addr)?;
+    sock.listen(1024)
+}
 
 /// What every accept loop of one server shares.
 #[derive(Clone)]

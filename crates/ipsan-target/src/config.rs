@@ -88,6 +88,7 @@ use serde::{Deserialize, Serialize};
 mod convert;
 mod file;
 mod flags;
+pub mod nvme;
 
 use convert::{chap_hosts, chap_policy, limits_from, lun_from, parse_portal, seal_settings};
 pub use convert::{check_iqn, seal_secret_from_file};
@@ -96,6 +97,13 @@ pub use file::{
     FileDiscovery, FileLun, FileSeal, FileSealInitiator, FileServer, FileTarget,
 };
 pub use flags::{apply_ceph_flags, chap_from_flags, chap_hosts_from_flags, luns_from_specs};
+
+/// Whether hosts on other machines may reach `addr`: every address but loopback (127.0.0.0/8,
+/// ::1, and ::ffff:127.0.0.0/104), so the wildcards 0.0.0.0 and :: are beyond loopback.
+#[must_use]
+pub fn beyond_loopback(addr: &SocketAddr) -> bool {
+    !addr.ip().to_canonical().is_loopback()
+}
 
 /// The default target IQN when none is given.
 pub const DEFAULT_IQN: &str = "iqn.2026-11.org.ipsan:disk0";
@@ -285,8 +293,8 @@ pub struct Config {
     /// `[server] seal_compress` / `--compress`: agree to compress Seal data (LZ4 per chunk,
     /// before sealing) when an initiator offers it (docs/seal.md §4b). Default false.
     pub seal_compress: bool,
-    /// NVMe/TCP: listeners and subsystem NQNs (`[nvme]`, crate::nvme); off by default.
-    pub nvme: crate::nvme::NvmeSettings,
+    /// NVMe/TCP: listeners and subsystem NQNs (`[nvme]`, [`nvme`]); off by default.
+    pub nvme: nvme::NvmeSettings,
     /// The file form this was validated from (`None` when built in code): what `ipsan ctl`
     /// edits and `ipsan ctl save` writes.
     pub source: Option<FileConfig>,
@@ -312,7 +320,7 @@ impl Default for Config {
             limits: crate::limits::Limits::default(),
             insecure_no_auth: false,
             seal_compress: false,
-            nvme: crate::nvme::NvmeSettings::default(),
+            nvme: nvme::NvmeSettings::default(),
             source: None,
         }
     }
@@ -424,7 +432,7 @@ impl Config {
                 luns,
             });
         }
-        c.nvme = crate::nvme::NvmeSettings::from_file(&f.nvme, &c.targets)?;
+        c.nvme = nvme::NvmeSettings::from_file(&f.nvme, &c.targets)?;
         c.validate()?;
         c.source = Some(f.clone());
         Ok(c)

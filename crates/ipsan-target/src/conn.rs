@@ -141,7 +141,7 @@ pub async fn serve(
     let seal = lock(&slot).take().map(Arc::new);
     // A login with the session's TSIH adds a connection to it (RFC 7143 §5.3.4); the login
     // directory checked whose session it is and that it has room.
-    let joining = shared.registry.joining(
+    let joining = shared.registry.joining::<Core>(
         &params.initiator_name,
         result.isid,
         params.target_name.as_deref(),

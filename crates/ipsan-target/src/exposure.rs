@@ -20,14 +20,8 @@ use std::net::SocketAddr;
 
 use ipsan_seal::SealPolicy;
 
+pub use crate::config::beyond_loopback;
 use crate::config::{Config, TargetConfig};
-
-/// Whether hosts on other machines may reach `addr`: every address but loopback (127.0.0.0/8,
-/// ::1, and ::ffff:127.0.0.0/104), so the wildcards 0.0.0.0 and :: are beyond loopback.
-#[must_use]
-pub fn beyond_loopback(addr: &SocketAddr) -> bool {
-    !addr.ip().to_canonical().is_loopback()
-}
 
 /// How `t` authenticates every host that logs in to it, or `None` when a host that declares
 /// an allowed name gets in without proving anything.

@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML file and command-line settings, validated up front (`config/`: the
-//!   file form, its conversion section by section, the command-line flags).
+//!   file form, its conversion section by section, the command-line flags, the `[nvme]` table).
 //! - [`exposure`]: a listener beyond loopback authenticates: the check at start and on
 //!   every live change.
 //! - [`limits`]: CHAP failure backoff, sessions per initiator, connections per address (pure).
@@ -44,6 +44,12 @@
 //!   the listeners and one driver per connection around `nvme_proto`'s queue machine and
 //!   controller, the registry's LUNs as namespaces on their `ipsan-block` backends.
 //! - `seal_ext`: Seal's login extension (the offer, the transcript it binds, the guess limit).
+//!
+//! Imports between these modules run one way (`tests/layers.rs` fails on a circle): at the
+//! bottom those that import none of the others (`limits`, `metrics`, `remote`, `remote_block`),
+//! then `config`, `exposure`, the `registry` (which holds a session's connection state and the
+//! NVMe side without naming their types: `SessionCore`, `NvmeSide`), `accept`, `seal_ext`,
+//! `conn`, `nvme`, `scrape`, `control`, and `server` at the top.
 
 mod accept;
 pub mod config;

@@ -221,7 +221,30 @@ struct SessionEntry {
     info: Arc<SessionInfo>,
     stats: Arc<SessionStats>,
     /// Its connections' shared state, for a login joining it (RFC 7143 §5.3.4).
-    core: Option<std::sync::Weak<crate::conn::Core>>,
+    core: Option<std::sync::Weak<dyn SessionCore>>,
+}
+
+/// A session's shared connection state as the registry keeps it, weakly, for a login joining
+/// the session (RFC 7143 §5.3.4; [`Registry::attach`], [`Registry::joining`]) and for `ipsan
+/// ctl sessions`: the connection driver's own type (`conn::Core`), named by this trait so the
+/// registry does not depend on the driver that depends on it.
+pub(crate) trait SessionCore: std::any::Any + Send + Sync {
+    /// How many connections the session has now.
+    fn connections(&self) -> usize;
+    /// Itself, for [`Registry::joining`] to hand back the driver's type.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// The NVMe/TCP side as the registry sees it, once it runs ([`Registry::nvme`]; `crate::nvme`
+/// registers itself): what a live change and a scrape ask of it. A trait here, so the registry
+/// does not depend on the NVMe front end that depends on it.
+pub(crate) trait NvmeSide: Send + Sync + std::fmt::Debug {
+    /// A live change's subsystem host lists (the rest of `[nvme]` applies at the next start).
+    fn apply_hosts(&self, settings: &crate::config::nvme::NvmeSettings, targets: &[TargetConfig]);
+    /// The `ipsan_nvme_*` series of a scrape.
+    fn render_metrics(&self, e: &mut crate::metrics::Exposition);
+    /// What `ipsan ctl nvme` prints.
+    fn status(&self) -> serde_json::Value;
 }
 
 /// What [`Registry::register`] hands a new session.
@@ -361,7 +384,7 @@ pub struct Registry {
     conns: Mutex<AddressConnections>,
     /// The NVMe/TCP side, when it runs (crate::nvme): its controllers and namespace counters
     /// for the metrics.
-    pub(crate) nvme: std::sync::OnceLock<Arc<crate::nvme::Shared>>,
+    pub(crate) nvme: std::sync::OnceLock<Arc<dyn NvmeSide>>,
 }
 
 #[derive(Debug, Default)]
@@ -789,13 +812,13 @@ impl Registry {
 
     /// Records the shared state of a registered session's connections, so a login with its
     /// TSIH can join it.
-    pub(crate) fn attach(
+    pub(crate) fn attach<C: SessionCore>(
         &self,
         initiator: &str,
         isid: [u8; 6],
         target: Option<&str>,
         tsih: u16,
-        core: &Arc<crate::conn::Core>,
+        core: &Arc<C>,
     ) {
         let key = SessionKey {
             initiator: initiator.to_owned(),
@@ -807,19 +830,20 @@ impl Registry {
             .get_mut(&key)
             .filter(|e| e.tsih == tsih)
         {
-            e.core = Some(Arc::downgrade(core));
+            let core: std::sync::Weak<C> = Arc::downgrade(core);
+            e.core = Some(core);
         }
     }
 
     /// The session a login with `tsih` joins: only the one of this initiator, ISID and target
     /// (RFC 7143 §5.3.4), and only while it runs.
-    pub(crate) fn joining(
+    pub(crate) fn joining<C: SessionCore>(
         &self,
         initiator: &str,
         isid: [u8; 6],
         target: Option<&str>,
         tsih: u16,
-    ) -> Option<Arc<crate::conn::Core>> {
+    ) -> Option<Arc<C>> {
         if tsih == 0 {
             return None;
         }
@@ -834,6 +858,7 @@ impl Registry {
             .filter(|e| e.tsih == tsih)
             .and_then(|e| e.core.as_ref())
             .and_then(std::sync::Weak::upgrade)
+            .and_then(|core| core.into_any().downcast::<C>().ok())
     }
 }
 

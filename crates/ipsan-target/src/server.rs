@@ -39,29 +39,6 @@ pub enum ServerError {
     Nvme(#[from] crate::nvme::NvmeError),
 }
 
-/// Binds a portal. TCP settings go on the listening socket before `listen`, so accepted
-/// connections inherit the buffers (and the window scale they allow) and the congestion
-/// control from the SYN on.
-pub(crate) fn listen(
-    addr: SocketAddr,
-    tcp: Option<&ipsan_tcp::TcpSettings>,
-) -> std::io::Result<TcpListener> {
-    let sock = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    sock.set_reuseaddr(true)?;
-    if let Some(t) = tcp {
-        let in_force = t
-            .apply(&sock)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        info!(%addr, congestion = %in_force.congestion, sndbuf = in_force.sndbuf, rcvbuf = in_force.rcvbuf, notes = ?in_force.notes, "portal TCP settings");
-    }
-    sock.bind(addr)?;
-    sock.listen(1024)
-}
-
 /// A target with its portals bound, ready to run.
 #[derive(Debug)]
 pub struct Server {
@@ -97,7 +74,7 @@ impl Server {
         };
         let mut listeners = Vec::new();
         for &addr in &config.portals {
-            let l = listen(addr, config.tcp.as_ref())
+            let l = crate::accept::listen(addr, config.tcp.as_ref())
                 .map_err(|source| ServerError::Bind { addr, source })?;
             listeners.push(l);
         }

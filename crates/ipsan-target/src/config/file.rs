@@ -19,9 +19,9 @@ pub struct FileConfig {
     pub discovery: FileDiscovery,
     #[serde(default)]
     pub target: Vec<FileTarget>,
-    /// `[nvme]`: NVMe/TCP listeners and subsystem names (crate::nvme::config).
-    #[serde(default, skip_serializing_if = "crate::nvme::FileNvme::is_empty")]
-    pub nvme: crate::nvme::FileNvme,
+    /// `[nvme]`: NVMe/TCP listeners and subsystem names (crate::config::nvme).
+    #[serde(default, skip_serializing_if = "super::nvme::FileNvme::is_empty")]
+    pub nvme: super::nvme::FileNvme,
 }
 
 /// `[server]`.

@@ -14,7 +14,7 @@ use iscsi_wire::{Header, Pdu};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tracing::{debug, warn};
 
-use super::Shared;
+use super::{Core, Shared};
 use crate::lock;
 use crate::registry::LoginDirectory;
 use crate::remote::RemoteNexus;
@@ -232,7 +232,7 @@ pub(super) async fn login_phase(
         if let (Outcome::FullFeature(result), true) = (&reply.outcome, req.tsih != 0) {
             // A connection joining a session: the window it sees is the session's, not one
             // counted from its Login's CmdSN (RFC 7143 §4.2.2.1, §11.13).
-            let core = shared.registry.joining(
+            let core = shared.registry.joining::<Core>(
                 &result.params.initiator_name,
                 result.isid,
                 result.params.target_name.as_deref(),
@@ -288,7 +288,7 @@ fn join_check(
     use iscsi_proto::login::{LoginFailure, LoginStatus};
     let core = shared
         .registry
-        .joining(
+        .joining::<Core>(
             &result.params.initiator_name,
             result.isid,
             result.params.target_name.as_deref(),

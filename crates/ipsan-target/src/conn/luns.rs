@@ -1,6 +1,6 @@
 //! What the target engine asks the driver while PDUs arrive ([`engine::LunDirectory`]): which
 //! LUNs exist and which are pass-throughs, how many data-out bytes a CDB needs (sealed bytes in
-//! a Seal session), and which targets and portals SendTargets lists ([`engine_text::Directory`],
+//! a Seal session, by the engine's `Sizing::sealed`), and which targets and portals SendTargets lists ([`engine_text::Directory`],
 //! from the registry). Sizing a command decodes its CDB, the one parse of it: the typed
 //! command travels with the engine's task to its execution (`execute.rs`).
 
@@ -10,7 +10,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ipsan_scsi::{decode_lun, CommandInfo, DataDirection, LogicalUnit, ScsiResponse};
 use ipsan_seal::SealSession;
-use iscsi_proto::engine::residual;
 use iscsi_proto::engine::target as engine;
 use iscsi_proto::engine::text as engine_text;
 
@@ -92,35 +91,18 @@ impl engine::LunDirectory<CommandInfo> for Luns<'_> {
         let need = decoded
             .filter(|i| i.direction == DataDirection::Write)
             .map_or(0, |i| i.data_out_len);
-        // In a Seal session data travels sealed: EDTL and every offset count sealed bytes.
-        // Sealed data cannot be cut, so a write's whole sealed EDTL is collected, opened, and
-        // the overflow rules applied to the plaintext against what the CDB transfers
-        // (`transfer`, iscsi_proto::engine::residual), as in a plain session. An EDTL that is
-        // no sealed length of any plaintext is refused (INVALID FIELD IN COMMAND IU).
-        let Some(seal) = self.seal.filter(|_| early.is_none() && edtl > 0) else {
-            return engine::Sizing {
-                need,
-                early,
-                transfer: None,
-                decoded,
-            };
-        };
-        // A write's EDTL is its sealed transfer's length: with compression any length from
-        // the shortest transfer up (docs/seal.md §4b); a read's is the longest form.
-        let valid = if need > 0 {
-            seal.accepts_wire_len(edtl as usize)
-        } else {
-            seal.plain_len(edtl as usize).is_some()
-        };
-        if !valid {
-            let (k, asc, ascq) = residual::REFUSED_SENSE;
-            early = Some(engine::Response::check(k, asc, ascq));
-        }
-        engine::Sizing {
-            need: if need > 0 { u64::from(edtl) } else { 0 },
+        let sizing = engine::Sizing {
+            need,
             early,
-            transfer: Some(need),
+            transfer: None,
             decoded,
+        };
+        // In a Seal session EDTL and every offset count sealed bytes: the engine's rule
+        // (`Sizing::sealed`) collects a write's whole sealed EDTL and refuses an EDTL that
+        // is no sealed length.
+        match self.seal {
+            Some(seal) => sizing.sealed(edtl, seal),
+            None => sizing,
         }
     }
 }

@@ -301,3 +301,15 @@ impl<'a> Eng<'a> {
         self.g.remove(self.s.id, Instant::now(), &luns);
     }
 }
+
+/// What the registry keeps of a session (`crate::registry::SessionCore`): it joins logins to
+/// it and counts its connections without depending on this driver.
+impl crate::registry::SessionCore for Core {
+    fn connections(&self) -> usize {
+        Core::connections(self)
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}

@@ -3,9 +3,10 @@
 //! same registry and block backends. The protocol is `nvme_proto`'s (the queue machine and the
 //! controller, sans-IO); this module holds sockets, timers and wake-ups.
 //!
-//! - `config`: the `[nvme]` table (listeners, in-capsule size, subsystem NQNs), the NQN
-//!   derived from a target's IQN, and the exposure rule (a listener beyond loopback must
-//!   authenticate: refused until DH-HMAC-CHAP/TLS are configured).
+//! - `config` (`crate::config::nvme`, part of the configuration below the registry): the
+//!   `[nvme]` table (listeners, in-capsule size, subsystem NQNs), the NQN derived from a
+//!   target's IQN, and the exposure rule (a listener beyond loopback must authenticate:
+//!   refused until DH-HMAC-CHAP/TLS are configured).
 //! - `subsystems`: the registry's targets as subsystems, LUN n as namespace n + 1 on the
 //!   LU's own backend, and the discovery log's entries.
 //! - `conn`: one connection: the queue machine, the connection's controller queue, block
@@ -20,7 +21,7 @@
 //! `AuthPolicy` (set in [`NvmeServer::bind`]). The place for TLS (NL's `nvme-tls`) is
 //! `NvmeServer::run`'s accept loop, before `conn::serve`.
 
-pub mod config;
+pub use crate::config::nvme as config;
 mod conn;
 mod resv;
 mod stats;
@@ -433,7 +434,7 @@ impl NvmeServer {
             .then(|| Arc::new(dhchap.clone()) as Arc<dyn controller::AuthPolicy>);
         let mut listeners = Vec::new();
         for &addr in &settings.listen {
-            let l = crate::server::listen(addr, tcp)
+            let l = crate::accept::listen(addr, tcp)
                 .map_err(|source| NvmeError::Bind { addr, source })?;
             listeners.push(l);
         }

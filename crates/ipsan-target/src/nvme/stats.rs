@@ -268,3 +268,23 @@ impl Shared {
         })
     }
 }
+
+/// What the registry asks of the NVMe/TCP side ([`crate::registry::NvmeSide`]: the registry
+/// holds it without depending on this module).
+impl crate::registry::NvmeSide for Shared {
+    fn apply_hosts(
+        &self,
+        settings: &crate::config::nvme::NvmeSettings,
+        targets: &[crate::config::TargetConfig],
+    ) {
+        Shared::apply_hosts(self, settings, targets);
+    }
+
+    fn render_metrics(&self, e: &mut crate::metrics::Exposition) {
+        Shared::render_metrics(self, e);
+    }
+
+    fn status(&self) -> serde_json::Value {
+        Shared::status(self)
+    }
+}

@@ -15,11 +15,20 @@
 //!   login), reinstated (same CID) and logged out one at a time. At ErrorRecoveryLevel 1 a
 //!   connection answers SNACK from the completed tasks it keeps until their status is
 //!   acknowledged; at level 2 a failed connection's tasks stay in the session for TASK REASSIGN
-//!   (`target/recovery.rs`, `target/session/orphans.rs`).
+//!   (`target/recovery.rs`, `target/session/orphans.rs`). One concern per file: `target.rs`
+//!   the types, the connection's state, its inputs and outputs; `target/write.rs` a SCSI
+//!   Command and its data-out (R2T, Data-Out); `target/status.rs` Data-In and status;
+//!   `target/tmf.rs` task management; `target/requests.rs` NOP-Out, Text, Logout;
+//!   `target/sealed.rs` a Seal session's sizing of a command; `target/tests.rs`.
 //! - [`initiator`]: the initiator's connection: the CmdSN window as seen from the initiator,
 //!   command submission with immediate and unsolicited data, R2T checking and answering,
 //!   Data-In reassembly, task management, command timeouts (ABORT TASK, then LOGICAL UNIT
-//!   RESET, then the connection), NOP-Out keepalive, logout.
+//!   RESET, then the connection), NOP-Out keepalive, logout. One concern per file:
+//!   `initiator.rs` the types, the connection's state, its inputs and outputs;
+//!   `initiator/write.rs` submission, the SCSI Command, R2T and Data-Out; `initiator/read.rs`
+//!   Data-In and the SCSI Response; `initiator/tmf.rs` task management, timeouts, logout;
+//!   `initiator/recovery.rs` ErrorRecoveryLevel 2's moved tasks and TASK REASSIGN;
+//!   `initiator/tests.rs`.
 //! - [`session`]: the initiator's session above its connection: the task table that outlives
 //!   one connection (each task's CDB, LUN and data as `Bytes`), ITTs unique across the
 //!   session's connections, and session recovery's reissue policy (RFC 7143 §6.3.5: which

@@ -1,4 +1,6 @@
 use super::*;
+use crate::chap;
+use crate::params::SessionType;
 use iscsi_wire::text;
 
 #[derive(Debug, Default)]

@@ -504,7 +504,7 @@ pub fn check_exposure(config: &Config) -> Result<Option<String>, NvmeExposureErr
         .listen
         .iter()
         .copied()
-        .filter(crate::exposure::beyond_loopback)
+        .filter(crate::config::beyond_loopback)
         .collect();
     // Every host proves a DH-HMAC-CHAP secret, or every connection is keyed by a host's TLS PSK.
     if beyond.is_empty() || config.nvme.auth_required() || config.nvme.tls == TlsMode::Required {

@@ -1,0 +1,251 @@
+//! A command out on the initiator's connection: submission, the CmdSN window (RFC 7143
+//! §4.2.2.1), the SCSI Command with its immediate data and unsolicited Data-Out (§4.2.5.1,
+//! §13.10, §13.14), and R2Ts checked and answered with Data-Out (§11.8, §11.7).
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use iscsi_wire::header::{DataOut, R2t, ScsiCommand, TaskAttr};
+use iscsi_wire::{Opcode, Pdu, RESERVED_TAG};
+
+use super::{Command, Connection, Data, Phase, SubmitError, Task};
+use crate::engine::Violation;
+use crate::seq::{sn_le, sn_lt};
+
+impl Connection {
+    /// Submits a command; it leaves as soon as the window allows.
+    pub fn submit(&mut self, now: Instant, cmd: Command) -> Result<u32, SubmitError> {
+        let itt = self.alloc_itt();
+        self.submit_as(now, itt, cmd)
+    }
+
+    /// Submits a command under an ITT from [`Connection::alloc_itt`].
+    pub fn submit_as(&mut self, now: Instant, itt: u32, cmd: Command) -> Result<u32, SubmitError> {
+        if let Some(e) = self.closed {
+            return Err(SubmitError::Closed(e));
+        }
+        if self.logout_asked || self.logout.is_some() {
+            return Err(SubmitError::LogoutRequested);
+        }
+        if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
+            return Err(SubmitError::Invalid);
+        }
+        if !self.reserved.is_empty() {
+            self.reserved.remove(&itt);
+        }
+        let write_bit = matches!(cmd.data, Data::Write(_));
+        let (write, read, read_len) = match cmd.data {
+            Data::None => (Bytes::new(), None, 0),
+            Data::Write(b) => {
+                if u32::try_from(b.len()).is_err() {
+                    return Err(SubmitError::Invalid);
+                }
+                (b, None, 0)
+            }
+            Data::Read { mut buf, len } => {
+                // Data-In arrives in order (DataPDUInOrder=Yes) and is appended: no memset of
+                // the whole buffer ahead of the data, and nothing stale can leak.
+                buf.clear();
+                buf.reserve(len as usize);
+                (Bytes::new(), Some(buf), len)
+            }
+        };
+        let deadline = self
+            .command_timeout
+            .filter(|_| cmd.timed)
+            .map(|limit| now + limit);
+        if let Some(d) = deadline {
+            self.deadlines.push_back((d, itt));
+        }
+        self.tasks.insert(
+            itt,
+            Task {
+                lun: cmd.lun,
+                cdb: cmd.cdb,
+                write,
+                write_bit,
+                read,
+                read_len,
+                received: 0,
+                next_data_sn: 0,
+                next_r2t_sn: 0,
+                unsent_r2ts: Vec::new(),
+                solicited: Vec::new(),
+                phase: Phase::Queued,
+                deadline,
+                timed_out: false,
+                reassigned: false,
+                reassigns: 0,
+            },
+        );
+        self.queued.push_back(itt);
+        self.flush_queued();
+        Ok(itt)
+    }
+
+    /// Sends queued commands while the window is open.
+    pub(super) fn flush_queued(&mut self) {
+        while self.closed.is_none() && sn_le(self.cmd_sn, self.max_cmd_sn) {
+            let Some(itt) = self.queued.pop_front() else {
+                return;
+            };
+            let cmd_sn = self.cmd_sn;
+            self.cmd_sn = self.cmd_sn.wrapping_add(1);
+            self.send_command(itt, cmd_sn);
+        }
+    }
+
+    /// The command PDU with its immediate data, then unsolicited Data-Out (§4.2.5.1).
+    pub(super) fn send_command(&mut self, itt: u32, cmd_sn: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        t.phase = Phase::Sent(cmd_sn);
+        let p = &self.params;
+        let seg = p.target_max_recv_data_segment_length.max(512) as usize;
+        let first_burst = p.first_burst_length as usize;
+        let total = t.write.len();
+        let imm = if p.immediate_data {
+            total.min(first_burst).min(seg)
+        } else {
+            0
+        };
+        let unsolicited_end = if p.initial_r2t {
+            imm
+        } else {
+            total.min(first_burst)
+        };
+        let edtl = u32::try_from(total).unwrap_or(u32::MAX).max(t.read_len);
+        t.solicited.push((0, unsolicited_end as u32));
+        self.out.push_back(Pdu::new(
+            ScsiCommand {
+                immediate: false,
+                final_: unsolicited_end == imm,
+                // The R and W bits say what the caller asked for, even for 0 bytes (§11.3.1).
+                read: t.read.is_some(),
+                write: t.write_bit,
+                attr: TaskAttr::SIMPLE,
+                lun: t.lun,
+                itt,
+                expected_data_transfer_length: edtl,
+                cmd_sn,
+                exp_stat_sn: 0,
+                cdb: t.cdb,
+            },
+            t.write.slice(..imm),
+        ));
+        let mut off = imm;
+        let mut data_sn = 0u32;
+        while off < unsolicited_end {
+            let end = (off + seg).min(unsolicited_end);
+            self.out.push_back(Pdu::new(
+                DataOut {
+                    final_: end == unsolicited_end,
+                    lun: t.lun,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    exp_stat_sn: 0,
+                    data_sn,
+                    buffer_offset: off as u32,
+                },
+                t.write.slice(off..end),
+            ));
+            data_sn = data_sn.wrapping_add(1);
+            off = end;
+        }
+    }
+
+    /// Checks an R2T against RFC 7143 §11.8 and the negotiated limits, then answers it with
+    /// Data-Out PDUs of at most the target's MaxRecvDataSegmentLength (slices of the write
+    /// buffer, no copy).
+    pub(super) fn on_r2t(&mut self, now: Instant, h: &R2t) {
+        let max_burst = self.params.max_burst_length;
+        let max_outstanding = self.params.max_outstanding_r2t.max(1);
+        let seg = self.params.target_max_recv_data_segment_length.max(512);
+        let Some(t) = self.live_task(Opcode::R2T, h.itt) else {
+            return;
+        };
+        let (off, len) = (h.buffer_offset, h.desired_data_transfer_length);
+        let total = u32::try_from(t.write.len()).unwrap_or(u32::MAX);
+        let end = u64::from(off) + u64::from(len);
+        let check = if t.write.is_empty() {
+            Err(Violation::R2tWithoutWrite)
+        } else if h.ttt == RESERVED_TAG {
+            Err(Violation::R2tReservedTag)
+        } else if len == 0 || end > u64::from(total) {
+            Err(Violation::R2tOutsideWrite {
+                offset: off,
+                len,
+                total,
+            })
+        } else if len > max_burst {
+            Err(Violation::R2tOverBurst {
+                len,
+                max: max_burst,
+            })
+        } else if if t.reassigned {
+            // Recovery R2Ts number on from the last R2T the target sent, which may have been
+            // lost with the failed connection (RFC 7143 §7.2.2): only never backwards.
+            sn_lt(h.r2t_sn, t.next_r2t_sn)
+        } else {
+            h.r2t_sn != t.next_r2t_sn
+        } {
+            Err(Violation::R2tSn {
+                expected: t.next_r2t_sn,
+                got: h.r2t_sn,
+            })
+        } else if t.unsent_r2ts.iter().any(|(ttt, _)| *ttt == h.ttt) {
+            Err(Violation::R2tDuplicateTag { ttt: h.ttt })
+        } else if t.unsent_r2ts.len() as u32 >= max_outstanding {
+            // The target cannot have seen the data of these yet: it has more than
+            // MaxOutstandingR2T outstanding (§13.17).
+            Err(Violation::R2tOutstanding {
+                max: max_outstanding,
+            })
+        } else if t
+            .solicited
+            .iter()
+            .any(|&(o, l)| off < o.saturating_add(l) && o < off.saturating_add(len))
+        {
+            Err(Violation::R2tOverlap { offset: off, len })
+        } else {
+            Ok(())
+        };
+        if let Err(v) = check {
+            self.abandon(now, h.itt, v);
+            return;
+        }
+        t.next_r2t_sn = h.r2t_sn.wrapping_add(1);
+        t.solicited.push((off, len));
+        let pdus = len.div_ceil(seg);
+        t.unsent_r2ts.push((h.ttt, pdus));
+        let (lun, write) = (t.lun, t.write.clone());
+        let mut pos = off;
+        let mut data_sn = 0u32;
+        let stop = off + len;
+        while pos < stop {
+            let e = (pos + seg).min(stop);
+            self.out.push_back(Pdu::new(
+                DataOut {
+                    final_: e == stop,
+                    lun,
+                    itt: h.itt,
+                    ttt: h.ttt,
+                    exp_stat_sn: 0,
+                    data_sn,
+                    buffer_offset: pos,
+                },
+                write.slice(pos as usize..e as usize),
+            ));
+            data_sn = data_sn.wrapping_add(1);
+            pos = e;
+        }
+    }
+
+    /// The last Data-Out answering `ttt` left: that R2T is no longer ours to answer.
+    pub(super) fn r2t_answered(&mut self, itt: u32, ttt: u32) {
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.unsent_r2ts.retain(|(x, _)| *x != ttt);
+        }
+    }
+}

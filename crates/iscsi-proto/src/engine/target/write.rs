@@ -1,0 +1,231 @@
+//! A SCSI Command and its data-out on the target's connection: the CDB assembled (Extended
+//! CDB AHS, RFC 7143 §11.2.2.3), the command sized by the driver's [`LunDirectory`], its
+//! immediate and unsolicited data, R2Ts (§11.8) and Data-Out (§11.7) until the data phase is
+//! over, then [`Event::Execute`].
+
+use bytes::Bytes;
+use iscsi_wire::header::{DataOut, R2t, RejectReason, ScsiCommand};
+
+use super::{Collect, Connection, Event, Execute, LunDirectory, Response, Sizing, Task, TaskState};
+use crate::engine::r2t::{DataError, R2tPlan, WriteState};
+
+impl<D> Connection<D> {
+    /// One R2T per plan of task `itt` (RFC 7143 §11.8): the first ones of a write, or a
+    /// recovery's again (§7.2.2).
+    pub(super) fn send_r2ts(&mut self, lun: u64, itt: u32, plans: Vec<R2tPlan>) {
+        for p in plans {
+            self.send(R2t {
+                lun,
+                itt,
+                ttt: p.ttt,
+                r2t_sn: p.r2t_sn,
+                buffer_offset: p.offset,
+                desired_data_transfer_length: p.len,
+                ..R2t::default()
+            });
+        }
+    }
+
+    pub(super) fn on_command(
+        &mut self,
+        dir: &dyn LunDirectory<D>,
+        cmd: ScsiCommand,
+        ahs: &Bytes,
+        data: Bytes,
+        raw: &[u8; 48],
+    ) {
+        if !self.admit(cmd.cmd_sn, cmd.immediate, true) {
+            return;
+        }
+        let counted = !cmd.immediate;
+        let refuse = |s: &mut Self, reason| {
+            s.reject(reason, raw);
+            if counted {
+                s.window.complete();
+            }
+        };
+        if self.tasks.contains_key(&cmd.itt) {
+            // A task tag is unique among the session's active tasks (§11.2.1.8).
+            return refuse(self, RejectReason::INVALID_PDU_FIELD);
+        }
+        let Some(cdb) = assemble_cdb(&cmd, ahs) else {
+            return refuse(self, RejectReason::PROTOCOL_ERROR);
+        };
+        let edtl = cmd.expected_data_transfer_length;
+        let Sizing {
+            need,
+            mut early,
+            transfer,
+            decoded,
+        } = if dir.passthrough(cmd.lun) {
+            Sizing {
+                need: if cmd.write { u64::from(edtl) } else { 0 },
+                ..Sizing::default()
+            }
+        } else {
+            dir.size(cmd.itt, cmd.lun, &cdb, edtl)
+        };
+        let need = if need > self.max_command_bytes {
+            // INVALID FIELD IN CDB: no buffer this large on a CDB's say-so.
+            early = Some(Response::check(0x05, 0x24, 0x00));
+            0
+        } else {
+            need
+        };
+        let transfer = transfer.unwrap_or(need);
+        if !cmd.write {
+            if !data.is_empty() {
+                // Immediate data on a command without the W bit (§11.3.1).
+                return refuse(self, RejectReason::PROTOCOL_ERROR);
+            }
+            self.tasks.insert(
+                cmd.itt,
+                Task {
+                    lun: cmd.lun,
+                    counted,
+                    edtl,
+                    need,
+                    state: TaskState::Running { aborted: false },
+                },
+            );
+            self.events.push_back(Event::Execute(Execute {
+                itt: cmd.itt,
+                lun: cmd.lun,
+                cdb,
+                data_out: Bytes::new(),
+                edtl,
+                need,
+                transfer,
+                early,
+                write_without_w: need > 0,
+                read: cmd.read,
+                write: false,
+                decoded,
+            }));
+            return;
+        }
+        let need32 = u32::try_from(need).unwrap_or(u32::MAX);
+        let write = match WriteState::new(&self.params, &cmd, data, need32) {
+            Ok(w) => w,
+            Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
+        };
+        self.tasks.insert(
+            cmd.itt,
+            Task {
+                lun: cmd.lun,
+                counted,
+                edtl,
+                need,
+                state: TaskState::Collecting(Box::new(Collect {
+                    cdb,
+                    decoded,
+                    need,
+                    transfer,
+                    early,
+                    write,
+                    read: cmd.read,
+                })),
+            },
+        );
+        self.solicit(cmd.itt);
+    }
+
+    /// Sends the R2Ts a collecting task may have outstanding now, or starts it when its data
+    /// is all here.
+    pub(super) fn solicit(&mut self, itt: u32) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let lun = task.lun;
+        let TaskState::Collecting(c) = &mut task.state else {
+            return;
+        };
+        let ttt = &mut self.ttt;
+        let plans = c.write.plan_r2ts(|| ttt.next_tag());
+        let complete = c.write.is_complete();
+        self.send_r2ts(lun, itt, plans);
+        if complete {
+            self.start(itt, None);
+        }
+    }
+
+    /// The data phase is over: hand the command to the driver.
+    pub(super) fn start(&mut self, itt: u32, fail: Option<Response>) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let lun = task.lun;
+        let state = std::mem::replace(&mut task.state, TaskState::Running { aborted: false });
+        let TaskState::Collecting(c) = state else {
+            task.state = state;
+            return;
+        };
+        let edtl = c.write.edtl();
+        self.events.push_back(Event::Execute(Execute {
+            itt,
+            lun,
+            cdb: c.cdb,
+            data_out: c.write.into_data(),
+            edtl,
+            need: c.need,
+            transfer: c.transfer,
+            early: fail.or(c.early),
+            write_without_w: false,
+            read: c.read,
+            write: true,
+            decoded: c.decoded,
+        }));
+    }
+
+    pub(super) fn on_data_out(&mut self, h: &DataOut, data: &[u8], raw: &[u8; 48]) {
+        let result = match self.tasks.get_mut(&h.itt) {
+            Some(Task {
+                state: TaskState::Collecting(c),
+                ..
+            }) => c.write.on_data_out(h, data),
+            Some(_) => Err(DataError("Data-Out for a command past its data phase")),
+            None => {
+                if !self.aborted.contains(&h.itt) {
+                    self.reject(RejectReason::INVALID_PDU_FIELD, raw);
+                }
+                return;
+            }
+        };
+        match result {
+            Ok(()) => self.solicit(h.itt),
+            Err(_) => {
+                self.reject(RejectReason::PROTOCOL_ERROR, raw);
+                // ERL 0 cannot repair a data phase: the command ends with CHECK CONDITION,
+                // ABORTED COMMAND / DATA PHASE ERROR (4Bh/00h) once the PDUs in flight for it
+                // are dropped.
+                if matches!(
+                    self.tasks.get(&h.itt).map(|t| &t.state),
+                    Some(TaskState::Collecting(_))
+                ) {
+                    self.remember_aborted(h.itt);
+                    self.start(h.itt, Some(Response::check(0x0b, 0x4b, 0x00)));
+                }
+            }
+        }
+    }
+}
+
+/// The CDB: 16 bytes in the BHS, continued in an Extended CDB AHS (§11.2.2.3).
+pub(super) fn assemble_cdb(cmd: &ScsiCommand, ahs: &Bytes) -> Option<Vec<u8>> {
+    let mut cdb = cmd.cdb.to_vec();
+    let mut rest = &ahs[..];
+    while rest.len() >= 4 {
+        let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+        let kind = rest[2];
+        let total = iscsi_wire::pad4(3 + len);
+        if total > rest.len() || len == 0 {
+            return None;
+        }
+        if kind == 1 {
+            // AHSLength counts the reserved byte plus the CDB continuation.
+            cdb.extend_from_slice(&rest[4..3 + len]);
+        }
+        rest = &rest[total..];
+    }
+    Some(cdb)
+}
