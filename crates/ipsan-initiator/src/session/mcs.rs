@@ -169,6 +169,17 @@ impl McsConn {
     }
 }
 
+/// The minimum retransmission timeout of each connection's socket
+/// ([`ipsan_tcp::set_rto_min`]; Linux's default is 200 ms). The target runs the session's
+/// commands in one CmdSN order (RFC 7143 §4.2.2.1), so a command lost on one connection holds
+/// every later command of every connection until TCP resends it. A read's command is a lone
+/// small segment (its data comes the other way), which Linux resends only at its RTO (the
+/// smoothed RTT plus at least the minimum) or a tail loss probe (2 × SRTT + the minimum),
+/// whichever is first: the whole session stood still ~300 ms per lost command at 64 ms RTT,
+/// 1–6 times in 10 s at 0.1 % loss; with 20 ms a lost lone request costs ~110 ms
+/// (docs/results/mcs-sweep-3). A fast link's RTO stays far above its round trip's jitter.
+pub(crate) const COMMAND_RTO_MIN: Duration = Duration::from_millis(20);
+
 /// How often, at most, [`Spread::LeastQueued`] reads every connection's `TCP_INFO`.
 const QUEUE_PROBE_EVERY: Duration = Duration::from_millis(1);
 
