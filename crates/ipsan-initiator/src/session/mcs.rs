@@ -1016,7 +1016,9 @@ impl McsSession {
                                 itt = info.itt,
                                 "seal: a reassigned read's Data-In was sealed for its failed connection (stale, not forged): read again"
                             );
-                            Attempt::Again("a reassigned read's data was sealed for the failed connection")
+                            Attempt::Again(
+                                "a reassigned read's data was sealed for the failed connection",
+                            )
                         }
                         Adopted::Forged => {
                             tracing::warn!(
