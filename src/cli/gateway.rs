@@ -216,6 +216,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 .and(args.conn.password_file.clone()),
             chap_relay: args.chap_relay,
             connections: Some(args.connections),
+            error_recovery_level: Some(args.error_recovery_level),
             ..FileLun::new(*id, format!("{base}/{id}"))
         })
         .collect();
@@ -307,7 +308,6 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 };
                 spec.compress = args.conn.compress;
                 spec.spread = args.spread;
-                spec.error_recovery_level = args.error_recovery_level;
                 l.remote = Some(Arc::new(spec));
             }
         }

@@ -176,8 +176,10 @@ fn binding(cmd: CommandInfo) -> Binding {
 
 /// The error a caller sees for data that failed to open: the same sense triple the target
 /// uses (docs/seal.md §5), so callers handle both alike. No data is returned.
-fn refused(e: &ipsan_seal::OpenError) -> Error {
-    tracing::warn!("seal: data-in refused: {e}");
+fn refused(e: &ipsan_seal::OpenError, log: bool) -> Error {
+    if log {
+        tracing::warn!("seal: data-in refused: {e}");
+    }
     Error::Scsi {
         status: ipsan_seal::sense::STATUS,
         sense: Some(Sense::new(
@@ -221,6 +223,17 @@ impl PayloadTransform for SealTransform {
     }
 
     fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
+        self.open(cmd, data, true)
+    }
+
+    fn inbound_quiet(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
+        self.open(cmd, data, false)
+    }
+}
+
+impl SealTransform {
+    /// Opens a read's data; `log`: a refusal is logged as the forgery it may be.
+    fn open(&self, cmd: CommandInfo, data: BytesMut, log: bool) -> TransformFuture<BytesMut> {
         let session = self.session.clone();
         let pool = self.pool.clone();
         Box::pin(async move {
@@ -229,7 +242,7 @@ impl PayloadTransform for SealTransform {
                 Some(pool) => pool.open(&session, b, data).await,
                 None => session.open(&b, data),
             };
-            plain.map(BytesMut::from).map_err(|e| refused(&e))
+            plain.map(BytesMut::from).map_err(|e| refused(&e, log))
         })
     }
 }

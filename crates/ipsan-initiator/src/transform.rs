@@ -69,6 +69,13 @@ pub trait PayloadTransform: Send + Sync + std::fmt::Debug {
     /// Inbound data as reassembled from Data-In (possibly shorter than the EDTL when the
     /// target sent less): returns what the caller sees.
     fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut>;
+    /// [`PayloadTransform::inbound`] without reporting a refusal: for data its caller knows may
+    /// have been made under other keys, and which it then tells apart itself (a read adopted
+    /// by TASK REASSIGN at ErrorRecoveryLevel 2 may bring Data-In the target sealed for the
+    /// failed connection). Refuses exactly what `inbound` refuses. The default is `inbound`.
+    fn inbound_quiet(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
+        self.inbound(cmd, data)
+    }
 }
 
 /// The identity transform: what `seal=none` means, and a reference for implementors.

@@ -495,7 +495,7 @@ impl Config {
                             return Err(err(
                                 format!("target[{i}].lun[{j}]"),
                                 format!(
-                                    "LUNs reaching {} must share seal, depth, tcp_congestion, chap and connections settings",
+                                    "LUNs reaching {} must share seal, depth, tcp_congestion, chap, connections and error_recovery_level settings",
                                     r.target_key()
                                 ),
                             ));
@@ -675,6 +675,44 @@ backend = "iscsi://10.231.0.2:3260/iqn.2026-11.org.ipsan:disk0/1"
         // A LUN the gateway does not list still goes to the mirrored remote target.
         assert_eq!(t.remote_route(7).map(|(_, l)| l), Some(7));
         assert_eq!(t.remote_targets().len(), 1);
+    }
+
+    #[test]
+    fn accepts_a_remote_luns_error_recovery_level_and_rejects_1_or_one_on_a_local_lun() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key_file(dir.path());
+        let both = |lun0: &str, lun1: &str| {
+            remote_toml(&k, "").replace(
+                "depth = 8\n[[target.lun]]",
+                &format!("depth = 8\n{lun0}\n[[target.lun]]"),
+            ) + &format!(
+                "seal = \"aes-256-gcm\"\nsecret_file = \"{}\"\ndepth = 8\n{lun1}\n",
+                k.display()
+            )
+        };
+        let erl = |toml: &str| -> Vec<u32> {
+            Config::from_toml(toml).unwrap().targets[0]
+                .luns
+                .iter()
+                .map(|l| l.remote.as_ref().unwrap().error_recovery_level)
+                .collect()
+        };
+        assert_eq!(erl(&both("", "")), [2, 2], "the default, as --erl's");
+        let zero = "error_recovery_level = 0";
+        assert_eq!(erl(&both(zero, zero)), [0, 0]);
+        let e = Config::from_toml(&both(
+            "error_recovery_level = 1",
+            "error_recovery_level = 1",
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("must be 0 or 2"), "{e}");
+        let e = Config::from_toml(&both(zero, "")).unwrap_err();
+        assert!(e.to_string().contains("must share"), "{e}");
+        let e = Config::from_toml(
+            "[[target]]\niqn = \"iqn.2026-11.org.ipsan:gw\"\n[[target.lun]]\nid = 0\nbackend = \"mem:1MiB\"\nerror_recovery_level = 2\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("iscsi:// backends only"), "{e}");
     }
 
     #[test]

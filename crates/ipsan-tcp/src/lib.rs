@@ -21,6 +21,8 @@
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
 //! sockets alike (anything that is `AsFd`).
 
+use std::os::fd::{AsFd, AsRawFd};
+
 pub mod bpf;
 pub mod bulk;
 pub mod error;
@@ -32,6 +34,33 @@ pub mod vectored;
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
 pub use settings::{available_congestion_controls, BufSize, InForce, Link, TcpSettings};
+
+/// Sets the socket's minimum retransmission timeout (`TCP_RTO_MIN_US`, Linux 6.15; the
+/// kernel's default is 200 ms, `net.ipv4.tcp_rto_min_us`). A lone unacknowledged segment (a
+/// small request with nothing sent after it, so no duplicate ACK can report its loss) is
+/// resent at the RTO (the smoothed RTT plus at least this) or by a tail loss probe (2 × SRTT
+/// plus this), whichever comes first. Fails on older kernels (`ENOPROTOOPT`); callers that
+/// only gain from it go on without.
+pub fn set_rto_min<S: AsFd>(socket: &S, min: std::time::Duration) -> Result<(), TcpError> {
+    let us = u32::try_from(min.as_micros()).map_err(|_| TcpError::InvalidSetting {
+        what: "minimum RTO",
+        value: format!("{min:?}"),
+        reason: "too large".into(),
+    })?;
+    sys::set_rto_min_us(socket.as_fd().as_raw_fd(), us).map_err(|source| TcpError::Socket {
+        op: "setsockopt(TCP_RTO_MIN_US)",
+        source,
+    })
+}
+
+/// The socket's minimum retransmission timeout (`TCP_RTO_MIN_US`).
+pub fn rto_min<S: AsFd>(socket: &S) -> Result<std::time::Duration, TcpError> {
+    let us = sys::rto_min_us(socket.as_fd().as_raw_fd()).map_err(|source| TcpError::Socket {
+        op: "getsockopt(TCP_RTO_MIN_US)",
+        source,
+    })?;
+    Ok(std::time::Duration::from_micros(u64::from(us)))
+}
 
 /// What a socket has after [`TcpSettings::apply`], and its `TCP_INFO` at that moment: the
 /// record bench and lab results carry per connection.
@@ -59,4 +88,29 @@ pub fn to_json_compact<T: serde::Serialize>(value: &T) -> Result<String, TcpErro
         value: String::new(),
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod rto_min_tests {
+    use std::time::Duration;
+
+    #[test]
+    fn sets_and_reads_back_the_minimum_rto() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        match super::set_rto_min(&s, Duration::from_millis(20)) {
+            Err(crate::TcpError::Socket { source, .. })
+                if source.raw_os_error() == Some(libc::ENOPROTOOPT) =>
+            {
+                eprintln!("skipped: this kernel has no TCP_RTO_MIN_US (Linux < 6.15)");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        assert_eq!(super::rto_min(&s).unwrap(), Duration::from_millis(20));
+        assert!(
+            super::tcp_info(&s).unwrap().rto_us >= 20_000,
+            "the RTO is at least the minimum"
+        );
+    }
 }

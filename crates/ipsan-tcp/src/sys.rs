@@ -89,6 +89,22 @@ pub(crate) fn set_max_pacing_rate(fd: RawFd, bytes_per_sec: u64) -> io::Result<(
     setsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE, bytes_per_sec)
 }
 
+/// `TCP_RTO_MIN_US` (Linux 6.15), microseconds: the socket's floor under its retransmission
+/// timeout, and what a tail loss probe of a lone segment waits beyond two round trips.
+pub(crate) fn set_rto_min_us(fd: RawFd, us: u32) -> io::Result<()> {
+    // include/uapi/linux/tcp.h: TCP_RTO_MIN_US is 45; libc lacks it.
+    const TCP_RTO_MIN_US: libc::c_int = 45;
+    let v = libc::c_int::try_from(us).map_err(|_| io::ErrorKind::InvalidInput)?;
+    setsockopt(fd, libc::IPPROTO_TCP, TCP_RTO_MIN_US, v)
+}
+
+/// Reads `TCP_RTO_MIN_US`.
+pub(crate) fn rto_min_us(fd: RawFd) -> io::Result<u32> {
+    const TCP_RTO_MIN_US: libc::c_int = 45;
+    let v: libc::c_int = getsockopt(fd, libc::IPPROTO_TCP, TCP_RTO_MIN_US)?;
+    Ok(u32::try_from(v).unwrap_or(0))
+}
+
 /// `SO_SNDBUFFORCE` / `SO_RCVBUFFORCE`: like `SO_SNDBUF`/`SO_RCVBUF` but past
 /// `net.core.wmem_max`/`rmem_max`; needs `CAP_NET_ADMIN`.
 pub(crate) fn set_buf_force(fd: RawFd, receive: bool, bytes: u64) -> io::Result<()> {

@@ -534,6 +534,53 @@ fn spreads_writes_away_from_a_connection_whose_socket_is_backed_up() {
     );
 }
 
+/// Issue 28, a clean 1 Gbit/s link: the sockets' rates differ only by noise there, and
+/// spreading by their reports moved 8 connections' writes and reads at 0.64× and 0.56× of
+/// spreading by outstanding bytes (docs/results/mcs-sweep-3). While the fastest socket carries
+/// at most `RATES_APART` (2) times the slowest, LeastQueued spreads as LeastBytes, backlog or
+/// not; the rule before sent all eight writes away from the backed-up socket here.
+#[test]
+fn spreads_least_queued_by_outstanding_bytes_while_the_rates_are_within_twice_each_other() {
+    assert_eq!(mcs::RATES_APART, 2);
+    let place = |fast: u64| -> Vec<u16> {
+        let (mut s, now) = two(Spread::LeastQueued);
+        let a = s.submit(now, write(0, 64)).unwrap();
+        let b = s.submit(now, write(64, 64)).unwrap();
+        assert_ne!(s.allegiance(a), s.allegiance(b));
+        s.report_queue(
+            0,
+            mcs::QueueReport {
+                bytes: 256 << 10,
+                per_sec: 1_000_000,
+            },
+        );
+        s.report_queue(
+            1,
+            mcs::QueueReport {
+                bytes: 0,
+                per_sec: fast,
+            },
+        );
+        (0..8)
+            .map(|k| {
+                let itt = s.submit(now, write(1000 + k * 64, 64)).unwrap();
+                s.allegiance(itt).unwrap()
+            })
+            .collect()
+    };
+    for fast in [1_000_000, 1_500_000, 2_000_000] {
+        let on = place(fast);
+        assert_eq!(
+            on.iter().filter(|c| **c == 0).count(),
+            4,
+            "rates 1 and {} MB/s: split evenly: {on:?}",
+            fast as f64 / 1e6
+        );
+    }
+    // Past twice: the reports decide (all eight off the backed-up socket).
+    assert_eq!(place(2_000_001), vec![1; 8]);
+}
+
 /// Reads queue nothing in the initiator's sockets (their data comes the other way), so the
 /// rate a socket sends at says nothing about them: with empty sockets LeastQueued chooses as
 /// LeastBytes does, whatever the reported rates (the 1 Gbit/s run in

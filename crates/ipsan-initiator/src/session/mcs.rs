@@ -139,6 +139,43 @@ enum Attempt {
     Wait,
 }
 
+/// What the data of a read adopted by TASK REASSIGN (ErrorRecoveryLevel 2) came to.
+#[derive(Debug)]
+enum Adopted {
+    /// It opened under the keys of the connection it completed on.
+    Opened(BytesMut),
+    /// Sealed for the connection the read was first sent on (the target sealed it before the
+    /// reassignment): not forged, but never used on another connection; read again.
+    Stale,
+    /// It opens under neither: refused as a forgery (and read again).
+    Forged,
+}
+
+/// Opens an adopted read's data under `keys`, the connection it completed on; what does not
+/// open there is checked under `first`'s, the connection it was first sent on, only to tell
+/// a stale Data-In from a forged one (that plaintext is dropped: nothing sealed for one
+/// connection is used on another). Neither check logs a refusal; the caller says which it was.
+async fn open_adopted(
+    info: CommandInfo,
+    data: BytesMut,
+    keys: &Arc<dyn PayloadTransform>,
+    first: &Arc<dyn PayloadTransform>,
+) -> Adopted {
+    let copy = (!Arc::ptr_eq(keys, first)).then(|| data.clone());
+    if let Ok(d) = keys.inbound_quiet(info, data).await {
+        return Adopted::Opened(d);
+    }
+    let stale = match copy {
+        Some(c) => first.inbound_quiet(info, c).await.is_ok(),
+        None => false,
+    };
+    if stale {
+        Adopted::Stale
+    } else {
+        Adopted::Forged
+    }
+}
+
 /// Tries of one command at most (each a new ITT), counting only [`Attempt::Again`].
 const MAX_TRIES: u32 = 8;
 impl McsConn {
@@ -168,6 +205,17 @@ impl McsConn {
         }
     }
 }
+
+/// The minimum retransmission timeout of each connection's socket
+/// ([`ipsan_tcp::set_rto_min`]; Linux's default is 200 ms). The target runs the session's
+/// commands in one CmdSN order (RFC 7143 §4.2.2.1), so a command lost on one connection holds
+/// every later command of every connection until TCP resends it. A read's command is a lone
+/// small segment (its data comes the other way), which Linux resends only at its RTO (the
+/// smoothed RTT plus at least the minimum) or a tail loss probe (2 × SRTT + the minimum),
+/// whichever is first: the whole session stood still ~300 ms per lost command at 64 ms RTT,
+/// 1–6 times in 10 s at 0.1 % loss; with 20 ms a lost lone request costs ~110 ms
+/// (docs/results/mcs-sweep-3). A fast link's RTO stays far above its round trip's jitter.
+pub(crate) const COMMAND_RTO_MIN: Duration = Duration::from_millis(20);
 
 /// How often, at most, [`Spread::LeastQueued`] reads every connection's `TCP_INFO`.
 const QUEUE_PROBE_EVERY: Duration = Duration::from_millis(1);
@@ -957,17 +1005,31 @@ impl McsSession {
             // under the keys of the connection it came on (reassigned: the new one's).
             if !p.data.is_empty() {
                 let keys = r.transform.as_ref().unwrap_or(t);
-                match keys.inbound(info, p.data).await {
-                    Ok(d) => p.data = d,
-                    // The target sealed it before the reassignment, for the failed
-                    // connection: never opened under that connection's keys; read again.
-                    Err(_) if r.adopted => {
-                        return Ok(Attempt::Again(
-                            "a reassigned read's data was sealed for the failed connection",
-                        ))
-                    }
-                    Err(e) => return Err(e),
+                if r.adopted {
+                    return Ok(match open_adopted(info, p.data, keys, t).await {
+                        Adopted::Opened(d) => {
+                            p.data = d;
+                            Attempt::Done(p)
+                        }
+                        Adopted::Stale => {
+                            tracing::debug!(
+                                itt = info.itt,
+                                "seal: a reassigned read's Data-In was sealed for its failed connection (stale, not forged): read again"
+                            );
+                            Attempt::Again(
+                                "a reassigned read's data was sealed for the failed connection",
+                            )
+                        }
+                        Adopted::Forged => {
+                            tracing::warn!(
+                                itt = info.itt,
+                                "seal: data-in refused: a reassigned read's Data-In opened under neither its connection's keys nor its failed connection's"
+                            );
+                            Attempt::Again("a reassigned read's data did not open")
+                        }
+                    });
                 }
+                p.data = keys.inbound(info, p.data).await?;
             }
         }
         Ok(Attempt::Done(p))
@@ -1075,4 +1137,69 @@ async fn mcs_timer(core: Arc<McsCore>) {
         || core.with(false, |g| g.session.handle_timeout(Instant::now())),
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transform::TransformFuture;
+
+    /// Keys that open only data made for them (its first byte), as Seal's open only what was
+    /// sealed under the same connection's keys.
+    #[derive(Debug)]
+    struct Keyed(u8);
+
+    impl PayloadTransform for Keyed {
+        fn wire_len(&self, plain_len: usize) -> Option<usize> {
+            Some(plain_len + 1)
+        }
+        fn outbound(&self, _cmd: CommandInfo, data: Bytes) -> TransformFuture<Bytes> {
+            let k = self.0;
+            Box::pin(async move { Ok([&[k][..], &data[..]].concat().into()) })
+        }
+        fn inbound(&self, _cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
+            let k = self.0;
+            Box::pin(async move {
+                match data.first() {
+                    Some(&b) if b == k => Ok(BytesMut::from(&data[1..])),
+                    _ => Err(Error::Transform("refused".into())),
+                }
+            })
+        }
+    }
+
+    fn info() -> CommandInfo {
+        CommandInfo {
+            lun: 0,
+            lba: 0,
+            blocks: 1,
+            opcode: 0x88,
+            itt: 7,
+        }
+    }
+
+    fn keys(k: u8) -> Arc<dyn PayloadTransform> {
+        Arc::new(Keyed(k))
+    }
+
+    #[tokio::test]
+    async fn accepts_an_adopted_reads_data_made_for_its_new_connection() {
+        let (new, first) = (keys(2), keys(1));
+        let r = open_adopted(info(), BytesMut::from(&[2, 9, 9][..]), &new, &first).await;
+        assert!(matches!(&r, Adopted::Opened(d) if d[..] == [9, 9]), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn tells_an_adopted_reads_data_sealed_for_its_failed_connection_from_a_forgery() {
+        let (new, first) = (keys(2), keys(1));
+        // What the target sealed before the reassignment: stale, refused, not a forgery.
+        let r = open_adopted(info(), BytesMut::from(&[1, 9, 9][..]), &new, &first).await;
+        assert!(matches!(r, Adopted::Stale), "{r:?}");
+        // Made under neither connection's keys: a forgery, refused as one.
+        let r = open_adopted(info(), BytesMut::from(&[3, 9, 9][..]), &new, &first).await;
+        assert!(matches!(r, Adopted::Forged), "{r:?}");
+        // Completed where it was first sent (no other keys to tell it by): a forgery.
+        let r = open_adopted(info(), BytesMut::from(&[3, 9, 9][..]), &first, &first).await;
+        assert!(matches!(r, Adopted::Forged), "{r:?}");
+    }
 }

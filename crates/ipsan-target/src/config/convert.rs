@@ -314,6 +314,16 @@ pub(super) fn remote_from(
     if !(1..=64).contains(&connections) {
         return Err(err(format!("{field}.connections"), "must be in 1..=64"));
     }
+    let erl = l
+        .error_recovery_level
+        .unwrap_or(crate::remote::DEFAULT_ERROR_RECOVERY_LEVEL);
+    if erl != 0 && erl != 2 {
+        // 1 (digest-error recovery by SNACK) is the target's only, as for `--erl`.
+        return Err(err(
+            format!("{field}.error_recovery_level"),
+            "must be 0 or 2",
+        ));
+    }
     if l.chap_relay && l.chap_user.is_some() {
         return Err(err(
             format!("{field}.chap_relay"),
@@ -321,7 +331,7 @@ pub(super) fn remote_from(
         ));
     }
     let source = format!(
-        "{} seal={} depth={} tcp={} chap={} connections={connections}",
+        "{} seal={} depth={} tcp={} chap={} connections={connections} erl={erl}",
         l.backend,
         l.seal.as_deref().unwrap_or("off"),
         l.depth.map_or("window".to_owned(), |d| d.to_string()),
@@ -342,7 +352,7 @@ pub(super) fn remote_from(
         compress: false,
         connections,
         spread: ipsan_initiator::Spread::default(),
-        error_recovery_level: crate::remote::DEFAULT_ERROR_RECOVERY_LEVEL,
+        error_recovery_level: erl,
         granted: std::sync::Arc::default(),
     })
 }
@@ -355,7 +365,8 @@ pub(super) fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigErro
         || l.chap_user.is_some()
         || l.chap_secret_file.is_some()
         || l.chap_relay
-        || l.connections.is_some();
+        || l.connections.is_some()
+        || l.error_recovery_level.is_some();
     if l.backend.starts_with("iscsi://") {
         let remote = remote_from(field, l)?;
         return Ok(LunConfig {
@@ -375,7 +386,7 @@ pub(super) fn lun_from(field: &str, l: &FileLun) -> Result<LunConfig, ConfigErro
     if remote_only {
         return Err(err(
             field.to_owned(),
-            "seal, secret_file, depth, tcp_congestion, chap_user, chap_secret_file, chap_relay and connections apply to iscsi:// backends only",
+            "seal, secret_file, depth, tcp_congestion, chap_user, chap_secret_file, chap_relay, connections and error_recovery_level apply to iscsi:// backends only",
         ));
     }
     let mut backend: BackendSpec = l

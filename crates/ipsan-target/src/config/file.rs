@@ -306,6 +306,11 @@ pub struct FileLun {
     /// LIO answer 1); 1 never offers more (docs/gateway.md "Several connections").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<u16>,
+    /// iscsi: ErrorRecoveryLevel a remote session of several connections offers (RFC 7143
+    /// §7.2, §13.20), 0 or 2, default 2 (`ipsan gateway --erl`): at 2 a lost connection's
+    /// commands move to a live one where the far end grants it (docs/gateway.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_recovery_level: Option<u32>,
 }
 
 impl FileConfig {
@@ -411,6 +416,7 @@ impl FileLun {
             chap_secret_file: None,
             chap_relay: false,
             connections: None,
+            error_recovery_level: None,
         }
     }
 

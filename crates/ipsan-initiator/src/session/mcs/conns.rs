@@ -20,6 +20,10 @@ pub(super) fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<
     let sock = {
         use std::os::fd::AsFd;
         let s: &TcpStream = wr.get_ref().as_ref();
+        // A lone lost command would stall every connection (see COMMAND_RTO_MIN).
+        if let Err(e) = ipsan_tcp::set_rto_min(s, COMMAND_RTO_MIN) {
+            tracing::debug!(cid, "minimum RTO left as the kernel's: {e}");
+        }
         s.as_fd().try_clone_to_owned().ok()
     };
     let c = Arc::new(McsConn {
