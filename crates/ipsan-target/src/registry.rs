@@ -241,6 +241,15 @@ pub(crate) trait SessionCore: std::any::Any + Send + Sync {
 pub(crate) trait NvmeSide: Send + Sync + std::fmt::Debug {
     /// A live change's subsystem host lists (the rest of `[nvme]` applies at the next start).
     fn apply_hosts(&self, settings: &crate::config::nvme::NvmeSettings, targets: &[TargetConfig]);
+    /// A live change's DH-HMAC-CHAP secrets: how many controllers were closed when they
+    /// changed, `None` when they did not.
+    fn apply_secrets(&self, settings: &crate::config::nvme::NvmeSettings) -> Option<usize>;
+    /// Whether a live change keeps host authentication on every listener beyond loopback.
+    fn check_exposure(
+        &self,
+        settings: &crate::config::nvme::NvmeSettings,
+        insecure: bool,
+    ) -> Result<(), crate::config::nvme::NvmeExposureError>;
     /// The `ipsan_nvme_*` series of a scrape.
     fn render_metrics(&self, e: &mut crate::metrics::Exposition);
     /// What `ipsan ctl nvme` prints.

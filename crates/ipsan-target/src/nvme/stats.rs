@@ -280,6 +280,18 @@ impl crate::registry::NvmeSide for Shared {
         Shared::apply_hosts(self, settings, targets);
     }
 
+    fn apply_secrets(&self, settings: &crate::config::nvme::NvmeSettings) -> Option<usize> {
+        Shared::apply_secrets(self, settings)
+    }
+
+    fn check_exposure(
+        &self,
+        settings: &crate::config::nvme::NvmeSettings,
+        insecure: bool,
+    ) -> Result<(), crate::config::nvme::NvmeExposureError> {
+        Shared::check_exposure(self, settings, insecure)
+    }
+
     fn render_metrics(&self, e: &mut crate::metrics::Exposition) {
         Shared::render_metrics(self, e);
     }
