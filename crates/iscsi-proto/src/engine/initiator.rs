@@ -86,9 +86,11 @@ impl Config {
 #[derive(Debug)]
 pub enum Data {
     None,
-    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough). When
+    /// Expect `len` bytes; `buf` is reused (cleared, not reallocated when large enough), by
+    /// this read or another: the connection binds a read's buffer when its first data
+    /// arrives, the one handed in most recently (issue 27; a buffer still in the cache). When
     /// one Data-In carries all `len` bytes in a buffer nothing else holds, that buffer is the
-    /// command's data instead (no copy) and `buf` is the driver's again
+    /// command's data instead (no copy) and a buffer handed in is the driver's again
     /// ([`Connection::take_spare_buffer`]).
     Read {
         buf: BytesMut,
@@ -298,6 +300,27 @@ enum TmfKind {
     RecoveryLogout(u16),
 }
 
+/// Read buffers a connection keeps for reads whose data has not arrived yet (beyond this the
+/// caller's buffer is dropped, and a read allocates its own when its data comes).
+const READ_POOL_MAX: usize = 256;
+
+/// Binds a read's buffer when its first data arrives (issue 27): `buf`, the task's, still
+/// unbound (no room), becomes the buffer a caller handed in most recently (`pool`'s last), or
+/// a fresh one, with room for the read's `len` bytes. Taken then rather than at submission,
+/// a read's data lands in the buffer whose data its caller took last, so with many reads
+/// in flight the same few buffers go round, still in the cache, rather than one per read in
+/// flight, long evicted (a 1 MiB × 16 read's copy into 16 MiB of buffers).
+fn bind_read_buffer(buf: &mut BytesMut, pool: &mut Vec<BytesMut>, len: usize) {
+    if buf.capacity() >= len {
+        return;
+    }
+    if let Some(b) = pool.pop() {
+        *buf = b;
+    }
+    buf.clear();
+    buf.reserve(len);
+}
+
 /// A Data-In segment: received as bytes of its own, or received in place into the free end
 /// of the task's buffer ([`Connection::lend_read_buffer`]).
 enum Segment {
@@ -395,6 +418,9 @@ pub struct Connection {
     /// A caller's read buffer that a Data-In segment replaced (see
     /// [`Connection::take_spare_buffer`]).
     spare: Option<BytesMut>,
+    /// The buffers callers handed in with their reads, the most recent last: a read takes
+    /// one when its first data arrives, not when it is submitted ([`bind_read_buffer`]).
+    read_pool: Vec<BytesMut>,
     /// ErrorRecoveryLevel 2 ([`Connection::hold_tasks`]): when the connection fails, its
     /// tasks are kept for reassignment instead of ending with it.
     hold: bool,
@@ -433,6 +459,7 @@ impl Connection {
             reserved: OwnTagSet::default(),
             closed: None,
             spare: None,
+            read_pool: Vec::new(),
             hold: false,
             held: Vec::new(),
         }
@@ -548,6 +575,9 @@ impl Connection {
         }
         let end = u64::from(offset) + len as u64;
         let buf = t.read.as_mut()?;
+        if offset == 0 {
+            bind_read_buffer(buf, &mut self.read_pool, t.read_len as usize);
+        }
         if buf.len() != offset as usize
             || end > u64::from(t.read_len)
             || buf.capacity() - buf.len() < len
@@ -815,10 +845,13 @@ impl Connection {
             }
             Data::Read { mut buf, len } => {
                 // Data-In arrives in order (DataPDUInOrder=Yes) and is appended: no memset of
-                // the whole buffer ahead of the data, and nothing stale can leak.
+                // the whole buffer ahead of the data, and nothing stale can leak. The buffer
+                // joins the pool; the read takes one when its data arrives (issue 27).
                 buf.clear();
-                buf.reserve(len as usize);
-                (Bytes::new(), Some(buf), len)
+                if buf.capacity() > 0 && self.read_pool.len() < READ_POOL_MAX {
+                    self.read_pool.push(buf);
+                }
+                (Bytes::new(), Some(BytesMut::new()), len)
             }
         };
         let deadline = self
@@ -1357,7 +1390,10 @@ impl Connection {
 
     fn on_data_in(&mut self, h: &DataIn, data: Segment) {
         let now_itt = h.itt;
+        // Out of `self` while the task is borrowed (`bind_read_buffer`); put back below.
+        let mut pool = std::mem::take(&mut self.read_pool);
         let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
+            self.read_pool = pool;
             return;
         };
         let off = h.buffer_offset;
@@ -1386,6 +1422,7 @@ impl Connection {
         if let Err(v) = check {
             // At ErrorRecoveryLevel 0 a Data-In sequence cannot be repaired (no SNACK,
             // §7.1.4): the connection ends, and every task with it.
+            self.read_pool = pool;
             self.violation(v);
             return;
         }
@@ -1409,20 +1446,32 @@ impl Connection {
             // nothing else holds the receive buffer it sits in (the driver's reader leaves it
             // so, `ipsan_transport::FrameReader::hand_over`); the caller's buffer then goes
             // back to the reader (`take_spare_buffer`). Otherwise it is copied (issue 27).
+            // A buffer from the pool goes back to the reader instead of the task's unbound one.
             match data.try_into_mut() {
-                Ok(whole) => spare = t.read.replace(whole),
+                Ok(whole) => {
+                    spare = t
+                        .read
+                        .replace(whole)
+                        .filter(|b| b.capacity() > 0)
+                        .or_else(|| pool.pop());
+                }
                 Err(data) => {
                     if let Some(buf) = t.read.as_mut() {
+                        bind_read_buffer(buf, &mut pool, t.read_len as usize);
                         buf.extend_from_slice(&data);
                     }
                 }
             }
         } else if let Some(buf) = t.read.as_mut() {
             // `off == received == buf.len()`, checked above.
+            if off == 0 {
+                bind_read_buffer(buf, &mut pool, t.read_len as usize);
+            }
             buf.extend_from_slice(&data);
         }
         t.received += n;
         t.next_data_sn = t.next_data_sn.wrapping_add(1);
+        self.read_pool = pool;
         if spare.is_some() {
             self.spare = spare;
         }
