@@ -36,7 +36,7 @@ async fn target() -> ipsan_target::ServerHandle {
         IQN,
         tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
     );
-    let c = Config {
+    let mut c = Config {
         portals: vec!["127.0.0.1:0".parse().unwrap()],
         targets: vec![t],
         ..Config::default()
