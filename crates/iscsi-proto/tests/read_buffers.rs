@@ -6,6 +6,7 @@
 //! buffer per read in flight (at 1 MiB × 16, 16 MiB of buffers, each long evicted when its
 //! turn comes). What it must not change: every read gets its own bytes, in one buffer of its
 //! own while it is in flight.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
 
@@ -93,12 +94,11 @@ fn accepts_reads_in_flight_landing_in_the_buffer_handed_in_last() {
     let mut in_flight: std::collections::VecDeque<u32> = (0..4)
         .map(|_| submit_read(&mut c, now, BytesMut::with_capacity(LEN)))
         .collect();
-    let mut stat_sn = 1;
     let mut seen = Vec::new();
     for k in 0..12u8 {
         let itt = in_flight.pop_front().unwrap();
+        let stat_sn = u32::from(k) + 1;
         let done = answer_placed(&mut c, now, itt, stat_sn, k.wrapping_mul(3));
-        stat_sn += 1;
         let want: Vec<u8> = (0..3u8)
             .flat_map(|n| [k.wrapping_mul(3).wrapping_add(n); SEG])
             .collect();
