@@ -361,6 +361,14 @@ impl SealSession {
         Ok(buf.freeze())
     }
 
+    /// Whether sealing a transfer changes or moves its bytes (a cipher that encrypts, or
+    /// compression), so a sender wants room past them to seal in place; `false` under `none`
+    /// without compression, whose plaintext goes as it is ([`Self::none_trailer`]): a RAM
+    /// store's own memory needs no buffer of its own then (issue 27).
+    pub fn seals_in_buffer(&self) -> bool {
+        self.framing.cipher.protects() || self.compression.is_on()
+    }
+
     /// `none`'s sealed transfer without a copy (issue 27). Under `none` without compression
     /// the sealed form of `plain_len` bytes is those bytes unchanged followed by a trailer, the
     /// base counter and a zero tag per chunk (docs/seal.md §4): a sender whose plaintext is

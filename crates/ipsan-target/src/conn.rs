@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ipsan_scsi::NexusId;
 use ipsan_seal::{CryptoPool, SealSession};
-use ipsan_transport::{FrameReader, FrameWriter};
+use ipsan_transport::{FrameReader, FrameWriter, Received};
 use iscsi_proto::engine::target as engine;
 use iscsi_proto::engine::target::session::ConnId;
 use iscsi_proto::login::TargetOffer;
@@ -531,12 +531,26 @@ impl Session {
             };
             let next = if let Some(r) = buffered {
                 burst += 1;
-                r
+                r.map(|o| o.map(Received::Pdu))
             } else {
                 burst = 0;
-                let deadline = self.engine().poll_timeout();
+                let (deadline, awaits_data_out) = {
+                    let e = self.engine();
+                    (e.poll_timeout(), e.awaits_data_out())
+                };
+                if awaits_data_out {
+                    // A write waits for its data: take the next head alone, so a long
+                    // Data-Out behind it is received in place whole.
+                    conn.head_first();
+                }
+                // A long Data-Out is received straight into its write's buffer (issue 27), not
+                // copied there from the receive buffer; dropped by another branch, the read
+                // goes on where it stopped at the next turn.
+                let lend = |h: &iscsi_wire::header::DataOut, len: usize| {
+                    self.engine().lend_write_buffer(h, len)
+                };
                 tokio::select! {
-                    r = conn.next() => r,
+                    r = conn.next_placing_data_out(lend) => r,
                     () = shutdown.cancelled() => {
                         self.engine().close_locally();
                         self.wake_writer.notify_one();
@@ -584,11 +598,15 @@ impl Session {
                 let mut e = self.engine();
                 match next {
                     Err(_) | Ok(None) => e.peer_closed(),
-                    Ok(Some(Ok(pdu))) => {
+                    Ok(Some(Received::Pdu(Ok(pdu)))) => {
                         trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = pdu.data.len(), "recv");
                         e.handle_pdu(now, &luns, pdu);
                     }
-                    Ok(Some(Err(err))) => {
+                    Ok(Some(Received::Placed { pdu, data })) => {
+                        trace!(opcode = ?pdu.header.opcode(), itt = format!("{:#x}", pdu.header.itt()), len = data.len(), "recv (placed)");
+                        e.handle_placed_data_out(now, &luns, pdu, data);
+                    }
+                    Ok(Some(Received::Pdu(Err(err)))) => {
                         warn!("rejected PDU: {err}");
                         self.stats.pdu_error(&err);
                         e.handle_wire_error(now, &err);

@@ -24,7 +24,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use ipsan_seal::record::SEAL_AHS_LEN;
 use ipsan_seal::{Forgery, ReadError, RecordOpener, RecordSealer, VerifiedHead};
-use iscsi_wire::header::DataIn;
+use iscsi_wire::header::{DataIn, DataOut};
 use iscsi_wire::{Codec, Header, Opcode, Pdu, WireError, BHS_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -61,12 +61,17 @@ pub struct FrameReader<R> {
     header_first: bool,
     /// The caller declined to place the PDU at the front of the buffer: not asked again.
     declined: bool,
+    /// A segment being received in place ([`FrameReader::place`]), kept here across waits:
+    /// a placing read dropped while it waits (the target's reader races it against its
+    /// timers) goes on where it stopped when called again, nothing of the segment lost.
+    placing: Option<Placing>,
 }
 
-/// A Data-In whose segment can be placed ([`FrameReader::long_data_in_ahead`]).
+/// A data PDU (Data-In, Data-Out) whose segment can be placed
+/// ([`FrameReader::long_segment_ahead`]).
 #[derive(Debug)]
 struct Ahead {
-    header: DataIn,
+    header: Header,
     /// The segment's length.
     len: usize,
     /// Bytes of its head (BHS, Seal AHS).
@@ -75,15 +80,25 @@ struct Ahead {
     verified: Option<VerifiedHead>,
 }
 
-/// What [`FrameReader::next_placing`] received.
+/// A segment being received into a lent buffer.
+#[derive(Debug)]
+struct Placing {
+    header: Header,
+    /// The lent buffer, holding what of the segment is in so far.
+    data: BytesMut,
+    /// The segment's length.
+    len: usize,
+}
+
+/// What [`FrameReader::next_placing`] (or [`FrameReader::next_placing_data_out`]) received.
 #[derive(Debug)]
 pub enum Received {
     /// A PDU as [`FrameReader::next`] gives it (or the codec's error about it).
     Pdu(Result<Pdu, WireError>),
-    /// A Data-In whose segment was received into the buffer the caller lent (`data`, exactly
-    /// the segment's bytes); `pdu.data` is empty.
+    /// A Data-In (Data-Out) whose segment was received into the buffer the caller lent
+    /// (`data`, exactly the segment's bytes); `pdu.data` is empty.
     Placed {
-        /// The Data-In PDU, without its data.
+        /// The Data-In (Data-Out) PDU, without its data.
         pdu: Pdu,
         /// The buffer the caller lent, holding the segment.
         data: BytesMut,
@@ -102,12 +117,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             spare: None,
             header_first: false,
             declined: false,
+            placing: None,
         }
     }
 
     /// [`FrameReader::next`] when the next PDU is already received whole (the rest of a burst
     /// that one read brought): it never reads and never waits. `None`: it must read.
     pub fn try_next(&mut self) -> Option<std::io::Result<Option<Result<Pdu, WireError>>>> {
+        if self.placing.is_some() {
+            // The segment being placed comes first ([`FrameReader::next_placing_data_out`]).
+            return None;
+        }
         match ipsan_seal::read_pdu(&self.codec, self.record.as_mut(), &mut self.buf) {
             Ok(Some(pdu)) => {
                 if self.hand_over && pdu.data.len() >= HAND_OVER_MIN && self.buf.len() <= CARRY_MAX
@@ -177,6 +197,48 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     where
         F: FnMut(&DataIn, usize) -> Option<BytesMut>,
     {
+        self.next_placing_where(Opcode::SCSI_DATA_IN, |h, len| match h {
+            Header::DataIn(d) => lend(d, len),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The target's [`FrameReader::next_placing`] (issue 27): a Data-Out of at least
+    /// [`HAND_OVER_MIN`] bytes is received in place where `lend(header, len)` gives a buffer
+    /// for it (the free end of the write's own buffer, `iscsi_proto`'s
+    /// `Connection::lend_write_buffer`), so a write's data is not received here and copied
+    /// into that buffer after. After a placed Data-Out, and after [`FrameReader::head_first`],
+    /// the next receive into an empty buffer takes one head only, so a Data-Out behind it is
+    /// placed whole. The same rules as
+    /// [`FrameReader::next_placing`] otherwise (sealed heads verified first, nothing placed
+    /// with digests). Dropping the returned future loses nothing: a segment being placed is
+    /// received on at the next call.
+    pub async fn next_placing_data_out<F>(
+        &mut self,
+        mut lend: F,
+    ) -> std::io::Result<Option<Received>>
+    where
+        F: FnMut(&DataOut, usize) -> Option<BytesMut>,
+    {
+        self.next_placing_where(Opcode::SCSI_DATA_OUT, |h, len| match h {
+            Header::DataOut(d) => lend(d, len),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn next_placing_where<F>(
+        &mut self,
+        opcode: Opcode,
+        mut lend: F,
+    ) -> std::io::Result<Option<Received>>
+    where
+        F: FnMut(&Header, usize) -> Option<BytesMut>,
+    {
+        if self.placing.is_some() {
+            return self.finish_placing().await.map(Some);
+        }
         let may_place = !self.codec.header_digest && !self.codec.data_digest;
         if !may_place {
             return Ok(self.next().await?.map(Received::Pdu));
@@ -184,7 +246,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             if !self.declined {
                 let ahead = self
-                    .long_data_in_ahead()
+                    .long_segment_ahead(opcode)
                     .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
                 if let Some(a) = ahead {
                     match lend(&a.header, a.len) {
@@ -214,8 +276,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// Bytes of a Data-In's head: its BHS, and in a sealed session the Seal AHS after it (a
-    /// Data-In has no other AHS).
+    /// The next receive into an empty buffer takes one PDU head only: the caller expects a
+    /// long Data-In or Data-Out next (the target: a write waits for its data), whose segment
+    /// can then be received in place whole rather than mostly into this reader's buffer.
+    pub fn head_first(&mut self) {
+        self.header_first = true;
+    }
+
+    /// Bytes of a Data-In's (Data-Out's) head: its BHS, and in a sealed session the Seal AHS
+    /// after it (neither has another AHS).
     fn head_len(&self) -> usize {
         BHS_LEN
             + if self.record.is_some() {
@@ -225,19 +294,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
     }
 
-    /// The Data-In at the front of the buffer, when its head is in, its segment is long
-    /// enough to place and not yet whole here, and it has no AHS but the Seal AHS of a sealed
-    /// session, whose record tag is verified here first (a failure is the error).
-    fn long_data_in_ahead(&mut self) -> Result<Option<Ahead>, Forgery> {
+    /// The PDU of `opcode` (Data-In or Data-Out) at the front of the buffer, when its head is
+    /// in, its segment is long enough to place and not yet whole here, and it has no AHS but
+    /// the Seal AHS of a sealed session, whose record tag is verified here first (a failure
+    /// is the error).
+    fn long_segment_ahead(&mut self, opcode: Opcode) -> Result<Option<Ahead>, Forgery> {
         let Some(raw) = self.buf.get(..BHS_LEN) else {
             return Ok(None);
         };
         let mut bhs = [0u8; BHS_LEN];
         bhs.copy_from_slice(raw);
         let head = self.head_len();
-        if Opcode(bhs[0] & 0x3f) != Opcode::SCSI_DATA_IN
-            || usize::from(bhs[4]) * 4 != head - BHS_LEN
-        {
+        if Opcode(bhs[0] & 0x3f) != opcode || usize::from(bhs[4]) * 4 != head - BHS_LEN {
             return Ok(None);
         }
         let dsl = (usize::from(bhs[5]) << 16) | (usize::from(bhs[6]) << 8) | usize::from(bhs[7]);
@@ -255,7 +323,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             None => None,
         };
         match Header::parse(&bhs) {
-            Ok(Header::DataIn(header)) => Ok(Some(Ahead {
+            Ok(header) if header.opcode() == opcode => Ok(Some(Ahead {
                 header,
                 len: dsl,
                 head,
@@ -269,7 +337,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// Receives the Data-In at the front of the buffer (see [`FrameReader::long_data_in_ahead`])
+    /// Receives the PDU at the front of the buffer (see [`FrameReader::long_segment_ahead`])
     /// into `data`: what of its segment is already here is copied, the rest is read from the
     /// stream straight into `data`, never past the segment's end. A sealed PDU is counted by
     /// the record opener first: its head verified, its data is taken.
@@ -278,20 +346,34 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             r.accept_head(v)
                 .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
         }
-        let (h, len) = (a.header, a.len);
         self.buf.advance(a.head);
-        let here = self.buf.len().min(len);
+        let here = self.buf.len().min(a.len);
         data.extend_from_slice(&self.buf[..here]);
         self.buf.advance(here);
-        let mut left = len - here;
-        while left > 0 {
-            let mut rest = (&mut data).limit(left);
-            let n = self.rd.read_buf(&mut rest).await?;
-            if n == 0 {
+        self.placing = Some(Placing {
+            header: a.header,
+            data,
+            len: a.len,
+        });
+        self.finish_placing().await
+    }
+
+    /// Receives the rest of the segment being placed (and its padding); the state stays in
+    /// `self.placing` across every wait, so a dropped call loses nothing.
+    async fn finish_placing(&mut self) -> std::io::Result<Received> {
+        let len = loop {
+            let Some(p) = self.placing.as_mut() else {
+                return Err(std::io::ErrorKind::InvalidInput.into());
+            };
+            let left = p.len - p.data.len();
+            if left == 0 {
+                break p.len;
+            }
+            let mut rest = (&mut p.data).limit(left);
+            if self.rd.read_buf(&mut rest).await? == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
-            left -= n;
-        }
+        };
         let pad = iscsi_wire::pad4(len) - len;
         while self.buf.len() < pad {
             if self.rd.read_buf(&mut self.buf).await? == 0 {
@@ -299,15 +381,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
         }
         self.buf.advance(pad);
-        // A split READ's Data-In is followed by more (its own rest, or the next READ's): the
-        // next receive takes one head, so their segments are placed too. A one-PDU read
-        // (offset 0, final) arrives whole in one receive as a rule, and hand-over mode spares
-        // its copy without a receive of its own for the head.
-        self.header_first = !(h.final_ && h.buffer_offset == 0);
+        let Some(p) = self.placing.take() else {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        };
+        // A split READ's Data-In is followed by more (its own rest, or the next READ's), a
+        // write's Data-Out likewise: the next receive takes one head, so their segments are
+        // placed too. A one-PDU read (offset 0, final) arrives whole in one receive as a
+        // rule, and hand-over mode spares its copy without a receive of its own for the head.
+        let (final_, offset) = match &p.header {
+            Header::DataIn(h) => (h.final_, h.buffer_offset),
+            Header::DataOut(h) => (h.final_, h.buffer_offset),
+            _ => (true, 0),
+        };
+        self.header_first = !(final_ && offset == 0);
         self.declined = false;
         Ok(Received::Placed {
-            pdu: Pdu::new(h, Bytes::new()),
-            data,
+            pdu: Pdu::new(p.header, Bytes::new()),
+            data: p.data,
         })
     }
 
@@ -621,6 +711,124 @@ mod tests {
                 assert_eq!(whole, [(9, 100)], "the PDU after them as usual");
             }
         }
+    }
+
+    /// The target's placing (issue 27): after a WRITE that leaves 80,000 bytes to come by
+    /// Data-Out, its two Data-Out PDUs are received into the write's one buffer, lent by the
+    /// caller, every byte in order; the PDU after them comes as usual. The target's reader
+    /// races the read against its timers: here a timer drops the placing read again and again
+    /// while a slow peer trickles the bytes in, and each next call goes on where the dropped
+    /// one stopped (nothing lost, nothing read twice).
+    #[tokio::test]
+    async fn accepts_data_out_placed_across_dropped_reads() {
+        use iscsi_wire::header::{ScsiCommand, TaskAttr};
+        const LEN: usize = 40_000;
+        let byte = |i: usize| (i % 241) as u8;
+        let codec = Codec {
+            max_recv_data_segment_length: 256 * 1024,
+            ..Codec::default()
+        };
+        // The wire bytes, framed by the writer.
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut w = FrameWriter::new(a);
+        w.codec = codec.clone();
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: false,
+            write: true,
+            attr: TaskAttr::SIMPLE,
+            lun: 0,
+            itt: 7,
+            expected_data_transfer_length: 2 * LEN as u32,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+            cdb: [0; 16],
+        };
+        w.push(Pdu::new(cmd, Bytes::new())).unwrap();
+        for n in 0..2u32 {
+            let h = DataOut {
+                final_: n == 1,
+                lun: 0,
+                itt: 7,
+                ttt: 3,
+                exp_stat_sn: 1,
+                data_sn: n,
+                buffer_offset: n * LEN as u32,
+            };
+            let data: Vec<u8> = (0..LEN).map(|i| byte(n as usize * LEN + i)).collect();
+            w.push(Pdu::new(h, Bytes::from(data))).unwrap();
+        }
+        let nop = NopOut {
+            itt: 9,
+            ..NopOut::default()
+        };
+        w.push(Pdu::new(nop, Bytes::from(vec![3u8; 100]))).unwrap();
+        w.flush().await.unwrap();
+        w.shutdown().await.unwrap();
+        let mut wire = Vec::new();
+        b.read_to_end(&mut wire).await.unwrap();
+        // A slow peer: 1,000 bytes a millisecond through a pipe of 4 KiB.
+        let (mut tx, rx) = tokio::io::duplex(4096);
+        let sender = tokio::spawn(async move {
+            for piece in wire.chunks(1000) {
+                tx.write_all(piece).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            tx.shutdown().await.unwrap();
+        });
+        let mut r = FrameReader::new(rx);
+        r.codec = codec;
+        let dest = std::cell::RefCell::new(BytesMut::with_capacity(2 * LEN));
+        let dest_at = dest.borrow().as_ptr();
+        let (mut lent, mut placed, mut dropped_mid_segment) = (0, 0, 0);
+        let mut whole = Vec::new();
+        loop {
+            let got = tokio::select! {
+                biased;
+                got = r.next_placing_data_out(|h, len| {
+                    lent += 1;
+                    let mut d = dest.borrow_mut();
+                    assert_eq!((h.itt, h.buffer_offset as usize, len), (7, d.len(), LEN));
+                    let at = d.len();
+                    Some(d.split_off(at))
+                }) => got.unwrap(),
+                () = tokio::time::sleep(std::time::Duration::from_micros(700)) => {
+                    if r.placing.is_some() {
+                        dropped_mid_segment += 1;
+                    }
+                    continue;
+                }
+            };
+            match got {
+                None => break,
+                Some(Received::Placed { pdu, data }) => {
+                    placed += 1;
+                    assert!(pdu.data.is_empty());
+                    assert_eq!(data.len(), LEN);
+                    dest.borrow_mut().unsplit(data);
+                }
+                Some(Received::Pdu(pdu)) => {
+                    let pdu = pdu.unwrap();
+                    whole.push((pdu.header.opcode(), pdu.data.len()));
+                }
+            }
+        }
+        sender.await.unwrap();
+        let want: Vec<u8> = (0..2 * LEN).map(byte).collect();
+        let dest = dest.into_inner();
+        assert!(dest[..] == want[..], "bytes out of place");
+        assert_eq!((lent, placed), (2, 2));
+        assert_eq!(dest.as_ptr(), dest_at, "one allocation, no copy");
+        assert_eq!(
+            whole,
+            [(Opcode::SCSI_COMMAND, 0), (Opcode::NOP_OUT, 100)],
+            "the PDUs around them as usual"
+        );
+        assert!(
+            dropped_mid_segment > 0,
+            "the test dropped no read in the middle of a segment"
+        );
     }
 
     /// A sealed session's Data-In PDUs (AES-256-GCM record tags) and a NOP-In after them, as

@@ -77,7 +77,9 @@ impl Session {
         self.read_into(lba, blocks, BytesMut::new()).await
     }
 
-    /// READ(16) reusing `buf` (resized to the transfer length).
+    /// READ(16) reusing `buf` (resized to the transfer length): the data comes back in it or
+    /// in another buffer handed in with a read on this connection (the engine binds a read's
+    /// buffer when its data arrives, the one handed in last, `iscsi_proto`'s `Data::Read`).
     pub async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<BytesMut> {
         let len = read_len(&self.capacity, blocks)?;
         let c = self

@@ -180,7 +180,9 @@ impl Session {
                     info,
                     data_out,
                     nexus: &self.nexus,
-                    tailroom: seal.is_some(),
+                    // Room to seal in place, unless the data goes as it is (`none`): then
+                    // a RAM store answers with its own memory, no copy (issue 27).
+                    tailroom: self.seal.as_ref().is_some_and(|s| s.seals_in_buffer()),
                     forward: Forward {
                         need: x.need,
                         read_len: usize::try_from(edtl).unwrap_or(usize::MAX),

@@ -22,12 +22,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
+use bytes::BytesMut;
 use ipsan_scsi::CommandInfo;
 use iscsi_proto::engine::target as engine;
 use iscsi_proto::engine::target::session::{AddError, ConnId, Session as EngineSession};
 use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
 use iscsi_proto::login::{LoginFailure, LoginStatus};
-use iscsi_wire::header::TmfResponse;
+use iscsi_wire::header::{DataOut, TmfResponse};
 use iscsi_wire::{Pdu, WireError};
 use tokio_util::sync::CancellationToken;
 
@@ -252,6 +253,25 @@ impl<'a> Eng<'a> {
 
     pub(super) fn handle_pdu(&mut self, now: Instant, luns: &Luns<'_>, pdu: Pdu) {
         self.g.handle_pdu(self.s.id, now, luns, pdu);
+    }
+
+    pub(super) fn lend_write_buffer(&mut self, h: &DataOut, len: usize) -> Option<BytesMut> {
+        self.g.lend_write_buffer(self.s.id, h, len)
+    }
+
+    pub(super) fn awaits_data_out(&self) -> bool {
+        self.g.awaits_data_out(self.s.id)
+    }
+
+    pub(super) fn handle_placed_data_out(
+        &mut self,
+        now: Instant,
+        luns: &Luns<'_>,
+        pdu: Pdu,
+        data: BytesMut,
+    ) {
+        self.g
+            .handle_placed_data_out(self.s.id, now, luns, pdu, data);
     }
 
     pub(super) fn handle_wire_error(&mut self, now: Instant, e: &WireError) {

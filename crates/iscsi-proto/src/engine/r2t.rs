@@ -137,7 +137,69 @@ impl WriteState {
 
     /// Accepts one Data-Out PDU.
     pub fn on_data_out(&mut self, h: &DataOut, data: &[u8]) -> Result<(), DataError> {
-        let len = u32::try_from(data.len()).map_err(|_| DataError("Data-Out too long"))?;
+        let burst_end = self.accept(h, data.len())?;
+        self.store(h.buffer_offset, data, burst_end);
+        Ok(())
+    }
+
+    /// Where a Data-Out of `len` bytes can be received in place (issue 27): the free end of
+    /// this write's buffer, as a `BytesMut` of its own, when the PDU's data goes right after
+    /// what is stored so far (in order, DataPDUInOrder=Yes, §13.18) and all of it is kept.
+    /// Room for the rest of its burst is reserved first, as [`WriteState::on_data_out`]
+    /// reserves it when a burst's first bytes arrive (the PDU's head is here, its data is
+    /// arriving). The PDU is not checked here: [`WriteState::on_placed_data_out`] checks it as
+    /// [`WriteState::on_data_out`] does, then joins the buffer back without a copy. `None`:
+    /// receive it as usual.
+    pub fn lend(&mut self, h: &DataOut, len: usize) -> Option<BytesMut> {
+        let offset = h.buffer_offset as usize;
+        let end = offset.checked_add(len)?;
+        if self.whole.is_some() || offset != self.buf.len() || end > self.keep as usize {
+            return None;
+        }
+        let burst_end = if h.ttt == RESERVED_TAG {
+            self.unsolicited_end
+        } else {
+            let o = self.outstanding.iter().find(|o| o.plan.ttt == h.ttt)?;
+            o.plan.offset.saturating_add(o.plan.len)
+        };
+        let want = (burst_end.min(self.keep) as usize).max(end);
+        if want > self.buf.capacity() {
+            self.buf.reserve(want - self.buf.len());
+        }
+        let at = self.buf.len();
+        Some(self.buf.split_off(at))
+    }
+
+    /// Whether Data-Out may come for this write now: its unsolicited data is still open or an
+    /// R2T is outstanding (what is solicited later waits for its R2T).
+    #[must_use]
+    pub fn awaits_data_out(&self) -> bool {
+        self.unsolicited_open || !self.outstanding.is_empty()
+    }
+
+    /// Accepts one Data-Out PDU whose data was received into the buffer
+    /// [`WriteState::lend`] lent (`data`, exactly the PDU's data): checked as
+    /// [`WriteState::on_data_out`] checks it, then joined to the data before it (no copy
+    /// when it is that buffer's free end; copied otherwise). A PDU refused leaves the data
+    /// stored so far as it was.
+    pub fn on_placed_data_out(&mut self, h: &DataOut, data: BytesMut) -> Result<(), DataError> {
+        let burst_end = self.accept(h, data.len())?;
+        let start = h.buffer_offset as usize;
+        if self.whole.is_none()
+            && start == self.buf.len()
+            && start + data.len() <= self.keep as usize
+        {
+            self.buf.unsplit(data);
+        } else {
+            self.store(h.buffer_offset, &data, burst_end);
+        }
+        Ok(())
+    }
+
+    /// Checks one Data-Out of `len` bytes against the data phase and counts it; returns where
+    /// the burst it belongs to ends, for [`WriteState::store`].
+    fn accept(&mut self, h: &DataOut, len: usize) -> Result<u32, DataError> {
+        let len = u32::try_from(len).map_err(|_| DataError("Data-Out too long"))?;
         let offset = h.buffer_offset;
         let end = offset
             .checked_add(len)
@@ -155,7 +217,7 @@ impl WriteState {
             if end > self.unsolicited_end {
                 return Err(DataError("unsolicited data beyond FirstBurstLength"));
             }
-            self.store(offset, data, self.unsolicited_end);
+            let burst_end = self.unsolicited_end;
             self.unsolicited_data_sn = self.unsolicited_data_sn.wrapping_add(1);
             self.unsolicited_received = end;
             if h.final_ || end == self.unsolicited_end {
@@ -167,7 +229,7 @@ impl WriteState {
                 }
                 self.unsolicited_open = false;
             }
-            return Ok(());
+            return Ok(burst_end);
         }
         let idx = self
             .outstanding
@@ -196,8 +258,7 @@ impl WriteState {
         if done {
             self.outstanding.swap_remove(idx);
         }
-        self.store(offset, data, burst_end);
-        Ok(())
+        Ok(burst_end)
     }
 
     /// Stores one Data-Out's bytes at `offset`; `burst_end` is where the burst they belong to
@@ -483,6 +544,87 @@ mod tests {
         assert_eq!(
             (d[0], d[4096], d[8192], d[24576], d[40960], d[65535]),
             (1, 2, 3, 4, 5, 6)
+        );
+    }
+
+    /// Data-Out received in place (issue 27): unsolicited and solicited Data-Out lent the
+    /// free end of the write's one buffer, given back and joined without a copy; the data is
+    /// the same as when stored by copy, in one allocation from the first byte on.
+    #[test]
+    fn accepts_data_out_placed_in_the_writes_own_buffer_without_a_copy() {
+        let p = params(false, 16384, 65536, 1);
+        let mut w =
+            WriteState::new(&p, &cmd(65536, false), Bytes::from(vec![1u8; 4096]), 65536).unwrap();
+        let place = |w: &mut WriteState, h: DataOut, byte: u8, len: usize| {
+            let mut b = w.lend(&h, len).expect("lent");
+            assert!(b.is_empty() && b.capacity() >= len);
+            b.extend_from_slice(&vec![byte; len]);
+            w.on_placed_data_out(&h, b).unwrap();
+        };
+        let at = w.buf.as_ptr();
+        place(&mut w, dout(RESERVED_TAG, 0, 4096, false), 2, 4096);
+        place(&mut w, dout(RESERVED_TAG, 1, 8192, true), 3, 8192);
+        let plans = w.plan_r2ts(|| 7);
+        assert_eq!((plans[0].offset, plans[0].len), (16384, 49152));
+        place(&mut w, dout(7, 0, 16384, false), 4, 32768);
+        place(&mut w, dout(7, 1, 49152, true), 5, 16384);
+        assert!(w.is_complete());
+        let d = w.into_data();
+        assert_eq!(
+            d.as_ptr(),
+            at,
+            "one buffer: every placed PDU joined in place"
+        );
+        assert_eq!(
+            (
+                d[0],
+                d[4096],
+                d[8192],
+                d[16384],
+                d[49151],
+                d[49152],
+                d.len()
+            ),
+            (1, 2, 3, 4, 4, 5, 65536)
+        );
+    }
+
+    /// What is not lent for (`None`: received and copied as before): data out of order, past
+    /// what the CDB keeps, or for an unknown TTT. A placed PDU the data phase refuses (DataSN
+    /// out of order) leaves the data stored so far as it was, and the right one is placed
+    /// after it.
+    #[test]
+    fn rejects_placed_data_out_out_of_order_and_keeps_the_data_before_it() {
+        let p = params(false, 16384, 65536, 1);
+        let mut w =
+            WriteState::new(&p, &cmd(16384, false), Bytes::from(vec![1u8; 4096]), 12288).unwrap();
+        assert!(
+            w.lend(&dout(RESERVED_TAG, 0, 8192, false), 4096).is_none(),
+            "a gap"
+        );
+        assert!(
+            w.lend(&dout(RESERVED_TAG, 0, 4096, false), 12288).is_none(),
+            "past keep"
+        );
+        assert!(
+            w.lend(&dout(42, 0, 4096, false), 4096).is_none(),
+            "unknown TTT"
+        );
+        let h = dout(RESERVED_TAG, 1, 4096, false);
+        let mut b = w.lend(&h, 4096).unwrap();
+        b.extend_from_slice(&[9; 4096]);
+        assert!(w.on_placed_data_out(&h, b).is_err(), "DataSN 1 before 0");
+        let h = dout(RESERVED_TAG, 0, 4096, false);
+        let mut b = w.lend(&h, 4096).unwrap();
+        b.extend_from_slice(&[2; 4096]);
+        w.on_placed_data_out(&h, b).unwrap();
+        w.on_data_out(&dout(RESERVED_TAG, 1, 8192, true), &[3; 8192])
+            .unwrap();
+        assert!(w.is_complete());
+        let d = w.into_data();
+        assert_eq!(
+            (d[0], d[4095], d[4096], d[8191], d[8192], d.len()),
+            (1, 1, 2, 2, 3, 12288)
         );
     }
 

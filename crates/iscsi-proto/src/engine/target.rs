@@ -648,7 +648,7 @@ impl<D> Connection<D> {
             Header::ScsiCommand(cmd) if !discovery => {
                 self.on_command(dir, cmd, &pdu.ahs, pdu.data, &raw);
             }
-            Header::DataOut(h) if !discovery => self.on_data_out(&h, &pdu.data, &raw),
+            Header::DataOut(h) if !discovery => self.on_data_out(&h, &pdu.data, None, &raw),
             Header::TaskMgmtRequest(h) if !discovery => self.on_tmf(dir, &h),
             Header::NopOut(h) => self.on_nop_out(&h, pdu.data),
             Header::TextRequest(h) => self.on_text(dir, &h, &pdu.data, &raw),

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use iscsi_wire::header::{DataIn, ScsiResponse};
 use iscsi_wire::{Opcode, Pdu};
 
-use super::{Completion, Connection, Phase, TaskError};
+use super::{bind_read_buffer, Completion, Connection, Phase, TaskError};
 use crate::engine::Violation;
 
 impl Connection {
@@ -38,6 +38,9 @@ impl Connection {
         }
         let end = u64::from(offset) + len as u64;
         let buf = t.read.as_mut()?;
+        if offset == 0 {
+            bind_read_buffer(buf, &mut self.read_pool, t.read_len as usize);
+        }
         if buf.len() != offset as usize
             || end > u64::from(t.read_len)
             || buf.capacity() - buf.len() < len
@@ -58,7 +61,10 @@ impl Connection {
 
     pub(super) fn on_data_in(&mut self, h: &DataIn, data: Segment) {
         let now_itt = h.itt;
+        // Out of `self` while the task is borrowed (`bind_read_buffer`); put back below.
+        let mut pool = std::mem::take(&mut self.read_pool);
         let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
+            self.read_pool = pool;
             return;
         };
         let off = h.buffer_offset;
@@ -87,6 +93,7 @@ impl Connection {
         if let Err(v) = check {
             // At ErrorRecoveryLevel 0 a Data-In sequence cannot be repaired (no SNACK,
             // §7.1.4): the connection ends, and every task with it.
+            self.read_pool = pool;
             self.violation(v);
             return;
         }
@@ -110,20 +117,32 @@ impl Connection {
             // nothing else holds the receive buffer it sits in (the driver's reader leaves it
             // so, `ipsan_transport::FrameReader::hand_over`); the caller's buffer then goes
             // back to the reader (`take_spare_buffer`). Otherwise it is copied (issue 27).
+            // A buffer from the pool goes back to the reader instead of the task's unbound one.
             match data.try_into_mut() {
-                Ok(whole) => spare = t.read.replace(whole),
+                Ok(whole) => {
+                    spare = t
+                        .read
+                        .replace(whole)
+                        .filter(|b| b.capacity() > 0)
+                        .or_else(|| pool.pop());
+                }
                 Err(data) => {
                     if let Some(buf) = t.read.as_mut() {
+                        bind_read_buffer(buf, &mut pool, t.read_len as usize);
                         buf.extend_from_slice(&data);
                     }
                 }
             }
         } else if let Some(buf) = t.read.as_mut() {
             // `off == received == buf.len()`, checked above.
+            if off == 0 {
+                bind_read_buffer(buf, &mut pool, t.read_len as usize);
+            }
             buf.extend_from_slice(&data);
         }
         t.received += n;
         t.next_data_sn = t.next_data_sn.wrapping_add(1);
+        self.read_pool = pool;
         if spare.is_some() {
             self.spare = spare;
         }

@@ -4,11 +4,11 @@
 
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use iscsi_wire::header::{DataOut, R2t, ScsiCommand, TaskAttr};
 use iscsi_wire::{Opcode, Pdu, RESERVED_TAG};
 
-use super::{Command, Connection, Data, Phase, SubmitError, Task};
+use super::{Command, Connection, Data, Phase, SubmitError, Task, READ_POOL_MAX};
 use crate::engine::Violation;
 use crate::seq::{sn_le, sn_lt};
 
@@ -44,10 +44,13 @@ impl Connection {
             }
             Data::Read { mut buf, len } => {
                 // Data-In arrives in order (DataPDUInOrder=Yes) and is appended: no memset of
-                // the whole buffer ahead of the data, and nothing stale can leak.
+                // the whole buffer ahead of the data, and nothing stale can leak. The buffer
+                // joins the pool; the read takes one when its data arrives (issue 27).
                 buf.clear();
-                buf.reserve(len as usize);
-                (Bytes::new(), Some(buf), len)
+                if buf.capacity() > 0 && self.read_pool.len() < READ_POOL_MAX {
+                    self.read_pool.push(buf);
+                }
+                (Bytes::new(), Some(BytesMut::new()), len)
             }
         };
         let deadline = self

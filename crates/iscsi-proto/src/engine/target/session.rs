@@ -46,7 +46,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use iscsi_wire::header::{TmfFunction, TmfResponse};
+use bytes::BytesMut;
+use iscsi_wire::header::{DataOut, TmfFunction, TmfResponse};
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
 use super::{Config, Connection, Event, LunDirectory, Response};
@@ -402,6 +403,51 @@ impl<D> Session<D> {
         } else {
             self.deliver(i, now, dir, pdu);
         }
+        self.drain(now, dir);
+    }
+
+    /// Connection `id`'s [`Connection::lend_write_buffer`]: `None` while PDUs wait on it for
+    /// commands before them (a Data-Out behind them waits too, with its data).
+    pub fn lend_write_buffer(&mut self, id: ConnId, h: &DataOut, len: usize) -> Option<BytesMut> {
+        let i = self.index(id)?;
+        let m = &mut self.members[i];
+        if !m.held.is_empty() {
+            return None;
+        }
+        m.conn.lend_write_buffer(h, len)
+    }
+
+    /// Connection `id`'s [`Connection::awaits_data_out`].
+    #[must_use]
+    pub fn awaits_data_out(&self, id: ConnId) -> bool {
+        self.index(id)
+            .is_some_and(|i| self.members[i].conn.awaits_data_out())
+    }
+
+    /// A Data-Out on connection `id` whose data was received into the buffer
+    /// [`Session::lend_write_buffer`] lent ([`Connection::handle_placed_data_out`]).
+    pub fn handle_placed_data_out(
+        &mut self,
+        id: ConnId,
+        now: Instant,
+        dir: &dyn LunDirectory<D>,
+        pdu: Pdu,
+        data: BytesMut,
+    ) {
+        let Some(i) = self.index(id) else {
+            return;
+        };
+        if !self.members[i].held.is_empty() {
+            // Not lent for while PDUs wait: as any PDU.
+            let pdu = Pdu::new(pdu.header, data.freeze());
+            self.handle_pdu(id, now, dir, pdu);
+            return;
+        }
+        self.clock = self.clock.max(now);
+        if self.members[i].conn.closed.is_some() {
+            return;
+        }
+        self.with(i, |c| c.handle_placed_data_out(now, pdu, data));
         self.drain(now, dir);
     }
 

@@ -3,10 +3,14 @@
 //! immediate and unsolicited data, R2Ts (§11.8) and Data-Out (§11.7) until the data phase is
 //! over, then [`Event::Execute`].
 
-use bytes::Bytes;
-use iscsi_wire::header::{DataOut, R2t, RejectReason, ScsiCommand};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::header::{DataOut, Header, R2t, RejectReason, ScsiCommand};
+use iscsi_wire::Pdu;
 
 use super::{Collect, Connection, Event, Execute, LunDirectory, Response, Sizing, Task, TaskState};
+use crate::params::SessionType;
 use crate::engine::r2t::{DataError, R2tPlan, WriteState};
 
 impl<D> Connection<D> {
@@ -177,12 +181,73 @@ impl<D> Connection<D> {
         }));
     }
 
-    pub(super) fn on_data_out(&mut self, h: &DataOut, data: &[u8], raw: &[u8; 48]) {
+    /// Where a Data-Out of `len` bytes can be received in place (issue 27): the free end of
+    /// its write's own buffer ([`WriteState::lend`]), so the driver receives the data there
+    /// instead of copying it from its receive buffer; it gives the buffer back with the PDU
+    /// ([`Connection::handle_placed_data_out`]). `None`: receive it as usual. Nothing is
+    /// changed for the task but room reserved: a buffer never given back loses nothing.
+    pub fn lend_write_buffer(&mut self, h: &DataOut, len: usize) -> Option<BytesMut> {
+        if self.closed.is_some() || self.params.session_type == SessionType::Discovery {
+            return None;
+        }
+        match self.tasks.get_mut(&h.itt) {
+            Some(Task {
+                state: TaskState::Collecting(c),
+                ..
+            }) => c.write.lend(h, len),
+            _ => None,
+        }
+    }
+
+    /// Whether a Data-Out may come for one of this connection's writes now (unsolicited data
+    /// open, or an R2T outstanding): the driver then reads the next PDU's head alone, so a
+    /// long one is received in place whole ([`Connection::lend_write_buffer`]).
+    #[must_use]
+    pub fn awaits_data_out(&self) -> bool {
+        self.tasks
+            .values()
+            .any(|t| matches!(&t.state, TaskState::Collecting(c) if c.write.awaits_data_out()))
+    }
+
+    /// A Data-Out whose data the driver received into the buffer
+    /// [`Connection::lend_write_buffer`] lent (`data`: exactly its data; `pdu.data` is
+    /// empty): handled as [`Connection::handle_pdu`] handles any Data-Out (§11.7), the data
+    /// joined to the write's without a copy.
+    pub fn handle_placed_data_out(&mut self, now: Instant, pdu: Pdu, data: BytesMut) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.heard(now);
+        if self.params.error_recovery_level > 0 {
+            self.acknowledged(&pdu.header);
+        }
+        // A placed PDU has no received BHS: a Reject carries the header as decoded.
+        let mut raw = [0u8; 48];
+        pdu.header.write(&mut raw);
+        match pdu.header {
+            Header::DataOut(h) if self.params.session_type != SessionType::Discovery => {
+                self.on_data_out(&h, &[], Some(data), &raw)
+            }
+            _ => self.reject(RejectReason::PROTOCOL_ERROR, &raw),
+        }
+    }
+
+    /// `placed`: the data, received in place ([`Connection::handle_placed_data_out`]).
+    pub(super) fn on_data_out(
+        &mut self,
+        h: &DataOut,
+        data: &[u8],
+        placed: Option<BytesMut>,
+        raw: &[u8; 48],
+    ) {
         let result = match self.tasks.get_mut(&h.itt) {
             Some(Task {
                 state: TaskState::Collecting(c),
                 ..
-            }) => c.write.on_data_out(h, data),
+            }) => match placed {
+                Some(p) => c.write.on_placed_data_out(h, p),
+                None => c.write.on_data_out(h, data),
+            },
             Some(_) => Err(DataError("Data-Out for a command past its data phase")),
             None => {
                 if !self.aborted.contains(&h.itt) {
