@@ -10,8 +10,8 @@ use iscsi_wire::header::{DataOut, Header, R2t, RejectReason, ScsiCommand};
 use iscsi_wire::Pdu;
 
 use super::{Collect, Connection, Event, Execute, LunDirectory, Response, Sizing, Task, TaskState};
-use crate::params::SessionType;
 use crate::engine::r2t::{DataError, R2tPlan, WriteState};
+use crate::params::SessionType;
 
 impl<D> Connection<D> {
     /// One R2T per plan of task `itt` (RFC 7143 §11.8): the first ones of a write, or a
