@@ -137,21 +137,42 @@ impl Vm {
         s
     }
 
-    fn wait_ready(&mut self, within: Duration) {
+    /// A VM whose nvmet is ready. The guest kernel under QEMU's TCG has been seen to oops
+    /// while booting, before any NVMe (`int3` in `crng_make_state` under `modprobe`, seen once,
+    /// 2026-11-27): such a boot is logged and tried once more; any other failure is the test's.
+    fn start_ready(env: &[(&str, &str)], within: Duration) -> Self {
+        let mut vm = Self::start(env);
+        match vm.try_wait_ready(within) {
+            Ok(()) => vm,
+            Err(c) if c.contains("Oops:") || c.contains("Kernel panic") => {
+                eprintln!("the guest kernel failed while booting, booting once more:\n{c}");
+                drop(vm);
+                let mut vm = Self::start(env);
+                if let Err(c) = vm.try_wait_ready(within) {
+                    panic!("{c}");
+                }
+                vm
+            }
+            Err(c) => panic!("{c}"),
+        }
+    }
+
+    fn try_wait_ready(&mut self, within: Duration) -> Result<(), String> {
         let end = Instant::now() + within;
         loop {
             let c = self.console();
             if c.contains("NVMET ready") {
-                return;
+                return Ok(());
             }
-            assert!(!c.contains("RESULT fail"), "nvmet-serve failed:\n{c}");
+            if c.contains("RESULT fail") {
+                return Err(format!("nvmet-serve failed:\n{c}"));
+            }
             if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("the VM exited ({st}) before nvmet was ready:\n{c}");
+                return Err(format!("the VM exited ({st}) before nvmet was ready:\n{c}"));
             }
-            assert!(
-                Instant::now() < end,
-                "nvmet not ready within {within:?}:\n{c}"
-            );
+            if Instant::now() >= end {
+                return Err(format!("nvmet not ready within {within:?}:\n{c}"));
+            }
             std::thread::sleep(Duration::from_millis(500));
         }
     }
@@ -194,8 +215,7 @@ fn accepts_linux_nvmet_for_discover_inquiry_and_verified_bench() {
     let _one = VM_LOCK
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut vm = Vm::start(&[]);
-    vm.wait_ready(Duration::from_secs(240));
+    let vm = Vm::start_ready(&[], Duration::from_secs(240));
     let port = vm.port;
 
     // Discovery: the Discovery log lists the subsystem (nvmet serves discovery on every port).
@@ -338,12 +358,14 @@ fn accepts_linux_nvmet_with_tls_and_dh_hmac_chap_and_refuses_wrong_keys() {
     let wrong_dhchap = secret_file(k, "wrong-dhchap", &other_dhchap);
     let wrong_tls = secret_file(k, "wrong-tls", &other_tls);
 
-    let mut vm = Vm::start(&[
-        ("DHCHAP_SECRET", &host_key),
-        ("DHCHAP_CTRL_SECRET", &ctrl_key),
-        ("TLS_KEY", &tls_key),
-    ]);
-    vm.wait_ready(Duration::from_secs(240));
+    let vm = Vm::start_ready(
+        &[
+            ("DHCHAP_SECRET", &host_key),
+            ("DHCHAP_CTRL_SECRET", &ctrl_key),
+            ("TLS_KEY", &tls_key),
+        ],
+        Duration::from_secs(240),
+    );
     let plain = format!("nvme+tcp://127.0.0.1:{}/{SUBNQN}/1", vm.port);
     let tls = format!("nvme+tcp://127.0.0.1:{}/{SUBNQN}/1", vm.tls_port);
     let who = ["--hostnqn", GUEST_HOSTNQN];
