@@ -13,14 +13,14 @@
 
 mod counting_alloc;
 
+mod common;
+
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{NvmeConfig, NvmeSession, NvmeUrl};
-use ipsan_target::config::{self, Config, TargetConfig};
-use ipsan_target::ServerHandle;
 
 use counting_alloc::Counting;
 
@@ -78,19 +78,7 @@ fn accepts_1mib_reads_served_from_the_ram_store_into_host_buffers_that_go_round(
         .on_thread_start(|| SIDE.with(|s| s.set(Side::Target)))
         .build()
         .unwrap();
-    let h = target_rt.block_on(async {
-        let mut c = Config {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-            targets: vec![TargetConfig::new(
-                IQN,
-                config::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-            )],
-            ..Config::default()
-        };
-        c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
-        c.validate().unwrap();
-        ServerHandle::start(&c).await.unwrap()
-    });
+    let h = target_rt.block_on(common::nvme_target(IQN, "mem:16MiB"));
     let url = NvmeUrl::parse(&format!("nvme+tcp://{}/{NQN}/1", h.nvme_addrs[0])).unwrap();
 
     // The host: this thread, one thread for all of it (as `ipsan bench` runs by default).

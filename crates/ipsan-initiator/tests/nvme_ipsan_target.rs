@@ -6,31 +6,18 @@
 //! controller past its KATO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{self, NvmeConfig, NvmeSession, NvmeUrl};
 use ipsan_initiator::{IscsiUrl, Session, SessionConfig};
-use ipsan_target::config::{self, Config, TargetConfig};
 use ipsan_target::ServerHandle;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:nvme-host";
 const NQN: &str = "nqn.2026-11.org.ipsan:nvme-host";
-
-async fn start() -> ServerHandle {
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetConfig::new(
-            IQN,
-            config::luns_from_specs(&["mem:64MiB".to_owned()]).unwrap(),
-        )],
-        ..Config::default()
-    };
-    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
-}
 
 fn pattern(len: usize, seed: u32) -> Bytes {
     (0..len as u32)
@@ -45,7 +32,7 @@ fn nvme_url(h: &ServerHandle) -> NvmeUrl {
 
 #[tokio::test]
 async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:64MiB").await;
     let cfg = NvmeConfig {
         queues: 2,
         header_digest: true,
@@ -136,7 +123,7 @@ async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
 
 #[tokio::test]
 async fn accepts_ipsan_discovery_log_listing_the_subsystem() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:64MiB").await;
     let url = NvmeUrl::parse(&format!("nvme+tcp://{}", h.nvme_addrs[0])).unwrap();
     let (_, entries) = nvme::discover(&url, &NvmeConfig::default()).await.unwrap();
     let e = entries
@@ -154,7 +141,7 @@ async fn accepts_ipsan_discovery_log_listing_the_subsystem() {
 
 #[tokio::test]
 async fn accepts_an_idle_session_past_kato_because_keep_alive_runs() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:64MiB").await;
     let cfg = NvmeConfig {
         kato: Duration::from_secs(1),
         ..NvmeConfig::default()

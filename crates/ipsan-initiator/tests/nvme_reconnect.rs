@@ -9,6 +9,8 @@
 //! - without `reconnect`, a lost connection fails the command as before.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,27 +18,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{NvmeConfig, NvmeError, NvmeSession, NvmeUrl, Reconnect};
-use ipsan_target::config::{self, Config, TargetConfig};
-use ipsan_target::ServerHandle;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:nvme-reconnect";
 const NQN: &str = "nqn.2026-11.org.ipsan:nvme-reconnect";
-
-async fn start() -> ServerHandle {
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetConfig::new(
-            IQN,
-            config::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-        )],
-        ..Config::default()
-    };
-    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
-}
 
 /// A loopback relay to the target that can be cut.
 struct Relay {
@@ -114,7 +100,7 @@ fn pattern(len: usize, seed: u8) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepts_commands_across_a_cut_connection_after_reconnecting() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let h = start().await;
+        let h = common::nvme_target(IQN, "mem:16MiB").await;
         let relay = Relay::start(h.nvme_addrs[0]).await;
         let rc = Reconnect {
             delay: Duration::from_millis(200),
@@ -180,7 +166,7 @@ async fn accepts_commands_across_a_cut_connection_after_reconnecting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_commands_once_the_controller_is_lost_past_ctrl_loss_tmo() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let h = start().await;
+        let h = common::nvme_target(IQN, "mem:16MiB").await;
         let relay = Relay::start(h.nvme_addrs[0]).await;
         let rc = Reconnect {
             delay: Duration::from_millis(200),

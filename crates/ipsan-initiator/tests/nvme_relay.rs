@@ -5,34 +5,20 @@
 //! which is what the digest is for.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{NvmeConfig, NvmeError, NvmeSession, NvmeUrl};
-use ipsan_target::config::{self, Config, TargetConfig};
-use ipsan_target::ServerHandle;
 use nvme_wire::entry::Status;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const IQN: &str = "iqn.2026-11.org.ipsan:nvme-relay";
 const NQN: &str = "nqn.2026-11.org.ipsan:nvme-relay";
-
-async fn start() -> ServerHandle {
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetConfig::new(
-            IQN,
-            config::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-        )],
-        ..Config::default()
-    };
-    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
-}
 
 /// A relay to `target`; while `flip` is set, the first data byte of every C2HData PDU from
 /// the target is altered.
@@ -96,7 +82,7 @@ async fn session(addr: SocketAddr, data_digest: bool) -> NvmeSession {
 
 #[tokio::test]
 async fn rejects_read_data_altered_on_the_path_when_data_digests_are_on() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let flip = Arc::new(AtomicBool::new(false));
     let addr = relay(h.nvme_addrs[0], flip.clone()).await;
     let s = session(addr, true).await;
@@ -123,7 +109,7 @@ async fn rejects_read_data_altered_on_the_path_when_data_digests_are_on() {
 
 #[tokio::test]
 async fn accepts_altered_read_data_without_data_digests_which_is_what_they_are_for() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let flip = Arc::new(AtomicBool::new(false));
     let addr = relay(h.nvme_addrs[0], flip.clone()).await;
     let s = session(addr, false).await;

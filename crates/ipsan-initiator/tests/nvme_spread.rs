@@ -5,6 +5,8 @@
 //! second command would queue behind the held one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +15,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{NvmeConfig, NvmeSession, NvmeUrl};
-use ipsan_target::config::{self, Config, TargetConfig};
-use ipsan_target::ServerHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -26,20 +26,6 @@ const NQN: &str = "nqn.2026-11.org.ipsan:nvme-spread";
 /// 1.0), the first byte of the SQE behind the 8-byte common header.
 const CAPSULE_CMD: u8 = 0x04;
 const OP_READ: u8 = 0x02;
-
-async fn start() -> ServerHandle {
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetConfig::new(
-            IQN,
-            config::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-        )],
-        ..Config::default()
-    };
-    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
-}
 
 /// The relay's state, over every connection (numbered in accept order).
 #[derive(Default)]
@@ -144,7 +130,7 @@ fn pattern(len: usize) -> Bytes {
 
 #[tokio::test]
 async fn sends_commands_to_the_idle_queue_while_the_other_holds_one() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let path = Arc::new(Path::default());
     let addr = relay(h.nvme_addrs[0], path.clone()).await;
     let url = NvmeUrl::parse(&format!("nvme+tcp://{addr}/{NQN}/1")).unwrap();
@@ -213,7 +199,7 @@ async fn sends_commands_to_the_idle_queue_while_the_other_holds_one() {
 
 #[tokio::test]
 async fn fails_a_held_command_at_its_deadline_and_serves_again_once_released() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let path = Arc::new(Path::default());
     let addr = relay(h.nvme_addrs[0], path.clone()).await;
     let url = NvmeUrl::parse(&format!("nvme+tcp://{addr}/{NQN}/1")).unwrap();

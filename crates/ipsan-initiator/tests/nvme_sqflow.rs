@@ -8,6 +8,8 @@
 //! the host refuse it: the read fails, the host sends an H2CTermReq, nothing is taken as read.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,8 +17,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ipsan_initiator::nvme::{NvmeConfig, NvmeSession, NvmeUrl};
-use ipsan_target::config::{self, Config, TargetConfig};
-use ipsan_target::ServerHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -29,20 +29,6 @@ const CAPSULE_RESP: u8 = 0x05;
 const C2H_DATA: u8 = 0x07;
 const FLAG_LAST_PDU: u8 = 0x04;
 const FLAG_SUCCESS: u8 = 0x08;
-
-async fn start() -> ServerHandle {
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetConfig::new(
-            IQN,
-            config::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-        )],
-        ..Config::default()
-    };
-    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
-}
 
 /// What the relay saw, over every connection.
 #[derive(Default)]
@@ -159,7 +145,7 @@ async fn reads(s: &NvmeSession, data: &Bytes) -> usize {
 
 #[tokio::test]
 async fn accepts_reads_ended_by_c2h_success_without_response_capsules_by_default() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let seen = Arc::new(Seen::default());
     let addr = relay(h.nvme_addrs[0], seen.clone()).await;
     let s = session(addr, false).await;
@@ -198,7 +184,7 @@ async fn accepts_reads_ended_by_c2h_success_without_response_capsules_by_default
 
 #[tokio::test]
 async fn accepts_a_response_capsule_for_every_read_when_the_host_keeps_sq_flow_control() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let seen = Arc::new(Seen::default());
     let addr = relay(h.nvme_addrs[0], seen.clone()).await;
     let s = session(addr, true).await;
@@ -223,7 +209,7 @@ async fn accepts_a_response_capsule_for_every_read_when_the_host_keeps_sq_flow_c
 
 #[tokio::test]
 async fn rejects_c2h_success_without_last_pdu_altered_on_the_path() {
-    let h = start().await;
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
     let seen = Arc::new(Seen::default());
     let addr = relay(h.nvme_addrs[0], seen.clone()).await;
     let s = session(addr, false).await;

@@ -352,3 +352,20 @@ pub async fn seal_target(
     c.validate().unwrap();
     ipsan_target::ServerHandle::start(&c).await.unwrap()
 }
+
+/// The ipsan target in-process with an NVMe/TCP listener, both on 127.0.0.1:0: target `iqn`
+/// with one LUN of `lun` (a backend spec, `mem:16MiB`), served as a namespace too.
+pub async fn nvme_target(iqn: &str, lun: &str) -> ipsan_target::ServerHandle {
+    use ipsan_target::config::{self as tconfig, Config, TargetConfig};
+    let mut c = Config {
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        targets: vec![TargetConfig::new(
+            iqn,
+            tconfig::luns_from_specs(&[lun.to_owned()]).unwrap(),
+        )],
+        ..Config::default()
+    };
+    c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    c.validate().unwrap();
+    ipsan_target::ServerHandle::start(&c).await.unwrap()
+}
