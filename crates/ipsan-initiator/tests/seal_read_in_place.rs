@@ -25,10 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{config, seal_target};
-use ipsan_initiator::seal::SealRequest;
-use ipsan_initiator::{Error, IscsiUrl, LoginOptions, Session, SessionConfig};
-use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
+use common::{seal_target, sealed_config};
+use ipsan_initiator::{Error, IscsiUrl, Session};
+use ipsan_seal::{Cipher, SealPolicy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -66,19 +65,6 @@ fn pattern(len: usize, seed: u32) -> Bytes {
         .into()
 }
 
-fn sealed(cipher: Cipher) -> SessionConfig {
-    let req = SealRequest {
-        ciphers: vec![cipher],
-        chunk: ipsan_seal::DEFAULT_CHUNK,
-        psk: Psk::new(SECRET.to_vec()).unwrap(),
-        pool: Some(Arc::new(CryptoPool::new(1).unwrap())),
-    };
-    SessionConfig {
-        extension: Some(req.factory()),
-        ..config(LoginOptions::default())
-    }
-}
-
 fn target_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -105,7 +91,7 @@ fn accepts_sealed_1mib_reads_received_in_place_without_receive_buffers_per_read(
         let large = host_rt.block_on(async {
             let s = tokio::time::timeout(
                 Duration::from_secs(10),
-                Session::open(&url, &sealed(cipher)),
+                Session::open(&url, &sealed_config(cipher, SECRET)),
             )
             .await
             .unwrap()
@@ -255,7 +241,7 @@ fn rejects_a_sealed_data_in_altered_after_its_header_and_reports_nothing_read() 
         }));
         let via = relay(h.addrs[0], flip.clone()).await;
         let url = IscsiUrl::parse(&format!("iscsi://{via}/{IQN}/0")).unwrap();
-        let s = Session::open(&url, &sealed(Cipher::Aes256Gcm))
+        let s = Session::open(&url, &sealed_config(Cipher::Aes256Gcm, SECRET))
             .await
             .unwrap();
         let data = pattern(MIB, 7);

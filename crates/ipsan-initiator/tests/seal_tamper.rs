@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{bounded, config, seal_target};
-use ipsan_initiator::seal::SealRequest;
+use common::{bounded, config, seal_request, seal_target};
 use ipsan_initiator::{Error, IscsiUrl, LoginOptions, Session, SessionConfig};
-use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
+use ipsan_seal::{Cipher, SealPolicy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -235,14 +234,8 @@ async fn relay(to: std::net::SocketAddr, shared: Arc<Mutex<Shared>>) -> std::net
 }
 
 fn sealed(cipher: Cipher) -> SessionConfig {
-    let req = SealRequest {
-        ciphers: vec![cipher],
-        chunk: ipsan_seal::DEFAULT_CHUNK,
-        psk: Psk::new(SECRET.to_vec()).unwrap(),
-        pool: Some(Arc::new(CryptoPool::new(1).unwrap())),
-    };
     SessionConfig {
-        extension: Some(req.factory()),
+        extension: Some(seal_request(cipher, SECRET).factory()),
         // The keepalive NOP-Out is what exposes a dropped last PDU; keep it short.
         nop_interval: Some(Duration::from_millis(500)),
         command_timeout: Some(Duration::from_secs(5)),

@@ -15,14 +15,12 @@ mod counting_alloc;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{config, seal_target};
-use ipsan_initiator::seal::SealRequest;
-use ipsan_initiator::{IscsiUrl, LoginOptions, Session, SessionConfig};
-use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
+use common::{seal_target, sealed_config};
+use ipsan_initiator::{IscsiUrl, Session};
+use ipsan_seal::{Cipher, SealPolicy};
 
 use counting_alloc::Counting;
 
@@ -46,19 +44,6 @@ fn count(size: usize) {
 #[global_allocator]
 static A: Counting = Counting(count);
 
-fn sealed(cipher: Cipher) -> SessionConfig {
-    let req = SealRequest {
-        ciphers: vec![cipher],
-        chunk: ipsan_seal::DEFAULT_CHUNK,
-        psk: Psk::new(SECRET.to_vec()).unwrap(),
-        pool: Some(Arc::new(CryptoPool::new(1).unwrap())),
-    };
-    SessionConfig {
-        extension: Some(req.factory()),
-        ..config(LoginOptions::default())
-    }
-}
-
 #[test]
 fn accepts_none_reads_answered_from_the_stores_memory_without_a_buffer_per_read() {
     let target_rt = tokio::runtime::Builder::new_multi_thread()
@@ -78,7 +63,7 @@ fn accepts_none_reads_answered_from_the_stores_memory_without_a_buffer_per_read(
         let large = host_rt.block_on(async {
             let s = tokio::time::timeout(
                 Duration::from_secs(10),
-                Session::open(&url, &sealed(cipher)),
+                Session::open(&url, &sealed_config(cipher, SECRET)),
             )
             .await
             .unwrap()

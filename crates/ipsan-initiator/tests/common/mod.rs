@@ -369,3 +369,24 @@ pub async fn nvme_target(iqn: &str, lun: &str) -> ipsan_target::ServerHandle {
     c.validate().unwrap();
     ipsan_target::ServerHandle::start(&c).await.unwrap()
 }
+
+/// Seal for one `cipher` with the pre-shared `secret` and a crypto pool of one worker.
+pub fn seal_request(
+    cipher: ipsan_seal::Cipher,
+    secret: &[u8],
+) -> ipsan_initiator::seal::SealRequest {
+    ipsan_initiator::seal::SealRequest {
+        ciphers: vec![cipher],
+        chunk: ipsan_seal::DEFAULT_CHUNK,
+        psk: ipsan_seal::Psk::new(secret.to_vec()).unwrap(),
+        pool: Some(Arc::new(ipsan_seal::CryptoPool::new(1).unwrap())),
+    }
+}
+
+/// [`config`] with the default login, sealed with [`seal_request`].
+pub fn sealed_config(cipher: ipsan_seal::Cipher, secret: &[u8]) -> SessionConfig {
+    SessionConfig {
+        extension: Some(seal_request(cipher, secret).factory()),
+        ..config(LoginOptions::default())
+    }
+}
