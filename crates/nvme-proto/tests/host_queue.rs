@@ -471,7 +471,12 @@ fn accepts_reads_in_flight_landing_in_the_buffer_given_back_last() {
     let mut in_flight = std::collections::VecDeque::new();
     for _ in 0..4 {
         let cid = q
-            .submit(sqe, Bytes::new(), len as u32, BytesMut::with_capacity(2 * len))
+            .submit(
+                sqe,
+                Bytes::new(),
+                len as u32,
+                BytesMut::with_capacity(2 * len),
+            )
             .unwrap();
         in_flight.push_back(cid);
     }
@@ -524,7 +529,11 @@ fn accepts_read_data_in_pieces_gathered_into_the_buffer_brought_last() {
         Some(HostEvent::Completed { cid: c, data, .. }) => {
             assert_eq!(c, cid);
             assert_eq!(data.len(), 8192);
-            assert_eq!(data.as_ptr(), last_at, "not gathered into the buffer brought last");
+            assert_eq!(
+                data.as_ptr(),
+                last_at,
+                "not gathered into the buffer brought last"
+            );
         }
         e => panic!("expected a completion, got {e:?}"),
     }
