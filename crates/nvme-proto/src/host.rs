@@ -9,10 +9,11 @@
 //! PDU's header and the caller's payload as separate buffers, for a vectored write. Read data
 //! arrives as C2HData PDUs, in order: a command's data in one PDU (what ipsan's and Linux's
 //! targets send) is handed over as that PDU's slice of the receive buffer, without a copy (a
-//! long one alone in its buffer, which the caller owns and brings back as a later read's
-//! buffer, received into next: [`HAND_OVER_MIN`]); data in several PDUs is gathered into the
-//! command's own buffer. The command completes with the CapsuleResp, or with the last
-//! C2HData when it carries SUCCESS. Every fatal error
+//! long one alone in its buffer, which the caller owns and brings back with a later read:
+//! [`HAND_OVER_MIN`]); data in several PDUs is gathered into a buffer of the command's own.
+//! The buffers callers bring wait in the queue's pool and are taken when data arrives, the
+//! one brought last first ([`POOL_MAX`]). The command completes with the CapsuleResp, or with
+//! the last C2HData when it carries SUCCESS. Every fatal error
 //! (a malformed PDU, data outside the command, a PDU out of sequence) is answered with an
 //! H2CTermReq and ends the queue; a C2HTermReq from the controller ends it too.
 //!
@@ -45,11 +46,23 @@ const RX_CHUNK: usize = 64 * 1024;
 const READ_MAX: usize = 256 * 1024;
 
 /// A C2HData PDU carrying at least this much, all of its command's data, is handed over alone
-/// in its receive buffer: receiving goes on in another buffer (the spare), so the caller owns
-/// the data (`Bytes::try_into_mut` succeeds) and can give it back as the next read's buffer,
-/// which becomes the spare again. Long reads then reuse a few buffers instead of allocating
+/// in its receive buffer: receiving goes on in another buffer (from the pool, [`POOL_MAX`]),
+/// so the caller owns the data (`Bytes::try_into_mut` succeeds) and can give it back with its
+/// next read, into the pool again. Long reads then reuse a few buffers instead of allocating
 /// (and the kernel zeroing) fresh memory per command.
 pub const HAND_OVER_MIN: usize = 32 * 1024;
+
+/// Read buffers a queue keeps in its pool at most, and never more than one past its depth
+/// (the oldest goes first), as many as the commands in flight held before there was a pool.
+/// A buffer a caller brings with a read joins the pool; receiving takes one when data
+/// arrives (the next receive buffer after a hand-over, or the buffer a read's data in several
+/// PDUs is gathered into), the one brought most recently, not the one its own read brought.
+/// A caller that hands each read's data back with its next read (ipsan bench) then has the
+/// same buffer or two go round, still in the cache, where with 16 reads of 1 MiB in flight
+/// taking each read's own buffer put the socket's copy into 16 MiB of buffers in turn, each
+/// long out of the cache when its turn came (as the iSCSI initiator's reads do since issue
+/// 27, `iscsi_proto`'s `bind_read_buffer`).
+pub const POOL_MAX: usize = 256;
 
 /// Bytes received past a handed-over PDU that are copied into the next receive buffer; with
 /// more behind it the PDU stays in the shared buffer ([`HostQueue::recv_limit`] keeps reads
@@ -147,7 +160,8 @@ struct Inflight {
     write: Bytes,
     /// The read data when one C2HData PDU carried all of it (no copy).
     whole: Option<Bytes>,
-    /// Read data gathered from several C2HData PDUs (the caller's buffer, grown only then).
+    /// Read data gathered from several C2HData PDUs (a buffer from the pool, taken when the
+    /// first of them arrives).
     read: BytesMut,
     /// Read bytes received so far (DATAO of the next C2HData).
     received: usize,
@@ -179,9 +193,8 @@ pub struct HostQueue {
     inflight: IdMap<u16, Inflight>,
     next_cid: u16,
     events: VecDeque<HostEvent>,
-    /// The next receive buffer after a hand-over: a command's read buffer its data did not
-    /// need (it came in one PDU), see [`HAND_OVER_MIN`].
-    spare: Option<BytesMut>,
+    /// The read buffers callers brought, the most recent last ([`POOL_MAX`]).
+    pool: Vec<BytesMut>,
 }
 
 impl HostQueue {
@@ -200,7 +213,7 @@ impl HostQueue {
             inflight: IdMap::default(),
             next_cid: 0,
             events: VecDeque::new(),
-            spare: None,
+            pool: Vec::new(),
         };
         let icreq = Pdu::IcReq(IcReq {
             pfv: PFV_1_0,
@@ -247,8 +260,9 @@ impl HostQueue {
     /// [`HostQueue::process`]. It has room for the rest of the PDU being received (at least
     /// 64 KiB), so a read is never a few bytes at a time; when it must grow, it grows to
     /// 256 KiB at least, so a 64 KiB read's data and response come in one read, as one
-    /// system call.
+    /// system call. After a hand-over it is the buffer brought last, taken now ([`POOL_MAX`]).
     pub fn recv_buf(&mut self) -> &mut BytesMut {
+        self.bind_rx();
         let want = self
             .codec
             .needed(&self.rx)
@@ -275,42 +289,48 @@ impl HostQueue {
         }
     }
 
-    /// Keeps `buf` (a command's unused read buffer) as the next receive buffer when it is
-    /// large enough and larger than the one kept.
-    fn recycle(&mut self, mut buf: BytesMut) {
+    /// Keeps `buf` (a buffer a caller brought with a read) on top of the pool when it is large
+    /// enough to receive into; a full pool drops its oldest.
+    fn pool_push(&mut self, mut buf: BytesMut) {
         buf.clear();
         // Takes back the room before the start (a handed-over PDU's header), never allocates.
         let _ = buf.try_reclaim(buf.capacity() + 1);
-        let larger = self
-            .spare
-            .as_ref()
-            .is_none_or(|s| s.capacity() < buf.capacity());
-        if buf.capacity() >= RX_CHUNK && larger {
-            self.spare = Some(buf);
+        if buf.capacity() < RX_CHUNK {
+            return;
+        }
+        if self.pool.len() >= POOL_MAX.min(usize::from(self.cfg.depth) + 1) {
+            self.pool.remove(0);
+        }
+        self.pool.push(buf);
+    }
+
+    /// Receiving goes on in another buffer, with the few bytes already received past the PDU
+    /// just taken: the PDU's data is the only holder of its buffer. Which buffer is chosen
+    /// when the next bytes are received ([`HostQueue::bind_rx`]), unless some already were:
+    /// by then a caller may have given the data before back (at one read in flight it has,
+    /// with the next read), and that buffer is received into again.
+    fn move_on(&mut self) {
+        let rest = std::mem::take(&mut self.rx);
+        if !rest.is_empty() {
+            self.bind_rx();
+            self.rx.extend_from_slice(&rest);
         }
     }
 
-    /// Receiving goes on in the read buffer command `cid` brought (its data, just received
-    /// whole, does not need it), else the spare (or a fresh one), with the few bytes already
-    /// received past the PDU just taken: the PDU's data is the only holder of its buffer.
-    fn move_on(&mut self, cid: u16) {
-        if let Some(brought) = self
-            .inflight
-            .get_mut(&cid)
-            .map(|c| std::mem::take(&mut c.read))
-        {
-            self.recycle(brought);
+    /// A receive buffer after a hand-over ([`HostQueue::move_on`] leaves none): the buffer
+    /// brought last, or a fresh one.
+    fn bind_rx(&mut self) {
+        if self.rx.capacity() == 0 {
+            self.rx = self
+                .pool
+                .pop()
+                .unwrap_or_else(|| BytesMut::with_capacity(READ_MAX));
         }
-        let mut next = self
-            .spare
-            .take()
-            .unwrap_or_else(|| BytesMut::with_capacity(READ_MAX));
-        next.extend_from_slice(&self.rx);
-        self.rx = next;
     }
 
     /// Appends received bytes and processes them (for drivers that read into their own buffer).
     pub fn receive(&mut self, bytes: &[u8]) {
+        self.bind_rx();
         self.rx.extend_from_slice(bytes);
         self.process();
     }
@@ -343,8 +363,10 @@ impl HostQueue {
         self.events.pop_front()
     }
 
-    /// Sends `sqe` (its CID and SGL are set here) with `write` as its data (empty for none) and
-    /// room for `read_len` bytes of read data in `read_buf` (cleared first). Returns the CID.
+    /// Sends `sqe` (its CID and SGL are set here) with `write` as its data (empty for none),
+    /// expecting `read_len` bytes of read data; `read_buf` joins the queue's pool of buffers
+    /// (its contents dropped), where this read or another takes it when data arrives
+    /// ([`POOL_MAX`]). Returns the CID.
     ///
     /// # Errors
     /// [`HostError::Submit`] when the queue is not ready, full, or asked to both read and write.
@@ -353,7 +375,7 @@ impl HostQueue {
         mut sqe: Sqe,
         write: Bytes,
         read_len: u32,
-        mut read_buf: BytesMut,
+        read_buf: BytesMut,
     ) -> Result<u16, HostError> {
         if self.state != State::Ready {
             return Err(HostError::Submit("queue not connected"));
@@ -401,14 +423,17 @@ impl HostQueue {
         });
         self.push_data_pdu(&capsule, &data)
             .map_err(|_| HostError::Submit("capsule does not encode"))?;
-        // Grown only when the data comes in several C2HData PDUs (one is handed over as is).
-        read_buf.clear();
+        // A buffer is taken from the pool only when the data comes in several C2HData PDUs (one
+        // is handed over as received).
+        if read_buf.capacity() > 0 {
+            self.pool_push(read_buf);
+        }
         self.inflight.insert(
             cid,
             Inflight {
                 write: if in_capsule { Bytes::new() } else { write },
                 whole: None,
-                read: read_buf,
+                read: BytesMut::new(),
                 received: 0,
                 read_len: read_len as usize,
                 digest_error: false,
@@ -438,8 +463,8 @@ impl HostQueue {
             match self.codec.decode_from(&mut self.rx) {
                 Ok(None) => break,
                 Ok(Some(pdu)) => {
-                    if let Some(cid) = self.hands_over(&pdu) {
-                        self.move_on(cid);
+                    if self.hands_over(&pdu) {
+                        self.move_on();
                     }
                     if let Err(e) = self.handle_pdu(pdu) {
                         self.fail(e, header);
@@ -470,19 +495,18 @@ impl HostQueue {
     }
 
     /// Whether `pdu` is a long C2HData carrying all of its command's data with little received
-    /// behind it: it then keeps its receive buffer to itself ([`HAND_OVER_MIN`]). The command.
-    fn hands_over(&self, pdu: &Pdu) -> Option<u16> {
+    /// behind it: it then keeps its receive buffer to itself ([`HAND_OVER_MIN`]).
+    fn hands_over(&self, pdu: &Pdu) -> bool {
         let Pdu::C2hData(d) = pdu else {
-            return None;
+            return false;
         };
-        let whole = d.data.len() >= HAND_OVER_MIN
+        d.data.len() >= HAND_OVER_MIN
             && d.datao == 0
             && self.rx.len() <= CARRY_MAX
             && self
                 .inflight
                 .get(&d.cccid)
-                .is_some_and(|c| c.received == 0 && c.read_len == d.data.len());
-        whole.then_some(d.cccid)
+                .is_some_and(|c| c.received == 0 && c.read_len == d.data.len())
     }
 
     /// Ends the queue: an H2CTermReq for errors we found, and a Failed event.
@@ -553,7 +577,7 @@ impl HostQueue {
                 Ok(())
             }
             (State::Ready, Pdu::C2hData(d)) => {
-                let mut unused = None;
+                let pool = &mut self.pool;
                 let c = self.inflight.get_mut(&d.cccid).ok_or(HostError::Protocol(
                     Fes::PduSequenceError,
                     "C2HData for a command not in flight",
@@ -573,12 +597,14 @@ impl HostQueue {
                 }
                 c.received += d.data.len();
                 if off == 0 && d.data.len() == c.read_len {
-                    // All of the command's data in one PDU: handed over as received; the
-                    // buffer the caller brought for it is received into next.
+                    // All of the command's data in one PDU: handed over as received.
                     c.whole = Some(d.data);
-                    unused = Some(std::mem::take(&mut c.read));
                 } else {
-                    if c.read.is_empty() {
+                    if c.read.is_empty() && c.read.capacity() < c.read_len {
+                        // The first of several PDUs: gathered into the buffer brought last.
+                        if let Some(b) = pool.pop() {
+                            c.read = b;
+                        }
                         c.read.reserve(c.read_len);
                     }
                     c.read.extend_from_slice(&d.data);
@@ -603,9 +629,6 @@ impl HostQueue {
                             data: c.into_data(),
                         });
                     }
-                }
-                if let Some(b) = unused.filter(|b| b.capacity() > 0) {
-                    self.recycle(b);
                 }
                 Ok(())
             }

@@ -457,3 +457,84 @@ fn accepts_reads_limited_to_the_end_of_a_long_pdu() {
     assert!(matches!(q.poll_event(), Some(HostEvent::Completed { .. })));
     assert!(q.recv_limit() >= 64 * 1024);
 }
+
+/// With several long reads in flight, each one's data lands in the buffer a caller brought
+/// most recently, not the one its own read brought: a caller that gives each read's data back
+/// with its next read has one buffer go round, still in the cache, where taking each read's
+/// own buffer put the data into one buffer per read in flight in turn (five here; with 16 reads
+/// of 1 MiB in flight, 16 MiB of buffers, each long evicted when its turn came).
+#[test]
+fn accepts_reads_in_flight_landing_in_the_buffer_given_back_last() {
+    let (ctrl, mut q) = connected(false, false);
+    let len = 64 * 1024;
+    let sqe = Sqe::new(0x02, 0, Sgl::Transport { length: 0 });
+    let mut in_flight = std::collections::VecDeque::new();
+    for _ in 0..4 {
+        let cid = q
+            .submit(
+                sqe,
+                Bytes::new(),
+                len as u32,
+                BytesMut::with_capacity(2 * len),
+            )
+            .unwrap();
+        in_flight.push_back(cid);
+    }
+    let _ = sent(&ctrl, &mut q);
+    let mut landed = Vec::new();
+    for n in 0..12u8 {
+        let cid = in_flight.pop_front().unwrap();
+        let got = receive_whole_read(&ctrl, &mut q, cid, len, n | 1);
+        landed.push(got.as_ptr() as usize);
+        // The data back with the next read, as `ipsan bench` does.
+        let back = got.try_into_mut().expect("handed over alone in its buffer");
+        let cid = q.submit(sqe, Bytes::new(), len as u32, back).unwrap();
+        let _ = sent(&ctrl, &mut q);
+        in_flight.push_back(cid);
+    }
+    let mut distinct = landed[1..].to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        1,
+        "reads 2..12 landed in {} buffers ({landed:#x?}): not the one given back last",
+        distinct.len()
+    );
+}
+
+/// A read whose data comes in several PDUs gathers it into the buffer brought last (here the
+/// second read's), taken when its first data arrives.
+#[test]
+fn accepts_read_data_in_pieces_gathered_into_the_buffer_brought_last() {
+    let (ctrl, mut q) = connected(false, false);
+    let sqe = Sqe::new(0x02, 0, Sgl::Transport { length: 0 });
+    let first = BytesMut::with_capacity(128 * 1024);
+    let last = BytesMut::with_capacity(128 * 1024);
+    let last_at = last.as_ptr();
+    let cid = q.submit(sqe, Bytes::new(), 8192, first).unwrap();
+    let _ = q.submit(sqe, Bytes::new(), 8192, last).unwrap();
+    let _ = sent(&ctrl, &mut q);
+    for (off, end) in [(0u32, false), (4096, true)] {
+        let pdu = Pdu::C2hData(C2hData {
+            cccid: cid,
+            datao: off,
+            last: end,
+            success: end,
+            data: Bytes::from(vec![off as u8 | 1; 4096]),
+        });
+        q.receive(&ctrl.to_bytes(&pdu).unwrap());
+    }
+    match q.poll_event() {
+        Some(HostEvent::Completed { cid: c, data, .. }) => {
+            assert_eq!(c, cid);
+            assert_eq!(data.len(), 8192);
+            assert_eq!(
+                data.as_ptr(),
+                last_at,
+                "not gathered into the buffer brought last"
+            );
+        }
+        e => panic!("expected a completion, got {e:?}"),
+    }
+}
