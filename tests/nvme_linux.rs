@@ -164,7 +164,8 @@ fn run_guests(
 }
 
 /// One VM boot running the guest script `script` with `PORT`, `SUBNQN` and `env`; its RESULT
-/// line, which must be `RESULT ok` when `ok`. `watch` sees each console line as it appears.
+/// line, which must be `RESULT ok` when `ok`. `watch` sees each console line as it appears. A
+/// boot whose guest kernel failed before "NVMEVM ready" boots once more (`common::guest`).
 #[allow(clippy::too_many_arguments)]
 fn run_script(
     vm: &Path,
@@ -177,70 +178,76 @@ fn run_script(
     watch: &mut dyn FnMut(&str),
 ) -> String {
     let log = dir.join(format!("vm-{name}.log"));
-    let mut cmd = Command::new(vm.join("run.sh"));
-    cmd.args(["-q", "--timeout", "600", "--log"])
-        .arg(&log)
-        .arg("--script")
-        .arg(script)
-        .args([
-            "--env",
-            &format!("PORT={port}"),
-            "--env",
-            &format!("SUBNQN={NQN}"),
-        ]);
-    for e in env {
-        cmd.args(["--env", e]);
-    }
-    let mut child = Proc(
-        cmd.stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let started = Instant::now();
-    let (mut lines_seen, mut bytes_seen) = (0, 0);
-    let mut watch_lines = |final_read: bool| {
-        let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
-        if text.len() < bytes_seen {
-            lines_seen = 0; // run.sh booted again (a TCG panic) and started the log afresh
+    let boot = || -> Result<String, String> {
+        let mut cmd = Command::new(vm.join("run.sh"));
+        cmd.args(["-q", "--timeout", "600", "--log"])
+            .arg(&log)
+            .arg("--script")
+            .arg(script)
+            .args([
+                "--env",
+                &format!("PORT={port}"),
+                "--env",
+                &format!("SUBNQN={NQN}"),
+            ]);
+        for e in env {
+            cmd.args(["--env", e]);
         }
-        bytes_seen = text.len();
-        // complete lines only, unless the VM is gone
-        let done = if final_read {
-            text.as_str()
-        } else {
-            text.rsplit_once('\n').map_or("", |(d, _)| d)
-        };
-        for l in done.lines().skip(lines_seen) {
-            lines_seen += 1;
-            watch(l.trim_end());
-        }
-    };
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            watch_lines(true);
-            break s;
-        }
-        watch_lines(false);
-        assert!(
-            started.elapsed() < Duration::from_secs(630),
-            "nvmevm ({name}) did not finish within 630 s"
+        let mut child = Proc(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
         );
-        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let (mut lines_seen, mut bytes_seen) = (0, 0);
+        let mut watch_lines = |final_read: bool| {
+            let text =
+                String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+            if text.len() < bytes_seen {
+                lines_seen = 0; // run.sh booted again (a TCG panic) and started the log afresh
+            }
+            bytes_seen = text.len();
+            // complete lines only, unless the VM is gone
+            let done = if final_read {
+                text.as_str()
+            } else {
+                text.rsplit_once('\n').map_or("", |(d, _)| d)
+            };
+            for l in done.lines().skip(lines_seen) {
+                lines_seen += 1;
+                watch(l.trim_end());
+            }
+        };
+        let status = loop {
+            if let Some(s) = child.0.try_wait().unwrap() {
+                watch_lines(true);
+                break s;
+            }
+            watch_lines(false);
+            if started.elapsed() >= Duration::from_secs(630) {
+                common::guest::stop(&mut child.0);
+                return Err(format!(
+                    "nvmevm ({name}) did not finish within 630 s:\n{}",
+                    String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default())
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let out = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+        let result = out
+            .lines()
+            .find(|l| l.starts_with("RESULT"))
+            .unwrap_or("no RESULT line")
+            .to_owned();
+        println!("{name}: {result}");
+        if (status.success() && result.starts_with("RESULT ok")) == ok {
+            Ok(result)
+        } else {
+            Err(format!("the Linux NVMe/TCP host ({name}): {status}\n{out}"))
+        }
     };
-    let out = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
-    let result = out
-        .lines()
-        .find(|l| l.starts_with("RESULT"))
-        .unwrap_or("no RESULT line")
-        .to_owned();
-    println!("{name}: {result}");
-    assert_eq!(
-        status.success() && result.starts_with("RESULT ok"),
-        ok,
-        "the Linux NVMe/TCP host ({name}): {status}\n{out}"
-    );
-    result
+    common::guest::boot_once_more_after_oops("NVMEVM ready", boot).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The harness and QEMU, or why the test is skipped.
@@ -496,6 +503,48 @@ fn linux_nvme_tcp_host_times_out_keep_alive_when_ipsan_stops_answering_and_recon
     println!("keep-alive: the target was stopped for {stopped_for:?}");
     let tl = std::fs::read_to_string(&tlog).unwrap_or_default();
     assert!(!tl.contains("panicked"), "target log:\n{tl}");
+}
+
+/// `common::guest`'s retry, as these tests use it: a boot whose guest kernel oopsed or panicked
+/// before the guest was ready boots once more, and only once; a failure without one, or with an
+/// Oops only after the guest was ready (where it could be the target's doing), is the test's at
+/// once, and a boot that passes is not repeated.
+#[test]
+fn accepts_one_more_boot_only_after_the_guest_kernel_failed_before_it_was_ready() {
+    use common::guest::boot_once_more_after_oops;
+    const READY: &str = "NVMEVM ready: uptime 9.80s";
+    let oops = "[    9.12] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n\
+                [    9.12] RIP: 0010:crng_make_state+0x1/0x1e0\n";
+    let panic = "[    8.40] Kernel panic - not syncing: Attempted to kill init!\n";
+    let booted = "NVMEVM booted: kernel 6.12.48+deb13-amd64, uptime 8.10s\n";
+    let before = format!("{booted}{oops}RESULT fail connect\n");
+    let after = format!("{booted}{READY}\n{oops}RESULT fail connect\n");
+    let clean = format!("{booted}{READY}\nRESULT fail connect\n");
+    // (what each boot shows, Ok or the console; how many boots; passed in the end)
+    let cases: [(&[Result<(), String>], usize, bool); 6] = [
+        (&[Ok(())], 1, true),
+        (&[Err(before.clone()), Ok(())], 2, true),
+        (&[Err(panic.to_owned()), Ok(())], 2, true),
+        (
+            &[Err(before.clone()), Err(before.clone()), Ok(())],
+            2,
+            false,
+        ),
+        (&[Err(after), Ok(())], 1, false),
+        (&[Err(clean), Ok(())], 1, false),
+    ];
+    for (i, (boots, want_boots, want_ok)) in cases.iter().enumerate() {
+        let mut n = 0;
+        let got = boot_once_more_after_oops(READY, || {
+            n += 1;
+            boots[n - 1].clone()
+        });
+        assert_eq!(
+            (n, got.is_ok()),
+            (*want_boots, *want_ok),
+            "case {i}: {got:?}"
+        );
+    }
 }
 
 /// A peer this test needs is missing: fail with the reason (CI installs everything through

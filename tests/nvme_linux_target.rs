@@ -12,6 +12,8 @@
 //! boots under TCG: about 25 s on an idle machine (24 s measured), more when it is busy.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -139,22 +141,14 @@ impl Vm {
 
     /// A VM whose nvmet is ready. The guest kernel under QEMU's TCG has been seen to oops
     /// while booting, before any NVMe (`int3` in `crng_make_state` under `modprobe`, seen once,
-    /// 2026-11-27): such a boot is logged and tried once more; any other failure is the test's.
+    /// 2026-11-27): such a boot is logged and tried once more; any other failure is the test's
+    /// (`common::guest`).
     fn start_ready(env: &[(&str, &str)], within: Duration) -> Self {
-        let mut vm = Self::start(env);
-        match vm.try_wait_ready(within) {
-            Ok(()) => vm,
-            Err(c) if c.contains("Oops:") || c.contains("Kernel panic") => {
-                eprintln!("the guest kernel failed while booting, booting once more:\n{c}");
-                drop(vm);
-                let mut vm = Self::start(env);
-                if let Err(c) = vm.try_wait_ready(within) {
-                    panic!("{c}");
-                }
-                vm
-            }
-            Err(c) => panic!("{c}"),
-        }
+        common::guest::boot_once_more_after_oops("NVMET ready", || {
+            let mut vm = Self::start(env);
+            vm.try_wait_ready(within).map(|()| vm)
+        })
+        .unwrap_or_else(|c| panic!("{c}"))
     }
 
     fn try_wait_ready(&mut self, within: Duration) -> Result<(), String> {
@@ -180,18 +174,7 @@ impl Vm {
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let end = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::guest::stop(&mut self.child);
     }
 }
 

@@ -3,7 +3,10 @@
 //! `Relay`: a loopback TCP relay a test can cut, standing for a WAN link that fails (the
 //! connection dies both ways, reconnects are refused while it is down). `spawn_ipsan`: the
 //! `ipsan` binary started and waited for until it listens, killed when its `Proc` drops.
+//! `guest`: a VM test's guest booted once more when its kernel failed while booting.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+pub mod guest;
 
 use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -13,7 +13,8 @@
 //! - [`autodepth`]: `--depth auto`, a sans-IO controller that adapts the depth from live
 //!   throughput and latency.
 //! - [`report`]: the JSON result schema (`ipsan-bench/1`, documented in `docs/bench.md`):
-//!   latency, CPU, host, target, workload, and the trace header for the same run.
+//!   latency, CPU, host, target, workload (with the access pattern's names, [`RwMode`]), and
+//!   the trace header for the same run. Below [`workload`], which fills it in.
 //! - [`trace`]: the per-command event trace behind `--trace` and the lab's command timeline,
 //!   an observer of the session; its JSON-lines file format (`ipsan-trace/1`) and reader.
 
@@ -22,8 +23,8 @@ pub mod report;
 pub mod trace;
 pub mod workload;
 
-pub use report::Report;
+pub use report::{Report, RwMode};
 pub use workload::{
     parse_duration, parse_size, run, run_auto, run_on, run_traced, BenchError, BlockIo, Limit,
-    Progress, RwMode, Workload,
+    Progress, Workload,
 };

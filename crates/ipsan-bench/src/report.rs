@@ -9,7 +9,6 @@ use ipsan_initiator::Negotiated;
 use serde::Serialize;
 
 use crate::autodepth::AutoReport;
-use crate::workload::{Limit, RwMode, Workload};
 
 /// Latency percentiles in microseconds.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -277,6 +276,51 @@ pub struct TargetInfo {
     pub block_len: u32,
 }
 
+/// The access pattern (fio's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RwMode {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+    /// Sequential, mixed reads and writes (`--mix` percent reads).
+    Rw,
+    /// Random, mixed reads and writes.
+    RandRw,
+}
+
+impl RwMode {
+    pub fn is_random(self) -> bool {
+        matches!(self, Self::RandRead | Self::RandWrite | Self::RandRw)
+    }
+    pub fn writes(self) -> bool {
+        !matches!(self, Self::Read | Self::RandRead)
+    }
+    pub fn reads(self) -> bool {
+        !matches!(self, Self::Write | Self::RandWrite)
+    }
+}
+
+impl std::str::FromStr for RwMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "read" => Self::Read,
+            "write" => Self::Write,
+            "randread" => Self::RandRead,
+            "randwrite" => Self::RandWrite,
+            "rw" | "readwrite" => Self::Rw,
+            "randrw" => Self::RandRw,
+            _ => {
+                return Err(format!(
+                    "--rw must be read|write|randread|randwrite|rw|randrw, not {s:?}"
+                ))
+            }
+        })
+    }
+}
+
 /// The workload as run.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkloadInfo {
@@ -292,29 +336,6 @@ pub struct WorkloadInfo {
     /// `--rate`: the offered load in bytes per second; absent when unlimited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_bytes_per_s: Option<u64>,
-}
-
-impl From<&Workload> for WorkloadInfo {
-    fn from(w: &Workload) -> Self {
-        Self {
-            rw: w.mode,
-            mix_read_percent: w.mix_read_percent,
-            block_size: w.block_size,
-            depth: w.depth,
-            offset: w.offset,
-            size_bytes: match w.limit {
-                Limit::Bytes(b) => Some(b),
-                Limit::Time(_) => None,
-            },
-            time_s: match w.limit {
-                Limit::Time(t) => Some(t.as_secs_f64()),
-                Limit::Bytes(_) => None,
-            },
-            verify: w.verify,
-            seed: w.seed,
-            rate_bytes_per_s: w.rate,
-        }
-    }
 }
 
 /// The git revision this binary was built from (captured by build.rs), or "unknown".

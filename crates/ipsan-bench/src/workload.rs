@@ -14,60 +14,14 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
 use ipsan_initiator::nvme::NvmeSession;
 use ipsan_initiator::scsi::Capacity;
 use ipsan_initiator::{Error, McsSession, Session};
 
 use crate::autodepth::{AutoConfig, AutoReport, DepthController};
-use crate::report::{cpu_times, CpuUsage, Latency, Measured, VerifyResult};
+use crate::report::{cpu_times, CpuUsage, Latency, Measured, RwMode, VerifyResult, WorkloadInfo};
 use crate::trace::Trace;
-
-/// The access pattern (fio's names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RwMode {
-    Read,
-    Write,
-    RandRead,
-    RandWrite,
-    /// Sequential, mixed reads and writes (`--mix` percent reads).
-    Rw,
-    /// Random, mixed reads and writes.
-    RandRw,
-}
-
-impl RwMode {
-    pub fn is_random(self) -> bool {
-        matches!(self, Self::RandRead | Self::RandWrite | Self::RandRw)
-    }
-    pub fn writes(self) -> bool {
-        !matches!(self, Self::Read | Self::RandRead)
-    }
-    pub fn reads(self) -> bool {
-        !matches!(self, Self::Write | Self::RandWrite)
-    }
-}
-
-impl std::str::FromStr for RwMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "read" => Self::Read,
-            "write" => Self::Write,
-            "randread" => Self::RandRead,
-            "randwrite" => Self::RandWrite,
-            "rw" | "readwrite" => Self::Rw,
-            "randrw" => Self::RandRw,
-            _ => {
-                return Err(format!(
-                    "--rw must be read|write|randread|randwrite|rw|randrw, not {s:?}"
-                ))
-            }
-        })
-    }
-}
 
 /// When the run stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +57,29 @@ pub struct Workload {
     /// [`pace_at`] says, whatever the depth; a command already late starts at once, so the
     /// schedule, not the completions, sets the pace. `None`: as fast as the depth allows.
     pub rate: Option<u64>,
+}
+
+impl From<&Workload> for WorkloadInfo {
+    fn from(w: &Workload) -> Self {
+        Self {
+            rw: w.mode,
+            mix_read_percent: w.mix_read_percent,
+            block_size: w.block_size,
+            depth: w.depth,
+            offset: w.offset,
+            size_bytes: match w.limit {
+                Limit::Bytes(b) => Some(b),
+                Limit::Time(_) => None,
+            },
+            time_s: match w.limit {
+                Limit::Time(t) => Some(t.as_secs_f64()),
+                Limit::Bytes(_) => None,
+            },
+            verify: w.verify,
+            seed: w.seed,
+            rate_bytes_per_s: w.rate,
+        }
+    }
 }
 
 /// When command `i` of a run offered `rate` bytes per second of `block_size`-byte commands
@@ -989,7 +966,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{git_rev, Host, Report, TargetInfo, WorkloadInfo};
+    use crate::report::{git_rev, Host, Report, TargetInfo};
 
     #[test]
     fn pattern_round_trips_and_names_first_bad_lba() {

@@ -2,6 +2,10 @@
 //! automatically"): RTT from a TCP ping-pong, SOCKET from a bulk TCP transfer under the same
 //! emulation, ENC/DEC from a microbenchmark of the cipher at the block size.
 //!
+//! The calibration file ([`CalibrationFile`]) keeps these per link and cipher, found for a
+//! point by [`link_group_key`] and [`cipher_key`], with the carriers' and charons' costs
+//! fitted over its own cost runs ([`StoredCosts`]).
+//!
 //! The sockets are created inside the link's namespaces (through [`ipsan_wan::Link::run_in`]) and
 //! then driven from ordinary threads: a socket stays in the namespace it was made in.
 
@@ -16,6 +20,8 @@ use ipsan_seal::{
     AnswerOutcome, Binding, Cipher, Psk, SealAnswer, SealOffer, SealSession, SessionIds,
     TargetSealConfig,
 };
+
+use crate::plan::{tls_cipher, Direction, Point, Scheme};
 
 /// Where calibration sockets are made.
 pub trait Sockets {
@@ -315,10 +321,30 @@ pub const CALIBRATION_SCHEMA: &str = "ipsan-lab-calibration/1";
 /// copy, so its SHA-1 is the one each record carries).
 pub const CALIBRATION_IN_RESULTS: &str = "calibration.json";
 
+/// The key of a point's link: points that share it run on one link and share its
+/// calibration (esp-emu's link has the ESP stage in it, so it is its own).
+pub fn link_group_key(p: &Point) -> String {
+    format!("{}|{}", p.link_key(), p.scheme == Scheme::EspEmu)
+}
+
+/// The cipher and size whose ENC/DEC a point's model uses: seal's cipher at the block size;
+/// per-packet ciphers at a 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own
+/// stage. `None` without encryption.
+pub fn cipher_key(p: &Point) -> Option<(String, u64)> {
+    Some(match p.scheme {
+        Scheme::Plain | Scheme::Iperf3 => return None,
+        Scheme::Seal | Scheme::SealSeq => (p.cipher.clone(), p.block),
+        Scheme::Wireguard => ("chacha20-poly1305".to_string(), 1536),
+        Scheme::Tls => (tls_cipher(&p.cipher).0.to_string(), 16384),
+        Scheme::Ipsec => (p.cipher.clone(), 1536),
+        Scheme::EspEmu => ("esp-emu".to_string(), 1400),
+    })
+}
+
 /// One link's calibration in a [`CalibrationFile`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LinkCalibration {
-    /// The runner's key for the link ([`crate::runner::link_group_key`]): the points that
+    /// The runner's key for the link ([`link_group_key`]): the points that
     /// share it share the calibration.
     pub link: String,
     /// The link in words (delay, rate, impairments), for a reader.
@@ -328,7 +354,7 @@ pub struct LinkCalibration {
 }
 
 /// One cipher's rates per CPU-second of one thread at one size
-/// ([`cipher_throughput`], [`crate::runner::cipher_key`]).
+/// ([`cipher_throughput`], [`cipher_key`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CipherRate {
     /// Cipher name (`3des-cbc-hmac-sha1`, `esp-emu`, …).
@@ -339,6 +365,78 @@ pub struct CipherRate {
     pub enc_bytes_per_cpu_s: f64,
     /// Opening, bytes per CPU-second.
     pub dec_bytes_per_cpu_s: f64,
+}
+
+/// One process group's CPU as `s_per_byte·bytes + s_per_flight·flights`
+/// ([`crate::fit::fit_cost`]; flights: [`crate::model::Carrier`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Cost {
+    /// CPU-seconds per payload byte.
+    pub s_per_byte: f64,
+    /// CPU-seconds per flight of a command beyond its bytes.
+    pub s_per_flight: f64,
+}
+
+/// A scheme's carrier costs as a calibration file keeps them ([`StoredCosts`]): per scheme
+/// and delay class, the per-byte medians of [`crate::fit::carrier_costs`] and the fits of
+/// [`crate::fit::carrier_fits`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredCarrier {
+    /// Scheme name.
+    pub scheme: String,
+    /// Runs with a delay (the emulator's delay line) or without.
+    pub delayed: bool,
+    /// The emulator's CPU-seconds per byte, median.
+    pub emulator_s_per_byte: f64,
+    /// The initiator's + target's CPU-seconds per byte, median.
+    pub stacks_s_per_byte: f64,
+    /// The emulator's per-byte + per-flight fit, where the runs separate them.
+    pub emulator_fit: Option<Cost>,
+    /// The stacks' per-byte + per-flight fit.
+    pub stacks_fit: Option<Cost>,
+}
+
+/// IPsec's charon rates per CPU-second as a calibration file keeps them
+/// ([`crate::fit::ipsec_rates`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredIpsecRate {
+    /// Write or read.
+    pub direction: Direction,
+    /// Cipher.
+    pub cipher: String,
+    /// The sending charon, bytes per CPU-second.
+    pub enc_bytes_per_cpu_s: f64,
+    /// The receiving charon, bytes per CPU-second.
+    pub dec_bytes_per_cpu_s: f64,
+}
+
+/// IPsec's charons' per-byte + per-flight fits as a calibration file keeps them
+/// ([`crate::fit::ipsec_fits`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredIpsecFit {
+    /// Write or read.
+    pub direction: Direction,
+    /// Cipher.
+    pub cipher: String,
+    /// Runs with a delay or without.
+    pub delayed: bool,
+    /// The sending charon.
+    pub send: Cost,
+    /// The receiving charon.
+    pub recv: Cost,
+}
+
+/// The costs the model's CPU cap is priced with, fitted over a calibration's own short runs
+/// (never the plan's it predicts) and kept in the calibration file
+/// ([`CalibrationFile`]; written by [`StoredCosts::from_runs`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredCosts {
+    /// Per scheme and delay class.
+    pub carriers: Vec<StoredCarrier>,
+    /// IPsec's charon rates per direction and cipher.
+    pub ipsec_rates: Vec<StoredIpsecRate>,
+    /// IPsec's charons' fits per direction, cipher and delay class.
+    pub ipsec_fits: Vec<StoredIpsecFit>,
 }
 
 /// Every input the models need for one plan, measured before the plan runs (issue 29,
@@ -369,7 +467,7 @@ pub struct CalibrationFile {
     /// One entry per (cipher, size) the plan's points use.
     pub ciphers: Vec<CipherRate>,
     /// The carriers' and charons' costs from the separate cost runs.
-    pub costs: crate::fit::StoredCosts,
+    pub costs: StoredCosts,
     /// Where the cost runs' records were written (relative to the file, as given).
     pub cost_runs: String,
     /// How many cost runs there were, and how many ended ok.
@@ -443,7 +541,7 @@ impl CalibrationFile {
 
     /// The calibration of `p`'s link.
     pub fn link(&self, p: &crate::plan::Point) -> Option<&crate::results::Calibration> {
-        let key = crate::runner::link_group_key(p);
+        let key = link_group_key(p);
         self.links
             .iter()
             .find(|l| l.link == key)
@@ -453,7 +551,7 @@ impl CalibrationFile {
     /// (ENC, DEC) per CPU-second for `p`'s scheme: infinite for no encryption, `None` when
     /// the file does not have it.
     pub fn cipher(&self, p: &crate::plan::Point) -> Option<(f64, f64)> {
-        let Some((cipher, size)) = crate::runner::cipher_key(p) else {
+        let Some((cipher, size)) = cipher_key(p) else {
             return Some((f64::INFINITY, f64::INFINITY));
         };
         self.ciphers
@@ -561,7 +659,7 @@ pub(crate) fn sample_file(
     let mut links: Vec<LinkCalibration> = Vec::new();
     let mut ciphers: Vec<CipherRate> = Vec::new();
     for p in points {
-        let link = crate::runner::link_group_key(p);
+        let link = link_group_key(p);
         if !links.iter().any(|l| l.link == link) {
             links.push(LinkCalibration {
                 link,
@@ -577,7 +675,7 @@ pub(crate) fn sample_file(
                 },
             });
         }
-        if let Some((cipher, size)) = crate::runner::cipher_key(p) {
+        if let Some((cipher, size)) = cipher_key(p) {
             let c = CipherRate {
                 cipher,
                 size,
@@ -605,7 +703,7 @@ pub(crate) fn sample_file(
         cores_avail: 2.0,
         links,
         ciphers,
-        costs: crate::fit::StoredCosts::default(),
+        costs: StoredCosts::default(),
         cost_runs: "cal-runs".into(),
         cost_runs_ok: (0, 0),
     }
@@ -623,12 +721,12 @@ mod tests {
     fn accepts_its_own_calibration_file_back_unchanged_with_its_hash() {
         let plan = crate::plan::Plan::load("paper-regime").unwrap();
         let mut f = sample_file(&plan.points, 128.5, 2.42, 10.82);
-        f.costs.carriers.push(crate::fit::StoredCarrier {
+        f.costs.carriers.push(StoredCarrier {
             scheme: "plain".into(),
             delayed: true,
             emulator_s_per_byte: 9e-9,
             stacks_s_per_byte: 3e-9,
-            emulator_fit: Some(crate::fit::Cost {
+            emulator_fit: Some(Cost {
                 s_per_byte: 8e-9,
                 s_per_flight: 40e-6,
             }),

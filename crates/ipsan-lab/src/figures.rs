@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::aggregate::{median, Agg};
 use crate::model::{self, Inputs};
 use crate::plan::{fmt_size, Backend, Depth, Direction, IscsiMode, Point, Scheme};
 use crate::plot::{self, Axis, Bars, Figure, Pt, Series, Style, BLACK_IDX};
-use crate::report::{median, Agg};
 
 mod aiken;
 mod cpu;
@@ -24,10 +24,11 @@ use cpu::{cpu, fig16};
 use prediction::{model_fig, prediction_section};
 use throughput::{improvement, throughput_vs_block};
 
+pub use crate::calibrate::Cost;
 use crate::fit::unimpaired;
 pub use crate::fit::{
     carrier_costs, carrier_fits, fit_cost, ipsec_fits, ipsec_rates, model_here, rates,
-    rates_from_records, Cost, Rates, Unit,
+    rates_from_records, Rates, Unit,
 };
 
 /// 2008 (000) §IV-A, Fig. 11: OP-10's improvement over IPsec (mean over 16 KB–2 MB), as the
@@ -271,7 +272,7 @@ fn short(c: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::aggregate;
+    use crate::aggregate::aggregate;
 
     use crate::fit::tests::rec;
     use crate::results::Record;
@@ -574,7 +575,7 @@ mod tests {
         let points: Vec<_> = rs.iter().map(|r| r.point.clone()).collect();
         let mut f = crate::calibrate::sample_file(&points, 128.0, 2.42, 10.82);
         // IPsec's charons as the cost runs measured them.
-        f.costs.ipsec_rates.push(crate::fit::StoredIpsecRate {
+        f.costs.ipsec_rates.push(crate::calibrate::StoredIpsecRate {
             direction: Direction::Write,
             cipher: "3des-cbc-hmac-sha1".into(),
             enc_bytes_per_cpu_s: 19e6,

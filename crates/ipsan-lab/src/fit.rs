@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::aggregate::{median, Agg};
+use crate::calibrate::{Cost, StoredCarrier, StoredCosts, StoredIpsecFit, StoredIpsecRate};
 use crate::model::{self, CryptoPlace, Inputs, Pipeline};
 use crate::plan::{Direction, Scheme};
-use crate::report::{median, Agg};
 
 /// Per-CPU-second rates of the plan's calibrations: for each (cipher, block) the best
 /// ENC and DEC any link's calibration measured (the least contended one: on the shared host
@@ -56,77 +57,6 @@ impl Unit {
             Unit::Command => 1.0,
         }
     }
-}
-
-/// One process group's CPU as `s_per_byte·bytes + s_per_flight·flights` ([`fit_cost`];
-/// flights: [`model::Carrier`]).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Cost {
-    /// CPU-seconds per payload byte.
-    pub s_per_byte: f64,
-    /// CPU-seconds per flight of a command beyond its bytes.
-    pub s_per_flight: f64,
-}
-
-/// A scheme's carrier costs as a calibration file keeps them ([`StoredCosts`]): per scheme
-/// and delay class, the per-byte medians of [`carrier_costs`] and the fits of
-/// [`carrier_fits`].
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StoredCarrier {
-    /// Scheme name.
-    pub scheme: String,
-    /// Runs with a delay (the emulator's delay line) or without.
-    pub delayed: bool,
-    /// The emulator's CPU-seconds per byte, median.
-    pub emulator_s_per_byte: f64,
-    /// The initiator's + target's CPU-seconds per byte, median.
-    pub stacks_s_per_byte: f64,
-    /// The emulator's per-byte + per-flight fit, where the runs separate them.
-    pub emulator_fit: Option<Cost>,
-    /// The stacks' per-byte + per-flight fit.
-    pub stacks_fit: Option<Cost>,
-}
-
-/// IPsec's charon rates per CPU-second as a calibration file keeps them ([`ipsec_rates`]).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StoredIpsecRate {
-    /// Write or read.
-    pub direction: Direction,
-    /// Cipher.
-    pub cipher: String,
-    /// The sending charon, bytes per CPU-second.
-    pub enc_bytes_per_cpu_s: f64,
-    /// The receiving charon, bytes per CPU-second.
-    pub dec_bytes_per_cpu_s: f64,
-}
-
-/// IPsec's charons' per-byte + per-flight fits as a calibration file keeps them
-/// ([`ipsec_fits`]).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StoredIpsecFit {
-    /// Write or read.
-    pub direction: Direction,
-    /// Cipher.
-    pub cipher: String,
-    /// Runs with a delay or without.
-    pub delayed: bool,
-    /// The sending charon.
-    pub send: Cost,
-    /// The receiving charon.
-    pub recv: Cost,
-}
-
-/// The costs the model's CPU cap is priced with, fitted over a calibration's own short runs
-/// (never the plan's it predicts) and kept in the calibration file
-/// ([`crate::calibrate::CalibrationFile`]).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StoredCosts {
-    /// Per scheme and delay class.
-    pub carriers: Vec<StoredCarrier>,
-    /// IPsec's charon rates per direction and cipher.
-    pub ipsec_rates: Vec<StoredIpsecRate>,
-    /// IPsec's charons' fits per direction, cipher and delay class.
-    pub ipsec_fits: Vec<StoredIpsecFit>,
 }
 
 impl StoredCosts {

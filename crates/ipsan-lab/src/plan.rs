@@ -540,6 +540,16 @@ impl Point {
     }
 }
 
+/// The cipher (OpenSSL's name) and TLS 1.3 suite the `tls` scheme runs for a point's
+/// `cipher`: ChaCha20-Poly1305 for `chacha20-poly1305`, AES-256-GCM for any other.
+pub(crate) fn tls_cipher(seal_cipher: &str) -> (&'static str, &'static str) {
+    if seal_cipher == "chacha20-poly1305" {
+        ("chacha20-poly1305", "TLS_CHACHA20_POLY1305_SHA256")
+    } else {
+        ("aes-256-gcm", "TLS_AES_256_GCM_SHA384")
+    }
+}
+
 /// Adds `p` with `reps` repetitions to the plan's points, once: a point already there (from
 /// another table; `seen` maps its JSON to its index) keeps the larger count.
 fn add_point(

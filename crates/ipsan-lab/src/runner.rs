@@ -26,7 +26,7 @@ use ipsan_seal::Cipher;
 use ipsan_wan::config::QueueLimit;
 use ipsan_wan::{DirConfig, ExtraStages, Link, LinkConfig, LossModel, Side};
 
-use crate::calibrate::{self, Loopback, Sockets};
+use crate::calibrate::{self, cipher_key, link_group_key, Loopback, Sockets};
 use crate::esp::{self, EspCounters};
 use crate::model::{self, CryptoPlace, Inputs, Pipeline};
 use crate::plan::{Backend, Depth, IscsiMode, Plan, Point, Scheme};
@@ -43,7 +43,6 @@ pub use costs::{calibrate_plan, cost_plan, COST_BLOCKS};
 use measure::{measure, read_bench_result, Bench};
 
 use iperf3::iperf3;
-pub use link::cipher_key;
 use link::{calibrate_link, enc_dec, LabLink, LinkCounters};
 use process::{free_port, run_bounded, spawn_watch, wait_line, Procs};
 pub use process::{help_mentions, proc_cpu_s};
@@ -89,12 +88,6 @@ const IQN: &str = "iqn.2026-11.org.ipsan:lab";
 const PORT: u16 = 3260;
 const TLS_PORT: u16 = 3261;
 const WG_PORT: u16 = 51820;
-
-/// The key of a point's link: points that share it run on one link and share its
-/// calibration (esp-emu's link has the ESP stage in it, so it is its own).
-pub fn link_group_key(p: &Point) -> String {
-    format!("{}|{}", p.link_key(), p.scheme == Scheme::EspEmu)
-}
 
 /// Runs `plan`, writing results as it goes; returns every record. With
 /// [`RunConfig::calibration`], every input of the models comes from that file (checked to

@@ -38,8 +38,6 @@ use openssl::ssl::SslRef;
 use tokio::io::{AsyncRead, ReadBuf};
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::stream::RECORD;
-
 /// TLS 1.3's content types (RFC 8446 §5.1).
 const ALERT: u8 = 21;
 const HANDSHAKE: u8 = 22;
@@ -51,6 +49,8 @@ const KEY_UPDATE: u8 = 24;
 const TAG: usize = 16;
 /// A record's header: type, legacy version, length.
 const HEADER: usize = 5;
+/// The largest TLS 1.3 record's plaintext (RFC 8446 §5.1: 2^14 bytes).
+pub(crate) const RECORD: usize = 16 * 1024;
 /// The largest ciphertext a record may carry (RFC 8446 §5.2: 2^14 + 256).
 const MAX_CIPHERTEXT: usize = RECORD + 256;
 /// Post-handshake handshake bytes kept while a message is incomplete (a KeyUpdate is 5 bytes,

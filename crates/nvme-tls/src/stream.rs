@@ -32,10 +32,7 @@ use std::task::{ready, Context, Poll};
 use openssl::ssl::SslRef;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::records::Records;
-
-/// The largest TLS 1.3 record's plaintext (RFC 8446 §5.1: 2^14 bytes).
-pub(crate) const RECORD: usize = 16 * 1024;
+use crate::records::{Records, RECORD};
 
 /// How much plaintext one write call seals before its records go to the socket (16 full
 /// records): the batch one system call carries.

@@ -1,6 +1,7 @@
 //! Submission and completion queue entries (NVMe Base 2.0 §4.2, §4.6) and the SGL descriptors
 //! NVMe/TCP uses (NVMe Base 2.0 §4.3.2; NVMe/TCP 1.0 §3.3.1, §3.4.1). All fields little-endian.
 
+pub use crate::codes::Status;
 use crate::error::WireError;
 
 /// Length of a submission queue entry.
@@ -220,15 +221,6 @@ impl Sqe {
     }
 }
 
-/// A completion status: Status Code Type and Status Code (NVMe Base 2.0 §4.6.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Status {
-    /// SCT, 3 bits.
-    pub sct: u8,
-    /// SC.
-    pub sc: u8,
-}
-
 /// SCT 0h: generic command status.
 pub const SCT_GENERIC: u8 = 0;
 /// SCT 1h: command specific status (Fabrics statuses included).
@@ -238,6 +230,7 @@ pub const SCT_MEDIA: u8 = 2;
 /// SCT 3h: path related status.
 pub const SCT_PATH: u8 = 3;
 
+// The statuses by name; the type is `crate::codes::Status`, below the errors that carry it.
 impl Status {
     const fn g(sc: u8) -> Self {
         Self {

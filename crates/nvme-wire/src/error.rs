@@ -6,8 +6,7 @@
 //! completes the command with Transient Transport Error (NVMe/TCP 1.0 §3.6.1), and an invalid
 //! command field is answered in the completion with [`WireError::status`].
 
-use crate::entry::Status;
-use crate::pdu::PduType;
+use crate::codes::{PduType, Status};
 
 /// Fatal Error Status of a termination request (NVMe/TCP 1.0 §3.6.2.4-§3.6.2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -10,12 +10,15 @@
 //! - [`fabrics`]: the Fabrics commands NVMe/TCP needs (NVMe over Fabrics 1.1 §3.3, §3.5):
 //!   Connect with its 1024-byte data, Property Get/Set, Authentication Send/Receive.
 //! - [`error`]: typed errors that name the fatal error status a C2HTermReq/H2CTermReq carries.
+//! - [`codes`]: the PDU type and the completion status types, which the errors carry; below
+//!   [`error`], [`pdu`] and [`entry`] (where their methods and named values are).
 //! - [`digest`]: CRC32C as NVMe/TCP uses it (NVMe/TCP 1.0 §3.6.1).
 //!
 //! Payloads are handed out as [`bytes::Bytes`] slices of the receive buffer; nothing on the
 //! data path is copied.
 #![forbid(unsafe_code)]
 
+pub mod codes;
 pub mod digest;
 pub mod entry;
 pub mod error;

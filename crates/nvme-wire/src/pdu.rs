@@ -12,6 +12,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+pub use crate::codes::PduType;
 use crate::digest::{crc32c, to_wire};
 use crate::entry::{Cqe, Sqe, CQE_LEN, SQE_LEN};
 use crate::error::{Fes, WireError};
@@ -37,21 +38,8 @@ pub const MIN_MAXH2CDATA: u32 = 4096;
 /// PLEN is at most 24 + 128 = 152 (§3.6.2.4).
 pub const MAX_TERM_DATA: usize = 128;
 
-/// PDU-Type, byte 0 of the common header (§3.6.2.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum PduType {
-    IcReq = 0x00,
-    IcResp = 0x01,
-    H2cTermReq = 0x02,
-    C2hTermReq = 0x03,
-    CapsuleCmd = 0x04,
-    CapsuleResp = 0x05,
-    H2cData = 0x06,
-    C2hData = 0x07,
-    R2t = 0x09,
-}
-
+// What the codec knows of each PDU type; the type is `crate::codes::PduType`, below the errors
+// that name it.
 impl PduType {
     /// The type for a wire value; `None` for reserved types (08h, 0Ah and above).
     #[must_use]

@@ -2,8 +2,8 @@
 //! docs/results/model-here.md quotes).
 
 use super::*;
+use crate::aggregate::aggregate;
 use crate::plan::{Depth, IscsiMode, Plan};
-use crate::report::aggregate;
 use crate::results::{Calibration, Environment, Record, Status};
 
 pub(crate) fn rec(scheme: Scheme, delay: f64, block: u64, depth: u32, mb: f64) -> Record {

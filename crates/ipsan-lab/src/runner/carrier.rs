@@ -8,8 +8,6 @@ mod ipsec;
 mod tls;
 mod wireguard;
 
-pub(super) use tls::tls_cipher;
-
 use super::*;
 
 /// One scheme's part of a run, called in this order by `try_run`.

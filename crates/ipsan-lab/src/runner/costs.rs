@@ -8,7 +8,7 @@ use super::*;
 pub const COST_BLOCKS: [u64; 3] = [64 << 10, 256 << 10, 1 << 20];
 
 /// The separate short runs a calibration fits the carriers' costs over
-/// ([`crate::fit::StoredCosts`]): for each scheme, direction, cipher, iSCSI mode and backend of
+/// ([`crate::calibrate::StoredCosts`]): for each scheme, direction, cipher, iSCSI mode and backend of
 /// `plan` (plain too wherever seal is: seal's stacks are priced as plain iSCSI's) and each
 /// delay class (none / some), one run per [`COST_BLOCKS`] size on the plan's unimpaired link of
 /// the shortest delay in that class, one command in flight (seal: four, pipelined). One
@@ -197,12 +197,12 @@ pub fn calibrate_plan(
         run_plan(&costs_plan, &costs_cfg)?
     };
     let ok = records.iter().filter(|r| r.status == Status::Ok).count();
-    let costs = crate::fit::StoredCosts::from_runs(&crate::report::aggregate(&records));
+    let costs = crate::calibrate::StoredCosts::from_runs(&crate::aggregate::aggregate(&records));
     let cores_avail = if cores.is_empty() {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         calibrate::available_cores(cpus, Duration::from_millis(500))
     } else {
-        crate::report::median(&mut cores)
+        crate::aggregate::median(&mut cores)
     };
     Ok(crate::calibrate::CalibrationFile {
         schema: crate::calibrate::CALIBRATION_SCHEMA.into(),

@@ -2,7 +2,6 @@
 //! them, its calibration (RTT, SOCKET, the scheme's cipher rates), and the counters it and
 //! the kernels keep over one run.
 
-use super::carrier::tls_cipher;
 use super::process::{run_quiet, side_name};
 use super::*;
 
@@ -180,20 +179,6 @@ pub(in crate::runner) fn calibrate_link(
         socket_mb_s: socket / 1e6,
         sysctls: link.map(|l| l.sysctls.clone()).unwrap_or_default(),
         loopback: link.is_none(),
-    })
-}
-
-/// The cipher and size whose ENC/DEC a point's model uses: seal's cipher at the block size;
-/// per-packet ciphers at a 1400-byte packet (TLS: a 16 KiB record); esp-emu from its own
-/// stage. `None` without encryption.
-pub fn cipher_key(p: &Point) -> Option<(String, u64)> {
-    Some(match p.scheme {
-        Scheme::Plain | Scheme::Iperf3 => return None,
-        Scheme::Seal | Scheme::SealSeq => (p.cipher.clone(), p.block),
-        Scheme::Wireguard => ("chacha20-poly1305".to_string(), 1536),
-        Scheme::Tls => (tls_cipher(&p.cipher).0.to_string(), 16384),
-        Scheme::Ipsec => (p.cipher.clone(), 1536),
-        Scheme::EspEmu => ("esp-emu".to_string(), 1400),
     })
 }
 

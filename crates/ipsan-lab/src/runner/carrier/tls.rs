@@ -1,6 +1,7 @@
 //! The `tls` carrier: stunnel (TLS 1.3) in both namespaces.
 
 use super::Carrier;
+use crate::plan::tls_cipher;
 use crate::runner::process::{run_quiet, side_name, wait_connect};
 use crate::runner::*;
 
@@ -15,14 +16,6 @@ impl Carrier for Tls {
         _target: SocketAddr,
     ) -> Result<SocketAddr, RunError> {
         tls(ctx, p, procs)
-    }
-}
-
-pub(in crate::runner) fn tls_cipher(seal_cipher: &str) -> (&'static str, &'static str) {
-    if seal_cipher == "chacha20-poly1305" {
-        ("chacha20-poly1305", "TLS_CHACHA20_POLY1305_SHA256")
-    } else {
-        ("aes-256-gcm", "TLS_AES_256_GCM_SHA384")
     }
 }
 
