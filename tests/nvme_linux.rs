@@ -520,8 +520,10 @@ fn accepts_one_more_boot_only_after_the_guest_kernel_failed_before_it_was_ready(
     let before = format!("{booted}{oops}RESULT fail connect\n");
     let after = format!("{booted}{READY}\n{oops}RESULT fail connect\n");
     let clean = format!("{booted}{READY}\nRESULT fail connect\n");
-    // (what each boot shows, Ok or the console; how many boots; passed in the end)
-    let cases: [(&[Result<(), String>], usize, bool); 6] = [
+    // What each boot shows: passed, or failed with its console.
+    type Boots<'a> = &'a [Result<(), String>];
+    // (the boots; how many of them run; passed in the end)
+    let cases: [(Boots, usize, bool); 6] = [
         (&[Ok(())], 1, true),
         (&[Err(before.clone()), Ok(())], 2, true),
         (&[Err(panic.to_owned()), Ok(())], 2, true),
