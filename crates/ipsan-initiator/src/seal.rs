@@ -222,6 +222,14 @@ impl PayloadTransform for SealTransform {
         )
     }
 
+    fn outbound_tail(&self, _cmd: CommandInfo, len: usize) -> Option<crate::Result<Bytes>> {
+        // `none`'s tags are zeros whatever the binding: the trailer is the counters and them.
+        self.session
+            .none_trailer(len)
+            .map_err(|e| Error::Transform(format!("seal: {e}")))
+            .transpose()
+    }
+
     fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut> {
         self.open(cmd, data, true)
     }

@@ -66,6 +66,15 @@ pub trait PayloadTransform: Send + Sync + std::fmt::Debug {
     fn outbound_now(&self, _cmd: CommandInfo, _data: &Bytes) -> Option<Result<Bytes>> {
         None
     }
+    /// The outbound form of `len` bytes as the caller's data *unchanged* followed by the bytes
+    /// returned, when this transform has that form for them (Seal `none` without
+    /// compression, larger than it seals on the caller's thread: the plaintext and a trailer,
+    /// issue 27): the write then goes without a copy of its data. It reserves what
+    /// [`PayloadTransform::outbound`] would (Seal's counters). `None`: no such form; use
+    /// `outbound` (the default).
+    fn outbound_tail(&self, _cmd: CommandInfo, _len: usize) -> Option<Result<Bytes>> {
+        None
+    }
     /// Inbound data as reassembled from Data-In (possibly shorter than the EDTL when the
     /// target sent less): returns what the caller sees.
     fn inbound(&self, cmd: CommandInfo, data: BytesMut) -> TransformFuture<BytesMut>;

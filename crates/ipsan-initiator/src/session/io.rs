@@ -162,7 +162,16 @@ impl Shared {
         binding: Binding,
         until: Until<'_>,
     ) -> Result<(u32, oneshot::Receiver<Done>)> {
-        self.submit_checked(lun, cdb, dir, itt, binding, until, false)?
+        let data = match dir {
+            DataDir::None => engine::Data::None,
+            DataDir::Write(b) => engine::Data::Write(b),
+            DataDir::Read(buf, len) => engine::Data::Read {
+                buf,
+                len: u32::try_from(len)
+                    .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
+            },
+        };
+        self.submit_checked(lun, cdb, data, itt, binding, until, false)?
             .ok_or_else(|| self.st.lost())
     }
 
@@ -174,11 +183,11 @@ impl Shared {
         &self,
         lun: u64,
         cdb: [u8; 16],
-        dir: DataDir,
+        data: engine::Data,
         itt: Option<u32>,
         until: Until<'_>,
     ) -> Result<Option<(u32, oneshot::Receiver<Done>)>> {
-        self.submit_checked(lun, cdb, dir, itt, Binding::Bound, until, true)
+        self.submit_checked(lun, cdb, data, itt, Binding::Bound, until, true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -186,21 +195,12 @@ impl Shared {
         &self,
         lun: u64,
         cdb: [u8; 16],
-        dir: DataDir,
+        data: engine::Data,
         itt: Option<u32>,
         binding: Binding,
         until: Until<'_>,
         only_here: bool,
     ) -> Result<Option<(u32, oneshot::Receiver<Done>)>> {
-        let data = match dir {
-            DataDir::None => engine::Data::None,
-            DataDir::Write(b) => engine::Data::Write(b),
-            DataDir::Read(buf, len) => engine::Data::Read {
-                buf,
-                len: u32::try_from(len)
-                    .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
-            },
-        };
         let (tx, rx) = oneshot::channel();
         let cmd = engine::Command {
             lun,

@@ -904,11 +904,11 @@ impl McsSession {
                 let wire = match &t {
                     Some(t) => {
                         plain = Some(p.clone());
-                        t.outbound(info, p).await?
+                        super::sealed::wire_data(&**t, info, p).await?
                     }
-                    None => p,
+                    None => engine::Data::Write(p),
                 };
-                (engine::Data::Write(wire), None)
+                (wire, None)
             }
             DataDir::Read(buf, len) => {
                 let wire_len = match &t {

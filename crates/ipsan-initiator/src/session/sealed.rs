@@ -1,5 +1,6 @@
 //! A command's data through the payload transform (Seal, docs/seal.md §2): a write's data is
-//! sealed under the connection's keys and the command's ITT before it is submitted, and sealed
+//! sealed under the connection's keys and the command's ITT before it is submitted (under
+//! `none` the caller's bytes go as they are, the trailer after them: `wire_data`), and sealed
 //! again from the caller's plaintext when the engine rebinds the task to a new connection
 //! (`Done::Rebind`, a reissue after session recovery); a read's data is opened with the keys of
 //! the connection it completed on. The engine decides when a task is rebound; this file only
@@ -22,13 +23,14 @@ impl Session {
         let (lun, itt) = (info.lun, info.itt);
         // Sealed under this connection's keys and the ITT: a reissue on another connection
         // seals the caller's plaintext again (Event::Rebind). The engine does not keep the
-        // sealed copy; we keep the plaintext (a reference).
+        // sealed form; we keep the plaintext (a reference).
         observe::note(tr, itt, CommandEvent::SealStart, 0, plain.len() as u64);
         // Without recovery no reissue comes: no second reference to the plaintext.
         let keep = self.link.recovery_timeout.map(|_| plain.clone());
-        let wire = t.outbound(info, plain).await?;
-        observe::note(tr, itt, CommandEvent::SealEnd, 0, wire.len() as u64);
-        let (itt, mut rx) = match c.submit_here(lun, cdb, DataDir::Write(wire), Some(itt), until)? {
+        let wire = wire_data(&*t, info, plain).await?;
+        let wire_len = wire.write_len().unwrap_or(0) as u64;
+        observe::note(tr, itt, CommandEvent::SealEnd, 0, wire_len);
+        let (itt, mut rx) = match c.submit_here(lun, cdb, wire, Some(itt), until)? {
             Some(submitted) => submitted,
             // Session recovery replaced the connection while the data was being sealed:
             // sealed again for the current one (only with recovery on is there a new one).
@@ -44,10 +46,8 @@ impl Session {
                         .clone()
                         .or_else(|| now.st.transform.clone())
                         .unwrap_or_else(|| t.clone());
-                    let wire = t.outbound(info, plain.clone()).await?;
-                    if let Some(submitted) =
-                        now.submit_here(lun, cdb, DataDir::Write(wire), Some(itt), until)?
-                    {
+                    let wire = wire_data(&*t, info, plain.clone()).await?;
+                    if let Some(submitted) = now.submit_here(lun, cdb, wire, Some(itt), until)? {
                         break submitted;
                     }
                     plain = keep.clone().unwrap_or(plain);
@@ -73,14 +73,13 @@ impl Session {
                         g.waiters.insert(itt, (tx, generation))
                     })?;
                     rx = next;
-                    match t.outbound(info, plain).await {
+                    match wire_data(&*t, info, plain).await {
                         Ok(wire) => {
                             // Refused when that connection is gone too: the next one asks
                             // again.
-                            let _ = c.core.with_timer(|g| {
-                                g.session
-                                    .resubmit(Instant::now(), itt, engine::Data::Write(wire))
-                            })?;
+                            let _ = c
+                                .core
+                                .with_timer(|g| g.session.resubmit(Instant::now(), itt, wire))?;
                         }
                         Err(e) => {
                             c.core.with(|g| {
@@ -133,5 +132,22 @@ impl Session {
             observe::note(tr, itt, CommandEvent::OpenEnd, 0, done.data.len() as u64);
         }
         Ok(done)
+    }
+}
+
+/// `plain` as it goes on the wire under `t`: the caller's bytes themselves and `t`'s tail when
+/// `t` leaves the data unchanged (Seal `none`: its trailer; issue 27: no copy of the data and
+/// nothing for a crypto worker to do), otherwise what `t` seals (a copy).
+pub(super) async fn wire_data(
+    t: &dyn PayloadTransform,
+    info: CommandInfo,
+    plain: Bytes,
+) -> Result<engine::Data> {
+    match t.outbound_tail(info, plain.len()) {
+        Some(tail) => Ok(engine::Data::WriteParts {
+            data: plain,
+            tail: tail?,
+        }),
+        None => Ok(engine::Data::Write(t.outbound(info, plain).await?)),
     }
 }

@@ -101,6 +101,28 @@ pub enum Data {
         len: u32,
     },
     Write(Bytes),
+    /// Write data that goes on the wire as `data` followed by `tail`, neither copied into one
+    /// buffer: Seal `none`'s plaintext as the caller gave it and its trailer (issue 27,
+    /// docs/seal.md §4). A Data-Out that would hold bytes of both is cut in two at the join
+    /// (RFC 7143 §11.7: a sequence's PDUs need not be full); immediate data (§11.3) that would
+    /// stops at the join when the rest may follow as unsolicited Data-Out, and is otherwise
+    /// joined (copied).
+    WriteParts {
+        data: Bytes,
+        tail: Bytes,
+    },
+}
+
+impl Data {
+    /// Bytes of write data on the wire (`None`: not a write).
+    #[must_use]
+    pub fn write_len(&self) -> Option<usize> {
+        match self {
+            Data::Write(b) => Some(b.len()),
+            Data::WriteParts { data, tail } => Some(data.len() + tail.len()),
+            Data::None | Data::Read { .. } => None,
+        }
+    }
 }
 
 /// One SCSI command to send.
@@ -252,6 +274,9 @@ struct Task {
     lun: u64,
     cdb: [u8; 16],
     write: Bytes,
+    /// Write data sent after `write`, not joined to it ([`Data::WriteParts`]); empty for
+    /// most writes.
+    write_tail: Bytes,
     /// Sent with the W bit: the caller gave write data (a pass-through may give none).
     write_bit: bool,
     read: Option<BytesMut>,

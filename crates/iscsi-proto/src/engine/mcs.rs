@@ -398,7 +398,7 @@ fn cost(cmd: &Command) -> u64 {
         + match &cmd.data {
             Data::None => 0,
             Data::Read { len, .. } => u64::from(*len),
-            Data::Write(b) => b.len() as u64,
+            Data::Write(_) | Data::WriteParts { .. } => cmd.data.write_len().unwrap_or(0) as u64,
         }
 }
 
@@ -767,10 +767,12 @@ impl Session {
         if itt == RESERVED_TAG || itt >= COMMAND_ITTS || self.tasks.contains_key(&itt) {
             return Err(SubmitError::Invalid);
         }
-        if let Data::Write(b) = &cmd.data {
-            if u32::try_from(b.len()).is_err() {
-                return Err(SubmitError::Invalid);
-            }
+        if cmd
+            .data
+            .write_len()
+            .is_some_and(|n| u32::try_from(n).is_err())
+        {
+            return Err(SubmitError::Invalid);
         }
         let deadline = self
             .cfg
@@ -1125,11 +1127,7 @@ impl Session {
             };
             self.unpin(&p);
             // What the command adds to its connection's socket: its data if a write.
-            let sends = COMMAND_COST
-                + match &p.cmd.data {
-                    Data::Write(b) => b.len() as u64,
-                    _ => 0,
-                };
+            let sends = COMMAND_COST + p.cmd.data.write_len().unwrap_or(0) as u64;
             let cmd_sn = self.cmd_sn;
             let (c, e, m) = (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
             let member = &mut self.members[i];

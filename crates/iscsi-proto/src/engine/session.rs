@@ -210,6 +210,7 @@ enum Kept {
     None,
     Read(u32),
     Write(Bytes),
+    WriteParts(Bytes, Bytes),
 }
 
 #[derive(Debug)]
@@ -447,18 +448,22 @@ impl Session {
             return Err(SubmitError::Invalid);
         }
         let recovery = self.cfg.recovery_timeout.is_some();
-        if let Data::Write(b) = &cmd.data {
-            if u32::try_from(b.len()).is_err() {
-                return Err(SubmitError::Invalid);
-            }
+        if cmd
+            .data
+            .write_len()
+            .is_some_and(|n| u32::try_from(n).is_err())
+        {
+            return Err(SubmitError::Invalid);
         }
         // What a reissue needs. Without recovery nothing is kept: no reference to the
         // caller's buffer outlives the connection's. A bound write's data is made again
         // ([`Event::Rebind`]).
+        let free = recovery && binding == Binding::Free;
         let data = match &cmd.data {
             Data::Read { len, .. } => Kept::Read(*len),
-            Data::Write(b) if recovery && binding == Binding::Free => Kept::Write(b.clone()),
-            Data::None | Data::Write(_) => Kept::None,
+            Data::Write(b) if free => Kept::Write(b.clone()),
+            Data::WriteParts { data, tail } if free => Kept::WriteParts(data.clone(), tail.clone()),
+            Data::None | Data::Write(_) | Data::WriteParts { .. } => Kept::None,
         };
         let (lun, cdb, timed) = (cmd.lun, cmd.cdb, cmd.timed);
         let live = self.conn.closed().is_none() && !self.conn.logout_requested();
@@ -675,6 +680,10 @@ impl Session {
                     len: *len,
                 },
                 Kept::Write(b) => Data::Write(b.clone()),
+                Kept::WriteParts(data, tail) => Data::WriteParts {
+                    data: data.clone(),
+                    tail: tail.clone(),
+                },
             };
             let cmd = Command {
                 lun: t.lun,

@@ -216,7 +216,7 @@ impl MovedTask {
     /// Bytes of write data it carries (0: none).
     #[must_use]
     pub fn write_len(&self) -> usize {
-        self.task.write.len()
+        self.task.write.len() + self.task.write_tail.len()
     }
 
     /// Replaces its write data with `data` of the same length: data made again for the
@@ -224,10 +224,11 @@ impl MovedTask {
     /// went with, and the offsets of R2Ts, stay right). False, and nothing changed, when the
     /// length differs.
     pub fn replace_write(&mut self, data: Bytes) -> bool {
-        if data.len() != self.task.write.len() {
+        if data.len() != self.write_len() {
             return false;
         }
         self.task.write = data;
+        self.task.write_tail = Bytes::new();
         true
     }
 }

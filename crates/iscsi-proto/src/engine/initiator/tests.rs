@@ -776,3 +776,116 @@ fn the_next_timeout_follows_the_oldest_command_still_in_flight() {
     assert_eq!(completed(&mut c).len(), 3);
     assert!(tmfs_sent(&mut c).is_empty());
 }
+
+/// Whether `piece` is memory of `part` (a slice of it, not a copy).
+fn is_slice_of(piece: &Bytes, part: &Bytes) -> bool {
+    let (p, a) = (piece.as_ptr() as usize, part.as_ptr() as usize);
+    p >= a && p + piece.len() <= a + part.len()
+}
+
+/// The write's data PDUs as (offset, data): the command's immediate data at 0, then each
+/// Data-Out, answering an R2T for each burst the command's PDUs leave unsent.
+fn two_part_write_pdus(p: SessionParams, data: &Bytes, tail: &Bytes) -> Vec<(u32, Bytes)> {
+    let now = Instant::now();
+    let burst = p.max_burst_length;
+    let mut cfg = Config::new(p, 1, 16, 1);
+    cfg.nop_interval = None;
+    let mut c = Connection::new(cfg, now);
+    let total = (data.len() + tail.len()) as u32;
+    let itt = c
+        .submit(
+            now,
+            Command {
+                lun: 0,
+                cdb: [0x8a; 16],
+                data: Data::WriteParts {
+                    data: data.clone(),
+                    tail: tail.clone(),
+                },
+                timed: false,
+            },
+        )
+        .unwrap();
+    let mut got = Vec::new();
+    let mut next = 0u32;
+    for r2t_sn in 0.. {
+        while let Some(pdu) = c.poll_transmit() {
+            let off = match &pdu.header {
+                Header::ScsiCommand(h) => {
+                    assert_eq!(h.expected_data_transfer_length, total);
+                    0
+                }
+                Header::DataOut(h) => h.buffer_offset,
+                other => panic!("unexpected {other:?}"),
+            };
+            if !pdu.data.is_empty() {
+                assert_eq!(off, next, "in order, nothing skipped");
+                next += pdu.data.len() as u32;
+                got.push((off, pdu.data));
+            }
+        }
+        if next == total {
+            break;
+        }
+        let len = (total - next).min(burst);
+        c.handle_pdu(now, r2t(itt, 100 + r2t_sn, r2t_sn, next, len));
+    }
+    assert!(c.closed().is_none());
+    got
+}
+
+/// Issue 27: a write whose data goes as two parts (Seal `none`'s plaintext as the caller gave
+/// it, then its trailer) is sent without joining them: every data PDU is a slice of one part
+/// (the same memory, no copy) — the Data-Out that would straddle the join is cut there, the
+/// tail goes in a PDU of its own — and together they carry data then tail, in order.
+/// Immediate data stops at the join when unsolicited Data-Out may carry the rest; under
+/// InitialR2T=Yes, where none may, the two are joined in the command PDU instead of waiting
+/// for an R2T.
+#[test]
+fn sends_a_two_part_write_without_joining_its_parts() {
+    let data = Bytes::from((0..10_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+    let tail = Bytes::from(vec![0xee; 40]);
+    let want = [&data[..], &tail[..]].concat();
+    let check = |pdus: &[(u32, Bytes)]| {
+        let sent: Vec<u8> = pdus.iter().flat_map(|(_, d)| d.to_vec()).collect();
+        assert_eq!(sent, want);
+        for (off, d) in pdus {
+            assert!(
+                is_slice_of(d, &data) || is_slice_of(d, &tail),
+                "the PDU at {off} ({} bytes) is a copy",
+                d.len()
+            );
+        }
+    };
+    // Solicited by R2Ts of 4 KiB (params(): InitialR2T=Yes, no immediate data).
+    let pdus = two_part_write_pdus(params(), &data, &tail);
+    check(&pdus);
+    let sizes: Vec<(u32, usize)> = pdus.iter().map(|(o, d)| (*o, d.len())).collect();
+    assert_eq!(
+        sizes,
+        [(0, 4096), (4096, 4096), (8192, 1808), (10_000, 40)],
+        "the last burst's Data-Out is cut at the join"
+    );
+    // Immediate data and unsolicited Data-Out (InitialR2T=No): the command PDU carries the
+    // data, a Data-Out the tail.
+    let small = data.slice(..3000);
+    let unsolicited = SessionParams {
+        initial_r2t: false,
+        immediate_data: true,
+        first_burst_length: 4096,
+        ..params()
+    };
+    let pdus = two_part_write_pdus(unsolicited, &small, &tail);
+    assert_eq!(pdus.len(), 2);
+    assert_eq!(pdus[0].1.as_ptr(), small.as_ptr(), "immediate data copied");
+    assert_eq!((pdus[1].0, pdus[1].1.as_ptr()), (3000, tail.as_ptr()));
+    // InitialR2T=Yes with immediate data: no Data-Out may follow unsolicited, so the command
+    // carries both parts joined (a round trip for 40 bytes would cost more than the copy).
+    let immediate_only = SessionParams {
+        immediate_data: true,
+        ..params()
+    };
+    let pdus = two_part_write_pdus(immediate_only, &small, &tail);
+    assert_eq!(pdus.len(), 1, "all of it immediate");
+    assert_eq!(&pdus[0].1[..], &[&small[..], &tail[..]].concat()[..]);
+}

@@ -33,15 +33,18 @@ impl Connection {
         if !self.reserved.is_empty() {
             self.reserved.remove(&itt);
         }
-        let write_bit = matches!(cmd.data, Data::Write(_));
-        let (write, read, read_len) = match cmd.data {
-            Data::None => (Bytes::new(), None, 0),
-            Data::Write(b) => {
-                if u32::try_from(b.len()).is_err() {
-                    return Err(SubmitError::Invalid);
-                }
-                (b, None, 0)
-            }
+        let write_bit = cmd.data.write_len().is_some();
+        if cmd
+            .data
+            .write_len()
+            .is_some_and(|n| u32::try_from(n).is_err())
+        {
+            return Err(SubmitError::Invalid);
+        }
+        let (write, write_tail, read, read_len) = match cmd.data {
+            Data::None => (Bytes::new(), Bytes::new(), None, 0),
+            Data::Write(b) => (b, Bytes::new(), None, 0),
+            Data::WriteParts { data, tail } => (data, tail, None, 0),
             Data::Read { mut buf, len } => {
                 // Data-In arrives in order (DataPDUInOrder=Yes) and is appended: no memset of
                 // the whole buffer ahead of the data, and nothing stale can leak. The buffer
@@ -50,7 +53,7 @@ impl Connection {
                 if buf.capacity() > 0 && self.read_pool.len() < READ_POOL_MAX {
                     self.read_pool.push(buf);
                 }
-                (Bytes::new(), Some(BytesMut::new()), len)
+                (Bytes::new(), Bytes::new(), Some(BytesMut::new()), len)
             }
         };
         let deadline = self
@@ -66,6 +69,7 @@ impl Connection {
                 lun: cmd.lun,
                 cdb: cmd.cdb,
                 write,
+                write_tail,
                 write_bit,
                 read,
                 read_len,
@@ -107,8 +111,8 @@ impl Connection {
         let p = &self.params;
         let seg = p.target_max_recv_data_segment_length.max(512) as usize;
         let first_burst = p.first_burst_length as usize;
-        let total = t.write.len();
-        let imm = if p.immediate_data {
+        let total = t.write.len() + t.write_tail.len();
+        let mut imm = if p.immediate_data {
             total.min(first_burst).min(seg)
         } else {
             0
@@ -118,6 +122,12 @@ impl Connection {
         } else {
             total.min(first_burst)
         };
+        // A two-part write's immediate data stops at the join when Data-Out may carry the rest
+        // unsolicited (the tail then goes in a Data-Out of its own, nothing copied); under
+        // InitialR2T=Yes no Data-Out may, and the two are joined (`write_slice`).
+        if !p.initial_r2t {
+            imm = write_cut(&t.write, &t.write_tail, 0, imm);
+        }
         let edtl = u32::try_from(total).unwrap_or(u32::MAX).max(t.read_len);
         t.solicited.push((0, unsolicited_end as u32));
         self.out.push_back(Pdu::new(
@@ -135,12 +145,17 @@ impl Connection {
                 exp_stat_sn: 0,
                 cdb: t.cdb,
             },
-            t.write.slice(..imm),
+            write_slice(&t.write, &t.write_tail, 0, imm),
         ));
         let mut off = imm;
         let mut data_sn = 0u32;
         while off < unsolicited_end {
-            let end = (off + seg).min(unsolicited_end);
+            let end = write_cut(
+                &t.write,
+                &t.write_tail,
+                off,
+                (off + seg).min(unsolicited_end),
+            );
             self.out.push_back(Pdu::new(
                 DataOut {
                     final_: end == unsolicited_end,
@@ -151,7 +166,7 @@ impl Connection {
                     data_sn,
                     buffer_offset: off as u32,
                 },
-                t.write.slice(off..end),
+                write_slice(&t.write, &t.write_tail, off, end),
             ));
             data_sn = data_sn.wrapping_add(1);
             off = end;
@@ -169,9 +184,9 @@ impl Connection {
             return;
         };
         let (off, len) = (h.buffer_offset, h.desired_data_transfer_length);
-        let total = u32::try_from(t.write.len()).unwrap_or(u32::MAX);
+        let total = u32::try_from(t.write.len() + t.write_tail.len()).unwrap_or(u32::MAX);
         let end = u64::from(off) + u64::from(len);
-        let check = if t.write.is_empty() {
+        let check = if total == 0 {
             Err(Violation::R2tWithoutWrite)
         } else if h.ttt == RESERVED_TAG {
             Err(Violation::R2tReservedTag)
@@ -220,14 +235,21 @@ impl Connection {
         }
         t.next_r2t_sn = h.r2t_sn.wrapping_add(1);
         t.solicited.push((off, len));
-        let pdus = len.div_ceil(seg);
+        let (lun, write, tail) = (t.lun, t.write.clone(), t.write_tail.clone());
+        // The PDUs are counted from the join of a two-part write on when it falls inside.
+        let join = u32::try_from(write.len()).unwrap_or(u32::MAX);
+        let pdus = if !tail.is_empty() && off < join && join < off + len {
+            (join - off).div_ceil(seg) + (off + len - join).div_ceil(seg)
+        } else {
+            len.div_ceil(seg)
+        };
         t.unsent_r2ts.push((h.ttt, pdus));
-        let (lun, write) = (t.lun, t.write.clone());
         let mut pos = off;
         let mut data_sn = 0u32;
         let stop = off + len;
         while pos < stop {
             let e = (pos + seg).min(stop);
+            let e = write_cut(&write, &tail, pos as usize, e as usize) as u32;
             self.out.push_back(Pdu::new(
                 DataOut {
                     final_: e == stop,
@@ -238,7 +260,7 @@ impl Connection {
                     data_sn,
                     buffer_offset: pos,
                 },
-                write.slice(pos as usize..e as usize),
+                write_slice(&write, &tail, pos as usize, e as usize),
             ));
             data_sn = data_sn.wrapping_add(1);
             pos = e;
@@ -250,5 +272,33 @@ impl Connection {
         if let Some(t) = self.tasks.get_mut(&itt) {
             t.unsent_r2ts.retain(|(x, _)| *x != ttt);
         }
+    }
+}
+
+/// Where a PDU of write data that starts at `from` ends, at most at `to`: at the join of a
+/// two-part write ([`Data::WriteParts`]: `data`, then `tail`) when the join falls between, so
+/// that no PDU holds bytes of both parts.
+fn write_cut(data: &Bytes, tail: &Bytes, from: usize, to: usize) -> usize {
+    let join = data.len();
+    if tail.is_empty() || from >= join || to <= join {
+        to
+    } else {
+        join
+    }
+}
+
+/// Write data `a..b` of `data` followed by `tail`: a slice of one part (no copy), or, for a
+/// range over the join (only immediate data under InitialR2T=Yes), both parts' bytes joined.
+fn write_slice(data: &Bytes, tail: &Bytes, a: usize, b: usize) -> Bytes {
+    let join = data.len();
+    if b <= join {
+        data.slice(a..b)
+    } else if a >= join {
+        tail.slice(a - join..b - join)
+    } else {
+        let mut joined = BytesMut::with_capacity(b - a);
+        joined.extend_from_slice(&data[a..]);
+        joined.extend_from_slice(&tail[..b - join]);
+        joined.freeze()
     }
 }
