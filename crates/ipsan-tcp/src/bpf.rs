@@ -28,7 +28,6 @@ use std::process::Command;
 
 use serde::Serialize;
 
-use crate::settings::available_congestion_controls;
 use crate::TcpError;
 
 /// The congestion controls this crate registers.
@@ -65,6 +64,15 @@ pub fn check_support() -> Result<(), TcpError> {
     }
     bpftool_version()?;
     Ok(())
+}
+
+/// `net.ipv4.tcp_available_congestion_control`: every algorithm the kernel can give a socket,
+/// including BPF ones registered with `ipsan tcp load`.
+pub fn available_congestion_controls() -> Result<Vec<String>, TcpError> {
+    const PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+    let text =
+        std::fs::read_to_string(PATH).map_err(|source| TcpError::Proc { path: PATH, source })?;
+    Ok(text.split_whitespace().map(str::to_string).collect())
 }
 
 /// One of our algorithms, as the kernel sees it now.

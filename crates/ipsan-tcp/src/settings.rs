@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use socket2::SockRef;
 
-use crate::bpf::OURS;
+use crate::bpf::{available_congestion_controls, OURS};
 use crate::TcpError;
 
 /// `auto` buffers are this many times the bandwidth-delay product (numerator / denominator).
@@ -370,15 +370,6 @@ pub fn read_back<S: AsFd>(socket: &S) -> Result<InForce, TcpError> {
         window_clamp,
         notes: Vec::new(),
     })
-}
-
-/// `net.ipv4.tcp_available_congestion_control`: every algorithm the kernel can give a socket,
-/// including BPF ones registered with `ipsan tcp load`.
-pub fn available_congestion_controls() -> Result<Vec<String>, TcpError> {
-    const PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
-    let text =
-        std::fs::read_to_string(PATH).map_err(|source| TcpError::Proc { path: PATH, source })?;
-    Ok(text.split_whitespace().map(str::to_string).collect())
 }
 
 /// Kernel names are at most 15 bytes (`TCP_CA_NAME_MAX` 16 with the NUL).
