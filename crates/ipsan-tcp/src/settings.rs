@@ -8,7 +8,7 @@
 //! Settings are written in a target config, a bench run or a lab plan as
 //! ```toml
 //! [tcp]
-//! congestion = "ipsan_sf"     # cubic | bbr | reno | ipsan_sf | ipsan_sf_ss (or any the kernel has)
+//! congestion = "ipsan_sf"     # cubic | bbr | reno | ipsan_sf | ipsan_sf_ss | ipsan_ss (or any the kernel has)
 //! sndbuf = "auto"             # "auto" (bandwidth × RTT × 1.5 when the link is known), bytes, "8MiB", or "kernel"
 //! rcvbuf = 8388608
 //! nodelay = true
@@ -178,7 +178,7 @@ mod micros {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TcpSettings {
-    /// `TCP_CONGESTION` name: `cubic`, `bbr`, `reno`, `ipsan_sf`, `ipsan_sf_ss`, ….
+    /// `TCP_CONGESTION` name: `cubic`, `bbr`, `reno`, `ipsan_sf`, `ipsan_sf_ss`, `ipsan_ss`, ….
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub congestion: Option<String>,
     /// `SO_SNDBUF` request.
@@ -247,7 +247,7 @@ impl TcpSettings {
     /// `socket2::Socket`) and returns what is in force afterwards.
     ///
     /// A congestion control the kernel does not have is an error, except for ipsan's own
-    /// (`ipsan_sf*`) when they are not registered: then the socket falls back to
+    /// ([`OURS`]) when they are not registered: then the socket falls back to
     /// [`FALLBACK_CONGESTION`] (Reno, which they modify) and [`InForce::notes`] says so, so the
     /// results never claim an algorithm that did not run.
     pub fn apply<S: AsFd>(&self, socket: &S) -> Result<InForce, TcpError> {
