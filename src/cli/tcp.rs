@@ -1,5 +1,6 @@
 //! `ipsan tcp`: register, remove and list the storage-friendly congestion controls
-//! (`ipsan_sf`, `ipsan_sf_ss`; the iFCP paper (Muknahallipatna et al.) §4), and check what a socket gets.
+//! (`ipsan_sf`, `ipsan_sf_ss`, `ipsan_ss`; the iFCP paper (Muknahallipatna et al.) §4), and check
+//! what a socket gets.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TcpCommand {
-    /// Register ipsan_sf and ipsan_sf_ss (BPF struct_ops) until `ipsan tcp unload`. Needs root.
+    /// Register ipsan_sf, ipsan_sf_ss and ipsan_ss (BPF struct_ops) until `ipsan tcp unload`.
+    /// Needs root.
     Load(PinArgs),
     /// Unregister them and remove their bpffs pins. Open sockets keep theirs until closed.
     Unload(PinArgs),
@@ -73,7 +75,7 @@ pub enum TcpCommand {
 /// Socket settings shared by `send` and `sink` (the `[tcp]` config keys as flags).
 #[derive(Debug, clap::Args)]
 pub struct SockArgs {
-    /// Congestion control (cubic, bbr, reno, ipsan_sf, ipsan_sf_ss, ...).
+    /// Congestion control (cubic, bbr, reno, ipsan_sf, ipsan_sf_ss, ipsan_ss, ...).
     #[arg(long)]
     pub congestion: Option<String>,
     /// SO_SNDBUF request: bytes, 8MiB, auto or kernel.

@@ -8,8 +8,12 @@
 //   ipsan_sf_ss  ipsan_sf with congestion avoidance disabled: cwnd always grows exponentially
 //                (slow start), up to the peer's advertised receive window, as the paper's
 //                gateways allowed ("the ramp of cwnd would always be exponential").
+//   ipsan_ss     congestion avoidance disabled alone: Reno's cut (ssthresh = cwnd/2, RFC 5681
+//                §3.2), then the same exponential growth as ipsan_sf_ss (the paper's Fig. 10
+//                fourth series, "congestion avoidance disable ... starting point being at
+//                one-half of the cwnd value").
 //
-// Both are registered with the kernel as BPF struct_ops `tcp_congestion_ops` and then selected
+// All three are registered with the kernel as BPF struct_ops `tcp_congestion_ops` and then selected
 // per socket with setsockopt(TCP_CONGESTION). The kernel does the loss detection, fast recovery
 // (PRR, RFC 6937) and RTO handling; these programs only choose ssthresh and the cwnd increase.
 // They are written from the RFC and the paper, not from the kernel's tcp_cong.c.
@@ -83,20 +87,35 @@ static __always_inline __u32 seven_eighths_of(__u32 cwnd)
 	return max_u32(cwnd - (cwnd >> 3), 2);
 }
 
+// Reno's cut (RFC 5681 §3.2, with cwnd standing in for FlightSize as the kernel's reno does):
+// keep half the window, never below 2.
+static __always_inline __u32 half_of(__u32 cwnd)
+{
+	return max_u32(cwnd >> 1, 2);
+}
+
+// The window a loss leaves: 7/8 (ipsan_sf, ipsan_sf_ss) or 1/2 (ipsan_ss). `halve` is a
+// constant at every call site, so each program keeps only its own branch.
+static __always_inline __u32 cut_of(__u32 cwnd, bool halve)
+{
+	return halve ? half_of(cwnd) : seven_eighths_of(cwnd);
+}
+
 // Windows repaired since the programs were loaded, all sockets together; `ipsan tcp list`
 // reads it from the object's .bss map (pinned by `ipsan tcp load`).
 __u64 ipsan_sf_repairs = 0;
 
 // Puts cwnd and ssthresh back inside cwnd_ceiling() if something outside these programs left
-// them there (see the note at the top). ssthresh may legitimately be TCP_INFINITE_SSTHRESH.
-static __always_inline void repair_window(struct tcp_sock *tp)
+// them there (see the note at the top), ssthresh at the program's own cut (`halve`) of the
+// window before the loss. ssthresh may legitimately be TCP_INFINITE_SSTHRESH.
+static __always_inline void repair_window(struct tcp_sock *tp, bool halve)
 {
 	__u32 ceiling = cwnd_ceiling(tp);
 	__u32 st = tp->snd_ssthresh;
 	bool repaired = false;
 
 	if (st > ceiling && st != TCP_INFINITE_SSTHRESH) {
-		tp->snd_ssthresh = seven_eighths_of(min_u32(tp->prior_cwnd, ceiling));
+		tp->snd_ssthresh = cut_of(min_u32(tp->prior_cwnd, ceiling), halve);
 		repaired = true;
 	}
 	if (tp->snd_cwnd > ceiling) {
@@ -154,12 +173,20 @@ __u32 BPF_PROG(ipsan_sf_ssthresh, struct sock *sk)
 	return seven_eighths_of(min_u32(tp->snd_cwnd, cwnd_ceiling(tp)));
 }
 
+SEC("struct_ops/ipsan_ss_ssthresh")
+__u32 BPF_PROG(ipsan_ss_ssthresh, struct sock *sk)
+{
+	const struct tcp_sock *tp = tcp_of(sk);
+
+	return half_of(min_u32(tp->snd_cwnd, cwnd_ceiling(tp)));
+}
+
+// All three: a spurious loss (F-RTO / DSACK) restores the window from before the cut.
 SEC("struct_ops/ipsan_sf_undo_cwnd")
 __u32 BPF_PROG(ipsan_sf_undo_cwnd, struct sock *sk)
 {
 	const struct tcp_sock *tp = tcp_of(sk);
 
-	// A spurious loss (F-RTO / DSACK) restores the window from before the cut.
 	return min_u32(max_u32(tp->snd_cwnd, tp->prior_cwnd), cwnd_ceiling(tp));
 }
 
@@ -167,7 +194,13 @@ __u32 BPF_PROG(ipsan_sf_undo_cwnd, struct sock *sk)
 SEC("struct_ops/ipsan_sf_in_ack_event")
 void BPF_PROG(ipsan_sf_in_ack_event, struct sock *sk, __u32 flags)
 {
-	repair_window(tcp_of(sk));
+	repair_window(tcp_of(sk), false);
+}
+
+SEC("struct_ops/ipsan_ss_in_ack_event")
+void BPF_PROG(ipsan_ss_in_ack_event, struct sock *sk, __u32 flags)
+{
+	repair_window(tcp_of(sk), true);
 }
 
 SEC("struct_ops/ipsan_sf_cong_avoid")
@@ -175,7 +208,7 @@ void BPF_PROG(ipsan_sf_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 {
 	struct tcp_sock *tp = tcp_of(sk);
 
-	repair_window(tp);
+	repair_window(tp, false);
 	if (!cwnd_limited(tp))
 		return;
 	if (in_slow_start(tp)) {
@@ -188,18 +221,28 @@ void BPF_PROG(ipsan_sf_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 
 // Congestion avoidance disabled: exponential growth on every ACK, bounded by the receive window
 // the peer advertises (in segments), which is the only limit the paper's gateways kept.
-SEC("struct_ops/ipsan_sf_ss_cong_avoid")
-void BPF_PROG(ipsan_sf_ss_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
+static __always_inline void no_ca_cong_avoid(struct tcp_sock *tp, __u32 acked, bool halve)
 {
-	struct tcp_sock *tp = tcp_of(sk);
 	__u32 rwnd_segs = rwnd_segments(tp);
 
-	repair_window(tp);
+	repair_window(tp, halve);
 	if (!cwnd_limited(tp))
 		return;
 	if (tp->snd_cwnd >= rwnd_segs)
 		return;
 	slow_start(tp, acked, rwnd_segs);
+}
+
+SEC("struct_ops/ipsan_sf_ss_cong_avoid")
+void BPF_PROG(ipsan_sf_ss_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
+{
+	no_ca_cong_avoid(tcp_of(sk), acked, false);
+}
+
+SEC("struct_ops/ipsan_ss_cong_avoid")
+void BPF_PROG(ipsan_ss_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
+{
+	no_ca_cong_avoid(tcp_of(sk), acked, true);
 }
 
 SEC(".struct_ops")
@@ -218,4 +261,13 @@ struct tcp_congestion_ops ipsan_sf_ss = {
 	.undo_cwnd = (void *)ipsan_sf_undo_cwnd,
 	.in_ack_event = (void *)ipsan_sf_in_ack_event,
 	.name = "ipsan_sf_ss",
+};
+
+SEC(".struct_ops")
+struct tcp_congestion_ops ipsan_ss = {
+	.ssthresh = (void *)ipsan_ss_ssthresh,
+	.cong_avoid = (void *)ipsan_ss_cong_avoid,
+	.undo_cwnd = (void *)ipsan_sf_undo_cwnd,
+	.in_ack_event = (void *)ipsan_ss_in_ack_event,
+	.name = "ipsan_ss",
 };

@@ -3,13 +3,18 @@
 //! and no fq, so there is no in-kernel delay).
 //!
 //! ```text
-//! cargo run --release -p ipsan-tcp --example tcp_experiments -- [window|loss|fairness|iscsi|all] [--quick] [--seed N] [--out DIR]
+//! cargo run --release -p ipsan-tcp --example tcp_experiments -- [window|loss|fig10|fairness|iscsi|all] [--quick] [--seed N] [--reps N] [--out DIR]
 //! ```
 //! - `window`: 1 Gbit/s, receive window pinned to 8 MiB (`TCP_WINDOW_CLAMP`), RTT 80..200 ms;
 //!   throughput should follow window/RTT (the iFCP paper (Muknahallipatna et al.) Table 1).
 //! - `loss`: 25 ms RTT (12.5 ms each way), 900 Mbit/s offered (90 % of 1 Gbit/s, paced with
 //!   `SO_MAX_PACING_RATE`), Bernoulli loss 0..1/1000 on the data direction, for reno, ipsan_sf,
-//!   ipsan_sf_ss, cubic and bbr (the iFCP paper (Muknahallipatna et al.) Fig. 10).
+//!   ipsan_ss, ipsan_sf_ss, cubic and bbr (the iFCP paper (Muknahallipatna et al.) Fig. 10).
+//! - `fig10`: the paper's four series at its point (the `loss` path at 1/1000): reno, ipsan_sf
+//!   (1/8 cut), ipsan_ss (congestion avoidance disabled alone), ipsan_sf_ss (both), alternated:
+//!   repetition r runs them in the order rotated by r, `--reps` times (5; 2 with `--quick`),
+//!   each with a fresh link. Every line also carries this process's CPU time over the run
+//!   (the emulator's forwarder, the sender and the sink all run in it).
 //! - `iscsi`: the loss sweep again with an iSCSI write stream through ipsan (`ipsan target`
 //!   with a null LUN in the target namespace, `ipsan bench --rw write` in the initiator's).
 //!   Neither selects an algorithm per socket yet, so the initiator namespace's default
@@ -17,7 +22,7 @@
 //!   needs it in the host's `tcp_allowed_congestion_control` for the run (restored after); the
 //!   binary is `$IPSAN_BIN` (default `target/release/ipsan`).
 //! - `fairness`: two flows share the 1 Gbit/s bottleneck (25 ms RTT, BDP-sized queue):
-//!   cubic+cubic, ipsan_sf+cubic, ipsan_sf_ss+cubic, reno+cubic; Jain's index.
+//!   cubic+cubic, ipsan_sf+cubic, ipsan_ss+cubic, ipsan_sf_ss+cubic, reno+cubic; Jain's index.
 //!
 //! Each run writes one JSON line (settings in force, TCP_INFO, emulator counters) to
 //! `DIR/<experiment>.jsonl`; `scripts/tcp-experiments plot` draws them. Needs root; the
@@ -45,6 +50,8 @@ const WINDOW: u32 = 65535 << 7;
 
 struct Opts {
     quick: bool,
+    /// Repetitions of `fig10` (`--reps`).
+    reps: Option<usize>,
     out: PathBuf,
 }
 
@@ -55,6 +62,7 @@ fn main() {
     let mut what = "all".to_string();
     let mut opts = Opts {
         quick: false,
+        reps: None,
         out: PathBuf::from("docs/results/tcp"),
     };
     let mut args = std::env::args().skip(1);
@@ -66,7 +74,13 @@ fn main() {
                 SEED.store(seed, std::sync::atomic::Ordering::Relaxed);
             }
             "--out" => opts.out = PathBuf::from(args.next().expect("--out DIR")),
-            w @ ("window" | "loss" | "fairness" | "iscsi" | "all") => what = w.to_string(),
+            "--reps" => {
+                let reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N");
+                opts.reps = Some(reps);
+            }
+            w @ ("window" | "loss" | "fig10" | "fairness" | "iscsi" | "all") => {
+                what = w.to_string()
+            }
             other => {
                 eprintln!("unknown argument {other}");
                 std::process::exit(2);
@@ -90,6 +104,9 @@ fn main() {
     }
     if what == "loss" || what == "all" {
         loss(&opts);
+    }
+    if what == "fig10" || what == "all" {
+        fig10(&opts);
     }
     if what == "fairness" || what == "all" {
         fairness(&opts);
@@ -288,7 +305,14 @@ fn loss(o: &Opts) {
     } else {
         &[0.0, 0.00001, 0.0001, 0.0005, 0.001]
     };
-    let ccs = ["reno", "ipsan_sf", "ipsan_sf_ss", "cubic", "bbr"];
+    let ccs = [
+        "reno",
+        "ipsan_sf",
+        "ipsan_ss",
+        "ipsan_sf_ss",
+        "cubic",
+        "bbr",
+    ];
     let (secs, omit) = if o.quick { (4.0, 2.0) } else { (10.0, 3.0) };
     for &p in losses {
         for cc in ccs {
@@ -322,6 +346,62 @@ fn loss(o: &Opts) {
     }
 }
 
+/// The paper's Fig. 10 series, in its order: standard TCP, the 1/8 cut, congestion avoidance
+/// disabled alone, both.
+const FIG10: [&str; 4] = ["reno", "ipsan_sf", "ipsan_ss", "ipsan_sf_ss"];
+
+/// This process's user + system CPU time, seconds (`/proc/self/stat` fields 14 and 15, in
+/// USER_HZ = 100 ticks per second on Linux).
+fn process_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // The command name (field 2) may hold spaces; count fields after its closing parenthesis.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+fn fig10(o: &Opts) {
+    fresh(&o.out, "fig10.jsonl");
+    let reps = o.reps.unwrap_or(if o.quick { 2 } else { 5 });
+    let (secs, omit) = if o.quick { (4.0, 2.0) } else { (10.0, 3.0) };
+    let p = 0.001;
+    for rep in 0..reps {
+        for k in 0..FIG10.len() {
+            let cc = FIG10[(rep + k) % FIG10.len()];
+            let cpu0 = process_cpu_s();
+            let t0 = std::time::Instant::now();
+            let l = link(&format!("x{k}"), ms(12.5), p, QueueLimit::Bytes(16 << 20));
+            let sink = start_sink(&l, 1);
+            let r = send(&l, cc, secs, omit, Some(900_000_000));
+            sink.join().unwrap();
+            let stats = l.stats();
+            let tun_drops = tun_tx_dropped(&l);
+            drop(l);
+            let cpu_s = process_cpu_s() - cpu0;
+            let wall_s = t0.elapsed().as_secs_f64();
+            // CPU over the whole run (link up to down) per GB acknowledged over the whole
+            // connection (warm-up included).
+            let cpu_s_per_gb = cpu_s / (r.end.bytes_acked.max(1) as f64 / 1e9);
+            eprintln!(
+                "fig10 rep {rep} #{k}: {cc} ({}): {:.1} MB/s, retrans {}, rto {}, cpu {cpu_s:.1} s \
+                 of {wall_s:.1} s ({cpu_s_per_gb:.1} CPU-s/GB)",
+                r.in_force.congestion, r.mbyte_per_s, r.retrans_segments, r.end.total_rto
+            );
+            append(
+                &o.out,
+                "fig10.jsonl",
+                serde_json::json!({
+                    "experiment": "fig10", "loss": p, "rtt_ms": 25, "cc": cc,
+                    "offered_bps": 900_000_000u64, "rep": rep, "position": k,
+                    "process_cpu_s": cpu_s, "wall_s": wall_s, "cpu_s_per_gb": cpu_s_per_gb,
+                    "emulator": stats, "tun_tx_dropped": tun_drops, "result": r,
+                }),
+            );
+        }
+    }
+}
+
 fn fairness(o: &Opts) {
     fresh(&o.out, "fairness.jsonl");
     let (secs, omit) = if o.quick { (6.0, 2.0) } else { (20.0, 5.0) };
@@ -329,6 +409,7 @@ fn fairness(o: &Opts) {
     for pair in [
         ["cubic", "cubic"],
         ["ipsan_sf", "cubic"],
+        ["ipsan_ss", "cubic"],
         ["ipsan_sf_ss", "cubic"],
         ["reno", "cubic"],
     ] {
@@ -410,7 +491,14 @@ impl Drop for AllowedCc {
 
 fn iscsi(o: &Opts) {
     fresh(&o.out, "iscsi.jsonl");
-    let _allowed = AllowedCc::widen(&["reno", "ipsan_sf", "ipsan_sf_ss", "cubic", "bbr"]);
+    let _allowed = AllowedCc::widen(&[
+        "reno",
+        "ipsan_sf",
+        "ipsan_ss",
+        "ipsan_sf_ss",
+        "cubic",
+        "bbr",
+    ]);
     let bin = std::env::var("IPSAN_BIN").unwrap_or_else(|_| "target/release/ipsan".into());
     if !Path::new(&bin).exists() {
         eprintln!("iscsi: {bin} not found (set IPSAN_BIN); skipped");
@@ -421,7 +509,14 @@ fn iscsi(o: &Opts) {
     } else {
         &[0.0, 0.0001, 0.0005, 0.001]
     };
-    let ccs = ["reno", "ipsan_sf", "ipsan_sf_ss", "cubic", "bbr"];
+    let ccs = [
+        "reno",
+        "ipsan_sf",
+        "ipsan_ss",
+        "ipsan_sf_ss",
+        "cubic",
+        "bbr",
+    ];
     let secs = if o.quick { "6s" } else { "12s" };
     for &p in losses {
         for cc in ccs {

@@ -3,7 +3,9 @@
 //! `bpf/ipsan_sf.bpf.c` defines, after the iFCP paper (Muknahallipatna et al. §4, Fig. 7 and Fig. 10):
 //! - `ipsan_sf`: Reno (RFC 5681), but on fast retransmit ssthresh = 7/8 of cwnd instead of 1/2;
 //! - `ipsan_sf_ss`: the same cut, with congestion avoidance disabled (cwnd keeps growing
-//!   exponentially up to the peer's receive window).
+//!   exponentially up to the peer's receive window);
+//! - `ipsan_ss`: congestion avoidance disabled alone: Reno's cut to 1/2, then the same
+//!   exponential growth (the paper's fourth series in Fig. 10).
 //!
 //! `build.rs` compiles it with clang against a `vmlinux.h` generated from the build machine's
 //! kernel BTF, and the object is embedded in this crate.
@@ -28,11 +30,10 @@ use std::process::Command;
 
 use serde::Serialize;
 
-use crate::settings::available_congestion_controls;
 use crate::TcpError;
 
 /// The congestion controls this crate registers.
-pub const OURS: [&str; 2] = ["ipsan_sf", "ipsan_sf_ss"];
+pub const OURS: [&str; 3] = ["ipsan_sf", "ipsan_sf_ss", "ipsan_ss"];
 
 /// Where [`load`] pins the `struct_ops` maps unless told otherwise.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ipsan/tcp";
@@ -67,10 +68,19 @@ pub fn check_support() -> Result<(), TcpError> {
     Ok(())
 }
 
+/// `net.ipv4.tcp_available_congestion_control`: every algorithm the kernel can give a socket,
+/// including BPF ones registered with `ipsan tcp load`.
+pub fn available_congestion_controls() -> Result<Vec<String>, TcpError> {
+    const PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+    let text =
+        std::fs::read_to_string(PATH).map_err(|source| TcpError::Proc { path: PATH, source })?;
+    Ok(text.split_whitespace().map(str::to_string).collect())
+}
+
 /// One of our algorithms, as the kernel sees it now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OurAlgorithm {
-    /// `ipsan_sf` or `ipsan_sf_ss`.
+    /// `ipsan_sf`, `ipsan_sf_ss` or `ipsan_ss`.
     pub name: &'static str,
     /// Listed in `tcp_available_congestion_control` (selectable with `TCP_CONGESTION`).
     pub registered: bool,
@@ -184,7 +194,7 @@ pub struct LoadReport {
     pub pinned: Vec<PathBuf>,
 }
 
-/// Registers `ipsan_sf` and `ipsan_sf_ss` and pins their maps under `pin_dir`. Idempotent:
+/// Registers `ipsan_sf`, `ipsan_sf_ss` and `ipsan_ss` and pins their maps under `pin_dir`. Idempotent:
 /// algorithms already registered are left alone. They stay registered after this process
 /// exits, until [`unload`].
 pub fn load(pin_dir: &Path) -> Result<LoadReport, TcpError> {
@@ -268,7 +278,7 @@ pub struct UnloadReport {
     pub absent: Vec<String>,
 }
 
-/// Unregisters `ipsan_sf` and `ipsan_sf_ss` and removes their pins. Existing sockets keep
+/// Unregisters `ipsan_sf`, `ipsan_sf_ss` and `ipsan_ss` and removes their pins. Existing sockets keep
 /// their algorithm until they close.
 pub fn unload(pin_dir: &Path) -> Result<UnloadReport, TcpError> {
     check_support()?;
@@ -498,7 +508,8 @@ mod tests {
     fn list_reports_builtins() {
         let l = list(Path::new("/nonexistent/ipsan-pins")).unwrap();
         assert!(l.available.iter().any(|a| a == "reno"), "{l:?}");
-        assert_eq!(l.ours.len(), 2);
+        assert_eq!(l.ours.len(), 3);
+        assert!(l.ours.iter().any(|o| o.name == "ipsan_ss"), "{l:?}");
         assert!(l.ours.iter().all(|o| o.pinned.is_none()));
     }
 }

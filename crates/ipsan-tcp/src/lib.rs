@@ -11,9 +11,10 @@
 //!   applied to any socket with [`TcpSettings::apply`] and read back as [`InForce`].
 //! - [`info`]: [`tcp_info`] takes a serde-serializable [`TcpInfoSnapshot`] from `TCP_INFO`
 //!   (cwnd, ssthresh, RTT, retransmits, delivery rate) for bench and lab results.
-//! - [`bpf`]: registers and removes the storage-friendly congestion controls `ipsan_sf` and
-//!   `ipsan_sf_ss` (BPF `struct_ops` `tcp_congestion_ops`, source in `bpf/ipsan_sf.bpf.c`,
-//!   built by `build.rs`), and lists what the kernel offers.
+//! - [`bpf`]: registers and removes the storage-friendly congestion controls `ipsan_sf`,
+//!   `ipsan_sf_ss` and `ipsan_ss` (BPF `struct_ops` `tcp_congestion_ops`, source in
+//!   `bpf/ipsan_sf.bpf.c`, built by `build.rs`), and lists what the kernel offers
+//!   ([`available_congestion_controls`]); [`settings`] selects them per socket.
 //! - [`bulk`]: a bulk sender and sink that report throughput with the settings and `TCP_INFO`
 //!   behind it (the iFCP paper's experiments), and Jain's fairness index.
 //! - [`error`]: the crate's one error type, [`TcpError`].
@@ -31,9 +32,10 @@ pub mod settings;
 mod sys;
 pub mod vectored;
 
+pub use bpf::available_congestion_controls;
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
-pub use settings::{available_congestion_controls, BufSize, InForce, Link, TcpSettings};
+pub use settings::{BufSize, InForce, Link, TcpSettings};
 
 /// Sets the socket's minimum retransmission timeout (`TCP_RTO_MIN_US`, Linux 6.15; the
 /// kernel's default is 200 ms, `net.ipv4.tcp_rto_min_us`). A lone unacknowledged segment (a

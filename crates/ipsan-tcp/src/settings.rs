@@ -8,7 +8,7 @@
 //! Settings are written in a target config, a bench run or a lab plan as
 //! ```toml
 //! [tcp]
-//! congestion = "ipsan_sf"     # cubic | bbr | reno | ipsan_sf | ipsan_sf_ss (or any the kernel has)
+//! congestion = "ipsan_sf"     # cubic | bbr | reno | ipsan_sf | ipsan_sf_ss | ipsan_ss (or any the kernel has)
 //! sndbuf = "auto"             # "auto" (bandwidth × RTT × 1.5 when the link is known), bytes, "8MiB", or "kernel"
 //! rcvbuf = 8388608
 //! nodelay = true
@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use socket2::SockRef;
 
-use crate::bpf::OURS;
+use crate::bpf::{available_congestion_controls, OURS};
 use crate::TcpError;
 
 /// `auto` buffers are this many times the bandwidth-delay product (numerator / denominator).
@@ -178,7 +178,7 @@ mod micros {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TcpSettings {
-    /// `TCP_CONGESTION` name: `cubic`, `bbr`, `reno`, `ipsan_sf`, `ipsan_sf_ss`, ….
+    /// `TCP_CONGESTION` name: `cubic`, `bbr`, `reno`, `ipsan_sf`, `ipsan_sf_ss`, `ipsan_ss`, ….
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub congestion: Option<String>,
     /// `SO_SNDBUF` request.
@@ -247,7 +247,7 @@ impl TcpSettings {
     /// `socket2::Socket`) and returns what is in force afterwards.
     ///
     /// A congestion control the kernel does not have is an error, except for ipsan's own
-    /// (`ipsan_sf*`) when they are not registered: then the socket falls back to
+    /// ([`OURS`]) when they are not registered: then the socket falls back to
     /// [`FALLBACK_CONGESTION`] (Reno, which they modify) and [`InForce::notes`] says so, so the
     /// results never claim an algorithm that did not run.
     pub fn apply<S: AsFd>(&self, socket: &S) -> Result<InForce, TcpError> {
@@ -370,15 +370,6 @@ pub fn read_back<S: AsFd>(socket: &S) -> Result<InForce, TcpError> {
         window_clamp,
         notes: Vec::new(),
     })
-}
-
-/// `net.ipv4.tcp_available_congestion_control`: every algorithm the kernel can give a socket,
-/// including BPF ones registered with `ipsan tcp load`.
-pub fn available_congestion_controls() -> Result<Vec<String>, TcpError> {
-    const PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
-    let text =
-        std::fs::read_to_string(PATH).map_err(|source| TcpError::Proc { path: PATH, source })?;
-    Ok(text.split_whitespace().map(str::to_string).collect())
 }
 
 /// Kernel names are at most 15 bytes (`TCP_CA_NAME_MAX` 16 with the NUL).

@@ -438,3 +438,62 @@ fn ipsan_sf_cuts_the_window_by_an_eighth_where_reno_halves_it() {
         "ipsan_sf_ss should regrow faster than ipsan_sf"
     );
 }
+
+/// The paper's fourth series in Fig. 10, congestion avoidance disabled alone: `ipsan_ss` cuts
+/// the window to 1/2 on a loss, as Reno does (not to 7/8 as `ipsan_sf*`), but then regrows it
+/// exponentially, so on the same bottleneck it refills the queue within a round trip or two
+/// and meets many more losses than Reno's one segment per round trip.
+#[test]
+fn ipsan_ss_halves_the_window_like_reno_but_regrows_without_congestion_avoidance() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _m = machine_lock();
+    let _loaded = match Loaded::new() {
+        Ok(l) => l,
+        Err(why) => {
+            skip(&format!("BPF congestion controls unavailable here: {why}"));
+            return;
+        }
+    };
+    let path = match Path3::new("100mbit", "60kb") {
+        Ok(p) => p,
+        Err(why) => {
+            skip(&format!("cannot build the namespace path: {why}"));
+            return;
+        }
+    };
+    let run = Duration::from_secs(3);
+    let reno = bulk_losses(&path, "reno", run);
+    let ss = bulk_losses(&path, "ipsan_ss", run);
+    for (name, t) in [("reno", &reno), ("ipsan_ss", &ss)] {
+        eprintln!(
+            "{name}: {} loss events {:?}; {} of {} samples with a corrupted window",
+            t.losses.len(),
+            t.losses,
+            t.absurd,
+            t.samples
+        );
+        assert!(
+            t.losses.len() >= 3,
+            "{name} saw too few losses to judge: {:?}",
+            t.losses
+        );
+        assert!(
+            t.absurd <= 2,
+            "{name}: cwnd above {ABSURD_CWND} segments in {} of {} samples in Open/Disorder",
+            t.absurd,
+            t.samples
+        );
+    }
+    let (r, x) = (median_ratio(&reno.losses), median_ratio(&ss.losses));
+    eprintln!("median ssthresh/cwnd after loss: reno {r:.3}, ipsan_ss {x:.3}");
+    assert!((0.40..=0.60).contains(&r), "reno should halve: {r:.3}");
+    assert!((0.40..=0.60).contains(&x), "ipsan_ss should halve: {x:.3}");
+    // Regrowing in about one round trip instead of cwnd/2 round trips, the same queue
+    // overflows several times as often.
+    assert!(
+        ss.losses.len() > 2 * reno.losses.len(),
+        "ipsan_ss should regrow faster than reno: {} loss events against {}",
+        ss.losses.len(),
+        reno.losses.len()
+    );
+}
