@@ -21,3 +21,15 @@ uptime
 scripts/bench mcs-sweep --bin "$NEW" --bin-b $D/ipsan-wan28b-quickack --rates 100mbit \
     --losses 0.1% --conns 8 --reps 3 --evidence --out $D/quickack
 uptime
+# Afterwards: the branch's default on this kernel (the probe off: the wrapper) against OLD.
+scripts/bench mcs-sweep --bin $D/ipsan-wan28b-no-probe --bin-b "$OLD" --rates 100mbit \
+    --losses 0.1% --conns 8,4 --reps 3 --out $D/final-vs-s19
+uptime
+# More reps of the one cell that leaned against the branch (8-connection reads).
+scripts/bench mcs-sweep --bin $D/ipsan-wan28b-no-probe --bin-b "$OLD" --rates 100mbit \
+    --losses 0.1% --conns 8 --sides iperf3,read --reps 4 --out $D/final-vs-s19-reads
+uptime
+# The same with the two sides swapped (is being --bin or --bin-b worth anything?).
+scripts/bench mcs-sweep --bin "$OLD" --bin-b $D/ipsan-wan28b-no-probe --rates 100mbit \
+    --losses 0.1% --conns 8 --sides iperf3,read --reps 4 --out $D/s19-vs-final-reads
+uptime
