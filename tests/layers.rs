@@ -454,13 +454,6 @@ fn accepts_patterns_comments_test_modules_and_lookalikes() {
 // concern split in two, or a small item sits in the wrong one (issue 32). Comments and test
 // modules do not count; the crate root (lib.rs, main.rs) is above every module.
 
-/// Circles that were in the tree when this check was written (2026-11-27), in crates others
-/// own today: each is listed by its crate and modules. The test fails when one of them
-/// changes or goes (take it off this list then) and on any other circle.
-const KNOWN_CIRCLES: [(&str, &[&str]); 1] = [
-    ("ipsan-wan", &["link", "netem"]),
-];
-
 /// The module path of `file` under `src` (`src/a/b.rs` → `[a, b]`; lib.rs, main.rs → `[]`).
 fn module_path(src: &Path, file: &Path) -> Vec<String> {
     let rel = file.strip_prefix(src).unwrap().with_extension("");
@@ -677,7 +670,6 @@ fn keeps_each_crates_top_level_modules_free_of_import_circles() {
     let crates = crate_sources();
     assert!(crates.len() > 10, "only {} crates found", crates.len());
     let mut report = Vec::new();
-    let mut known_seen = Vec::new();
     for (name, src) in &crates {
         let mut paths = Vec::new();
         rust_files(src, &mut paths);
@@ -695,27 +687,10 @@ fn keeps_each_crates_top_level_modules_free_of_import_circles() {
             .collect();
         let graph = module_graph(src, &files);
         for circle in circles(&graph) {
-            let known = KNOWN_CIRCLES
-                .iter()
-                .any(|(c, m)| c == name && m.iter().copied().eq(circle.iter().map(String::as_str)));
-            if known {
-                known_seen.push((name.clone(), circle));
-            } else {
-                report.push(format!(
-                    "{name}: {} import one another:{}",
-                    circle.join(", "),
-                    describe(&graph, &circle)
-                ));
-            }
-        }
-    }
-    for (c, m) in KNOWN_CIRCLES {
-        if !known_seen
-            .iter()
-            .any(|(n, s)| n == c && m.iter().copied().eq(s.iter().map(String::as_str)))
-        {
             report.push(format!(
-                "{c}: the known circle {m:?} is gone or changed: take it off KNOWN_CIRCLES"
+                "{name}: {} import one another:{}",
+                circle.join(", "),
+                describe(&graph, &circle)
             ));
         }
     }

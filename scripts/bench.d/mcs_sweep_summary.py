@@ -27,7 +27,9 @@ def goodput(rate):
 
 
 def loss_key(loss):
-    return float(loss.rstrip("%"))
+    """A cell's loss, each way (`0.1%`) or one way only (`down:0.1%`, after the others)."""
+    way, _, p = loss.rpartition(":")
+    return (float(p.rstrip("%")), way)
 
 
 def rng(v, f="{:.2f}"):
@@ -131,7 +133,7 @@ def summary(dirs):
             m, b = med(c, s, K), med(one, s, K)
             cols.append(f"{m / b:.2f}" if m is not None and b else "–")
         goal = ""
-        if loss_key(c[2]) == 1.0 and c[3] == 8:
+        if loss_key(c[2]) == (1.0, "") and c[3] == 8:
             gp = goodput(c[1]) * 1500 / 1448 if goodput(c[1]) else None  # wire bytes
             marks = []
             for s in ("write", "read"):

@@ -134,10 +134,22 @@ pub struct Args {
     /// by TCP over its rate), least-bytes (the fewest bytes outstanding) or round-robin.
     #[arg(long, default_value = "least-queued")]
     pub spread: ipsan_initiator::Spread,
+    /// With --connections above 1: how long after a command (or Data-Out) that ended a burst,
+    /// with nothing heard for it, its connection sends a NOP-Out that asks no answer, so TCP
+    /// resends a lost command about a round trip after it left rather than at its timer
+    /// (docs/wan.md "How many connections"). 0 turns it off. Default: 5ms where the kernel
+    /// refuses the sockets' 20 ms minimum RTO (before Linux 6.15), off otherwise.
+    #[arg(long, value_name = "DURATION", value_parser = parse_tail_probe)]
+    pub tail_probe: Option<std::time::Duration>,
     #[command(flatten)]
     pub conn: ConnArgs,
     #[command(flatten)]
     pub nvme: super::nvme::NvmeArgs,
+}
+
+/// `--tail-probe`: a duration (`5ms`), 0 for none.
+fn parse_tail_probe(s: &str) -> Result<std::time::Duration, String> {
+    ipsan_units::parse_duration_or_secs(s).map_err(|e| e.to_string())
 }
 
 /// The smallest command for which NVMe/TCP's host takes a thread per I/O queue by default.
@@ -348,6 +360,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         return run_mcs(args, url, cfg).await;
     }
     anyhow::ensure!(
+        args.tail_probe.is_none(),
+        "--tail-probe needs --connections 2 or more"
+    );
+    anyhow::ensure!(
         args.error_recovery_level == 0,
         "--erl 2 needs --connections 2 or more (one connection recovers with --recovery-timeout)"
     );
@@ -459,6 +475,9 @@ async fn run_mcs(args: Args, url: IscsiUrl, cfg: SessionConfig) -> anyhow::Resul
     let session = ipsan_initiator::McsSession::open(&url, &cfg, mcs)
         .await
         .with_context(|| format!("cannot open {url}"))?;
+    if let Some(after) = args.tail_probe {
+        session.set_tail_probe(Some(after).filter(|d| !d.is_zero()));
+    }
     let inq = session.inquiry().await.context("INQUIRY")?;
     let cap = session
         .capacity()

@@ -7,7 +7,9 @@
 //! ErrorRecoveryLevel 0 (every command fails, none hangs), and at ErrorRecoveryLevel 2 ends
 //! nothing: connections cut mid-write, mid-read and under a verified mix have their commands
 //! reassigned (TASK REASSIGN) or sent again, none fails back, every byte verifies, and the
-//! lost connections log in again.
+//! lost connections log in again. Through a relay that holds the target's answers, each
+//! connection's tail probes (NOP-Outs asking no answer) go, plain and sealed, and the target
+//! takes them without a word.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -703,5 +705,163 @@ fn rejects_a_failed_connections_sealed_data_replayed_into_its_reassigned_write()
         );
         drop(s);
         h.shutdown().await.unwrap();
+    });
+}
+
+/// What the probing relay counted: the initiator's tail probes (NOP-Out, immediate, ITT and
+/// TTT 0xffffffff, no data), and the PDUs the target sent back that would answer or refuse
+/// one (a NOP-In answering, TTT 0xffffffff, or a Reject).
+#[derive(Default)]
+struct Probes {
+    probes: usize,
+    /// Probes not immediate or with data.
+    malformed: usize,
+    /// The last probe carried an AHS (a sealed session's record).
+    sealed_ahs: bool,
+    nop_ins: usize,
+    rejects: usize,
+}
+
+/// Reads one PDU (BHS, AHS, data segment; no digests): (its BHS, the rest).
+async fn read_pdu(r: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<([u8; 48], Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut bhs = [0u8; 48];
+    r.read_exact(&mut bhs).await.ok()?;
+    let ahs = usize::from(bhs[4]) * 4;
+    let dlen = (usize::from(bhs[5]) << 16) | (usize::from(bhs[6]) << 8) | usize::from(bhs[7]);
+    let mut rest = vec![0u8; ahs + dlen.div_ceil(4) * 4];
+    r.read_exact(&mut rest).await.ok()?;
+    Some((bhs, rest))
+}
+
+/// A relay that passes every PDU on, counting [`Probes`], and holds each PDU from the target
+/// `delay` (a long path: a command stays unanswered past the probe's delay).
+async fn probing_relay(
+    to: std::net::SocketAddr,
+    delay: Duration,
+) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Probes>>) {
+    use tokio::io::AsyncWriteExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let state: Arc<std::sync::Mutex<Probes>> = Arc::default();
+    let st = state.clone();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = l.accept().await {
+            let b = tokio::net::TcpStream::connect(to).await.unwrap();
+            let (mut ar, mut aw) = a.into_split();
+            let (mut br, mut bw) = b.into_split();
+            let up = st.clone();
+            tokio::spawn(async move {
+                while let Some((bhs, rest)) = read_pdu(&mut ar).await {
+                    let ttt = u32::from_be_bytes(bhs[20..24].try_into().unwrap());
+                    let itt = u32::from_be_bytes(bhs[16..20].try_into().unwrap());
+                    if bhs[0] & 0x3f == 0x00 && itt == u32::MAX && ttt == u32::MAX {
+                        let mut g = up.lock().unwrap();
+                        g.probes += 1;
+                        // Immediate; no data but a Seal record's (AHS).
+                        if bhs[0] & 0x40 != 0 && bhs[5..8] == [0, 0, 0] {
+                            g.sealed_ahs = bhs[4] != 0;
+                        } else {
+                            g.malformed += 1;
+                        }
+                    }
+                    if bw.write_all(&bhs).await.is_err() || bw.write_all(&rest).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let down = st.clone();
+            tokio::spawn(async move {
+                while let Some((bhs, rest)) = read_pdu(&mut br).await {
+                    let ttt = u32::from_be_bytes(bhs[20..24].try_into().unwrap());
+                    match bhs[0] & 0x3f {
+                        // An answer (the target's own pings carry a TTT).
+                        0x20 if ttt == u32::MAX => down.lock().unwrap().nop_ins += 1,
+                        0x3f => down.lock().unwrap().rejects += 1,
+                        _ => {}
+                    }
+                    tokio::time::sleep(delay).await;
+                    if aw.write_all(&bhs).await.is_err() || aw.write_all(&rest).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, state)
+}
+
+/// Issue 28's tail probe through the real target: with each answer held 20 ms on the way back,
+/// the commands stay unanswered past the probe's 5 ms, so each connection follows the command
+/// that ended its burst with a NOP-Out that asks no answer (sealed: under its connection's
+/// record keys, as every PDU); the target takes them without a word (no NOP-In, no Reject)
+/// and every write and read completes once and verifies. Turned off, none goes.
+#[test]
+fn sends_tail_probes_the_target_takes_without_answering_and_every_read_verifies() {
+    bounded(120, async {
+        let plain = plain_target(4).await;
+        let sealed_target = sealed_erl_target(4, 0).await;
+        for (seal, on) in [(false, true), (true, true), (false, false)] {
+            let h = if seal { &sealed_target } else { &plain };
+            let (relay, seen) = probing_relay(h.addrs[0], Duration::from_millis(20)).await;
+            let u = IscsiUrl::parse(&format!("iscsi://{relay}/{IQN}/0")).unwrap();
+            let mut cfg = if seal {
+                sealed()
+            } else {
+                config(LoginOptions::default())
+            };
+            // The target's and our keepalives stay out of the count.
+            cfg.nop_interval = None;
+            let s = Arc::new(
+                McsSession::open(
+                    &u,
+                    &cfg,
+                    McsConfig {
+                        connections: 4,
+                        spread: Spread::LeastBytes,
+                    },
+                )
+                .await
+                .unwrap(),
+            );
+            assert_eq!(s.connections(), 4);
+            // (By default only where the kernel refuses the 20 ms minimum RTO.)
+            s.set_tail_probe(on.then_some(Duration::from_millis(5)));
+            // What went before (the login's READ CAPACITY) is not counted.
+            seen.lock().unwrap().probes = 0;
+            for (seed, mode) in [(3, RwMode::Write), (3, RwMode::Read)] {
+                let w = Workload {
+                    mode,
+                    mix_read_percent: 50,
+                    block_size: 64 * 1024,
+                    depth: 4,
+                    offset: 0,
+                    limit: Limit::Bytes(4 << 20),
+                    verify: true,
+                    seed,
+                    data: None,
+                    rate: None,
+                };
+                let (m, _) = bench::run_on(s.clone(), w, None, None)
+                    .await
+                    .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+                assert!(m.verify.checked_blocks > 0, "{mode:?} verified nothing");
+            }
+            let g = seen.lock().unwrap();
+            if on {
+                assert!(g.probes >= 8, "{} tail probes", g.probes);
+                assert_eq!(g.sealed_ahs, seal, "sealed: the probe carries its record");
+            } else {
+                assert_eq!(g.probes, 0, "tail probes while off");
+            }
+            assert_eq!(g.malformed, 0, "tail probes not immediate or with data");
+            assert_eq!(
+                (g.nop_ins, g.rejects),
+                (0, 0),
+                "the target answered a probe"
+            );
+        }
+        plain.shutdown().await.unwrap();
+        sealed_target.shutdown().await.unwrap();
     });
 }

@@ -6,6 +6,7 @@ use crate::error::LinkError;
 use crate::forwarder::{Clock, DirStats, Direction};
 use crate::model::Impairment;
 use crate::netns;
+pub use crate::netns::{ns_names, IFNAME};
 use crate::pipeline::{Nanos, Pipeline, Stage};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -13,9 +14,6 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The interface name inside each namespace.
-pub const IFNAME: &str = "wan0";
 
 /// One end of the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,11 +118,6 @@ pub struct ExtraStages {
     pub up: Vec<Box<dyn Stage>>,
     /// Appended to the target → initiator pipeline.
     pub down: Vec<Box<dyn Stage>>,
-}
-
-/// The namespace names of link `name`.
-pub fn ns_names(name: &str) -> (String, String) {
-    (format!("{name}-ini"), format!("{name}-tgt"))
 }
 
 /// Whether this process runs as root (namespaces and TUN need it).
@@ -488,7 +481,12 @@ impl Link {
     /// Both directions' counters.
     pub fn stats(&self) -> LinkStats {
         if self.engine == Engine::Netem {
-            return crate::netem::stats(&self.cfg.name);
+            let (up, down) = crate::netem::stats(&self.cfg.name);
+            return LinkStats {
+                up,
+                down,
+                devices: None,
+            };
         }
         let snap = |i: usize| {
             self.dirs

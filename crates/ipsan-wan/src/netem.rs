@@ -10,8 +10,8 @@
 
 use crate::config::{DirConfig, JitterDist, LinkConfig, LossModel, QueueLimit};
 use crate::error::LinkError;
-use crate::link::{ns_names, LinkStats, IFNAME};
-use crate::netns;
+use crate::forwarder::DirStats;
+use crate::netns::{self, ns_names, IFNAME};
 use std::process::Command;
 
 /// `Ok` when a netem qdisc can be created; otherwise the reason (from `tc`). Checks once per
@@ -164,8 +164,9 @@ pub fn parse_tc_stats(text: &str) -> (u64, u64, u64) {
     out
 }
 
-/// What netem reports: packets and bytes sent, and drops (loss and queue together).
-pub fn stats(name: &str) -> LinkStats {
+/// What netem reports for each direction (initiator → target, target → initiator): packets
+/// and bytes sent, and drops (loss and queue together).
+pub fn stats(name: &str) -> (DirStats, DirStats) {
     let (ini, tgt) = ns_names(name);
     let read = |ns: &str| {
         let out = Command::new("tc")
@@ -174,18 +175,14 @@ pub fn stats(name: &str) -> LinkStats {
         let (bytes, pkts, dropped) = out
             .map(|o| parse_tc_stats(&String::from_utf8_lossy(&o.stdout)))
             .unwrap_or_default();
-        crate::forwarder::DirStats {
+        DirStats {
             packets_out: pkts,
             bytes_out: bytes,
             dropped_loss: dropped,
             ..Default::default()
         }
     };
-    LinkStats {
-        up: read(&ini),
-        down: read(&tgt),
-        devices: None,
-    }
+    (read(&ini), read(&tgt))
 }
 
 #[cfg(test)]

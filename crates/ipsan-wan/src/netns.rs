@@ -5,6 +5,14 @@ use crate::error::LinkError;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The interface name inside each namespace.
+pub const IFNAME: &str = "wan0";
+
+/// The namespace names of link `name`.
+pub fn ns_names(name: &str) -> (String, String) {
+    (format!("{name}-ini"), format!("{name}-tgt"))
+}
+
 /// Where `ip netns add` binds a namespace.
 pub fn ns_path(ns: &str) -> PathBuf {
     PathBuf::from("/run/netns").join(ns)

@@ -14,8 +14,9 @@
 //! initiator); that no command leaves with a CmdSN past the MaxCmdSN the target had sent on
 //! any connection (the one window, §4.2.2.1); that CmdSNs are the session's (each used once,
 //! ascending per connection); that a task's PDUs stay on its connection both ways
-//! (allegiance); that the target never rejects or ignores anything; and that every table is
-//! empty at the end. A failure names its seed: `MCS_INI_SIM_SEED=<n> cargo test -p
+//! (allegiance); that the target never rejects or ignores anything, the initiator's tail
+//! probes (half the seeds: a NOP-Out asking no answer after each burst) included; and that
+//! every table is empty at the end. A failure names its seed: `MCS_INI_SIM_SEED=<n> cargo test -p
 //! iscsi-proto --test mcs_initiator_sim`.
 
 #[allow(dead_code)]
@@ -77,6 +78,8 @@ struct Cmd {
 static JOINED: AtomicU64 = AtomicU64::new(0);
 static LOGGED_OUT: AtomicU64 = AtomicU64::new(0);
 static NOT_ON_FIRST: AtomicU64 = AtomicU64::new(0);
+/// Tail probes (NOP-Outs asking no answer) the initiator sent, in the seeds that turned them on.
+static PROBES: AtomicU64 = AtomicU64::new(0);
 
 /// What every login of a run shares.
 struct World<'a> {
@@ -159,6 +162,12 @@ fn run(seed: u64) -> Result<(), String> {
         0,
         initiator_conn(&p, now, window, stat),
     );
+    // Half the seeds send a tail probe after every burst that ends with a command or Data-Out
+    // (at once: time does not pass here), which the target must take without a word.
+    let probes = rng.chance(0.5);
+    if probes {
+        ini.set_tail_probe(Some(std::time::Duration::ZERO));
+    }
     let mut links = vec![Link {
         cid: 0,
         id: id0,
@@ -265,7 +274,16 @@ fn run(seed: u64) -> Result<(), String> {
                             return Err(format!("ITT {:#x}: Data-Out on {}", d.itt, link.cid));
                         }
                     }
+                    if let Header::NopOut(n) = &pdu.header {
+                        if !probes || n.itt != u32::MAX || n.ttt != u32::MAX || !n.immediate {
+                            return Err(format!("unexpected NOP-Out {n:?}"));
+                        }
+                        PROBES.fetch_add(1, Ordering::Relaxed);
+                    }
                     link.to_target.push_back(pdu);
+                    // Written: a burst that ended here arms the probe; the time is now.
+                    ini.flushed(link.cid, now);
+                    ini.handle_timeout(now);
                     progressed = true;
                 }
             }
@@ -439,10 +457,11 @@ fn run(seed: u64) -> Result<(), String> {
 #[test]
 fn accepts_commands_spread_over_one_to_four_connections_exactly_once_within_one_window() {
     if run_seeds("MCS_INI_SIM_SEED", 200, run).is_some() {
-        let seen = [&JOINED, &LOGGED_OUT, &NOT_ON_FIRST].map(|c| c.load(Ordering::Relaxed));
+        let seen =
+            [&JOINED, &LOGGED_OUT, &NOT_ON_FIRST, &PROBES].map(|c| c.load(Ordering::Relaxed));
         assert!(
             seen.iter().all(|n| *n > 0),
-            "joined, logged out, commands not on connection 0: {seen:?}"
+            "joined, logged out, commands not on connection 0, tail probes: {seen:?}"
         );
     }
 }

@@ -696,6 +696,60 @@ fn accepts_the_next_command_after_a_connection_with_held_commands_closes() {
     assert_eq!(s.window().exp_cmd_sn(), 14);
 }
 
+/// Issue 28: while a gap in CmdSN is open (10 ran on connection 0, 11 was lost on its way over
+/// connection 1), a command after the gap waits on connection 0, and so does the initiator's
+/// tail probe behind it (a NOP-Out asking no answer, RFC 7143 §11.18), but the Data-In and
+/// status of 10, already running, still go out on connection 0. Once 11 comes, 12 runs; the
+/// probe takes no CmdSN, and nothing answers it.
+#[test]
+fn sends_the_data_of_an_admitted_command_while_a_later_one_waits_behind_a_gap() {
+    let (mut s, ids, now) = session(2, 8);
+    s.handle_pdu(
+        ids[0],
+        now,
+        &Disk,
+        command(1, 10, false, 0, 1, Bytes::new()),
+    );
+    let ran: Vec<u32> = executes(&mut s).iter().map(|(_, x)| x.itt).collect();
+    assert_eq!(ran, vec![1]);
+    s.handle_pdu(
+        ids[0],
+        now,
+        &Disk,
+        command(3, 12, false, 8, 1, Bytes::new()),
+    );
+    let probe = NopOut {
+        immediate: true,
+        lun: 0,
+        itt: RESERVED_TAG,
+        ttt: RESERVED_TAG,
+        cmd_sn: 13,
+        exp_stat_sn: 0,
+    };
+    s.handle_pdu(ids[0], now, &Disk, Pdu::new(probe, Bytes::new()));
+    assert_eq!(s.held(ids[0]), 2, "12 and the probe behind it wait");
+    assert!(s.complete(ids[0], 1, Response::good(Bytes::from(vec![0; 512]))));
+    let out = transmit(&mut s, ids[0]);
+    assert!(
+        matches!(out.last(), Some(Header::DataIn(d)) if d.itt == 1 && d.status_present),
+        "10's data waits for the gap: {out:?}"
+    );
+    s.handle_pdu(
+        ids[1],
+        now,
+        &Disk,
+        command(2, 11, false, 16, 1, Bytes::new()),
+    );
+    let ran: Vec<(ConnId, u32)> = executes(&mut s).iter().map(|(c, x)| (*c, x.itt)).collect();
+    assert_eq!(ran, vec![(ids[1], 2), (ids[0], 3)]);
+    assert_eq!(s.held(ids[0]), 0);
+    assert_eq!(s.window().exp_cmd_sn(), 13, "the probe took no CmdSN");
+    assert!(
+        transmit(&mut s, ids[0]).is_empty(),
+        "the probe was answered"
+    );
+}
+
 /// §11.5.1: a LOGICAL UNIT RESET on one connection aborts the LU's tasks on the others: the
 /// aborted task's status never goes out.
 #[test]

@@ -115,6 +115,8 @@ struct McsConn {
     sock: Mutex<Option<OwnedFd>>,
     /// Bytes its writer took from the engine and has not yet written into the socket.
     unflushed: AtomicU64,
+    /// Its socket took [`COMMAND_RTO_MIN`] (Linux 6.15 and later).
+    rto_floor: bool,
 }
 
 /// A command's end as its caller receives it (sealed sessions: which keys open its data).
@@ -216,6 +218,19 @@ impl McsConn {
 /// 1–6 times in 10 s at 0.1 % loss; with 20 ms a lost lone request costs ~110 ms
 /// (docs/results/mcs-sweep-3). A fast link's RTO stays far above its round trip's jitter.
 pub(crate) const COMMAND_RTO_MIN: Duration = Duration::from_millis(20);
+
+/// How long after a burst that ended with a command or Data-Out, with nothing heard for that
+/// task, each connection of a session of several sends its tail probe (a NOP-Out that asks no
+/// answer, RFC 7143 §11.18; `iscsi_proto::engine::initiator::Connection::set_tail_probe`),
+/// by default only where the kernel refused [`COMMAND_RTO_MIN`]: TCP then resends a lost
+/// command when the probe is acknowledged selectively (RACK, RFC 8985 §6), about a round trip
+/// plus a quarter of the minimum one after the command left, where the kernel's timer waits
+/// the round trip plus at least 200 ms (a lone lost request at 64 ms RTT: 282–290 ms longer
+/// without the probe, 86 ms with it; docs/results/mcs-sweep-4 `lone-probe.txt`). With the
+/// 20 ms floor the timer is nearly as quick (91–92 ms; 69–86 with the probe), and probes
+/// measured no gain in the sweep (`probe-on-off/`: 1.03×, within the noise). Well inside
+/// RACK's reordering window on a WAN, and past the time a near target answers.
+pub(crate) const TAIL_PROBE_AFTER: Duration = Duration::from_millis(5);
 
 /// How often, at most, [`Spread::LeastQueued`] reads every connection's `TCP_INFO`.
 const QUEUE_PROBE_EVERY: Duration = Duration::from_millis(1);
@@ -516,6 +531,26 @@ impl McsCore {
         Error::ConnectionLost(reason)
     }
 
+    /// Connection `c`'s writer wrote what it took into the socket: its tail probe is armed
+    /// (the timer woken if that is now the first deadline).
+    fn flushed(&self, c: &McsConn) {
+        let Ok(mut g) = self.inner.lock() else {
+            return;
+        };
+        if !g.current(c) {
+            return;
+        }
+        g.session.flushed(c.cid, Instant::now());
+        let earlier = match (g.session.poll_timeout(), g.timer_at) {
+            (Some(d), Some(t)) => d < t,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if earlier {
+            self.wake_timer.notify_one();
+        }
+    }
+
     /// Ends connection `cid` for a reason the driver found itself.
     fn kill(&self, conn: &McsConn, reason: ConnectionLoss) {
         let _ = conn.dead.set(reason);
@@ -647,6 +682,14 @@ impl McsSession {
             g.session.recovers_connections()
         };
         start_conn(&core, 0, lead)?;
+        {
+            // Tail probes where the kernel keeps its 200 ms minimum RTO (see TAIL_PROBE_AFTER).
+            let mut g = core.lock()?;
+            let floor = g.conns.first().is_none_or(|c| c.rto_floor);
+            if want > 1 && !floor {
+                g.session.set_tail_probe(Some(TAIL_PROBE_AFTER));
+            }
+        }
         let timer = tokio::spawn(mcs_timer(core.clone())).abort_handle();
         let relogin = erl2.then(|| {
             tokio::spawn(mcs_relogin(
@@ -706,6 +749,13 @@ impl McsSession {
             .lock()
             .map(|g| g.session.open_connections())
             .unwrap_or(0)
+    }
+
+    /// Every connection's tail probe (by default [`TAIL_PROBE_AFTER`] in a session of several
+    /// connections whose sockets the kernel refused [`COMMAND_RTO_MIN`], none otherwise):
+    /// `None` turns it off.
+    pub fn set_tail_probe(&self, after: Option<Duration>) {
+        let _ = self.core.with(true, |g| g.session.set_tail_probe(after));
     }
 
     /// What ErrorRecoveryLevel 2 did so far (all zero at level 0).

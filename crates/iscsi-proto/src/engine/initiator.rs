@@ -359,6 +359,22 @@ pub struct Connection {
     hold: bool,
     /// Tasks kept when it failed ([`Connection::take_held`]).
     held: Vec<MovedTask>,
+    /// [`Connection::set_tail_probe`]: how long after the last PDU of a burst left the tail
+    /// probe follows it (`None`: never).
+    tail_probe: Option<Duration>,
+    /// The last PDU handed out ended a burst (a command or Data-Out, nothing queued behind
+    /// it): its task and what had come for the task by then; armed by [`Connection::flushed`].
+    tail: Option<(u32, Heard)>,
+    /// When the tail probe goes, for which task, and what had come for it when it left.
+    probe_at: Option<(Instant, u32, Heard)>,
+}
+
+/// What had come from the target for a task: Data-In bytes, the next DataSN and R2TSN. A
+/// tail probe goes only while this has not moved (nothing proves the target has the task).
+type Heard = (u32, u32, u32);
+
+fn heard(t: &Task) -> Heard {
+    (t.received, t.next_data_sn, t.next_r2t_sn)
 }
 
 /// Read buffers a connection keeps for reads whose data has not arrived yet (beyond this the
@@ -416,6 +432,9 @@ impl Connection {
             read_pool: Vec::new(),
             hold: false,
             held: Vec::new(),
+            tail_probe: None,
+            tail: None,
+            probe_at: None,
         }
     }
 
@@ -477,6 +496,18 @@ impl Connection {
     pub fn poll_transmit(&mut self) -> Option<Pdu> {
         let mut pdu = self.out.pop_front()?;
         let e = self.exp_stat_sn;
+        if self.tail_probe.is_some() {
+            // Whatever leaves now follows the burst before it: no probe for that one.
+            self.probe_at = None;
+            let itt = match &pdu.header {
+                Header::ScsiCommand(h) => Some(h.itt),
+                Header::DataOut(h) => Some(h.itt),
+                _ => None,
+            };
+            self.tail = itt
+                .filter(|_| self.out.is_empty())
+                .and_then(|itt| self.tasks.get(&itt).map(|t| (itt, heard(t))));
+        }
         match &mut pdu.header {
             Header::ScsiCommand(h) => h.exp_stat_sn = e,
             Header::DataOut(h) => {
@@ -487,7 +518,8 @@ impl Connection {
             }
             Header::NopOut(h) => {
                 h.exp_stat_sn = e;
-                if h.itt == RESERVED_TAG {
+                // An answer to the target's ping (not a tail probe, whose TTT is reserved too).
+                if h.itt == RESERVED_TAG && h.ttt != RESERVED_TAG {
                     self.pong_bytes = self.pong_bytes.saturating_sub(BHS_LEN + pdu.data.len());
                 }
             }
@@ -514,7 +546,8 @@ impl Connection {
         };
         let tmf = self.tmfs.values().map(|(_, d)| *d).min();
         let command = self.deadlines.front().map(|(d, _)| *d);
-        [ping, tmf, command].into_iter().flatten().min()
+        let probe = self.probe_at.map(|(d, _, _)| d);
+        [ping, tmf, command, probe].into_iter().flatten().min()
     }
 
     // ---- role methods ----
@@ -561,6 +594,39 @@ impl Connection {
         self.cmd_sn = cmd_sn;
         self.update_window(exp_cmd_sn, max_cmd_sn);
         self.flush_queued();
+    }
+
+    /// A tail probe `after` each burst (`None`, the default: none). A read's command is one
+    /// small segment and its data comes the other way, so nothing follows it on this
+    /// connection: lost, TCP learns of it only by its retransmission timer or a tail loss
+    /// probe (RFC 8985 §7: about two round trips), and in a session of several connections the
+    /// target holds every later command of every connection meanwhile (CmdSN order, RFC 7143
+    /// §4.2.2.1). A NOP-Out that asks no answer (§11.18), `after` the driver wrote a burst
+    /// that ended with a command or Data-Out ([`Connection::flushed`]) and while nothing has
+    /// come for that task, is a later segment: the target's TCP acknowledges it selectively
+    /// and RACK (RFC 8985 §6) resends the lost one about a round trip after it left. It
+    /// carries no CmdSN of its own and needs no answer; in a sealed session it is sealed as
+    /// every PDU is.
+    pub fn set_tail_probe(&mut self, after: Option<Duration>) {
+        self.tail_probe = after;
+        if after.is_none() {
+            self.tail = None;
+            self.probe_at = None;
+        }
+    }
+
+    /// The driver wrote into its socket every PDU it took so far: a burst that ended with a
+    /// command or Data-Out arms the tail probe ([`Connection::set_tail_probe`]), unless more
+    /// waits to leave.
+    pub fn flushed(&mut self, now: Instant) {
+        let Some(after) = self.tail_probe else {
+            return;
+        };
+        if let Some((itt, mark)) = self.tail.take() {
+            if self.out.is_empty() {
+                self.probe_at = Some((now + after, itt, mark));
+            }
+        }
     }
 
     /// Whether command `itt` ended with the connection (or a logout) before its command PDU
@@ -671,6 +737,38 @@ impl Connection {
                     }
                 }
             }
+        }
+        self.tail_probe_due(now);
+    }
+
+    /// The tail probe whose time came ([`Connection::set_tail_probe`]): a NOP-Out that asks
+    /// no answer (ITT and TTT 0xffffffff, immediate, CmdSN not advanced; RFC 7143 §11.18),
+    /// sent only while nothing else waits to leave and nothing has come for the task that
+    /// ended the burst.
+    fn tail_probe_due(&mut self, now: Instant) {
+        let Some((at, itt, mark)) = self.probe_at else {
+            return;
+        };
+        if now < at || self.closed.is_some() {
+            return;
+        }
+        self.probe_at = None;
+        let unheard = self
+            .tasks
+            .get(&itt)
+            .is_some_and(|t| matches!(t.phase, Phase::Sent(_)) && heard(t) == mark);
+        if unheard && self.out.is_empty() {
+            self.out.push_back(Pdu::new(
+                NopOut {
+                    immediate: true,
+                    lun: 0,
+                    itt: RESERVED_TAG,
+                    ttt: RESERVED_TAG,
+                    cmd_sn: self.cmd_sn,
+                    exp_stat_sn: 0,
+                },
+                Bytes::new(),
+            ));
         }
     }
 

@@ -386,6 +386,8 @@ pub struct Session {
     never_left: std::collections::HashSet<u32>,
     /// The next connection's [`Member::serial`].
     next_serial: u64,
+    /// Every connection's tail probe ([`Session::set_tail_probe`]).
+    tail_probe: Option<Duration>,
 }
 
 /// The first ITT of connection `cid`'s own.
@@ -439,6 +441,28 @@ impl Session {
             reseal: false,
             never_left: std::collections::HashSet::new(),
             next_serial: 1,
+            tail_probe: None,
+        }
+    }
+
+    /// A tail probe on every connection, those open and those added later
+    /// ([`Connection::set_tail_probe`]; `None`, the default: none). In a session of several
+    /// connections a command lost at the end of a burst holds every later command of every
+    /// connection at the target (CmdSN order, RFC 7143 §4.2.2.1) until TCP resends it; the
+    /// probe has it resent about a round trip after it left rather than at the
+    /// retransmission timer.
+    pub fn set_tail_probe(&mut self, after: Option<Duration>) {
+        self.tail_probe = after;
+        for m in &mut self.members {
+            m.conn.set_tail_probe(after);
+        }
+    }
+
+    /// Connection `cid`'s driver wrote every PDU it took into the socket
+    /// ([`Connection::flushed`]: arms its tail probe).
+    pub fn flushed(&mut self, cid: u16, now: Instant) {
+        if let Some(i) = self.index(cid) {
+            self.members[i].conn.flushed(now);
         }
     }
 
@@ -651,6 +675,7 @@ impl Session {
         self.merge(exp, max);
         conn.set_next_itt(own_itts(cid));
         conn.hold_tasks(self.erl2);
+        conn.set_tail_probe(self.tail_probe);
         conn.share_window(self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn);
         self.members.push(Member {
             cid,

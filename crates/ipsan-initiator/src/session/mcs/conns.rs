@@ -17,14 +17,18 @@ pub(super) fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<
     wr.sealer = sealer;
     // A second descriptor of the socket, for TCP_INFO only (Spread::LeastQueued); without
     // one the connection is spread by its outstanding bytes.
-    let sock = {
+    let (sock, rto_floor) = {
         use std::os::fd::AsFd;
         let s: &TcpStream = wr.get_ref().as_ref();
         // A lone lost command would stall every connection (see COMMAND_RTO_MIN).
-        if let Err(e) = ipsan_tcp::set_rto_min(s, COMMAND_RTO_MIN) {
-            tracing::debug!(cid, "minimum RTO left as the kernel's: {e}");
-        }
-        s.as_fd().try_clone_to_owned().ok()
+        let floor = match ipsan_tcp::set_rto_min(s, COMMAND_RTO_MIN) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(cid, "minimum RTO left as the kernel's: {e}");
+                false
+            }
+        };
+        (s.as_fd().try_clone_to_owned().ok(), floor)
     };
     let c = Arc::new(McsConn {
         cid,
@@ -34,6 +38,7 @@ pub(super) fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<
         io_tasks: Mutex::new(Vec::new()),
         sock: Mutex::new(sock),
         unflushed: AtomicU64::new(0),
+        rto_floor,
     });
     core.with(false, |g| g.conns.push(c.clone()))?;
     let w = tokio::spawn(mcs_writer(wr, core.clone(), c.clone()));
@@ -110,6 +115,7 @@ async fn mcs_writer_inner(
             kind: e.kind(),
         })?;
         c.unflushed.store(0, Ordering::Relaxed);
+        core.flushed(c);
     }
     let _ = wr.shutdown().await;
     Ok(())

@@ -889,3 +889,100 @@ fn sends_a_two_part_write_without_joining_its_parts() {
     assert_eq!(pdus.len(), 1, "all of it immediate");
     assert_eq!(&pdus[0].1[..], &[&small[..], &tail[..]].concat()[..]);
 }
+
+/// A READ of 4 KiB submitted and taken by the driver: its ITT.
+fn read_sent(c: &mut Connection, now: Instant) -> u32 {
+    let itt = c
+        .submit(
+            now,
+            Command {
+                lun: 0,
+                cdb: [0x88; 16],
+                data: Data::Read {
+                    buf: BytesMut::new(),
+                    len: 4096,
+                },
+                timed: false,
+            },
+        )
+        .unwrap();
+    assert!(matches!(
+        c.poll_transmit().map(|p| p.header),
+        Some(Header::ScsiCommand(_))
+    ));
+    itt
+}
+
+/// Issue 28: a lone command that nothing follows on its connection, unanswered past the tail
+/// probe's delay, is followed by a NOP-Out asking no answer (ITT and TTT 0xffffffff,
+/// immediate, RFC 7143 §11.18) that does not take the CmdSN the next command gets; one probe
+/// per burst.
+#[test]
+fn sends_a_tail_probe_after_a_lone_command_that_nothing_answered() {
+    let (mut c, now) = conn();
+    c.set_tail_probe(Some(Duration::from_millis(5)));
+    read_sent(&mut c, now);
+    assert_eq!(c.poll_timeout(), None, "armed only once written");
+    c.flushed(now);
+    assert_eq!(c.poll_timeout(), Some(now + Duration::from_millis(5)));
+    c.handle_timeout(now + Duration::from_millis(4));
+    assert!(c.poll_transmit().is_none(), "not before its time");
+    c.handle_timeout(now + Duration::from_millis(5));
+    let p = c.poll_transmit().expect("the tail probe");
+    let Header::NopOut(h) = p.header else {
+        panic!("not a NOP-Out: {:?}", p.header);
+    };
+    assert!(h.immediate);
+    assert_eq!((h.itt, h.ttt), (RESERVED_TAG, RESERVED_TAG));
+    assert_eq!(h.cmd_sn, 2, "the next CmdSN, not advanced");
+    assert!(p.data.is_empty());
+    // The probe ends the burst: no second one.
+    c.flushed(now + Duration::from_millis(5));
+    assert_eq!(c.poll_timeout(), None);
+    let itt = read_sent(&mut c, now);
+    assert_eq!(c.tasks.get(&itt).map(|t| &t.phase), Some(&Phase::Sent(2)));
+}
+
+/// No probe once the target said something for the task (its command arrived), none while
+/// more waits to leave (that is the later segment), none when off (the default).
+#[test]
+fn sends_no_tail_probe_once_the_target_answered_or_when_off() {
+    let (mut c, now) = conn();
+    c.set_tail_probe(Some(Duration::from_millis(5)));
+    let itt = read_sent(&mut c, now);
+    c.flushed(now);
+    let h = DataIn {
+        itt,
+        ttt: RESERVED_TAG,
+        stat_sn: 1,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 16,
+        ..DataIn::default()
+    };
+    c.handle_pdu(now, Pdu::new(h, Bytes::from(vec![1u8; 512])));
+    c.handle_timeout(now + Duration::from_millis(10));
+    assert!(c.poll_transmit().is_none(), "the target has the command");
+
+    // A command taken while another waits behind it does not end the burst.
+    for _ in 0..2 {
+        c.submit(
+            now,
+            Command {
+                lun: 0,
+                cdb: [0x00; 16],
+                data: Data::None,
+                timed: false,
+            },
+        )
+        .unwrap();
+    }
+    assert!(c.poll_transmit().is_some());
+    c.flushed(now);
+    assert_eq!(c.poll_timeout(), None);
+
+    let (mut off, now) = conn();
+    read_sent(&mut off, now);
+    off.flushed(now);
+    off.handle_timeout(now + Duration::from_secs(1));
+    assert!(off.poll_transmit().is_none(), "off by default");
+}
