@@ -202,7 +202,11 @@ pub(super) struct Eng<'a> {
 impl Drop for Eng<'_> {
     fn drop(&mut self) {
         let touched = self.g.take_touched();
-        self.s.core.wake(&touched, self.s.id);
+        // Every lock of the engine ends here (several per PDU): the call only when an input
+        // reached another connection.
+        if !touched.is_empty() {
+            self.s.core.wake(&touched, self.s.id);
+        }
     }
 }
 

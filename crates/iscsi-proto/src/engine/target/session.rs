@@ -513,9 +513,12 @@ impl<D> Session<D> {
         residual: Option<i64>,
     ) -> bool {
         self.collect_orphans();
+        // Nothing moved or orphaned (as ever below ErrorRecoveryLevel 2): the task can only
+        // be this connection's, which ignores a tag it does not run. Asked first otherwise.
+        let elsewhere = !self.orphans.is_empty() || !self.moved.is_empty();
         let here = self
             .index(id)
-            .filter(|&i| self.members[i].conn.is_running(itt));
+            .filter(|&i| !elsewhere || self.members[i].conn.is_running(itt));
         if here.is_none() {
             if let Some(done) = self.complete_elsewhere(id, itt, resp.clone(), residual) {
                 return done;

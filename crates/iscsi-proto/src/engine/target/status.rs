@@ -24,13 +24,13 @@ impl<D> Connection<D> {
         resp: Response,
         residual: Option<i64>,
     ) -> bool {
-        let Some(task) = self.tasks.get(&itt) else {
+        // One lookup: a task still collecting its data goes back (the map's order is its
+        // hasher's, random per process, so nothing depends on where it lands).
+        let Some(task) = self.tasks.remove(&itt) else {
             return false;
         };
         let TaskState::Running { aborted } = task.state else {
-            return false;
-        };
-        let Some(task) = self.tasks.remove(&itt) else {
+            self.tasks.insert(itt, task);
             return false;
         };
         if task.counted {

@@ -656,3 +656,44 @@ fn closes_a_connection_whose_ping_never_leaves() {
     c.handle_timeout(bound);
     assert!(closed_by_ping(&mut c));
 }
+
+/// A completion for a write still collecting its data is refused (false) and the task is
+/// kept whole (the completion looks the task up once, and a refused one puts it back): its
+/// Data-Out is taken, it executes once with all of it, and the completion after that sends
+/// its status and ends it.
+#[test]
+fn rejects_a_completion_for_a_write_still_collecting_and_keeps_the_task() {
+    let now = Instant::now();
+    let mut c = Connection::new(Config::new(params(), 1, 1), now);
+    c.handle_pdu(now, &Disk, write16(7, 1, 8));
+    let r = r2ts(&mut c);
+    assert_eq!(r.len(), 1);
+    assert!(
+        !c.complete(7, Response::good(Bytes::new())),
+        "a write collecting its data is not running"
+    );
+    assert_eq!(c.tasks_in_flight(), 1);
+    assert!(c.poll_event().is_none() && c.poll_transmit().is_none());
+    let d = DataOut {
+        final_: true,
+        lun: 0,
+        itt: 7,
+        ttt: r[0].ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 0,
+    };
+    c.handle_pdu(now, &Disk, Pdu::new(d, Bytes::from(vec![3u8; 4096])));
+    let Some(Event::Execute(x)) = c.poll_event() else {
+        panic!("the write did not execute")
+    };
+    assert_eq!((x.itt, x.data_out.len(), x.data_out[4095]), (7, 4096, 3));
+    assert!(c.poll_event().is_none(), "executed once");
+    assert!(c.complete(7, Response::good(Bytes::new())));
+    let p = c.poll_transmit().unwrap();
+    let Header::ScsiResponse(h) = p.header else {
+        panic!("{:?}", p.header)
+    };
+    assert_eq!(h.itt, 7);
+    assert_eq!(c.tasks_in_flight(), 0);
+}

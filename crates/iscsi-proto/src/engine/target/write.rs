@@ -3,6 +3,7 @@
 //! immediate and unsolicited data, R2Ts (§11.8) and Data-Out (§11.7) until the data phase is
 //! over, then [`Event::Execute`].
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -146,11 +147,13 @@ impl<D> Connection<D> {
         };
         let ttt = &mut self.ttt;
         let plans = c.write.plan_r2ts(|| ttt.next_tag());
-        let complete = c.write.is_complete();
-        self.send_r2ts(lun, itt, plans);
-        if complete {
-            self.start(itt, None);
+        if c.write.is_complete() {
+            // All its data is here (immediate data, say): started with the task in hand, not
+            // looked up again (the R2T queue and the events are apart: the order of the two
+            // calls changes no output).
+            start_task(&mut self.events, itt, task, None);
         }
+        self.send_r2ts(lun, itt, plans);
     }
 
     /// The data phase is over: hand the command to the driver.
@@ -158,27 +161,7 @@ impl<D> Connection<D> {
         let Some(task) = self.tasks.get_mut(&itt) else {
             return;
         };
-        let lun = task.lun;
-        let state = std::mem::replace(&mut task.state, TaskState::Running { aborted: false });
-        let TaskState::Collecting(c) = state else {
-            task.state = state;
-            return;
-        };
-        let edtl = c.write.edtl();
-        self.events.push_back(Event::Execute(Execute {
-            itt,
-            lun,
-            cdb: c.cdb,
-            data_out: c.write.into_data(),
-            edtl,
-            need: c.need,
-            transfer: c.transfer,
-            early: fail.or(c.early),
-            write_without_w: false,
-            read: c.read,
-            write: true,
-            decoded: c.decoded,
-        }));
+        start_task(&mut self.events, itt, task, fail);
     }
 
     /// Where a Data-Out of `len` bytes can be received in place (issue 27): the free end of
@@ -293,4 +276,34 @@ pub(super) fn assemble_cdb(cmd: &ScsiCommand, ahs: &Bytes) -> Option<Vec<u8>> {
         rest = &rest[total..];
     }
     Some(cdb)
+}
+
+/// [`Connection::start`] with the task in hand: a collecting task's [`Event::Execute`].
+fn start_task<D>(
+    events: &mut VecDeque<Event<D>>,
+    itt: u32,
+    task: &mut Task<D>,
+    fail: Option<Response>,
+) {
+    let lun = task.lun;
+    let state = std::mem::replace(&mut task.state, TaskState::Running { aborted: false });
+    let TaskState::Collecting(c) = state else {
+        task.state = state;
+        return;
+    };
+    let edtl = c.write.edtl();
+    events.push_back(Event::Execute(Execute {
+        itt,
+        lun,
+        cdb: c.cdb,
+        data_out: c.write.into_data(),
+        edtl,
+        need: c.need,
+        transfer: c.transfer,
+        early: fail.or(c.early),
+        write_without_w: false,
+        read: c.read,
+        write: true,
+        decoded: c.decoded,
+    }));
 }
