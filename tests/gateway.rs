@@ -842,37 +842,9 @@ fn linux_kernel_initiator_stores_a_filesystem_through_a_sealed_gateway_pair() {
     let log = p.dir.path().join("vm.log");
     // A guest kernel that fails before "LINUXVM ready" boots once more (`common::guest`).
     common::guest::boot_once_more_after_oops("LINUXVM ready", || {
-        let mut child = Proc(
-            Command::new(vm.join("run.sh"))
-                .args([&format!("127.0.0.1:{}", p.a_port), IQN])
-                .stdout(std::fs::File::create(&log).unwrap())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap(),
-        );
-        let started = Instant::now();
-        let status = loop {
-            if let Some(s) = child.0.try_wait().unwrap() {
-                break s;
-            }
-            if started.elapsed() >= Duration::from_secs(330) {
-                common::guest::stop(&mut child.0);
-                return Err(format!(
-                    "linuxvm did not finish within 330 s:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        let out = std::fs::read_to_string(&log).unwrap();
-        for l in out.lines().filter(|l| l.contains("RESULT")) {
-            println!("{l}");
-        }
-        if status.success() && out.contains("RESULT ok") {
-            Ok(())
-        } else {
-            Err(format!("linuxvm through the gateway pair: {status}\n{out}"))
-        }
+        let mut run_sh = Command::new(vm.join("run.sh"));
+        run_sh.args([&format!("127.0.0.1:{}", p.a_port), IQN]);
+        common::guest::linuxvm_result(run_sh, &log, "through the gateway pair")
     })
     .unwrap_or_else(|e| panic!("{e}"));
     // The kernel's one connection to gateway A; the WAN leg behind it on four (issue 28).

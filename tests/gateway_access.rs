@@ -602,59 +602,29 @@ fn linux_kernel_initiator_logs_in_with_mutual_chap_relayed_from_the_array() {
     let log = dir.path().join("vm.log");
     // A guest kernel that fails before "LINUXVM ready" boots once more (`common::guest`).
     common::guest::boot_once_more_after_oops("LINUXVM ready", || {
-        let mut child = Proc(
-            Command::new(vm.join("run.sh"))
-                .args([
-                    "--chap-user",
-                    "alice",
-                    "--chap-secret-file",
-                    alice.to_str().unwrap(),
-                    "--mutual-user",
-                    "array",
-                    "--mutual-secret-file",
-                    mutual.to_str().unwrap(),
-                    // What this proves is the login (and the guest's second login); the
-                    // guest's default workload (64 MiB, 300 files, 2 x 32 MiB raw) added a minute
-                    // under emulation and nothing to that. tests/gateway.rs runs the full one.
-                    "--big-mib",
-                    "4",
-                    "--small-files",
-                    "20",
-                    "--raw-mib",
-                    "4",
-                    &format!("127.0.0.1:{port}"),
-                    ARRAY,
-                ])
-                .stdout(std::fs::File::create(&log).unwrap())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap(),
-        );
-        let started = Instant::now();
-        let status = loop {
-            if let Some(s) = child.0.try_wait().unwrap() {
-                break s;
-            }
-            if started.elapsed() >= Duration::from_secs(330) {
-                common::guest::stop(&mut child.0);
-                return Err(format!(
-                    "linuxvm did not finish within 330 s:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        let out = std::fs::read_to_string(&log).unwrap();
-        for l in out.lines().filter(|l| l.contains("RESULT")) {
-            println!("{l}");
-        }
-        if status.success() && out.contains("RESULT ok") {
-            Ok(())
-        } else {
-            Err(format!(
-                "linuxvm through the relaying gateway: {status}\n{out}"
-            ))
-        }
+        let mut run_sh = Command::new(vm.join("run.sh"));
+        run_sh.args([
+            "--chap-user",
+            "alice",
+            "--chap-secret-file",
+            alice.to_str().unwrap(),
+            "--mutual-user",
+            "array",
+            "--mutual-secret-file",
+            mutual.to_str().unwrap(),
+            // What this proves is the login (and the guest's second login); the
+            // guest's default workload (64 MiB, 300 files, 2 x 32 MiB raw) added a minute
+            // under emulation and nothing to that. tests/gateway.rs runs the full one.
+            "--big-mib",
+            "4",
+            "--small-files",
+            "20",
+            "--raw-mib",
+            "4",
+            &format!("127.0.0.1:{port}"),
+            ARRAY,
+        ]);
+        common::guest::linuxvm_result(run_sh, &log, "through the relaying gateway")
     })
     .unwrap_or_else(|e| panic!("{e}"));
     // The gateway never held a secret: it was started without one, and the array judged.

@@ -53,3 +53,43 @@ pub fn stop(run_sh: &mut Child) {
     let _ = run_sh.kill();
     let _ = run_sh.wait();
 }
+
+/// Runs one `../shared/linuxvm` boot (`run_sh`, its arguments set, console to `log`) to its
+/// end, 330 s at most, prints its `RESULT` lines, and passes when it exited 0 with `RESULT ok`;
+/// `Err` holds the console (for [`boot_once_more_after_oops`]), named by `what`.
+pub fn linuxvm_result(
+    mut run_sh: Command,
+    log: &std::path::Path,
+    what: &str,
+) -> Result<(), String> {
+    let mut child = super::Proc(
+        run_sh
+            .stdout(std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?)
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("linuxvm run.sh: {e}"))?,
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if started.elapsed() >= Duration::from_secs(330) {
+            stop(&mut child.0);
+            return Err(format!(
+                "linuxvm did not finish within 330 s:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let out = std::fs::read_to_string(log).unwrap_or_default();
+    for l in out.lines().filter(|l| l.contains("RESULT")) {
+        println!("{l}");
+    }
+    if status.success() && out.contains("RESULT ok") {
+        Ok(())
+    } else {
+        Err(format!("linuxvm {what}: {status}\n{out}"))
+    }
+}
