@@ -52,7 +52,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use iscsi_proto::engine::initiator::Reassignment;
 use iscsi_proto::engine::mcs::{self, Spread};
@@ -302,6 +302,9 @@ struct McsCore {
     wake_timer: Notify,
     /// The relogin task has CIDs to log in again.
     wake_relogin: Notify,
+    /// The engine's tail probe is on (mirrors `Session::set_tail_probe`): without it a
+    /// writer's flush has nothing to arm and takes no lock.
+    probing: AtomicBool,
 }
 
 impl McsCore {
@@ -534,6 +537,9 @@ impl McsCore {
     /// Connection `c`'s writer wrote what it took into the socket: its tail probe is armed
     /// (the timer woken if that is now the first deadline).
     fn flushed(&self, c: &McsConn) {
+        if !self.probing.load(Ordering::Relaxed) {
+            return;
+        }
         let Ok(mut g) = self.inner.lock() else {
             return;
         };
@@ -673,6 +679,7 @@ impl McsSession {
             least_queued: mcs_cfg.spread == Spread::LeastQueued,
             wake_timer: Notify::new(),
             wake_relogin: Notify::new(),
+            probing: AtomicBool::new(false),
         });
         let erl2 = {
             let mut g = core.lock()?;
@@ -688,6 +695,7 @@ impl McsSession {
             let floor = g.conns.first().is_none_or(|c| c.rto_floor);
             if want > 1 && !floor {
                 g.session.set_tail_probe(Some(TAIL_PROBE_AFTER));
+                core.probing.store(true, Ordering::Relaxed);
             }
         }
         let timer = tokio::spawn(mcs_timer(core.clone())).abort_handle();
@@ -755,7 +763,10 @@ impl McsSession {
     /// connections whose sockets the kernel refused [`COMMAND_RTO_MIN`], none otherwise):
     /// `None` turns it off.
     pub fn set_tail_probe(&self, after: Option<Duration>) {
-        let _ = self.core.with(true, |g| g.session.set_tail_probe(after));
+        let _ = self.core.with(true, |g| {
+            g.session.set_tail_probe(after);
+            self.core.probing.store(after.is_some(), Ordering::Relaxed);
+        });
     }
 
     /// What ErrorRecoveryLevel 2 did so far (all zero at level 0).

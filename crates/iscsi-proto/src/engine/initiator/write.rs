@@ -33,14 +33,11 @@ impl Connection {
         if !self.reserved.is_empty() {
             self.reserved.remove(&itt);
         }
-        let write_bit = cmd.data.write_len().is_some();
-        if cmd
-            .data
-            .write_len()
-            .is_some_and(|n| u32::try_from(n).is_err())
-        {
+        let write_len = cmd.data.write_len();
+        if write_len.is_some_and(|n| u32::try_from(n).is_err()) {
             return Err(SubmitError::Invalid);
         }
+        let write_bit = write_len.is_some();
         let (write, write_tail, read, read_len) = match cmd.data {
             Data::None => (Bytes::new(), Bytes::new(), None, 0),
             Data::Write(b) => (b, Bytes::new(), None, 0),
