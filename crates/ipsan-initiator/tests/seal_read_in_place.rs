@@ -19,8 +19,6 @@
 mod common;
 mod counting_alloc;
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,25 +34,8 @@ use counting_alloc::Counting;
 const IQN: &str = "iqn.2026-11.org.ipsan:seal-read-in-place";
 const SECRET: &[u8] = b"seal-read-in-place-pre-shared-secret-0123";
 
-/// An allocation at least this large is a data or receive buffer (the reader's receive buffer
-/// is 256 KiB; nothing else the initiator allocates per command comes near).
-const LARGE: usize = 200 * 1024;
-
-thread_local! {
-    static HOST: Cell<bool> = const { Cell::new(false) };
-}
-
-static HOST_LARGE: AtomicUsize = AtomicUsize::new(0);
-
-fn count(size: usize) {
-    // `try_with`: a thread being torn down has no thread-locals left.
-    if size >= LARGE && HOST.try_with(Cell::get).unwrap_or(false) {
-        HOST_LARGE.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting(count);
+static A: Counting = Counting(counting_alloc::count_marked_large);
 
 const MIB: usize = 1 << 20;
 
@@ -81,7 +62,7 @@ fn accepts_sealed_1mib_reads_received_in_place_without_receive_buffers_per_read(
     let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
     // The initiator: this thread, one thread for all of it (as `ipsan bench` runs by
     // default); the crypto pool's worker is not counted (it allocates nothing large).
-    HOST.with(|s| s.set(true));
+    counting_alloc::mark(true);
     let host_rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -113,7 +94,7 @@ fn accepts_sealed_1mib_reads_received_in_place_without_receive_buffers_per_read(
                 assert_eq!(&got[..], &d[..]);
                 buf = got;
             }
-            let before = HOST_LARGE.load(Ordering::Relaxed);
+            let before = counting_alloc::marked_large();
             for n in 0..16 {
                 let i = n % 4;
                 let at = buf.as_ptr();
@@ -129,7 +110,7 @@ fn accepts_sealed_1mib_reads_received_in_place_without_receive_buffers_per_read(
                 );
                 buf = got;
             }
-            let large = HOST_LARGE.load(Ordering::Relaxed) - before;
+            let large = counting_alloc::marked_large() - before;
             s.logout().await.unwrap();
             large
         });
@@ -147,7 +128,7 @@ fn accepts_sealed_1mib_reads_received_in_place_without_receive_buffers_per_read(
         "large initiator allocations in 16 sealed reads of 1 MiB: {}",
         report.join(", ")
     );
-    HOST.with(|s| s.set(false));
+    counting_alloc::mark(false);
     target_rt.block_on(h.shutdown()).unwrap();
 }
 

@@ -19,8 +19,6 @@
 mod common;
 mod counting_alloc;
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,24 +32,10 @@ use counting_alloc::Counting;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:seal-write-in-place";
 const SECRET: &[u8] = b"seal-write-in-place-pre-shared-secret-012";
-const LARGE: usize = 200 * 1024;
 const MIB: usize = 1 << 20;
 
-thread_local! {
-    static HOST: Cell<bool> = const { Cell::new(false) };
-}
-
-static HOST_LARGE: AtomicUsize = AtomicUsize::new(0);
-
-fn count(size: usize) {
-    // `try_with`: a thread being torn down has no thread-locals left.
-    if size >= LARGE && HOST.try_with(Cell::get).unwrap_or(false) {
-        HOST_LARGE.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting(count);
+static A: Counting = Counting(counting_alloc::count_marked_large);
 
 fn pattern(len: usize, seed: u32) -> Bytes {
     (0..len as u32)
@@ -102,8 +86,8 @@ fn accepts_none_writes_sent_from_the_callers_buffer_without_a_sealed_copy() {
             let shared = pattern(MIB, 7);
             // Counted from the first write of the session: a sealed copy has no recycled
             // buffer to go in yet.
-            HOST.with(|h| h.set(true));
-            let before = HOST_LARGE.load(Ordering::Relaxed);
+            counting_alloc::mark(true);
+            let before = counting_alloc::marked_large();
             let mut writes = tokio::task::JoinSet::new();
             for i in 0..16u64 {
                 let (s, data) = (Arc::clone(&s), shared.clone());
@@ -112,8 +96,8 @@ fn accepts_none_writes_sent_from_the_callers_buffer_without_a_sealed_copy() {
             while let Some(w) = writes.join_next().await {
                 w.unwrap().unwrap();
             }
-            let large = HOST_LARGE.load(Ordering::Relaxed) - before;
-            HOST.with(|h| h.set(false));
+            let large = counting_alloc::marked_large() - before;
+            counting_alloc::mark(false);
             for i in 0..16u64 {
                 let got = s
                     .read_into(i * u64::from(blocks), blocks, BytesMut::new())

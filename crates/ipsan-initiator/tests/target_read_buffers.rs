@@ -13,8 +13,6 @@
 mod common;
 mod counting_alloc;
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -26,29 +24,16 @@ use counting_alloc::Counting;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:target-read-buffers";
 const SECRET: &[u8] = b"target-read-buffers-pre-shared-secret-0123";
-const LARGE: usize = 200 * 1024;
 const MIB: usize = 1 << 20;
 
-thread_local! {
-    static TARGET: Cell<bool> = const { Cell::new(false) };
-}
-
-static TARGET_LARGE: AtomicUsize = AtomicUsize::new(0);
-
-fn count(size: usize) {
-    if size >= LARGE && TARGET.try_with(Cell::get).unwrap_or(false) {
-        TARGET_LARGE.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting(count);
+static A: Counting = Counting(counting_alloc::count_marked_large);
 
 #[test]
 fn accepts_none_reads_answered_from_the_stores_memory_without_a_buffer_per_read() {
     let target_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .on_thread_start(|| TARGET.with(|t| t.set(true)))
+        .on_thread_start(|| counting_alloc::mark(true))
         .enable_all()
         .build()
         .unwrap();
@@ -85,7 +70,7 @@ fn accepts_none_reads_answered_from_the_stores_memory_without_a_buffer_per_read(
                     .await
                     .unwrap();
             }
-            let before = TARGET_LARGE.load(Ordering::Relaxed);
+            let before = counting_alloc::marked_large();
             for n in 0..16 {
                 let i = n % 4;
                 let got = s
@@ -95,7 +80,7 @@ fn accepts_none_reads_answered_from_the_stores_memory_without_a_buffer_per_read(
                 assert!(got[..] == data[i][..], "{cipher}: read {n}");
                 buf = got;
             }
-            let large = TARGET_LARGE.load(Ordering::Relaxed) - before;
+            let large = counting_alloc::marked_large() - before;
             s.logout().await.unwrap();
             large
         });

@@ -30,3 +30,37 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(p, l) }
     }
 }
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// An allocation at least this large is a data or receive buffer (the reader's receive buffer
+/// is 256 KiB; nothing else a side allocates per command comes near).
+pub const LARGE: usize = 200 * 1024;
+
+thread_local! {
+    static MARKED: Cell<bool> = const { Cell::new(false) };
+}
+
+static MARKED_LARGE: AtomicUsize = AtomicUsize::new(0);
+
+/// The hook of a test that counts the [`LARGE`] allocations of the threads it [`mark`]s.
+#[allow(dead_code)] // not every test binary of this directory counts this way
+pub fn count_marked_large(size: usize) {
+    // `try_with`: a thread being torn down has no thread-locals left.
+    if size >= LARGE && MARKED.try_with(Cell::get).unwrap_or(false) {
+        MARKED_LARGE.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts (or stops counting) the calling thread's [`LARGE`] allocations.
+#[allow(dead_code)]
+pub fn mark(on: bool) {
+    MARKED.with(|m| m.set(on));
+}
+
+/// [`LARGE`] allocations made on marked threads so far.
+#[allow(dead_code)]
+pub fn marked_large() -> usize {
+    MARKED_LARGE.load(Ordering::Relaxed)
+}
