@@ -23,9 +23,12 @@
 //!   `session/passthrough.rs`: [`Session::command_to`], any CDB to any LUN answered with the
 //!   target's status, raw sense, data and residual unchanged (a gateway's remote leg);
 //!   `session/mcs.rs`: [`McsSession`], a session of several connections (RFC 7143 §4.2,
-//!   issue 28): the driver of `iscsi_proto::engine::mcs`, one reader and writer per
-//!   connection, each sealed connection with its own Seal login; no session recovery yet;
-//!   `command_to_abortable`/`lun_reset_to` for a gateway's remote leg.
+//!   issue 28): the driver of `iscsi_proto::engine::mcs`, each sealed connection with its own
+//!   Seal login; no session recovery yet, but ErrorRecoveryLevel 2's connection recovery
+//!   (relogin, TASK REASSIGN); `command_to_abortable`/`lun_reset_to` for a gateway's remote
+//!   leg. Under `session/mcs/`: `dispatch.rs` (the engine under its lock, its events, the
+//!   timer), `command.rs` (commands, made again after a reassignment; SCSI helpers, task
+//!   management), `conns.rs` (one reader and writer per connection), `relogin.rs` (ERL 2).
 //! - [`recovery`]: session recovery's driver side (reconnect backoff, counters) and the
 //!   engine's reissue policy re-exported (`is_idempotent`, the not-reissued sense;
 //!   RFC 7143 §6.3.5).

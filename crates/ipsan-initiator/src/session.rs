@@ -17,7 +17,8 @@
 //!   logout. `io.rs`: commands (the payload transform around each), the SCSI helpers,
 //!   submission and waiting. `passthrough.rs`: any CDB, answered unchanged.
 //! - `mcs.rs`: [`McsSession`], a session of several connections over `engine::mcs` (its own
-//!   small driver: no recovery, no observer yet).
+//!   driver: no session recovery, ErrorRecoveryLevel 2's connection recovery, no observer
+//!   yet); `mcs/` holds its concerns (`dispatch.rs`, `command.rs`, `conns.rs`, `relogin.rs`).
 //! - `reconnect.rs`: the recovery supervisor. `framed.rs`: the reader, writer and timer tasks
 //!   over `ipsan-transport`'s framed halves (the target's framing, not a copy).
 //!
