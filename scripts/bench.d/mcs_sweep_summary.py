@@ -2,7 +2,8 @@
 """summary.md of `scripts/bench mcs-sweep` runs: `mcs_sweep_summary.py DIR [DIR...]` merges the
 raw.jsonl of every DIR (e.g. a 100 Mbit/s run and a 1 Gbit/s run) and prints, per cell, the
 medians with ranges of iperf3 -P N, sealed writes and reads through N connections, ipsan ÷
-iperf3 and N ÷ 1 connection, against issue 28's goals."""
+iperf3 and N ÷ 1 connection, against issue 28's goals. Reads are compared with `iperf3 -R`
+(side `iperf3r`, the data going their way) in the cells that ran it, else with `iperf3`."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import re
 import statistics
 import sys
 
-SIDES = ("iperf3", "write", "read")
+SIDES = ("iperf3", "iperf3r", "write", "read")
 # A second build's sides (`scripts/bench mcs-sweep --bin-b`).
 SIDES_B = ("write-b", "read-b")
 
@@ -74,6 +75,10 @@ def summary(dirs):
         mark = "✓" if m / i >= 0.9 else "✗"
         return f"{m / i:.2f} {mark} [{min(pr):.2f}–{max(pr):.2f}]" if pr else f"{m / i:.2f} {mark}"
 
+    def ref(c, s):
+        """What side `s` is compared with: iperf3 with its data going the same way."""
+        return "iperf3r" if s.startswith("read") and sel.get((c, "iperf3r")) else "iperf3"
+
     def cpu(c, s):
         v = [(r["sender_cpu_s"] + r["receiver_cpu_s"]) / (r["bytes"] / 1e9)
              for r in sel.get((c, s), []) if r["bytes"]]
@@ -86,36 +91,40 @@ def summary(dirs):
                "same for both tools; median [min–max] over the reps, ratios of the medians with "
                "the per-rep ratios' range. ✓ / ✗: the goal of ≥ 0.9× iperf3 with as many "
                "streams.\n")
-    out.append("| cc | rate | loss | N | reps | iperf3 -P N | write | read | write ÷ iperf3 | "
-               "read ÷ iperf3 | late > 5 ms (emulator) | 1-min load |")
-    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("| cc | rate | loss | N | reps | iperf3 -P N | iperf3 -R -P N | write | read | "
+               "write ÷ iperf3 | read ÷ iperf3 (-R where run) | late > 5 ms (emulator) | "
+               "1-min load |")
+    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cells:
         loads = [float(r["loadavg_before"].split()[0]) for s in SIDES for r in sel[c, s]]
         late = [r["late_5ms_share"] for s in SIDES for r in sel[c, s] if r.get("late_5ms_share") is not None]
-        nreps = min(len(sel[c, s]) for s in SIDES)
+        nreps = min((len(sel[c, s]) for s in SIDES if sel[c, s]), default=0)
         if not loads:
             continue
         out.append(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {nreps} | "
                    f"{rng(vals(c, 'iperf3', 'steady_wire_mb_s'))} | "
+                   f"{rng(vals(c, 'iperf3r', 'steady_wire_mb_s'))} | "
                    f"{rng(vals(c, 'write', 'steady_wire_mb_s'))} | "
                    f"{rng(vals(c, 'read', 'steady_wire_mb_s'))} | "
                    f"{ratio(c, 'write', 'iperf3', 'steady_wire_mb_s')} | "
-                   f"{ratio(c, 'read', 'iperf3', 'steady_wire_mb_s')} | "
+                   f"{ratio(c, 'read', ref(c, 'read'), 'steady_wire_mb_s')} | "
                    f"{100 * statistics.median(late):.2f} % | "
                    f"{min(loads):.1f}–{max(loads):.1f} |" if late else
-                   f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {nreps} | – | – | – | – | – | – | "
+                   f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {nreps} | – | – | – | – | – | – | – | "
                    f"{min(loads):.1f}–{max(loads):.1f} |")
 
     out.append("\nWhole runs as each tool reports them (slow start included; the bench's rate "
                "counts the commands still in flight at the end too): MB/s of data, CPU-s/GB "
                "sender + receiver (bench + target for ipsan, client + server for iperf3):\n")
-    out.append("| cc | rate | loss | N | iperf3 -P N MB/s | write MB/s | read MB/s | "
-               "write ÷ iperf3 | read ÷ iperf3 | CPU-s/GB iperf3 / write / read |")
-    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("| cc | rate | loss | N | iperf3 -P N MB/s | iperf3 -R -P N MB/s | write MB/s | "
+               "read MB/s | write ÷ iperf3 | read ÷ iperf3 (-R where run) | "
+               "CPU-s/GB iperf3 / write / read |")
+    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cells:
         out.append(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | "
-                   f"{rng(vals(c, 'iperf3'))} | {rng(vals(c, 'write'))} | {rng(vals(c, 'read'))} | "
-                   f"{ratio(c, 'write', 'iperf3', 'mb_s')} | {ratio(c, 'read', 'iperf3', 'mb_s')} | "
+                   f"{rng(vals(c, 'iperf3'))} | {rng(vals(c, 'iperf3r'))} | {rng(vals(c, 'write'))} | "
+                   f"{rng(vals(c, 'read'))} | {ratio(c, 'write', 'iperf3', 'mb_s')} | "
+                   f"{ratio(c, 'read', ref(c, 'read'), 'mb_s')} | "
                    f"{cpu(c, 'iperf3')} / {cpu(c, 'write')} / {cpu(c, 'read')} |")
 
     K = "steady_wire_mb_s"
@@ -129,7 +138,7 @@ def summary(dirs):
         if c[3] == 1 or one not in cells:
             continue
         cols = []
-        for s in SIDES:
+        for s in ("iperf3", "write", "read"):
             m, b = med(c, s, K), med(one, s, K)
             cols.append(f"{m / b:.2f}" if m is not None and b else "–")
         goal = ""
@@ -150,7 +159,7 @@ def summary(dirs):
                    "past slow start (wire MB/s as above), median [min–max]; ratios of the medians "
                    "with the per-rep ratios' range:\n")
         out.append("| cc | rate | loss | N | write | write (b) | write ÷ b | write (b) ÷ iperf3 "
-                   "| read | read (b) | read ÷ b | read (b) ÷ iperf3 | CPU-s/GB write / b / "
+                   "| read | read (b) | read ÷ b | read (b) ÷ iperf3 (-R where run) | CPU-s/GB write / b / "
                    "read / b |")
         out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in cells:
@@ -160,7 +169,7 @@ def summary(dirs):
                        f"{rng(vals(c, 'write', K))} | {rng(vals(c, 'write-b', K))} | "
                        f"{ratio(c, 'write', 'write-b', K)} | {ratio(c, 'write-b', 'iperf3', K)} | "
                        f"{rng(vals(c, 'read', K))} | {rng(vals(c, 'read-b', K))} | "
-                       f"{ratio(c, 'read', 'read-b', K)} | {ratio(c, 'read-b', 'iperf3', K)} | "
+                       f"{ratio(c, 'read', 'read-b', K)} | {ratio(c, 'read-b', ref(c, 'read-b'), K)} | "
                        f"{cpu(c, 'write')} / {cpu(c, 'write-b')} / {cpu(c, 'read')} / "
                        f"{cpu(c, 'read-b')} |")
 
