@@ -8,7 +8,8 @@
 //! - [`limits`]: CHAP failure backoff, sessions per initiator, connections per address (pure).
 //! - [`registry`]: targets, LUNs, ACLs, and the logged-in sessions (TSIH, reinstatement);
 //!   live changes applied atomically ([`registry::Registry::apply`]; `registry/`: building a
-//!   target, the login directory, live changes one function per kind of change).
+//!   target, the login directory, live changes one function per kind of change, the session
+//!   table (admission by strength, registration, reinstatement, joining logins)).
 //! - [`control`]: the control socket (`ipsan ctl`): line-delimited JSON over a root-only
 //!   Unix socket (`control/`: the methods, the read-only views and redaction, the client).
 //! - [`metrics`]: per-target, per-LUN and per-session counters and the Prometheus text
