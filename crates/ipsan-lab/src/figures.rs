@@ -16,7 +16,7 @@ use crate::plot::{self, Axis, Bars, Figure, Pt, Series, Style, BLACK_IDX};
 
 mod aiken;
 mod cpu;
-mod prediction;
+pub(crate) mod prediction;
 mod throughput;
 
 use aiken::{aiken, pathologies};

@@ -36,6 +36,11 @@ pub struct Rates {
     per_byte_only: bool,
     /// What the fits' second term counts ([`Rates::per_command`]).
     unit: Unit,
+    /// The cores of the points priced with these rates are the cores the host *has* (a
+    /// calibration file's), not the CPU a run got: [`model_here`] then prices packet crypto's
+    /// transfer on them ([`model::predict_on_cores`]). With the CPU a run got (in sample) the
+    /// bound is the run's mean over its whole cycle, idle round trips included, and stays a cap.
+    cores_available: bool,
 }
 
 /// What a carrier's cost beyond its bytes is paid per.
@@ -123,7 +128,10 @@ impl Rates {
     /// cipher rates, the best SOCKET of its links, the carriers' and charons' costs from its
     /// cost runs. No record of any plan is read (the out-of-sample prediction).
     pub fn from_calibration(cal: &crate::calibrate::CalibrationFile) -> Rates {
-        let mut r = Rates::default();
+        let mut r = Rates {
+            cores_available: true,
+            ..Rates::default()
+        };
         for c in &cal.ciphers {
             r.enc.insert(
                 (c.cipher.clone(), c.size),
@@ -462,7 +470,10 @@ pub fn carrier_costs(aggs: &[Agg]) -> BTreeMap<(String, bool), (f64, f64)> {
 /// every byte is sealed, opened and moved on the same shared cores, moving it costing what
 /// the plan's runs of the scheme measured ([`carrier_costs`]; without them, one core at the
 /// best SOCKET). IPsec's ENC/DEC are the rates its charons reached per CPU-second
-/// (from their CPU accounting, a per-cipher constant over the plan's IPsec runs).
+/// (from their CPU accounting, a per-cipher constant over the plan's IPsec runs). Priced from
+/// a calibration file (the cores the host has), packet crypto's transfer runs at that bound
+/// too ([`model::predict_on_cores`]): one command's ESP, emulator and stacks share the cores
+/// while its bytes move, and leave them idle through its round trips.
 pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     let r = &a.rec;
     let p = &r.point;
@@ -587,7 +598,11 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
     };
     if a.cores_got.is_finite() && a.cores_got > 0.0 {
         let cpu = model::cpu_bound(&i, crypto, &carrier, a.cores_got).ok()?;
-        if cpu < pred.throughput {
+        if crypto == CryptoPlace::Packet && rates.cores_available {
+            // Per-packet crypto on the cores the host has: the bound is also the rate at
+            // which one command's bytes move (the cores idle through its round trips).
+            pred = model::predict_on_cores(&i, &pl, cpu).ok()?;
+        } else if cpu < pred.throughput {
             pred.throughput = cpu;
             pred.limit = model::Limit::Cpu;
         }

@@ -23,7 +23,9 @@
 //! - Lower-layer encryption (IPsec, WireGuard, TLS, `esp-emu`): the crypto runs per packet in
 //!   one serial stream per direction, overlapped with the transfer, so a command's cycle is
 //!   `c·RTT + BLOCK/min(SOCKET, ENC, DEC)` and the limit is `min(SOCKET, ENC, DEC)`. This is
-//!   our assumption, not the papers' (they did not model IPsec).
+//!   our assumption, not the papers' (they did not model IPsec). On cores the whole path
+//!   shares ([`predict_on_cores`]) the stream also runs at no more than what those cores
+//!   carry, so the transfer term is `BLOCK/min(SOCKET, ENC, DEC, cpu)`.
 
 use std::fmt;
 use std::time::Duration;
@@ -198,6 +200,29 @@ pub struct Prediction {
 
 /// The generalised model: `min(k·BLOCK/L, link, window, crypto)`; see the module docs.
 pub fn predict(i: &Inputs, p: &Pipeline) -> Result<Prediction, ModelError> {
+    predict_with_cpu(i, p, f64::INFINITY)
+}
+
+/// [`predict`] on `cpu` bytes/s of available cores ([`cpu_bound`] at the cores a host *has*,
+/// not the CPU a run got): a hard limit for every place of the crypto, and for packet crypto
+/// also the rate of a command's transfer. With per-packet ESP the charons, the emulator and
+/// both stacks all work on a command's bytes while they move, on the same cores, so its bytes
+/// move at no more than `cpu` and the cycle is `c·RTT + BLOCK/min(SOCKET, ENC, DEC, cpu)`;
+/// during the round trips the cores idle, which the bound alone (a cap on the mean over the
+/// whole cycle) assumed away: at one command in flight it priced the transfer at ENC and
+/// DEC as if each had an idle core of its own.
+pub fn predict_on_cores(i: &Inputs, p: &Pipeline, cpu: f64) -> Result<Prediction, ModelError> {
+    // Infinite: nothing on the cores costs anything (no bound).
+    if cpu.is_nan() || cpu <= 0.0 {
+        return Err(ModelError {
+            what: "cpu bound",
+            why: format!("must be a positive rate (or infinite for none), not {cpu}"),
+        });
+    }
+    predict_with_cpu(i, p, cpu)
+}
+
+fn predict_with_cpu(i: &Inputs, p: &Pipeline, cpu: f64) -> Result<Prediction, ModelError> {
     i.validate()?;
     if p.depth == 0 {
         return Err(ModelError {
@@ -220,7 +245,7 @@ pub fn predict(i: &Inputs, p: &Pipeline) -> Result<Prediction, ModelError> {
             )
         }
         CryptoPlace::Packet => {
-            let stream = i.socket.min(i.enc).min(i.dec);
+            let stream = i.socket.min(i.enc).min(i.dec).min(cpu);
             (
                 rtts + i.block / stream,
                 vec![
@@ -231,6 +256,9 @@ pub fn predict(i: &Inputs, p: &Pipeline) -> Result<Prediction, ModelError> {
             )
         }
     };
+    if cpu.is_finite() {
+        limits.push((Limit::Cpu, cpu));
+    }
     if let Some(w) = p.window {
         positive("window", w)?;
         if i.rtt_s > 0.0 {
@@ -839,6 +867,45 @@ mod tests {
         assert!((r.throughput / expect - 1.0).abs() < 1e-12);
         let deep = predict(&i, &Pipeline { depth: 64, ..p }).unwrap();
         assert_eq!(deep.limit, Limit::Encrypt);
+    }
+
+    #[test]
+    fn packet_crypto_on_shared_cores_moves_at_the_cpu_bound() {
+        // One command of IPsec at 8 ms: the charons' ESP at 15 MB/s each would move 2 MiB in
+        // 0.14 s, but the cores carry all of ESP, emulator and stacks at 9 MB/s only.
+        let i = inputs(0.016, 2_097_152.0, 240e6, 15e6);
+        let p = Pipeline {
+            depth: 1,
+            round_trips: 2,
+            crypto_workers: 1,
+            window: None,
+            crypto: CryptoPlace::Packet,
+        };
+        let r = predict_on_cores(&i, &p, 9e6).unwrap();
+        let expect = 2_097_152.0 / (0.032 + 2_097_152.0 / 9e6);
+        assert!((r.throughput / expect - 1.0).abs() < 1e-12);
+        assert_eq!(r.limit, Limit::Depth);
+        // The mean-cap alone (the model before) keeps the transfer at ENC: 9.0 MB/s, not 7.9.
+        let capped = predict(&i, &p).unwrap().throughput.min(9e6);
+        assert!(capped > r.throughput * 1.1, "{capped} vs {}", r.throughput);
+        // Deep enough, the cores are the limit; no bound is the plain prediction.
+        let deep = predict_on_cores(&i, &Pipeline { depth: 64, ..p }, 9e6).unwrap();
+        assert_eq!(deep.limit, Limit::Cpu);
+        assert!((deep.throughput - 9e6).abs() < 1e-6);
+        let free = predict_on_cores(&i, &p, f64::INFINITY).unwrap();
+        assert_eq!(free, predict(&i, &p).unwrap());
+        // Command crypto (seal) serialises its own ENC and DEC: the bound stays a cap.
+        let seal = Pipeline {
+            crypto: CryptoPlace::Command,
+            ..p
+        };
+        let s = predict_on_cores(&i, &seal, 9e6).unwrap();
+        assert_eq!(
+            s.throughput,
+            predict(&i, &seal).unwrap().throughput.min(9e6)
+        );
+        assert!(predict_on_cores(&i, &p, 0.0).is_err());
+        assert!(predict_on_cores(&i, &p, f64::NAN).is_err());
     }
 
     #[test]
