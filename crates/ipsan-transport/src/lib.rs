@@ -65,6 +65,8 @@ pub struct FrameReader<R> {
     /// a placing read dropped while it waits (the target's reader races it against its
     /// timers) goes on where it stopped when called again, nothing of the segment lost.
     placing: Option<Placing>,
+    /// See [`FrameReader::yield_before_read`].
+    yield_before_read: bool,
 }
 
 /// A data PDU (Data-In, Data-Out) whose segment can be placed
@@ -118,6 +120,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             header_first: false,
             declined: false,
             placing: None,
+            yield_before_read: false,
         }
     }
 
@@ -259,6 +262,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.declined = false;
                 return r.map(|o| o.map(Received::Pdu));
             }
+            if std::mem::take(&mut self.yield_before_read) {
+                tokio::task::yield_now().await;
+            }
             if self.buf.capacity() - self.buf.len() < 64 * 1024 {
                 self.buf.reserve(RECEIVE_BUFFER);
             }
@@ -274,6 +280,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 return Ok(None);
             }
         }
+    }
+
+    /// Before [`FrameReader::next_placing`] next reads from the stream, it yields to the
+    /// runtime once (`tokio::task::yield_now`); PDUs already received whole are taken first.
+    /// The initiator's reader asks for it after a PDU that completed a command while others
+    /// are still out (issue 27): the caller woken by that completion then submits its next
+    /// command, and the writer sends it, before this reader goes on receiving the other
+    /// commands' data. Without it a reader whose socket always has data (16 reads of 1 MiB in
+    /// flight) receives up to tokio's whole task budget (128 reads) before anyone it woke
+    /// runs, and the target's queue runs dry meanwhile. Once per call: the flag clears.
+    pub fn yield_before_read(&mut self) {
+        self.yield_before_read = true;
     }
 
     /// The next receive into an empty buffer takes one PDU head only: the caller expects a
@@ -957,6 +975,73 @@ mod tests {
             assert_eq!(lent, 1, "byte {at}: lent for the altered PDU");
             assert_eq!(dest.len(), LEN);
         }
+    }
+
+    /// After [`FrameReader::yield_before_read`] the next read from the stream first gives the
+    /// runtime back once (the initiator's woken callers submit before the reader receives
+    /// more, issue 27): a poll with a PDU waiting in the stream is pending once, then yields
+    /// it; the flag clears, so the next PDU comes at the first poll. A PDU already received
+    /// whole is handed out without yielding.
+    #[tokio::test]
+    async fn yields_once_before_reading_when_asked() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut w = FrameWriter::new(a);
+        for i in 1..=3u32 {
+            let nop = NopOut {
+                itt: i,
+                ..NopOut::default()
+            };
+            w.push(Pdu::new(nop, Bytes::from(vec![i as u8; 100])))
+                .unwrap();
+        }
+        w.flush().await.unwrap();
+        let mut r = FrameReader::new(b);
+        let mut cx = Context::from_waker(Waker::noop());
+        let itt = |got: Poll<std::io::Result<Option<Received>>>| match got {
+            Poll::Ready(Ok(Some(Received::Pdu(Ok(p))))) => Some(p.header.itt()),
+            Poll::Pending => None,
+            other => panic!("{other:?}"),
+        };
+        // The first read brings all three PDUs into the buffer.
+        assert_eq!(
+            itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+            Some(1)
+        );
+        // Asked to yield, but the next PDU is here whole: no yield.
+        r.yield_before_read();
+        assert_eq!(
+            itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+            Some(2)
+        );
+        assert_eq!(
+            itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+            Some(3)
+        );
+        let nop = NopOut {
+            itt: 4,
+            ..NopOut::default()
+        };
+        w.push(Pdu::new(nop, Bytes::new())).unwrap();
+        w.flush().await.unwrap();
+        // Now it must read: the first poll yields, the second reads the PDU.
+        r.yield_before_read();
+        let mut next = Box::pin(r.next_placing(|_, _| None));
+        assert_eq!(itt(next.as_mut().poll(&mut cx)), None, "did not yield");
+        assert_eq!(itt(next.as_mut().poll(&mut cx)), Some(4));
+        drop(next);
+        // Once: the flag cleared.
+        let nop = NopOut {
+            itt: 5,
+            ..NopOut::default()
+        };
+        w.push(Pdu::new(nop, Bytes::new())).unwrap();
+        w.flush().await.unwrap();
+        assert_eq!(
+            itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+            Some(5)
+        );
     }
 
     /// The codec's errors on a plain connection reach the caller as a PDU error, not as an
