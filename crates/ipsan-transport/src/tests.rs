@@ -469,3 +469,65 @@ async fn rejects_a_pdu_whose_header_digest_is_wrong_as_a_wire_error() {
     let got = r.next().await.unwrap();
     assert!(matches!(got, Some(Err(_))), "{got:?}");
 }
+
+#[tokio::test]
+async fn yields_once_before_reading_when_asked() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let mut w = FrameWriter::new(a);
+    for i in 1..=3u32 {
+        let nop = NopOut {
+            itt: i,
+            ..NopOut::default()
+        };
+        w.push(Pdu::new(nop, Bytes::from(vec![i as u8; 100])))
+            .unwrap();
+    }
+    w.flush().await.unwrap();
+    let mut r = FrameReader::new(b);
+    let mut cx = Context::from_waker(Waker::noop());
+    let itt = |got: Poll<std::io::Result<Option<Received>>>| match got {
+        Poll::Ready(Ok(Some(Received::Pdu(Ok(p))))) => Some(p.header.itt()),
+        Poll::Pending => None,
+        other => panic!("{other:?}"),
+    };
+    // The first read brings all three PDUs into the buffer.
+    assert_eq!(
+        itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+        Some(1)
+    );
+    // Asked to yield, but the next PDU is here whole: no yield.
+    r.yield_before_read();
+    assert_eq!(
+        itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+        Some(2)
+    );
+    assert_eq!(
+        itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+        Some(3)
+    );
+    let nop = NopOut {
+        itt: 4,
+        ..NopOut::default()
+    };
+    w.push(Pdu::new(nop, Bytes::new())).unwrap();
+    w.flush().await.unwrap();
+    // Now it must read: the first poll yields, the second reads the PDU.
+    r.yield_before_read();
+    let mut next = Box::pin(r.next_placing(|_, _| None));
+    assert_eq!(itt(next.as_mut().poll(&mut cx)), None, "did not yield");
+    assert_eq!(itt(next.as_mut().poll(&mut cx)), Some(4));
+    drop(next);
+    // Once: the flag cleared.
+    let nop = NopOut {
+        itt: 5,
+        ..NopOut::default()
+    };
+    w.push(Pdu::new(nop, Bytes::new())).unwrap();
+    w.flush().await.unwrap();
+    assert_eq!(
+        itt(Box::pin(r.next_placing(|_, _| None)).as_mut().poll(&mut cx)),
+        Some(5)
+    );
+}
