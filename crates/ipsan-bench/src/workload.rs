@@ -408,8 +408,22 @@ pub async fn run_on<S: BlockIo>(
     auto: Option<AutoConfig>,
     tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<(Measured, Option<AutoReport>), BenchError> {
+    run_on_threads(session, w, auto, tick, &[]).await
+}
+
+/// [`run_on`] with worker `k` spawned on runtime `k mod n` of `spawn_on` (empty: the
+/// caller's). With current-thread runtimes, one per thread, whose threads each run an NVMe/TCP
+/// I/O queue ([`ipsan_initiator::nvme::NvmeConfig::queue_runtimes`]), each worker's commands
+/// go on the queue of its own thread and nothing crosses between threads per command.
+pub async fn run_on_threads<S: BlockIo>(
+    session: Arc<S>,
+    w: Workload,
+    auto: Option<AutoConfig>,
+    tick: Option<Box<dyn FnMut(Progress) + Send>>,
+    spawn_on: &[tokio::runtime::Handle],
+) -> Result<(Measured, Option<AutoReport>), BenchError> {
     let want_report = auto.is_some();
-    let (m, r) = run_inner(session, w, auto, tick, None).await?;
+    let (m, r) = run_inner(session, w, auto, tick, None, spawn_on).await?;
     if want_report && r.is_none() {
         return Err(BenchError::Workload(
             "depth controller did not report".into(),
@@ -425,7 +439,7 @@ pub async fn run(
     w: Workload,
     tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<Measured, BenchError> {
-    Ok(run_inner(session, w, None, tick, None).await?.0)
+    Ok(run_inner(session, w, None, tick, None, &[]).await?.0)
 }
 
 /// Like [`run`], but the depth adapts from live measurements ([`crate::autodepth`]):
@@ -437,7 +451,7 @@ pub async fn run_auto(
     auto: AutoConfig,
     tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<(Measured, AutoReport), BenchError> {
-    let (m, r) = run_inner(session, w, Some(auto), tick, None).await?;
+    let (m, r) = run_inner(session, w, Some(auto), tick, None, &[]).await?;
     let r = r.ok_or_else(|| BenchError::Workload("depth controller did not report".into()))?;
     Ok((m, r))
 }
@@ -460,7 +474,7 @@ pub async fn run_traced(
         }
     }
     let want_report = auto.is_some();
-    let (m, r) = run_inner(session, w, auto, tick, trace.as_deref()).await?;
+    let (m, r) = run_inner(session, w, auto, tick, trace.as_deref(), &[]).await?;
     if want_report && r.is_none() {
         return Err(BenchError::Workload(
             "depth controller did not report".into(),
@@ -490,6 +504,7 @@ async fn run_inner<S: BlockIo>(
     auto: Option<AutoConfig>,
     mut tick: Option<Box<dyn FnMut(Progress) + Send>>,
     trace: Option<&Trace>,
+    spawn_on: &[tokio::runtime::Handle],
 ) -> Result<(Measured, Option<AutoReport>), BenchError> {
     let cap = session
         .capacity()
@@ -570,7 +585,7 @@ async fn run_inner<S: BlockIo>(
     let start = Instant::now();
     let deadline = deadline_after.map(|d| start + d);
     let mut handles = Vec::with_capacity(workers);
-    for _ in 0..workers {
+    for k in 0..workers {
         let session = session.clone();
         let gate = gate.clone();
         let lat_sum_ns = lat_sum_ns.clone();
@@ -583,7 +598,7 @@ async fn run_inner<S: BlockIo>(
         let first_error = first_error.clone();
         let plain = plain.clone();
         let w = w.clone();
-        handles.push(tokio::spawn(async move {
+        let worker = async move {
             let mut st = WorkerStats {
                 all: histogram(),
                 read: histogram(),
@@ -705,7 +720,11 @@ async fn run_inner<S: BlockIo>(
                 ops_done.fetch_add(1, Ordering::Relaxed);
             }
             st
-        }));
+        };
+        handles.push(match spawn_on.get(k % spawn_on.len().max(1)) {
+            Some(rt) => rt.spawn(worker),
+            None => tokio::spawn(worker),
+        });
     }
 
     // The depth controller: measure a window, decide, apply; close the gate when the run ends.
@@ -1181,5 +1200,84 @@ mod tests {
         assert_eq!(v["workload"]["time_s"], 3.0);
         assert!(v["workload"]["size_bytes"].is_null());
         assert_eq!(v["result"]["cpu"]["percent_of_one_core"], 75.0);
+    }
+
+    /// A device that answers at once and notes the thread each command ran on.
+    struct Threads(Mutex<std::collections::HashSet<std::thread::ThreadId>>);
+
+    impl BlockIo for Threads {
+        fn capacity(&self) -> Option<Capacity> {
+            Some(Capacity {
+                blocks: 1 << 20,
+                block_len: 512,
+            })
+        }
+        async fn read_into(&self, _lba: u64, blocks: u32, _buf: BytesMut) -> Result<Bytes, Error> {
+            if let Ok(mut g) = self.0.lock() {
+                g.insert(std::thread::current().id());
+            }
+            tokio::task::yield_now().await;
+            Ok(Bytes::from(vec![0u8; blocks as usize * 512]))
+        }
+        async fn write(&self, _lba: u64, _data: Bytes) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn runs_worker_k_on_runtime_k_mod_n() {
+        let here = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (htx, hrx) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            htx.send((rt.handle().clone(), std::thread::current().id()))
+                .unwrap();
+            rt.block_on(async {
+                let _ = stopped.await;
+            });
+        });
+        let (there, there_id) = hrx.recv().unwrap();
+        let dev = Arc::new(Threads(Mutex::default()));
+        let w = Workload {
+            mode: RwMode::Read,
+            mix_read_percent: 100,
+            block_size: 4096,
+            depth: 4,
+            offset: 0,
+            limit: Limit::Bytes(64 * 4096),
+            verify: false,
+            seed: 1,
+            data: None,
+            rate: None,
+        };
+        let runtimes = [here.handle().clone(), there];
+        let (m, _) = here
+            .block_on(run_on_threads(
+                dev.clone(),
+                w.clone(),
+                None,
+                None,
+                &runtimes,
+            ))
+            .unwrap();
+        assert_eq!(m.ops, 64);
+        let seen = dev.0.lock().unwrap().clone();
+        let want: std::collections::HashSet<_> = [std::thread::current().id(), there_id]
+            .into_iter()
+            .collect();
+        assert_eq!(seen, want, "the workers ran on both runtimes' threads");
+        // Without runtimes, on the caller's only.
+        dev.0.lock().unwrap().clear();
+        here.block_on(run_on(dev.clone(), w, None, None)).unwrap();
+        assert_eq!(dev.0.lock().unwrap().len(), 1);
+        drop(stop);
+        other.join().unwrap();
     }
 }
