@@ -1202,8 +1202,19 @@ mod tests {
         assert_eq!(v["result"]["cpu"]["percent_of_one_core"], 75.0);
     }
 
-    /// A device that answers at once and notes the thread each command ran on.
-    struct Threads(Mutex<std::collections::HashSet<std::thread::ThreadId>>);
+    /// A device that notes the thread each command ran on; a read waits (up to 2 s) until
+    /// `wait_for` threads have been seen, so one runtime's workers cannot finish the run
+    /// before the other's have started.
+    struct Threads {
+        seen: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+        wait_for: AtomicU64,
+    }
+
+    impl Threads {
+        fn seen(&self) -> usize {
+            self.seen.lock().map_or(0, |g| g.len())
+        }
+    }
 
     impl BlockIo for Threads {
         fn capacity(&self) -> Option<Capacity> {
@@ -1213,10 +1224,15 @@ mod tests {
             })
         }
         async fn read_into(&self, _lba: u64, blocks: u32, _buf: BytesMut) -> Result<Bytes, Error> {
-            if let Ok(mut g) = self.0.lock() {
+            if let Ok(mut g) = self.seen.lock() {
                 g.insert(std::thread::current().id());
             }
-            tokio::task::yield_now().await;
+            let until = Instant::now() + Duration::from_secs(2);
+            while (self.seen() as u64) < self.wait_for.load(Ordering::Relaxed)
+                && Instant::now() < until
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             Ok(Bytes::from(vec![0u8; blocks as usize * 512]))
         }
         async fn write(&self, _lba: u64, _data: Bytes) -> Result<(), Error> {
@@ -1244,7 +1260,10 @@ mod tests {
             });
         });
         let (there, there_id) = hrx.recv().unwrap();
-        let dev = Arc::new(Threads(Mutex::default()));
+        let dev = Arc::new(Threads {
+            seen: Mutex::default(),
+            wait_for: AtomicU64::new(2),
+        });
         let w = Workload {
             mode: RwMode::Read,
             mix_read_percent: 100,
@@ -1268,15 +1287,16 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(m.ops, 64);
-        let seen = dev.0.lock().unwrap().clone();
+        let seen = dev.seen.lock().unwrap().clone();
         let want: std::collections::HashSet<_> = [std::thread::current().id(), there_id]
             .into_iter()
             .collect();
         assert_eq!(seen, want, "the workers ran on both runtimes' threads");
         // Without runtimes, on the caller's only.
-        dev.0.lock().unwrap().clear();
+        dev.seen.lock().unwrap().clear();
+        dev.wait_for.store(0, Ordering::Relaxed);
         here.block_on(run_on(dev.clone(), w, None, None)).unwrap();
-        assert_eq!(dev.0.lock().unwrap().len(), 1);
+        assert_eq!(dev.seen(), 1);
         drop(stop);
         other.join().unwrap();
     }
