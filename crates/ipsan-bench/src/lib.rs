@@ -25,6 +25,6 @@ pub mod workload;
 
 pub use report::{Report, RwMode};
 pub use workload::{
-    parse_duration, parse_size, run, run_auto, run_on, run_traced, BenchError, BlockIo, Limit,
-    Progress, Workload,
+    parse_duration, parse_size, run, run_auto, run_on, run_on_threads, run_traced, BenchError,
+    BlockIo, Limit, Progress, Workload,
 };

@@ -163,8 +163,22 @@ pub async fn run_on<S: BlockIo>(
     auto: Option<AutoConfig>,
     tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<(Measured, Option<AutoReport>), BenchError> {
+    run_on_threads(session, w, auto, tick, &[]).await
+}
+
+/// [`run_on`] with worker `k` spawned on runtime `k mod n` of `spawn_on` (empty: the
+/// caller's). With current-thread runtimes, one per thread, whose threads each run an NVMe/TCP
+/// I/O queue ([`ipsan_initiator::nvme::NvmeConfig::queue_runtimes`]), each worker's commands
+/// go on the queue of its own thread and nothing crosses between threads per command.
+pub async fn run_on_threads<S: BlockIo>(
+    session: Arc<S>,
+    w: Workload,
+    auto: Option<AutoConfig>,
+    tick: Option<Box<dyn FnMut(Progress) + Send>>,
+    spawn_on: &[tokio::runtime::Handle],
+) -> Result<(Measured, Option<AutoReport>), BenchError> {
     let want_report = auto.is_some();
-    let (m, r) = run_inner(session, w, auto, tick, None).await?;
+    let (m, r) = run_inner(session, w, auto, tick, None, spawn_on).await?;
     if want_report && r.is_none() {
         return Err(BenchError::Workload(
             "depth controller did not report".into(),
@@ -180,7 +194,7 @@ pub async fn run(
     w: Workload,
     tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<Measured, BenchError> {
-    Ok(run_inner(session, w, None, tick, None).await?.0)
+    Ok(run_inner(session, w, None, tick, None, &[]).await?.0)
 }
 
 /// Like [`run`], but the depth adapts from live measurements ([`crate::autodepth`]):
@@ -192,7 +206,7 @@ pub async fn run_auto(
     auto: AutoConfig,
     tick: Option<Box<dyn FnMut(Progress) + Send>>,
 ) -> Result<(Measured, AutoReport), BenchError> {
-    let (m, r) = run_inner(session, w, Some(auto), tick, None).await?;
+    let (m, r) = run_inner(session, w, Some(auto), tick, None, &[]).await?;
     let r = r.ok_or_else(|| BenchError::Workload("depth controller did not report".into()))?;
     Ok((m, r))
 }
@@ -215,7 +229,7 @@ pub async fn run_traced(
         }
     }
     let want_report = auto.is_some();
-    let (m, r) = run_inner(session, w, auto, tick, trace.as_deref()).await?;
+    let (m, r) = run_inner(session, w, auto, tick, trace.as_deref(), &[]).await?;
     if want_report && r.is_none() {
         return Err(BenchError::Workload(
             "depth controller did not report".into(),
@@ -245,6 +259,7 @@ async fn run_inner<S: BlockIo>(
     auto: Option<AutoConfig>,
     mut tick: Option<Box<dyn FnMut(Progress) + Send>>,
     trace: Option<&Trace>,
+    spawn_on: &[tokio::runtime::Handle],
 ) -> Result<(Measured, Option<AutoReport>), BenchError> {
     let cap = session
         .capacity()
@@ -325,7 +340,7 @@ async fn run_inner<S: BlockIo>(
     let start = Instant::now();
     let deadline = deadline_after.map(|d| start + d);
     let mut handles = Vec::with_capacity(workers);
-    for _ in 0..workers {
+    for k in 0..workers {
         let session = session.clone();
         let gate = gate.clone();
         let lat_sum_ns = lat_sum_ns.clone();
@@ -338,7 +353,7 @@ async fn run_inner<S: BlockIo>(
         let first_error = first_error.clone();
         let plain = plain.clone();
         let w = w.clone();
-        handles.push(tokio::spawn(async move {
+        let worker = async move {
             let mut st = WorkerStats {
                 all: histogram(),
                 read: histogram(),
@@ -460,7 +475,11 @@ async fn run_inner<S: BlockIo>(
                 ops_done.fetch_add(1, Ordering::Relaxed);
             }
             st
-        }));
+        };
+        handles.push(match spawn_on.get(k % spawn_on.len().max(1)) {
+            Some(rt) => rt.spawn(worker),
+            None => tokio::spawn(worker),
+        });
     }
 
     // The depth controller: measure a window, decide, apply; close the gate when the run ends.

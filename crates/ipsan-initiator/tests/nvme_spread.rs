@@ -255,3 +255,72 @@ async fn fails_a_held_command_at_its_deadline_and_serves_again_once_released() {
     drop(s);
     h.shutdown().await.unwrap();
 }
+
+/// With `queue_runtimes` (current-thread runtimes, one per thread, as `ipsan bench --threads`
+/// runs NVMe/TCP), a command goes on the queue whose task runs on the caller's thread: a
+/// burst of reads from either thread all go up that thread's queue's connection, none on the
+/// other's, where the least-busy choice alone spreads them over both.
+#[tokio::test]
+async fn sends_a_threads_commands_on_the_queue_that_runs_on_that_thread() {
+    let h = common::nvme_target(IQN, "mem:16MiB").await;
+    let path = Arc::new(Path::default());
+    let addr = relay(h.nvme_addrs[0], path.clone()).await;
+    let url = NvmeUrl::parse(&format!("nvme+tcp://{addr}/{NQN}/1")).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (htx, hrx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        htx.send(rt.handle().clone()).unwrap();
+        rt.block_on(async {
+            let _ = stopped.await;
+        });
+    });
+    let other = hrx.recv().unwrap();
+    let cfg = NvmeConfig {
+        queues: 2,
+        kato: Duration::ZERO,
+        queue_runtimes: vec![tokio::runtime::Handle::current(), other.clone()],
+        ..NvmeConfig::default()
+    };
+    let s = Arc::new(
+        tokio::time::timeout(Duration::from_secs(10), NvmeSession::open(&url, &cfg))
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    assert_eq!(s.queues(), 2);
+    let data = pattern(65536);
+    s.write(0, data.clone()).await.unwrap();
+    // The relay numbers connections as they come: 0 the admin queue, 1 and 2 the I/O queues
+    // (queue 1 on this thread's runtime, queue 2 on the other's).
+    let reads = |c: usize| path.reads.lock().unwrap().get(&c).copied().unwrap_or(0);
+    for (rt, mine, theirs) in [
+        (other.clone(), 2, 1),
+        (tokio::runtime::Handle::current(), 1, 2),
+    ] {
+        let (m0, t0) = (reads(mine), reads(theirs));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let s = s.clone();
+                rt.spawn(async move { s.read_into(0, 128, BytesMut::new()).await })
+            })
+            .collect();
+        for t in tasks {
+            let back = tokio::time::timeout(Duration::from_secs(10), t)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(&back[..], &data[..]);
+        }
+        assert_eq!(reads(mine) - m0, 16, "reads on the caller's thread's queue");
+        assert_eq!(reads(theirs), t0, "no read on the other thread's queue");
+    }
+    drop(s);
+    drop(stop);
+    thread.join().unwrap();
+    h.shutdown().await.unwrap();
+}

@@ -218,3 +218,101 @@ fn json_report_has_the_documented_schema() {
     assert!(v["workload"]["size_bytes"].is_null());
     assert_eq!(v["result"]["cpu"]["percent_of_one_core"], 75.0);
 }
+/// A device that notes the thread each command ran on; a read waits (up to 2 s) until
+/// `wait_for` threads have been seen, so one runtime's workers cannot finish the run
+/// before the other's have started.
+struct Threads {
+    seen: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+    wait_for: AtomicU64,
+}
+
+impl Threads {
+    fn seen(&self) -> usize {
+        self.seen.lock().map_or(0, |g| g.len())
+    }
+}
+
+impl BlockIo for Threads {
+    fn capacity(&self) -> Option<Capacity> {
+        Some(Capacity {
+            blocks: 1 << 20,
+            block_len: 512,
+        })
+    }
+    async fn read_into(&self, _lba: u64, blocks: u32, _buf: BytesMut) -> Result<Bytes, Error> {
+        if let Ok(mut g) = self.seen.lock() {
+            g.insert(std::thread::current().id());
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while (self.seen() as u64) < self.wait_for.load(Ordering::Relaxed)
+            && Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(Bytes::from(vec![0u8; blocks as usize * 512]))
+    }
+    async fn write(&self, _lba: u64, _data: Bytes) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+#[test]
+fn runs_worker_k_on_runtime_k_mod_n() {
+    let here = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (htx, hrx) = std::sync::mpsc::channel();
+    let other = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        htx.send((rt.handle().clone(), std::thread::current().id()))
+            .unwrap();
+        rt.block_on(async {
+            let _ = stopped.await;
+        });
+    });
+    let (there, there_id) = hrx.recv().unwrap();
+    let dev = Arc::new(Threads {
+        seen: Mutex::default(),
+        wait_for: AtomicU64::new(2),
+    });
+    let w = Workload {
+        mode: RwMode::Read,
+        mix_read_percent: 100,
+        block_size: 4096,
+        depth: 4,
+        offset: 0,
+        limit: Limit::Bytes(64 * 4096),
+        verify: false,
+        seed: 1,
+        data: None,
+        rate: None,
+    };
+    let runtimes = [here.handle().clone(), there];
+    let (m, _) = here
+        .block_on(run_on_threads(
+            dev.clone(),
+            w.clone(),
+            None,
+            None,
+            &runtimes,
+        ))
+        .unwrap();
+    assert_eq!(m.ops, 64);
+    let seen = dev.seen.lock().unwrap().clone();
+    let want: std::collections::HashSet<_> = [std::thread::current().id(), there_id]
+        .into_iter()
+        .collect();
+    assert_eq!(seen, want, "the workers ran on both runtimes' threads");
+    // Without runtimes, on the caller's only.
+    dev.seen.lock().unwrap().clear();
+    dev.wait_for.store(0, Ordering::Relaxed);
+    here.block_on(run_on(dev.clone(), w, None, None)).unwrap();
+    assert_eq!(dev.seen(), 1);
+    drop(stop);
+    other.join().unwrap();
+}

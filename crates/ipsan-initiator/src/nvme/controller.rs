@@ -132,8 +132,19 @@ pub(super) async fn establish(
             in_capsule,
             depth,
         };
-        let q = QueueHandle::connect(&addr, qc, tls.as_ref(), cfg.connect_timeout, cancel.clone())
-            .await?;
+        let rt = match cfg.queue_runtimes.len() {
+            0 => None,
+            n => cfg.queue_runtimes.get(usize::from(qid - 1) % n),
+        };
+        let q = QueueHandle::connect_on(
+            rt,
+            &addr,
+            qc,
+            tls.as_ref(),
+            cfg.connect_timeout,
+            cancel.clone(),
+        )
+        .await?;
         let data = ConnectData {
             hostid: cfg.hostid,
             cntlid: info.cntlid,

@@ -106,6 +106,14 @@ pub struct NvmeConfig {
     /// carrying SUCCESS and send no response capsule for it (NVMe/TCP 1.0 §3.6.2.9), one PDU
     /// less per read. The host takes both forms either way.
     pub sq_flow_control: bool,
+    /// Runtimes the I/O queues run on, queue `i` (from 0) on runtime `i mod n`: each queue's
+    /// connection, task and timer on it. With current-thread runtimes, one per thread, a
+    /// command goes on a queue whose task runs on the calling thread when there is one (the
+    /// least busy of them), so a caller on that thread and its queue hand nothing to another
+    /// thread: no futex or eventfd wake-up between a command and its completion, which a
+    /// multi-thread runtime pays whenever a task it wakes finds the other worker parked.
+    /// Empty (the default): the caller's runtime, and the least busy queue of all.
+    pub queue_runtimes: Vec<tokio::runtime::Handle>,
 }
 
 /// Reconnecting after a connection loss (Linux's `nvme connect --reconnect-delay
@@ -149,6 +157,7 @@ impl Default for NvmeConfig {
             tls: None,
             reconnect: None,
             sq_flow_control: false,
+            queue_runtimes: Vec::new(),
         }
     }
 }
@@ -492,6 +501,18 @@ impl NvmeSession {
             return l.io.first().unwrap_or(&l.admin);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
+        if !self.cfg.queue_runtimes.is_empty() {
+            // The queues whose task runs on this thread, if any (NvmeConfig::queue_runtimes).
+            let me = std::thread::current().id();
+            if l.io.iter().any(|q| q.home == me) {
+                let i = queue::pick(n, start, |i| {
+                    l.io.get(i)
+                        .filter(|q| q.home == me)
+                        .map_or(usize::MAX, QueueHandle::calls)
+                });
+                return l.io.get(i).unwrap_or(&l.admin);
+            }
+        }
         let i = queue::pick(n, start, |i| {
             l.io.get(i).map_or(usize::MAX, QueueHandle::calls)
         });

@@ -58,6 +58,9 @@ pub(crate) struct QueueHandle {
     /// What ICResp enabled: header digest, data digest, MAXH2CDATA.
     pub(crate) digests: (bool, bool),
     pub(crate) maxh2cdata: u32,
+    /// The thread the queue's task was started on: where it runs for good when that is a
+    /// current-thread runtime's ([`QueueHandle::connect_on`]).
+    pub(crate) home: std::thread::ThreadId,
 }
 
 impl std::fmt::Debug for Request {
@@ -67,6 +70,27 @@ impl std::fmt::Debug for Request {
 }
 
 impl QueueHandle {
+    /// [`QueueHandle::connect`] run on the runtime `on` (its socket registered with that
+    /// runtime's reactor and its task spawned there), or on the caller's with `None`. On a
+    /// current-thread runtime the queue's socket, task and timer stay on that runtime's thread.
+    pub(crate) async fn connect_on(
+        on: Option<&tokio::runtime::Handle>,
+        addr: &str,
+        cfg: QueueConfig,
+        tls: Option<&TlsParams>,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<Self, NvmeError> {
+        let Some(h) = on else {
+            return Self::connect(addr, cfg, tls, timeout, cancel).await;
+        };
+        let addr = addr.to_owned();
+        let tls = tls.cloned();
+        h.spawn(async move { Self::connect(&addr, cfg, tls.as_ref(), timeout, cancel).await })
+            .await
+            .map_err(|e| NvmeError::Closed(format!("the queue's runtime: {e}")))?
+    }
+
     /// Connects to `addr` (with a TLS handshake first when `tls` is set), exchanges
     /// ICReq/ICResp within `timeout` and starts the tasks. The queue stops when `cancel`
     /// fires or the connection fails.
@@ -139,6 +163,7 @@ impl QueueHandle {
             calls: Arc::default(),
             digests: (hd, dd),
             maxh2cdata: maxh2c,
+            home: std::thread::current().id(),
         })
     }
 
