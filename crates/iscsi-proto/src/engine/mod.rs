@@ -119,7 +119,7 @@ impl TagAllocator {
 /// one multiply instead of SipHash. A table keyed by them holds only tags we chose, so a peer
 /// cannot fill it with colliding keys (a peer's tags may be *looked up*, which costs a probe,
 /// never an entry). Tables keyed by the peer's tags (the target's tasks by the initiator's
-/// ITTs) keep the standard hasher.
+/// ITTs) use [`PeerTags`], keyed.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OwnTags;
 
@@ -160,6 +160,112 @@ impl Hasher for OwnTagHasher {
 pub type OwnTagMap<V> = HashMap<u32, V, OwnTags>;
 /// A set of tags this side allocated (see [`OwnTags`]).
 pub type OwnTagSet = HashSet<u32, OwnTags>;
+
+/// Hashes task tags the *peer* chose (the target's tasks by the initiator's ITTs, RFC 7143
+/// §11.2.1.8): a folded multiply keyed by two random words drawn per table, about ten
+/// instructions where the standard hasher (SipHash-1-3) takes ~110 per lookup (a second,
+/// unkeyed folded multiply in `finish` spreads the keyed one's result over every bit).
+///
+/// Why this is safe against a peer that picks colliding tags (HashDoS), two arguments each
+/// enough on its own:
+/// - **The key is secret and the function keyed**: `h = lo ^ hi` of the 128-bit product
+///   `(tag ^ k0) * k1` (k1 odd), both words random per table ([`PeerTags::new`]) and never
+///   shown (`Debug` prints neither), folded once more through a multiply. hashbrown takes the
+///   bucket from the hash's low bits and the control byte from its top 7: every bit depends
+///   on the whole tag and on both keys, so which tags collide differs per table and the
+///   peer, who sees no hash value, cannot choose them (the construction of foldhash and
+///   ahash's fallback: a keyed folded multiply, then another).
+/// - **The tables are small and bounded** whatever the keys: the target's task table holds at
+///   most the CmdSN window's non-immediate tasks plus [`target::MAX_IMMEDIATE_TASKS`]
+///   immediate ones per connection (`target.rs`, `Connection::tasks`, says why each kind is
+///   bounded; `target/tests.rs` floods it), so even tags that all collided would cost a probe
+///   over at most that many entries, not a growing chain.
+#[derive(Clone, Copy)]
+pub struct PeerTags {
+    k0: u64,
+    k1: u64,
+}
+
+impl PeerTags {
+    /// Fresh random keys (the thread's CSPRNG): one draw per table, when an engine is made.
+    #[must_use]
+    pub fn new() -> Self {
+        let [k0, k1]: [u64; 2] = rand::random();
+        Self { k0, k1: k1 | 1 }
+    }
+}
+
+impl Default for PeerTags {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The keys are secret: `Debug` names the type only.
+impl std::fmt::Debug for PeerTags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTags(..)")
+    }
+}
+
+/// The hasher of [`PeerTags`].
+#[derive(Clone, Copy)]
+pub struct PeerTagHasher {
+    keys: PeerTags,
+    h: u64,
+}
+
+impl std::fmt::Debug for PeerTagHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTagHasher(..)")
+    }
+}
+
+impl BuildHasher for PeerTags {
+    type Hasher = PeerTagHasher;
+    fn build_hasher(&self) -> PeerTagHasher {
+        PeerTagHasher { keys: *self, h: 0 }
+    }
+}
+
+/// `lo ^ hi` of the 128-bit product `a * b`.
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+impl PeerTagHasher {
+    /// Folds a word in, keyed: `folded_multiply(h ^ word ^ k0, k1)`.
+    fn mix(&mut self, word: u64) {
+        self.h = folded_multiply(self.h ^ word ^ self.keys.k0, self.keys.k1);
+    }
+}
+
+impl Hasher for PeerTagHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.mix(u64::from(n));
+    }
+
+    fn finish(&self) -> u64 {
+        // A second round: after one, the product's low bits depend only on the word's low
+        // bits (tags equal there would share `lo`'s low bits, and a bucket index takes them);
+        // folding the whole first result through another multiply spreads every bit.
+        folded_multiply(self.h, GOLDEN)
+    }
+}
+
+/// A table keyed by tags the peer chose (see [`PeerTags`]).
+pub type PeerTagMap<V> = HashMap<u32, V, PeerTags>;
+/// A set of tags the peer chose (see [`PeerTags`]).
+pub type PeerTagSet = HashSet<u32, PeerTags>;
 
 /// Which side of the connection did something.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,5 +453,48 @@ mod tests {
             m.insert(t, t * 2);
         }
         assert!((1..=1000u32).all(|t| m.remove(&t) == Some(t * 2)) && m.is_empty());
+    }
+
+    /// A peer's tags chosen to collide in the bits a bucket index takes (equal low 16 bits)
+    /// spread over buckets and control bytes under [`PeerTags`] as random ones would, and two
+    /// tables hash alike tags differently (their keys are drawn each).
+    #[test]
+    fn peer_tag_hashes_of_tags_equal_in_their_low_bits_spread_and_differ_per_table() {
+        let (a, b) = (PeerTags::new(), PeerTags::new());
+        let mut buckets = HashSet::new();
+        let mut control = [0u32; 128];
+        let mut same = 0;
+        for k in 0..4096u32 {
+            let t = (k << 16) | 0x5a5a;
+            let h = a.hash_one(t);
+            buckets.insert(h & 4095);
+            control[(h >> 57) as usize] += 1;
+            same += u32::from(h & 4095 == b.hash_one(t) & 4095);
+        }
+        assert!(
+            buckets.len() > 2500,
+            "{} of 4096 buckets used",
+            buckets.len()
+        );
+        let max = control.iter().copied().max().unwrap_or(0);
+        assert!(
+            max <= 3 * 4096 / 128,
+            "a control byte value taken {max} times of 4096"
+        );
+        // Independent keys agree on a 12-bit bucket about once in 4096.
+        assert!(
+            same < 16,
+            "{same} of 4096 tags in the same bucket in both tables"
+        );
+        assert_eq!(
+            format!("{a:?}"),
+            "PeerTags(..)",
+            "the keys stay out of Debug"
+        );
+        let mut m: PeerTagMap<u32> = PeerTagMap::default();
+        for t in 1..=1000u32 {
+            m.insert(t << 20, t);
+        }
+        assert!((1..=1000u32).all(|t| m.remove(&(t << 20)) == Some(t)) && m.is_empty());
     }
 }

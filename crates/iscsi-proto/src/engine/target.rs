@@ -22,7 +22,7 @@
 //! task: [`Sizing::decoded`] in, [`Execute::decoded`] out, so a driver keeps no table of its own
 //! per ITT and the CDB is parsed once. `D` is `()` for a driver that keeps nothing.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -32,7 +32,7 @@ use iscsi_wire::header::{
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
 use super::r2t::{DataError, WriteState};
-use super::{fixed_sense, CloseReason, ConnectionError, Side, TagAllocator, Violation};
+use super::{fixed_sense, CloseReason, ConnectionError, PeerTagMap, Side, TagAllocator, Violation};
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{Admit, CmdWindow};
 
@@ -302,7 +302,17 @@ pub struct Connection<D = ()> {
     window: CmdWindow,
     stat_sn: u32,
     ttt: TagAllocator,
-    tasks: HashMap<u32, Task<D>>,
+    /// The tasks by the initiator's ITTs, hashed keyed ([`PeerTags`](super::PeerTags)) and
+    /// bounded, whatever tags the initiator picks: a non-immediate task holds a CmdSN window
+    /// slot from its admission until its status is queued (`counted`; a collecting task
+    /// aborted gives it back as it leaves the table, a running one keeps it until the driver
+    /// completes it), so the session's window (`Config::cmd_window`, at most 4096 in the
+    /// target's configuration) bounds them over all its connections (RFC 7143 §4.2.2.1); an
+    /// immediate command, which the window does not count, is refused with Reject 0x06 while
+    /// the connection has [`MAX_IMMEDIATE_TASKS`] immediate tasks (RFC 7143 §4.2.2.1 allows
+    /// it: "Immediate commands MAY be rejected ... due to a lack of resources"). Tasks adopted
+    /// by TASK REASSIGN (ErrorRecoveryLevel 2) were another connection's, bounded alike.
+    tasks: PeerTagMap<Task<D>>,
     /// ITTs of recently aborted tasks whose late Data-Out is dropped silently.
     aborted: VecDeque<u32>,
     held_tmfs: Vec<HeldTmf>,
@@ -345,6 +355,12 @@ pub struct Connection<D = ()> {
 
 /// Aborted ITTs remembered for dropping their late Data-Out.
 const ABORTED_MEMORY: usize = 256;
+
+/// Immediate SCSI commands (I bit, outside the CmdSN window) one connection runs at once at
+/// most; another is refused with Reject "Immediate command reject" (0x06, RFC 7143 §11.17.1).
+/// RFC 7143 §4.2.2.1 asks a target to take at least one; ipsan's initiator sends none
+/// (only its NOP-Outs and task management are immediate, and neither is a task here).
+pub const MAX_IMMEDIATE_TASKS: usize = 16;
 
 /// How many NOP-In intervals a ping may wait to leave (behind Data-In queued before it) before
 /// an initiator that neither answers nor sends anything is given up on: the bound for a peer
@@ -399,7 +415,7 @@ impl<D> Connection<D> {
             params: cfg.params,
             stat_sn: cfg.next_stat_sn,
             ttt: TagAllocator::default(),
-            tasks: HashMap::new(),
+            tasks: PeerTagMap::default(),
             aborted: VecDeque::new(),
             held_tmfs: Vec::new(),
             text_partial: Vec::new(),
@@ -720,6 +736,11 @@ impl<D> Connection<D> {
     /// Window slots held by this connection's tasks (non-immediate ones not completed).
     fn counted_tasks(&self) -> u32 {
         self.tasks.values().filter(|t| t.counted).count() as u32
+    }
+
+    /// Immediate tasks of this connection (not counted by the window).
+    fn immediate_tasks(&self) -> usize {
+        self.tasks.values().filter(|t| !t.counted).count()
     }
 
     fn remember_aborted(&mut self, itt: u32) {

@@ -21,7 +21,7 @@
 //!   completed one resends its Data-In from the request's ExpDataSN and its status with a new
 //!   StatSN of this connection.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use iscsi_wire::header::{
     LogoutRequest, LogoutResponse, RejectReason, ScsiResponse, SnackRequest, TaskMgmtRequest,
@@ -30,7 +30,7 @@ use iscsi_wire::header::{
 use iscsi_wire::{Header, Pdu};
 
 use super::{status_pdus, Connection, Response, Task, TaskState};
-use crate::engine::{CloseReason, Side};
+use crate::engine::{CloseReason, PeerTagMap, Side};
 use crate::seq::sn_lt;
 
 /// Completed tasks one connection keeps for SNACK and reassignment, at most.
@@ -93,7 +93,9 @@ impl Done {
 /// What a connection keeps of its completed tasks ([`RETAIN_TASKS`], [`RETAIN_BYTES`]).
 #[derive(Debug, Default)]
 pub(super) struct Retained {
-    done: HashMap<u32, Done>,
+    /// By the initiator's ITTs: keyed hashing ([`crate::engine::PeerTags`]), at most
+    /// [`RETAIN_TASKS`] entries.
+    done: PeerTagMap<Done>,
     /// ITTs in the order their statuses were queued (and so stamped), with the `seq` of the
     /// entry they were pushed for (an entry removed early leaves a stale one here).
     order: VecDeque<(u32, u64)>,

@@ -43,7 +43,7 @@
 //! stamping run on the one window, unchanged. A session of one connection
 //! (MaxConnections=1) behaves exactly as its [`Connection`] alone.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
 use bytes::BytesMut;
@@ -51,7 +51,7 @@ use iscsi_wire::header::{DataOut, TmfFunction, TmfResponse};
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
 use super::{Config, Connection, Event, LunDirectory, Response};
-use crate::engine::{CloseReason, Side, Violation};
+use crate::engine::{CloseReason, PeerTagMap, Side, Violation};
 use crate::login::{LoginFailure, LoginStatus};
 use crate::params::SessionParams;
 use crate::seq::{sn_le, sn_lt, Admit, CmdWindow};
@@ -119,10 +119,13 @@ pub struct Session<D = ()> {
     /// (commands of several connections run in CmdSN order: so do their events).
     order: VecDeque<ConnId>,
     /// Tasks of failed connections waiting for TASK REASSIGN, by ITT (ErrorRecoveryLevel 2).
-    orphans: HashMap<u32, orphans::Orphan<D>>,
+    /// Keyed by the initiator's ITTs ([`crate::engine::PeerTags`]), at most
+    /// [`orphans::MAX_ORPHANS`].
+    orphans: PeerTagMap<orphans::Orphan<D>>,
     /// Running tasks reassigned to another connection: the connection the driver knows each
     /// by, and where it is now.
-    moved: HashMap<u32, (ConnId, ConnId)>,
+    /// (Keyed as `orphans`; each entry is a task of some connection's bounded table.)
+    moved: PeerTagMap<(ConnId, ConnId)>,
     /// Events of the session itself (an expired orphan's abort), for the connection the driver
     /// knows the task by.
     own_events: VecDeque<(ConnId, Event<D>)>,
@@ -166,8 +169,8 @@ impl<D> Session<D> {
             ending: None,
             touched: Vec::new(),
             order: VecDeque::new(),
-            orphans: HashMap::new(),
-            moved: HashMap::new(),
+            orphans: PeerTagMap::default(),
+            moved: PeerTagMap::default(),
             own_events: VecDeque::new(),
             clock: now,
         };
@@ -763,6 +766,11 @@ impl<D> Session<D> {
     /// Runs every held PDU whose turn came, until none did.
     fn drain(&mut self, now: Instant, dir: &dyn LunDirectory<D>) {
         self.collect_orphans();
+        if self.vacated.is_empty() && self.members.iter().all(|m| m.held.is_empty()) {
+            // Nothing held, nothing vacated (every input of a session of one connection):
+            // the loop below would find nothing to run.
+            return;
+        }
         loop {
             let mut progress = false;
             for i in 0..self.members.len() {

@@ -53,6 +53,11 @@ impl<D> Connection<D> {
             // A task tag is unique among the session's active tasks (§11.2.1.8).
             return refuse(self, RejectReason::INVALID_PDU_FIELD);
         }
+        if !counted && self.immediate_tasks() >= super::MAX_IMMEDIATE_TASKS {
+            // The window does not bound immediate commands: this does (the task table's
+            // bound, `Connection::tasks`; §4.2.2.1 lets a target refuse them).
+            return refuse(self, RejectReason::IMMEDIATE_COMMAND_REJECT);
+        }
         let Some(cdb) = assemble_cdb(&cmd, ahs) else {
             return refuse(self, RejectReason::PROTOCOL_ERROR);
         };
@@ -114,9 +119,11 @@ impl<D> Connection<D> {
             Ok(w) => w,
             Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
         };
-        self.tasks.insert(
-            cmd.itt,
-            Task {
+        // Solicited with the task in hand as it goes in, not looked up again.
+        let task = self
+            .tasks
+            .entry(cmd.itt)
+            .insert_entry(Task {
                 lun: cmd.lun,
                 counted,
                 edtl,
@@ -130,9 +137,10 @@ impl<D> Connection<D> {
                     write,
                     read: cmd.read,
                 })),
-            },
-        );
-        self.solicit(cmd.itt);
+            })
+            .into_mut();
+        let plans = solicit_task(&mut self.ttt, &mut self.events, cmd.itt, task);
+        self.send_r2ts(cmd.lun, cmd.itt, plans);
     }
 
     /// Sends the R2Ts a collecting task may have outstanding now, or starts it when its data
@@ -142,17 +150,7 @@ impl<D> Connection<D> {
             return;
         };
         let lun = task.lun;
-        let TaskState::Collecting(c) = &mut task.state else {
-            return;
-        };
-        let ttt = &mut self.ttt;
-        let plans = c.write.plan_r2ts(|| ttt.next_tag());
-        if c.write.is_complete() {
-            // All its data is here (immediate data, say): started with the task in hand, not
-            // looked up again (the R2T queue and the events are apart: the order of the two
-            // calls changes no output).
-            start_task(&mut self.events, itt, task, None);
-        }
+        let plans = solicit_task(&mut self.ttt, &mut self.events, itt, task);
         self.send_r2ts(lun, itt, plans);
     }
 
@@ -276,6 +274,25 @@ pub(super) fn assemble_cdb(cmd: &ScsiCommand, ahs: &Bytes) -> Option<Vec<u8>> {
         rest = &rest[total..];
     }
     Some(cdb)
+}
+
+/// [`Connection::solicit`] with the task in hand: the R2Ts a collecting task may have
+/// outstanding now (for [`Connection::send_r2ts`]), and its [`Event::Execute`] when its data is
+/// all here (the R2T queue and the events are apart: the order of the two changes no output).
+fn solicit_task<D>(
+    ttt: &mut super::TagAllocator,
+    events: &mut VecDeque<Event<D>>,
+    itt: u32,
+    task: &mut Task<D>,
+) -> Vec<R2tPlan> {
+    let TaskState::Collecting(c) = &mut task.state else {
+        return Vec::new();
+    };
+    let plans = c.write.plan_r2ts(|| ttt.next_tag());
+    if c.write.is_complete() {
+        start_task(events, itt, task, None);
+    }
+    plans
 }
 
 /// [`Connection::start`] with the task in hand: a collecting task's [`Event::Execute`].
