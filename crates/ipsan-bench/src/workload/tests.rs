@@ -244,8 +244,7 @@ impl BlockIo for Threads {
             g.insert(std::thread::current().id());
         }
         let until = Instant::now() + Duration::from_secs(2);
-        while (self.seen() as u64) < self.wait_for.load(Ordering::Relaxed)
-            && Instant::now() < until
+        while (self.seen() as u64) < self.wait_for.load(Ordering::Relaxed) && Instant::now() < until
         {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
