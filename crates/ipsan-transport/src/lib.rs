@@ -66,8 +66,6 @@ pub struct FrameReader<R> {
     /// a placing read dropped while it waits (the target's reader races it against its
     /// timers) goes on where it stopped when called again, nothing of the segment lost.
     placing: Option<Placing>,
-    /// See [`FrameReader::yield_before_read`].
-    yield_before_read: bool,
 }
 
 /// A data PDU (Data-In, Data-Out) whose segment can be placed
@@ -121,7 +119,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             header_first: false,
             declined: false,
             placing: None,
-            yield_before_read: false,
         }
     }
 
@@ -263,9 +260,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.declined = false;
                 return r.map(|o| o.map(Received::Pdu));
             }
-            if std::mem::take(&mut self.yield_before_read) {
-                tokio::task::yield_now().await;
-            }
             if self.buf.capacity() - self.buf.len() < 64 * 1024 {
                 self.buf.reserve(RECEIVE_BUFFER);
             }
@@ -281,18 +275,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 return Ok(None);
             }
         }
-    }
-
-    /// Before [`FrameReader::next_placing`] next reads from the stream, it yields to the
-    /// runtime once (`tokio::task::yield_now`); PDUs already received whole are taken first.
-    /// The initiator's reader asks for it after a PDU that completed a command while others
-    /// are still out (issue 27): the caller woken by that completion then submits its next
-    /// command, and the writer sends it, before this reader goes on receiving the other
-    /// commands' data. Without it a reader whose socket always has data (16 reads of 1 MiB in
-    /// flight) receives up to tokio's whole task budget (128 reads) before anyone it woke
-    /// runs, and the target's queue runs dry meanwhile. Once per call: the flag clears.
-    pub fn yield_before_read(&mut self) {
-        self.yield_before_read = true;
     }
 
     /// The next receive into an empty buffer takes one PDU head only: the caller expects a

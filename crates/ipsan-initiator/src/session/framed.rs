@@ -206,36 +206,24 @@ pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Share
         match rd.next_placing(lend).await {
             Ok(Some(Received::Pdu(Ok(pdu)))) => {
                 observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu, None);
-                let completes = completes_a_command(&pdu.header);
-                let handled = shared.with_io(false, |g| {
+                let spare = shared.with_io(false, |g| {
                     g.session.handle_pdu(Instant::now(), pdu);
-                    let others_out = completes && g.session.connection().tasks_in_flight() > 0;
-                    (g.session.take_spare_buffer(), others_out)
+                    g.session.take_spare_buffer()
                 });
-                match handled {
-                    Ok((spare, others_out)) => {
-                        if let Some(buf) = spare {
-                            rd.recycle(buf);
-                        }
-                        if others_out {
-                            rd.yield_before_read();
-                        }
-                    }
+                match spare {
+                    Ok(Some(buf)) => rd.recycle(buf),
+                    Ok(None) => {}
                     Err(_) => return,
                 }
             }
             Ok(Some(Received::Placed { pdu, data })) => {
                 let len = Some(data.len());
                 observe_received(shared.core.observer.get().or(tr.as_ref()), &pdu, len);
-                let completes = completes_a_command(&pdu.header);
                 let handled = shared.with_io(false, |g| {
-                    g.session.handle_placed_data_in(Instant::now(), pdu, data);
-                    completes && g.session.connection().tasks_in_flight() > 0
+                    g.session.handle_placed_data_in(Instant::now(), pdu, data)
                 });
-                match handled {
-                    Ok(true) => rd.yield_before_read(),
-                    Ok(false) => {}
-                    Err(_) => return,
+                if handled.is_err() {
+                    return;
                 }
             }
             Ok(Some(Received::Pdu(Err(e)))) => {
@@ -262,16 +250,5 @@ pub(super) async fn reader(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Share
                 return;
             }
         }
-    }
-}
-
-/// Whether a PDU ends a command (its status: a SCSI Response, or a Data-In carrying it,
-/// RFC 7143 §11.4, §11.7.4): the caller it wakes submits again, so the reader lets it run
-/// before it receives more while other commands are out ([`FrameReader::yield_before_read`]).
-fn completes_a_command(h: &Header) -> bool {
-    match h {
-        Header::ScsiResponse(_) => true,
-        Header::DataIn(d) => d.status_present,
-        _ => false,
     }
 }
