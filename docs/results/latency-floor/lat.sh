@@ -1,5 +1,5 @@
 #!/bin/bash
-# lat.sh BIN OUTDIR LABEL [SECS] [SESSION]
+# lat.sh BIN OUTDIR LABEL [SECS] [SESSION] — ../latency-floor/lat.sh with LUN=SIZE (default 256MiB) and RW=read|write (default read)
 # ipsan bench 64 KiB x 1 reads against an ipsan target on loopback: latency (bench JSON) and
 # per-process syscalls / context switches (perf stat on both processes).
 set -e
@@ -9,21 +9,21 @@ TMP=$(mktemp -d)
 python3 -c 'import os;print(os.urandom(32).hex())' > $TMP/key; chmod 600 $TMP/key
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 IQN=iqn.2026-11.org.ipsan:lat
-$B target --portal 127.0.0.1:$PORT --iqn $IQN --lun mem:256MiB --seal-secret-file $TMP/key --crypto-workers 2 >$TMP/t.log 2>&1 &
+$B target --portal 127.0.0.1:$PORT --iqn $IQN --lun mem:${LUN:-256MiB} --seal-secret-file $TMP/key --crypto-workers 2 >$TMP/t.log 2>&1 &
 TP=$!
 sleep 1
 URL=iscsi://127.0.0.1:$PORT/$IQN/0
-$B bench $URL --rw write --bs 1MiB --depth 16 --size 256MiB --quiet >/dev/null
+$B bench $URL --rw write --bs 1MiB --depth 16 --size ${LUN:-256MiB} --quiet >/dev/null
 SEAL=""
 [ "$S" != plain ] && SEAL="--seal $S --secret-file $TMP/key"
 # 1: clean latency run
-$B bench $URL --rw read --bs 64KiB --depth 1 --time $SECS --quiet $SEAL --json $OUT/lat-$L.json >/dev/null
+$B bench $URL --rw ${RW:-read} --bs 64KiB --depth 1 --time $SECS --quiet $SEAL --json $OUT/lat-$L.json >/dev/null
 # 2: counted run
 perf stat -e raw_syscalls:sys_enter,context-switches,cpu-migrations -p $TP -o $OUT/perfstat-target-$L.txt &
 PP=$!
 sleep 0.2
 perf stat -e raw_syscalls:sys_enter,context-switches,cpu-migrations -o $OUT/perfstat-bench-$L.txt -- \
-  $B bench $URL --rw read --bs 64KiB --depth 1 --time $SECS --quiet $SEAL --json $OUT/lat-counted-$L.json >/dev/null
+  $B bench $URL --rw ${RW:-read} --bs 64KiB --depth 1 --time $SECS --quiet $SEAL --json $OUT/lat-counted-$L.json >/dev/null
 kill -INT $PP; wait $PP || true
 kill $TP; wait $TP || true
 rm -rf $TMP
