@@ -211,37 +211,11 @@ fn run_nvme_threads(args: Args, threads: usize) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let extra = ipsan_initiator::nvme::RuntimeThreads::spawn(threads - 1, "nvme-queue")?;
     let mut handles = vec![rt.handle().clone()];
-    // Each extra thread runs its runtime until its sender here is dropped.
-    let mut stops = Vec::new();
-    let mut joins = Vec::new();
-    for i in 1..threads {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (htx, hrx) = std::sync::mpsc::channel();
-        let join = std::thread::Builder::new()
-            .name(format!("nvme-queue-{i}"))
-            .spawn(move || -> std::io::Result<()> {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                let _ = htx.send(rt.handle().clone());
-                rt.block_on(async {
-                    let _ = stopped.await;
-                });
-                Ok(())
-            })?;
-        let h = hrx
-            .recv()
-            .map_err(|_| anyhow::anyhow!("the bench's thread {i} could not start its runtime"))?;
-        handles.push(h);
-        stops.push(stop);
-        joins.push(join);
-    }
+    handles.extend_from_slice(extra.handles());
     let r = rt.block_on(run_nvme(args, handles));
-    drop(stops);
-    for j in joins {
-        let _ = j.join();
-    }
+    drop(extra);
     r
 }
 

@@ -266,19 +266,8 @@ async fn sends_a_threads_commands_on_the_queue_that_runs_on_that_thread() {
     let path = Arc::new(Path::default());
     let addr = relay(h.nvme_addrs[0], path.clone()).await;
     let url = NvmeUrl::parse(&format!("nvme+tcp://{addr}/{NQN}/1")).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (htx, hrx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        htx.send(rt.handle().clone()).unwrap();
-        rt.block_on(async {
-            let _ = stopped.await;
-        });
-    });
-    let other = hrx.recv().unwrap();
+    let thread = ipsan_initiator::nvme::RuntimeThreads::spawn(1, "test").unwrap();
+    let other = thread.handles()[0].clone();
     let cfg = NvmeConfig {
         queues: 2,
         kato: Duration::ZERO,
@@ -320,7 +309,6 @@ async fn sends_a_threads_commands_on_the_queue_that_runs_on_that_thread() {
         assert_eq!(reads(theirs), t0, "no read on the other thread's queue");
     }
     drop(s);
-    drop(stop);
-    thread.join().unwrap();
+    drop(thread);
     h.shutdown().await.unwrap();
 }

@@ -261,20 +261,11 @@ fn runs_worker_k_on_runtime_k_mod_n() {
         .enable_all()
         .build()
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (htx, hrx) = std::sync::mpsc::channel();
-    let other = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        htx.send((rt.handle().clone(), std::thread::current().id()))
-            .unwrap();
-        rt.block_on(async {
-            let _ = stopped.await;
-        });
-    });
-    let (there, there_id) = hrx.recv().unwrap();
+    let other = ipsan_initiator::nvme::RuntimeThreads::spawn(1, "test").unwrap();
+    let there = other.handles()[0].clone();
+    let there_id = here
+        .block_on(there.spawn(async { std::thread::current().id() }))
+        .unwrap();
     let dev = Arc::new(Threads {
         seen: Mutex::default(),
         wait_for: AtomicU64::new(2),
@@ -312,6 +303,5 @@ fn runs_worker_k_on_runtime_k_mod_n() {
     dev.wait_for.store(0, Ordering::Relaxed);
     here.block_on(run_on(dev.clone(), w, None, None)).unwrap();
     assert_eq!(dev.seen(), 1);
-    drop(stop);
-    other.join().unwrap();
+    drop(other);
 }

@@ -6,10 +6,12 @@
 //!
 //! - `url.rs`: [`NvmeUrl`], `nvme+tcp://host[:port]/subsysnqn/nsid`.
 //! - `queue.rs`: one queue's connection (dispatcher and writer tasks).
+//! - `runtimes.rs`: current-thread runtimes on threads of their own, for `queue_runtimes`.
 //! - `controller.rs`: a controller brought up (queues, TLS, DH-HMAC-CHAP) and kept alive.
 
 mod controller;
 mod queue;
+mod runtimes;
 pub mod url;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::scsi::Capacity;
 use controller::{bring_up, establish, tls_params};
 use queue::{QueueHandle, TlsParams};
+pub use runtimes::RuntimeThreads;
 pub use url::NvmeUrl;
 
 /// What the NVMe host fails with. Never carries secret material.
