@@ -423,20 +423,15 @@ mod tests {
         assert_eq!(a.next_tag(), 1);
     }
 
-    /// hashbrown picks the bucket from the hash's low bits and a control byte from its top 7:
-    /// consecutive tags (what [`TagAllocator`] hands out) must spread over both, or a table of
-    /// in-flight tasks degrades to linear probing. An identity hash fails the second check.
-    #[test]
-    fn own_tag_hashes_of_consecutive_tags_spread_over_buckets_and_control_bytes() {
-        let hash = |t: u32| OwnTags.hash_one(t);
+    /// 4096 hashes spread over 4096 buckets (their low 12 bits) as a random function's would
+    /// (~63 % used), and over the 128 control bytes hashbrown takes from their top 7 bits.
+    fn assert_spreads(hashes: impl Iterator<Item = u64>) {
         let mut buckets = HashSet::new();
         let mut control = [0u32; 128];
-        for t in 1..=4096u32 {
-            let h = hash(t);
+        for h in hashes {
             buckets.insert(h & 4095);
             control[(h >> 57) as usize] += 1;
         }
-        // A random function fills ~63 % of 4096 buckets with 4096 keys.
         assert!(
             buckets.len() > 2500,
             "{} of 4096 buckets used",
@@ -447,6 +442,14 @@ mod tests {
             max <= 3 * 4096 / 128,
             "a control byte value taken {max} times of 4096"
         );
+    }
+
+    /// hashbrown picks the bucket from the hash's low bits and a control byte from its top 7:
+    /// consecutive tags (what [`TagAllocator`] hands out) must spread over both, or a table of
+    /// in-flight tasks degrades to linear probing. An identity hash fails the second check.
+    #[test]
+    fn own_tag_hashes_of_consecutive_tags_spread_over_buckets_and_control_bytes() {
+        assert_spreads((1..=4096u32).map(|t| OwnTags.hash_one(t)));
         // And the map works with it.
         let mut m: OwnTagMap<u32> = OwnTagMap::default();
         for t in 1..=1000u32 {
@@ -461,26 +464,11 @@ mod tests {
     #[test]
     fn peer_tag_hashes_of_tags_equal_in_their_low_bits_spread_and_differ_per_table() {
         let (a, b) = (PeerTags::new(), PeerTags::new());
-        let mut buckets = HashSet::new();
-        let mut control = [0u32; 128];
-        let mut same = 0;
-        for k in 0..4096u32 {
-            let t = (k << 16) | 0x5a5a;
-            let h = a.hash_one(t);
-            buckets.insert(h & 4095);
-            control[(h >> 57) as usize] += 1;
-            same += u32::from(h & 4095 == b.hash_one(t) & 4095);
-        }
-        assert!(
-            buckets.len() > 2500,
-            "{} of 4096 buckets used",
-            buckets.len()
-        );
-        let max = control.iter().copied().max().unwrap_or(0);
-        assert!(
-            max <= 3 * 4096 / 128,
-            "a control byte value taken {max} times of 4096"
-        );
+        let tags = || (0..4096u32).map(|k| (k << 16) | 0x5a5a);
+        assert_spreads(tags().map(|t| a.hash_one(t)));
+        let same = tags()
+            .filter(|&t| a.hash_one(t) & 4095 == b.hash_one(t) & 4095)
+            .count();
         // Independent keys agree on a 12-bit bucket about once in 4096.
         assert!(
             same < 16,
