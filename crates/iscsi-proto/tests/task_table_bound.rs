@@ -8,35 +8,18 @@
 //! never grows the table past window + immediate cap, on one connection or over a session's
 //! two.
 
+#[allow(dead_code)]
+mod common;
+
 use std::time::Instant;
 
 use bytes::Bytes;
+use common::{scsi_command, Disk};
 use iscsi_proto::engine::target::session::Session;
-use iscsi_proto::engine::target::{
-    self, Config, Connection, Event, LunDirectory, Response, Sizing, MAX_IMMEDIATE_TASKS,
-};
+use iscsi_proto::engine::target::{self, Config, Connection, Event, Response, MAX_IMMEDIATE_TASKS};
 use iscsi_proto::params::SessionParams;
-use iscsi_wire::header::{RejectReason, ScsiCommand, TaskAttr, TaskMgmtRequest, TmfFunction};
+use iscsi_wire::header::{RejectReason, ScsiCommand, TaskMgmtRequest, TmfFunction};
 use iscsi_wire::{Header, Pdu};
-
-/// One LUN; WRITE(16)s need the bytes their CDB says, everything else none.
-struct Disk;
-impl LunDirectory for Disk {
-    fn exists(&self, lun: u64) -> bool {
-        lun == 0
-    }
-    fn size(&self, _itt: u32, _lun: u64, cdb: &[u8], _edtl: u32) -> Sizing {
-        let need = if cdb[0] == 0x8a {
-            u64::from(u32::from_be_bytes([cdb[10], cdb[11], cdb[12], cdb[13]])) * 512
-        } else {
-            0
-        };
-        Sizing {
-            need,
-            ..Sizing::default()
-        }
-    }
-}
 
 const WINDOW: u32 = 8;
 
@@ -53,24 +36,12 @@ fn config() -> Config {
     cfg
 }
 
-/// A READ(16) or a WRITE(16) of one block.
+/// A READ(16) or a WRITE(16) of one block at LBA 0 (`common::scsi_command`), immediate or not.
 fn command(itt: u32, cmd_sn: u32, immediate: bool, write: bool) -> Pdu {
-    let mut cdb = [0u8; 16];
-    cdb[0] = if write { 0x8a } else { 0x88 };
-    cdb[10..14].copy_from_slice(&1u32.to_be_bytes());
     Pdu::new(
         ScsiCommand {
             immediate,
-            final_: true,
-            read: !write,
-            write,
-            attr: TaskAttr::SIMPLE,
-            lun: 0,
-            itt,
-            expected_data_transfer_length: 512,
-            cmd_sn,
-            exp_stat_sn: 0,
-            cdb,
+            ..scsi_command(itt, cmd_sn, write, 0, 1)
         },
         Bytes::new(),
     )
