@@ -147,6 +147,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "link {:<40} RTT {:>8.3} ms  SOCKET {:>8.2} MB/s",
                     l.label, l.calibration.rtt_ms, l.calibration.socket_mb_s
                 );
+                if let Some(t) = l.ipsec_rtt {
+                    println!(
+                        "link {:<40} RTT {:>8.3} ms  through the IPsec tunnel (min {:.3}, max {:.3})",
+                        l.label,
+                        t.median_s * 1e3,
+                        t.min_s * 1e3,
+                        t.max_s * 1e3
+                    );
+                }
             }
             for c in &f.ciphers {
                 println!(

@@ -32,7 +32,7 @@ pub trait Sockets {
 }
 
 /// The result of a TCP ping-pong.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Rtt {
     /// Median round trip, seconds.
     pub median_s: f64,
@@ -351,6 +351,12 @@ pub struct LinkCalibration {
     pub label: String,
     /// RTT, SOCKET, the cores the lab could get and the sysctls read back.
     pub calibration: crate::results::Calibration,
+    /// Where the plan has IPsec on this link: the 1-byte ping-pong ([`rtt`]) through its
+    /// tunnel, both charons up (`runner::calibrate_plan`). Each flight's crossing of two
+    /// userspace charons and TUN devices, which the plain RTT does not see; the model's round
+    /// trip for IPsec ([`crate::fit::model_here`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipsec_rtt: Option<Rtt>,
 }
 
 /// One cipher's rates per CPU-second of one thread at one size
@@ -673,6 +679,7 @@ pub(crate) fn sample_file(
                     sysctls: vec![("net.ipv4.tcp_congestion_control".into(), "reno".into())],
                     loopback: false,
                 },
+                ipsec_rtt: None,
             });
         }
         if let Some((cipher, size)) = cipher_key(p) {
@@ -732,6 +739,12 @@ mod tests {
             }),
             stacks_fit: None,
         });
+        let tunnel = Rtt {
+            median_s: 0.1295,
+            min_s: 0.1289,
+            max_s: 0.1331,
+        };
+        f.links[0].ipsec_rtt = Some(tunnel);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cal.json");
         let written = f.write(&path).unwrap();
@@ -757,6 +770,10 @@ mod tests {
         let c = back.file.link(p).unwrap();
         assert_eq!((c.rtt_ms, c.socket_mb_s, c.cores_avail), (128.5, 2.42, 2.0));
         assert_eq!(back.file.cipher(p), Some((10.82 * 1e6, 10.82 * 1e6)));
+        // The tunnel's round trip where it was measured, and no entry (not a zero) where not.
+        let tunnels: Vec<_> = back.file.links.iter().map(|l| l.ipsec_rtt).collect();
+        assert_eq!(tunnels, [Some(tunnel), None]);
+        assert!(!String::from_utf8_lossy(&bytes[..]).contains("\"ipsec_rtt\": null"));
         assert_eq!(back.file.measured_by.git_rev, "0123abc");
         assert!(back.file.covers(&plan).is_ok());
         // One byte more is another file.

@@ -41,6 +41,10 @@ pub struct Rates {
     /// transfer on them ([`model::predict_on_cores`]). With the CPU a run got (in sample) the
     /// bound is the run's mean over its whole cycle, idle round trips included, and stays a cap.
     cores_available: bool,
+    /// Per link ([`crate::calibrate::link_group_key`]): the calibrated round trip through the
+    /// IPsec tunnel, seconds ([`crate::calibrate::LinkCalibration::ipsec_rtt`]), IPsec's
+    /// round trip in [`model_here`] in place of the plain one. Only from a calibration file.
+    ipsec_rtt_s: BTreeMap<String, f64>,
 }
 
 /// What a carrier's cost beyond its bytes is paid per.
@@ -160,7 +164,22 @@ impl Rates {
             r.ipsec_fit
                 .insert((c.direction, c.cipher.clone(), c.delayed), (c.send, c.recv));
         }
+        for l in &cal.links {
+            if let Some(t) = l
+                .ipsec_rtt
+                .filter(|t| t.median_s.is_finite() && t.median_s > 0.0)
+            {
+                r.ipsec_rtt_s.insert(l.link.clone(), t.median_s);
+            }
+        }
         r
+    }
+
+    /// These rates without the calibrated IPsec tunnel round trips: IPsec's flights cross at
+    /// the plain RTT, as the model was before (for the before/after comparison).
+    pub fn without_ipsec_rtt(mut self) -> Rates {
+        self.ipsec_rtt_s.clear();
+        self
     }
 }
 
@@ -524,8 +543,18 @@ pub fn model_here(a: &Agg, rates: &Rates) -> Option<(f64, String)> {
         }
         _ => (r.enc_mb_s * 1e6, r.dec_mb_s * 1e6, CryptoPlace::Packet),
     };
+    // IPsec's flights each cross two userspace charons and TUN devices: its round trip is
+    // the one calibrated through the tunnel, where the calibration measured it.
+    let rtt_s = match p.scheme {
+        Scheme::Ipsec => rates
+            .ipsec_rtt_s
+            .get(&crate::calibrate::link_group_key(p))
+            .copied(),
+        _ => None,
+    }
+    .unwrap_or(cal.rtt_ms / 1e3);
     let i = Inputs {
-        rtt_s: cal.rtt_ms / 1e3,
+        rtt_s,
         block: p.block as f64,
         socket: cal.socket_mb_s * 1e6,
         enc,

@@ -148,6 +148,48 @@ pub(crate) fn out_of_sample(aggs: &[Agg], cal: &LoadedCalibration) -> Vec<OutOfS
         .collect()
 }
 
+/// Where the file has IPsec's round trips through its tunnel: each link's, beside the plain
+/// one, and IPsec's error with the plain RTT instead (the model before the tunnel's round trip
+/// was calibrated), from the same file.
+fn tunnel_note(rows: &[OutOfSample], cal: &LoadedCalibration, out: &mut Out) {
+    let f = &cal.file;
+    let tunnels: Vec<String> = f
+        .links
+        .iter()
+        .filter_map(|l| {
+            l.ipsec_rtt.map(|t| {
+                format!(
+                    "{} {:.3} ms (plain {:.3})",
+                    l.label,
+                    t.median_s * 1e3,
+                    l.calibration.rtt_ms
+                )
+            })
+        })
+        .collect();
+    if tunnels.is_empty() {
+        return;
+    }
+    let plain = Rates::from_calibration(f).without_ipsec_rtt();
+    let before: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.agg.rec.point.scheme == Scheme::Ipsec && r.agg.median > 0.0)
+        .filter_map(|r| {
+            let c = as_calibrated(&r.agg, f)?;
+            let v = model_here(&c, &plain)?.0;
+            (v > 0.0).then(|| (r.agg.median / v - 1.0) * 100.0)
+        })
+        .collect();
+    let _ = writeln!(
+        out.md,
+        "IPsec's round trip through its tunnel, calibrated (a 1-byte TCP ping-pong inside ESP, \
+         both charons up): {}. ipsan's model prices IPsec's round trips with it; with the \
+         plain RTT instead (the model before), IPsec: {}.\n",
+        tunnels.join("; "),
+        err_cell(&before)
+    );
+}
+
 /// `seal 3DES`, `plain`: the error tables' row names.
 fn scheme_key(a: &Agg) -> String {
     let p = &a.rec.point;
@@ -304,6 +346,7 @@ pub(super) fn prediction_section(
         );
     }
     let _ = writeln!(out.md, "\n{csv_note}\n");
+    tunnel_note(&rows, cal, out);
     let mut fig = Figure::new(
         "Prediction from the calibration vs measurement, log–log (out of sample)",
         "predicted MB/s (log)",

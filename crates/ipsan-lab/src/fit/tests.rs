@@ -448,3 +448,57 @@ fn committed_write_matrix_out_of_sample_prices_ipsec_transfer_on_the_cores() {
     assert!(ipsec < 10.0, "ipsec {ipsec:.1} %");
     assert!((seal - 8.2).abs() < 0.1, "seal {seal:.1} %");
 }
+
+/// A calibration's round trip through the IPsec tunnel is IPsec's round trip in the
+/// out-of-sample model, and no other scheme's: a four-flight write at 0 ms whose tunnel
+/// round trip is 1 ms (plain 0.03 ms) takes two tunnel round trips more per command than at
+/// the plain RTT, and `without_ipsec_rtt` is the model before.
+#[test]
+fn ipsec_round_trips_cross_the_calibrated_tunnel() {
+    let block = 65536u64;
+    let mut ipsec = rec(Scheme::Ipsec, 0.0, block, 1, 10.0);
+    let mut seal = rec(Scheme::Seal, 0.0, block, 1, 10.0);
+    let mut file = crate::calibrate::sample_file(
+        &[ipsec.point.clone(), seal.point.clone()],
+        0.03,
+        100.0,
+        20.0,
+    );
+    assert_eq!(file.links.len(), 1, "one link for both schemes");
+    file.costs
+        .ipsec_rates
+        .push(crate::calibrate::StoredIpsecRate {
+            direction: Direction::Write,
+            cipher: "3des-cbc-hmac-sha1".into(),
+            enc_bytes_per_cpu_s: 15e6,
+            dec_bytes_per_cpu_s: 15e6,
+        });
+    for r in [&mut ipsec, &mut seal] {
+        r.calibration = file.link(&r.point).cloned();
+    }
+    let predict = |r: &Record, rates: &Rates| {
+        let mut a = aggregate(std::slice::from_ref(r)).remove(0);
+        a.cores_got = f64::NAN;
+        model_here(&a, rates).unwrap().0 * 1e6
+    };
+    let plain = Rates::from_calibration(&file);
+    file.links[0].ipsec_rtt = Some(crate::calibrate::Rtt {
+        median_s: 1e-3,
+        min_s: 0.9e-3,
+        max_s: 2e-3,
+    });
+    let tunnel = Rates::from_calibration(&file);
+    let (before, after) = (predict(&ipsec, &plain), predict(&ipsec, &tunnel));
+    // Cycle: 2 round trips + BLOCK / 15 MB/s.
+    let b = block as f64;
+    assert!(
+        (b / before - (2.0 * 0.03e-3 + b / 15e6)).abs() < 1e-9,
+        "{before}"
+    );
+    assert!(
+        (b / after - b / before - 2.0 * (1e-3 - 0.03e-3)).abs() < 1e-9,
+        "{after}"
+    );
+    assert_eq!(predict(&ipsec, &tunnel.clone().without_ipsec_rtt()), before);
+    assert_eq!(predict(&seal, &tunnel), predict(&seal, &plain));
+}
