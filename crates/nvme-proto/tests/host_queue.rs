@@ -263,6 +263,46 @@ fn accepts_large_write_data_and_sends_it_without_copying_it() {
     assert_eq!(&got[..], &data[..], "digests and data decode as the PDUs");
 }
 
+/// A 4 KiB write in its capsule (the 4 KiB × 32 cell's) sends the caller's bytes between the
+/// capsule's header and the next PDU, as an iSCSI WRITE's data segment goes; short data (a
+/// Connect's 1 KiB) is still copied behind its header, one buffer.
+#[test]
+fn accepts_in_capsule_write_data_of_4_kib_and_sends_it_without_copying_it() {
+    for dd in [false, true] {
+        let (ctrl, mut q) = connected(false, dd);
+        let data = Bytes::from((0..4096u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
+        let short = Bytes::from(vec![9u8; 1024]);
+        let sqe = Sqe::new(0x01, 0, Sgl::Transport { length: 0 });
+        q.submit(sqe, data.clone(), 0, BytesMut::new()).unwrap();
+        q.submit(sqe, short.clone(), 0, BytesMut::new()).unwrap();
+        let mut pieces = Vec::new();
+        while let Some(b) = q.poll_transmit() {
+            pieces.push(b);
+        }
+        assert!(
+            pieces.iter().any(|b| b.as_ptr() == data.as_ptr()),
+            "4 KiB not copied"
+        );
+        assert!(
+            !pieces.iter().any(|b| b.as_ptr() == short.as_ptr()),
+            "1 KiB copied behind its header"
+        );
+        let mut wire = BytesMut::new();
+        for b in &pieces {
+            wire.extend_from_slice(b);
+        }
+        let mut got = Vec::new();
+        while let Some(p) = ctrl.decode_from(&mut wire).unwrap() {
+            let Pdu::CapsuleCmd(c) = p else {
+                panic!("{p:?}")
+            };
+            assert!(matches!(c.sqe.sgl, Sgl::InCapsule { offset: 0, .. }));
+            got.push(c.data);
+        }
+        assert_eq!(got, [data, short], "the capsules decode with their data");
+    }
+}
+
 #[test]
 fn rejects_data_with_a_bad_digest_as_transient_transport_error() {
     let (ctrl, mut q) = connected(false, true);
