@@ -389,6 +389,43 @@ impl ChunkKey {
             ChunkKey::None => Ok(()),
         }
     }
+
+    /// Verifies `tag` over `aad` and `src` and decrypts `src` into `dst` (same length): the
+    /// AEADs out of place, reading the ciphertext where it lies (one pass, not a copy and then
+    /// a pass); `none` and 3DES copy and open in place. On failure `dst` is zeroed: it holds
+    /// nothing, verified or not.
+    pub(crate) fn open_into(
+        &self,
+        counter: u64,
+        aad: &[u8],
+        src: &[u8],
+        dst: &mut [u8],
+        tag: &[u8],
+    ) -> Result<(), BadTag> {
+        let r = match self {
+            ChunkKey::Aead(k) => k
+                .with_key(counter, |key| {
+                    key.open_separate_gather(
+                        nonce(&k.iv, counter),
+                        aead::Aad::from(aad),
+                        src,
+                        tag,
+                        dst,
+                    )
+                    .map_err(|_| BadTag)
+                })
+                .map_err(|_| BadTag)
+                .and_then(|r| r),
+            _ => {
+                dst.copy_from_slice(src);
+                self.open(counter, aad, dst, tag)
+            }
+        };
+        if r.is_err() {
+            dst.fill(0);
+        }
+        r
+    }
 }
 
 #[cfg(test)]

@@ -548,6 +548,37 @@ impl CryptoPool {
     }
 }
 
+impl CryptoPool {
+    /// [`CryptoPool::open`] for a sealed transfer as received, which may be shared (immediate
+    /// data is a slice of the receive buffer the next PDUs go into): one its holder has to
+    /// itself is opened in place; a shared one small enough to open on the caller's thread
+    /// ([`SealSession::crypto_inline_sealed`]) is opened out of place into a reused buffer
+    /// ([`SealSession::open_copy`]), with no copy of the ciphertext first; a larger shared one
+    /// is copied and opened in place on the workers, in parts.
+    pub fn open_shared(
+        &self,
+        session: &Arc<SealSession>,
+        binding: Binding,
+        sealed: Bytes,
+    ) -> impl Future<Output = Result<Bytes, OpenError>> + Send + 'static {
+        let (done, buf) = match sealed.try_into_mut() {
+            Ok(buf) => (None, buf),
+            Err(shared) if session.crypto_inline_sealed(shared.len()) => {
+                (Some(session.open_copy(&binding, &shared)), BytesMut::new())
+            }
+            Err(shared) => (None, BytesMut::from(&shared[..])),
+        };
+        let opened = done.is_none().then(|| self.open(session, binding, buf));
+        async move {
+            match (done, opened) {
+                (Some(done), _) => done,
+                (None, Some(opened)) => opened.await,
+                (None, None) => Ok(Bytes::new()),
+            }
+        }
+    }
+}
+
 /// Opens the chunks of one part; stops at the first that fails.
 #[allow(clippy::too_many_arguments)]
 fn open_part(

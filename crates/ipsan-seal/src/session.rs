@@ -642,6 +642,45 @@ impl SealSession {
         buf.truncate(n);
         Ok(buf.freeze())
     }
+
+    /// [`Self::open`] for a sealed transfer the caller cannot have to itself (a slice of a
+    /// receive buffer that other PDUs share): each chunk is verified and decrypted from where
+    /// it lies into a buffer this session has used before (out of place, `open_into`), not
+    /// copied first and then opened. The same checks in the same order; the buffer comes
+    /// back to the session when the returned `Bytes` is dropped. On any error no plaintext is
+    /// returned (the chunk that failed is zeroed, the buffer freed).
+    pub fn open_copy(&self, b: &Binding, sealed: &[u8]) -> Result<Bytes, OpenError> {
+        if self.compression.is_on() {
+            return self.open_compressed(b, &mut BytesMut::from(sealed));
+        }
+        let Some(plan) = self.open_plan(b, sealed)? else {
+            return Ok(Bytes::new());
+        };
+        let n = plan.plain_len as usize;
+        let (t, chunk) = (
+            self.framing.cipher.tag_len(),
+            self.framing.chunk_size as usize,
+        );
+        let (data, trailer) = sealed.split_at(n);
+        let tags = trailer[COUNTER_LEN..].chunks_exact(t);
+        let mut buf = self.buffers.take(n);
+        for (i, ((s, d), tg)) in data
+            .chunks(chunk)
+            .zip(buf.chunks_mut(chunk))
+            .zip(tags)
+            .enumerate()
+        {
+            let (counter, a) = self.chunk_aad(self.recv_direction(), b, plan, i as u32);
+            if self.recv_key.open_into(counter, &a, s, d, tg).is_err() {
+                let e = OpenError::Authentication { chunk: i as u32 };
+                self.report(b, &e);
+                return Err(e);
+            }
+            self.stats.opened.fetch_add(1, Ordering::Relaxed);
+        }
+        self.finish_open(b, plan)?;
+        Ok(self.buffers.freeze(buf))
+    }
 }
 
 /// The lengths the target engine's sizing rule asks of a sealed session

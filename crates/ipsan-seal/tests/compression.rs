@@ -219,6 +219,14 @@ async fn accepts_compressed_transfers_through_the_pool_both_ways() {
             .unwrap();
         let back = pool.open(&t, b, BytesMut::from(&wire[..])).await.unwrap();
         assert_eq!(back, plain, "write {itt}");
+        // The same write as a slice of a receive buffer other PDUs share (`open_shared`).
+        let wire = pool
+            .seal_copy(&i, b, bytes::Bytes::from(plain.clone()))
+            .await
+            .unwrap();
+        let rx = bytes::Bytes::from([&[7u8; 64][..], &wire[..]].concat());
+        let back = pool.open_shared(&t, b, rx.slice(64..)).await.unwrap();
+        assert_eq!(back, plain, "shared write {itt}");
         // Target to initiator (a read), sealed from its own buffer.
         let wire = pool.seal(&t, b, BytesMut::from(&plain[..])).await.unwrap();
         assert!(wire.len() <= t.sealed_len(plain.len()).unwrap());

@@ -719,14 +719,17 @@ impl Session {
                     // Counted rather than joined: a join set would wake this loop once per
                     // command, a full loop iteration (locks, a timer) on the small-read path.
                     self.running.fetch_add(1, Ordering::AcqRel);
-                    let small = x.edtl <= INLINE_MAX
-                        && x.data_out.len() <= INLINE_MAX as usize
-                        // Sealed: only if the crypto pool opens and seals it on this thread;
-                        // otherwise it would wait for a worker.
-                        && self.seal.as_ref().is_none_or(|s| {
-                            s.crypto_inline_sealed(x.edtl as usize)
-                                && s.crypto_inline_sealed(x.data_out.len())
-                        });
+                    let small = match self.seal.as_deref() {
+                        None => x.edtl <= INLINE_MAX && x.data_out.len() <= INLINE_MAX as usize,
+                        // Sealed: sized by the plaintext the device server moves (a 64 KiB
+                        // write's sealed EDTL is 24 bytes longer), and only if the crypto pool
+                        // opens and seals it on this thread; otherwise it would wait for a
+                        // worker.
+                        Some(s) => [x.edtl as usize, x.data_out.len()].into_iter().all(|n| {
+                            s.plain_len(n)
+                                .is_some_and(|p| p <= INLINE_MAX as usize && s.crypto_inline(p))
+                        }),
+                    };
                     let mut task = Box::pin(async move {
                         s.clone().execute(x).await;
                         if s.running.fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -11,7 +11,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::BytesMut;
 use ipsan_scsi::{
     cdb as scsi_cdb, decode_lun, CommandInfo, ScsiResponse, ScsiStatus, Sense, SenseKey,
 };
@@ -89,12 +88,11 @@ impl Session {
         let sealed_write = seal.is_some() && early.is_none() && !data_out.is_empty();
         if let (Some((session, pool, binding)), None, false) = (&seal, &early, data_out.is_empty())
         {
-            // Verify and decrypt before anything reaches the backend (docs/seal.md §5).
-            // The write buffer is uniquely owned: open it in place, no copy.
-            let buf = std::mem::take(&mut data_out)
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            match Box::pin(pool.open(session, *binding, buf)).await {
+            // Verify and decrypt before anything reaches the backend (docs/seal.md §5): in
+            // place when the write buffer is uniquely owned, else out of place from the
+            // receive buffer it shares (no copy first; `CryptoPool::open_shared`).
+            let sealed = std::mem::take(&mut data_out);
+            match Box::pin(pool.open_shared(session, *binding, sealed)).await {
                 Ok(plain) => data_out = plain,
                 Err(e) => {
                     self.stats.seal_open_failed(&e);

@@ -11,6 +11,10 @@
 #         bench native.
 #   cg-bench: the bench under callgrind against a native target.
 # The bench runs as scripts/bench seal runs it (--threads 2; the target --crypto-workers 2).
+# SEAL=CIPHER (e.g. aes-256-gcm): a sealed session instead, started as `scripts/bench seal`
+# starts one (the target --seal-secret-file KEY, the bench --seal CIPHER --secret-file KEY
+# --crypto-workers 2; a fresh 32-byte key in a temporary directory, mode 0600, removed at
+# exit); the tag gets -CIPHER. The LUN is written first by a plain session, as there.
 set -e
 BIN=$1; L=$2; D=$3; BS=${4:-64KiB}; DEPTH=${5:-1}; N1=${6:-1000}; N2=${7:-3000}
 MODES=${MODES:-perf,cg-target,cg-bench}
@@ -18,20 +22,26 @@ mkdir -p "$D"
 bs_bytes=$(python3 -c "import sys;s=sys.argv[1];u={'KiB':1024,'MiB':1<<20};print(int(s[:-3])*u[s[-3:]])" "$BS")
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 IQN=iqn.2026-11.org.ipsan:counts
-TAG="$L-w$BS-d$DEPTH"
+TAG="$L-w$BS-d$DEPTH${SEAL:+-$SEAL}"
+TSEAL=(); BSEAL=()
+if [[ -n $SEAL ]]; then
+  KD=$(mktemp -d); KEY=$KD/seal.key
+  (umask 077; python3 -c 'import os;print(os.urandom(32).hex())' > "$KEY")
+  TSEAL=(--seal-secret-file "$KEY"); BSEAL=(--seal "$SEAL" --secret-file "$KEY" --crypto-workers 2)
+fi
 wait_port() { for i in $(seq 600); do python3 -c "import socket,sys;socket.create_connection(('127.0.0.1',$1),timeout=0.2).close()" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 start_target() { # $1 port, $2.. prefix command (valgrind …)
   local port=$1; shift
-  "$@" "$BIN" target --portal 127.0.0.1:$port --iqn $IQN --lun mem:1GiB --crypto-workers 2 > "$D/target-$TAG.log" 2>&1 &
+  "$@" "$BIN" target --portal 127.0.0.1:$port --iqn $IQN --lun mem:1GiB --crypto-workers 2 "${TSEAL[@]}" > "$D/target-$TAG.log" 2>&1 &
   TP=$!
   wait_port $port
 }
 stop_target() { kill -TERM $TP 2>/dev/null; wait $TP 2>/dev/null || true; }
 bench() { # $1 mode, $2 url, $3 N, $4.. prefix
   local m=$1 url=$2 n=$3; shift 3
-  "$@" "$BIN" bench "$url" --rw write --bs $BS --depth $DEPTH --size $((n * bs_bytes)) --quiet --threads 2 --json "$D/bench-$m-$TAG-$n.json" > /dev/null 2>> "$D/bench-$TAG.log"
+  "$@" "$BIN" bench "$url" --rw write --bs $BS --depth $DEPTH --size $((n * bs_bytes)) --quiet --threads 2 "${BSEAL[@]}" --json "$D/bench-$m-$TAG-$n.json" > /dev/null 2>> "$D/bench-$TAG.log"
 }
-trap 'kill $TP 2>/dev/null || true' EXIT
+trap 'kill $TP 2>/dev/null || true; if [[ -n $KD ]]; then rm -rf "$KD"; fi' EXIT
 EV=context-switches,cpu-migrations,task-clock,page-faults,raw_syscalls:sys_enter,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_recvmsg,syscalls:sys_enter_readv,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_futex,syscalls:sys_enter_sched_yield,syscalls:sys_enter_mmap,syscalls:sys_enter_munmap,syscalls:sys_enter_madvise,syscalls:sys_enter_brk,syscalls:sys_enter_mremap
 if [[ ,$MODES, == *,perf,* ]]; then
   port=$(free_port); start_target $port
