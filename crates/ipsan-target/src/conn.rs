@@ -367,31 +367,6 @@ const BURST_MAX: u32 = 64;
 /// `Session::events`); larger ones always get a task, so their copies run beside the reader.
 const INLINE_MAX: u32 = 64 << 10;
 
-/// How long the reader looks again for the rest of a PDU it has part of, before it sleeps.
-const MID_PDU_SPIN: Duration = Duration::from_micros(20);
-
-/// Gives the rest of a PDU whose head is in a moment to arrive before the reader sleeps on the
-/// socket (issue 27): libiscsi writes a command's BHS and its data in two system calls, so the
-/// reader, woken by the first, often finds the head alone. Sleeping at once costs it a second
-/// wake-up for the data, and the initiator the wake-up's IPI (and often its CPU); and what
-/// the reader has not read yet, the kernel does not acknowledge, while two segments per
-/// 4 KiB write fill the initiator's congestion window (counted in packets) twice as fast as
-/// reads do. Each turn yields to the runtime, which polls the socket's readiness (the
-/// driver) before it resumes the reader; at most [`MID_PDU_SPIN`] in all.
-async fn rest_of_pdu(conn: &FrameReader<OwnedReadHalf>) {
-    let until = Instant::now() + MID_PDU_SPIN;
-    loop {
-        tokio::task::yield_now().await;
-        let ready = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(conn.get_ref().as_ref().poll_read_ready(cx).is_ready())
-        })
-        .await;
-        if ready || Instant::now() >= until {
-            return;
-        }
-    }
-}
-
 /// The one framed write of this connection: drains the engine's PDUs (sequence numbers are
 /// stamped as they leave the engine) into the socket, many PDUs per syscall, until the
 /// connection is over and everything queued has left. In a sealed session every PDU is
@@ -559,9 +534,6 @@ impl Session {
                 r.map(|o| o.map(Received::Pdu))
             } else {
                 burst = 0;
-                if conn.mid_pdu() {
-                    rest_of_pdu(conn).await;
-                }
                 let (deadline, awaits_data_out) = {
                     let e = self.engine();
                     (e.poll_timeout(), e.awaits_data_out())

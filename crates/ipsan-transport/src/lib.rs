@@ -174,13 +174,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.buf = next;
     }
 
-    /// Whether part of a PDU is in but not all of it (a head whose data segment is still on
-    /// its way, a segment being placed): the rest is expected soon.
-    #[must_use]
-    pub fn mid_pdu(&self) -> bool {
-        !self.buf.is_empty() || self.placing.is_some()
-    }
-
     /// The stream it reads from (to query the socket under it).
     pub fn get_ref(&self) -> &R {
         &self.rd
