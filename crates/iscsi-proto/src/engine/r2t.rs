@@ -6,6 +6,15 @@
 //! Bytes past what the CDB needs (an iSCSI underflow: EDTL larger than the SCSI transfer
 //! length) are accepted and discarded; the buffer is sized by the CDB, never by a length field
 //! from the network alone.
+//!
+//! A write's data is stored in one buffer. Room is made when data arrives, never on a CDB's
+//! say-so: at a write's first bytes the whole write is reserved at once when the connection's
+//! [`ReserveBudget`] grants it (issue 27: reserving burst by burst reallocated and copied the
+//! data so far at every burst a libiscsi 1 MiB write's R2Ts asked for), otherwise the rest of
+//! the burst at hand.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::params::SessionParams;
 use bytes::{Bytes, BytesMut};
@@ -32,6 +41,68 @@ struct Outstanding {
     plan: R2tPlan,
     received: u32,
     next_data_sn: u32,
+}
+
+/// How many bytes one connection's writes may hold reserved whole, ahead of their data
+/// (issue 27). A write whose first bytes have arrived reserves its whole length at once when
+/// the budget has room for it, and gives it back when its data goes to the SCSI layer or the
+/// write is dropped; without room it reserves burst by burst, as it did before. So what a
+/// peer can make the target reserve beyond the bytes it sent is this budget plus one burst per
+/// write at most (MaxBurstLength, RFC 7143 §13.13), whatever the CDBs and EDTLs claim.
+#[derive(Clone, Debug)]
+pub struct ReserveBudget {
+    used: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl ReserveBudget {
+    /// A budget of `limit` bytes.
+    #[must_use]
+    pub fn new(limit: usize) -> Self {
+        Self {
+            used: Arc::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// Bytes granted and not given back.
+    #[must_use]
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// `n` bytes, if they fit.
+    fn grant(&self, n: usize) -> Option<Grant> {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let after = used.checked_add(n).filter(|a| *a <= self.limit)?;
+            match self
+                .used
+                .compare_exchange_weak(used, after, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Some(Grant {
+                        used: self.used.clone(),
+                        n,
+                    })
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+}
+
+/// Bytes of a [`ReserveBudget`] one write holds; given back when dropped.
+#[derive(Debug)]
+struct Grant {
+    used: Arc<AtomicUsize>,
+    n: usize,
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.n, Ordering::Relaxed);
+    }
 }
 
 /// The data phase of one write.
@@ -61,16 +132,21 @@ pub struct WriteState {
     pending: Vec<(u32, u32)>,
     max_burst: u32,
     max_outstanding: u32,
+    /// The connection's budget for reserving a write whole ([`WriteState::make_room`]).
+    budget: ReserveBudget,
+    /// This write's share of it, once its whole length is reserved.
+    grant: Option<Grant>,
 }
 
 impl WriteState {
     /// Starts the data phase for `cmd`, whose CDB needs `need` bytes, with the command's
-    /// immediate data.
+    /// immediate data; `budget` is the connection's, for reserving the write whole.
     pub fn new(
         params: &SessionParams,
         cmd: &ScsiCommand,
         immediate: Bytes,
         need: u32,
+        budget: &ReserveBudget,
     ) -> Result<Self, DataError> {
         let edtl = cmd.expected_data_transfer_length;
         let imm =
@@ -82,26 +158,10 @@ impl WriteState {
             return Err(DataError("immediate data beyond FirstBurstLength or EDTL"));
         }
         let keep = edtl.min(need);
-        // The buffer grows as data arrives (see `store`), never ahead of it: a CDB and EDTL
-        // alone cannot make the target reserve memory (issue 8: 32 data-less 64 MiB writes
-        // used to map 2 GiB).
         let n = imm.min(keep) as usize;
-        // Immediate data is data already here: like the first bytes of a burst (see `store`),
-        // it reserves one burst more, so the next burst does not reallocate and copy it.
-        let cap = if n > 0 {
-            keep.min(imm.saturating_add(params.max_burst_length)) as usize
-        } else {
-            0
-        };
         // Immediate data that is all the SCSI layer keeps is passed on as it came (any later
         // Data-Out lies past `keep` and is not stored).
-        let (buf, whole) = if n > 0 && n == keep as usize {
-            (BytesMut::new(), Some(immediate.slice(..n)))
-        } else {
-            let mut buf = BytesMut::with_capacity(cap.max(n));
-            buf.extend_from_slice(&immediate[..n]);
-            (buf, None)
-        };
+        let whole = (n > 0 && n == keep as usize).then(|| immediate.slice(..n));
         // §11.3.1: with F=0 and InitialR2T=No, unsolicited Data-Out follows up to
         // min(FirstBurstLength, EDTL) in total.
         let (unsolicited_end, unsolicited_open) = if !cmd.final_ && !params.initial_r2t {
@@ -111,10 +171,10 @@ impl WriteState {
             (imm, false)
         };
         let solicit_end = keep.max(unsolicited_end);
-        Ok(Self {
+        let mut w = Self {
             edtl,
             keep,
-            buf,
+            buf: BytesMut::new(),
             whole,
             unsolicited_end,
             unsolicited_received: imm,
@@ -127,7 +187,43 @@ impl WriteState {
             pending: Vec::new(),
             max_burst: params.max_burst_length.max(512),
             max_outstanding: params.max_outstanding_r2t.max(1),
-        })
+            budget: budget.clone(),
+            grant: None,
+        };
+        if n > 0 && w.whole.is_none() {
+            // Immediate data is data already here: like the first bytes of a burst (see
+            // `store`), it makes room for what follows, so the next burst does not reallocate
+            // and copy it.
+            let burst_end = imm.saturating_add(params.max_burst_length);
+            w.make_room(n, burst_end);
+            w.buf.extend_from_slice(&immediate[..n]);
+        }
+        Ok(w)
+    }
+
+    /// Makes room in the buffer for data up to `end`, in a burst that ends at `burst_end`:
+    /// the whole write at once when the connection's [`ReserveBudget`] grants it (issue 27:
+    /// one allocation per write, nothing copied again), otherwise the rest of that burst
+    /// (at most MaxBurstLength or FirstBurstLength, RFC 7143 §13.13–14). Called only when
+    /// data is here: a CDB and EDTL alone never reserve memory (issue 8: 32 data-less 64 MiB
+    /// writes used to map 2 GiB).
+    fn make_room(&mut self, end: usize, burst_end: u32) {
+        let keep = self.keep as usize;
+        if self.buf.capacity() >= keep {
+            return;
+        }
+        let burst = (burst_end.min(self.keep) as usize).max(end);
+        // A write that ends within this burst needs nothing of the budget.
+        if burst < keep && self.grant.is_none() {
+            if let Some(g) = self.budget.grant(keep) {
+                self.grant = Some(g);
+                self.buf.reserve(keep - self.buf.len());
+                return;
+            }
+        }
+        if burst > self.buf.capacity() {
+            self.buf.reserve(burst - self.buf.len());
+        }
     }
 
     #[must_use]
@@ -162,10 +258,7 @@ impl WriteState {
             let o = self.outstanding.iter().find(|o| o.plan.ttt == h.ttt)?;
             o.plan.offset.saturating_add(o.plan.len)
         };
-        let want = (burst_end.min(self.keep) as usize).max(end);
-        if want > self.buf.capacity() {
-            self.buf.reserve(want - self.buf.len());
-        }
+        self.make_room(end, burst_end);
         let at = self.buf.len();
         Some(self.buf.split_off(at))
     }
@@ -264,20 +357,16 @@ impl WriteState {
     /// Stores one Data-Out's bytes at `offset`; `burst_end` is where the burst they belong to
     /// ends (the R2T's offset + desired length, or the end of the unsolicited data).
     ///
-    /// Memory is reserved when data arrives, never on a CDB's or R2T's say-so: the first bytes
-    /// of a burst reserve the rest of that burst (at most MaxBurstLength, or FirstBurstLength
-    /// for unsolicited data, RFC 7143 §13.13–14), so a 1 MiB write is one allocation, not a
-    /// chain of doublings, and in-order data is appended with one copy (no zero-fill first).
+    /// Memory is reserved when data arrives, never on a CDB's or R2T's say-so
+    /// ([`WriteState::make_room`]): the whole write, or the rest of the burst, so in-order
+    /// data is appended with one copy (no zero-fill first) and never moved again.
     fn store(&mut self, offset: u32, data: &[u8], burst_end: u32) {
         let start = offset.min(self.keep) as usize;
         let end = (offset as usize + data.len()).min(self.keep as usize);
         if end <= start {
             return;
         }
-        let want = (burst_end.min(self.keep) as usize).max(end);
-        if want > self.buf.capacity() {
-            self.buf.reserve(want - self.buf.len());
-        }
+        self.make_room(end, burst_end);
         let data = &data[..end - start];
         if start == self.buf.len() {
             self.buf.extend_from_slice(data);
@@ -417,6 +506,7 @@ impl WriteState {
         if let Some(whole) = self.whole {
             return whole;
         }
+        // The budget's share is given back as `self` goes: the buffer is all data now.
         let mut buf = self.buf;
         buf.resize(self.keep as usize, 0);
         buf.freeze()
@@ -424,393 +514,4 @@ impl WriteState {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params(
-        initial_r2t: bool,
-        first_burst: u32,
-        max_burst: u32,
-        outstanding: u32,
-    ) -> SessionParams {
-        SessionParams {
-            initial_r2t,
-            immediate_data: true,
-            first_burst_length: first_burst,
-            max_burst_length: max_burst,
-            max_outstanding_r2t: outstanding,
-            ..SessionParams::default()
-        }
-    }
-
-    fn cmd(edtl: u32, final_: bool) -> ScsiCommand {
-        ScsiCommand {
-            immediate: false,
-            final_,
-            read: false,
-            write: true,
-            attr: iscsi_wire::header::TaskAttr::SIMPLE,
-            lun: 0,
-            itt: 1,
-            expected_data_transfer_length: edtl,
-            cmd_sn: 0,
-            exp_stat_sn: 0,
-            cdb: [0; 16],
-        }
-    }
-
-    fn dout(ttt: u32, data_sn: u32, offset: u32, final_: bool) -> DataOut {
-        DataOut {
-            final_,
-            lun: 0,
-            itt: 1,
-            ttt,
-            exp_stat_sn: 0,
-            data_sn,
-            buffer_offset: offset,
-        }
-    }
-
-    #[test]
-    fn immediate_data_alone_completes() {
-        let w = WriteState::new(
-            &params(false, 65536, 262_144, 4),
-            &cmd(4096, true),
-            Bytes::from(vec![7u8; 4096]),
-            4096,
-        )
-        .unwrap();
-        assert!(w.is_complete());
-        assert_eq!(&w.into_data()[..], &[7u8; 4096][..]);
-    }
-
-    #[test]
-    fn passes_immediate_data_that_is_the_whole_transfer_on_without_a_copy() {
-        let imm = Bytes::from(vec![7u8; 4096]);
-        let at = imm.as_ptr();
-        let w = WriteState::new(
-            &params(false, 65536, 262_144, 4),
-            &cmd(4096, true),
-            imm,
-            4096,
-        )
-        .unwrap();
-        let data = w.into_data();
-        assert_eq!(data.as_ptr(), at, "the PDU's own bytes, not a copy");
-        assert_eq!(data.len(), 4096);
-    }
-
-    #[test]
-    fn unsolicited_then_solicited_with_several_r2ts() {
-        let p = params(false, 8192, 16384, 2);
-        let mut w =
-            WriteState::new(&p, &cmd(65536, false), Bytes::from(vec![1u8; 4096]), 65536).unwrap();
-        let mut ttt = 100;
-        assert!(w.plan_r2ts(|| 0).is_empty(), "unsolicited data still due");
-        w.on_data_out(&dout(RESERVED_TAG, 0, 4096, true), &[2; 4096])
-            .unwrap();
-        let plans = w.plan_r2ts(|| {
-            ttt += 1;
-            ttt
-        });
-        assert_eq!(plans.len(), 2, "MaxOutstandingR2T");
-        assert_eq!(
-            (plans[0].offset, plans[0].len, plans[0].r2t_sn),
-            (8192, 16384, 0)
-        );
-        assert_eq!(
-            (plans[1].offset, plans[1].len, plans[1].r2t_sn),
-            (24576, 16384, 1)
-        );
-        // Answer the second R2T first: sequences may complete in any order.
-        w.on_data_out(&dout(plans[1].ttt, 0, 24576, false), &[4; 8192])
-            .unwrap();
-        w.on_data_out(&dout(plans[1].ttt, 1, 32768, true), &[4; 8192])
-            .unwrap();
-        let more = w.plan_r2ts(|| 999);
-        assert_eq!(more.len(), 1);
-        assert_eq!((more[0].offset, more[0].len), (40960, 16384));
-        w.on_data_out(&dout(plans[0].ttt, 0, 8192, true), &[3; 16384])
-            .unwrap();
-        let last = w.plan_r2ts(|| 1000);
-        assert_eq!((last[0].offset, last[0].len), (57344, 8192));
-        w.on_data_out(&dout(999, 0, 40960, true), &[5; 16384])
-            .unwrap();
-        assert!(!w.is_complete());
-        w.on_data_out(&dout(1000, 0, 57344, true), &[6; 8192])
-            .unwrap();
-        assert!(w.is_complete());
-        let d = w.into_data();
-        assert_eq!(
-            (d[0], d[4096], d[8192], d[24576], d[40960], d[65535]),
-            (1, 2, 3, 4, 5, 6)
-        );
-    }
-
-    /// Data-Out received in place (issue 27): unsolicited and solicited Data-Out lent the
-    /// free end of the write's one buffer, given back and joined without a copy; the data is
-    /// the same as when stored by copy, in one allocation from the first byte on.
-    #[test]
-    fn accepts_data_out_placed_in_the_writes_own_buffer_without_a_copy() {
-        let p = params(false, 16384, 65536, 1);
-        let mut w =
-            WriteState::new(&p, &cmd(65536, false), Bytes::from(vec![1u8; 4096]), 65536).unwrap();
-        let place = |w: &mut WriteState, h: DataOut, byte: u8, len: usize| {
-            let mut b = w.lend(&h, len).expect("lent");
-            assert!(b.is_empty() && b.capacity() >= len);
-            b.extend_from_slice(&vec![byte; len]);
-            w.on_placed_data_out(&h, b).unwrap();
-        };
-        let at = w.buf.as_ptr();
-        place(&mut w, dout(RESERVED_TAG, 0, 4096, false), 2, 4096);
-        place(&mut w, dout(RESERVED_TAG, 1, 8192, true), 3, 8192);
-        let plans = w.plan_r2ts(|| 7);
-        assert_eq!((plans[0].offset, plans[0].len), (16384, 49152));
-        place(&mut w, dout(7, 0, 16384, false), 4, 32768);
-        place(&mut w, dout(7, 1, 49152, true), 5, 16384);
-        assert!(w.is_complete());
-        let d = w.into_data();
-        assert_eq!(
-            d.as_ptr(),
-            at,
-            "one buffer: every placed PDU joined in place"
-        );
-        assert_eq!(
-            (
-                d[0],
-                d[4096],
-                d[8192],
-                d[16384],
-                d[49151],
-                d[49152],
-                d.len()
-            ),
-            (1, 2, 3, 4, 4, 5, 65536)
-        );
-    }
-
-    /// What is not lent for (`None`: received and copied as before): data out of order, past
-    /// what the CDB keeps, or for an unknown TTT. A placed PDU the data phase refuses (DataSN
-    /// out of order) leaves the data stored so far as it was, and the right one is placed
-    /// after it.
-    #[test]
-    fn rejects_placed_data_out_out_of_order_and_keeps_the_data_before_it() {
-        let p = params(false, 16384, 65536, 1);
-        let mut w =
-            WriteState::new(&p, &cmd(16384, false), Bytes::from(vec![1u8; 4096]), 12288).unwrap();
-        assert!(
-            w.lend(&dout(RESERVED_TAG, 0, 8192, false), 4096).is_none(),
-            "a gap"
-        );
-        assert!(
-            w.lend(&dout(RESERVED_TAG, 0, 4096, false), 12288).is_none(),
-            "past keep"
-        );
-        assert!(
-            w.lend(&dout(42, 0, 4096, false), 4096).is_none(),
-            "unknown TTT"
-        );
-        let h = dout(RESERVED_TAG, 1, 4096, false);
-        let mut b = w.lend(&h, 4096).unwrap();
-        b.extend_from_slice(&[9; 4096]);
-        assert!(w.on_placed_data_out(&h, b).is_err(), "DataSN 1 before 0");
-        let h = dout(RESERVED_TAG, 0, 4096, false);
-        let mut b = w.lend(&h, 4096).unwrap();
-        b.extend_from_slice(&[2; 4096]);
-        w.on_placed_data_out(&h, b).unwrap();
-        w.on_data_out(&dout(RESERVED_TAG, 1, 8192, true), &[3; 8192])
-            .unwrap();
-        assert!(w.is_complete());
-        let d = w.into_data();
-        assert_eq!(
-            (d[0], d[4095], d[4096], d[8191], d[8192], d.len()),
-            (1, 1, 2, 2, 3, 12288)
-        );
-    }
-
-    #[test]
-    fn initial_r2t_yes_solicits_everything_after_immediate() {
-        let p = params(true, 65536, 262_144, 1);
-        let mut w = WriteState::new(&p, &cmd(8192, false), Bytes::new(), 8192).unwrap();
-        let plans = w.plan_r2ts(|| 5);
-        assert_eq!(
-            plans,
-            vec![R2tPlan {
-                ttt: 5,
-                r2t_sn: 0,
-                offset: 0,
-                len: 8192
-            }]
-        );
-        assert!(w
-            .on_data_out(&dout(RESERVED_TAG, 0, 0, true), &[0; 512])
-            .is_err());
-    }
-
-    #[test]
-    fn rejects_bad_data_sn_offset_and_overrun() {
-        let p = params(false, 65536, 262_144, 1);
-        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
-        assert!(
-            w.on_data_out(&dout(RESERVED_TAG, 1, 0, false), &[0; 512])
-                .is_err(),
-            "DataSN 1 first"
-        );
-        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
-        assert!(
-            w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[0; 512])
-                .is_err(),
-            "gap"
-        );
-        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
-        assert!(
-            w.on_data_out(&dout(RESERVED_TAG, 0, 0, true), &[0; 4096])
-                .is_err(),
-            "overrun"
-        );
-        let mut w = WriteState::new(&p, &cmd(2048, false), Bytes::new(), 2048).unwrap();
-        w.on_data_out(&dout(RESERVED_TAG, 0, 0, false), &[0; 1024])
-            .unwrap();
-        assert!(
-            w.on_data_out(&dout(RESERVED_TAG, 0, 1024, true), &[0; 1024])
-                .is_err(),
-            "DataSN 0 twice"
-        );
-    }
-
-    #[test]
-    fn underflow_discards_extra_bytes_and_overflow_keeps_edtl() {
-        // EDTL 10000 for a one-block write: keep 512, accept and drop the rest.
-        let p = params(false, 65536, 262_144, 1);
-        let mut w =
-            WriteState::new(&p, &cmd(10000, false), Bytes::from(vec![9u8; 512]), 512).unwrap();
-        w.on_data_out(&dout(RESERVED_TAG, 0, 512, true), &[8; 9488])
-            .unwrap();
-        assert!(w.is_complete());
-        assert_eq!(w.into_data().len(), 512);
-        // EDTL 200 for a one-block write: only 200 bytes can come.
-        let w = WriteState::new(&p, &cmd(200, true), Bytes::from(vec![1u8; 200]), 512).unwrap();
-        assert!(w.is_complete());
-        assert_eq!(w.into_data().len(), 200);
-    }
-
-    #[test]
-    fn recover_solicits_again_only_what_a_failed_connection_never_brought() {
-        // Unsolicited data cut after 1024 of 4096 bytes, then two R2Ts, the first half answered.
-        let p = params(false, 4096, 4096, 2);
-        let mut w =
-            WriteState::new(&p, &cmd(16384, false), Bytes::from(vec![1u8; 512]), 16384).unwrap();
-        w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[1; 512])
-            .unwrap();
-        w.recover();
-        let mut ttt = 10;
-        let plans = w.plan_r2ts(|| {
-            ttt += 1;
-            ttt
-        });
-        assert_eq!(
-            plans.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
-            vec![(1024, 3072), (4096, 4096)],
-            "the rest of the unsolicited burst first, then the solicited data"
-        );
-        w.on_data_out(&dout(plans[1].ttt, 0, 4096, false), &[2; 2048])
-            .unwrap();
-        w.recover();
-        let again = w.plan_r2ts(|| 99);
-        assert_eq!(
-            again.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
-            vec![(1024, 3072), (6144, 2048)],
-            "only the bytes that never came; R2TSNs go on"
-        );
-        assert_eq!(again[0].r2t_sn, 2);
-        assert!(!w.is_complete());
-    }
-
-    #[test]
-    fn restart_solicits_the_whole_transfer_again_and_keeps_nothing_of_the_failed_connection() {
-        // 512 bytes immediate, unsolicited data to 1024 of 4096, then a half-answered R2T:
-        // what came on the failed connection is dropped, 0..16384 is asked for again.
-        let p = params(false, 4096, 4096, 2);
-        let mut w =
-            WriteState::new(&p, &cmd(16384, false), Bytes::from(vec![1u8; 512]), 16384).unwrap();
-        w.on_data_out(&dout(RESERVED_TAG, 0, 512, false), &[1; 512])
-            .unwrap();
-        w.recover();
-        let mut ttt = 10;
-        let plans = w.plan_r2ts(|| {
-            ttt += 1;
-            ttt
-        });
-        w.on_data_out(&dout(plans[0].ttt, 0, 1024, false), &[1; 1024])
-            .unwrap();
-        w.restart();
-        let mut ttt = 20;
-        let again = w.plan_r2ts(|| {
-            ttt += 1;
-            ttt
-        });
-        assert_eq!(
-            again.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
-            vec![(0, 4096), (4096, 4096)],
-            "from byte 0, immediate data included, MaxOutstandingR2T at a time"
-        );
-        assert!(again[0].r2t_sn > plans[1].r2t_sn, "R2TSNs go on");
-        for (k, plan) in again.iter().enumerate() {
-            let fill = [7 + u8::try_from(k).unwrap(); 4096];
-            w.on_data_out(&dout(plan.ttt, 0, plan.offset, true), &fill)
-                .unwrap();
-        }
-        assert!(!w.is_complete());
-        let mut ttt = 30;
-        let rest = w.plan_r2ts(|| {
-            ttt += 1;
-            ttt
-        });
-        assert_eq!(
-            rest.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>(),
-            vec![(8192, 4096), (12288, 4096)]
-        );
-        let mut plans = rest;
-        let mut fill = 9u8;
-        while !plans.is_empty() {
-            for plan in &plans {
-                w.on_data_out(&dout(plan.ttt, 0, plan.offset, true), &vec![fill; 4096])
-                    .unwrap();
-                fill += 1;
-            }
-            plans = w.plan_r2ts(|| {
-                ttt += 1;
-                ttt
-            });
-        }
-        assert!(w.is_complete());
-        let data = w.into_data();
-        assert_eq!(data.len(), 16384);
-        assert!(
-            data[..4096].iter().all(|b| *b == 7),
-            "no byte of the old immediate or unsolicited data is left"
-        );
-        assert!(data[4096..8192].iter().all(|b| *b == 8));
-    }
-
-    #[test]
-    fn resend_names_outstanding_r2ts_by_r2tsn_and_restarts_their_burst() {
-        let p = params(true, 65536, 2048, 2);
-        let mut w = WriteState::new(&p, &cmd(8192, false), Bytes::new(), 8192).unwrap();
-        let plans = w.plan_r2ts(|| 7);
-        assert_eq!(plans.len(), 2);
-        w.on_data_out(&dout(7, 0, 0, false), &[0; 1024]).unwrap();
-        let again = w.resend(0, 1);
-        assert_eq!(again, vec![plans[0]]);
-        // The burst is answered from its first byte again.
-        w.on_data_out(&dout(7, 0, 0, false), &[0; 1024]).unwrap();
-        assert_eq!(w.resend(1, 0), vec![plans[1]]);
-        assert!(w.resend(5, 1).is_empty());
-    }
-
-    #[test]
-    fn rejects_immediate_data_beyond_first_burst() {
-        let p = params(false, 512, 262_144, 1);
-        assert!(WriteState::new(&p, &cmd(4096, true), Bytes::from(vec![0u8; 1024]), 4096).is_err());
-    }
-}
+mod tests;

@@ -31,7 +31,7 @@ use iscsi_wire::header::{
 };
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
-use super::r2t::{DataError, WriteState};
+use super::r2t::{DataError, ReserveBudget, WriteState};
 use super::{fixed_sense, CloseReason, ConnectionError, PeerTagMap, Side, TagAllocator, Violation};
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{Admit, CmdWindow};
@@ -223,7 +223,9 @@ pub struct Config {
     pub nop_interval: Option<Duration>,
     /// How long a Logout waits for running commands before answering anyway.
     pub drain_timeout: Duration,
-    /// Refuse a data-out buffer above this many bytes, whatever the CDB or EDTL claim.
+    /// Refuse a data-out buffer above this many bytes, whatever the CDB or EDTL claim. Also
+    /// the bytes this connection's writes may hold reserved whole ahead of their data
+    /// ([`ReserveBudget`], issue 27): one largest command's worth.
     pub max_command_bytes: u64,
     /// The connection's CID from its login (RFC 7143 §11.12.4): a Logout that closes the
     /// connection names it (§11.14.3).
@@ -324,6 +326,8 @@ pub struct Connection<D = ()> {
     ping: Option<Ping>,
     drain_timeout: Duration,
     max_command_bytes: u64,
+    /// What this connection's writes may reserve whole ([`Config::max_command_bytes`]).
+    reserve: ReserveBudget,
     /// [`Config::resolicit_reassigned_writes`].
     resolicit_reassigned_writes: bool,
     /// PDUs to send, each with the StatSN it keeps when it is a retransmission (a SNACK's
@@ -425,6 +429,9 @@ impl<D> Connection<D> {
             ping: None,
             drain_timeout: cfg.drain_timeout,
             max_command_bytes: cfg.max_command_bytes,
+            reserve: ReserveBudget::new(
+                usize::try_from(cfg.max_command_bytes).unwrap_or(usize::MAX),
+            ),
             resolicit_reassigned_writes: cfg.resolicit_reassigned_writes,
             out: VecDeque::new(),
             queued_bytes: 0,

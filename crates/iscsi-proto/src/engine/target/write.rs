@@ -115,7 +115,7 @@ impl<D> Connection<D> {
             return;
         }
         let need32 = u32::try_from(need).unwrap_or(u32::MAX);
-        let write = match WriteState::new(&self.params, &cmd, data, need32) {
+        let write = match WriteState::new(&self.params, &cmd, data, need32, &self.reserve) {
             Ok(w) => w,
             Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
         };
