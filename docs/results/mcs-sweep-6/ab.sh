@@ -1,7 +1,9 @@
 #!/bin/sh
 # Issue 28, 1 Gbit/s sealed writes: this branch's build (write) beside main 2584ad5 (write-b)
 # and iperf3, 32 ms one way, no loss, 1 and 8 connections, with `ss` evidence of both ends.
-# As root, from the repository root of the branch's checkout.
+# As root, from the repository root of the branch's checkout. pace-1gbit-clean/ was run as
+# NEW=<paced build> OLD=<pick fix only> PART=pace-1gbit-clean REPS=2 (README.md).
+# Each part's own command.txt has the exact command it ran.
 set -e
 R=docs/results/mcs-sweep-6
 NEW=${NEW:-/work/notes/s22/wan28/ipsan-wan28a}   # release build of this branch
