@@ -2,7 +2,8 @@
 //! (`ipsan_initiator::McsSession`) against the real ipsan target in-process on 127.0.0.1:0:
 //! `ipsan bench`'s verify workloads (writes of seeded patterns, every block read back and
 //! compared) over four connections of one session, plain and sealed (each connection with its
-//! own Seal login), with both spreading policies; a target that grants one connection
+//! own Seal login; sealed inline and on a crypto pool, with no command left counted as picked
+//! for a connection after), with both spreading policies; a target that grants one connection
 //! (MaxConnections=1) gets one; a connection cut under load ends the session at
 //! ErrorRecoveryLevel 0 (every command fails, none hangs), and at ErrorRecoveryLevel 2 ends
 //! nothing: connections cut mid-write, mid-read and under a verified mix have their commands
@@ -193,6 +194,43 @@ fn accepts_sealed_verify_workloads_over_four_connections_each_with_its_own_seal_
         assert!(
             placed.len() == 4 && placed.iter().all(|(_, n)| *n >= 16),
             "{placed:?}"
+        );
+        Arc::try_unwrap(s).unwrap().logout().await.unwrap();
+        h.shutdown().await.unwrap();
+    });
+}
+
+/// Sealed with a crypto pool (`ipsan bench`'s default pipeline): each command's connection is
+/// picked before its data is sealed on a worker and counts it until it is submitted (issue
+/// 28: without that, every command picked while one was being sealed went to the same
+/// connection). Every block verifies, every connection carries commands, and once the
+/// workloads are done no command is left counted as picked.
+#[test]
+fn spreads_sealed_commands_made_on_crypto_workers_and_leaves_none_picked() {
+    bounded(90, async {
+        let h = seal_target(IQN, SECRET, SealPolicy::Required, None).await;
+        let s = McsSession::open(
+            &url(&h),
+            &common::sealed_config(Cipher::Aes256Gcm, SECRET),
+            McsConfig {
+                connections: 4,
+                spread: Spread::LeastBytes,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.connections(), 4);
+        let s = Arc::new(s);
+        verify_workloads(&s).await;
+        let placed = s.commands_per_connection();
+        assert!(
+            placed.len() == 4 && placed.iter().all(|(_, n)| *n >= 16),
+            "{placed:?}"
+        );
+        assert_eq!(
+            s.picked_bytes(),
+            0,
+            "every pick was submitted or given back"
         );
         Arc::try_unwrap(s).unwrap().logout().await.unwrap();
         h.shutdown().await.unwrap();

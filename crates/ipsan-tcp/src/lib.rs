@@ -55,6 +55,20 @@ pub fn set_rto_min<S: AsFd>(socket: &S, min: std::time::Duration) -> Result<(), 
     })
 }
 
+/// Makes the kernel pace the socket's sends itself (Linux 4.13+: `SO_MAX_PACING_RATE` set to
+/// anything but "unlimited" turns on TCP's internal pacing, here with no cap of its own): each
+/// window goes out spread over the round trip at the rate the congestion control sets
+/// (twice cwnd/RTT in slow start, 1.2× after) instead of as a burst at line rate whenever the
+/// window opens, as BBR's sends always are.
+pub fn pace<S: AsFd>(socket: &S) -> Result<(), TcpError> {
+    sys::set_max_pacing_rate(socket.as_fd().as_raw_fd(), u64::MAX - 1).map_err(|source| {
+        TcpError::Socket {
+            op: "setsockopt(SO_MAX_PACING_RATE)",
+            source,
+        }
+    })
+}
+
 /// The socket's minimum retransmission timeout (`TCP_RTO_MIN_US`).
 pub fn rto_min<S: AsFd>(socket: &S) -> Result<std::time::Duration, TcpError> {
     let us = sys::rto_min_us(socket.as_fd().as_raw_fd()).map_err(|source| TcpError::Socket {
@@ -114,5 +128,21 @@ mod rto_min_tests {
             super::tcp_info(&s).unwrap().rto_us >= 20_000,
             "the RTO is at least the minimum"
         );
+    }
+
+    #[test]
+    fn paces_with_a_cap_that_is_not_unlimited() {
+        use std::os::fd::{AsFd, AsRawFd};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let fd = s.as_fd().as_raw_fd();
+        assert_eq!(
+            crate::sys::max_pacing_rate(fd).unwrap(),
+            u64::MAX,
+            "unlimited"
+        );
+        super::pace(&s).unwrap();
+        // Anything but u64::MAX turns the kernel's own pacing on (sk_pacing_status).
+        assert_eq!(crate::sys::max_pacing_rate(fd).unwrap(), u64::MAX - 1);
     }
 }

@@ -89,6 +89,13 @@ pub(crate) fn set_max_pacing_rate(fd: RawFd, bytes_per_sec: u64) -> io::Result<(
     setsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE, bytes_per_sec)
 }
 
+/// Reads `SO_MAX_PACING_RATE` (64 bits: `u64::MAX` is "unlimited"); for the tests.
+#[cfg(test)]
+pub(crate) fn max_pacing_rate(fd: RawFd) -> io::Result<u64> {
+    const SO_MAX_PACING_RATE: libc::c_int = 47;
+    getsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE)
+}
+
 /// `TCP_RTO_MIN_US` (Linux 6.15), microseconds: the socket's floor under its retransmission
 /// timeout, and what a tail loss probe of a lone segment waits beyond two round trips.
 pub(crate) fn set_rto_min_us(fd: RawFd, us: u32) -> io::Result<()> {

@@ -914,3 +914,68 @@ fn picks_spread_by_bytes_even_while_the_window_holds_the_commands_back() {
     // would put one of them behind the 64 KiB).
     assert_eq!(placed[1..], [1 - placed[0]; 3], "{placed:?}");
 }
+
+/// Issue 28, 1 Gbit/s sealed writes: Seal makes a write's data for its connection (on a
+/// crypto worker) between the pick and the submission, so a burst of completions has many
+/// commands picked before the first is submitted. [`mcs::Session::pick`] alone sees the same
+/// measure each time and sends the whole burst to one connection; `pick_for` counts each
+/// pick on its connection until `unpick`, so the burst spreads as submitted commands would.
+#[test]
+fn picks_made_before_their_commands_are_submitted_spread_as_submitted_ones_would() {
+    let burst = |reserving: bool| -> (mcs::Session, u16, Vec<u16>) {
+        let (mut s, now) = two(Spread::LeastBytes);
+        // 64 KiB outstanding on one connection, nothing on the other.
+        let big = s.submit(now, write(0, 128)).unwrap();
+        let big_on = s.allegiance(big).unwrap();
+        let on = (0..4)
+            .map(|_| {
+                if reserving {
+                    // Counted on its connection until it is submitted (not here).
+                    s.pick_for(32 << 10).unwrap().cid
+                } else {
+                    s.pick().unwrap()
+                }
+            })
+            .collect();
+        (s, big_on, on)
+    };
+    let (_, big_on, herd) = burst(false);
+    assert_eq!(
+        herd,
+        vec![1 - big_on; 4],
+        "pick alone: one connection takes all"
+    );
+    let (s, big_on, spread) = burst(true);
+    let other = 1 - big_on;
+    // 32 KiB each: the other connection until it has more than the 64 KiB one.
+    assert_eq!(spread, vec![other, other, big_on, other], "{spread:?}");
+    assert_eq!(s.picked_bytes(other), 3 * (48 + (32 << 10)));
+    assert_eq!(s.picked_bytes(big_on), 48 + (32 << 10));
+}
+
+/// `unpick` takes back exactly what `pick_for` counted, whether the command is then submitted
+/// (its outstanding bytes count instead) or given up; a pick for a connection that is gone
+/// changes nothing.
+#[test]
+fn unpick_returns_a_connections_count_to_what_its_submitted_commands_make() {
+    let (mut s, now) = two(Spread::LeastBytes);
+    let a = s.pick_for(32 << 10).unwrap();
+    let b = s.pick_for(32 << 10).unwrap();
+    assert_ne!(a.cid, b.cid, "the second pick sees the first");
+    let (a_cid, b_cid) = (a.cid, b.cid);
+    // `a` is submitted: its count moves from picked to outstanding.
+    s.unpick(a);
+    let itt = s.alloc_itt();
+    s.submit_on(now, a_cid, itt, write(0, 64)).unwrap();
+    assert_eq!(s.allegiance(itt), Some(a_cid));
+    assert_eq!(s.picked_bytes(a_cid), 0);
+    assert_eq!(s.outstanding_bytes(a_cid), 48 + (32 << 10));
+    // `b` is given up (its data could not be made): nothing stays counted.
+    assert_eq!(s.picked_bytes(b_cid), 48 + (32 << 10));
+    s.unpick(b);
+    assert_eq!((s.picked_bytes(b_cid), s.outstanding_bytes(b_cid)), (0, 0));
+    // The next pick goes where the fewest bytes are: `b`'s connection.
+    let c = s.pick_for(0).unwrap();
+    assert_eq!(c.cid, b_cid);
+    s.unpick(c);
+}

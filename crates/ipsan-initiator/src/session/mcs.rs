@@ -412,6 +412,17 @@ impl McsSession {
         self.core.lock().map(|g| g.recovery).unwrap_or_default()
     }
 
+    /// Bytes of commands picked for a connection whose data is still being made for it (Seal
+    /// seals a write on a crypto worker between its pick and its submission), summed over the
+    /// connections: each counts on its connection's load meanwhile, so commands picked in a
+    /// burst spread (`engine::mcs::Session::pick_for`). 0 once no command is between the two.
+    pub fn picked_bytes(&self) -> u64 {
+        self.core
+            .lock()
+            .map(|g| g.conns.iter().map(|c| g.session.picked_bytes(c.cid)).sum())
+            .unwrap_or(0)
+    }
+
     /// Commands that ended on each connection so far (the connection each went on), by CID,
     /// ascending.
     pub fn commands_per_connection(&self) -> Vec<(u16, u64)> {

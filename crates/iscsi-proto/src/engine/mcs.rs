@@ -137,6 +137,16 @@ impl std::str::FromStr for Spread {
     }
 }
 
+/// A connection [`Session::pick_for`] chose, holding its count until [`Session::unpick`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "the connection counts it until Session::unpick"]
+pub struct Picked {
+    pub cid: u16,
+    /// Which login of `cid` (a reinstated connection with the same CID is another).
+    serial: u64,
+    cost: u64,
+}
+
 /// Settings of a session of several connections.
 #[derive(Clone, Debug, Default)]
 pub struct Config {
@@ -270,6 +280,10 @@ struct Member {
     /// Bytes of commands made for this connection still waiting for the window
     /// ([`Session::submit_on`]): counted too, so picks while the window is shut spread.
     pinned: u64,
+    /// Bytes of commands [`Session::pick_for`] chose it for and the driver has not submitted
+    /// yet (their data is being made for it): counted too, so picks made in a burst, before
+    /// the first of them is submitted, spread as submitted commands would.
+    picked: u64,
     /// A task it had sent and the target had not acknowledged ended with it.
     gap: bool,
     /// Which login this is: a connection that later takes the same CID (a reinstatement) is
@@ -302,9 +316,9 @@ impl Member {
         self.conn.closed().is_none()
     }
 
-    /// Bytes outstanding and bytes made for it and waiting.
+    /// Bytes outstanding, bytes made for it and waiting, and bytes picked for it.
     fn load(&self) -> u64 {
-        self.bytes + self.pinned
+        self.bytes + self.pinned + self.picked
     }
 
     /// Its socket's reported rate, if it reported one.
@@ -321,7 +335,7 @@ impl Member {
     fn delay_us(&self, best: u64) -> Option<u128> {
         let q = self.queue?;
         let rate = self.rate()?;
-        let queued = u128::from(q.report.bytes) + u128::from(q.since);
+        let queued = u128::from(q.report.bytes) + u128::from(q.since) + u128::from(self.picked);
         Some(
             queued * 1_000_000 / u128::from(rate)
                 + u128::from(self.load()) * 1_000_000 / u128::from(best.max(1)),
@@ -422,6 +436,7 @@ impl Session {
                 logout: None,
                 bytes: 0,
                 pinned: 0,
+                picked: 0,
                 gap: false,
                 serial: 0,
                 queue: None,
@@ -684,6 +699,7 @@ impl Session {
             logout: None,
             bytes: 0,
             pinned: 0,
+            picked: 0,
             gap: false,
             serial: self.next_serial,
             queue: None,
@@ -837,6 +853,41 @@ impl Session {
     /// takes commands.
     pub fn pick(&mut self) -> Option<u16> {
         self.choose().map(|i| self.members[i].cid)
+    }
+
+    /// [`Session::pick`] for a command of `len` bytes of data (a write's, or a read's
+    /// length; 0 without data) that the driver makes before it submits it (Seal seals a
+    /// write under the connection's keys, on a crypto worker): the connection counts it as
+    /// its own from now until [`Session::unpick`]. Without that, every command picked while
+    /// the first is still being made would go to the same connection (its measure unchanged
+    /// until a submission; issue 28: a burst of completions sent 2.4 MB of writes to one of 8
+    /// connections while the others ran dry, and every later write waited behind it in CmdSN
+    /// order, docs/results/mcs-sweep-6).
+    pub fn pick_for(&mut self, len: u64) -> Option<Picked> {
+        let i = self.choose()?;
+        let cost = COMMAND_COST + len;
+        let m = &mut self.members[i];
+        m.picked += cost;
+        Some(Picked {
+            cid: m.cid,
+            serial: m.serial,
+            cost,
+        })
+    }
+
+    /// The connection of `p` stops counting it: call it when the command is submitted (just
+    /// before [`Session::submit_on`], which counts it as its own) or given up.
+    pub fn unpick(&mut self, p: Picked) {
+        if let Some(i) = self.pinned_index((p.cid, p.serial)) {
+            let m = &mut self.members[i];
+            m.picked = m.picked.saturating_sub(p.cost);
+        }
+    }
+
+    /// Bytes picked for connection `cid` and not yet submitted ([`Session::pick_for`]).
+    #[must_use]
+    pub fn picked_bytes(&self, cid: u16) -> u64 {
+        self.index(cid).map_or(0, |i| self.members[i].picked)
     }
 
     /// [`Session::submit_as`] on connection `cid` only (its data was made for it): it goes

@@ -52,6 +52,31 @@ pub(super) async fn open_adopted(
     }
 }
 
+/// A command picked for a connection and not yet submitted ([`mcs::Session::pick_for`]):
+/// counted there until it is submitted, or until this drops (its data could not be made, or
+/// its caller went away mid-seal).
+struct Reserved<'a> {
+    core: &'a McsCore,
+    picked: Option<mcs::Picked>,
+}
+
+impl Reserved<'_> {
+    /// Submitted now: the caller unpicks it under the lock it submits under.
+    fn take(&mut self) -> Option<mcs::Picked> {
+        self.picked.take()
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.picked.take() {
+            if let Ok(mut g) = self.core.lock() {
+                g.session.unpick(p);
+            }
+        }
+    }
+}
+
 /// Tries of one command at most (each a new ITT), counting only [`Attempt::Again`].
 const MAX_TRIES: u32 = 8;
 
@@ -181,8 +206,15 @@ impl McsSession {
         timed: bool,
         abort: Option<&tokio_util::sync::CancellationToken>,
     ) -> Result<Attempt> {
-        // Sealed: the connection first (its data is made for it, under its keys). Plain: the
+        // Sealed: the connection first (its data is made for it, under its keys), counting
+        // the command as its own from the pick to the submission (`Reserved`): sealing runs on
+        // a crypto worker, and commands picked meanwhile must see this one there. Plain: the
         // engine places the command when the window lets it go, on the load of that moment.
+        let len = match &dir {
+            DataDir::None => 0,
+            DataDir::Write(p) => p.len(),
+            DataDir::Read(_, len) => *len,
+        };
         let picked = self.core.with(false, |g| {
             if let Some(e) = &g.ended {
                 return Err(Error::ConnectionLost(e.clone()));
@@ -190,7 +222,7 @@ impl McsSession {
             if !g.sealed {
                 return Ok(Some((None, g.session.alloc_itt(), None)));
             }
-            let Some(cid) = g.session.pick() else {
+            let Some(p) = g.session.pick_for(u64::try_from(len).unwrap_or(u64::MAX)) else {
                 if g.session.recovers_connections() && g.session.ended().is_none() {
                     // None open now: ErrorRecoveryLevel 2 logs one in.
                     return Ok(None);
@@ -202,17 +234,23 @@ impl McsSession {
             let Some(t) = g
                 .conns
                 .iter()
-                .find(|c| c.cid == cid)
+                .find(|c| c.cid == p.cid)
                 .and_then(|c| c.transform.clone())
             else {
                 // Logged in again a moment ago, its driver side not started yet: never
                 // unsealed, wait for it.
+                g.session.unpick(p);
                 return Ok(None);
             };
-            Ok(Some((Some(cid), g.session.alloc_itt(), Some(t))))
+            Ok(Some((Some(p), g.session.alloc_itt(), Some(t))))
         })??;
-        let Some((cid, itt, t)) = picked else {
+        let Some((picked, itt, t)) = picked else {
             return Ok(Attempt::Wait);
+        };
+        let cid = picked.as_ref().map(|p| p.cid);
+        let mut reserved = Reserved {
+            core: &self.core,
+            picked,
         };
         let info = CommandInfo::of(lun, itt, &cdb);
         let mut plain = None;
@@ -249,7 +287,12 @@ impl McsSession {
             timed,
         };
         let (tx, rx) = oneshot::channel();
+        let picked = reserved.take();
         let submitted = self.core.with(true, |g| {
+            if let Some(p) = picked {
+                // From here the connection counts it as submitted (or it is not).
+                g.session.unpick(p);
+            }
             let now = Instant::now();
             let recovering = g.session.recovers_connections()
                 && g.session.ended().is_none()

@@ -28,6 +28,12 @@ pub(super) fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<
                 false
             }
         };
+        // Paced by the kernel: a connection's window leaves spread over the round trip, not
+        // as a burst into a shallow bottleneck queue (issue 28, docs/results/mcs-sweep-6:
+        // 8 sealed connections at 1 Gbit/s, 32 ms, wrote 2.15x as much, iperf3's rate).
+        if let Err(e) = ipsan_tcp::pace(s) {
+            tracing::debug!(cid, "not paced: {e}");
+        }
         (s.as_fd().try_clone_to_owned().ok(), floor)
     };
     let c = Arc::new(McsConn {
