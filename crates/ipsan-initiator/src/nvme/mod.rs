@@ -7,9 +7,11 @@
 //! - `url.rs`: [`NvmeUrl`], `nvme+tcp://host[:port]/subsysnqn/nsid`.
 //! - `queue.rs`: one queue's connection (dispatcher and writer tasks).
 //! - `runtimes.rs`: current-thread runtimes on threads of their own, for `queue_runtimes`.
+//! - `identity.rs`: host identities (UUID, host NQN) and the secret files (DH-HMAC-CHAP, TLS PSK).
 //! - `controller.rs`: a controller brought up (queues, TLS, DH-HMAC-CHAP) and kept alive.
 
 mod controller;
+mod identity;
 mod queue;
 mod runtimes;
 pub mod url;
@@ -34,6 +36,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::scsi::Capacity;
 use controller::{bring_up, establish, tls_params};
+pub use identity::{
+    dhchap_secret_from_file, hostnqn_for, parse_uuid, random_uuid, tls_key_from_file,
+};
 use queue::{QueueHandle, TlsParams};
 pub use runtimes::RuntimeThreads;
 pub use url::NvmeUrl;
@@ -163,78 +168,6 @@ impl Default for NvmeConfig {
             queue_runtimes: Vec::new(),
         }
     }
-}
-
-/// A random (version 4) UUID.
-#[must_use]
-pub fn random_uuid() -> [u8; 16] {
-    let mut b: [u8; 16] = rand::random();
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    b
-}
-
-/// The UUID-based host NQN (NVMe Base 2.0 §4.5): `nqn.2014-08.org.nvmexpress:uuid:…`.
-#[must_use]
-pub fn hostnqn_for(uuid: &[u8; 16]) -> String {
-    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "nqn.2014-08.org.nvmexpress:uuid:{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
-/// Parses a textual UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
-///
-/// # Errors
-/// Anything else.
-pub fn parse_uuid(s: &str) -> Result<[u8; 16], NvmeError> {
-    let hex: String = s.chars().filter(|&c| c != '-').collect();
-    let bad = || NvmeError::Invalid(format!("not a UUID: {s:?}"));
-    if hex.len() != 32 || s.len() != 36 {
-        return Err(bad());
-    }
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
-            .map_err(|_| bad())?;
-    }
-    Ok(out)
-}
-
-/// Reads a `DHHC-1:` secret from `path`, refused unless only its owner may read it (the same
-/// check as every other secret file).
-///
-/// # Errors
-/// The mode, an unreadable file, or text that is not a DHHC-1 secret (the error never holds
-/// the secret).
-pub fn dhchap_secret_from_file(path: &std::path::Path) -> Result<DhchapSecret, NvmeError> {
-    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
-    let text = zeroize::Zeroizing::new(
-        std::fs::read_to_string(path)
-            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
-    );
-    DhchapSecret::parse(text.trim())
-        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
-}
-
-/// Reads an `NVMeTLSkey-1:` configured PSK from `path` (owner-only mode, like every secret
-/// file).
-///
-/// # Errors
-/// The mode, an unreadable file, or text that is not such a key (never printed).
-pub fn tls_key_from_file(path: &std::path::Path) -> Result<ConfiguredPsk, NvmeError> {
-    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
-    let text = zeroize::Zeroizing::new(
-        std::fs::read_to_string(path)
-            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
-    );
-    ConfiguredPsk::parse(text.trim())
-        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// Reads the Discovery log of the discovery controller at `url` (`nvme+tcp://host[:port]`).
