@@ -52,13 +52,7 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16], NvmeError> {
 /// The mode, an unreadable file, or text that is not a DHHC-1 secret (the error never holds
 /// the secret).
 pub fn dhchap_secret_from_file(path: &std::path::Path) -> Result<DhchapSecret, NvmeError> {
-    crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
-    let text = zeroize::Zeroizing::new(
-        std::fs::read_to_string(path)
-            .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
-    );
-    DhchapSecret::parse(text.trim())
-        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+    secret_from_file(path, DhchapSecret::parse)
 }
 
 /// Reads an `NVMeTLSkey-1:` configured PSK from `path` (owner-only mode, like every secret
@@ -67,11 +61,19 @@ pub fn dhchap_secret_from_file(path: &std::path::Path) -> Result<DhchapSecret, N
 /// # Errors
 /// The mode, an unreadable file, or text that is not such a key (never printed).
 pub fn tls_key_from_file(path: &std::path::Path) -> Result<ConfiguredPsk, NvmeError> {
+    secret_from_file(path, ConfiguredPsk::parse)
+}
+
+/// The owner-only check, the read into memory that is zeroed when dropped, and `parse` on the
+/// trimmed text; errors name the path and the parser's own message, never the text.
+fn secret_from_file<T, E: std::fmt::Display>(
+    path: &std::path::Path,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<T, NvmeError> {
     crate::secret_file::check_mode(path).map_err(|e| NvmeError::Invalid(e.to_string()))?;
     let text = zeroize::Zeroizing::new(
         std::fs::read_to_string(path)
             .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))?,
     );
-    ConfiguredPsk::parse(text.trim())
-        .map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
+    parse(text.trim()).map_err(|e| NvmeError::Invalid(format!("{}: {e}", path.display())))
 }
