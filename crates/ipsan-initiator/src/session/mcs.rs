@@ -166,6 +166,33 @@ pub(crate) const TAIL_PROBE_AFTER: Duration = Duration::from_millis(5);
 /// How often, at most, [`Spread::LeastQueued`] reads every connection's `TCP_INFO`.
 const QUEUE_PROBE_EVERY: Duration = Duration::from_millis(1);
 
+/// How often a joining login refused with "session does not exist" is tried again, waiting
+/// 20, 40, 80, 160 ms in between ([`join_login`]).
+const JOIN_RETRIES: u32 = 4;
+
+/// A joining login (the session's TSIH, a new CID; RFC 7143 §5.3.4) refused with "session does
+/// not exist" (0x020a, §11.13.5) just after the leading login succeeded is tried again a few
+/// times: a target may send the leading login's final response before the session can be
+/// joined (ipsan's target registers it just after, and a joining login under load arrived in
+/// between). Any other outcome, and the last try's, is the caller's.
+async fn join_login(url: &IscsiUrl, cfg: &SessionConfig, target: &str) -> Result<Fresh> {
+    let mut wait = Duration::from_millis(20);
+    for _ in 0..JOIN_RETRIES {
+        match login_connection(url, cfg, target).await {
+            Err(Error::LoginRefused {
+                class: 2,
+                detail: 0x0a,
+                ..
+            }) => {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            r => return r,
+        }
+    }
+    login_connection(url, cfg, target).await
+}
+
 struct McsInner {
     session: mcs::Session,
     conns: Vec<Arc<McsConn>>,
@@ -366,7 +393,7 @@ impl McsSession {
             let cid = u16::try_from(cid).map_err(|_| Error::InvalidRequest("CID".into()))?;
             let mut jcfg = cfg.clone();
             jcfg.login.join = Some(Join { tsih, cid });
-            let fresh = login_connection(url, &jcfg, &target).await?;
+            let fresh = join_login(url, &jcfg, &target).await?;
             if fresh.li.done.established.tsih != tsih {
                 return Err(Error::Login(format!(
                     "connection {cid} joined session {:#x}, not {tsih:#x}",
