@@ -561,19 +561,19 @@ impl CryptoPool {
         binding: Binding,
         sealed: Bytes,
     ) -> impl Future<Output = Result<Bytes, OpenError>> + Send + 'static {
-        let (done, buf) = match sealed.try_into_mut() {
-            Ok(buf) => (None, buf),
+        // Ok: a buffer to open in place on the workers; Err: opened here already.
+        let opening = match sealed.try_into_mut() {
+            Ok(buf) => Ok(buf),
             Err(shared) if session.crypto_inline_sealed(shared.len()) => {
-                (Some(session.open_copy(&binding, &shared)), BytesMut::new())
+                Err(session.open_copy(&binding, &shared))
             }
-            Err(shared) => (None, BytesMut::from(&shared[..])),
-        };
-        let opened = done.is_none().then(|| self.open(session, binding, buf));
+            Err(shared) => Ok(BytesMut::from(&shared[..])),
+        }
+        .map(|buf| self.open(session, binding, buf));
         async move {
-            match (done, opened) {
-                (Some(done), _) => done,
-                (None, Some(opened)) => opened.await,
-                (None, None) => Ok(Bytes::new()),
+            match opening {
+                Ok(opening) => opening.await,
+                Err(opened) => opened,
             }
         }
     }

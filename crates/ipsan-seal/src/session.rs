@@ -11,6 +11,7 @@ use crate::cipher::{ChunkKey, Cipher};
 use crate::compress::{self, Compression};
 use crate::error::{OpenError, SealError};
 use crate::frame::{aad, Binding, Direction, Framing, AAD_LEN, COUNTER_LEN};
+use crate::kdf::BadTag;
 use crate::replay::ReplayWindow;
 
 pub use crate::frame::Role;
@@ -571,9 +572,36 @@ impl SealSession {
         data: &mut [u8],
         tag: &[u8],
     ) -> Result<(), OpenError> {
+        self.open_chunk_with(b, plan, index, |key, counter, aad| {
+            key.open(counter, aad, data, tag)
+        })
+    }
+
+    /// [`Self::open_chunk`] out of place: verifies chunk `index` where it lies (`src`) and
+    /// decrypts it into `dst` (zeroed if it does not verify).
+    pub(crate) fn open_chunk_into(
+        &self,
+        b: &Binding,
+        plan: Plan,
+        index: u32,
+        (src, dst): (&[u8], &mut [u8]),
+        tag: &[u8],
+    ) -> Result<(), OpenError> {
+        self.open_chunk_with(b, plan, index, |key, counter, aad| {
+            key.open_into(counter, aad, src, dst, tag)
+        })
+    }
+
+    /// Chunk `index`'s counter and AAD, the receiving key's `open`, the count.
+    fn open_chunk_with(
+        &self,
+        b: &Binding,
+        plan: Plan,
+        index: u32,
+        open: impl FnOnce(&ChunkKey, u64, &[u8]) -> Result<(), BadTag>,
+    ) -> Result<(), OpenError> {
         let (counter, a) = self.chunk_aad(self.recv_direction(), b, plan, index);
-        self.recv_key
-            .open(counter, &a, data, tag)
+        open(&self.recv_key, counter, &a)
             .map_err(|_| OpenError::Authentication { chunk: index })?;
         self.stats.opened.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -670,13 +698,10 @@ impl SealSession {
             .zip(tags)
             .enumerate()
         {
-            let (counter, a) = self.chunk_aad(self.recv_direction(), b, plan, i as u32);
-            if self.recv_key.open_into(counter, &a, s, d, tg).is_err() {
-                let e = OpenError::Authentication { chunk: i as u32 };
+            if let Err(e) = self.open_chunk_into(b, plan, i as u32, (s, d), tg) {
                 self.report(b, &e);
                 return Err(e);
             }
-            self.stats.opened.fetch_add(1, Ordering::Relaxed);
         }
         self.finish_open(b, plan)?;
         Ok(self.buffers.freeze(buf))
