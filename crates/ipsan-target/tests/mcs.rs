@@ -182,3 +182,31 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     assert_eq!(connections(&t).await, 2);
     t.shutdown().await.unwrap();
 }
+
+/// Issue 28: a connection that joins the instant the leading login's final response is read
+/// (its socket open already, no retry) finds the session: the target registers the session
+/// before that response leaves (RFC 7143 §5.3.4: the TSIH is the initiator's to use as soon as
+/// it has it). Each round's leading login has the same ISID and TSIH 0, so it reinstates the
+/// previous round's session (§6.3.5) as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_joining_the_instant_the_leading_login_is_answered_finds_the_session() {
+    let t = start().await;
+    let addr = t.addrs[0];
+    let isid = [0x80, 0, 0, 0, 0x28, 2];
+    let mut tsihs = std::collections::HashSet::new();
+    for round in 0..200 {
+        let mut a = Raw::connect(addr).await;
+        let mut b = Raw::connect(addr).await;
+        let (r, _) = login(&mut a, isid, 0, 0, &[("MaxConnections", "2")]).await;
+        assert_eq!((r.status_class, r.status_detail), (0, 0), "round {round}");
+        let (j, _) = login(&mut b, isid, r.tsih, 1, &[]).await;
+        assert_eq!(
+            (j.status_class, j.status_detail, j.tsih),
+            (0, 0, r.tsih),
+            "round {round}: the joining login"
+        );
+        tsihs.insert(r.tsih);
+    }
+    assert_eq!(tsihs.len(), 200, "each round a new session");
+    t.shutdown().await.unwrap();
+}
