@@ -358,6 +358,23 @@ impl Core {
         Ok(r)
     }
 
+    /// The error of a command that finds connection `conn` gone: once a reinstating login
+    /// was refused for good, the refusal ([`LinkState::Refused`]: every command fails with
+    /// it), whatever connection the command took; before, the connection's loss. A command
+    /// that took the connection before its loss was seen and reaches the engine only after the
+    /// refusal ended the session (a large write sealed meanwhile, or a caller descheduled
+    /// between the two) would otherwise report the old connection's end.
+    fn lost(&self, conn: &ConnState) -> Error {
+        match self.refused.get().copied() {
+            Some((detail, message)) => Error::LoginRefused {
+                class: 2,
+                detail,
+                message,
+            },
+            None => conn.lost(),
+        }
+    }
+
     /// Wakes the current connection's writer when it has work, and its timer when the
     /// engine's next deadline moved before the one it sleeps until.
     fn wake(g: &Inner, timer: bool) {
@@ -518,14 +535,7 @@ impl Core {
             }
             TaskError::Violation(v) => Err(Error::TargetViolation(v)),
             TaskError::TimedOut { after, .. } => Err(Error::CommandTimedOut(after)),
-            TaskError::ConnectionLost(_) if self.refused.get().is_some() => {
-                let (detail, message) = self.refused.get().copied().unwrap_or((0, ""));
-                Err(Error::LoginRefused {
-                    class: 2,
-                    detail,
-                    message,
-                })
-            }
+            TaskError::ConnectionLost(_) if self.refused.get().is_some() => Err(self.lost(conn)),
             TaskError::ConnectionLost(_) if conn.forged.get().is_some() => Err(conn.lost()),
             TaskError::ConnectionLost(e) => Err(Error::ConnectionLost(conn.loss(e))),
             _ => Err(conn.lost()),
@@ -571,7 +581,7 @@ impl Shared {
     }
 
     fn lost(&self) -> Error {
-        self.st.lost()
+        self.core.lost(&self.st)
     }
 }
 

@@ -413,6 +413,59 @@ fn without_recovery_a_cut_fails_commands_with_connection_lost() {
     });
 }
 
+/// Tells the test when a command's data starts being sealed (its connection taken).
+#[derive(Debug, Default)]
+struct SealStarted(tokio::sync::Notify);
+
+impl ipsan_initiator::CommandObserver for SealStarted {
+    fn on_event(&self, _itt: u32, event: ipsan_initiator::CommandEvent, _offset: u64, _len: u64) {
+        if event == ipsan_initiator::CommandEvent::SealStart {
+            self.0.notify_one();
+        }
+    }
+}
+
+/// The flake of `stops_recovery_at_once_when_the_reinstating_login_is_refused_for_good`
+/// (`ConnectionLost(PeerClosed)` once in a loaded run), made likely: a command takes the
+/// connection before its loss is seen and reaches the session engine only after the
+/// reinstating login was refused (there, a caller descheduled in between; here, a 32 MiB
+/// write sealed meanwhile). It fails with the refusal, as every command does once recovery
+/// stopped, not with the old connection's end.
+#[test]
+fn a_command_that_took_the_lost_connection_fails_with_the_refusal_of_its_recovery() {
+    bounded(30, async {
+        let h = seal_target(IQN, SECRET, SealPolicy::Allowed, None).await;
+        let other = seal_target(
+            "iqn.2026-11.org.ipsan:other",
+            SECRET,
+            SealPolicy::Allowed,
+            None,
+        )
+        .await;
+        let relay = Relay::start(h.addrs[0]).await;
+        let s = Arc::new(
+            Session::open(&relay.url(), &recovering(true, Duration::from_secs(60)))
+                .await
+                .unwrap(),
+        );
+        let started = Arc::new(SealStarted::default());
+        assert!(s.set_observer(started.clone()));
+        let w = {
+            let s = s.clone();
+            tokio::spawn(async move { s.write(0, Bytes::from(vec![5u8; 32 << 20])).await })
+        };
+        started.0.notified().await;
+        relay.redirect(other.addrs[0]);
+        relay.cut();
+        let e = w.await.unwrap().expect_err("the login is refused");
+        assert!(matches!(e, Error::LoginRefused { class: 2, .. }), "{e}");
+        let st = s.recovery_stats();
+        assert_eq!((st.reconnects, st.recoveries), (1, 0), "{st:?}");
+        let _ = other.shutdown().await;
+        let _ = h.shutdown().await;
+    });
+}
+
 #[test]
 fn stops_recovery_at_once_when_the_reinstating_login_is_refused_for_good() {
     bounded(30, async {

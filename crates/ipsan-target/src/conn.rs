@@ -7,8 +7,10 @@
 //! and MaxCmdSN stamped as they leave, so status numbers are handed out in the order the
 //! initiator sees them (RFC 7143 §4.2.2.2). Commands the engine hands out run concurrently
 //! (`execute.rs`, the one place a command reaches a logical unit, through `unit.rs`) and
-//! complete in any order. The login phase is `login.rs`; what the engine asks about LUNs and
-//! targets while PDUs arrive is `luns.rs`; what task management does to the LUs is `tmf.rs`.
+//! complete in any order. The login phase is `login.rs`; the session a completed login
+//! registers or joins, before its final response leaves (RFC 7143 §5.3.4), `start.rs`; what the
+//! engine asks about LUNs and targets while PDUs arrive is `luns.rs`; what task management does
+//! to the LUs is `tmf.rs`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,7 +23,7 @@ use ipsan_seal::{CryptoPool, SealSession};
 use ipsan_transport::{FrameReader, FrameWriter, Received};
 use iscsi_proto::engine::target as engine;
 use iscsi_proto::engine::target::session::ConnId;
-use iscsi_proto::login::TargetOffer;
+use iscsi_proto::login::{LoginFailure, LoginStatus, TargetOffer};
 use iscsi_proto::params::SessionParams;
 use iscsi_wire::{Codec, Header, Pdu};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -34,6 +36,7 @@ mod execute;
 mod login;
 mod luns;
 mod mcs;
+mod start;
 mod tmf;
 mod unit;
 
@@ -104,7 +107,7 @@ pub async fn serve(
             peer,
         ),
     );
-    let (result, session_slot, remote) = tokio::select! {
+    let (result, session_slot, remote, answer) = tokio::select! {
         r = login => match r {
             Ok(Ok(Some(result))) => result,
             Ok(Ok(None)) => { abandoned_seal_guess(&shared, peer, &guess); return; }
@@ -121,157 +124,99 @@ pub async fn serve(
         },
         () = shutdown.cancelled() => return,
     };
-    let params = result.params;
+    let params = result.params.clone();
     let nexus = NexusId(format!(
         "{},i,0x{}",
         params.initiator_name,
         hex::encode(result.isid)
     ));
-    let sealed = lock(&slot).as_ref().map(|s| s.cipher().to_string());
+    // Each connection's Seal keys are its own login's (docs/seal.md): a connection that joins
+    // a session negotiates its own, so no key or counter is shared between connections.
+    let seal = lock(&slot).take().map(Arc::new);
+    // Seal record protection (docs/seal.md §4a): keys bound to the whole login transcript,
+    // the final response (held back below) included.
+    let record = match seal
+        .as_ref()
+        .map(|s| s.record_layer(&lock(&transcript).hash()))
+    {
+        None => None,
+        Some(Ok(layer)) => Some(layer),
+        Some(Err(e)) => {
+            let why = format!("seal: cannot set up record protection: {e}");
+            let f = LoginFailure::new(LoginStatus::TARGET_ERROR, why);
+            answer.refuse(&mut wr, f, peer).await;
+            if let Some(r) = &remote {
+                r.close().await;
+            }
+            return;
+        }
+    };
+    // The session is joinable (registered, or this connection added to it) before the final
+    // response leaves: the initiator may open its next connection with the TSIH at once.
+    let joins = answer.joins;
+    let started = start::start(
+        &shared,
+        start::Login {
+            result: &result,
+            params: &params,
+            joins,
+            session_slot,
+            remote: remote.clone(),
+            seal: seal.clone(),
+            peer,
+            local,
+        },
+    );
+    let start::Started {
+        core,
+        id,
+        reinstates,
+        joined,
+    } = match started {
+        Ok(s) => s,
+        Err(f) => {
+            answer.refuse(&mut wr, f, peer).await;
+            if let Some(r) = &remote {
+                r.close().await;
+            }
+            return;
+        }
+    };
+    // Not sent (the peer went away, or does not read): the connection closes at once below,
+    // and with it, when it was the only one, the session it registered.
+    let sent = match tokio::time::timeout(shared.login_timeout, answer.send(&mut wr)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            debug!(%peer, "final login response not sent: {e}");
+            false
+        }
+        Err(_) => {
+            warn!(%peer, "final login response not sent within {:?}", shared.login_timeout);
+            false
+        }
+    };
+    let sealed = seal.as_ref().map(|s| s.cipher().to_string());
     info!(
         %peer, seal = sealed.as_deref().unwrap_or("off"), initiator = %params.initiator_name, target = params.target_name.as_deref().unwrap_or("(discovery)"),
         tsih = result.tsih, cid = result.cid, header_digest = params.header_digest, data_digest = params.data_digest,
         immediate_data = params.immediate_data, initial_r2t = params.initial_r2t,
         max_burst = params.max_burst_length, first_burst = params.first_burst_length,
-        max_connections = params.max_connections,
+        max_connections = params.max_connections, joined,
         "login complete"
     );
-    // Each connection's Seal keys are its own login's (docs/seal.md): a connection that joins
-    // a session negotiates its own, so no key or counter is shared between connections.
-    let seal = lock(&slot).take().map(Arc::new);
-    // A login with the session's TSIH adds a connection to it (RFC 7143 §5.3.4); the login
-    // directory checked whose session it is and that it has room.
-    let joining = shared.registry.joining::<Core>(
-        &params.initiator_name,
-        result.isid,
-        params.target_name.as_deref(),
-        result.tsih,
-    );
-    let mut registration = None;
-    if joining.is_none() {
-        let auth = session_slot
-            .as_ref()
-            .map(|s| s.auth().clone())
-            .unwrap_or_default();
-        let registered = shared.registry.register(
-            crate::registry::SessionInfo::new(
-                &params,
-                result.isid,
-                result.tsih,
-                peer,
-                local,
-                seal.clone(),
-            )
-            .with_auth(auth),
-        );
-        match registered {
-            Ok(r) => registration = Some(r),
-            Err(e) => {
-                // A more strongly authenticated session with this key registered while this
-                // login was being answered: it stays, this connection goes.
-                warn!(%peer, "login refused after its answer: {e}; closing");
-                if let Some(r) = &remote {
-                    r.close().await;
-                }
-                return;
-            }
-        }
-    }
-    // Registered, joined (or refused): the session counts itself now.
-    drop(session_slot);
-
     conn.codec = Codec {
         header_digest: params.header_digest,
         data_digest: params.data_digest,
         max_recv_data_segment_length: shared.offer.max_recv_data_segment_length,
     };
-    // Seal record protection (docs/seal.md §4a): keys bound to the whole login transcript.
     // The record step sits between the codec and the engine (ipsan-transport): the writer
     // protects what `poll_transmit` hands out, the reader verifies before `handle_pdu` sees
-    // anything. The Seal session is the one taken out of its slot for `register` above.
+    // anything. Set once the (plain) final login response is out.
     wr.codec = conn.codec.clone();
-    if let Some(s) = &seal {
-        let hash = lock(&transcript).hash();
-        match s.record_layer(&hash) {
-            Ok((w, r)) => {
-                wr.sealer = Some(w);
-                conn.record = Some(r);
-            }
-            Err(e) => {
-                warn!(%peer, "seal: cannot set up record protection: {e}; closing");
-                if registration.is_some() {
-                    shared.registry.unregister(
-                        &params.initiator_name,
-                        result.isid,
-                        params.target_name.as_deref(),
-                        result.tsih,
-                    );
-                }
-                if let Some(r) = registration {
-                    r.drained.cancel();
-                }
-                return;
-            }
-        }
+    if let Some((w, r)) = record {
+        wr.sealer = Some(w);
+        conn.record = Some(r);
     }
-    let mut cfg = engine::Config::new(params.clone(), result.cmd_sn, result.next_stat_sn);
-    cfg.cmd_window = shared.offer.cmd_window;
-    cfg.nop_interval = shared.nop_interval;
-    cfg.drain_timeout = DRAIN_TIMEOUT;
-    cfg.max_command_bytes = MAX_COMMAND_BYTES;
-    cfg.cid = result.cid;
-    // Sealed data is sealed under each connection's own keys: a write reassigned here (ERL 2)
-    // is asked for whole, sealed under this connection's keys (docs/seal.md §3).
-    cfg.resolicit_reassigned_writes = seal.is_some();
-    let (core, id, reinstates, joined) = match (joining, registration) {
-        (Some(core), _) => {
-            let target = params
-                .target_name
-                .as_deref()
-                .and_then(|n| shared.registry.target(n));
-            let luns = Luns {
-                target: target.as_deref(),
-                seal: seal.as_deref(),
-                registry: &shared.registry,
-                local,
-            };
-            let added = core.add_connection(cfg, Instant::now(), &luns);
-            match added {
-                Ok(a) => {
-                    if a.reinstated.is_some() {
-                        // Connection reinstatement (RFC 7143 §6.3.4): the old one is closed.
-                        core.wake_others(a.id);
-                    }
-                    (core, a.id, None, true)
-                }
-                Err(e) => {
-                    warn!(%peer, tsih = result.tsih, "connection cannot join its session: {e}; closing");
-                    return;
-                }
-            }
-        }
-        (None, Some(reg)) => {
-            let (sess, id) = engine::session::Session::new(cfg, Instant::now());
-            let core = Arc::new(mcs::Core::new(
-                sess,
-                &reg,
-                remote.clone(),
-                params.clone(),
-                result.isid,
-                result.tsih,
-                seal.as_ref().map(|s| (s.cipher(), s.chunk_size())),
-            ));
-            shared.registry.attach(
-                &params.initiator_name,
-                result.isid,
-                params.target_name.as_deref(),
-                result.tsih,
-                &core,
-            );
-            (core, id, reg.reinstates, false)
-        }
-        (None, None) => return,
-    };
     let session = Arc::new(Session {
         shared: shared.clone(),
         core: core.clone(),
@@ -291,6 +236,9 @@ pub async fn serve(
         remote: core.remote.clone(),
     });
     core.link(id, &session);
+    if !sent {
+        session.engine().close_locally();
+    }
     if let Some(old) = reinstates {
         // Session reinstatement (RFC 7143 §6.3.5): the old session's tasks end before this
         // one's commands execute, so an old WRITE still running cannot land after the

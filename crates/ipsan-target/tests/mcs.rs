@@ -182,3 +182,63 @@ async fn accepts_a_second_connection_and_runs_both_in_one_cmdsn_window() {
     assert_eq!(connections(&t).await, 2);
     t.shutdown().await.unwrap();
 }
+
+/// Issue 28: a connection that joins the instant the leading login's final response is read
+/// (its socket open already, no retry) finds the session: the target registers the session
+/// before that response leaves (RFC 7143 §5.3.4: the TSIH is the initiator's to use as soon as
+/// it has it). Each round's leading login has the same ISID and TSIH 0, so it reinstates the
+/// previous round's session (§6.3.5) as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_joining_the_instant_the_leading_login_is_answered_finds_the_session() {
+    let t = start().await;
+    let addr = t.addrs[0];
+    let isid = [0x80, 0, 0, 0, 0x28, 2];
+    let mut tsihs = std::collections::HashSet::new();
+    for round in 0..200 {
+        let mut a = Raw::connect(addr).await;
+        let mut b = Raw::connect(addr).await;
+        let (r, _) = login(&mut a, isid, 0, 0, &[("MaxConnections", "2")]).await;
+        assert_eq!((r.status_class, r.status_detail), (0, 0), "round {round}");
+        let (j, _) = login(&mut b, isid, r.tsih, 1, &[]).await;
+        assert_eq!(
+            (j.status_class, j.status_detail, j.tsih),
+            (0, 0, r.tsih),
+            "round {round}: the joining login"
+        );
+        tsihs.insert(r.tsih);
+    }
+    assert_eq!(tsihs.len(), 200, "each round a new session");
+    t.shutdown().await.unwrap();
+}
+
+/// Two connections that join a session with room for one at the same instant: one joins, the
+/// other is refused with 0x0206 (too many connections, RFC 7143 §11.13.5). The connection is
+/// added to its session before its login is answered, so the one that lost the race hears a
+/// refusal, never a success followed by a closed connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_connections_joining_the_last_place_at_once_one_joins_and_one_is_refused() {
+    let t = start().await;
+    let addr = t.addrs[0];
+    let isid = [0x80, 0, 0, 0, 0x28, 3];
+    for round in 0..100 {
+        let mut a = Raw::connect(addr).await;
+        let mut b = Raw::connect(addr).await;
+        let mut c = Raw::connect(addr).await;
+        let (r, _) = login(&mut a, isid, 0, 0, &[("MaxConnections", "2")]).await;
+        assert_eq!((r.status_class, r.status_detail), (0, 0), "round {round}");
+        let ((rb, _), (rc, _)) = tokio::join!(
+            login(&mut b, isid, r.tsih, 1, &[]),
+            login(&mut c, isid, r.tsih, 2, &[])
+        );
+        let mut answers = [
+            (rb.status_class, rb.status_detail),
+            (rc.status_class, rc.status_detail),
+        ];
+        answers.sort_unstable();
+        assert_eq!(answers, [(0, 0), (2, 0x06)], "round {round}");
+        let joined = if rb.status_class == 0 { &mut b } else { &mut c };
+        test_unit_ready(joined, 1, 1).await;
+        good(joined.recv().await, 1);
+    }
+    t.shutdown().await.unwrap();
+}

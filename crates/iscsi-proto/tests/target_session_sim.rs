@@ -589,9 +589,18 @@ fn rejects_an_itt_active_on_another_connection() {
 fn refuses_a_connection_beyond_max_connections_and_reinstates_the_same_cid() {
     let (mut s, ids, now) = session(2, 8);
     let p = params(2);
+    let refused = s.add_connection(target_config(&p, 5, 10, 1, 8), now, &Disk);
+    assert_eq!(refused, Err(AddError::TooManyConnections { max: 2 }));
+    // The login that cannot join is refused with 0x0206 (RFC 7143 §11.13.5); one for a
+    // session that is ending, with 0x020a.
+    let status = |e: AddError| e.login_failure().status;
     assert_eq!(
-        s.add_connection(target_config(&p, 5, 10, 1, 8), now, &Disk),
-        Err(AddError::TooManyConnections { max: 2 })
+        refused.map_err(status),
+        Err(iscsi_proto::login::LoginStatus::TOO_MANY_CONNECTIONS)
+    );
+    assert_eq!(
+        status(AddError::Ending),
+        iscsi_proto::login::LoginStatus::SESSION_DOES_NOT_EXIST
     );
     let a = s
         .add_connection(target_config(&p, 1, 10, 1, 8), now, &Disk)

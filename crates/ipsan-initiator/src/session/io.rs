@@ -230,7 +230,8 @@ impl Shared {
                         reason: g.conn.loss(lost),
                     })
                 }
-                Err(proto::SubmitError::Closed(_)) => Err(g.conn.lost()),
+                // After a refused reinstating login: that refusal (`Core::lost`).
+                Err(proto::SubmitError::Closed(_)) => Err(self.core.lost(&g.conn)),
                 Err(_) => Err(Error::InvalidRequest("transfer over 4 GiB".into())),
             }
         })?

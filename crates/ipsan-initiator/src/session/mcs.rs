@@ -173,8 +173,9 @@ const JOIN_RETRIES: u32 = 4;
 /// A joining login (the session's TSIH, a new CID; RFC 7143 §5.3.4) refused with "session does
 /// not exist" (0x020a, §11.13.5) just after the leading login succeeded is tried again a few
 /// times: a target may send the leading login's final response before the session can be
-/// joined (ipsan's target registers it just after, and a joining login under load arrived in
-/// between). Any other outcome, and the last try's, is the caller's.
+/// joined (ipsan's target did until issue 28's fix: it registered the session just after, and a
+/// joining login under load arrived in between; it registers it before now). Any other
+/// outcome, and the last try's, is the caller's.
 async fn join_login(url: &IscsiUrl, cfg: &SessionConfig, target: &str) -> Result<Fresh> {
     let mut wait = Duration::from_millis(20);
     for _ in 0..JOIN_RETRIES {

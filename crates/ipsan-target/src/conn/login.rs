@@ -9,7 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ipsan_seal::Direction;
 use ipsan_transport::{FrameReader, FrameWriter};
-use iscsi_proto::login::{Outcome, TargetLogin};
+use iscsi_proto::login::{LoginFailure, Outcome, Reply, TargetLogin};
+use iscsi_wire::header::LoginResponse;
 use iscsi_wire::{Header, Pdu};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tracing::{debug, warn};
@@ -20,12 +21,67 @@ use crate::registry::LoginDirectory;
 use crate::remote::RemoteNexus;
 use crate::seal_ext::{GuessSlot, SealExtension, SealSlot, TranscriptSlot};
 
-/// A completed login and the session slot it holds until the session registers.
+/// A login that completed, its final response (T=1, the TSIH) not sent yet: the driver makes
+/// the session joinable first — registers a new session, or adds this connection to the
+/// session it names — and only then sends it ([`FinalAnswer::send`]), or refuses
+/// ([`FinalAnswer::refuse`]). An initiator may open its next connection with the TSIH the
+/// instant it reads the response (RFC 7143 §5.3.4); answered before the session was in the
+/// table, that login was refused with 0x020a (issue 28). With the session slot it holds until
+/// the session registers, and a gateway's remote sessions.
 pub(super) type LoggedIn = (
     iscsi_proto::login::LoginResult,
     Option<crate::registry::SessionSlot>,
     Option<Arc<RemoteNexus>>,
+    FinalAnswer,
 );
+
+/// The final Login Response of a completed login, held back until the session can be joined
+/// (see [`LoggedIn`]). It is in the Seal transcript already: the record keys bind it.
+pub(super) struct FinalAnswer {
+    login: TargetLogin,
+    /// What the login asked, for the login counters (counted when it is answered).
+    dir: LoginDirectory,
+    header: LoginResponse,
+    data: Bytes,
+    /// The login named a session by its TSIH: the connection joins it (RFC 7143 §5.3.4).
+    pub(super) joins: bool,
+}
+
+impl FinalAnswer {
+    /// Sends the response: full feature phase begins on this connection.
+    pub(super) async fn send(self, wr: &mut FrameWriter<OwnedWriteHalf>) -> std::io::Result<()> {
+        self.dir.registry.count_login(&self.dir, None);
+        wr.send(Pdu::new(self.header, self.data)).await
+    }
+
+    /// Refuses the login instead (RFC 7143 §11.13.5), the protocol's refusal of this reply,
+    /// and closes the write side.
+    pub(super) async fn refuse(
+        mut self,
+        wr: &mut FrameWriter<OwnedWriteHalf>,
+        failure: LoginFailure,
+        peer: SocketAddr,
+    ) {
+        warn!(%peer, status = format!("{:#06x}", failure.status.0), "login refused after it completed: {}", failure.reason);
+        self.dir
+            .registry
+            .count_login(&self.dir, Some(failure.status.0));
+        // `refuse` keeps the reply's header fields (StatSN, ITT) and drops its keys.
+        let reply = Reply {
+            header: self.header,
+            data: Vec::new(),
+            outcome: Outcome::Continue,
+        };
+        let reply = self.login.refuse(reply, failure);
+        if wr
+            .send(Pdu::new(reply.header, Bytes::from(reply.data)))
+            .await
+            .is_ok()
+        {
+            let _ = wr.shutdown().await;
+        }
+    }
+}
 
 /// A normal session's remote sessions (a gateway's target, remote.rs): logged in, as the
 /// host, to every remote target the session's target reaches, before the host's login is
@@ -245,6 +301,27 @@ pub(super) async fn login_phase(
             }
         }
         let resp = Pdu::new(reply.header, Bytes::from(reply.data));
+        if let Outcome::FullFeature(result) = reply.outcome {
+            // Sent by the driver once the session can be joined (`LoggedIn`).
+            lock(transcript).add_sent(Direction::TargetToInitiator, &resp);
+            // CHAP passed, or the Seal secret proven (its confirmation verified).
+            if dir.chap_required() || lock(slot).is_some() {
+                shared
+                    .registry
+                    .auth_success(&result.params.initiator_name, peer.ip());
+            }
+            let Header::LoginResponse(header) = resp.header else {
+                return Ok(None);
+            };
+            let answer = FinalAnswer {
+                login,
+                dir,
+                header,
+                data: resp.data,
+                joins: req.tsih != 0,
+            };
+            return Ok(Some((*result, session_slot, remote, answer)));
+        }
         if wr.push(resp.clone()).is_err() {
             return Ok(None);
         }
@@ -257,16 +334,8 @@ pub(super) async fn login_phase(
                 let _ = wr.shutdown().await;
                 return Ok(None);
             }
-            Outcome::FullFeature(result) => {
-                shared.registry.count_login(&dir, None);
-                // CHAP passed, or the Seal secret proven (its confirmation verified).
-                if dir.chap_required() || lock(slot).is_some() {
-                    shared
-                        .registry
-                        .auth_success(&result.params.initiator_name, peer.ip());
-                }
-                return Ok(Some((*result, session_slot, remote)));
-            }
+            // Returned above, unsent.
+            Outcome::FullFeature(_) => return Ok(None),
         }
     }
 }

@@ -76,6 +76,21 @@ pub enum AddError {
     Ending,
 }
 
+impl AddError {
+    /// The refusal a login that cannot join answers with (RFC 7143 §11.13.5): 0x0206 "too
+    /// many connections" at MaxConnections, 0x020a "session does not exist" for a session
+    /// that is ending. A driver adds the connection before it sends the login's final
+    /// response, so a connection that cannot join is refused, not answered and then closed.
+    #[must_use]
+    pub fn login_failure(&self) -> LoginFailure {
+        let status = match self {
+            Self::TooManyConnections { .. } => LoginStatus::TOO_MANY_CONNECTIONS,
+            Self::Ending => LoginStatus::SESSION_DOES_NOT_EXIST,
+        };
+        LoginFailure::new(status, self.to_string())
+    }
+}
+
 /// A connection that joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Added {
