@@ -701,7 +701,8 @@ fn rejects_a_completion_for_a_write_still_collecting_and_keeps_the_task() {
 /// Issue 27: a long write's immediate data received into the buffer the connection lent for
 /// the whole write (`lend_command_buffer`), then its Data-Out placed after it: the data the
 /// command executes with is that one buffer, nothing copied. Nothing is lent for a write that
-/// is all immediate data, nor beyond what the connection may reserve.
+/// is all immediate data, nor beyond what the connection may reserve (one command's largest,
+/// or what writes collecting their data leave of the budget).
 #[test]
 fn executes_a_write_with_the_buffer_lent_for_its_immediate_data() {
     let now = Instant::now();
@@ -740,6 +741,9 @@ fn executes_a_write_with_the_buffer_lent_for_its_immediate_data() {
     );
     let r = r2ts(&mut c);
     assert_eq!((r.len(), r[0].buffer_offset), (1, 65536));
+    // The write holds its 128 KiB of the 192 KiB budget until its data is handed on: no room
+    // to lend for a second one.
+    assert!(c.lend_command_buffer(&cmd(3, 2, 256), 65536).is_none());
     let d = DataOut {
         final_: true,
         lun: 0,
