@@ -492,13 +492,16 @@ impl Session {
                     conn.head_first();
                 }
                 // A long Data-Out is received straight into its write's buffer (issue 27), not
-                // copied there from the receive buffer; dropped by another branch, the read
-                // goes on where it stopped at the next turn.
-                let lend = |h: &iscsi_wire::header::DataOut, len: usize| {
-                    self.engine().lend_write_buffer(h, len)
+                // copied there from the receive buffer, and a long write's immediate data
+                // into a buffer for the whole write; dropped by another branch, the read goes
+                // on where it stopped at the next turn.
+                let lend = |h: &Header, len: usize| match h {
+                    Header::DataOut(d) => self.engine().lend_write_buffer(d, len),
+                    Header::ScsiCommand(c) => self.engine().lend_command_buffer(c, len),
+                    _ => None,
                 };
                 tokio::select! {
-                    r = conn.next_placing_data_out(lend) => r,
+                    r = conn.next_placing_writes(lend) => r,
                     () = shutdown.cancelled() => {
                         self.engine().close_locally();
                         self.wake_writer.notify_one();

@@ -73,6 +73,8 @@ pub struct FrameReader<R> {
 #[derive(Debug)]
 struct Ahead {
     header: Header,
+    /// Its BHS as received.
+    raw: [u8; BHS_LEN],
     /// The segment's length.
     len: usize,
     /// Bytes of its head (BHS, Seal AHS).
@@ -85,6 +87,8 @@ struct Ahead {
 #[derive(Debug)]
 struct Placing {
     header: Header,
+    /// Its BHS as received.
+    raw: [u8; BHS_LEN],
     /// The lent buffer, holding what of the segment is in so far.
     data: BytesMut,
     /// The segment's length.
@@ -198,7 +202,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     where
         F: FnMut(&DataIn, usize) -> Option<BytesMut>,
     {
-        self.next_placing_where(Opcode::SCSI_DATA_IN, |h, len| match h {
+        self.next_placing_where(&[Opcode::SCSI_DATA_IN], |h, len| match h {
             Header::DataIn(d) => lend(d, len),
             _ => None,
         })
@@ -222,8 +226,35 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     where
         F: FnMut(&DataOut, usize) -> Option<BytesMut>,
     {
-        self.next_placing_where(Opcode::SCSI_DATA_OUT, |h, len| match h {
+        self.next_placing_where(&[Opcode::SCSI_DATA_OUT], |h, len| match h {
             Header::DataOut(d) => lend(d, len),
+            _ => None,
+        })
+        .await
+    }
+
+    /// [`FrameReader::next_placing_data_out`], and a SCSI Command's immediate data of at least
+    /// [`HAND_OVER_MIN`] bytes received in place too (issue 27), where `lend(header, len)`
+    /// gives a buffer for it (`header` is the Data-Out or the SCSI Command): a write's
+    /// immediate data can then go straight into a buffer with room for the whole write, not
+    /// into this reader's buffer to be copied there after. A command so received comes back
+    /// as [`Received::Pdu`], its data the lent buffer (frozen, so its owner can take it back
+    /// with `Bytes::try_into_mut`), its [`Pdu::raw_bhs`] the BHS as received. Commands are
+    /// placed only on a connection without record protection and only without an AHS (a
+    /// sealed PDU's data and an extended CDB take the usual path).
+    pub async fn next_placing_writes<F>(&mut self, mut lend: F) -> std::io::Result<Option<Received>>
+    where
+        F: FnMut(&Header, usize) -> Option<BytesMut>,
+    {
+        let both = [Opcode::SCSI_DATA_OUT, Opcode::SCSI_COMMAND];
+        let opcodes: &[Opcode] = if self.record.is_some() {
+            &both[..1]
+        } else {
+            &both
+        };
+        self.next_placing_where(opcodes, |h, len| match h {
+            Header::DataOut(_) => lend(h, len),
+            Header::ScsiCommand(c) if c.write => lend(h, len),
             _ => None,
         })
         .await
@@ -231,7 +262,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     async fn next_placing_where<F>(
         &mut self,
-        opcode: Opcode,
+        opcodes: &[Opcode],
         mut lend: F,
     ) -> std::io::Result<Option<Received>>
     where
@@ -247,7 +278,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             if !self.declined {
                 let ahead = self
-                    .long_segment_ahead(opcode)
+                    .long_segment_ahead(opcodes)
                     .map_err(|f| std::io::Error::new(std::io::ErrorKind::InvalidData, f))?;
                 if let Some(a) = ahead {
                     match lend(&a.header, a.len) {
@@ -295,18 +326,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
     }
 
-    /// The PDU of `opcode` (Data-In or Data-Out) at the front of the buffer, when its head is
-    /// in, its segment is long enough to place and not yet whole here, and it has no AHS but
-    /// the Seal AHS of a sealed session, whose record tag is verified here first (a failure
-    /// is the error).
-    fn long_segment_ahead(&mut self, opcode: Opcode) -> Result<Option<Ahead>, Forgery> {
+    /// The PDU of one of `opcodes` (Data-In, Data-Out, SCSI Command) at the front of the
+    /// buffer, when its head is in, its segment is long enough to place and not yet whole
+    /// here, and it has no AHS but the Seal AHS of a sealed session, whose record tag is
+    /// verified here first (a failure is the error).
+    fn long_segment_ahead(&mut self, opcodes: &[Opcode]) -> Result<Option<Ahead>, Forgery> {
         let Some(raw) = self.buf.get(..BHS_LEN) else {
             return Ok(None);
         };
         let mut bhs = [0u8; BHS_LEN];
         bhs.copy_from_slice(raw);
         let head = self.head_len();
-        if Opcode(bhs[0] & 0x3f) != opcode || usize::from(bhs[4]) * 4 != head - BHS_LEN {
+        let opcode = Opcode(bhs[0] & 0x3f);
+        if !opcodes.contains(&opcode) || usize::from(bhs[4]) * 4 != head - BHS_LEN {
             return Ok(None);
         }
         let dsl = (usize::from(bhs[5]) << 16) | (usize::from(bhs[6]) << 8) | usize::from(bhs[7]);
@@ -326,6 +358,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         match Header::parse(&bhs) {
             Ok(header) if header.opcode() == opcode => Ok(Some(Ahead {
                 header,
+                raw: bhs,
                 len: dsl,
                 head,
                 verified,
@@ -353,6 +386,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.buf.advance(here);
         self.placing = Some(Placing {
             header: a.header,
+            raw: a.raw,
             data,
             len: a.len,
         });
@@ -386,16 +420,25 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             return Err(std::io::ErrorKind::InvalidInput.into());
         };
         // A split READ's Data-In is followed by more (its own rest, or the next READ's), a
-        // write's Data-Out likewise: the next receive takes one head, so their segments are
-        // placed too. A one-PDU read (offset 0, final) arrives whole in one receive as a
-        // rule, and hand-over mode spares its copy without a receive of its own for the head.
+        // write's Data-Out likewise, and a long write command by its Data-Out or the next
+        // write: the next receive takes one head, so their segments are placed too. A one-PDU
+        // read (offset 0, final) arrives whole in one receive as a rule, and hand-over mode
+        // spares its copy without a receive of its own for the head.
         let (final_, offset) = match &p.header {
             Header::DataIn(h) => (h.final_, h.buffer_offset),
             Header::DataOut(h) => (h.final_, h.buffer_offset),
+            Header::ScsiCommand(_) => (false, 0),
             _ => (true, 0),
         };
         self.header_first = !(final_ && offset == 0);
         self.declined = false;
+        if matches!(p.header, Header::ScsiCommand(_)) {
+            return Ok(Received::Pdu(Ok(Pdu::received(
+                p.header,
+                p.raw,
+                p.data.freeze(),
+            ))));
+        }
         Ok(Received::Placed {
             pdu: Pdu::new(p.header, Bytes::new()),
             data: p.data,

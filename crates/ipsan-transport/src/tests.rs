@@ -469,3 +469,104 @@ async fn rejects_a_pdu_whose_header_digest_is_wrong_as_a_wire_error() {
     let got = r.next().await.unwrap();
     assert!(matches!(got, Some(Err(_))), "{got:?}");
 }
+
+/// The target's placing of a write's immediate data (issue 27): a WRITE with 40,000 bytes
+/// of immediate data whose head came alone is received into the buffer the caller lent for
+/// the whole write, and comes back as a PDU (its BHS as on the wire) whose data is that
+/// buffer; its Data-Out after it is placed right behind it. A slow peer trickles the bytes.
+#[tokio::test]
+async fn accepts_a_write_commands_immediate_data_placed_in_a_lent_buffer() {
+    use iscsi_wire::header::{ScsiCommand, TaskAttr};
+    const LEN: usize = 40_000;
+    let byte = |i: usize| (i % 239) as u8;
+    let codec = Codec {
+        max_recv_data_segment_length: 256 * 1024,
+        ..Codec::default()
+    };
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let mut w = FrameWriter::new(a);
+    w.codec = codec.clone();
+    let cmd = ScsiCommand {
+        immediate: false,
+        final_: true,
+        read: false,
+        write: true,
+        attr: TaskAttr::SIMPLE,
+        lun: 0,
+        itt: 7,
+        expected_data_transfer_length: 2 * LEN as u32,
+        cmd_sn: 1,
+        exp_stat_sn: 1,
+        cdb: [0; 16],
+    };
+    let first: Vec<u8> = (0..LEN).map(byte).collect();
+    w.push(Pdu::new(cmd.clone(), Bytes::from(first))).unwrap();
+    let h = DataOut {
+        final_: true,
+        lun: 0,
+        itt: 7,
+        ttt: 3,
+        exp_stat_sn: 1,
+        data_sn: 0,
+        buffer_offset: LEN as u32,
+    };
+    let second: Vec<u8> = (LEN..2 * LEN).map(byte).collect();
+    w.push(Pdu::new(h, Bytes::from(second))).unwrap();
+    w.flush().await.unwrap();
+    w.shutdown().await.unwrap();
+    let mut wire = Vec::new();
+    b.read_to_end(&mut wire).await.unwrap();
+    let bhs: [u8; BHS_LEN] = wire[..BHS_LEN].try_into().unwrap();
+    let (mut tx, rx) = tokio::io::duplex(4096);
+    let sender = tokio::spawn(async move {
+        for piece in wire.chunks(1000) {
+            tx.write_all(piece).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        tx.shutdown().await.unwrap();
+    });
+    let mut r = FrameReader::new(rx);
+    r.codec = codec;
+    r.head_first();
+    let mut dest = Some(BytesMut::with_capacity(2 * LEN));
+    let dest_at = dest.as_ref().unwrap().as_ptr();
+    let mut whole: Option<BytesMut> = None;
+    let mut lent = Vec::new();
+    loop {
+        let got = r
+            .next_placing_writes(|h, len| {
+                lent.push((h.opcode(), len));
+                match h {
+                    Header::ScsiCommand(_) => dest.take(),
+                    Header::DataOut(_) => {
+                        let w = whole.as_mut()?;
+                        let at = w.len();
+                        Some(w.split_off(at))
+                    }
+                    _ => None,
+                }
+            })
+            .await
+            .unwrap();
+        match got {
+            None => break,
+            Some(Received::Pdu(pdu)) => {
+                let pdu = pdu.unwrap();
+                assert_eq!(pdu.header, Header::ScsiCommand(cmd.clone()));
+                assert_eq!(pdu.raw_bhs(), &bhs, "the BHS as received");
+                assert_eq!(pdu.data.as_ptr(), dest_at, "received in the lent buffer");
+                whole = Some(pdu.data.try_into_mut().unwrap());
+            }
+            Some(Received::Placed { data, .. }) => whole.as_mut().unwrap().unsplit(data),
+        }
+    }
+    sender.await.unwrap();
+    let want: Vec<u8> = (0..2 * LEN).map(byte).collect();
+    let whole = whole.unwrap();
+    assert!(whole[..] == want[..], "bytes out of place");
+    assert_eq!(whole.as_ptr(), dest_at, "one buffer, no copy");
+    assert_eq!(
+        lent,
+        [(Opcode::SCSI_COMMAND, LEN), (Opcode::SCSI_DATA_OUT, LEN)]
+    );
+}

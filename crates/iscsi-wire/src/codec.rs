@@ -45,6 +45,19 @@ impl Pdu {
         }
     }
 
+    /// A PDU whose data segment was received apart from its BHS (straight into a buffer of
+    /// its own, issue 27): `raw` is the BHS `header` was parsed from, as
+    /// [`Pdu::raw_bhs`] gives it for a PDU [`Frame::decode`] made. No AHS.
+    #[must_use]
+    pub fn received(header: Header, raw: [u8; BHS_LEN], data: Bytes) -> Self {
+        Self {
+            header,
+            ahs: Bytes::new(),
+            data,
+            raw,
+        }
+    }
+
     /// The BHS exactly as received (all zeros for a PDU built locally): what a Reject carries
     /// back to the initiator (RFC 7143 §11.17).
     #[must_use]

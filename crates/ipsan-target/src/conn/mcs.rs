@@ -28,7 +28,7 @@ use iscsi_proto::engine::target as engine;
 use iscsi_proto::engine::target::session::{AddError, ConnId, Session as EngineSession};
 use iscsi_proto::engine::{CloseReason, ConnectionError, Side};
 use iscsi_proto::login::{LoginFailure, LoginStatus};
-use iscsi_wire::header::{DataOut, TmfResponse};
+use iscsi_wire::header::{DataOut, ScsiCommand, TmfResponse};
 use iscsi_wire::{Pdu, WireError};
 use tokio_util::sync::CancellationToken;
 
@@ -261,6 +261,14 @@ impl<'a> Eng<'a> {
 
     pub(super) fn lend_write_buffer(&mut self, h: &DataOut, len: usize) -> Option<BytesMut> {
         self.g.lend_write_buffer(self.s.id, h, len)
+    }
+
+    pub(super) fn lend_command_buffer(
+        &mut self,
+        cmd: &ScsiCommand,
+        len: usize,
+    ) -> Option<BytesMut> {
+        self.g.lend_command_buffer(self.s.id, cmd, len)
     }
 
     pub(super) fn awaits_data_out(&self) -> bool {

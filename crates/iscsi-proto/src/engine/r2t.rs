@@ -92,6 +92,27 @@ impl ReserveBudget {
     }
 }
 
+/// Room for a whole write reserved before its SCSI Command is handled (issue 27): the driver
+/// receives the command's immediate data into a buffer with room for all of the write's data
+/// ([`ReserveBudget::lend`]); [`WriteState::new`] takes that buffer as the write's own, with
+/// this share of the budget, instead of copying the immediate data into a buffer of its own.
+/// Dropped unused, the share goes back.
+#[derive(Debug)]
+pub struct Lent {
+    itt: u32,
+    grant: Grant,
+}
+
+impl ReserveBudget {
+    /// An empty buffer with room for `n` bytes, the data of write `itt`, and the share of the
+    /// budget it holds; `None` when the budget has no room for it.
+    #[must_use]
+    pub fn lend(&self, itt: u32, n: usize) -> Option<(Lent, BytesMut)> {
+        let grant = self.grant(n)?;
+        Some((Lent { itt, grant }, BytesMut::with_capacity(n)))
+    }
+}
+
 /// Bytes of a [`ReserveBudget`] one write holds; given back when dropped.
 #[derive(Debug)]
 struct Grant {
@@ -148,6 +169,21 @@ impl WriteState {
         need: u32,
         budget: &ReserveBudget,
     ) -> Result<Self, DataError> {
+        Self::with_lent(params, cmd, immediate, need, budget, None)
+    }
+
+    /// [`WriteState::new`], with `lent`: room reserved for this write before its command was
+    /// handled ([`Lent`]). When the immediate data is the only holder of a buffer with room
+    /// for everything kept, that buffer becomes the write's, nothing copied; otherwise the
+    /// share goes back and the data is stored as [`WriteState::new`] stores it.
+    pub fn with_lent(
+        params: &SessionParams,
+        cmd: &ScsiCommand,
+        immediate: Bytes,
+        need: u32,
+        budget: &ReserveBudget,
+        lent: Option<Lent>,
+    ) -> Result<Self, DataError> {
         let edtl = cmd.expected_data_transfer_length;
         let imm =
             u32::try_from(immediate.len()).map_err(|_| DataError("immediate data too long"))?;
@@ -190,6 +226,20 @@ impl WriteState {
             budget: budget.clone(),
             grant: None,
         };
+        let mut immediate = immediate;
+        if let Some(l) = lent.filter(|l| l.itt == cmd.itt && n > 0 && w.whole.is_none()) {
+            // The immediate data was received into a buffer reserved for the whole write
+            // (`imm` < `keep` here: `whole` is `None`).
+            match immediate.try_into_mut() {
+                Ok(buf) if buf.capacity() >= w.keep as usize && buf.len() == n => {
+                    w.buf = buf;
+                    w.grant = Some(l.grant);
+                    return Ok(w);
+                }
+                Ok(buf) => immediate = buf.freeze(),
+                Err(b) => immediate = b,
+            }
+        }
         if n > 0 && w.whole.is_none() {
             // Immediate data is data already here: like the first bytes of a burst (see
             // `store`), it makes room for what follows, so the next burst does not reallocate

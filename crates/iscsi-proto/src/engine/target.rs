@@ -31,7 +31,7 @@ use iscsi_wire::header::{
 };
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
-use super::r2t::{DataError, ReserveBudget, WriteState};
+use super::r2t::{DataError, Lent, ReserveBudget, WriteState};
 use super::{fixed_sense, CloseReason, ConnectionError, PeerTagMap, Side, TagAllocator, Violation};
 use crate::params::{SessionParams, SessionType};
 use crate::seq::{Admit, CmdWindow};
@@ -328,6 +328,9 @@ pub struct Connection<D = ()> {
     max_command_bytes: u64,
     /// What this connection's writes may reserve whole ([`Config::max_command_bytes`]).
     reserve: ReserveBudget,
+    /// Room reserved for the write whose immediate data the driver is receiving in place
+    /// (`Connection::lend_command_buffer`), until its command is handled.
+    lent: Option<Lent>,
     /// [`Config::resolicit_reassigned_writes`].
     resolicit_reassigned_writes: bool,
     /// PDUs to send, each with the StatSN it keeps when it is a retransmission (a SNACK's
@@ -432,6 +435,7 @@ impl<D> Connection<D> {
             reserve: ReserveBudget::new(
                 usize::try_from(cfg.max_command_bytes).unwrap_or(usize::MAX),
             ),
+            lent: None,
             resolicit_reassigned_writes: cfg.resolicit_reassigned_writes,
             out: VecDeque::new(),
             queued_bytes: 0,

@@ -311,6 +311,92 @@ fn reserves_burst_by_burst_beyond_the_budget_and_gives_shares_back_when_dropped(
     assert_eq!(budget.used(), 0);
 }
 
+/// A write's immediate data received into a buffer lent for the whole write (issue 27,
+/// `ReserveBudget::lend`): that buffer becomes the write's own (same memory, nothing copied,
+/// the Data-Out after it goes on in it), and the share of the budget it held is the write's
+/// until its data is handed on. Room lent for another command, or a buffer someone else
+/// still holds, is not taken: the share goes back and the data is stored as before.
+#[test]
+fn takes_a_buffer_lent_for_the_immediate_data_as_the_writes_own() {
+    const K256: u32 = 256 << 10;
+    let p = params(false, K256, K256, 1);
+    let budget = ReserveBudget::new(4 << 20);
+    let (lent, mut buf) = budget.lend(1, 4 * K256 as usize).unwrap();
+    assert_eq!(budget.used(), 4 * K256 as usize);
+    buf.extend_from_slice(&vec![1u8; K256 as usize]);
+    let at = buf.as_ptr();
+    let imm = buf.freeze();
+    let mut w = WriteState::with_lent(
+        &p,
+        &cmd(4 * K256, false),
+        imm,
+        4 * K256,
+        &budget,
+        Some(lent),
+    )
+    .unwrap();
+    assert_eq!(w.buf.as_ptr(), at, "the lent buffer, not a copy");
+    assert_eq!(budget.used(), 4 * K256 as usize, "one share, the write's");
+    let mut ttt = 0;
+    let mut plans = w.plan_r2ts(|| {
+        ttt += 1;
+        ttt
+    });
+    let mut n = 1u8;
+    while let Some(plan) = plans.pop() {
+        n += 1;
+        let h = dout(plan.ttt, 0, plan.offset, true);
+        let mut place = w.lend(&h, plan.len as usize).unwrap();
+        place.extend_from_slice(&vec![n; plan.len as usize]);
+        w.on_placed_data_out(&h, place).unwrap();
+        plans = w.plan_r2ts(|| {
+            ttt += 1;
+            ttt
+        });
+    }
+    assert!(w.is_complete());
+    let d = w.into_data();
+    let k = K256 as usize;
+    assert_eq!(d.as_ptr(), at, "one buffer from the first byte to the last");
+    assert_eq!((d[0], d[k], d[3 * k], d.len()), (1, 2, 4, 4 * k));
+    assert_eq!(budget.used(), 0, "the share goes back with the data");
+
+    // Lent for ITT 9, used by ITT 1: given back, the data copied as before.
+    let (other, mut buf) = budget.lend(9, 4 * k).unwrap();
+    buf.extend_from_slice(&vec![5u8; k]);
+    let at = buf.as_ptr();
+    let w = WriteState::with_lent(
+        &p,
+        &cmd(4 * K256, false),
+        buf.freeze(),
+        4 * K256,
+        &budget,
+        Some(other),
+    )
+    .unwrap();
+    assert_ne!(w.buf.as_ptr(), at);
+    assert_eq!(budget.used(), 4 * k, "the write's own share only");
+    drop(w);
+    // Still held elsewhere (a PDU kept for a retransmission, say): not taken.
+    let (lent, mut buf) = budget.lend(1, 4 * k).unwrap();
+    buf.extend_from_slice(&vec![6u8; k]);
+    let imm = buf.freeze();
+    let kept = imm.clone();
+    let w = WriteState::with_lent(
+        &p,
+        &cmd(4 * K256, false),
+        imm,
+        4 * K256,
+        &budget,
+        Some(lent),
+    )
+    .unwrap();
+    assert_ne!(w.buf.as_ptr(), kept.as_ptr());
+    assert_eq!(budget.used(), 4 * k);
+    assert_eq!(&w.into_data()[..k], &kept[..]);
+    assert_eq!(budget.used(), 0);
+}
+
 /// What is not lent for (`None`: received and copied as before): data out of order, past
 /// what the CDB keeps, or for an unknown TTT. A placed PDU the data phase refuses (DataSN
 /// out of order) leaves the data stored so far as it was, and the right one is placed

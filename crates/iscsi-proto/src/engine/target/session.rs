@@ -47,7 +47,7 @@ use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
 use bytes::BytesMut;
-use iscsi_wire::header::{DataOut, TmfFunction, TmfResponse};
+use iscsi_wire::header::{DataOut, ScsiCommand, TmfFunction, TmfResponse};
 use iscsi_wire::{Header, Pdu, WireError, RESERVED_TAG};
 
 use super::{Config, Connection, Event, LunDirectory, Response};
@@ -433,6 +433,21 @@ impl<D> Session<D> {
             return None;
         }
         m.conn.lend_write_buffer(h, len)
+    }
+
+    /// Connection `id`'s [`Connection::lend_command_buffer`]: `None` while PDUs wait on it,
+    /// or when this command would wait for its CmdSN's turn (held with its data).
+    pub fn lend_command_buffer(
+        &mut self,
+        id: ConnId,
+        cmd: &ScsiCommand,
+        len: usize,
+    ) -> Option<BytesMut> {
+        let i = self.index(id)?;
+        if !self.members[i].held.is_empty() || self.waits(&Header::ScsiCommand(cmd.clone())) {
+            return None;
+        }
+        self.members[i].conn.lend_command_buffer(cmd, len)
     }
 
     /// Connection `id`'s [`Connection::awaits_data_out`].

@@ -697,3 +697,76 @@ fn rejects_a_completion_for_a_write_still_collecting_and_keeps_the_task() {
     assert_eq!(h.itt, 7);
     assert_eq!(c.tasks_in_flight(), 0);
 }
+
+/// Issue 27: a long write's immediate data received into the buffer the connection lent for
+/// the whole write (`lend_command_buffer`), then its Data-Out placed after it: the data the
+/// command executes with is that one buffer, nothing copied. Nothing is lent for a write that
+/// is all immediate data, nor beyond what the connection may reserve (one command's largest,
+/// or what writes collecting their data leave of the budget).
+#[test]
+fn executes_a_write_with_the_buffer_lent_for_its_immediate_data() {
+    let now = Instant::now();
+    let p = SessionParams {
+        initial_r2t: false,
+        immediate_data: true,
+        first_burst_length: 65536,
+        max_burst_length: 65536,
+        ..params()
+    };
+    let mut cfg = Config::new(p, 1, 1);
+    cfg.max_command_bytes = 192 << 10;
+    let mut c = Connection::new(cfg, now);
+    let cmd = |itt, cmd_sn, blocks| {
+        let Header::ScsiCommand(h) = write16(itt, cmd_sn, blocks).header else {
+            unreachable!()
+        };
+        h
+    };
+    let all_immediate = cmd(2, 1, 128);
+    assert!(c.lend_command_buffer(&all_immediate, 65536).is_none());
+    let too_big = cmd(2, 1, 512);
+    assert!(c.lend_command_buffer(&too_big, 65536).is_none());
+    // 128 KiB: 64 KiB immediate, 64 KiB solicited.
+    let h = cmd(1, 1, 256);
+    let mut buf = c.lend_command_buffer(&h, 65536).expect("lent");
+    assert!(buf.capacity() >= 128 << 10);
+    let at = buf.as_ptr();
+    buf.extend_from_slice(&[1u8; 65536]);
+    let mut raw = [0u8; 48];
+    Header::ScsiCommand(h.clone()).write(&mut raw);
+    c.handle_pdu(
+        now,
+        &Disk,
+        Pdu::received(Header::ScsiCommand(h), raw, buf.freeze()),
+    );
+    let r = r2ts(&mut c);
+    assert_eq!((r.len(), r[0].buffer_offset), (1, 65536));
+    // The write holds its 128 KiB of the 192 KiB budget until its data is handed on: no room
+    // to lend for a second one.
+    assert!(c.lend_command_buffer(&cmd(3, 2, 256), 65536).is_none());
+    let d = DataOut {
+        final_: true,
+        lun: 0,
+        itt: 1,
+        ttt: r[0].ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 65536,
+    };
+    let mut place = c.lend_write_buffer(&d, 65536).expect("Data-Out lent for");
+    assert_eq!(
+        place.as_ptr(),
+        at.wrapping_add(65536),
+        "right after the immediate data"
+    );
+    place.extend_from_slice(&[2u8; 65536]);
+    c.handle_placed_data_out(now, Pdu::new(d, Bytes::new()), place);
+    let Some(Event::Execute(x)) = c.poll_event() else {
+        panic!("no Execute")
+    };
+    assert_eq!(x.data_out.as_ptr(), at, "the lent buffer, nothing copied");
+    assert_eq!(
+        (x.data_out.len(), x.data_out[65535], x.data_out[65536]),
+        (128 << 10, 1, 2)
+    );
+}

@@ -39,6 +39,9 @@ impl<D> Connection<D> {
         data: Bytes,
         raw: &[u8; 48],
     ) {
+        // Room reserved while its immediate data came in place, for this command only: any
+        // other (or this one refused) gives it back.
+        let lent = self.lent.take();
         if !self.admit(cmd.cmd_sn, cmd.immediate, true) {
             return;
         }
@@ -115,10 +118,11 @@ impl<D> Connection<D> {
             return;
         }
         let need32 = u32::try_from(need).unwrap_or(u32::MAX);
-        let write = match WriteState::new(&self.params, &cmd, data, need32, &self.reserve) {
-            Ok(w) => w,
-            Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
-        };
+        let write =
+            match WriteState::with_lent(&self.params, &cmd, data, need32, &self.reserve, lent) {
+                Ok(w) => w,
+                Err(_) => return refuse(self, RejectReason::PROTOCOL_ERROR),
+            };
         // Solicited with the task in hand as it goes in, not looked up again.
         let task = self
             .tasks
@@ -178,6 +182,36 @@ impl<D> Connection<D> {
             }) => c.write.lend(h, len),
             _ => None,
         }
+    }
+
+    /// Where a write command's immediate data of `len` bytes can be received in place
+    /// (issue 27): an empty buffer with room for the whole write, its EDTL (at most
+    /// [`Config::max_command_bytes`](super::Config)), reserved from the connection's
+    /// [`ReserveBudget`] as a write's first bytes reserve it ([`WriteState::with_lent`] takes
+    /// the buffer as the write's own when the command comes with it, so the immediate data is
+    /// not copied from the driver's receive buffer, nor the Data-Out after it moved). Only
+    /// for a write whose Data-Out follows (EDTL beyond the immediate data; a write that is
+    /// all immediate data is passed on as it came) and only when the budget has room: a
+    /// CDB's say-so reserves nothing beyond it. `None`: receive it as usual. The share goes
+    /// back with the next command this connection handles, whichever it is.
+    pub fn lend_command_buffer(&mut self, cmd: &ScsiCommand, len: usize) -> Option<BytesMut> {
+        if self.closed.is_some()
+            || self.params.session_type == SessionType::Discovery
+            || !cmd.write
+            || !self.params.immediate_data
+            || len > self.params.first_burst_length as usize
+            || self.tasks.contains_key(&cmd.itt)
+        {
+            return None;
+        }
+        let edtl = u64::from(cmd.expected_data_transfer_length);
+        if edtl <= len as u64 || edtl > self.max_command_bytes {
+            return None;
+        }
+        self.lent = None;
+        let (lent, buf) = self.reserve.lend(cmd.itt, usize::try_from(edtl).ok()?)?;
+        self.lent = Some(lent);
+        Some(buf)
     }
 
     /// Whether a Data-Out may come for one of this connection's writes now (unsolicited data
