@@ -86,6 +86,13 @@ pub(crate) async fn accept_loop<F, Fut>(
         let Some(slot) = a.registry.open_connection(peer.ip()) else {
             continue;
         };
+        // Across a WAN (the handshake's round trip): paced, so a read's Data-In leaves spread
+        // over the round trip (issue 28: one connection's reads 2.41x, mcs-sweep-7).
+        match ipsan_tcp::tune_for_path(&stream) {
+            Ok(t) if t.long => tracing::debug!(%peer, rtt = ?t.rtt, paced = t.paced, "long path"),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(%peer, "path not judged: {e}"),
+        }
         let conn = serve(stream, peer);
         let mut set = a.conns.lock().await;
         // Reap finished connections so the set does not grow without bound.

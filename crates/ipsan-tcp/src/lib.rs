@@ -17,6 +17,8 @@
 //!   ([`available_congestion_controls`]); [`settings`] selects them per socket.
 //! - [`bulk`]: a bulk sender and sink that report throughput with the settings and `TCP_INFO`
 //!   behind it (the iFCP paper's experiments), and Jain's fairness index.
+//! - [`path`]: [`tune_for_path`], what a connected socket gets when its handshake's round
+//!   trip says it crosses a WAN (kernel pacing), on both ends.
 //! - [`error`]: the crate's one error type, [`TcpError`].
 //!
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
@@ -28,6 +30,7 @@ pub mod bpf;
 pub mod bulk;
 pub mod error;
 pub mod info;
+pub mod path;
 pub mod settings;
 mod sys;
 pub mod vectored;
@@ -35,6 +38,7 @@ pub mod vectored;
 pub use bpf::available_congestion_controls;
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
+pub use path::{tune_for_path, PathTuning};
 pub use settings::{BufSize, InForce, Link, TcpSettings};
 
 /// Sets the socket's minimum retransmission timeout (`TCP_RTO_MIN_US`, Linux 6.15; the
@@ -66,6 +70,15 @@ pub fn pace<S: AsFd>(socket: &S) -> Result<(), TcpError> {
             op: "setsockopt(SO_MAX_PACING_RATE)",
             source,
         }
+    })
+}
+
+/// The socket's `SO_MAX_PACING_RATE`, bytes per second: `u64::MAX` is "unlimited" (the
+/// kernel's default); anything else means the kernel paces the socket ([`pace`]).
+pub fn max_pacing_rate<S: AsFd>(socket: &S) -> Result<u64, TcpError> {
+    sys::max_pacing_rate(socket.as_fd().as_raw_fd()).map_err(|source| TcpError::Socket {
+        op: "getsockopt(SO_MAX_PACING_RATE)",
+        source,
     })
 }
 

@@ -89,8 +89,7 @@ pub(crate) fn set_max_pacing_rate(fd: RawFd, bytes_per_sec: u64) -> io::Result<(
     setsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE, bytes_per_sec)
 }
 
-/// Reads `SO_MAX_PACING_RATE` (64 bits: `u64::MAX` is "unlimited"); for the tests.
-#[cfg(test)]
+/// Reads `SO_MAX_PACING_RATE` (64 bits: `u64::MAX` is "unlimited").
 pub(crate) fn max_pacing_rate(fd: RawFd) -> io::Result<u64> {
     const SO_MAX_PACING_RATE: libc::c_int = 47;
     getsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE)
