@@ -121,6 +121,60 @@ async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
     h.shutdown().await.unwrap();
 }
 
+/// More callers than a queue holds (queue_depth 4: 3 commands in flight), on both threads of a
+/// multi-thread runtime: the callers that find room submit their commands themselves (one
+/// alone writes its capsule too), the others wait in the dispatcher's channel and go out as
+/// completions make room. Every write reads back, and a depth-1 caller after them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_more_callers_than_the_queue_holds_from_both_threads() {
+    let h = common::nvme_target(IQN, "mem:64MiB").await;
+    let cfg = NvmeConfig {
+        queues: 1,
+        queue_depth: 4,
+        ..NvmeConfig::default()
+    };
+    let s = Arc::new(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            NvmeSession::open(&nvme_url(&h), &cfg),
+        )
+        .await
+        .unwrap()
+        .unwrap(),
+    );
+    let bl = u64::from(s.capacity().unwrap().block_len);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..48u32 {
+        let s = s.clone();
+        set.spawn(async move {
+            let lba = u64::from(i) * 16384 / bl;
+            // Odd callers write in-capsule (8 KiB), even ones past it (16 KiB: an R2T).
+            let data = pattern(if i % 2 == 1 { 8192 } else { 16384 }, 500 + i);
+            s.write(lba, data.clone()).await.unwrap();
+            let n = (data.len() as u64 / bl) as u32;
+            let back = s.read_into(lba, n, BytesMut::new()).await.unwrap();
+            assert_eq!(&back[..], &data[..], "caller {i}");
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    // One caller alone, many times: the capsule written by the caller itself.
+    let mut buf = BytesMut::new();
+    for i in 0..200u32 {
+        let lba = u64::from(i % 48) * 16384 / bl;
+        let data = pattern(if i % 48 % 2 == 1 { 8192 } else { 16384 }, 500 + i % 48);
+        let got = s
+            .read_into(lba, (data.len() as u64 / bl) as u32, buf)
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &data[..], "read {i}");
+        buf = got.try_into_mut().unwrap_or_default();
+    }
+    Arc::try_unwrap(s).unwrap().close().await.unwrap();
+    h.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn accepts_ipsan_discovery_log_listing_the_subsystem() {
     let h = common::nvme_target(IQN, "mem:64MiB").await;

@@ -5,7 +5,7 @@
 //! controller's log. The protocol lives in `nvme-proto`; here are sockets, tasks and timers.
 //!
 //! - `url.rs`: [`NvmeUrl`], `nvme+tcp://host[:port]/subsysnqn/nsid`.
-//! - `queue.rs`: one queue's connection (dispatcher and writer tasks).
+//! - `queue.rs`: one queue's connection (the callers submit; a dispatcher task reads).
 //! - `runtimes.rs`: current-thread runtimes on threads of their own, for `queue_runtimes`.
 //! - `identity.rs`: host identities (UUID, host NQN) and the secret files (DH-HMAC-CHAP, TLS PSK).
 //! - `controller.rs`: a controller brought up (queues, TLS, DH-HMAC-CHAP) and kept alive.

@@ -1,16 +1,20 @@
 //! One NVMe/TCP queue's TCP connection: the tokio driver of `nvme_proto::host::HostQueue`.
-//! One dispatcher task owns the queue machine and the socket: it reads the socket into the
-//! machine's buffer, takes requests while the queue has room (many commands in flight),
-//! answers each request when its completion comes, and writes what the machine emits, a
-//! pending write beside the reading, so a slow write never stops the reading.
+//! The queue machine, the commands' callers and the socket's write half are one [`Core`]
+//! behind a mutex. A caller submits its command itself when the queue has room (no hand-off to
+//! another task) and, when it is the only call under way on the queue (depth 1), writes the
+//! capsule itself too; with more calls under way it leaves the bytes for the dispatcher task,
+//! which writes every command submitted meanwhile with one vectored write. The dispatcher task
+//! reads the socket into the machine's buffer, answers each caller when its completion comes,
+//! writes what is left to write (a pending write beside the reading, so a slow write never
+//! stops the reading) and takes the requests that waited for room on a full queue.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -20,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::NvmeError;
 
@@ -36,6 +40,8 @@ pub(crate) struct TlsParams {
     pub(crate) subnqn: String,
 }
 
+/// A caller's command: submitted by the caller itself, or sent to the dispatcher to wait for
+/// room on a full queue.
 struct Request {
     sqe: Sqe,
     write: Bytes,
@@ -47,12 +53,107 @@ struct Request {
     deadline: Option<Instant>,
 }
 
-/// A handle on a queue's dispatcher; cheap to clone.
+/// What the callers and the dispatcher share: the queue machine, the callers waiting for
+/// their completions, the deadlines, the bytes not written yet and the socket's write half.
+struct Core {
+    q: HostQueue,
+    pending: Pending,
+    deadlines: Deadlines,
+    /// Bytes the machine emitted that the socket has not taken yet, in order.
+    out: VecDeque<Bytes>,
+    /// Written since the last flush (a TLS stream may hold the last record back until then).
+    unflushed: bool,
+    wr: Wr,
+    /// The dispatcher task's waker (from its last poll): a caller that leaves bytes to write
+    /// or arms the timer wakes it, and a caller's own write registers it for write readiness.
+    dispatcher: Option<Waker>,
+    /// Why the queue ended, once it has.
+    ended: Option<String>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("in_flight", &self.q.in_flight())
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks the core; a caller or dispatcher that panicked holding it left nothing half done
+/// that the next one cannot see (the machine's own state is consistent between calls).
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    core.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Core {
+    /// Takes the machine's bytes to write.
+    fn gather(&mut self) {
+        while let Some(b) = self.q.poll_transmit() {
+            self.out.push_back(b);
+        }
+    }
+
+    /// Submits a request: its caller waits in `pending` for the completion.
+    fn submit(&mut self, req: Request) -> bool {
+        let armed = submit(&mut self.q, &mut self.pending, &mut self.deadlines, req);
+        self.gather();
+        armed
+    }
+
+    /// Writes (and flushes) what is queued until done or the socket takes no more; `Pending`
+    /// leaves the rest for the dispatcher (the waker in `cx` is told when it can go on).
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), NvmeError>> {
+        while !self.out.is_empty() || self.unflushed {
+            match poll_send(&mut self.wr, &self.out, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(Sent::Bytes(0))) => {
+                    return Poll::Ready(Err(NvmeError::Io(std::io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(Sent::Bytes(n))) => {
+                    advance(&mut self.out, n);
+                    self.unflushed = true;
+                }
+                Poll::Ready(Ok(Sent::Flushed)) => self.unflushed = false,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(NvmeError::Io(e))),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Answers the callers of the completed commands; the queue's failure if it failed.
+    fn deliver(&mut self) -> Option<NvmeError> {
+        let mut failed = None;
+        while let Some(ev) = self.q.poll_event() {
+            match ev {
+                HostEvent::Completed { cid, cqe, data } => {
+                    if let Some((r, _)) = self.pending.remove(&cid) {
+                        let _ = r.send(Ok((cqe, data)));
+                    }
+                }
+                HostEvent::Failed(e) => failed = Some(NvmeError::Queue(e)),
+                HostEvent::Connected { .. } => {}
+            }
+        }
+        failed
+    }
+
+    fn wake_dispatcher(&self) {
+        if let Some(w) = &self.dispatcher {
+            w.wake_by_ref();
+        }
+    }
+}
+
+/// A handle on a queue; cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct QueueHandle {
+    /// Requests that wait for room on a full queue.
     tx: mpsc::Sender<Request>,
-    /// Why the queue ended, once it has.
-    ended: Arc<Mutex<Option<String>>>,
+    core: Arc<Mutex<Core>>,
+    /// The queue's depth (commands in flight at most).
+    depth: usize,
     /// Calls under way on the queue (sent or waiting to be), for [`pick`].
     calls: Arc<AtomicUsize>,
     /// What ICResp enabled: header digest, data digest, MAXH2CDATA.
@@ -155,11 +256,21 @@ impl QueueHandle {
         .map_err(|_| NvmeError::Timeout("ICResp"))??;
 
         let (tx, rx) = mpsc::channel(usize::from(cfg.depth).max(1) * 2);
-        let ended = Arc::new(Mutex::new(None));
-        tokio::spawn(dispatch(q, rd, wr, rx, cfg.depth, cancel, ended.clone()));
+        let core = Arc::new(Mutex::new(Core {
+            q,
+            pending: Pending::default(),
+            deadlines: Deadlines::new(),
+            out: VecDeque::new(),
+            unflushed: false,
+            wr,
+            dispatcher: None,
+            ended: None,
+        }));
+        tokio::spawn(dispatch(Arc::clone(&core), rd, rx, cfg.depth, cancel));
         Ok(Self {
             tx,
-            ended,
+            core,
+            depth: usize::from(cfg.depth),
             calls: Arc::default(),
             digests: (hd, dd),
             maxh2cdata: maxh2c,
@@ -169,11 +280,7 @@ impl QueueHandle {
 
     /// Whether the queue's connection ended (closed, failed, or cancelled).
     pub(crate) fn is_ended(&self) -> bool {
-        self.tx.is_closed()
-            || match self.ended.lock() {
-                Ok(g) => g.is_some(),
-                Err(_) => true,
-            }
+        self.tx.is_closed() || lock(&self.core).ended.is_some()
     }
 
     /// Calls under way on this queue: sent and not yet answered, or waiting to be sent.
@@ -207,10 +314,6 @@ impl QueueHandle {
         read_buf: BytesMut,
         deadline: Option<Instant>,
     ) -> Result<(Cqe, Bytes), NvmeError> {
-        let closed = || {
-            let why = self.ended.lock().ok().and_then(|g| g.clone());
-            NvmeError::Closed(why.unwrap_or_else(|| "queue closed".into()))
-        };
         // Counted until this call returns or is dropped (a timeout), whatever its outcome.
         let _under_way = UnderWay::new(&self.calls);
         let (reply, rx) = oneshot::channel();
@@ -222,9 +325,26 @@ impl QueueHandle {
             reply,
             deadline,
         };
+        if let Some(req) = self.submit_here(req) {
+            // Out of line (boxed): the common case's future stays small, without the room
+            // wait's semaphore and timer in it.
+            Box::pin(self.send_waiting(req)).await?;
+        }
+        rx.await.map_err(|_| self.closed())?
+    }
+
+    /// Why the queue ended, as a [`NvmeError::Closed`].
+    fn closed(&self) -> NvmeError {
+        let why = lock(&self.core).ended.clone();
+        NvmeError::Closed(why.unwrap_or_else(|| "queue closed".into()))
+    }
+
+    /// Hands `req` to the dispatcher, waiting (until its deadline) for room on a full queue.
+    async fn send_waiting(&self, req: Request) -> Result<(), NvmeError> {
+        let deadline = req.deadline;
         match self.tx.try_send(req) {
-            Ok(()) => {}
-            Err(TrySendError::Closed(_)) => return Err(closed()),
+            Ok(()) => Ok(()),
+            Err(TrySendError::Closed(_)) => Err(self.closed()),
             Err(TrySendError::Full(req)) => {
                 let send = self.tx.send(req);
                 let sent = match deadline {
@@ -233,10 +353,46 @@ impl QueueHandle {
                         .map_err(|_| NvmeError::Timeout("I/O command"))?,
                     None => send.await,
                 };
-                sent.map_err(|_| closed())?;
+                sent.map_err(|_| self.closed())
             }
         }
-        rx.await.map_err(|_| closed())?
+    }
+}
+
+impl QueueHandle {
+    /// Submits `req` on the caller's task when the queue has room and no request waits for
+    /// room before it (else gives it back, for the dispatcher's channel): no hand-off to the dispatcher
+    /// and no wake-up of it per command. When this is the only call under way on the queue
+    /// (depth 1: no other caller can join a batch), the capsule is written here too, with the
+    /// dispatcher's waker for what the socket does not take at once; otherwise the dispatcher
+    /// writes it, with whatever the other callers submit before it runs, in one write.
+    fn submit_here(&self, req: Request) -> Option<Request> {
+        let mut c = lock(&self.core);
+        if let Some(msg) = c.ended.clone() {
+            drop(c);
+            let _ = req.reply.send(Err(NvmeError::Closed(msg)));
+            return None;
+        }
+        let waiting = self.tx.capacity() < self.tx.max_capacity();
+        if c.q.in_flight() >= self.depth || waiting {
+            return Some(req);
+        }
+        let idle = c.out.is_empty() && !c.unflushed;
+        let armed = c.submit(req);
+        let alone = self.calls.load(Ordering::Relaxed) <= 1;
+        if alone && idle && !armed {
+            if let Some(w) = c.dispatcher.take() {
+                let written = c.poll_write_out(&mut Context::from_waker(&w));
+                c.dispatcher = Some(w);
+                // An error or a socket that is full: the dispatcher goes on (or fails).
+                if let Poll::Ready(Ok(())) = written {
+                    return None;
+                }
+            }
+        }
+        // Not polled yet: its first poll writes.
+        c.wake_dispatcher();
+        None
     }
 }
 
@@ -362,11 +518,14 @@ impl Deadlines {
         }
     }
 
-    fn arm(&mut self, d: Instant) {
+    /// Arms the timer at `d` if that is earlier than it is armed at; whether it did.
+    fn arm(&mut self, d: Instant) -> bool {
         if self.armed.is_none_or(|a| d < a) {
             self.timer.as_mut().reset(d.into());
             self.armed = Some(d);
+            return true;
         }
+        false
     }
 
     /// Fails the commands of `pending` whose deadline passed; arms at the next one.
@@ -384,122 +543,57 @@ impl Deadlines {
         }
         self.armed = None;
         if let Some(next) = pending.values().filter_map(|(_, d)| *d).min() {
-            self.arm(next);
+            let _ = self.arm(next);
         }
     }
 }
 
-fn submit(q: &mut HostQueue, pending: &mut Pending, deadlines: &mut Deadlines, req: Request) {
+/// Submits `req` to the machine; whether its deadline moved the timer (which the dispatcher
+/// must then poll again).
+fn submit(
+    q: &mut HostQueue,
+    pending: &mut Pending,
+    deadlines: &mut Deadlines,
+    req: Request,
+) -> bool {
     match q.submit(req.sqe, req.write, req.read_len, req.read_buf) {
         Ok(cid) => {
-            if let Some(d) = req.deadline {
-                deadlines.arm(d);
-            }
+            let armed = req.deadline.is_some_and(|d| deadlines.arm(d));
             pending.insert(cid, (req.reply, req.deadline));
+            armed
         }
         Err(e) => {
             let _ = req.reply.send(Err(NvmeError::Queue(e)));
+            false
         }
     }
 }
 
-/// The queue's one task: reads the socket into the machine, takes requests while the queue
-/// has room, answers each when its completion comes, and writes what the machine emits. The
-/// writes happen here too, not on a writer task of their own: a command's capsule leaves in
-/// the same task turn that took the request (no hand-off and wake-up per command, which at one
-/// command in flight is part of every command's latency), and a write the socket cannot take
-/// yet waits beside the reading in the same `select!`, so a slow write never stops the reading.
+/// The queue's task: reads the socket into the machine and answers each caller when its
+/// completion comes, writes what the callers left to write, takes the requests that waited
+/// for room, and fails the commands past their deadline. Its one `poll` ([`drive`]) does all of
+/// it under one lock of the core.
 async fn dispatch(
-    mut q: HostQueue,
+    core: Arc<Mutex<Core>>,
     mut rd: Rd,
-    mut wr: Wr,
     mut rx: mpsc::Receiver<Request>,
     depth: u16,
     cancel: CancellationToken,
-    ended: Arc<Mutex<Option<String>>>,
 ) {
-    let mut pending = Pending::default();
-    let mut deadlines = Deadlines::new();
-    // Bytes the machine emitted that the socket has not taken yet, in order.
-    let mut out: VecDeque<Bytes> = VecDeque::new();
-    // Written since the last flush (a TLS stream may hold the last record back until then).
-    let mut unflushed = false;
-    let reason = loop {
-        while let Some(b) = q.poll_transmit() {
-            out.push_back(b);
-        }
-        let room = q.in_flight() < usize::from(depth);
-        // A long PDU is read up to its end and no further, so its data is handed over alone
-        // in its buffer (`HostQueue::recv_limit`).
-        let limit = q.recv_limit();
-        tokio::select! {
-            biased;
-            r = poll_fn(|cx| poll_send(&mut wr, &out, cx)), if !out.is_empty() || unflushed => {
-                match r {
-                    Ok(Sent::Bytes(0)) => {
-                        break NvmeError::Io(std::io::ErrorKind::WriteZero.into())
-                    }
-                    Ok(Sent::Bytes(n)) => {
-                        advance(&mut out, n);
-                        unflushed = true;
-                        continue;
-                    }
-                    Ok(Sent::Flushed) => {
-                        unflushed = false;
-                        continue;
-                    }
-                    Err(e) => break NvmeError::Io(e),
-                }
-            }
-            r = async {
-                let mut buf = q.recv_buf().limit(limit);
-                rd.read_buf(&mut buf).await
-            } => match r {
-                Ok(0) => break NvmeError::Closed("connection closed by the controller".into()),
-                Ok(_) => q.process(),
-                Err(e) => break NvmeError::Io(e),
-            },
-            req = rx.recv(), if room => {
-                let Some(req) = req else { break NvmeError::Closed("session closed".into()) };
-                submit(&mut q, &mut pending, &mut deadlines, req);
-                // Whatever else is waiting goes out in the same write.
-                while q.in_flight() < usize::from(depth) {
-                    match rx.try_recv() {
-                        Ok(req) => submit(&mut q, &mut pending, &mut deadlines, req),
-                        Err(_) => break,
-                    }
-                }
-            }
-            () = &mut deadlines.timer, if deadlines.armed.is_some() => {
-                deadlines.expire(&mut pending);
-            }
-            () = cancel.cancelled() => break NvmeError::Closed("session closed".into()),
-        }
-        let mut failed = None;
-        while let Some(ev) = q.poll_event() {
-            match ev {
-                HostEvent::Completed { cid, cqe, data } => {
-                    if let Some((r, _)) = pending.remove(&cid) {
-                        let _ = r.send(Ok((cqe, data)));
-                    }
-                }
-                HostEvent::Failed(e) => failed = Some(NvmeError::Queue(e)),
-                HostEvent::Connected { .. } => {}
-            }
-        }
-        if let Some(e) = failed {
-            break e;
-        }
-    };
+    let depth = usize::from(depth);
+    // Made once: a `cancelled()` made and dropped on every turn registered and unregistered a
+    // waiter each time (two locks more per turn).
+    let cancelled = cancel.cancelled_owned();
+    tokio::pin!(cancelled);
+    let reason = poll_fn(|cx| drive(&core, &mut rd, &mut rx, depth, cancelled.as_mut(), cx)).await;
     tracing::debug!("nvme queue ends: {reason}");
     let msg = match reason {
         NvmeError::Closed(m) => m,
         other => other.to_string(),
     };
-    if let Ok(mut g) = ended.lock() {
-        *g = Some(msg.clone());
-    }
-    for (_, (r, _)) in pending.drain() {
+    let mut c = lock(&core);
+    c.ended = Some(msg.clone());
+    for (_, (r, _)) in c.pending.drain() {
         let _ = r.send(Err(NvmeError::Closed(msg.clone())));
     }
     rx.close();
@@ -507,10 +601,93 @@ async fn dispatch(
         let _ = req.reply.send(Err(NvmeError::Closed(msg.clone())));
     }
     // A final H2CTermReq still goes out.
-    while let Some(b) = q.poll_transmit() {
-        out.push_back(b);
-    }
+    c.gather();
+    let out = std::mem::take(&mut c.out);
+    let wr = std::mem::replace(&mut c.wr, Box::new(tokio::io::sink()));
+    c.dispatcher = None;
+    drop(c);
     finish(wr, out);
+}
+
+/// One poll of the queue's task, in this order: writes as far as the socket takes them, the
+/// socket's bytes into the machine (answering the callers), requests that waited for room, the
+/// deadlines' timer, cancellation; each that did something starts the round again (so writes
+/// go first, and a slow write never stops the reading). `Ready` is why the queue ends.
+fn drive(
+    core: &Mutex<Core>,
+    rd: &mut Rd,
+    rx: &mut mpsc::Receiver<Request>,
+    depth: usize,
+    mut cancelled: Pin<&mut WaitForCancellationFutureOwned>,
+    cx: &mut Context<'_>,
+) -> Poll<NvmeError> {
+    let mut guard = lock(core);
+    let c = &mut *guard;
+    if !c
+        .dispatcher
+        .as_ref()
+        .is_some_and(|w| w.will_wake(cx.waker()))
+    {
+        c.dispatcher = Some(cx.waker().clone());
+    }
+    loop {
+        c.gather();
+        if let Poll::Ready(Err(e)) = c.poll_write_out(cx) {
+            return Poll::Ready(e);
+        }
+        // A long PDU is read up to its end and no further, so its data is handed over alone
+        // in its buffer (`HostQueue::recv_limit`).
+        let limit = c.q.recv_limit();
+        let read = {
+            let mut buf = c.q.recv_buf().limit(limit);
+            std::pin::pin!(rd.read_buf(&mut buf)).poll(cx)
+        };
+        match read {
+            Poll::Ready(Ok(0)) => {
+                return Poll::Ready(NvmeError::Closed(
+                    "connection closed by the controller".into(),
+                ))
+            }
+            Poll::Ready(Ok(_)) => {
+                c.q.process();
+                if let Some(e) = c.deliver() {
+                    return Poll::Ready(e);
+                }
+                continue;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(NvmeError::Io(e)),
+            Poll::Pending => {}
+        }
+        if c.q.in_flight() < depth {
+            match rx.poll_recv(cx) {
+                Poll::Ready(None) => {
+                    return Poll::Ready(NvmeError::Closed("session closed".into()))
+                }
+                Poll::Ready(Some(req)) => {
+                    c.submit(req);
+                    // Whatever else is waiting goes out in the same write.
+                    while c.q.in_flight() < depth {
+                        match rx.try_recv() {
+                            Ok(req) => {
+                                c.submit(req);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    continue;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if c.deadlines.armed.is_some() && c.deadlines.timer.as_mut().poll(cx).is_ready() {
+            c.deadlines.expire(&mut c.pending);
+            continue;
+        }
+        if cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(NvmeError::Closed("session closed".into()));
+        }
+        return Poll::Pending;
+    }
 }
 
 #[cfg(test)]

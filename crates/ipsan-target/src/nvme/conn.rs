@@ -11,8 +11,8 @@
 //! The admin queue's commands take the shared `controller::Target`'s lock briefly; I/O queues
 //! run their commands on their own `controller::Queue` with no lock shared by connections.
 
-use std::collections::{HashMap, VecDeque};
-use std::future::poll_fn;
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -24,6 +24,7 @@ use std::time::Instant;
 use bytes::{Buf, Bytes, BytesMut};
 use ipsan_scsi::aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
 use nvme_proto::controller::{self, BlockError, BlockOp, BlockRequest, Submitted};
+use nvme_proto::idhash::IdMap;
 use nvme_proto::psk::PskIdentity;
 use nvme_proto::queue::{Event, Queue};
 use nvme_proto::{Command, Completion};
@@ -64,7 +65,7 @@ struct Conn {
     /// Results of reservation commands, which run on the blocking pool.
     resv_tx: mpsc::UnboundedSender<(u64, Result<Bytes, BlockError>)>,
     /// The counters of the namespaces in `stores`.
-    counters: HashMap<u32, Arc<NsCounters>>,
+    counters: IdMap<u32, Arc<NsCounters>>,
     /// The `Shared::stores_gen` `stores` was looked up at.
     stores_gen: u64,
     io_tx: mpsc::UnboundedSender<BlockDone>,
@@ -81,7 +82,7 @@ struct Conn {
 /// name the same host NQN and subsystem NQN.
 ///
 /// One task reads, runs both machines and writes: what the machines emit is written from the
-/// same `select!` that reads (a pending write beside the reading, as ipsan's host does in
+/// same poll that reads (a pending write beside the reading, as ipsan's host does in
 /// `ipsan_initiator::nvme::queue`), so a completion leaves in the task turn that made it, with
 /// no hand-off to a writer task and no wake-up of one (on a multi-threaded runtime often on
 /// the other CPU). While more than [`MAX_UNSENT`] bytes wait for the socket, the socket is not
@@ -108,7 +109,7 @@ pub(super) async fn serve<S>(
         lus: Arc::default(),
         who: None,
         resv_tx,
-        counters: HashMap::new(),
+        counters: IdMap::default(),
         stores_gen: 0,
         io_tx,
         aer_tx,
@@ -123,6 +124,12 @@ pub(super) async fn serve<S>(
     let mut unflushed = false;
     let mut closed = false;
     let mut peer_gone = false;
+    // Made once: a `cancelled()` made and dropped on every turn registered and unregistered a
+    // waiter each time (two locks more per turn).
+    let closing = c.close.clone().cancelled_owned();
+    tokio::pin!(closing);
+    // The queue's setup deadline (`Queue::poll_timeout`) and its timer.
+    let mut timer: Option<(Instant, Pin<Box<tokio::time::Sleep>>)> = None;
     loop {
         while let Some(ev) = c.q.poll_event() {
             match ev {
@@ -140,28 +147,68 @@ pub(super) async fn serve<S>(
             break;
         }
         let deadline = c.q.poll_timeout();
+        if deadline.is_none() {
+            timer = None;
+        } else if let Some(d) = deadline.filter(|&d| timer.as_ref().is_none_or(|t| t.0 != d)) {
+            timer = Some((d, Box::pin(tokio::time::sleep_until(d.into()))));
+        }
         let reading = out.bytes <= MAX_UNSENT;
         let sending = !out.bufs.is_empty() || unflushed;
         if reading {
             let want = c.q.needed(&buf).max(READ_CHUNK);
             buf.reserve(want);
         }
-        tokio::select! {
-            biased;
-            r = poll_fn(|cx| poll_send(&mut wr, &out.bufs, cx)), if sending => {
-                match r {
-                    Ok(Sent::Bytes(0)) | Err(_) => {
-                        debug!(%peer, "NVMe/TCP write failed");
-                        break;
-                    }
-                    Ok(Sent::Bytes(n)) => {
-                        out.advance(n);
-                        unflushed = true;
-                    }
-                    Ok(Sent::Flushed) => unflushed = false,
+        // One poll of every source in order (writes first): what a `select!` of them did,
+        // without building and dropping a future per source on every turn.
+        let turn = poll_fn(|cx| {
+            if sending {
+                if let Poll::Ready(r) = poll_send(&mut wr, &out, cx) {
+                    return Poll::Ready(Turn::Sent(r));
                 }
             }
-            r = rd.read_buf(&mut buf), if reading => match r {
+            if reading {
+                if let Poll::Ready(r) = std::pin::pin!(rd.read_buf(&mut buf)).poll(cx) {
+                    return Poll::Ready(Turn::Read(r));
+                }
+            }
+            // A closed channel (never: `c` holds their senders) is a source that never wakes.
+            if let Poll::Ready(Some(d)) = io_rx.poll_recv(cx) {
+                return Poll::Ready(Turn::Done(d));
+            }
+            if let Poll::Ready(Some((tag, r))) = resv_rx.poll_recv(cx) {
+                return Poll::Ready(Turn::Resv(tag, r));
+            }
+            if let Poll::Ready(Some(done)) = aer_rx.poll_recv(cx) {
+                return Poll::Ready(Turn::Aer(done));
+            }
+            if let Some((_, t)) = timer.as_mut() {
+                if t.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Turn::Timeout);
+                }
+            }
+            if closing.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::Close);
+            }
+            Poll::Pending
+        })
+        .await;
+        match turn {
+            Turn::Sent(r) => match r {
+                Ok(Sent::Bytes(0) | Sent::All(0)) | Err(_) => {
+                    debug!(%peer, "NVMe/TCP write failed");
+                    break;
+                }
+                Ok(Sent::Bytes(n)) => {
+                    out.advance(n);
+                    unflushed = true;
+                }
+                Ok(Sent::All(n)) => {
+                    out.advance(n);
+                    unflushed = false;
+                }
+                Ok(Sent::Flushed) => unflushed = false,
+            },
+            Turn::Read(r) => match r {
                 Ok(0) => {
                     peer_gone = true;
                     break;
@@ -172,25 +219,25 @@ pub(super) async fn serve<S>(
                     break;
                 }
             },
-            Some(d) = io_rx.recv() => {
+            Turn::Done(d) => {
                 c.on_block_done(d);
                 // Whatever else finished goes out in the same write.
                 while let Ok(d) = io_rx.try_recv() {
                     c.on_block_done(d);
                 }
             }
-            Some((tag, r)) = resv_rx.recv() => {
+            Turn::Resv(tag, r) => {
                 c.deliver(tag, r);
                 // The change may owe other hosts reservation notices (`deliver_resv_notices`).
                 c.shared.wake.notify_one();
             }
-            Some(done) = aer_rx.recv() => {
+            Turn::Aer(done) => {
                 if c.q.complete(done).is_err() {
                     warn!(%peer, "an asynchronous event for a command this queue does not hold");
                 }
             }
-            () = sleep_until(deadline), if deadline.is_some() => c.q.handle_timeout(Instant::now()),
-            () = c.close.cancelled() => c.q.close(),
+            Turn::Timeout => c.q.handle_timeout(Instant::now()),
+            Turn::Close => c.q.close(),
         }
     }
     c.disconnect();
@@ -219,10 +266,15 @@ pub(super) async fn serve<S>(
     }
 }
 
-async fn sleep_until(t: Option<Instant>) {
-    if let Some(t) = t {
-        tokio::time::sleep_until(t.into()).await;
-    }
+/// What a turn of [`serve`]'s loop found ready, in the order it looks.
+enum Turn {
+    Sent(std::io::Result<Sent>),
+    Read(std::io::Result<usize>),
+    Done(BlockDone),
+    Resv(u64, Result<Bytes, BlockError>),
+    Aer(Completion),
+    Timeout,
+    Close,
 }
 
 /// Bytes waiting for the socket past which the connection stops reading it (see [`serve`]).
@@ -271,6 +323,9 @@ impl Unsent {
 enum Sent {
     /// A write took this many bytes off the front.
     Bytes(usize),
+    /// A write took all of them and the flush behind it is done (plain TCP's always is: no
+    /// turn of the loop for it).
+    All(usize),
     /// Nothing was queued; what was written is flushed.
     Flushed,
 }
@@ -281,21 +336,28 @@ enum Sent {
 /// nothing, and a flush resumes where it stopped.
 fn poll_send<W: AsyncWrite + Unpin>(
     wr: &mut W,
-    out: &VecDeque<Bytes>,
+    out: &Unsent,
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<Sent>> {
-    if out.is_empty() {
+    if out.bufs.is_empty() {
         return Pin::new(wr).poll_flush(cx).map_ok(|()| Sent::Flushed);
     }
     let mut slices = [IoSlice::new(&[]); IOV_MAX];
     let mut n = 0;
-    for (s, b) in slices.iter_mut().zip(out.iter()) {
+    for (s, b) in slices.iter_mut().zip(out.bufs.iter()) {
         *s = IoSlice::new(b);
         n += 1;
     }
-    Pin::new(wr)
-        .poll_write_vectored(cx, &slices[..n])
-        .map_ok(Sent::Bytes)
+    let written = std::task::ready!(Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..n]))?;
+    if written != out.bytes {
+        return Poll::Ready(Ok(Sent::Bytes(written)));
+    }
+    // All written: the flush now rather than on the next turn (`Pending` only leaves it for
+    // then).
+    Poll::Ready(Ok(match Pin::new(wr).poll_flush(cx) {
+        Poll::Ready(Ok(())) => Sent::All(written),
+        Poll::Ready(Err(_)) | Poll::Pending => Sent::Bytes(written),
+    }))
 }
 
 impl Conn {

@@ -78,7 +78,7 @@ impl Shared {
         &self,
         subnqn: &str,
         stores: &Stores,
-    ) -> HashMap<u32, Arc<NsCounters>> {
+    ) -> nvme_proto::idhash::IdMap<u32, Arc<NsCounters>> {
         let mut all = crate::lock(&self.counters);
         stores
             .keys()
