@@ -204,6 +204,23 @@ async fn accepts_a_data_in_segment_received_in_place_into_a_lent_buffer() {
     }
 }
 
+/// A WRITE of `edtl` bytes with ITT 7 and CmdSN 1, the command the placing tests send.
+fn write_command(edtl: u32) -> iscsi_wire::header::ScsiCommand {
+    iscsi_wire::header::ScsiCommand {
+        immediate: false,
+        final_: true,
+        read: false,
+        write: true,
+        attr: iscsi_wire::header::TaskAttr::SIMPLE,
+        lun: 0,
+        itt: 7,
+        expected_data_transfer_length: edtl,
+        cmd_sn: 1,
+        exp_stat_sn: 1,
+        cdb: [0; 16],
+    }
+}
+
 /// The target's placing (issue 27): after a WRITE that leaves 80,000 bytes to come by
 /// Data-Out, its two Data-Out PDUs are received into the write's one buffer, lent by the
 /// caller, every byte in order; the PDU after them comes as usual. The target's reader
@@ -212,7 +229,6 @@ async fn accepts_a_data_in_segment_received_in_place_into_a_lent_buffer() {
 /// one stopped (nothing lost, nothing read twice).
 #[tokio::test]
 async fn accepts_data_out_placed_across_dropped_reads() {
-    use iscsi_wire::header::{ScsiCommand, TaskAttr};
     const LEN: usize = 40_000;
     let byte = |i: usize| (i % 241) as u8;
     let codec = Codec {
@@ -223,19 +239,7 @@ async fn accepts_data_out_placed_across_dropped_reads() {
     let (a, mut b) = tokio::io::duplex(1 << 20);
     let mut w = FrameWriter::new(a);
     w.codec = codec.clone();
-    let cmd = ScsiCommand {
-        immediate: false,
-        final_: true,
-        read: false,
-        write: true,
-        attr: TaskAttr::SIMPLE,
-        lun: 0,
-        itt: 7,
-        expected_data_transfer_length: 2 * LEN as u32,
-        cmd_sn: 1,
-        exp_stat_sn: 1,
-        cdb: [0; 16],
-    };
+    let cmd = write_command(2 * LEN as u32);
     w.push(Pdu::new(cmd, Bytes::new())).unwrap();
     for n in 0..2u32 {
         let h = DataOut {
@@ -476,7 +480,6 @@ async fn rejects_a_pdu_whose_header_digest_is_wrong_as_a_wire_error() {
 /// buffer; its Data-Out after it is placed right behind it. A slow peer trickles the bytes.
 #[tokio::test]
 async fn accepts_a_write_commands_immediate_data_placed_in_a_lent_buffer() {
-    use iscsi_wire::header::{ScsiCommand, TaskAttr};
     const LEN: usize = 40_000;
     let byte = |i: usize| (i % 239) as u8;
     let codec = Codec {
@@ -486,19 +489,7 @@ async fn accepts_a_write_commands_immediate_data_placed_in_a_lent_buffer() {
     let (a, mut b) = tokio::io::duplex(1 << 20);
     let mut w = FrameWriter::new(a);
     w.codec = codec.clone();
-    let cmd = ScsiCommand {
-        immediate: false,
-        final_: true,
-        read: false,
-        write: true,
-        attr: TaskAttr::SIMPLE,
-        lun: 0,
-        itt: 7,
-        expected_data_transfer_length: 2 * LEN as u32,
-        cmd_sn: 1,
-        exp_stat_sn: 1,
-        cdb: [0; 16],
-    };
+    let cmd = write_command(2 * LEN as u32);
     let first: Vec<u8> = (0..LEN).map(byte).collect();
     w.push(Pdu::new(cmd.clone(), Bytes::from(first))).unwrap();
     let h = DataOut {
