@@ -1,8 +1,9 @@
 #!/bin/bash
 # clients.sh BIN REF OUTDIR RW BS DEPTH [SECS REPS] — issue 27's "ipsan bench ÷ iscsi-perf, same
 # target, alternated": one `ipsan target` of BIN (mem: LUN of 256 MiB, written once), its clients
-# in turn for SECS each, the order rotating rep by rep, each under `perf stat` on the client AND
-# on the target (-p), so counts per command come with every run (sum.py).
+# in turn for SECS each, the order rotating rep by rep (reversed on even reps), each under
+# `perf stat` on the client AND on the target (-p), so counts per command come with every run
+# (sum.py).
 #   reads  (RW=read):  new  = BIN's `ipsan bench` (keeps the data, the default),
 #                      disc = BIN's `ipsan bench --sink discard` (drops it as it arrives),
 #                      ref  = REF's `ipsan bench` (keeps it), perf = `iscsi-perf -m DEPTH -b BLOCKS`
@@ -29,7 +30,9 @@ if [ -z "$SIDES" ]; then if [ "$RW" = read ]; then SIDES="new disc ref perf"; el
 echo "BIN=$BIN REF=$REF RW=$RW BS=$BS DEPTH=$DEPTH SECS=$SECS REPS=$REPS QCOUNT=$QCOUNT sides: $SIDES" > $D/run.txt
 for b in $BIN $REF; do sha256sum $b >> $D/run.txt; done
 for rep in $(seq $REPS); do
-  order=$(python3 -c "import sys;s=sys.argv[1].split();r=int(sys.argv[2]);print(' '.join(s[r%len(s):]+s[:r%len(s)]))" "$SIDES" $rep)
+  # Rotated rep by rep, and reversed on even reps, so no side always follows the same one
+  # (the first run had `new` right after `perf` in every rep).
+  order=$(python3 -c "import sys;s=sys.argv[1].split();r=int(sys.argv[2]);o=s[r%len(s):]+s[:r%len(s)];print(' '.join(o[::-1] if r%2==0 else o))" "$SIDES" $rep)
   for side in $order; do
     perf stat -e $EV -p $TP -o $D/tstat-$side-$rep.txt & SP=$!
     sleep 0.2
