@@ -93,6 +93,12 @@ pub struct Args {
     /// Write an LBA-stamped pattern and check it on read; reports the first bad LBA.
     #[arg(long)]
     pub verify: bool,
+    /// What reads do with their data: keep (each read's data delivered whole to its worker,
+    /// what a user of the LUN gets) or discard (iscsi:// only: each Data-In is checked,
+    /// counted and dropped as it arrives, into one scratch buffer: the work libiscsi's
+    /// iscsi-perf does; not with --verify). docs/bench.md "What reads do with their data".
+    #[arg(long, default_value = "keep")]
+    pub sink: bench::Sink,
     /// Seed for random offsets, the mix and the verify pattern.
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
@@ -276,6 +282,7 @@ fn workload(
         seed: args.seed,
         data,
         rate: args.rate,
+        sink: args.sink,
     };
     Ok((w, auto))
 }

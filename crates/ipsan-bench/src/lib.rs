@@ -23,7 +23,7 @@ pub mod report;
 pub mod trace;
 pub mod workload;
 
-pub use report::{Report, RwMode};
+pub use report::{Report, RwMode, Sink};
 pub use workload::{
     parse_duration, parse_size, run, run_auto, run_on, run_on_threads, run_traced, BenchError,
     BlockIo, Limit, Progress, Workload,

@@ -321,6 +321,38 @@ impl std::str::FromStr for RwMode {
     }
 }
 
+/// What a read does with its data (`ipsan bench --sink`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sink {
+    /// Every read's data is delivered whole to its worker, in the worker's own buffer (what
+    /// a user of the LUN gets; the default).
+    #[default]
+    Keep,
+    /// The initiator checks and counts each Data-In and drops it as it arrives, received
+    /// into one scratch buffer of the connection (the work libiscsi's `iscsi-perf` does,
+    /// issue 27). iSCSI only; a sealed session opens (checks) the data before dropping it.
+    Discard,
+}
+
+impl std::str::FromStr for Sink {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "keep" => Ok(Self::Keep),
+            "discard" => Ok(Self::Discard),
+            _ => Err(format!("--sink must be keep|discard, not {s:?}")),
+        }
+    }
+}
+
+impl Sink {
+    /// For serde: the default is left out of the JSON (results before `--sink` kept too).
+    pub fn is_keep(&self) -> bool {
+        *self == Self::Keep
+    }
+}
+
 /// The workload as run.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkloadInfo {
@@ -336,6 +368,9 @@ pub struct WorkloadInfo {
     /// `--rate`: the offered load in bytes per second; absent when unlimited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_bytes_per_s: Option<u64>,
+    /// `--sink`: `discard` when reads dropped their data; absent for `keep`.
+    #[serde(skip_serializing_if = "Sink::is_keep")]
+    pub sink: Sink,
 }
 
 /// The git revision this binary was built from (captured by build.rs), or "unknown".

@@ -24,7 +24,9 @@ use ipsan_initiator::scsi::Capacity;
 use ipsan_initiator::{Error, McsSession, Session};
 
 use crate::autodepth::{AutoConfig, AutoReport, DepthController};
-use crate::report::{cpu_times, CpuUsage, Latency, Measured, RwMode, VerifyResult, WorkloadInfo};
+use crate::report::{
+    cpu_times, CpuUsage, Latency, Measured, RwMode, Sink, VerifyResult, WorkloadInfo,
+};
 use crate::trace::Trace;
 
 mod block_io;
@@ -68,6 +70,9 @@ pub struct Workload {
     /// [`pace_at`] says, whatever the depth; a command already late starts at once, so the
     /// schedule, not the completions, sets the pace. `None`: as fast as the depth allows.
     pub rate: Option<u64>,
+    /// What reads do with their data (`--sink`): keep it in the worker's buffer (checked with
+    /// `verify`) or drop it as it arrives ([`Sink::Discard`], not with `verify`).
+    pub sink: Sink,
 }
 
 impl From<&Workload> for WorkloadInfo {
@@ -89,6 +94,7 @@ impl From<&Workload> for WorkloadInfo {
             verify: w.verify,
             seed: w.seed,
             rate_bytes_per_s: w.rate,
+            sink: w.sink,
         }
     }
 }
@@ -319,6 +325,18 @@ async fn run_inner<S: BlockIo>(
             )));
         }
     }
+    if w.sink == Sink::Discard {
+        if w.verify {
+            return Err(BenchError::Workload(
+                "--verify checks what reads return: not with --sink discard".into(),
+            ));
+        }
+        if !session.drops_data() {
+            return Err(BenchError::Workload(
+                "--sink discard needs an iSCSI session (this one keeps what it reads)".into(),
+            ));
+        }
+    }
     let gen = Arc::new(Generator::new(&w, units));
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -399,7 +417,23 @@ async fn run_inner<S: BlockIo>(
                 // flight may land after the read saw the old data (issue 8 soak: false
                 // "found stamp 0" reports under randrw).
                 let check_read = w.verify && (verify_all_reads || written.get(op.unit));
-                let res = if op.read {
+                let res = if op.read && w.sink == Sink::Discard {
+                    match session.read_discard(lba, blocks).await {
+                        Ok(()) => {
+                            let ns = t0.elapsed().as_nanos() as u64;
+                            let _ = st.read.record(ns.max(1));
+                            let _ = st.all.record(ns.max(1));
+                            st.read_bytes += w.block_size;
+                            Ok(())
+                        }
+                        Err(e) => Err(BenchError::Io {
+                            op: "read",
+                            lba,
+                            blocks,
+                            source: e,
+                        }),
+                    }
+                } else if op.read {
                     match session
                         .read_into(lba, blocks, std::mem::take(&mut rbuf))
                         .await

@@ -53,6 +53,7 @@ fn workload(mode: RwMode, depth: usize, ops: u64) -> Workload {
         seed: 1,
         data: None,
         rate: None,
+        sink: Default::default(),
     }
 }
 

@@ -212,6 +212,13 @@ pub enum DataDir {
     /// [`ipsan_transport::HAND_OVER_MIN`] bytes is answered in the buffer it was received in
     /// (no copy; its capacity is the receive buffer's), and this one receives later PDUs.
     Read(BytesMut, usize),
+    /// Expect this many bytes and keep none of them (issue 27: `ipsan bench --sink discard`,
+    /// the work libiscsi's `iscsi-perf` does): each Data-In is checked and counted as a
+    /// read's and dropped as it arrives, received into one scratch buffer of the connection
+    /// rather than a buffer per read (`iscsi_proto`'s `Data::Discard`). The completion's data
+    /// is empty. Through a payload transform (a sealed session) the data is opened (checked)
+    /// first, in a buffer of its own, then dropped.
+    Discard(usize),
     Write(Bytes),
 }
 

@@ -126,6 +126,7 @@ async fn verify_workloads(s: &Arc<McsSession>) {
             seed,
             data: None,
             rate: None,
+            sink: Default::default(),
         };
         let (m, _) = bench::run_on(s.clone(), w, None, None)
             .await
@@ -495,6 +496,7 @@ fn cut_mid_write_and_mid_read(sealed_session: bool) {
                     seed: 7,
                     data: None,
                     rate: None,
+                    sink: Default::default(),
                 };
                 bench::run_on(s, w, None, None).await
             })
@@ -879,6 +881,7 @@ fn sends_tail_probes_the_target_takes_without_answering_and_every_read_verifies(
                     seed,
                     data: None,
                     rate: None,
+                    sink: Default::default(),
                 };
                 let (m, _) = bench::run_on(s.clone(), w, None, None)
                     .await

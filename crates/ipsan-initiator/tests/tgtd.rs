@@ -269,6 +269,7 @@ fn fails_in_flight_commands_when_tgtd_dies_mid_run() {
             seed: 3,
             data: None,
             rate: None,
+            sink: Default::default(),
         };
         let run = tokio::spawn(ipsan_bench::run(s.clone(), w, None));
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;

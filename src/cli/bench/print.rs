@@ -21,7 +21,7 @@ pub(super) fn print_report(r: &bench::Report) {
         r.target.block_len
     );
     println!(
-        "workload: {:?} bs={} depth={} offset={} {}{}",
+        "workload: {:?} bs={} depth={} offset={} {}{}{}",
         w.rw,
         w.block_size,
         w.depth,
@@ -31,7 +31,12 @@ pub(super) fn print_report(r: &bench::Report) {
             (None, Some(t)) => format!("time={t}s"),
             _ => String::new(),
         },
-        if w.verify { " verify" } else { "" }
+        if w.verify { " verify" } else { "" },
+        if w.sink == ipsan_bench::Sink::Discard {
+            " sink=discard"
+        } else {
+            ""
+        }
     );
     if let Some(n) = &r.negotiated {
         println!(

@@ -15,6 +15,22 @@ pub trait BlockIo: Send + Sync + 'static {
         blocks: u32,
         buf: BytesMut,
     ) -> impl std::future::Future<Output = Result<Bytes, Error>> + Send;
+    /// Whether [`BlockIo::read_discard`] drops the data as it arrives (`--sink discard`).
+    fn drops_data(&self) -> bool {
+        false
+    }
+    /// Reads `blocks` blocks at `lba` and keeps none of the data: checked, counted and dropped
+    /// as it arrives where [`BlockIo::drops_data`]; the default reads it and drops it after.
+    fn read_discard(
+        &self,
+        lba: u64,
+        blocks: u32,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        async move {
+            self.read_into(lba, blocks, BytesMut::new()).await?;
+            Ok(())
+        }
+    }
     /// Writes `data` at `lba`.
     fn write(
         &self,
@@ -29,6 +45,16 @@ impl BlockIo for Session {
     }
     async fn read_into(&self, lba: u64, blocks: u32, buf: BytesMut) -> Result<Bytes, Error> {
         Ok(Session::read_into(self, lba, blocks, buf).await?.freeze())
+    }
+    fn drops_data(&self) -> bool {
+        true
+    }
+    fn read_discard(
+        &self,
+        lba: u64,
+        blocks: u32,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        Session::read_discard(self, lba, blocks)
     }
     fn write(
         &self,
@@ -47,6 +73,16 @@ impl BlockIo for McsSession {
         Ok(McsSession::read_into(self, lba, blocks, buf)
             .await?
             .freeze())
+    }
+    fn drops_data(&self) -> bool {
+        true
+    }
+    fn read_discard(
+        &self,
+        lba: u64,
+        blocks: u32,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        McsSession::read_discard(self, lba, blocks)
     }
     fn write(
         &self,

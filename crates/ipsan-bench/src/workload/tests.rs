@@ -50,6 +50,7 @@ fn generator_is_deterministic_and_respects_mix() {
         seed: 9,
         data: None,
         rate: None,
+        sink: Default::default(),
     };
     let g = Generator::new(&w, 1000);
     let ops: Vec<Op> = (0..10_000).map(|i| g.op(i)).collect();
@@ -161,6 +162,7 @@ fn json_report_has_the_documented_schema() {
             seed: 5,
             data: None,
             rate: None,
+            sink: Default::default(),
         }),
         negotiated: Some(ipsan_initiator::Negotiated::rfc_defaults()),
         nvme: None,
@@ -281,6 +283,7 @@ fn runs_worker_k_on_runtime_k_mod_n() {
         seed: 1,
         data: None,
         rate: None,
+        sink: Default::default(),
     };
     let runtimes = [here.handle().clone(), there];
     let (m, _) = here

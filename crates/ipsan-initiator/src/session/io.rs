@@ -57,6 +57,14 @@ impl Session {
             }
             DataDir::Write(plain) => self.sealed_write(&c, t, info, cdb, plain, until).await,
             DataDir::Read(buf, len) => self.sealed_read(&c, t, info, cdb, buf, len, until).await,
+            // Sealed data is opened before it is dropped: a discarded read still checks it.
+            DataDir::Discard(len) => self
+                .sealed_read(&c, t, info, cdb, BytesMut::new(), len, until)
+                .await
+                .map(|mut p| {
+                    p.data = BytesMut::new();
+                    p
+                }),
         };
         pending.finish(r)
     }
@@ -86,6 +94,17 @@ impl Session {
             .command(scsi::read16(lba, blocks), DataDir::Read(buf, len))
             .await?;
         read_data(c, len)
+    }
+
+    /// READ(16) of `blocks` blocks at `lba` whose data is checked, counted and dropped as it
+    /// arrives ([`DataDir::Discard`]; `ipsan bench --sink discard`): fails as
+    /// [`Session::read_into`] does when the target answers with fewer bytes.
+    pub async fn read_discard(&self, lba: u64, blocks: u32) -> Result<()> {
+        let len = read_len(&self.capacity, blocks)?;
+        let c = self
+            .command(scsi::read16(lba, blocks), DataDir::Discard(len))
+            .await?;
+        discarded(&c, len)
     }
 
     pub(super) async fn write_inner(&self, lba: u64, data: Bytes, fua: bool) -> Result<()> {
@@ -167,6 +186,10 @@ impl Shared {
             DataDir::Write(b) => engine::Data::Write(b),
             DataDir::Read(buf, len) => engine::Data::Read {
                 buf,
+                len: u32::try_from(len)
+                    .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
+            },
+            DataDir::Discard(len) => engine::Data::Discard {
                 len: u32::try_from(len)
                     .map_err(|_| Error::InvalidRequest("transfer over 4 GiB".into()))?,
             },
@@ -396,6 +419,19 @@ pub(super) fn read_data(c: Completion, len: usize) -> Result<BytesMut> {
         )));
     }
     Ok(c.data)
+}
+
+/// A discarded READ's answer ([`DataDir::Discard`]): all `len` bytes came (the engine fails a
+/// GOOD status with fewer than it announced) unless the target reports an underflow, which
+/// [`read_data`] refuses for a kept read too.
+pub(super) fn discarded(c: &Completion, len: usize) -> Result<()> {
+    if c.residual > 0 {
+        let got = (len as u64).saturating_sub(c.residual as u64);
+        return Err(Error::Protocol(format!(
+            "READ returned {got} of {len} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// The blocks a WRITE of `data` covers: a positive whole number of blocks.

@@ -291,6 +291,7 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
                     seed,
                     data: None,
                     rate: None,
+                    sink: Default::default(),
                 };
                 let m = bench::run(s.clone(), w, None)
                     .await
@@ -315,6 +316,7 @@ pub async fn round_trip(url: IscsiUrl, login: LoginOptions, check: impl Fn(&Nego
             seed,
             data: None,
             rate: None,
+            sink: Default::default(),
         };
         match bench::run(s.clone(), w, None).await {
             Err(bench::BenchError::Verify { lba: bad, .. }) => assert_eq!(bad, lba),

@@ -100,6 +100,16 @@ pub enum Data {
         buf: BytesMut,
         len: u32,
     },
+    /// Expect `len` bytes and keep none of them (issue 27: a benchmark that reads as libiscsi's
+    /// `iscsi-perf` does). Every Data-In is checked as a read's (DataSN, offset, length,
+    /// RFC 7143 §11.7) and counted, so a short or misordered answer fails as it would for
+    /// [`Data::Read`]; its bytes are dropped. A segment received in place
+    /// ([`Connection::lend_read_buffer`]) lands in one scratch buffer the connection lends
+    /// again for the next, so every such read's data goes through the same few cache-warm
+    /// bytes. The command's [`Completion::data`] is empty.
+    Discard {
+        len: u32,
+    },
     Write(Bytes),
     /// Write data that goes on the wire as `data` followed by `tail`, neither copied into one
     /// buffer: Seal `none`'s plaintext as the caller gave it and its trailer (issue 27,
@@ -120,7 +130,7 @@ impl Data {
         match self {
             Data::Write(b) => Some(b.len()),
             Data::WriteParts { data, tail } => Some(data.len() + tail.len()),
-            Data::None | Data::Read { .. } => None,
+            Data::None | Data::Read { .. } | Data::Discard { .. } => None,
         }
     }
 }
@@ -281,6 +291,8 @@ struct Task {
     write_bit: bool,
     read: Option<BytesMut>,
     read_len: u32,
+    /// [`Data::Discard`]: Data-In is checked and counted, never kept (`read` stays empty).
+    discard: bool,
     received: u32,
     next_data_sn: u32,
     next_r2t_sn: u32,
@@ -354,6 +366,9 @@ pub struct Connection {
     /// The buffers callers handed in with their reads, the most recent last: a read takes
     /// one when its first data arrives, not when it is submitted ([`bind_read_buffer`]).
     read_pool: Vec<BytesMut>,
+    /// The buffer [`Data::Discard`] reads' segments are received into in place, lent again
+    /// for the next ([`Connection::lend_read_buffer`]).
+    scratch: Option<BytesMut>,
     /// ErrorRecoveryLevel 2 ([`Connection::hold_tasks`]): when the connection fails, its
     /// tasks are kept for reassignment instead of ending with it.
     hold: bool,
@@ -430,6 +445,7 @@ impl Connection {
             closed: None,
             spare: None,
             read_pool: Vec::new(),
+            scratch: None,
             hold: false,
             held: Vec::new(),
             tail_probe: None,

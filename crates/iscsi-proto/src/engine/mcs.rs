@@ -413,7 +413,7 @@ fn cost(cmd: &Command) -> u64 {
     COMMAND_COST
         + match &cmd.data {
             Data::None => 0,
-            Data::Read { len, .. } => u64::from(*len),
+            Data::Read { len, .. } | Data::Discard { len } => u64::from(*len),
             Data::Write(_) | Data::WriteParts { .. } => cmd.data.write_len().unwrap_or(0) as u64,
         }
 }

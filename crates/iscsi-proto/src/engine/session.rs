@@ -209,6 +209,7 @@ enum State {
 enum Kept {
     None,
     Read(u32),
+    Discard(u32),
     Write(Bytes),
     WriteParts(Bytes, Bytes),
 }
@@ -461,6 +462,7 @@ impl Session {
         let free = recovery && binding == Binding::Free;
         let data = match &cmd.data {
             Data::Read { len, .. } => Kept::Read(*len),
+            Data::Discard { len } => Kept::Discard(*len),
             Data::Write(b) if free => Kept::Write(b.clone()),
             Data::WriteParts { data, tail } if free => Kept::WriteParts(data.clone(), tail.clone()),
             Data::None | Data::Write(_) | Data::WriteParts { .. } => Kept::None,
@@ -679,6 +681,7 @@ impl Session {
                     buf: BytesMut::new(),
                     len: *len,
                 },
+                Kept::Discard(len) => Data::Discard { len: *len },
                 Kept::Write(b) => Data::Write(b.clone()),
                 Kept::WriteParts(data, tail) => Data::WriteParts {
                     data: data.clone(),

@@ -151,10 +151,14 @@ impl McsSession {
         timed: bool,
         abort: Option<&tokio_util::sync::CancellationToken>,
     ) -> Result<Passthrough> {
+        // A discarded read's data is dropped as it arrives, or (sealed) opened and dropped at
+        // the end.
+        let discard = matches!(dir, DataDir::Discard(_));
         let (mut write, mut read) = match dir {
             DataDir::None => (None, None),
             DataDir::Write(b) => (Some(b), None),
             DataDir::Read(buf, len) => (None, Some((buf, len))),
+            DataDir::Discard(len) => (None, Some((BytesMut::new(), len))),
         };
         let mut tries = 0u32;
         let mut waiting_since: Option<tokio::time::Instant> = None;
@@ -168,6 +172,10 @@ impl McsSession {
                     write = Some(b.clone());
                     DataDir::Write(b)
                 }
+                (None, Some((_, len))) if discard => {
+                    read = Some((BytesMut::new(), len));
+                    DataDir::Discard(len)
+                }
                 (None, Some((buf, len))) => {
                     read = Some((BytesMut::new(), len));
                     DataDir::Read(buf, len)
@@ -175,7 +183,12 @@ impl McsSession {
                 (None, None) => DataDir::None,
             };
             match self.exchange_once(lun, cdb, dir, timed, abort).await? {
-                Attempt::Done(p) => return Ok(p),
+                Attempt::Done(mut p) => {
+                    if discard {
+                        p.data = BytesMut::new();
+                    }
+                    return Ok(p);
+                }
                 Attempt::Wait => {
                     // ErrorRecoveryLevel 2 logs a connection in, or the session ends.
                     let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
@@ -213,7 +226,7 @@ impl McsSession {
         let len = match &dir {
             DataDir::None => 0,
             DataDir::Write(p) => p.len(),
-            DataDir::Read(_, len) => *len,
+            DataDir::Read(_, len) | DataDir::Discard(len) => *len,
         };
         let picked = self.core.with(false, |g| {
             if let Some(e) = &g.ended {
@@ -254,6 +267,12 @@ impl McsSession {
         };
         let info = CommandInfo::of(lun, itt, &cdb);
         let mut plain = None;
+        // Sealed, a discarded read is received and opened as a read's (`exchange` drops its
+        // data after): what is dropped was checked.
+        let dir = match dir {
+            DataDir::Discard(len) if t.is_some() => DataDir::Read(BytesMut::new(), len),
+            d => d,
+        };
         let (data, read_len) = match dir {
             DataDir::None => (engine::Data::None, None),
             DataDir::Write(p) => {
@@ -266,6 +285,13 @@ impl McsSession {
                 };
                 (wire, None)
             }
+            DataDir::Discard(len) => (
+                engine::Data::Discard {
+                    len: u32::try_from(len)
+                        .map_err(|_| Error::InvalidRequest("read too large".into()))?,
+                },
+                None,
+            ),
             DataDir::Read(buf, len) => {
                 let wire_len = match &t {
                     Some(t) => t.wire_len(len).ok_or_else(|| {
@@ -436,6 +462,15 @@ impl McsSession {
             .command(scsi::read16(lba, blocks), DataDir::Read(buf, len))
             .await?;
         io::read_data(c, len)
+    }
+
+    /// READ(16) of `blocks` blocks at `lba` whose data is dropped ([`DataDir::Discard`]).
+    pub async fn read_discard(&self, lba: u64, blocks: u32) -> Result<()> {
+        let len = io::read_len(&self.capacity, blocks)?;
+        let c = self
+            .command(scsi::read16(lba, blocks), DataDir::Discard(len))
+            .await?;
+        io::discarded(&c, len)
     }
 
     /// WRITE(16) of `data` (a whole number of blocks) at `lba`.

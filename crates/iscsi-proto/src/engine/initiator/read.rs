@@ -37,6 +37,18 @@ impl Connection {
             return None;
         }
         let end = u64::from(offset) + len as u64;
+        if t.discard {
+            // Checked and counted when it comes back, its bytes then dropped: every such
+            // segment goes into the same scratch buffer (libiscsi's `iscsi-perf` receives
+            // each Data-In into one heap block freed and reused at once).
+            if end > u64::from(t.read_len) {
+                return None;
+            }
+            let mut b = self.scratch.take().unwrap_or_default();
+            b.clear();
+            b.reserve(len);
+            return Some(b);
+        }
         let buf = t.read.as_mut()?;
         if offset == 0 {
             bind_read_buffer(buf, &mut self.read_pool, t.read_len as usize);
@@ -61,10 +73,14 @@ impl Connection {
 
     pub(super) fn on_data_in(&mut self, h: &DataIn, data: Segment) {
         let now_itt = h.itt;
-        // Out of `self` while the task is borrowed (`bind_read_buffer`); put back below.
+        // Out of `self` while the task is borrowed (`bind_read_buffer`, a discarded read's
+        // scratch buffer); put back below.
         let mut pool = std::mem::take(&mut self.read_pool);
+        let mut scratch = self.scratch.take();
+        let spare_free = self.spare.is_none();
         let Some(t) = self.live_task(Opcode::SCSI_DATA_IN, now_itt) else {
             self.read_pool = pool;
+            self.scratch = scratch;
             return;
         };
         let off = h.buffer_offset;
@@ -94,12 +110,30 @@ impl Connection {
             // At ErrorRecoveryLevel 0 a Data-In sequence cannot be repaired (no SNACK,
             // §7.1.4): the connection ends, and every task with it.
             self.read_pool = pool;
+            self.scratch = scratch;
             self.violation(v);
             return;
         }
         let n = data.len() as u32;
         let mut spare = None;
         let data = match data {
+            Segment::Placed(mut b) if t.discard => {
+                // Checked above and counted below, its bytes dropped; the scratch buffer is
+                // lent again for the next segment.
+                b.clear();
+                if scratch.as_ref().is_none_or(|s| s.capacity() < b.capacity()) {
+                    scratch = Some(b);
+                }
+                Bytes::new()
+            }
+            Segment::Received(b) if t.discard => {
+                // Received whole in the reader's buffer: that buffer goes back to the reader
+                // when nothing else holds it (`take_spare_buffer`), its bytes dropped.
+                if spare_free {
+                    spare = b.try_into_mut().ok().filter(|b| b.capacity() > 0);
+                }
+                Bytes::new()
+            }
             Segment::Received(data) => data,
             Segment::Placed(tail) => {
                 // Received into the free end of this buffer (`lend_read_buffer`): joined
@@ -143,6 +177,7 @@ impl Connection {
         t.received += n;
         t.next_data_sn = t.next_data_sn.wrapping_add(1);
         self.read_pool = pool;
+        self.scratch = scratch;
         if spare.is_some() {
             self.spare = spare;
         }

@@ -38,10 +38,12 @@ impl Connection {
             return Err(SubmitError::Invalid);
         }
         let write_bit = write_len.is_some();
+        let discard = matches!(cmd.data, Data::Discard { .. });
         let (write, write_tail, read, read_len) = match cmd.data {
             Data::None => (Bytes::new(), Bytes::new(), None, 0),
             Data::Write(b) => (b, Bytes::new(), None, 0),
             Data::WriteParts { data, tail } => (data, tail, None, 0),
+            Data::Discard { len } => (Bytes::new(), Bytes::new(), Some(BytesMut::new()), len),
             Data::Read { mut buf, len } => {
                 // Data-In arrives in order (DataPDUInOrder=Yes) and is appended: no memset of
                 // the whole buffer ahead of the data, and nothing stale can leak. The buffer
@@ -70,6 +72,7 @@ impl Connection {
                 write_bit,
                 read,
                 read_len,
+                discard,
                 received: 0,
                 next_data_sn: 0,
                 next_r2t_sn: 0,
