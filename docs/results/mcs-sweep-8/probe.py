@@ -9,7 +9,7 @@ The sender's socket is the one with the most ACKs. One row per millisecond at mo
 ACK of it), columns: t (s from the socket's first ACK), una and nxt (bytes, from the first
 ACK's snd_una), cwnd (segments), srtt_us, written (bytes written to the socket by then, on
 the same origin: the offset is the least of written - nxt over the run, i.e. the moments with
-nothing unsent)."""
+nothing unsent), ssthresh (segments)."""
 import bisect
 import re
 import subprocess
@@ -30,7 +30,8 @@ def main():
         if ev.startswith("tcp:tcp_probe"):
             f = dict(re.findall(r"(\w+)=(\S+)", tr))
             probes.setdefault(f["skaddr"], []).append(
-                (t, int(f["snd_una"], 16), int(f["snd_nxt"], 16), int(f["snd_cwnd"]), int(f["srtt"])))
+                (t, int(f["snd_una"], 16), int(f["snd_nxt"], 16), int(f["snd_cwnd"]), int(f["srtt"]),
+                 int(f["ssthresh"])))
         elif ev.startswith("sock:sock_send_length"):
             w = re.search(r"sk address = (\S+),.*length = (-?\d+)", tr)
             if w:
@@ -48,9 +49,9 @@ def main():
         i = bisect.bisect_right(wt, t)
         return cum[i - 1] if i else 0
 
-    rel = [(t, (u - base) & 0xFFFFFFFF, (n - base) & 0xFFFFFFFF, cw, s) for t, u, n, cw, s in ps]
-    off = min(written(t) - n for t, _, n, _, _ in rel)
-    print("t,una,nxt,cwnd,srtt_us,written")
+    rel = [(t, (u - base) & 0xFFFFFFFF, (n - base) & 0xFFFFFFFF, cw, s, st) for t, u, n, cw, s, st in ps]
+    off = min(written(t) - n for t, _, n, _, _, _ in rel)
+    print("t,una,nxt,cwnd,srtt_us,written,ssthresh")
     rows = []
     for r in rel:
         ms = int((r[0] - t0) * 1000)
@@ -58,8 +59,8 @@ def main():
             rows[-1] = (ms, r)
         else:
             rows.append((ms, r))
-    for _, (t, u, n, cw, s) in rows:
-        print(f"{t - t0:.4f},{u},{n},{cw},{s},{written(t) - off}")
+    for _, (t, u, n, cw, s, st) in rows:
+        print(f"{t - t0:.4f},{u},{n},{cw},{s},{written(t) - off},{st}")
 
 
 if __name__ == "__main__":
