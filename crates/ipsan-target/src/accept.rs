@@ -52,6 +52,9 @@ pub(crate) struct Accepting {
     pub conns: Arc<Mutex<JoinSet<()>>>,
     /// Stops accepting (running connections watch it themselves).
     pub cancel: CancellationToken,
+    /// Whether a long path's connection gets its send buffer sized
+    /// ([`ipsan_tcp::tune_for_path`]): not where `[server.tcp] sndbuf` sets one.
+    pub send_buffer: ipsan_tcp::SendBuffer,
 }
 
 /// Accepts on `listener` until cancelled; `serve` runs each admitted connection. `what`
@@ -87,9 +90,13 @@ pub(crate) async fn accept_loop<F, Fut>(
             continue;
         };
         // Across a WAN (the handshake's round trip): paced, so a read's Data-In leaves spread
-        // over the round trip (issue 28: one connection's reads 2.41x, mcs-sweep-7).
-        match ipsan_tcp::tune_for_path(&stream) {
-            Ok(t) if t.long => tracing::debug!(%peer, rtt = ?t.rtt, paced = t.paced, "long path"),
+        // over the round trip (issue 28: one connection's reads 2.41x, mcs-sweep-7), and a
+        // send buffer past the autotuning ceiling unless `[server.tcp] sndbuf` chose one
+        // (mcs-sweep-8).
+        match ipsan_tcp::tune_for_path(&stream, a.send_buffer) {
+            Ok(t) if t.long => {
+                tracing::debug!(%peer, rtt = ?t.rtt, paced = t.paced, sndbuf = ?t.sndbuf, "long path")
+            }
             Ok(_) => {}
             Err(e) => tracing::debug!(%peer, "path not judged: {e}"),
         }

@@ -171,6 +171,7 @@ impl Server {
             registry: self.shared.registry.clone(),
             conns: Arc::new(tokio::sync::Mutex::new(JoinSet::new())),
             cancel: cancel.clone(),
+            send_buffer: ipsan_tcp::SendBuffer::unless_set(self.shared.tcp.as_ref()),
         };
         let mut accepts = JoinSet::new();
         if let Some(nvme) = self.nvme {

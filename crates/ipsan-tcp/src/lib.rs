@@ -18,7 +18,8 @@
 //! - [`bulk`]: a bulk sender and sink that report throughput with the settings and `TCP_INFO`
 //!   behind it (the iFCP paper's experiments), and Jain's fairness index.
 //! - [`path`]: [`tune_for_path`], what a connected socket gets when its handshake's round
-//!   trip says it crosses a WAN (kernel pacing), on both ends.
+//!   trip says it crosses a WAN (kernel pacing, a send buffer past the autotuning ceiling),
+//!   on both ends.
 //! - [`error`]: the crate's one error type, [`TcpError`].
 //!
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
@@ -38,7 +39,7 @@ pub mod vectored;
 pub use bpf::available_congestion_controls;
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
-pub use path::{tune_for_path, PathTuning};
+pub use path::{tune_for_path, PathTuning, SendBuffer};
 pub use settings::{BufSize, InForce, Link, TcpSettings};
 
 /// Sets the socket's minimum retransmission timeout (`TCP_RTO_MIN_US`, Linux 6.15; the

@@ -1,6 +1,7 @@
 //! Long paths: what a connected socket gets when its handshake says the far end is across a
 //! WAN ([`tune_for_path`]), on both ends of a connection (the initiator after `connect`, the
-//! target at `accept`): the kernel paces it.
+//! target at `accept`): the kernel paces it, and its send buffer is as large as the host lets
+//! a socket option make it ([`SendBuffer`]).
 //!
 //! Issue 28's sweep (docs/results/mcs-sweep-6, -7): one sealed connection at 1 Gbit/s and
 //! 32 ms one way lost packets at the emulator's 1000-packet queue in slow start and spent the
@@ -14,18 +15,52 @@
 //! twice cwnd/RTT in slow start: no overflow below the link's rate, and past it the send
 //! buffer binds first. Both ends: the target sends a read's data.
 //!
+//! Pacing has a price when the send buffer binds (docs/results/mcs-sweep-8): after slow start
+//! the kernel paces at 1.2 × cwnd/RTT, and cubic grows cwnd only while the window, not the
+//! buffer, limits the connection. A connection limited by its autotuned 4 MiB buffer keeps the
+//! cwnd it left slow start (or its last loss) with, so every refill of the buffer leaves at
+//! that rate, waits in the socket unsent meanwhile and takes the buffer's room from data in
+//! flight: 2.7–2.9 MB in flight against 3.05 for `iperf3 -P 1`, whose refills leave at line
+//! rate, and at a cwnd of 2,181 segments (59 MB/s of pacing) the connection ran at 42 MB/s.
+//! With a buffer larger than the autotuning ceiling the window binds again, cubic grows it, and
+//! the pacing rate with it ([`SendBuffer::Path`]).
+//!
 //! Not applied below [`LONG_PATH_RTT`]: on loopback and a LAN a window is microseconds of data
 //! and pacing's timers would be cost with no gain.
 
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use crate::TcpError;
+use crate::{TcpError, TcpSettings};
 
 /// A connection whose handshake round trip is at least this long is a long path (a WAN):
 /// loopback measures tens of microseconds, a LAN well under a millisecond; `ipsan wan` at
 /// 1 ms one way 2.2 ms.
 pub const LONG_PATH_RTT: Duration = Duration::from_millis(2);
+
+/// Whether [`tune_for_path`] may size a long path's send buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendBuffer {
+    /// As large as a plain `SO_SNDBUF` can make it (`net.core.wmem_max`, which the kernel
+    /// doubles), where that is above the autotuning ceiling (`net.ipv4.tcp_wmem`'s maximum);
+    /// left to autotuning otherwise (a fixed buffer below the ceiling would only shrink it).
+    /// Fixing it turns the socket's send buffer autotuning off (`tcp(7)`): it is this size
+    /// from the start, filled only as far as the connection has data queued.
+    Path,
+    /// Left as the caller set it (its own `sndbuf`).
+    Keep,
+}
+
+impl SendBuffer {
+    /// [`SendBuffer::Keep`] where `settings` choose the send buffer themselves (`sndbuf` a
+    /// size, or `auto` with a known link), [`SendBuffer::Path`] otherwise.
+    pub fn unless_set(settings: Option<&TcpSettings>) -> Self {
+        match settings {
+            Some(t) if t.sndbuf.bytes_for(t.link.as_ref()).is_some() => SendBuffer::Keep,
+            _ => SendBuffer::Path,
+        }
+    }
+}
 
 /// What [`tune_for_path`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,18 +72,57 @@ pub struct PathTuning {
     pub long: bool,
     /// Paced by the kernel ([`crate::pace`]); only on a long path.
     pub paced: bool,
+    /// The send buffer it fixed, bytes, as the kernel reports it (twice the request); `None`
+    /// where it left the buffer alone ([`SendBuffer`]).
+    pub sndbuf: Option<u64>,
 }
 
 /// Reads the connected socket's round trip (from the handshake on: the SYN and SYN-ACK on
 /// the connecting side, the SYN-ACK and its ACK on the accepting side) and, on a long path
-/// (at least [`LONG_PATH_RTT`]), has the kernel pace it. A refused socket option leaves the
-/// socket as it was (`paced` says whether it took); only an unreadable `TCP_INFO` is an error.
-pub fn tune_for_path<S: AsFd>(socket: &S) -> Result<PathTuning, TcpError> {
+/// (at least [`LONG_PATH_RTT`]), has the kernel pace it and, with [`SendBuffer::Path`], sizes
+/// its send buffer. A refused socket option leaves the socket as it was (`paced` and `sndbuf`
+/// say what took); only an unreadable `TCP_INFO` is an error.
+pub fn tune_for_path<S: AsFd>(socket: &S, buffer: SendBuffer) -> Result<PathTuning, TcpError> {
     let info = crate::tcp_info(socket)?;
     let rtt = path_rtt(info.min_rtt_us, info.rtt_us);
     let long = rtt >= LONG_PATH_RTT;
     let paced = long && crate::pace(socket).is_ok();
-    Ok(PathTuning { rtt, long, paced })
+    let sndbuf = match buffer {
+        SendBuffer::Path if long => host_send_buffer_limits()
+            .and_then(|(wmem_max, tcp_wmem_max)| long_path_send_buffer(wmem_max, tcp_wmem_max))
+            .and_then(|ask| {
+                let sock = socket2::SockRef::from(socket);
+                sock.set_send_buffer_size(usize::try_from(ask).ok()?).ok()?;
+                sock.send_buffer_size().ok().map(|n| n as u64)
+            }),
+        _ => None,
+    };
+    Ok(PathTuning {
+        rtt,
+        long,
+        paced,
+        sndbuf,
+    })
+}
+
+/// The `SO_SNDBUF` request for a long path: `net.core.wmem_max` (the most a plain request
+/// gets; the kernel doubles it), where twice that is above the autotuning ceiling
+/// `tcp_wmem_max`; `None` (autotuning) otherwise.
+fn long_path_send_buffer(wmem_max: u64, tcp_wmem_max: u64) -> Option<u64> {
+    // The kernel stores the doubled request in an int.
+    let ask = wmem_max.min(i32::MAX as u64 / 2);
+    (ask > 0 && ask * 2 > tcp_wmem_max).then_some(ask)
+}
+
+/// `net.core.wmem_max` and the maximum of `net.ipv4.tcp_wmem`, as this network namespace
+/// has them; `None` if either cannot be read.
+fn host_send_buffer_limits() -> Option<(u64, u64)> {
+    let wmem_max = std::fs::read_to_string("/proc/sys/net/core/wmem_max").ok()?;
+    let tcp_wmem = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem").ok()?;
+    Some((
+        wmem_max.trim().parse().ok()?,
+        tcp_wmem.split_whitespace().nth(2)?.parse().ok()?,
+    ))
 }
 
 /// The round trip a connection is judged by: `TCP_INFO`'s lowest RTT, or its smoothed RTT
@@ -73,11 +147,47 @@ mod tests {
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         for sock in [&c, &s] {
-            let t = tune_for_path(sock).unwrap();
+            let before = socket2::SockRef::from(sock).send_buffer_size().unwrap();
+            let t = tune_for_path(sock, SendBuffer::Path).unwrap();
             assert!(t.rtt < LONG_PATH_RTT, "{t:?}");
-            assert!(!t.long && !t.paced, "{t:?}");
+            assert!(!t.long && !t.paced && t.sndbuf.is_none(), "{t:?}");
             assert_eq!(crate::max_pacing_rate(sock).unwrap(), u64::MAX, "unlimited");
+            let after = socket2::SockRef::from(sock).send_buffer_size().unwrap();
+            assert_eq!(before, after, "the send buffer is left to autotuning");
         }
+    }
+
+    #[test]
+    fn sizes_the_send_buffer_only_past_the_autotuning_ceiling() {
+        // This VM: wmem_max 4 MiB, tcp_wmem max 4 MiB: 8 MiB fixed beats 4 MiB autotuned.
+        assert_eq!(long_path_send_buffer(4 << 20, 4 << 20), Some(4 << 20));
+        // A distribution's defaults: 208 KiB fixed would cut the 4 MiB autotuning gives.
+        assert_eq!(long_path_send_buffer(212_992, 4 << 20), None);
+        // Exactly the ceiling twice over gains nothing.
+        assert_eq!(long_path_send_buffer(2 << 20, 4 << 20), None);
+        assert_eq!(long_path_send_buffer(0, 0), None);
+        // The kernel's int: at most i32::MAX / 2 requested.
+        assert_eq!(
+            long_path_send_buffer(u64::MAX, 4 << 20),
+            Some(i32::MAX as u64 / 2)
+        );
+    }
+
+    #[test]
+    fn keeps_a_send_buffer_the_settings_choose() {
+        assert_eq!(SendBuffer::unless_set(None), SendBuffer::Path);
+        let mut t = TcpSettings::default();
+        assert_eq!(SendBuffer::unless_set(Some(&t)), SendBuffer::Path);
+        t.sndbuf = crate::BufSize::Bytes(1 << 20);
+        assert_eq!(SendBuffer::unless_set(Some(&t)), SendBuffer::Keep);
+        // `auto` without a link is the kernel's autotuning: sized here.
+        t.sndbuf = crate::BufSize::Auto;
+        assert_eq!(SendBuffer::unless_set(Some(&t)), SendBuffer::Path);
+        t.link = Some(crate::Link {
+            bandwidth_bps: 1_000_000_000,
+            rtt: Duration::from_millis(64),
+        });
+        assert_eq!(SendBuffer::unless_set(Some(&t)), SendBuffer::Keep);
     }
 
     #[test]

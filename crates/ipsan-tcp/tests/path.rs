@@ -1,6 +1,7 @@
 //! `tune_for_path` across `ipsan wan` (two namespaces, 5 ms each way): both ends of a
 //! connection, the one that connected and the one that accepted, judge it a long path from
-//! the handshake alone and get paced. Needs root and
+//! the handshake alone and get paced, and a send buffer past the autotuning ceiling where the
+//! host's `net.core.wmem_max` allows one (a plain `SO_SNDBUF` otherwise untouched). Needs root and
 //! /dev/net/tun; without them it prints `SKIPPED: <reason>` and returns. (Loopback, not a
 //! long path, is the unit test in `src/path.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,6 +10,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use ipsan_tcp::path::LONG_PATH_RTT;
+use ipsan_tcp::SendBuffer;
 use ipsan_wan::{link, DirConfig, Engine, Link, LinkConfig, Side};
 
 struct Guard(String);
@@ -19,7 +21,7 @@ impl Drop for Guard {
 }
 
 #[test]
-fn both_ends_of_a_wan_connection_are_paced_from_the_handshake_on() {
+fn both_ends_of_a_wan_connection_are_paced_and_buffered_from_the_handshake_on() {
     if !link::is_root() || !std::path::Path::new("/dev/net/tun").exists() {
         println!("SKIPPED: needs root and /dev/net/tun (namespaces, TUN)");
         return;
@@ -47,10 +49,32 @@ fn both_ends_of_a_wan_connection_are_paced_from_the_handshake_on() {
         .unwrap()
         .unwrap();
     let (s, _) = l.accept().unwrap();
+    let read = |p: &str| std::fs::read_to_string(p).unwrap();
+    let wmem_max: u64 = read("/proc/sys/net/core/wmem_max").trim().parse().unwrap();
+    let tcp_wmem_max: u64 = read("/proc/sys/net/ipv4/tcp_wmem")
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
     for (end, sock) in [("connecting", &c), ("accepting", &s)] {
-        let t = ipsan_tcp::tune_for_path(sock).unwrap();
+        let t = ipsan_tcp::tune_for_path(sock, SendBuffer::Path).unwrap();
         assert!(t.rtt >= LONG_PATH_RTT, "{end}: {t:?}");
         assert!(t.long && t.paced, "{end}: {t:?}");
+        let sndbuf = socket2::SockRef::from(sock).send_buffer_size().unwrap() as u64;
+        if wmem_max * 2 > tcp_wmem_max {
+            assert_eq!(t.sndbuf, Some(wmem_max * 2), "{end}: {t:?}");
+            assert_eq!(
+                sndbuf,
+                wmem_max * 2,
+                "{end}: the kernel doubles the request"
+            );
+        } else {
+            assert_eq!(
+                t.sndbuf, None,
+                "{end}: autotuning's ceiling is higher: {t:?}"
+            );
+        }
         assert_eq!(
             ipsan_tcp::max_pacing_rate(sock).unwrap(),
             u64::MAX - 1,

@@ -5,7 +5,7 @@
 use super::*;
 
 /// TCP connect to the URL's portal, with the configured per-socket settings applied before
-/// the SYN, bounded by the connect timeout; on a long path paced
+/// the SYN, bounded by the connect timeout; on a long path paced, its send buffer sized
 /// ([`ipsan_tcp::tune_for_path`]).
 pub(super) async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<TcpStream> {
     let addr = url.socket_addr_string();
@@ -38,9 +38,13 @@ pub(super) async fn connect_tcp(url: &IscsiUrl, cfg: &SessionConfig) -> Result<T
     }
     // Across a WAN (judged by the handshake's round trip): paced, so a window leaves spread
     // over the round trip instead of as a burst into the bottleneck's queue (issue 28, one
-    // connection at 1 Gbit/s, 32 ms: 2.17x, docs/results/mcs-sweep-7).
-    match ipsan_tcp::tune_for_path(&stream) {
-        Ok(t) if t.long => tracing::debug!(rtt = ?t.rtt, paced = t.paced, "long path"),
+    // connection at 1 Gbit/s, 32 ms: 2.17x, docs/results/mcs-sweep-7), and a send buffer
+    // past the autotuning ceiling unless `[tcp] sndbuf` chose one (docs/results/mcs-sweep-8).
+    let buffer = ipsan_tcp::SendBuffer::unless_set(cfg.tcp.as_ref());
+    match ipsan_tcp::tune_for_path(&stream, buffer) {
+        Ok(t) if t.long => {
+            tracing::debug!(rtt = ?t.rtt, paced = t.paced, sndbuf = ?t.sndbuf, "long path")
+        }
         Ok(_) => {}
         Err(e) => tracing::debug!("path not judged: {e}"),
     }
