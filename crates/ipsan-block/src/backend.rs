@@ -23,6 +23,58 @@ pub struct Extent {
     pub len: u64,
 }
 
+/// Write data that is the whole of its allocation: no slice of a larger buffer, no room past
+/// its end. A store may keep it as its own memory ([`Backend::write_whole`]) without keeping
+/// more memory alive than the bytes it holds. The caller may keep clones of it (they share
+/// the same allocation, read-only).
+#[derive(Clone, Debug)]
+pub struct Whole(Bytes);
+
+impl Whole {
+    /// `buf` as a whole buffer when it is all of its allocation from its first byte (its
+    /// capacity is its length); otherwise `buf` back.
+    ///
+    /// # Errors
+    /// `buf` itself, unchanged, when it has room past its end.
+    pub fn new(buf: BytesMut) -> Result<Self, BytesMut> {
+        if buf.capacity() == buf.len() {
+            Ok(Self(buf.freeze()))
+        } else {
+            Err(buf)
+        }
+    }
+
+    /// The bytes, shared (a clone of the handle, not of the data).
+    #[must_use]
+    pub fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// The bytes as a slice.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The bytes, as a store keeps them.
+    #[must_use]
+    pub fn into_bytes(self) -> Bytes {
+        self.0
+    }
+
+    /// Its length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds no bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// One block store. Implementations are shared by all commands of a logical unit and are
 /// called concurrently from several threads.
 pub trait Backend: Send + Sync + fmt::Debug {
@@ -53,6 +105,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// [`Backend::write_at`] of a buffer that is all of its allocation ([`Whole`]): a store
+    /// that keeps written memory may keep `data` itself rather than copy it (the RAM store,
+    /// for a write of exactly one of its chunks: issue 27). The default copies.
+    fn write_whole(&self, data: Whole, offset: u64) -> io::Result<()> {
+        self.write_at(data.as_bytes(), offset)
+    }
     /// Makes every completed write stable (fdatasync for files).
     fn flush(&self) -> io::Result<()>;
     /// Deallocates a range; later reads of it return zeros.

@@ -49,7 +49,7 @@ pub mod request;
 pub mod spec;
 
 pub use aio::{block_on, submit, wait, IoFuture};
-pub use backend::{run_blocking, Backend, BackendError, Extent, MemRecord, SharedRecord};
+pub use backend::{run_blocking, Backend, BackendError, Extent, MemRecord, SharedRecord, Whole};
 pub use disk::{DiskBackend, DiskModel};
 pub use file::FileBackend;
 pub use mem::MemBackend;

@@ -11,7 +11,7 @@ use std::sync::RwLock;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::backend::{check_range, poisoned, Backend, Extent};
+use crate::backend::{check_range, poisoned, Backend, Extent, Whole};
 use crate::request::Engine;
 
 const CHUNK: usize = 1 << 20;
@@ -157,6 +157,24 @@ impl Backend for MemBackend {
             *g = Some(c.freeze());
             Ok(())
         })
+    }
+
+    /// A write of exactly one chunk, at its start, keeps the caller's buffer as the chunk (no
+    /// copy: issue 27's 1 MiB writes); the chunk it replaces is freed once no read holds a
+    /// slice of it. Any other write copies ([`Backend::write_at`]).
+    fn write_whole(&self, data: Whole, offset: u64) -> io::Result<()> {
+        if data.len() != CHUNK || offset % CHUNK as u64 != 0 {
+            return self.write_at(data.as_bytes(), offset);
+        }
+        check_range(self.size, offset, CHUNK as u64)?;
+        let idx = (offset / CHUNK as u64) as usize;
+        let old = {
+            let mut g = self.chunks[idx].write().map_err(|_| poisoned())?;
+            g.replace(data.into_bytes())
+        };
+        // Freed outside the lock.
+        drop(old);
+        Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -334,6 +352,61 @@ mod tests {
             Some(Err(_))
         ));
         assert!(m.read_shared(CHUNK, CHUNK as u64).is_some());
+    }
+
+    /// A write of exactly one chunk at its start keeps the caller's buffer (the chunk is then
+    /// that memory, no copy); a read answered before it keeps its bytes, later writes into
+    /// the kept chunk land, and a whole write that is not one chunk is copied as usual.
+    #[test]
+    fn keeps_a_whole_chunk_write_as_the_chunk() {
+        let m = MemBackend::new(4 * CHUNK as u64);
+        m.write_at(&vec![1u8; CHUNK], CHUNK as u64).unwrap();
+        let before = m.read_shared(CHUNK, CHUNK as u64).unwrap().unwrap();
+        let mut buf = BytesMut::with_capacity(CHUNK);
+        buf.resize(CHUNK, 2);
+        let whole = Whole::new(buf).unwrap();
+        let ptr = whole.as_bytes().as_ptr();
+        m.write_whole(whole, CHUNK as u64).unwrap();
+        assert!(before.iter().all(|&b| b == 1), "an earlier read changed");
+        let kept = m.read_shared(CHUNK, CHUNK as u64).unwrap().unwrap();
+        assert_eq!(kept.as_ptr(), ptr, "the chunk was copied, not kept");
+        assert!(kept.iter().all(|&b| b == 2));
+        drop(kept);
+        // A later write into the kept chunk changes it (copy on write if a read held it).
+        m.write_at(&[3u8; 512], CHUNK as u64 + 512).unwrap();
+        let mut back = vec![0u8; 2048];
+        m.read_at(&mut back, CHUNK as u64).unwrap();
+        assert!(back[..512].iter().all(|&b| b == 2));
+        assert!(back[512..1024].iter().all(|&b| b == 3));
+        assert!(back[1024..].iter().all(|&b| b == 2));
+        // Not one chunk at its start: copied (the buffer is not the chunk).
+        for (len, off) in [
+            (CHUNK, 4096u64),
+            (CHUNK / 2, 0),
+            (2 * CHUNK, 2 * CHUNK as u64),
+        ] {
+            let mut buf = BytesMut::with_capacity(len);
+            buf.resize(len, 4);
+            let whole = Whole::new(buf).unwrap();
+            let ptr = whole.as_bytes().as_ptr();
+            m.write_whole(whole, off).unwrap();
+            let mut back = vec![0u8; len];
+            m.read_at(&mut back, off).unwrap();
+            assert!(back.iter().all(|&b| b == 4), "{len} at {off}");
+            let idx = (off / CHUNK as u64) as usize;
+            let g = m.chunks[idx].read().unwrap();
+            assert_ne!(g.as_ref().map(|c| c.as_ptr()), Some(ptr), "{len} at {off}");
+        }
+        // Out of range: an error, nothing kept.
+        let mut buf = BytesMut::with_capacity(CHUNK);
+        buf.resize(CHUNK, 5);
+        assert!(m
+            .write_whole(Whole::new(buf).unwrap(), 4 * CHUNK as u64)
+            .is_err());
+        // A buffer with room past its end is no whole buffer.
+        let mut roomy = BytesMut::with_capacity(2 * CHUNK);
+        roomy.resize(CHUNK, 6);
+        assert!(Whole::new(roomy).is_err());
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub mod backend {
 pub use cdb::{CommandInfo, DataDirection, Family};
 pub use ipsan_block::{
     open, Backend, BackendError, BackendKind, BackendSpec, Engine, Extent, IoCompletion, IoError,
-    IoOp, IoRequest,
+    IoOp, IoRequest, Whole,
 };
 pub use lu::{
     Limits, LogicalUnit, LuConfig, LuError, NexusId, OwnedRequest, ResetKind, ScsiRequest,

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
+use ipsan_block::Whole;
 
 use crate::aio::Engine;
 use crate::backend::Backend;
@@ -311,13 +312,27 @@ impl LogicalUnit {
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
         let opcode = req.cdb.first().copied().unwrap_or(0xFF);
         self.counted_parse();
-        self.execute_command(req, opcode, cdb::parse(req.cdb))
+        self.execute_command(req, opcode, cdb::parse(req.cdb), None)
     }
 
     /// [`LogicalUnit::execute`] of a command decoded before ([`LogicalUnit::command_info`]
     /// on `req.cdb`): nothing parses the CDB again.
     pub fn execute_decoded(&self, req: &ScsiRequest<'_>, info: &CommandInfo) -> ScsiResponse {
-        self.execute_command(req, info.opcode, Ok(info.command))
+        self.execute_command(req, info.opcode, Ok(info.command), None)
+    }
+
+    /// [`LogicalUnit::execute_decoded`] of a command whose Data-Out, `req.data_out`, is the
+    /// whole buffer `whole` (the same bytes; anything else runs as `execute_decoded`): a
+    /// WRITE of all of it hands the buffer to the store, which may keep it rather than copy
+    /// it ([`ipsan_block::Backend::write_whole`]; issue 27).
+    pub fn execute_decoded_whole(
+        &self,
+        req: &ScsiRequest<'_>,
+        info: &CommandInfo,
+        whole: &Whole,
+    ) -> ScsiResponse {
+        let same = std::ptr::eq(whole.as_bytes(), req.data_out);
+        self.execute_command(req, info.opcode, Ok(info.command), same.then_some(whole))
     }
 
     fn execute_command(
@@ -325,12 +340,13 @@ impl LogicalUnit {
         req: &ScsiRequest<'_>,
         opcode: u8,
         cmd: Result<Command, Sense>,
+        whole: Option<&Whole>,
     ) -> ScsiResponse {
         if let Some(r) = self.precheck_parsed(req.nexus, opcode, cmd.as_ref()) {
             return r;
         }
         let r = match cmd {
-            Ok(cmd) => self.dispatch(req, cmd),
+            Ok(cmd) => self.dispatch(req, cmd, whole),
             Err(s) => Err(s),
         };
         r.unwrap_or_else(ScsiResponse::check)

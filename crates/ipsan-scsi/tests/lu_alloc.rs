@@ -130,3 +130,85 @@ fn accepts_a_long_ram_read_as_the_stores_own_bytes_without_a_copy() {
         "a READ to be sealed in place got the store's shared bytes"
     );
 }
+
+/// A WRITE of exactly one RAM chunk (1 MiB at a 1 MiB boundary) whose data is a whole buffer
+/// of its own is kept by the store as that chunk (issue 27: the target's 1 MiB writes): no
+/// copy, no data buffer allocated, and a READ of it answers with that memory. A WRITE not on
+/// a chunk boundary, or a `whole` that is not the request's data, is copied as before; every
+/// READ returns what was written.
+#[test]
+fn keeps_a_whole_chunk_write_as_the_stores_memory_without_a_copy() {
+    let mut cfg = LuConfig::with_serial("alloc0003");
+    cfg.power_on_ua = false;
+    cfg.write_cache = true;
+    let lu = LogicalUnit::new(Arc::new(MemBackend::new(4 << 20)), cfg).unwrap();
+    let nexus = NexusId("iqn.2026-11.test:a,i,0x000000000003".into());
+    // WRITE(10)/READ(10) of 2048 blocks (1 MiB) at `lba`.
+    let cdb = |op: u8, lba: u32| {
+        let mut c = [0u8; 10];
+        c[0] = op;
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c[7..9].copy_from_slice(&2048u16.to_be_bytes());
+        c
+    };
+    let whole_of = |fill: u8| {
+        let mut b = bytes::BytesMut::with_capacity(1 << 20);
+        b.resize(1 << 20, fill);
+        ipsan_scsi::Whole::new(b).unwrap()
+    };
+    let write = |lba: u32, w: &ipsan_scsi::Whole, data: &[u8]| {
+        let c = cdb(0x2A, lba);
+        let info = lu.command_info(&c).unwrap();
+        let req = ScsiRequest {
+            cdb: &c,
+            data_out: data,
+            nexus: &nexus,
+            lun: 0,
+            tailroom: false,
+        };
+        lu.execute_decoded_whole(&req, &info, w).status
+    };
+    let read = |lba: u32| {
+        lu.execute(&ScsiRequest {
+            cdb: &cdb(0x28, lba),
+            data_out: &[],
+            nexus: &nexus,
+            lun: 0,
+            tailroom: false,
+        })
+        .data_in
+    };
+    // Warm up: the nexus is known, the reservation state is loaded.
+    let w0 = whole_of(1);
+    assert_eq!(write(2048, &w0, w0.as_bytes()), ScsiStatus::GOOD);
+    let w = whole_of(2);
+    let ptr = w.as_bytes().as_ptr();
+    let mut status = None;
+    let n = allocations(|| status = Some(write(2048, &w, w.as_bytes())));
+    assert_eq!(status, Some(ScsiStatus::GOOD));
+    drop(w);
+    let got = read(2048);
+    assert!(got.iter().all(|&b| b == 2));
+    assert_eq!(
+        got.as_ptr(),
+        ptr,
+        "the 1 MiB WRITE was copied into the store"
+    );
+    println!("allocations of a whole 1 MiB WRITE: {n}");
+    // At most the shared count `bytes` allocates when a buffer's handle is first cloned (the
+    // store's handle beside the caller's); never a data buffer.
+    assert!(n <= 1, "whole 1 MiB WRITE: {n} allocations");
+    // Not on a chunk boundary: copied, the data lands.
+    let w = whole_of(3);
+    assert_eq!(write(1024, &w, w.as_bytes()), ScsiStatus::GOOD);
+    let got = read(1024);
+    assert!(got.iter().all(|&b| b == 3));
+    assert_ne!(got.as_ptr(), w.as_bytes().as_ptr());
+    // A `whole` that is not the request's data is ignored: the request's data is written.
+    let w = whole_of(4);
+    let other = vec![5u8; 1 << 20];
+    assert_eq!(write(4096, &w, &other), ScsiStatus::GOOD);
+    let got = read(4096);
+    assert!(got.iter().all(|&b| b == 5));
+    assert_ne!(got.as_ptr(), w.as_bytes().as_ptr());
+}

@@ -312,8 +312,16 @@ const MAX_QUEUED_BYTES: usize = 16 << 20;
 const BURST_MAX: u32 = 64;
 
 /// Commands moving at most this many bytes are first run on the reader's own task (see
-/// `Session::events`); larger ones always get a task, so their copies run beside the reader.
+/// `Session::events`); larger ones always get a task, so their copies run beside the reader
+/// (plain sessions' writes: [`WRITE_INLINE_MAX`]).
 const INLINE_MAX: u32 = 64 << 10;
+
+/// In a plain session a write moving at most this many bytes is first run on the reader's
+/// own task too: a RAM store keeps a whole chunk's write as it is (`unit.rs`, no copy), so it
+/// completes at once, and a task of its own cost a cross-thread wake-up of the other worker
+/// per write (issue 27, docs/results/per-command-cost-7: 1 MiB writes from `qemu-img bench`
+/// made 0.25–0.46 futex and 0.5–1.7 eventfd writes per command on the target that way).
+const WRITE_INLINE_MAX: u32 = 1 << 20;
 
 /// The one framed write of this connection: drains the engine's PDUs (sequence numbers are
 /// stamped as they leave the engine) into the socket, many PDUs per syscall, until the
@@ -671,7 +679,14 @@ impl Session {
                     // command, a full loop iteration (locks, a timer) on the small-read path.
                     self.running.fetch_add(1, Ordering::AcqRel);
                     let small = match self.seal.as_deref() {
-                        None => x.edtl <= INLINE_MAX && x.data_out.len() <= INLINE_MAX as usize,
+                        None => {
+                            let max = if x.transfer > 0 {
+                                WRITE_INLINE_MAX
+                            } else {
+                                INLINE_MAX
+                            };
+                            x.edtl <= max && x.data_out.len() <= max as usize
+                        }
                         // Sealed: sized by the plaintext the device server moves (a 64 KiB
                         // write's sealed EDTL is 24 bytes longer), and only if the crypto pool
                         // opens and seals it on this thread; otherwise it would wait for a

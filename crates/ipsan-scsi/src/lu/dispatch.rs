@@ -1,6 +1,7 @@
 //! [`LogicalUnit`]'s command dispatch: one decoded [`Command`] to its SPC-4/SBC-4 handler.
 
 use bytes::Bytes;
+use ipsan_block::Whole;
 
 use super::{data_out, path, truncate, LogicalUnit, ScsiRequest, ScsiResponse};
 use crate::cdb::Command;
@@ -12,6 +13,7 @@ impl LogicalUnit {
         &self,
         req: &ScsiRequest<'_>,
         cmd: Command,
+        whole: Option<&Whole>,
     ) -> Result<ScsiResponse, Sense> {
         let ok = |b: Bytes| Ok(ScsiResponse::good(b));
         match cmd {
@@ -92,6 +94,7 @@ impl LogicalUnit {
                 let preq = path::PathRequest {
                     view: *req,
                     shared: None,
+                    whole,
                 };
                 path::drive(self.data_path(&path::Blocking, &preq, c))
             }

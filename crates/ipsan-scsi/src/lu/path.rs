@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
+use ipsan_block::Whole;
 
 use super::media::first_difference;
 use super::{data_out, read_tailroom, LogicalUnit, ScsiRequest, ScsiResponse};
@@ -26,6 +27,9 @@ use crate::sense::Sense;
 pub(super) enum Data<'a> {
     Slice(&'a [u8]),
     Shared(Bytes),
+    /// All of a buffer the caller handed over whole ([`LogicalUnit::execute_decoded_whole`]):
+    /// the store may keep it ([`ipsan_block::Backend::write_whole`]).
+    Whole(Whole),
 }
 
 impl Data<'_> {
@@ -33,6 +37,7 @@ impl Data<'_> {
         match self {
             Data::Slice(s) => s,
             Data::Shared(b) => b,
+            Data::Whole(w) => w.as_bytes(),
         }
     }
 
@@ -42,6 +47,7 @@ impl Data<'_> {
         match self {
             Data::Slice(s) => Bytes::copy_from_slice(s),
             Data::Shared(b) => b,
+            Data::Whole(w) => w.into_bytes(),
         }
     }
 }
@@ -52,14 +58,18 @@ pub(super) struct PathRequest<'a> {
     pub view: ScsiRequest<'a>,
     /// The same Data-Out as shared bytes, when the request owns it.
     pub shared: Option<&'a Bytes>,
+    /// The same Data-Out as a whole buffer the caller hands over, when it is one.
+    pub whole: Option<&'a Whole>,
 }
 
 impl<'a> PathRequest<'a> {
-    /// Data-Out bytes `from..to`, after [`data_out`] checked that they arrived.
+    /// Data-Out bytes `from..to`, after [`data_out`] checked that they arrived: all of a
+    /// whole buffer as that buffer, for the store to keep if it can.
     fn data(&self, from: usize, to: usize) -> Data<'a> {
-        match self.shared {
-            Some(b) => Data::Shared(b.slice(from..to)),
-            None => Data::Slice(&self.view.data_out[from..to]),
+        match (self.whole, self.shared) {
+            (Some(w), _) if from == 0 && to == w.len() => Data::Whole(w.clone()),
+            (_, Some(b)) => Data::Shared(b.slice(from..to)),
+            _ => Data::Slice(&self.view.data_out[from..to]),
         }
     }
 }
@@ -129,9 +139,11 @@ impl Port for Blocking {
 
     async fn write(&self, lu: &LogicalUnit, offset: u64, data: Data<'_>) -> Result<(), Sense> {
         let _shared = lu.io_lock.read().unwrap_or_else(|p| p.into_inner());
-        lu.backend
-            .write_at(data.as_slice(), offset)
-            .map_err(|e| Sense::from_write_error(&e))
+        match data {
+            Data::Whole(w) => lu.backend.write_whole(w, offset),
+            d => lu.backend.write_at(d.as_slice(), offset),
+        }
+        .map_err(|e| Sense::from_write_error(&e))
     }
 
     async fn flush(&self, lu: &LogicalUnit) -> Result<(), Sense> {

@@ -50,10 +50,11 @@ impl LogicalUnit {
             let preq = path::PathRequest {
                 view: req.borrowed(),
                 shared: Some(&req.data_out),
+                whole: None,
             };
             self.data_path(&port, &preq, cmd).await
         } else {
-            self.dispatch(&req.borrowed(), cmd)
+            self.dispatch(&req.borrowed(), cmd, None)
         };
         r.unwrap_or_else(ScsiResponse::check)
     }

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use ipsan_scsi::cdb::{self, op, Command};
 use ipsan_scsi::{
     no_such_lun, report_luns, report_luns_decoded, CommandInfo, LogicalUnit, NexusId, OwnedRequest,
-    ResetKind, ScsiRequest, ScsiResponse, Sense, SenseKey,
+    ResetKind, ScsiRequest, ScsiResponse, Sense, SenseKey, Whole,
 };
 use iscsi_proto::engine::target as engine;
 use iscsi_wire::header::TmfResponse;
@@ -105,6 +105,26 @@ pub(super) enum Reset {
 
 /// The largest READ/WRITE run inline on a memory-speed backend.
 const INLINE_MAX_BYTES: u64 = 1 << 20;
+
+/// Writes at least this long offer their data as a whole buffer ([`whole_write`]); a
+/// shorter one is a slice of the receive buffer anyway.
+const WHOLE_MIN: usize = 64 << 10;
+
+/// A block write's data as a [`Whole`] buffer when it is one: the only handle on all of its
+/// allocation (the buffer the engine received the write into, not cut by the residual rules,
+/// not a slice of the receive buffer). Otherwise the data as it was, and `None`.
+fn whole_write(data: Bytes, info: Option<&CommandInfo>) -> (Bytes, Option<Whole>) {
+    if data.len() < WHOLE_MIN || !info.is_some_and(|i| i.family().is_block_write()) {
+        return (data, None);
+    }
+    match data.try_into_mut() {
+        Ok(buf) => match Whole::new(buf) {
+            Ok(w) => (Bytes::new(), Some(w)),
+            Err(buf) => (buf.freeze(), None),
+        },
+        Err(shared) => (shared, None),
+    }
+}
 
 impl Unit {
     /// The unit LUN `lun` of `target` is, for `cdb`: REPORT LUNS goes to the remote target
@@ -202,15 +222,19 @@ impl Unit {
             unit => {
                 let info = cmd.info;
                 if unit.runs_inline(info.as_ref()) {
-                    // On this task: the request borrows the command, nothing is copied.
+                    // On this task: the request borrows the command, nothing is copied. A
+                    // long write's data that is a buffer of its own (the one the engine
+                    // received it into) goes to the LU as that buffer, which a RAM store
+                    // keeps as a chunk rather than copy it (issue 27).
+                    let (data_out, whole) = whole_write(cmd.data_out, info.as_ref());
                     let req = ScsiRequest {
                         cdb: cmd.cdb,
-                        data_out: &cmd.data_out,
+                        data_out: whole.as_ref().map_or(&data_out[..], Whole::as_bytes),
                         nexus: cmd.nexus,
                         lun: cmd.lun,
                         tailroom: cmd.tailroom,
                     };
-                    return Done::local(unit.run(&req, info, target.as_deref()));
+                    return Done::local(unit.run(&req, info, target.as_deref(), whole.as_ref()));
                 }
                 // The blocking pool takes what it runs by value.
                 let cdb = cmd.cdb.to_vec();
@@ -224,7 +248,7 @@ impl Unit {
                         lun,
                         tailroom,
                     };
-                    unit.run(&req, info, target.as_deref())
+                    unit.run(&req, info, target.as_deref(), None)
                 };
                 Done::local(tokio::task::spawn_blocking(run).await.unwrap_or_else(|_| {
                     ScsiResponse::check(Sense::new(SenseKey::HARDWARE_ERROR, 0x44, 0x00))
@@ -234,12 +258,14 @@ impl Unit {
     }
 
     /// Runs a command that is not forwarded, on the calling thread: REPORT LUNS for the whole
-    /// target, an emulated LU's command, or LOGICAL UNIT NOT SUPPORTED.
+    /// target, an emulated LU's command (its Data-Out handed over as a `whole` buffer when it
+    /// is one, [`whole_write`]), or LOGICAL UNIT NOT SUPPORTED.
     fn run(
         &self,
         req: &ScsiRequest<'_>,
         info: Option<CommandInfo>,
         target: Option<&Target>,
+        whole: Option<&Whole>,
     ) -> ScsiResponse {
         // A LUN without an LU (`Missing`) has no typed command: its opcode byte says.
         let report = info.map_or(cdb::is_report_luns(req.cdb), |i| {
@@ -257,9 +283,10 @@ impl Unit {
                     _ => report_luns(&luns, req.cdb),
                 }
             }
-            Self::Emulated(lu, _) => match &info {
-                Some(i) => lu.execute_decoded(req, i),
-                None => lu.execute(req),
+            Self::Emulated(lu, _) => match (&info, whole) {
+                (Some(i), Some(w)) => lu.execute_decoded_whole(req, i, w),
+                (Some(i), None) => lu.execute_decoded(req, i),
+                (None, _) => lu.execute(req),
             },
             Self::Remote(..) | Self::Missing => no_such_lun(req.cdb),
         }
