@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use ipsan_scsi::aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
 use nvme_proto::controller::{self, BlockError, BlockOp, BlockRequest, Submitted};
 use nvme_proto::idhash::IdMap;
@@ -49,9 +49,6 @@ struct BlockDone {
 
 /// How long a closed connection keeps reading (and dropping) what the host still sends.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// How many bytes to ask the socket for at least.
-const READ_CHUNK: usize = 256 * 1024;
 
 struct Conn {
     shared: Arc<Shared>,
@@ -118,7 +115,7 @@ pub(super) async fn serve<S>(
         shared,
         identity,
     };
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut buf = BytesMut::with_capacity(nvme_proto::queue::RECV_CHUNK);
     let mut out = Unsent::default();
     // Written since the last flush (a TLS stream may hold its last record back until then).
     let mut unflushed = false;
@@ -154,10 +151,13 @@ pub(super) async fn serve<S>(
         }
         let reading = out.bytes <= MAX_UNSENT;
         let sending = !out.bufs.is_empty() || unflushed;
-        if reading {
-            let want = c.q.needed(&buf).max(READ_CHUNK);
-            buf.reserve(want);
-        }
+        // Room for the read, which ends where a long PDU does (`Queue::prepare_recv`): its
+        // data is received where it stays, never moved.
+        let limit = if reading {
+            c.q.prepare_recv(&mut buf)
+        } else {
+            0
+        };
         // One poll of every source in order (writes first): what a `select!` of them did,
         // without building and dropping a future per source on every turn.
         let turn = poll_fn(|cx| {
@@ -167,7 +167,8 @@ pub(super) async fn serve<S>(
                 }
             }
             if reading {
-                if let Poll::Ready(r) = std::pin::pin!(rd.read_buf(&mut buf)).poll(cx) {
+                let mut room = (&mut buf).limit(limit);
+                if let Poll::Ready(r) = std::pin::pin!(rd.read_buf(&mut room)).poll(cx) {
                     return Poll::Ready(Turn::Read(r));
                 }
             }

@@ -1033,3 +1033,77 @@ fn accepts_any_byte_stream_without_panicking_or_breaking_its_promises() {
         "{commands} commands, {closes} closes"
     );
 }
+
+/// A driver that reads into one buffer as `Queue::prepare_recv` says (at most its limit per
+/// read, each read as much of `stream` as the "socket" has, `avail` bytes at a time) gets
+/// every long PDU's data where the socket put it: the commands' data is never moved, and
+/// `prepare_recv` always left room for the read. Here two 1 MiB H2CData PDUs and a 4 KiB
+/// in-capsule write arrive back to back, the first command's data still held (a store
+/// still writing it) while the second arrives.
+#[test]
+fn receives_long_h2c_data_where_the_socket_put_it() {
+    let cfg = QueueConfig {
+        maxh2cdata: 1 << 20,
+        max_transfer: 1 << 20,
+        ..QueueConfig::default()
+    };
+    for avail in [1000, 65_536, 100_000, 300_000, 3 << 20] {
+        let mut h = Host::ready(cfg.clone(), 1, 0);
+        let r1 = start_write(&mut h, 1, 1 << 20);
+        let r2 = start_write(&mut h, 2, 1 << 20);
+        let (d1, d2, d3) = (pattern(1 << 20), pattern((1 << 20) - 3), pattern(4096));
+        let mut d2 = d2;
+        d2.extend_from_slice(&[1, 2, 3]);
+        let mut stream = BytesMut::new();
+        let mut starts = Vec::new();
+        for (pdu, len) in [
+            (h2c(1, r1.ttag, 0, true, d1.clone()), d1.len()),
+            (h2c(2, r2.ttag, 0, true, d2.clone()), d2.len()),
+            (write_in_capsule(3, d3.clone()), d3.len()),
+        ] {
+            let b = h.codec.to_bytes(&pdu).unwrap();
+            // Where the PDU's data begins in the stream.
+            starts.push(stream.len() + b.len() - len);
+            stream.extend_from_slice(&b);
+        }
+        // (stream offset, address, length) of every read.
+        let mut landed: Vec<(usize, usize, usize)> = Vec::new();
+        let mut buf = BytesMut::new();
+        let mut at = 0;
+        let mut cmds = Vec::new();
+        while at < stream.len() {
+            let limit = h.q.prepare_recv(&mut buf);
+            let n = limit.min(avail).min(stream.len() - at);
+            assert!(buf.capacity() - buf.len() >= n, "avail {avail}: no room");
+            let addr = buf.as_ptr() as usize + buf.len();
+            buf.extend_from_slice(&stream[at..at + n]);
+            landed.push((at, addr, n));
+            at += n;
+            h.q.receive(&mut buf);
+            while let Some(ev) = h.q.poll_event() {
+                let Event::Command(c) = ev else {
+                    panic!("avail {avail}: {ev:?}")
+                };
+                cmds.push(c);
+            }
+        }
+        let cids: Vec<u16> = cmds.iter().map(|c| c.sqe.cid).collect();
+        assert_eq!(cids, [1, 2, 3], "avail {avail}");
+        for ((c, want), start) in cmds.iter().zip([&d1, &d2, &d3]).zip(&starts) {
+            assert_eq!(&c.data[..], &want[..], "avail {avail}");
+            if want.len() < 32 * 1024 {
+                continue;
+            }
+            let &(s, addr, _) = landed
+                .iter()
+                .find(|&&(s, _, n)| (s..s + n).contains(start))
+                .unwrap();
+            assert_eq!(
+                c.data.as_ptr() as usize,
+                addr + (start - s),
+                "avail {avail}: command {} was moved",
+                c.sqe.cid
+            );
+        }
+    }
+}
