@@ -14,31 +14,14 @@ use ipsan_bench::trace::{self, Kind, Trace};
 use ipsan_bench::{self as bench, Limit, RwMode, Workload};
 use ipsan_initiator::seal::SealRequest;
 use ipsan_initiator::{IscsiUrl, LoginOptions, Session, SessionConfig};
-use ipsan_seal::{Cipher, CryptoPool, Psk, SealPolicy};
-use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
+use ipsan_seal::{Cipher, CryptoPool, Psk};
 use ipsan_target::ServerHandle;
 
 const IQN: &str = "iqn.2026-11.org.ipsan:trace";
 const SECRET: &[u8] = b"trace-test-pre-shared-secret-0123456789";
 
 async fn start() -> ServerHandle {
-    let mut t = TargetConfig::new(
-        IQN,
-        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
-    );
-    t.seal = SealSettings {
-        policy: SealPolicy::Allowed,
-        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-        initiators: Vec::new(),
-    };
-    let mut c = Config {
-        portals: vec!["127.0.0.1:0".parse().unwrap()],
-        crypto_workers: 1,
-        targets: vec![t],
-        ..Config::default()
-    };
-    c.validate().unwrap();
-    ServerHandle::start(&c).await.unwrap()
+    common::start_target(IQN, SECRET).await
 }
 
 fn workload(mode: RwMode, depth: usize, ops: u64) -> Workload {

@@ -30,3 +30,27 @@ pub fn bounded<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
             .expect("test exceeded its time bound");
     });
 }
+
+/// An in-process target on loopback with one 32 MiB RAM LUN named `iqn`, Seal allowed with
+/// `secret` as its pre-shared key (plain logins too), one crypto worker.
+pub async fn start_target(iqn: &str, secret: &[u8]) -> ipsan_target::ServerHandle {
+    use ipsan_seal::{Psk, SealPolicy};
+    use ipsan_target::config::{self as tconfig, Config, SealSettings, TargetConfig};
+    let mut t = TargetConfig::new(
+        iqn,
+        tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
+    );
+    t.seal = SealSettings {
+        policy: SealPolicy::Allowed,
+        secret: Some(Psk::new(secret.to_vec()).unwrap()),
+        initiators: Vec::new(),
+    };
+    let mut c = Config {
+        portals: vec!["127.0.0.1:0".parse().unwrap()],
+        crypto_workers: 1,
+        targets: vec![t],
+        ..Config::default()
+    };
+    c.validate().unwrap();
+    ipsan_target::ServerHandle::start(&c).await.unwrap()
+}
