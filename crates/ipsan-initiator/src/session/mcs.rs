@@ -329,7 +329,6 @@ impl McsSession {
             mcs::Config {
                 spread: mcs_cfg.spread,
                 command_timeout: cfg.command_timeout,
-                sealed,
             },
             0,
             lead.engine(&cfg),
