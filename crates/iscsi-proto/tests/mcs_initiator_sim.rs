@@ -979,3 +979,70 @@ fn unpick_returns_a_connections_count_to_what_its_submitted_commands_make() {
     assert_eq!(c.cid, b_cid);
     s.unpick(c);
 }
+
+/// Issue 28, sealed writes queued deeper than the target's window (docs/results/mcs-depth): a
+/// command made for one connection is picked when it is made, and if the window is shut then
+/// it waits there, on the connection chosen on what the sockets held at the pick. Here both
+/// sockets were empty at the picks (one of them the faster), so the picks split by bytes; by
+/// the time the window opens connection 0 has 256 KiB backed up (a loss halved its window),
+/// and its pinned write still goes there, behind it. A pick made when the window has room
+/// (`free_slots` > 0, what the driver now waits for) sees the backlog and goes to the other.
+#[test]
+fn a_command_picked_while_the_window_is_shut_goes_where_it_was_picked_however_that_socket_changed()
+{
+    let now = Instant::now();
+    let p = SessionParams {
+        max_connections: 2,
+        ..SessionParams::default()
+    };
+    // MaxCmdSN 9 below CmdSN 10: shut.
+    let mut s = mcs::Session::new(
+        mcs::Config::default(),
+        0,
+        initiator_conn(&p, now, (10, 10, 9), 100),
+    );
+    s.add_connection(now, 1, initiator_conn(&p, now, (10, 10, 9), 500))
+        .unwrap();
+    let report = |s: &mut mcs::Session, cid: u16, bytes: u64, per_sec: u64| {
+        s.report_queue(cid, mcs::QueueReport { bytes, per_sec });
+    };
+    report(&mut s, 0, 0, 4_000_000);
+    report(&mut s, 1, 0, 1_000_000);
+    assert_eq!(s.free_slots(), 0, "shut");
+    let mut pinned = Vec::new();
+    for k in 0..2u64 {
+        let p = s.pick_for(32 << 10).unwrap();
+        assert_eq!(s.free_slots(), 0);
+        let cid = p.cid;
+        s.unpick(p);
+        let itt = s.alloc_itt();
+        s.submit_on(now, cid, itt, write(k * 64, 64)).unwrap();
+        assert_eq!(s.allegiance(itt), None, "waits for the window");
+        pinned.push((itt, cid));
+    }
+    let on_0 = pinned.iter().find(|(_, c)| *c == 0).map(|(itt, _)| *itt);
+    assert!(on_0.is_some(), "empty sockets: split by bytes {pinned:?}");
+    // Connection 0's socket backs up; then a NOP-In opens the window by three.
+    report(&mut s, 0, 256 << 10, 1_000_000);
+    report(&mut s, 1, 0, 4_000_000);
+    let nop = iscsi_wire::header::NopIn {
+        itt: iscsi_wire::RESERVED_TAG,
+        ttt: iscsi_wire::RESERVED_TAG,
+        stat_sn: 500,
+        exp_cmd_sn: 10,
+        max_cmd_sn: 12,
+        ..Default::default()
+    };
+    s.handle_pdu(1, now, Pdu::new(nop, Bytes::new()));
+    assert_eq!(
+        s.allegiance(on_0.unwrap()),
+        Some(0),
+        "the pinned write went behind the backlog"
+    );
+    assert_eq!(s.free_slots(), 1, "two of the three slots went to them");
+    let fresh = s.pick_for(32 << 10).unwrap();
+    assert_eq!(s.free_slots(), 0, "the pick holds the last slot");
+    assert_eq!(fresh.cid, 1, "picked with room: away from the backlog");
+    s.unpick(fresh);
+    assert_eq!(s.free_slots(), 1);
+}

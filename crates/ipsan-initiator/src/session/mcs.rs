@@ -55,7 +55,7 @@
 //! A target that answers MaxConnections=1 gets one connection: the session is then the same
 //! one connection as [`Session`] would make (without its session recovery).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -224,6 +224,14 @@ struct McsInner {
     sealed: bool,
     /// [`Spread::LeastQueued`]: when the connections' sockets were last read.
     probed: Option<Instant>,
+    /// Sealed: commands waiting for the session's window before they pick a connection, in
+    /// arrival order (`McsCore::open_gate`, issue 28).
+    gate: VecDeque<oneshot::Sender<()>>,
+    /// Of those, let through and not yet picked: each holds a slot of the window.
+    let_through: u32,
+    /// Sealed commands that waited for the window after their connection was picked
+    /// ([`McsSession::waited_pinned`]).
+    waited_pinned: u64,
 }
 
 struct McsCore {
@@ -251,6 +259,8 @@ pub struct McsSession {
     relogin: Option<AbortHandle>,
     /// [`SessionConfig::command_timeout`] applies to the commands.
     timed: bool,
+    /// [`SessionConfig::command_timeout`].
+    command_timeout: Option<Duration>,
     /// How long a sealed command waits for a connection to be open (ErrorRecoveryLevel 2:
     /// [`SessionConfig::recovery_timeout`]).
     patience: Duration,
@@ -341,6 +351,9 @@ impl McsSession {
                 moved: HashMap::new(),
                 sealed: lead.li.transform.is_some(),
                 probed: None,
+                gate: VecDeque::new(),
+                let_through: 0,
+                waited_pinned: 0,
             }),
             least_queued: mcs_cfg.spread == Spread::LeastQueued,
             wake_timer: Notify::new(),
@@ -386,6 +399,7 @@ impl McsSession {
             timer,
             relogin,
             timed: cfg.command_timeout.is_some(),
+            command_timeout: cfg.command_timeout,
             patience: cfg
                 .recovery_timeout
                 .unwrap_or(recovery::DEFAULT_RECOVERY_TIMEOUT),
@@ -449,6 +463,14 @@ impl McsSession {
             .lock()
             .map(|g| g.conns.iter().map(|c| g.session.picked_bytes(c.cid)).sum())
             .unwrap_or(0)
+    }
+
+    /// Sealed commands that, once made for their connection, waited for the session's window
+    /// (`engine::mcs::Session::free_slots`): 0 while every command picks its connection only
+    /// when the window has room for it (issue 28; a target window smaller than the queue
+    /// shows it).
+    pub fn waited_pinned(&self) -> u64 {
+        self.core.lock().map(|g| g.waited_pinned).unwrap_or(0)
     }
 
     /// Commands that ended on each connection so far (the connection each went on), by CID,

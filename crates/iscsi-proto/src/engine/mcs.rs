@@ -402,6 +402,8 @@ pub struct Session {
     next_serial: u64,
     /// Every connection's tail probe ([`Session::set_tail_probe`]).
     tail_probe: Option<Duration>,
+    /// Picks ([`Session::pick_for`]) not yet given back ([`Session::unpick`]).
+    picks: usize,
 }
 
 /// The first ITT of connection `cid`'s own.
@@ -457,6 +459,7 @@ impl Session {
             never_left: std::collections::HashSet::new(),
             next_serial: 1,
             tail_probe: None,
+            picks: 0,
         }
     }
 
@@ -866,6 +869,7 @@ impl Session {
     pub fn pick_for(&mut self, len: u64) -> Option<Picked> {
         let i = self.choose()?;
         let cost = COMMAND_COST + len;
+        self.picks += 1;
         let m = &mut self.members[i];
         m.picked += cost;
         Some(Picked {
@@ -878,10 +882,32 @@ impl Session {
     /// The connection of `p` stops counting it: call it when the command is submitted (just
     /// before [`Session::submit_on`], which counts it as its own) or given up.
     pub fn unpick(&mut self, p: Picked) {
+        self.picks = self.picks.saturating_sub(1);
         if let Some(i) = self.pinned_index((p.cid, p.serial)) {
             let m = &mut self.members[i];
             m.picked = m.picked.saturating_sub(p.cost);
         }
+    }
+
+    /// Commands the window would let go now beyond those already waiting for it and those
+    /// picked and not yet submitted ([`Session::pick_for`]): MaxCmdSN - CmdSN + 1 (RFC 7143
+    /// §4.2.2.1) less both, 0 while the window is shut.
+    ///
+    /// A driver that makes a command's data for the connection it picks (Seal) picks only
+    /// while this is above 0 (issue 28): a command picked while the window is shut waits on
+    /// its connection, chosen on what the sockets held then, until the window lets it go; with
+    /// a queue deeper than the target's window (256 commands against 128) every command waited
+    /// there a whole window's time, and a connection a loss had slowed since kept its share,
+    /// holding every later command at the target (docs/results/mcs-depth).
+    #[must_use]
+    pub fn free_slots(&self) -> u32 {
+        if !sn_le(self.cmd_sn, self.max_cmd_sn) {
+            return 0;
+        }
+        let room = self.max_cmd_sn.wrapping_sub(self.cmd_sn).wrapping_add(1);
+        let taken =
+            u32::try_from(self.pending.len().saturating_add(self.picks)).unwrap_or(u32::MAX);
+        room.saturating_sub(taken)
     }
 
     /// Bytes picked for connection `cid` and not yet submitted ([`Session::pick_for`]).

@@ -72,6 +72,36 @@ impl Drop for Reserved<'_> {
         if let Some(p) = self.picked.take() {
             if let Ok(mut g) = self.core.lock() {
                 g.session.unpick(p);
+                // Its slot of the window goes to the next command at the gate.
+                McsCore::open_gate(&mut g);
+            }
+        }
+    }
+}
+
+/// A sealed command's turn at the session's window (`McsCore::open_gate`): it was let
+/// through the gate and holds a slot until it picks its connection (or, dropped, gives it
+/// back to the next waiter).
+struct Turn<'a> {
+    core: &'a McsCore,
+    through: bool,
+}
+
+impl Turn<'_> {
+    /// It picks now (under the lock it picks under): its slot is the pick's from here.
+    fn settle(&mut self, g: &mut McsInner) {
+        if std::mem::take(&mut self.through) {
+            g.let_through = g.let_through.saturating_sub(1);
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if self.through {
+            if let Ok(mut g) = self.core.lock() {
+                g.let_through = g.let_through.saturating_sub(1);
+                McsCore::open_gate(&mut g);
             }
         }
     }
@@ -210,6 +240,78 @@ impl McsSession {
         }
     }
 
+    /// Sealed: waits, in arrival order, until the session's window has room for one more
+    /// command (issue 28). A sealed command's connection is chosen when it is picked, and its
+    /// data sealed for that connection; picked while the window is shut, it waited on that
+    /// connection (chosen on what the sockets held then) for as long as the window stayed
+    /// shut, and with more commands queued than the target's window takes (256 against 128)
+    /// that was a whole window's time: a connection a loss had slowed meanwhile kept its
+    /// share, and every later command waited behind it at the target (CmdSN order, RFC 7143
+    /// §4.2.2.1; docs/results/mcs-depth). Here it picks when it can go. Plain sessions pass:
+    /// the engine places their commands when the window lets them go. `limit`: a timed
+    /// command still waiting this long ends as the engine's would ([`Error::CommandTimedOut`]).
+    async fn window_turn(
+        &self,
+        limit: Option<Duration>,
+        abort: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Turn<'_>> {
+        let mut turn = Turn {
+            core: &self.core,
+            through: false,
+        };
+        // The plain lock, not `McsCore::with`: nothing of the engine changes here, and after
+        // every change the gate was opened as far as the window allows (so a command finding
+        // others waiting finds no room either).
+        let rx = {
+            let mut g = self.core.lock()?;
+            if let Some(e) = &g.ended {
+                return Err(Error::ConnectionLost(e.clone()));
+            }
+            if !g.sealed || (g.gate.is_empty() && g.session.free_slots() > g.let_through) {
+                None
+            } else {
+                let (tx, rx) = oneshot::channel();
+                g.gate.push_back(tx);
+                McsCore::open_gate(&mut g);
+                Some(rx)
+            }
+        };
+        let Some(mut rx) = rx else {
+            return Ok(turn);
+        };
+        let expired = async {
+            match limit {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let cancelled = async {
+            match abort {
+                Some(a) => a.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = &mut rx => {
+                if r.is_err() {
+                    // The session ended (the gate was cleared).
+                    return Err(self.core.lost());
+                }
+                turn.through = true;
+                Ok(turn)
+            }
+            () = expired => {
+                // Let through just now: the slot goes back (`Turn`'s drop).
+                turn.through = rx.try_recv().is_ok();
+                Err(Error::CommandTimedOut(limit.unwrap_or_default()))
+            }
+            () = cancelled => {
+                turn.through = rx.try_recv().is_ok();
+                Err(Error::TaskAborted("ABORT TASK".into()))
+            }
+        }
+    }
+
     /// One try of [`McsSession::exchange`], under a fresh ITT.
     async fn exchange_once(
         &self,
@@ -228,7 +330,10 @@ impl McsSession {
             DataDir::Write(p) => p.len(),
             DataDir::Read(_, len) | DataDir::Discard(len) => *len,
         };
+        let limit = self.command_timeout.filter(|_| timed);
+        let mut turn = self.window_turn(limit, abort).await?;
         let picked = self.core.with(false, |g| {
+            turn.settle(g);
             if let Some(e) = &g.ended {
                 return Err(Error::ConnectionLost(e.clone()));
             }
@@ -328,7 +433,11 @@ impl McsSession {
                 None => g.session.submit_as(now, itt, cmd),
             };
             match r {
-                Ok(_) => {}
+                Ok(_) => {
+                    if cid.is_some() && g.session.allegiance(itt).is_none() {
+                        g.waited_pinned += 1;
+                    }
+                }
                 // The connection it was sealed for stopped taking commands while it was
                 // sealed: made again for another.
                 Err(mcs::SubmitError::Invalid) if cid.is_some() && recovering => {

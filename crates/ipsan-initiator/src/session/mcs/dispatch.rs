@@ -78,6 +78,7 @@ impl McsCore {
         }
         let r = f(&mut g);
         Self::dispatch(&mut g);
+        Self::open_gate(&mut g);
         if !g.relogin.is_empty() {
             self.wake_relogin.notify_one();
         }
@@ -278,6 +279,25 @@ impl McsCore {
             answered = true;
         }
         answered
+    }
+
+    /// Sealed: lets commands waiting at the gate pick their connection, in arrival order, while
+    /// the window has room for them (`engine::mcs::Session::free_slots`, less those let
+    /// through and not yet picked); once the session is over, wakes them all (to fail).
+    pub(super) fn open_gate(g: &mut McsInner) {
+        if g.ended.is_some() || g.session.ended().is_some() {
+            g.gate.clear();
+            return;
+        }
+        while g.session.free_slots() > g.let_through {
+            let Some(tx) = g.gate.pop_front() else {
+                break;
+            };
+            // A waiter that went away (timed out, aborted) takes no slot.
+            if tx.send(()).is_ok() {
+                g.let_through += 1;
+            }
+        }
     }
 
     pub(super) fn lost(&self) -> Error {
