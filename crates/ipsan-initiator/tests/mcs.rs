@@ -425,6 +425,18 @@ async fn back_to(s: &McsSession, want: usize) {
     panic!("{} of {want} connections after 10 s", s.connections());
 }
 
+/// Waits until the session has counted `n` relogins: the relogin task adds the new connection
+/// before it counts it, so `back_to` can see four connections a moment before the count.
+async fn relogged(s: &McsSession, n: u64) {
+    for _ in 0..1000 {
+        if s.recovery().relogins >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{:?} after 10 s, waiting for {n} relogins", s.recovery());
+}
+
 /// Waits until the session has seen `n` connections lost: a cut that lands as the last
 /// commands finish is seen a moment later, and `back_to` would find four connections still
 /// counted before it was.
@@ -511,6 +523,7 @@ fn cut_mid_write_and_mid_read(sealed_session: bool) {
         }
         lost(&s, 1).await;
         back_to(&s, 4).await;
+        relogged(&s, 1).await;
         let after_writes = s.recovery();
         assert!(
             after_writes.connections_lost >= 1 && after_writes.relogins >= 1,
