@@ -238,6 +238,9 @@ struct McsCore {
     inner: Mutex<McsInner>,
     /// Commands go by [`Spread::LeastQueued`]: the sockets are read before the engine runs.
     least_queued: bool,
+    /// The session is sealed (`McsInner::sealed`, fixed at login): read without the lock on
+    /// every command's way in.
+    sealed: bool,
     wake_timer: Notify,
     /// The relogin task has CIDs to log in again.
     wake_relogin: Notify,
@@ -356,6 +359,7 @@ impl McsSession {
                 waited_pinned: 0,
             }),
             least_queued: mcs_cfg.spread == Spread::LeastQueued,
+            sealed: lead.li.transform.is_some(),
             wake_timer: Notify::new(),
             wake_relogin: Notify::new(),
             probing: AtomicBool::new(false),
