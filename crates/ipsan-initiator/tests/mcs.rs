@@ -293,6 +293,79 @@ fn picks_a_sealed_commands_connection_only_when_the_window_has_room_for_it() {
     });
 }
 
+/// Bursts of sealed commands, each arriving at an empty gate with the window open (the
+/// target's is 4 commands, each burst 16 on four worker threads): a command that finds room
+/// holds its slot from the gate to its pick, so the fifth waits at the gate, never on a
+/// connection picked with the window shut. (Before, a command passing the gate took no slot
+/// until it picked; a second one passing on the other thread meanwhile saw the same room, and
+/// one of them waited pinned: the assertion of the test above failed about once in 14 runs
+/// under load.)
+#[test]
+fn holds_a_sealed_commands_slot_from_the_gate_to_its_pick_in_bursts() {
+    // More worker threads than CPUs here: a command is more often preempted between the
+    // gate and its pick.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = async {
+        let mut t = TargetConfig::new(
+            IQN,
+            tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
+        );
+        t.seal = tconfig::SealSettings {
+            policy: SealPolicy::Required,
+            secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
+            initiators: Vec::new(),
+        };
+        let mut c = Config {
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+            targets: vec![t],
+            connections_per_session: 4,
+            queue_depth: 4,
+            ..Config::default()
+        };
+        c.validate().unwrap();
+        let h = ServerHandle::start(&c).await.unwrap();
+        let s = McsSession::open(
+            &url(&h),
+            &common::sealed_config(Cipher::Aes256Gcm, SECRET),
+            McsConfig {
+                connections: 4,
+                spread: Spread::LeastQueued,
+            },
+        )
+        .await
+        .unwrap();
+        let s = Arc::new(s);
+        let block = s.read_capacity().await.unwrap().block_len as usize;
+        for round in 0..400u64 {
+            let mut burst = tokio::task::JoinSet::new();
+            for k in 0..16u64 {
+                let s = s.clone();
+                let data = bytes::Bytes::from(vec![(round + k) as u8; block]);
+                burst.spawn(async move { s.write(round * 16 + k, data).await });
+            }
+            while let Some(r) = burst.join_next().await {
+                r.unwrap().unwrap();
+            }
+        }
+        assert_eq!(
+            s.waited_pinned(),
+            0,
+            "a command picked with the window shut"
+        );
+        Arc::try_unwrap(s).unwrap().logout().await.unwrap();
+        h.shutdown().await.unwrap();
+    };
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(90), run)
+            .await
+            .expect("test exceeded its time bound");
+    });
+}
+
 #[test]
 fn accepts_a_target_granting_one_connection_and_uses_that_one() {
     bounded(60, async {

@@ -89,6 +89,16 @@ pub async fn serve(
         }
     }
     let local = stream.local_addr().ok();
+    // Long paths: a second descriptor of the socket, to split the path's send buffer across
+    // the session's connections as they join and leave (`mcs::Core::link`); not where
+    // `[server.tcp] sndbuf` chose a buffer.
+    let send_share = (ipsan_tcp::SendBuffer::unless_set(shared.tcp.as_ref())
+        == ipsan_tcp::SendBuffer::Path)
+        .then(|| {
+            use std::os::fd::AsFd;
+            stream.as_fd().try_clone_to_owned().ok()
+        })
+        .flatten();
     let (rd, wr) = stream.into_split();
     let mut conn = FrameReader::new(rd);
     let mut wr = FrameWriter::new(wr);
@@ -234,6 +244,7 @@ pub async fn serve(
         running: AtomicUsize::new(0),
         idle: Notify::new(),
         remote: core.remote.clone(),
+        send_share,
     });
     core.link(id, &session);
     if !sent {
@@ -422,6 +433,9 @@ struct Session {
     idle: Notify,
     /// This host's sessions on the remote targets of remote LUNs (a gateway, remote.rs).
     remote: Option<Arc<RemoteNexus>>,
+    /// Its socket, to size its send buffer (`mcs::Core::link`); `None` where the settings
+    /// chose the buffer.
+    send_share: Option<std::os::fd::OwnedFd>,
 }
 
 impl Session {

@@ -19,7 +19,8 @@
 //!   behind it (the iFCP paper's experiments), and Jain's fairness index.
 //! - [`path`]: [`tune_for_path`], what a connected socket gets when its handshake's round
 //!   trip says it crosses a WAN (kernel pacing, a send buffer past the autotuning ceiling),
-//!   on both ends.
+//!   on both ends, and [`share_send_buffer`], that buffer split across a session's
+//!   connections.
 //! - [`error`]: the crate's one error type, [`TcpError`].
 //!
 //! Everything here is a thin, synchronous layer over socket options; it works on std and tokio
@@ -39,7 +40,7 @@ pub mod vectored;
 pub use bpf::available_congestion_controls;
 pub use error::TcpError;
 pub use info::{tcp_info, TcpInfoSnapshot};
-pub use path::{tune_for_path, PathTuning, SendBuffer};
+pub use path::{share_send_buffer, tune_for_path, PathTuning, SendBuffer};
 pub use settings::{BufSize, InForce, Link, TcpSettings};
 
 /// Sets the socket's minimum retransmission timeout (`TCP_RTO_MIN_US`, Linux 6.15; the

@@ -25,6 +25,14 @@
 //! With a buffer larger than the autotuning ceiling the window binds again, cubic grows it, and
 //! the pacing rate with it ([`SendBuffer::Path`]).
 //!
+//! That buffer is one connection's. The connections of one session share the path, and each
+//! with the whole of it kept the rest queued unsent (two sealed connections at 1 Gbit/s, 32 ms:
+//! 5.7–10.2 MB, docs/results/mcs-sweep-8), where their windows together were no larger than
+//! one's: the bottleneck's queue, not the buffer, bounds them. [`share_send_buffer`] splits the
+//! buffer across them as they join and leave, each keeping at least the autotuning ceiling
+//! (what each stream of `iperf3 -P N` gets); on this VM 8 MiB for one, 4 MiB each for two or
+//! more (docs/results/mcs-sweep-9).
+//!
 //! Not applied below [`LONG_PATH_RTT`]: on loopback and a LAN a window is microseconds of data
 //! and pacing's timers would be cost with no gain.
 
@@ -105,6 +113,58 @@ pub fn tune_for_path<S: AsFd>(socket: &S, buffer: SendBuffer) -> Result<PathTuni
     })
 }
 
+/// Sizes the send buffer of one of `connections` connections that share a long path (the
+/// connections of one iSCSI session, issue 28) to its part of the path's send budget: the
+/// buffer [`SendBuffer::Path`] gives one connection, split evenly, but never below the
+/// autotuning ceiling (`net.ipv4.tcp_wmem`'s maximum, what each connection of `iperf3 -P N`
+/// gets). Call it on every connection of the session when one is added or lost, and only on
+/// sockets [`tune_for_path`] sized (not where the settings chose a buffer): it judges the path
+/// again by the socket's round trip, and leaves a short path alone (`Ok(None)`), as it does a
+/// host whose `wmem_max` is below the autotuning ceiling.
+///
+/// Why (docs/results/mcs-sweep-8, -9): one connection needs the whole buffer to keep its window
+/// open on a long path, but the windows of a session's connections together stay near one
+/// connection's (the bottleneck's queue bounds them), so with the whole buffer each kept MBs
+/// unsent behind its window: two sealed connections at 1 Gbit/s, 32 ms, 5.9–6.6 MB (writes)
+/// and 9.7–10.2 MB (reads) against 1.9–2.9 MB with their shares, with as much in flight.
+pub fn share_send_buffer<S: AsFd>(socket: &S, connections: usize) -> Result<Option<u64>, TcpError> {
+    let info = crate::tcp_info(socket)?;
+    if path_rtt(info.min_rtt_us, info.rtt_us) < LONG_PATH_RTT {
+        return Ok(None);
+    }
+    let Some(ask) = host_send_buffer_limits().and_then(|(wmem_max, tcp_wmem_max)| {
+        shared_send_buffer(wmem_max, tcp_wmem_max, connections)
+    }) else {
+        return Ok(None);
+    };
+    let sock = socket2::SockRef::from(socket);
+    let ask = usize::try_from(ask).map_err(|_| TcpError::InvalidSetting {
+        what: "sndbuf",
+        value: ask.to_string(),
+        reason: "too large".into(),
+    })?;
+    sock.set_send_buffer_size(ask)
+        .map_err(|source| TcpError::Socket {
+            op: "setsockopt(SO_SNDBUF)",
+            source,
+        })?;
+    let got = sock.send_buffer_size().map_err(|source| TcpError::Socket {
+        op: "getsockopt(SO_SNDBUF)",
+        source,
+    })?;
+    Ok(Some(got as u64))
+}
+
+/// The `SO_SNDBUF` request of one of `connections` connections sharing a long path
+/// ([`share_send_buffer`]): [`long_path_send_buffer`]'s request split evenly, at least half
+/// the autotuning ceiling `tcp_wmem_max` (the kernel doubles the request); `None` where the
+/// one connection's buffer is left to autotuning.
+fn shared_send_buffer(wmem_max: u64, tcp_wmem_max: u64, connections: usize) -> Option<u64> {
+    let whole = long_path_send_buffer(wmem_max, tcp_wmem_max)?;
+    let n = u64::try_from(connections.max(1)).unwrap_or(u64::MAX);
+    Some((whole / n).max(tcp_wmem_max.div_ceil(2)).min(whole))
+}
+
 /// The `SO_SNDBUF` request for a long path: `net.core.wmem_max` (the most a plain request
 /// gets; the kernel doubles it), where twice that is above the autotuning ceiling
 /// `tcp_wmem_max`; `None` (autotuning) otherwise.
@@ -170,6 +230,47 @@ mod tests {
         assert_eq!(
             long_path_send_buffer(u64::MAX, 4 << 20),
             Some(i32::MAX as u64 / 2)
+        );
+    }
+
+    #[test]
+    fn splits_the_send_buffer_across_connections_down_to_the_autotuning_ceiling() {
+        // This VM: one connection 8 MiB (4 MiB asked); two or more the ceiling, 4 MiB.
+        for n in [0, 1] {
+            assert_eq!(shared_send_buffer(4 << 20, 4 << 20, n), Some(4 << 20));
+        }
+        for n in [2, 4, 8, usize::MAX] {
+            assert_eq!(
+                shared_send_buffer(4 << 20, 4 << 20, n),
+                Some(2 << 20),
+                "{n}"
+            );
+        }
+        // A host with a 16 MiB wmem_max: 32, 16, 8, then the 4 MiB ceiling.
+        assert_eq!(shared_send_buffer(16 << 20, 4 << 20, 1), Some(16 << 20));
+        assert_eq!(shared_send_buffer(16 << 20, 4 << 20, 2), Some(8 << 20));
+        assert_eq!(shared_send_buffer(16 << 20, 4 << 20, 4), Some(4 << 20));
+        assert_eq!(shared_send_buffer(16 << 20, 4 << 20, 8), Some(2 << 20));
+        assert_eq!(shared_send_buffer(16 << 20, 4 << 20, 16), Some(2 << 20));
+        // Where one connection's buffer is autotuned, so is every connection's.
+        assert_eq!(shared_send_buffer(212_992, 4 << 20, 2), None);
+        // An odd ceiling rounds up, never below it.
+        assert_eq!(
+            shared_send_buffer(4 << 20, (4 << 20) + 1, 8),
+            Some((2 << 20) + 1)
+        );
+    }
+
+    /// A short path is left alone, whatever the count.
+    #[test]
+    fn shares_nothing_on_loopback() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let before = socket2::SockRef::from(&c).send_buffer_size().unwrap();
+        assert_eq!(share_send_buffer(&c, 2).unwrap(), None);
+        assert_eq!(
+            socket2::SockRef::from(&c).send_buffer_size().unwrap(),
+            before
         );
     }
 

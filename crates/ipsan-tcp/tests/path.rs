@@ -1,7 +1,8 @@
 //! `tune_for_path` across `ipsan wan` (two namespaces, 5 ms each way): both ends of a
 //! connection, the one that connected and the one that accepted, judge it a long path from
 //! the handshake alone and get paced, and a send buffer past the autotuning ceiling where the
-//! host's `net.core.wmem_max` allows one (a plain `SO_SNDBUF` otherwise untouched). Needs root and
+//! host's `net.core.wmem_max` allows one (a plain `SO_SNDBUF` otherwise untouched), split
+//! across a session's connections by `share_send_buffer`. Needs root and
 //! /dev/net/tun; without them it prints `SKIPPED: <reason>` and returns. (Loopback, not a
 //! long path, is the unit test in `src/path.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -69,7 +70,30 @@ fn both_ends_of_a_wan_connection_are_paced_and_buffered_from_the_handshake_on() 
                 wmem_max * 2,
                 "{end}: the kernel doubles the request"
             );
+            // One of two connections of a session: half the whole, down to the ceiling.
+            let half = (wmem_max / 2 * 2).max(tcp_wmem_max.next_multiple_of(2));
+            assert_eq!(
+                ipsan_tcp::share_send_buffer(sock, 2).unwrap(),
+                Some(half),
+                "{end}"
+            );
+            assert_eq!(
+                socket2::SockRef::from(sock).send_buffer_size().unwrap() as u64,
+                half,
+                "{end}"
+            );
+            // Alone again: the whole.
+            assert_eq!(
+                ipsan_tcp::share_send_buffer(sock, 1).unwrap(),
+                Some(wmem_max * 2),
+                "{end}"
+            );
         } else {
+            assert_eq!(
+                ipsan_tcp::share_send_buffer(sock, 2).unwrap(),
+                None,
+                "{end}"
+            );
             assert_eq!(
                 t.sndbuf, None,
                 "{end}: autotuning's ceiling is higher: {t:?}"

@@ -14,6 +14,10 @@
 //! ([`mcs::Session::pick`], then [`mcs::Session::submit_on`]), and a read's Data-In is opened
 //! with the keys of the connection it came on (connection allegiance, §4.2.3).
 //!
+//! On a long path the connections share one send buffer (`McsCore::share_send_buffers`,
+//! `ipsan_tcp::share_send_buffer`): the whole buffer for one, its share (at least the
+//! autotuning ceiling) for each of several, sized again as connections open and end.
+//!
 //! ErrorRecoveryLevel 0 (the default): a connection that ends ends the session (every other
 //! connection is closed and every command fails with the first loss), as a one-connection
 //! session without recovery does.
@@ -232,6 +236,9 @@ struct McsInner {
     /// Sealed commands that waited for the window after their connection was picked
     /// ([`McsSession::waited_pinned`]).
     waited_pinned: u64,
+    /// The connections the path's send buffer was last split across
+    /// (`McsCore::share_send_buffers`).
+    shared_by: usize,
 }
 
 struct McsCore {
@@ -247,6 +254,9 @@ struct McsCore {
     /// The engine's tail probe is on (mirrors `Session::set_tail_probe`): without it a
     /// writer's flush has nothing to arm and takes no lock.
     probing: AtomicBool,
+    /// Long paths: the sockets' send buffers are sized here, the path's split across the
+    /// connections (`ipsan_tcp::SendBuffer::Path`: `[tcp] sndbuf` chose none).
+    share_buffers: bool,
 }
 
 /// A logged-in session of one or more connections in full feature phase (no session
@@ -357,12 +367,16 @@ impl McsSession {
                 gate: VecDeque::new(),
                 let_through: 0,
                 waited_pinned: 0,
+                // The leading connection's socket has the whole buffer (`connect_tcp`).
+                shared_by: 1,
             }),
             least_queued: mcs_cfg.spread == Spread::LeastQueued,
             sealed: lead.li.transform.is_some(),
             wake_timer: Notify::new(),
             wake_relogin: Notify::new(),
             probing: AtomicBool::new(false),
+            share_buffers: ipsan_tcp::SendBuffer::unless_set(cfg.tcp.as_ref())
+                == ipsan_tcp::SendBuffer::Path,
         });
         let erl2 = {
             let mut g = core.lock()?;

@@ -16,9 +16,13 @@
 //! full or ending (`conn/login.rs`'s `join_check`: before that, a full session and none look
 //! alike); it is admitted as a reinstating login would be, so it proves at
 //! least what the session proved. The session ends when its last connection does.
+//!
+//! On a long path the session's connections share one send buffer (`Core::link`, `unlink`;
+//! `ipsan_tcp::share_send_buffer`): the whole buffer for one, its share (at least the
+//! autotuning ceiling) for each of several, sized again as they join and leave.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -41,6 +45,8 @@ pub(crate) struct Core {
     pub(super) engine: Mutex<EngineSession<CommandInfo>>,
     /// The connections, to wake each other.
     links: Mutex<HashMap<ConnId, Weak<Session>>>,
+    /// The connections the path's send buffer was last split across ([`Core::link`]).
+    shared_by: AtomicUsize,
     /// Set, under the engine lock, by the connection that closes last: nobody joins after.
     over: AtomicBool,
     /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
@@ -87,6 +93,8 @@ impl Core {
         Self {
             engine: Mutex::new(engine),
             links: Mutex::new(HashMap::new()),
+            // The leading connection's socket has the whole buffer (sized at accept).
+            shared_by: AtomicUsize::new(1),
             over: AtomicBool::new(false),
             cancel: reg.cancel.clone(),
             drained: reg.drained.clone(),
@@ -135,12 +143,55 @@ impl Core {
         lock(&self.engine).open_connections()
     }
 
+    /// Connection `id` is the session's (logged in), and the path's send buffer is split
+    /// across the session's connections again.
     pub(super) fn link(&self, id: ConnId, s: &Arc<Session>) {
-        lock(&self.links).insert(id, Arc::downgrade(s));
+        let mut links = lock(&self.links);
+        links.insert(id, Arc::downgrade(s));
+        self.share_send_buffers(&links, true);
     }
 
+    /// Connection `id` left (its PDUs flushed): the others share the buffer it had.
     pub(super) fn unlink(&self, id: ConnId) {
-        lock(&self.links).remove(&id);
+        let mut links = lock(&self.links);
+        links.remove(&id);
+        self.share_send_buffers(&links, false);
+    }
+
+    /// Long paths: splits the path's send buffer across the session's connections
+    /// ([`ipsan_tcp::share_send_buffer`]: a read's Data-In is the target's to send), when
+    /// their number changed since the last split or one was `added` (a new socket has the
+    /// whole buffer, sized at accept). One connection keeps the whole; each of several gets its
+    /// share, never below the autotuning ceiling: with the whole, each kept MBs of Data-In
+    /// unsent behind a window no larger than its share (issue 28, docs/results/mcs-sweep-9).
+    fn share_send_buffers(&self, links: &HashMap<ConnId, Weak<Session>>, added: bool) {
+        let live: Vec<Arc<Session>> = links
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|s| s.send_share.is_some())
+            .collect();
+        let n = live.len();
+        let before = self.shared_by.load(Ordering::Relaxed);
+        if n == 0 || (n == before && (!added || n == 1)) {
+            return;
+        }
+        self.shared_by.store(n, Ordering::Relaxed);
+        for s in &live {
+            if let Some(fd) = &s.send_share {
+                match ipsan_tcp::share_send_buffer(fd, n) {
+                    Ok(Some(b)) => {
+                        tracing::debug!(
+                            tsih = self.tsih,
+                            connections = n,
+                            sndbuf = b,
+                            "send buffer shared"
+                        )
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(tsih = self.tsih, "send buffer not shared: {e}"),
+                }
+            }
+        }
     }
 
     /// Wakes the reader and writer of the connections in `ids` other than `except`.

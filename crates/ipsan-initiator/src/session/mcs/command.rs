@@ -272,6 +272,12 @@ impl McsSession {
                 return Err(Error::ConnectionLost(e.clone()));
             }
             if g.gate.is_empty() && g.session.free_slots() > g.let_through {
+                // Room now: the slot is this command's until it picks (`Turn::settle`, under
+                // the pick's lock). Not taken, another command passing here before this one
+                // picked (another worker thread, the lock let go in between) saw the same
+                // room, and one of the two waited on its connection with the window shut.
+                g.let_through += 1;
+                turn.through = true;
                 None
             } else {
                 let (tx, rx) = oneshot::channel();

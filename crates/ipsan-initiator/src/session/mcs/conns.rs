@@ -47,6 +47,8 @@ pub(super) fn start_conn(core: &Arc<McsCore>, cid: u16, fresh: Fresh) -> Result<
         rto_floor,
     });
     core.with(false, |g| g.conns.push(c.clone()))?;
+    // Its socket came with the whole path's buffer (`connect_tcp`): every connection's share.
+    core.share_send_buffers(true);
     let w = tokio::spawn(mcs_writer(wr, core.clone(), c.clone()));
     let r = tokio::spawn(mcs_reader(rd, core.clone(), c.clone()));
     if let Ok(mut t) = c.io_tasks.lock() {
@@ -64,6 +66,7 @@ async fn mcs_writer(
 ) {
     let r = mcs_writer_inner(wr, &core, &c).await;
     c.forget_socket();
+    core.share_send_buffers(false);
     if let Err(e) = r {
         core.kill(&c, e);
     }
@@ -134,6 +137,46 @@ async fn mcs_reader(
 ) {
     mcs_reader_inner(rd, &core, &c).await;
     c.forget_socket();
+    core.share_send_buffers(false);
+}
+
+impl McsCore {
+    /// Long paths: splits the path's send buffer across the connections whose sockets are open
+    /// ([`ipsan_tcp::share_send_buffer`]), when their number changed since the last split or
+    /// `added` (a new socket has the whole buffer). One connection keeps the whole; each of
+    /// several gets its share, never below the autotuning ceiling: with the whole, each kept
+    /// MBs unsent behind a window no larger than its share (issue 28, docs/results/mcs-sweep-9).
+    pub(super) fn share_send_buffers(&self, added: bool) {
+        if !self.share_buffers {
+            return;
+        }
+        let Ok(mut g) = self.lock() else {
+            return;
+        };
+        let open = |c: &McsConn| c.sock.lock().is_ok_and(|s| s.is_some());
+        let n = g.conns.iter().filter(|c| open(c)).count();
+        if n == 0 || (n == g.shared_by && (!added || n == 1)) {
+            return;
+        }
+        g.shared_by = n;
+        for c in &g.conns {
+            let Ok(s) = c.sock.lock() else {
+                continue;
+            };
+            if let Some(fd) = s.as_ref() {
+                match ipsan_tcp::share_send_buffer(fd, n) {
+                    Ok(Some(b)) => tracing::debug!(
+                        cid = c.cid,
+                        connections = n,
+                        sndbuf = b,
+                        "send buffer shared"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(cid = c.cid, "send buffer not shared: {e}"),
+                }
+            }
+        }
+    }
 }
 
 async fn mcs_reader_inner(
