@@ -390,6 +390,12 @@ pub struct NvmeServer {
     settings: NvmeSettings,
 }
 
+/// An H2CData carrying all of a write of at least this many bytes is received into a buffer
+/// of its own (`Queue::placement`): the RAM store's chunk, the one write a store keeps as it
+/// is (`Backend::write_whole`). A shorter write is copied by every store anyway, and placing
+/// it would only cost the reads that stop at PDU heads while it may come.
+const PLACE_MIN: u32 = 1 << 20;
+
 /// The queue machine's settings for a controller configuration: the I/O in-capsule size and
 /// the largest transfer must be the ones the controller announces (IOCCSZ, MDTS). A command's
 /// data travels in one PDU each way (MAXH2CDATA and C2HData up to the largest transfer, as
@@ -406,6 +412,7 @@ fn queue_config(c: &controller::TargetConfig) -> QueueConfig {
         max_transfer,
         maxh2cdata: max_transfer,
         max_c2h_data: max_transfer,
+        place_min: PLACE_MIN,
         ..QueueConfig::default()
     }
 }
