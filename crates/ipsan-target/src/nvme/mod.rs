@@ -23,6 +23,7 @@
 
 pub use crate::config::nvme as config;
 mod conn;
+mod pool;
 mod resv;
 mod stats;
 pub mod subsystems;
@@ -550,9 +551,20 @@ impl NvmeServer {
             self.settings,
             cancel.clone(),
         ));
+        // Every connection runs on a thread of its own runtime (`pool`), one per CPU: no
+        // wake-ups of the multi-thread runtime's other worker per batch.
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let pool = match pool::Pool::new(cpus) {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => {
+                warn!("NVMe/TCP connection threads: {e}; serving on the main runtime");
+                None
+            }
+        };
         for listener in self.listeners {
             let shared = self.shared.clone();
             let cancel = cancel.clone();
+            let pool = pool.clone();
             tasks.spawn(accept_loop(
                 listener,
                 "NVMe/TCP",
@@ -560,7 +572,7 @@ impl NvmeServer {
                 move |stream, peer| {
                     let shared = shared.clone();
                     let cancel = cancel.clone();
-                    async move {
+                    let conn = move |stream: tokio::net::TcpStream| async move {
                         let _ = stream.set_nodelay(true);
                         match tls_or_plain(stream, &shared).await {
                             Ok(Accepted::Plain(s)) => {
@@ -571,7 +583,8 @@ impl NvmeServer {
                             }
                             Err(why) => warn!(%peer, "NVMe/TCP connection refused: {why}"),
                         }
-                    }
+                    };
+                    pool::serve_on(pool.as_deref(), stream, conn)
                 },
             ));
         }
