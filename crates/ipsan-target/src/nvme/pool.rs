@@ -112,3 +112,51 @@ where
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Connections run on the pool's threads in turn, never on the caller's; `run`'s future
+    /// ends when its job has; a socket handed over with `serve_on` is served on its thread.
+    #[tokio::test]
+    async fn runs_connections_on_its_threads_in_turn() {
+        let pool = Pool::new(2).unwrap();
+        let mut names = Vec::new();
+        for _ in 0..4 {
+            let (tx, rx) = oneshot::channel();
+            pool.run(async move {
+                let _ = tx.send(std::thread::current().name().map(str::to_owned));
+            })
+            .await;
+            names.push(rx.await.unwrap().unwrap_or_default());
+        }
+        assert_eq!(
+            names,
+            ["nvme-conn-0", "nvme-conn-1", "nvme-conn-0", "nvme-conn-1"]
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"ping").await.unwrap();
+            let mut back = [0u8; 4];
+            c.read_exact(&mut back).await.unwrap();
+            back
+        });
+        let (s, _) = listener.accept().await.unwrap();
+        serve_on(Some(&pool), s, |mut s| async move {
+            let on = std::thread::current().name().map(str::to_owned);
+            assert!(
+                on.as_deref().is_some_and(|n| n.starts_with("nvme-conn-")),
+                "{on:?}"
+            );
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(&b).await.unwrap();
+        })
+        .await;
+        assert_eq!(&client.await.unwrap(), b"ping");
+    }
+}
