@@ -32,15 +32,29 @@ pub struct Whole(Bytes);
 
 impl Whole {
     /// `buf` as a whole buffer when it is all of its allocation from its first byte (its
-    /// capacity is its length); otherwise `buf` back.
+    /// capacity is its length and it starts where its allocation does); otherwise `buf` back.
+    ///
+    /// A `BytesMut`'s capacity counts from its first byte, so one advanced past the start of
+    /// its allocation (or the tail half of a split) can have capacity = length and still keep
+    /// the bytes before it alive: the allocation's own start and size are looked at here (as
+    /// a `Vec`, which is where the allocation starts; when `buf` already starts there, taking
+    /// it as one moves nothing).
+    ///
+    /// When other handles share `buf`'s allocation its bytes are copied into one of their own,
+    /// which is whole (what a store's copy of them would cost).
     ///
     /// # Errors
-    /// `buf` itself, unchanged, when it has room past its end.
+    /// `buf` back when it has room past its end (unchanged) or does not start at its
+    /// allocation's start (its bytes then moved to the front of it).
     pub fn new(buf: BytesMut) -> Result<Self, BytesMut> {
-        if buf.capacity() == buf.len() {
-            Ok(Self(buf.freeze()))
+        if buf.capacity() != buf.len() {
+            return Err(buf);
+        }
+        let v = Vec::from(buf);
+        if v.capacity() == v.len() {
+            Ok(Self(Bytes::from(v)))
         } else {
-            Err(buf)
+            Err(BytesMut::from(Bytes::from(v)))
         }
     }
 
@@ -317,4 +331,56 @@ pub fn run_blocking<B: Backend + ?Sized>(b: &B, req: IoRequest) -> IoCompletion 
         }
     };
     IoCompletion { tag, result }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf;
+
+    /// A [`Whole`] is all of its allocation from its first byte: a buffer with room past its
+    /// end or with bytes before its start (advanced, or the tail of a split) is refused, even
+    /// where its capacity (counted from its first byte) is its length.
+    #[test]
+    fn a_whole_buffer_is_all_of_its_allocation() {
+        const N: usize = 4096;
+        let mut b = BytesMut::with_capacity(N);
+        b.resize(N, 1);
+        let at = b.as_ptr();
+        let w = Whole::new(b).unwrap();
+        assert_eq!(w.as_bytes().as_ptr(), at, "an exact buffer was moved");
+        assert_eq!(w.len(), N);
+
+        let mut roomy = BytesMut::with_capacity(2 * N);
+        roomy.resize(N, 2);
+        let back = Whole::new(roomy).unwrap_err();
+        assert_eq!(&back[..], &[2u8; N][..]);
+
+        // Advanced past its allocation's start: capacity = length, 16 bytes kept before it.
+        let mut advanced = BytesMut::with_capacity(N + 16);
+        advanced.resize(N + 16, 3);
+        advanced.advance(16);
+        assert_eq!(advanced.capacity(), advanced.len());
+        let back = Whole::new(advanced).unwrap_err();
+        assert_eq!(&back[..], &[3u8; N][..]);
+
+        // The tail of a split whose head is gone: the same.
+        let mut b = BytesMut::with_capacity(N + 16);
+        b.resize(N + 16, 4);
+        let tail = b.split_off(16);
+        drop(b);
+        assert_eq!(tail.capacity(), tail.len());
+        let back = Whole::new(tail).unwrap_err();
+        assert_eq!(&back[..], &[4u8; N][..]);
+
+        // A tail whose head lives on: its bytes copied into an allocation of their own.
+        let mut head = BytesMut::with_capacity(N + 16);
+        head.resize(N + 16, 5);
+        let tail = head.split_off(16);
+        let at = tail.as_ptr();
+        let w = Whole::new(tail).unwrap();
+        assert_ne!(w.as_bytes().as_ptr(), at);
+        assert_eq!(w.as_bytes(), &[5u8; N][..]);
+        assert_eq!(&head[..], &[5u8; 16][..]);
+    }
 }

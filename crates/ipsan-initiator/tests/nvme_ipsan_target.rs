@@ -121,6 +121,79 @@ async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
     h.shutdown().await.unwrap();
 }
 
+/// Whole 1 MiB writes (issue 30): the target receives a 1 MiB H2CData into a buffer of its
+/// own and the RAM store keeps it as its chunk. Chunk-aligned and unaligned 1 MiB writes in
+/// flight together on two queues, with 4 KiB writes between them, without digests, with a
+/// header digest (placed behind it) and with a data digest (not placed): every write reads
+/// back, a 4 KiB write into a kept chunk lands in it and leaves the rest, and iSCSI reads
+/// what NVMe wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_whole_1mib_writes_kept_by_the_ram_store() {
+    const MIB: u64 = 1 << 20;
+    let h = common::nvme_target(IQN, "mem:64MiB").await;
+    for (round, (hd, dd)) in [(false, false), (true, false), (false, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let cfg = NvmeConfig {
+            queues: 2,
+            header_digest: hd,
+            data_digest: dd,
+            ..NvmeConfig::default()
+        };
+        let s = Arc::new(NvmeSession::open(&nvme_url(&h), &cfg).await.unwrap());
+        let bl = u64::from(s.capacity().unwrap().block_len);
+        let seed = 1000 * (round as u32 + 1);
+        // (byte offset, length, seed): whole chunks, an unaligned 1 MiB, 4 KiB writes.
+        let mut writes = Vec::new();
+        for i in 0..8u64 {
+            writes.push((i * MIB, MIB, seed + i as u32));
+        }
+        writes.push((8 * MIB + 4096, MIB, seed + 8));
+        for i in 0..4u64 {
+            writes.push((16 * MIB + i * 4096, 4096, seed + 20 + i as u32));
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for &(off, len, sd) in &writes {
+            let s = s.clone();
+            set.spawn(async move { s.write(off / bl, pattern(len as usize, sd)).await });
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap().unwrap();
+        }
+        // A short write into a kept chunk: only its 4 KiB change.
+        let patch = pattern(4096, seed + 99);
+        s.write((2 * MIB + 8192) / bl, patch.clone()).await.unwrap();
+        for &(off, len, sd) in &writes {
+            let got = s
+                .read_into(off / bl, (len / bl) as u32, BytesMut::new())
+                .await
+                .unwrap();
+            let mut want = pattern(len as usize, sd).to_vec();
+            if off == 2 * MIB {
+                want[8192..12288].copy_from_slice(&patch);
+            }
+            assert_eq!(&got[..], &want[..], "round {round}: {len} at {off}");
+        }
+        let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
+        let iscsi = Session::open(&url, &SessionConfig::default())
+            .await
+            .unwrap();
+        let got = iscsi
+            .read_into(5 * MIB / bl, (MIB / bl) as u32, BytesMut::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            &got[..],
+            &pattern(MIB as usize, seed + 5)[..],
+            "round {round}"
+        );
+        iscsi.logout().await.unwrap();
+        Arc::try_unwrap(s).unwrap().close().await.unwrap();
+    }
+    h.shutdown().await.unwrap();
+}
+
 /// More callers than a queue holds (queue_depth 4: 3 commands in flight), on both threads of a
 /// multi-thread runtime: the callers that find room submit their commands themselves (one
 /// alone writes its capsule too), the others wait in the dispatcher's channel and go out as

@@ -87,6 +87,11 @@ pub struct QueueConfig {
     pub max_outstanding: usize,
     /// How long a new connection may take to send ICReq and its first command capsule.
     pub setup_timeout: Duration,
+    /// An H2CData that carries all of a transfer of at least this many bytes, without a data
+    /// digest, is received into a buffer of its own ([`Queue::placement`]), so the command's
+    /// data is the whole of its allocation and a store may keep it without a copy (the RAM
+    /// store's 1 MiB chunk, `ipsan_block::Whole`: issue 30). 0: never.
+    pub place_min: u32,
 }
 
 impl Default for QueueConfig {
@@ -101,6 +106,7 @@ impl Default for QueueConfig {
             max_r2t_commands: 16,
             max_outstanding: 2048,
             setup_timeout: Duration::from_secs(10),
+            place_min: 0,
         }
     }
 }
@@ -116,6 +122,10 @@ const LONG_PDU: usize = 32 * 1024;
 /// Room for a PDU's header, digests and padding around its data (a capsule's 72-byte
 /// header, two digests, a PDO of at most 128 bytes).
 const PDU_OVERHEAD: usize = 256;
+
+/// The shortest header a host sends (H2CData's, a termination request's; a capsule's is 72):
+/// a read of this many bytes at the start of a PDU takes none of its data.
+const HEAD_MIN: usize = 24;
 
 /// Why a queue closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +182,8 @@ struct Transfer {
     buf: BytesMut,
     /// A data digest failed: the command completes with this status, the data is dropped.
     failed: Option<Status>,
+    /// Counted in [`Queue::placeable`] until it ends.
+    placeable: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +223,9 @@ pub struct Queue {
     slots: IdMap<u16, Slot>,
     r2t_wait: VecDeque<u16>,
     r2t_active: usize,
+    /// Transfers with an R2T out whose one H2CData would be placed ([`Queue::placement`]):
+    /// while there are any, reads stop at PDU heads ([`Queue::prepare_recv`]).
+    placeable: usize,
     ttags: IdMap<u16, u16>,
     next_ttag: u16,
     events: VecDeque<Event>,
@@ -261,6 +276,7 @@ impl Queue {
             slots: IdMap::default(),
             r2t_wait: VecDeque::new(),
             r2t_active: 0,
+            placeable: 0,
             ttags: IdMap::default(),
             next_ttag: 0,
             events: VecDeque::new(),
@@ -321,22 +337,116 @@ impl Queue {
     /// to the front of the buffer by the next `reserve`, ~147 KB per 1 MiB write
     /// (docs/results/nvme-speed-9). What `reserve` still moves is a partial short PDU or
     /// header.
+    ///
+    /// While an H2CData that would be placed may come ([`Queue::placement`]), reads stop at
+    /// PDU heads instead: a read takes the rest of the PDU begun in `buf` (only up to its data
+    /// when it is one to place) and the first `HEAD_MIN` bytes of the next, none of its data,
+    /// so a long H2CData's data is never read into `buf` (as iSCSI's target reads a head
+    /// alone while a Data-Out may come).
     pub fn prepare_recv(&self, buf: &mut BytesMut) -> usize {
-        let rest = match self.codec.frame(buf) {
-            Ok(Some(plen)) if plen >= LONG_PDU => plen.saturating_sub(buf.len()),
-            // No header yet, a bad one (`receive` reports it) or a short PDU.
-            _ => 0,
-        };
-        let (room, limit) = if rest > 0 {
-            (rest, rest)
+        let frame = self.codec.frame(buf);
+        let (room, limit) = if self.placeable > 0 {
+            let limit = match frame {
+                Ok(Some(plen)) => {
+                    let pdo = usize::from(buf[3]);
+                    if buf.len() < pdo && self.placeable_head(buf, plen).is_some() {
+                        pdo - buf.len()
+                    } else {
+                        plen.saturating_sub(buf.len()) + HEAD_MIN
+                    }
+                }
+                // No common header yet (every PDU is at least `HEAD_MIN` long), or a bad
+                // one (`receive` reports it).
+                _ => HEAD_MIN.saturating_sub(buf.len()).max(1),
+            };
+            (limit, limit)
         } else {
-            let longest = self.longest_pdu();
-            (RECV_CHUNK + 2 * longest, RECV_CHUNK + longest)
+            let rest = match frame {
+                Ok(Some(plen)) if plen >= LONG_PDU => plen.saturating_sub(buf.len()),
+                // No header yet, a bad one (`receive` reports it) or a short PDU.
+                _ => 0,
+            };
+            if rest > 0 {
+                (rest, rest)
+            } else {
+                let longest = self.longest_pdu();
+                (RECV_CHUNK + 2 * longest, RECV_CHUNK + longest)
+            }
         };
         if buf.capacity() - buf.len() < room {
             buf.reserve(room);
         }
         limit
+    }
+
+    /// When `buf` holds exactly the head of an H2CData up to its data (header, header digest,
+    /// padding) that carries all of a transfer of at least [`QueueConfig::place_min`] bytes
+    /// and no data digest: the length of its data. The driver then reads exactly that many
+    /// bytes into a buffer of their own (a `BytesMut::with_capacity` of them) and hands it
+    /// over with [`Queue::receive_placed`]: the command gets that buffer as its data, the
+    /// whole of its allocation (issue 30: a RAM store keeps a 1 MiB write's buffer as its
+    /// chunk instead of copying it). `None`: read on as [`Queue::prepare_recv`] says.
+    #[must_use]
+    pub fn placement(&self, buf: &[u8]) -> Option<usize> {
+        if self.placeable == 0 || self.phase != Phase::Ready {
+            return None;
+        }
+        let plen = self.codec.frame(buf).ok()??;
+        let pdo = usize::from(buf[3]);
+        if buf.len() != pdo {
+            return None;
+        }
+        self.placeable_head(buf, plen)
+    }
+
+    /// [`Queue::placement`]'s test of the head at the front of `buf` (as much of it as is
+    /// there, at least the common header; PLEN `plen`): the data's length when the PDU is one
+    /// to place.
+    fn placeable_head(&self, buf: &[u8], plen: usize) -> Option<usize> {
+        let pdo = usize::from(buf[3]);
+        if buf[0] != PduType::H2cData as u8
+            || buf[1] & FLAG_DDGSTF != 0
+            || self.codec.data_digest
+            || pdo < PduType::H2cData.hlen()
+            || plen <= pdo
+        {
+            return None;
+        }
+        let datal = plen - pdo;
+        if buf.len() < PduType::H2cData.hlen() {
+            // TTAG and DATAO not here yet: a transfer of this length may be one to place.
+            return (datal >= self.cfg.place_min as usize).then_some(datal);
+        }
+        let (ttag, datao) = (le16(buf, 10), le32(buf, 12));
+        let cid = self.ttags.get(&ttag)?;
+        match self.slots.get(cid) {
+            Some(Slot::Receiving(t))
+                if t.placeable && t.failed.is_none() && datao == 0 && datal == t.len as usize =>
+            {
+                Some(datal)
+            }
+            _ => None,
+        }
+    }
+
+    /// Receives the H2CData whose head is all of `buf` ([`Queue::placement`] said so) and
+    /// whose data the driver read into `data`, a buffer of its own: handled as
+    /// [`Queue::receive`] handles any H2CData, every check made, the data handed to the
+    /// command as it is. Takes the head off `buf` (empty afterwards).
+    pub fn receive_placed(&mut self, buf: &mut BytesMut, data: Bytes) {
+        let head = buf.split().freeze();
+        if self.phase == Phase::Closed {
+            return;
+        }
+        let header = &head[..head.len().min(MAX_TERM_DATA)];
+        match self.codec.decode_placed(&head, data) {
+            Ok(pdu) => {
+                if let Err((fes, fei, reason)) = self.on_pdu(pdu) {
+                    self.terminate(fes, fei, reason, header);
+                }
+            }
+            Err(e) => self.wire_error(&e, header),
+        }
     }
 
     /// The longest PDU the host may send now (with its header, digests and padding): an
@@ -783,6 +893,12 @@ impl Queue {
             } else {
                 len as usize
             };
+            // Its data may come as one H2CData received into a buffer of its own.
+            let placeable = self.cfg.place_min > 0
+                && len >= self.cfg.place_min
+                && len <= self.cfg.maxh2cdata
+                && !self.codec.data_digest;
+            self.placeable += usize::from(placeable);
             self.slots.insert(
                 cid,
                 Slot::Receiving(Box::new(Transfer {
@@ -792,6 +908,7 @@ impl Queue {
                     first: None,
                     buf: BytesMut::with_capacity(cap),
                     failed: None,
+                    placeable,
                 })),
             );
             self.push_pdu(&Pdu::R2t(R2t {
@@ -894,6 +1011,7 @@ impl Queue {
             self.r2t_active -= 1;
             if let Some(Slot::Receiving(t)) = self.slots.remove(&cid) {
                 let t = *t;
+                self.placeable -= usize::from(t.placeable);
                 match t.failed {
                     Some(status) => self.respond(cid, status),
                     None => {

@@ -413,7 +413,66 @@ impl Codec {
                 got: pdu.len(),
             });
         }
-        let b = &pdu[..];
+        self.decode_parts(&pdu, plen, |r| pdu.slice(r))
+    }
+
+    /// Decodes a data PDU received in two places: `head`, its bytes up to PDO (header, header
+    /// digest, padding), and `data`, all of its data, received into a buffer of its own (so a
+    /// long write's data can reach a store as the whole of its allocation). Only an H2CData
+    /// or a command capsule with data, without a data digest (the digest would follow the
+    /// data); every check [`Codec::decode`] makes is made.
+    ///
+    /// # Errors
+    /// As [`Codec::decode`]; [`WireError::Length`] when `head` and `data` are not such a PDU's
+    /// two parts (another type, a data digest, `head` not ending at PDO, PLEN not their sum).
+    pub fn decode_placed(&self, head: &[u8], data: Bytes) -> Result<Pdu, WireError> {
+        let plen = self.frame(head)?.ok_or(WireError::Length {
+            what: "placed PDU common header",
+            expected: CH_LEN,
+            got: head.len(),
+        })?;
+        let parts = |expected| WireError::Length {
+            what: "placed PDU head (up to PDO)",
+            expected,
+            got: head.len(),
+        };
+        let ty = PduType::from_u8(head[0]);
+        let hd = if head[1] & FLAG_HDGSTF != 0 {
+            DIGEST_LEN
+        } else {
+            0
+        };
+        let pdo = usize::from(head[3]);
+        let Some(hlen) = ty
+            .filter(|t| matches!(t, PduType::H2cData | PduType::CapsuleCmd))
+            .map(PduType::hlen)
+        else {
+            return Err(parts(0));
+        };
+        // Every index `decode_parts` makes into `head` lies below PDO then, and no data
+        // digest is looked for past it.
+        if head.len() != pdo || pdo < hlen + hd || head[1] & FLAG_DDGSTF != 0 || self.data_digest {
+            return Err(parts(pdo));
+        }
+        if data.is_empty() || plen != pdo + data.len() {
+            return Err(WireError::Length {
+                what: "placed PDU data",
+                expected: plen.saturating_sub(pdo),
+                got: data.len(),
+            });
+        }
+        self.decode_parts(head, plen, |_| data)
+    }
+
+    /// [`Codec::decode`]'s checks and decoding of a PDU of `plen` bytes whose bytes up to its
+    /// data are `b` (all of it, or its head up to PDO with no data digest); `data` gives the
+    /// data's bytes, the range `PDO..PLEN − DDGST`.
+    fn decode_parts(
+        &self,
+        b: &[u8],
+        plen: usize,
+        data: impl FnOnce(std::ops::Range<usize>) -> Bytes,
+    ) -> Result<Pdu, WireError> {
         let ty = PduType::from_u8(b[0]).ok_or(WireError::InvalidHeaderField {
             pdu_type: b[0],
             offset: 0,
@@ -469,7 +528,7 @@ impl Codec {
                 if plen - hlen > MAX_TERM_DATA {
                     return Err(bad(4, "termination request longer than 152 bytes"));
                 }
-                pdu.slice(hlen..)
+                data(hlen..plen)
             }
             PduType::CapsuleCmd | PduType::H2cData | PduType::C2hData => {
                 if plen == hlen + hd && ty == PduType::CapsuleCmd {
@@ -495,7 +554,7 @@ impl Codec {
                         return Err(bad(3, "padding before the data is not zero"));
                     }
                     let end = plen - dd;
-                    pdu.slice(pdo..end)
+                    data(pdo..end)
                 }
             }
         };

@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use ipsan_scsi::aio::{Engine, IoCompletion, IoError, IoOp, IoRequest};
+use ipsan_scsi::Whole;
 use nvme_proto::controller::{self, BlockError, BlockOp, BlockRequest, Submitted};
 use nvme_proto::idhash::IdMap;
 use nvme_proto::psk::PskIdentity;
@@ -116,6 +117,9 @@ pub(super) async fn serve<S>(
         identity,
     };
     let mut buf = BytesMut::with_capacity(nvme_proto::queue::RECV_CHUNK);
+    // A long H2CData's data being received into a buffer of its own (`Queue::placement`),
+    // and its length.
+    let mut placing: Option<(BytesMut, usize)> = None;
     let mut out = Unsent::default();
     // Written since the last flush (a TLS stream may hold its last record back until then).
     let mut unflushed = false;
@@ -152,11 +156,15 @@ pub(super) async fn serve<S>(
         let reading = out.bytes <= MAX_UNSENT;
         let sending = !out.bufs.is_empty() || unflushed;
         // Room for the read, which ends where a long PDU does (`Queue::prepare_recv`): its
-        // data is received where it stays, never moved.
-        let limit = if reading {
-            c.q.prepare_recv(&mut buf)
-        } else {
-            0
+        // data is received where it stays, never moved. A whole 1 MiB write's data goes to
+        // a buffer of its own, exactly its length, which the store may keep (issue 30).
+        if reading && placing.is_none() {
+            placing = c.q.placement(&buf).map(|n| (BytesMut::with_capacity(n), n));
+        }
+        let limit = match &placing {
+            _ if !reading => 0,
+            Some((data, n)) => n - data.len(),
+            None => c.q.prepare_recv(&mut buf),
         };
         // One poll of every source in order (writes first): what a `select!` of them did,
         // without building and dropping a future per source on every turn.
@@ -167,7 +175,11 @@ pub(super) async fn serve<S>(
                 }
             }
             if reading {
-                let mut room = (&mut buf).limit(limit);
+                let into = match placing.as_mut() {
+                    Some((data, _)) => data,
+                    None => &mut buf,
+                };
+                let mut room = into.limit(limit);
                 if let Poll::Ready(r) = std::pin::pin!(rd.read_buf(&mut room)).poll(cx) {
                     return Poll::Ready(Turn::Read(r));
                 }
@@ -214,7 +226,13 @@ pub(super) async fn serve<S>(
                     peer_gone = true;
                     break;
                 }
-                Ok(_) => c.q.receive(&mut buf),
+                Ok(_) => match placing.take() {
+                    Some((data, n)) if data.len() == n => {
+                        c.q.receive_placed(&mut buf, data.freeze());
+                    }
+                    Some(part) => placing = Some(part),
+                    None => c.q.receive(&mut buf),
+                },
                 Err(e) => {
                     debug!(%peer, "NVMe/TCP read: {e}");
                     break;
@@ -276,6 +294,24 @@ enum Turn {
     Aer(Completion),
     Timeout,
     Close,
+}
+
+/// Writes at least this long offer their data as a whole buffer ([`whole_write`]): the RAM
+/// store's chunk, the one write a store keeps (`super::PLACE_MIN`); a shorter one is copied
+/// by every store anyway, and in-capsule data is a slice of the receive buffer.
+const WHOLE_MIN: usize = super::PLACE_MIN as usize;
+
+/// A write's data as a [`Whole`] buffer when it is one: the only handle on all of its
+/// allocation, from its first byte (an H2CData received into a buffer of its own,
+/// `Queue::placement`); otherwise the data as it was.
+fn whole_write(data: Bytes) -> Result<Whole, Bytes> {
+    if data.len() < WHOLE_MIN {
+        return Err(data);
+    }
+    match data.try_into_mut() {
+        Ok(buf) => Whole::new(buf).map_err(BytesMut::freeze),
+        Err(shared) => Err(shared),
+    }
 }
 
 /// Bytes waiting for the socket past which the connection stops reading it (see [`serve`]).
@@ -547,7 +583,27 @@ impl Conn {
             Engine::Inline => {
                 // Memory speed: the store's blocking methods right here, as the SCSI side runs
                 // them (`aio::wait` would add a channel and a boxed completer per command).
-                let completion = ipsan_scsi::aio::run_blocking(&*backend, req);
+                // A long write whose data is the whole of its buffer (`Queue::placement`)
+                // goes as that buffer, which a RAM store keeps as its chunk: no copy.
+                let completion = match req.op {
+                    IoOp::Write { offset, data } => match whole_write(data) {
+                        Ok(w) => IoCompletion {
+                            tag: req.tag,
+                            result: backend
+                                .write_whole(w, offset)
+                                .map(|()| None)
+                                .map_err(Into::into),
+                        },
+                        Err(data) => ipsan_scsi::aio::run_blocking(
+                            &*backend,
+                            IoRequest {
+                                tag: req.tag,
+                                op: IoOp::Write { offset, data },
+                            },
+                        ),
+                    },
+                    op => ipsan_scsi::aio::run_blocking(&*backend, IoRequest { tag: req.tag, op }),
+                };
                 self.on_block_done(BlockDone {
                     nsid,
                     kind,

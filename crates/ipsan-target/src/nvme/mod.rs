@@ -23,6 +23,7 @@
 
 pub use crate::config::nvme as config;
 mod conn;
+mod pool;
 mod resv;
 mod stats;
 pub mod subsystems;
@@ -390,6 +391,12 @@ pub struct NvmeServer {
     settings: NvmeSettings,
 }
 
+/// An H2CData carrying all of a write of at least this many bytes is received into a buffer
+/// of its own (`Queue::placement`): the RAM store's chunk, the one write a store keeps as it
+/// is (`Backend::write_whole`). A shorter write is copied by every store anyway, and placing
+/// it would only cost the reads that stop at PDU heads while it may come.
+const PLACE_MIN: u32 = 1 << 20;
+
 /// The queue machine's settings for a controller configuration: the I/O in-capsule size and
 /// the largest transfer must be the ones the controller announces (IOCCSZ, MDTS). A command's
 /// data travels in one PDU each way (MAXH2CDATA and C2HData up to the largest transfer, as
@@ -406,6 +413,7 @@ fn queue_config(c: &controller::TargetConfig) -> QueueConfig {
         max_transfer,
         maxh2cdata: max_transfer,
         max_c2h_data: max_transfer,
+        place_min: PLACE_MIN,
         ..QueueConfig::default()
     }
 }
@@ -543,9 +551,20 @@ impl NvmeServer {
             self.settings,
             cancel.clone(),
         ));
+        // Every connection runs on a thread of its own runtime (`pool`), one per CPU: no
+        // wake-ups of the multi-thread runtime's other worker per batch.
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let pool = match pool::Pool::new(cpus) {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => {
+                warn!("NVMe/TCP connection threads: {e}; serving on the main runtime");
+                None
+            }
+        };
         for listener in self.listeners {
             let shared = self.shared.clone();
             let cancel = cancel.clone();
+            let pool = pool.clone();
             tasks.spawn(accept_loop(
                 listener,
                 "NVMe/TCP",
@@ -553,7 +572,7 @@ impl NvmeServer {
                 move |stream, peer| {
                     let shared = shared.clone();
                     let cancel = cancel.clone();
-                    async move {
+                    let conn = move |stream: tokio::net::TcpStream| async move {
                         let _ = stream.set_nodelay(true);
                         match tls_or_plain(stream, &shared).await {
                             Ok(Accepted::Plain(s)) => {
@@ -564,7 +583,8 @@ impl NvmeServer {
                             }
                             Err(why) => warn!(%peer, "NVMe/TCP connection refused: {why}"),
                         }
-                    }
+                    };
+                    pool::serve_on(pool.as_deref(), stream, conn)
                 },
             ));
         }

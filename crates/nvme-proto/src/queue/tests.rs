@@ -57,8 +57,13 @@ impl Host {
 
     /// ICReq, then a Connect for `qid` (in-capsule data), handed to the test as the command.
     fn ready(cfg: QueueConfig, qid: u16, cattr: u8) -> Self {
+        Self::ready_with(cfg, qid, cattr, false, false)
+    }
+
+    /// [`Host::ready`] with header and data digests as given.
+    fn ready_with(cfg: QueueConfig, qid: u16, cattr: u8, hdgst: bool, ddgst: bool) -> Self {
         let mut h = Self::new(cfg);
-        h.connect_ic(false, false, 0);
+        h.connect_ic(hdgst, ddgst, 0);
         let sqe = FabricsCommand {
             cid: 0xfff0,
             flags: PSDT_SGL,
@@ -1106,4 +1111,145 @@ fn receives_long_h2c_data_where_the_socket_put_it() {
             );
         }
     }
+}
+
+/// A driver that follows `Queue::placement` (and `Queue::prepare_recv` otherwise, each read
+/// as much as the "socket" has, `avail` bytes at a time) receives an H2CData that carries all
+/// of a transfer of at least `place_min` bytes into a buffer of its own: the command's data is
+/// that buffer, the whole of its allocation, and no read put any of that data into the
+/// receive buffer. A shorter transfer, one sent as two PDUs and an in-capsule write between
+/// them are received as before; with data digests nothing is placed. Header digests and a
+/// CPDA that pads the data are placed like the rest.
+#[test]
+fn receives_a_whole_long_transfer_into_a_buffer_of_its_own() {
+    const MIB: usize = 1 << 20;
+    for (hd, dd, cpda) in [
+        (false, false, 0),
+        (true, false, 1),
+        (false, true, 0),
+        (true, true, 0),
+    ] {
+        for avail in [1000, 65_536, 300_000, 3 << 20] {
+            let what = format!("hdgst {hd} ddgst {dd} cpda {cpda} avail {avail}");
+            let cfg = QueueConfig {
+                maxh2cdata: MIB as u32,
+                max_transfer: MIB as u32,
+                place_min: MIB as u32,
+                cpda,
+                ..QueueConfig::default()
+            };
+            let mut h = Host::ready_with(cfg, 1, 0, hd, dd);
+            let r1 = start_write(&mut h, 1, MIB as u32);
+            let r2 = start_write(&mut h, 2, (MIB / 2) as u32);
+            let r4 = start_write(&mut h, 4, MIB as u32);
+            let (d1, d2, d3) = (pattern(MIB), pattern(MIB / 2), pattern(4096));
+            let mut d4 = pattern(MIB);
+            d4.reverse();
+            let half = MIB / 2;
+            let mut stream = BytesMut::new();
+            let mut d1_at = 0..0;
+            for (i, pdu) in [
+                h2c(1, r1.ttag, 0, true, d1.clone()),
+                h2c(2, r2.ttag, 0, true, d2.clone()),
+                write_in_capsule(3, d3.clone()),
+                h2c(4, r4.ttag, 0, false, d4[..half].to_vec()),
+                h2c(4, r4.ttag, half as u32, true, d4[half..].to_vec()),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let b = h.codec.to_bytes(pdu).unwrap();
+                if i == 0 {
+                    let start = stream.len() + b.len() - MIB - if dd { 4 } else { 0 };
+                    d1_at = start..start + MIB;
+                }
+                stream.extend_from_slice(&b);
+            }
+            let mut buf = BytesMut::new();
+            let mut placing: Option<(BytesMut, usize)> = None;
+            let mut placed = Vec::new();
+            let mut at = 0;
+            let mut cmds = Vec::new();
+            while at < stream.len() {
+                if placing.is_none() {
+                    placing = h.q.placement(&buf).map(|n| (BytesMut::with_capacity(n), n));
+                }
+                let rest = stream.len() - at;
+                if let Some((data, n)) = placing.as_mut() {
+                    let k = (*n - data.len()).min(avail).min(rest);
+                    data.extend_from_slice(&stream[at..at + k]);
+                    at += k;
+                    if data.len() == *n {
+                        let (data, _) = placing.take().unwrap();
+                        placed.push(data.as_ptr() as usize);
+                        h.q.receive_placed(&mut buf, data.freeze());
+                    }
+                } else {
+                    let limit = h.q.prepare_recv(&mut buf);
+                    assert!(limit > 0, "{what}");
+                    let k = limit.min(avail).min(rest);
+                    assert!(buf.capacity() - buf.len() >= k, "{what}: no room");
+                    // No read into the receive buffer takes a placed PDU's data.
+                    if !dd {
+                        assert!(
+                            at + k <= d1_at.start || at >= d1_at.end,
+                            "{what}: read {at}+{k}"
+                        );
+                    }
+                    buf.extend_from_slice(&stream[at..at + k]);
+                    at += k;
+                    h.q.receive(&mut buf);
+                }
+                while let Some(ev) = h.q.poll_event() {
+                    let Event::Command(c) = ev else {
+                        panic!("{what}: {ev:?}")
+                    };
+                    cmds.push(c);
+                }
+            }
+            let cids: Vec<u16> = cmds.iter().map(|c| c.sqe.cid).collect();
+            assert_eq!(cids, [1, 2, 3, 4], "{what}");
+            for (c, want) in cmds.iter().zip([&d1, &d2, &d3, &d4]) {
+                assert_eq!(&c.data[..], &want[..], "{what}");
+            }
+            if dd {
+                assert!(placed.is_empty(), "{what}: placed with a data digest");
+                continue;
+            }
+            assert_eq!(placed, [cmds[0].data.as_ptr() as usize], "{what}");
+            let first = cmds.swap_remove(0).data;
+            let whole = first.try_into_mut().expect("the only handle on it");
+            assert_eq!(whole.capacity(), whole.len(), "{what}");
+        }
+    }
+}
+
+/// A placed H2CData gets every check an H2CData gets: a header digest that does not match
+/// terminates the connection (the data is not handed over).
+#[test]
+fn rejects_a_placed_h2c_data_with_a_bad_header_digest() {
+    let cfg = QueueConfig {
+        maxh2cdata: 1 << 20,
+        max_transfer: 1 << 20,
+        place_min: 1 << 20,
+        ..QueueConfig::default()
+    };
+    let mut h = Host::ready_with(cfg, 1, 0, true, false);
+    let r = start_write(&mut h, 1, 1 << 20);
+    let mut b = BytesMut::from(
+        &h.codec
+            .to_bytes(&h2c(1, r.ttag, 0, true, pattern(1 << 20)))
+            .unwrap()[..],
+    );
+    b[25] ^= 0xff;
+    let data = b.split_off(28);
+    let mut head = BytesMut::new();
+    while head.len() < b.len() {
+        let k = h.q.prepare_recv(&mut head).min(b.len() - head.len());
+        head.extend_from_slice(&b[head.len()..head.len() + k]);
+        h.q.receive(&mut head);
+    }
+    assert_eq!(h.q.placement(&head), Some(1 << 20));
+    h.q.receive_placed(&mut head, data.freeze());
+    h.assert_terminated(Fes::HeaderDigestError, None);
 }
