@@ -561,3 +561,49 @@ async fn accepts_a_write_commands_immediate_data_placed_in_a_lent_buffer() {
         [(Opcode::SCSI_COMMAND, LEN), (Opcode::SCSI_DATA_OUT, LEN)]
     );
 }
+
+/// [`FrameReader::missing`] counts what of the PDU at the front is still to come (the
+/// target's reader looks once more before it sleeps when that is short): nothing held, part
+/// of a BHS, a head whose data segment is on the way (padding and digests counted), and
+/// nothing once the PDU is taken.
+#[tokio::test]
+async fn counts_the_bytes_missing_of_a_partly_received_pdu() {
+    // The wire bytes of a NOP-Out with 4,001 bytes of data (padded to 4,004) and digests.
+    let (a, mut raw) = tokio::io::duplex(1 << 20);
+    let mut w = FrameWriter::new(a);
+    let digests = Codec {
+        header_digest: true,
+        data_digest: true,
+        ..Codec::default()
+    };
+    w.codec = digests.clone();
+    let nop = NopOut {
+        itt: 9,
+        ..NopOut::default()
+    };
+    w.push(Pdu::new(nop, Bytes::from(vec![5u8; 4001]))).unwrap();
+    w.flush().await.unwrap();
+    w.shutdown().await.unwrap();
+    let mut bytes = Vec::new();
+    raw.read_to_end(&mut bytes).await.unwrap();
+    assert_eq!(bytes.len(), BHS_LEN + 4 + 4004 + 4);
+
+    let (mut tx, rx) = tokio::io::duplex(1 << 20);
+    let mut r = FrameReader::new(rx);
+    r.codec = digests;
+    assert_eq!(r.missing(), None, "nothing held");
+    let mut sent = 0;
+    for (upto, left) in [(20, 28), (52, 4008), (4000, 60)] {
+        tx.write_all(&bytes[sent..upto]).await.unwrap();
+        sent = upto;
+        // Incomplete: the read takes what came and waits on (dropped, nothing lost).
+        let wait = tokio::time::timeout(std::time::Duration::from_millis(20), r.next()).await;
+        assert!(wait.is_err(), "no whole PDU yet after {upto} bytes");
+        assert_eq!(r.missing(), Some(left), "after {upto} bytes");
+    }
+    tx.write_all(&bytes[sent..]).await.unwrap();
+    let p = r.next().await.unwrap().unwrap().unwrap();
+    assert_eq!(p.header.itt(), 9);
+    assert_eq!(p.data.len(), 4001);
+    assert_eq!(r.missing(), None, "the PDU is taken");
+}
