@@ -322,16 +322,6 @@ const MAX_QUEUED_BYTES: usize = 16 << 20;
 /// with shutdown, wake-ups and the engine's timer in the race (`Session::run`).
 const BURST_MAX: u32 = 64;
 
-/// When the reader holds part of a PDU and at most this many bytes of it are missing, it
-/// yields to the runtime once before its full wait (issue 27,
-/// docs/results/per-command-cost-8): libiscsi sends a write's BHS and its data in two system
-/// calls, so the reader is often woken for a head whose 4 KiB follow a few microseconds later.
-/// The yield lets the writer send the answers at hand and the runtime poll the socket without
-/// sleeping (`epoll_wait` with no timeout); the data is then usually in, and the reader goes
-/// on without a sleep and a second wake-up. Longer remainders (a placed 64 KiB or 256 KiB
-/// segment) wait as before, and one look per wait bounds what it costs when nothing came.
-const LOOK_MAX: usize = 16 << 10;
-
 /// Commands moving at most this many bytes are first run on the reader's own task (see
 /// `Session::events`); larger ones always get a task, so their copies run beside the reader
 /// (plain sessions' writes: [`WRITE_INLINE_MAX`]).
@@ -482,8 +472,6 @@ impl Session {
     ) -> String {
         // PDUs handled in a row from what one read brought, without the full wait below.
         let mut burst = 0u32;
-        // The reader yielded once for the rest of a PDU (LOOK_MAX) and waits in full now.
-        let mut looked = false;
         let end = loop {
             if let Some(why) = self.events() {
                 break why;
@@ -516,15 +504,6 @@ impl Session {
                 r.map(|o| o.map(Received::Pdu))
             } else {
                 burst = 0;
-                if looked {
-                    looked = false;
-                } else if conn.missing().is_some_and(|m| m <= LOOK_MAX) {
-                    // Part of a PDU is here and the rest is short: look once more before the
-                    // full wait (see LOOK_MAX).
-                    looked = true;
-                    tokio::task::yield_now().await;
-                    continue;
-                }
                 let (deadline, awaits_data_out) = {
                     let e = self.engine();
                     (e.poll_timeout(), e.awaits_data_out())

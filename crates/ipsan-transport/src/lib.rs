@@ -178,29 +178,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.buf = next;
     }
 
-    /// Bytes still missing of a PDU of which part is already received (its head, say, with
-    /// its data segment still on the way), or `None` when nothing of a next PDU is held. A
-    /// head not yet whole counts as missing the rest of the BHS only; a sealed PDU's record
-    /// tag is not counted. For the caller's choice of how to wait, never for framing.
-    #[must_use]
-    pub fn missing(&self) -> Option<usize> {
-        if let Some(p) = &self.placing {
-            return Some(iscsi_wire::pad4(p.len) - p.data.len());
-        }
-        let held = self.buf.len();
-        if held == 0 {
-            return None;
-        }
-        let Some(bhs) = self.buf.get(..BHS_LEN) else {
-            return Some(BHS_LEN - held);
-        };
-        let dsl = (usize::from(bhs[5]) << 16) | (usize::from(bhs[6]) << 8) | usize::from(bhs[7]);
-        let digests = 4 * usize::from(self.codec.header_digest)
-            + 4 * usize::from(self.codec.data_digest && dsl > 0);
-        let whole = BHS_LEN + usize::from(bhs[4]) * 4 + digests + iscsi_wire::pad4(dsl);
-        Some(whole.saturating_sub(held))
-    }
-
     /// The stream it reads from (to query the socket under it).
     pub fn get_ref(&self) -> &R {
         &self.rd
