@@ -55,6 +55,15 @@ async fn sealed_erl_target(
     connections_per_session: u32,
     error_recovery_level: u32,
 ) -> ServerHandle {
+    start(sealed_target_config(
+        connections_per_session,
+        error_recovery_level,
+    ))
+    .await
+}
+
+/// The configuration of [`sealed_erl_target`], for a test to change before [`start`].
+fn sealed_target_config(connections_per_session: u32, error_recovery_level: u32) -> Config {
     let mut t = TargetConfig::new(
         IQN,
         tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
@@ -64,14 +73,17 @@ async fn sealed_erl_target(
         secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
         initiators: Vec::new(),
     };
-    let mut c = Config {
+    Config {
         error_recovery_level,
         portals: vec!["127.0.0.1:0".parse().unwrap()],
         targets: vec![t],
         connections_per_session,
         crypto_workers: 2,
         ..Config::default()
-    };
+    }
+}
+
+async fn start(mut c: Config) -> ServerHandle {
     c.validate().unwrap();
     ServerHandle::start(&c).await.unwrap()
 }
@@ -248,25 +260,11 @@ fn spreads_sealed_commands_made_on_crypto_workers_and_leaves_none_picked() {
 #[test]
 fn picks_a_sealed_commands_connection_only_when_the_window_has_room_for_it() {
     bounded(90, async {
-        let mut t = TargetConfig::new(
-            IQN,
-            tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
-        );
-        t.seal = tconfig::SealSettings {
-            policy: SealPolicy::Required,
-            secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-            initiators: Vec::new(),
-        };
-        let mut c = Config {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-            targets: vec![t],
-            connections_per_session: 4,
+        let h = start(Config {
             queue_depth: 4,
-            crypto_workers: 2,
-            ..Config::default()
-        };
-        c.validate().unwrap();
-        let h = ServerHandle::start(&c).await.unwrap();
+            ..sealed_target_config(4, 0)
+        })
+        .await;
         let s = McsSession::open(
             &url(&h),
             &common::sealed_config(Cipher::Aes256Gcm, SECRET),
@@ -310,24 +308,13 @@ fn holds_a_sealed_commands_slot_from_the_gate_to_its_pick_in_bursts() {
         .build()
         .unwrap();
     let run = async {
-        let mut t = TargetConfig::new(
-            IQN,
-            tconfig::luns_from_specs(&["mem:32MiB".to_owned()]).unwrap(),
-        );
-        t.seal = tconfig::SealSettings {
-            policy: SealPolicy::Required,
-            secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-            initiators: Vec::new(),
-        };
-        let mut c = Config {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-            targets: vec![t],
-            connections_per_session: 4,
+        // The default crypto workers (one per CPU), as when this test found the race.
+        let h = start(Config {
             queue_depth: 4,
-            ..Config::default()
-        };
-        c.validate().unwrap();
-        let h = ServerHandle::start(&c).await.unwrap();
+            crypto_workers: Config::default().crypto_workers,
+            ..sealed_target_config(4, 0)
+        })
+        .await;
         let s = McsSession::open(
             &url(&h),
             &common::sealed_config(Cipher::Aes256Gcm, SECRET),
