@@ -57,15 +57,17 @@ pub(crate) struct Accepting {
     pub send_buffer: ipsan_tcp::SendBuffer,
 }
 
-/// Accepts on `listener` until cancelled; `serve` runs each admitted connection. `what`
-/// names the front end in the log ("iSCSI", "NVMe/TCP").
+/// Accepts on `listener` until cancelled; `serve` runs each admitted connection, told whether
+/// its send buffer was sized for a long path ([`ipsan_tcp::PathTuning::sndbuf`]: only such a
+/// socket's buffer is split across a session's connections later). `what` names the front end
+/// in the log ("iSCSI", "NVMe/TCP").
 pub(crate) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     what: &'static str,
     a: Accepting,
     serve: F,
 ) where
-    F: Fn(TcpStream, SocketAddr) -> Fut,
+    F: Fn(TcpStream, SocketAddr, bool) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     loop {
@@ -93,14 +95,18 @@ pub(crate) async fn accept_loop<F, Fut>(
         // over the round trip (issue 28: one connection's reads 2.41x, mcs-sweep-7), and a
         // send buffer past the autotuning ceiling unless `[server.tcp] sndbuf` chose one
         // (mcs-sweep-8).
-        match ipsan_tcp::tune_for_path(&stream, a.send_buffer) {
+        let sized = match ipsan_tcp::tune_for_path(&stream, a.send_buffer) {
             Ok(t) if t.long => {
-                tracing::debug!(%peer, rtt = ?t.rtt, paced = t.paced, sndbuf = ?t.sndbuf, "long path")
+                tracing::debug!(%peer, rtt = ?t.rtt, paced = t.paced, sndbuf = ?t.sndbuf, "long path");
+                t.sndbuf.is_some()
             }
-            Ok(_) => {}
-            Err(e) => tracing::debug!(%peer, "path not judged: {e}"),
-        }
-        let conn = serve(stream, peer);
+            Ok(_) => false,
+            Err(e) => {
+                tracing::debug!(%peer, "path not judged: {e}");
+                false
+            }
+        };
+        let conn = serve(stream, peer, sized);
         let mut set = a.conns.lock().await;
         // Reap finished connections so the set does not grow without bound.
         while set.try_join_next().is_some() {}

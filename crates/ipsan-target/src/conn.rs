@@ -71,9 +71,12 @@ const MAX_COMMAND_BYTES: u64 = 64 << 20;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one accepted TCP connection to its end. Errors are logged here; nothing propagates.
+/// `path_sized`: the accept loop sized the socket's send buffer for a long path
+/// ([`ipsan_tcp::tune_for_path`]), so the session's connections split it (`mcs::Core::link`).
 pub async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
+    path_sized: bool,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
@@ -89,11 +92,12 @@ pub async fn serve(
         }
     }
     let local = stream.local_addr().ok();
-    // Long paths: a second descriptor of the socket, to split the path's send buffer across
-    // the session's connections as they join and leave (`mcs::Core::link`); not where
-    // `[server.tcp] sndbuf` chose a buffer.
-    let send_share = (ipsan_tcp::SendBuffer::unless_set(shared.tcp.as_ref())
-        == ipsan_tcp::SendBuffer::Path)
+    // A long path's socket whose buffer the accept loop sized: a second descriptor of it, to
+    // split that buffer across the session's connections as they join and leave
+    // (`mcs::Core::link`). Not on a short path (nothing to split there, and the socket then
+    // closes with its stream's halves) nor where `[server.tcp] sndbuf` chose a buffer (the
+    // accept loop sized nothing).
+    let send_share = path_sized
         .then(|| {
             use std::os::fd::AsFd;
             stream.as_fd().try_clone_to_owned().ok()

@@ -184,7 +184,9 @@ impl Server {
                 listener,
                 "iSCSI",
                 accepting.clone(),
-                move |stream, peer| conn::serve(stream, peer, shared.clone(), cancel.clone()),
+                move |stream, peer, sized| {
+                    conn::serve(stream, peer, sized, shared.clone(), cancel.clone())
+                },
             ));
         }
         shutdown.await;

@@ -569,7 +569,7 @@ impl NvmeServer {
                 listener,
                 "NVMe/TCP",
                 accepting.clone(),
-                move |stream, peer| {
+                move |stream, peer, _sized| {
                     let shared = shared.clone();
                     let cancel = cancel.clone();
                     let conn = move |stream: tokio::net::TcpStream| async move {
