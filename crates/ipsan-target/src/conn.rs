@@ -344,6 +344,9 @@ const WRITE_INLINE_MAX: u32 = 1 << 20;
 /// record-protected here, after the engine stamped it, in wire order (docs/seal.md §4a).
 async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>) {
     let mut batch: Vec<Pdu> = Vec::with_capacity(64);
+    // Our keepalive ping is in the socket and the initiator's TCP has not yet acknowledged it:
+    // the socket's written-byte count just past it (`watch_ping`).
+    let mut ping_mark: Option<u64> = None;
     loop {
         let notified = session.wake_writer.notified();
         tokio::pin!(notified);
@@ -362,7 +365,15 @@ async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>)
             if closed {
                 break;
             }
-            notified.await;
+            if ping_mark.is_some() {
+                tokio::select! {
+                    () = notified.as_mut() => {}
+                    () = tokio::time::sleep(PING_DELIVERY_POLL) => {}
+                }
+                watch_ping(&wr, &session, &mut ping_mark);
+            } else {
+                notified.await;
+            }
             continue;
         }
         let mut failed = false;
@@ -389,14 +400,41 @@ async fn writer_task(mut wr: FrameWriter<OwnedWriteHalf>, session: Arc<Session>)
             writer_failed(&session);
             return;
         }
-        // A ping in this batch is in the socket now: its answer is waited for from here (on
-        // a slow link it waited behind the Data-In before it), so the reader's timer moves.
-        if session.engine().flushed(Instant::now()) {
-            session.wake_reader.notify_one();
-        }
+        watch_ping(&wr, &session, &mut ping_mark);
         session.written.notify_waiters();
     }
     let _ = wr.shutdown().await;
+}
+
+/// How often the writer looks whether its ping has reached the initiator, while it has.
+const PING_DELIVERY_POLL: Duration = Duration::from_millis(100);
+
+/// Our ping is in the socket: its answer is waited for from when the initiator's TCP has
+/// acknowledged it (`engine::Connection::flushed`), so the reader's timer moves then. On a
+/// slow lossy link a ping written behind MiBs of Data-In sat in an 8 MiB send buffer for
+/// ~40 s, and waiting from its write gave a live initiator 30 s where it needed 70
+/// (issue 28: one connection's reads at 1 Gbit/s, 1 % loss, 64 × 256 KiB in flight).
+/// `mark` is the socket's written-byte count just past the ping, taken at the first look
+/// after the write. Where the socket cannot be read, a written ping counts as delivered.
+fn watch_ping(wr: &FrameWriter<OwnedWriteHalf>, session: &Session, mark: &mut Option<u64>) {
+    if !session.engine().ping_leaving() {
+        *mark = None;
+        return;
+    }
+    let socket: &TcpStream = wr.get_ref().as_ref();
+    match ipsan_tcp::send_progress(socket) {
+        Ok(p) => {
+            let m = *mark.get_or_insert(p.written);
+            if !p.delivered(m) {
+                return;
+            }
+        }
+        Err(e) => debug!("ping delivery not watched: {e}"),
+    }
+    *mark = None;
+    if session.engine().flushed(Instant::now()) {
+        session.wake_reader.notify_one();
+    }
 }
 
 /// The socket cannot take more: the connection is over, and a reader waiting for the queue

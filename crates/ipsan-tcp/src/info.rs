@@ -133,6 +133,43 @@ pub fn tcp_info<S: AsFd>(socket: &S) -> Result<TcpInfoSnapshot, TcpError> {
     })
 }
 
+/// Where a socket's sending stands, in bytes over the connection's life (`TCP_INFO`): what has
+/// been written into it and what the peer's TCP has acknowledged. A byte written when
+/// [`SendProgress::written`] read `w` has reached the peer once a later reading is
+/// [`SendProgress::delivered`]`(w)`. The target's keepalive waits for its ping's answer from
+/// then, not from when the ping went into a send buffer MiBs deep (issue 28).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendProgress {
+    /// Bytes written into the socket: sent once (sent less retransmitted) or not yet sent.
+    pub written: u64,
+    /// Bytes the peer acknowledged.
+    pub acked: u64,
+    /// Nothing written is waiting to be sent or acknowledged.
+    pub idle: bool,
+}
+
+impl SendProgress {
+    /// Every byte up to `mark` (a [`SendProgress::written`] read earlier) is acknowledged;
+    /// an idle socket has delivered everything, whatever the byte counts say.
+    #[must_use]
+    pub fn delivered(&self, mark: u64) -> bool {
+        self.idle || self.acked >= mark
+    }
+}
+
+/// Reads [`SendProgress`] from a connected TCP socket.
+pub fn send_progress<S: AsFd>(socket: &S) -> Result<SendProgress, TcpError> {
+    let i = tcp_info(socket)?;
+    Ok(SendProgress {
+        written: i
+            .bytes_sent
+            .saturating_sub(i.bytes_retrans)
+            .saturating_add(u64::from(i.notsent_bytes)),
+        acked: i.bytes_acked,
+        idle: i.notsent_bytes == 0 && i.unacked == 0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +206,53 @@ mod tests {
         );
         let json = serde_json::to_string(&info).unwrap();
         assert!(json.contains("\"cwnd\""));
+    }
+
+    #[test]
+    fn send_progress_tells_when_bytes_written_reached_the_peer() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        // The peer reads nothing yet: we write until our socket takes no more, so the peer's
+        // window is shut and what is in our send buffer is not acknowledged.
+        c.set_nonblocking(true).unwrap();
+        let chunk = vec![7u8; 1 << 16];
+        let mut written = 0usize;
+        let mut full = false;
+        while written < 256 << 20 {
+            match c.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    full = true;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(full, "the socket took {written} bytes without blocking");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let p = send_progress(&c).unwrap();
+        assert_eq!(p.written, written as u64, "{p:?}");
+        let mark = p.written;
+        assert!(!p.delivered(mark), "the peer has not taken it all: {p:?}");
+        let mut sink = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        while total < written {
+            total += s.read(&mut sink).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let p = send_progress(&c).unwrap();
+            if p.delivered(mark) {
+                assert!(p.acked >= mark, "{p:?}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never acknowledged: {p:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     #[test]

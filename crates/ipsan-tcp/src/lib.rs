@@ -39,7 +39,7 @@ pub mod vectored;
 
 pub use bpf::available_congestion_controls;
 pub use error::TcpError;
-pub use info::{tcp_info, TcpInfoSnapshot};
+pub use info::{send_progress, tcp_info, SendProgress, TcpInfoSnapshot};
 pub use path::{share_send_buffer, tune_for_path, PathTuning, SendBuffer};
 pub use settings::{BufSize, InForce, Link, TcpSettings};
 

@@ -277,9 +277,14 @@ impl<'a> Eng<'a> {
         self.g.poll_transmit(self.s.id)
     }
 
-    /// Everything handed out so far is in the socket (`engine::session::Session::flushed`).
+    /// This connection's ping reached the initiator (`engine::session::Session::flushed`).
     pub(super) fn flushed(&mut self, now: Instant) -> bool {
         self.g.flushed(self.s.id, now)
+    }
+
+    /// This connection's ping is on its way (`engine::session::Session::ping_leaving`).
+    pub(super) fn ping_leaving(&self) -> bool {
+        self.g.ping_leaving(self.s.id)
     }
 
     pub(super) fn poll_event(&mut self) -> Option<engine::Event<CommandInfo>> {

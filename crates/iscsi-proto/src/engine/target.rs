@@ -531,12 +531,21 @@ impl<D> Connection<D> {
         Some(pdu)
     }
 
-    /// The driver wrote every PDU [`Connection::poll_transmit`] handed out so far into its
-    /// socket. Our ping's answer is waited for from the moment the ping was written: on a slow
-    /// lossy link it leaves behind MiBs of Data-In, and the initiator cannot answer what has
-    /// not reached it (a 16 MiB read queue at 0.25 MB/s holds it for a minute). True when that
-    /// moved [`Connection::poll_timeout`] earlier (a timer waiting for the old one should be
-    /// woken).
+    /// Our ping was handed out ([`Connection::poll_transmit`]) and the driver has not yet
+    /// reported it delivered ([`Connection::flushed`]): the driver watches its socket until the
+    /// initiator's TCP has acknowledged the ping's bytes.
+    #[must_use]
+    pub fn ping_leaving(&self) -> bool {
+        matches!(self.ping, Some(p) if p.taken && p.left.is_none())
+    }
+
+    /// Our ping has reached the initiator: the driver saw its socket's bytes up to the ping
+    /// acknowledged (or, where it cannot tell, wrote it into the socket). The answer is waited
+    /// for from here: on a slow lossy link the ping leaves behind MiBs of Data-In, and the
+    /// initiator cannot answer what has not reached it (a 16 MiB read queue at 0.25 MB/s holds
+    /// it for a minute; written into an 8 MiB send buffer it still waited ~40 s there). True
+    /// when that moved [`Connection::poll_timeout`] earlier (a timer waiting for the old one
+    /// should be woken).
     pub fn flushed(&mut self, now: Instant) -> bool {
         match &mut self.ping {
             Some(p) if p.taken && p.left.is_none() => {

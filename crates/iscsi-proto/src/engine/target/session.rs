@@ -518,8 +518,16 @@ impl<D> Session<D> {
         }
     }
 
-    /// The driver wrote every PDU of connection `id` handed out so far ([`Connection::flushed`]);
-    /// true when its keepalive's deadline moved earlier.
+    /// Connection `id`'s ping was handed out and not yet reported delivered
+    /// ([`Connection::ping_leaving`]).
+    #[must_use]
+    pub fn ping_leaving(&self, id: ConnId) -> bool {
+        self.index(id)
+            .is_some_and(|i| self.members[i].conn.ping_leaving())
+    }
+
+    /// Connection `id`'s ping reached the initiator ([`Connection::flushed`]); true when its
+    /// keepalive's deadline moved earlier.
     pub fn flushed(&mut self, id: ConnId, now: Instant) -> bool {
         self.index(id)
             .is_some_and(|i| self.members[i].conn.flushed(now))
