@@ -31,7 +31,8 @@
 //! one's: the bottleneck's queue, not the buffer, bounds them. [`share_send_buffer`] splits the
 //! buffer across them as they join and leave, each keeping at least the autotuning ceiling
 //! (what each stream of `iperf3 -P N` gets); on this VM 8 MiB for one, 4 MiB each for two or
-//! more (docs/results/mcs-sweep-9).
+//! more. Two connections then queued 1.3–2.4 MB unsent instead of 5.3–9.7, as `iperf3 -P 2`
+//! does, at the same rate (quiet, docs/results/mcs-sweep-9).
 //!
 //! Not applied below [`LONG_PATH_RTT`]: on loopback and a LAN a window is microseconds of data
 //! and pacing's timers would be cost with no gain.
