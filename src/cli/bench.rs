@@ -114,9 +114,9 @@ pub struct Args {
     #[arg(long)]
     pub quiet: bool,
     /// Runtime threads for the initiator. Default: 1, everything on one core; for an
-    /// nvme+tcp:// URL with several --queues, more than one command in flight and --bs of
-    /// 256 KiB or more, one per I/O queue up to the CPUs, so the queues' data is received in
-    /// parallel. For nvme+tcp:// each thread is a runtime of its own running its I/O queues
+    /// nvme+tcp:// URL with several --queues and more than one command in flight, one per I/O
+    /// queue up to the CPUs, so the queues' batches and data are handled in parallel. For
+    /// nvme+tcp:// each thread is a runtime of its own running its I/O queues
     /// and the commands sent on them (queue i and command slot k on thread i and k mod
     /// --threads), so no command crosses between threads.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -160,22 +160,21 @@ fn parse_tail_probe(s: &str) -> Result<std::time::Duration, String> {
     ipsan_units::parse_duration_or_secs(s).map_err(|e| e.to_string())
 }
 
-/// The smallest command for which NVMe/TCP's host takes a thread per I/O queue by default.
-/// Threads cost per command (a command and its completion cross between them: at 4 KiB × 32
-/// the host spent about 3× the CPU per command on two threads, docs/results/nvme-speed-4)
-/// and pay per byte (the queues' data is received on both cores): long transfers only.
-const PARALLEL_MIN_BS: u64 = 256 * 1024;
-
 /// The initiator's runtime threads: `--threads`, else [`Args::threads`]' default.
 fn threads(args: &Args) -> usize {
     if let Some(n) = args.threads {
         return usize::try_from(n).unwrap_or(1);
     }
+    // NVMe/TCP with several queues and commands in flight: a thread per queue at any size.
+    // Each thread is a current-thread runtime with its queue and the commands sent on it
+    // (`run_nvme_threads`), so nothing crosses threads per command. With one thread for two
+    // queues at 4 KiB × 32, a batch back from the target waited for the host's one thread to
+    // finish the other queue's batch, and the two cores were ~70 % busy where iSCSI's were
+    // 80–92 % (docs/results/nvme-speed-12).
     let queues = usize::from(args.nvme.queues.unwrap_or(1));
     let parallel = ipsan_initiator::nvme::NvmeUrl::is_nvme(&args.url)
         && queues > 1
-        && args.depth != DepthArg::Fixed(1)
-        && args.bs >= PARALLEL_MIN_BS;
+        && args.depth != DepthArg::Fixed(1);
     if !parallel {
         return 1;
     }
@@ -187,8 +186,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // One thread by default: every PDU hop (submitter → writer → socket → reader → submitter)
     // stays on one core with no cross-thread wake-ups, which is what keeps depth-1 latency low;
     // --threads adds workers for CPU-heavy payload transforms (seal). NVMe/TCP's I/O queues
-    // are connections of their own: with several, more than one command in flight and long
-    // transfers, one thread per queue lets the host receive on them in parallel (`threads`).
+    // are connections of their own: with several and more than one command in flight, one
+    // thread per queue lets the host handle them in parallel (`threads`).
     let threads = threads(&args);
     if threads > 1 && ipsan_initiator::nvme::NvmeUrl::is_nvme(&args.url) {
         return run_nvme_threads(args, threads);

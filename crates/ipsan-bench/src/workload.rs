@@ -351,8 +351,12 @@ async fn run_inner<S: BlockIo>(
         0
     }));
     let first_error: Arc<Mutex<Option<BenchError>>> = Arc::new(Mutex::new(None));
-    // Without --verify every write sends the same buffer: no per-op pattern cost.
-    let plain = Bytes::from(vec![0xa5u8; w.block_size as usize]);
+    // Without --verify every write sends the same buffer: no per-op pattern cost. One buffer
+    // per runtime the workers are spread over (`spawn_on`; one without): a write's clone and
+    // drop of it write its reference count, which the threads would otherwise share.
+    let plains: Vec<Bytes> = (0..spawn_on.len().max(1))
+        .map(|_| Bytes::from(vec![0xa5u8; w.block_size as usize]))
+        .collect();
 
     let start_cpu = cpu_times();
     let start = Instant::now();
@@ -369,7 +373,7 @@ async fn run_inner<S: BlockIo>(
         let ops_done = ops_done.clone();
         let written = written.clone();
         let first_error = first_error.clone();
-        let plain = plain.clone();
+        let plain = plains[k % plains.len()].clone();
         let w = w.clone();
         let worker = async move {
             let mut st = WorkerStats {

@@ -6,7 +6,9 @@
 //! - a write and a read issued while the link is down complete once it is back, on a new
 //!   controller, and the data is what the host wrote (checked straight at the target);
 //! - a link down longer than `ctrl_loss_tmo` fails the commands, naming ctrl_loss_tmo;
-//! - without `reconnect`, a lost connection fails the command as before.
+//! - without `reconnect`, a lost connection fails the command as before;
+//! - with queue runtimes (a copy of the session's queues per thread), the callers of every
+//!   thread go on with the new controller after one reconnect.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -197,6 +199,77 @@ async fn rejects_commands_once_the_controller_is_lost_past_ctrl_loss_tmo() {
         relay.cut();
         assert!(plain.read_into(0, 8, BytesMut::new()).await.is_err());
         assert_eq!(plain.reconnects(), 0);
+        h.shutdown().await.unwrap();
+    })
+    .await
+    .expect("bounded");
+}
+
+/// With `queue_runtimes` each runtime thread reads its own copy of the session's queues: after
+/// a cut, a reconnect must replace every copy, or a thread that still holds the lost
+/// controller's queues would find them dead and connect yet another controller for each of its
+/// commands. A write from one thread and a read from the other wait across the cut; then 16
+/// commands from each thread complete, with exactly one reconnect in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_once_for_the_callers_of_every_queue_thread() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let h = common::nvme_target(IQN, "mem:16MiB").await;
+        let relay = Relay::start(h.nvme_addrs[0]).await;
+        let rc = Reconnect {
+            delay: Duration::from_millis(200),
+            ctrl_loss_tmo: Duration::from_secs(20),
+        };
+        let threads = ipsan_initiator::nvme::RuntimeThreads::spawn(2, "reconnect").unwrap();
+        let rts = threads.handles().to_vec();
+        let config = NvmeConfig {
+            queue_runtimes: rts.clone(),
+            ..cfg(Some(rc))
+        };
+        let host = Arc::new(NvmeSession::open(&url(relay.addr), &config).await.unwrap());
+        let data = pattern(16 * 1024, 4);
+        let (h0, d0) = (host.clone(), data.clone());
+        rts[0]
+            .spawn(async move { h0.write(0, d0).await })
+            .await
+            .unwrap()
+            .unwrap();
+
+        relay.cut();
+        let (h1, h2, d) = (host.clone(), host.clone(), data.clone());
+        let w = rts[0].spawn(async move { h1.write(64, d).await });
+        let r = rts[1].spawn(async move { h2.read_into(0, 32, BytesMut::new()).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        relay.up();
+        w.await
+            .unwrap()
+            .expect("the write completes after the reconnect");
+        let got = r
+            .await
+            .unwrap()
+            .expect("the read completes after the reconnect");
+        assert!(
+            got[..] == data[..],
+            "the read returns what was written before"
+        );
+
+        for rt in &rts {
+            let tasks: Vec<_> = (0..16u64)
+                .map(|i| {
+                    let s = host.clone();
+                    rt.spawn(async move { s.read_into(i * 32, 32, BytesMut::new()).await })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap().expect("a read on the new controller");
+            }
+        }
+        assert_eq!(
+            host.reconnects(),
+            1,
+            "one new controller for every thread's callers"
+        );
+        drop(host);
+        drop(threads);
         h.shutdown().await.unwrap();
     })
     .await

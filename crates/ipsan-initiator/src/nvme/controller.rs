@@ -2,6 +2,8 @@
 //! and DH-HMAC-CHAP per queue, the bring-up (Fabrics Connect, Property Get/Set, Identify), the I/O
 //! queues' Connects, and the Keep Alive task at KATO/2.
 
+use std::sync::atomic::AtomicBool;
+
 use super::*;
 
 pub(super) fn tls_params(cfg: &NvmeConfig, subnqn: &str) -> Option<TlsParams> {
@@ -187,7 +189,7 @@ pub(super) async fn establish(
         }
         io.push(q);
     }
-    let keepalive_error = Arc::new(Mutex::new(None));
+    let keepalive_error = Arc::new(KeepAliveFailure::default());
     if let Some(ka) = KeepAlive::new(kato_ms, Instant::now()) {
         tokio::spawn(keep_alive(
             admin.clone(),
@@ -219,13 +221,11 @@ pub(super) async fn keep_alive(
     mut ka: KeepAlive,
     kato: Duration,
     cancel: CancellationToken,
-    error: Arc<Mutex<Option<String>>>,
+    error: Arc<KeepAliveFailure>,
 ) {
     let fail = |msg: String| {
         tracing::warn!("nvme: {msg}");
-        if let Ok(mut g) = error.lock() {
-            *g = Some(msg);
-        }
+        error.set(msg);
     };
     loop {
         tokio::select! {
@@ -266,6 +266,36 @@ pub(super) async fn keep_alive(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Why a controller's keep-alive failed, once it has. Every command looks (`get`): an atomic
+/// flag read, no lock, so the callers of several threads share no written cache line per
+/// command (a `Mutex` taken per command was two atomic writes to one line for both threads).
+#[derive(Debug, Default)]
+pub(super) struct KeepAliveFailure {
+    failed: AtomicBool,
+    why: Mutex<Option<String>>,
+}
+
+impl KeepAliveFailure {
+    /// Records the failure.
+    fn set(&self, msg: String) {
+        if let Ok(mut g) = self.why.lock() {
+            *g = Some(msg);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Why the keep-alive failed, if it has.
+    pub(super) fn get(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.why.lock() {
+            Ok(g) => g.clone(),
+            Err(_) => Some("keep-alive failed".into()),
         }
     }
 }

@@ -6,12 +6,14 @@
 //!
 //! - `url.rs`: [`NvmeUrl`], `nvme+tcp://host[:port]/subsysnqn/nsid`.
 //! - `queue.rs`: one queue's connection (the callers submit; a dispatcher task reads).
+//! - `links.rs`: the controller's queues in use, and a copy for each thread that runs some.
 //! - `runtimes.rs`: current-thread runtimes on threads of their own, for `queue_runtimes`.
 //! - `identity.rs`: host identities (UUID, host NQN) and the secret files (DH-HMAC-CHAP, TLS PSK).
 //! - `controller.rs`: a controller brought up (queues, TLS, DH-HMAC-CHAP) and kept alive.
 
 mod controller;
 mod identity;
+mod links;
 mod queue;
 mod runtimes;
 pub mod url;
@@ -39,6 +41,7 @@ use controller::{bring_up, establish, tls_params};
 pub use identity::{
     dhchap_secret_from_file, hostnqn_for, parse_uuid, random_uuid, tls_key_from_file,
 };
+use links::{CurrentLinks, Links};
 use queue::{QueueHandle, TlsParams};
 pub use runtimes::RuntimeThreads;
 pub use url::NvmeUrl;
@@ -218,7 +221,7 @@ pub struct NvmeSession {
     blocks: u64,
     max_transfer: u32,
     /// The controller's queues now; replaced by a reconnect.
-    links: std::sync::RwLock<Arc<Links>>,
+    links: CurrentLinks,
     next: AtomicUsize,
     command_timeout: Option<Duration>,
     tls: bool,
@@ -232,30 +235,13 @@ pub struct NvmeSession {
     gone: Mutex<Option<String>>,
 }
 
+thread_local! {
+    /// Where [`NvmeSession::queue`] starts looking among the calling thread's own queues.
+    static HOME_TURN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// How many controllers one command may see lost before it fails.
 const MAX_RECONNECTS_PER_COMMAND: usize = 8;
-
-/// One controller's queues: the admin queue, the I/O queues, and what ends them.
-#[derive(Debug)]
-struct Links {
-    admin: QueueHandle,
-    io: Vec<QueueHandle>,
-    cancel: CancellationToken,
-    keepalive_error: Arc<Mutex<Option<String>>>,
-    /// 0 for the first controller, one more for each reconnect.
-    gen: u64,
-}
-
-impl Links {
-    /// Whether the controller is lost: its keep-alive failed or a queue's connection ended.
-    fn dead(&self) -> bool {
-        let keepalive_failed = match self.keepalive_error.lock() {
-            Ok(g) => g.is_some(),
-            Err(_) => true,
-        };
-        keepalive_failed || self.admin.is_ended() || self.io.iter().any(QueueHandle::is_ended)
-    }
-}
 
 impl NvmeSession {
     /// Connects the admin queue, brings the controller up, and connects the I/O queues.
@@ -271,7 +257,7 @@ impl NvmeSession {
             blocks: e.blocks,
             max_transfer: e.max_transfer,
             info: e.info,
-            links: std::sync::RwLock::new(Arc::new(e.links)),
+            links: CurrentLinks::new(e.links, !cfg.queue_runtimes.is_empty()),
             next: AtomicUsize::new(0),
             command_timeout: cfg.command_timeout,
             tls: cfg.tls.is_some(),
@@ -284,10 +270,7 @@ impl NvmeSession {
 
     /// The controller's queues now.
     fn links(&self) -> Arc<Links> {
-        match self.links.read() {
-            Ok(g) => Arc::clone(&g),
-            Err(p) => Arc::clone(&p.into_inner()),
-        }
+        self.links.get()
     }
 
     /// How many times the session connected a new controller after a connection loss.
@@ -326,9 +309,7 @@ impl NvmeSession {
             tokio::time::sleep(rc.delay).await;
             let last = match establish(&self.url, &self.cfg, old.gen + 1).await {
                 Ok(e) if e.nsid == self.nsid && e.block_len == self.block_len => {
-                    if let Ok(mut g) = self.links.write() {
-                        *g = Arc::new(e.links);
-                    }
+                    self.links.set(e.links);
                     self.reconnects.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         "nvme: connected again to {} after {:?}",
@@ -436,11 +417,17 @@ impl NvmeSession {
         if n <= 1 {
             return l.io.first().unwrap_or(&l.admin);
         }
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
         if !self.cfg.queue_runtimes.is_empty() {
             // The queues whose task runs on this thread, if any (NvmeConfig::queue_runtimes).
             let me = std::thread::current().id();
             if l.io.iter().any(|q| q.home == me) {
+                // This thread's own turn counter: callers on several threads write no shared
+                // cache line per command.
+                let start = HOME_TURN.with(|t| {
+                    let s = t.get();
+                    t.set(s.wrapping_add(1));
+                    s
+                });
                 let i = queue::pick(n, start, |i| {
                     l.io.get(i)
                         .filter(|q| q.home == me)
@@ -449,6 +436,7 @@ impl NvmeSession {
                 return l.io.get(i).unwrap_or(&l.admin);
             }
         }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
         let i = queue::pick(n, start, |i| {
             l.io.get(i).map_or(usize::MAX, QueueHandle::calls)
         });
@@ -517,10 +505,8 @@ impl NvmeSession {
         read_len: u32,
         buf: BytesMut,
     ) -> Result<Bytes, NvmeError> {
-        if let Ok(g) = links.keepalive_error.lock() {
-            if let Some(e) = g.as_ref() {
-                return Err(NvmeError::Closed(e.clone()));
-            }
+        if let Some(e) = links.keepalive_error.get() {
+            return Err(NvmeError::Closed(e));
         }
         // The queue's dispatcher fails the command at its deadline (one timer per queue).
         let deadline = self
