@@ -44,8 +44,8 @@ pub struct Args {
     nvme_tls: Option<String>,
     /// In-capsule data an NVMe/TCP I/O queue takes (IOCCSZ): writes up to this size travel in
     /// the command capsule, larger ones wait for an R2T. A multiple of 16 bytes, at most 1MiB
-    /// (default 1MiB: every write in its capsule; docs/nvme.md "In-capsule data"). With
-    /// --config also `[nvme] in_capsule_data`.
+    /// (default 64KiB; docs/nvme.md "In-capsule data"). With --config also `[nvme]
+    /// in_capsule_data`.
     #[arg(long, value_name = "SIZE", value_parser = parse_in_capsule)]
     nvme_in_capsule: Option<u32>,
     /// Target name (IQN) of the single target defined on the command line.

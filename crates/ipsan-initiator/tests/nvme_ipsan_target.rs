@@ -32,8 +32,7 @@ fn nvme_url(h: &ServerHandle) -> NvmeUrl {
 
 #[tokio::test]
 async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
-    // 64 KiB of in-capsule data (the default takes a whole 1 MiB write): the 512 KiB write
-    // below goes through an R2T.
+    // 64 KiB of in-capsule data (the default): the 512 KiB write below goes through an R2T.
     let h = common::nvme_target_with(IQN, "mem:64MiB", Some(64 * 1024)).await;
     let cfg = NvmeConfig {
         queues: 2,
@@ -124,15 +123,15 @@ async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
 }
 
 /// Whole 1 MiB writes (issue 30): the target receives a 1 MiB write's data into a buffer of
-/// its own and the RAM store keeps it as its chunk: in the write's capsule (the default
-/// in-capsule size, 1 MiB) or in an H2CData after an R2T (64 KiB in-capsule). Chunk-aligned
+/// its own and the RAM store keeps it as its chunk: in the write's capsule (an in-capsule
+/// size of 1 MiB) or in an H2CData after an R2T (the default, 64 KiB). Chunk-aligned
 /// and unaligned 1 MiB writes in flight together on two queues, with 4 KiB writes between
 /// them, without digests, with a header digest (placed behind it) and with a data digest
 /// (not placed): every write reads back, a 4 KiB write into a kept chunk lands in it and
 /// leaves the rest, and iSCSI reads what NVMe wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepts_whole_1mib_writes_kept_by_the_ram_store() {
-    for in_capsule in [None, Some(64 * 1024)] {
+    for in_capsule in [Some(1 << 20), None] {
         whole_1mib_writes(in_capsule).await;
     }
 }

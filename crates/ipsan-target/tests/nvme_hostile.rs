@@ -203,8 +203,8 @@ async fn rejects_a_bad_pdu_followed_by_more_bytes_and_the_term_req_still_arrives
 /// The limits that bound what one queue makes the target hold: a host that has more commands
 /// in flight than its Connect gave the queue entries (SQSIZE 31: 32) is cut off (before this
 /// only a 2048-command ceiling did), and in-capsule data beyond what the controller announced
-/// (IOCCSZ, 64 KiB here; beyond the default, 1 MiB, the PDU is longer than any the target
-/// takes and the connection is cut off) is refused without writing it.
+/// (IOCCSZ, 64 KiB) is refused without writing it. With the in-capsule size at 64 KiB these
+/// keep a queue's in-capsule data within its entries × 64 KiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_more_commands_than_the_queue_has_entries_and_in_capsule_data_beyond_ioccsz() {
     tokio::time::timeout(Duration::from_secs(60), async {

@@ -126,6 +126,13 @@ const LONG_PDU: usize = 32 * 1024;
 /// header, two digests, a PDO of at most 128 bytes).
 const PDU_OVERHEAD: usize = 256;
 
+/// In-capsule data the receive buffer leaves room for ([`Queue::prepare_recv`]) until a
+/// capsule carried more: with a 1 MiB in-capsule size, room for a whole 1 MiB capsule behind
+/// every read (~2.3 MiB) had a buffer of that size allocated and given back to the OS over and
+/// over at 4 KiB × 32 writes (mimalloc's `madvise` and page faults, docs/results/nvme-speed-11),
+/// where 64 KiB of in-capsule data needed ~0.4 MiB.
+const CAPSULE_ROOM: u32 = 64 * 1024;
+
 /// The shortest header a host sends (H2CData's, a termination request's; a capsule's is 72):
 /// a read of this many bytes at the start of a PDU takes none of its data.
 const HEAD_MIN: usize = 24;
@@ -233,6 +240,10 @@ pub struct Queue {
     /// [`QueueConfig::place_min`] bytes: the next may too, so reads stop at PDU heads
     /// ([`Queue::prepare_recv`]) while capsules are placed ([`Queue::places_capsules`]).
     long_capsules: bool,
+    /// A command capsule carried more than [`CAPSULE_ROOM`] bytes of data: reads leave room
+    /// for the longest capsule the in-capsule size allows ([`Queue::prepare_recv`]), not
+    /// only for `CAPSULE_ROOM`.
+    big_capsules: bool,
     /// Bytes of host data (in-capsule or through R2Ts) that commands with the controller
     /// hold ([`Queue::held`]).
     held: usize,
@@ -288,6 +299,7 @@ impl Queue {
             r2t_active: 0,
             placeable: 0,
             long_capsules: false,
+            big_capsules: false,
             held: 0,
             ttags: IdMap::default(),
             next_ttag: 0,
@@ -716,6 +728,7 @@ impl Queue {
         let h2c = is_host_to_controller(&sqe);
         if h2c && !data.is_empty() {
             self.long_capsules = data.len() >= self.cfg.place_min as usize;
+            self.big_capsules |= data.len() > CAPSULE_ROOM as usize;
         }
         match sqe.sgl {
             Sgl::InCapsule { offset, length } => {

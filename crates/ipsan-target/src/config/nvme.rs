@@ -5,7 +5,7 @@
 //! ```toml
 //! [nvme]
 //! listen = ["127.0.0.1:4420"]     # NVMe/TCP listeners; none (default) = NVMe/TCP off
-//! in_capsule_data = 1048576       # bytes of in-capsule data an I/O queue takes (IOCCSZ)
+//! in_capsule_data = 65536         # bytes of in-capsule data an I/O queue takes (IOCCSZ)
 //!
 //! [[nvme.subsystem]]              # optional, per target
 //! target = "iqn.2026-11.org.ipsan:disk0"
@@ -46,14 +46,14 @@ use zeroize::Zeroizing;
 
 use crate::config::{Config, ConfigError};
 
-/// Default in-capsule data size of an I/O queue (the admin queue's is fixed at 8 KiB): 1 MiB,
-/// the largest transfer, so every write goes in its command capsule instead of waiting for an
-/// R2T round trip, as iSCSI's writes go with immediate and unsolicited data (64 KiB × 1 writes
-/// were 0.6× iSCSI's at 8 KiB, docs/nvme.md "In-capsule data"), and a 1 MiB write's data is
-/// received into a buffer the RAM store keeps (`nvme_proto::queue::Queue::placement`). What a
-/// connection holds stays bounded by what its commands hold with the store (the driver stops
-/// reading past 16 MiB), not by its entries × this.
-pub const DEFAULT_IN_CAPSULE: u32 = 1 << 20;
+/// Default in-capsule data size of an I/O queue (the admin queue's is fixed at 8 KiB): a
+/// 64 KiB write goes in its command capsule instead of waiting for an R2T round trip, which
+/// made 64 KiB × 1 writes 0.6× iSCSI's (immediate data) at 8 KiB (docs/nvme.md "In-capsule
+/// data", the sweep in docs/results/nvme-speed). 1 MiB, every write in its capsule, was slower
+/// at 1 MiB × 16 writes (0.94× MiB/s, the target's CPU per GB 0.24 against 0.18,
+/// docs/results/nvme-speed-11). A queue holds at most its entries (Connect's SQSIZE + 1,
+/// ≤ 128) × this of in-capsule data: 8 MiB.
+pub const DEFAULT_IN_CAPSULE: u32 = 64 * 1024;
 
 /// The IANA port of NVMe/TCP I/O controllers (NVMe/TCP 1.0 §3.2; 8009 is discovery's).
 pub const DEFAULT_NVME_PORT: u16 = 4420;

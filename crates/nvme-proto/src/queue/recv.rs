@@ -9,8 +9,8 @@ use nvme_wire::pdu::{PduType, FLAG_DDGSTF, MAX_PDA, MAX_TERM_DATA};
 use nvme_wire::{CH_LEN, DIGEST_LEN};
 
 use super::{
-    is_host_to_controller, le16, le32, Phase, Queue, Slot, HEAD_MIN, LONG_PDU, PDU_OVERHEAD,
-    RECV_CHUNK,
+    is_host_to_controller, le16, le32, Phase, Queue, Slot, CAPSULE_ROOM, HEAD_MIN, LONG_PDU,
+    PDU_OVERHEAD, RECV_CHUNK,
 };
 
 impl Queue {
@@ -196,11 +196,20 @@ impl Queue {
     /// The longest PDU the host may send now (with its header, digests and padding): an
     /// H2CData of MAXH2CDATA while an R2T is out, else a capsule of the in-capsule size. A
     /// longer one (the codec's bound) is still received, only not without a move.
+    ///
+    /// Capsules count with at most [`CAPSULE_ROOM`] of data until one carried more: a
+    /// connection that sends only short writes keeps a short receive buffer whatever the
+    /// in-capsule size (the first longer capsule may be moved once to make room for its rest).
     fn longest_pdu(&self) -> usize {
-        let data = if self.r2t_active > 0 {
-            self.cfg.maxh2cdata.max(self.in_capsule)
-        } else {
+        let in_capsule = if self.big_capsules {
             self.in_capsule
+        } else {
+            self.in_capsule.min(CAPSULE_ROOM)
+        };
+        let data = if self.r2t_active > 0 {
+            self.cfg.maxh2cdata.max(in_capsule)
+        } else {
+            in_capsule
         };
         data as usize + PDU_OVERHEAD
     }

@@ -1417,3 +1417,45 @@ fn receives_a_long_write_in_its_capsule_into_a_buffer_of_its_own() {
         }
     }
 }
+
+/// A connection that sends only short writes keeps a short receive buffer whatever the
+/// in-capsule size: room for a 1 MiB capsule behind every read is made only once a capsule
+/// carried more than 64 KiB (at 4 KiB × 32 writes a ~2.3 MiB buffer was allocated and given
+/// back to the OS over and over, docs/results/nvme-speed-11).
+#[test]
+fn leaves_room_for_long_capsules_only_once_one_came() {
+    const MIB: usize = 1 << 20;
+    let cfg = QueueConfig {
+        maxh2cdata: MIB as u32,
+        max_transfer: MIB as u32,
+        io_in_capsule: MIB as u32,
+        place_min: MIB as u32,
+        ..QueueConfig::default()
+    };
+    let mut h = Host::ready(cfg, 1, 0);
+    let mut buf = BytesMut::new();
+    for (cid, len) in [(1u16, 4096usize), (2, 4096), (3, 128 * 1024), (4, 4096)] {
+        let limit = h.q.prepare_recv(&mut buf);
+        let room = buf.capacity() - buf.len();
+        if cid <= 3 {
+            assert!(room < MIB, "write {cid}: room {room}");
+            assert!(limit < MIB, "write {cid}: limit {limit}");
+        } else {
+            assert!(room > 2 * MIB, "write {cid}: room {room}");
+        }
+        let b = h
+            .codec
+            .to_bytes(&write_in_capsule(cid, pattern(len)))
+            .unwrap();
+        buf.extend_from_slice(&b);
+        h.q.receive(&mut buf);
+        let c = h.command();
+        assert_eq!(c.data.len(), len);
+        drop(c);
+        h.q.complete(Completion {
+            cqe: Cqe::new(cid, Status::SUCCESS),
+            data: Bytes::new(),
+        })
+        .unwrap();
+    }
+}
