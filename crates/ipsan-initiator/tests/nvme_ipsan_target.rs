@@ -32,7 +32,8 @@ fn nvme_url(h: &ServerHandle) -> NvmeUrl {
 
 #[tokio::test]
 async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
-    let h = common::nvme_target(IQN, "mem:64MiB").await;
+    // 64 KiB of in-capsule data (the default): the 512 KiB write below goes through an R2T.
+    let h = common::nvme_target_with(IQN, "mem:64MiB", Some(64 * 1024)).await;
     let cfg = NvmeConfig {
         queues: 2,
         header_digest: true,
@@ -121,16 +122,23 @@ async fn accepts_ipsan_target_and_both_protocols_see_the_same_data() {
     h.shutdown().await.unwrap();
 }
 
-/// Whole 1 MiB writes (issue 30): the target receives a 1 MiB H2CData into a buffer of its
-/// own and the RAM store keeps it as its chunk. Chunk-aligned and unaligned 1 MiB writes in
-/// flight together on two queues, with 4 KiB writes between them, without digests, with a
-/// header digest (placed behind it) and with a data digest (not placed): every write reads
-/// back, a 4 KiB write into a kept chunk lands in it and leaves the rest, and iSCSI reads
-/// what NVMe wrote.
+/// Whole 1 MiB writes (issue 30): the target receives a 1 MiB write's data into a buffer of
+/// its own and the RAM store keeps it as its chunk: in the write's capsule (an in-capsule
+/// size of 1 MiB) or in an H2CData after an R2T (the default, 64 KiB). Chunk-aligned
+/// and unaligned 1 MiB writes in flight together on two queues, with 4 KiB writes between
+/// them, without digests, with a header digest (placed behind it) and with a data digest
+/// (not placed): every write reads back, a 4 KiB write into a kept chunk lands in it and
+/// leaves the rest, and iSCSI reads what NVMe wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepts_whole_1mib_writes_kept_by_the_ram_store() {
+    for in_capsule in [Some(1 << 20), None] {
+        whole_1mib_writes(in_capsule).await;
+    }
+}
+
+async fn whole_1mib_writes(in_capsule: Option<u32>) {
     const MIB: u64 = 1 << 20;
-    let h = common::nvme_target(IQN, "mem:64MiB").await;
+    let h = common::nvme_target_with(IQN, "mem:64MiB", in_capsule).await;
     for (round, (hd, dd)) in [(false, false), (true, false), (false, true)]
         .into_iter()
         .enumerate()
@@ -173,7 +181,11 @@ async fn accepts_whole_1mib_writes_kept_by_the_ram_store() {
             if off == 2 * MIB {
                 want[8192..12288].copy_from_slice(&patch);
             }
-            assert_eq!(&got[..], &want[..], "round {round}: {len} at {off}");
+            assert_eq!(
+                &got[..],
+                &want[..],
+                "{in_capsule:?} round {round}: {len} at {off}"
+            );
         }
         let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", h.addrs[0])).unwrap();
         let iscsi = Session::open(&url, &SessionConfig::default())

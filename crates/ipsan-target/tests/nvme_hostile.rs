@@ -10,7 +10,7 @@ mod nvme_common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use nvme_common::{controller, pattern, start, Host, BS};
+use nvme_common::{controller, pattern, start, start_with, Host, BS};
 use nvme_wire::entry::{Sgl, Sqe, Status};
 use nvme_wire::pdu::{CapsuleCmd, H2cData, Pdu, TermReq};
 use nvme_wire::Fes;
@@ -203,12 +203,13 @@ async fn rejects_a_bad_pdu_followed_by_more_bytes_and_the_term_req_still_arrives
 /// The limits that bound what one queue makes the target hold: a host that has more commands
 /// in flight than its Connect gave the queue entries (SQSIZE 31: 32) is cut off (before this
 /// only a 2048-command ceiling did), and in-capsule data beyond what the controller announced
-/// (IOCCSZ) is refused without writing it. With the in-capsule default at 64 KiB these keep a
-/// queue's in-capsule data within its entries × 64 KiB.
+/// (IOCCSZ, 64 KiB) is refused without writing it. With the in-capsule size at 64 KiB these
+/// keep a queue's in-capsule data within its entries × 64 KiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_more_commands_than_the_queue_has_entries_and_in_capsule_data_beyond_ioccsz() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let h = start("16MiB").await;
+        const IN_CAPSULE: u32 = 64 * 1024;
+        let h = start_with("16MiB", Some(IN_CAPSULE)).await;
         let addr = h.nvme_addrs[0];
         let (_admin, mut good) = controller(addr, false).await;
         let before = pattern(4096, 0x31);
@@ -235,7 +236,7 @@ async fn rejects_more_commands_than_the_queue_has_entries_and_in_capsule_data_be
 
         // In-capsule data 512 bytes (one block) beyond the I/O queues' in-capsule size.
         let (_b_admin, mut b) = controller(addr, false).await;
-        let len = ipsan_target::nvme::config::DEFAULT_IN_CAPSULE as usize + 512;
+        let len = IN_CAPSULE as usize + 512;
         let cid = b.cid();
         let mut sqe = Sqe::new(
             0x01,

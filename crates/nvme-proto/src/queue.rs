@@ -12,7 +12,10 @@
 //!   admin queue's ([`QueueConfig::admin_in_capsule`], 8 KiB as Linux expects) or the I/O
 //!   queues' ([`QueueConfig::io_in_capsule`], which the controller announces as IOCCSZ). The
 //!   queue tells the two apart by the QID of the first command, which must be Connect (NVMe over
-//!   Fabrics 1.1 §3.3); the controller refuses anything else.
+//!   Fabrics 1.1 §3.3); the controller refuses anything else. A write of at least
+//!   [`QueueConfig::place_min`] bytes, in its capsule or in one H2CData, can be received into
+//!   a buffer of its own ([`Queue::placement`]); the commands' write data held with the
+//!   controller is counted ([`Queue::held`]) for the driver to bound.
 //! - **Write data through the transport** (§3.4.1, §3.6.2.8, §3.6.2.10): a host-to-controller
 //!   command with a transport SGL gets one R2T for its whole length (at most
 //!   [`QueueConfig::max_transfer`]), and at most [`QueueConfig::max_r2t_commands`] commands
@@ -123,6 +126,13 @@ const LONG_PDU: usize = 32 * 1024;
 /// header, two digests, a PDO of at most 128 bytes).
 const PDU_OVERHEAD: usize = 256;
 
+/// In-capsule data the receive buffer leaves room for ([`Queue::prepare_recv`]) until a
+/// capsule carried more: with a 1 MiB in-capsule size, room for a whole 1 MiB capsule behind
+/// every read (~2.3 MiB) had a buffer of that size allocated and given back to the OS over and
+/// over at 4 KiB × 32 writes (mimalloc's `madvise` and page faults, docs/results/nvme-speed-11),
+/// where 64 KiB of in-capsule data needed ~0.4 MiB.
+const CAPSULE_ROOM: u32 = 64 * 1024;
+
 /// The shortest header a host sends (H2CData's, a termination request's; a capsule's is 72):
 /// a read of this many bytes at the start of a PDU takes none of its data.
 const HEAD_MIN: usize = 24;
@@ -166,8 +176,8 @@ enum Slot {
     WaitR2t { sqe: Sqe, len: u32 },
     /// An R2T is out; data arrives.
     Receiving(Box<Transfer>),
-    /// With the controller.
-    AtController { c2h: bool, sgl_len: u32 },
+    /// With the controller; `held`: the bytes of host data it holds ([`Queue::held`]).
+    AtController { c2h: bool, sgl_len: u32, held: u32 },
 }
 
 /// One R2T's transfer (always the command's whole data).
@@ -226,6 +236,17 @@ pub struct Queue {
     /// Transfers with an R2T out whose one H2CData would be placed ([`Queue::placement`]):
     /// while there are any, reads stop at PDU heads ([`Queue::prepare_recv`]).
     placeable: usize,
+    /// The last command capsule that carried data carried at least
+    /// [`QueueConfig::place_min`] bytes: the next may too, so reads stop at PDU heads
+    /// ([`Queue::prepare_recv`]) while capsules are placed ([`Queue::places_capsules`]).
+    long_capsules: bool,
+    /// A command capsule carried more than [`CAPSULE_ROOM`] bytes of data: reads leave room
+    /// for the longest capsule the in-capsule size allows ([`Queue::prepare_recv`]), not
+    /// only for `CAPSULE_ROOM`.
+    big_capsules: bool,
+    /// Bytes of host data (in-capsule or through R2Ts) that commands with the controller
+    /// hold ([`Queue::held`]).
+    held: usize,
     ttags: IdMap<u16, u16>,
     next_ttag: u16,
     events: VecDeque<Event>,
@@ -277,6 +298,9 @@ impl Queue {
             r2t_wait: VecDeque::new(),
             r2t_active: 0,
             placeable: 0,
+            long_capsules: false,
+            big_capsules: false,
+            held: 0,
             ttags: IdMap::default(),
             next_ttag: 0,
             events: VecDeque::new(),
@@ -315,150 +339,20 @@ impl Queue {
         self.slots.len()
     }
 
+    /// Bytes of host data (in-capsule or received through R2Ts) that the commands with the
+    /// controller hold until they complete: a driver stops reading above a bound of its own,
+    /// so a host's writes to a slow store cannot make the queue hold its entries × the
+    /// in-capsule size (TCP's flow control holds the host back meanwhile).
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
     /// How many more bytes `buf` needs before it holds a whole PDU (0 when it does or when
     /// the header is already bad: [`Queue::receive`] then reports the error).
     #[must_use]
     pub fn needed(&self, buf: &[u8]) -> usize {
         self.codec.needed(buf).unwrap_or(0)
-    }
-
-    /// Makes room in `buf` for the driver's next read and returns how many bytes that read
-    /// should take at most ([`RECV_CHUNK`], or the rest of a long PDU being received).
-    ///
-    /// A long PDU (an H2CData or a command capsule of `LONG_PDU` bytes or more) is read up
-    /// to its end and no further, straight into the room behind its header,
-    /// so after it `buf` is empty and the next read starts at the front of it again. Every
-    /// other read takes up to [`RECV_CHUNK`] bytes plus the longest PDU the host may send now
-    /// (an H2CData of MAXH2CDATA bytes while an R2T is out, else a capsule of the queue's
-    /// in-capsule size: one whole PDU and the head of the next in one system call), with room
-    /// behind them for all of a PDU that begins in them, so a PDU is never moved to make room
-    /// for its rest: before,
-    /// a read of 256 KiB that ended inside a 1 MiB H2CData left its first part to be copied
-    /// to the front of the buffer by the next `reserve`, ~147 KB per 1 MiB write
-    /// (docs/results/nvme-speed-9). What `reserve` still moves is a partial short PDU or
-    /// header.
-    ///
-    /// While an H2CData that would be placed may come ([`Queue::placement`]), reads stop at
-    /// PDU heads instead: a read takes the rest of the PDU begun in `buf` (only up to its data
-    /// when it is one to place) and the first `HEAD_MIN` bytes of the next, none of its data,
-    /// so a long H2CData's data is never read into `buf` (as iSCSI's target reads a head
-    /// alone while a Data-Out may come).
-    pub fn prepare_recv(&self, buf: &mut BytesMut) -> usize {
-        let frame = self.codec.frame(buf);
-        let (room, limit) = if self.placeable > 0 {
-            let limit = match frame {
-                Ok(Some(plen)) => {
-                    let pdo = usize::from(buf[3]);
-                    if buf.len() < pdo && self.placeable_head(buf, plen).is_some() {
-                        pdo - buf.len()
-                    } else {
-                        plen.saturating_sub(buf.len()) + HEAD_MIN
-                    }
-                }
-                // No common header yet (every PDU is at least `HEAD_MIN` long), or a bad
-                // one (`receive` reports it).
-                _ => HEAD_MIN.saturating_sub(buf.len()).max(1),
-            };
-            (limit, limit)
-        } else {
-            let rest = match frame {
-                Ok(Some(plen)) if plen >= LONG_PDU => plen.saturating_sub(buf.len()),
-                // No header yet, a bad one (`receive` reports it) or a short PDU.
-                _ => 0,
-            };
-            if rest > 0 {
-                (rest, rest)
-            } else {
-                let longest = self.longest_pdu();
-                (RECV_CHUNK + 2 * longest, RECV_CHUNK + longest)
-            }
-        };
-        if buf.capacity() - buf.len() < room {
-            buf.reserve(room);
-        }
-        limit
-    }
-
-    /// When `buf` holds exactly the head of an H2CData up to its data (header, header digest,
-    /// padding) that carries all of a transfer of at least [`QueueConfig::place_min`] bytes
-    /// and no data digest: the length of its data. The driver then reads exactly that many
-    /// bytes into a buffer of their own (a `BytesMut::with_capacity` of them) and hands it
-    /// over with [`Queue::receive_placed`]: the command gets that buffer as its data, the
-    /// whole of its allocation (issue 30: a RAM store keeps a 1 MiB write's buffer as its
-    /// chunk instead of copying it). `None`: read on as [`Queue::prepare_recv`] says.
-    #[must_use]
-    pub fn placement(&self, buf: &[u8]) -> Option<usize> {
-        if self.placeable == 0 || self.phase != Phase::Ready {
-            return None;
-        }
-        let plen = self.codec.frame(buf).ok()??;
-        let pdo = usize::from(buf[3]);
-        if buf.len() != pdo {
-            return None;
-        }
-        self.placeable_head(buf, plen)
-    }
-
-    /// [`Queue::placement`]'s test of the head at the front of `buf` (as much of it as is
-    /// there, at least the common header; PLEN `plen`): the data's length when the PDU is one
-    /// to place.
-    fn placeable_head(&self, buf: &[u8], plen: usize) -> Option<usize> {
-        let pdo = usize::from(buf[3]);
-        if buf[0] != PduType::H2cData as u8
-            || buf[1] & FLAG_DDGSTF != 0
-            || self.codec.data_digest
-            || pdo < PduType::H2cData.hlen()
-            || plen <= pdo
-        {
-            return None;
-        }
-        let datal = plen - pdo;
-        if buf.len() < PduType::H2cData.hlen() {
-            // TTAG and DATAO not here yet: a transfer of this length may be one to place.
-            return (datal >= self.cfg.place_min as usize).then_some(datal);
-        }
-        let (ttag, datao) = (le16(buf, 10), le32(buf, 12));
-        let cid = self.ttags.get(&ttag)?;
-        match self.slots.get(cid) {
-            Some(Slot::Receiving(t))
-                if t.placeable && t.failed.is_none() && datao == 0 && datal == t.len as usize =>
-            {
-                Some(datal)
-            }
-            _ => None,
-        }
-    }
-
-    /// Receives the H2CData whose head is all of `buf` ([`Queue::placement`] said so) and
-    /// whose data the driver read into `data`, a buffer of its own: handled as
-    /// [`Queue::receive`] handles any H2CData, every check made, the data handed to the
-    /// command as it is. Takes the head off `buf` (empty afterwards).
-    pub fn receive_placed(&mut self, buf: &mut BytesMut, data: Bytes) {
-        let head = buf.split().freeze();
-        if self.phase == Phase::Closed {
-            return;
-        }
-        let header = &head[..head.len().min(MAX_TERM_DATA)];
-        match self.codec.decode_placed(&head, data) {
-            Ok(pdu) => {
-                if let Err((fes, fei, reason)) = self.on_pdu(pdu) {
-                    self.terminate(fes, fei, reason, header);
-                }
-            }
-            Err(e) => self.wire_error(&e, header),
-        }
-    }
-
-    /// The longest PDU the host may send now (with its header, digests and padding): an
-    /// H2CData of MAXH2CDATA while an R2T is out, else a capsule of the in-capsule size. A
-    /// longer one (the codec's bound) is still received, only not without a move.
-    fn longest_pdu(&self) -> usize {
-        let data = if self.r2t_active > 0 {
-            self.cfg.maxh2cdata.max(self.in_capsule)
-        } else {
-            self.in_capsule
-        };
-        data as usize + PDU_OVERHEAD
     }
 
     /// Takes every whole PDU off the front of `buf` and acts on it. Stops at the first fatal
@@ -555,11 +449,11 @@ impl Queue {
     /// [`QueueError::UnknownCommand`] when no command with the CID is with the controller.
     pub fn complete(&mut self, completion: Completion) -> Result<(), QueueError> {
         let cid = completion.cqe.cid;
-        let Some(Slot::AtController { c2h, sgl_len }) = self.slots.get(&cid) else {
+        let Some(&Slot::AtController { c2h, sgl_len, held }) = self.slots.get(&cid) else {
             return Err(QueueError::UnknownCommand { cid });
         };
-        let (c2h, sgl_len) = (*c2h, *sgl_len);
         self.slots.remove(&cid);
+        self.held = self.held.saturating_sub(held as usize);
         if self.phase == Phase::Closed {
             return Ok(());
         }
@@ -832,11 +726,20 @@ impl Queue {
             return Ok(());
         }
         let h2c = is_host_to_controller(&sqe);
+        if h2c && !data.is_empty() {
+            self.long_capsules = data.len() >= self.cfg.place_min as usize;
+            self.big_capsules |= data.len() > CAPSULE_ROOM as usize;
+        }
         match sqe.sgl {
             Sgl::InCapsule { offset, length } => {
-                // check_tcp: offset + length lies within the capsule's data.
+                // check_tcp: offset + length lies within the capsule's data. All of it is
+                // handed over as it is (a placed capsule's buffer stays whole).
                 let start = offset as usize;
-                let data = data.slice(start..start + length as usize);
+                let data = if start == 0 && length as usize == data.len() {
+                    data
+                } else {
+                    data.slice(start..start + length as usize)
+                };
                 self.hand_over(sqe, data);
             }
             Sgl::Transport { length } if h2c && length > 0 => {
@@ -862,11 +765,15 @@ impl Queue {
     }
 
     fn hand_over(&mut self, sqe: Sqe, data: Bytes) {
+        // Within the codec's bound on a PDU (or the max transfer): fits a u32.
+        let held = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.held += held as usize;
         self.slots.insert(
             sqe.cid,
             Slot::AtController {
                 c2h: !is_host_to_controller(&sqe),
                 sgl_len: sqe.sgl.length(),
+                held,
             },
         );
         self.events.push_back(Event::Command(Command { sqe, data }));
@@ -1025,6 +932,8 @@ impl Queue {
         Ok(())
     }
 }
+
+mod recv;
 
 #[cfg(test)]
 mod tests;

@@ -358,6 +358,15 @@ pub async fn seal_target(
 /// The ipsan target in-process with an NVMe/TCP listener, both on 127.0.0.1:0: target `iqn`
 /// with one LUN of `lun` (a backend spec, `mem:16MiB`), served as a namespace too.
 pub async fn nvme_target(iqn: &str, lun: &str) -> ipsan_target::ServerHandle {
+    nvme_target_with(iqn, lun, None).await
+}
+
+/// [`nvme_target`] with the I/O queues' in-capsule data size set (`None`: the default).
+pub async fn nvme_target_with(
+    iqn: &str,
+    lun: &str,
+    in_capsule: Option<u32>,
+) -> ipsan_target::ServerHandle {
     use ipsan_target::config::{self as tconfig, Config, TargetConfig};
     let mut c = Config {
         portals: vec!["127.0.0.1:0".parse().unwrap()],
@@ -368,6 +377,9 @@ pub async fn nvme_target(iqn: &str, lun: &str) -> ipsan_target::ServerHandle {
         ..Config::default()
     };
     c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    if let Some(n) = in_capsule {
+        c.nvme.in_capsule_data = n;
+    }
     c.validate().unwrap();
     ipsan_target::ServerHandle::start(&c).await.unwrap()
 }

@@ -49,8 +49,10 @@ use crate::config::{Config, ConfigError};
 /// Default in-capsule data size of an I/O queue (the admin queue's is fixed at 8 KiB): a
 /// 64 KiB write goes in its command capsule instead of waiting for an R2T round trip, which
 /// made 64 KiB × 1 writes 0.6× iSCSI's (immediate data) at 8 KiB (docs/nvme.md "In-capsule
-/// data", the sweep in docs/results/nvme-speed). A queue holds at most its entries (Connect's
-/// SQSIZE + 1, ≤ 128) × this of in-capsule data: 8 MiB.
+/// data", the sweep in docs/results/nvme-speed). 1 MiB, every write in its capsule, was slower
+/// at 1 MiB × 16 writes (0.94× MiB/s, the target's CPU per GB 0.24 against 0.18,
+/// docs/results/nvme-speed-11). A queue holds at most its entries (Connect's SQSIZE + 1,
+/// ≤ 128) × this of in-capsule data: 8 MiB.
 pub const DEFAULT_IN_CAPSULE: u32 = 64 * 1024;
 
 /// The IANA port of NVMe/TCP I/O controllers (NVMe/TCP 1.0 §3.2; 8009 is discovery's).

@@ -83,9 +83,10 @@ struct Conn {
 /// same poll that reads (a pending write beside the reading, as ipsan's host does in
 /// `ipsan_initiator::nvme::queue`), so a completion leaves in the task turn that made it, with
 /// no hand-off to a writer task and no wake-up of one (on a multi-threaded runtime often on
-/// the other CPU). While more than [`MAX_UNSENT`] bytes wait for the socket, the socket is not
-/// read: a host that sends commands and never reads their answers cannot make the target
-/// queue without bound.
+/// the other CPU). While more than [`MAX_UNSENT`] bytes wait for the socket, or the commands
+/// hold more than [`MAX_HELD`] bytes of write data, the socket is not read: a host that sends
+/// commands and never reads their answers, or writes faster than the store, cannot make the
+/// target queue without bound.
 pub(super) async fn serve<S>(
     stream: S,
     peer: SocketAddr,
@@ -153,11 +154,12 @@ pub(super) async fn serve<S>(
         } else if let Some(d) = deadline.filter(|&d| timer.as_ref().is_none_or(|t| t.0 != d)) {
             timer = Some((d, Box::pin(tokio::time::sleep_until(d.into()))));
         }
-        let reading = out.bytes <= MAX_UNSENT;
+        let reading = out.bytes <= MAX_UNSENT && c.q.held() <= MAX_HELD;
         let sending = !out.bufs.is_empty() || unflushed;
         // Room for the read, which ends where a long PDU does (`Queue::prepare_recv`): its
-        // data is received where it stays, never moved. A whole 1 MiB write's data goes to
-        // a buffer of its own, exactly its length, which the store may keep (issue 30).
+        // data is received where it stays, never moved. A whole 1 MiB write's data (in its
+        // capsule or an H2CData) goes to a buffer of its own, exactly its length, which the
+        // store may keep (issue 30).
         if reading && placing.is_none() {
             placing = c.q.placement(&buf).map(|n| (BytesMut::with_capacity(n), n));
         }
@@ -316,6 +318,13 @@ fn whole_write(data: Bytes) -> Result<Whole, Bytes> {
 
 /// Bytes waiting for the socket past which the connection stops reading it (see [`serve`]).
 const MAX_UNSENT: usize = 4 << 20;
+
+/// Bytes of write data the connection's commands may hold with the store (`Queue::held`)
+/// past which it stops reading the socket until some complete: 16 writes of 1 MiB, what the
+/// R2Ts let in at once, now that a write of up to 1 MiB may come in its capsule (the
+/// in-capsule size); a host's writes to a slow store are held back by TCP instead of
+/// queueing here.
+const MAX_HELD: usize = 16 << 20;
 
 /// How long the last PDUs of a connection that ends (a C2HTermReq) may take to leave.
 const FINAL_WRITE: std::time::Duration = std::time::Duration::from_secs(5);

@@ -28,6 +28,11 @@ pub const BS: usize = 512;
 
 /// A target with one RAM LUN (`size`) served over iSCSI and NVMe/TCP on loopback port 0.
 pub async fn start(size: &str) -> ServerHandle {
+    start_with(size, None).await
+}
+
+/// [`start`] with the I/O queues' in-capsule data size set (`None`: the default).
+pub async fn start_with(size: &str, in_capsule: Option<u32>) -> ServerHandle {
     let mut c = Config {
         portals: vec!["127.0.0.1:0".parse().unwrap()],
         targets: vec![TargetConfig::new(
@@ -37,6 +42,9 @@ pub async fn start(size: &str) -> ServerHandle {
         ..Config::default()
     };
     c.nvme.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    if let Some(n) = in_capsule {
+        c.nvme.in_capsule_data = n;
+    }
     c.validate().unwrap();
     let h = ServerHandle::start(&c).await.unwrap();
     assert_eq!(h.nvme_addrs.len(), 1);
