@@ -13,29 +13,20 @@
 
 mod common;
 
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::wan::{self, Guard};
 use ipsan_initiator::{IscsiUrl, Session};
-use ipsan_seal::{Cipher, Psk, SealPolicy};
-use ipsan_target::config::{self as tconfig, Config, TargetConfig};
-use ipsan_target::ServerHandle;
-use ipsan_wan::{link, DirConfig, Engine, Link, LinkConfig, Side};
+use ipsan_seal::Cipher;
+use ipsan_wan::{DirConfig, Engine, Link, LinkConfig, Side};
 
 const IQN: &str = "iqn.2026-11.org.ipsan:keepalive-wan";
 const SECRET: &[u8] = b"keepalive-wan-pre-shared-secret-0123";
 
-struct Guard(String);
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = link::cleanup(&self.0);
-    }
-}
-
 #[test]
 fn a_ping_behind_queued_data_in_waits_until_it_reached_the_initiator() {
-    if !link::is_root() || !std::path::Path::new("/dev/net/tun").exists() {
-        println!("SKIPPED: needs root and /dev/net/tun (namespaces, TUN)");
+    if !wan::can_run() {
         return;
     }
     let name = format!("ka{}", std::process::id());
@@ -49,51 +40,16 @@ fn a_ping_behind_queued_data_in_waits_until_it_reached_the_initiator() {
     // This test's own /24 of 10.231.0.0/16, away from the other suites'.
     cfg.subnet = 200 + (std::process::id() % 20) as u8;
     let l = Link::up(cfg).unwrap();
-    let tgt = l.addr(Side::Tgt);
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let lr = &l;
     std::thread::scope(|scope| {
-        let target = scope.spawn(move || {
-            lr.run_in(Side::Tgt, move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let mut t = TargetConfig::new(
-                        IQN,
-                        tconfig::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-                    );
-                    t.seal = tconfig::SealSettings {
-                        policy: SealPolicy::Required,
-                        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-                        initiators: Vec::new(),
-                    };
-                    let mut c = Config {
-                        portals: vec![std::net::SocketAddr::from((tgt, 0))],
-                        targets: vec![t],
-                        nop_interval: Some(Duration::from_secs(1)),
-                        tcp: Some(ipsan_tcp::TcpSettings {
-                            sndbuf: ipsan_tcp::BufSize::Bytes(4 << 20),
-                            ..Default::default()
-                        }),
-                        ..Config::default()
-                    };
-                    c.validate().unwrap();
-                    let h = ServerHandle::start(&c).await.unwrap();
-                    addr_tx.send(h.addrs[0]).unwrap();
-                    tokio::task::spawn_blocking(move || stop_rx.recv())
-                        .await
-                        .unwrap()
-                        .unwrap();
-                    h.shutdown().await.unwrap();
-                });
-            })
-            .unwrap();
+        let target = wan::sealed_target(scope, lr, IQN, SECRET, "mem:16MiB", |c| {
+            c.nop_interval = Some(Duration::from_secs(1));
+            c.tcp = Some(ipsan_tcp::TcpSettings {
+                sndbuf: ipsan_tcp::BufSize::Bytes(4 << 20),
+                ..Default::default()
+            });
         });
-        let addr = addr_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let addr = target.addr;
         let result = lr
             .run_in(Side::Ini, move || {
                 let rt = tokio::runtime::Builder::new_multi_thread()
@@ -136,8 +92,7 @@ fn a_ping_behind_queued_data_in_waits_until_it_reached_the_initiator() {
                 })
             })
             .unwrap();
-        stop_tx.send(()).unwrap();
-        target.join().unwrap();
+        target.stop();
         let (failed, took) = result;
         assert!(
             failed.is_empty(),

@@ -12,21 +12,13 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::wan::{self, Guard};
 use ipsan_initiator::{IscsiUrl, McsConfig, McsSession, Spread};
-use ipsan_seal::{Cipher, Psk, SealPolicy};
-use ipsan_target::config::{self as tconfig, Config, TargetConfig};
-use ipsan_target::ServerHandle;
-use ipsan_wan::{link, DirConfig, Engine, Link, LinkConfig, Side};
+use ipsan_seal::Cipher;
+use ipsan_wan::{DirConfig, Engine, Link, LinkConfig, Side};
 
 const IQN: &str = "iqn.2026-11.org.ipsan:mcs-wan";
 const SECRET: &[u8] = b"mcs-wan-pre-shared-secret-0123456789";
-
-struct Guard(String);
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = link::cleanup(&self.0);
-    }
-}
 
 fn sysctl(path: &str) -> u64 {
     std::fs::read_to_string(path)
@@ -65,8 +57,7 @@ fn send_buffers(l: &Link, side: Side, port: u16) -> Vec<u64> {
 
 #[test]
 fn a_sessions_connections_share_the_long_paths_send_buffer_on_both_ends() {
-    if !link::is_root() || !std::path::Path::new("/dev/net/tun").exists() {
-        println!("SKIPPED: needs root and /dev/net/tun (namespaces, TUN)");
+    if !wan::can_run() {
         return;
     }
     if std::process::Command::new("ss").arg("-V").output().is_err() {
@@ -92,50 +83,14 @@ fn a_sessions_connections_share_the_long_paths_send_buffer_on_both_ends() {
     // This test's own /24 of 10.231.0.0/16, away from the other suites'.
     cfg.subnet = 220 + (std::process::id() % 20) as u8;
     let l = Link::up(cfg).unwrap();
-    let tgt = l.addr(Side::Tgt);
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let (open_tx, open_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let lr = &l;
     std::thread::scope(|scope| {
-        // The target, its runtime's threads in the target's namespace.
-        let target = scope.spawn(move || {
-            lr.run_in(Side::Tgt, move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let mut t = TargetConfig::new(
-                        IQN,
-                        tconfig::luns_from_specs(&["mem:16MiB".to_owned()]).unwrap(),
-                    );
-                    t.seal = tconfig::SealSettings {
-                        policy: SealPolicy::Required,
-                        secret: Some(Psk::new(SECRET.to_vec()).unwrap()),
-                        initiators: Vec::new(),
-                    };
-                    let mut c = Config {
-                        portals: vec![std::net::SocketAddr::from((tgt, 0))],
-                        targets: vec![t],
-                        connections_per_session: 4,
-                        ..Config::default()
-                    };
-                    c.validate().unwrap();
-                    let h = ServerHandle::start(&c).await.unwrap();
-                    addr_tx.send(h.addrs[0]).unwrap();
-                    tokio::task::spawn_blocking(move || stop_rx.recv())
-                        .await
-                        .unwrap()
-                        .unwrap();
-                    h.shutdown().await.unwrap();
-                });
-            })
-            .unwrap();
+        let target = wan::sealed_target(scope, lr, IQN, SECRET, "mem:16MiB", |c| {
+            c.connections_per_session = 4;
         });
-        let addr = addr_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let addr = target.addr;
         // The initiator, in its namespace: one session of two connections, held open.
         let initiator = scope.spawn(move || {
             lr.run_in(Side::Ini, move || {
@@ -180,8 +135,7 @@ fn a_sessions_connections_share_the_long_paths_send_buffer_on_both_ends() {
         };
         done_tx.send(()).unwrap();
         initiator.join().unwrap();
-        stop_tx.send(()).unwrap();
-        target.join().unwrap();
+        target.stop();
         assert_eq!(
             ini,
             vec![share; 2],

@@ -2,6 +2,8 @@
 //! scripted fake target for failure cases. Everything started here is killed on drop.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+pub mod wan;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
