@@ -58,6 +58,19 @@ impl Whole {
         }
     }
 
+    /// `data` as a whole buffer when it is the only handle on all of its allocation, from its
+    /// first byte ([`Whole::new`]); otherwise `data` back as it was. How a front end offers a
+    /// write it received into a buffer of its own to [`Backend::write_whole`].
+    ///
+    /// # Errors
+    /// `data` itself, when it is shared or not all of its allocation.
+    pub fn from_bytes(data: Bytes) -> Result<Self, Bytes> {
+        match data.try_into_mut() {
+            Ok(buf) => Self::new(buf).map_err(BytesMut::freeze),
+            Err(shared) => Err(shared),
+        }
+    }
+
     /// The bytes, shared (a clone of the handle, not of the data).
     #[must_use]
     pub fn bytes(&self) -> &Bytes {

@@ -117,12 +117,9 @@ fn whole_write(data: Bytes, info: Option<&CommandInfo>) -> (Bytes, Option<Whole>
     if data.len() < WHOLE_MIN || !info.is_some_and(|i| i.family().is_block_write()) {
         return (data, None);
     }
-    match data.try_into_mut() {
-        Ok(buf) => match Whole::new(buf) {
-            Ok(w) => (Bytes::new(), Some(w)),
-            Err(buf) => (buf.freeze(), None),
-        },
-        Err(shared) => (shared, None),
+    match Whole::from_bytes(data) {
+        Ok(w) => (Bytes::new(), Some(w)),
+        Err(data) => (data, None),
     }
 }
 

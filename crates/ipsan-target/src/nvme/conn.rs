@@ -310,10 +310,7 @@ fn whole_write(data: Bytes) -> Result<Whole, Bytes> {
     if data.len() < WHOLE_MIN {
         return Err(data);
     }
-    match data.try_into_mut() {
-        Ok(buf) => Whole::new(buf).map_err(BytesMut::freeze),
-        Err(shared) => Err(shared),
-    }
+    Whole::from_bytes(data)
 }
 
 /// Bytes waiting for the socket past which the connection stops reading it (see [`serve`]).
