@@ -2,7 +2,7 @@
 //! and DH-HMAC-CHAP per queue, the bring-up (Fabrics Connect, Property Get/Set, Identify), the I/O
 //! queues' Connects, and the Keep Alive task at KATO/2.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
 
 use super::*;
 
@@ -189,7 +189,7 @@ pub(super) async fn establish(
         }
         io.push(q);
     }
-    let keepalive_error = Arc::new(KeepAliveFailure::default());
+    let keepalive_error = Arc::new(OnceLock::new());
     if let Some(ka) = KeepAlive::new(kato_ms, Instant::now()) {
         tokio::spawn(keep_alive(
             admin.clone(),
@@ -221,11 +221,11 @@ pub(super) async fn keep_alive(
     mut ka: KeepAlive,
     kato: Duration,
     cancel: CancellationToken,
-    error: Arc<KeepAliveFailure>,
+    error: Arc<OnceLock<String>>,
 ) {
     let fail = |msg: String| {
         tracing::warn!("nvme: {msg}");
-        error.set(msg);
+        let _ = error.set(msg);
     };
     loop {
         tokio::select! {
@@ -266,36 +266,6 @@ pub(super) async fn keep_alive(
                     }
                 }
             }
-        }
-    }
-}
-
-/// Why a controller's keep-alive failed, once it has. Every command looks (`get`): an atomic
-/// flag read, no lock, so the callers of several threads share no written cache line per
-/// command (a `Mutex` taken per command was two atomic writes to one line for both threads).
-#[derive(Debug, Default)]
-pub(super) struct KeepAliveFailure {
-    failed: AtomicBool,
-    why: Mutex<Option<String>>,
-}
-
-impl KeepAliveFailure {
-    /// Records the failure.
-    fn set(&self, msg: String) {
-        if let Ok(mut g) = self.why.lock() {
-            *g = Some(msg);
-        }
-        self.failed.store(true, Ordering::Release);
-    }
-
-    /// Why the keep-alive failed, if it has.
-    pub(super) fn get(&self) -> Option<String> {
-        if !self.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        match self.why.lock() {
-            Ok(g) => g.clone(),
-            Err(_) => Some("keep-alive failed".into()),
         }
     }
 }

@@ -4,12 +4,11 @@
 //! callers on two threads took its lock and counted a reference on the same two cache lines
 //! per command, which then moved between the CPUs with every command.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::thread::ThreadId;
 
 use tokio_util::sync::CancellationToken;
 
-use super::controller::KeepAliveFailure;
 use super::queue::QueueHandle;
 
 /// One controller's queues: the admin queue, the I/O queues, and what ends them. A clone
@@ -19,7 +18,10 @@ pub(super) struct Links {
     pub(super) admin: QueueHandle,
     pub(super) io: Vec<QueueHandle>,
     pub(super) cancel: CancellationToken,
-    pub(super) keepalive_error: Arc<KeepAliveFailure>,
+    /// Why the keep-alive failed, set once when it does. Every command looks: a `OnceLock`'s
+    /// read is one atomic load, so callers on several threads write no shared cache line per
+    /// command (a `Mutex` taken per command was two atomic writes to one line for both).
+    pub(super) keepalive_error: Arc<OnceLock<String>>,
     /// 0 for the first controller, one more for each reconnect.
     pub(super) gen: u64,
 }

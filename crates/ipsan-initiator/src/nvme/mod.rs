@@ -506,7 +506,7 @@ impl NvmeSession {
         buf: BytesMut,
     ) -> Result<Bytes, NvmeError> {
         if let Some(e) = links.keepalive_error.get() {
-            return Err(NvmeError::Closed(e));
+            return Err(NvmeError::Closed(e.clone()));
         }
         // The queue's dispatcher fails the command at its deadline (one timer per queue).
         let deadline = self
