@@ -40,7 +40,7 @@ pub mod vectored;
 pub use bpf::available_congestion_controls;
 pub use error::TcpError;
 pub use info::{send_progress, tcp_info, SendProgress, TcpInfoSnapshot};
-pub use path::{share_send_buffer, tune_for_path, PathTuning, SendBuffer};
+pub use path::{share_send_buffer, tune_for_path, PathTuning, SendBuffer, SendShare};
 pub use settings::{BufSize, InForce, Link, TcpSettings};
 
 /// Sets the socket's minimum retransmission timeout (`TCP_RTO_MIN_US`, Linux 6.15; the

@@ -38,6 +38,7 @@
 //! and pacing's timers would be cost with no gain.
 
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::{TcpError, TcpSettings};
@@ -154,6 +155,41 @@ pub fn share_send_buffer<S: AsFd>(socket: &S, connections: usize) -> Result<Opti
         source,
     })?;
     Ok(Some(got as u64))
+}
+
+/// How many connections a session's long-path send buffer was last split across, which
+/// decides when to split it again ([`SendShare::split`]); each end of a session of several
+/// connections keeps one. It starts at 1: the first socket was sized for the whole path.
+#[derive(Debug)]
+pub struct SendShare(AtomicUsize);
+
+impl Default for SendShare {
+    fn default() -> Self {
+        Self(AtomicUsize::new(1))
+    }
+}
+
+impl SendShare {
+    /// Splits the path's buffer across `sockets`, the session's open connections sized for a
+    /// long path ([`share_send_buffer`] on each), when their number changed since the last
+    /// split or one was `added` to several (a new socket comes with the whole buffer). Returns
+    /// how many it split across, `None` when nothing was to be done.
+    pub fn split<S: AsFd>(&self, sockets: &[S], added: bool) -> Option<usize> {
+        let n = sockets.len();
+        let before = self.0.load(Ordering::Relaxed);
+        if n == 0 || (n == before && (!added || n == 1)) {
+            return None;
+        }
+        self.0.store(n, Ordering::Relaxed);
+        for s in sockets {
+            match share_send_buffer(s, n) {
+                Ok(Some(b)) => tracing::debug!(connections = n, sndbuf = b, "send buffer shared"),
+                Ok(None) => {}
+                Err(e) => tracing::debug!("send buffer not shared: {e}"),
+            }
+        }
+        Some(n)
+    }
 }
 
 /// The `SO_SNDBUF` request of one of `connections` connections sharing a long path

@@ -236,9 +236,6 @@ struct McsInner {
     /// Sealed commands that waited for the window after their connection was picked
     /// ([`McsSession::waited_pinned`]).
     waited_pinned: u64,
-    /// The connections the path's send buffer was last split across
-    /// (`McsCore::share_send_buffers`).
-    shared_by: usize,
 }
 
 struct McsCore {
@@ -257,6 +254,8 @@ struct McsCore {
     /// Long paths: the sockets' send buffers are sized here, the path's split across the
     /// connections (`ipsan_tcp::SendBuffer::Path`: `[tcp] sndbuf` chose none).
     share_buffers: bool,
+    /// What the path's send buffer was last split across (`McsCore::share_send_buffers`).
+    send_share: ipsan_tcp::SendShare,
 }
 
 /// A logged-in session of one or more connections in full feature phase (no session
@@ -367,8 +366,6 @@ impl McsSession {
                 gate: VecDeque::new(),
                 let_through: 0,
                 waited_pinned: 0,
-                // The leading connection's socket has the whole buffer (`connect_tcp`).
-                shared_by: 1,
             }),
             least_queued: mcs_cfg.spread == Spread::LeastQueued,
             sealed: lead.li.transform.is_some(),
@@ -377,6 +374,8 @@ impl McsSession {
             probing: AtomicBool::new(false),
             share_buffers: ipsan_tcp::SendBuffer::unless_set(cfg.tcp.as_ref())
                 == ipsan_tcp::SendBuffer::Path,
+            // The leading connection's socket has the whole buffer (`connect_tcp`).
+            send_share: ipsan_tcp::SendShare::default(),
         });
         let erl2 = {
             let mut g = core.lock()?;

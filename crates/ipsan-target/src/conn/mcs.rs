@@ -22,7 +22,7 @@
 //! autotuning ceiling) for each of several, sized again as they join and leave.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -45,8 +45,8 @@ pub(crate) struct Core {
     pub(super) engine: Mutex<EngineSession<CommandInfo>>,
     /// The connections, to wake each other.
     links: Mutex<HashMap<ConnId, Weak<Session>>>,
-    /// The connections the path's send buffer was last split across ([`Core::link`]).
-    shared_by: AtomicUsize,
+    /// What the path's send buffer was last split across ([`Core::link`]).
+    send_share: ipsan_tcp::SendShare,
     /// Set, under the engine lock, by the connection that closes last: nobody joins after.
     over: AtomicBool,
     /// Cancelled to end the session (reinstatement, shutdown, `ipsan ctl session drop`).
@@ -94,7 +94,7 @@ impl Core {
             engine: Mutex::new(engine),
             links: Mutex::new(HashMap::new()),
             // The leading connection's socket has the whole buffer (sized at accept).
-            shared_by: AtomicUsize::new(1),
+            send_share: ipsan_tcp::SendShare::default(),
             over: AtomicBool::new(false),
             cancel: reg.cancel.clone(),
             drained: reg.drained.clone(),
@@ -158,39 +158,20 @@ impl Core {
         self.share_send_buffers(&links, false);
     }
 
-    /// Long paths: splits the path's send buffer across the session's connections
-    /// ([`ipsan_tcp::share_send_buffer`]: a read's Data-In is the target's to send), when
-    /// their number changed since the last split or one was `added` (a new socket has the
-    /// whole buffer, sized at accept). One connection keeps the whole; each of several gets its
-    /// share, never below the autotuning ceiling: with the whole, each kept MBs of Data-In
-    /// unsent behind a window no larger than its share (issue 28, docs/results/mcs-sweep-9).
+    /// Long paths: splits the path's send buffer across the session's connections sized for
+    /// it (a read's Data-In is the target's to send; [`ipsan_tcp::SendShare::split`] says when
+    /// and how: with the whole buffer each kept MBs of Data-In unsent behind a window no larger
+    /// than its share, issue 28, docs/results/mcs-sweep-9).
     fn share_send_buffers(&self, links: &HashMap<ConnId, Weak<Session>>, added: bool) {
-        let live: Vec<Arc<Session>> = links
-            .values()
-            .filter_map(Weak::upgrade)
-            .filter(|s| s.send_share.is_some())
-            .collect();
-        let n = live.len();
-        let before = self.shared_by.load(Ordering::Relaxed);
-        if n == 0 || (n == before && (!added || n == 1)) {
-            return;
-        }
-        self.shared_by.store(n, Ordering::Relaxed);
-        for s in &live {
-            if let Some(fd) = &s.send_share {
-                match ipsan_tcp::share_send_buffer(fd, n) {
-                    Ok(Some(b)) => {
-                        tracing::debug!(
-                            tsih = self.tsih,
-                            connections = n,
-                            sndbuf = b,
-                            "send buffer shared"
-                        )
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!(tsih = self.tsih, "send buffer not shared: {e}"),
-                }
-            }
+        let live: Vec<Arc<Session>> = links.values().filter_map(Weak::upgrade).collect();
+        let fds: Vec<&std::os::fd::OwnedFd> =
+            live.iter().filter_map(|s| s.send_share.as_ref()).collect();
+        if let Some(n) = self.send_share.split(&fds, added) {
+            tracing::debug!(
+                tsih = self.tsih,
+                connections = n,
+                "send buffer split across the session's connections"
+            );
         }
     }
 

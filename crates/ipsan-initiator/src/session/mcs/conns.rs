@@ -142,39 +142,22 @@ async fn mcs_reader(
 
 impl McsCore {
     /// Long paths: splits the path's send buffer across the connections whose sockets are open
-    /// ([`ipsan_tcp::share_send_buffer`]), when their number changed since the last split or
-    /// `added` (a new socket has the whole buffer). One connection keeps the whole; each of
-    /// several gets its share, never below the autotuning ceiling: with the whole, each kept
-    /// MBs unsent behind a window no larger than its share (issue 28, docs/results/mcs-sweep-9).
+    /// ([`ipsan_tcp::SendShare::split`] says when and how: with the whole buffer each kept MBs
+    /// unsent behind a window no larger than its share, issue 28, docs/results/mcs-sweep-9).
     pub(super) fn share_send_buffers(&self, added: bool) {
         if !self.share_buffers {
             return;
         }
-        let Ok(mut g) = self.lock() else {
+        let Ok(g) = self.lock() else {
             return;
         };
-        let open = |c: &McsConn| c.sock.lock().is_ok_and(|s| s.is_some());
-        let n = g.conns.iter().filter(|c| open(c)).count();
-        if n == 0 || (n == g.shared_by && (!added || n == 1)) {
-            return;
-        }
-        g.shared_by = n;
-        for c in &g.conns {
-            let Ok(s) = c.sock.lock() else {
-                continue;
-            };
-            if let Some(fd) = s.as_ref() {
-                match ipsan_tcp::share_send_buffer(fd, n) {
-                    Ok(Some(b)) => tracing::debug!(
-                        cid = c.cid,
-                        connections = n,
-                        sndbuf = b,
-                        "send buffer shared"
-                    ),
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!(cid = c.cid, "send buffer not shared: {e}"),
-                }
-            }
+        let socks: Vec<_> = g.conns.iter().filter_map(|c| c.sock.lock().ok()).collect();
+        let open: Vec<&std::os::fd::OwnedFd> = socks.iter().filter_map(|s| s.as_ref()).collect();
+        if let Some(n) = self.send_share.split(&open, added) {
+            tracing::debug!(
+                connections = n,
+                "send buffer split across the session's connections"
+            );
         }
     }
 }
